@@ -1,0 +1,436 @@
+// The AI Toolkit training config as C++ structs: one struct per YAML block, with AI Toolkit's key
+// names and defaults (ostris/ai-toolkit, toolkit/config_modules.py), plus gclab's own keys marked so.
+//
+// Each struct lists its keys exactly once, in `fields(V&)`; the loader reads through that list, the
+// resolved-YAML writer writes through it, and `ignore(...)` names the AI Toolkit keys gclab accepts but
+// does not act on (reported once as "ignored", never silently dropped).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gclab::config {
+
+struct NetworkConfig {
+  std::string type = "lora";
+  std::optional<int> linear;  // LoRA rank; AI Toolkit's older spelling is `rank`
+  std::optional<int> rank;
+  std::optional<double> linear_alpha;  // defaults to `alpha`
+  double alpha = 1.0;
+  std::optional<double> dropout;
+
+  template <class V>
+  void fields(V& v) {
+    v("type", type);
+    v("linear", linear);
+    v("rank", rank);
+    v("linear_alpha", linear_alpha);
+    v("alpha", alpha);
+    v("dropout", dropout);
+    v.ignore({"conv", "conv_alpha", "network_kwargs", "transformer_only", "lokr_full_rank", "lokr_factor",
+              "split_multistage_loras", "lorm", "normalize"});
+  }
+};
+
+struct SaveConfig {
+  std::string dtype = "float16";
+  int save_every = 1000;
+  int max_step_saves_to_keep = 5;
+  std::string save_format = "safetensors";
+
+  template <class V>
+  void fields(V& v) {
+    v("dtype", dtype);
+    v("save_every", save_every);
+    v("max_step_saves_to_keep", max_step_saves_to_keep);
+    v("save_format", save_format);
+    v.ignore({"push_to_hub", "hf_repo_id", "hf_private"});
+  }
+};
+
+struct DatasetConfig {
+  std::optional<std::string> folder_path;
+  std::optional<std::string> default_caption;
+  std::optional<std::string> trigger_word;
+  std::string caption_ext = ".txt";  // AI Toolkit adds the leading dot
+  double caption_dropout_rate = 0.0;
+  bool shuffle_tokens = false;
+  int keep_tokens = 0;
+  std::vector<int> resolution = {512};  // a scalar in YAML becomes a one-item list
+  int num_repeats = 1;
+  bool flip_x = false;
+  bool flip_y = false;
+  bool random_crop = false;
+  bool cache_latents = false;
+  bool cache_latents_to_disk = false;
+  bool cache_text_embeddings = false;
+  std::optional<int> batch_size;  // gclab: per-dataset batch size override
+  std::vector<std::string> control_path;
+  bool is_reg = false;
+
+  template <class V>
+  void fields(V& v) {
+    v("folder_path", folder_path);
+    v("default_caption", default_caption);
+    v("trigger_word", trigger_word);
+    v("caption_ext", caption_ext);
+    v("caption_dropout_rate", caption_dropout_rate);
+    v("shuffle_tokens", shuffle_tokens);
+    v("keep_tokens", keep_tokens);
+    v("resolution", resolution);
+    v("num_repeats", num_repeats);
+    v("flip_x", flip_x);
+    v("flip_y", flip_y);
+    v("random_crop", random_crop);
+    v("cache_latents", cache_latents);
+    v("cache_latents_to_disk", cache_latents_to_disk);
+    v("cache_text_embeddings", cache_text_embeddings);
+    v("batch_size", batch_size);
+    v("control_path", control_path);
+    v("is_reg", is_reg);
+    v.ignore({"type",
+              "dataset_path",
+              "random_triggers",
+              "random_triggers_max",
+              "random_scale",
+              "scale",
+              "buckets",
+              "bucket_tolerance",
+              "network_weight",
+              "token_dropout_rate",
+              "augments",
+              "control_transparent_color",
+              "inpaint_path",
+              "full_size_control_images",
+              "alpha_mask",
+              "mask_path",
+              "unconditional_path",
+              "invert_mask",
+              "mask_min_value",
+              "poi",
+              "use_short_captions",
+              "cache_clip_vision_to_disk",
+              "standardize_images",
+              "augmentations",
+              "shuffle_augmentations",
+              "caption_type",
+              "clip_image_path",
+              "replacements",
+              "loss_multiplier",
+              "num_workers",
+              "prefetch_factor",
+              "square_crop",
+              "num_frames",
+              "shrink_video_to_frames",
+              "fps",
+              "controls",
+              "fast_image_size",
+              "do_i2v"});
+  }
+};
+
+struct EmaConfig {
+  bool use_ema = false;
+  double ema_decay = 0.999;
+
+  template <class V>
+  void fields(V& v) {
+    v("use_ema", use_ema);
+    v("ema_decay", ema_decay);
+    v.ignore({"use_feedback", "param_multiplier"});
+  }
+};
+
+struct OptimizerParams {
+  double weight_decay = 0.01;  // torch.optim.AdamW's default, which AI Toolkit inherits
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+
+  template <class V>
+  void fields(V& v) {
+    v("weight_decay", weight_decay);
+    v("betas", betas);
+    v("eps", eps);
+  }
+};
+
+struct TrainConfig {
+  int batch_size = 1;
+  int steps = 1000;
+  double lr = 1e-6;
+  std::string optimizer = "adamw";
+  OptimizerParams optimizer_params;
+  std::string lr_scheduler = "constant";
+  std::string dtype = "fp32";
+  std::string noise_scheduler = "ddpm";
+  std::string timestep_type = "sigmoid";
+  bool gradient_checkpointing = true;
+  int gradient_accumulation = 1;
+  int gradient_accumulation_steps = 1;  // legacy; mutually exclusive with gradient_accumulation
+  double max_grad_norm = 1.0;
+  bool skip_first_sample = false;
+  bool force_first_sample = false;
+  bool disable_sampling = false;
+  bool cache_text_embeddings = false;
+  bool unload_text_encoder = false;
+  EmaConfig ema_config;
+  // gclab: off | full | every:N | first:K | blocks:[i,j] | selective:attn|mlp | offload | budget:BYTES.
+  // Empty in the file means "follow gradient_checkpointing" (true -> full, false -> off).
+  std::string checkpoint_policy;
+
+  template <class V>
+  void fields(V& v) {
+    v("batch_size", batch_size);
+    v("steps", steps);
+    v("lr", lr);
+    v("optimizer", optimizer);
+    v("optimizer_params", optimizer_params);
+    v("lr_scheduler", lr_scheduler);
+    v("dtype", dtype);
+    v("noise_scheduler", noise_scheduler);
+    v("timestep_type", timestep_type);
+    v("gradient_checkpointing", gradient_checkpointing);
+    v("gradient_accumulation", gradient_accumulation);
+    v("gradient_accumulation_steps", gradient_accumulation_steps);
+    v("max_grad_norm", max_grad_norm);
+    v("skip_first_sample", skip_first_sample);
+    v("force_first_sample", force_first_sample);
+    v("disable_sampling", disable_sampling);
+    v("cache_text_embeddings", cache_text_embeddings);
+    v("unload_text_encoder", unload_text_encoder);
+    v("ema_config", ema_config);
+    v("checkpoint_policy", checkpoint_policy);
+    v.ignore({"train_unet",
+              "train_text_encoder",
+              "content_or_style",
+              "unet_lr",
+              "text_encoder_lr",
+              "refiner_lr",
+              "embedding_lr",
+              "adapter_lr",
+              "lr_scheduler_params",
+              "min_denoising_steps",
+              "max_denoising_steps",
+              "xformers",
+              "sdp",
+              "train_refiner",
+              "train_turbo",
+              "min_snr_gamma",
+              "snr_gamma",
+              "noise_offset",
+              "weight_jitter",
+              "merge_network_on_save",
+              "start_step",
+              "free_u",
+              "noise_multiplier",
+              "img_multiplier",
+              "loss_target",
+              "loss_type",
+              "linear_timesteps",
+              "linear_timesteps2",
+              "bypass_guidance_embedding",
+              "do_cfg",
+              "cfg_scale",
+              "short_and_long_captions",
+              "single_item_batching",
+              "inverted_mask_prior",
+              "diff_output_preservation",
+              "diff_output_preservation_multiplier",
+              "diff_output_preservation_class",
+              "standardize_images",
+              "standardize_latents",
+              "num_train_timesteps",
+              "prompt_dropout_prob",
+              "match_noise_norm",
+              "do_paramiter_swapping",
+              "paramiter_swapping_factor",
+              "target_noise_multiplier",
+              "random_noise_multiplier",
+              "random_noise_shift",
+              "switch_boundary_every",
+              "optimal_noise_pairing_samples",
+              "force_consistent_noise",
+              "blended_blur_noise",
+              "do_guidance_loss",
+              "negative_prompt"});
+  }
+};
+
+struct ModelConfig {
+  std::optional<std::string> name_or_path;
+  std::string arch;  // resolved: see arch.h (AI Toolkit's arch / is_* switches)
+  bool is_flux = false;
+  bool is_v3 = false;
+  bool is_lumina2 = false;
+  bool quantize = false;
+  std::optional<bool> quantize_te;  // defaults to `quantize`
+  std::string qtype = "qfloat8";
+  std::string qtype_te = "qfloat8";
+  bool low_vram = false;
+
+  template <class V>
+  void fields(V& v) {
+    v("name_or_path", name_or_path);
+    v("arch", arch);
+    v("is_flux", is_flux);
+    v("is_v3", is_v3);
+    v("is_lumina2", is_lumina2);
+    v("quantize", quantize);
+    v("quantize_te", quantize_te);
+    v("qtype", qtype);
+    v("qtype_te", qtype_te);
+    v("low_vram", low_vram);
+    v.ignore({"dtype",
+              "vae_path",
+              "is_v2",
+              "is_xl",
+              "is_pixart",
+              "is_pixart_sigma",
+              "is_auraflow",
+              "is_ssd",
+              "is_vega",
+              "is_v_pred",
+              "use_flux_cfg",
+              "refiner_name_or_path",
+              "lora_path",
+              "assistant_lora_path",
+              "inference_lora_path",
+              "te_name_or_path",
+              "extras_name_or_path",
+              "accuracy_recovery_adapter",
+              "quantize_kwargs",
+              "model_kwargs",
+              "compile",
+              "attn_masking",
+              "split_model_over_gpus",
+              "text_encoder_bits",
+              "vae_device",
+              "vae_dtype",
+              "te_device",
+              "te_dtype",
+              "ignore_if_contains",
+              "only_if_contains",
+              "latent_space_version"});
+  }
+};
+
+struct SampleItem {
+  std::string prompt;
+  std::optional<int> width;  // each unset value takes the sample block's
+  std::optional<int> height;
+  std::optional<std::string> neg;
+  std::optional<std::int64_t> seed;
+  std::optional<double> guidance_scale;
+  std::optional<int> sample_steps;
+  std::optional<std::string> ctrl_img;
+  std::optional<std::string> ctrl_img_1;
+  std::optional<std::string> ctrl_img_2;
+  std::optional<std::string> ctrl_img_3;
+  std::optional<double> network_multiplier;
+
+  template <class V>
+  void fields(V& v) {
+    v("prompt", prompt);
+    v("width", width);
+    v("height", height);
+    v("neg", neg);
+    v("seed", seed);
+    v("guidance_scale", guidance_scale);
+    v("sample_steps", sample_steps);
+    v("ctrl_img", ctrl_img);
+    v("ctrl_img_1", ctrl_img_1);
+    v("ctrl_img_2", ctrl_img_2);
+    v("ctrl_img_3", ctrl_img_3);
+    v("network_multiplier", network_multiplier);
+    v.ignore({"ctrl_idx", "fps", "num_frames"});
+  }
+};
+
+struct SampleConfig {
+  std::string sampler = "ddpm";
+  int sample_every = 100;
+  int sample_start_step = 0;
+  int width = 512;
+  int height = 512;
+  std::vector<std::string> prompts;  // legacy spelling; resolved into `samples`
+  std::vector<SampleItem> samples;
+  std::string neg;
+  std::int64_t seed = 0;
+  bool walk_seed = false;
+  double guidance_scale = 7.0;
+  int sample_steps = 20;
+  double network_multiplier = 1.0;
+  std::string format = "png";  // AI Toolkit writes jpg by default; gclab writes PNG only
+
+  template <class V>
+  void fields(V& v) {
+    v("sampler", sampler);
+    v("sample_every", sample_every);
+    v("sample_start_step", sample_start_step);
+    v("width", width);
+    v("height", height);
+    v("prompts", prompts);
+    v("samples", samples);
+    v("neg", neg);
+    v("seed", seed);
+    v("walk_seed", walk_seed);
+    v("guidance_scale", guidance_scale);
+    v("sample_steps", sample_steps);
+    v("network_multiplier", network_multiplier);
+    v("format", format);
+    v.ignore(
+        {"guidance_rescale", "adapter_conditioning_scale", "refiner_start_at", "extra_values", "num_frames", "fps"});
+  }
+};
+
+// Where each field's value came from, so later stages (model, data, train) can also point at a line.
+struct SourceMap {
+  std::map<std::string, std::string> origin_by_path;  // "train.batch_size" -> "line 42"
+  std::string where(const std::string& path) const;
+};
+
+// A byte count written the way people write it ("24GiB", "512MiB", 25769803776); 0 means none.
+struct ByteSize {
+  std::int64_t bytes = 0;
+};
+
+// One AI Toolkit process (`config.process[0]`), the unit gclab runs.
+struct ProcessConfig {
+  std::string name;
+  std::string training_folder = "output";
+  std::string device = "auto";  // AI Toolkit users write cuda:0; auto = CUDA when present, else CPU
+  std::optional<std::string> trigger_word;
+  std::optional<std::int64_t> training_seed;
+  ByteSize vram_cap;                     // gclab: emulated VRAM cap; may also stand at the file's top level
+  std::optional<NetworkConfig> network;  // absent: the whole transformer is trained
+  SaveConfig save;
+  std::vector<DatasetConfig> datasets;
+  TrainConfig train;
+  ModelConfig model;
+  std::optional<SampleConfig> sample;  // absent: no previews, as in AI Toolkit
+
+  SourceMap source;       // not part of the YAML
+  std::string meta_yaml;  // the file's `meta` block after substitution, echoed back
+
+  template <class V>
+  void fields(V& v) {
+    v("name", name);
+    v("training_folder", training_folder);
+    v("device", device);
+    v("trigger_word", trigger_word);
+    v("training_seed", training_seed);
+    v("vram_cap", vram_cap);
+    v("network", network);
+    v("save", save);
+    v("datasets", datasets);
+    v("train", train);
+    v("model", model);
+    v("sample", sample);
+    v.ignore({"type", "performance_log_every", "logging", "sqlite_db_path"});
+  }
+};
+
+}  // namespace gclab::config

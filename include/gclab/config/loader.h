@@ -1,0 +1,38 @@
+// Loading an AI Toolkit config: YAML file -> ProcessConfig, with --set overrides, [name] and ${ENV}
+// substitution, AI Toolkit's defaults and derived values, and validation that names the field and line.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gclab/config/config.h"
+#include "gclab/config/diagnostics.h"
+
+namespace gclab::config {
+
+struct LoadOptions {
+  // "train.batch_size=4", "datasets.0.resolution=[512,1024]", "vram_cap=24GiB": a path inside the
+  // process, '=' and a YAML value. Applied in order, after the file is read and before validation.
+  std::vector<std::string> overrides;
+  // Largest accepted input. Configs are a few KiB; this only stops a wrong file from being parsed.
+  std::size_t max_bytes = 4u << 20;
+};
+
+struct LoadResult {
+  std::optional<ProcessConfig> config;  // set whenever there are no errors
+  Diagnostics diagnostics;
+  std::vector<std::string> ignored;  // AI Toolkit keys present in the file that gclab does not act on
+
+  bool ok() const { return config.has_value() && !diagnostics.has_errors(); }
+};
+
+LoadResult load_config_file(const std::string& path, const LoadOptions& options = {});
+// `source_name` only appears in messages (a file name, or "<string>").
+LoadResult load_config_text(const std::string& text, const std::string& source_name, const LoadOptions& options = {});
+
+// The resolved config in gclab's plain (top-level) shape; load_config_text reads it back to the same
+// ProcessConfig.
+std::string to_yaml(const ProcessConfig& config);
+
+}  // namespace gclab::config

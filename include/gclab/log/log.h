@@ -1,0 +1,26 @@
+// gclab's logging: one line per message to stderr, levelled, through spdlog.
+//
+// Why a facade instead of including spdlog everywhere: the LibTorch wheel ships its own fmt (v12) in
+// its include directory, and Debian's spdlog is built against Debian's fmt (v9). A translation unit that
+// sees both fails to compile, so spdlog is included in exactly one file (src/log/log.cpp), compiled
+// without LibTorch's include paths, and every other file logs through these functions.
+#pragma once
+
+#include <string>
+
+namespace gclab::log {
+
+enum class Level { Trace, Debug, Info, Warn, Error, Off };
+
+// "trace" | "debug" | "info" | "warn" | "error" | "off"; false for anything else.
+bool set_level(const std::string& name);
+void set_level(Level level);
+bool enabled(Level level);
+
+void trace(const std::string& message);
+void debug(const std::string& message);
+void info(const std::string& message);
+void warn(const std::string& message);
+void error(const std::string& message);
+
+}  // namespace gclab::log

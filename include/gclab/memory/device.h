@@ -1,0 +1,31 @@
+// What this process can run on: the LibTorch it was built with, whether that build has CUDA, and the
+// GPUs it sees with their memory. `gclab info` prints it; reports and benchmarks record it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gclab::memory {
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  std::int64_t total_bytes = 0;
+  std::int64_t free_bytes = 0;
+  int compute_capability_major = 0;
+  int compute_capability_minor = 0;
+};
+
+struct DeviceInfo {
+  std::string torch_version;    // the LibTorch this binary was compiled against
+  bool cuda_compiled = false;   // LibTorch built with CUDA (true for the PyPI wheel)
+  std::string cuda_version;     // CUDA runtime the build uses, e.g. "13.0"; empty without CUDA
+  bool cuda_available = false;  // a driver and at least one GPU are present right now
+  std::vector<GpuInfo> gpus;
+  int cpu_threads = 0;  // intra-op threads LibTorch uses on the CPU
+};
+
+DeviceInfo describe_devices();
+
+}  // namespace gclab::memory

@@ -1,0 +1,140 @@
+// The `gclab` executable: parses the command line, hands each verb to its part, and turns every failure
+// into a message and an exit code (DESIGN.md section 1): 0 done, 2 bad config or input, 3 out of
+// memory, 1 anything else. No exception escapes main.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "gclab/config/byte_size.h"
+#include "gclab/config/loader.h"
+#include "gclab/log/log.h"
+#include "gclab/memory/device.h"
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitOther = 1;
+constexpr int kExitBadInput = 2;
+
+struct ConfigArgs {
+  std::string path;
+  std::vector<std::string> overrides;
+  std::string vram_cap;
+};
+
+void add_config_args(CLI::App* cmd, ConfigArgs& args) {
+  cmd->add_option("config", args.path, "AI Toolkit config (YAML)")->required();
+  cmd->add_option("--set", args.overrides, "override a field inside the process, e.g. train.batch_size=4")
+      ->allow_extra_args(false);
+  cmd->add_option("--vram-cap", args.vram_cap, "emulated VRAM cap, e.g. 24GiB (same as vram_cap in the config)");
+}
+
+// Loads and reports. Warnings and the ignored-key list go to the log; errors too, and then nullopt.
+std::optional<gclab::config::ProcessConfig> load(const ConfigArgs& args) {
+  gclab::config::LoadOptions options;
+  options.overrides = args.overrides;
+  if (!args.vram_cap.empty()) options.overrides.push_back("vram_cap=" + args.vram_cap);
+  auto result = gclab::config::load_config_file(args.path, options);
+  for (const auto& d : result.diagnostics.all()) {
+    const std::string text = d.format();
+    if (d.severity == gclab::config::Severity::Error)
+      gclab::log::error(text.substr(text.find(": ") + 2));
+    else
+      gclab::log::warn(text.substr(text.find(": ") + 2));
+  }
+  if (!result.ignored.empty()) {
+    std::string list;
+    for (const auto& k : result.ignored) list += (list.empty() ? "" : ", ") + k;
+    gclab::log::info("AI Toolkit keys gclab does not act on (ignored): " + list);
+  }
+  if (!result.ok()) {
+    gclab::log::error(args.path + ": " + std::to_string(result.diagnostics.errors().size()) +
+                      " error(s); nothing was run");
+    return std::nullopt;
+  }
+  return std::move(result.config);
+}
+
+int run_check(const ConfigArgs& args) {
+  const auto config = load(args);
+  if (!config) return kExitBadInput;
+  std::cout << "# resolved by gclab from " << args.path << "\n" << gclab::config::to_yaml(*config);
+  return kExitOk;
+}
+
+int run_info() {
+  const auto info = gclab::memory::describe_devices();
+  std::cout << "libtorch: " << info.torch_version << "\n";
+  std::cout << "cuda_compiled: " << (info.cuda_compiled ? "true" : "false") << "\n";
+  if (info.cuda_compiled) std::cout << "cuda_version: \"" << info.cuda_version << "\"\n";
+  std::cout << "cuda_available: " << (info.cuda_available ? "true" : "false") << "\n";
+  std::cout << "cpu_threads: " << info.cpu_threads << "\n";
+  std::cout << "gpus:" << (info.gpus.empty() ? " []" : "") << "\n";
+  for (const auto& g : info.gpus) {
+    std::cout << "  - index: " << g.index << "\n    name: \"" << g.name << "\"\n    total_bytes: " << g.total_bytes
+              << "  # " << gclab::config::format_bytes(g.total_bytes) << "\n    free_bytes: " << g.free_bytes
+              << "\n    compute_capability: \"" << g.compute_capability_major << "." << g.compute_capability_minor
+              << "\"\n";
+  }
+  return kExitOk;
+}
+
+int not_implemented(const std::string& verb, const std::string& issue) {
+  gclab::log::error("`gclab " + verb + "` is not implemented yet (" + issue + ")");
+  return kExitOther;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gclab: gradient-checkpointing lab for diffusion transformers (AI Toolkit configs)"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+
+  ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args;
+  auto* check = app.add_subcommand("check", "validate a config and print it resolved (YAML)");
+  add_config_args(check, check_args);
+  auto* info = app.add_subcommand("info", "LibTorch build, CUDA and GPUs this binary sees");
+  auto* train = app.add_subcommand("train", "train as the config says");
+  add_config_args(train, train_args);
+  auto* bench = app.add_subcommand("bench", "GC on/off side by side: step time, peak memory");
+  add_config_args(bench, bench_args);
+  auto* fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
+  add_config_args(fit, fit_args);
+  auto* estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
+  add_config_args(estimate, estimate_args);
+  auto* synth = app.add_subcommand("synth", "write a captioned image folder to train on");
+  auto* forward = app.add_subcommand("forward", "one forward pass on named inputs, for numerics checks");
+  add_config_args(forward, forward_args);
+  synth->allow_extras();
+  forward->allow_extras();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitBadInput;
+  }
+  gclab::log::set_level(log_level);
+
+  try {
+    if (*check) return run_check(check_args);
+    if (*info) return run_info();
+    if (*train) return not_implemented("train", "issue 5");
+    if (*bench) return not_implemented("bench", "OOM lab / bench issue");
+    if (*fit) return not_implemented("fit", "OOM lab / bench issue");
+    if (*estimate) return not_implemented("estimate", "OOM lab / bench issue");
+    if (*synth) return not_implemented("synth", "issue 5");
+    if (*forward) return not_implemented("forward", "issue 4");
+  } catch (const std::exception& e) {
+    gclab::log::error(std::string("internal error: ") + e.what());
+    return kExitOther;
+  }
+  return kExitOther;
+}

@@ -1,0 +1,1005 @@
+// Reads an AI Toolkit config into ProcessConfig. The order is the order a reader of the file would
+// reason in: guard the input, parse it, find the process, apply --set, substitute, read every block
+// through its field list, derive AI Toolkit's implied values, then validate.
+#include "gclab/config/loader.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include "gclab/config/arch.h"
+#include "gclab/config/byte_size.h"
+
+namespace gclab::config {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Input guards. yaml-cpp recurses once per nesting level and aliases share nodes, so a hostile or
+// mangled file could overflow the stack or expand exponentially when walked; both are refused
+// before anything walks the tree.
+constexpr int kMaxNestingDepth = 64;
+constexpr std::size_t kMaxNodesVisited = 200000;
+
+// Deepest bracket/indentation nesting in the raw text, ignoring quoted strings and comments. An
+// over-estimate is fine: real configs nest a handful of levels.
+int raw_nesting_depth(const std::string& text) {
+  int depth = 0, max_depth = 0;
+  char quote = 0;
+  bool comment = false;
+  std::size_t indent = 0;
+  bool at_line_start = true;
+  int max_indent_levels = 0;
+  for (char c : text) {
+    if (c == '\n') {
+      comment = false;
+      at_line_start = true;
+      indent = 0;
+      if (quote == '\'' || quote == '"') continue;  // multi-line scalars are legal
+      continue;
+    }
+    if (at_line_start) {
+      if (c == ' ' || c == '-') {
+        ++indent;
+        continue;
+      }
+      at_line_start = false;
+      max_indent_levels = std::max<int>(max_indent_levels, static_cast<int>(indent / 2));
+    }
+    if (comment) continue;
+    if (quote) {
+      if (c == quote) quote = 0;
+      continue;
+    }
+    if (c == '#')
+      comment = true;
+    else if (c == '"' || c == '\'')
+      quote = c;
+    else if (c == '[' || c == '{')
+      max_depth = std::max(max_depth, ++depth);
+    else if ((c == ']' || c == '}') && depth > 0)
+      --depth;
+  }
+  return std::max(max_depth, max_indent_levels);
+}
+
+// Walks the tree (through aliases) counting nodes; stops as soon as the budget is spent.
+bool within_node_budget(const YAML::Node& node, std::size_t& visited, int depth = 0) {
+  if (++visited > kMaxNodesVisited || depth > kMaxNestingDepth) return false;
+  if (node.IsSequence()) {
+    for (const auto& child : node)
+      if (!within_node_budget(child, visited, depth + 1)) return false;
+  } else if (node.IsMap()) {
+    for (const auto& kv : node) {
+      if (!within_node_budget(kv.first, visited, depth + 1)) return false;
+      if (!within_node_budget(kv.second, visited, depth + 1)) return false;
+    }
+  }
+  return true;
+}
+
+std::string line_of(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null() || mark.line < 0) return "";
+  return "line " + std::to_string(mark.line + 1);
+}
+
+std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+
+std::string describe(const YAML::Node& node) {
+  if (!node || node.IsNull()) return "nothing";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  std::string s = node.Scalar();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return "'" + s + "'";
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearest(const std::string& key, const std::set<std::string>& candidates) {
+  std::string best;
+  std::size_t best_distance = std::string::npos;
+  for (const auto& c : candidates) {
+    const std::size_t d = edit_distance(key, c);
+    if (d < best_distance) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  const std::size_t allowed = std::max<std::size_t>(2, key.size() / 3);
+  return best_distance <= allowed ? best : "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared state of one load.
+struct LoadContext {
+  Diagnostics& diagnostics;
+  std::vector<std::string>& ignored;
+  SourceMap& source;
+  std::vector<std::pair<std::string, std::string>> overridden;  // path prefix -> "--set a.b=c"
+
+  std::string origin(const std::string& path, const YAML::Node& node) const {
+    for (const auto& [prefix, text] : overridden)
+      if (path == prefix || path.rfind(prefix + ".", 0) == 0 || path.rfind(prefix + "[", 0) == 0) return text;
+    return line_of(node);
+  }
+  void error(const std::string& path, const YAML::Node& node, const std::string& message) {
+    diagnostics.error(path, origin(path, node), message);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Scalar conversion, strict: "1.5" is not an integer, "yes please" is not a bool.
+std::optional<std::int64_t> to_integer(const std::string& s) {
+  std::int64_t value = 0;
+  const char* first = s.data();
+  const char* last = s.data() + s.size();
+  if (!s.empty() && s[0] == '+') ++first;
+  auto [ptr, ec] = std::from_chars(first, last, value);
+  if (ec == std::errc() && ptr == last) return value;
+  // 1e3 and 2000.0 are whole numbers a user may write.
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() + s.size() && !s.empty() && errno == 0 && std::isfinite(d) && d == std::floor(d) &&
+      std::fabs(d) < 9.0e18)
+    return static_cast<std::int64_t>(d);
+  return std::nullopt;
+}
+
+std::optional<double> to_real(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || errno != 0 || !std::isfinite(d)) return std::nullopt;
+  return d;
+}
+
+std::optional<bool> to_bool(const std::string& raw) {
+  std::string s = raw;
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "true" || s == "yes" || s == "on") return true;
+  if (s == "false" || s == "no" || s == "off") return false;
+  return std::nullopt;
+}
+
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
+class BlockReader;
+
+// Reads one YAML value into `out`; reports and returns false when it cannot.
+template <class T>
+bool read_value(const YAML::Node& node, T& out, const std::string& path, LoadContext& ctx);
+
+class BlockReader {
+ public:
+  BlockReader(const YAML::Node& map, std::string path, LoadContext& ctx)
+      : map_(map), path_(std::move(path)), ctx_(ctx) {}
+
+  template <class T>
+  void operator()(const char* key, T& value) {
+    known_.insert(key);
+    const YAML::Node& map = map_;  // const lookup: never inserts the key it asks for
+    const YAML::Node child = map[key];
+    if (!child.IsDefined()) return;  // absent: AI Toolkit's default stays
+    const std::string path = join(path_, key);
+    ctx_.source.origin_by_path[path] = ctx_.origin(path, child);
+    read_value(child, value, path, ctx_);
+  }
+
+  void ignore(std::initializer_list<const char*> keys) {
+    for (const char* k : keys) ignored_.insert(k);
+  }
+
+  // Unknown keys: a warning naming the nearest known key. AI Toolkit keys gclab does not act on: listed.
+  void finish() {
+    std::set<std::string> seen;
+    for (const auto& kv : map_) {
+      if (!kv.first.IsScalar()) {
+        ctx_.error(path_, kv.first, "keys must be plain names, found " + describe(kv.first));
+        continue;
+      }
+      const std::string key = kv.first.Scalar();
+      const std::string path = join(path_, key);
+      if (!seen.insert(key).second) {
+        ctx_.diagnostics.warning(path, ctx_.origin(path, kv.first),
+                                 "appears twice in this block; the first value is used");
+        continue;
+      }
+      if (known_.count(key)) continue;
+      if (ignored_.count(key)) {
+        ctx_.ignored.push_back(path);
+        continue;
+      }
+      std::set<std::string> candidates = known_;
+      candidates.insert(ignored_.begin(), ignored_.end());
+      const std::string suggestion = nearest(key, candidates);
+      ctx_.diagnostics.warning(path, ctx_.origin(path, kv.first),
+                               "unknown key" + (suggestion.empty() ? std::string(", ignored")
+                                                                   : ", ignored (did you mean '" + suggestion + "'?)"));
+    }
+  }
+
+ private:
+  YAML::Node map_;
+  std::string path_;
+  LoadContext& ctx_;
+  std::set<std::string> known_;
+  std::set<std::string> ignored_;
+};
+
+template <class T>
+bool read_value(const YAML::Node& node, T& out, const std::string& path, LoadContext& ctx) {
+  if constexpr (is_optional<T>::value) {
+    if (node.IsNull()) {
+      out.reset();
+      return true;
+    }
+    typename T::value_type inner{};
+    if (!read_value(node, inner, path, ctx)) return false;
+    out = std::move(inner);
+    return true;
+  } else if constexpr (is_vector<T>::value) {
+    using Item = typename T::value_type;
+    T items;
+    if (node.IsNull()) {
+      out = items;
+      return true;
+    }
+    if (!node.IsSequence()) {  // AI Toolkit accepts `resolution: 512` for `[512]`
+      Item item{};
+      if (!read_value(node, item, path, ctx)) return false;
+      items.push_back(std::move(item));
+      out = std::move(items);
+      return true;
+    }
+    bool ok = true;
+    std::size_t index = 0;
+    for (const auto& child : node) {
+      Item item{};
+      const std::string item_path = path + "[" + std::to_string(index++) + "]";
+      ctx.source.origin_by_path[item_path] = ctx.origin(item_path, child);
+      ok = read_value(child, item, item_path, ctx) && ok;
+      items.push_back(std::move(item));
+    }
+    out = std::move(items);
+    return ok;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    const auto v = node.IsScalar() ? to_bool(node.Scalar()) : std::nullopt;
+    if (!v) {
+      ctx.error(path, node, "expected true or false, got " + describe(node));
+      return false;
+    }
+    out = *v;
+    return true;
+  } else if constexpr (std::is_integral_v<T>) {
+    const auto v = node.IsScalar() ? to_integer(node.Scalar()) : std::nullopt;
+    if (!v || *v < static_cast<std::int64_t>(std::numeric_limits<T>::min()) ||
+        *v > static_cast<std::int64_t>(std::numeric_limits<T>::max())) {
+      ctx.error(path, node, "expected a whole number, got " + describe(node));
+      return false;
+    }
+    out = static_cast<T>(*v);
+    return true;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    const auto v = node.IsScalar() ? to_real(node.Scalar()) : std::nullopt;
+    if (!v) {
+      ctx.error(path, node, "expected a number, got " + describe(node));
+      return false;
+    }
+    out = static_cast<T>(*v);
+    return true;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!node.IsScalar()) {
+      ctx.error(path, node, "expected text, got " + describe(node));
+      return false;
+    }
+    out = node.Scalar();
+    return true;
+  } else if constexpr (std::is_same_v<T, ByteSize>) {
+    if (node.IsNull()) {
+      out.bytes = 0;
+      return true;
+    }
+    std::string text = node.IsScalar() ? node.Scalar() : "";
+    if (text == "none" || text == "off") text = "0";
+    const auto v = node.IsScalar() ? parse_byte_size(text) : std::nullopt;
+    if (!v) {
+      ctx.error(path, node, "expected a size such as 24GiB, 24GB or a byte count, got " + describe(node));
+      return false;
+    }
+    out.bytes = *v;
+    return true;
+  } else {                           // a block with its own field list
+    if (node.IsNull()) return true;  // `sample:` with nothing under it keeps the defaults
+    if (!node.IsMap()) {
+      ctx.error(path, node, "expected a block of keys, got " + describe(node));
+      return false;
+    }
+    BlockReader reader(node, path, ctx);
+    out.fields(reader);
+    reader.finish();
+    return true;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// --set overrides
+
+struct PathStep {
+  bool is_index = false;
+  std::string key;
+  std::size_t index = 0;
+};
+
+// "datasets.0.resolution" and "datasets[0].resolution" both name the same field.
+std::optional<std::vector<PathStep>> parse_override_path(const std::string& path) {
+  std::vector<PathStep> steps;
+  std::string token;
+  auto flush = [&]() -> bool {
+    if (token.empty()) return false;
+    PathStep step;
+    if (std::all_of(token.begin(), token.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+      step.is_index = true;
+      step.index = static_cast<std::size_t>(std::stoull(token));
+    }
+    step.key = token;
+    steps.push_back(step);
+    token.clear();
+    return true;
+  };
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    const char c = path[i];
+    if (c == '.') {
+      if (!flush()) return std::nullopt;
+    } else if (c == '[') {
+      if (!token.empty() && !flush()) return std::nullopt;
+      const std::size_t close = path.find(']', i);
+      if (close == std::string::npos) return std::nullopt;
+      token = path.substr(i + 1, close - i - 1);
+      if (token.empty() ||
+          !std::all_of(token.begin(), token.end(), [](char d) { return std::isdigit(static_cast<unsigned char>(d)); }))
+        return std::nullopt;
+      flush();
+      i = close;
+      if (i + 1 < path.size() && path[i + 1] == '.') ++i;
+    } else {
+      token += c;
+    }
+  }
+  if (!token.empty()) flush();
+  if (steps.empty()) return std::nullopt;
+  return steps;
+}
+
+std::string canonical_path(const std::vector<PathStep>& steps) {
+  std::string out;
+  for (const auto& s : steps) {
+    if (s.is_index)
+      out += "[" + s.key + "]";
+    else
+      out += (out.empty() ? "" : ".") + s.key;
+  }
+  return out;
+}
+
+void apply_override(YAML::Node process, const std::string& text, LoadContext& ctx) {
+  const std::string where = "--set " + text;
+  const std::size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    ctx.diagnostics.error("", where, "expected PATH=VALUE, e.g. --set train.batch_size=4");
+    return;
+  }
+  const auto steps = parse_override_path(text.substr(0, eq));
+  if (!steps) {
+    ctx.diagnostics.error("", where, "'" + text.substr(0, eq) + "' is not a field path (e.g. datasets.0.resolution)");
+    return;
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    ctx.diagnostics.error(canonical_path(*steps), where, "the value is not valid YAML: " + e.msg);
+    return;
+  }
+  if (!value.IsDefined()) value = YAML::Node(YAML::NodeType::Null);
+
+  // Walk to the parent, creating blocks that do not exist yet.
+  YAML::Node parent;
+  parent.reset(process);
+  for (std::size_t i = 0; i + 1 < steps->size(); ++i) {
+    const PathStep& step = (*steps)[i];
+    const PathStep& next = (*steps)[i + 1];
+    // yaml-cpp: `a = b` between nodes writes b's value INTO a; rebinding a handle is `a.reset(b)`.
+    YAML::Node child;
+    if (step.is_index) {
+      if (!parent.IsSequence() || step.index >= parent.size()) {
+        ctx.diagnostics.error(canonical_path(*steps), where, "index " + step.key + " is past the end of the list");
+        return;
+      }
+      child.reset(parent[step.index]);
+    } else {
+      if (!parent.IsMap() && !parent.IsNull()) {
+        ctx.diagnostics.error(canonical_path(*steps), where,
+                              "'" + step.key + "' is inside a value that is not a block");
+        return;
+      }
+      child.reset(parent[step.key]);
+      if (!child.IsDefined() || child.IsNull()) {
+        parent[step.key] = next.is_index ? YAML::Node(YAML::NodeType::Sequence) : YAML::Node(YAML::NodeType::Map);
+        child.reset(parent[step.key]);
+      }
+    }
+    parent.reset(child);
+  }
+  const PathStep& last = steps->back();
+  if (last.is_index) {
+    if (!parent.IsSequence() || last.index > parent.size()) {
+      ctx.diagnostics.error(canonical_path(*steps), where, "index " + last.key + " is past the end of the list");
+      return;
+    }
+    if (last.index == parent.size())
+      parent.push_back(value);
+    else
+      parent[last.index] = value;
+  } else {
+    if (!parent.IsMap() && !parent.IsNull()) {
+      ctx.diagnostics.error(canonical_path(*steps), where, "'" + last.key + "' is inside a value that is not a block");
+      return;
+    }
+    parent[last.key] = value;
+  }
+  ctx.overridden.emplace_back(canonical_path(*steps), where);
+}
+
+// ---------------------------------------------------------------------------------------------
+// [name] and ${ENV_VAR} substitution in every text value (AI Toolkit does both on the whole config).
+void substitute(YAML::Node node, const std::string& name, const std::string& path, LoadContext& ctx) {
+  if (node.IsMap()) {
+    for (auto kv : node) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+      substitute(kv.second, name, join(path, key), ctx);
+    }
+    return;
+  }
+  if (node.IsSequence()) {
+    std::size_t i = 0;
+    for (auto child : node) substitute(child, name, path + "[" + std::to_string(i++) + "]", ctx);
+    return;
+  }
+  if (!node.IsScalar()) return;
+  std::string text = node.Scalar();
+  if (text.find('[') == std::string::npos && text.find("${") == std::string::npos) return;
+  std::string out;
+  for (std::size_t i = 0; i < text.size();) {
+    if (text.compare(i, 6, "[name]") == 0) {
+      out += name;
+      i += 6;
+    } else if (text.compare(i, 2, "${") == 0) {
+      const std::size_t close = text.find('}', i);
+      const std::string var = close == std::string::npos ? "" : text.substr(i + 2, close - i - 2);
+      const bool valid = !var.empty() && std::all_of(var.begin(), var.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+      });
+      if (!valid) {
+        out += text[i++];
+        continue;
+      }
+      const char* value = std::getenv(var.c_str());
+      if (!value) {
+        ctx.error(path, node, "environment variable ${" + var + "} is not set");
+        return;
+      }
+      out += value;
+      i = close + 1;
+    } else {
+      out += text[i++];
+    }
+  }
+  node = out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Derived values: what AI Toolkit computes from what the user wrote.
+
+std::optional<std::string> canonical_dtype(const std::string& s, bool save_spelling) {
+  if (s == "fp32" || s == "float32" || s == "float") return save_spelling ? "float32" : "fp32";
+  if (s == "bf16" || s == "bfloat16") return save_spelling ? "bfloat16" : "bf16";
+  if (s == "fp16" || s == "float16" || s == "half") return save_spelling ? "float16" : "fp16";
+  return std::nullopt;
+}
+
+bool one_of(const std::string& value, std::initializer_list<const char*> allowed) {
+  return std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return value == a; });
+}
+
+std::string list_of(std::initializer_list<const char*> allowed) {
+  std::string out;
+  for (const char* a : allowed) out += (out.empty() ? "" : ", ") + std::string(a);
+  return out;
+}
+
+class Validator {
+ public:
+  Validator(ProcessConfig& c, Diagnostics& d) : c_(c), d_(d) {}
+
+  void error(const std::string& path, const std::string& message) { d_.error(path, c_.source.where(path), message); }
+  void warning(const std::string& path, const std::string& message) {
+    d_.warning(path, c_.source.where(path), message);
+  }
+  bool given(const std::string& path) const { return c_.source.origin_by_path.count(path) > 0; }
+
+  template <class T>
+  void at_least(const std::string& path, T value, T minimum) {
+    if (value < minimum) error(path, "must be at least " + std::to_string(minimum) + ", got " + std::to_string(value));
+  }
+  void choice(const std::string& path, const std::string& value, std::initializer_list<const char*> allowed,
+              const std::string& why = "") {
+    if (!one_of(value, allowed))
+      error(path, "'" + value + "' is not supported" + why + "; use one of: " + list_of(allowed));
+  }
+
+  void run() {
+    if (c_.name.empty()) error("name", "is required (AI Toolkit names the output folder and files after it)");
+    if (c_.vram_cap.bytes < 0) error("vram_cap", "must not be negative");
+    resolve_arch();
+    network();
+    save();
+    datasets();
+    train();
+    sample();
+  }
+
+ private:
+  void resolve_arch() {
+    ModelConfig& m = c_.model;
+    std::string arch = m.arch;
+    std::string reason = "model.arch";
+    if (const std::size_t colon = arch.find(':'); colon != std::string::npos) arch = arch.substr(0, colon);
+    if (arch.empty()) {
+      if (m.is_flux)
+        arch = "flux", reason = "model.is_flux";
+      else if (m.is_v3)
+        arch = "sd3", reason = "model.is_v3";
+      else if (m.is_lumina2)
+        arch = "lumina2", reason = "model.is_lumina2";
+      else if (m.name_or_path) {
+        if (auto guess = infer_arch_from_name(*m.name_or_path)) arch = guess->arch, reason = guess->reason;
+      }
+    }
+    if (arch.empty()) {
+      error("model.arch",
+            "is not set and cannot be inferred from model.name_or_path; AI Toolkit would assume "
+            "sd1, which gclab does not model. Set model.arch to one of: " +
+                supported_arch_list());
+      return;
+    }
+    const auto info = find_arch(arch);
+    if (!info) {
+      const std::string at = reason == "model.arch" ? "model.arch" : reason;
+      error(at, "architecture '" + arch + "' is not modelled by gclab yet; supported: " + supported_arch_list());
+      return;
+    }
+    m.arch = arch;
+    arch_ = *info;
+    if (!m.name_or_path && !info->tiny)
+      warning("model.name_or_path", "not set; the " + arch + " preset starts from random weights");
+  }
+
+  void network() {
+    if (!c_.network) return;
+    NetworkConfig& n = *c_.network;
+    choice("network.type", n.type, {"lora"});
+    if (!n.linear && n.rank) n.linear = n.rank;
+    if (!n.linear) {
+      error("network.linear", "is required for a LoRA network (its rank, e.g. 16)");
+    } else {
+      at_least("network.linear", *n.linear, 1);
+    }
+    if (!n.linear_alpha) n.linear_alpha = n.alpha;
+    if (*n.linear_alpha <= 0) error("network.linear_alpha", "must be positive");
+    if (n.dropout && (*n.dropout < 0 || *n.dropout >= 1)) error("network.dropout", "must be in [0, 1)");
+  }
+
+  void save() {
+    SaveConfig& s = c_.save;
+    if (auto d = canonical_dtype(s.dtype, true))
+      s.dtype = *d;
+    else
+      error("save.dtype", "'" + s.dtype + "' is not a dtype; use float16, bfloat16 or float32");
+    at_least("save.save_every", s.save_every, 1);
+    at_least("save.max_step_saves_to_keep", s.max_step_saves_to_keep, 0);
+    choice("save.save_format", s.save_format, {"safetensors"}, " (gclab writes safetensors files)");
+  }
+
+  void datasets() {
+    if (c_.datasets.empty()) warning("datasets", "no dataset given; `gclab train` needs at least one");
+    for (std::size_t i = 0; i < c_.datasets.size(); ++i) {
+      DatasetConfig& d = c_.datasets[i];
+      const std::string p = "datasets[" + std::to_string(i) + "]";
+      if (!d.folder_path || d.folder_path->empty())
+        error(p + ".folder_path", "is required (a folder of images)");
+      else if (!std::filesystem::is_directory(*d.folder_path))
+        warning(p + ".folder_path", "'" + *d.folder_path + "' is not a folder here; `gclab train` will refuse it");
+      if (!d.caption_ext.empty() && d.caption_ext[0] != '.') d.caption_ext = "." + d.caption_ext;
+      if (d.caption_dropout_rate < 0 || d.caption_dropout_rate > 1)
+        error(p + ".caption_dropout_rate", "must be between 0 and 1, got " + std::to_string(d.caption_dropout_rate));
+      at_least(p + ".num_repeats", d.num_repeats, 1);
+      at_least(p + ".keep_tokens", d.keep_tokens, 0);
+      if (d.batch_size) at_least(p + ".batch_size", *d.batch_size, 1);
+      if (d.resolution.empty()) error(p + ".resolution", "must list at least one resolution");
+      for (std::size_t r = 0; r < d.resolution.size(); ++r) {
+        const std::string rp = p + ".resolution";
+        const int res = d.resolution[r];
+        if (res <= 0) {
+          error(rp, "must be positive, got " + std::to_string(res));
+        } else if (arch_ && res % arch_->divisibility != 0) {
+          error(rp, std::to_string(res) + " is not a multiple of " + std::to_string(arch_->divisibility) + " (" +
+                        arch_->name + "); use " + std::to_string(res / arch_->divisibility * arch_->divisibility) +
+                        " or " + std::to_string((res / arch_->divisibility + 1) * arch_->divisibility));
+        }
+      }
+    }
+  }
+
+  void train() {
+    TrainConfig& t = c_.train;
+    at_least("train.batch_size", t.batch_size, 1);
+    at_least("train.steps", t.steps, 1);
+    if (!(t.lr > 0)) error("train.lr", "must be positive");
+    if (auto d = canonical_dtype(t.dtype, false))
+      t.dtype = *d;
+    else
+      error("train.dtype", "'" + t.dtype + "' is not a dtype; use bf16, fp16 or fp32");
+    choice("train.optimizer", t.optimizer, {"adamw", "adamw8bit"});
+    if (t.optimizer_params.weight_decay < 0) error("train.optimizer_params.weight_decay", "must not be negative");
+    if (t.optimizer_params.betas.size() != 2 || t.optimizer_params.betas[0] < 0 || t.optimizer_params.betas[0] >= 1 ||
+        t.optimizer_params.betas[1] < 0 || t.optimizer_params.betas[1] >= 1)
+      error("train.optimizer_params.betas", "must be two numbers in [0, 1), e.g. [0.9, 0.999]");
+    if (!(t.optimizer_params.eps > 0)) error("train.optimizer_params.eps", "must be positive");
+    choice("train.lr_scheduler", t.lr_scheduler, {"constant", "constant_with_warmup", "linear", "cosine"});
+    choice("train.timestep_type", t.timestep_type, {"sigmoid", "linear", "shift", "weighted"});
+    if (given("train.noise_scheduler") && t.noise_scheduler != "flowmatch")
+      warning("train.noise_scheduler",
+              "gclab trains every model with flow matching; '" + t.noise_scheduler + "' is ignored");
+    at_least("train.gradient_accumulation", t.gradient_accumulation, 1);
+    if (t.gradient_accumulation_steps != -1)
+      at_least("train.gradient_accumulation_steps", t.gradient_accumulation_steps, 1);
+    if (t.gradient_accumulation > 1 && t.gradient_accumulation_steps != 1)
+      error("train.gradient_accumulation",
+            "and train.gradient_accumulation_steps are mutually exclusive (as in AI Toolkit); keep one");
+    if (t.max_grad_norm < 0) error("train.max_grad_norm", "must not be negative (0 turns clipping off)");
+    if (t.ema_config.ema_decay < 0 || t.ema_config.ema_decay >= 1)
+      error("train.ema_config.ema_decay", "must be in [0, 1)");
+    // AI Toolkit's switch maps onto gclab's policy; an explicit policy wins, and a contradiction is said.
+    if (t.checkpoint_policy.empty()) {
+      t.checkpoint_policy = t.gradient_checkpointing ? "full" : "off";
+    } else if (given("train.gradient_checkpointing") && !t.gradient_checkpointing && t.checkpoint_policy != "off") {
+      warning("train.checkpoint_policy", "'" + t.checkpoint_policy + "' overrides train.gradient_checkpointing: false");
+    }
+    t.gradient_checkpointing = t.checkpoint_policy != "off";
+  }
+
+  void sample() {
+    if (!c_.sample) return;
+    SampleConfig& s = *c_.sample;
+    at_least("sample.sample_every", s.sample_every, 1);
+    at_least("sample.sample_start_step", s.sample_start_step, 0);
+    at_least("sample.width", s.width, 1);
+    at_least("sample.height", s.height, 1);
+    at_least("sample.sample_steps", s.sample_steps, 1);
+    choice("sample.format", s.format, {"png"}, " (gclab writes PNG previews)");
+    // AI Toolkit: `prompts` is the legacy spelling of `samples` items; `samples` wins when both exist.
+    if (s.samples.empty()) {
+      for (const auto& p : s.prompts) {
+        SampleItem item;
+        item.prompt = p;
+        s.samples.push_back(item);
+      }
+    }
+    s.prompts.clear();
+    for (std::size_t i = 0; i < s.samples.size(); ++i) {
+      SampleItem& item = s.samples[i];
+      const std::string p = "sample.samples[" + std::to_string(i) + "]";
+      if (!item.width) item.width = s.width;
+      if (!item.height) item.height = s.height;
+      if (!item.neg) item.neg = s.neg;
+      if (!item.guidance_scale) item.guidance_scale = s.guidance_scale;
+      if (!item.sample_steps) item.sample_steps = s.sample_steps;
+      if (!item.network_multiplier) item.network_multiplier = s.network_multiplier;
+      at_least(p + ".width", *item.width, 1);
+      at_least(p + ".height", *item.height, 1);
+      at_least(p + ".sample_steps", *item.sample_steps, 1);
+    }
+  }
+
+  ProcessConfig& c_;
+  Diagnostics& d_;
+  std::optional<ArchInfo> arch_;
+};
+
+// When the YAML itself does not parse, a glance at the text can still tell the user whether the
+// architecture would have been supported, so they are not left fixing quotes for nothing.
+std::string arch_hint_from_text(const std::string& text) {
+  static const std::regex arch_line(R"(^\s*arch:\s*['"]?([A-Za-z0-9_\-]+))");
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, arch_line)) {
+      const std::string arch = m[1];
+      if (!find_arch(arch))
+        return "; note: this config names model.arch '" + arch +
+               "', which gclab does not model yet (supported: " + supported_arch_list() + ")";
+      return "";
+    }
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolved YAML writer: the same field lists, written out.
+void write_value(YAML::Emitter& out, const std::string& v) { out << YAML::DoubleQuoted << v; }
+void write_value(YAML::Emitter& out, bool v) { out << (v ? "true" : "false"); }
+void write_value(YAML::Emitter& out, double v) {
+  // The shortest spelling that reads back to the same double (0.05, not 0.050000000000000003).
+  std::string text;
+  for (int precision = 6; precision <= 17; ++precision) {
+    std::ostringstream s;
+    s.precision(precision);
+    s << v;
+    text = s.str();
+    if (std::strtod(text.c_str(), nullptr) == v) break;
+  }
+  // Keep it a float for readers that type by spelling (PyYAML reads 1e-04 as text without a dot).
+  if (text.find_first_of(".eEn") == std::string::npos)
+    text += ".0";
+  else if (text.find('.') == std::string::npos && text.find('e') != std::string::npos) {
+    const std::size_t e = text.find('e');
+    text = text.substr(0, e) + ".0" + text.substr(e);
+  }
+  out << text;
+}
+void write_value(YAML::Emitter& out, const ByteSize& v) { out << format_bytes_exact(v.bytes); }
+template <class T>
+std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>> write_value(YAML::Emitter& out, T v) {
+  out << static_cast<long long>(v);
+}
+template <class T>
+void write_value(YAML::Emitter& out, const std::optional<T>& v);
+template <class T>
+void write_value(YAML::Emitter& out, const std::vector<T>& v);
+
+struct BlockWriter {
+  YAML::Emitter& out;
+  template <class T>
+  void operator()(const char* key, const T& value) {
+    out << YAML::Key << key << YAML::Value;
+    if constexpr (std::is_class_v<T> && !std::is_same_v<T, std::string> && !std::is_same_v<T, ByteSize> &&
+                  !is_optional<T>::value && !is_vector<T>::value) {
+      out << YAML::BeginMap;
+      const_cast<T&>(value).fields(*this);
+      out << YAML::EndMap;
+    } else {
+      write_value(out, value);
+    }
+  }
+  void ignore(std::initializer_list<const char*>) {}
+};
+
+template <class T>
+void write_item(YAML::Emitter& out, const T& v) {
+  if constexpr (std::is_class_v<T> && !std::is_same_v<T, std::string> && !std::is_same_v<T, ByteSize> &&
+                !is_optional<T>::value && !is_vector<T>::value) {
+    BlockWriter w{out};
+    out << YAML::BeginMap;
+    const_cast<T&>(v).fields(w);
+    out << YAML::EndMap;
+  } else {
+    write_value(out, v);
+  }
+}
+
+template <class T>
+void write_value(YAML::Emitter& out, const std::optional<T>& v) {
+  if (v)
+    write_item(out, *v);
+  else
+    out << YAML::Null;
+}
+template <class T>
+void write_value(YAML::Emitter& out, const std::vector<T>& v) {
+  const bool flow = std::is_arithmetic_v<T> || v.empty();
+  out << (flow ? YAML::Flow : YAML::Block) << YAML::BeginSeq;
+  for (const auto& item : v) write_item(out, item);
+  out << YAML::EndSeq;
+}
+
+}  // namespace
+
+std::string SourceMap::where(const std::string& path) const {
+  // A value that was never written (a missing required key) is reported where its block was written.
+  for (std::string p = path; !p.empty();) {
+    const auto it = origin_by_path.find(p);
+    if (it != origin_by_path.end()) return it->second;
+    const std::size_t cut = p.find_last_of(".[");
+    p = cut == std::string::npos ? "" : p.substr(0, cut);
+  }
+  return "";
+}
+
+LoadResult load_config_text(const std::string& text, const std::string& source_name, const LoadOptions& options) {
+  LoadResult result;
+  Diagnostics& diag = result.diagnostics;
+  if (text.size() > options.max_bytes) {
+    diag.error("", source_name,
+               "is " + std::to_string(text.size()) + " bytes; a config is at most " +
+                   std::to_string(options.max_bytes) + " (is this the right file?)");
+    return result;
+  }
+  if (text.find('\0') != std::string::npos) {
+    diag.error("", source_name, "contains NUL bytes; it is not a YAML text file");
+    return result;
+  }
+  if (raw_nesting_depth(text) > kMaxNestingDepth) {
+    diag.error(
+        "", source_name,
+        "nests deeper than " + std::to_string(kMaxNestingDepth) + " levels; a training config is a few levels deep");
+    return result;
+  }
+
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    const std::string where = source_name + (e.mark.is_null() ? "" : ":" + std::to_string(e.mark.line + 1));
+    diag.error("", where, "is not valid YAML: " + e.msg + arch_hint_from_text(text));
+    return result;
+  } catch (const std::exception& e) {
+    diag.error("", source_name, std::string("could not be read as YAML: ") + e.what());
+    return result;
+  }
+  std::size_t visited = 0;
+  if (!within_node_budget(root, visited)) {
+    diag.error("", source_name,
+               "expands to more than " + std::to_string(kMaxNodesVisited) +
+                   " values (deeply nested or aliases that multiply); refusing to read it");
+    return result;
+  }
+  if (!root.IsMap()) {
+    diag.error("", source_name,
+               "must be a YAML mapping with AI Toolkit's `job`/`config` keys or the "
+               "blocks (`train`, `model`, `datasets`, ...) at the top level; got " +
+                   describe(root));
+    return result;
+  }
+
+  ProcessConfig cfg;
+  LoadContext ctx{diag, result.ignored, cfg.source, {}};
+  try {
+    // The AI Toolkit shape: job / config {name, process: [ ... ]} / meta. Else the plain shape.
+    YAML::Node process;
+    YAML::Node meta;
+    if (root["meta"].IsDefined()) meta.reset(root["meta"]);
+    std::string name;
+    YAML::Node name_node;
+    const YAML::Node config_block = root["config"];
+    const bool aitk_shape = config_block.IsDefined() && config_block.IsMap() && config_block["process"].IsDefined();
+    if (aitk_shape) {
+      for (const auto& kv : root) {
+        const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+        if (key == "job") {
+          if (!kv.second.IsScalar() || kv.second.Scalar() != "extension")
+            diag.warning("job", line_of(kv.second),
+                         "gclab runs the `extension` job's first process; got " + describe(kv.second));
+        } else if (key != "config" && key != "meta" && key != "vram_cap") {
+          diag.warning(key, line_of(kv.first), "unknown top-level key, ignored");
+        }
+      }
+      for (const auto& kv : config_block) {
+        const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+        if (key != "name" && key != "process") diag.warning("config." + key, line_of(kv.first), "unknown key, ignored");
+      }
+      const YAML::Node processes = config_block["process"];
+      if (!processes.IsSequence() || processes.size() == 0 || !processes[0].IsMap()) {
+        diag.error("config.process", line_of(processes), "must be a list with at least one process block");
+        return result;
+      }
+      if (processes.size() > 1)
+        diag.warning("config.process", line_of(processes),
+                     "has " + std::to_string(processes.size()) + " processes; gclab runs the first");
+      process.reset(processes[0]);  // edited in place: a clone would lose the line numbers
+      name_node.reset(config_block["name"]);
+      if (!process["name"].IsDefined() && name_node.IsDefined()) process["name"] = name_node;
+      // vram_cap may stand beside `job` at the top of the file: it belongs to the whole run.
+      if (root["vram_cap"].IsDefined() && !process["vram_cap"].IsDefined()) process["vram_cap"] = root["vram_cap"];
+    } else {
+      process.reset(root);
+      process.remove("meta");
+      if (process["job"].IsDefined()) process.remove("job");
+    }
+
+    for (const auto& o : options.overrides) apply_override(process, o, ctx);
+    if (diag.has_errors()) return result;
+
+    if (process["name"].IsDefined() && process["name"].IsScalar()) name = process["name"].Scalar();
+    substitute(process, name, "", ctx);
+    if (meta.IsDefined()) substitute(meta, name, "meta", ctx);
+
+    read_value(process, cfg, "", ctx);
+    if (meta.IsDefined() && !meta.IsNull()) {
+      YAML::Emitter out;
+      out << meta;
+      cfg.meta_yaml = out.c_str();
+    }
+  } catch (const std::exception& e) {
+    diag.error("", source_name, std::string("could not be read: ") + e.what());
+    return result;
+  }
+
+  Validator(cfg, diag).run();
+  if (!diag.has_errors()) result.config = std::move(cfg);
+  return result;
+}
+
+LoadResult load_config_file(const std::string& path, const LoadOptions& options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    LoadResult result;
+    result.diagnostics.error("", path, "cannot be opened (does the file exist and is it readable?)");
+    return result;
+  }
+  std::string text;
+  std::vector<char> buffer(1 << 16);
+  while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
+    text.append(buffer.data(), static_cast<std::size_t>(in.gcount()));
+    if (text.size() > options.max_bytes) break;
+  }
+  return load_config_text(text, path, options);
+}
+
+std::string to_yaml(const ProcessConfig& config) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  BlockWriter writer{out};
+  const_cast<ProcessConfig&>(config).fields(writer);
+  if (!config.meta_yaml.empty()) {
+    out << YAML::Key << "meta" << YAML::Value << YAML::Load(config.meta_yaml);
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace gclab::config

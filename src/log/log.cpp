@@ -1,0 +1,61 @@
+#include "gclab/log/log.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace gclab::log {
+
+namespace {
+
+spdlog::logger& logger() {
+  static std::shared_ptr<spdlog::logger> instance = [] {
+    auto l = spdlog::stderr_color_mt("gclab");
+    l->set_pattern("%^%l%$: %v");
+    return l;
+  }();
+  return *instance;
+}
+
+spdlog::level::level_enum to_spdlog(Level level) {
+  switch (level) {
+    case Level::Trace:
+      return spdlog::level::trace;
+    case Level::Debug:
+      return spdlog::level::debug;
+    case Level::Info:
+      return spdlog::level::info;
+    case Level::Warn:
+      return spdlog::level::warn;
+    case Level::Error:
+      return spdlog::level::err;
+    case Level::Off:
+      return spdlog::level::off;
+  }
+  return spdlog::level::info;
+}
+
+}  // namespace
+
+bool set_level(const std::string& name) {
+  static const std::pair<const char*, Level> names[] = {{"trace", Level::Trace}, {"debug", Level::Debug},
+                                                        {"info", Level::Info},   {"warn", Level::Warn},
+                                                        {"error", Level::Error}, {"off", Level::Off}};
+  for (const auto& [n, level] : names) {
+    if (name == n) {
+      set_level(level);
+      return true;
+    }
+  }
+  return false;
+}
+
+void set_level(Level level) { logger().set_level(to_spdlog(level)); }
+bool enabled(Level level) { return logger().should_log(to_spdlog(level)); }
+
+void trace(const std::string& message) { logger().log(spdlog::level::trace, "{}", message); }
+void debug(const std::string& message) { logger().log(spdlog::level::debug, "{}", message); }
+void info(const std::string& message) { logger().log(spdlog::level::info, "{}", message); }
+void warn(const std::string& message) { logger().log(spdlog::level::warn, "{}", message); }
+void error(const std::string& message) { logger().log(spdlog::level::err, "{}", message); }
+
+}  // namespace gclab::log

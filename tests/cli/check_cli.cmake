@@ -1,0 +1,47 @@
+# Runs the gclab executable the way a user does and checks exit codes and output.
+function(expect_run expected_rc)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL expected_rc)
+    message(FATAL_ERROR "`${ARGN}` exited ${rc}, expected ${expected_rc}\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  set(last_out "${out}" PARENT_SCOPE)
+  set(last_err "${err}" PARENT_SCOPE)
+endfunction()
+
+function(expect_contains text needle)
+  string(FIND "${text}" "${needle}" pos)
+  if(pos EQUAL -1)
+    message(FATAL_ERROR "expected to find '${needle}' in:\n${text}")
+  endif()
+endfunction()
+
+set(flux "${SHARED}/aitk-configs/train_lora_flux_24gb.yaml")
+
+expect_run(0 "${GCLAB}" check "${flux}")
+expect_contains("${last_out}" "linear: 16")
+expect_contains("${last_out}" "optimizer: \"adamw8bit\"")
+expect_contains("${last_out}" "resolution: [512, 768, 1024]")
+expect_contains("${last_out}" "checkpoint_policy: \"full\"")
+expect_contains("${last_err}" "ignored")
+
+expect_run(0 "${GCLAB}" check "${flux}" --set train.gradient_checkpointing=false --vram-cap 24GiB)
+expect_contains("${last_out}" "checkpoint_policy: \"off\"")
+expect_contains("${last_out}" "vram_cap: 24GiB")
+
+expect_run(2 "${GCLAB}" check "${flux}" --set train.batch_size=0)
+expect_contains("${last_err}" "train.batch_size")
+expect_contains("${last_err}" "--set train.batch_size=0")
+
+expect_run(2 "${GCLAB}" check "${SHARED}/aitk-configs/train_lora_wan21_1b_24gb.yaml")
+expect_contains("${last_err}" "wan21")
+
+expect_run(2 "${GCLAB}" check /nonexistent/config.yaml)
+expect_contains("${last_err}" "cannot be opened")
+
+expect_run(2 "${GCLAB}" check)
+expect_run(2 "${GCLAB}" frobnicate)
+expect_run(1 "${GCLAB}" train "${flux}")
+expect_contains("${last_err}" "not implemented yet")
+
+expect_run(0 "${GCLAB}" info)
+expect_contains("${last_out}" "cuda_compiled: true")

@@ -1,0 +1,278 @@
+// The loader's behaviour on small configs written for each rule: overrides, substitution, AI Toolkit's
+// derived values, and every validation error path (each names the field and where its value came from).
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cstdlib>
+
+#include "gclab/config/loader.h"
+
+namespace gclab::config {
+namespace {
+
+// A minimal valid config in the plain (top-level) shape; tests append or override what they check.
+const char* kMinimal = R"(name: tiny_run
+model:
+  arch: tiny-flux
+train:
+  steps: 10
+  lr: 1e-4
+datasets:
+  - folder_path: /tmp
+    resolution: [256, 512]
+)";
+
+LoadResult load(const std::string& text, std::vector<std::string> overrides = {}) {
+  LoadOptions options;
+  options.overrides = std::move(overrides);
+  return load_config_text(text, "test.yaml", options);
+}
+
+std::string all_messages(const LoadResult& r) {
+  std::string out;
+  for (const auto& d : r.diagnostics.all()) out += d.format() + "\n";
+  return out;
+}
+
+TEST(ConfigLoader, MinimalPlainShapeLoadsWithAitkDefaults) {
+  const auto r = load(kMinimal);
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  const ProcessConfig& c = *r.config;
+  EXPECT_EQ(c.name, "tiny_run");
+  EXPECT_EQ(c.train.batch_size, 1);
+  EXPECT_EQ(c.train.optimizer, "adamw");
+  EXPECT_EQ(c.train.dtype, "fp32");
+  EXPECT_EQ(c.train.checkpoint_policy, "full");  // gradient_checkpointing defaults to true in AI Toolkit
+  EXPECT_EQ(c.save.save_every, 1000);
+  EXPECT_EQ(c.save.max_step_saves_to_keep, 5);
+  EXPECT_FALSE(c.network.has_value());
+  EXPECT_FALSE(c.sample.has_value());
+  EXPECT_EQ(c.vram_cap.bytes, 0);
+  EXPECT_TRUE(r.diagnostics.all().empty()) << all_messages(r);
+}
+
+TEST(ConfigLoader, AitkShapeTakesNameFromConfigAndRunsFirstProcess) {
+  const auto r = load(R"(job: extension
+config:
+  name: outer
+  process:
+    - model: {arch: tiny-dit}
+      datasets: [{folder_path: /x, resolution: 256}]
+    - model: {arch: tiny-flux}
+meta:
+  name: "[name]"
+)");
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->name, "outer");
+  EXPECT_EQ(r.config->model.arch, "tiny-dit");
+  EXPECT_EQ(r.config->datasets[0].resolution, std::vector<int>{256});  // scalar -> list
+  EXPECT_TRUE(r.diagnostics.mentions("gclab runs the first"));
+  EXPECT_NE(r.config->meta_yaml.find("outer"), std::string::npos);
+}
+
+TEST(ConfigLoader, GradientCheckpointingFalseMapsToOff) {
+  const auto r = load(kMinimal, {"train.gradient_checkpointing=false"});
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->train.checkpoint_policy, "off");
+  EXPECT_FALSE(r.config->train.gradient_checkpointing);
+}
+
+TEST(ConfigLoader, ExplicitCheckpointPolicyWinsAndTheContradictionIsSaid) {
+  const auto r = load(kMinimal, {"train.gradient_checkpointing=false", "train.checkpoint_policy=every:2"});
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->train.checkpoint_policy, "every:2");
+  EXPECT_TRUE(r.config->train.gradient_checkpointing);
+  EXPECT_TRUE(r.diagnostics.mentions("overrides train.gradient_checkpointing"));
+}
+
+TEST(ConfigLoader, OverridesTakeYamlValuesAndBothIndexSpellings) {
+  const auto r = load(kMinimal, {"train.batch_size=4", "datasets.0.resolution=[512,1024]",
+                                 "datasets[0].caption_ext=caption", "sample.width=768", "vram_cap=6GiB"});
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->train.batch_size, 4);
+  EXPECT_EQ(r.config->datasets[0].resolution, (std::vector<int>{512, 1024}));
+  EXPECT_EQ(r.config->datasets[0].caption_ext, ".caption");
+  ASSERT_TRUE(r.config->sample.has_value());  // the block is created by the override
+  EXPECT_EQ(r.config->sample->width, 768);
+  EXPECT_EQ(r.config->vram_cap.bytes, 6LL << 30);
+  EXPECT_EQ(r.config->source.where("train.batch_size"), "--set train.batch_size=4");
+}
+
+TEST(ConfigLoader, OverrideAppendsADatasetAtTheEndOfTheList) {
+  const auto r = load(kMinimal, {"datasets.1={folder_path: /other, resolution: 256}"});
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  ASSERT_EQ(r.config->datasets.size(), 2u);
+  EXPECT_EQ(*r.config->datasets[1].folder_path, "/other");
+}
+
+TEST(ConfigLoader, MalformedOverridesAreErrors) {
+  EXPECT_TRUE(load(kMinimal, {"train.batch_size"}).diagnostics.mentions("expected PATH=VALUE"));
+  EXPECT_TRUE(load(kMinimal, {"datasets.5.resolution=256"}).diagnostics.mentions("past the end"));
+  EXPECT_TRUE(load(kMinimal, {"train..steps=3"}).diagnostics.mentions("not a field path"));
+  EXPECT_TRUE(load(kMinimal, {"train.steps=[1"}).diagnostics.mentions("not valid YAML"));
+  EXPECT_TRUE(load(kMinimal, {"train.steps.x=1"}).diagnostics.has_errors());
+}
+
+TEST(ConfigLoader, NameAndEnvironmentSubstitution) {
+  ::setenv("GCLAB_TEST_DATA", "/data/set", 1);
+  const auto r = load(std::string(kMinimal) + "training_folder: \"${GCLAB_TEST_DATA}/runs/[name]\"\n");
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->training_folder, "/data/set/runs/tiny_run");
+}
+
+TEST(ConfigLoader, UnsetEnvironmentVariableIsAnErrorAtItsLine) {
+  ::unsetenv("GCLAB_SURELY_UNSET");
+  const auto r = load(std::string(kMinimal) + "training_folder: ${GCLAB_SURELY_UNSET}/x\n");
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(r.diagnostics.mentions("training_folder (line 10): environment variable ${GCLAB_SURELY_UNSET}"))
+      << all_messages(r);
+}
+
+TEST(ConfigLoader, TriggerPlaceholderIsLeftForCaptions) {
+  const auto r = load(std::string(kMinimal) + "sample:\n  prompts: [\"[trigger] on a bike\"]\n");
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->sample->samples[0].prompt, "[trigger] on a bike");
+}
+
+TEST(ConfigLoader, UnknownKeysWarnWithTheNearestKnownKey) {
+  const auto r = load(std::string(kMinimal) + "sample:\n  sample_evry: 50\n  zzzzzzzzzz: 1\n");
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_TRUE(
+      r.diagnostics.mentions("sample.sample_evry (line 11): unknown key, ignored (did you mean 'sample_every'?)"))
+      << all_messages(r);
+  EXPECT_TRUE(r.diagnostics.mentions("sample.zzzzzzzzzz (line 12): unknown key, ignored"));
+}
+
+TEST(ConfigLoader, AitkKeysGclabDoesNotActOnAreListedOnce) {
+  const auto r = load(std::string(kMinimal) + "save:\n  push_to_hub: false\n");
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  ASSERT_EQ(r.ignored.size(), 1u);
+  EXPECT_EQ(r.ignored[0], "save.push_to_hub");
+  EXPECT_TRUE(r.diagnostics.warnings().empty()) << all_messages(r);
+}
+
+struct BadValue {
+  std::string override_text;
+  std::string expected;  // text the diagnostic must contain
+};
+
+class ConfigValidation : public ::testing::TestWithParam<BadValue> {};
+
+TEST_P(ConfigValidation, RejectsWithFieldAndOrigin) {
+  const auto r = load(kMinimal, {GetParam().override_text});
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(r.diagnostics.mentions(GetParam().expected)) << all_messages(r);
+  EXPECT_TRUE(r.diagnostics.mentions("--set " + GetParam().override_text)) << all_messages(r);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ConfigLoader, ConfigValidation,
+    ::testing::Values(
+        BadValue{"train.batch_size=0", "train.batch_size (--set train.batch_size=0): must be at least 1, got 0"},
+        BadValue{"train.batch_size=two", "expected a whole number, got 'two'"},
+        BadValue{"train.batch_size=1.5", "expected a whole number"},
+        BadValue{"train.steps=[1,2]", "expected a whole number, got a list"}, BadValue{"train.lr=0", "train.lr"},
+        BadValue{"train.lr=fast", "expected a number"},
+        BadValue{"train.gradient_checkpointing=maybe", "expected true or false"},
+        BadValue{"train.dtype=fp8", "'fp8' is not a dtype"},
+        BadValue{"train.optimizer=prodigy", "'prodigy' is not supported; use one of: adamw, adamw8bit"},
+        BadValue{"train.timestep_type=cubic", "use one of: sigmoid, linear, shift, weighted"},
+        BadValue{"train.optimizer_params.betas=[0.9]", "train.optimizer_params.betas"},
+        BadValue{"train.ema_config.ema_decay=1.5", "ema_decay"},
+        BadValue{"datasets.0.resolution=[1000]", "1000 is not a multiple of 32 (tiny-flux); use 992 or 1024"},
+        BadValue{"datasets.0.resolution=[-256]", "must be positive"},
+        BadValue{"datasets.0.caption_dropout_rate=1.5", "must be between 0 and 1"},
+        BadValue{"datasets.0.num_repeats=0", "datasets[0].num_repeats"},
+        BadValue{"datasets.0.folder_path=null", "datasets[0].folder_path"},
+        BadValue{"datasets.0=7", "expected a block of keys"},
+        BadValue{"network={type: lokr, linear: 8}", "'lokr' is not supported; use one of: lora"},
+        BadValue{"network={type: lora}", "network.linear"},
+        BadValue{"network={linear: 4, linear_alpha: -1}", "network.linear_alpha"},
+        BadValue{"save.dtype=int4", "save.dtype"}, BadValue{"save.save_format=diffusers", "gclab writes safetensors"},
+        BadValue{"sample.sample_steps=0", "sample.sample_steps"},
+        BadValue{"sample.samples=[{prompt: a, width: 0}]", "sample.samples[0].width"},
+        BadValue{"model.arch=wan21", "architecture 'wan21' is not modelled by gclab yet"},
+        BadValue{"model=null", "model.arch"}, BadValue{"vram_cap=lots", "expected a size such as 24GiB"},
+        BadValue{"name=\"\"", "name"}),
+    [](const ::testing::TestParamInfo<BadValue>& info) {
+      std::string name = std::to_string(info.index) + "_";
+      for (char c : info.param.override_text) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return name;
+    });
+
+TEST(ConfigLoader, AccumulationSpellingsAreMutuallyExclusive) {
+  const auto r = load(kMinimal, {"train.gradient_accumulation=4", "train.gradient_accumulation_steps=2"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(r.diagnostics.mentions("mutually exclusive")) << all_messages(r);
+}
+
+TEST(ConfigLoader, ErrorsInTheFileNameTheirLine) {
+  const auto r = load(R"(name: x
+model: {arch: tiny-flux}
+datasets:
+  - folder_path: /x
+    resolution: [256, 300]
+train:
+  batch_size: -3
+)");
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(r.diagnostics.mentions("train.batch_size (line 7): must be at least 1, got -3")) << all_messages(r);
+  EXPECT_TRUE(r.diagnostics.mentions("datasets[0].resolution (line 5): 300 is not a multiple of 32"))
+      << all_messages(r);
+}
+
+TEST(ConfigLoader, ArchIsInferredFromTheSwitchesAndTheModelName) {
+  EXPECT_EQ(load(kMinimal, {"model={is_flux: true, name_or_path: x}"}).config->model.arch, "flux");
+  EXPECT_EQ(load(kMinimal, {"model={name_or_path: Qwen/Qwen-Image-Edit-2509}"}).config->model.arch,
+            "qwen_image_edit_plus");
+  EXPECT_EQ(load(kMinimal, {"model={arch: \"zimage:turbo\", name_or_path: x}"}).config->model.arch, "zimage");
+  const auto sd1 = load(kMinimal, {"model={name_or_path: runwayml/stable-diffusion-v1-5}"});
+  EXPECT_TRUE(sd1.diagnostics.mentions("AI Toolkit would assume sd1"));
+}
+
+TEST(ConfigLoader, NetworkRankAndAlphaFollowAitk) {
+  const auto r = load(kMinimal, {"network={type: lora, rank: 8, alpha: 4}"});
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->network->linear, 8);
+  EXPECT_DOUBLE_EQ(*r.config->network->linear_alpha, 4.0);
+}
+
+TEST(ConfigLoader, VramCapMayStandAtTheTopOfAnAitkFile) {
+  const auto r = load(R"(job: extension
+vram_cap: 24GB
+config:
+  name: capped
+  process:
+    - model: {arch: tiny-dit}
+      datasets: [{folder_path: /x}]
+)");
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->vram_cap.bytes, 24000000000LL);
+}
+
+TEST(ConfigLoader, ResolvedYamlRoundTrips) {
+  const auto r = load(std::string(kMinimal) +
+                      "network: {type: lora, linear: 4}\nsample:\n  samples: [{prompt: \"a \\\"quoted\\\" cat\"}]\n");
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  const std::string yaml = to_yaml(*r.config);
+  const auto again = load_config_text(yaml, "resolved");
+  ASSERT_TRUE(again.ok()) << all_messages(again) << yaml;
+  EXPECT_EQ(to_yaml(*again.config), yaml);
+  EXPECT_EQ(again.config->sample->samples[0].prompt, "a \"quoted\" cat");
+  EXPECT_DOUBLE_EQ(again.config->train.lr, 1e-4);
+}
+
+TEST(ConfigLoader, DatasetFolderThatIsNotThereIsAWarningForCheck) {
+  const auto r = load(kMinimal, {"datasets.0.folder_path=/no/such/images"});
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_TRUE(r.diagnostics.mentions("'/no/such/images' is not a folder here")) << all_messages(r);
+}
+
+TEST(ConfigLoader, MissingFileIsAClearError) {
+  const auto r = load_config_file("/no/such/dir/config.yaml");
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(r.diagnostics.mentions("cannot be opened"));
+}
+
+}  // namespace
+}  // namespace gclab::config
