@@ -1,0 +1,46 @@
+// Checkpoint policies: which blocks of a model are checkpointed, and how. Parsed from
+// `train.checkpoint_policy`; applied to an already built model by apply_checkpoint_policy (wrapper.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gclab::ckpt {
+
+// What happens to one block.
+enum class BlockMode {
+  None,           // activations kept (no recompute)
+  Full,           // the whole block recomputed in backward; only its inputs kept
+  Offload,        // as Full, with the kept inputs in host memory
+  SelectiveAttn,  // only the attention sub-block recomputed
+  SelectiveMlp,   // only the MLP sub-block recomputed
+};
+
+const char* to_string(BlockMode mode);
+
+struct CheckpointPolicy {
+  enum class Kind { Off, Full, EveryN, FirstK, Blocks, SelectiveAttn, SelectiveMlp, Offload, Budget };
+  Kind kind = Kind::Full;
+  int n = 0;                // every:N and first:K
+  std::vector<int> blocks;  // blocks:[i,j,...]
+  std::int64_t budget_bytes = 0;
+
+  // "off" | "full" | "every:N" | "first:K" | "blocks:[i,j]" | "selective:attn" | "selective:mlp" |
+  // "offload" | "budget:24GiB". Throws std::invalid_argument with a message naming the grammar.
+  static CheckpointPolicy parse(const std::string& text);
+  std::string to_string() const;
+
+  // The mode of block `index` of `num_blocks`. A budget policy has no fixed answer: it is decided
+  // from measured activation sizes (select_blocks_for_budget) and applied as a blocks:[...] policy.
+  BlockMode mode_for(int index, int num_blocks) const;
+};
+
+// Which blocks to checkpoint so that the activations kept during a step fit `budget_bytes`: block i
+// keeps activation_bytes[i] without checkpointing and input_bytes[i] with it. Checkpoints the fewest
+// blocks (largest savings first); returns their indices in ascending order. When even every block
+// checkpointed does not fit, returns all of them.
+std::vector<int> select_blocks_for_budget(const std::vector<std::int64_t>& activation_bytes,
+                                          const std::vector<std::int64_t>& input_bytes, std::int64_t budget_bytes);
+
+}  // namespace gclab::ckpt

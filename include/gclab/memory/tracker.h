@@ -1,0 +1,84 @@
+// Exact memory accounting and an emulated memory cap.
+//
+// CPU: a tracking allocator installed for the whole process by one RAII object (CpuMemoryTracker):
+// every LibTorch CPU allocation passes through it, so live and peak bytes are exact, and an allocation
+// that would exceed the cap raises c10::OutOfMemoryError, the same exception a GPU raises.
+// CUDA: the caching allocator's own statistics, and its per-process memory fraction as the cap.
+// MemoryMeter reads either through one interface; PhaseMeter records per-phase peaks.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace gclab::memory {
+
+struct MemoryStats {
+  std::int64_t live_bytes = 0;      // allocated by tensors now
+  std::int64_t peak_bytes = 0;      // highest live_bytes since the last reset_peak
+  std::int64_t cap_bytes = 0;       // 0 = no cap
+  std::int64_t allocations = 0;     // allocations served since installation (CPU) / ever (CUDA)
+  std::int64_t reserved_bytes = 0;  // CUDA: held by the caching allocator (>= live); CPU: = live
+};
+
+// Installs the tracking CPU allocator for its lifetime; at most one exists at a time. Tensors allocated
+// while it was installed may outlive it: their memory is still released (and counted) correctly.
+class CpuMemoryTracker {
+ public:
+  explicit CpuMemoryTracker(std::int64_t cap_bytes = 0);
+  ~CpuMemoryTracker();
+  CpuMemoryTracker(const CpuMemoryTracker&) = delete;
+  CpuMemoryTracker& operator=(const CpuMemoryTracker&) = delete;
+
+  MemoryStats stats() const;
+  void reset_peak();
+  void set_cap(std::int64_t cap_bytes);  // 0 removes the cap
+
+  static bool installed();
+};
+
+// Live/peak/cap for one device, whatever its kind. CPU needs a CpuMemoryTracker to be installed.
+class MemoryMeter {
+ public:
+  explicit MemoryMeter(c10::Device device);
+  MemoryStats stats() const;
+  void reset_peak();
+  // CPU: the tracker's cap. CUDA: the caching allocator's memory fraction, cap / total device memory.
+  void set_cap(std::int64_t cap_bytes);
+  c10::Device device() const { return device_; }
+
+ private:
+  c10::Device device_;
+};
+
+// Peak bytes of each named phase ("forward", "backward", ...). A phase's peak is the highest live
+// byte count while it ran, including what was already live when it started.
+class PhaseMeter {
+ public:
+  explicit PhaseMeter(MemoryMeter meter) : meter_(meter) {}
+
+  class Scope {
+   public:
+    Scope(PhaseMeter& owner, std::string phase);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    PhaseMeter& owner_;
+    std::string phase_;
+  };
+  Scope phase(std::string name) { return Scope(*this, std::move(name)); }
+
+  const std::map<std::string, std::int64_t>& peaks() const { return peaks_; }
+  void clear() { peaks_.clear(); }
+  const MemoryMeter& meter() const { return meter_; }
+
+ private:
+  MemoryMeter meter_;
+  std::map<std::string, std::int64_t> peaks_;
+};
+
+}  // namespace gclab::memory

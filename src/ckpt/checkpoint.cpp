@@ -1,0 +1,291 @@
+#include "gclab/ckpt/checkpoint.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <sstream>
+
+namespace gclab::ckpt {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Autocast as it was when the forward ran; re-entered for the recompute.
+struct AutocastState {
+  bool cpu_enabled = false;
+  at::ScalarType cpu_dtype = at::kBFloat16;
+  bool cuda_enabled = false;
+  at::ScalarType cuda_dtype = at::kHalf;
+  bool cache_enabled = true;
+
+  static AutocastState capture() {
+    AutocastState s;
+    s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    s.cache_enabled = at::autocast::is_autocast_cache_enabled();
+    return s;
+  }
+  void apply() const {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+    at::autocast::set_autocast_cache_enabled(cache_enabled);
+  }
+  bool any() const { return cpu_enabled || cuda_enabled; }
+};
+
+// Enters an autocast state for a scope and restores the previous one on exit, clearing the cast cache
+// when leaving the outermost autocast region (as Python's torch.autocast.__exit__ does).
+class AutocastScope {
+ public:
+  explicit AutocastScope(const AutocastState& state) : previous_(AutocastState::capture()), active_(state.any()) {
+    state.apply();
+    if (active_) at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (active_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    previous_.apply();
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  AutocastState previous_;
+  bool active_;
+};
+
+// The default generators the block may draw from: the CPU one always, a CUDA one per device in use.
+struct RngState {
+  std::vector<c10::Device> devices;
+  std::vector<at::Tensor> states;
+
+  static RngState capture(const std::vector<torch::Tensor>& inputs) {
+    RngState s;
+    s.devices.push_back(c10::Device(c10::kCPU));
+    for (const auto& t : inputs) {
+      if (t.defined() && t.is_cuda() && std::find(s.devices.begin(), s.devices.end(), t.device()) == s.devices.end())
+        s.devices.push_back(t.device());
+    }
+    for (const auto& d : s.devices) {
+      at::Generator gen = at::globalContext().defaultGenerator(d);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      s.states.push_back(gen.get_state());
+    }
+    return s;
+  }
+  void restore() const {
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      at::Generator gen = at::globalContext().defaultGenerator(devices[i]);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(states[i]);
+    }
+  }
+};
+
+// Puts the generators back as they were after the scope, so recomputing does not shift the random
+// stream of the code that runs after backward (torch.utils.checkpoint forks the RNG the same way).
+class RngFork {
+ public:
+  RngFork(const RngState& replay, bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    saved_ = RngState::capture({});
+    saved_.devices = replay.devices;
+    saved_.states.clear();
+    for (const auto& d : saved_.devices) {
+      at::Generator gen = at::globalContext().defaultGenerator(d);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      saved_.states.push_back(gen.get_state());
+    }
+    replay.restore();
+  }
+  ~RngFork() {
+    if (enabled_) saved_.restore();
+  }
+  RngFork(const RngFork&) = delete;
+  RngFork& operator=(const RngFork&) = delete;
+
+ private:
+  bool enabled_;
+  RngState saved_;
+};
+
+struct OutputMeta {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+  c10::Device device;
+};
+
+// Everything the backward needs besides the saved inputs.
+struct RecomputeState {
+  BlockFn fn;
+  CheckpointOptions options;
+  AutocastState autocast;
+  RngState rng;
+  std::size_t num_inputs = 0;
+  std::size_t num_params = 0;
+  std::vector<bool> input_requires_grad;
+  std::vector<c10::Device> input_devices;
+  std::vector<OutputMeta> outputs;
+};
+
+std::string describe(const OutputMeta& m) {
+  std::ostringstream s;
+  s << c10::toString(m.dtype) << c10::IntArrayRef(m.sizes) << " on " << m.device;
+  return s.str();
+}
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, at::TensorList params,
+                               std::shared_ptr<RecomputeState> state) {
+    // Function::apply runs this with grad mode off: the block's intermediates are not kept.
+    state->num_inputs = inputs.size();
+    state->num_params = params.size();
+    state->autocast = AutocastState::capture();
+    if (state->options.preserve_rng) state->rng = RngState::capture(inputs.vec());
+
+    std::vector<torch::Tensor> kept;
+    kept.reserve(inputs.size());
+    for (const auto& t : inputs) {
+      state->input_requires_grad.push_back(t.defined() && t.requires_grad());
+      state->input_devices.push_back(t.defined() ? t.device() : c10::Device(c10::kCPU));
+      if (state->options.offload_inputs && t.defined() && !t.is_cpu()) {
+        auto host = torch::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(t.is_cuda()));
+        host.copy_(t, /*non_blocking=*/true);
+        kept.push_back(host);
+      } else {
+        kept.push_back(t);
+      }
+    }
+    ctx->save_for_backward(kept);
+    state_of(ctx) = state;
+    // Strong references to the parameters themselves: the recompute reads them through the block, so
+    // the gradient must be taken with respect to these very tensors.
+    params_of(ctx) = params.vec();
+
+    std::vector<torch::Tensor> outputs = state->fn(inputs.vec());
+    std::vector<torch::Tensor> non_differentiable;
+    for (const auto& out : outputs) {
+      TORCH_CHECK(out.defined(), "checkpointed block '", state->options.name, "' returned an undefined tensor");
+      state->outputs.push_back({out.sizes().vec(), out.scalar_type(), out.device()});
+      if (!at::isFloatingType(out.scalar_type()) && !at::isComplexType(out.scalar_type()))
+        non_differentiable.push_back(out);
+    }
+    if (!non_differentiable.empty()) ctx->mark_non_differentiable(non_differentiable);
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    std::shared_ptr<RecomputeState> state = state_of(ctx);
+    TORCH_CHECK(state, "checkpoint: backward ran without its forward state");
+    const variable_list saved = ctx->get_saved_variables();
+    // Parameters are the Function's inputs too; their current values are what the forward used.
+    const std::vector<torch::Tensor>& params = params_of(ctx);
+
+    std::vector<torch::Tensor> inputs;
+    inputs.reserve(saved.size());
+    for (std::size_t i = 0; i < saved.size(); ++i) {
+      torch::Tensor t = saved[i];
+      if (t.defined()) {
+        if (t.device() != state->input_devices[i]) t = t.to(state->input_devices[i], /*non_blocking=*/true);
+        t = t.detach().requires_grad_(state->input_requires_grad[i]);
+      }
+      inputs.push_back(t);
+    }
+
+    std::vector<torch::Tensor> outputs;
+    {
+      RngFork rng(state->rng, state->options.preserve_rng);
+      AutocastScope autocast(state->autocast);
+      torch::AutoGradMode grad_on(true);
+      outputs = state->fn(inputs);
+    }
+    if (state->options.determinism_check) check_same(*state, outputs);
+
+    // Differentiate the recomputed outputs that carry a gradient w.r.t. whatever requires grad.
+    std::vector<torch::Tensor> roots, root_grads;
+    for (std::size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      if (outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grad_outputs[i]);
+      }
+    }
+    std::vector<torch::Tensor> wrt;
+    std::vector<std::size_t> wrt_slot;  // position in the returned gradient list
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined() && inputs[i].requires_grad()) wrt.push_back(inputs[i]), wrt_slot.push_back(i);
+    for (std::size_t j = 0; j < params.size(); ++j)
+      if (params[j].defined() && params[j].requires_grad())
+        wrt.push_back(params[j]), wrt_slot.push_back(state->num_inputs + j);
+
+    // One gradient per tensor passed to apply (inputs, then params), then one for the state argument.
+    variable_list grads(state->num_inputs + state->num_params + 1);
+    if (!roots.empty() && !wrt.empty()) {
+      const bool create_graph = torch::GradMode::is_enabled();  // double backward asks for a graph
+      const variable_list computed = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/create_graph,
+                                                           create_graph, /*allow_unused=*/true);
+      for (std::size_t k = 0; k < computed.size(); ++k) grads[wrt_slot[k]] = computed[k];
+    }
+    return grads;
+  }
+
+  // The state and the parameter list travel beside the saved tensors.
+  static std::shared_ptr<RecomputeState>& state_of(AutogradContext* ctx) { return holder(ctx).state; }
+  static std::vector<torch::Tensor>& params_of(AutogradContext* ctx) { return holder(ctx).params; }
+
+ private:
+  struct Holder : torch::CustomClassHolder {
+    std::shared_ptr<RecomputeState> state;
+    std::vector<torch::Tensor> params;
+  };
+  static Holder& holder(AutogradContext* ctx) {
+    auto it = ctx->saved_data.find("holder");
+    if (it == ctx->saved_data.end()) {
+      ctx->saved_data["holder"] = at::IValue::make_capsule(c10::make_intrusive<Holder>());
+      it = ctx->saved_data.find("holder");
+    }
+    return *static_cast<Holder*>(it->second.toCapsule().get());
+  }
+
+  static void check_same(const RecomputeState& state, const std::vector<torch::Tensor>& outputs) {
+    if (outputs.size() != state.outputs.size()) {
+      throw NondeterministicRecompute("checkpoint '" + state.options.name + "': the recompute returned " +
+                                      std::to_string(outputs.size()) + " outputs, the forward " +
+                                      std::to_string(state.outputs.size()));
+    }
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      const OutputMeta now{outputs[i].sizes().vec(), outputs[i].scalar_type(), outputs[i].device()};
+      const OutputMeta& was = state.outputs[i];
+      if (now.sizes != was.sizes || now.dtype != was.dtype || now.device != was.device) {
+        throw NondeterministicRecompute("checkpoint '" + state.options.name + "': output " + std::to_string(i) +
+                                        " was " + describe(was) + " in the forward but " + describe(now) +
+                                        " in the recompute (is the block deterministic in shape? "
+                                        "disable the check with determinism_check = false)");
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<torch::Tensor> checkpoint(const BlockFn& fn, const std::vector<torch::Tensor>& inputs,
+                                      const std::vector<torch::Tensor>& params, const CheckpointOptions& options) {
+  bool needs_grad = false;
+  if (torch::GradMode::is_enabled()) {
+    for (const auto& t : inputs) needs_grad = needs_grad || (t.defined() && t.requires_grad());
+    for (const auto& p : params) needs_grad = needs_grad || (p.defined() && p.requires_grad());
+  }
+  if (!needs_grad) return fn(inputs);  // eval / no_grad: nothing to save, nothing to recompute
+
+  auto state = std::make_shared<RecomputeState>();
+  state->fn = fn;
+  state->options = options;
+  return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), state);
+}
+
+}  // namespace gclab::ckpt

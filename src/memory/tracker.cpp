@@ -1,0 +1,185 @@
+#include "gclab/memory/tracker.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace gclab::memory {
+
+namespace {
+
+// Each block carries its size in a header in front of the data, so the deleter needs no lookup table
+// and the DataPtr's context can be the data pointer itself (some kernels call raw_allocate, which
+// requires that; see DESIGN.md section 8).
+constexpr std::size_t kHeaderBytes = 64;  // keeps the data 64-byte aligned, as c10's allocator does
+
+std::atomic<std::int64_t> g_live{0};
+std::atomic<std::int64_t> g_peak{0};
+std::atomic<std::int64_t> g_cap{0};
+std::atomic<std::int64_t> g_allocations{0};
+std::atomic<bool> g_installed{false};
+
+std::string mib(std::int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+void raise_peak(std::int64_t live) {
+  std::int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
+}
+
+void tracked_free(void* data) {
+  if (!data) return;
+  char* block = static_cast<char*>(data) - kHeaderBytes;
+  std::int64_t size = 0;
+  std::memcpy(&size, block, sizeof size);
+  g_live.fetch_sub(size, std::memory_order_relaxed);
+  std::free(block);
+}
+
+class TrackingCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t n) override {
+    const auto size = static_cast<std::int64_t>(n);
+    const std::int64_t live = g_live.fetch_add(size, std::memory_order_relaxed) + size;
+    const std::int64_t cap = g_cap.load(std::memory_order_relaxed);
+    if (cap > 0 && live > cap) {
+      g_live.fetch_sub(size, std::memory_order_relaxed);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory under the emulated cap: tried to allocate ",
+                       mib(size), " (", size, " bytes) with ", mib(live - size), " live of a ", mib(cap), " cap");
+    }
+    void* block = nullptr;
+    if (posix_memalign(&block, kHeaderBytes, kHeaderBytes + (n == 0 ? 1 : n)) != 0 || !block) {
+      g_live.fetch_sub(size, std::memory_order_relaxed);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: the system refused ", n, " bytes");
+    }
+    std::memcpy(block, &size, sizeof size);
+    raise_peak(live);
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+    void* data = static_cast<char*>(block) + kHeaderBytes;
+    return {data, data, &tracked_free, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &tracked_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+
+TrackingCpuAllocator g_tracking_allocator;
+c10::Allocator* g_previous_allocator = nullptr;
+constexpr uint8_t kPriority = 1;  // above c10's default CPU allocator (priority 0)
+
+}  // namespace
+
+CpuMemoryTracker::CpuMemoryTracker(std::int64_t cap_bytes) {
+  bool expected = false;
+  TORCH_CHECK(g_installed.compare_exchange_strong(expected, true),
+              "a CpuMemoryTracker is already installed; there is one per process");
+  g_previous_allocator = c10::GetCPUAllocator();
+  g_live = 0;
+  g_peak = 0;
+  g_allocations = 0;
+  g_cap = cap_bytes;
+  c10::SetCPUAllocator(&g_tracking_allocator, kPriority);
+}
+
+CpuMemoryTracker::~CpuMemoryTracker() {
+  c10::SetCPUAllocator(g_previous_allocator, kPriority);
+  g_cap = 0;
+  g_installed = false;
+}
+
+MemoryStats CpuMemoryTracker::stats() const {
+  MemoryStats s;
+  s.live_bytes = g_live.load();
+  s.peak_bytes = g_peak.load();
+  s.cap_bytes = g_cap.load();
+  s.allocations = g_allocations.load();
+  s.reserved_bytes = s.live_bytes;
+  return s;
+}
+
+void CpuMemoryTracker::reset_peak() { g_peak = g_live.load(); }
+void CpuMemoryTracker::set_cap(std::int64_t cap_bytes) { g_cap = cap_bytes; }
+bool CpuMemoryTracker::installed() { return g_installed.load(); }
+
+MemoryMeter::MemoryMeter(c10::Device device) : device_(device) {
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "memory is measured on CPU or CUDA, not ", device);
+  TORCH_CHECK(!device.is_cpu() || CpuMemoryTracker::installed(),
+              "measuring CPU memory needs a CpuMemoryTracker installed for the process");
+}
+
+namespace {
+c10::DeviceIndex cuda_index(c10::Device d) { return d.has_index() ? d.index() : c10::cuda::current_device(); }
+}  // namespace
+
+MemoryStats MemoryMeter::stats() const {
+  if (device_.is_cpu()) {
+    MemoryStats s;
+    s.live_bytes = g_live.load();
+    s.peak_bytes = g_peak.load();
+    s.cap_bytes = g_cap.load();
+    s.allocations = g_allocations.load();
+    s.reserved_bytes = s.live_bytes;
+    return s;
+  }
+  using c10::CachingDeviceAllocator::StatType;
+  const auto index = cuda_index(device_);
+  const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const auto aggregate = static_cast<std::size_t>(StatType::AGGREGATE);
+  MemoryStats s;
+  s.live_bytes = st.allocated_bytes[aggregate].current;
+  s.peak_bytes = st.allocated_bytes[aggregate].peak;
+  s.reserved_bytes = st.reserved_bytes[aggregate].current;
+  s.allocations = st.allocation[aggregate].allocated;
+  const double fraction = c10::cuda::CUDACachingAllocator::getMemoryFraction(index);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  c10::cuda::CUDAGuard guard(index);
+  if (fraction < 1.0 && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+    s.cap_bytes = static_cast<std::int64_t>(fraction * static_cast<double>(total_bytes));
+  return s;
+}
+
+void MemoryMeter::reset_peak() {
+  if (device_.is_cpu()) {
+    g_peak = g_live.load();
+  } else {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(cuda_index(device_));
+  }
+}
+
+void MemoryMeter::set_cap(std::int64_t cap_bytes) {
+  if (device_.is_cpu()) {
+    g_cap = cap_bytes;
+    return;
+  }
+  const auto index = cuda_index(device_);
+  c10::cuda::CUDAGuard guard(index);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  TORCH_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess, "cannot read the memory of ", device_);
+  const double fraction =
+      cap_bytes <= 0 ? 1.0 : std::min(1.0, static_cast<double>(cap_bytes) / static_cast<double>(total_bytes));
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
+}
+
+PhaseMeter::Scope::Scope(PhaseMeter& owner, std::string phase) : owner_(owner), phase_(std::move(phase)) {
+  owner_.meter_.reset_peak();
+}
+
+PhaseMeter::Scope::~Scope() {
+  const std::int64_t peak = owner_.meter_.stats().peak_bytes;
+  auto& slot = owner_.peaks_[phase_];
+  slot = std::max(slot, peak);
+}
+
+}  // namespace gclab::memory

@@ -1,0 +1,56 @@
+#include <gtest/gtest.h>
+
+#include "gclab/ckpt/policy.h"
+
+namespace gclab::ckpt {
+namespace {
+
+TEST(CheckpointPolicy, ParsesEveryForm) {
+  EXPECT_EQ(CheckpointPolicy::parse("off").kind, CheckpointPolicy::Kind::Off);
+  EXPECT_EQ(CheckpointPolicy::parse("full").kind, CheckpointPolicy::Kind::Full);
+  EXPECT_EQ(CheckpointPolicy::parse("every:3").n, 3);
+  EXPECT_EQ(CheckpointPolicy::parse("first:0").n, 0);
+  EXPECT_EQ(CheckpointPolicy::parse("blocks:[5, 1,1]").blocks, (std::vector<int>{1, 5}));
+  EXPECT_EQ(CheckpointPolicy::parse("selective:mlp").kind, CheckpointPolicy::Kind::SelectiveMlp);
+  EXPECT_EQ(CheckpointPolicy::parse("offload").kind, CheckpointPolicy::Kind::Offload);
+  EXPECT_EQ(CheckpointPolicy::parse("budget:20GiB").budget_bytes, 20LL << 30);
+  EXPECT_EQ(CheckpointPolicy::parse("budget:1000").budget_bytes, 1000);
+  for (const char* s : {"off", "full", "every:2", "first:4", "blocks:[0,3]", "selective:attn", "offload"})
+    EXPECT_EQ(CheckpointPolicy::parse(s).to_string(), s);
+}
+
+TEST(CheckpointPolicy, RejectsWithTheGrammar) {
+  for (const char* bad : {"", "sometimes", "every:0", "every:x", "every", "full:2", "blocks:1,2", "blocks:[a]",
+                          "selective:norm", "budget:lots", "budget:-1GiB", "first:-1"}) {
+    try {
+      CheckpointPolicy::parse(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("every:N"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(CheckpointPolicy, ModesPerBlock) {
+  const auto every2 = CheckpointPolicy::parse("every:2");
+  std::vector<BlockMode> modes;
+  for (int i = 0; i < 5; ++i) modes.push_back(every2.mode_for(i, 5));
+  EXPECT_EQ(modes, (std::vector<BlockMode>{BlockMode::Full, BlockMode::None, BlockMode::Full, BlockMode::None,
+                                           BlockMode::Full}));
+  EXPECT_EQ(CheckpointPolicy::parse("first:2").mode_for(2, 5), BlockMode::None);
+  EXPECT_EQ(CheckpointPolicy::parse("blocks:[3]").mode_for(3, 5), BlockMode::Full);
+  EXPECT_EQ(CheckpointPolicy::parse("selective:attn").mode_for(0, 5), BlockMode::SelectiveAttn);
+  EXPECT_THROW(CheckpointPolicy::parse("budget:1GiB").mode_for(0, 5), std::logic_error);
+}
+
+TEST(CheckpointPolicy, BudgetCheckpointsTheFewestBlocksThatFit) {
+  // Four blocks keep 100, 400, 200, 300 bytes; checkpointed each keeps 10.
+  const std::vector<std::int64_t> act = {100, 400, 200, 300}, in = {10, 10, 10, 10};
+  EXPECT_TRUE(select_blocks_for_budget(act, in, 1000).empty());                     // all fit already
+  EXPECT_EQ(select_blocks_for_budget(act, in, 900), (std::vector<int>{1}));         // 1000 - 390 = 610
+  EXPECT_EQ(select_blocks_for_budget(act, in, 500), (std::vector<int>{1, 3}));      // 1000 - 390 - 290 = 320
+  EXPECT_EQ(select_blocks_for_budget(act, in, 0), (std::vector<int>{0, 1, 2, 3}));  // best effort: all
+}
+
+}  // namespace
+}  // namespace gclab::ckpt
