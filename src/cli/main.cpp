@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gclab/ckpt/policy.h"
 #include "gclab/config/byte_size.h"
 #include "gclab/config/loader.h"
 #include "gclab/log/log.h"
@@ -50,6 +51,16 @@ std::optional<gclab::config::ProcessConfig> load(const ConfigArgs& args) {
     std::string list;
     for (const auto& k : result.ignored) list += (list.empty() ? "" : ", ") + k;
     gclab::log::info("AI Toolkit keys gclab does not act on (ignored): " + list);
+  }
+  // The policy grammar belongs to the checkpoint part; the config only carries the text.
+  if (result.config) {
+    try {
+      gclab::ckpt::CheckpointPolicy::parse(result.config->train.checkpoint_policy);
+    } catch (const std::invalid_argument& e) {
+      const std::string where = result.config->source.where("train.checkpoint_policy");
+      result.diagnostics.error("train.checkpoint_policy", where, e.what());
+      gclab::log::error("train.checkpoint_policy" + (where.empty() ? "" : " (" + where + ")") + ": " + e.what());
+    }
   }
   if (!result.ok()) {
     gclab::log::error(args.path + ": " + std::to_string(result.diagnostics.errors().size()) +

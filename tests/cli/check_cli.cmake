@@ -32,6 +32,13 @@ expect_run(2 "${GCLAB}" check "${flux}" --set train.batch_size=0)
 expect_contains("${last_err}" "train.batch_size")
 expect_contains("${last_err}" "--set train.batch_size=0")
 
+expect_run(2 "${GCLAB}" check "${flux}" --set train.checkpoint_policy=sometimes)
+expect_contains("${last_err}" "train.checkpoint_policy (--set train.checkpoint_policy=sometimes)")
+expect_contains("${last_err}" "every:N")
+
+expect_run(0 "${GCLAB}" check "${flux}" --set train.checkpoint_policy=every:2)
+expect_contains("${last_out}" "checkpoint_policy: \"every:2\"")
+
 expect_run(2 "${GCLAB}" check "${SHARED}/aitk-configs/train_lora_wan21_1b_24gb.yaml")
 expect_contains("${last_err}" "wan21")
 
