@@ -65,12 +65,16 @@ struct RngState {
   std::vector<at::Tensor> states;
 
   static RngState capture(const std::vector<torch::Tensor>& inputs) {
-    RngState s;
-    s.devices.push_back(c10::Device(c10::kCPU));
+    std::vector<c10::Device> devices{c10::Device(c10::kCPU)};
     for (const auto& t : inputs) {
-      if (t.defined() && t.is_cuda() && std::find(s.devices.begin(), s.devices.end(), t.device()) == s.devices.end())
-        s.devices.push_back(t.device());
+      if (t.defined() && t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+        devices.push_back(t.device());
     }
+    return capture_devices(devices);
+  }
+  static RngState capture_devices(const std::vector<c10::Device>& devices) {
+    RngState s;
+    s.devices = devices;
     for (const auto& d : s.devices) {
       at::Generator gen = at::globalContext().defaultGenerator(d);
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -93,14 +97,7 @@ class RngFork {
  public:
   RngFork(const RngState& replay, bool enabled) : enabled_(enabled) {
     if (!enabled_) return;
-    saved_ = RngState::capture({});
-    saved_.devices = replay.devices;
-    saved_.states.clear();
-    for (const auto& d : saved_.devices) {
-      at::Generator gen = at::globalContext().defaultGenerator(d);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      saved_.states.push_back(gen.get_state());
-    }
+    saved_ = RngState::capture_devices(replay.devices);
     replay.restore();
   }
   ~RngFork() {

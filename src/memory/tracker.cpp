@@ -75,6 +75,16 @@ class TrackingCpuAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 };
 
+MemoryStats cpu_stats() {
+  MemoryStats s;
+  s.live_bytes = g_live.load();
+  s.peak_bytes = g_peak.load();
+  s.cap_bytes = g_cap.load();
+  s.allocations = g_allocations.load();
+  s.reserved_bytes = s.live_bytes;
+  return s;
+}
+
 TrackingCpuAllocator g_tracking_allocator;
 c10::Allocator* g_previous_allocator = nullptr;
 constexpr uint8_t kPriority = 1;  // above c10's default CPU allocator (priority 0)
@@ -99,15 +109,7 @@ CpuMemoryTracker::~CpuMemoryTracker() {
   g_installed = false;
 }
 
-MemoryStats CpuMemoryTracker::stats() const {
-  MemoryStats s;
-  s.live_bytes = g_live.load();
-  s.peak_bytes = g_peak.load();
-  s.cap_bytes = g_cap.load();
-  s.allocations = g_allocations.load();
-  s.reserved_bytes = s.live_bytes;
-  return s;
-}
+MemoryStats CpuMemoryTracker::stats() const { return cpu_stats(); }
 
 void CpuMemoryTracker::reset_peak() { g_peak = g_live.load(); }
 void CpuMemoryTracker::set_cap(std::int64_t cap_bytes) { g_cap = cap_bytes; }
@@ -124,15 +126,7 @@ c10::DeviceIndex cuda_index(c10::Device d) { return d.has_index() ? d.index() : 
 }  // namespace
 
 MemoryStats MemoryMeter::stats() const {
-  if (device_.is_cpu()) {
-    MemoryStats s;
-    s.live_bytes = g_live.load();
-    s.peak_bytes = g_peak.load();
-    s.cap_bytes = g_cap.load();
-    s.allocations = g_allocations.load();
-    s.reserved_bytes = s.live_bytes;
-    return s;
-  }
+  if (device_.is_cpu()) return cpu_stats();
   using c10::CachingDeviceAllocator::StatType;
   const auto index = cuda_index(device_);
   const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
