@@ -59,6 +59,15 @@ if ! torch_ok; then
   torch_ok || { say "torch installed but 'import torch' fails in .venv; remove .venv and retry"; exit 1; }
 fi
 
+# The reference implementation of safetensors, used by the tests to show that files gclab writes open
+# in the Python ecosystem and files it writes open in gclab (a small wheel).
+if ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
+  did_something=1
+  say "installing safetensors and numpy into .venv (interoperability tests)"
+  .venv/bin/python -m pip install --disable-pip-version-check -q safetensors numpy ||
+    { say "pip could not install safetensors (network?). Retry: scripts/setup.sh"; exit 1; }
+fi
+
 if [ "$did_something" -eq 0 ]; then
   say "everything is already installed (Debian packages, .venv with torch $TORCH_VERSION); nothing to do"
 else

@@ -1,0 +1,93 @@
+// Reading and writing .safetensors files (https://github.com/huggingface/safetensors, "Format"):
+//   8 bytes   N, little-endian u64: the length of the header
+//   N bytes   a JSON object: {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//             "__metadata__": {"key": "value", ...}}  (optionally padded with spaces)
+//   the rest  the byte buffer; offsets are relative to its start, tensors are little-endian, row-major.
+//
+// The reader validates everything before any tensor is touched, as the reference implementation does:
+// the header length fits the file, the header is a JSON object of well-formed entries, every dtype is
+// known, each entry's byte range equals its shape's element count times the dtype size (no overflow),
+// ranges lie inside the buffer, do not overlap and cover it without holes. A corrupt or truncated file
+// is a SafetensorsError naming the file and the entry — never a crash or an out-of-bounds read.
+//
+// Files are memory-mapped (copy-on-write), so a 24 GB checkpoint is read once, by the tensor that needs
+// it; tensors returned by `tensor()` view the mapping when aligned and keep it alive.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gclab::io {
+
+class SafetensorsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TensorEntry {
+  std::string name;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets into the data buffer
+  uint64_t end = 0;
+};
+
+// "F32" <-> c10::ScalarType::Float, ...; throws SafetensorsError for a dtype gclab does not handle.
+c10::ScalarType dtype_from_safetensors(const std::string& name);
+std::string dtype_to_safetensors(c10::ScalarType dtype);
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`; throws SafetensorsError.
+  static SafetensorsFile open(const std::filesystem::path& path);
+  // Validates an in-memory file (tests, fuzzing); the bytes are copied.
+  static SafetensorsFile from_bytes(std::string bytes, std::string label = "<memory>");
+
+  const std::vector<TensorEntry>& entries() const { return entries_; }  // in file order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool contains(const std::string& name) const;
+  const TensorEntry& entry(const std::string& name) const;  // throws SafetensorsError naming the file
+  // A CPU tensor with the entry's dtype and shape (viewing the mapping when aligned, else a copy).
+  torch::Tensor tensor(const std::string& name) const;
+  // Every tensor, by name.
+  std::map<std::string, torch::Tensor> tensors() const;
+  const std::string& label() const { return label_; }
+
+  struct Buffer;  // the mapped or owned bytes (defined in the .cpp)
+
+ private:
+  SafetensorsFile() = default;
+  void parse();
+
+  std::shared_ptr<Buffer> buffer_;
+  std::string label_;
+  uint64_t data_start_ = 0;
+  std::vector<TensorEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes tensors (any device; copied to CPU, contiguous) in the given order with the given metadata.
+// The file is written under a temporary name next to `path` and renamed over it only when complete, so
+// a crash or a full disk never leaves a half-written file under the real name. Throws SafetensorsError.
+void save_safetensors(const std::filesystem::path& path,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// The bytes save_safetensors would write (tests, and writers that stream elsewhere).
+std::string serialize_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                                  const std::map<std::string, std::string>& metadata = {});
+
+// Loads every tensor of one file, or of a sharded checkpoint given its `*.safetensors.index.json`
+// (diffusers / transformers `weight_map`), copying nothing twice. Throws SafetensorsError.
+std::map<std::string, torch::Tensor> load_safetensors(const std::filesystem::path& path);
+
+}  // namespace gclab::io
