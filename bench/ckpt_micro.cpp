@@ -5,9 +5,12 @@
 // theoretical ratio (full: 1 + t_fwd / t_step, where t_fwd is a no-grad forward of the same blocks),
 // activation bytes kept between forward and backward (exact, from the tracking allocator) and the
 // step's peak, with the ratio to GC off, and for `full` the prediction L x block input + one block's
-// internals.
+// internals. Then the same stack in Python torch (tests/reference/toy_stack.py) with
+// torch.utils.checkpoint, GC off and full, run by the venv's python with the same thread count, beside
+// gclab's figures.
 //
 //   build/bin/ckpt_micro [--blocks 8] [--tokens 256,1024] [--width 256] [--batch 4] [--runs 7]
+//                        [--python PATH | --python none]
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,7 +37,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+double mib(double bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 struct Measured {
   std::vector<double> step_s;
@@ -45,6 +49,7 @@ struct Measured {
 
 int main(int argc, char** argv) {
   int blocks = 8, width = 256, batch = 4, runs = 7;
+  std::string python = GCLAB_PYTHON;
   std::vector<int> token_counts = {256, 1024};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
@@ -52,6 +57,7 @@ int main(int argc, char** argv) {
     else if (key == "--width") width = std::stoi(value);
     else if (key == "--batch") batch = std::stoi(value);
     else if (key == "--runs") runs = std::stoi(value);
+    else if (key == "--python") python = value;
     else if (key == "--tokens") {
       token_counts.clear();
       std::stringstream s(value);
@@ -59,6 +65,28 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 2;
+    }
+  }
+  std::string tokens_list;
+  for (int t : token_counts) tokens_list += (tokens_list.empty() ? "" : ",") + std::to_string(t);
+  // Python first, in its own process, so the two never share the cores.
+  nlohmann::json py;
+  if (python != "none") {
+    const std::string command = "\"" + python + "\" \"" GCLAB_SOURCE_DIR "/tests/reference/toy_stack.py\" bench" +
+                                " --blocks " + std::to_string(blocks) + " --width " + std::to_string(width) +
+                                " --batch " + std::to_string(batch) + " --tokens " + tokens_list + " --runs " +
+                                std::to_string(runs) + " --threads " + std::to_string(at::get_num_threads()) +
+                                " 2>/dev/null";
+    std::string text;
+    if (FILE* pipe = popen(command.c_str(), "r")) {
+      char buf[4096];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
+      pclose(pipe);
+    }
+    py = nlohmann::json::parse(text, nullptr, false);
+    if (py.is_discarded() || !py.contains("tokens")) {
+      std::fprintf(stderr, "ckpt_micro: the Python run failed (%s); continuing without it\n", command.c_str());
+      py = nlohmann::json();
     }
   }
   CpuMemoryTracker tracker;
@@ -137,6 +165,29 @@ int main(int argc, char** argv) {
                 "%+.1f%%; with the backward workspace (%.2f MiB, measured GC off) added: %.2f MiB, %+.1f%%\n\n",
                 mib(m["full"].peak_bytes), mib(simple_peak), mib(one_block), off_by(m["full"].peak_bytes, simple_peak),
                 mib(workspace), mib(full_peak), off_by(m["full"].peak_bytes, full_peak));
+    if (!py.is_null() && py["tokens"].contains(std::to_string(tokens))) {
+      const auto& row = py["tokens"][std::to_string(tokens)];
+      const auto fig = [&](const char* tag, const char* key) { return row[tag][key].get<double>(); };
+      const double c_off = t_step, c_full = median(m["full"].step_s);
+      std::printf("Python torch %s, torch.utils.checkpoint(use_reentrant=False), same stack and threads. Peak is\n"
+                  "measured differently on each side (gclab: its tracking allocator; Python: the profiler's CPU\n"
+                  "allocation events), so compare each side's ratio to its own GC-off run:\n\n",
+                  py["torch"].get<std::string>().c_str());
+      std::printf("| | step ms off | step ms full | full / off | kept after fwd MiB | step peak MiB off | full | full / off |\n");
+      std::printf("|---|---|---|---|---|---|---|---|\n");
+      std::printf("| gclab C++ | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.3f |\n", 1e3 * c_off, 1e3 * c_full,
+                  c_full / c_off, mib(m["full"].kept_bytes), mib(m["off"].peak_bytes), mib(m["full"].peak_bytes),
+                  static_cast<double>(m["full"].peak_bytes) / m["off"].peak_bytes);
+      for (const char* tag : {"full", "full_no_early_stop"}) {
+        std::printf("| Python%s | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.3f |\n",
+                    std::string(tag) == "full" ? "" : ", early stop off", 1e3 * fig("off", "step_s"),
+                    1e3 * fig(tag, "step_s"), fig(tag, "step_s") / fig("off", "step_s"), mib(fig(tag, "kept_bytes")),
+                    mib(fig("off", "peak_bytes")), mib(fig(tag, "peak_bytes")),
+                    fig(tag, "peak_bytes") / fig("off", "peak_bytes"));
+      }
+      std::printf("\ngclab full step time / Python full: %.2f (early stop off: %.2f)\n\n", c_full / fig("full", "step_s"),
+                  c_full / fig("full_no_early_stop", "step_s"));
+    }
   }
   return 0;
 }

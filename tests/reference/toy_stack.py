@@ -104,10 +104,16 @@ class ToyStack(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(ToyBlock(**options) for _ in range(blocks))
 
-    def forward(self, x, use_checkpoint):
+    def forward(self, x, use_checkpoint, early_stop=True):
         for block in self.blocks:
             # Non-reentrant: the variant PyTorch recommends, and the one gclab's C++ checkpoint mirrors.
-            x = checkpoint(block, x, use_reentrant=False) if use_checkpoint else block(x)
+            # early_stop (PyTorch's default) ends each recompute once the last tensor backward needs is
+            # saved, skipping the block's tail ops; gclab's C++ checkpoint recomputes the whole block.
+            if use_checkpoint:
+                with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+                    x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return x
 
 
@@ -145,9 +151,15 @@ def allocator_totals(fn):
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     os.unlink(path)
-    totals = [e["args"]["Total Allocated"] for e in sorted(events, key=lambda e: e.get("ts", 0))
-              if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
-    return (max(totals), totals[-1]) if totals else (0, 0)
+    # Running sum of the allocation events in the order they happened ("Ev Idx"): the trace's own
+    # "Total Allocated" field is not reliable when frees are recorded out of timestamp order.
+    memory = sorted((e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
+                    key=lambda e: e["args"].get("Ev Idx", 0))
+    total, peak = 0, 0
+    for e in memory:
+        total += e["args"]["Bytes"]
+        peak = max(peak, total)
+    return peak, total
 
 
 def bench(args):
@@ -160,24 +172,28 @@ def bench(args):
                          dropout=0.1, frozen_base=True).train()
         x = torch.randn(args.batch, tokens, args.width)
 
-        def step(use_checkpoint):
+        def forward(tag):
+            return stack(x, tag != "off", early_stop=tag == "full")
+
+        def step(tag):
             stack.zero_grad(set_to_none=True)
-            stack(x, use_checkpoint).pow(2).mean().backward()
+            forward(tag).pow(2).mean().backward()
 
         row = {}
-        for tag, use_checkpoint in (("off", False), ("full", True)):
-            step(use_checkpoint)  # warm-up
+        tags = ["off", "full", "full_no_early_stop"]
+        for tag in tags:
+            step(tag)  # warm-up
             holder = {}
-            _, final = allocator_totals(lambda: holder.setdefault("out", stack(x, use_checkpoint)))
+            _, final = allocator_totals(lambda: holder.setdefault("out", forward(tag)))
             kept = final - holder["out"].numel() * holder["out"].element_size()
             del holder
-            peak, _ = allocator_totals(lambda: step(use_checkpoint))
+            peak, _ = allocator_totals(lambda: step(tag))
             row[tag] = {"kept_bytes": kept, "peak_bytes": peak, "step_s": []}
         for r in range(args.runs):  # interleaved, like ckpt_micro
-            for tag, use_checkpoint in ((("off", False), ("full", True)) if r % 2 == 0 else
-                                        (("full", True), ("off", False))):
+            for k in range(len(tags)):
+                tag = tags[(k + r) % len(tags)]
                 t0 = time.perf_counter()
-                step(use_checkpoint)
+                step(tag)
                 row[tag]["step_s"].append(time.perf_counter() - t0)
         for tag in row:
             row[tag]["step_s"] = statistics.median(row[tag]["step_s"])

@@ -93,6 +93,9 @@ struct ToyStack {
     for (int i = 0; i < num_blocks; ++i)
       blocks.emplace_back(std::make_shared<ToyBlock>(o), "blocks." + std::to_string(i));
   }
+  void to(torch::Device device) {
+    for (auto& b : blocks) b->to(device);
+  }
   torch::Tensor forward(torch::Tensor x) {
     for (auto& b : blocks) x = b->forward({x})[0];
     return x;

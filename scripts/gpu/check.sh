@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run ON THE GPU MACHINE (device tool), after scripts/gpu/prepare.sh here, carrying .deps:
+#   command: bash scripts/gpu/check.sh     carry: [".deps"]
+# Builds gclab against that machine's own python3 torch and its CUDA, runs every test (the CUDA ones
+# run instead of skipping there) and writes logs and a summary to $OUT (or ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+DEPS="$PWD/.deps/root"
+export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+PY="$(command -v python3)"
+{
+  echo "# gclab GPU check, $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+  nvcc --version | tail -1
+} > "$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGCLAB_PYTHON="$PY" \
+      -DCMAKE_PREFIX_PATH="$DEPS/usr;$DEPS/usr/lib/x86_64-linux-gnu/cmake" \
+      -DCMAKE_CXX_FLAGS="-isystem $DEPS/usr/include" -DTORCH_CUDA_ARCH_LIST=9.0 \
+      > "$OUT/configure.log" 2>&1 || { echo "configure failed"; tail -40 "$OUT/configure.log"; exit 1; }
+cmake --build build-gpu -j "$(nproc)" > "$OUT/build.log" 2>&1 || { echo "build failed"; tail -60 "$OUT/build.log"; exit 1; }
+(cd build-gpu && ctest -j 8 --output-on-failure --timeout 300) > "$OUT/ctest.log" 2>&1
+rc=$?
+tail -5 "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
+# The CUDA tests by name, with their own output (ran, not skipped).
+build-gpu/bin/test_ckpt --gtest_filter='*Cuda*' 2>&1 | grep -E "^\[ +(OK|FAILED|SKIPPED|RUN) +\]" | tee -a "$OUT/summary.txt"
+exit $rc
