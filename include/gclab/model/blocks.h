@@ -1,0 +1,155 @@
+// The transformer blocks of the five families, one class per block type, each forward in the order of
+// its reference implementation (diffusers transformer_flux.py, transformer_qwenimage.py,
+// transformer_z_image.py, transformer_sd3.py / attention.py JointTransformerBlock, facebookresearch/DiT
+// models.py). Parameter names are the reference state dicts'.
+//
+// Every block takes and returns tensors only and calls its two sub-blocks, "attn" and "mlp", through a
+// SubBlockRunner: the model knows nothing of checkpointing, and a selective policy applied from outside
+// can recompute just one sub-block. (The runner's type is the same std::function as gclab::ckpt's.)
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+
+#include "gclab/model/layers.h"
+
+namespace gclab::model {
+
+using SubBlockFn = std::function<Tensors(const Tensors&)>;
+using SubBlockRunner = std::function<Tensors(const std::string& kind, const SubBlockFn& fn, const Tensors& inputs)>;
+// Calls fn(inputs): what runs a sub-block when nothing is applied from outside.
+const SubBlockRunner& plain_runner();
+
+class TransformerBlock : public torch::nn::Module {
+ public:
+  virtual Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) = 0;
+  Tensors forward(const Tensors& inputs) { return forward_block(inputs, plain_runner()); }
+};
+
+// diffusers FeedForward(dim, activation_fn="gelu-approximate"): net.0.proj -> GELU(tanh) -> net.2.
+class GeluFeedForwardImpl : public torch::nn::Module {
+ public:
+  GeluFeedForwardImpl(int64_t dim, int64_t inner, const torch::TensorOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  Linear proj_{nullptr}, out_{nullptr};
+};
+TORCH_MODULE(GeluFeedForward);
+
+// Attention over the concatenation of image and text tokens with separate projections for each stream
+// (FLUX / Qwen-Image double-stream blocks, SD3 joint blocks): to_q/k/v + add_q/k/v_proj, RMS QK-norms,
+// to_out.0 and (unless the text stream ends here) to_add_out.
+class JointAttentionImpl : public torch::nn::Module {
+ public:
+  JointAttentionImpl(int64_t dim, int64_t heads, bool context_out, double eps, const torch::TensorOptions& options);
+  // Returns {image out, text out}; text_first orders the joint sequence [text, image] (FLUX, Qwen) or
+  // [image, text] (SD3). cos/sin (rotary, over the joint sequence in that order) may be undefined.
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& img, const torch::Tensor& txt,
+                                                  const torch::Tensor& cos, const torch::Tensor& sin, bool text_first);
+
+ private:
+  int64_t heads_;
+  Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, add_q_proj{nullptr}, add_k_proj{nullptr}, add_v_proj{nullptr};
+  RMSNorm norm_q{nullptr}, norm_k{nullptr}, norm_added_q{nullptr}, norm_added_k{nullptr};
+  Linear to_out{nullptr}, to_add_out{nullptr};
+};
+TORCH_MODULE(JointAttention);
+
+// Self-attention with separate q/k/v projections, RMS QK-norms and rotary embedding (FLUX single-stream:
+// no output projection; Z-Image: bias-free, with to_out.0).
+class SelfAttentionImpl : public torch::nn::Module {
+ public:
+  SelfAttentionImpl(int64_t dim, int64_t heads, bool bias, bool out_proj, double eps,
+                    const torch::TensorOptions& options);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+ private:
+  int64_t heads_;
+  Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, to_out{nullptr};
+  RMSNorm norm_q{nullptr}, norm_k{nullptr};
+};
+TORCH_MODULE(SelfAttention);
+
+// FLUX double-stream block (FluxTransformerBlock). Inputs {img, txt, temb, cos, sin} -> {img, txt}.
+class FluxDoubleBlock : public TransformerBlock {
+ public:
+  FluxDoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  Linear norm1_linear{nullptr}, norm1_context_linear{nullptr};  // norm1.linear / norm1_context.linear
+  JointAttention attn{nullptr};
+  GeluFeedForward ff{nullptr}, ff_context{nullptr};
+};
+
+// FLUX single-stream block (FluxSingleTransformerBlock): attention and MLP in parallel on the joint
+// sequence, proj_out over their concatenation. Inputs {x, temb, cos, sin} -> {x}.
+class FluxSingleBlock : public TransformerBlock {
+ public:
+  FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  Linear norm_linear{nullptr}, proj_mlp{nullptr}, proj_out{nullptr};
+  SelfAttention attn{nullptr};
+};
+
+// Qwen-Image double-stream block (QwenImageTransformerBlock). Inputs {img, txt, temb, cos, sin} -> {img, txt}.
+class QwenImageBlock : public TransformerBlock {
+ public:
+  QwenImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  Linear img_mod{nullptr}, txt_mod{nullptr};  // img_mod.1 / txt_mod.1 (after a SiLU)
+  JointAttention attn{nullptr};
+  GeluFeedForward img_mlp{nullptr}, txt_mlp{nullptr};
+};
+
+// Z-Image single-stream block (ZImageTransformerBlock): sandwich RMSNorms around attention and the SwiGLU
+// MLP, tanh gates; without modulation (the context refiner) no adaLN input.
+// Inputs {x, adaln, cos, sin} (modulated) or {x, cos, sin} -> {x}.
+class ZImageBlock : public TransformerBlock {
+ public:
+  ZImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, int64_t adaln_dim, bool modulation,
+              const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  bool modulation_;
+  SelfAttention attention{nullptr};
+  Linear w1{nullptr}, w2{nullptr}, w3{nullptr};  // feed_forward.w1/w2/w3: w2(silu(w1 x) * w3 x)
+  RMSNorm attention_norm1{nullptr}, attention_norm2{nullptr}, ffn_norm1{nullptr}, ffn_norm2{nullptr};
+  Linear adaLN{nullptr};  // adaLN_modulation.0
+};
+
+// SD3 / SD3.5 joint block (JointTransformerBlock); the last block's text stream is pre-only (its output is
+// not used). Inputs {img, txt, temb} -> {img, txt}.
+class SD3JointBlock : public TransformerBlock {
+ public:
+  SD3JointBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, bool context_pre_only,
+                const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  bool context_pre_only_;
+  Linear norm1_linear{nullptr}, norm1_context_linear{nullptr};
+  JointAttention attn{nullptr};
+  GeluFeedForward ff{nullptr}, ff_context{nullptr};
+};
+
+// DiT block with adaLN-Zero conditioning (DiTBlock). Inputs {x, c} -> {x}.
+class DiTBlock : public TransformerBlock {
+ public:
+  DiTBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  int64_t heads_;
+  Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr}, adaLN{nullptr};
+};
+
+}  // namespace gclab::model

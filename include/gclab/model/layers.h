@@ -1,0 +1,114 @@
+// The layers the diffusion-transformer families are built from, named as diffusers names them so a
+// state dict lines up (a Linear's tensors are `weight` / `bias`, its LoRA adapter `lora_A.weight` /
+// `lora_B.weight`, as PEFT and AI Toolkit save them).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace gclab::model {
+
+using Tensors = std::vector<torch::Tensor>;
+
+// How a frozen base weight is stored. float8 keeps e4m3 values and a scale (per tensor or per output
+// row) and computes in the activations' dtype — what AI Toolkit's `qfloat8` does to halve base-weight
+// memory (optimum-quanto qfloat8 weights, per-output-channel scales).
+enum class WeightStorage { Float32, BFloat16, Float16, Float8PerTensor, Float8PerRow };
+WeightStorage parse_weight_storage(const std::string& name);  // "fp32", "bf16", "fp16", "float8", "float8-row"
+std::string to_string(WeightStorage s);
+
+// nn.Linear with an optional LoRA adapter and an optional low-precision frozen weight.
+//   y = x W^T + b + (alpha / rank) * B(A(dropout(x)))
+class LinearImpl : public torch::nn::Module {
+ public:
+  // `options` places the tensors: torch::kMeta builds a full-size model without memory.
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias = true, const torch::TensorOptions& options = {});
+
+  torch::Tensor forward(const torch::Tensor& x);
+
+  // Adds lora_A (rank x in, Kaiming-uniform like PEFT) and lora_B (out x rank, zeros: the adapter starts
+  // as a no-op), freezes weight and bias. Calling it twice replaces the adapter.
+  void add_lora(int64_t rank, double alpha, double dropout = 0.0);
+  bool has_lora() const { return lora_A_.defined(); }
+  // Stores the weight as `storage` (frozen; float8 adds a `weight_scale` buffer). Not for trained weights.
+  void set_weight_storage(WeightStorage storage);
+  WeightStorage weight_storage() const { return storage_; }
+  // The weight as the matmul sees it (dequantized), in `dtype`.
+  torch::Tensor effective_weight(torch::ScalarType dtype) const;
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t in_, out_;
+  WeightStorage storage_ = WeightStorage::Float32;
+  torch::Tensor weight_scale_;
+  torch::Tensor lora_A_, lora_B_;  // registered as lora_A.weight / lora_B.weight
+  double lora_scale_ = 1.0, lora_dropout_ = 0.0;
+};
+TORCH_MODULE(Linear);
+
+// Registers `module` under `parent` at a dotted path ("norm1.linear", "to_out.0", "img_mod.1"), creating
+// empty holder modules for the intermediate names, so parameter names match state dicts whose layers
+// sit inside wrappers or nn.Sequential containers.
+torch::nn::Module& holder_at(torch::nn::Module& parent, const std::string& dotted_parent);
+template <class M>
+M register_at(torch::nn::Module& parent, const std::string& path, M module) {
+  const auto dot = path.rfind('.');
+  if (dot == std::string::npos) return parent.register_module(path, module);
+  return holder_at(parent, path.substr(0, dot)).register_module(path.substr(dot + 1), module);
+}
+
+// RMSNorm as diffusers computes it: in float32, then scaled by `weight` (if any) in the weight's dtype.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, bool affine = true, const torch::TensorOptions& options = {});
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// LayerNorm over the last dimension without affine parameters (the adaLN blocks' norm).
+torch::Tensor layer_norm(const torch::Tensor& x, double eps = 1e-6);
+
+// adaLN modulation: x * (1 + scale) + shift, with scale/shift of shape [B, D] broadcast over tokens.
+torch::Tensor modulate(const torch::Tensor& x, const torch::Tensor& shift, const torch::Tensor& scale);
+
+// Sinusoidal timestep features [cos | sin] of width `dim` (diffusers Timesteps with flip_sin_to_cos and
+// shift 0; DiT's and Z-Image's timestep_embedding are the same function), computed in float32.
+torch::Tensor timestep_embedding(const torch::Tensor& t, int64_t dim, double max_period = 10000.0);
+
+// Multi-axis rotary position embedding (FLUX, Qwen-Image, Z-Image): each axis gets `axes_dims[i]` of the
+// head dimension; `ids` [S, n_axes] holds each token's position on each axis. Returns cos and sin of
+// shape [S, head_dim], each frequency repeated for the (even, odd) pair it rotates.
+std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& ids, const std::vector<int64_t>& axes_dims,
+                                                     double theta);
+// Rotates interleaved pairs of x [B, H, S, D]: (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin).
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// [B, S, H*D] -> [B, H, S, D] and back.
+torch::Tensor split_heads(const torch::Tensor& x, int64_t heads);
+torch::Tensor merge_heads(const torch::Tensor& x);
+
+// Fixed 2-D sine-cosine position embedding [h*w, dim] (MAE / DiT / SD3 PatchEmbed), grid positions
+// divided by `scale`, rows (h) on the second half of the channels as in get_2d_sincos_pos_embed.
+torch::Tensor sincos_2d(int64_t h, int64_t w, int64_t dim, double scale = 1.0, int64_t h_offset = 0,
+                        int64_t w_offset = 0);
+
+// Latent [B, C, H, W] <-> tokens [B, (H/p)(W/p), C p p], channels first within a patch (FLUX/Qwen pack
+// order: c, py, px) or last (Z-Image, DiT/SD3 unpatchify order: py, px, c).
+torch::Tensor patchify(const torch::Tensor& latents, int64_t p, bool channels_last);
+torch::Tensor unpatchify(const torch::Tensor& tokens, int64_t h, int64_t w, int64_t p, int64_t channels,
+                         bool channels_last);
+
+// Every Linear in a module tree, with its dotted path (for LoRA targets and weight storage).
+std::vector<std::pair<std::string, Linear>> named_linears(torch::nn::Module& root);
+
+}  // namespace gclab::model

@@ -1,0 +1,64 @@
+// The shapes of each model family's transformer (DESIGN.md section 4), the presets that name them, and
+// the token accounting shared by the model, the estimator and the reports.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gclab/config/config.h"
+
+namespace gclab::model {
+
+struct ModelSpec {
+  std::string preset;  // "flux-dev", "tiny-flux", ...
+  std::string family;  // flux | qwen_image | zimage | sd3 | dit
+  std::string arch;    // the config's model.arch
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int double_blocks = 0;   // flux / qwen: two-stream blocks; sd3: joint blocks
+  int single_blocks = 0;   // flux: single-stream blocks; zimage: main layers; dit: blocks
+  int refiner_blocks = 0;  // zimage: noise and context refiners, each
+  int64_t mlp_hidden = 0;
+  int64_t latent_channels = 16;  // VAE latent channels (8x downsampling)
+  int64_t out_channels = 16;     // predicted channels (dit: 8 = learned sigma)
+  int64_t patch = 2;
+  int64_t text_dim = 0;    // text-encoder width (0: no text, dit)
+  int64_t pooled_dim = 0;  // pooled text vector width (flux: CLIP 768, sd3: 2048)
+  int64_t max_text_tokens = 0;
+  bool guidance_embed = false;  // flux-dev / flex: distilled guidance as an input
+  std::vector<int64_t> rope_axes;
+  double rope_theta = 10000.0;
+  int64_t adaln_dim = 0;      // zimage: width of the adaLN input (min(hidden, 256))
+  int64_t t_embed_mid = 0;    // zimage: the timestep MLP's hidden width
+  int64_t num_classes = 0;    // dit
+  int64_t pos_embed_max = 0;  // sd3: side of the fixed position-embedding grid
+  int64_t sd3_base_size = 0;  // sd3: sample_size / patch
+  bool edit = false;          // qwen edit models: reference images' tokens are appended
+  int divisibility = 16;
+  bool tiny = false;
+
+  int total_blocks() const { return double_blocks + single_blocks + 2 * refiner_blocks; }
+};
+
+// The preset a config's `model` block selects: model.arch (already resolved by the config loader from
+// arch / is_flux / name_or_path) plus name_or_path for variants (schnell, Turbo). Throws
+// std::invalid_argument for an arch gclab does not model.
+ModelSpec spec_for(const config::ModelConfig& model);
+// Every preset by name ("flux-dev", "flux-schnell", "flex1", "flex2", "qwen-image", "qwen-image-edit",
+// "qwen-image-edit-2509", "zimage", "zimage-turbo", "sd35-large", "dit-xl2", "tiny-*").
+ModelSpec spec_by_preset(const std::string& preset);
+std::vector<std::string> preset_names();
+
+// Token accounting: the sequence lengths the transformer sees.
+// Image tokens of an H x W image: the 8x latent cut into patch x patch pieces, (H/16)(W/16).
+int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width);
+// Text tokens for a prompt of `prompt_tokens` tokenizer tokens: FLUX-dev 512 and schnell 256 (T5 padded
+// to max length); Qwen-Image the prompt's own length, at most 1024; Z-Image the prompt's length padded to
+// a multiple of 32; SD3 333 (77 CLIP + 256 T5); DiT none (a class label).
+int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);
+// Reference-image tokens of an edit model: one 1024^2-area latent per control image (4096 tokens each).
+int64_t reference_tokens(const ModelSpec& spec, int control_images);
+
+}  // namespace gclab::model

@@ -1,0 +1,75 @@
+// The diffusion transformers: one class per family, built from a ModelSpec, with random weights (or a
+// user's, loaded by name), on any device including `meta` (a full-size model without memory).
+//
+// The model exposes its blocks (in call order, with their state-dict names) and calls each one in exactly
+// one place, call_block(), which a caller may route elsewhere with set_block_caller — the way gclab's
+// training applies a checkpoint policy without the model knowing about it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gclab/model/blocks.h"
+#include "gclab/model/spec.h"
+
+namespace gclab::model {
+
+// What one forward pass reads. Shapes: latents [B, C, H/8, W/8]; timestep [B] in [0, 1] (the flow
+// time, sigma); text [B, T, text_dim]; pooled [B, pooled_dim] (FLUX, SD3); guidance [B] (FLUX-dev);
+// class_labels [B] int64 (DiT); reference_latents: the edit models' control images, each [B, C, h, w].
+struct ModelInputs {
+  torch::Tensor latents, timestep, text, pooled, guidance, class_labels;
+  std::vector<torch::Tensor> reference_latents;
+};
+
+class DiffusionTransformer : public torch::nn::Module {
+ public:
+  using BlockCaller = std::function<Tensors(size_t index, const Tensors& inputs)>;
+
+  explicit DiffusionTransformer(ModelSpec spec) : spec_(std::move(spec)) {}
+  // The predicted velocity, shaped like `latents` (DiT: 2x the channels, the learned variance last).
+  virtual torch::Tensor forward(const ModelInputs& in) = 0;
+
+  const ModelSpec& spec() const { return spec_; }
+  const std::vector<std::shared_ptr<TransformerBlock>>& blocks() const { return blocks_; }
+  const std::vector<std::string>& block_names() const { return block_names_; }
+  // Routes every block call through `caller` (empty: call the block directly).
+  void set_block_caller(BlockCaller caller) { caller_ = std::move(caller); }
+
+  // Random inputs of the right shapes for an image of height x width and `text_tokens` text tokens
+  // (0: the family's count for a short prompt).
+  ModelInputs example_inputs(int64_t batch, int64_t height, int64_t width, int64_t text_tokens = 0,
+                             const torch::TensorOptions& options = {}) const;
+
+ protected:
+  Tensors call_block(size_t index, const Tensors& inputs) {
+    return caller_ ? caller_(index, inputs) : blocks_[index]->forward(inputs);
+  }
+  template <class B>
+  std::shared_ptr<B> add_block(const std::string& name, std::shared_ptr<B> block) {
+    register_at(*this, name, block);
+    blocks_.push_back(block);
+    block_names_.push_back(name);
+    return block;
+  }
+
+  ModelSpec spec_;
+
+ private:
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;
+  std::vector<std::string> block_names_;
+  BlockCaller caller_;
+};
+
+// Builds the family's transformer for `spec`; `options` places and types the weights (kMeta: no memory).
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options = {});
+
+// Parameter counts, from the built model.
+int64_t parameter_count(const torch::nn::Module& model);
+int64_t trainable_parameter_count(const torch::nn::Module& model);
+
+}  // namespace gclab::model

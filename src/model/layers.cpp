@@ -1,0 +1,233 @@
+#include "gclab/model/layers.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace gclab::model {
+
+namespace F = torch::nn::functional;
+
+WeightStorage parse_weight_storage(const std::string& name) {
+  if (name == "fp32" || name == "float32") return WeightStorage::Float32;
+  if (name == "bf16" || name == "bfloat16") return WeightStorage::BFloat16;
+  if (name == "fp16" || name == "float16") return WeightStorage::Float16;
+  if (name == "float8" || name == "qfloat8" || name == "fp8") return WeightStorage::Float8PerTensor;
+  if (name == "float8-row" || name == "qfloat8-row") return WeightStorage::Float8PerRow;
+  throw std::invalid_argument("unknown weight storage '" + name +
+                              "' (fp32, bf16, fp16, float8 = qfloat8 per tensor, float8-row)");
+}
+
+std::string to_string(WeightStorage s) {
+  switch (s) {
+    case WeightStorage::Float32: return "fp32";
+    case WeightStorage::BFloat16: return "bf16";
+    case WeightStorage::Float16: return "fp16";
+    case WeightStorage::Float8PerTensor: return "float8";
+    case WeightStorage::Float8PerRow: return "float8-row";
+  }
+  return "?";
+}
+
+namespace {
+bool is_float8(WeightStorage s) { return s == WeightStorage::Float8PerTensor || s == WeightStorage::Float8PerRow; }
+
+// Matches x's dtype unless autocast will cast the matmul's operands anyway.
+torch::Tensor for_input(const torch::Tensor& t, const torch::Tensor& x) {
+  if (!t.defined() || t.scalar_type() == x.scalar_type()) return t;
+  if (at::autocast::is_autocast_enabled(x.device().type())) return t;
+  return t.to(x.scalar_type());
+}
+}  // namespace
+
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias, const torch::TensorOptions& options)
+    : in_(in_features), out_(out_features) {
+  // nn.Linear's default initialisation: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  weight = register_parameter("weight", torch::empty({out_features, in_features}, options).uniform_(-bound, bound));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out_features}, options).uniform_(-bound, bound));
+}
+
+torch::Tensor LinearImpl::effective_weight(torch::ScalarType dtype) const {
+  if (!is_float8(storage_)) return weight.scalar_type() == dtype ? weight : weight.to(dtype);
+  return weight.to(dtype) * weight_scale_.to(dtype);
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor w = is_float8(storage_) ? effective_weight(x.scalar_type()) : for_input(weight, x);
+  torch::Tensor y = F::linear(x, w, for_input(bias, x));
+  if (lora_A_.defined()) {
+    torch::Tensor h = lora_dropout_ > 0 ? torch::dropout(x, lora_dropout_, is_training()) : x;
+    y = y + F::linear(F::linear(h, for_input(lora_A_, h)), for_input(lora_B_, h)) * lora_scale_;
+  }
+  return y;
+}
+
+void LinearImpl::add_lora(int64_t rank, double alpha, double dropout) {
+  TORCH_CHECK(rank > 0, "LoRA rank must be positive, got ", rank);
+  const auto options = torch::TensorOptions().device(weight.device()).dtype(torch::kFloat);
+  // PEFT's defaults: A ~ Kaiming-uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
+  auto a = std::make_shared<torch::nn::Module>();
+  auto b = std::make_shared<torch::nn::Module>();
+  lora_A_ = a->register_parameter("weight", torch::empty({rank, in_}, options).uniform_(-bound, bound));
+  lora_B_ = b->register_parameter("weight", torch::zeros({out_, rank}, options));
+  if (named_children().contains("lora_A")) {
+    replace_module("lora_A", a);
+    replace_module("lora_B", b);
+  } else {
+    register_module("lora_A", a);
+    register_module("lora_B", b);
+  }
+  lora_scale_ = alpha / static_cast<double>(rank);
+  lora_dropout_ = dropout;
+  weight.set_requires_grad(false);
+  if (bias.defined()) bias.set_requires_grad(false);
+}
+
+void LinearImpl::set_weight_storage(WeightStorage storage) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor w = effective_weight(torch::kFloat);
+  torch::Tensor stored;
+  if (is_float8(storage)) {
+    // e4m3's largest finite value is 448; scale so the largest magnitude (of the tensor, or of each
+    // output row) maps onto it.
+    torch::Tensor amax = storage == WeightStorage::Float8PerRow ? w.abs().amax({1}, /*keepdim=*/true) : w.abs().amax();
+    torch::Tensor scale = torch::clamp_min(amax, 1e-12) / 448.0;
+    stored = (w / scale).to(torch::kFloat8_e4m3fn);
+    if (weight_scale_.defined()) weight_scale_.set_data(scale);
+    else weight_scale_ = register_buffer("weight_scale", scale);
+  } else {
+    const auto dtype = storage == WeightStorage::BFloat16  ? torch::kBFloat16
+                       : storage == WeightStorage::Float16 ? torch::kHalf
+                                                           : torch::kFloat;
+    stored = w.to(dtype);
+  }
+  weight.set_requires_grad(false);
+  weight.set_data(stored);  // the same registered parameter, now in the storage dtype
+  storage_ = storage;
+  if (bias.defined()) bias.set_requires_grad(false);
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool affine, const torch::TensorOptions& options) : eps_(eps) {
+  if (affine) weight = register_parameter("weight", torch::ones({dim}, options));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  // diffusers.models.normalization.RMSNorm, step for step.
+  const auto input_dtype = x.scalar_type();
+  const torch::Tensor variance = x.to(torch::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+  torch::Tensor h = x * torch::rsqrt(variance + eps_);
+  if (!weight.defined()) return h.to(input_dtype);
+  if (weight.scalar_type() == torch::kHalf || weight.scalar_type() == torch::kBFloat16) h = h.to(weight.scalar_type());
+  return h * weight;
+}
+
+torch::Tensor layer_norm(const torch::Tensor& x, double eps) { return at::layer_norm(x, {x.size(-1)}, {}, {}, eps); }
+
+torch::Tensor modulate(const torch::Tensor& x, const torch::Tensor& shift, const torch::Tensor& scale) {
+  return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
+}
+
+torch::Tensor timestep_embedding(const torch::Tensor& t, int64_t dim, double max_period) {
+  const int64_t half = dim / 2;
+  const auto options = torch::TensorOptions().dtype(torch::kFloat).device(t.device());
+  const torch::Tensor freqs = torch::exp(-std::log(max_period) * torch::arange(half, options) / half);
+  const torch::Tensor args = t.to(torch::kFloat).unsqueeze(1) * freqs.unsqueeze(0);
+  torch::Tensor emb = torch::cat({torch::cos(args), torch::sin(args)}, -1);
+  if (dim % 2 == 1) emb = torch::cat({emb, torch::zeros_like(emb.narrow(1, 0, 1))}, -1);
+  return emb;
+}
+
+std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& ids, const std::vector<int64_t>& axes_dims,
+                                                     double theta) {
+  TORCH_CHECK(ids.dim() == 2 && ids.size(1) == static_cast<int64_t>(axes_dims.size()), "rope ids must be [S, ",
+              axes_dims.size(), "], got ", ids.sizes());
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(ids.device());
+  std::vector<torch::Tensor> cos, sin;
+  for (size_t i = 0; i < axes_dims.size(); ++i) {
+    const int64_t d = axes_dims[i];
+    const torch::Tensor freqs = 1.0 / torch::pow(theta, torch::arange(0, d, 2, f64) / static_cast<double>(d));
+    const torch::Tensor angles = ids.select(1, static_cast<int64_t>(i)).to(torch::kDouble).unsqueeze(1) * freqs;
+    cos.push_back(torch::cos(angles).repeat_interleave(2, 1));
+    sin.push_back(torch::sin(angles).repeat_interleave(2, 1));
+  }
+  return {torch::cat(cos, 1).to(torch::kFloat), torch::cat(sin, 1).to(torch::kFloat)};
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  auto sizes = x.sizes().vec();
+  sizes.back() /= 2;
+  sizes.push_back(2);
+  const torch::Tensor pairs = x.reshape(sizes);
+  const torch::Tensor rotated = torch::stack({-pairs.select(-1, 1), pairs.select(-1, 0)}, -1).flatten(-2);
+  return (x.to(torch::kFloat) * cos + rotated.to(torch::kFloat) * sin).to(x.scalar_type());
+}
+
+torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {
+  return x.unflatten(-1, {heads, x.size(-1) / heads}).transpose(1, 2);
+}
+
+torch::Tensor merge_heads(const torch::Tensor& x) { return x.transpose(1, 2).flatten(2); }
+
+torch::Tensor sincos_2d(int64_t h, int64_t w, int64_t dim, double scale, int64_t h_offset, int64_t w_offset) {
+  TORCH_CHECK(dim % 4 == 0, "2-D sin-cos position embedding needs a width divisible by 4, got ", dim);
+  auto one_axis = [&](const torch::Tensor& pos) {  // [N] -> [N, dim/2] = [sin | cos]
+    const int64_t quarter = dim / 4;
+    const torch::Tensor omega =
+        1.0 / torch::pow(10000.0, torch::arange(quarter, torch::kDouble) / static_cast<double>(quarter));
+    const torch::Tensor out = pos.unsqueeze(1) * omega.unsqueeze(0);
+    return torch::cat({torch::sin(out), torch::cos(out)}, 1);
+  };
+  const torch::Tensor ys = (torch::arange(h, torch::kDouble) + h_offset) / scale;
+  const torch::Tensor xs = (torch::arange(w, torch::kDouble) + w_offset) / scale;
+  const torch::Tensor grid_y = ys.unsqueeze(1).expand({h, w}).reshape({-1});
+  const torch::Tensor grid_x = xs.unsqueeze(0).expand({h, w}).reshape({-1});
+  // get_2d_sincos_pos_embed puts the column (x) coordinate in the first half.
+  return torch::cat({one_axis(grid_x), one_axis(grid_y)}, 1).to(torch::kFloat);
+}
+
+torch::Tensor patchify(const torch::Tensor& latents, int64_t p, bool channels_last) {
+  const int64_t b = latents.size(0), c = latents.size(1), h = latents.size(2), w = latents.size(3);
+  TORCH_CHECK(h % p == 0 && w % p == 0, "latent ", h, "x", w, " is not divisible by the patch size ", p);
+  const torch::Tensor t = latents.reshape({b, c, h / p, p, w / p, p});
+  const torch::Tensor perm = channels_last ? t.permute({0, 2, 4, 3, 5, 1}) : t.permute({0, 2, 4, 1, 3, 5});
+  return perm.reshape({b, (h / p) * (w / p), c * p * p});
+}
+
+torch::Tensor unpatchify(const torch::Tensor& tokens, int64_t h, int64_t w, int64_t p, int64_t channels,
+                         bool channels_last) {
+  const int64_t b = tokens.size(0);
+  if (channels_last) {
+    return tokens.reshape({b, h / p, w / p, p, p, channels}).permute({0, 5, 1, 3, 2, 4}).reshape({b, channels, h, w});
+  }
+  return tokens.reshape({b, h / p, w / p, channels, p, p}).permute({0, 3, 1, 4, 2, 5}).reshape({b, channels, h, w});
+}
+
+torch::nn::Module& holder_at(torch::nn::Module& parent, const std::string& dotted_parent) {
+  torch::nn::Module* at = &parent;
+  size_t start = 0;
+  while (start <= dotted_parent.size()) {
+    const size_t dot = std::min(dotted_parent.find('.', start), dotted_parent.size());
+    const std::string name = dotted_parent.substr(start, dot - start);
+    const auto children = at->named_children();
+    if (const auto* existing = children.find(name)) {
+      at = existing->get();
+    } else {
+      at = at->register_module(name, std::make_shared<torch::nn::Module>()).get();
+    }
+    start = dot + 1;
+  }
+  return *at;
+}
+
+std::vector<std::pair<std::string, Linear>> named_linears(torch::nn::Module& root) {
+  std::vector<std::pair<std::string, Linear>> out;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    if (auto linear = std::dynamic_pointer_cast<LinearImpl>(item.value())) out.emplace_back(item.key(), Linear(linear));
+  }
+  return out;
+}
+
+}  // namespace gclab::model

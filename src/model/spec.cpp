@@ -1,0 +1,178 @@
+#include "gclab/model/spec.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "gclab/config/arch.h"
+
+namespace gclab::model {
+
+namespace {
+
+// Full-size shapes from the reference configs: black-forest-labs/FLUX.1-dev transformer/config.json,
+// ostris/Flex.1-alpha, Qwen/Qwen-Image, Tongyi-MAI/Z-Image-Turbo, stabilityai/stable-diffusion-3.5-large,
+// facebookresearch/DiT (DiT_XL_2).
+ModelSpec flux(const std::string& preset, int double_blocks, bool guidance, int64_t text_tokens) {
+  ModelSpec s;
+  s.preset = preset;
+  s.family = "flux";
+  s.hidden = 3072, s.heads = 24, s.head_dim = 128, s.mlp_hidden = 12288;
+  s.double_blocks = double_blocks, s.single_blocks = 38;
+  s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
+  s.text_dim = 4096, s.pooled_dim = 768, s.max_text_tokens = text_tokens, s.guidance_embed = guidance;
+  s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
+  s.divisibility = 32;
+  return s;
+}
+
+ModelSpec qwen(const std::string& preset, bool edit) {
+  ModelSpec s;
+  s.preset = preset;
+  s.family = "qwen_image";
+  s.hidden = 3072, s.heads = 24, s.head_dim = 128, s.mlp_hidden = 12288;
+  s.double_blocks = 60;
+  s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
+  s.text_dim = 3584, s.max_text_tokens = 1024;
+  s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
+  s.edit = edit;
+  s.divisibility = 32;
+  return s;
+}
+
+ModelSpec zimage(const std::string& preset) {
+  ModelSpec s;
+  s.preset = preset;
+  s.family = "zimage";
+  s.hidden = 3840, s.heads = 30, s.head_dim = 128, s.mlp_hidden = 10240;  // int(3840 / 3 * 8)
+  s.single_blocks = 30, s.refiner_blocks = 2;
+  s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
+  s.text_dim = 2560, s.max_text_tokens = 512;
+  s.rope_axes = {32, 48, 48}, s.rope_theta = 256;
+  s.adaln_dim = 256, s.t_embed_mid = 1024;
+  s.divisibility = 16;
+  return s;
+}
+
+ModelSpec sd35_large() {
+  ModelSpec s;
+  s.preset = "sd35-large";
+  s.family = "sd3";
+  s.hidden = 2432, s.heads = 38, s.head_dim = 64, s.mlp_hidden = 4 * 2432;
+  s.double_blocks = 38;
+  s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
+  s.text_dim = 4096, s.pooled_dim = 2048, s.max_text_tokens = 333;
+  s.pos_embed_max = 192, s.sd3_base_size = 64;  // sample_size 128 / patch 2
+  s.divisibility = 32;
+  return s;
+}
+
+ModelSpec dit_xl2() {
+  ModelSpec s;
+  s.preset = "dit-xl2";
+  s.family = "dit";
+  s.hidden = 1152, s.heads = 16, s.head_dim = 72, s.mlp_hidden = 4 * 1152;
+  s.single_blocks = 28;
+  s.latent_channels = 4, s.out_channels = 8, s.patch = 2;  // SD VAE latents; learned sigma doubles the output
+  s.num_classes = 1000;
+  s.divisibility = 16;
+  return s;
+}
+
+// Tiny presets: the same code at CPU-test size (width 128, 4 heads of 32, a few blocks).
+ModelSpec tiny(const ModelSpec& full, const std::string& preset) {
+  ModelSpec s = full;
+  s.preset = preset;
+  s.tiny = true;
+  s.hidden = 128, s.heads = 4, s.head_dim = 32, s.mlp_hidden = 512;
+  if (s.family == "flux") s.double_blocks = 2, s.single_blocks = 2, s.max_text_tokens = 32;
+  if (s.family == "qwen_image") s.double_blocks = 2, s.max_text_tokens = 64;
+  if (s.family == "zimage") s.single_blocks = 2, s.refiner_blocks = 1, s.mlp_hidden = 341, s.max_text_tokens = 64;
+  if (s.family == "sd3") s.double_blocks = 3, s.max_text_tokens = 48, s.pos_embed_max = 64, s.sd3_base_size = 16;
+  if (s.family == "dit") s.single_blocks = 2, s.num_classes = 10;
+  if (s.text_dim) s.text_dim = 64;
+  if (s.pooled_dim) s.pooled_dim = 32;
+  if (!s.rope_axes.empty()) s.rope_axes = {8, 12, 12};
+  if (s.adaln_dim) s.adaln_dim = 128, s.t_embed_mid = 256;
+  return s;
+}
+
+const std::map<std::string, ModelSpec>& presets() {
+  static const std::map<std::string, ModelSpec> all = [] {
+    std::map<std::string, ModelSpec> m;
+    for (ModelSpec s : {flux("flux-dev", 19, true, 512), flux("flux-schnell", 19, false, 256),
+                        flux("flex1", 8, true, 512), flux("flex2", 8, true, 512), qwen("qwen-image", false),
+                        qwen("qwen-image-edit", true), qwen("qwen-image-edit-2509", true), zimage("zimage"),
+                        zimage("zimage-turbo"), sd35_large(), dit_xl2()})
+      m[s.preset] = s;
+    m["tiny-flux"] = tiny(m["flux-dev"], "tiny-flux");
+    m["tiny-qwen-image"] = tiny(m["qwen-image"], "tiny-qwen-image");
+    m["tiny-zimage"] = tiny(m["zimage"], "tiny-zimage");
+    m["tiny-sd3"] = tiny(m["sd35-large"], "tiny-sd3");
+    m["tiny-dit"] = tiny(m["dit-xl2"], "tiny-dit");
+    return m;
+  }();
+  return all;
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  std::string a = text, b = needle;
+  std::transform(a.begin(), a.end(), a.begin(), ::tolower);
+  std::transform(b.begin(), b.end(), b.begin(), ::tolower);
+  return a.find(b) != std::string::npos;
+}
+
+}  // namespace
+
+ModelSpec spec_by_preset(const std::string& preset) {
+  const auto it = presets().find(preset);
+  if (it == presets().end()) throw std::invalid_argument("unknown model preset '" + preset + "'");
+  return it->second;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> out;
+  for (const auto& [name, spec] : presets()) out.push_back(name);
+  return out;
+}
+
+ModelSpec spec_for(const config::ModelConfig& model) {
+  const std::string name = model.name_or_path.value_or("");
+  const std::string& arch = model.arch;
+  std::string preset;
+  if (arch == "flux") preset = contains(name, "schnell") ? "flux-schnell" : "flux-dev";
+  else if (arch == "flex1" || arch == "flex2") preset = arch;
+  else if (arch == "qwen_image") preset = "qwen-image";
+  else if (arch == "qwen_image_edit") preset = "qwen-image-edit";
+  else if (arch == "qwen_image_edit_plus") preset = "qwen-image-edit-2509";
+  else if (arch == "zimage") preset = contains(name, "turbo") ? "zimage-turbo" : "zimage";
+  else if (arch == "sd3") preset = "sd35-large";
+  else if (arch == "dit") preset = "dit-xl2";
+  else if (presets().count(arch)) preset = arch;  // tiny-*
+  else
+    throw std::invalid_argument("model.arch '" + arch + "' is not modelled by gclab (supported: " +
+                                config::supported_arch_list() + ")");
+  ModelSpec s = spec_by_preset(preset);
+  s.arch = arch;
+  return s;
+}
+
+int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width) {
+  const int64_t cell = 8 * spec.patch;
+  return (height / cell) * (width / cell);
+}
+
+int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
+  const int64_t n = std::max<int64_t>(prompt_tokens, 1);
+  if (spec.family == "flux" || spec.family == "sd3") return spec.max_text_tokens;
+  if (spec.family == "qwen_image") return std::min(n, spec.max_text_tokens);
+  if (spec.family == "zimage") return std::min((n + 31) / 32 * 32, spec.max_text_tokens);
+  return 0;  // dit: a class label, no text sequence
+}
+
+int64_t reference_tokens(const ModelSpec& spec, int control_images) {
+  if (!spec.edit || control_images <= 0) return 0;
+  return control_images * image_tokens(spec, 1024, 1024);
+}
+
+}  // namespace gclab::model

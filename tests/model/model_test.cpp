@@ -1,0 +1,129 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "gclab/model/transformer.h"
+
+namespace gclab::model {
+namespace {
+
+int64_t meta_params(const std::string& preset) {
+  return parameter_count(*build_transformer(spec_by_preset(preset), torch::TensorOptions().device(torch::kMeta)));
+}
+
+// Parameter counts of the full-size presets, built on the meta device (no memory). Exact figures are the
+// published / computed ones in DESIGN.md section 4; DiT-XL/2's paper figure is "675M".
+TEST(Presets, FullSizeParameterCountsMatchThePublishedFigures) {
+  EXPECT_EQ(meta_params("flux-dev"), 11901408320);
+  EXPECT_EQ(meta_params("flex1"), 8163264064);
+  EXPECT_EQ(meta_params("qwen-image"), 20430401088);
+  EXPECT_EQ(meta_params("zimage"), 6154908736);
+  EXPECT_EQ(meta_params("flux-schnell"), 11901408320 - 10229760);  // no guidance embedder
+  const int64_t dit = meta_params("dit-xl2");
+  EXPECT_NEAR(static_cast<double>(dit), 675e6, 0.5e6) << dit;
+  const int64_t sd35 = meta_params("sd35-large");  // "8.1B" (stabilityai/stable-diffusion-3.5-large)
+  EXPECT_NEAR(static_cast<double>(sd35), 8.1e9, 0.05e9) << sd35;
+}
+
+TEST(Presets, ParameterNamesFollowTheReferenceStateDicts) {
+  const auto names = [](const std::string& preset) {
+    std::set<std::string> out;
+    auto m = build_transformer(spec_by_preset(preset), torch::TensorOptions().device(torch::kMeta));
+    for (const auto& p : m->named_parameters()) out.insert(p.key());
+    return out;
+  };
+  const auto flux = names("flux-dev");
+  for (const char* n : {"x_embedder.weight", "time_text_embed.guidance_embedder.linear_2.bias",
+                        "transformer_blocks.18.norm1_context.linear.weight", "transformer_blocks.0.attn.to_out.0.weight",
+                        "transformer_blocks.0.attn.norm_added_k.weight", "transformer_blocks.0.ff.net.0.proj.weight",
+                        "transformer_blocks.0.ff_context.net.2.bias", "single_transformer_blocks.37.proj_out.weight",
+                        "single_transformer_blocks.0.attn.norm_q.weight", "norm_out.linear.weight", "proj_out.bias"})
+    EXPECT_TRUE(flux.count(n)) << n;
+  const auto qwen = names("qwen-image");
+  for (const char* n : {"img_in.weight", "txt_norm.weight", "transformer_blocks.59.img_mod.1.weight",
+                        "transformer_blocks.0.txt_mlp.net.2.weight", "transformer_blocks.0.attn.to_add_out.bias"})
+    EXPECT_TRUE(qwen.count(n)) << n;
+  const auto zimage = names("zimage");
+  for (const char* n : {"all_x_embedder.2-1.weight", "all_final_layer.2-1.adaLN_modulation.1.weight",
+                        "t_embedder.mlp.2.weight", "cap_embedder.0.weight", "x_pad_token",
+                        "noise_refiner.1.adaLN_modulation.0.weight", "context_refiner.0.feed_forward.w3.weight",
+                        "layers.29.attention.to_out.0.weight", "layers.0.attention.norm_k.weight"})
+    EXPECT_TRUE(zimage.count(n)) << n;
+  EXPECT_FALSE(zimage.count("context_refiner.0.adaLN_modulation.0.weight"));
+  const auto sd3 = names("sd35-large");
+  EXPECT_TRUE(sd3.count("pos_embed.proj.weight"));
+  EXPECT_TRUE(sd3.count("transformer_blocks.36.attn.to_add_out.weight"));
+  EXPECT_FALSE(sd3.count("transformer_blocks.37.attn.to_add_out.weight"));  // the last block is context-pre-only
+  const auto dit = names("dit-xl2");
+  for (const char* n : {"x_embedder.proj.weight", "y_embedder.embedding_table", "blocks.27.attn.qkv.weight",
+                        "blocks.0.adaLN_modulation.1.weight", "final_layer.adaLN_modulation.1.bias"})
+    EXPECT_TRUE(dit.count(n)) << n;
+}
+
+class TinyPreset : public ::testing::TestWithParam<std::string> {};
+
+// Every tiny preset runs forward and backward at 256x256 on the CPU, every block is called through the
+// one call site, in order, and gradients reach the first block's parameters.
+TEST_P(TinyPreset, ForwardBackwardThroughEveryBlock) {
+  torch::manual_seed(0);
+  const ModelSpec spec = spec_by_preset(GetParam());
+  auto model = build_transformer(spec);
+  const ModelInputs in = model->example_inputs(2, 256, 256);
+  std::vector<size_t> called;
+  model->set_block_caller([&](size_t i, const Tensors& inputs) {
+    called.push_back(i);
+    return model->blocks()[i]->forward(inputs);
+  });
+  const torch::Tensor out = model->forward(in);
+  const int64_t expected_channels = spec.out_channels;
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, expected_channels, 32, 32}));
+  EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
+  ASSERT_EQ(called.size(), model->blocks().size());
+  for (size_t i = 0; i < called.size(); ++i) EXPECT_EQ(called[i], i);
+  out.pow(2).mean().backward();
+  // Every parameter of the first block matters to the output. (In the last block of a two-stream model
+  // the text stream's MLP does not: its output is dropped, as in the reference.)
+  for (const auto& p : model->blocks()[0]->named_parameters())
+    EXPECT_TRUE(p.value().grad().defined()) << model->block_names()[0] << "." << p.key();
+}
+
+INSTANTIATE_TEST_SUITE_P(All, TinyPreset,
+                         ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
+
+TEST(Tokens, ImageTextAndReferenceTokensPerFamily) {
+  EXPECT_EQ(image_tokens(spec_by_preset("flux-dev"), 1024, 1024), 4096);
+  EXPECT_EQ(image_tokens(spec_by_preset("zimage"), 1248, 832), 78 * 52);
+  EXPECT_EQ(text_tokens(spec_by_preset("flux-dev"), 20), 512);
+  EXPECT_EQ(text_tokens(spec_by_preset("flux-schnell"), 20), 256);
+  EXPECT_EQ(text_tokens(spec_by_preset("qwen-image"), 77), 77);
+  EXPECT_EQ(text_tokens(spec_by_preset("qwen-image"), 5000), 1024);
+  EXPECT_EQ(text_tokens(spec_by_preset("zimage"), 33), 64);
+  EXPECT_EQ(text_tokens(spec_by_preset("sd35-large"), 5), 333);
+  EXPECT_EQ(text_tokens(spec_by_preset("dit-xl2"), 5), 0);
+  EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image-edit-2509"), 2), 8192);
+  EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image"), 2), 0);
+}
+
+TEST(Presets, ConfigSelectsThePresetAndRefusesUnmodelledArchs) {
+  config::ModelConfig m;
+  m.arch = "flux";
+  m.name_or_path = "black-forest-labs/FLUX.1-schnell";
+  EXPECT_EQ(spec_for(m).preset, "flux-schnell");
+  m.name_or_path = "black-forest-labs/FLUX.1-dev";
+  EXPECT_EQ(spec_for(m).preset, "flux-dev");
+  m.arch = "zimage";
+  m.name_or_path = "Tongyi-MAI/Z-Image-Turbo";
+  EXPECT_EQ(spec_for(m).preset, "zimage-turbo");
+  m.arch = "tiny-qwen-image";
+  EXPECT_EQ(spec_for(m).family, "qwen_image");
+  m.arch = "wan21";
+  EXPECT_THROW(spec_for(m), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace gclab::model
