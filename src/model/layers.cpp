@@ -110,6 +110,18 @@ void LinearImpl::set_weight_storage(WeightStorage storage) {
   if (bias.defined()) bias.set_requires_grad(false);
 }
 
+void LinearImpl::set_weight(const torch::Tensor& values) {
+  TORCH_CHECK(values.sizes() == weight.sizes(), "Linear weight of shape ", weight.sizes(), " cannot take ",
+              values.sizes());
+  torch::NoGradGuard no_grad;
+  const WeightStorage storage = storage_;
+  const bool requires_grad = weight.requires_grad();
+  storage_ = WeightStorage::Float32;
+  weight.set_data(values.to(weight.device(), torch::kFloat).clone());
+  if (storage != WeightStorage::Float32) set_weight_storage(storage);
+  else weight.set_requires_grad(requires_grad);
+}
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool affine, const torch::TensorOptions& options) : eps_(eps) {
   if (affine) weight = register_parameter("weight", torch::ones({dim}, options));
 }

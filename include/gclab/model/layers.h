@@ -35,6 +35,8 @@ class LinearImpl : public torch::nn::Module {
   // Stores the weight as `storage` (frozen; float8 adds a `weight_scale` buffer). Not for trained weights.
   void set_weight_storage(WeightStorage storage);
   WeightStorage weight_storage() const { return storage_; }
+  // Replaces the weight's values (any dtype, this shape), kept in the current storage.
+  void set_weight(const torch::Tensor& values);
   // The weight as the matmul sees it (dequantized), in `dtype`.
   torch::Tensor effective_weight(torch::ScalarType dtype) const;
 

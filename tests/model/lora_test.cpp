@@ -1,0 +1,138 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "gclab/io/safetensors.h"
+#include "gclab/model/lora.h"
+
+namespace fs = std::filesystem;
+
+namespace gclab::model {
+namespace {
+
+fs::path temp_file(const std::string& name) {
+  return fs::temp_directory_path() / ("gclab_model_" + std::to_string(::getpid()) + "_" + name);
+}
+
+TEST(Lora, TargetsEveryBlockLinearAsAiToolkitDoes) {
+  auto flux = build_transformer(spec_by_preset("flux-dev"), torch::TensorOptions().device(torch::kMeta));
+  EXPECT_EQ(apply_lora(*flux, {16, 16.0}), 19 * 14 + 38 * 6);  // 494 modules in an AI Toolkit FLUX LoRA
+  // Rank 16 on every target: 16 * (in + out) each.
+  int64_t expected = 0;
+  for (const auto& p : flux->named_parameters())
+    if (p.key().find("lora_") != std::string::npos) expected += p.value().numel();
+  EXPECT_EQ(trainable_parameter_count(*flux), expected);
+  EXPECT_GT(expected, 0);
+}
+
+TEST(Lora, StartsAsANoOpTrainsOnlyAdaptersAndRoundTripsThroughAFile) {
+  torch::manual_seed(0);
+  auto m = build_transformer(spec_by_preset("tiny-flux"));
+  const ModelInputs in = m->example_inputs(1, 128, 128);
+  const torch::Tensor base = m->forward(in).detach();
+  const int adapted = apply_lora(*m, {4, 8.0});
+  EXPECT_EQ(adapted, 2 * 14 + 2 * 6);
+  EXPECT_TRUE(torch::equal(m->forward(in).detach(), base));
+  for (const auto& p : m->named_parameters())
+    EXPECT_EQ(p.value().requires_grad(), p.key().find("lora_") != std::string::npos) << p.key();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.05);
+  }
+  const torch::Tensor adapted_out = m->forward(in).detach();
+  EXPECT_FALSE(torch::allclose(adapted_out, base));
+
+  const fs::path file = temp_file("lora.safetensors");
+  save_lora(*m, file, torch::kFloat, {4, 8.0});
+  const auto saved = io::SafetensorsFile::open(file);
+  EXPECT_EQ(saved.entries().size(), 2u * adapted);  // only adapters
+  EXPECT_TRUE(saved.contains("transformer.transformer_blocks.0.attn.to_q.lora_A.weight"));
+  EXPECT_TRUE(saved.contains("transformer.single_transformer_blocks.1.proj_out.lora_B.weight"));
+  EXPECT_EQ(saved.metadata().at("ss_network_dim"), "4");
+
+  torch::manual_seed(0);  // the same base weights, fresh adapters
+  auto fresh = build_transformer(spec_by_preset("tiny-flux"));
+  apply_lora(*fresh, {4, 8.0});
+  load_lora(*fresh, file);
+  EXPECT_TRUE(torch::equal(fresh->forward(in).detach(), adapted_out));
+  auto other_rank = build_transformer(spec_by_preset("tiny-flux"));
+  apply_lora(*other_rank, {8, 8.0});
+  EXPECT_THROW(load_lora(*other_rank, file), std::runtime_error);
+  fs::remove(file);
+}
+
+TEST(Quantize, Float8BaseWeightsQuarterFp32StorageAndStayClose) {
+  torch::manual_seed(0);
+  auto m = build_transformer(spec_by_preset("tiny-qwen-image"));
+  const ModelInputs in = m->example_inputs(1, 128, 128);
+  const torch::Tensor ref = m->forward(in).detach();
+  int64_t fp32_bytes = 0;
+  for (auto& [path, l] : named_linears(*m)) fp32_bytes += l->weight.nbytes();
+  torch::manual_seed(0);
+  auto per_row = build_transformer(spec_by_preset("tiny-qwen-image"));
+  const int64_t saved_tensor = set_base_weight_storage(*m, WeightStorage::Float8PerTensor);
+  set_base_weight_storage(*per_row, WeightStorage::Float8PerRow);
+  int64_t block_fp32 = 0;
+  for (size_t b = 0; b < m->blocks().size(); ++b)
+    for (auto& [path, l] : named_linears(*m->blocks()[b])) block_fp32 += l->weight.numel() * 4;
+  EXPECT_EQ(saved_tensor, block_fp32 * 3 / 4);  // 1 byte instead of 4 per block weight
+  auto rel_err = [&](const torch::Tensor& out) { return ((out - ref).norm() / ref.norm()).item<double>(); };
+  const double err_tensor = rel_err(m->forward(in).detach()), err_row = rel_err(per_row->forward(in).detach());
+  EXPECT_LT(err_tensor, 0.05);
+  EXPECT_LT(err_row, 0.05);
+  EXPECT_GT(err_tensor, 0.0);
+  RecordProperty("relative_error_per_tensor", std::to_string(err_tensor));
+  RecordProperty("relative_error_per_row", std::to_string(err_row));
+  // LoRA trains on top of the float8 base (the first block's adapters all reach the output).
+  apply_lora(*m, {4, 4.0});
+  m->forward(in).pow(2).mean().backward();
+  for (const auto& p : m->blocks()[0]->named_parameters()) {
+    if (p.key().find("lora_A") != std::string::npos) {
+      EXPECT_TRUE(p.value().grad().defined()) << p.key();
+    }
+  }
+}
+
+TEST(Weights, SaveAndLoadByDiffusersNameReproduceTheModel) {
+  for (const std::string preset : {"tiny-flux", "tiny-zimage", "tiny-sd3", "tiny-dit", "tiny-qwen-image"}) {
+    torch::manual_seed(1);
+    auto a = build_transformer(spec_by_preset(preset));
+    torch::manual_seed(2);
+    auto b = build_transformer(spec_by_preset(preset));
+    const ModelInputs in = a->example_inputs(1, 64, 64);
+    const fs::path file = temp_file(preset + ".safetensors");
+    io::save_safetensors(file, weights_state(*a, torch::kFloat));
+    EXPECT_TRUE(load_weights(*b, file).empty()) << preset;
+    EXPECT_TRUE(torch::equal(a->forward(in), b->forward(in))) << preset;
+    fs::remove(file);
+  }
+}
+
+TEST(Weights, MissingOrMisshapenTensorsAreNamed) {
+  auto m = build_transformer(spec_by_preset("tiny-dit"));
+  auto state = weights_state(*m, torch::kFloat);
+  const fs::path file = temp_file("bad.safetensors");
+  auto missing = state;
+  missing.erase(missing.begin());
+  io::save_safetensors(file, missing);
+  try {
+    load_weights(*m, file);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing " + state.front().first), std::string::npos) << e.what();
+  }
+  auto wrong = state;
+  wrong.back().second = torch::zeros({3});
+  wrong.emplace_back("extra.tensor", torch::zeros({1}));
+  io::save_safetensors(file, wrong);
+  EXPECT_THROW(load_weights(*m, file), std::runtime_error);
+  state.emplace_back("pos_embed", torch::zeros({1}));
+  io::save_safetensors(file, state);
+  EXPECT_EQ(load_weights(*m, file), std::vector<std::string>{"pos_embed"});
+  fs::remove(file);
+}
+
+}  // namespace
+}  // namespace gclab::model
