@@ -14,6 +14,7 @@
 #include "gclab/config/loader.h"
 #include "gclab/log/log.h"
 #include "gclab/memory/device.h"
+#include "gclab/model/summary.h"
 
 namespace {
 
@@ -70,10 +71,38 @@ std::optional<gclab::config::ProcessConfig> load(const ConfigArgs& args) {
   return std::move(result.config);
 }
 
+void print_model_summary(const gclab::model::ModelSummary& s) {
+  using gclab::config::format_bytes;
+  const auto& spec = s.spec;
+  std::cout << "# the model this config selects, counted on a meta-device build (no memory)\n";
+  std::cout << "model_summary:\n";
+  std::cout << "  preset: " << spec.preset << "\n  family: " << spec.family << "\n";
+  std::cout << "  blocks: " << spec.total_blocks() << "  # ";
+  if (spec.family == "flux") std::cout << spec.double_blocks << " double-stream + " << spec.single_blocks << " single-stream";
+  else if (spec.family == "zimage")
+    std::cout << spec.refiner_blocks << " noise + " << spec.refiner_blocks << " context refiners + " << spec.single_blocks
+              << " single-stream";
+  else std::cout << spec.total_blocks() << " " << (spec.family == "dit" ? "DiT" : "joint / double-stream");
+  std::cout << ", width " << spec.hidden << " (" << spec.heads << " heads x " << spec.head_dim << ")\n";
+  std::cout << "  parameters: " << s.parameters << "\n";
+  std::cout << "  trainable_parameters: " << s.trainable_parameters;
+  if (s.lora_modules) std::cout << "  # LoRA on " << s.lora_modules << " Linear modules";
+  std::cout << "\n  weight_bytes: " << s.weight_bytes << "  # " << format_bytes(s.weight_bytes) << ", "
+            << s.weight_storage << "\n";
+  std::cout << "  tokens:  # per sample; text for a 77-token prompt\n";
+  for (const auto& t : s.tokens) {
+    std::cout << "    - {at: \"" << t.what << " " << t.width << "x" << t.height << "\", image: " << t.image_tokens
+              << ", text: " << t.text_tokens;
+    if (t.reference_tokens) std::cout << ", reference: " << t.reference_tokens;
+    std::cout << "}\n";
+  }
+}
+
 int run_check(const ConfigArgs& args) {
   const auto config = load(args);
   if (!config) return kExitBadInput;
   std::cout << "# resolved by gclab from " << args.path << "\n" << gclab::config::to_yaml(*config);
+  print_model_summary(gclab::model::summarize_model(*config));
   return kExitOk;
 }
 

@@ -93,9 +93,16 @@ void LinearImpl::set_weight_storage(WeightStorage storage) {
   if (is_float8(storage)) {
     // e4m3's largest finite value is 448; scale so the largest magnitude (of the tensor, or of each
     // output row) maps onto it.
-    torch::Tensor amax = storage == WeightStorage::Float8PerRow ? w.abs().amax({1}, /*keepdim=*/true) : w.abs().amax();
-    torch::Tensor scale = torch::clamp_min(amax, 1e-12) / 448.0;
-    stored = (w / scale).to(torch::kFloat8_e4m3fn);
+    const bool per_row = storage == WeightStorage::Float8PerRow;
+    torch::Tensor scale;
+    if (w.is_meta()) {  // shapes only (a meta build counts bytes)
+      scale = per_row ? torch::empty({out_, 1}, w.options()) : torch::empty({}, w.options());
+      stored = torch::empty_like(w, w.options().dtype(torch::kFloat8_e4m3fn));
+    } else {
+      const torch::Tensor amax = per_row ? w.abs().amax({1}, /*keepdim=*/true) : w.abs().amax();
+      scale = torch::clamp_min(amax, 1e-12) / 448.0;
+      stored = (w / scale).to(torch::kFloat8_e4m3fn);
+    }
     if (weight_scale_.defined()) weight_scale_.set_data(scale);
     else weight_scale_ = register_buffer("weight_scale", scale);
   } else {

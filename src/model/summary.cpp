@@ -1,0 +1,43 @@
+#include "gclab/model/summary.h"
+
+#include "gclab/model/lora.h"
+
+namespace gclab::model {
+
+ModelSummary summarize_model(const config::ProcessConfig& config) {
+  ModelSummary s;
+  s.spec = spec_for(config.model);
+  // Base weights in bf16, as AI Toolkit loads these models; quantize stores the blocks' Linears as float8.
+  auto model = build_transformer(s.spec, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
+  s.parameters = parameter_count(*model);
+  s.weight_storage = "bf16";
+  if (config.model.quantize) {
+    set_base_weight_storage(*model, WeightStorage::Float8PerTensor);
+    s.weight_storage = "float8 (block Linears; model.quantize), bf16 elsewhere";
+  }
+  for (const auto& b : model->buffers()) s.weight_bytes += static_cast<int64_t>(b.nbytes());
+  for (const auto& p : model->parameters()) s.weight_bytes += static_cast<int64_t>(p.nbytes());
+  if (config.network) {
+    LoraOptions lora;
+    lora.rank = config.network->linear.value_or(16);
+    lora.alpha = config.network->linear_alpha.value_or(static_cast<double>(lora.rank));
+    s.lora_modules = apply_lora(*model, lora);
+    s.trainable_parameters = trainable_parameter_count(*model);
+  } else {
+    s.trainable_parameters = s.parameters;
+  }
+  // A typical prompt: 77 tokenizer tokens (CLIP's window), where the family's count depends on it.
+  const int64_t prompt_tokens = 77;
+  const int controls = s.spec.edit ? 1 : 0;
+  for (size_t d = 0; d < config.datasets.size(); ++d)
+    for (int r : config.datasets[d].resolution)
+      s.tokens.push_back({"datasets[" + std::to_string(d) + "]", r, r, image_tokens(s.spec, r, r),
+                          text_tokens(s.spec, prompt_tokens), reference_tokens(s.spec, controls)});
+  if (config.sample)
+    s.tokens.push_back({"sample", config.sample->width, config.sample->height,
+                        image_tokens(s.spec, config.sample->height, config.sample->width),
+                        text_tokens(s.spec, prompt_tokens), reference_tokens(s.spec, controls)});
+  return s;
+}
+
+}  // namespace gclab::model
