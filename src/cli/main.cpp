@@ -14,6 +14,9 @@
 #include "gclab/config/loader.h"
 #include "gclab/log/log.h"
 #include "gclab/memory/device.h"
+#include "gclab/io/safetensors.h"
+#include "gclab/model/forward.h"
+#include "gclab/model/lora.h"
 #include "gclab/model/summary.h"
 
 namespace {
@@ -123,6 +126,60 @@ int run_info() {
   return kExitOk;
 }
 
+struct ForwardArgs {
+  std::string weights, inputs, out, dtype = "fp32";
+};
+
+// gclab forward: the configured transformer, the user's weights (or random ones from training_seed), one
+// pass on named inputs, the prediction written as safetensors.
+int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
+  const auto config = load(args);
+  if (!config) return kExitBadInput;
+  gclab::model::ModelSpec spec;
+  try {
+    spec = gclab::model::spec_for(config->model);
+  } catch (const std::invalid_argument& e) {
+    gclab::log::error(e.what());
+    return kExitBadInput;
+  }
+  const torch::ScalarType dtype = f.dtype == "bf16" ? torch::kBFloat16 : f.dtype == "fp16" ? torch::kHalf : torch::kFloat;
+  const torch::Device device = config->device == "auto" ? (torch::cuda::is_available() ? torch::kCUDA : torch::kCPU)
+                                                        : torch::Device(config->device);
+  try {
+    torch::manual_seed(static_cast<uint64_t>(config->training_seed.value_or(42)));
+    auto model = gclab::model::build_transformer(spec);
+    if (config->model.quantize) gclab::model::set_base_weight_storage(*model, gclab::model::WeightStorage::Float8PerRow);
+    if (!f.weights.empty()) {
+      const auto unused = gclab::model::load_weights(*model, f.weights);
+      if (!unused.empty())
+        gclab::log::warn(std::to_string(unused.size()) + " tensor(s) in " + f.weights +
+                         " are not parameters of this model and were not used, e.g. " + unused.front());
+    } else {
+      gclab::log::warn("no --weights: random weights (training_seed " +
+                       std::to_string(config->training_seed.value_or(42)) + ")");
+    }
+    model->to(device);
+    model->eval();
+    const auto in = gclab::model::read_model_inputs(spec, f.inputs, device, dtype);
+    torch::Tensor prediction;
+    {
+      torch::NoGradGuard no_grad;
+      if (dtype != torch::kFloat) model->to(dtype);
+      prediction = model->forward(in);
+    }
+    gclab::io::save_safetensors(f.out, {{"prediction", prediction}}, gclab::model::spec_metadata(spec));
+    std::cout << "prediction " << prediction.sizes() << " " << c10::toString(prediction.scalar_type()) << " -> "
+              << f.out << "\n";
+  } catch (const gclab::io::SafetensorsError& e) {
+    gclab::log::error(e.what());
+    return kExitBadInput;
+  } catch (const std::runtime_error& e) {
+    gclab::log::error(e.what());
+    return kExitBadInput;
+  }
+  return kExitOk;
+}
+
 int not_implemented(const std::string& verb, const std::string& issue) {
   gclab::log::error("`gclab " + verb + "` is not implemented yet (" + issue + ")");
   return kExitOther;
@@ -152,8 +209,16 @@ int main(int argc, char** argv) {
   auto* synth = app.add_subcommand("synth", "write a captioned image folder to train on");
   auto* forward = app.add_subcommand("forward", "one forward pass on named inputs, for numerics checks");
   add_config_args(forward, forward_args);
+  ForwardArgs forward_files;
+  forward->add_option("--weights", forward_files.weights, "diffusers-format .safetensors (or *.index.json); default random")
+      ->check(CLI::ExistingFile);
+  forward->add_option("--inputs", forward_files.inputs, "safetensors with latents, timestep, text, ...")
+      ->required()
+      ->check(CLI::ExistingFile);
+  forward->add_option("--out", forward_files.out, "where to write the prediction (safetensors)")->required();
+  forward->add_option("--dtype", forward_files.dtype, "fp32 (default), bf16, fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   synth->allow_extras();
-  forward->allow_extras();
 
   try {
     app.parse(argc, argv);
@@ -171,7 +236,7 @@ int main(int argc, char** argv) {
     if (*fit) return not_implemented("fit", "OOM lab / bench issue");
     if (*estimate) return not_implemented("estimate", "OOM lab / bench issue");
     if (*synth) return not_implemented("synth", "issue 5");
-    if (*forward) return not_implemented("forward", "issue 4");
+    if (*forward) return run_forward(forward_args, forward_files);
   } catch (const std::exception& e) {
     gclab::log::error(std::string("internal error: ") + e.what());
     return kExitOther;
