@@ -1,0 +1,50 @@
+// How many bytes each block keeps for its backward — computed from the shapes, op by op, the way
+// llm.c's fill_in_activation_sizes names every buffer. Each entry below mirrors a tensor that a block's
+// forward (blocks.cpp) hands to autograd; tests/model/activations_test.cpp checks the sums against the
+// tracking allocator, byte for byte, on the tiny presets.
+//
+// What it models: activations in one dtype (`element_bytes`: 2 for a bf16 model, 4 for fp32), with the
+// float32 internals the reference code keeps anyway (LayerNorm statistics, RMSNorm's float32 copy and
+// 1/rms, attention's log-sum-exp); attention by a fused kernel (flash / memory-efficient: q, k, v, output
+// and log-sum-exp are saved, never the score matrix); no dropout. With LoRA, frozen weights are not
+// saved and neither are tensors only a frozen weight's gradient would need (RMSNorm's normalised input),
+// while each adapter keeps its rank-r intermediate.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gclab/model/spec.h"
+
+namespace gclab::model {
+
+struct ActivationOptions {
+  int64_t element_bytes = 2;       // the activations' dtype: bf16 2, fp32 4
+  int64_t lora_rank = 0;           // 0: every weight trained
+  bool conditioning_grad = true;   // the timestep/text vector needs a gradient (full training)
+  // LayerNorm's saved mean and 1/std: float32 on CUDA whatever the input; on the CPU a bf16 input keeps
+  // them in bf16 (measured), so CPU figures pass 2 here for bf16.
+  int64_t layer_norm_stats_bytes = 4;
+};
+
+struct BlockActivations {
+  std::string kind;         // "double", "single", "refiner", "context refiner", "joint", "joint (last)", "dit"
+  int count = 0;            // blocks of this kind
+  int64_t saved_bytes = 0;  // per block, kept from forward to backward without checkpointing
+  int64_t input_bytes = 0;  // per block, what a checkpointed block keeps instead: its hidden-stream inputs
+};
+
+struct ActivationEstimate {
+  std::vector<BlockActivations> blocks;
+  int64_t image_tokens = 0, text_tokens = 0;
+  int64_t total_off_bytes = 0;   // all blocks, GC off
+  int64_t total_full_bytes = 0;  // all blocks checkpointed: their inputs
+};
+
+// One sample batch of `batch` images of height x width with `text_tokens` text tokens (0: the family's
+// count for a 77-token prompt).
+ActivationEstimate estimate_activations(const ModelSpec& spec, int64_t batch, int64_t height, int64_t width,
+                                        int64_t text_tokens, const ActivationOptions& options);
+
+}  // namespace gclab::model

@@ -1,0 +1,63 @@
+// The activation ledger (model/activations.cpp), computed from shapes, against the tracking allocator:
+// every tiny preset's every block kind, full training and LoRA, batch 1 and 2, byte for byte (fp32).
+#include "gclab/model/activations.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "../support/measure_blocks.h"
+#include "gclab/model/lora.h"
+
+namespace gclab::model {
+namespace {
+
+void expect_ledger_matches(const std::string& preset, bool lora, int batch, torch::ScalarType dtype) {
+  torch::manual_seed(0);
+  const ModelSpec spec = spec_by_preset(preset);
+  auto m = build_transformer(spec);
+  if (lora) apply_lora(*m, {4, 4.0});
+  m->to(dtype);
+  const int64_t text = spec.family == "zimage" ? 32 : text_tokens(spec, 16);
+  ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
+  const auto measured = testing::measure_saved_bytes(*m, in, lora);
+  ActivationOptions options;
+  options.element_bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  options.layer_norm_stats_bytes = dtype == torch::kFloat ? 4 : 2;  // CPU LayerNorm keeps bf16 statistics
+  options.lora_rank = lora ? 4 : 0;
+  options.conditioning_grad = !lora;
+  const ActivationEstimate est = estimate_activations(spec, batch, 128, 96, text, options);
+  ASSERT_EQ(est.blocks.size(), measured.size());
+  for (const auto& b : est.blocks) {
+    ASSERT_TRUE(measured.count(b.kind)) << b.kind;
+    EXPECT_EQ(b.saved_bytes, measured.at(b.kind)) << preset << " " << b.kind;
+  }
+}
+
+class Ledger : public ::testing::TestWithParam<std::tuple<std::string, bool, int>> {};
+
+TEST_P(Ledger, ComputedBytesPerBlockEqualTheTrackingAllocatorsCount) {
+  const auto& [preset, lora, batch] = GetParam();
+  expect_ledger_matches(preset, lora, batch, torch::kFloat);
+}
+
+// A bf16 model (weights and activations in bf16, as AI Toolkit loads these models): the float32
+// internals (RMSNorm's copy, statistics, log-sum-exp) are where the bytes differ from half of fp32.
+TEST_P(Ledger, ComputedBytesPerBlockEqualTheTrackingAllocatorsCountInBf16) {
+  const auto& [preset, lora, batch] = GetParam();
+  expect_ledger_matches(preset, lora, batch, torch::kBFloat16);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, Ledger,
+                         ::testing::Combine(::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3",
+                                                              "tiny-dit"),
+                                            ::testing::Bool(), ::testing::Values(1, 2)),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param) + (std::get<1>(info.param) ? "_lora" : "_full") +
+                                           "_batch" + std::to_string(std::get<2>(info.param));
+                           for (auto& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace gclab::model
