@@ -6,6 +6,8 @@
 //   build/bin/model_shapes > docs/results/models.md
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "../tests/support/measure_blocks.h"
@@ -91,6 +93,23 @@ int main() {
                     dtype == torch::kFloat ? "fp32" : "bf16", static_cast<long long>(b.saved_bytes),
                     static_cast<long long>(measured.at(b.kind)), static_cast<long long>(b.input_bytes));
     }
+  }
+  std::printf("\n## Tiny presets: one training step on this machine's CPU\n\n");
+  std::printf("Forward + backward of mean(prediction²), 256×256, batch 1, fp32, every weight trained, %d threads; "
+              "median of 5 after a warm-up.\n\n| preset | parameters | step ms |\n|---|---|---|\n",
+              at::get_num_threads());
+  for (const std::string name : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
+    torch::manual_seed(0);
+    auto m = build_transformer(spec_by_preset(name));
+    const ModelInputs in = m->example_inputs(1, 256, 256);
+    std::vector<double> ms;
+    for (int i = 0; i < 6; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      m->forward(in).pow(2).mean().backward();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin() + 1, ms.end());
+    std::printf("| %s | %lld | %.1f |\n", name.c_str(), static_cast<long long>(parameter_count(*m)), ms[3]);
   }
   return 0;
 }
