@@ -9,7 +9,7 @@ TORCH_VERSION="${GCLAB_TORCH_VERSION:-2.11.0}"
 PYTHON="${GCLAB_BASE_PYTHON:-python3}"
 APT_PACKAGES=(cmake ninja-build g++ make python3-venv ccache pkg-config
               libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev googletest libcli11-dev libstb-dev
-              nlohmann-json3-dev libbenchmark-dev)
+              nlohmann-json3-dev libbenchmark-dev libwebp-dev)
 
 did_something=0
 say() { echo "setup: $*"; }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,9 @@
 #include "gclab/config/loader.h"
 #include "gclab/log/log.h"
 #include "gclab/memory/device.h"
+#include "gclab/config/arch.h"
+#include "gclab/data/dataset.h"
+#include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/model/forward.h"
 #include "gclab/model/lora.h"
@@ -101,11 +105,36 @@ void print_model_summary(const gclab::model::ModelSummary& s) {
   }
 }
 
+// Where each dataset's images land, per resolution, from image headers alone (no decoding).
+void print_bucket_histograms(const gclab::config::ProcessConfig& config) {
+  const auto arch = gclab::config::find_arch(config.model.arch);
+  const int divisibility = arch ? arch->divisibility : 16;
+  std::cout << "# buckets, from image headers only (divisibility " << divisibility << ")\n";
+  std::cout << "buckets:" << (config.datasets.empty() ? " []" : "") << "\n";
+  for (size_t d = 0; d < config.datasets.size(); ++d) {
+    const auto& ds = config.datasets[d];
+    std::cout << "  datasets[" << d << "]:";
+    try {
+      const auto scan = gclab::data::scan_dataset(ds, static_cast<int>(d));
+      for (const auto& w : scan.warnings) gclab::log::warn(w);
+      std::cout << "  # " << *ds.folder_path << ", " << scan.items.size() << " images\n";
+      for (const auto& [resolution, buckets] : gclab::data::bucket_histogram(scan.items, ds, divisibility)) {
+        std::cout << "    " << resolution << ":\n";
+        for (const auto& [bucket, count] : buckets)
+          std::cout << "      - " << bucket.key() << ": " << count << (count == 1 ? " image" : " images") << "\n";
+      }
+    } catch (const gclab::data::DataError& e) {
+      std::cout << " []  # " << e.what() << "\n";
+    }
+  }
+}
+
 int run_check(const ConfigArgs& args) {
   const auto config = load(args);
   if (!config) return kExitBadInput;
   std::cout << "# resolved by gclab from " << args.path << "\n" << gclab::config::to_yaml(*config);
   print_model_summary(gclab::model::summarize_model(*config));
+  print_bucket_histograms(*config);
   return kExitOk;
 }
 
@@ -180,6 +209,38 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
   return kExitOk;
 }
 
+struct SynthArgs {
+  std::string out;
+  int count = 24;
+  std::string sizes = "512x512,640x448,448x640";
+  uint64_t seed = 1;
+};
+
+int run_synth(const SynthArgs& a) {
+  gclab::data::SynthOptions o;
+  o.count = a.count;
+  o.seed = a.seed;
+  o.sizes.clear();
+  std::stringstream in(a.sizes);
+  for (std::string item; std::getline(in, item, ',');) {
+    int w = 0, h = 0;
+    char x = 0;
+    std::stringstream one(item);
+    if (!(one >> w >> x >> h) || x != 'x' || w < 8 || h < 8 || w > 8192 || h > 8192) {
+      gclab::log::error("--sizes: '" + item + "' is not WIDTHxHEIGHT (8..8192), e.g. 512x512");
+      return kExitBadInput;
+    }
+    o.sizes.push_back({w, h});
+  }
+  if (o.count < 1) {
+    gclab::log::error("--count must be at least 1");
+    return kExitBadInput;
+  }
+  const auto files = gclab::data::write_synthetic_dataset(a.out, o);
+  std::cout << "wrote " << files.size() << " captioned images to " << a.out << "\n";
+  return kExitOk;
+}
+
 int not_implemented(const std::string& verb, const std::string& issue) {
   gclab::log::error("`gclab " + verb + "` is not implemented yet (" + issue + ")");
   return kExitOther;
@@ -218,7 +279,11 @@ int main(int argc, char** argv) {
   forward->add_option("--out", forward_files.out, "where to write the prediction (safetensors)")->required();
   forward->add_option("--dtype", forward_files.dtype, "fp32 (default), bf16, fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  synth->allow_extras();
+  SynthArgs synth_args;
+  synth->add_option("--out", synth_args.out, "folder to write (created if needed)")->required();
+  synth->add_option("--count", synth_args.count, "number of images (default 24)");
+  synth->add_option("--sizes", synth_args.sizes, "comma-separated WIDTHxHEIGHT, cycled (default 512x512,640x448,448x640)");
+  synth->add_option("--seed", synth_args.seed, "random seed (default 1)");
 
   try {
     app.parse(argc, argv);
@@ -235,7 +300,7 @@ int main(int argc, char** argv) {
     if (*bench) return not_implemented("bench", "OOM lab / bench issue");
     if (*fit) return not_implemented("fit", "OOM lab / bench issue");
     if (*estimate) return not_implemented("estimate", "OOM lab / bench issue");
-    if (*synth) return not_implemented("synth", "issue 5");
+    if (*synth) return run_synth(synth_args);
     if (*forward) return run_forward(forward_args, forward_files);
   } catch (const std::exception& e) {
     gclab::log::error(std::string("internal error: ") + e.what());

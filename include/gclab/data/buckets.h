@@ -1,0 +1,33 @@
+// Aspect-ratio buckets as AI Toolkit assigns them today (toolkit/buckets.py get_bucket_for_image_size and
+// BucketsMixin.setup_buckets, ostris/ai-toolkit at 27a03a91): the bucket keeps the image's own area,
+// capped at resolution², with each side a multiple of the model's divisibility; the image is scaled to
+// cover the bucket and centre-cropped (or randomly, with random_crop). ../shared/golden/aitk_buckets.csv
+// holds AI Toolkit's answers for 570 cases; tests/data/buckets_test.cpp reproduces every row.
+#pragma once
+
+#include <random>
+#include <string>
+
+namespace gclab::data {
+
+struct BucketResolution {
+  int width = 0;
+  int height = 0;
+  std::string key() const { return std::to_string(width) + "x" + std::to_string(height); }
+  bool operator<(const BucketResolution& o) const { return width != o.width ? width < o.width : height < o.height; }
+  bool operator==(const BucketResolution& o) const { return width == o.width && height == o.height; }
+};
+
+struct BucketPlacement {
+  BucketResolution bucket;
+  int scale_to_width = 0, scale_to_height = 0;  // resize the image to this first
+  int crop_x = 0, crop_y = 0;                   // then cut the bucket-sized window here
+};
+
+// The bucket for a width x height image at `resolution` with sides divisible by `divisibility`.
+BucketResolution bucket_for(int width, int height, int resolution, int divisibility);
+// The bucket and how to get there: scale to cover (rounded up), crop centred, or at a uniformly random
+// offset when `rng` is given (random_crop).
+BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility, std::mt19937_64* rng = nullptr);
+
+}  // namespace gclab::data

@@ -1,0 +1,71 @@
+// A training set as AI Toolkit reads one: folders of images with same-named caption files, each
+// `resolution` its own copy of the dataset, bucketed by aspect ratio, batches that never mix buckets.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gclab/config/config.h"
+#include "gclab/data/buckets.h"
+
+namespace gclab::data {
+
+// A dataset that cannot be used at all (missing folder, no images): the message names the folder.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ImageItem {
+  std::filesystem::path image;
+  std::string caption;  // raw, before trigger / dropout / shuffling
+  int width = 0, height = 0;
+  int dataset = 0;      // index in the config's datasets
+};
+
+struct ScanResult {
+  std::vector<ImageItem> items;
+  std::vector<std::string> warnings;  // one per skipped or repaired file
+  int skipped_images = 0;             // unreadable or corrupt
+  int skipped_captions = 0;           // no caption file and no default_caption
+};
+
+// Lists the folder's images (sorted by name) and reads their sizes from headers and their captions.
+// A missing folder or one without usable images is a DataError; unreadable files are skipped with a
+// warning each.
+ScanResult scan_dataset(const config::DatasetConfig& dataset, int index);
+
+// The caption as one step sees it: [trigger] replaced (or the trigger word put in front when absent),
+// caption_dropout_rate applied, with shuffle_tokens the comma-separated parts after keep_tokens shuffled.
+std::string process_caption(const std::string& raw, const config::DatasetConfig& dataset,
+                            const std::optional<std::string>& trigger_word, std::mt19937_64& rng);
+
+// One sample of a batch: which item, where it goes, flipped or not.
+struct PlannedSample {
+  int item = 0;  // index into the item list given to plan_batches
+  BucketPlacement placement;
+  bool flip_x = false, flip_y = false;
+};
+
+struct Batch {
+  int dataset = 0;
+  int resolution = 0;
+  BucketResolution bucket;
+  std::vector<PlannedSample> samples;
+};
+
+// One epoch of batches: each dataset's items at each of its resolutions (num_repeats times), grouped by
+// bucket, shuffled, cut into batches of the dataset's batch size (its own `batch_size` or the train
+// block's); a short last batch of a bucket is filled by repeating its items. Deterministic for a seed.
+std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::vector<config::DatasetConfig>& datasets,
+                              int default_batch_size, int divisibility, uint64_t seed);
+
+// Bucket counts per dataset and resolution, from image sizes alone (what `gclab check` prints).
+std::map<int, std::map<BucketResolution, int>> bucket_histogram(const std::vector<ImageItem>& items,
+                                                                const config::DatasetConfig& dataset, int divisibility);
+
+}  // namespace gclab::data

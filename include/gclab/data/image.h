@@ -1,0 +1,35 @@
+// Image files: sizes from headers alone (for bucket histograms before any decoding), decoding to RGB,
+// resizing, and PNG writing. JPEG / PNG / BMP through stb_image, WebP through libwebp.
+#pragma once
+
+#include <torch/types.h>
+
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace gclab::data {
+
+class ImageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ImageSize {
+  int width = 0;
+  int height = 0;
+};
+
+bool is_image_file(const std::filesystem::path& path);  // .jpg .jpeg .png .webp (any case)
+// Width and height read from the file's header, without decoding pixels. nullopt (and why, in `error`)
+// for a file that is not a readable image.
+std::optional<ImageSize> read_image_size(const std::filesystem::path& path, std::string* error = nullptr);
+// The whole image as uint8 [H, W, 3]. Throws ImageError naming the file and the decoder's reason.
+torch::Tensor decode_image_rgb(const std::filesystem::path& path);
+// uint8 [H, W, 3] resized to width x height (stb_image_resize, a filter suited to downscaling).
+torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height);
+// Writes uint8 [H, W, 3] as PNG, under a temporary name renamed into place. Throws ImageError.
+void write_png(const std::filesystem::path& path, const torch::Tensor& image);
+
+}  // namespace gclab::data

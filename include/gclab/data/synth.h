@@ -1,0 +1,22 @@
+// A captioned image folder drawn procedurally (`gclab synth`): coloured shapes on coloured backgrounds,
+// each caption saying what is drawn, where and how big — real structure to learn, no downloads.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include "gclab/data/image.h"
+
+namespace gclab::data {
+
+struct SynthOptions {
+  int count = 24;
+  std::vector<ImageSize> sizes = {{512, 512}, {640, 448}, {448, 640}};  // cycled through
+  uint64_t seed = 1;
+};
+
+// Writes count PNG images with .txt captions into dir (created if needed); returns the image paths.
+std::vector<std::filesystem::path> write_synthetic_dataset(const std::filesystem::path& dir, const SynthOptions& options);
+
+}  // namespace gclab::data

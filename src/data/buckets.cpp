@@ -1,0 +1,55 @@
+#include "gclab/data/buckets.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+namespace gclab::data {
+
+BucketResolution bucket_for(int width, int height, int resolution, int divisibility) {
+  const double total = static_cast<double>(width) * height;
+  const double cap = static_cast<double>(resolution) * resolution;
+  const double target = std::min(total, cap);
+  const double scale = std::sqrt(target / total);  // never upscales
+  // The scaled sides in units of `divisibility`; each side is rounded down or up, and of the four
+  // combinations within the cap the one whose area is closest to the target wins (the first on a tie,
+  // in the order below).
+  const double w_units = width * scale / divisibility, h_units = height * scale / divisibility;
+  const int w_lo = static_cast<int>(std::floor(w_units)) * divisibility;
+  const int w_hi = static_cast<int>(std::ceil(w_units)) * divisibility;
+  const int h_lo = static_cast<int>(std::floor(h_units)) * divisibility;
+  const int h_hi = static_cast<int>(std::ceil(h_units)) * divisibility;
+  std::vector<BucketResolution> candidates;
+  for (const BucketResolution c : {BucketResolution{w_lo, h_lo}, BucketResolution{w_lo, h_hi},
+                                   BucketResolution{w_hi, h_lo}, BucketResolution{w_hi, h_hi}})
+    if (c.width > 0 && c.height > 0 && static_cast<double>(c.width) * c.height <= cap) candidates.push_back(c);
+  if (candidates.empty())  // a side below one divisibility step: the smallest legal side
+    return {std::max(divisibility, w_lo), std::max(divisibility, h_lo)};
+  const BucketResolution* best = &candidates.front();
+  for (const auto& c : candidates)
+    if (std::abs(static_cast<double>(c.width) * c.height - target) <
+        std::abs(static_cast<double>(best->width) * best->height - target))
+      best = &c;
+  return *best;
+}
+
+BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility, std::mt19937_64* rng) {
+  BucketPlacement p;
+  p.bucket = bucket_for(width, height, resolution, divisibility);
+  const double scale = std::max(static_cast<double>(p.bucket.width) / width, static_cast<double>(p.bucket.height) / height);
+  p.scale_to_width = static_cast<int>(std::ceil(width * scale));
+  p.scale_to_height = static_cast<int>(std::ceil(height * scale));
+  const int spare_x = p.scale_to_width - p.bucket.width, spare_y = p.scale_to_height - p.bucket.height;
+  if (rng) {
+    p.crop_x = spare_x > 0 ? static_cast<int>((*rng)() % static_cast<uint64_t>(spare_x + 1)) : 0;
+    p.crop_y = spare_y > 0 ? static_cast<int>((*rng)() % static_cast<uint64_t>(spare_y + 1)) : 0;
+  } else {
+    p.crop_x = spare_x / 2;
+    p.crop_y = spare_y / 2;
+  }
+  return p;
+}
+
+}  // namespace gclab::data

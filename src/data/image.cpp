@@ -1,0 +1,115 @@
+#include "gclab/data/image.h"
+
+#include <stb/stb_image.h>
+#include <stb/stb_image_resize.h>
+#include <stb/stb_image_write.h>
+#include <unistd.h>
+#include <webp/decode.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+namespace gclab::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string lower_extension(const fs::path& path) {
+  std::string ext = path.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext;
+}
+
+std::vector<unsigned char> read_all(const fs::path& path, size_t limit = SIZE_MAX) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ImageError(path.string() + ": cannot open");
+  std::vector<unsigned char> bytes;
+  char buf[65536];
+  while (in && bytes.size() < limit) {
+    in.read(buf, static_cast<std::streamsize>(std::min<size_t>(sizeof buf, limit - bytes.size())));
+    bytes.insert(bytes.end(), buf, buf + in.gcount());
+  }
+  return bytes;
+}
+
+}  // namespace
+
+bool is_image_file(const fs::path& path) {
+  const std::string ext = lower_extension(path);
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".webp";
+}
+
+std::optional<ImageSize> read_image_size(const fs::path& path, std::string* error) {
+  auto fail = [&](const std::string& why) -> std::optional<ImageSize> {
+    if (error) *error = why;
+    return std::nullopt;
+  };
+  try {
+    if (lower_extension(path) == ".webp") {
+      // The RIFF header and the first chunk carry the size (VP8 / VP8L / VP8X): 64 bytes are plenty.
+      const auto head = read_all(path, 64);
+      int w = 0, h = 0;
+      if (!WebPGetInfo(head.data(), head.size(), &w, &h)) return fail("not a readable WebP header");
+      return ImageSize{w, h};
+    }
+    int w = 0, h = 0, channels = 0;
+    if (!stbi_info(path.c_str(), &w, &h, &channels)) return fail(stbi_failure_reason());
+    if (w <= 0 || h <= 0) return fail("zero-sized image");
+    return ImageSize{w, h};
+  } catch (const ImageError& e) {
+    return fail(e.what());
+  }
+}
+
+torch::Tensor decode_image_rgb(const fs::path& path) {
+  if (lower_extension(path) == ".webp") {
+    const auto bytes = read_all(path);
+    int w = 0, h = 0;
+    uint8_t* rgb = WebPDecodeRGB(bytes.data(), bytes.size(), &w, &h);
+    if (!rgb) throw ImageError(path.string() + ": cannot decode WebP (corrupt or truncated?)");
+    torch::Tensor out = torch::empty({h, w, 3}, torch::kUInt8);
+    std::memcpy(out.data_ptr(), rgb, static_cast<size_t>(w) * h * 3);
+    WebPFree(rgb);
+    return out;
+  }
+  int w = 0, h = 0, channels = 0;
+  unsigned char* rgb = stbi_load(path.c_str(), &w, &h, &channels, 3);
+  if (!rgb) throw ImageError(path.string() + ": cannot decode (" + stbi_failure_reason() + ")");
+  torch::Tensor out = torch::empty({h, w, 3}, torch::kUInt8);
+  std::memcpy(out.data_ptr(), rgb, static_cast<size_t>(w) * h * 3);
+  stbi_image_free(rgb);
+  return out;
+}
+
+torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height) {
+  TORCH_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == torch::kUInt8,
+              "resize_rgb needs uint8 [H, W, 3]");
+  const torch::Tensor src = image.contiguous();
+  if (src.size(0) == height && src.size(1) == width) return src.clone();
+  torch::Tensor out = torch::empty({height, width, 3}, torch::kUInt8);
+  if (!stbir_resize_uint8(src.data_ptr<uint8_t>(), static_cast<int>(src.size(1)), static_cast<int>(src.size(0)), 0,
+                          out.data_ptr<uint8_t>(), width, height, 0, 3))
+    throw ImageError("resize to " + std::to_string(width) + "x" + std::to_string(height) + " failed");
+  return out;
+}
+
+void write_png(const fs::path& path, const torch::Tensor& image) {
+  TORCH_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == torch::kUInt8,
+              "write_png needs uint8 [H, W, 3]");
+  const torch::Tensor src = image.contiguous().cpu();
+  std::error_code ec;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
+  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid()) + ".png";
+  const int w = static_cast<int>(src.size(1)), h = static_cast<int>(src.size(0));
+  if (!stbi_write_png(tmp.c_str(), w, h, 3, src.data_ptr<uint8_t>(), w * 3)) {
+    fs::remove(tmp, ec);
+    throw ImageError(path.string() + ": cannot write PNG (disk full or no permission?)");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) throw ImageError(path.string() + ": cannot rename the finished PNG into place: " + ec.message());
+}
+
+}  // namespace gclab::data

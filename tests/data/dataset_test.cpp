@@ -1,0 +1,169 @@
+#include "gclab/data/dataset.h"
+
+#include <gtest/gtest.h>
+#include <webp/encode.h>
+
+#include <fstream>
+
+#include "gclab/data/image.h"
+#include "gclab/data/synth.h"
+
+namespace fs = std::filesystem;
+
+namespace gclab::data {
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("gclab_data_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+config::DatasetConfig dataset_at(const fs::path& dir) {
+  config::DatasetConfig d;
+  d.folder_path = dir.string();
+  return d;
+}
+
+TEST(Synth, WritesCaptionedImagesThatReadBack) {
+  const fs::path dir = fresh_dir("synth");
+  SynthOptions o;
+  o.count = 6;
+  o.sizes = {{64, 64}, {96, 64}};
+  const auto files = write_synthetic_dataset(dir, o);
+  ASSERT_EQ(files.size(), 6u);
+  const auto size = read_image_size(files[1]);
+  ASSERT_TRUE(size);
+  EXPECT_EQ(size->width, 96);
+  EXPECT_EQ(size->height, 64);
+  const torch::Tensor rgb = decode_image_rgb(files[1]);
+  EXPECT_EQ(rgb.sizes(), (std::vector<int64_t>{64, 96, 3}));
+  EXPECT_GT(rgb.to(torch::kFloat).std().item<double>(), 10.0);  // shapes drawn, not a flat fill
+  std::ifstream caption(dir / "synth_0001.txt");
+  std::string text;
+  std::getline(caption, text);
+  EXPECT_NE(text.find("background"), std::string::npos) << text;
+  const auto scan = scan_dataset(dataset_at(dir), 0);
+  EXPECT_EQ(scan.items.size(), 6u);
+  EXPECT_TRUE(scan.warnings.empty());
+  fs::remove_all(dir);
+}
+
+TEST(Dataset, CorruptImagesAndMissingOrBrokenCaptionsAreSkippedOrRepairedWithAWarningEach) {
+  const fs::path dir = fresh_dir("corrupt");
+  SynthOptions o;
+  o.count = 3;
+  o.sizes = {{64, 64}};
+  write_synthetic_dataset(dir, o);
+  std::ofstream(dir / "broken.png") << "this is not a png";
+  fs::copy_file(dir / "synth_0000.png", dir / "nocaption.png");
+  std::ofstream(dir / "synth_0001.txt", std::ios::binary) << "a caf\xc3";  // cut inside a UTF-8 sequence
+  // A truncated PNG: the header survives, the pixels do not.
+  {
+    std::ifstream in(dir / "synth_0002.png", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(dir / "truncated.png", std::ios::binary) << bytes.substr(0, 60);
+    std::ofstream(dir / "truncated.txt") << "cut";
+  }
+  const auto scan = scan_dataset(dataset_at(dir), 0);
+  EXPECT_EQ(scan.skipped_images, 1);    // broken.png (truncated.png still has a readable header)
+  EXPECT_EQ(scan.skipped_captions, 1);  // nocaption.png
+  EXPECT_EQ(scan.warnings.size(), 3u);
+  bool repaired = false;
+  for (const auto& item : scan.items) repaired = repaired || item.caption == "a caf";
+  EXPECT_TRUE(repaired);
+  // Decoding the truncated file is a clear error, not a crash.
+  EXPECT_THROW(decode_image_rgb(dir / "truncated.png"), ImageError);
+  config::DatasetConfig with_default = dataset_at(dir);
+  with_default.default_caption = "a picture";
+  EXPECT_EQ(scan_dataset(with_default, 0).skipped_captions, 0);
+  fs::remove_all(dir);
+}
+
+TEST(Dataset, MissingAndEmptyFoldersAreClearErrors) {
+  const fs::path dir = fresh_dir("empty");
+  try {
+    scan_dataset(dataset_at(dir / "nope"), 2);
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("datasets[2].folder_path"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos);
+  }
+  try {
+    scan_dataset(dataset_at(dir), 0);
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("no usable images"), std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Dataset, WebpSizeFromTheHeaderAndDecoding) {
+  const fs::path dir = fresh_dir("webp");
+  std::vector<uint8_t> rgb(40 * 24 * 3, 128);
+  uint8_t* out = nullptr;
+  const size_t n = WebPEncodeLosslessRGB(rgb.data(), 40, 24, 40 * 3, &out);
+  ASSERT_GT(n, 0u);
+  std::ofstream(dir / "a.webp", std::ios::binary).write(reinterpret_cast<const char*>(out), static_cast<std::streamsize>(n));
+  WebPFree(out);
+  const auto size = read_image_size(dir / "a.webp");
+  ASSERT_TRUE(size);
+  EXPECT_EQ(size->width, 40);
+  EXPECT_EQ(decode_image_rgb(dir / "a.webp").sizes(), (std::vector<int64_t>{24, 40, 3}));
+  fs::remove_all(dir);
+}
+
+TEST(Captions, TriggerDropoutAndShuffleAsAiToolkit) {
+  config::DatasetConfig d;
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(process_caption("a photo of [trigger]", d, std::string("sks"), rng), "a photo of sks");
+  EXPECT_EQ(process_caption("a photo", d, std::string("sks"), rng), "sks, a photo");
+  EXPECT_EQ(process_caption("sks at home", d, std::string("sks"), rng), "sks at home");
+  d.caption_dropout_rate = 1.0;
+  EXPECT_EQ(process_caption("a photo", d, std::nullopt, rng), "");
+  d.caption_dropout_rate = 0.0;
+  d.shuffle_tokens = true;
+  d.keep_tokens = 1;
+  bool moved = false;
+  for (int i = 0; i < 20; ++i) {
+    const std::string c = process_caption("first, b, c, d, e", d, std::nullopt, rng);
+    EXPECT_EQ(c.rfind("first, ", 0), 0u) << c;
+    moved = moved || c != "first, b, c, d, e";
+  }
+  EXPECT_TRUE(moved);
+}
+
+TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) {
+  std::vector<ImageItem> items;
+  for (int i = 0; i < 5; ++i) items.push_back({"sq" + std::to_string(i), "", 1024, 1024, 0});
+  for (int i = 0; i < 3; ++i) items.push_back({"wide" + std::to_string(i), "", 1536, 1024, 0});
+  items.push_back({"other", "", 512, 512, 1});
+  config::DatasetConfig a, b;
+  a.resolution = {512, 1024};
+  a.num_repeats = 2;
+  b.resolution = {512};
+  b.batch_size = 1;
+  const auto batches = plan_epoch(items, {a, b}, 4, 32, 7);
+  int samples_a = 0, samples_b = 0;
+  for (const auto& batch : batches) {
+    ASSERT_EQ(batch.samples.size(), batch.dataset == 0 ? 4u : 1u);
+    for (const auto& s : batch.samples) {
+      EXPECT_EQ(s.placement.bucket, batch.bucket);
+      EXPECT_EQ(items[static_cast<size_t>(s.item)].dataset, batch.dataset);
+    }
+    (batch.dataset == 0 ? samples_a : samples_b) += static_cast<int>(batch.samples.size());
+  }
+  // Dataset a: 2 resolutions x 2 repeats; square 10 samples -> 3 batches (last padded), wide 6 -> 2.
+  EXPECT_EQ(samples_a, 2 * (12 + 8));
+  EXPECT_EQ(samples_b, 1);
+  const auto again = plan_epoch(items, {a, b}, 4, 32, 7);
+  ASSERT_EQ(again.size(), batches.size());
+  for (size_t i = 0; i < again.size(); ++i) EXPECT_EQ(again[i].samples[0].item, batches[i].samples[0].item);
+  const auto histogram = bucket_histogram(items, a, 32);
+  EXPECT_EQ(histogram.at(1024).at(BucketResolution{1024, 1024}), 5);
+  EXPECT_EQ(histogram.at(1024).at(BucketResolution{1248, 832}), 3);
+}
+
+}  // namespace
+}  // namespace gclab::data
