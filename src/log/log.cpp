@@ -1,5 +1,6 @@
 #include "gclab/log/log.h"
 
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -57,5 +58,21 @@ void debug(const std::string& message) { logger().log(spdlog::level::debug, "{}"
 void info(const std::string& message) { logger().log(spdlog::level::info, "{}", message); }
 void warn(const std::string& message) { logger().log(spdlog::level::warn, "{}", message); }
 void error(const std::string& message) { logger().log(spdlog::level::err, "{}", message); }
+
+}  // namespace gclab::log
+
+namespace gclab::log {
+
+bool add_file(const std::string& path) {
+  try {
+    auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
+    sink->set_pattern("[%Y-%m-%d %H:%M:%S] %l: %v");
+    logger().sinks().push_back(sink);
+    logger().flush_on(spdlog::level::info);
+    return true;
+  } catch (const spdlog::spdlog_ex&) {
+    return false;
+  }
+}
 
 }  // namespace gclab::log

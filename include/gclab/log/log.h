@@ -23,4 +23,7 @@ void info(const std::string& message);
 void warn(const std::string& message);
 void error(const std::string& message);
 
+// Also appends every message to `path` (a run's log.txt), with timestamps; false if it cannot be opened.
+bool add_file(const std::string& path);
+
 }  // namespace gclab::log
