@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the main job for a config: scripts/run.sh configs/quickstart.yaml
-# Until `gclab train` lands (issue 5), this validates the config and prints it resolved.
+# Sets up, builds and trains: scripts/run.sh [CONFIG] [gclab train options...]
+# With the quickstart config, the synthetic data folder is drawn first when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config="${1:-configs/quickstart.yaml}"
 shift || true
 scripts/setup.sh
 scripts/build.sh >/dev/null
-exec build/bin/gclab check "$config" "$@"
+if [ "$config" = "configs/quickstart.yaml" ] && [ ! -d output/quickstart/data ]; then
+  build/bin/gclab synth --out output/quickstart/data --count 24 --sizes 256x256,320x256,256x320
+fi
+exec build/bin/gclab train "$config" "$@"

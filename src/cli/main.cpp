@@ -22,12 +22,19 @@
 #include "gclab/model/forward.h"
 #include "gclab/model/lora.h"
 #include "gclab/model/summary.h"
+#include "gclab/train/trainer.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
 
 namespace {
 
 constexpr int kExitOk = 0;
 constexpr int kExitOther = 1;
 constexpr int kExitBadInput = 2;
+constexpr int kExitOom = 3;
 
 struct ConfigArgs {
   std::string path;
@@ -241,6 +248,41 @@ int run_synth(const SynthArgs& a) {
   return kExitOk;
 }
 
+std::atomic<bool> g_stop{false};
+extern "C" void on_interrupt(int) { g_stop.store(true); }
+
+int run_train(const ConfigArgs& args, bool resume) {
+  const auto config = load(args);
+  if (!config) return kExitBadInput;
+  std::signal(SIGINT, on_interrupt);
+  gclab::train::TrainOptions options;
+  options.resume = resume;
+  options.progress = &std::cerr;
+  options.progress_in_place = ::isatty(STDERR_FILENO) == 1;
+  options.stop_requested = &g_stop;
+  try {
+    const auto s = gclab::train::train(*config, options);
+    const double wait_share = s.step_s > 0 ? 100.0 * s.data_wait_s / s.step_s : 0.0;
+    char line[256];
+    std::snprintf(line, sizeof line, "%s steps %lld-%lld in %.1f s (%.2f steps/s; %.1f%% of step time waiting for data)",
+                  s.interrupted ? "interrupted after" : "done:", static_cast<long long>(s.start_step),
+                  static_cast<long long>(s.end_step), s.total_s,
+                  s.step_s > 0 ? static_cast<double>(s.end_step - s.start_step) / s.step_s : 0.0, wait_share);
+    gclab::log::info(line);
+    gclab::log::info("outputs in " + s.output_dir.string());
+    return kExitOk;
+  } catch (const c10::OutOfMemoryError& e) {
+    gclab::log::error(std::string("out of memory: ") + e.what_without_backtrace());
+    return kExitOom;
+  } catch (const gclab::data::DataError& e) {
+    gclab::log::error(e.what());
+    return kExitBadInput;
+  } catch (const std::invalid_argument& e) {
+    gclab::log::error(e.what());
+    return kExitBadInput;
+  }
+}
+
 int not_implemented(const std::string& verb, const std::string& issue) {
   gclab::log::error("`gclab " + verb + "` is not implemented yet (" + issue + ")");
   return kExitOther;
@@ -261,6 +303,8 @@ int main(int argc, char** argv) {
   auto* info = app.add_subcommand("info", "LibTorch build, CUDA and GPUs this binary sees");
   auto* train = app.add_subcommand("train", "train as the config says");
   add_config_args(train, train_args);
+  bool resume = false;
+  train->add_flag("--resume", resume, "continue from the newest checkpoint in the output folder");
   auto* bench = app.add_subcommand("bench", "GC on/off side by side: step time, peak memory");
   add_config_args(bench, bench_args);
   auto* fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
@@ -296,7 +340,7 @@ int main(int argc, char** argv) {
   try {
     if (*check) return run_check(check_args);
     if (*info) return run_info();
-    if (*train) return not_implemented("train", "issue 5");
+    if (*train) return run_train(train_args, resume);
     if (*bench) return not_implemented("bench", "OOM lab / bench issue");
     if (*fit) return not_implemented("fit", "OOM lab / bench issue");
     if (*estimate) return not_implemented("estimate", "OOM lab / bench issue");

@@ -1,5 +1,6 @@
 #include "gclab/log/log.h"
 
+#include <algorithm>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -73,6 +74,15 @@ bool add_file(const std::string& path) {
   } catch (const spdlog::spdlog_ex&) {
     return false;
   }
+}
+
+void remove_files() {
+  auto& sinks = logger().sinks();
+  sinks.erase(std::remove_if(sinks.begin(), sinks.end(),
+                             [](const spdlog::sink_ptr& s) {
+                               return std::dynamic_pointer_cast<spdlog::sinks::basic_file_sink_mt>(s) != nullptr;
+                             }),
+              sinks.end());
 }
 
 }  // namespace gclab::log

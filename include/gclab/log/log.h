@@ -25,5 +25,7 @@ void error(const std::string& message);
 
 // Also appends every message to `path` (a run's log.txt), with timestamps; false if it cannot be opened.
 bool add_file(const std::string& path);
+// Stops writing to every file added with add_file.
+void remove_files();
 
 }  // namespace gclab::log

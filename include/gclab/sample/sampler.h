@@ -1,0 +1,30 @@
+// Sampling previews during training: the Euler integrator of the flow from noise (t = 1) to data
+// (t = 0), with guidance as each family does it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "gclab/model/transformer.h"
+
+namespace gclab::sample {
+
+enum class Guidance {
+  None,      // FLUX.1-schnell: distilled, no guidance
+  Embedded,  // FLUX.1-dev / Flex: guidance_scale is a model input (distilled CFG)
+  Cfg,       // Qwen-Image, Z-Image, SD3, DiT: classifier-free guidance, conditional and unconditional in one batch
+};
+Guidance guidance_for(const model::ModelSpec& spec);
+
+struct SampleOptions {
+  int64_t latent_height = 32, latent_width = 32;
+  int steps = 20;
+  double guidance_scale = 4.0;
+  int64_t seed = 42;  // noise from its own generator: sampling never moves the training RNG
+};
+
+// `cond` and `uncond` hold one sample's conditioning (text, pooled, class_labels); uncond is used for CFG.
+// Returns the final latents [1, C, h, w].
+torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::ModelInputs& cond,
+                           const model::ModelInputs& uncond, const SampleOptions& options);
+
+}  // namespace gclab::sample

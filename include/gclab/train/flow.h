@@ -1,0 +1,40 @@
+// The flow-matching objective (DESIGN.md section 6): x_t = (1 - t) x0 + t noise, the model predicts the
+// velocity noise - x0, mean squared error. Timesteps as AI Toolkit's `timestep_type` samples them.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "gclab/model/transformer.h"
+
+namespace gclab::train {
+
+// t in (0, 1) per sample, drawn from the global generator:
+//   sigmoid  sigmoid(N(0, 1))                        (logit-normal, SD3's default)
+//   linear   U(0, 1)
+//   shift    U(0, 1) shifted by 3: 3t / (1 + 2t)      (more weight on high noise, FLUX-style)
+//   weighted U(0, 1), the loss weighted by a bell around t = 0.5 (mean weight 1)
+// Throws std::invalid_argument for another type.
+torch::Tensor sample_timesteps(const std::string& type, int64_t batch, const torch::Device& device);
+torch::Tensor timestep_weights(const std::string& type, const torch::Tensor& t);
+
+// One micro-batch: clean latents, the noise and timesteps drawn for them, and the conditioning.
+struct MicroBatch {
+  torch::Tensor x0, noise, t;
+  model::ModelInputs conditioning;  // text, pooled, guidance, class_labels (latents/timestep are set here)
+};
+
+struct StepOptions {
+  std::string timestep_type = "sigmoid";
+  double loss_scale = 1.0;  // 1 / gradient accumulation
+  bool autocast_bf16 = false;
+};
+
+// The micro-batch's loss (forward only; call backward on it). loss_scale is not applied.
+torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& batch, const StepOptions& options);
+// Forward and backward of one micro-batch; gradients accumulate into the parameters. Returns the loss
+// (before loss_scale).
+double flow_matching_step(model::DiffusionTransformer& model, const MicroBatch& batch, const StepOptions& options);
+
+}  // namespace gclab::train

@@ -1,0 +1,72 @@
+// Batches ready before the step needs them: a background thread decodes, scales, crops and flips each
+// batch's images, encodes them to latents (with the latent caches) and processes the captions, a few
+// batches ahead of training. Batches come in a fixed global order (epoch plans seeded by the run's seed),
+// so a resumed run sees exactly the batches it would have seen.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "gclab/data/dataset.h"
+#include "gclab/data/latent_codec.h"
+
+namespace gclab::train {
+
+struct LoadedBatch {
+  int64_t index = 0;  // position in the run's sequence of batches
+  int dataset = 0, resolution = 0;
+  data::BucketResolution bucket;
+  torch::Tensor latents;              // [B, C, h/8, w/8], CPU float32
+  std::vector<std::string> captions;  // processed (trigger, dropout, shuffle)
+};
+
+struct LoaderOptions {
+  int batch_size = 1;
+  int divisibility = 16;
+  uint64_t seed = 0;
+  std::optional<std::string> trigger_word;  // the process's; a dataset's own wins
+  int prefetch = 3;
+};
+
+class BatchLoader {
+ public:
+  BatchLoader(std::vector<data::ImageItem> items, std::vector<config::DatasetConfig> datasets,
+              const data::LatentCodec& codec, const LoaderOptions& options, int64_t start_index);
+  ~BatchLoader();
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+
+  // The next batch (blocks until it is ready); rethrows a worker's error as data::DataError.
+  LoadedBatch next();
+  int64_t batches_per_epoch() const { return epoch_size_; }
+  // Warnings from the worker (a file that failed to decode), taken once.
+  std::vector<std::string> take_warnings();
+
+ private:
+  void work();
+  LoadedBatch load(int64_t index);
+  torch::Tensor load_sample(const data::PlannedSample& s);
+
+  std::vector<data::ImageItem> items_;
+  std::vector<config::DatasetConfig> datasets_;
+  const data::LatentCodec& codec_;
+  LoaderOptions o_;
+  int64_t epoch_size_ = 0;
+  int64_t next_to_load_ = 0;
+  std::map<int64_t, std::vector<data::Batch>> plans_;  // by epoch (at most two kept)
+  std::map<std::string, torch::Tensor> memory_cache_;   // cache_latents
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<LoadedBatch> ready_;
+  std::exception_ptr error_;
+  std::vector<std::string> warnings_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace gclab::train

@@ -1,0 +1,39 @@
+// `gclab train`: the whole run, read top to bottom in trainer.cpp — data, model, checkpoint policy,
+// optimizer, the step loop with accumulation, previews, saving and resuming, metrics and progress.
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "gclab/config/config.h"
+
+namespace gclab::train {
+
+struct TrainOptions {
+  bool resume = false;                           // continue from the newest checkpoint in the output folder
+  std::ostream* progress = nullptr;              // progress lines (nullptr: none)
+  bool progress_in_place = false;                // a terminal: one line updated with \r
+  const std::atomic<bool>* stop_requested = nullptr;  // Ctrl-C: save and stop at the next step boundary
+};
+
+struct TrainSummary {
+  std::filesystem::path output_dir;
+  int64_t start_step = 0, end_step = 0;
+  bool interrupted = false;
+  std::vector<double> losses;  // per optimizer step run in this process
+  std::vector<std::filesystem::path> samples, saves;
+  double total_s = 0, data_wait_s = 0, step_s = 0;
+  int64_t peak_bytes = 0;
+};
+
+// Runs the config's training. Throws std::invalid_argument for an unusable setting, data::DataError for
+// unusable data, c10::OutOfMemoryError when memory (or the emulated cap) runs out.
+TrainSummary train(const config::ProcessConfig& config, const TrainOptions& options);
+
+// The newest "<name>_<step>.state.safetensors" in dir, if any.
+std::optional<std::filesystem::path> newest_state(const std::filesystem::path& dir, const std::string& name);
+
+}  // namespace gclab::train

@@ -1,0 +1,50 @@
+#include "gclab/sample/sampler.h"
+
+namespace gclab::sample {
+
+Guidance guidance_for(const model::ModelSpec& spec) {
+  if (spec.family == "flux") return spec.guidance_embed ? Guidance::Embedded : Guidance::None;
+  return Guidance::Cfg;
+}
+
+torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::ModelInputs& cond,
+                           const model::ModelInputs& uncond, const SampleOptions& o) {
+  torch::NoGradGuard no_grad;
+  const bool training = model.is_training();
+  model.eval();
+  const auto& spec = model.spec();
+  const torch::Device device = cond.text.defined() ? cond.text.device()
+                               : cond.class_labels.defined() ? cond.class_labels.device()
+                                                             : torch::Device(torch::kCPU);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
+  torch::Tensor x = at::normal(0.0, 1.0, {1, spec.latent_channels, o.latent_height, o.latent_width}, gen,
+                               torch::TensorOptions().dtype(torch::kFloat))
+                        .to(device);
+  const Guidance mode = guidance_for(spec);
+  const bool cfg = mode == Guidance::Cfg && o.guidance_scale != 1.0;
+  auto cat = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return a.defined() ? torch::cat({a, b}, 0) : torch::Tensor();
+  };
+  for (int i = 0; i < o.steps; ++i) {
+    const double t = 1.0 - static_cast<double>(i) / o.steps, t_next = 1.0 - static_cast<double>(i + 1) / o.steps;
+    model::ModelInputs in = cond;
+    if (cfg) {  // conditional and unconditional in one batch of two
+      in.text = cat(cond.text, uncond.text);
+      in.pooled = cat(cond.pooled, uncond.pooled);
+      in.class_labels = cat(cond.class_labels, uncond.class_labels);
+      in.latents = torch::cat({x, x}, 0);
+    } else {
+      in.latents = x;
+    }
+    const int64_t n = in.latents.size(0);
+    in.timestep = torch::full({n}, t, torch::TensorOptions().device(device));
+    if (mode == Guidance::Embedded) in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
+    torch::Tensor v = model.forward(in).narrow(1, 0, spec.latent_channels).to(torch::kFloat);
+    if (cfg) v = v[1].unsqueeze(0) + o.guidance_scale * (v[0].unsqueeze(0) - v[1].unsqueeze(0));
+    x = x + (t_next - t) * v;
+  }
+  if (training) model.train();
+  return x;
+}
+
+}  // namespace gclab::sample

@@ -1,0 +1,61 @@
+#include "gclab/train/flow.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <stdexcept>
+
+namespace gclab::train {
+
+torch::Tensor sample_timesteps(const std::string& type, int64_t batch, const torch::Device& device) {
+  const auto f = torch::TensorOptions().dtype(torch::kFloat);
+  torch::Tensor t;
+  if (type == "sigmoid") t = torch::sigmoid(torch::randn({batch}, f));
+  else if (type == "linear" || type == "weighted") t = torch::rand({batch}, f);
+  else if (type == "shift") {
+    const torch::Tensor u = torch::rand({batch}, f);
+    t = 3 * u / (1 + 2 * u);
+  } else
+    throw std::invalid_argument("train.timestep_type '" + type + "' is not supported (sigmoid, linear, shift, weighted)");
+  // Keep away from the ends, where x_t is pure data or pure noise.
+  return t.clamp(1e-4, 1 - 1e-4).to(device);
+}
+
+torch::Tensor timestep_weights(const std::string& type, const torch::Tensor& t) {
+  if (type != "weighted") return torch::ones_like(t);
+  // exp(-2 ((t - 0.5) / 0.5)^2), normalised to mean 1 over U(0, 1) (its integral is 0.5981...).
+  return torch::exp(-2 * torch::square((t - 0.5) / 0.5)) / 0.598144;
+}
+
+torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& b, const StepOptions& o) {
+  model::ModelInputs in = b.conditioning;
+  const torch::Tensor t4 = b.t.view({-1, 1, 1, 1});
+  in.latents = (1 - t4) * b.x0 + t4 * b.noise;
+  in.timestep = b.t;
+  const torch::Tensor target = b.noise - b.x0;
+  torch::Tensor pred;
+  {
+    const auto device_type = b.x0.device().type();
+    const bool was = at::autocast::is_autocast_enabled(device_type);
+    if (o.autocast_bf16) {
+      at::autocast::set_autocast_enabled(device_type, true);
+      at::autocast::set_autocast_dtype(device_type, at::kBFloat16);
+    }
+    pred = model.forward(in);
+    if (o.autocast_bf16) {
+      at::autocast::set_autocast_enabled(device_type, was);
+      at::autocast::clear_cache();
+    }
+  }
+  // DiT also predicts a variance: only the first channels are the velocity.
+  pred = pred.narrow(1, 0, target.size(1)).to(torch::kFloat);
+  const torch::Tensor per_sample = (pred - target).square().mean({1, 2, 3});
+  return (per_sample * timestep_weights(o.timestep_type, b.t)).mean();
+}
+
+double flow_matching_step(model::DiffusionTransformer& model, const MicroBatch& b, const StepOptions& o) {
+  const torch::Tensor loss = flow_matching_loss(model, b, o);
+  (loss * o.loss_scale).backward();
+  return loss.item<double>();
+}
+
+}  // namespace gclab::train

@@ -1,0 +1,149 @@
+#include "gclab/train/loader.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include "gclab/data/image.h"
+#include "gclab/io/safetensors.h"
+
+namespace gclab::train {
+
+namespace fs = std::filesystem;
+
+BatchLoader::BatchLoader(std::vector<data::ImageItem> items, std::vector<config::DatasetConfig> datasets,
+                         const data::LatentCodec& codec, const LoaderOptions& options, int64_t start_index)
+    : items_(std::move(items)), datasets_(std::move(datasets)), codec_(codec), o_(options), next_to_load_(start_index) {
+  plans_[0] = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility, o_.seed);
+  epoch_size_ = static_cast<int64_t>(plans_[0].size());
+  if (epoch_size_ == 0) throw data::DataError("the datasets give no batches");
+  worker_ = std::thread([this] { work(); });
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+LoadedBatch BatchLoader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [this] { return !ready_.empty() || error_; });
+  if (ready_.empty() && error_) std::rethrow_exception(error_);
+  LoadedBatch b = std::move(ready_.front());
+  ready_.pop_front();
+  cv_.notify_all();
+  return b;
+}
+
+std::vector<std::string> BatchLoader::take_warnings() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(warnings_, {});
+}
+
+void BatchLoader::work() {
+  try {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stop_ || static_cast<int>(ready_.size()) < o_.prefetch; });
+        if (stop_) return;
+      }
+      LoadedBatch b = load(next_to_load_++);
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.push_back(std::move(b));
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+LoadedBatch BatchLoader::load(int64_t index) {
+  const int64_t epoch = index / epoch_size_;
+  if (!plans_.count(epoch)) {
+    plans_[epoch] = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility,
+                                     o_.seed + static_cast<uint64_t>(epoch) * 1000003ull);
+    while (plans_.size() > 2) plans_.erase(plans_.begin());
+  }
+  const data::Batch& plan = plans_.at(epoch)[static_cast<size_t>(index % epoch_size_)];
+  LoadedBatch out;
+  out.index = index;
+  out.dataset = plan.dataset;
+  out.resolution = plan.resolution;
+  out.bucket = plan.bucket;
+  // Caption randomness (dropout, shuffling) is a function of the batch's position, not of history.
+  std::mt19937_64 rng(o_.seed ^ (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull));
+  std::vector<torch::Tensor> latents;
+  torch::Tensor last_good;
+  for (const auto& s : plan.samples) {
+    torch::Tensor z;
+    try {
+      z = load_sample(s);
+      last_good = z;
+    } catch (const data::ImageError& e) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      warnings_.push_back(std::string(e.what()) + "; another image of the batch is used in its place");
+      if (!last_good.defined()) throw data::DataError(e.what());
+      z = last_good;
+    }
+    latents.push_back(z);
+    const auto& item = items_[static_cast<size_t>(s.item)];
+    out.captions.push_back(data::process_caption(item.caption, datasets_[static_cast<size_t>(item.dataset)],
+                                                 o_.trigger_word, rng));
+  }
+  out.latents = torch::stack(latents);
+  return out;
+}
+
+torch::Tensor BatchLoader::load_sample(const data::PlannedSample& s) {
+  const auto& item = items_[static_cast<size_t>(s.item)];
+  const auto& ds = datasets_[static_cast<size_t>(item.dataset)];
+  const auto& p = s.placement;
+  std::ostringstream key;
+  key << item.image.stem().string() << "_" << p.bucket.key() << "_" << p.scale_to_width << "x" << p.scale_to_height
+      << "_" << p.crop_x << "_" << p.crop_y << (s.flip_x ? "_fx" : "") << (s.flip_y ? "_fy" : "") << "_c"
+      << codec_.channels();
+  const std::string cache_key = item.image.string() + "|" + key.str();
+  if (ds.cache_latents) {
+    const auto it = memory_cache_.find(cache_key);
+    if (it != memory_cache_.end()) return it->second;
+  }
+  // On disk: next to the images, reused while the image (size and time) and the placement are unchanged.
+  const fs::path disk = item.image.parent_path() / "_latent_cache" / (key.str() + ".safetensors");
+  std::error_code ec;
+  const std::string stamp = std::to_string(fs::file_size(item.image, ec)) + ":" +
+                            std::to_string(fs::last_write_time(item.image, ec).time_since_epoch().count());
+  if (ds.cache_latents_to_disk && fs::exists(disk, ec)) {
+    try {
+      const auto file = io::SafetensorsFile::open(disk);
+      const auto m = file.metadata();
+      if (m.count("source") && m.at("source") == stamp) {
+        torch::Tensor z = file.tensor("latent").clone();
+        if (ds.cache_latents) memory_cache_[cache_key] = z;
+        return z;
+      }
+    } catch (const io::SafetensorsError&) {
+      // A damaged cache file is rebuilt below.
+    }
+  }
+  torch::Tensor rgb = data::decode_image_rgb(item.image);
+  rgb = data::resize_rgb(rgb, p.scale_to_width, p.scale_to_height);
+  rgb = rgb.narrow(0, p.crop_y, p.bucket.height).narrow(1, p.crop_x, p.bucket.width);
+  if (s.flip_x) rgb = rgb.flip({1});
+  if (s.flip_y) rgb = rgb.flip({0});
+  torch::Tensor z;
+  {
+    torch::NoGradGuard no_grad;
+    z = codec_.encode(data::to_unit_range(rgb).unsqueeze(0))[0].contiguous();
+  }
+  if (ds.cache_latents) memory_cache_[cache_key] = z;
+  if (ds.cache_latents_to_disk) io::save_safetensors(disk, {{"latent", z}}, {{"source", stamp}});
+  return z;
+}
+
+}  // namespace gclab::train

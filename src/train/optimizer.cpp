@@ -1,0 +1,177 @@
+#include "gclab/train/optimizer.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace gclab::train {
+
+void Optimizer::zero_grad() {
+  for (auto& [name, p] : params_) p.mutable_grad() = torch::Tensor();
+}
+
+namespace {
+
+// fp32 moments: torch.optim.AdamW's update, step for step.
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, AdamWOptions o) : Optimizer(std::move(params), o) {}
+
+  void step(double lr) override {
+    torch::NoGradGuard no_grad;
+    ++steps_;
+    const double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
+    const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
+    for (auto& [name, p] : params_) {
+      if (!p.grad().defined()) continue;
+      auto& [m, v] = moments_[name];
+      if (!m.defined()) m = torch::zeros_like(p), v = torch::zeros_like(p);
+      p.mul_(1 - lr * o_.weight_decay);
+      m.mul_(o_.beta1).add_(p.grad(), 1 - o_.beta1);
+      v.mul_(o_.beta2).addcmul_(p.grad(), p.grad(), 1 - o_.beta2);
+      const torch::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(o_.eps);
+      p.addcdiv_(m, denom, -lr / bc1);
+    }
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> state() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    out.emplace_back("optimizer.step", torch::tensor(steps_));
+    for (const auto& [name, mv] : moments_) {
+      out.emplace_back(name + ".exp_avg", mv.first);
+      out.emplace_back(name + ".exp_avg_sq", mv.second);
+    }
+    return out;
+  }
+  void load_state(const std::map<std::string, torch::Tensor>& s) override {
+    steps_ = s.at("optimizer.step").item<int64_t>();
+    for (auto& [name, p] : params_) {
+      const auto m = s.find(name + ".exp_avg"), v = s.find(name + ".exp_avg_sq");
+      if (m != s.end() && v != s.end()) moments_[name] = {m->second.to(p.device()).clone(), v->second.to(p.device()).clone()};
+    }
+  }
+  int64_t state_bytes() const override {
+    int64_t b = 0;
+    for (const auto& [name, mv] : moments_) b += mv.first.nbytes() + mv.second.nbytes();
+    return b;
+  }
+
+ private:
+  std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> moments_;
+};
+
+// 8-bit moments, block-wise (see optimizer.h).
+class AdamW8bit : public Optimizer {
+ public:
+  AdamW8bit(std::vector<std::pair<std::string, torch::Tensor>> params, AdamWOptions o)
+      : Optimizer(std::move(params), o) {}
+  static constexpr int64_t kBlock = 256;
+
+  struct Quantized {
+    torch::Tensor codes;  // int8 (m) or uint8 (sqrt v), padded to whole blocks
+    torch::Tensor scale;  // float32 per block
+  };
+
+  void step(double lr) override {
+    torch::NoGradGuard no_grad;
+    ++steps_;
+    const double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
+    const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
+    for (auto& [name, p] : params_) {
+      if (!p.grad().defined()) continue;
+      auto it = state_.find(name);
+      torch::Tensor m = it == state_.end() ? torch::zeros_like(p) : dequantize(it->second.first, p, true);
+      torch::Tensor v = it == state_.end() ? torch::zeros_like(p) : dequantize(it->second.second, p, false);
+      p.mul_(1 - lr * o_.weight_decay);
+      m.mul_(o_.beta1).add_(p.grad(), 1 - o_.beta1);
+      v.mul_(o_.beta2).addcmul_(p.grad(), p.grad(), 1 - o_.beta2);
+      p.addcdiv_(m, (v.sqrt() / std::sqrt(bc2)).add_(o_.eps), -lr / bc1);
+      state_[name] = {quantize(m, true), quantize(v, false)};
+    }
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> state() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    out.emplace_back("optimizer.step", torch::tensor(steps_));
+    for (const auto& [name, s] : state_) {
+      out.emplace_back(name + ".exp_avg.codes", s.first.codes);
+      out.emplace_back(name + ".exp_avg.scale", s.first.scale);
+      out.emplace_back(name + ".exp_avg_sq.codes", s.second.codes);
+      out.emplace_back(name + ".exp_avg_sq.scale", s.second.scale);
+    }
+    return out;
+  }
+  void load_state(const std::map<std::string, torch::Tensor>& s) override {
+    steps_ = s.at("optimizer.step").item<int64_t>();
+    for (auto& [name, p] : params_) {
+      auto get = [&](const std::string& k) { return s.at(name + k).to(p.device()).clone(); };
+      if (s.count(name + ".exp_avg.codes"))
+        state_[name] = {{get(".exp_avg.codes"), get(".exp_avg.scale")}, {get(".exp_avg_sq.codes"), get(".exp_avg_sq.scale")}};
+    }
+  }
+  int64_t state_bytes() const override {
+    int64_t b = 0;
+    for (const auto& [name, s] : state_)
+      b += s.first.codes.nbytes() + s.first.scale.nbytes() + s.second.codes.nbytes() + s.second.scale.nbytes();
+    return b;
+  }
+
+ private:
+  static torch::Tensor blocks(const torch::Tensor& x) {
+    const int64_t n = x.numel(), padded = (n + kBlock - 1) / kBlock * kBlock;
+    return torch::constant_pad_nd(x.reshape({-1}), {0, padded - n}).reshape({-1, kBlock});
+  }
+  static Quantized quantize(const torch::Tensor& x, bool is_signed) {
+    if (is_signed) {
+      const torch::Tensor b = blocks(x), scale = b.abs().amax(1).clamp_min(1e-30);
+      return {(b / scale.unsqueeze(1) * 127).round().to(torch::kChar), scale};
+    }
+    const torch::Tensor b = blocks(x).sqrt(), scale = b.amax(1).clamp_min(1e-30);
+    return {(b / scale.unsqueeze(1) * 255).round().to(torch::kByte), scale};
+  }
+  static torch::Tensor dequantize(const Quantized& q, const torch::Tensor& like, bool is_signed) {
+    torch::Tensor b = q.codes.to(torch::kFloat) * q.scale.unsqueeze(1) / (is_signed ? 127.0 : 255.0);
+    if (!is_signed) b = b.square();
+    return b.reshape({-1}).narrow(0, 0, like.numel()).reshape(like.sizes()).to(like.scalar_type());
+  }
+
+  std::map<std::string, std::pair<Quantized, Quantized>> state_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const std::string& name,
+                                          std::vector<std::pair<std::string, torch::Tensor>> params,
+                                          const AdamWOptions& options) {
+  std::string n = name;
+  for (auto& c : n) c = static_cast<char>(std::tolower(c));
+  if (n == "adamw") return std::unique_ptr<Optimizer>(new AdamW(std::move(params), options));
+  if (n == "adamw8bit" || n == "adamw_8bit") return std::unique_ptr<Optimizer>(new AdamW8bit(std::move(params), options));
+  throw std::invalid_argument("train.optimizer '" + name + "' is not supported (adamw, adamw8bit)");
+}
+
+double scheduled_lr(const std::string& scheduler, double base_lr, int64_t step, int64_t total_steps) {
+  const double progress = total_steps > 0 ? static_cast<double>(step) / static_cast<double>(total_steps) : 0.0;
+  if (scheduler == "constant") return base_lr;
+  if (scheduler == "constant_with_warmup") {
+    const double warmup = std::max(1.0, 0.05 * static_cast<double>(total_steps));
+    return base_lr * std::min(1.0, (static_cast<double>(step) + 1) / warmup);
+  }
+  if (scheduler == "linear") return base_lr * std::max(0.0, 1.0 - progress);
+  if (scheduler == "cosine") return base_lr * 0.5 * (1 + std::cos(std::acos(-1.0) * std::min(progress, 1.0)));
+  throw std::invalid_argument("train.lr_scheduler '" + scheduler +
+                              "' is not supported (constant, constant_with_warmup, linear, cosine)");
+}
+
+double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  double total = 0;
+  for (const auto& p : params)
+    if (p.grad().defined()) total += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  const double norm = std::sqrt(total);
+  if (max_norm > 0 && norm > max_norm) {
+    const double factor = max_norm / (norm + 1e-6);
+    for (const auto& p : params)
+      if (p.grad().defined()) p.grad().mul_(factor);
+  }
+  return norm;
+}
+
+}  // namespace gclab::train
