@@ -388,6 +388,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   if (sampling && start_step == 0 && !tc.skip_first_sample) run_samples(0);
   const int64_t report_every = options.progress_in_place ? 1 : std::max<int64_t>(1, tc.steps / 20);
   const auto loop_start = Clock::now();
+  std::map<std::string, int64_t> run_peaks;  // per phase, over the run
   int64_t step = start_step;
   for (; step < tc.steps; ++step) {
     if (options.stop_requested && options.stop_requested->load()) {
@@ -459,6 +460,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     line << "}}";
     metrics << line.str() << "\n";
     metrics.flush();
+    for (const auto& [name, bytes] : phases.peaks()) run_peaks[name] = std::max(run_peaks[name], bytes);
     phases.clear();
     meter.reset_peak();
 
@@ -491,7 +493,11 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   // memory.json: the run's peaks, for reports and other tools.
   std::ofstream mem(summary.output_dir / "memory.json");
   mem << "{\"device\": \"" << device.str() << "\", \"cap_bytes\": " << config.vram_cap.bytes
-      << ", \"peak_bytes\": " << summary.peak_bytes << ", \"checkpoint_policy\": \"" << policy.to_string() << "\"}\n";
+      << ", \"peak_bytes\": " << summary.peak_bytes << ", \"checkpoint_policy\": \"" << policy.to_string()
+      << "\", \"phase_peak_bytes\": {";
+  bool first_phase = true;
+  for (const auto& [name, bytes] : run_peaks) mem << (first_phase ? "" : ", ") << "\"" << name << "\": " << bytes, first_phase = false;
+  mem << "}}\n";
   return summary;
 }
 
