@@ -271,6 +271,9 @@ int run_train(const ConfigArgs& args, bool resume) {
     gclab::log::info(line);
     gclab::log::info("outputs in " + s.output_dir.string());
     return kExitOk;
+  } catch (const gclab::train::OutOfMemoryStop& e) {
+    gclab::log::error(e.what());
+    return kExitOom;
   } catch (const c10::OutOfMemoryError& e) {
     gclab::log::error(std::string("out of memory: ") + e.what_without_backtrace());
     return kExitOom;

@@ -684,6 +684,7 @@ class Validator {
     else
       error("train.dtype", "'" + t.dtype + "' is not a dtype; use bf16, fp16 or fp32");
     choice("train.optimizer", t.optimizer, {"adamw", "adamw8bit"});
+    choice("train.oom_policy", t.oom_policy, {"abort", "skip"});
     if (t.optimizer_params.weight_decay < 0) error("train.optimizer_params.weight_decay", "must not be negative");
     if (t.optimizer_params.betas.size() != 2 || t.optimizer_params.betas[0] < 0 || t.optimizer_params.betas[0] >= 1 ||
         t.optimizer_params.betas[1] < 0 || t.optimizer_params.betas[1] >= 1)

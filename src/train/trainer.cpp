@@ -24,6 +24,7 @@
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
 #include "gclab/train/loader.h"
+#include "gclab/train/oom_report.h"
 #include "gclab/train/optimizer.h"
 
 namespace gclab::train {
@@ -96,6 +97,7 @@ class Conditioner {
   }
   // With unload_text_encoder: everything needed was precomputed; the encoder's memory is returned.
   void unload() { encoder_.reset(); }
+  int64_t encoder_bytes() const { return encoder_ ? encoder_->parameter_bytes() : 0; }
   bool loaded() const { return encoder_ != nullptr; }
 
  private:
@@ -187,6 +189,11 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   memory::MemoryMeter meter(device);
   if (!device.is_cpu() && config.vram_cap.bytes > 0) meter.set_cap(config.vram_cap.bytes);
   memory::PhaseMeter phases(meter);
+  std::string current_phase = "setup";
+  auto phase = [&](const char* name) {
+    current_phase = name;
+    return phases.phase(name);
+  };
 
   // ---- data ---------------------------------------------------------------------------------------
   std::vector<data::ImageItem> items;
@@ -283,7 +290,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   if (config.sample && !tc.disable_sampling) prompts = config.sample->samples;
   auto run_samples = [&](int64_t step) {
     if (prompts.empty()) return;
-    auto scope = phases.phase("sample");
+    auto scope = phase("sample");
     const auto& sc = *config.sample;
     for (size_t i = 0; i < prompts.size(); ++i) {
       const auto& item = prompts[i];
@@ -340,7 +347,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     for (auto& [n, p] : state.trainable) p.copy_(live.at(n));
   };
   auto save = [&](int64_t step, bool final) {
-    auto scope = phases.phase("save");
+    auto scope = phase("save");
     const std::string stem = final ? config.name : config.name + "_" + step_tag(step);
     const fs::path weights = summary.output_dir / (stem + ".safetensors");
     // The state: trained tensors in fp32, optimizer, EMA, step and RNG — what a bitwise resume needs.
@@ -390,21 +397,36 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   const auto loop_start = Clock::now();
   std::map<std::string, int64_t> run_peaks;  // per phase, over the run
   int64_t step = start_step;
+  // What is live, by category, for reports and metrics.
+  auto weight_bytes = [&] {
+    int64_t b = 0;
+    for (const auto& p : model->parameters()) b += static_cast<int64_t>(p.nbytes());
+    for (const auto& t : model->buffers()) b += static_cast<int64_t>(t.nbytes());
+    return b;
+  };
+  auto gradient_bytes = [&] {
+    int64_t b = 0;
+    for (const auto& [n, p] : state.trainable)
+      if (p.grad().defined()) b += static_cast<int64_t>(p.grad().nbytes());
+    return b;
+  };
+  std::map<std::string, int64_t> last_step_peaks;
+  std::string bucket;
+  int batch = 0, consecutive_ooms = 0;
   for (; step < tc.steps; ++step) {
     if (options.stop_requested && options.stop_requested->load()) {
       summary.interrupted = true;
       break;
     }
+    try {
     const auto t_step = Clock::now();
     const double lr = scheduled_lr(tc.lr_scheduler, tc.lr, step, tc.steps);
     double loss_sum = 0, wait_s = 0;
-    std::string bucket;
-    int batch = 0;
     for (int micro = 0; micro < accumulation; ++micro) {
       const auto t_wait = Clock::now();
       LoadedBatch lb;
       {
-        auto scope = phases.phase("data");
+        auto scope = phase("data");
         lb = loader.next();
       }
       wait_s += seconds_since(t_wait);
@@ -413,7 +435,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       batch = static_cast<int>(lb.latents.size(0));
       MicroBatch mb;
       {
-        auto scope = phases.phase("text");
+        auto scope = phase("text");
         mb.conditioning = conditioner.inputs_for(lb.captions);
       }
       mb.x0 = lb.latents.to(device);
@@ -421,21 +443,23 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       mb.t = sample_timesteps(tc.timestep_type, mb.x0.size(0), device);
       torch::Tensor loss;
       {
-        auto scope = phases.phase("forward");
+        auto scope = phase("forward");
         loss = flow_matching_loss(*model, mb, so);
       }
       {
-        auto scope = phases.phase("backward");
+        auto scope = phase("backward");
         (loss * so.loss_scale).backward();
       }
       loss_sum += loss.item<double>();
     }
     double grad_norm = 0;
+    int64_t step_gradient_bytes = 0;
     {
-      auto scope = phases.phase("optimizer");
+      auto scope = phase("optimizer");
       std::vector<torch::Tensor> params;
       for (const auto& [n, p] : state.trainable) params.push_back(p);
       grad_norm = clip_grad_norm(params, tc.max_grad_norm);
+      step_gradient_bytes = gradient_bytes();
       optimizer->step(lr);
       optimizer->zero_grad();
       if (!state.ema.empty()) {
@@ -448,7 +472,8 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     summary.data_wait_s += wait_s;
     summary.step_s += step_s;
     summary.end_step = step + 1;
-    const auto stats = meter.stats();
+    auto stats = meter.stats();
+    for (const auto& [name, bytes] : phases.peaks()) stats.peak_bytes = std::max(stats.peak_bytes, bytes);  // phases reset the meter
     summary.peak_bytes = std::max(summary.peak_bytes, stats.peak_bytes);
     std::ostringstream line;
     line.precision(6);
@@ -457,10 +482,13 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
          << "\", \"batch\": " << batch << ", \"peak_bytes\": " << stats.peak_bytes << ", \"phases\": {";
     bool first = true;
     for (const auto& [name, bytes] : phases.peaks()) line << (first ? "" : ", ") << "\"" << name << "\": " << bytes, first = false;
-    line << "}}";
+    line << "}, \"weights_bytes\": " << weight_bytes() << ", \"gradient_bytes\": " << step_gradient_bytes << ", \"optimizer_bytes\": " << optimizer->state_bytes()
+         << ", \"live_bytes\": " << stats.live_bytes << ", \"cap_bytes\": " << config.vram_cap.bytes
+         << ", \"oom_skips\": " << summary.oom_skips << "}";
     metrics << line.str() << "\n";
     metrics.flush();
     for (const auto& [name, bytes] : phases.peaks()) run_peaks[name] = std::max(run_peaks[name], bytes);
+    last_step_peaks = phases.peaks();
     phases.clear();
     meter.reset_peak();
 
@@ -468,16 +496,70 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     if (options.progress && (done % report_every == 0 || step + 1 == tc.steps)) {
       const double per_s = static_cast<double>(done) / std::max(seconds_since(loop_start), 1e-9);
       char text[256];
-      std::snprintf(text, sizeof text, "step %lld/%d  loss %.4f  %.2f it/s  ETA %s  peak %s",
+      const std::string cap = config.vram_cap.bytes > 0 ? " / cap " + config::format_bytes(config.vram_cap.bytes) : "";
+      std::snprintf(text, sizeof text, "step %lld/%d  loss %.4f  %.2f it/s  ETA %s  mem %s  peak %s%s",
                     static_cast<long long>(step + 1), tc.steps, loss, per_s,
                     duration_text(static_cast<double>(tc.steps - step - 1) / std::max(per_s, 1e-9)).c_str(),
-                    config::format_bytes(summary.peak_bytes).c_str());
+                    config::format_bytes(stats.live_bytes).c_str(), config::format_bytes(summary.peak_bytes).c_str(),
+                    cap.c_str());
       if (options.progress_in_place) *options.progress << "\r" << text << "\033[K" << std::flush;
       else *options.progress << text << "\n" << std::flush;
     }
     const bool last = step + 1 == tc.steps;
-    if (sampling && (step + 1) % sample_every == 0 && step + 1 >= config.sample->sample_start_step) run_samples(step + 1);
+    if (sampling && (step + 1) % sample_every == 0 && step + 1 >= config.sample->sample_start_step) {
+      bucket = std::to_string(config.sample->width) + "x" + std::to_string(config.sample->height), batch = 1;
+      run_samples(step + 1);
+    }
     if (!last && config.save.save_every > 0 && (step + 1) % config.save.save_every == 0) save(step + 1, false);
+    consecutive_ooms = 0;
+    } catch (const c10::OutOfMemoryError& e) {
+      // Free what the failed step held, then skip the batch or stop with nothing lost.
+      const auto live = meter.stats();
+      const int64_t failed_gradient_bytes = gradient_bytes();
+      optimizer->zero_grad();
+      const bool in_step = current_phase != "sample" && current_phase != "save";
+      if (tc.oom_policy == "skip" && in_step && ++consecutive_ooms < 3) {
+        ++summary.oom_skips;
+        log::warn("out of memory at step " + std::to_string(step + 1) + " in " + current_phase + " (bucket " + bucket +
+                  "); batch skipped (train.oom_policy: skip, " + std::to_string(consecutive_ooms) + " in a row)");
+        metrics << "{\"step\": " << step + 1 << ", \"oom_skip\": true, \"phase\": \"" << current_phase
+                << "\", \"bucket\": \"" << bucket << "\", \"oom_skips\": " << summary.oom_skips << "}\n";
+        phases.clear();
+        meter.reset_peak();
+        --step;  // the step is taken again with the next batch
+        continue;
+      }
+      OomContext ctx;
+      ctx.step = step + 1;
+      ctx.phase = current_phase;
+      ctx.bucket = bucket;
+      ctx.batch = batch;
+      ctx.checkpoint_policy = policy.to_string();
+      ctx.message = e.what_without_backtrace();
+      ctx.device = device.str();
+      ctx.cap_bytes = config.vram_cap.bytes;
+      ctx.live_bytes = live.live_bytes;
+      ctx.peak_bytes = live.peak_bytes;
+      ctx.weight_bytes = weight_bytes();
+      ctx.gradient_bytes = failed_gradient_bytes;
+      ctx.optimizer_bytes = optimizer->state_bytes();
+      ctx.text_encoder_bytes = conditioner.encoder_bytes();
+      ctx.last_step_phase_peaks = last_step_peaks;
+      // The parameters are those of the last completed step unless the optimizer itself failed.
+      ctx.last_good_step = in_step && current_phase != "optimizer" ? step : step + 1;
+      // Nothing lost: save under no cap (the cap is the experiment, not the disk write).
+      if (cpu_tracker) cpu_tracker->set_cap(0);
+      try {
+        save(ctx.last_good_step, false);
+        ctx.saved_weights = summary.saves.back().string();
+      } catch (const std::exception& save_error) {
+        log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
+      }
+      const auto fixes = recommend_fixes(ctx, config, spec);
+      const std::string brief = write_oom_report(summary.output_dir, ctx, fixes);
+      if (options.progress && options.progress_in_place) *options.progress << "\n";
+      throw OutOfMemoryStop(brief);
+    }
   }
   if (options.progress && options.progress_in_place) *options.progress << "\n";
   // The last step's preview, as AI Toolkit ends a run, unless it was just taken.

@@ -43,3 +43,16 @@ file(MAKE_DIRECTORY "${dir}/empty")
 run_expect(2 "${GCLAB}" train "${dir}/cfg.yaml" --set "datasets.0.folder_path=${dir}/empty")
 must_contain("${last_err}" "no usable images")
 file(REMOVE_RECURSE "${dir}")
+
+# The OOM lab as a user meets it: exit code 3, the phase and the first fix in the log, the report written.
+set(oom "${WORK}/oom_cli")
+file(REMOVE_RECURSE "${oom}")
+run_expect(0 "${GCLAB}" synth --out "${oom}/data" --count 4 --sizes 512x512)
+run_expect(3 "${GCLAB}" train "${SOURCE}/configs/oom/cpu_gc_off.yaml" --set "datasets.0.folder_path=${oom}/data"
+           --set "training_folder=${oom}/out")
+must_contain("${last_err}" "out of memory at step 1 in `forward`")
+must_contain("${last_err}" "first fix: train.gradient_checkpointing: true")
+if(NOT EXISTS "${oom}/out/gc_off/oom_report.md")
+  message(FATAL_ERROR "no oom_report.md")
+endif()
+file(REMOVE_RECURSE "${oom}")

@@ -180,6 +180,9 @@ struct TrainConfig {
   // gclab: off | full | every:N | first:K | blocks:[i,j] | selective:attn|mlp | offload | budget:BYTES.
   // Empty in the file means "follow gradient_checkpointing" (true -> full, false -> off).
   std::string checkpoint_policy;
+  // gclab: on out of memory, `abort` (save the last good state, write the report, exit 3) or `skip` the
+  // batch and go on, aborting after 3 OOMs in a row (AI Toolkit's behaviour).
+  std::string oom_policy = "abort";
 
   template <class V>
   void fields(V& v) {
@@ -203,6 +206,7 @@ struct TrainConfig {
     v("unload_text_encoder", unload_text_encoder);
     v("ema_config", ema_config);
     v("checkpoint_policy", checkpoint_policy);
+    v("oom_policy", oom_policy);
     v.ignore({"train_unet",
               "train_text_encoder",
               "content_or_style",

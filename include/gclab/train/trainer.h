@@ -5,12 +5,21 @@
 #include <atomic>
 #include <filesystem>
 #include <iosfwd>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "gclab/config/config.h"
 
 namespace gclab::train {
+
+// The run stopped on an out-of-memory error after saving the last good state and writing the report;
+// what() is the report's short version.
+class OutOfMemoryStop : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct TrainOptions {
   bool resume = false;                           // continue from the newest checkpoint in the output folder
@@ -27,10 +36,11 @@ struct TrainSummary {
   std::vector<std::filesystem::path> samples, saves;
   double total_s = 0, data_wait_s = 0, step_s = 0;
   int64_t peak_bytes = 0;
+  int oom_skips = 0;  // batches dropped under train.oom_policy: skip
 };
 
 // Runs the config's training. Throws std::invalid_argument for an unusable setting, data::DataError for
-// unusable data, c10::OutOfMemoryError when memory (or the emulated cap) runs out.
+// unusable data, OutOfMemoryStop when memory (or the emulated cap) ran out (after saving and reporting).
 TrainSummary train(const config::ProcessConfig& config, const TrainOptions& options);
 
 // The newest "<name>_<step>.state.safetensors" in dir, if any.

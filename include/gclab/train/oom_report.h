@@ -1,0 +1,46 @@
+// What happened when memory ran out, and what to change: the report gclab writes on an out-of-memory
+// error (oom_report.md for people, oom_report.json for tools, a short version in the log). The fixes
+// come in the order practice recommends — checkpointing, batch size, the largest bucket, previews,
+// quantization, text-embedding caching — with the failing phase's own fix first, each with the saving
+// gclab predicts for it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gclab/config/config.h"
+#include "gclab/model/spec.h"
+
+namespace gclab::train {
+
+struct OomContext {
+  int64_t step = 0;        // the step that failed (1-based: the first step is 1)
+  std::string phase;       // data, text, forward, backward, optimizer, sample, save
+  std::string bucket;      // WxH of the batch (or of the preview)
+  int batch = 0;
+  std::string checkpoint_policy;
+  std::string message;     // the allocator's words: the allocation that failed
+  std::string device;
+  int64_t cap_bytes = 0, live_bytes = 0, peak_bytes = 0;
+  int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, text_encoder_bytes = 0;
+  std::map<std::string, int64_t> last_step_phase_peaks;  // of the last step that completed
+  int64_t last_good_step = 0;
+  std::string saved_weights;  // what was saved before exiting
+};
+
+struct OomFix {
+  std::string title;   // "Turn gradient checkpointing on"
+  std::string change;  // "train.gradient_checkpointing: true"
+  int64_t predicted_saving_bytes = 0;
+  std::string basis;   // how the saving was predicted
+};
+
+std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
+                                    const model::ModelSpec& spec);
+// Writes oom_report.md and oom_report.json into dir; returns the short version for the log.
+std::string write_oom_report(const std::filesystem::path& dir, const OomContext& ctx, const std::vector<OomFix>& fixes);
+
+}  // namespace gclab::train

@@ -1,0 +1,181 @@
+#include "gclab/train/oom_report.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "gclab/ckpt/policy.h"
+#include "gclab/config/byte_size.h"
+#include "gclab/model/activations.h"
+
+namespace gclab::train {
+
+namespace {
+
+int64_t activation_bytes(const model::ModelSpec& spec, const config::ProcessConfig& config, int64_t batch, int side_w,
+                         int side_h, bool checkpointed) {
+  model::ActivationOptions o;
+  o.element_bytes = config.train.dtype == "bf16" ? 2 : 4;
+  o.lora_rank = config.network ? config.network->linear.value_or(16) : 0;
+  o.conditioning_grad = !config.network;
+  o.layer_norm_stats_bytes = o.element_bytes;
+  const auto est = model::estimate_activations(spec, batch, side_h, side_w, 0, o);
+  if (!checkpointed) return est.total_off_bytes;
+  // Checkpointed: every block's input, plus one block's activations while it is recomputed.
+  int64_t largest_block = 0;
+  for (const auto& b : est.blocks) largest_block = std::max(largest_block, b.saved_bytes);
+  return est.total_full_bytes + largest_block;
+}
+
+std::pair<int, int> parse_bucket(const std::string& key) {
+  int w = 0, h = 0;
+  char x = 0;
+  std::stringstream s(key);
+  s >> w >> x >> h;
+  return {w, h};
+}
+
+}  // namespace
+
+std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
+                                    const model::ModelSpec& spec) {
+  std::vector<OomFix> fixes;
+  const auto [bw, bh] = parse_bucket(ctx.bucket);
+  const bool training_phase = ctx.phase != "sample" && ctx.phase != "save";
+  const ckpt::CheckpointPolicy policy = ckpt::CheckpointPolicy::parse(ctx.checkpoint_policy);
+  const bool fully_checkpointed = policy.kind == ckpt::CheckpointPolicy::Kind::Full ||
+                                  policy.kind == ckpt::CheckpointPolicy::Kind::Offload;
+  const int batch = std::max(ctx.batch, 1);
+  const std::string basis = "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " +
+                            std::to_string(batch);
+  // 1. Checkpointing off (or partial): the activations of every block, kept for backward.
+  if (!fully_checkpointed && bw > 0) {
+    const int64_t off = activation_bytes(spec, config, batch, bw, bh, false);
+    const int64_t full = activation_bytes(spec, config, batch, bw, bh, true);
+    fixes.push_back({"Turn gradient checkpointing on",
+                     "train.gradient_checkpointing: true (train.checkpoint_policy: full)", off - full,
+                     basis + ", GC off vs full" +
+                         (policy.kind == ckpt::CheckpointPolicy::Kind::Off ? "" : " (an upper bound: some blocks are already checkpointed)")});
+  }
+  // 2. Batch size: half the batch, twice the accumulation, the same effective batch.
+  if (batch > 1 && bw > 0) {
+    const int64_t now = activation_bytes(spec, config, batch, bw, bh, fully_checkpointed);
+    const int64_t half = activation_bytes(spec, config, batch / 2, bw, bh, fully_checkpointed);
+    const int accumulation = std::max({1, config.train.gradient_accumulation, config.train.gradient_accumulation_steps});
+    fixes.push_back({"Lower the batch size and accumulate",
+                     "train.batch_size: " + std::to_string(batch / 2) + " with train.gradient_accumulation: " +
+                         std::to_string(accumulation * 2) + " (same effective batch)",
+                     now - half, basis + " vs batch " + std::to_string(batch / 2)});
+  }
+  // 3. The largest bucket: drop the dataset's largest resolution.
+  for (size_t d = 0; d < config.datasets.size(); ++d) {
+    auto res = config.datasets[d].resolution;
+    std::sort(res.begin(), res.end());
+    if (res.size() < 2 || bw <= 0) continue;
+    const int largest = res.back(), next = res[res.size() - 2];
+    const int64_t big = activation_bytes(spec, config, batch, largest, largest, fully_checkpointed);
+    const int64_t small = activation_bytes(spec, config, batch, next, next, fully_checkpointed);
+    fixes.push_back({"Drop the largest bucket", "datasets[" + std::to_string(d) + "].resolution without " +
+                                                    std::to_string(largest) + " (largest left: " + std::to_string(next) + ")",
+                     big - small, "activation ledger at " + std::to_string(largest) + "² vs " + std::to_string(next) + "²"});
+    break;
+  }
+  // 4. Previews: half the side is a quarter of the tokens.
+  if (config.sample && !config.train.disable_sampling) {
+    const auto& s = *config.sample;
+    const int64_t train_peak = std::max({ctx.last_step_phase_peaks.count("backward") ? ctx.last_step_phase_peaks.at("backward") : 0,
+                                         ctx.last_step_phase_peaks.count("forward") ? ctx.last_step_phase_peaks.at("forward") : 0});
+    const int64_t saving = ctx.phase == "sample" ? std::max<int64_t>(0, ctx.peak_bytes - train_peak) : 0;
+    fixes.push_back({"Make previews cheaper",
+                     "sample.width/height " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) +
+                         " (from " + std::to_string(s.width) + "x" + std::to_string(s.height) +
+                         "), fewer sample_steps, or train.disable_sampling: true",
+                     saving, ctx.phase == "sample" ? "the preview's peak above the training step's, measured"
+                                                   : "previews did not fail here"});
+  }
+  // 5. Quantized base weights.
+  if (!config.model.quantize)
+    fixes.push_back({"Quantize the base weights", "model.quantize: true (float8 block weights)", ctx.weight_bytes * 3 / 4,
+                     "3/4 of the weight bytes (fp32 -> float8; half of that from bf16)"});
+  // 6. Text embeddings cached, the encoder unloaded.
+  if (!config.train.cache_text_embeddings && ctx.text_encoder_bytes > 0)
+    fixes.push_back({"Cache text embeddings and unload the encoder",
+                     "train.cache_text_embeddings: true, train.unload_text_encoder: true", ctx.text_encoder_bytes,
+                     "the text encoder's weights"});
+  // The failing phase's own fix first.
+  if (ctx.phase == "sample") {
+    auto it = std::find_if(fixes.begin(), fixes.end(), [](const OomFix& f) { return f.title == "Make previews cheaper"; });
+    if (it != fixes.end()) std::rotate(fixes.begin(), it, it + 1);
+  } else if (!training_phase && !fixes.empty()) {
+    // save: nothing specific; keep the order
+  }
+  return fixes;
+}
+
+std::string write_oom_report(const std::filesystem::path& dir, const OomContext& c, const std::vector<OomFix>& fixes) {
+  using config::format_bytes;
+  const int64_t categorized = c.weight_bytes + c.gradient_bytes + c.optimizer_bytes + c.text_encoder_bytes;
+  const int64_t other = std::max<int64_t>(0, c.live_bytes - categorized);
+  std::ostringstream md;
+  md << "# Out of memory at step " << c.step << ", phase `" << c.phase << "`\n\n";
+  md << "| | |\n|---|---|\n";
+  md << "| phase | " << c.phase << " |\n| step | " << c.step << " (last good: " << c.last_good_step << ") |\n";
+  md << "| bucket | " << c.bucket << " |\n| batch | " << c.batch << " |\n";
+  md << "| checkpoint policy | " << c.checkpoint_policy << " |\n| device | " << c.device << " |\n";
+  md << "| cap | " << (c.cap_bytes > 0 ? format_bytes(c.cap_bytes) : "none (the device's own memory)") << " |\n";
+  md << "| failed allocation | " << c.message << " |\n\n";
+  md << "## What was live\n\n| category | bytes |\n|---|---|\n";
+  md << "| weights | " << format_bytes(c.weight_bytes) << " |\n| gradients | " << format_bytes(c.gradient_bytes) << " |\n";
+  md << "| optimizer state | " << format_bytes(c.optimizer_bytes) << " |\n";
+  md << "| text encoder | " << format_bytes(c.text_encoder_bytes) << " |\n";
+  md << "| activations and the rest | " << format_bytes(other) << " |\n";
+  md << "| live once the failed step was unwound | " << format_bytes(c.live_bytes) << " |\n| peak this step | " << format_bytes(c.peak_bytes) << " |\n\n";
+  if (!c.last_step_phase_peaks.empty()) {
+    md << "Peaks of the last step that completed: ";
+    bool first = true;
+    for (const auto& [p, b] : c.last_step_phase_peaks) md << (first ? "" : ", ") << p << " " << format_bytes(b), first = false;
+    md << ".\n\n";
+  }
+  md << "On CUDA the cap is the caching allocator's memory fraction; the CUDA context itself (a few hundred MiB) "
+        "is outside it.\n\n";
+  md << "## What to change, first things first\n\n";
+  for (size_t i = 0; i < fixes.size(); ++i)
+    md << i + 1 << ". **" << fixes[i].title << "**: `" << fixes[i].change << "` — predicted saving "
+       << format_bytes(fixes[i].predicted_saving_bytes) << " (" << fixes[i].basis << ")\n";
+  md << "\nNothing was lost: " << (c.saved_weights.empty() ? "nothing to save yet" : "saved " + c.saved_weights)
+     << " (state for `gclab train --resume`).\n";
+  std::ofstream(dir / "oom_report.md") << md.str();
+
+  nlohmann::ordered_json j;
+  j["step"] = c.step;
+  j["phase"] = c.phase;
+  j["bucket"] = c.bucket;
+  j["batch"] = c.batch;
+  j["checkpoint_policy"] = c.checkpoint_policy;
+  j["device"] = c.device;
+  j["cap_bytes"] = c.cap_bytes;
+  j["message"] = c.message;
+  j["live_bytes"] = {{"weights", c.weight_bytes},   {"gradients", c.gradient_bytes},
+                     {"optimizer", c.optimizer_bytes}, {"text_encoder", c.text_encoder_bytes},
+                     {"activations_and_other", other}, {"total", c.live_bytes}};
+  j["peak_bytes"] = c.peak_bytes;
+  j["last_step_phase_peaks"] = c.last_step_phase_peaks;
+  j["last_good_step"] = c.last_good_step;
+  j["saved"] = c.saved_weights;
+  j["fixes"] = nlohmann::ordered_json::array();
+  for (const auto& f : fixes)
+    j["fixes"].push_back({{"title", f.title}, {"change", f.change}, {"predicted_saving_bytes", f.predicted_saving_bytes},
+                          {"basis", f.basis}});
+  std::ofstream(dir / "oom_report.json") << j.dump(2) << "\n";
+
+  std::ostringstream brief;
+  brief << "out of memory at step " << c.step << " in `" << c.phase << "` (bucket " << c.bucket << ", batch " << c.batch
+        << ", policy " << c.checkpoint_policy << (c.cap_bytes ? ", cap " + format_bytes(c.cap_bytes) : "") << ")";
+  if (!fixes.empty())
+    brief << "; first fix: " << fixes.front().change << " (saves ~" << format_bytes(fixes.front().predicted_saving_bytes) << ")";
+  brief << "; report: " << (dir / "oom_report.md").string();
+  return brief.str();
+}
+
+}  // namespace gclab::train

@@ -1,0 +1,114 @@
+// The OOM lab's CPU-scale scenarios (configs/oom/): each runs out in its phase under its emulated cap,
+// exits through OutOfMemoryStop (exit code 3 in the CLI) with a report naming the phase and the right
+// first fix; each fixed twin finishes under the same cap; what is saved on OOM is the last good step.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gclab/config/loader.h"
+#include "gclab/data/synth.h"
+#include "gclab/io/safetensors.h"
+#include "gclab/train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace gclab::train {
+namespace {
+
+class OomScenario : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("gclab_oom_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    data::SynthOptions o;
+    o.count = 8;
+    o.sizes = {{512, 512}, {640, 512}, {512, 640}};
+    data::write_synthetic_dataset(dir_ / "data", o);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static config::ProcessConfig load(const std::string& scenario, std::vector<std::string> extra = {}) {
+    config::LoadOptions o;
+    o.overrides = {"datasets.0.folder_path=" + (dir_ / "data").string(), "training_folder=" + (dir_ / "out").string()};
+    o.overrides.insert(o.overrides.end(), extra.begin(), extra.end());
+    auto r = config::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/oom/cpu_" + scenario + ".yaml", o);
+    if (!r.ok()) throw std::runtime_error("config refused: " + r.diagnostics.all().front().format());
+    return *r.config;
+  }
+
+  // Runs a scenario that must run out; returns its report.
+  static nlohmann::json expect_oom(const std::string& scenario, std::vector<std::string> extra = {}) {
+    const auto config = load(scenario, std::move(extra));
+    EXPECT_THROW(train(config, {}), OutOfMemoryStop) << scenario;
+    std::ifstream in(dir_ / "out" / config.name / "oom_report.json");
+    EXPECT_TRUE(in) << "no oom_report.json for " << scenario;
+    return nlohmann::json::parse(in, nullptr, false);
+  }
+
+  static fs::path dir_;
+};
+fs::path OomScenario::dir_;
+
+TEST_F(OomScenario, CheckpointingOffRunsOutInTheFirstForwardAndTheFixIsCheckpointing) {
+  const auto report = expect_oom("gc_off");
+  EXPECT_EQ(report["step"], 1);
+  EXPECT_EQ(report["phase"], "forward");
+  EXPECT_EQ(report["checkpoint_policy"], "off");
+  EXPECT_EQ(report["fixes"][0]["title"], "Turn gradient checkpointing on");
+  EXPECT_GT(report["fixes"][0]["predicted_saving_bytes"].get<int64_t>(), int64_t{32} << 20);
+  EXPECT_NO_THROW(train(load("gc_off_fixed"), {}));
+}
+
+TEST_F(OomScenario, TheFirstPreviewRunsOutInTheSamplePhaseAndTheFixIsCheaperPreviews) {
+  const auto report = expect_oom("preview");
+  EXPECT_EQ(report["phase"], "sample");
+  EXPECT_EQ(report["fixes"][0]["title"], "Make previews cheaper");
+  EXPECT_NO_THROW(train(load("preview_fixed"), {}));
+}
+
+TEST_F(OomScenario, TheLargestBucketRunsOutAndTheFixIsDroppingItAndTheSavedStateIsTheLastGoodStep) {
+  const auto report = expect_oom("bucket");
+  EXPECT_EQ(report["bucket"], "512x512");
+  EXPECT_TRUE(report["phase"] == "forward" || report["phase"] == "backward") << report["phase"];
+  EXPECT_EQ(report["fixes"][0]["title"], "Drop the largest bucket");
+  const int64_t good = report["last_good_step"].get<int64_t>();
+  ASSERT_GT(good, 0);
+  // The same run stopped at the last good step without a cap: the state saved on OOM equals it.
+  auto straight = load("bucket", {"vram_cap=0", "train.steps=" + std::to_string(good), "name=bucket_straight"});
+  train(straight, {});
+  char tag[16];
+  std::snprintf(tag, sizeof tag, "%09lld", static_cast<long long>(good));
+  const auto saved = io::SafetensorsFile::open(dir_ / "out" / "bucket" / ("bucket_" + std::string(tag) + ".state.safetensors"));
+  const auto reference =
+      io::SafetensorsFile::open(dir_ / "out" / "bucket_straight" / ("bucket_straight_" + std::string(tag) + ".state.safetensors"));
+  int compared = 0;
+  for (const auto& e : reference.entries())
+    if (e.name.rfind("param.", 0) == 0) {
+      EXPECT_TRUE(torch::equal(saved.tensor(e.name), reference.tensor(e.name))) << e.name;
+      ++compared;
+    }
+  EXPECT_GT(compared, 10);
+  EXPECT_NO_THROW(train(load("bucket_fixed"), {}));
+}
+
+TEST_F(OomScenario, ABatchTooBigForTheResolutionRunsOutAndTheFixIsSmallerBatchesWithAccumulation) {
+  const auto report = expect_oom("batch");
+  EXPECT_EQ(report["batch"], 4);
+  EXPECT_EQ(report["fixes"][0]["title"], "Lower the batch size and accumulate");
+  EXPECT_NO_THROW(train(load("batch_fixed"), {}));
+}
+
+// oom_policy: skip drops the batch and goes on, and gives up after 3 in a row, as AI Toolkit does.
+TEST_F(OomScenario, SkipPolicyDropsBatchesAndAbortsAfterThreeInARow) {
+  const auto config = load("gc_off", {"train.oom_policy=skip", "name=gc_off_skip"});
+  EXPECT_THROW(train(config, {}), OutOfMemoryStop);
+  std::ifstream metrics(dir_ / "out" / "gc_off_skip" / "metrics.jsonl");
+  int skips = 0;
+  for (std::string line; std::getline(metrics, line);) skips += line.find("\"oom_skip\": true") != std::string::npos;
+  EXPECT_EQ(skips, 2);  // the third in a row stops the run
+}
+
+}  // namespace
+}  // namespace gclab::train
