@@ -472,6 +472,16 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     summary.data_wait_s += wait_s;
     summary.step_s += step_s;
     summary.end_step = step + 1;
+    // Previews and saves belong to this step (their phase peaks go in its metrics line).
+    const bool last = step + 1 == tc.steps;
+    const std::string step_bucket = bucket;
+    const int step_batch = batch;
+    if (sampling && (step + 1) % sample_every == 0 && step + 1 >= config.sample->sample_start_step) {
+      bucket = std::to_string(config.sample->width) + "x" + std::to_string(config.sample->height), batch = 1;
+      run_samples(step + 1);
+    }
+    if (!last && config.save.save_every > 0 && (step + 1) % config.save.save_every == 0) save(step + 1, false);
+    bucket = step_bucket, batch = step_batch;
     auto stats = meter.stats();
     for (const auto& [name, bytes] : phases.peaks()) stats.peak_bytes = std::max(stats.peak_bytes, bytes);  // phases reset the meter
     summary.peak_bytes = std::max(summary.peak_bytes, stats.peak_bytes);
@@ -505,12 +515,6 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       if (options.progress_in_place) *options.progress << "\r" << text << "\033[K" << std::flush;
       else *options.progress << text << "\n" << std::flush;
     }
-    const bool last = step + 1 == tc.steps;
-    if (sampling && (step + 1) % sample_every == 0 && step + 1 >= config.sample->sample_start_step) {
-      bucket = std::to_string(config.sample->width) + "x" + std::to_string(config.sample->height), batch = 1;
-      run_samples(step + 1);
-    }
-    if (!last && config.save.save_every > 0 && (step + 1) % config.save.save_every == 0) save(step + 1, false);
     consecutive_ooms = 0;
     } catch (const c10::OutOfMemoryError& e) {
       // Free what the failed step held, then skip the batch or stop with nothing lost.
@@ -576,7 +580,8 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   std::ofstream mem(summary.output_dir / "memory.json");
   mem << "{\"device\": \"" << device.str() << "\", \"cap_bytes\": " << config.vram_cap.bytes
       << ", \"peak_bytes\": " << summary.peak_bytes << ", \"checkpoint_policy\": \"" << policy.to_string()
-      << "\", \"phase_peak_bytes\": {";
+      << "\", \"weights_bytes\": " << weight_bytes() << ", \"optimizer_bytes\": " << optimizer->state_bytes()
+      << ", \"text_encoder_bytes\": " << conditioner.encoder_bytes() << ", \"phase_peak_bytes\": {";
   bool first_phase = true;
   for (const auto& [name, bytes] : run_peaks) mem << (first_phase ? "" : ", ") << "\"" << name << "\": " << bytes, first_phase = false;
   mem << "}}\n";
