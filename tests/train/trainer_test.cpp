@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <map>
 
 #include "gclab/config/loader.h"
 #include "gclab/data/dataset.h"
@@ -139,6 +140,23 @@ TEST(Trainer, EndToEndWritesMetricsASamplePngAndALoraThatLoadsBack) {
   EXPECT_TRUE(fs::exists(dir / "e2e" / "config.resolved.yaml"));
   EXPECT_TRUE(fs::exists(dir / "e2e" / "memory.json"));
   EXPECT_TRUE(fs::exists(dir / "e2e" / "log.txt"));
+  fs::remove_all(dir);
+}
+
+// cache_latents_to_disk: latents are written beside the images once and reused by the next run (the
+// files are not rewritten and the run's losses are the same).
+TEST(Trainer, LatentDiskCacheIsWrittenOnceAndReused) {
+  const fs::path dir = scratch("cache");
+  const auto first = train(tiny_config(dir, "c1", {"datasets.0.cache_latents_to_disk=true", "train.steps=4"}), {});
+  std::map<std::string, fs::file_time_type> written;
+  for (const auto& e : fs::directory_iterator(dir / "data" / "_latent_cache")) written[e.path().string()] = e.last_write_time();
+  ASSERT_FALSE(written.empty());
+  const auto second = train(tiny_config(dir, "c2", {"datasets.0.cache_latents_to_disk=true", "train.steps=4"}), {});
+  for (const auto& e : fs::directory_iterator(dir / "data" / "_latent_cache")) {
+    ASSERT_TRUE(written.count(e.path().string())) << "new cache file " << e.path();
+    EXPECT_EQ(written.at(e.path().string()), e.last_write_time()) << "rewritten: " << e.path();
+  }
+  EXPECT_EQ(first.losses, second.losses);
   fs::remove_all(dir);
 }
 
