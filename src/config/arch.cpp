@@ -17,6 +17,7 @@ const std::vector<ArchInfo>& supported_archs() {
       {"dit", "dit", 16, false},
       {"tiny-flux", "flux", 32, true},
       {"tiny-qwen-image", "qwen_image", 32, true},
+      {"tiny-qwen-image-edit", "qwen_image", 32, true},
       {"tiny-zimage", "zimage", 16, true},
       {"tiny-sd3", "sd3", 32, true},
       {"tiny-dit", "dit", 16, true},

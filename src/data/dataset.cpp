@@ -86,7 +86,27 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
       ++result.skipped_captions;
       continue;
     }
-    result.items.push_back({path, caption, size->width, size->height, index});
+    std::vector<fs::path> controls;
+    bool have_controls = true;
+    for (const auto& folder : dataset.control_path) {
+      fs::path found;
+      for (const char* ext : {".png", ".jpg", ".jpeg", ".webp", ".PNG", ".JPG", ".JPEG", ".WEBP"}) {
+        const fs::path candidate = fs::path(folder) / (path.stem().string() + ext);
+        if (fs::exists(candidate, ec)) {
+          found = candidate;
+          break;
+        }
+      }
+      if (found.empty()) {
+        result.warnings.push_back(path.string() + ": skipped, no control image " + path.stem().string() + ".* in " + folder);
+        ++result.skipped_images;
+        have_controls = false;
+        break;
+      }
+      controls.push_back(found);
+    }
+    if (!have_controls) continue;
+    result.items.push_back({path, caption, size->width, size->height, index, controls});
   }
   if (result.items.empty())
     throw DataError(where + ".folder_path: '" + folder.string() + "' has no usable images (" +

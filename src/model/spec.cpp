@@ -107,6 +107,7 @@ const std::map<std::string, ModelSpec>& presets() {
       m[s.preset] = s;
     m["tiny-flux"] = tiny(m["flux-dev"], "tiny-flux");
     m["tiny-qwen-image"] = tiny(m["qwen-image"], "tiny-qwen-image");
+    m["tiny-qwen-image-edit"] = tiny(m["qwen-image-edit"], "tiny-qwen-image-edit");
     m["tiny-zimage"] = tiny(m["zimage"], "tiny-zimage");
     m["tiny-sd3"] = tiny(m["sd35-large"], "tiny-sd3");
     m["tiny-dit"] = tiny(m["dit-xl2"], "tiny-dit");

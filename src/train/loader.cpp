@@ -1,5 +1,6 @@
 #include "gclab/train/loader.h"
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -97,7 +98,29 @@ LoadedBatch BatchLoader::load(int64_t index) {
                                                  o_.trigger_word, rng));
   }
   out.latents = torch::stack(latents);
+  // Controls: every sample of the batch has the same number (the dataset's control folders).
+  const auto& first = items_[static_cast<size_t>(plan.samples.front().item)];
+  if (!first.controls.empty()) {
+    const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(plan.bucket.width) * plan.bucket.height));
+    const int rw = std::max(o_.divisibility, static_cast<int>(plan.bucket.width * scale) / o_.divisibility * o_.divisibility);
+    const int rh = std::max(o_.divisibility, static_cast<int>(plan.bucket.height * scale) / o_.divisibility * o_.divisibility);
+    for (size_t c = 0; c < first.controls.size(); ++c) {
+      std::vector<torch::Tensor> refs;
+      for (const auto& s : plan.samples) refs.push_back(load_control(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
+      out.references.push_back(torch::stack(refs));
+    }
+  }
   return out;
+}
+
+torch::Tensor BatchLoader::load_control(const fs::path& path, int width, int height) const {
+  torch::Tensor rgb = data::decode_image_rgb(path);
+  const double scale = std::max(static_cast<double>(width) / rgb.size(1), static_cast<double>(height) / rgb.size(0));
+  const int sw = std::max(width, static_cast<int>(std::ceil(rgb.size(1) * scale)));
+  const int sh = std::max(height, static_cast<int>(std::ceil(rgb.size(0) * scale)));
+  rgb = data::resize_rgb(rgb, sw, sh).narrow(0, (sh - height) / 2, height).narrow(1, (sw - width) / 2, width);
+  torch::NoGradGuard no_grad;
+  return codec_.encode(data::to_unit_range(rgb).unsqueeze(0))[0].contiguous();
 }
 
 torch::Tensor BatchLoader::load_sample(const data::PlannedSample& s) {

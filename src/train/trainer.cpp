@@ -413,6 +413,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   std::map<std::string, int64_t> last_step_peaks;
   std::string bucket;
   int batch = 0, consecutive_ooms = 0;
+  bool warned_controls = false;
   for (; step < tc.steps; ++step) {
     if (options.stop_requested && options.stop_requested->load()) {
       summary.interrupted = true;
@@ -439,6 +440,14 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
         mb.conditioning = conditioner.inputs_for(lb.captions);
       }
       mb.x0 = lb.latents.to(device);
+      if (!lb.references.empty()) {
+        if (spec.edit) {
+          for (const auto& r : lb.references) mb.conditioning.reference_latents.push_back(r.to(device));
+        } else if (!warned_controls) {
+          log::warn(spec.preset + " is not an edit model; the datasets' control images are not used");
+          warned_controls = true;
+        }
+      }
       mb.noise = torch::randn_like(mb.x0);
       mb.t = sample_timesteps(tc.timestep_type, mb.x0.size(0), device);
       torch::Tensor loss;

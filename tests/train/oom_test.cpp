@@ -26,12 +26,22 @@ class OomScenario : public ::testing::Test {
     o.count = 8;
     o.sizes = {{512, 512}, {640, 512}, {512, 640}};
     data::write_synthetic_dataset(dir_ / "data", o);
+    data::SynthOptions edit;
+    edit.count = 4;
+    edit.sizes = {{256, 256}};
+    data::write_synthetic_dataset(dir_ / "edit_data", edit);
+    edit.sizes = {{512, 512}};
+    edit.seed = 9;
+    data::write_synthetic_dataset(dir_ / "edit_controls", edit);
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   static config::ProcessConfig load(const std::string& scenario, std::vector<std::string> extra = {}) {
     config::LoadOptions o;
-    o.overrides = {"datasets.0.folder_path=" + (dir_ / "data").string(), "training_folder=" + (dir_ / "out").string()};
+    const bool edit = scenario.rfind("edit", 0) == 0;
+    o.overrides = {"datasets.0.folder_path=" + (dir_ / (edit ? "edit_data" : "data")).string(),
+                   "training_folder=" + (dir_ / "out").string()};
+    if (edit) o.overrides.push_back("datasets.0.control_path=[" + (dir_ / "edit_controls").string() + "]");
     o.overrides.insert(o.overrides.end(), extra.begin(), extra.end());
     auto r = config::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/oom/cpu_" + scenario + ".yaml", o);
     if (!r.ok()) throw std::runtime_error("config refused: " + r.diagnostics.all().front().format());
@@ -98,6 +108,15 @@ TEST_F(OomScenario, ABatchTooBigForTheResolutionRunsOutAndTheFixIsSmallerBatches
   EXPECT_EQ(report["batch"], 4);
   EXPECT_EQ(report["fixes"][0]["title"], "Lower the batch size and accumulate");
   EXPECT_NO_THROW(train(load("batch_fixed"), {}));
+}
+
+TEST_F(OomScenario, AnEditModelsReferenceTokensRunOutWithCheckpointingOffAndTheFixIsCheckpointing) {
+  const auto report = expect_oom("edit");
+  EXPECT_EQ(report["phase"], "forward");
+  EXPECT_EQ(report["fixes"][0]["title"], "Turn gradient checkpointing on");
+  EXPECT_NO_THROW(train(load("edit_fixed"), {}));
+  // Without its control images the same model fits under the same cap: the references are the cause.
+  EXPECT_NO_THROW(train(load("edit", {"datasets.0.control_path=[]", "name=edit_without_controls"}), {}));
 }
 
 // oom_policy: skip drops the batch and goes on, and gives up after 3 in a row, as AI Toolkit does.

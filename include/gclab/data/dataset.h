@@ -25,6 +25,7 @@ struct ImageItem {
   std::string caption;  // raw, before trigger / dropout / shuffling
   int width = 0, height = 0;
   int dataset = 0;      // index in the config's datasets
+  std::vector<std::filesystem::path> controls;  // edit models: the same-named image in each control_path
 };
 
 struct ScanResult {
@@ -34,7 +35,9 @@ struct ScanResult {
   int skipped_captions = 0;           // no caption file and no default_caption
 };
 
-// Lists the folder's images (sorted by name) and reads their sizes from headers and their captions.
+// Lists the folder's images (sorted by name) and reads their sizes from headers and their captions; with
+// control_path, each image's same-named control image (any image extension) must exist in every
+// control folder, or the image is skipped with a warning.
 // A missing folder or one without usable images is a DataError; unreadable files are skipped with a
 // warning each.
 ScanResult scan_dataset(const config::DatasetConfig& dataset, int index);

@@ -21,6 +21,10 @@ struct LoadedBatch {
   int dataset = 0, resolution = 0;
   data::BucketResolution bucket;
   torch::Tensor latents;              // [B, C, h/8, w/8], CPU float32
+  // Edit models: one [B, C, h', w'] per control folder, each control scaled to a 1024²-area image of the
+  // batch's aspect (sides multiples of the divisibility), cover and centre-crop — one 1024²-area latent
+  // per control image, as the token accounting counts it.
+  std::vector<torch::Tensor> references;
   std::vector<std::string> captions;  // processed (trigger, dropout, shuffle)
 };
 
@@ -50,6 +54,7 @@ class BatchLoader {
   void work();
   LoadedBatch load(int64_t index);
   torch::Tensor load_sample(const data::PlannedSample& s);
+  torch::Tensor load_control(const std::filesystem::path& path, int width, int height) const;
 
   std::vector<data::ImageItem> items_;
   std::vector<config::DatasetConfig> datasets_;
