@@ -37,4 +37,37 @@ void ModelCheckpointing::apply(const ckpt::CheckpointPolicy& policy) {
   ckpt::apply_checkpoint_policy(wrappers_, policy);
 }
 
+ModelCheckpointing::BudgetProbe ModelCheckpointing::resolve_budget(const model::ModelInputs& probe, int64_t budget_bytes,
+                                                                  const memory::MemoryMeter& meter) {
+  BudgetProbe out;
+  const size_t n = wrappers_.size();
+  out.kept_bytes.assign(n, 0);
+  out.input_bytes.assign(n, 0);
+  for (auto& w : wrappers_) w->set_mode(ckpt::BlockMode::None);
+  model_.set_block_caller([&](size_t i, const model::Tensors& inputs) {
+    const int64_t before = meter.stats().live_bytes;
+    model::Tensors outputs = wrappers_[i]->forward(inputs);
+    int64_t fresh_output = 0;
+    for (const auto& o : outputs) {
+      bool is_input = false;
+      for (const auto& x : inputs) is_input = is_input || o.is_same(x);
+      if (!is_input) fresh_output += static_cast<int64_t>(o.nbytes());
+    }
+    out.kept_bytes[i] = meter.stats().live_bytes - before - fresh_output;
+    // Hidden streams are the token-sized inputs ([B, S, D]); tables and vectors are shared by all blocks.
+    for (const auto& x : inputs)
+      if (x.dim() >= 3) out.input_bytes[i] += static_cast<int64_t>(x.nbytes());
+    return outputs;
+  });
+  {
+    torch::Tensor prediction = model_.forward(probe);  // the graph (and what it keeps) is freed on return
+  }
+  model_.set_block_caller([this](size_t index, const model::Tensors& inputs) { return wrappers_[index]->forward(inputs); });
+  const auto blocks = ckpt::select_blocks_for_budget(out.kept_bytes, out.input_bytes, budget_bytes);
+  std::string list;
+  for (int b : blocks) list += (list.empty() ? "" : ",") + std::to_string(b);
+  out.policy = blocks.empty() ? ckpt::CheckpointPolicy::parse("off") : ckpt::CheckpointPolicy::parse("blocks:[" + list + "]");
+  return out;
+}
+
 }  // namespace gclab::train

@@ -230,7 +230,28 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   model->to(device);
   model->train();
   ModelCheckpointing checkpointing(*model);
-  checkpointing.apply(policy);
+  ckpt::CheckpointPolicy applied = policy;
+  if (policy.kind == ckpt::CheckpointPolicy::Kind::Budget) {
+    // Probe the largest square resolution at the largest batch: the worst case the run will meet.
+    int largest = 0, batch_max = tc.batch_size;
+    for (const auto& d : datasets) {
+      for (int r : d.resolution) largest = std::max(largest, r);
+      batch_max = std::max(batch_max, d.batch_size.value_or(tc.batch_size));
+    }
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const torch::Tensor rng_before = generator.get_state();  // the probe's random inputs leave no trace
+    const auto probe = checkpointing.resolve_budget(
+        model->example_inputs(batch_max, largest, largest, 0, torch::TensorOptions().device(device)), policy.budget_bytes,
+        meter);
+    generator.set_state(rng_before);
+    applied = probe.policy;
+    int64_t kept = 0;
+    for (auto b : probe.kept_bytes) kept += b;
+    log::info("checkpoint policy " + policy.to_string() + ": a probe step at " + std::to_string(largest) + "², batch " +
+              std::to_string(batch_max) + " measured " + config::format_bytes(kept) + " of block activations; applying " +
+              applied.to_string());
+  }
+  checkpointing.apply(applied);
 
   TrainState state;
   for (const auto& p : model->named_parameters())
@@ -240,7 +261,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   log::info(spec.preset + ": " + std::to_string(model::parameter_count(*model)) + " parameters, " +
             std::to_string(trainable) + " trained" +
             (lora_modules ? " (LoRA rank " + std::to_string(lora.rank) + " on " + std::to_string(lora_modules) + " modules)" : "") +
-            "; checkpoint policy " + policy.to_string() + "; " + device.str() + (bf16 ? ", bf16 autocast" : ", fp32"));
+            "; checkpoint policy " + applied.to_string() + "; " + device.str() + (bf16 ? ", bf16 autocast" : ", fp32"));
 
   AdamWOptions adam;
   adam.weight_decay = tc.optimizer_params.weight_decay;

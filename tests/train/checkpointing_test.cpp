@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "gclab/model/activations.h"
 #include "gclab/model/lora.h"
 
 namespace gclab::train {
@@ -73,6 +74,33 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, CheckpointedFamily,
                              if (c == '-') c = '_';
                            return n;
                          });
+
+// budget:BYTES resolved by a probe step: what each block keeps is measured (it equals the activation
+// ledger here), and the fewest blocks that bring the total under the budget are checkpointed.
+TEST(ModelCheckpointing, BudgetIsResolvedFromAProbeStepToTheFewestBlocks) {
+  torch::manual_seed(0);
+  auto m = model::build_transformer(model::spec_by_preset("tiny-dit"));
+  memory::CpuMemoryTracker tracker;
+  memory::MemoryMeter meter(torch::kCPU);
+  const auto in = m->example_inputs(2, 64, 64);
+  ModelCheckpointing ckpt(*m);
+  const auto everything = ckpt.resolve_budget(in, 0, meter);
+  int64_t total = 0;
+  for (auto b : everything.kept_bytes) {
+    EXPECT_GT(b, 0);
+    total += b;
+  }
+  EXPECT_EQ(everything.policy.to_string(), "blocks:[0,1]");
+  EXPECT_EQ(ckpt.resolve_budget(in, total, meter).policy.to_string(), "off");
+  const auto one = ckpt.resolve_budget(in, total - everything.kept_bytes[0] + everything.input_bytes[0], meter);
+  EXPECT_EQ(one.policy.kind, ckpt::CheckpointPolicy::Kind::Blocks);
+  EXPECT_EQ(one.policy.blocks.size(), 1u);
+  // The measurement is the ledger's figure for a DiT block at this shape (fp32, full training).
+  model::ActivationOptions o;
+  o.element_bytes = 4;
+  const auto est = model::estimate_activations(m->spec(), 2, 64, 64, 0, o);
+  EXPECT_EQ(everything.kept_bytes[1], est.blocks[0].saved_bytes);
+}
 
 TEST(ModelCheckpointing, BudgetPolicyMustBeResolvedFirstAndTheModelIsPlainAfterwards) {
   auto m = model::build_transformer(model::spec_by_preset("tiny-dit"));

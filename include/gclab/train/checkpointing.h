@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gclab/ckpt/policy.h"
+#include "gclab/memory/tracker.h"
 #include "gclab/ckpt/wrapper.h"
 #include "gclab/model/transformer.h"
 
@@ -23,6 +24,15 @@ class ModelCheckpointing {
   // must be resolved to blocks:[...] first (select_blocks_for_budget on measured block footprints).
   void apply(const ckpt::CheckpointPolicy& policy);
   std::vector<ckpt::CheckpointWrapper>& wrappers() { return wrappers_; }
+
+  // budget:BYTES made concrete: a probe forward (grad on, nothing checkpointed) on `probe` measures what
+  // each block keeps for backward and what its hidden-stream inputs take (live bytes from `meter`), then
+  // select_blocks_for_budget picks the fewest blocks to checkpoint. Returns the blocks:[...] policy.
+  struct BudgetProbe {
+    std::vector<int64_t> kept_bytes, input_bytes;
+    ckpt::CheckpointPolicy policy;
+  };
+  BudgetProbe resolve_budget(const model::ModelInputs& probe, int64_t budget_bytes, const memory::MemoryMeter& meter);
 
  private:
   model::DiffusionTransformer& model_;
