@@ -15,6 +15,7 @@
 #include "gclab/config/loader.h"
 #include "gclab/log/log.h"
 #include "gclab/memory/device.h"
+#include "gclab/bench/estimate.h"
 #include "gclab/config/arch.h"
 #include "gclab/data/dataset.h"
 #include "gclab/data/synth.h"
@@ -286,6 +287,42 @@ int run_train(const ConfigArgs& args, bool resume) {
   }
 }
 
+int run_estimate(const ConfigArgs& args) {
+  const auto config = load(args);
+  if (!config) return kExitBadInput;
+  gclab::bench::MemoryEstimate e;
+  try {
+    e = gclab::bench::estimate_memory(*config);
+  } catch (const std::invalid_argument& err) {
+    gclab::log::error(err.what());
+    return kExitBadInput;
+  }
+  using gclab::config::format_bytes;
+  std::cout << "# predicted training memory for " << args.path << ", from shapes alone (no run)\n";
+  std::cout << "estimate:\n  preset: " << e.spec.preset << "\n";
+  std::cout << "  weights: " << e.weight_bytes << "  # " << format_bytes(e.weight_bytes) << "\n";
+  std::cout << "  trained_parameters: " << e.trainable << "\n";
+  std::cout << "  trained_parameter_bytes: " << e.trainable_bytes << "  # " << format_bytes(e.trainable_bytes) << "\n";
+  std::cout << "  gradients: " << e.gradient_bytes << "  # " << format_bytes(e.gradient_bytes) << "\n";
+  std::cout << "  optimizer_state: " << e.optimizer_bytes << "  # " << format_bytes(e.optimizer_bytes) << " ("
+            << config->train.optimizer << ")\n";
+  std::cout << "  activations_dtype: " << e.activation_dtype << "\n";
+  if (e.cap_bytes > 0) std::cout << "  cap: " << e.cap_bytes << "  # " << format_bytes(e.cap_bytes) << "\n";
+  std::cout << "  per_resolution:  # total = the above + block activations; the text encoder is not counted\n";
+  for (const auto& r : e.resolutions) {
+    auto verdict = [&](int64_t total) {
+      return e.cap_bytes <= 0 ? std::string() : total <= e.cap_bytes ? ", fits" : ", over the cap";
+    };
+    std::cout << "    - {resolution: " << r.resolution << ", batch: " << r.batch << ", image_tokens: " << r.image_tokens
+              << ", text_tokens: " << r.text_tokens << "}\n";
+    std::cout << "      gc_off:  {activations: " << r.activations_off << ", total: " << r.total_off << "}  # "
+              << format_bytes(r.total_off) << verdict(r.total_off) << "\n";
+    std::cout << "      gc_full: {activations: " << r.activations_full << ", total: " << r.total_full << "}  # "
+              << format_bytes(r.total_full) << verdict(r.total_full) << "\n";
+  }
+  return kExitOk;
+}
+
 int not_implemented(const std::string& verb, const std::string& issue) {
   gclab::log::error("`gclab " + verb + "` is not implemented yet (" + issue + ")");
   return kExitOther;
@@ -346,7 +383,7 @@ int main(int argc, char** argv) {
     if (*train) return run_train(train_args, resume);
     if (*bench) return not_implemented("bench", "OOM lab / bench issue");
     if (*fit) return not_implemented("fit", "OOM lab / bench issue");
-    if (*estimate) return not_implemented("estimate", "OOM lab / bench issue");
+    if (*estimate) return run_estimate(estimate_args);
     if (*synth) return run_synth(synth_args);
     if (*forward) return run_forward(forward_args, forward_files);
   } catch (const std::exception& e) {
