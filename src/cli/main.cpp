@@ -15,6 +15,7 @@
 #include "gclab/config/loader.h"
 #include "gclab/log/log.h"
 #include "gclab/memory/device.h"
+#include "gclab/bench/bench.h"
 #include "gclab/bench/estimate.h"
 #include "gclab/config/arch.h"
 #include "gclab/data/dataset.h"
@@ -323,6 +324,54 @@ int run_estimate(const ConfigArgs& args) {
   return kExitOk;
 }
 
+struct BenchArgs {
+  std::string gc = "off,full", batch, resolution;
+  int steps = 3;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int run_bench(const ConfigArgs& args, const BenchArgs& b) {
+  const auto config = load(args);
+  if (!config) return kExitBadInput;
+  gclab::bench::BenchOptions o;
+  o.steps = std::max(1, b.steps);
+  try {
+    o.policies = split_list(b.gc);
+    for (const auto& p : o.policies) gclab::ckpt::CheckpointPolicy::parse(p);
+    for (const auto& x : split_list(b.batch)) o.batches.push_back(std::stoi(x));
+    for (const auto& x : split_list(b.resolution)) o.resolutions.push_back(std::stoi(x));
+  } catch (const std::exception& e) {
+    gclab::log::error(std::string("bench options: ") + e.what());
+    return kExitBadInput;
+  }
+  const auto arch = gclab::config::find_arch(config->model.arch);
+  for (int r : o.resolutions)
+    if (arch && r % arch->divisibility != 0) {
+      gclab::log::error("--resolution " + std::to_string(r) + " is not a multiple of " +
+                        std::to_string(arch->divisibility) + " (" + arch->name + ")");
+      return kExitBadInput;
+    }
+  try {
+    const auto rows = gclab::bench::run_bench(*config, o);
+    std::cout << gclab::bench::bench_table(rows);
+    const std::filesystem::path dir = std::filesystem::path(config->training_folder) / config->name;
+    std::filesystem::create_directories(dir);
+    gclab::bench::write_bench_csv(dir / "bench.csv", rows);
+    gclab::log::info("written " + (dir / "bench.csv").string());
+  } catch (const std::invalid_argument& e) {
+    gclab::log::error(e.what());
+    return kExitBadInput;
+  }
+  return kExitOk;
+}
+
 int not_implemented(const std::string& verb, const std::string& issue) {
   gclab::log::error("`gclab " + verb + "` is not implemented yet (" + issue + ")");
   return kExitOther;
@@ -347,6 +396,11 @@ int main(int argc, char** argv) {
   train->add_flag("--resume", resume, "continue from the newest checkpoint in the output folder");
   auto* bench = app.add_subcommand("bench", "GC on/off side by side: step time, peak memory");
   add_config_args(bench, bench_args);
+  BenchArgs bench_opts;
+  bench->add_option("--gc", bench_opts.gc, "policies to compare, comma-separated (default off,full)");
+  bench->add_option("--batch", bench_opts.batch, "batch sizes, comma-separated (default: train.batch_size)");
+  bench->add_option("--resolution", bench_opts.resolution, "square resolutions, comma-separated (default: the datasets')");
+  bench->add_option("--steps", bench_opts.steps, "timed steps per cell after one warm-up (default 3)");
   auto* fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
   add_config_args(fit, fit_args);
   auto* estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
@@ -381,7 +435,7 @@ int main(int argc, char** argv) {
     if (*check) return run_check(check_args);
     if (*info) return run_info();
     if (*train) return run_train(train_args, resume);
-    if (*bench) return not_implemented("bench", "OOM lab / bench issue");
+    if (*bench) return run_bench(bench_args, bench_opts);
     if (*fit) return not_implemented("fit", "OOM lab / bench issue");
     if (*estimate) return run_estimate(estimate_args);
     if (*synth) return run_synth(synth_args);

@@ -1,3 +1,4 @@
+#include "gclab/bench/bench.h"
 #include "gclab/bench/estimate.h"
 
 #include <gtest/gtest.h>
@@ -35,6 +36,40 @@ TEST(Estimate, EightBitStateIsAQuarterOfAdamWsAndQuantizeHalvesTheWeights) {
   EXPECT_NEAR(static_cast<double>(eight.optimizer_bytes) / static_cast<double>(full.optimizer_bytes), 0.25, 0.01);
   const auto bf16 = estimate_memory(flux_24gb({"model.quantize=false"}));
   EXPECT_NEAR(static_cast<double>(eight.weight_bytes) / static_cast<double>(bf16.weight_bytes), 0.5, 0.01);
+}
+
+}  // namespace
+}  // namespace gclab::bench
+
+namespace gclab::bench {
+namespace {
+
+// gclab bench on a tiny model: every cell measured; GC full keeps less than GC off; under a cap the
+// cells that do not fit are reported as OOM, not crashed on.
+TEST(Bench, PoliciesSideBySideAndOomCellsUnderACap) {
+  config::LoadOptions o;
+  o.overrides = {"train.batch_size=2"};
+  auto r = config::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/quickstart.yaml", o);
+  ASSERT_TRUE(r.ok());
+  BenchOptions b;
+  b.policies = {"off", "full", "every:2"};
+  b.resolutions = {256, 512};
+  b.steps = 1;
+  const auto rows = run_bench(*r.config, b);
+  ASSERT_EQ(rows.size(), 6u);
+  for (const auto& row : rows) {
+    EXPECT_FALSE(row.oom);
+    EXPECT_GT(row.step_ms, 0);
+  }
+  EXPECT_LT(rows[4].peak_bytes, rows[3].peak_bytes);  // 512: full below off
+  EXPECT_LT(rows[4].peak_ratio, 1.0);
+  auto capped = *r.config;
+  capped.vram_cap.bytes = int64_t{100} << 20;
+  b.resolutions = {512};
+  b.policies = {"off", "full"};
+  const auto under_cap = run_bench(capped, b);
+  EXPECT_TRUE(under_cap[0].oom);
+  EXPECT_FALSE(under_cap[1].oom);
 }
 
 }  // namespace
