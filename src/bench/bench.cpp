@@ -15,14 +15,15 @@
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
 #include "gclab/train/optimizer.h"
+#include "gclab/train/trainer.h"
 
 namespace gclab::bench {
 
 std::vector<BenchRow> run_bench(const config::ProcessConfig& config, const BenchOptions& options) {
   const model::ModelSpec spec = model::spec_for(config.model);
-  const torch::Device device = config.device == "auto" ? (torch::cuda::is_available() ? torch::kCUDA : torch::kCPU)
-                                                       : torch::Device(config.device);
+  const torch::Device device = train::resolve_device(config.device);
   const bool bf16 = config.train.dtype == "bf16";
+  if (device.is_cpu()) model::check_fits_in_host_memory(spec, "gclab bench");
   std::vector<int> resolutions = options.resolutions, batches = options.batches;
   if (resolutions.empty())
     for (const auto& d : config.datasets) resolutions.insert(resolutions.end(), d.resolution.begin(), d.resolution.end());

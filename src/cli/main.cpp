@@ -353,7 +353,7 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   }
   const auto arch = gclab::config::find_arch(config->model.arch);
   for (int r : o.resolutions)
-    if (arch && r % arch->divisibility != 0) {
+    if (arch && r % arch->divisibility != 0) {  // NOLINT
       gclab::log::error("--resolution " + std::to_string(r) + " is not a multiple of " +
                         std::to_string(arch->divisibility) + " (" + arch->name + ")");
       return kExitBadInput;

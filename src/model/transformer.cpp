@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include <unistd.h>
+
 namespace gclab::model {
 
 namespace {
@@ -340,6 +342,17 @@ std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, c
   if (spec.family == "sd3") return std::make_shared<SD3Transformer>(spec, options);
   if (spec.family == "dit") return std::make_shared<DiTTransformer>(spec, options);
   throw std::invalid_argument("no transformer for family '" + spec.family + "'");
+}
+
+void check_fits_in_host_memory(const ModelSpec& spec, const std::string& what) {
+  const int64_t params = parameter_count(*build_transformer(spec, torch::TensorOptions().device(torch::kMeta)));
+  const int64_t bytes = 4 * params;  // built in float32 before any conversion
+  const int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  if (physical > 0 && bytes > physical / 2)
+    throw std::invalid_argument(what + ": " + spec.preset + " (" + std::to_string(params) + " parameters, " +
+                                std::to_string(bytes >> 30) + " GiB in float32) does not fit this machine's memory (" +
+                                std::to_string(physical >> 30) + " GiB); run it on a GPU (device: cuda), or use a tiny-* "
+                                "preset; `gclab estimate` predicts its memory without building it");
 }
 
 int64_t parameter_count(const torch::nn::Module& model) {

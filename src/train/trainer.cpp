@@ -137,6 +137,23 @@ struct TrainState {
 
 }  // namespace
 
+torch::Device resolve_device(const std::string& name) {
+  if (name == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  torch::Device device(torch::kCPU);
+  try {
+    device = torch::Device(name);
+  } catch (const c10::Error&) {
+    throw std::invalid_argument("device '" + name + "' is not a device name (auto, cpu, cuda, cuda:0, ...)");
+  }
+  if (device.is_cuda() && !torch::cuda::is_available())
+    throw std::invalid_argument("device '" + name + "' asks for CUDA, which this machine does not have; use device: cpu "
+                                "(or auto), or --set device=cpu");
+  if (device.is_cuda() && device.has_index() && device.index() >= static_cast<int>(torch::cuda::device_count()))
+    throw std::invalid_argument("device '" + name + "': this machine has " + std::to_string(torch::cuda::device_count()) +
+                                " CUDA device(s)");
+  return device;
+}
+
 std::optional<fs::path> newest_state(const fs::path& dir, const std::string& name) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
@@ -168,9 +185,9 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   const bool bf16 = tc.dtype == "bf16" || tc.dtype == "bfloat16";
   if (!bf16 && tc.dtype != "fp32" && tc.dtype != "float32")
     throw std::invalid_argument("train.dtype '" + tc.dtype + "' is not supported (bf16 = bf16 autocast, fp32)");
-  const torch::Device device = config.device == "auto" ? (torch::cuda::is_available() ? torch::kCUDA : torch::kCPU)
-                                                       : torch::Device(config.device);
+  const torch::Device device = resolve_device(config.device);
   const uint64_t seed = static_cast<uint64_t>(config.training_seed.value_or(42));
+  if (device.is_cpu()) model::check_fits_in_host_memory(spec, "gclab train");
   const ckpt::CheckpointPolicy policy = ckpt::CheckpointPolicy::parse(tc.checkpoint_policy);
   const torch::ScalarType weights_dtype = save_dtype(config.save.dtype);
   sample_timesteps(tc.timestep_type, 1, torch::kCPU);  // rejects an unknown type now (the seed is set below)

@@ -52,11 +52,16 @@ expect_contains("${last_err}" "cannot be opened")
 
 expect_run(2 "${GCLAB}" check)
 expect_run(2 "${GCLAB}" frobnicate)
-# The example config's folder is a placeholder: train refuses it, naming the field (exit 2).
+# The example config's folder is a placeholder: train refuses it, naming the field (exit 2); so is a
+# CUDA device on a machine without one.
 expect_run(2 "${GCLAB}" train "${flux}")
 expect_contains("${last_err}" "datasets[0].folder_path")
-expect_run(1 "${GCLAB}" bench "${flux}")
+expect_run(2 "${GCLAB}" train "${flux}" --set device=cuda:7 --set datasets.0.folder_path=${SHARED})
+expect_run(1 "${GCLAB}" fit "${flux}")
 expect_contains("${last_err}" "not implemented yet")
+# A full-size model does not fit this machine's memory: bench refuses before building it.
+expect_run(2 "${GCLAB}" bench "${flux}" --set device=cpu)
+expect_contains("${last_err}" "does not fit")
 
 expect_run(0 "${GCLAB}" info)
 expect_contains("${last_out}" "cuda_compiled: true")

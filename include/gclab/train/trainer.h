@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "gclab/config/config.h"
 
 namespace gclab::train {
@@ -42,6 +44,10 @@ struct TrainSummary {
 // Runs the config's training. Throws std::invalid_argument for an unusable setting, data::DataError for
 // unusable data, OutOfMemoryStop when memory (or the emulated cap) ran out (after saving and reporting).
 TrainSummary train(const config::ProcessConfig& config, const TrainOptions& options);
+
+// The config's device: "auto" is CUDA when present, else the CPU. Throws std::invalid_argument for a
+// CUDA device on a machine without one, or a name LibTorch does not know.
+torch::Device resolve_device(const std::string& name);
 
 // The newest "<name>_<step>.state.safetensors" in dir, if any.
 std::optional<std::filesystem::path> newest_state(const std::filesystem::path& dir, const std::string& name);
