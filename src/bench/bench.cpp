@@ -127,6 +127,47 @@ std::vector<BenchRow> run_bench(const config::ProcessConfig& config, const Bench
   return rows;
 }
 
+std::vector<FitRow> run_fit(const config::ProcessConfig& config, const std::vector<std::string>& policies,
+                            const std::vector<int>& resolutions, int max_batch) {
+  std::vector<FitRow> out;
+  for (int resolution : resolutions)
+    for (const auto& policy : policies) {
+      FitRow row;
+      row.policy = policy;
+      row.resolution = resolution;
+      auto attempt = [&](int batch) -> std::optional<int64_t> {
+        BenchOptions o;
+        o.policies = {policy};
+        o.batches = {batch};
+        o.resolutions = {resolution};
+        o.steps = 1;
+        const auto r = run_bench(config, o).front();
+        if (r.oom) return std::nullopt;
+        return r.peak_bytes;
+      };
+      int good = 0, bad = max_batch + 1;
+      int64_t good_peak = 0;
+      for (int b = 1; b <= max_batch; b *= 2) {  // doubling until the first failure
+        if (auto peak = attempt(b)) {
+          good = b, good_peak = *peak;
+        } else {
+          bad = b;
+          break;
+        }
+      }
+      while (bad - good > 1 && good > 0 && good < max_batch) {  // then bisect between the last fit and the failure
+        const int mid = std::min(max_batch, (good + bad) / 2);
+        if (mid == good) break;
+        if (auto peak = attempt(mid)) good = mid, good_peak = *peak;
+        else bad = mid;
+      }
+      row.largest_batch = good;
+      row.peak_bytes = good_peak;
+      out.push_back(row);
+    }
+  return out;
+}
+
 void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchRow>& rows) {
   std::ofstream out(path);
   out << "policy,resolution,batch,oom,oom_phase,step_ms,time_ratio,peak_bytes,peak_ratio,predicted_activation_bytes\n";

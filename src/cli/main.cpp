@@ -372,10 +372,33 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   return kExitOk;
 }
 
-int not_implemented(const std::string& verb, const std::string& issue) {
-  gclab::log::error("`gclab " + verb + "` is not implemented yet (" + issue + ")");
-  return kExitOther;
+int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
+  const auto config = load(args);
+  if (!config) return kExitBadInput;
+  if (config->vram_cap.bytes <= 0 && !torch::cuda::is_available()) {
+    gclab::log::error("gclab fit on the CPU needs a cap to fit under: --vram-cap 24GiB (or vram_cap in the config)");
+    return kExitBadInput;
+  }
+  std::vector<int> resolutions;
+  for (const auto& x : split_list(b.resolution)) resolutions.push_back(std::stoi(x));
+  if (resolutions.empty())
+    for (const auto& d : config->datasets) resolutions.insert(resolutions.end(), d.resolution.begin(), d.resolution.end());
+  std::sort(resolutions.begin(), resolutions.end());
+  resolutions.erase(std::unique(resolutions.begin(), resolutions.end()), resolutions.end());
+  try {
+    const auto rows = gclab::bench::run_fit(*config, split_list(b.gc), resolutions, std::max(1, max_batch));
+    std::cout << "| resolution | policy | largest batch that fits | peak at that batch |\n|---|---|---|---|\n";
+    for (const auto& r : rows)
+      std::cout << "| " << r.resolution << " | " << r.policy << " | "
+                << (r.largest_batch ? std::to_string(r.largest_batch) : std::string("none (batch 1 runs out)")) << " | "
+                << (r.largest_batch ? gclab::config::format_bytes(r.peak_bytes) : std::string("-")) << " |\n";
+  } catch (const std::invalid_argument& e) {
+    gclab::log::error(e.what());
+    return kExitBadInput;
+  }
+  return kExitOk;
 }
+
 
 }  // namespace
 
@@ -403,6 +426,11 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bench_opts.steps, "timed steps per cell after one warm-up (default 3)");
   auto* fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
   add_config_args(fit, fit_args);
+  BenchArgs fit_opts;
+  int fit_max_batch = 32;
+  fit->add_option("--gc", fit_opts.gc, "policies, comma-separated (default off,full)");
+  fit->add_option("--resolution", fit_opts.resolution, "square resolutions, comma-separated (default: the datasets')");
+  fit->add_option("--max-batch", fit_max_batch, "largest batch to try (default 32)");
   auto* estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
   add_config_args(estimate, estimate_args);
   auto* synth = app.add_subcommand("synth", "write a captioned image folder to train on");
@@ -436,7 +464,7 @@ int main(int argc, char** argv) {
     if (*info) return run_info();
     if (*train) return run_train(train_args, resume);
     if (*bench) return run_bench(bench_args, bench_opts);
-    if (*fit) return not_implemented("fit", "OOM lab / bench issue");
+    if (*fit) return run_fit(fit_args, fit_opts, fit_max_batch);
     if (*estimate) return run_estimate(estimate_args);
     if (*synth) return run_synth(synth_args);
     if (*forward) return run_forward(forward_args, forward_files);

@@ -74,3 +74,22 @@ TEST(Bench, PoliciesSideBySideAndOomCellsUnderACap) {
 
 }  // namespace
 }  // namespace gclab::bench
+
+namespace gclab::bench {
+namespace {
+
+// gclab fit: under the same cap, checkpointing fits a larger batch than no checkpointing.
+TEST(Fit, CheckpointingFitsALargerBatchUnderTheSameCap) {
+  auto r = config::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/quickstart.yaml");
+  ASSERT_TRUE(r.ok());
+  auto config = *r.config;
+  config.vram_cap.bytes = int64_t{80} << 20;
+  const auto rows = run_fit(config, {"off", "full"}, {512}, 4);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_GE(rows[0].largest_batch, 1);
+  EXPECT_GT(rows[1].largest_batch, rows[0].largest_batch);
+  EXPECT_LE(rows[1].peak_bytes, config.vram_cap.bytes);
+}
+
+}  // namespace
+}  // namespace gclab::bench

@@ -32,6 +32,17 @@ struct BenchRow {
 };
 
 std::vector<BenchRow> run_bench(const config::ProcessConfig& config, const BenchOptions& options);
+// `gclab fit`: for each resolution and policy, the largest batch (up to max_batch) whose training step
+// fits the cap (or the device), found by doubling then bisecting real steps.
+struct FitRow {
+  std::string policy;
+  int resolution = 0;
+  int largest_batch = 0;  // 0: not even batch 1 fits
+  int64_t peak_bytes = 0;  // at that batch
+};
+std::vector<FitRow> run_fit(const config::ProcessConfig& config, const std::vector<std::string>& policies,
+                            const std::vector<int>& resolutions, int max_batch);
+
 // CSV (one row per cell) and a markdown table.
 void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchRow>& rows);
 std::string bench_table(const std::vector<BenchRow>& rows);
