@@ -14,6 +14,7 @@
 #include "gclab/model/lora.h"
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
+#include "gclab/train/model_setup.h"
 #include "gclab/train/optimizer.h"
 #include "gclab/train/trainer.h"
 
@@ -38,16 +39,9 @@ std::vector<BenchRow> run_bench(const config::ProcessConfig& config, const Bench
   if (!device.is_cpu() && config.vram_cap.bytes > 0) meter.set_cap(config.vram_cap.bytes);
 
   torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
-  auto m = model::build_transformer(spec);
-  if (config.model.quantize) model::set_base_weight_storage(*m, model::WeightStorage::Float8PerTensor);
-  model::LoraOptions lora;
-  if (config.network) {
-    lora.rank = config.network->linear.value_or(16);
-    lora.alpha = config.network->linear_alpha.value_or(static_cast<double>(lora.rank));
-    model::apply_lora(*m, lora);
-  }
-  m->to(device);
-  m->train();
+  const train::TrainingModel built = train::build_training_model(config, spec, device);
+  auto m = built.model;
+  const model::LoraOptions lora = built.lora;
   train::ModelCheckpointing checkpointing(*m);
   std::vector<std::pair<std::string, torch::Tensor>> trainable;
   for (const auto& p : m->named_parameters())

@@ -1,5 +1,7 @@
 #include "gclab/sample/sampler.h"
 
+#include <ATen/autocast_mode.h>
+
 namespace gclab::sample {
 
 Guidance guidance_for(const model::ModelSpec& spec) {
@@ -39,7 +41,20 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
     const int64_t n = in.latents.size(0);
     in.timestep = torch::full({n}, t, torch::TensorOptions().device(device));
     if (mode == Guidance::Embedded) in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
-    torch::Tensor v = model.forward(in).narrow(1, 0, spec.latent_channels).to(torch::kFloat);
+    torch::Tensor v;
+    {
+      const auto type = device.type();
+      const bool was = at::autocast::is_autocast_enabled(type);
+      if (o.autocast_bf16) {
+        at::autocast::set_autocast_enabled(type, true);
+        at::autocast::set_autocast_dtype(type, at::kBFloat16);
+      }
+      v = model.forward(in).narrow(1, 0, spec.latent_channels).to(torch::kFloat);
+      if (o.autocast_bf16) {
+        at::autocast::set_autocast_enabled(type, was);
+        at::autocast::clear_cache();
+      }
+    }
     if (cfg) v = v[1].unsqueeze(0) + o.guidance_scale * (v[0].unsqueeze(0) - v[1].unsqueeze(0));
     x = x + (t_next - t) * v;
   }

@@ -24,6 +24,7 @@
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
 #include "gclab/train/loader.h"
+#include "gclab/train/model_setup.h"
 #include "gclab/train/oom_report.h"
 #include "gclab/train/optimizer.h"
 
@@ -235,17 +236,10 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
 
   // ---- model: built, LoRA / quantized as configured; checkpointing applied from outside ------------------
   torch::manual_seed(seed);
-  auto model = model::build_transformer(spec);
-  model::LoraOptions lora;
-  if (config.network) {
-    lora.rank = config.network->linear.value_or(16);
-    lora.alpha = config.network->linear_alpha.value_or(static_cast<double>(lora.rank));
-    lora.dropout = config.network->dropout.value_or(0.0);
-  }
-  if (config.model.quantize) model::set_base_weight_storage(*model, model::WeightStorage::Float8PerTensor);
-  const int lora_modules = config.network ? model::apply_lora(*model, lora) : 0;
-  model->to(device);
-  model->train();
+  TrainingModel built = build_training_model(config, spec, device);
+  auto model = built.model;
+  const model::LoraOptions lora = built.lora;
+  const int lora_modules = built.lora_modules;
   ModelCheckpointing checkpointing(*model);
   ckpt::CheckpointPolicy applied = policy;
   if (policy.kind == ckpt::CheckpointPolicy::Kind::Budget) {
@@ -339,6 +333,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       so.steps = item.sample_steps.value_or(sc.sample_steps);
       so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
       so.seed = item.seed.value_or(sc.seed + (sc.walk_seed ? static_cast<int64_t>(i) : 0));
+      so.autocast_bf16 = bf16;
       const auto cond = conditioner.inputs_for({item.prompt});
       const auto uncond = conditioner.inputs_for({item.neg.value_or(sc.neg)});
       const torch::Tensor z = sample::euler_sample(*model, cond, uncond, so);

@@ -20,6 +20,7 @@ struct SampleOptions {
   int steps = 20;
   double guidance_scale = 4.0;
   int64_t seed = 42;  // noise from its own generator: sampling never moves the training RNG
+  bool autocast_bf16 = false;  // run the model under bf16 autocast, as the training step does
 };
 
 // `cond` and `uncond` hold one sample's conditioning (text, pooled, class_labels); uncond is used for CFG.
