@@ -28,4 +28,13 @@ rc=$?
 tail -5 "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
 # The CUDA tests by name, with their own output (ran, not skipped).
 build-gpu/bin/test_ckpt --gtest_filter='*Cuda*' 2>&1 | grep -E "^\[ +(OK|FAILED|SKIPPED|RUN) +\]" | tee -a "$OUT/summary.txt"
+# The issue-level measurements on the GPU, bounded in time: the checkpoint micro-benchmark (CPU stack, for
+# reference), then FLUX.1-dev LoRA at 512 and 1024 under AI Toolkit's 24 GB cap, GC off vs full, and the
+# prediction beside it.
+G=build-gpu/bin/gclab
+timeout 120 build-gpu/bin/ckpt_micro --runs 3 --python none > "$OUT/ckpt_micro.md" 2>&1
+timeout 60 $G estimate configs/oom/gpu_flux_gc_on_24gb.yaml > "$OUT/estimate_flux_24gb.txt" 2>&1
+timeout 240 $G bench configs/oom/gpu_flux_gc_on_24gb.yaml --gc off,full --resolution 512,1024 --steps 2 \
+  > "$OUT/bench_flux_24gb.md" 2> "$OUT/bench_flux_24gb.log"
+cat "$OUT/bench_flux_24gb.md" | tee -a "$OUT/summary.txt"
 exit $rc
