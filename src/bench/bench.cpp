@@ -60,8 +60,6 @@ std::vector<BenchRow> run_bench(const config::ProcessConfig& config, const Bench
     for (int batch : batches) {
       const model::ModelInputs inputs = m->example_inputs(batch, resolution, resolution, 0, torch::TensorOptions().device(device));
       const auto est = model::estimate_activations(spec, batch, resolution, resolution, 0, ao);
-      int64_t largest_block = 0;
-      for (const auto& b : est.blocks) largest_block = std::max(largest_block, b.saved_bytes);
       std::map<std::string, BenchRow> by_policy;
       for (const std::string& name : options.policies) {
         BenchRow row;
@@ -71,7 +69,7 @@ std::vector<BenchRow> run_bench(const config::ProcessConfig& config, const Bench
         const auto policy = ckpt::CheckpointPolicy::parse(name);
         row.predicted_activation_bytes = policy.kind == ckpt::CheckpointPolicy::Kind::Off ? est.total_off_bytes
                                          : policy.kind == ckpt::CheckpointPolicy::Kind::Full
-                                             ? est.total_full_bytes + largest_block
+                                             ? est.full_with_recompute_bytes
                                              : 0;
         if (policy.kind == ckpt::CheckpointPolicy::Kind::Budget)
           checkpointing.apply(checkpointing.resolve_budget(inputs, policy.budget_bytes, meter).policy);

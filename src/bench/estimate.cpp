@@ -45,9 +45,7 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
       re.image_tokens = a.image_tokens;
       re.text_tokens = a.text_tokens;
       re.activations_off = a.total_off_bytes;
-      int64_t largest_block = 0;
-      for (const auto& b : a.blocks) largest_block = std::max(largest_block, b.saved_bytes);
-      re.activations_full = a.total_full_bytes + largest_block;
+      re.activations_full = a.full_with_recompute_bytes;
       re.total_off = e.fixed_bytes + re.activations_off;
       re.total_full = e.fixed_bytes + re.activations_full;
       e.resolutions.push_back(re);

@@ -1,5 +1,7 @@
 #include "gclab/model/activations.h"
 
+#include <algorithm>
+
 namespace gclab::model {
 
 namespace {
@@ -156,10 +158,13 @@ ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64
   } else if (s.family == "dit") {
     add("dit", s.single_blocks, dit_block(L, n, m), batch * n * D * e);
   }
+  int64_t largest_block = 0;
   for (const auto& b : est.blocks) {
     est.total_off_bytes += b.count * b.saved_bytes;
     est.total_full_bytes += b.count * b.input_bytes;
+    largest_block = std::max(largest_block, b.saved_bytes);
   }
+  est.full_with_recompute_bytes = est.total_full_bytes + largest_block;
   return est;
 }
 

@@ -21,11 +21,7 @@ int64_t activation_bytes(const model::ModelSpec& spec, const config::ProcessConf
   o.conditioning_grad = !config.network;
   o.layer_norm_stats_bytes = o.element_bytes;
   const auto est = model::estimate_activations(spec, batch, side_h, side_w, 0, o);
-  if (!checkpointed) return est.total_off_bytes;
-  // Checkpointed: every block's input, plus one block's activations while it is recomputed.
-  int64_t largest_block = 0;
-  for (const auto& b : est.blocks) largest_block = std::max(largest_block, b.saved_bytes);
-  return est.total_full_bytes + largest_block;
+  return checkpointed ? est.full_with_recompute_bytes : est.total_off_bytes;
 }
 
 std::pair<int, int> parse_bucket(const std::string& key) {

@@ -40,6 +40,9 @@ struct ActivationEstimate {
   int64_t image_tokens = 0, text_tokens = 0;
   int64_t total_off_bytes = 0;   // all blocks, GC off
   int64_t total_full_bytes = 0;  // all blocks checkpointed: their inputs
+  // All blocks checkpointed, during the backward: their inputs plus the activations of the block being
+  // recomputed (the largest one) — the figure to hold against a memory budget.
+  int64_t full_with_recompute_bytes = 0;
 };
 
 // One sample batch of `batch` images of height x width with `text_tokens` text tokens (0: the family's
