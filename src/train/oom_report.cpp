@@ -38,7 +38,6 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                                     const model::ModelSpec& spec) {
   std::vector<OomFix> fixes;
   const auto [bw, bh] = parse_bucket(ctx.bucket);
-  const bool training_phase = ctx.phase != "sample" && ctx.phase != "save";
   const ckpt::CheckpointPolicy policy = ckpt::CheckpointPolicy::parse(ctx.checkpoint_policy);
   const bool fully_checkpointed = policy.kind == ckpt::CheckpointPolicy::Kind::Full ||
                                   policy.kind == ckpt::CheckpointPolicy::Kind::Offload;
@@ -99,12 +98,10 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     fixes.push_back({"Cache text embeddings and unload the encoder",
                      "train.cache_text_embeddings: true, train.unload_text_encoder: true", ctx.text_encoder_bytes,
                      "the text encoder's weights"});
-  // The failing phase's own fix first.
+  // The failing phase's own fix first: a preview that ran out is fixed by a cheaper preview.
   if (ctx.phase == "sample") {
     auto it = std::find_if(fixes.begin(), fixes.end(), [](const OomFix& f) { return f.title == "Make previews cheaper"; });
     if (it != fixes.end()) std::rotate(fixes.begin(), it, it + 1);
-  } else if (!training_phase && !fixes.empty()) {
-    // save: nothing specific; keep the order
   }
   return fixes;
 }

@@ -353,7 +353,10 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       conditioner.inputs_for({data::process_caption(item.caption, ds, config.trigger_word, unused)});
     }
     conditioner.inputs_for({""});
-    for (const auto& p : prompts) conditioner.inputs_for({p.prompt}), conditioner.inputs_for({p.neg.value_or(config.sample->neg)});
+    for (const auto& p : prompts) {
+      conditioner.inputs_for({p.prompt});
+      conditioner.inputs_for({p.neg.value_or(config.sample->neg)});
+    }
     if (tc.unload_text_encoder) conditioner.unload();
   } else if (tc.unload_text_encoder) {
     log::warn("train.unload_text_encoder needs cache_text_embeddings; the text encoder stays loaded");
