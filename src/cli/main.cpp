@@ -208,10 +208,7 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
     gclab::io::save_safetensors(f.out, {{"prediction", prediction}}, gclab::model::spec_metadata(spec));
     std::cout << "prediction " << prediction.sizes() << " " << c10::toString(prediction.scalar_type()) << " -> "
               << f.out << "\n";
-  } catch (const gclab::io::SafetensorsError& e) {
-    gclab::log::error(e.what());
-    return kExitBadInput;
-  } catch (const std::runtime_error& e) {
+  } catch (const std::runtime_error& e) {  // bad weights or inputs (SafetensorsError is one)
     gclab::log::error(e.what());
     return kExitBadInput;
   }

@@ -98,35 +98,36 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
 
 // ---- FLUX ------------------------------------------------------------------------------------------
 
-FluxDoubleBlock::FluxDoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options) {
-  norm1_linear = register_at(*this, "norm1.linear", Linear(dim, 6 * dim, true, options));
-  norm1_context_linear = register_at(*this, "norm1_context.linear", Linear(dim, 6 * dim, true, options));
-  attn = register_module("attn", JointAttention(dim, heads, /*context_out=*/true, 1e-6, options));
-  ff = register_module("ff", GeluFeedForward(dim, mlp_hidden, options));
-  ff_context = register_module("ff_context", GeluFeedForward(dim, mlp_hidden, options));
+DoubleStreamBlock::DoubleStreamBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const Names& names,
+                                     const torch::TensorOptions& options) {
+  img_mod_ = register_at(*this, names.img_mod, Linear(dim, 6 * dim, true, options));
+  txt_mod_ = register_at(*this, names.txt_mod, Linear(dim, 6 * dim, true, options));
+  attn_ = register_module("attn", JointAttention(dim, heads, /*context_out=*/true, 1e-6, options));
+  img_mlp_ = register_module(names.img_mlp, GeluFeedForward(dim, mlp_hidden, options));
+  txt_mlp_ = register_module(names.txt_mlp, GeluFeedForward(dim, mlp_hidden, options));
 }
 
-Tensors FluxDoubleBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
+Tensors DoubleStreamBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
   const torch::Tensor& temb = in.at(2);
-  // AdaLayerNormZero: shift, scale, gate for attention, then for the MLP, per stream.
-  const torch::Tensor emb = norm1_linear(torch::silu(temb));
-  const torch::Tensor cemb = norm1_context_linear(torch::silu(temb));
+  // Per stream: shift, scale, gate for attention, then for the MLP (FLUX's AdaLayerNormZero, Qwen's *_mod).
+  const torch::Tensor emb = img_mod_(torch::silu(temb));
+  const torch::Tensor cemb = txt_mod_(torch::silu(temb));
   const Tensors after_attn = run(
       "attn",
       [this](const Tensors& t) {
         const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
         const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
         const torch::Tensor norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
-        const auto [attn_out, ctx_out] = attn(norm_img, norm_txt, t[4], t[5], /*text_first=*/true);
-        return Tensors{t[0] + m[2].unsqueeze(1) * attn_out, t[1] + c[2].unsqueeze(1) * ctx_out};
+        const auto [img_attn, txt_attn] = attn_(norm_img, norm_txt, t[4], t[5], /*text_first=*/true);
+        return Tensors{t[0] + m[2].unsqueeze(1) * img_attn, t[1] + c[2].unsqueeze(1) * txt_attn};
       },
       {in.at(0), in.at(1), emb, cemb, in.at(3), in.at(4)});
   return run(
       "mlp",
       [this](const Tensors& t) {
         const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
-        const torch::Tensor img = t[0] + m[5].unsqueeze(1) * ff(modulate(layer_norm(t[0]), m[3], m[4]));
-        const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * ff_context(modulate(layer_norm(t[1]), c[3], c[4]));
+        const torch::Tensor img = t[0] + m[5].unsqueeze(1) * img_mlp_(modulate(layer_norm(t[0]), m[3], m[4]));
+        const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * txt_mlp_(modulate(layer_norm(t[1]), c[3], c[4]));
         return Tensors{img, txt};
       },
       {after_attn[0], after_attn[1], emb, cemb});
@@ -148,42 +149,6 @@ Tensors FluxSingleBlock::forward_block(const Tensors& in, const SubBlockRunner& 
   const torch::Tensor attn_out =
       run("attn", [this](const Tensors& t) { return Tensors{attn(t[0], t[1], t[2])}; }, {norm_x, in.at(2), in.at(3)})[0];
   return {x + m[2].unsqueeze(1) * proj_out(torch::cat({attn_out, mlp_h}, 2))};
-}
-
-// ---- Qwen-Image ------------------------------------------------------------------------------------
-
-QwenImageBlock::QwenImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options) {
-  img_mod = register_at(*this, "img_mod.1", Linear(dim, 6 * dim, true, options));
-  txt_mod = register_at(*this, "txt_mod.1", Linear(dim, 6 * dim, true, options));
-  attn = register_module("attn", JointAttention(dim, heads, /*context_out=*/true, 1e-6, options));
-  img_mlp = register_module("img_mlp", GeluFeedForward(dim, mlp_hidden, options));
-  txt_mlp = register_module("txt_mlp", GeluFeedForward(dim, mlp_hidden, options));
-}
-
-Tensors QwenImageBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
-  const torch::Tensor& temb = in.at(2);
-  // img_mod / txt_mod: SiLU then Linear to [shift, scale, gate] for attention, then for the MLP.
-  const torch::Tensor img_params = img_mod(torch::silu(temb));
-  const torch::Tensor txt_params = txt_mod(torch::silu(temb));
-  const Tensors after_attn = run(
-      "attn",
-      [this](const Tensors& t) {
-        const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
-        const torch::Tensor img_modulated = modulate(layer_norm(t[0]), m[0], m[1]);  // img_norm1
-        const torch::Tensor txt_modulated = modulate(layer_norm(t[1]), c[0], c[1]);  // txt_norm1
-        const auto [img_attn, txt_attn] = attn(img_modulated, txt_modulated, t[4], t[5], /*text_first=*/true);
-        return Tensors{t[0] + m[2].unsqueeze(1) * img_attn, t[1] + c[2].unsqueeze(1) * txt_attn};
-      },
-      {in.at(0), in.at(1), img_params, txt_params, in.at(3), in.at(4)});
-  return run(
-      "mlp",
-      [this](const Tensors& t) {
-        const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
-        const torch::Tensor img = t[0] + m[5].unsqueeze(1) * img_mlp(modulate(layer_norm(t[0]), m[3], m[4]));
-        const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * txt_mlp(modulate(layer_norm(t[1]), c[3], c[4]));
-        return Tensors{img, txt};
-      },
-      {after_attn[0], after_attn[1], img_params, txt_params});
 }
 
 // ---- Z-Image ---------------------------------------------------------------------------------------

@@ -139,8 +139,10 @@ torch::Tensor BatchLoader::load_sample(const data::PlannedSample& s) {
   // On disk: next to the images, reused while the image (size and time) and the placement are unchanged.
   const fs::path disk = item.image.parent_path() / "_latent_cache" / (key.str() + ".safetensors");
   std::error_code ec;
-  const std::string stamp = std::to_string(fs::file_size(item.image, ec)) + ":" +
-                            std::to_string(fs::last_write_time(item.image, ec).time_since_epoch().count());
+  std::string stamp;  // the image's size and time: a changed image invalidates its cached latents
+  if (ds.cache_latents_to_disk)
+    stamp = std::to_string(fs::file_size(item.image, ec)) + ":" +
+            std::to_string(fs::last_write_time(item.image, ec).time_since_epoch().count());
   if (ds.cache_latents_to_disk && fs::exists(disk, ec)) {
     try {
       const auto file = io::SafetensorsFile::open(disk);

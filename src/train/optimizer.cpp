@@ -5,6 +5,23 @@
 
 namespace gclab::train {
 
+void Optimizer::step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  const double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
+  const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
+  for (auto& [name, p] : params_) {
+    if (!p.grad().defined()) continue;
+    auto [m, v] = moments(name, p);
+    // torch.optim.AdamW's update, step for step: decoupled decay, moments, bias-corrected step.
+    p.mul_(1 - lr * o_.weight_decay);
+    m.mul_(o_.beta1).add_(p.grad(), 1 - o_.beta1);
+    v.mul_(o_.beta2).addcmul_(p.grad(), p.grad(), 1 - o_.beta2);
+    p.addcdiv_(m, (v.sqrt() / std::sqrt(bc2)).add_(o_.eps), -lr / bc1);
+    keep(name, m, v);
+  }
+}
+
 void Optimizer::zero_grad() {
   for (auto& [name, p] : params_) p.mutable_grad() = torch::Tensor();
 }
@@ -16,22 +33,12 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, AdamWOptions o) : Optimizer(std::move(params), o) {}
 
-  void step(double lr) override {
-    torch::NoGradGuard no_grad;
-    ++steps_;
-    const double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
-    const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
-    for (auto& [name, p] : params_) {
-      if (!p.grad().defined()) continue;
-      auto& [m, v] = moments_[name];
-      if (!m.defined()) m = torch::zeros_like(p), v = torch::zeros_like(p);
-      p.mul_(1 - lr * o_.weight_decay);
-      m.mul_(o_.beta1).add_(p.grad(), 1 - o_.beta1);
-      v.mul_(o_.beta2).addcmul_(p.grad(), p.grad(), 1 - o_.beta2);
-      const torch::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(o_.eps);
-      p.addcdiv_(m, denom, -lr / bc1);
-    }
+  std::pair<torch::Tensor, torch::Tensor> moments(const std::string& name, const torch::Tensor& p) override {
+    auto& mv = moments_[name];
+    if (!mv.first.defined()) mv = {torch::zeros_like(p), torch::zeros_like(p)};
+    return mv;  // the stored tensors themselves: the update is in place
   }
+  void keep(const std::string&, const torch::Tensor&, const torch::Tensor&) override {}
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     out.emplace_back("optimizer.step", torch::tensor(steps_));
@@ -70,22 +77,13 @@ class AdamW8bit : public Optimizer {
     torch::Tensor scale;  // float32 per block
   };
 
-  void step(double lr) override {
-    torch::NoGradGuard no_grad;
-    ++steps_;
-    const double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
-    const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
-    for (auto& [name, p] : params_) {
-      if (!p.grad().defined()) continue;
-      auto it = state_.find(name);
-      torch::Tensor m = it == state_.end() ? torch::zeros_like(p) : dequantize(it->second.first, p, true);
-      torch::Tensor v = it == state_.end() ? torch::zeros_like(p) : dequantize(it->second.second, p, false);
-      p.mul_(1 - lr * o_.weight_decay);
-      m.mul_(o_.beta1).add_(p.grad(), 1 - o_.beta1);
-      v.mul_(o_.beta2).addcmul_(p.grad(), p.grad(), 1 - o_.beta2);
-      p.addcdiv_(m, (v.sqrt() / std::sqrt(bc2)).add_(o_.eps), -lr / bc1);
-      state_[name] = {quantize(m, true), quantize(v, false)};
-    }
+  std::pair<torch::Tensor, torch::Tensor> moments(const std::string& name, const torch::Tensor& p) override {
+    const auto it = state_.find(name);
+    if (it == state_.end()) return {torch::zeros_like(p), torch::zeros_like(p)};
+    return {dequantize(it->second.first, p, true), dequantize(it->second.second, p, false)};
+  }
+  void keep(const std::string& name, const torch::Tensor& m, const torch::Tensor& v) override {
+    state_[name] = {quantize(m, true), quantize(v, false)};
   }
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
     std::vector<std::pair<std::string, torch::Tensor>> out;

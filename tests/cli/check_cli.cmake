@@ -1,19 +1,5 @@
 # Runs the gclab executable the way a user does and checks exit codes and output.
-function(expect_run expected_rc)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL expected_rc)
-    message(FATAL_ERROR "`${ARGN}` exited ${rc}, expected ${expected_rc}\nstdout:\n${out}\nstderr:\n${err}")
-  endif()
-  set(last_out "${out}" PARENT_SCOPE)
-  set(last_err "${err}" PARENT_SCOPE)
-endfunction()
-
-function(expect_contains text needle)
-  string(FIND "${text}" "${needle}" pos)
-  if(pos EQUAL -1)
-    message(FATAL_ERROR "expected to find '${needle}' in:\n${text}")
-  endif()
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/cli_helpers.cmake")
 
 set(flux "${SHARED}/aitk-configs/train_lora_flux_24gb.yaml")
 

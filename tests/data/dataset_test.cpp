@@ -7,18 +7,12 @@
 
 #include "gclab/data/image.h"
 #include "gclab/data/synth.h"
+#include "../support/test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace gclab::data {
 namespace {
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("gclab_data_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 config::DatasetConfig dataset_at(const fs::path& dir) {
   config::DatasetConfig d;
@@ -27,7 +21,7 @@ config::DatasetConfig dataset_at(const fs::path& dir) {
 }
 
 TEST(Synth, WritesCaptionedImagesThatReadBack) {
-  const fs::path dir = fresh_dir("synth");
+  const fs::path dir = testing::fresh_dir("data_synth");
   SynthOptions o;
   o.count = 6;
   o.sizes = {{64, 64}, {96, 64}};
@@ -51,7 +45,7 @@ TEST(Synth, WritesCaptionedImagesThatReadBack) {
 }
 
 TEST(Dataset, CorruptImagesAndMissingOrBrokenCaptionsAreSkippedOrRepairedWithAWarningEach) {
-  const fs::path dir = fresh_dir("corrupt");
+  const fs::path dir = testing::fresh_dir("data_corrupt");
   SynthOptions o;
   o.count = 3;
   o.sizes = {{64, 64}};
@@ -82,7 +76,7 @@ TEST(Dataset, CorruptImagesAndMissingOrBrokenCaptionsAreSkippedOrRepairedWithAWa
 }
 
 TEST(Dataset, MissingAndEmptyFoldersAreClearErrors) {
-  const fs::path dir = fresh_dir("empty");
+  const fs::path dir = testing::fresh_dir("data_empty");
   try {
     scan_dataset(dataset_at(dir / "nope"), 2);
     FAIL();
@@ -100,7 +94,7 @@ TEST(Dataset, MissingAndEmptyFoldersAreClearErrors) {
 }
 
 TEST(Dataset, WebpSizeFromTheHeaderAndDecoding) {
-  const fs::path dir = fresh_dir("webp");
+  const fs::path dir = testing::fresh_dir("data_webp");
   std::vector<uint8_t> rgb(40 * 24 * 3, 128);
   uint8_t* out = nullptr;
   const size_t n = WebPEncodeLosslessRGB(rgb.data(), 40, 24, 40 * 3, &out);

@@ -8,18 +8,14 @@
 #include <fstream>
 #include <random>
 
+#include "../support/test_util.h"
+
 namespace fs = std::filesystem;
+using gclab::testing::fresh_dir;
 using gclab::io::SafetensorsError;
 using gclab::io::SafetensorsFile;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("gclab_io_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 // A file with its header written by hand, to build exactly the corruptions the reader must refuse.
 std::string file_with_header(const std::string& header, size_t data_bytes) {
@@ -78,7 +74,7 @@ TEST(Safetensors, EveryDtypeAndShapeRoundTripsBitwise) {
 }
 
 TEST(Safetensors, SavedFileMapsBackAndEditsDoNotReachTheFile) {
-  const fs::path dir = temp_dir("map");
+  const fs::path dir = fresh_dir("io_map");
   const fs::path path = dir / "w.safetensors";
   const torch::Tensor w = torch::arange(12, torch::kFloat).view({3, 4});
   gclab::io::save_safetensors(path, {{"w", w}});
@@ -96,7 +92,7 @@ TEST(Safetensors, SavedFileMapsBackAndEditsDoNotReachTheFile) {
 }
 
 TEST(Safetensors, SaveReplacesAnExistingFileWhole) {
-  const fs::path dir = temp_dir("replace");
+  const fs::path dir = fresh_dir("io_replace");
   const fs::path path = dir / "w.safetensors";
   gclab::io::save_safetensors(path, {{"a", torch::ones({1000})}});
   gclab::io::save_safetensors(path, {{"b", torch::zeros({2})}});
@@ -107,7 +103,7 @@ TEST(Safetensors, SaveReplacesAnExistingFileWhole) {
 }
 
 TEST(Safetensors, ShardedCheckpointLoadsThroughItsIndex) {
-  const fs::path dir = temp_dir("shards");
+  const fs::path dir = fresh_dir("io_shards");
   gclab::io::save_safetensors(dir / "model-00001-of-00002.safetensors", {{"a", torch::ones({2})}});
   gclab::io::save_safetensors(dir / "model-00002-of-00002.safetensors", {{"b", torch::full({3}, 2.0f)}});
   std::ofstream(dir / "model.safetensors.index.json")
@@ -200,7 +196,7 @@ TEST(Safetensors, MissingFilesAndNamesAreClearErrors) {
 // Files gclab writes open with the reference implementation (huggingface safetensors, in .venv), and
 // files it writes open here, bitwise — including bf16 and float8.
 TEST(Safetensors, FilesRoundTripThroughTheReferenceImplementation) {
-  const fs::path dir = temp_dir("interop");
+  const fs::path dir = fresh_dir("io_interop");
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& [name, t] : sample_tensors()) tensors.emplace_back(name, t);
   gclab::io::save_safetensors(dir / "ours.safetensors", tensors, {{"format", "pt"}});

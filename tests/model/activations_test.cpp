@@ -1,6 +1,7 @@
 // The activation ledger (model/activations.cpp), computed from shapes, against the tracking allocator:
 // every tiny preset's every block kind, full training and LoRA, batch 1 and 2, byte for byte (fp32).
 #include "gclab/model/activations.h"
+#include "../support/test_util.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -52,11 +53,9 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, Ledger,
                                                               "tiny-dit"),
                                             ::testing::Bool(), ::testing::Values(1, 2)),
                          [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + (std::get<1>(info.param) ? "_lora" : "_full") +
-                                           "_batch" + std::to_string(std::get<2>(info.param));
-                           for (auto& c : n)
-                             if (c == '-') c = '_';
-                           return n;
+                           return gclab::testing::test_name(std::get<0>(info.param) +
+                                                            (std::get<1>(info.param) ? "_lora" : "_full") + "_batch" +
+                                                            std::to_string(std::get<2>(info.param)));
                          });
 
 }  // namespace

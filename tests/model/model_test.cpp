@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../support/test_util.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::model {
@@ -32,11 +33,12 @@ TEST(Presets, ParameterNamesFollowTheReferenceStateDicts) {
     return out;
   };
   const auto flux = names("flux-dev");
-  for (const char* n : {"x_embedder.weight", "time_text_embed.guidance_embedder.linear_2.bias",
-                        "transformer_blocks.18.norm1_context.linear.weight", "transformer_blocks.0.attn.to_out.0.weight",
-                        "transformer_blocks.0.attn.norm_added_k.weight", "transformer_blocks.0.ff.net.0.proj.weight",
-                        "transformer_blocks.0.ff_context.net.2.bias", "single_transformer_blocks.37.proj_out.weight",
-                        "single_transformer_blocks.0.attn.norm_q.weight", "norm_out.linear.weight", "proj_out.bias"})
+  for (const char* n :
+       {"x_embedder.weight", "time_text_embed.guidance_embedder.linear_2.bias",
+        "transformer_blocks.18.norm1_context.linear.weight", "transformer_blocks.0.attn.to_out.0.weight",
+        "transformer_blocks.0.attn.norm_added_k.weight", "transformer_blocks.0.ff.net.0.proj.weight",
+        "transformer_blocks.0.ff_context.net.2.bias", "single_transformer_blocks.37.proj_out.weight",
+        "single_transformer_blocks.0.attn.norm_q.weight", "norm_out.linear.weight", "proj_out.bias"})
     EXPECT_TRUE(flux.count(n)) << n;
   const auto qwen = names("qwen-image");
   for (const char* n : {"img_in.weight", "txt_norm.weight", "transformer_blocks.59.img_mod.1.weight",
@@ -88,12 +90,7 @@ TEST_P(TinyPreset, ForwardBackwardThroughEveryBlock) {
 
 INSTANTIATE_TEST_SUITE_P(All, TinyPreset,
                          ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return gclab::testing::test_name(info.param); });
 
 TEST(Tokens, ImageTextAndReferenceTokensPerFamily) {
   EXPECT_EQ(image_tokens(spec_by_preset("flux-dev"), 1024, 1024), 4096);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../support/test_util.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/model/forward.h"
 #include "gclab/model/lora.h"
@@ -50,9 +51,9 @@ TEST_P(ReferenceParity, ForwardAndCheckpointedGradientsMatchThePythonReference) 
                 (dir / "weights.safetensors").string() + "\" --inputs \"" + (dir / "inputs.safetensors").string() +
                 "\" --out \"" + (dir / "cpp.safetensors").string() + "\""),
             0);
-  ASSERT_EQ(run(std::string("\"") + GCLAB_PYTHON + "\" \"" + GCLAB_SOURCE_DIR + "/tests/reference/dit_models.py\" forward \"" +
-                (dir / "weights.safetensors").string() + "\" \"" + (dir / "inputs.safetensors").string() + "\" \"" +
-                (dir / "python.safetensors").string() + "\" --grads"),
+  ASSERT_EQ(run(std::string("\"") + GCLAB_PYTHON + "\" \"" + GCLAB_SOURCE_DIR +
+                "/tests/reference/dit_models.py\" forward \"" + (dir / "weights.safetensors").string() + "\" \"" +
+                (dir / "inputs.safetensors").string() + "\" \"" + (dir / "python.safetensors").string() + "\" --grads"),
             0);
   const auto cpp = io::SafetensorsFile::open(dir / "cpp.safetensors");
   const auto py = io::SafetensorsFile::open(dir / "python.safetensors");
@@ -83,12 +84,7 @@ TEST_P(ReferenceParity, ForwardAndCheckpointedGradientsMatchThePythonReference) 
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, ReferenceParity,
                          ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return gclab::testing::test_name(info.param); });
 
 }  // namespace
 }  // namespace gclab::model

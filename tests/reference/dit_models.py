@@ -176,7 +176,25 @@ class SelfAttention(nn.Module):
 
 # ---- blocks -------------------------------------------------------------------------------------
 
-class FluxDoubleBlock(nn.Module):
+class DoubleStreamBlock(nn.Module):
+    """FLUX's and Qwen-Image's double-stream block: the same computation, named differently (subclasses
+    register the modulation Linears and the MLPs and say where they are)."""
+
+    def modules_in_use(self):  # (img_mod, txt_mod, img_mlp, txt_mlp)
+        raise NotImplementedError
+
+    def forward(self, img, txt, temb, cos, sin):
+        img_mod, txt_mod, img_mlp, txt_mlp = self.modules_in_use()
+        m = img_mod(F.silu(temb)).chunk(6, 1)
+        c = txt_mod(F.silu(temb)).chunk(6, 1)
+        ia, ta = self.attn(modulate(layer_norm(img), m[0], m[1]), modulate(layer_norm(txt), c[0], c[1]), cos, sin, True)
+        img, txt = img + m[2].unsqueeze(1) * ia, txt + c[2].unsqueeze(1) * ta
+        img = img + m[5].unsqueeze(1) * img_mlp(modulate(layer_norm(img), m[3], m[4]))
+        txt = txt + c[5].unsqueeze(1) * txt_mlp(modulate(layer_norm(txt), c[3], c[4]))
+        return img, txt
+
+
+class FluxDoubleBlock(DoubleStreamBlock):
     def __init__(self, d, heads, mlp):
         super().__init__()
         self.norm1 = holder(linear=nn.Linear(d, 6 * d))
@@ -184,16 +202,8 @@ class FluxDoubleBlock(nn.Module):
         self.attn = JointAttention(d, heads, True)
         self.ff, self.ff_context = FeedForward(d, mlp), FeedForward(d, mlp)
 
-    def forward(self, img, txt, temb, cos, sin):
-        m = self.norm1.linear(F.silu(temb)).chunk(6, 1)
-        c = self.norm1_context.linear(F.silu(temb)).chunk(6, 1)
-        attn_out, ctx_out = self.attn(modulate(layer_norm(img), m[0], m[1]), modulate(layer_norm(txt), c[0], c[1]),
-                                      cos, sin, True)
-        img = img + m[2].unsqueeze(1) * attn_out
-        txt = txt + c[2].unsqueeze(1) * ctx_out
-        img = img + m[5].unsqueeze(1) * self.ff(modulate(layer_norm(img), m[3], m[4]))
-        txt = txt + c[5].unsqueeze(1) * self.ff_context(modulate(layer_norm(txt), c[3], c[4]))
-        return img, txt
+    def modules_in_use(self):
+        return self.norm1.linear, self.norm1_context.linear, self.ff, self.ff_context
 
 
 class FluxSingleBlock(nn.Module):
@@ -211,7 +221,7 @@ class FluxSingleBlock(nn.Module):
         return x + m[2].unsqueeze(1) * self.proj_out(h)
 
 
-class QwenImageBlock(nn.Module):
+class QwenImageBlock(DoubleStreamBlock):
     def __init__(self, d, heads, mlp):
         super().__init__()
         self.img_mod = indexed(_1=nn.Linear(d, 6 * d))
@@ -219,14 +229,8 @@ class QwenImageBlock(nn.Module):
         self.attn = JointAttention(d, heads, True)
         self.img_mlp, self.txt_mlp = FeedForward(d, mlp), FeedForward(d, mlp)
 
-    def forward(self, img, txt, temb, cos, sin):
-        m = getattr(self.img_mod, "1")(F.silu(temb)).chunk(6, 1)
-        c = getattr(self.txt_mod, "1")(F.silu(temb)).chunk(6, 1)
-        ia, ta = self.attn(modulate(layer_norm(img), m[0], m[1]), modulate(layer_norm(txt), c[0], c[1]), cos, sin, True)
-        img, txt = img + m[2].unsqueeze(1) * ia, txt + c[2].unsqueeze(1) * ta
-        img = img + m[5].unsqueeze(1) * self.img_mlp(modulate(layer_norm(img), m[3], m[4]))
-        txt = txt + c[5].unsqueeze(1) * self.txt_mlp(modulate(layer_norm(txt), c[3], c[4]))
-        return img, txt
+    def modules_in_use(self):
+        return getattr(self.img_mod, "1"), getattr(self.txt_mod, "1"), self.img_mlp, self.txt_mlp
 
 
 class ZImageBlock(nn.Module):

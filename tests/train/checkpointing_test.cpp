@@ -5,6 +5,7 @@
 // ((g1 + g2) + (g3 + g4)) instead of (((g1 + g2) + g3) + g4). Measured differences are ~1e-7 relative;
 // a real fault (a wrong RNG replay, a missed parameter) is orders of magnitude larger.
 #include "gclab/train/checkpointing.h"
+#include "../support/test_util.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -64,16 +65,13 @@ TEST_P(CheckpointedFamily, EveryPolicyGivesTheGradientsOfNoCheckpointing) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyPresets, CheckpointedFamily,
-                         ::testing::Combine(::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3",
-                                                              "tiny-dit"),
-                                            ::testing::Bool()),
-                         [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + (std::get<1>(info.param) ? "_lora" : "_full");
-                           for (auto& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    TinyPresets, CheckpointedFamily,
+    ::testing::Combine(::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      return gclab::testing::test_name(std::get<0>(info.param) + (std::get<1>(info.param) ? "_lora" : "_full"));
+    });
 
 // budget:BYTES resolved by a probe step: what each block keeps is measured (it equals the activation
 // ledger here), and the fewest blocks that bring the total under the budget are checkpointed.

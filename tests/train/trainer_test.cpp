@@ -15,18 +15,12 @@
 #include "gclab/io/safetensors.h"
 #include "gclab/model/lora.h"
 #include "gclab/train/flow.h"
+#include "../support/test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace gclab::train {
 namespace {
-
-fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("gclab_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 // A tiny LoRA run on synthetic 64x64 images; `extra` overrides by path.
 config::ProcessConfig tiny_config(const fs::path& dir, const std::string& name, std::vector<std::string> extra = {}) {
@@ -53,7 +47,7 @@ config::ProcessConfig tiny_config(const fs::path& dir, const std::string& name, 
 }
 
 TEST(Trainer, CheckpointingOnAndOffGiveIdenticalLossesAndWeights) {
-  const fs::path dir = scratch("gc");
+  const fs::path dir = testing::fresh_dir("train_gc");
   const auto on = train(tiny_config(dir, "on"), {});
   const auto off = train(tiny_config(dir, "off", {"train.gradient_checkpointing=false"}), {});
   ASSERT_EQ(on.losses.size(), 20u);
@@ -67,7 +61,7 @@ TEST(Trainer, CheckpointingOnAndOffGiveIdenticalLossesAndWeights) {
 }
 
 TEST(Trainer, ResumingAfterTenStepsEqualsTwentyStraightStepsBitwise) {
-  const fs::path dir = scratch("resume");
+  const fs::path dir = testing::fresh_dir("train_resume");
   const auto straight = train(tiny_config(dir, "straight", {"train.optimizer=adamw8bit"}), {});
   train(tiny_config(dir, "split", {"train.optimizer=adamw8bit", "train.steps=10"}), {});
   TrainOptions resume;
@@ -116,7 +110,7 @@ TEST(Trainer, AccumulatedMicroBatchesGiveTheGradientOfOneBigBatch) {
 }
 
 TEST(Trainer, EndToEndWritesMetricsASamplePngAndALoraThatLoadsBack) {
-  const fs::path dir = scratch("e2e");
+  const fs::path dir = testing::fresh_dir("train_e2e");
   auto config = tiny_config(dir, "e2e", {"train.steps=6", "sample.sample_every=6", "sample.width=64",
                                          "sample.height=64", "sample.sample_steps=2",
                                          "sample.prompts=[\"a red circle\"]", "train.gradient_accumulation=2"});
@@ -146,7 +140,7 @@ TEST(Trainer, EndToEndWritesMetricsASamplePngAndALoraThatLoadsBack) {
 // cache_latents_to_disk: latents are written beside the images once and reused by the next run (the
 // files are not rewritten and the run's losses are the same).
 TEST(Trainer, LatentDiskCacheIsWrittenOnceAndReused) {
-  const fs::path dir = scratch("cache");
+  const fs::path dir = testing::fresh_dir("train_cache");
   const auto first = train(tiny_config(dir, "c1", {"datasets.0.cache_latents_to_disk=true", "train.steps=4"}), {});
   std::map<std::string, fs::file_time_type> written;
   for (const auto& e : fs::directory_iterator(dir / "data" / "_latent_cache")) written[e.path().string()] = e.last_write_time();
@@ -161,7 +155,7 @@ TEST(Trainer, LatentDiskCacheIsWrittenOnceAndReused) {
 }
 
 TEST(Trainer, UnusableSettingsAndDataAreClearErrors) {
-  const fs::path dir = scratch("errors");
+  const fs::path dir = testing::fresh_dir("train_errors");
   // Mutually exclusive accumulation settings: refused when the config is read, naming both keys.
   auto both = tiny_config(dir, "a");
   both.train.gradient_accumulation = 2;

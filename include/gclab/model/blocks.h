@@ -73,16 +73,32 @@ class SelfAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SelfAttention);
 
-// FLUX double-stream block (FluxTransformerBlock). Inputs {img, txt, temb, cos, sin} -> {img, txt}.
-class FluxDoubleBlock : public TransformerBlock {
+// The double-stream block FLUX and Qwen-Image share: per stream, a modulation Linear of SiLU(temb) into
+// [shift, scale, gate] for attention and again for the MLP, LayerNorm without affine, joint attention
+// over [text, image] with rotary embedding, a GELU-tanh MLP. Inputs {img, txt, temb, cos, sin} -> {img, txt}.
+// The families differ only in their parameter names, which the subclasses give.
+class DoubleStreamBlock : public TransformerBlock {
  public:
-  FluxDoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
   Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
 
+ protected:
+  struct Names {
+    const char *img_mod, *txt_mod, *img_mlp, *txt_mlp;
+  };
+  DoubleStreamBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const Names& names,
+                    const torch::TensorOptions& options);
+
  private:
-  Linear norm1_linear{nullptr}, norm1_context_linear{nullptr};  // norm1.linear / norm1_context.linear
-  JointAttention attn{nullptr};
-  GeluFeedForward ff{nullptr}, ff_context{nullptr};
+  Linear img_mod_{nullptr}, txt_mod_{nullptr};
+  JointAttention attn_{nullptr};
+  GeluFeedForward img_mlp_{nullptr}, txt_mlp_{nullptr};
+};
+
+// FLUX double-stream block (FluxTransformerBlock): norm1.linear / norm1_context.linear, ff / ff_context.
+class FluxDoubleBlock : public DoubleStreamBlock {
+ public:
+  FluxDoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
+      : DoubleStreamBlock(dim, heads, mlp_hidden, {"norm1.linear", "norm1_context.linear", "ff", "ff_context"}, options) {}
 };
 
 // FLUX single-stream block (FluxSingleTransformerBlock): attention and MLP in parallel on the joint
@@ -97,16 +113,12 @@ class FluxSingleBlock : public TransformerBlock {
   SelfAttention attn{nullptr};
 };
 
-// Qwen-Image double-stream block (QwenImageTransformerBlock). Inputs {img, txt, temb, cos, sin} -> {img, txt}.
-class QwenImageBlock : public TransformerBlock {
+// Qwen-Image double-stream block (QwenImageTransformerBlock): img_mod.1 / txt_mod.1 (a Linear after a
+// SiLU), img_mlp / txt_mlp.
+class QwenImageBlock : public DoubleStreamBlock {
  public:
-  QwenImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
-  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
-
- private:
-  Linear img_mod{nullptr}, txt_mod{nullptr};  // img_mod.1 / txt_mod.1 (after a SiLU)
-  JointAttention attn{nullptr};
-  GeluFeedForward img_mlp{nullptr}, txt_mlp{nullptr};
+  QwenImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
+      : DoubleStreamBlock(dim, heads, mlp_hidden, {"img_mod.1", "txt_mod.1", "img_mlp", "txt_mlp"}, options) {}
 };
 
 // Z-Image single-stream block (ZImageTransformerBlock): sandwich RMSNorms around attention and the SwiGLU

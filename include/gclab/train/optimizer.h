@@ -27,8 +27,8 @@ struct AdamWOptions {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update of every parameter with a gradient, at learning rate lr.
-  virtual void step(double lr) = 0;
+  // One AdamW update of every parameter with a gradient, at learning rate lr.
+  void step(double lr);
   void zero_grad();
   // State as named tensors ("<param name>.exp_avg", ...), and back.
   virtual std::vector<std::pair<std::string, torch::Tensor>> state() const = 0;
@@ -39,6 +39,10 @@ class Optimizer {
  protected:
   Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params, AdamWOptions o)
       : params_(std::move(params)), o_(o) {}
+  // The moments of a parameter as float32 tensors the update may modify in place (zeros the first time),
+  // and keeping them after the update: where the two variants differ.
+  virtual std::pair<torch::Tensor, torch::Tensor> moments(const std::string& name, const torch::Tensor& param) = 0;
+  virtual void keep(const std::string& name, const torch::Tensor& m, const torch::Tensor& v) = 0;
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   AdamWOptions o_;
   int64_t steps_ = 0;
