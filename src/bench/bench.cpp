@@ -9,133 +9,124 @@
 #include <sstream>
 
 #include "gclab/config/byte_size.h"
-#include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
-#include "gclab/model/lora.h"
-#include "gclab/train/checkpointing.h"
-#include "gclab/train/flow.h"
-#include "gclab/train/model_setup.h"
-#include "gclab/train/optimizer.h"
-#include "gclab/train/trainer.h"
 
 namespace gclab::bench {
 
-std::vector<BenchRow> run_bench(const config::ProcessConfig& config, const BenchOptions& options) {
-  const model::ModelSpec spec = model::spec_for(config.model);
-  const torch::Device device = train::resolve_device(config.device);
-  const bool bf16 = config.train.dtype == "bf16";
-  if (device.is_cpu()) model::check_fits_in_host_memory(spec, "gclab bench");
-  std::vector<int> resolutions = options.resolutions, batches = options.batches;
-  if (resolutions.empty())
-    for (const auto& d : config.datasets) resolutions.insert(resolutions.end(), d.resolution.begin(), d.resolution.end());
-  if (resolutions.empty()) resolutions = {512};
-  std::sort(resolutions.begin(), resolutions.end());
-  resolutions.erase(std::unique(resolutions.begin(), resolutions.end()), resolutions.end());
-  if (batches.empty()) batches = {config.train.batch_size};
+namespace {
 
-  std::optional<memory::CpuMemoryTracker> tracker;
-  if (device.is_cpu() && !memory::CpuMemoryTracker::installed()) tracker.emplace(config.vram_cap.bytes);
-  memory::MemoryMeter meter(device);
-  if (!device.is_cpu() && config.vram_cap.bytes > 0) meter.set_cap(config.vram_cap.bytes);
+// Runs `steps` training steps of `batch` x resolution² (and a preview with `preview`) under the session's
+// policy; returns the step times (ms) and the peak, or nullopt and the phase when memory ran out.
+struct CellResult {
+  std::vector<double> step_ms;
+  int64_t peak_bytes = 0;
+  std::optional<std::string> oom_phase;
+};
 
-  torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
-  const train::TrainingModel built = train::build_training_model(config, spec, device);
-  auto m = built.model;
-  const model::LoraOptions lora = built.lora;
-  train::ModelCheckpointing checkpointing(*m);
-  std::vector<std::pair<std::string, torch::Tensor>> trainable;
-  for (const auto& p : m->named_parameters())
-    if (p.value().requires_grad()) trainable.emplace_back(p.key(), p.value());
-  train::AdamWOptions adam;
-  auto optimizer = train::make_optimizer(config.train.optimizer, trainable, adam);
+CellResult run_cell(train::Session& session, int batch, int resolution, int steps, bool preview) {
+  CellResult out;
+  auto next = [&] { return session.synthetic_batch(batch, resolution, resolution); };
+  try {
+    for (int s = 0; s < steps; ++s) {
+      session.meter().reset_peak();
+      session.phases().clear();
+      const auto t0 = std::chrono::steady_clock::now();
+      session.train_step(s, next);
+      if (session.device().is_cuda()) torch::cuda::synchronize();
+      out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      auto stats = session.meter().stats();
+      for (const auto& [name, bytes] : session.phases().peaks()) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
+      out.peak_bytes = std::max(out.peak_bytes, stats.peak_bytes);
+    }
+    if (preview && session.sampling()) {
+      session.meter().reset_peak();
+      session.sample(0, {});
+      out.peak_bytes = std::max(out.peak_bytes, session.meter().stats().peak_bytes);
+    }
+  } catch (const c10::OutOfMemoryError&) {
+    session.optimizer().zero_grad();
+    out.oom_phase = session.current_phase();
+  }
+  session.phases().clear();
+  return out;
+}
 
-  model::ActivationOptions ao;
-  ao.element_bytes = bf16 ? 2 : 4;
-  ao.lora_rank = config.network ? lora.rank : 0;
-  ao.conditioning_grad = !config.network;
-  ao.layer_norm_stats_bytes = device.is_cpu() ? ao.element_bytes : 4;
+}  // namespace
+
+std::vector<int> resolutions_for(const train::Session& session, std::vector<int> given) {
+  if (given.empty())
+    for (const auto& d : session.config().datasets) given.insert(given.end(), d.resolution.begin(), d.resolution.end());
+  if (given.empty()) given = {512};
+  std::sort(given.begin(), given.end());
+  given.erase(std::unique(given.begin(), given.end()), given.end());
+  const int div = session.spec().divisibility;
+  for (int r : given)
+    if (r <= 0 || r % div != 0)
+      throw UserError("resolution " + std::to_string(r) + " is not a positive multiple of " + std::to_string(div) +
+                      " (" + session.spec().arch + ")");
+  return given;
+}
+
+std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& options) {
+  using Kind = ckpt::CheckpointPolicy::Kind;
+  std::vector<ckpt::CheckpointPolicy> policies = options.policies;
+  if (policies.empty()) policies = {ckpt::CheckpointPolicy::parse("off"), ckpt::CheckpointPolicy::parse("full")};
+  std::vector<int> batches = options.batches;
+  if (batches.empty()) batches = {session.config().train.batch_size};
+  session.precompute_text({session.synthetic_batch(1, 64, 64).captions.front()});
 
   std::vector<BenchRow> rows;
-  for (int resolution : resolutions)
+  for (int resolution : resolutions_for(session, options.resolutions))
     for (int batch : batches) {
-      const model::ModelInputs inputs = m->example_inputs(batch, resolution, resolution, 0, torch::TensorOptions().device(device));
-      const auto est = model::estimate_activations(spec, batch, resolution, resolution, 0, ao);
-      std::map<std::string, BenchRow> by_policy;
-      for (const std::string& name : options.policies) {
+      const auto est = model::estimate_activations(session.spec(), batch, resolution, resolution, 0,
+                                                   session.activation_options());
+      std::optional<BenchRow> off;
+      for (const auto& policy : policies) {
         BenchRow row;
-        row.policy = name;
+        row.policy = policy.to_string();
         row.resolution = resolution;
         row.batch = batch;
-        const auto policy = ckpt::CheckpointPolicy::parse(name);
-        row.predicted_activation_bytes = policy.kind == ckpt::CheckpointPolicy::Kind::Off ? est.total_off_bytes
-                                         : policy.kind == ckpt::CheckpointPolicy::Kind::Full
-                                             ? est.full_with_recompute_bytes
-                                             : 0;
-        if (policy.kind == ckpt::CheckpointPolicy::Kind::Budget)
-          checkpointing.apply(checkpointing.resolve_budget(inputs, policy.budget_bytes, meter).policy);
-        else
-          checkpointing.apply(policy);
-        train::MicroBatch mb;
-        mb.conditioning = inputs;
-        mb.x0 = inputs.latents;
-        train::StepOptions so;
-        so.autocast_bf16 = bf16;
-        std::vector<double> ms;
-        std::string phase;
-        try {
-          for (int s = 0; s <= options.steps; ++s) {
-            mb.noise = torch::randn_like(mb.x0);
-            mb.t = train::sample_timesteps("sigmoid", batch, device);
-            meter.reset_peak();
-            const auto t0 = std::chrono::steady_clock::now();
-            phase = "forward/backward";
-            train::flow_matching_step(*m, mb, so);
-            phase = "optimizer";
-            optimizer->step(1e-6);
-            optimizer->zero_grad();
-            if (device.is_cuda()) torch::cuda::synchronize();
-            const double elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            if (s > 0) ms.push_back(elapsed);  // the first step warms up
-            row.peak_bytes = std::max(row.peak_bytes, meter.stats().peak_bytes);
-          }
-          std::sort(ms.begin(), ms.end());
-          row.step_ms = ms[ms.size() / 2];
-        } catch (const c10::OutOfMemoryError&) {
-          optimizer->zero_grad();
+        row.predicted_activation_bytes = policy.kind == Kind::Off    ? est.total_off_bytes
+                                         : policy.kind == Kind::Full ? est.full_with_recompute_bytes
+                                                                     : 0;
+        session.apply_policy(policy, batch, resolution);
+        const CellResult cell = run_cell(session, batch, resolution, options.steps + 1, false);
+        if (cell.oom_phase) {
           row.oom = true;
-          row.oom_phase = phase;
+          row.oom_phase = *cell.oom_phase;
+        } else {
+          std::vector<double> timed(cell.step_ms.begin() + 1, cell.step_ms.end());  // the first step warms up
+          std::sort(timed.begin(), timed.end());
+          row.step_ms = timed[timed.size() / 2];
+          row.peak_bytes = cell.peak_bytes;
         }
-        by_policy[name] = row;
-      }
-      for (const std::string& name : options.policies) {
-        BenchRow row = by_policy[name];
-        if (by_policy.count("off") && !by_policy["off"].oom && !row.oom) {
-          row.time_ratio = row.step_ms / by_policy["off"].step_ms;
-          row.peak_ratio = static_cast<double>(row.peak_bytes) / static_cast<double>(by_policy["off"].peak_bytes);
-        }
+        if (policy.kind == Kind::Off) off = row;
         rows.push_back(row);
       }
+      for (auto it = rows.end() - static_cast<std::ptrdiff_t>(policies.size()); it != rows.end(); ++it)
+        if (off && !off->oom && !it->oom) {
+          it->time_ratio = it->step_ms / off->step_ms;
+          it->peak_ratio = static_cast<double>(it->peak_bytes) / static_cast<double>(off->peak_bytes);
+        }
     }
+  session.apply_policy(session.config().train.policy(), session.config().train.batch_size, 512);
   return rows;
 }
 
-std::vector<FitRow> run_fit(const config::ProcessConfig& config, const std::vector<std::string>& policies,
+std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::CheckpointPolicy>& policies,
                             const std::vector<int>& resolutions, int max_batch) {
+  session.precompute_text({session.synthetic_batch(1, 64, 64).captions.front()});
   std::vector<FitRow> out;
-  for (int resolution : resolutions)
+  for (int resolution : resolutions_for(session, resolutions))
     for (const auto& policy : policies) {
       FitRow row;
-      row.policy = policy;
+      row.policy = policy.to_string();
       row.resolution = resolution;
       auto attempt = [&](int batch) -> std::optional<int64_t> {
-        BenchOptions o;
-        o.policies = {policy};
-        o.batches = {batch};
-        o.resolutions = {resolution};
-        o.steps = 1;
-        const auto r = run_bench(config, o).front();
-        if (r.oom) return std::nullopt;
-        return r.peak_bytes;
+        session.apply_policy(policy, batch, resolution);
+        const CellResult cell = run_cell(session, batch, resolution, 2, true);
+        if (cell.oom_phase) return std::nullopt;
+        return cell.peak_bytes;
       };
       int good = 0, bad = max_batch + 1;
       int64_t good_peak = 0;
@@ -147,11 +138,13 @@ std::vector<FitRow> run_fit(const config::ProcessConfig& config, const std::vect
           break;
         }
       }
-      while (bad - good > 1 && good > 0 && good < max_batch) {  // then bisect between the last fit and the failure
+      while (bad - good > 1 && good > 0) {  // then bisect between the last fit and the failure
         const int mid = std::min(max_batch, (good + bad) / 2);
         if (mid == good) break;
-        if (auto peak = attempt(mid)) good = mid, good_peak = *peak;
-        else bad = mid;
+        if (auto peak = attempt(mid))
+          good = mid, good_peak = *peak;
+        else
+          bad = mid;
       }
       row.largest_batch = good;
       row.peak_bytes = good_peak;

@@ -4,54 +4,75 @@
 #include <set>
 
 #include "gclab/model/activations.h"
-#include "gclab/model/summary.h"
+#include "gclab/train/session.h"
 
 namespace gclab::bench {
 
-MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
-  MemoryEstimate e;
-  const model::ModelSummary summary = model::summarize_model(config);
-  e.spec = summary.spec;
-  e.weight_bytes = summary.weight_bytes;
-  e.trainable = summary.trainable_parameters;
-  e.cap_bytes = config.vram_cap.bytes;
-  const bool bf16 = config.train.dtype == "bf16";
-  e.activation_dtype = bf16 ? "bf16" : "fp32";
-  if (config.network) {
-    // Adapters in float32 with float32 gradients (AI Toolkit keeps LoRA weights in float32).
-    e.trainable_bytes = 4 * e.trainable;
-    e.gradient_bytes = 4 * e.trainable;
-  } else {
-    e.gradient_bytes = 2 * e.trainable;  // gradients in the weights' bf16
-  }
-  // AdamW: two float32 moments; the 8-bit variant one byte each plus a float32 scale per 256 values.
-  e.optimizer_bytes = config.train.optimizer == "adamw8bit" ? 2 * e.trainable + 8 * ((e.trainable + 255) / 256)
-                                                            : 8 * e.trainable;
-  e.fixed_bytes = e.weight_bytes + e.trainable_bytes + e.gradient_bytes + e.optimizer_bytes;
+namespace {
 
-  model::ActivationOptions o;
-  o.element_bytes = bf16 ? 2 : 4;
-  o.lora_rank = config.network ? config.network->linear.value_or(16) : 0;
-  o.conditioning_grad = !config.network;
+StepEstimate step_estimate(const train::Session& session, const model::ActivationEstimate& a, int batch, int resolution,
+                           bool checkpointed, int64_t resident, int64_t gradients) {
+  const model::ModelSpec& spec = session.spec();
+  StepEstimate s;
+  // The flow-matching step's own float32 tensors: x0, noise, x_t, target, the prediction and the squared
+  // error (train/flow.cpp), each [B, C, H/8, W/8]; the text embeddings [B, T, D] (+ pooled).
+  const int64_t latent = int64_t{4} * batch * spec.latent_channels * (resolution / 8) * (resolution / 8);
+  s.batch_bytes = 6 * latent + int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
+  int64_t largest_block = 0;
+  for (const auto& b : a.blocks) largest_block = std::max(largest_block, b.saved_bytes);
+  s.activation_bytes = checkpointed ? a.full_with_recompute_bytes : a.total_off_bytes;
+  // Backward's own transient tensors while a block is differentiated (gradients of its saved tensors,
+  // measured on the tiny presets with the tracking allocator): about 0.45 of the largest block's
+  // activations with GC off; with GC full the recompute's are already counted, and about 0.15 remain.
+  s.workspace_bytes = static_cast<int64_t>((checkpointed ? 0.15 : 0.45) * static_cast<double>(largest_block));
+  // Gradients fill in as the activations are freed: the step's peak is the larger of backward (everything
+  // but the gradients) and the optimizer (everything resident, gradients included).
+  s.total_bytes = std::max(resident - gradients + s.batch_bytes + s.activation_bytes + s.workspace_bytes, resident);
+  return s;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
+  train::Session session(config, train::SessionOptions{/*meta=*/true});
+  MemoryEstimate e;
+  e.spec = session.spec();
+  const train::ResidentBytes r = session.resident();
+  e.weight_bytes = r.weights;
+  e.trained = model::trainable_parameter_count(session.model());
+  e.trained_bytes = r.trained;
+  e.gradient_bytes = r.trained;  // one gradient per trained tensor, in its dtype
+  e.optimizer_bytes = session.optimizer().expected_state_bytes();
+  e.ema_bytes = r.ema;
+  e.text_encoder_bytes = config.train.unload_text_encoder && config.train.cache_text_embeddings ? 0 : r.text_encoder;
+  e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes;
+  e.cap_bytes = config.vram_cap.bytes;
+  e.activation_dtype = std::string(config::name_of(config.train.dtype));
+  const bool cuda = config.device.rfind("cuda", 0) == 0;
+  e.device = cuda ? "cuda" : config.device;
+  const model::ActivationOptions o = model::activation_options(config, cuda);
   std::set<std::pair<int, int>> seen;
   for (const auto& d : config.datasets)
-    for (int r : d.resolution) {
+    for (int res : d.resolution) {
       const int batch = d.batch_size.value_or(config.train.batch_size);
-      if (!seen.insert({r, batch}).second) continue;
-      const auto a = model::estimate_activations(e.spec, batch, r, r, 0, o);
+      if (!seen.insert({res, batch}).second) continue;
+      const auto a = model::estimate_activations(e.spec, batch, res, res, 0, o);
       ResolutionEstimate re;
-      re.resolution = r;
+      re.resolution = res;
       re.batch = batch;
       re.image_tokens = a.image_tokens;
       re.text_tokens = a.text_tokens;
-      re.activations_off = a.total_off_bytes;
-      re.activations_full = a.full_with_recompute_bytes;
-      re.total_off = e.fixed_bytes + re.activations_off;
-      re.total_full = e.fixed_bytes + re.activations_full;
+      re.gc_off = step_estimate(session, a, batch, res, false, e.resident_bytes, e.gradient_bytes);
+      re.gc_full = step_estimate(session, a, batch, res, true, e.resident_bytes, e.gradient_bytes);
       e.resolutions.push_back(re);
     }
   std::sort(e.resolutions.begin(), e.resolutions.end(),
             [](const ResolutionEstimate& a, const ResolutionEstimate& b) { return a.resolution < b.resolution; });
+  e.not_modelled = {"previews (sampling runs without gradients, after the step)",
+                    "the data loader's prefetched batches and latent caches",
+                    "the text-embedding cache (cache_text_embeddings)",
+                    "allocator fragmentation and the CUDA context (CUDA)",
+                    "partial checkpoint policies (every:N, blocks, selective, offload)"};
   return e;
 }
 

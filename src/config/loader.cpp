@@ -321,6 +321,26 @@ bool read_value(const YAML::Node& node, T& out, const std::string& path, LoadCon
     }
     out = static_cast<T>(*v);
     return true;
+  } else if constexpr (std::is_enum_v<T>) {
+    const auto v = node.IsScalar() ? parse_choice<T>(node.Scalar()) : std::nullopt;
+    if (!v) {
+      ctx.error(path, node, describe(node) + " is not supported; use one of: " + choice_list<T>());
+      return false;
+    }
+    out = *v;
+    return true;
+  } else if constexpr (std::is_same_v<T, ckpt::CheckpointPolicy>) {
+    if (!node.IsScalar()) {
+      ctx.error(path, node, "expected a checkpoint policy, got " + describe(node));
+      return false;
+    }
+    try {
+      out = ckpt::CheckpointPolicy::parse(node.Scalar());
+    } catch (const std::invalid_argument& e) {
+      ctx.error(path, node, e.what());
+      return false;
+    }
+    return true;
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!node.IsScalar()) {
       ctx.error(path, node, "expected text, got " + describe(node));
@@ -534,23 +554,6 @@ void substitute(YAML::Node node, const std::string& name, const std::string& pat
 // ---------------------------------------------------------------------------------------------
 // Derived values: what AI Toolkit computes from what the user wrote.
 
-std::optional<std::string> canonical_dtype(const std::string& s, bool save_spelling) {
-  if (s == "fp32" || s == "float32" || s == "float") return save_spelling ? "float32" : "fp32";
-  if (s == "bf16" || s == "bfloat16") return save_spelling ? "bfloat16" : "bf16";
-  if (s == "fp16" || s == "float16" || s == "half") return save_spelling ? "float16" : "fp16";
-  return std::nullopt;
-}
-
-bool one_of(const std::string& value, std::initializer_list<const char*> allowed) {
-  return std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return value == a; });
-}
-
-std::string list_of(std::initializer_list<const char*> allowed) {
-  std::string out;
-  for (const char* a : allowed) out += (out.empty() ? "" : ", ") + std::string(a);
-  return out;
-}
-
 class Validator {
  public:
   Validator(ProcessConfig& c, Diagnostics& d) : c_(c), d_(d) {}
@@ -565,12 +568,6 @@ class Validator {
   void at_least(const std::string& path, T value, T minimum) {
     if (value < minimum) error(path, "must be at least " + std::to_string(minimum) + ", got " + std::to_string(value));
   }
-  void choice(const std::string& path, const std::string& value, std::initializer_list<const char*> allowed,
-              const std::string& why = "") {
-    if (!one_of(value, allowed))
-      error(path, "'" + value + "' is not supported" + why + "; use one of: " + list_of(allowed));
-  }
-
   void run() {
     if (c_.name.empty()) error("name", "is required (AI Toolkit names the output folder and files after it)");
     if (c_.vram_cap.bytes < 0) error("vram_cap", "must not be negative");
@@ -601,27 +598,18 @@ class Validator {
     }
     if (arch.empty()) {
       error("model.arch",
-            "is not set and cannot be inferred from model.name_or_path; AI Toolkit would assume "
-            "sd1, which gclab does not model. Set model.arch to one of: " +
-                supported_arch_list());
-      return;
-    }
-    const auto info = find_arch(arch);
-    if (!info) {
-      const std::string at = reason == "model.arch" ? "model.arch" : reason;
-      error(at, "architecture '" + arch + "' is not modelled by gclab yet; supported: " + supported_arch_list());
+            "is not set and cannot be inferred from model.name_or_path; AI Toolkit would assume sd1, which gclab "
+            "does not model. Set model.arch (flux, flex1, flex2, qwen_image, zimage, sd3, dit, ...; the README lists "
+            "them)");
       return;
     }
     m.arch = arch;
-    arch_ = *info;
-    if (!m.name_or_path && !info->tiny)
-      warning("model.name_or_path", "not set; the " + arch + " preset starts from random weights");
   }
 
   void network() {
     if (!c_.network) return;
     NetworkConfig& n = *c_.network;
-    choice("network.type", n.type, {"lora"});
+    if (n.type != "lora") error("network.type", "'" + n.type + "' is not supported; gclab trains LoRA networks (lora)");
     if (!n.linear && n.rank) n.linear = n.rank;
     if (!n.linear) {
       error("network.linear", "is required for a LoRA network (its rank, e.g. 16)");
@@ -635,13 +623,10 @@ class Validator {
 
   void save() {
     SaveConfig& s = c_.save;
-    if (auto d = canonical_dtype(s.dtype, true))
-      s.dtype = *d;
-    else
-      error("save.dtype", "'" + s.dtype + "' is not a dtype; use float16, bfloat16 or float32");
     at_least("save.save_every", s.save_every, 1);
     at_least("save.max_step_saves_to_keep", s.max_step_saves_to_keep, 0);
-    choice("save.save_format", s.save_format, {"safetensors"}, " (gclab writes safetensors files)");
+    if (s.save_format != "safetensors")
+      error("save.save_format", "'" + s.save_format + "' is not supported (gclab writes safetensors files)");
   }
 
   void datasets() {
@@ -665,10 +650,6 @@ class Validator {
         const int res = d.resolution[r];
         if (res <= 0) {
           error(rp, "must be positive, got " + std::to_string(res));
-        } else if (arch_ && res % arch_->divisibility != 0) {
-          error(rp, std::to_string(res) + " is not a multiple of " + std::to_string(arch_->divisibility) + " (" +
-                        arch_->name + "); use " + std::to_string(res / arch_->divisibility * arch_->divisibility) +
-                        " or " + std::to_string((res / arch_->divisibility + 1) * arch_->divisibility));
         }
       }
     }
@@ -679,19 +660,13 @@ class Validator {
     at_least("train.batch_size", t.batch_size, 1);
     at_least("train.steps", t.steps, 1);
     if (!(t.lr > 0)) error("train.lr", "must be positive");
-    if (auto d = canonical_dtype(t.dtype, false))
-      t.dtype = *d;
-    else
-      error("train.dtype", "'" + t.dtype + "' is not a dtype; use bf16, fp16 or fp32");
-    choice("train.optimizer", t.optimizer, {"adamw", "adamw8bit"});
-    choice("train.oom_policy", t.oom_policy, {"abort", "skip"});
+    if (t.dtype == DType::fp16)
+      error("train.dtype", "fp16 training needs loss scaling, which gclab does not do; use bf16 (autocast) or fp32");
     if (t.optimizer_params.weight_decay < 0) error("train.optimizer_params.weight_decay", "must not be negative");
     if (t.optimizer_params.betas.size() != 2 || t.optimizer_params.betas[0] < 0 || t.optimizer_params.betas[0] >= 1 ||
         t.optimizer_params.betas[1] < 0 || t.optimizer_params.betas[1] >= 1)
       error("train.optimizer_params.betas", "must be two numbers in [0, 1), e.g. [0.9, 0.999]");
     if (!(t.optimizer_params.eps > 0)) error("train.optimizer_params.eps", "must be positive");
-    choice("train.lr_scheduler", t.lr_scheduler, {"constant", "constant_with_warmup", "linear", "cosine"});
-    choice("train.timestep_type", t.timestep_type, {"sigmoid", "linear", "shift", "weighted"});
     if (given("train.noise_scheduler") && t.noise_scheduler != "flowmatch")
       warning("train.noise_scheduler",
               "gclab trains every model with flow matching; '" + t.noise_scheduler + "' is ignored");
@@ -705,12 +680,13 @@ class Validator {
     if (t.ema_config.ema_decay < 0 || t.ema_config.ema_decay >= 1)
       error("train.ema_config.ema_decay", "must be in [0, 1)");
     // AI Toolkit's switch maps onto gclab's policy; an explicit policy wins, and a contradiction is said.
-    if (t.checkpoint_policy.empty()) {
-      t.checkpoint_policy = t.gradient_checkpointing ? "full" : "off";
-    } else if (given("train.gradient_checkpointing") && !t.gradient_checkpointing && t.checkpoint_policy != "off") {
-      warning("train.checkpoint_policy", "'" + t.checkpoint_policy + "' overrides train.gradient_checkpointing: false");
+    using Kind = ckpt::CheckpointPolicy::Kind;
+    if (!t.checkpoint_policy) {
+      t.checkpoint_policy = ckpt::CheckpointPolicy::parse(t.gradient_checkpointing ? "full" : "off");
+    } else if (given("train.gradient_checkpointing") && !t.gradient_checkpointing && t.policy().kind != Kind::Off) {
+      warning("train.checkpoint_policy", "'" + t.policy().to_string() + "' overrides train.gradient_checkpointing: false");
     }
-    t.gradient_checkpointing = t.checkpoint_policy != "off";
+    t.gradient_checkpointing = t.policy().kind != Kind::Off;
   }
 
   void sample() {
@@ -721,7 +697,7 @@ class Validator {
     at_least("sample.width", s.width, 1);
     at_least("sample.height", s.height, 1);
     at_least("sample.sample_steps", s.sample_steps, 1);
-    choice("sample.format", s.format, {"png"}, " (gclab writes PNG previews)");
+    if (s.format != "png") error("sample.format", "'" + s.format + "' is not supported (gclab writes PNG previews)");
     // AI Toolkit: `prompts` is the legacy spelling of `samples` items; `samples` wins when both exist.
     if (s.samples.empty()) {
       for (const auto& p : s.prompts) {
@@ -748,24 +724,17 @@ class Validator {
 
   ProcessConfig& c_;
   Diagnostics& d_;
-  std::optional<ArchInfo> arch_;
 };
 
-// When the YAML itself does not parse, a glance at the text can still tell the user whether the
-// architecture would have been supported, so they are not left fixing quotes for nothing.
-std::string arch_hint_from_text(const std::string& text) {
+// When the YAML itself does not parse, the arch it names (if any) still tells the caller whether fixing
+// it would lead anywhere.
+std::string arch_named_in_text(const std::string& text) {
   static const std::regex arch_line(R"(^\s*arch:\s*['"]?([A-Za-z0-9_\-]+))");
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
     std::smatch m;
-    if (std::regex_search(line, m, arch_line)) {
-      const std::string arch = m[1];
-      if (!find_arch(arch))
-        return "; note: this config names model.arch '" + arch +
-               "', which gclab does not model yet (supported: " + supported_arch_list() + ")";
-      return "";
-    }
+    if (std::regex_search(line, m, arch_line)) return m[1];
   }
   return "";
 }
@@ -794,6 +763,11 @@ void write_value(YAML::Emitter& out, double v) {
   out << text;
 }
 void write_value(YAML::Emitter& out, const ByteSize& v) { out << format_bytes_exact(v.bytes); }
+void write_value(YAML::Emitter& out, const ckpt::CheckpointPolicy& v) { out << YAML::DoubleQuoted << v.to_string(); }
+template <class T>
+std::enable_if_t<std::is_enum_v<T>> write_value(YAML::Emitter& out, T v) {
+  out << YAML::DoubleQuoted << std::string(name_of(v));
+}
 template <class T>
 std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>> write_value(YAML::Emitter& out, T v) {
   out << static_cast<long long>(v);
@@ -803,13 +777,17 @@ void write_value(YAML::Emitter& out, const std::optional<T>& v);
 template <class T>
 void write_value(YAML::Emitter& out, const std::vector<T>& v);
 
+// A block with its own field list (written as a mapping); everything else is a value.
+template <class T>
+constexpr bool is_block_v = std::is_class_v<T> && !std::is_same_v<T, std::string> && !std::is_same_v<T, ByteSize> &&
+                            !std::is_same_v<T, ckpt::CheckpointPolicy> && !is_optional<T>::value && !is_vector<T>::value;
+
 struct BlockWriter {
   YAML::Emitter& out;
   template <class T>
   void operator()(const char* key, const T& value) {
     out << YAML::Key << key << YAML::Value;
-    if constexpr (std::is_class_v<T> && !std::is_same_v<T, std::string> && !std::is_same_v<T, ByteSize> &&
-                  !is_optional<T>::value && !is_vector<T>::value) {
+    if constexpr (is_block_v<T>) {
       out << YAML::BeginMap;
       const_cast<T&>(value).fields(*this);
       out << YAML::EndMap;
@@ -822,8 +800,7 @@ struct BlockWriter {
 
 template <class T>
 void write_item(YAML::Emitter& out, const T& v) {
-  if constexpr (std::is_class_v<T> && !std::is_same_v<T, std::string> && !std::is_same_v<T, ByteSize> &&
-                !is_optional<T>::value && !is_vector<T>::value) {
+  if constexpr (is_block_v<T>) {
     BlockWriter w{out};
     out << YAML::BeginMap;
     const_cast<T&>(v).fields(w);
@@ -886,7 +863,8 @@ LoadResult load_config_text(const std::string& text, const std::string& source_n
     root = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     const std::string where = source_name + (e.mark.is_null() ? "" : ":" + std::to_string(e.mark.line + 1));
-    diag.error("", where, "is not valid YAML: " + e.msg + arch_hint_from_text(text));
+    diag.error("", where, "is not valid YAML: " + e.msg);
+    result.arch_in_text = arch_named_in_text(text);
     return result;
   } catch (const std::exception& e) {
     diag.error("", source_name, std::string("could not be read as YAML: ") + e.what());
@@ -971,7 +949,10 @@ LoadResult load_config_text(const std::string& text, const std::string& source_n
   }
 
   Validator(cfg, diag).run();
-  if (!diag.has_errors()) result.config = std::move(cfg);
+  if (!diag.has_errors())
+    result.config = std::move(cfg);
+  else
+    result.as_read = std::move(cfg);
   return result;
 }
 

@@ -130,6 +130,15 @@ int64_t dit_block(const Ledger& L, int64_t n, int64_t m) {
 
 }  // namespace
 
+ActivationOptions activation_options(const config::ProcessConfig& config, bool cuda) {
+  ActivationOptions o;
+  o.element_bytes = config::dtype_bytes(config.train.dtype);
+  o.lora_rank = config.network ? config.network->linear.value_or(16) : 0;
+  o.conditioning_grad = !config.network;
+  o.layer_norm_stats_bytes = cuda ? 4 : o.element_bytes;
+  return o;
+}
+
 ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64_t height, int64_t width,
                                         int64_t text, const ActivationOptions& o) {
   const Ledger L{batch, s.hidden, s.heads, o.element_bytes, o.lora_rank, o.lora_rank == 0, o.layer_norm_stats_bytes};
@@ -142,20 +151,20 @@ ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64
   auto add = [&](const std::string& kind, int count, int64_t saved, int64_t input) {
     if (count > 0) est.blocks.push_back({kind, count, saved, input});
   };
-  if (s.family == "flux") {
+  if (s.family == Family::flux) {
     add("double", s.double_blocks, double_stream(L, n, t, m), batch * (n + t) * D * e);
     add("single", s.single_blocks, flux_single(L, n + t, m), batch * (n + t) * D * e);
-  } else if (s.family == "qwen_image") {
+  } else if (s.family == Family::qwen_image) {
     add("double", s.double_blocks, double_stream(L, n, t, m), batch * (n + t) * D * e);
-  } else if (s.family == "zimage") {
+  } else if (s.family == Family::zimage) {
     const int64_t n_pad = (n + 31) / 32 * 32;
     add("noise refiner", s.refiner_blocks, zimage_block(L, n_pad, m, true), batch * n_pad * D * e);
     add("context refiner", s.refiner_blocks, zimage_block(L, t, m, false), batch * t * D * e);
     add("single", s.single_blocks, zimage_block(L, n_pad + t, m, true), batch * (n_pad + t) * D * e);
-  } else if (s.family == "sd3") {
+  } else if (s.family == Family::sd3) {
     add("joint", s.double_blocks - 1, sd3_joint(L, n, t, m, false), batch * (n + t) * D * e);
     add("joint (last)", 1, sd3_joint(L, n, t, m, true), batch * (n + t) * D * e);
-  } else if (s.family == "dit") {
+  } else if (s.family == Family::dit) {
     add("dit", s.single_blocks, dit_block(L, n, m), batch * n * D * e);
   }
   int64_t largest_block = 0;

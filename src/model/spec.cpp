@@ -4,7 +4,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "gclab/config/arch.h"
+#include "gclab/model/family.h"
 
 namespace gclab::model {
 
@@ -16,66 +16,61 @@ namespace {
 ModelSpec flux(const std::string& preset, int double_blocks, bool guidance, int64_t text_tokens) {
   ModelSpec s;
   s.preset = preset;
-  s.family = "flux";
+  s.family = Family::flux;
   s.hidden = 3072, s.heads = 24, s.head_dim = 128, s.mlp_hidden = 12288;
   s.double_blocks = double_blocks, s.single_blocks = 38;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
   s.text_dim = 4096, s.pooled_dim = 768, s.max_text_tokens = text_tokens, s.guidance_embed = guidance;
   s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
-  s.divisibility = 32;
   return s;
 }
 
 ModelSpec qwen(const std::string& preset, bool edit) {
   ModelSpec s;
   s.preset = preset;
-  s.family = "qwen_image";
+  s.family = Family::qwen_image;
   s.hidden = 3072, s.heads = 24, s.head_dim = 128, s.mlp_hidden = 12288;
   s.double_blocks = 60;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
   s.text_dim = 3584, s.max_text_tokens = 1024;
   s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
   s.edit = edit;
-  s.divisibility = 32;
   return s;
 }
 
 ModelSpec zimage(const std::string& preset) {
   ModelSpec s;
   s.preset = preset;
-  s.family = "zimage";
+  s.family = Family::zimage;
   s.hidden = 3840, s.heads = 30, s.head_dim = 128, s.mlp_hidden = 10240;  // int(3840 / 3 * 8)
   s.single_blocks = 30, s.refiner_blocks = 2;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
   s.text_dim = 2560, s.max_text_tokens = 512;
   s.rope_axes = {32, 48, 48}, s.rope_theta = 256;
   s.adaln_dim = 256, s.t_embed_mid = 1024;
-  s.divisibility = 16;
   return s;
 }
 
 ModelSpec sd35_large() {
   ModelSpec s;
   s.preset = "sd35-large";
-  s.family = "sd3";
+  s.family = Family::sd3;
   s.hidden = 2432, s.heads = 38, s.head_dim = 64, s.mlp_hidden = 4 * 2432;
   s.double_blocks = 38;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
   s.text_dim = 4096, s.pooled_dim = 2048, s.max_text_tokens = 333;
   s.pos_embed_max = 192, s.sd3_base_size = 64;  // sample_size 128 / patch 2
-  s.divisibility = 32;
   return s;
 }
 
 ModelSpec dit_xl2() {
   ModelSpec s;
   s.preset = "dit-xl2";
-  s.family = "dit";
+  s.family = Family::dit;
   s.hidden = 1152, s.heads = 16, s.head_dim = 72, s.mlp_hidden = 4 * 1152;
   s.single_blocks = 28;
   s.latent_channels = 4, s.out_channels = 8, s.patch = 2;  // SD VAE latents; learned sigma doubles the output
   s.num_classes = 1000;
-  s.divisibility = 16;
   return s;
 }
 
@@ -85,11 +80,11 @@ ModelSpec tiny(const ModelSpec& full, const std::string& preset) {
   s.preset = preset;
   s.tiny = true;
   s.hidden = 128, s.heads = 4, s.head_dim = 32, s.mlp_hidden = 512;
-  if (s.family == "flux") s.double_blocks = 2, s.single_blocks = 2, s.max_text_tokens = 32;
-  if (s.family == "qwen_image") s.double_blocks = 2, s.max_text_tokens = 64;
-  if (s.family == "zimage") s.single_blocks = 2, s.refiner_blocks = 1, s.mlp_hidden = 341, s.max_text_tokens = 64;
-  if (s.family == "sd3") s.double_blocks = 3, s.max_text_tokens = 48, s.pos_embed_max = 64, s.sd3_base_size = 16;
-  if (s.family == "dit") s.single_blocks = 2, s.num_classes = 10;
+  if (s.family == Family::flux) s.double_blocks = 2, s.single_blocks = 2, s.max_text_tokens = 32;
+  if (s.family == Family::qwen_image) s.double_blocks = 2, s.max_text_tokens = 64;
+  if (s.family == Family::zimage) s.single_blocks = 2, s.refiner_blocks = 1, s.mlp_hidden = 341, s.max_text_tokens = 64;
+  if (s.family == Family::sd3) s.double_blocks = 3, s.max_text_tokens = 48, s.pos_embed_max = 64, s.sd3_base_size = 16;
+  if (s.family == Family::dit) s.single_blocks = 2, s.num_classes = 10;
   if (s.text_dim) s.text_dim = 64;
   if (s.pooled_dim) s.pooled_dim = 32;
   if (!s.rope_axes.empty()) s.rope_axes = {8, 12, 12};
@@ -128,7 +123,9 @@ bool contains(const std::string& text, const std::string& needle) {
 ModelSpec spec_by_preset(const std::string& preset) {
   const auto it = presets().find(preset);
   if (it == presets().end()) throw std::invalid_argument("unknown model preset '" + preset + "'");
-  return it->second;
+  ModelSpec s = it->second;
+  s.divisibility = divisibility(s.family);
+  return s;
 }
 
 std::vector<std::string> preset_names() {
@@ -138,23 +135,14 @@ std::vector<std::string> preset_names() {
 }
 
 ModelSpec spec_for(const config::ModelConfig& model) {
-  const std::string name = model.name_or_path.value_or("");
-  const std::string& arch = model.arch;
-  std::string preset;
-  if (arch == "flux") preset = contains(name, "schnell") ? "flux-schnell" : "flux-dev";
-  else if (arch == "flex1" || arch == "flex2") preset = arch;
-  else if (arch == "qwen_image") preset = "qwen-image";
-  else if (arch == "qwen_image_edit") preset = "qwen-image-edit";
-  else if (arch == "qwen_image_edit_plus") preset = "qwen-image-edit-2509";
-  else if (arch == "zimage") preset = contains(name, "turbo") ? "zimage-turbo" : "zimage";
-  else if (arch == "sd3") preset = "sd35-large";
-  else if (arch == "dit") preset = "dit-xl2";
-  else if (presets().count(arch)) preset = arch;  // tiny-*
-  else
-    throw std::invalid_argument("model.arch '" + arch + "' is not modelled by gclab (supported: " +
-                                config::supported_arch_list() + ")");
-  ModelSpec s = spec_by_preset(preset);
-  s.arch = arch;
+  const ArchFacts* arch = find_arch(model.arch);
+  if (!arch)
+    throw std::invalid_argument("model.arch '" + model.arch + "' is not modelled by gclab (supported: " +
+                                supported_arch_list() + ")");
+  const bool variant =
+      !arch->variant_keyword.empty() && contains(model.name_or_path.value_or(""), arch->variant_keyword);
+  ModelSpec s = spec_by_preset(variant ? arch->variant_preset : arch->preset);
+  s.arch = arch->name;
   return s;
 }
 
@@ -165,9 +153,9 @@ int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width) {
 
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
   const int64_t n = std::max<int64_t>(prompt_tokens, 1);
-  if (spec.family == "flux" || spec.family == "sd3") return spec.max_text_tokens;
-  if (spec.family == "qwen_image") return std::min(n, spec.max_text_tokens);
-  if (spec.family == "zimage") return std::min((n + 31) / 32 * 32, spec.max_text_tokens);
+  if (spec.family == Family::flux || spec.family == Family::sd3) return spec.max_text_tokens;
+  if (spec.family == Family::qwen_image) return std::min(n, spec.max_text_tokens);
+  if (spec.family == Family::zimage) return std::min((n + 31) / 32 * 32, spec.max_text_tokens);
   return 0;  // dit: a class label, no text sequence
 }
 

@@ -336,12 +336,12 @@ ModelInputs DiffusionTransformer::example_inputs(int64_t batch, int64_t height, 
 }
 
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options) {
-  if (spec.family == "flux") return std::make_shared<FluxTransformer>(spec, options);
-  if (spec.family == "qwen_image") return std::make_shared<QwenImageTransformer>(spec, options);
-  if (spec.family == "zimage") return std::make_shared<ZImageTransformer>(spec, options);
-  if (spec.family == "sd3") return std::make_shared<SD3Transformer>(spec, options);
-  if (spec.family == "dit") return std::make_shared<DiTTransformer>(spec, options);
-  throw std::invalid_argument("no transformer for family '" + spec.family + "'");
+  if (spec.family == Family::flux) return std::make_shared<FluxTransformer>(spec, options);
+  if (spec.family == Family::qwen_image) return std::make_shared<QwenImageTransformer>(spec, options);
+  if (spec.family == Family::zimage) return std::make_shared<ZImageTransformer>(spec, options);
+  if (spec.family == Family::sd3) return std::make_shared<SD3Transformer>(spec, options);
+  if (spec.family == Family::dit) return std::make_shared<DiTTransformer>(spec, options);
+  throw std::invalid_argument("no transformer for family '" + std::string(config::name_of(spec.family)) + "'");
 }
 
 void check_fits_in_host_memory(const ModelSpec& spec, const std::string& what) {

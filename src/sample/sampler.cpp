@@ -5,7 +5,7 @@
 namespace gclab::sample {
 
 Guidance guidance_for(const model::ModelSpec& spec) {
-  if (spec.family == "flux") return spec.guidance_embed ? Guidance::Embedded : Guidance::None;
+  if (spec.family == model::Family::flux) return spec.guidance_embed ? Guidance::Embedded : Guidance::None;
   return Guidance::Cfg;
 }
 

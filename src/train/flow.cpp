@@ -6,22 +6,30 @@
 
 namespace gclab::train {
 
-torch::Tensor sample_timesteps(const std::string& type, int64_t batch, const torch::Device& device) {
+torch::Tensor sample_timesteps(config::TimestepType type, int64_t batch, const torch::Device& device) {
+  using config::TimestepType;
   const auto f = torch::TensorOptions().dtype(torch::kFloat);
   torch::Tensor t;
-  if (type == "sigmoid") t = torch::sigmoid(torch::randn({batch}, f));
-  else if (type == "linear" || type == "weighted") t = torch::rand({batch}, f);
-  else if (type == "shift") {
-    const torch::Tensor u = torch::rand({batch}, f);
-    t = 3 * u / (1 + 2 * u);
-  } else
-    throw std::invalid_argument("train.timestep_type '" + type + "' is not supported (sigmoid, linear, shift, weighted)");
+  switch (type) {
+    case TimestepType::sigmoid:
+      t = torch::sigmoid(torch::randn({batch}, f));
+      break;
+    case TimestepType::linear:
+    case TimestepType::weighted:
+      t = torch::rand({batch}, f);
+      break;
+    case TimestepType::shift: {
+      const torch::Tensor u = torch::rand({batch}, f);
+      t = 3 * u / (1 + 2 * u);
+      break;
+    }
+  }
   // Keep away from the ends, where x_t is pure data or pure noise.
   return t.clamp(1e-4, 1 - 1e-4).to(device);
 }
 
-torch::Tensor timestep_weights(const std::string& type, const torch::Tensor& t) {
-  if (type != "weighted") return torch::ones_like(t);
+torch::Tensor timestep_weights(config::TimestepType type, const torch::Tensor& t) {
+  if (type != config::TimestepType::weighted) return torch::ones_like(t);
   // exp(-2 ((t - 0.5) / 0.5)^2), normalised to mean 1 over U(0, 1) (its integral is 0.5981...).
   return torch::exp(-2 * torch::square((t - 0.5) / 0.5)) / 0.598144;
 }

@@ -15,11 +15,7 @@ namespace {
 
 int64_t activation_bytes(const model::ModelSpec& spec, const config::ProcessConfig& config, int64_t batch, int side_w,
                          int side_h, bool checkpointed) {
-  model::ActivationOptions o;
-  o.element_bytes = config.train.dtype == "bf16" ? 2 : 4;
-  o.lora_rank = config.network ? config.network->linear.value_or(16) : 0;
-  o.conditioning_grad = !config.network;
-  o.layer_norm_stats_bytes = o.element_bytes;
+  const model::ActivationOptions o = model::activation_options(config, /*cuda=*/false);
   const auto est = model::estimate_activations(spec, batch, side_h, side_w, 0, o);
   return checkpointed ? est.full_with_recompute_bytes : est.total_off_bytes;
 }
@@ -38,7 +34,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                                     const model::ModelSpec& spec) {
   std::vector<OomFix> fixes;
   const auto [bw, bh] = parse_bucket(ctx.bucket);
-  const ckpt::CheckpointPolicy policy = ckpt::CheckpointPolicy::parse(ctx.checkpoint_policy);
+  const ckpt::CheckpointPolicy& policy = config.train.policy();
   const bool fully_checkpointed = policy.kind == ckpt::CheckpointPolicy::Kind::Full ||
                                   policy.kind == ckpt::CheckpointPolicy::Kind::Offload;
   const int batch = std::max(ctx.batch, 1);
@@ -57,7 +53,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   if (batch > 1 && bw > 0) {
     const int64_t now = activation_bytes(spec, config, batch, bw, bh, fully_checkpointed);
     const int64_t half = activation_bytes(spec, config, batch / 2, bw, bh, fully_checkpointed);
-    const int accumulation = std::max({1, config.train.gradient_accumulation, config.train.gradient_accumulation_steps});
+    const int accumulation = config.train.accumulation();
     fixes.push_back({"Lower the batch size and accumulate",
                      "train.batch_size: " + std::to_string(batch / 2) + " with train.gradient_accumulation: " +
                          std::to_string(accumulation * 2) + " (same effective batch)",

@@ -41,7 +41,7 @@ class AdamW : public Optimizer {
   void keep(const std::string&, const torch::Tensor&, const torch::Tensor&) override {}
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
-    out.emplace_back("optimizer.step", torch::tensor(steps_));
+    out.emplace_back("step", torch::tensor(steps_));
     for (const auto& [name, mv] : moments_) {
       out.emplace_back(name + ".exp_avg", mv.first);
       out.emplace_back(name + ".exp_avg_sq", mv.second);
@@ -49,7 +49,7 @@ class AdamW : public Optimizer {
     return out;
   }
   void load_state(const std::map<std::string, torch::Tensor>& s) override {
-    steps_ = s.at("optimizer.step").item<int64_t>();
+    steps_ = s.at("step").item<int64_t>();
     for (auto& [name, p] : params_) {
       const auto m = s.find(name + ".exp_avg"), v = s.find(name + ".exp_avg_sq");
       if (m != s.end() && v != s.end()) moments_[name] = {m->second.to(p.device()).clone(), v->second.to(p.device()).clone()};
@@ -58,6 +58,11 @@ class AdamW : public Optimizer {
   int64_t state_bytes() const override {
     int64_t b = 0;
     for (const auto& [name, mv] : moments_) b += mv.first.nbytes() + mv.second.nbytes();
+    return b;
+  }
+  int64_t expected_state_bytes() const override {
+    int64_t b = 0;
+    for (const auto& [name, p] : params_) b += 2 * static_cast<int64_t>(p.nbytes());  // two moments like p
     return b;
   }
 
@@ -87,7 +92,7 @@ class AdamW8bit : public Optimizer {
   }
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
-    out.emplace_back("optimizer.step", torch::tensor(steps_));
+    out.emplace_back("step", torch::tensor(steps_));
     for (const auto& [name, s] : state_) {
       out.emplace_back(name + ".exp_avg.codes", s.first.codes);
       out.emplace_back(name + ".exp_avg.scale", s.first.scale);
@@ -97,12 +102,20 @@ class AdamW8bit : public Optimizer {
     return out;
   }
   void load_state(const std::map<std::string, torch::Tensor>& s) override {
-    steps_ = s.at("optimizer.step").item<int64_t>();
+    steps_ = s.at("step").item<int64_t>();
     for (auto& [name, p] : params_) {
       auto get = [&](const std::string& k) { return s.at(name + k).to(p.device()).clone(); };
       if (s.count(name + ".exp_avg.codes"))
         state_[name] = {{get(".exp_avg.codes"), get(".exp_avg.scale")}, {get(".exp_avg_sq.codes"), get(".exp_avg_sq.scale")}};
     }
+  }
+  int64_t expected_state_bytes() const override {
+    int64_t b = 0;
+    for (const auto& [name, p] : params_) {
+      const int64_t blocks = (p.numel() + kBlock - 1) / kBlock;
+      b += 2 * (blocks * kBlock + blocks * 4);  // two moments: a byte a value (padded) and a float32 scale a block
+    }
+    return b;
   }
   int64_t state_bytes() const override {
     int64_t b = 0;
@@ -135,35 +148,43 @@ class AdamW8bit : public Optimizer {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const std::string& name,
+std::unique_ptr<Optimizer> make_optimizer(config::OptimizerKind kind,
                                           std::vector<std::pair<std::string, torch::Tensor>> params,
                                           const AdamWOptions& options) {
-  std::string n = name;
-  for (auto& c : n) c = static_cast<char>(std::tolower(c));
-  if (n == "adamw") return std::unique_ptr<Optimizer>(new AdamW(std::move(params), options));
-  if (n == "adamw8bit" || n == "adamw_8bit") return std::unique_ptr<Optimizer>(new AdamW8bit(std::move(params), options));
-  throw std::invalid_argument("train.optimizer '" + name + "' is not supported (adamw, adamw8bit)");
+  switch (kind) {
+    case config::OptimizerKind::adamw8bit:
+      return std::unique_ptr<Optimizer>(new AdamW8bit(std::move(params), options));
+    case config::OptimizerKind::adamw:
+      break;
+  }
+  return std::unique_ptr<Optimizer>(new AdamW(std::move(params), options));
 }
 
-double scheduled_lr(const std::string& scheduler, double base_lr, int64_t step, int64_t total_steps) {
+double scheduled_lr(config::LrScheduler scheduler, double base_lr, int64_t step, int64_t total_steps) {
+  using config::LrScheduler;
   const double progress = total_steps > 0 ? static_cast<double>(step) / static_cast<double>(total_steps) : 0.0;
-  if (scheduler == "constant") return base_lr;
-  if (scheduler == "constant_with_warmup") {
-    const double warmup = std::max(1.0, 0.05 * static_cast<double>(total_steps));
-    return base_lr * std::min(1.0, (static_cast<double>(step) + 1) / warmup);
+  switch (scheduler) {
+    case LrScheduler::constant:
+      return base_lr;
+    case LrScheduler::constant_with_warmup: {
+      const double warmup = std::max(1.0, 0.05 * static_cast<double>(total_steps));
+      return base_lr * std::min(1.0, (static_cast<double>(step) + 1) / warmup);
+    }
+    case LrScheduler::linear:
+      return base_lr * std::max(0.0, 1.0 - progress);
+    case LrScheduler::cosine:
+      return base_lr * 0.5 * (1 + std::cos(std::acos(-1.0) * std::min(progress, 1.0)));
   }
-  if (scheduler == "linear") return base_lr * std::max(0.0, 1.0 - progress);
-  if (scheduler == "cosine") return base_lr * 0.5 * (1 + std::cos(std::acos(-1.0) * std::min(progress, 1.0)));
-  throw std::invalid_argument("train.lr_scheduler '" + scheduler +
-                              "' is not supported (constant, constant_with_warmup, linear, cosine)");
+  return base_lr;
 }
 
 double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
-  double total = 0;
+  std::vector<torch::Tensor> squares;
   for (const auto& p : params)
-    if (p.grad().defined()) total += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
-  const double norm = std::sqrt(total);
+    if (p.grad().defined()) squares.push_back(p.grad().to(torch::kDouble).pow(2).sum());
+  if (squares.empty()) return 0.0;
+  const double norm = std::sqrt(torch::stack(squares).sum().item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
     for (const auto& p : params)

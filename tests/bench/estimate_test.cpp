@@ -1,19 +1,37 @@
-#include "gclab/bench/bench.h"
 #include "gclab/bench/estimate.h"
 
 #include <gtest/gtest.h>
 
-#include "gclab/config/loader.h"
+#include <filesystem>
+
+#include "../support/test_util.h"
+#include "gclab/bench/bench.h"
+#include "gclab/data/synth.h"
+#include "gclab/model/family.h"
+#include "gclab/train/session.h"
+#include "gclab/train/trainer.h"
 
 namespace gclab::bench {
 namespace {
 
-config::ProcessConfig flux_24gb(std::vector<std::string> overrides = {}) {
+namespace fs = std::filesystem;
+
+config::ProcessConfig load(const std::string& path, std::vector<std::string> overrides = {}) {
   config::LoadOptions o;
   o.overrides = std::move(overrides);
-  auto r = config::load_config_file(std::string(GCLAB_SHARED_DIR) + "/aitk-configs/train_lora_flux_24gb.yaml", o);
-  if (!r.ok()) throw std::runtime_error("config refused");
+  auto r = model::load_config_file(path, o);
+  if (!r.ok()) throw std::runtime_error("config refused: " + r.diagnostics.all().front().format());
   return *r.config;
+}
+
+config::ProcessConfig flux_24gb(std::vector<std::string> overrides = {}) {
+  return load(std::string(GCLAB_SHARED_DIR) + "/aitk-configs/train_lora_flux_24gb.yaml", std::move(overrides));
+}
+
+std::vector<ckpt::CheckpointPolicy> policies(std::initializer_list<const char*> names) {
+  std::vector<ckpt::CheckpointPolicy> out;
+  for (const char* n : names) out.push_back(ckpt::CheckpointPolicy::parse(n));
+  return out;
 }
 
 // AI Toolkit's FLUX.1-dev 24 GB LoRA config: fits a 24 GB card with checkpointing at every resolution it
@@ -22,12 +40,14 @@ TEST(Estimate, FluxLoraOn24GbFitsWithCheckpointingAndNotWithout) {
   const auto e = estimate_memory(flux_24gb({"vram_cap=24GB"}));
   ASSERT_EQ(e.resolutions.size(), 3u);
   for (const auto& r : e.resolutions) {
-    EXPECT_LT(r.total_full, e.cap_bytes) << r.resolution;
-    EXPECT_GT(r.activations_off, 10 * r.activations_full) << r.resolution;
-    EXPECT_EQ(r.total_off, e.fixed_bytes + r.activations_off);
+    EXPECT_LT(r.gc_full.total_bytes, e.cap_bytes) << r.resolution;
+    EXPECT_GT(r.gc_off.activation_bytes, 10 * r.gc_full.activation_bytes) << r.resolution;
+    EXPECT_EQ(r.gc_off.total_bytes, e.resident_bytes - e.gradient_bytes + r.gc_off.batch_bytes +
+                                        r.gc_off.activation_bytes + r.gc_off.workspace_bytes);
   }
-  EXPECT_GT(e.resolutions.back().total_off, e.cap_bytes);
-  EXPECT_EQ(e.fixed_bytes, e.weight_bytes + e.trainable_bytes + e.gradient_bytes + e.optimizer_bytes);
+  EXPECT_GT(e.resolutions.back().gc_off.total_bytes, e.cap_bytes);
+  EXPECT_EQ(e.resident_bytes,
+            e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes);
 }
 
 TEST(Estimate, EightBitStateIsAQuarterOfAdamWsAndQuantizeHalvesTheWeights) {
@@ -38,57 +58,112 @@ TEST(Estimate, EightBitStateIsAQuarterOfAdamWsAndQuantizeHalvesTheWeights) {
   EXPECT_NEAR(static_cast<double>(eight.weight_bytes) / static_cast<double>(bf16.weight_bytes), 0.5, 0.01);
 }
 
-}  // namespace
-}  // namespace gclab::bench
+// The weights are counted in the dtype the run holds them in: a full fine-tune keeps float32 masters.
+TEST(Estimate, WeightsInTheirRealDtype) {
+  const auto lora = estimate_memory(flux_24gb({"model.quantize=false"}));
+  const auto fp32 = estimate_memory(flux_24gb({"model.quantize=false", "train.dtype=fp32"}));
+  EXPECT_NEAR(static_cast<double>(fp32.weight_bytes) / static_cast<double>(lora.weight_bytes), 2.0, 0.02);
+}
 
-namespace gclab::bench {
-namespace {
+// The estimate against what a real step measures on the CPU (exact accounting): every tiny preset, LoRA
+// and full training, GC off and full, within 15% of the step's peak (20 of 24 within 10%).
+TEST(Estimate, WithinFifteenPercentOfAMeasuredStepForEveryTinyPreset) {
+  const fs::path dir = testing::fresh_dir("estimate_vs_run");
+  for (const char* arch : {"tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage", "tiny-sd3", "tiny-dit"})
+    for (const char* network : {"lora", "none"})
+      for (const char* policy : {"off", "full"}) {
+        const std::string yaml = std::string("name: e\ntraining_folder: ") + dir.string() +
+                                 "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
+                                 "\n    resolution: [256]\ntrain: {batch_size: 2, steps: 2, dtype: fp32, checkpoint_policy: " +
+                                 policy + "}\nmodel: {arch: " + arch + "}\n" +
+                                 (std::string(network) == "lora" ? "network: {type: lora, linear: 8}\n" : "");
+        auto r = model::load_config_text(yaml, "e.yaml");
+        ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+        const auto e = estimate_memory(*r.config);
+        const auto& predicted = std::string(policy) == "off" ? e.resolutions[0].gc_off : e.resolutions[0].gc_full;
+        int64_t measured = 0;
+        {
+          train::Session session(*r.config);
+          for (int step = 0; step < 2; ++step) {
+            session.meter().reset_peak();
+            session.train_step(step, [&] { return session.synthetic_batch(2, 256, 256); });
+            measured = std::max(measured, session.meter().stats().peak_bytes);
+            for (const auto& [phase, bytes] : session.phases().peaks()) measured = std::max(measured, bytes);
+            session.phases().clear();
+          }
+        }
+        const double ratio = static_cast<double>(predicted.total_bytes) / static_cast<double>(measured);
+        std::printf("%-22s %-5s %-4s predicted %10lld measured %10lld ratio %.3f  (resident %lld batch %lld act %lld ws %lld)\n", arch, network, policy,
+                    static_cast<long long>(predicted.total_bytes), static_cast<long long>(measured), ratio, (long long)e.resident_bytes, (long long)predicted.batch_bytes, (long long)predicted.activation_bytes, (long long)predicted.workspace_bytes);
+        // The target is 10%; 20 of the 24 cells meet it (docs/results/estimate-cpu.md), the rest are
+        // within 15%: Qwen-Image GC off over, DiT and the edit model's GC full under.
+        EXPECT_NEAR(ratio, 1.0, 0.15) << arch << " " << network << " " << policy;
+      }
+  fs::remove_all(dir);
+}
 
 // gclab bench on a tiny model: every cell measured; GC full keeps less than GC off; under a cap the
 // cells that do not fit are reported as OOM, not crashed on.
 TEST(Bench, PoliciesSideBySideAndOomCellsUnderACap) {
-  config::LoadOptions o;
-  o.overrides = {"train.batch_size=2"};
-  auto r = config::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/quickstart.yaml", o);
-  ASSERT_TRUE(r.ok());
   BenchOptions b;
-  b.policies = {"off", "full", "every:2"};
+  b.policies = policies({"off", "full", "every:2"});
   b.resolutions = {256, 512};
   b.steps = 1;
-  const auto rows = run_bench(*r.config, b);
-  ASSERT_EQ(rows.size(), 6u);
-  for (const auto& row : rows) {
-    EXPECT_FALSE(row.oom);
-    EXPECT_GT(row.step_ms, 0);
+  {
+    train::Session session(load(std::string(GCLAB_SOURCE_DIR) + "/configs/quickstart.yaml", {"train.batch_size=2"}));
+    const auto rows = run_bench(session, b);
+    ASSERT_EQ(rows.size(), 6u);
+    for (const auto& row : rows) {
+      EXPECT_FALSE(row.oom);
+      EXPECT_GT(row.step_ms, 0);
+    }
+    EXPECT_LT(rows[4].peak_bytes, rows[3].peak_bytes);  // 512: full below off
+    EXPECT_LT(rows[4].peak_ratio, 1.0);
   }
-  EXPECT_LT(rows[4].peak_bytes, rows[3].peak_bytes);  // 512: full below off
-  EXPECT_LT(rows[4].peak_ratio, 1.0);
-  auto capped = *r.config;
-  capped.vram_cap.bytes = int64_t{100} << 20;
+  train::Session capped(
+      load(std::string(GCLAB_SOURCE_DIR) + "/configs/quickstart.yaml", {"train.batch_size=2", "vram_cap=100MiB"}));
   b.resolutions = {512};
-  b.policies = {"off", "full"};
+  b.policies = policies({"off", "full"});
   const auto under_cap = run_bench(capped, b);
   EXPECT_TRUE(under_cap[0].oom);
   EXPECT_FALSE(under_cap[1].oom);
 }
 
-}  // namespace
-}  // namespace gclab::bench
-
-namespace gclab::bench {
-namespace {
-
-// gclab fit: under the same cap, checkpointing fits a larger batch than no checkpointing.
-TEST(Fit, CheckpointingFitsALargerBatchUnderTheSameCap) {
-  auto r = config::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/quickstart.yaml");
-  ASSERT_TRUE(r.ok());
-  auto config = *r.config;
-  config.vram_cap.bytes = int64_t{80} << 20;
-  const auto rows = run_fit(config, {"off", "full"}, {512}, 4);
+// gclab fit on one Session: the batch it finds trains for two steps under the same cap with `gclab
+// train`, and one more does not — fit runs the step the trainer runs, with all it keeps resident.
+TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
+  const fs::path dir = testing::fresh_dir("fit_vs_train");
+  data::SynthOptions so;
+  so.count = 12;
+  so.sizes = {{256, 256}};
+  data::write_synthetic_dataset(dir / "data", so);
+  auto config_for = [&](const std::string& name, const std::string& policy, int batch) {
+    const std::string yaml = "name: " + name + "\ntraining_folder: " + dir.string() +
+                             "\ndevice: cpu\nvram_cap: 60MiB\nnetwork: {type: lora, linear: 8}\n"
+                             "save: {dtype: float32, save_every: 1000}\n"
+                             "datasets:\n  - folder_path: " + (dir / "data").string() +
+                             "\n    resolution: [256]\ntrain: {batch_size: " + std::to_string(batch) +
+                             ", steps: 2, dtype: fp32, lr: 1e-4, checkpoint_policy: " + policy +
+                             "}\nmodel: {arch: tiny-flux}\n";
+    auto r = model::load_config_text(yaml, "fit.yaml");
+    if (!r.ok()) throw std::runtime_error(r.diagnostics.all().front().format());
+    return *r.config;
+  };
+  std::vector<FitRow> rows;
+  {
+    train::Session session(config_for("fit", "full", 1));
+    rows = run_fit(session, policies({"off", "full"}), {256}, 16);
+  }
   ASSERT_EQ(rows.size(), 2u);
-  EXPECT_GE(rows[0].largest_batch, 1);
   EXPECT_GT(rows[1].largest_batch, rows[0].largest_batch);
-  EXPECT_LE(rows[1].peak_bytes, config.vram_cap.bytes);
+  for (const auto& row : rows) {
+    ASSERT_GE(row.largest_batch, 1) << row.policy;
+    EXPECT_NO_THROW(train::train(config_for("fits_" + row.policy, row.policy, row.largest_batch), {})) << row.policy;
+    EXPECT_THROW(train::train(config_for("over_" + row.policy, row.policy, row.largest_batch + 1), {}),
+                 train::OutOfMemoryStop)
+        << row.policy << " batch " << row.largest_batch + 1;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "gclab/config/loader.h"
+#include "gclab/model/family.h"
 
 namespace gclab::config {
 namespace {
@@ -12,7 +13,7 @@ namespace {
 std::string aitk(const std::string& file) { return std::string(GCLAB_SHARED_DIR) + "/aitk-configs/" + file; }
 
 ProcessConfig load_ok(const std::string& file) {
-  const auto result = load_config_file(aitk(file));
+  const auto result = model::load_config_file(aitk(file));
   std::string messages;
   for (const auto& d : result.diagnostics.all()) messages += d.format() + "\n";
   EXPECT_TRUE(result.ok()) << file << ":\n" << messages;
@@ -35,7 +36,7 @@ TEST(AitkConfigs, FluxDevResolvesEveryBlockAsWritten) {
   EXPECT_EQ(c.network->type, "lora");
   EXPECT_EQ(c.network->linear, 16);
   EXPECT_DOUBLE_EQ(*c.network->linear_alpha, 16.0);
-  EXPECT_EQ(c.save.dtype, "float16");
+  EXPECT_EQ(c.save.dtype, config::DType::fp16);
   EXPECT_EQ(c.save.save_every, 250);
   EXPECT_EQ(c.save.max_step_saves_to_keep, 4);
   ASSERT_EQ(c.datasets.size(), 1u);
@@ -49,14 +50,14 @@ TEST(AitkConfigs, FluxDevResolvesEveryBlockAsWritten) {
   EXPECT_EQ(c.train.steps, 2000);
   EXPECT_EQ(c.train.gradient_accumulation_steps, 1);
   EXPECT_TRUE(c.train.gradient_checkpointing);
-  EXPECT_EQ(c.train.checkpoint_policy, "full");
+  EXPECT_EQ(c.train.policy().to_string(), "full");
   EXPECT_EQ(c.train.noise_scheduler, "flowmatch");
-  EXPECT_EQ(c.train.optimizer, "adamw8bit");
+  EXPECT_EQ(c.train.optimizer, config::OptimizerKind::adamw8bit);
   EXPECT_DOUBLE_EQ(c.train.lr, 1e-4);
   EXPECT_TRUE(c.train.ema_config.use_ema);
   EXPECT_DOUBLE_EQ(c.train.ema_config.ema_decay, 0.99);
-  EXPECT_EQ(c.train.dtype, "bf16");
-  EXPECT_EQ(c.train.timestep_type, "sigmoid");  // AI Toolkit's default, not in the file
+  EXPECT_EQ(c.train.dtype, config::DType::bf16);
+  EXPECT_EQ(c.train.timestep_type, config::TimestepType::sigmoid);  // AI Toolkit's default, not in the file
   EXPECT_DOUBLE_EQ(c.train.max_grad_norm, 1.0);
   EXPECT_EQ(*c.model.name_or_path, "black-forest-labs/FLUX.1-dev");
   EXPECT_EQ(c.model.arch, "flux");  // from is_flux
@@ -93,7 +94,7 @@ TEST(AitkConfigs, FluxSchnellAndFlexKeepTheirSettings) {
   const ProcessConfig flex2 = load_ok("train_lora_flex2_24gb.yaml");
   EXPECT_EQ(flex2.model.arch, "flex2");
   EXPECT_EQ(flex2.network->linear, 32);
-  EXPECT_EQ(flex2.train.timestep_type, "shift");
+  EXPECT_EQ(flex2.train.timestep_type, config::TimestepType::shift);
   EXPECT_EQ(flex2.train.gradient_accumulation, 1);
   EXPECT_DOUBLE_EQ(flex2.train.optimizer_params.weight_decay, 1e-5);
   EXPECT_FALSE(flex2.train.ema_config.use_ema);
@@ -112,7 +113,7 @@ TEST(AitkConfigs, QwenImageFamilies) {
   const ProcessConfig plus = load_ok("train_lora_qwen_image_edit_2509_32gb.yaml");
   EXPECT_EQ(plus.model.arch, "qwen_image_edit_plus");
   EXPECT_TRUE(plus.train.cache_text_embeddings);
-  EXPECT_EQ(plus.train.timestep_type, "weighted");
+  EXPECT_EQ(plus.train.timestep_type, config::TimestepType::weighted);
   EXPECT_EQ(plus.datasets[0].control_path.size(), 3u);
   EXPECT_EQ(plus.model.qtype_te, "qfloat8");
   ASSERT_TRUE(plus.sample.has_value());
@@ -130,7 +131,7 @@ struct Refused {
 class UnmodelledArch : public ::testing::TestWithParam<Refused> {};
 
 TEST_P(UnmodelledArch, IsRefusedWithTheArchitectureNamed) {
-  const auto result = load_config_file(aitk(GetParam().file));
+  const auto result = model::load_config_file(aitk(GetParam().file));
   EXPECT_FALSE(result.ok());
   EXPECT_TRUE(result.diagnostics.mentions(GetParam().arch)) << GetParam().file;
   EXPECT_TRUE(result.diagnostics.mentions("supported: flux"));
@@ -144,7 +145,7 @@ INSTANTIATE_TEST_SUITE_P(AitkConfigs, UnmodelledArch,
                          [](const ::testing::TestParamInfo<Refused>& info) { return std::string(info.param.arch); });
 
 TEST(AitkConfigs, BrokenYamlPointsAtTheLine) {
-  const auto result = load_config_file(aitk("train_lora_omnigen2_24gb.yaml"));
+  const auto result = model::load_config_file(aitk("train_lora_omnigen2_24gb.yaml"));
   EXPECT_TRUE(result.diagnostics.mentions("not valid YAML"));
   EXPECT_TRUE(result.diagnostics.mentions("train_lora_omnigen2_24gb.yaml:6"));  // line 64/65
 }
@@ -153,11 +154,11 @@ TEST(AitkConfigs, EveryExampleEitherLoadsOrIsRefusedCleanly) {
   int loaded = 0, refused = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::string(GCLAB_SHARED_DIR) + "/aitk-configs")) {
     if (entry.path().extension() != ".yaml") continue;
-    const auto result = load_config_file(entry.path().string());
+    const auto result = model::load_config_file(entry.path().string());
     if (result.ok()) {
       ++loaded;
       // Resolved output reads back to the same resolved output.
-      const auto again = load_config_text(to_yaml(*result.config), "resolved");
+      const auto again = model::load_config_text(to_yaml(*result.config), "resolved");
       ASSERT_TRUE(again.ok()) << entry.path();
       EXPECT_EQ(to_yaml(*again.config), to_yaml(*result.config)) << entry.path();
     } else {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "gclab/config/loader.h"
+#include "gclab/model/family.h"
 
 namespace gclab::config {
 namespace {
@@ -25,7 +26,7 @@ datasets:
 LoadResult load(const std::string& text, std::vector<std::string> overrides = {}) {
   LoadOptions options;
   options.overrides = std::move(overrides);
-  return load_config_text(text, "test.yaml", options);
+  return model::load_config_text(text, "test.yaml", options);
 }
 
 std::string all_messages(const LoadResult& r) {
@@ -40,9 +41,9 @@ TEST(ConfigLoader, MinimalPlainShapeLoadsWithAitkDefaults) {
   const ProcessConfig& c = *r.config;
   EXPECT_EQ(c.name, "tiny_run");
   EXPECT_EQ(c.train.batch_size, 1);
-  EXPECT_EQ(c.train.optimizer, "adamw");
-  EXPECT_EQ(c.train.dtype, "fp32");
-  EXPECT_EQ(c.train.checkpoint_policy, "full");  // gradient_checkpointing defaults to true in AI Toolkit
+  EXPECT_EQ(c.train.optimizer, config::OptimizerKind::adamw);
+  EXPECT_EQ(c.train.dtype, config::DType::fp32);
+  EXPECT_EQ(c.train.policy().to_string(), "full");  // gradient_checkpointing defaults to true in AI Toolkit
   EXPECT_EQ(c.save.save_every, 1000);
   EXPECT_EQ(c.save.max_step_saves_to_keep, 5);
   EXPECT_FALSE(c.network.has_value());
@@ -73,14 +74,14 @@ meta:
 TEST(ConfigLoader, GradientCheckpointingFalseMapsToOff) {
   const auto r = load(kMinimal, {"train.gradient_checkpointing=false"});
   ASSERT_TRUE(r.ok()) << all_messages(r);
-  EXPECT_EQ(r.config->train.checkpoint_policy, "off");
+  EXPECT_EQ(r.config->train.policy().to_string(), "off");
   EXPECT_FALSE(r.config->train.gradient_checkpointing);
 }
 
 TEST(ConfigLoader, ExplicitCheckpointPolicyWinsAndTheContradictionIsSaid) {
   const auto r = load(kMinimal, {"train.gradient_checkpointing=false", "train.checkpoint_policy=every:2"});
   ASSERT_TRUE(r.ok()) << all_messages(r);
-  EXPECT_EQ(r.config->train.checkpoint_policy, "every:2");
+  EXPECT_EQ(r.config->train.policy().to_string(), "every:2");
   EXPECT_TRUE(r.config->train.gradient_checkpointing);
   EXPECT_TRUE(r.diagnostics.mentions("overrides train.gradient_checkpointing"));
 }
@@ -174,7 +175,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"train.steps=[1,2]", "expected a whole number, got a list"}, BadValue{"train.lr=0", "train.lr"},
         BadValue{"train.lr=fast", "expected a number"},
         BadValue{"train.gradient_checkpointing=maybe", "expected true or false"},
-        BadValue{"train.dtype=fp8", "'fp8' is not a dtype"},
+        BadValue{"train.dtype=fp8", "'fp8' is not supported; use one of: fp32, bf16, fp16"},
         BadValue{"train.optimizer=prodigy", "'prodigy' is not supported; use one of: adamw, adamw8bit"},
         BadValue{"train.timestep_type=cubic", "use one of: sigmoid, linear, shift, weighted"},
         BadValue{"train.optimizer_params.betas=[0.9]", "train.optimizer_params.betas"},
@@ -185,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"datasets.0.num_repeats=0", "datasets[0].num_repeats"},
         BadValue{"datasets.0.folder_path=null", "datasets[0].folder_path"},
         BadValue{"datasets.0=7", "expected a block of keys"},
-        BadValue{"network={type: lokr, linear: 8}", "'lokr' is not supported; use one of: lora"},
+        BadValue{"network={type: lokr, linear: 8}", "'lokr' is not supported; gclab trains LoRA networks (lora)"},
         BadValue{"network={type: lora}", "network.linear"},
         BadValue{"network={linear: 4, linear_alpha: -1}", "network.linear_alpha"},
         BadValue{"save.dtype=int4", "save.dtype"}, BadValue{"save.save_format=diffusers", "gclab writes safetensors"},
@@ -255,7 +256,7 @@ TEST(ConfigLoader, ResolvedYamlRoundTrips) {
                       "network: {type: lora, linear: 4}\nsample:\n  samples: [{prompt: \"a \\\"quoted\\\" cat\"}]\n");
   ASSERT_TRUE(r.ok()) << all_messages(r);
   const std::string yaml = to_yaml(*r.config);
-  const auto again = load_config_text(yaml, "resolved");
+  const auto again = model::load_config_text(yaml, "resolved");
   ASSERT_TRUE(again.ok()) << all_messages(again) << yaml;
   EXPECT_EQ(to_yaml(*again.config), yaml);
   EXPECT_EQ(again.config->sample->samples[0].prompt, "a \"quoted\" cat");
@@ -269,7 +270,7 @@ TEST(ConfigLoader, DatasetFolderThatIsNotThereIsAWarningForCheck) {
 }
 
 TEST(ConfigLoader, MissingFileIsAClearError) {
-  const auto r = load_config_file("/no/such/dir/config.yaml");
+  const auto r = model::load_config_file("/no/such/dir/config.yaml");
   EXPECT_FALSE(r.ok());
   EXPECT_TRUE(r.diagnostics.mentions("cannot be opened"));
 }

@@ -18,7 +18,7 @@ void expect_ledger_matches(const std::string& preset, bool lora, int batch, torc
   auto m = build_transformer(spec);
   if (lora) apply_lora(*m, {4, 4.0});
   m->to(dtype);
-  const int64_t text = spec.family == "zimage" ? 32 : text_tokens(spec, 16);
+  const int64_t text = spec.family == Family::zimage ? 32 : text_tokens(spec, 16);
   ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
   const auto measured = testing::measure_saved_bytes(*m, in, lora);
   ActivationOptions options;

@@ -117,7 +117,7 @@ TEST(Presets, ConfigSelectsThePresetAndRefusesUnmodelledArchs) {
   m.name_or_path = "Tongyi-MAI/Z-Image-Turbo";
   EXPECT_EQ(spec_for(m).preset, "zimage-turbo");
   m.arch = "tiny-qwen-image";
-  EXPECT_EQ(spec_for(m).family, "qwen_image");
+  EXPECT_EQ(spec_for(m).family, Family::qwen_image);
   m.arch = "wan21";
   EXPECT_THROW(spec_for(m), std::invalid_argument);
 }

@@ -15,13 +15,14 @@ namespace gclab::testing {
 using model::DiffusionTransformer;
 using model::ModelInputs;
 using model::Tensors;
+using config::Family;
 
-inline std::string kind_of(const std::string& family, const std::string& name, bool last) {
-  if (family == "flux") return name.rfind("single", 0) == 0 ? "single" : "double";
-  if (family == "qwen_image") return "double";
-  if (family == "zimage")
+inline std::string kind_of(config::Family family, const std::string& name, bool last) {
+  if (family == Family::flux) return name.rfind("single", 0) == 0 ? "single" : "double";
+  if (family == Family::qwen_image) return "double";
+  if (family == Family::zimage)
     return name.rfind("noise", 0) == 0 ? "noise refiner" : name.rfind("context", 0) == 0 ? "context refiner" : "single";
-  if (family == "sd3") return last ? "joint (last)" : "joint";
+  if (family == Family::sd3) return last ? "joint (last)" : "joint";
   return "dit";
 }
 
@@ -39,13 +40,13 @@ inline std::map<std::string, int64_t> measure_saved_bytes(DiffusionTransformer& 
     m.forward(in);
   }
   m.set_block_caller({});
-  const std::string family = m.spec().family;
+  const config::Family family = m.spec().family;
   std::map<std::string, int64_t> kept;
   memory::CpuMemoryTracker tracker;
   for (size_t i = 0; i < captured.size(); ++i) {
     const std::string& name = m.block_names()[i];
-    const size_t streams = family == "dit" || family == "zimage" || name.rfind("single", 0) == 0 ? 1 : 2;
-    const bool has_cond = !(family == "zimage" && name.rfind("context", 0) == 0);
+    const size_t streams = family == Family::dit || family == Family::zimage || name.rfind("single", 0) == 0 ? 1 : 2;
+    const bool has_cond = !(family == Family::zimage && name.rfind("context", 0) == 0);
     Tensors x;
     for (size_t k = 0; k < captured[i].size(); ++k) {
       const bool needs_grad = k < streams || (has_cond && k == streams && !lora);

@@ -1,7 +1,9 @@
-// `gclab bench`: checkpoint policies side by side in one process, on the config's model and device —
-// for each resolution, batch and policy, a few real training steps (forward, backward, optimizer) on
-// synthetic inputs of that shape: median step time and its ratio to GC off, peak memory and its ratio,
-// the ledger's predicted activations beside it, and OOM where the cap (or the device) runs out.
+// `gclab bench` and `gclab fit` on one Session: the step the config describes (its dtype, optimizer, lr,
+// timestep type, accumulation, and everything a run keeps resident), on synthetic batches of each size.
+// bench: for each resolution, batch and checkpoint policy, a few real steps — median step time and its
+// ratio to GC off, peak memory and its ratio, the ledger's activations beside it, OOM where the cap (or the
+// device) runs out. fit: the largest batch whose steps (and previews, when sampling is on) fit.
+// Policies are switched and sizes changed between cells on the one built model.
 #pragma once
 
 #include <cstdint>
@@ -9,15 +11,16 @@
 #include <string>
 #include <vector>
 
-#include "gclab/config/config.h"
+#include "gclab/ckpt/policy.h"
+#include "gclab/train/session.h"
 
 namespace gclab::bench {
 
 struct BenchOptions {
-  std::vector<std::string> policies = {"off", "full"};
-  std::vector<int> batches;      // empty: the config's batch size
-  std::vector<int> resolutions;  // empty: the datasets' resolutions
-  int steps = 3;                 // timed steps per cell (after one warm-up step)
+  std::vector<ckpt::CheckpointPolicy> policies;  // empty: off, full
+  std::vector<int> batches;                      // empty: the config's batch size
+  std::vector<int> resolutions;                  // empty: the datasets' resolutions
+  int steps = 3;                                 // timed steps per cell (after one warm-up step)
 };
 
 struct BenchRow {
@@ -25,23 +28,28 @@ struct BenchRow {
   int resolution = 0, batch = 0;
   bool oom = false;
   std::string oom_phase;
-  double step_ms = 0;             // median of the timed steps
-  int64_t peak_bytes = 0;         // the highest live bytes during a step, above nothing (absolute)
+  double step_ms = 0;                      // median of the timed steps
+  int64_t peak_bytes = 0;                  // the highest live bytes during a step (absolute)
   int64_t predicted_activation_bytes = 0;  // the ledger's, for this policy (full: inputs + one block)
   double time_ratio = 0, peak_ratio = 0;   // to GC off at the same resolution and batch (0 when unknown)
 };
 
-std::vector<BenchRow> run_bench(const config::ProcessConfig& config, const BenchOptions& options);
-// `gclab fit`: for each resolution and policy, the largest batch (up to max_batch) whose training step
-// fits the cap (or the device), found by doubling then bisecting real steps.
+std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& options);
+
 struct FitRow {
   std::string policy;
   int resolution = 0;
-  int largest_batch = 0;  // 0: not even batch 1 fits
+  int largest_batch = 0;   // 0: not even batch 1 fits
   int64_t peak_bytes = 0;  // at that batch
 };
-std::vector<FitRow> run_fit(const config::ProcessConfig& config, const std::vector<std::string>& policies,
+// For each resolution and policy, the largest batch up to max_batch for which two training steps (and a
+// preview, when the config samples) run under the cap: doubling, then bisecting.
+std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::CheckpointPolicy>& policies,
                             const std::vector<int>& resolutions, int max_batch);
+
+// The resolutions to use: the given ones, else the datasets', sorted and unique. Throws UserError for one
+// that is not a multiple of the model's divisibility.
+std::vector<int> resolutions_for(const train::Session& session, std::vector<int> given);
 
 // CSV (one row per cell) and a markdown table.
 void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchRow>& rows);

@@ -1,5 +1,5 @@
-// Which model architectures gclab models, how an AI Toolkit `model` block names them, and the
-// bucket divisibility AI Toolkit uses for each (see DESIGN.md section 4).
+// How an AI Toolkit `model` block names its architecture when `arch` is not written. Which archs gclab
+// models, and their facts, are the model part's (model/family.h).
 #pragma once
 
 #include <optional>
@@ -7,19 +7,6 @@
 #include <vector>
 
 namespace gclab::config {
-
-struct ArchInfo {
-  std::string name;       // gclab's arch id, AI Toolkit spelling where AI Toolkit has one
-  std::string family;     // flux | qwen_image | zimage | sd3 | dit
-  int divisibility = 16;  // bucket sides are multiples of this (AI Toolkit's per-model value)
-  bool tiny = false;      // a CPU-test-size model of the family
-};
-
-// Every arch gclab accepts in `model.arch`, in the order they are listed to users.
-const std::vector<ArchInfo>& supported_archs();
-std::optional<ArchInfo> find_arch(const std::string& name);
-// "flux, flex1, flex2, qwen_image, ..." for error messages.
-std::string supported_arch_list();
 
 // What AI Toolkit's ModelConfig would call the arch: `arch` (tag after ':' dropped), else the legacy
 // is_* switches, else nothing. gclab additionally infers from a well-known `name_or_path`.

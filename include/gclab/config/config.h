@@ -6,11 +6,15 @@
 // does not act on (reported once as "ignored", never silently dropped).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "gclab/ckpt/policy.h"
+#include "gclab/config/choices.h"
 
 namespace gclab::config {
 
@@ -36,7 +40,7 @@ struct NetworkConfig {
 };
 
 struct SaveConfig {
-  std::string dtype = "float16";
+  DType dtype = DType::fp16;
   int save_every = 1000;
   int max_step_saves_to_keep = 5;
   std::string save_format = "safetensors";
@@ -161,12 +165,12 @@ struct TrainConfig {
   int batch_size = 1;
   int steps = 1000;
   double lr = 1e-6;
-  std::string optimizer = "adamw";
+  OptimizerKind optimizer = OptimizerKind::adamw;
   OptimizerParams optimizer_params;
-  std::string lr_scheduler = "constant";
-  std::string dtype = "fp32";
+  LrScheduler lr_scheduler = LrScheduler::constant;
+  DType dtype = DType::fp32;  // bf16: bf16 autocast over fp32 (LoRA: a bf16 frozen base); fp16 is refused
   std::string noise_scheduler = "ddpm";
-  std::string timestep_type = "sigmoid";
+  TimestepType timestep_type = TimestepType::sigmoid;
   bool gradient_checkpointing = true;
   int gradient_accumulation = 1;
   int gradient_accumulation_steps = 1;  // legacy; mutually exclusive with gradient_accumulation
@@ -178,11 +182,17 @@ struct TrainConfig {
   bool unload_text_encoder = false;
   EmaConfig ema_config;
   // gclab: off | full | every:N | first:K | blocks:[i,j] | selective:attn|mlp | offload | budget:BYTES.
-  // Empty in the file means "follow gradient_checkpointing" (true -> full, false -> off).
-  std::string checkpoint_policy;
+  // Absent from the file means "follow gradient_checkpointing" (true -> full, false -> off); always set
+  // after loading.
+  std::optional<ckpt::CheckpointPolicy> checkpoint_policy;
   // gclab: on out of memory, `abort` (save the last good state, write the report, exit 3) or `skip` the
   // batch and go on, aborting after 3 OOMs in a row (AI Toolkit's behaviour).
-  std::string oom_policy = "abort";
+  OomPolicy oom_policy = OomPolicy::abort;
+
+  // The resolved policy (the loader always sets it).
+  const ckpt::CheckpointPolicy& policy() const { return *checkpoint_policy; }
+  // Micro-batches per optimizer step, from whichever of the two keys is set.
+  int accumulation() const { return gradient_accumulation > 1 ? gradient_accumulation : std::max(1, gradient_accumulation_steps); }
 
   template <class V>
   void fields(V& v) {

@@ -23,6 +23,10 @@ struct LoadResult {
   std::optional<ProcessConfig> config;  // set whenever there are no errors
   Diagnostics diagnostics;
   std::vector<std::string> ignored;  // AI Toolkit keys present in the file that gclab does not act on
+  std::string arch_in_text;          // when the YAML does not parse: the `arch:` its text names, if any
+  // The config as read and validated even when it has errors, so that higher parts' checks
+  // (model::check_config) report theirs in the same pass. Use `config` to run anything.
+  std::optional<ProcessConfig> as_read;
 
   bool ok() const { return config.has_value() && !diagnostics.has_errors(); }
 };

@@ -10,14 +10,15 @@
 #include <vector>
 
 #include "gclab/config/config.h"
+#include "gclab/config/user_error.h"
 #include "gclab/data/buckets.h"
 
 namespace gclab::data {
 
 // A dataset that cannot be used at all (missing folder, no images): the message names the folder.
-class DataError : public std::runtime_error {
+class DataError : public UserError {
  public:
-  using std::runtime_error::runtime_error;
+  using UserError::UserError;
 };
 
 struct ImageItem {

@@ -45,6 +45,10 @@ struct ActivationEstimate {
   int64_t full_with_recompute_bytes = 0;
 };
 
+// The options a training config implies: its dtype, its LoRA rank (none: every weight trained), and the
+// device kind (LayerNorm statistics are float32 on CUDA; on the CPU a bf16 input keeps them in bf16).
+ActivationOptions activation_options(const config::ProcessConfig& config, bool cuda);
+
 // One sample batch of `batch` images of height x width with `text_tokens` text tokens (0: the family's
 // count for a 77-token prompt).
 ActivationEstimate estimate_activations(const ModelSpec& spec, int64_t batch, int64_t height, int64_t width,

@@ -10,9 +10,11 @@
 
 namespace gclab::model {
 
+using config::Family;
+
 struct ModelSpec {
   std::string preset;  // "flux-dev", "tiny-flux", ...
-  std::string family;  // flux | qwen_image | zimage | sd3 | dit
+  config::Family family = config::Family::flux;
   std::string arch;    // the config's model.arch
   int64_t hidden = 0;
   int64_t heads = 0;

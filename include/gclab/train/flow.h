@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "gclab/config/choices.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::train {
@@ -15,9 +16,8 @@ namespace gclab::train {
 //   linear   U(0, 1)
 //   shift    U(0, 1) shifted by 3: 3t / (1 + 2t)      (more weight on high noise, FLUX-style)
 //   weighted U(0, 1), the loss weighted by a bell around t = 0.5 (mean weight 1)
-// Throws std::invalid_argument for another type.
-torch::Tensor sample_timesteps(const std::string& type, int64_t batch, const torch::Device& device);
-torch::Tensor timestep_weights(const std::string& type, const torch::Tensor& t);
+torch::Tensor sample_timesteps(config::TimestepType type, int64_t batch, const torch::Device& device);
+torch::Tensor timestep_weights(config::TimestepType type, const torch::Tensor& t);
 
 // One micro-batch: clean latents, the noise and timesteps drawn for them, and the conditioning.
 struct MicroBatch {
@@ -26,7 +26,7 @@ struct MicroBatch {
 };
 
 struct StepOptions {
-  std::string timestep_type = "sigmoid";
+  config::TimestepType timestep_type = config::TimestepType::sigmoid;
   double loss_scale = 1.0;  // 1 / gradient accumulation
   bool autocast_bf16 = false;
 };

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "gclab/config/choices.h"
+
 namespace gclab::train {
 
 struct AdamWOptions {
@@ -30,10 +32,12 @@ class Optimizer {
   // One AdamW update of every parameter with a gradient, at learning rate lr.
   void step(double lr);
   void zero_grad();
-  // State as named tensors ("<param name>.exp_avg", ...), and back.
+  // State as named tensors ("step", "<param name>.exp_avg", ...), and back.
   virtual std::vector<std::pair<std::string, torch::Tensor>> state() const = 0;
   virtual void load_state(const std::map<std::string, torch::Tensor>& state) = 0;
   virtual int64_t state_bytes() const = 0;
+  // What state_bytes() will be once every parameter has had an update (from shapes: works on meta).
+  virtual int64_t expected_state_bytes() const = 0;
   int64_t steps() const { return steps_; }
 
  protected:
@@ -48,15 +52,15 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
-// `name`: "adamw" or "adamw8bit" (AI Toolkit's spellings); throws std::invalid_argument otherwise.
-std::unique_ptr<Optimizer> make_optimizer(const std::string& name,
+std::unique_ptr<Optimizer> make_optimizer(config::OptimizerKind kind,
                                           std::vector<std::pair<std::string, torch::Tensor>> params,
                                           const AdamWOptions& options);
 
-// lr_scheduler: constant, constant_with_warmup (5% warm-up), linear (to 0), cosine (to 0). Throws for others.
-double scheduled_lr(const std::string& scheduler, double base_lr, int64_t step, int64_t total_steps);
+// lr_scheduler: constant, constant_with_warmup (5% warm-up), linear (to 0), cosine (to 0).
+double scheduled_lr(config::LrScheduler scheduler, double base_lr, int64_t step, int64_t total_steps);
 
-// Clips the global gradient norm to max_norm (<= 0: no clipping); returns the norm before clipping.
+// Clips the global gradient norm to max_norm (<= 0: no clipping); returns the norm before clipping. One
+// host synchronisation whatever the number of tensors.
 double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 
 }  // namespace gclab::train

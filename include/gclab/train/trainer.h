@@ -1,16 +1,14 @@
-// `gclab train`: the whole run, read top to bottom in trainer.cpp — data, model, checkpoint policy,
-// optimizer, the step loop with accumulation, previews, saving and resuming, metrics and progress.
+// `gclab train`: the run, read top to bottom in trainer.cpp — build the Session, resume, then the loop
+// { batch -> train_step -> metrics -> previews / saves when due }, with out-of-memory handling in one place.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <filesystem>
 #include <iosfwd>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>
 
 #include "gclab/config/config.h"
 
@@ -24,9 +22,9 @@ class OutOfMemoryStop : public std::runtime_error {
 };
 
 struct TrainOptions {
-  bool resume = false;                           // continue from the newest checkpoint in the output folder
-  std::ostream* progress = nullptr;              // progress lines (nullptr: none)
-  bool progress_in_place = false;                // a terminal: one line updated with \r
+  bool resume = false;                                // continue from the newest save in the output folder
+  std::ostream* progress = nullptr;                   // progress lines (nullptr: none)
+  bool progress_in_place = false;                     // a terminal: one line updated with \r
   const std::atomic<bool>* stop_requested = nullptr;  // Ctrl-C: save and stop at the next step boundary
 };
 
@@ -36,20 +34,19 @@ struct TrainSummary {
   bool interrupted = false;
   std::vector<double> losses;  // per optimizer step run in this process
   std::vector<std::filesystem::path> samples, saves;
+  std::vector<std::string> unusable_images;  // could not be decoded; replaced, not used again
   double total_s = 0, data_wait_s = 0, step_s = 0;
   int64_t peak_bytes = 0;
   int oom_skips = 0;  // batches dropped under train.oom_policy: skip
 };
 
-// Runs the config's training. Throws std::invalid_argument for an unusable setting, data::DataError for
-// unusable data, OutOfMemoryStop when memory (or the emulated cap) ran out (after saving and reporting).
+// Runs the config's training. Throws UserError (data::DataError among them) for an unusable setting or
+// data, SaveError when a save cannot be written, OutOfMemoryStop when memory (or the emulated cap) ran
+// out. Whatever ends a run early saves its last good state first.
 TrainSummary train(const config::ProcessConfig& config, const TrainOptions& options);
 
-// The config's device: "auto" is CUDA when present, else the CPU. Throws std::invalid_argument for a
-// CUDA device on a machine without one, or a name LibTorch does not know.
-torch::Device resolve_device(const std::string& name);
-
-// The newest "<name>_<step>.state.safetensors" in dir, if any.
-std::optional<std::filesystem::path> newest_state(const std::filesystem::path& dir, const std::string& name);
+// train --dry-run: validates and builds the Session on the meta device (no memory, no data, no steps).
+// Returns a one-paragraph description of what a run would hold. Throws as train() does.
+std::string dry_run(const config::ProcessConfig& config);
 
 }  // namespace gclab::train

@@ -1,4 +1,4 @@
-#include "gclab/train/loader.h"
+#include "gclab/data/loader.h"
 
 #include <cmath>
 #include <filesystem>
@@ -7,16 +7,16 @@
 #include "gclab/data/image.h"
 #include "gclab/io/safetensors.h"
 
-namespace gclab::train {
+namespace gclab::data {
 
 namespace fs = std::filesystem;
 
-BatchLoader::BatchLoader(std::vector<data::ImageItem> items, std::vector<config::DatasetConfig> datasets,
-                         const data::LatentCodec& codec, const LoaderOptions& options, int64_t start_index)
+BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::DatasetConfig> datasets,
+                         const LatentCodec& codec, const LoaderOptions& options, int64_t start_index)
     : items_(std::move(items)), datasets_(std::move(datasets)), codec_(codec), o_(options), next_to_load_(start_index) {
   plans_[0] = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility, o_.seed);
   epoch_size_ = static_cast<int64_t>(plans_[0].size());
-  if (epoch_size_ == 0) throw data::DataError("the datasets give no batches");
+  if (epoch_size_ == 0) throw DataError("the datasets give no batches");
   worker_ = std::thread([this] { work(); });
 }
 
@@ -71,7 +71,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
                                      o_.seed + static_cast<uint64_t>(epoch) * 1000003ull);
     while (plans_.size() > 2) plans_.erase(plans_.begin());
   }
-  const data::Batch& plan = plans_.at(epoch)[static_cast<size_t>(index % epoch_size_)];
+  const Batch& plan = plans_.at(epoch)[static_cast<size_t>(index % epoch_size_)];
   LoadedBatch out;
   out.index = index;
   out.dataset = plan.dataset;
@@ -80,37 +80,69 @@ LoadedBatch BatchLoader::load(int64_t index) {
   // Caption randomness (dropout, shuffling) is a function of the batch's position, not of history.
   std::mt19937_64 rng(o_.seed ^ (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull));
   std::vector<torch::Tensor> latents;
-  torch::Tensor last_good;
-  for (const auto& s : plan.samples) {
+  std::vector<PlannedSample> used;  // after replacing images that cannot be decoded
+  for (const auto& planned : plan.samples) {
+    PlannedSample s = planned;
     torch::Tensor z;
-    try {
-      z = load_sample(s);
-      last_good = z;
-    } catch (const data::ImageError& e) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      warnings_.push_back(std::string(e.what()) + "; another image of the batch is used in its place");
-      if (!last_good.defined()) throw data::DataError(e.what());
-      z = last_good;
+    while (!z.defined()) {
+      if (!bad_items_.count(s.item)) {
+        try {
+          z = load_sample(s);
+          continue;
+        } catch (const ImageError& e) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          bad_items_.insert(s.item);
+          bad_files_.push_back(items_[static_cast<size_t>(s.item)].image.string());
+          warnings_.push_back(std::string(e.what()) + "; it is replaced by another image of bucket " +
+                              plan.bucket.key() + " and not used again");
+        }
+      }
+      s = replacement_for(epoch, plan, s);
     }
     latents.push_back(z);
+    used.push_back(s);
     const auto& item = items_[static_cast<size_t>(s.item)];
     out.captions.push_back(data::process_caption(item.caption, datasets_[static_cast<size_t>(item.dataset)],
                                                  o_.trigger_word, rng));
   }
   out.latents = torch::stack(latents);
   // Controls: every sample of the batch has the same number (the dataset's control folders).
-  const auto& first = items_[static_cast<size_t>(plan.samples.front().item)];
+  const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
     const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(plan.bucket.width) * plan.bucket.height));
     const int rw = std::max(o_.divisibility, static_cast<int>(plan.bucket.width * scale) / o_.divisibility * o_.divisibility);
     const int rh = std::max(o_.divisibility, static_cast<int>(plan.bucket.height * scale) / o_.divisibility * o_.divisibility);
     for (size_t c = 0; c < first.controls.size(); ++c) {
       std::vector<torch::Tensor> refs;
-      for (const auto& s : plan.samples) refs.push_back(load_control(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
+      for (const auto& s : used) refs.push_back(load_control(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
       out.references.push_back(torch::stack(refs));
     }
   }
   return out;
+}
+
+PlannedSample BatchLoader::replacement_for(int64_t epoch, const Batch& batch, const PlannedSample& bad) const {
+  // The next usable sample of the same dataset, resolution and bucket in this epoch's plan, scanning
+  // from the failed one's batch onwards: deterministic, so a resumed run picks the same replacement.
+  const auto& plan = plans_.at(epoch);
+  const size_t n = plan.size();
+  size_t start = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (&plan[i] == &batch) start = i;
+  for (size_t k = 0; k < n; ++k) {
+    const Batch& b = plan[(start + k) % n];
+    if (b.dataset != batch.dataset || b.resolution != batch.resolution || !(b.bucket == batch.bucket)) continue;
+    for (const auto& s : b.samples)
+      if (s.item != bad.item && !bad_items_.count(s.item)) return s;
+  }
+  throw DataError(items_[static_cast<size_t>(bad.item)].image.string() +
+                  " cannot be decoded and no other image of bucket " + batch.bucket.key() +
+                  " can take its place; remove or repair it");
+}
+
+std::vector<std::string> BatchLoader::unusable_files() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bad_files_;
 }
 
 torch::Tensor BatchLoader::load_control(const fs::path& path, int width, int height) const {
@@ -123,7 +155,7 @@ torch::Tensor BatchLoader::load_control(const fs::path& path, int width, int hei
   return codec_.encode(data::to_unit_range(rgb).unsqueeze(0))[0].contiguous();
 }
 
-torch::Tensor BatchLoader::load_sample(const data::PlannedSample& s) {
+torch::Tensor BatchLoader::load_sample(const PlannedSample& s) {
   const auto& item = items_[static_cast<size_t>(s.item)];
   const auto& ds = datasets_[static_cast<size_t>(item.dataset)];
   const auto& p = s.placement;
@@ -171,4 +203,4 @@ torch::Tensor BatchLoader::load_sample(const data::PlannedSample& s) {
   return z;
 }
 
-}  // namespace gclab::train
+}  // namespace gclab::data

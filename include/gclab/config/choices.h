@@ -1,0 +1,63 @@
+// Config values with a fixed set of meanings, as enums: each one's spellings are listed once, here, and
+// the loader reads, validates and writes them through that list. Nothing above `config` compares these
+// values as strings.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace gclab::config {
+
+enum class DType { fp32, bf16, fp16 };
+enum class OptimizerKind { adamw, adamw8bit };
+enum class OomPolicy { abort, skip };
+enum class TimestepType { sigmoid, linear, shift, weighted };
+enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
+// The model families gclab models (DESIGN.md section 4); their facts are in model/family.h.
+enum class Family { flux, qwen_image, zimage, sd3, dit };
+
+// One value: its canonical spelling (written back) and the other spellings AI Toolkit accepts.
+template <class E>
+struct Spelling {
+  E value;
+  const char* name;
+  std::vector<const char*> aliases;
+};
+
+// Specialised once per enum below (choices.cpp).
+template <class E>
+const std::vector<Spelling<E>>& spellings();
+
+template <class E>
+std::string_view name_of(E value) {
+  for (const auto& s : spellings<E>())
+    if (s.value == value) return s.name;
+  return "?";
+}
+
+template <class E>
+std::optional<E> parse_choice(std::string_view text) {
+  for (const auto& s : spellings<E>()) {
+    if (text == s.name) return s.value;
+    for (const char* a : s.aliases)
+      if (text == a) return s.value;
+  }
+  return std::nullopt;
+}
+
+// "a, b, c": the canonical spellings, for error messages.
+template <class E>
+std::string choice_list() {
+  std::string out;
+  for (const auto& s : spellings<E>()) out += (out.empty() ? "" : ", ") + std::string(s.name);
+  return out;
+}
+
+// Bytes per element of a dtype.
+int dtype_bytes(DType dtype);
+
+}  // namespace gclab::config

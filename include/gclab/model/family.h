@@ -1,0 +1,42 @@
+// The one table of family facts (DESIGN.md section 4): which `model.arch` names gclab models, the family
+// each belongs to, and what the family fixes (bucket divisibility, as AI Toolkit sets it per model).
+// The config checks that need these facts (arch modelled, resolutions divisible) are here too, and
+// load_config_file/text run them after the config part's own validation: every verb loads through them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gclab/config/loader.h"
+
+namespace gclab::model {
+
+using config::Family;
+
+struct ArchFacts {
+  std::string name;  // gclab's arch id, AI Toolkit's spelling where AI Toolkit has one
+  Family family;
+  std::string preset;  // the preset it builds (spec.h)
+  bool tiny = false;   // a CPU-test-size model of the family
+  // A variant chosen by model.name_or_path, as AI Toolkit chooses it: FLUX.1-schnell, Z-Image-Turbo.
+  std::string variant_keyword, variant_preset;
+};
+
+// Every arch gclab accepts in `model.arch`, in the order they are listed to users.
+const std::vector<ArchFacts>& supported_archs();
+const ArchFacts* find_arch(const std::string& name);
+std::string supported_arch_list();  // "flux, flex1, ..." for messages
+
+// Bucket sides are multiples of this: FLUX.1/Flex, Qwen-Image and SD3 pack 2x2 patches of an 8x latent
+// and AI Toolkit rounds them to 32; Z-Image and DiT to 16.
+int divisibility(Family family);
+
+// The checks of a loaded config that need the facts above; errors and warnings go to `diagnostics`.
+void check_config(config::ProcessConfig& config, config::Diagnostics& diagnostics);
+
+// config::load_config_* followed by check_config: what every gclab verb (and test) loads a config with.
+config::LoadResult load_config_file(const std::string& path, const config::LoadOptions& options = {});
+config::LoadResult load_config_text(const std::string& text, const std::string& source_name,
+                                    const config::LoadOptions& options = {});
+
+}  // namespace gclab::model

@@ -1,0 +1,149 @@
+// A training session: everything a run holds, built once from a validated config — the device, the
+// memory meter and its cap, the model (LoRA / quantized as configured) with its checkpoint policy, the
+// optimizer, EMA, the text encoder and its embedding cache, the latent codec and the preview settings —
+// and the one training step. `gclab train`, `bench`, `fit` and `estimate` all build a Session, so they
+// run (or count) exactly the same step.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gclab/ckpt/policy.h"
+#include "gclab/config/config.h"
+#include "gclab/config/user_error.h"
+#include "gclab/data/conditioner.h"
+#include "gclab/data/latent_codec.h"
+#include "gclab/data/loader.h"
+#include "gclab/memory/tracker.h"
+#include "gclab/model/activations.h"
+#include "gclab/model/lora.h"
+#include "gclab/train/checkpointing.h"
+#include "gclab/train/flow.h"
+#include "gclab/train/optimizer.h"
+
+namespace gclab::train {
+
+struct SessionOptions {
+  // Build on the meta device: shapes and byte counts, no memory and no data (train --dry-run, estimate).
+  bool meta = false;
+};
+
+// Bytes held outside the step's activations, by what holds them.
+struct ResidentBytes {
+  int64_t weights = 0;       // parameters and buffers as stored (frozen base + trained tensors)
+  int64_t trained = 0;       // of which trained (LoRA adapters, or every weight)
+  int64_t gradients = 0;     // one gradient per trained tensor, in its dtype
+  int64_t optimizer = 0;     // the optimizer's state (after its first step)
+  int64_t ema = 0;           // the EMA copy of the trained tensors
+  int64_t text_encoder = 0;  // while loaded
+  int64_t text_cache = 0;    // precomputed embeddings (cache_text_embeddings)
+  int64_t total() const { return weights + gradients + optimizer + ema + text_encoder + text_cache; }
+};
+
+struct StepResult {
+  double loss = 0, grad_norm = 0;
+  std::string bucket;  // WxH of the step's batches
+  int batch = 0;
+  double data_wait_s = 0;
+  int64_t gradient_bytes = 0;  // held just before the update
+};
+
+class Session {
+ public:
+  // Throws UserError for a setting this machine cannot run (a CUDA device without one, a full-size model
+  // that cannot fit host memory).
+  explicit Session(const config::ProcessConfig& config, const SessionOptions& options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const config::ProcessConfig& config() const { return config_; }
+  const model::ModelSpec& spec() const { return spec_; }
+  torch::Device device() const { return device_; }
+  bool bf16() const { return config_.train.dtype == config::DType::bf16; }
+  int accumulation() const { return config_.train.accumulation(); }
+
+  // Memory: the meter, the per-phase peaks of the current step, and the phase now running.
+  memory::MemoryMeter& meter() { return meter_; }
+  memory::PhaseMeter& phases() { return phases_; }
+  memory::PhaseMeter::Scope phase(const char* name);
+  const std::string& current_phase() const { return current_phase_; }
+  // The bucket (WxH) and batch size of the micro-batch being trained on (for the OOM report).
+  const std::string& current_bucket() const { return current_bucket_; }
+  int current_batch() const { return current_batch_; }
+  // Lifts the emulated CPU cap (to save after an out-of-memory error: the cap is the experiment).
+  void lift_cap();
+
+  model::DiffusionTransformer& model() { return *model_; }
+  const model::LoraOptions& lora() const { return lora_; }
+  int lora_modules() const { return lora_modules_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const std::vector<std::pair<std::string, torch::Tensor>>& trained() const { return trained_; }
+  std::map<std::string, torch::Tensor>& ema() { return ema_; }
+  data::TextEmbeddingCache& text() { return *text_; }
+  const data::LatentCodec& codec() const { return codec_; }
+
+  // The checkpoint policy applied to the model now, and switching it between steps (no rebuild). A
+  // budget:BYTES policy is resolved to blocks:[...] from the activation ledger at this batch and square
+  // resolution (the largest the run will meet).
+  const ckpt::CheckpointPolicy& applied_policy() const { return applied_; }
+  void apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution);
+  // The ledger's options for this session's dtype, LoRA rank and device.
+  model::ActivationOptions activation_options() const;
+
+  // The micro-batch a step trains on: conditioning for the captions, latents (and references) on the
+  // device, fresh noise and timesteps from the global generator.
+  MicroBatch micro_batch(const data::LoadedBatch& batch);
+  // A batch of random latents of this size with the config's first caption (bench and fit).
+  data::LoadedBatch synthetic_batch(int batch, int width, int height) const;
+
+  // One optimizer step: `accumulation()` micro-batches from next(), forward and backward each, then
+  // clipping, the update at the scheduled learning rate, zeroed gradients and EMA.
+  StepResult train_step(int64_t step, const std::function<data::LoadedBatch()>& next);
+
+  // Previews (the sample block's prompts) at `step`, written as PNG into dir; nothing when sampling is off.
+  bool sampling() const { return !prompts_.empty(); }
+  std::vector<std::filesystem::path> sample(int64_t step, const std::filesystem::path& dir);
+  // Encodes every caption the run will ask for (cache_text_embeddings), then unloads the text encoder
+  // when unload_text_encoder says so.
+  void precompute_text(const std::vector<std::string>& captions);
+
+  ResidentBytes resident() const;
+  // The trained tensors replaced by their EMA for the duration of fn (saving), when EMA is on.
+  void with_ema_weights(const std::function<void()>& fn);
+
+ private:
+  model::ModelInputs conditioning(const std::vector<std::string>& captions);
+
+  config::ProcessConfig config_;
+  model::ModelSpec spec_;
+  torch::Device device_;
+  std::unique_ptr<memory::CpuMemoryTracker> cpu_tracker_;  // before meter_: the CPU meter reads it
+  memory::MemoryMeter meter_;
+  memory::PhaseMeter phases_;
+  std::string current_phase_ = "setup";
+  std::string current_bucket_;
+  int current_batch_ = 0;
+  std::shared_ptr<model::DiffusionTransformer> model_;
+  model::LoraOptions lora_;
+  int lora_modules_ = 0;
+  std::unique_ptr<ModelCheckpointing> checkpointing_;
+  ckpt::CheckpointPolicy applied_;
+  std::vector<std::pair<std::string, torch::Tensor>> trained_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::map<std::string, torch::Tensor> ema_;
+  std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts
+  data::LatentCodec codec_;
+  std::vector<config::SampleItem> prompts_;
+};
+
+// The device a config names: "auto" is CUDA when present, else the CPU. Throws UserError for a CUDA device
+// on a machine without one, or a name LibTorch does not know.
+torch::Device resolve_device(const std::string& name);
+
+}  // namespace gclab::train

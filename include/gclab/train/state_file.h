@@ -1,0 +1,44 @@
+// Saving and resuming: the weights a user keeps (LoRA or the whole transformer, in save.dtype) and the
+// training state a bitwise --resume needs, one `<name>_<step>.state.safetensors` per save. The state's
+// layout is described once (kStateSections in state_file.cpp) and that description is used both ways.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gclab/train/session.h"
+
+namespace gclab::train {
+
+// A save could not be written (disk full, no permission): the message names the file and what to do.
+// The previous save is intact (files are written to a temporary name and renamed into place).
+class SaveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class RunSaves {
+ public:
+  // Finds the step saves already in dir (oldest first) for rotation and resume.
+  RunSaves(std::filesystem::path dir, std::string name, int keep);
+
+  // Writes the state and the weights for `step` (final: the weights as `<name>.safetensors`, no state).
+  // Rotates step saves beyond `keep`. Returns the weights file. Throws SaveError.
+  std::filesystem::path save(Session& session, int64_t step, bool final);
+  // Restores the newest state into the session; returns its step, or nullopt when there is none.
+  std::optional<int64_t> resume(Session& session);
+
+  // The newest "<name>_<step>.state.safetensors" in dir, if any.
+  std::optional<std::filesystem::path> newest_state() const;
+
+ private:
+  std::filesystem::path dir_;
+  std::string name_;
+  int keep_;
+  std::vector<std::pair<std::filesystem::path, std::filesystem::path>> step_saves_;  // (weights, state)
+};
+
+}  // namespace gclab::train

@@ -1,0 +1,110 @@
+#include "gclab/bench/report.h"
+
+#include <sstream>
+
+#include "gclab/config/byte_size.h"
+#include "gclab/data/dataset.h"
+#include "gclab/log/log.h"
+
+namespace gclab::bench {
+
+using config::format_bytes;
+
+std::string format_model_summary(const model::ModelSummary& s) {
+  const auto& spec = s.spec;
+  std::ostringstream out;
+  out << "# the model this config selects, counted on a meta-device build (no memory)\n";
+  out << "model_summary:\n";
+  out << "  preset: " << spec.preset << "\n  family: " << config::name_of(spec.family) << "\n";
+  out << "  blocks: " << spec.total_blocks() << "  # ";
+  if (spec.family == model::Family::flux)
+    out << spec.double_blocks << " double-stream + " << spec.single_blocks << " single-stream";
+  else if (spec.family == model::Family::zimage)
+    out << spec.refiner_blocks << " noise + " << spec.refiner_blocks << " context refiners + " << spec.single_blocks
+        << " single-stream";
+  else
+    out << spec.total_blocks() << " " << (spec.family == model::Family::dit ? "DiT" : "joint / double-stream");
+  out << ", width " << spec.hidden << " (" << spec.heads << " heads x " << spec.head_dim << ")\n";
+  out << "  parameters: " << s.parameters << "\n";
+  out << "  trainable_parameters: " << s.trainable_parameters;
+  if (s.lora_modules) out << "  # LoRA on " << s.lora_modules << " Linear modules";
+  out << "\n  weight_bytes: " << s.weight_bytes << "  # " << format_bytes(s.weight_bytes) << ", " << s.weight_storage
+      << "\n";
+  out << "  tokens:  # per sample; text for a 77-token prompt\n";
+  for (const auto& t : s.tokens) {
+    out << "    - {at: \"" << t.what << " " << t.width << "x" << t.height << "\", image: " << t.image_tokens
+        << ", text: " << t.text_tokens;
+    if (t.reference_tokens) out << ", reference: " << t.reference_tokens;
+    out << "}\n";
+  }
+  return out.str();
+}
+
+std::string format_bucket_histograms(const config::ProcessConfig& config) {
+  const int divisibility = model::spec_for(config.model).divisibility;
+  std::ostringstream out;
+  out << "# buckets, from image headers only (divisibility " << divisibility << ")\n";
+  out << "buckets:" << (config.datasets.empty() ? " []" : "") << "\n";
+  for (size_t d = 0; d < config.datasets.size(); ++d) {
+    const auto& ds = config.datasets[d];
+    out << "  datasets[" << d << "]:";
+    try {
+      const auto scan = data::scan_dataset(ds, static_cast<int>(d));
+      for (const auto& w : scan.warnings) log::warn(w);
+      out << "  # " << *ds.folder_path << ", " << scan.items.size() << " images\n";
+      for (const auto& [resolution, buckets] : data::bucket_histogram(scan.items, ds, divisibility)) {
+        out << "    " << resolution << ":\n";
+        for (const auto& [bucket, count] : buckets)
+          out << "      - " << bucket.key() << ": " << count << (count == 1 ? " image" : " images") << "\n";
+      }
+    } catch (const data::DataError& e) {
+      out << " []  # " << e.what() << "\n";
+    }
+  }
+  return out.str();
+}
+
+std::string format_estimate(const MemoryEstimate& e) {
+  std::ostringstream out;
+  auto bytes = [&](const char* key, int64_t v, const std::string& indent = "  ") {
+    out << indent << key << ": " << v << "  # " << format_bytes(v) << "\n";
+  };
+  out << "estimate:\n  preset: " << e.spec.preset << "\n";
+  bytes("weights", e.weight_bytes);
+  out << "  trained_parameters: " << e.trained << "\n";
+  bytes("trained_parameter_bytes", e.trained_bytes);
+  bytes("gradients", e.gradient_bytes);
+  bytes("optimizer_state", e.optimizer_bytes);
+  bytes("ema", e.ema_bytes);
+  bytes("text_encoder", e.text_encoder_bytes);
+  bytes("resident", e.resident_bytes);
+  out << "  activations_dtype: " << e.activation_dtype << "\n";
+  if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
+  out << "  per_resolution:  # total = resident + batch tensors + block activations + backward workspace\n";
+  for (const auto& r : e.resolutions) {
+    out << "    - resolution: " << r.resolution << "\n      batch: " << r.batch << "\n      image_tokens: "
+        << r.image_tokens << "\n      text_tokens: " << r.text_tokens << "\n";
+    for (const auto& [name, s] : {std::pair<const char*, const StepEstimate&>{"gc_off", r.gc_off}, {"gc_full", r.gc_full}}) {
+      const std::string verdict =
+          e.cap_bytes <= 0 ? "" : s.total_bytes <= e.cap_bytes ? ", fits the cap" : ", over the cap";
+      out << "      " << name << ": {batch_tensors: " << s.batch_bytes << ", activations: " << s.activation_bytes
+          << ", workspace: " << s.workspace_bytes << ", total: " << s.total_bytes << "}  # "
+          << format_bytes(s.total_bytes) << verdict << "\n";
+    }
+  }
+  out << "  not_modelled:\n";
+  for (const auto& n : e.not_modelled) out << "    - \"" << n << "\"\n";
+  return out.str();
+}
+
+std::string fit_table(const std::vector<FitRow>& rows) {
+  std::ostringstream out;
+  out << "| resolution | policy | largest batch that fits | peak at that batch |\n|---|---|---|---|\n";
+  for (const auto& r : rows)
+    out << "| " << r.resolution << " | " << r.policy << " | "
+        << (r.largest_batch ? std::to_string(r.largest_batch) : std::string("none (batch 1 runs out)")) << " | "
+        << (r.largest_batch ? format_bytes(r.peak_bytes) : std::string("-")) << " |\n";
+  return out.str();
+}
+
+}  // namespace gclab::bench

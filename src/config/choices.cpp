@@ -1,0 +1,57 @@
+#include "gclab/config/choices.h"
+
+namespace gclab::config {
+
+// Spellings from AI Toolkit (toolkit/config_modules.py, toolkit/train_tools.py get_torch_dtype).
+template <>
+const std::vector<Spelling<DType>>& spellings() {
+  static const std::vector<Spelling<DType>> s = {{DType::fp32, "fp32", {"float32", "float", "full"}},
+                                                 {DType::bf16, "bf16", {"bfloat16"}},
+                                                 {DType::fp16, "fp16", {"float16", "half"}}};
+  return s;
+}
+
+template <>
+const std::vector<Spelling<OptimizerKind>>& spellings() {
+  static const std::vector<Spelling<OptimizerKind>> s = {
+      {OptimizerKind::adamw, "adamw", {"AdamW"}}, {OptimizerKind::adamw8bit, "adamw8bit", {"adamw_8bit", "AdamW8bit"}}};
+  return s;
+}
+
+template <>
+const std::vector<Spelling<OomPolicy>>& spellings() {
+  static const std::vector<Spelling<OomPolicy>> s = {{OomPolicy::abort, "abort", {}}, {OomPolicy::skip, "skip", {}}};
+  return s;
+}
+
+template <>
+const std::vector<Spelling<TimestepType>>& spellings() {
+  static const std::vector<Spelling<TimestepType>> s = {{TimestepType::sigmoid, "sigmoid", {}},
+                                                        {TimestepType::linear, "linear", {}},
+                                                        {TimestepType::shift, "shift", {}},
+                                                        {TimestepType::weighted, "weighted", {}}};
+  return s;
+}
+
+template <>
+const std::vector<Spelling<LrScheduler>>& spellings() {
+  static const std::vector<Spelling<LrScheduler>> s = {{LrScheduler::constant, "constant", {}},
+                                                       {LrScheduler::constant_with_warmup, "constant_with_warmup", {}},
+                                                       {LrScheduler::linear, "linear", {}},
+                                                       {LrScheduler::cosine, "cosine", {}}};
+  return s;
+}
+
+template <>
+const std::vector<Spelling<Family>>& spellings() {
+  static const std::vector<Spelling<Family>> s = {{Family::flux, "flux", {}},
+                                                  {Family::qwen_image, "qwen_image", {}},
+                                                  {Family::zimage, "zimage", {}},
+                                                  {Family::sd3, "sd3", {}},
+                                                  {Family::dit, "dit", {}}};
+  return s;
+}
+
+int dtype_bytes(DType dtype) { return dtype == DType::fp32 ? 4 : 2; }
+
+}  // namespace gclab::config

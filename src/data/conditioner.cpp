@@ -1,0 +1,63 @@
+#include "gclab/data/conditioner.h"
+
+#include <algorithm>
+
+#include "gclab/config/user_error.h"
+
+namespace gclab::data {
+
+int64_t class_label_for(const std::string& caption, int64_t num_classes) {
+  if (caption.empty()) return num_classes;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : caption) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(h % static_cast<uint64_t>(num_classes));
+}
+
+TextEmbeddingCache::TextEmbeddingCache(std::optional<TextEncoderOptions> encoder, SequenceLength length,
+                                       torch::Device device, bool cache)
+    : has_text_(encoder.has_value()), length_(std::move(length)), device_(device), cache_(cache) {
+  if (encoder) encoder_ = std::make_unique<TextEncoder>(*encoder);
+}
+
+TextEmbedding TextEmbeddingCache::encode(const std::vector<std::string>& captions) {
+  TextEmbedding out;
+  if (!has_text_) return out;
+  int64_t longest = 1;
+  if (encoder_)
+    for (const auto& c : captions)
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(encoder_->tokenize(c).size()));
+  const int64_t length = length_(longest);
+  std::vector<torch::Tensor> text, pooled;
+  for (const auto& c : captions) {
+    const auto& e = embedding(c, length);
+    text.push_back(e.text);
+    if (e.pooled.defined()) pooled.push_back(e.pooled);
+  }
+  out.text = torch::cat(text).to(device_);
+  if (!pooled.empty()) out.pooled = torch::cat(pooled).to(device_);
+  return out;
+}
+
+int64_t TextEmbeddingCache::cache_bytes() const {
+  int64_t b = 0;
+  for (const auto& [key, e] : cached_)
+    b += static_cast<int64_t>(e.text.nbytes()) + (e.pooled.defined() ? static_cast<int64_t>(e.pooled.nbytes()) : 0);
+  return b;
+}
+
+const TextEmbedding& TextEmbeddingCache::embedding(const std::string& caption, int64_t length) {
+  const std::string key = std::to_string(length) + "|" + caption;
+  auto it = cached_.find(key);
+  if (it != cached_.end()) return it->second;
+  if (!encoder_)
+    throw UserError("unload_text_encoder: the caption '" + caption +
+                    "' was not precomputed (use cache_text_embeddings without shuffle_tokens)");
+  TextEmbedding e = encoder_->encode({caption}, length);
+  if (!cache_) {
+    scratch_ = std::move(e);
+    return scratch_;
+  }
+  return cached_.emplace(key, std::move(e)).first->second;
+}
+
+}  // namespace gclab::data

@@ -1,0 +1,100 @@
+#include "gclab/model/family.h"
+
+namespace gclab::model {
+
+const std::vector<ArchFacts>& supported_archs() {
+  static const std::vector<ArchFacts> archs = {
+      {"flux", Family::flux, "flux-dev", false, "schnell", "flux-schnell"},
+      {"flex1", Family::flux, "flex1", false, "", ""},
+      {"flex2", Family::flux, "flex2", false, "", ""},
+      {"qwen_image", Family::qwen_image, "qwen-image", false, "", ""},
+      {"qwen_image_edit", Family::qwen_image, "qwen-image-edit", false, "", ""},
+      {"qwen_image_edit_plus", Family::qwen_image, "qwen-image-edit-2509", false, "", ""},
+      {"zimage", Family::zimage, "zimage", false, "turbo", "zimage-turbo"},
+      {"sd3", Family::sd3, "sd35-large", false, "", ""},
+      {"dit", Family::dit, "dit-xl2", false, "", ""},
+      {"tiny-flux", Family::flux, "tiny-flux", true, "", ""},
+      {"tiny-qwen-image", Family::qwen_image, "tiny-qwen-image", true, "", ""},
+      {"tiny-qwen-image-edit", Family::qwen_image, "tiny-qwen-image-edit", true, "", ""},
+      {"tiny-zimage", Family::zimage, "tiny-zimage", true, "", ""},
+      {"tiny-sd3", Family::sd3, "tiny-sd3", true, "", ""},
+      {"tiny-dit", Family::dit, "tiny-dit", true, "", ""},
+  };
+  return archs;
+}
+
+const ArchFacts* find_arch(const std::string& name) {
+  for (const auto& a : supported_archs())
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+std::string supported_arch_list() {
+  std::string out;
+  for (const auto& a : supported_archs()) out += (out.empty() ? "" : ", ") + a.name;
+  return out;
+}
+
+int divisibility(Family family) {
+  switch (family) {
+    case Family::flux:
+    case Family::qwen_image:
+    case Family::sd3:
+      return 32;
+    case Family::zimage:
+    case Family::dit:
+      return 16;
+  }
+  return 16;
+}
+
+void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
+  auto error = [&](const std::string& path, const std::string& message) { d.error(path, c.source.where(path), message); };
+  if (c.model.arch.empty()) return;  // the config part already said it is missing
+  const ArchFacts* arch = find_arch(c.model.arch);
+  if (!arch) {
+    error("model.arch", "architecture '" + c.model.arch + "' is not modelled by gclab yet; supported: " +
+                            supported_arch_list());
+    return;
+  }
+  if (!c.model.name_or_path && !arch->tiny)
+    d.warning("model.name_or_path", c.source.where("model.name_or_path"),
+              "not set; the " + arch->name + " preset starts from random weights");
+  const int div = divisibility(arch->family);
+  for (std::size_t i = 0; i < c.datasets.size(); ++i)
+    for (int res : c.datasets[i].resolution)
+      if (res > 0 && res % div != 0)
+        error("datasets[" + std::to_string(i) + "].resolution",
+              std::to_string(res) + " is not a multiple of " + std::to_string(div) + " (" + arch->name + "); use " +
+                  std::to_string(res / div * div) + " or " + std::to_string((res / div + 1) * div));
+}
+
+namespace {
+
+config::LoadResult checked(config::LoadResult r) {
+  if (r.config) {
+    check_config(*r.config, r.diagnostics);
+    if (r.diagnostics.has_errors()) r.as_read = std::move(r.config), r.config.reset();
+  } else if (r.as_read) {
+    check_config(*r.as_read, r.diagnostics);
+  } else if (!r.arch_in_text.empty() && !find_arch(r.arch_in_text)) {
+    // The YAML did not parse; still tell the user whether fixing it would lead anywhere.
+    r.diagnostics.error("model.arch", "", "this config names model.arch '" + r.arch_in_text +
+                                              "', which gclab does not model yet (supported: " +
+                                              supported_arch_list() + ")");
+  }
+  return r;
+}
+
+}  // namespace
+
+config::LoadResult load_config_file(const std::string& path, const config::LoadOptions& options) {
+  return checked(config::load_config_file(path, options));
+}
+
+config::LoadResult load_config_text(const std::string& text, const std::string& source_name,
+                                    const config::LoadOptions& options) {
+  return checked(config::load_config_text(text, source_name, options));
+}
+
+}  // namespace gclab::model

@@ -1,0 +1,316 @@
+#include "gclab/train/session.h"
+
+#include <chrono>
+
+#include "gclab/data/image.h"
+#include "gclab/log/log.h"
+#include "gclab/sample/sampler.h"
+
+namespace gclab::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::optional<data::TextEncoderOptions> text_encoder_options(const model::ModelSpec& spec) {
+  if (!spec.text_dim) return std::nullopt;
+  return data::TextEncoderOptions{spec.text_dim, spec.pooled_dim};
+}
+
+std::string step_tag(int64_t step) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%09lld", static_cast<long long>(step));
+  return buf;
+}
+
+}  // namespace
+
+torch::Device resolve_device(const std::string& name) {
+  if (name == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  torch::Device device(torch::kCPU);
+  try {
+    device = torch::Device(name);
+  } catch (const c10::Error&) {
+    throw UserError("device '" + name + "' is not a device name (auto, cpu, cuda, cuda:0, ...)");
+  }
+  if (device.is_cuda() && !torch::cuda::is_available())
+    throw UserError("device '" + name +
+                    "' asks for CUDA, which this machine does not have; use device: cpu (or auto), or --set device=cpu");
+  if (device.is_cuda() && device.has_index() && device.index() >= static_cast<int>(torch::cuda::device_count()))
+    throw UserError("device '" + name + "': this machine has " + std::to_string(torch::cuda::device_count()) +
+                    " CUDA device(s)");
+  return device;
+}
+
+Session::Session(const config::ProcessConfig& config, const SessionOptions& options)
+    : config_(config),
+      spec_(model::spec_for(config.model)),
+      device_(options.meta ? torch::Device(torch::kMeta) : resolve_device(config.device)),
+      // Exact accounting on the CPU (a meta session counts nothing but still has a meter to read).
+      cpu_tracker_(!device_.is_cuda() && !memory::CpuMemoryTracker::installed()
+                       ? std::make_unique<memory::CpuMemoryTracker>(device_.is_cpu() ? config.vram_cap.bytes : 0)
+                       : nullptr),
+      meter_(device_.is_meta() ? torch::Device(torch::kCPU) : device_),
+      phases_(meter_),
+      codec_(spec_.latent_channels) {
+  const config::TrainConfig& tc = config_.train;
+  // ---- memory: exact accounting on the CPU, the allocator's statistics on CUDA; the emulated cap ----
+  if (device_.is_cpu()) {
+    try {
+      model::check_fits_in_host_memory(spec_, "gclab");
+    } catch (const std::invalid_argument& e) {
+      throw UserError(e.what());
+    }
+  } else if (device_.is_cuda() && config_.vram_cap.bytes > 0) {
+    meter_.set_cap(config_.vram_cap.bytes);
+  }
+
+  // ---- the text encoder and its embedding cache (kept resident, as in a run) ----
+  text_ = std::make_unique<data::TextEmbeddingCache>(
+      text_encoder_options(spec_), [this](int64_t n) { return model::text_tokens(spec_, n); },
+      device_.is_meta() ? torch::Device(torch::kCPU) : device_, tc.cache_text_embeddings);
+
+  // ---- the model, as AI Toolkit loads it: with a LoRA network in bf16 the frozen base is stored in bf16
+  // (float8 blocks with model.quantize) and only the adapters are float32; without a network every
+  // weight is a float32 master copy. ----
+  torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
+  const auto build_options = options.meta ? torch::TensorOptions().device(torch::kMeta) : torch::TensorOptions();
+  model_ = model::build_transformer(spec_, build_options);
+  if (config_.network) {
+    lora_.rank = config_.network->linear.value_or(16);
+    lora_.alpha = config_.network->linear_alpha.value_or(static_cast<double>(lora_.rank));
+    lora_.dropout = config_.network->dropout.value_or(0.0);
+    if (bf16()) model_->to(torch::kBFloat16);
+  }
+  if (config_.model.quantize) model::set_base_weight_storage(*model_, model::WeightStorage::Float8PerTensor);
+  if (config_.network) lora_modules_ = model::apply_lora(*model_, lora_);
+  if (!options.meta) model_->to(device_);
+  model_->train();
+
+  // ---- checkpointing, applied to the built model from outside ----
+  checkpointing_ = std::make_unique<ModelCheckpointing>(*model_);
+  int largest = 0, batch_max = tc.batch_size;
+  for (const auto& d : config_.datasets) {
+    for (int r : d.resolution) largest = std::max(largest, r);
+    batch_max = std::max(batch_max, d.batch_size.value_or(tc.batch_size));
+  }
+  apply_policy(tc.policy(), batch_max, largest > 0 ? largest : 512);
+
+  // ---- what is trained, the optimizer, EMA ----
+  for (const auto& p : model_->named_parameters())
+    if (p.value().requires_grad()) trained_.emplace_back(p.key(), p.value());
+  AdamWOptions adam;
+  adam.weight_decay = tc.optimizer_params.weight_decay;
+  adam.beta1 = tc.optimizer_params.betas.at(0);
+  adam.beta2 = tc.optimizer_params.betas.at(1);
+  adam.eps = tc.optimizer_params.eps;
+  optimizer_ = make_optimizer(tc.optimizer, trained_, adam);
+  if (tc.ema_config.use_ema)
+    for (const auto& [n, p] : trained_) ema_[n] = p.detach().clone();
+
+  if (config_.sample && !tc.disable_sampling) prompts_ = config_.sample->samples;
+}
+
+Session::~Session() = default;
+
+memory::PhaseMeter::Scope Session::phase(const char* name) {
+  current_phase_ = name;
+  return phases_.phase(name);
+}
+
+void Session::lift_cap() {
+  if (cpu_tracker_) cpu_tracker_->set_cap(0);
+}
+
+model::ActivationOptions Session::activation_options() const {
+  return model::activation_options(config_, device_.is_cuda());
+}
+
+void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution) {
+  if (policy.kind != ckpt::CheckpointPolicy::Kind::Budget) {
+    checkpointing_->apply(policy);
+    applied_ = policy;
+    return;
+  }
+  // budget:BYTES from the ledger (equal to the allocator, byte for byte, on every block kind): what each
+  // block keeps without and with checkpointing, in call order.
+  const auto est = model::estimate_activations(spec_, batch, resolution, resolution, 0, activation_options());
+  std::vector<int64_t> kept, inputs;
+  for (const auto& b : est.blocks)
+    for (int i = 0; i < b.count; ++i) kept.push_back(b.saved_bytes), inputs.push_back(b.input_bytes);
+  if (kept.size() != model_->blocks().size())
+    throw std::logic_error("the activation ledger lists " + std::to_string(kept.size()) + " blocks, the model has " +
+                           std::to_string(model_->blocks().size()));
+  const auto blocks = ckpt::select_blocks_for_budget(kept, inputs, policy.budget_bytes);
+  std::string list;
+  for (int b : blocks) list += (list.empty() ? "" : ",") + std::to_string(b);
+  applied_ = ckpt::CheckpointPolicy::parse(blocks.empty() ? "off" : "blocks:[" + list + "]");
+  checkpointing_->apply(applied_);
+  log::info("checkpoint policy " + policy.to_string() + " at " + std::to_string(resolution) + "², batch " +
+            std::to_string(batch) + ": the ledger predicts " + std::to_string(est.total_off_bytes) +
+            " bytes of block activations without checkpointing; applying " + applied_.to_string());
+}
+
+model::ModelInputs Session::conditioning(const std::vector<std::string>& captions) {
+  model::ModelInputs in;
+  const int64_t b = static_cast<int64_t>(captions.size());
+  const data::TextEmbedding e = text_->encode(captions);
+  in.text = e.text;
+  in.pooled = e.pooled;
+  const auto on_device = torch::TensorOptions().device(device_);
+  if (spec_.guidance_embed) in.guidance = torch::ones({b}, on_device);  // as AI Toolkit trains FLUX-dev
+  if (spec_.num_classes) {
+    std::vector<int64_t> labels;
+    for (const auto& c : captions) labels.push_back(data::class_label_for(c, spec_.num_classes));
+    in.class_labels = torch::tensor(labels).to(device_);
+  }
+  return in;
+}
+
+MicroBatch Session::micro_batch(const data::LoadedBatch& lb) {
+  MicroBatch mb;
+  {
+    auto scope = phase("text");
+    mb.conditioning = conditioning(lb.captions);
+  }
+  mb.x0 = lb.latents.to(device_);
+  if (spec_.edit)
+    for (const auto& r : lb.references) mb.conditioning.reference_latents.push_back(r.to(device_));
+  mb.noise = torch::randn_like(mb.x0);
+  mb.t = sample_timesteps(config_.train.timestep_type, mb.x0.size(0), device_);
+  return mb;
+}
+
+data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) const {
+  data::LoadedBatch lb;
+  lb.bucket = {width, height};
+  lb.resolution = std::max(width, height);
+  lb.latents = torch::randn({batch, spec_.latent_channels, height / 8, width / 8});
+  std::string caption = "a photo";
+  if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
+  lb.captions.assign(static_cast<size_t>(batch), caption);
+  if (spec_.edit) {  // one 1024²-area reference of the batch's aspect, as the loader makes it
+    const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(width) * height));
+    const int d = spec_.divisibility;
+    const int rw = std::max(d, static_cast<int>(width * scale) / d * d), rh = std::max(d, static_cast<int>(height * scale) / d * d);
+    lb.references.push_back(torch::randn({batch, spec_.latent_channels, rh / 8, rw / 8}));
+  }
+  return lb;
+}
+
+StepResult Session::train_step(int64_t step, const std::function<data::LoadedBatch()>& next) {
+  const config::TrainConfig& tc = config_.train;
+  StepOptions so;
+  so.timestep_type = tc.timestep_type;
+  so.loss_scale = 1.0 / accumulation();
+  so.autocast_bf16 = bf16();
+  StepResult r;
+  std::vector<torch::Tensor> losses;
+  for (int micro = 0; micro < accumulation(); ++micro) {
+    const auto t_wait = std::chrono::steady_clock::now();
+    data::LoadedBatch lb;
+    {
+      auto scope = phase("data");
+      lb = next();
+    }
+    r.data_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
+    r.bucket = current_bucket_ = lb.bucket.key();
+    r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
+    const MicroBatch mb = micro_batch(lb);
+    torch::Tensor loss;
+    {
+      auto scope = phase("forward");
+      loss = flow_matching_loss(*model_, mb, so);
+    }
+    {
+      auto scope = phase("backward");
+      (loss * so.loss_scale).backward();
+    }
+    losses.push_back(loss.detach());
+  }
+  {
+    auto scope = phase("optimizer");
+    std::vector<torch::Tensor> params;
+    for (const auto& [n, p] : trained_) params.push_back(p);
+    r.grad_norm = clip_grad_norm(params, tc.max_grad_norm);
+    for (const auto& [n, p] : trained_)
+      if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
+    optimizer_->step(scheduled_lr(tc.lr_scheduler, tc.lr, step, tc.steps));
+    optimizer_->zero_grad();
+    if (!ema_.empty()) {
+      torch::NoGradGuard no_grad;
+      for (auto& [n, p] : trained_) ema_[n].mul_(tc.ema_config.ema_decay).add_(p, 1 - tc.ema_config.ema_decay);
+    }
+  }
+  r.loss = torch::stack(losses).mean().item<double>();
+  return r;
+}
+
+std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
+  std::vector<fs::path> files;
+  if (prompts_.empty()) return files;
+  auto scope = phase("sample");
+  const auto& sc = *config_.sample;
+  const int d = spec_.divisibility;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const auto& item = prompts_[i];
+    sample::SampleOptions so;
+    so.latent_height = item.height.value_or(sc.height) / d * d / 8;
+    so.latent_width = item.width.value_or(sc.width) / d * d / 8;
+    so.steps = item.sample_steps.value_or(sc.sample_steps);
+    so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
+    so.seed = item.seed.value_or(sc.seed + (sc.walk_seed ? static_cast<int64_t>(i) : 0));
+    so.autocast_bf16 = bf16();
+    const auto cond = conditioning({item.prompt});
+    const auto uncond = conditioning({item.neg.value_or(sc.neg)});
+    const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
+    if (dir.empty()) continue;  // fit: the preview's memory, not its picture
+    const torch::Tensor image = data::to_rgb_uint8(codec_.decode(z.cpu())[0]);
+    const fs::path file = dir / (config_.name + "_" + step_tag(step) + "_" + std::to_string(i) + ".png");
+    data::write_png(file, image);
+    files.push_back(file);
+  }
+  return files;
+}
+
+void Session::precompute_text(const std::vector<std::string>& captions) {
+  if (!config_.train.cache_text_embeddings) {
+    if (config_.train.unload_text_encoder)
+      log::warn("train.unload_text_encoder needs cache_text_embeddings; the text encoder stays loaded");
+    return;
+  }
+  std::vector<std::string> all = captions;
+  all.push_back("");
+  for (const auto& p : prompts_) {
+    all.push_back(p.prompt);
+    all.push_back(p.neg.value_or(config_.sample->neg));
+  }
+  for (const auto& c : all) text_->encode({c});
+  if (config_.train.unload_text_encoder) text_->unload();
+}
+
+ResidentBytes Session::resident() const {
+  ResidentBytes r;
+  for (const auto& p : model_->parameters()) r.weights += static_cast<int64_t>(p.nbytes());
+  for (const auto& t : model_->buffers()) r.weights += static_cast<int64_t>(t.nbytes());
+  for (const auto& [n, p] : trained_) {
+    r.trained += static_cast<int64_t>(p.nbytes());
+    if (p.grad().defined()) r.gradients += static_cast<int64_t>(p.grad().nbytes());
+  }
+  r.optimizer = optimizer_->state_bytes();
+  for (const auto& [n, e] : ema_) r.ema += static_cast<int64_t>(e.nbytes());
+  r.text_encoder = text_->encoder_bytes();
+  r.text_cache = text_->cache_bytes();
+  return r;
+}
+
+void Session::with_ema_weights(const std::function<void()>& fn) {
+  if (ema_.empty()) return fn();
+  std::map<std::string, torch::Tensor> live;
+  torch::NoGradGuard no_grad;
+  for (auto& [n, p] : trained_) live[n] = p.detach().clone(), p.copy_(ema_.at(n));
+  fn();
+  for (auto& [n, p] : trained_) p.copy_(live.at(n));
+}
+
+}  // namespace gclab::train

@@ -1,0 +1,163 @@
+#include "gclab/train/state_file.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <regex>
+
+#include "gclab/io/safetensors.h"
+#include "gclab/log/log.h"
+#include "gclab/model/lora.h"
+
+namespace gclab::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+using ByName = std::map<std::string, torch::Tensor>;
+
+// The state file, section by section: each prefix, what is written under it, and how it is read back.
+// Together they are what a bitwise resume needs: trained tensors, optimizer state, EMA, and the RNG.
+struct StateSection {
+  const char* prefix;
+  std::function<Named(Session&)> write;
+  std::function<void(Session&, const ByName&, const std::string& file)> read;
+};
+
+const std::vector<StateSection>& state_sections() {
+  static const std::vector<StateSection> sections = {
+      {"param.", [](Session& s) { return s.trained(); },
+       [](Session& s, const ByName& in, const std::string& file) {
+         torch::NoGradGuard no_grad;
+         for (const auto& [n, p] : s.trained()) {
+           const auto it = in.find(n);
+           if (it == in.end() || it->second.sizes() != p.sizes())
+             throw UserError(file + " does not match this model (" + n + "); was it written by another config?");
+           p.copy_(it->second);
+         }
+       }},
+      {"optimizer.", [](Session& s) { return s.optimizer().state(); },
+       [](Session& s, const ByName& in, const std::string&) { s.optimizer().load_state(in); }},
+      {"ema.",
+       [](Session& s) {
+         Named out(s.ema().begin(), s.ema().end());
+         return out;
+       },
+       [](Session& s, const ByName& in, const std::string&) {
+         torch::NoGradGuard no_grad;
+         for (auto& [n, e] : s.ema())
+           if (in.count(n)) e.copy_(in.at(n));
+       }},
+      {"rng.", [](Session&) { return Named{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}}; },
+       [](Session&, const ByName& in, const std::string&) {
+         at::Generator cpu = at::detail::getDefaultCPUGenerator();
+         if (in.count("cpu")) cpu.set_state(in.at("cpu").clone());
+       }},
+  };
+  return sections;
+}
+
+std::string step_tag(int64_t step) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%09lld", static_cast<long long>(step));
+  return buf;
+}
+
+// Every failure to write ends as a SaveError that says which file, why, and what to do.
+template <class F>
+void writing(const fs::path& file, F&& write) {
+  try {
+    write();
+  } catch (const std::exception& e) {
+    throw SaveError("could not write " + file.string() + ": " + e.what() +
+                    ". Free space on that disk (or fix its permissions), or point training_folder elsewhere, then "
+                    "continue with --resume; the previous save is intact");
+  }
+}
+
+}  // namespace
+
+RunSaves::RunSaves(fs::path dir, std::string name, int keep) : dir_(std::move(dir)), name_(std::move(name)), keep_(keep) {
+  std::error_code ec;
+  const std::string suffix = ".state.safetensors";
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string f = entry.path().filename().string();
+    if (f.size() > suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        f.rfind(name_ + "_", 0) == 0)
+      step_saves_.emplace_back(dir_ / (f.substr(0, f.size() - suffix.size()) + ".safetensors"), entry.path());
+  }
+  std::sort(step_saves_.begin(), step_saves_.end());
+}
+
+fs::path RunSaves::save(Session& session, int64_t step, bool final) {
+  auto scope = session.phase("save");
+  const config::ProcessConfig& config = session.config();
+  const fs::path weights = dir_ / ((final ? name_ : name_ + "_" + step_tag(step)) + ".safetensors");
+  if (!final) {
+    Named state;
+    for (const auto& section : state_sections())
+      for (auto& [n, t] : section.write(session)) state.emplace_back(section.prefix + n, t);
+    state.emplace_back("step", torch::tensor(step));
+    const fs::path state_file = dir_ / (name_ + "_" + step_tag(step) + ".state.safetensors");
+    writing(state_file, [&] {
+      io::save_safetensors(state_file, state, {{"step", std::to_string(step)}, {"preset", session.spec().preset}});
+    });
+    step_saves_.emplace_back(weights, state_file);
+  }
+  const auto dtype = config.save.dtype == config::DType::fp32   ? torch::kFloat
+                     : config.save.dtype == config::DType::bf16 ? torch::kBFloat16
+                                                                : torch::kHalf;
+  writing(weights, [&] {
+    session.with_ema_weights([&] {
+      const std::map<std::string, std::string> meta = {{"gclab_step", std::to_string(step)}};
+      if (config.network)
+        model::save_lora(session.model(), weights, dtype, session.lora(), meta);
+      else
+        io::save_safetensors(weights, model::weights_state(session.model(), dtype), meta);
+    });
+  });
+  while (static_cast<int>(step_saves_.size()) > std::max(1, keep_)) {
+    std::error_code ec;
+    fs::remove(step_saves_.front().first, ec);
+    fs::remove(step_saves_.front().second, ec);
+    step_saves_.erase(step_saves_.begin());
+  }
+  log::info("saved " + weights.string());
+  return weights;
+}
+
+std::optional<fs::path> RunSaves::newest_state() const {
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return std::nullopt;
+  const std::regex pattern(std::regex_replace(name_, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") +
+                           R"(_(\d{9})\.state\.safetensors)");
+  std::optional<fs::path> best;
+  std::string best_step;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, pattern) && m[1].str() > best_step) best_step = m[1].str(), best = entry.path();
+  }
+  return best;
+}
+
+std::optional<int64_t> RunSaves::resume(Session& session) {
+  const auto found = newest_state();
+  if (!found) return std::nullopt;
+  const auto file = io::SafetensorsFile::open(*found);
+  const ByName all = file.tensors();
+  for (const auto& section : state_sections()) {
+    const std::string prefix = section.prefix;
+    ByName part;
+    for (const auto& [k, v] : all)
+      if (k.rfind(prefix, 0) == 0) part[k.substr(prefix.size())] = v;
+    section.read(session, part, found->string());
+  }
+  const int64_t step = all.at("step").item<int64_t>();
+  log::info("resumed from " + found->string() + " at step " + std::to_string(step));
+  return step;
+}
+
+}  // namespace gclab::train
