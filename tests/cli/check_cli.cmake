@@ -51,3 +51,12 @@ expect_contains("${last_err}" "does not fit")
 
 expect_run(0 "${GCLAB}" info)
 expect_contains("${last_out}" "cuda_compiled: true")
+
+# Every bad command-line value is exit 2 with the option named (was: exit 1, "internal error").
+expect_run(2 "${GCLAB}" fit "${SOURCE}/configs/quickstart.yaml" --vram-cap 60MiB --resolution abc)
+expect_contains("${last_err}" "--resolution")
+expect_run(2 "${GCLAB}" bench "${SOURCE}/configs/quickstart.yaml" --gc sometimes)
+expect_contains("${last_err}" "--gc")
+# train --dry-run validates and builds on the meta device, trains nothing.
+expect_run(0 "${GCLAB}" train "${SOURCE}/configs/quickstart.yaml" --dry-run)
+expect_contains("${last_err}" "nothing was trained")

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gclab/config/loader.h"
+#include "gclab/model/family.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/train/trainer.h"
@@ -43,7 +44,7 @@ class OomScenario : public ::testing::Test {
                    "training_folder=" + (dir_ / "out").string()};
     if (edit) o.overrides.push_back("datasets.0.control_path=[" + (dir_ / "edit_controls").string() + "]");
     o.overrides.insert(o.overrides.end(), extra.begin(), extra.end());
-    auto r = config::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/oom/cpu_" + scenario + ".yaml", o);
+    auto r = model::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/oom/cpu_" + scenario + ".yaml", o);
     if (!r.ok()) throw std::runtime_error("config refused: " + r.diagnostics.all().front().format());
     return *r.config;
   }
