@@ -53,11 +53,16 @@ int main(int argc, char** argv) {
   std::vector<int> token_counts = {256, 1024};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
-    if (key == "--blocks") blocks = std::stoi(value);
-    else if (key == "--width") width = std::stoi(value);
-    else if (key == "--batch") batch = std::stoi(value);
-    else if (key == "--runs") runs = std::stoi(value);
-    else if (key == "--python") python = value;
+    if (key == "--blocks")
+      blocks = std::stoi(value);
+    else if (key == "--width")
+      width = std::stoi(value);
+    else if (key == "--batch")
+      batch = std::stoi(value);
+    else if (key == "--runs")
+      runs = std::stoi(value);
+    else if (key == "--python")
+      python = value;
     else if (key == "--tokens") {
       token_counts.clear();
       std::stringstream s(value);
@@ -91,8 +96,10 @@ int main(int argc, char** argv) {
   }
   CpuMemoryTracker tracker;
   const std::vector<std::string> policies = {"off", "full", "every:2", "selective:attn", "selective:mlp"};
-  std::printf("# ckpt_micro: %d blocks, width %d, batch %d, frozen base + LoRA rank 4, dropout 0.1, fp32, "
-              "%d threads, median of %d interleaved runs\n\n", blocks, width, batch, at::get_num_threads(), runs);
+  std::printf(
+      "# ckpt_micro: %d blocks, width %d, batch %d, frozen base + LoRA rank 4, dropout 0.1, fp32, "
+      "%d threads, median of %d interleaved runs\n\n",
+      blocks, width, batch, at::get_num_threads(), runs);
 
   for (int tokens : token_counts) {
     gclab::testing::ToyBlockOptions o;
@@ -161,19 +168,23 @@ int main(int argc, char** argv) {
     std::printf("\nfull, kept after forward: %.2f MiB measured vs %.2f MiB predicted ((L-1) x block input): %+.1f%%\n",
                 mib(m["full"].kept_bytes), mib((blocks - 1) * input_bytes),
                 off_by(m["full"].kept_bytes, (blocks - 1) * input_bytes));
-    std::printf("full, step peak: %.2f MiB measured vs %.2f MiB predicted (L x input + one block's internals %.2f MiB): "
-                "%+.1f%%; with the backward workspace (%.2f MiB, measured GC off) added: %.2f MiB, %+.1f%%\n\n",
-                mib(m["full"].peak_bytes), mib(simple_peak), mib(one_block), off_by(m["full"].peak_bytes, simple_peak),
-                mib(workspace), mib(full_peak), off_by(m["full"].peak_bytes, full_peak));
+    std::printf(
+        "full, step peak: %.2f MiB measured vs %.2f MiB predicted (L x input + one block's internals %.2f MiB): "
+        "%+.1f%%; with the backward workspace (%.2f MiB, measured GC off) added: %.2f MiB, %+.1f%%\n\n",
+        mib(m["full"].peak_bytes), mib(simple_peak), mib(one_block), off_by(m["full"].peak_bytes, simple_peak),
+        mib(workspace), mib(full_peak), off_by(m["full"].peak_bytes, full_peak));
     if (!py.is_null() && py["tokens"].contains(std::to_string(tokens))) {
       const auto& row = py["tokens"][std::to_string(tokens)];
       const auto fig = [&](const char* tag, const char* key) { return row[tag][key].get<double>(); };
       const double c_off = t_step, c_full = median(m["full"].step_s);
-      std::printf("Python torch %s, torch.utils.checkpoint(use_reentrant=False), same stack and threads. Peak is\n"
-                  "measured differently on each side (gclab: its tracking allocator; Python: the profiler's CPU\n"
-                  "allocation events), so compare each side's ratio to its own GC-off run:\n\n",
-                  py["torch"].get<std::string>().c_str());
-      std::printf("| | step ms off | step ms full | full / off | kept after fwd MiB | step peak MiB off | full | full / off |\n");
+      std::printf(
+          "Python torch %s, torch.utils.checkpoint(use_reentrant=False), same stack and threads. Peak is\n"
+          "measured differently on each side (gclab: its tracking allocator; Python: the profiler's CPU\n"
+          "allocation events), so compare each side's ratio to its own GC-off run:\n\n",
+          py["torch"].get<std::string>().c_str());
+      std::printf(
+          "| | step ms off | step ms full | full / off | kept after fwd MiB | step peak MiB off | full | full / off "
+          "|\n");
       std::printf("|---|---|---|---|---|---|---|---|\n");
       std::printf("| gclab C++ | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.3f |\n", 1e3 * c_off, 1e3 * c_full,
                   c_full / c_off, mib(m["full"].kept_bytes), mib(m["off"].peak_bytes), mib(m["full"].peak_bytes),
@@ -185,8 +196,8 @@ int main(int argc, char** argv) {
                     mib(fig("off", "peak_bytes")), mib(fig(tag, "peak_bytes")),
                     fig(tag, "peak_bytes") / fig("off", "peak_bytes"));
       }
-      std::printf("\ngclab full step time / Python full: %.2f (early stop off: %.2f)\n\n", c_full / fig("full", "step_s"),
-                  c_full / fig("full_no_early_stop", "step_s"));
+      std::printf("\ngclab full step time / Python full: %.2f (early stop off: %.2f)\n\n",
+                  c_full / fig("full", "step_s"), c_full / fig("full_no_early_stop", "step_s"));
     }
   }
   return 0;

@@ -25,14 +25,17 @@ std::string human(int64_t b) { return gclab::config::format_bytes(b); }
 }  // namespace
 
 int main() {
-  const std::vector<std::string> full = {"flux-dev",     "flux-schnell", "flex1",      "qwen-image", "qwen-image-edit-2509",
-                                         "zimage",       "sd35-large",   "dit-xl2"};
+  const std::vector<std::string> full = {"flux-dev", "flux-schnell", "flex1",  "qwen-image", "qwen-image-edit-2509",
+                                         "zimage",   "sd35-large",   "dit-xl2"};
   std::printf("# Model families: sizes and per-block activations\n\n");
-  std::printf("Produced by `build/bin/model_shapes` (bench/model_shapes.cpp). Parameters come from building each\n"
-              "preset on the meta device; activations from the ledger in src/model/activations.cpp, which\n"
-              "tests/model/activations_test.cpp checks byte for byte against the tracking allocator.\n\n");
+  std::printf(
+      "Produced by `build/bin/model_shapes` (bench/model_shapes.cpp). Parameters come from building each\n"
+      "preset on the meta device; activations from the ledger in src/model/activations.cpp, which\n"
+      "tests/model/activations_test.cpp checks byte for byte against the tracking allocator.\n\n");
   std::printf("## Full-size presets\n\n");
-  std::printf("| preset | parameters | bf16 weights | image tokens 512 / 768 / 1024 / 1536 | text tokens |\n|---|---|---|---|---|\n");
+  std::printf(
+      "| preset | parameters | bf16 weights | image tokens 512 / 768 / 1024 / 1536 | text tokens "
+      "|\n|---|---|---|---|---|\n");
   for (const auto& name : full) {
     const ModelSpec s = spec_by_preset(name);
     auto m = build_transformer(s, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
@@ -41,17 +44,21 @@ int main() {
     std::printf("| %s | %lld | %s | %lld / %lld / %lld / %lld | %lld |\n", name.c_str(),
                 static_cast<long long>(parameter_count(*m)), human(bytes).c_str(),
                 static_cast<long long>(image_tokens(s, 512, 512)), static_cast<long long>(image_tokens(s, 768, 768)),
-                static_cast<long long>(image_tokens(s, 1024, 1024)), static_cast<long long>(image_tokens(s, 1536, 1536)),
-                static_cast<long long>(text_tokens(s, 77)));
+                static_cast<long long>(image_tokens(s, 1024, 1024)),
+                static_cast<long long>(image_tokens(s, 1536, 1536)), static_cast<long long>(text_tokens(s, 77)));
   }
-  std::printf("\nQwen-Image-Edit-2509's image tokens include one 1024² reference image (+4096) where it is trained "
-              "with a control image; the table's counts are the target image's alone. Text tokens are for a "
-              "77-token prompt.\n\n");
+  std::printf(
+      "\nQwen-Image-Edit-2509's image tokens include one 1024² reference image (+4096) where it is trained "
+      "with a control image; the table's counts are the target image's alone. Text tokens are for a "
+      "77-token prompt.\n\n");
 
   std::printf("## One block's saved activations, 1024×1024, batch 1, bf16\n\n");
-  std::printf("GC off: what one block keeps from forward to backward. GC full: what a checkpointed block keeps "
-              "instead (its hidden-stream inputs). LoRA: rank 16 on every block Linear, base frozen.\n\n");
-  std::printf("| preset | block | count | GC off, full training | GC off, LoRA r16 | GC full | off / full | all blocks off | all blocks full |\n");
+  std::printf(
+      "GC off: what one block keeps from forward to backward. GC full: what a checkpointed block keeps "
+      "instead (its hidden-stream inputs). LoRA: rank 16 on every block Linear, base frozen.\n\n");
+  std::printf(
+      "| preset | block | count | GC off, full training | GC off, LoRA r16 | GC full | off / full | all blocks off | "
+      "all blocks full |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& name : full) {
     const ModelSpec s = spec_by_preset(name);
@@ -72,10 +79,12 @@ int main() {
   }
 
   std::printf("\n## Tiny presets: computed vs measured, 256×256, batch 1\n\n");
-  std::printf("Measured: each block run alone on inputs captured from a forward, live bytes after it minus before "
-              "minus its outputs, from the tracking CPU allocator (CPU kernels; LayerNorm keeps bf16 statistics "
-              "for bf16 input on the CPU, float32 on CUDA — the ledger takes that as a parameter).\n\n");
-  std::printf("| preset | block | dtype | GC off computed | GC off measured | GC full (inputs) |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "Measured: each block run alone on inputs captured from a forward, live bytes after it minus before "
+      "minus its outputs, from the tracking CPU allocator (CPU kernels; LayerNorm keeps bf16 statistics "
+      "for bf16 input on the CPU, float32 on CUDA — the ledger takes that as a parameter).\n\n");
+  std::printf(
+      "| preset | block | dtype | GC off computed | GC off measured | GC full (inputs) |\n|---|---|---|---|---|---|\n");
   for (const std::string name : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
       torch::manual_seed(0);
@@ -95,9 +104,10 @@ int main() {
     }
   }
   std::printf("\n## Tiny presets: one training step on this machine's CPU\n\n");
-  std::printf("Forward + backward of mean(prediction²), 256×256, batch 1, fp32, every weight trained, %d threads; "
-              "median of 5 after a warm-up.\n\n| preset | parameters | step ms |\n|---|---|---|\n",
-              at::get_num_threads());
+  std::printf(
+      "Forward + backward of mean(prediction²), 256×256, batch 1, fp32, every weight trained, %d threads; "
+      "median of 5 after a warm-up.\n\n| preset | parameters | step ms |\n|---|---|---|\n",
+      at::get_num_threads());
   for (const std::string name : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
     torch::manual_seed(0);
     auto m = build_transformer(spec_by_preset(name));

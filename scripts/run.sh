@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 config="${1:-configs/quickstart.yaml}"
 shift || true
 scripts/setup.sh
-scripts/build.sh >/dev/null
+echo "run: building gclab (the first build takes a few minutes on 2 cores; later ones seconds)"
+scripts/build.sh
 if [ "$config" = "configs/quickstart.yaml" ] && [ ! -d output/quickstart/data ]; then
   build/bin/gclab synth --out output/quickstart/data --count 24 --sizes 256x256,320x256,256x320
 fi

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE (device tool), after scripts/gpu/prepare.sh here, carrying .deps:
-#   command: bash scripts/gpu/check.sh     carry: [".deps"]
+# Run ON THE GPU MACHINE (device tool), after scripts/gpu/prepare.sh here, carrying third_party/root:
+#   command: bash scripts/gpu/check.sh     carry: ["third_party/root"]
 # Builds gclab against that machine's own python3 torch and its CUDA, runs every test (the CUDA ones
 # run instead of skipping there) and writes logs and a summary to $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-DEPS="$PWD/.deps/root"
+DEPS="$PWD/third_party/root"
 export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export PATH="$DEPS/usr/bin:$PATH"
+export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share/pkgconfig"
 PY="$(command -v python3)"
 {
   echo "# gclab GPU check, $(date -u +%FT%TZ)"

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Run HERE (the development machine) before a GPU check: the GPU machine has CUDA, CMake, ninja and a
 # python3 with torch 2.11.0, but no network and none of gclab's Debian libraries. This downloads them
-# (.deb files for this Debian release) and unpacks them under .deps/root, which the device call carries.
+# (.deb files for this Debian release, listed with their versions in third_party/MANIFEST.md) and unpacks
+# them under third_party/root, which the device call carries. pkg-config files are rewritten to point there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PACKAGES=(libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libgtest-dev
-          libcli11-dev nlohmann-json3-dev libstb-dev libstb0 libbenchmark-dev libbenchmark1debian)
-mkdir -p .deps/debs
-(cd .deps/debs && apt-get download "${PACKAGES[@]}" >/dev/null)
-rm -rf .deps/root
-for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
-du -sh .deps/root | sed 's/^/prepare: .deps\/root is /'
-echo "prepare: now run the device check with carry [\".deps\"] and command 'bash scripts/gpu/check.sh'"
+          libcli11-dev nlohmann-json3-dev libstb-dev libstb0 libwebp-dev libwebp7 libwebpdemux2 libwebpmux3
+          pkgconf pkgconf-bin libpkgconf3)
+ROOT=third_party/root
+mkdir -p third_party/debs
+(cd third_party/debs && apt-get download "${PACKAGES[@]}" >/dev/null)
+rm -rf "$ROOT"
+for f in third_party/debs/*.deb; do dpkg -x "$f" "$ROOT"; done
+# The .pc files say prefix=/usr; on the GPU machine the files are under the carried root.
+find "$ROOT/usr/lib" -name '*.pc' -exec sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' {} +
+find "$ROOT/usr/share" -name '*.pc' -exec sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../..|' {} +
+du -sh "$ROOT" | sed 's/^/prepare: third_party\/root is /'
+echo "prepare: now run the device check with carry [\"third_party/root\"] and command 'bash scripts/gpu/check.sh'"

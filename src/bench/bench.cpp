@@ -78,8 +78,8 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
   std::vector<BenchRow> rows;
   for (int resolution : resolutions_for(session, options.resolutions))
     for (int batch : batches) {
-      const auto est = model::estimate_activations(session.spec(), batch, resolution, resolution, 0,
-                                                   session.activation_options());
+      const auto est =
+          model::estimate_activations(session.spec(), batch, resolution, resolution, 0, session.activation_options());
       std::optional<BenchRow> off;
       for (const auto& policy : policies) {
         BenchRow row;

@@ -82,11 +82,13 @@ std::string format_estimate(const MemoryEstimate& e) {
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
   out << "  per_resolution:  # total = resident + batch tensors + block activations + backward workspace\n";
   for (const auto& r : e.resolutions) {
-    out << "    - resolution: " << r.resolution << "\n      batch: " << r.batch << "\n      image_tokens: "
-        << r.image_tokens << "\n      text_tokens: " << r.text_tokens << "\n";
-    for (const auto& [name, s] : {std::pair<const char*, const StepEstimate&>{"gc_off", r.gc_off}, {"gc_full", r.gc_full}}) {
-      const std::string verdict =
-          e.cap_bytes <= 0 ? "" : s.total_bytes <= e.cap_bytes ? ", fits the cap" : ", over the cap";
+    out << "    - resolution: " << r.resolution << "\n      batch: " << r.batch
+        << "\n      image_tokens: " << r.image_tokens << "\n      text_tokens: " << r.text_tokens << "\n";
+    for (const auto& [name, s] :
+         {std::pair<const char*, const StepEstimate&>{"gc_off", r.gc_off}, {"gc_full", r.gc_full}}) {
+      const std::string verdict = e.cap_bytes <= 0               ? ""
+                                  : s.total_bytes <= e.cap_bytes ? ", fits the cap"
+                                                                 : ", over the cap";
       out << "      " << name << ": {batch_tensors: " << s.batch_bytes << ", activations: " << s.activation_bytes
           << ", workspace: " << s.workspace_bytes << ", total: " << s.total_bytes << "}  # "
           << format_bytes(s.total_bytes) << verdict << "\n";

@@ -1,8 +1,8 @@
 // The `gclab` executable: parses the command line, hands each verb to its part, and turns every failure
 // into a message and an exit code (DESIGN.md section 1): 0 done, 2 bad config or input, 3 out of
 // memory, 1 anything else. No exception escapes main.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <csignal>
@@ -100,7 +100,8 @@ gclab::config::ProcessConfig load(const ConfigArgs& args) {
 
 // "a,b,c" -> items; each parsed strictly (a bad item is a UserError naming the option).
 template <class T>
-std::vector<T> parse_list(const std::string& option, const std::string& text, const std::function<T(const std::string&)>& parse) {
+std::vector<T> parse_list(const std::string& option, const std::string& text,
+                          const std::function<T(const std::string&)>& parse) {
   std::vector<T> out;
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
@@ -162,7 +163,7 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
   const auto dtype_choice = gclab::config::parse_choice<gclab::config::DType>(f.dtype);
   const torch::ScalarType dtype = *dtype_choice == gclab::config::DType::bf16   ? torch::kBFloat16
                                   : *dtype_choice == gclab::config::DType::fp16 ? torch::kHalf
-                                                                                 : torch::kFloat;
+                                                                                : torch::kFloat;
   const torch::Device device = gclab::train::resolve_device(config.device);
   try {
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
@@ -282,7 +283,8 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
 int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
   const auto config = load(args);
   if (config.vram_cap.bytes <= 0 && !torch::cuda::is_available())
-    throw gclab::UserError("gclab fit on the CPU needs a cap to fit under: --vram-cap 24GiB (or vram_cap in the config)");
+    throw gclab::UserError(
+        "gclab fit on the CPU needs a cap to fit under: --vram-cap 24GiB (or vram_cap in the config)");
   const auto policies = parse_policies(b.gc);
   const auto resolutions = parse_list<int>("--resolution", b.resolution, parse_int);
   if (max_batch < 1) throw gclab::UserError("--max-batch must be at least 1");
@@ -314,7 +316,8 @@ int main(int argc, char** argv) {
   BenchArgs bench_opts;
   bench->add_option("--gc", bench_opts.gc, "policies to compare, comma-separated (default off,full)");
   bench->add_option("--batch", bench_opts.batch, "batch sizes, comma-separated (default: train.batch_size)");
-  bench->add_option("--resolution", bench_opts.resolution, "square resolutions, comma-separated (default: the datasets')");
+  bench->add_option("--resolution", bench_opts.resolution,
+                    "square resolutions, comma-separated (default: the datasets')");
   bench->add_option("--steps", bench_opts.steps, "timed steps per cell after one warm-up (default 3)");
   auto* fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
   add_config_args(fit, fit_args);
@@ -329,7 +332,9 @@ int main(int argc, char** argv) {
   auto* forward = app.add_subcommand("forward", "one forward pass on named inputs, for numerics checks");
   add_config_args(forward, forward_args);
   ForwardArgs forward_files;
-  forward->add_option("--weights", forward_files.weights, "diffusers-format .safetensors (or *.index.json); default random")
+  forward
+      ->add_option("--weights", forward_files.weights,
+                   "diffusers-format .safetensors (or *.index.json); default random")
       ->check(CLI::ExistingFile);
   forward->add_option("--inputs", forward_files.inputs, "safetensors with latents, timestep, text, ...")
       ->required()
@@ -340,7 +345,8 @@ int main(int argc, char** argv) {
   SynthArgs synth_args;
   synth->add_option("--out", synth_args.out, "folder to write (created if needed)")->required();
   synth->add_option("--count", synth_args.count, "number of images (default 24)");
-  synth->add_option("--sizes", synth_args.sizes, "comma-separated WIDTHxHEIGHT, cycled (default 512x512,640x448,448x640)");
+  synth->add_option("--sizes", synth_args.sizes,
+                    "comma-separated WIDTHxHEIGHT, cycled (default 512x512,640x448,448x640)");
   synth->add_option("--seed", synth_args.seed, "random seed (default 1)");
 
   try {

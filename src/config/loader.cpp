@@ -684,7 +684,8 @@ class Validator {
     if (!t.checkpoint_policy) {
       t.checkpoint_policy = ckpt::CheckpointPolicy::parse(t.gradient_checkpointing ? "full" : "off");
     } else if (given("train.gradient_checkpointing") && !t.gradient_checkpointing && t.policy().kind != Kind::Off) {
-      warning("train.checkpoint_policy", "'" + t.policy().to_string() + "' overrides train.gradient_checkpointing: false");
+      warning("train.checkpoint_policy",
+              "'" + t.policy().to_string() + "' overrides train.gradient_checkpointing: false");
     }
     t.gradient_checkpointing = t.policy().kind != Kind::Off;
   }
@@ -779,8 +780,9 @@ void write_value(YAML::Emitter& out, const std::vector<T>& v);
 
 // A block with its own field list (written as a mapping); everything else is a value.
 template <class T>
-constexpr bool is_block_v = std::is_class_v<T> && !std::is_same_v<T, std::string> && !std::is_same_v<T, ByteSize> &&
-                            !std::is_same_v<T, ckpt::CheckpointPolicy> && !is_optional<T>::value && !is_vector<T>::value;
+constexpr bool is_block_v =
+    std::is_class_v<T> && !std::is_same_v<T, std::string> && !std::is_same_v<T, ByteSize> &&
+    !std::is_same_v<T, ckpt::CheckpointPolicy> && !is_optional<T>::value && !is_vector<T>::value;
 
 struct BlockWriter {
   YAML::Emitter& out;

@@ -38,7 +38,8 @@ BucketResolution bucket_for(int width, int height, int resolution, int divisibil
 BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility, std::mt19937_64* rng) {
   BucketPlacement p;
   p.bucket = bucket_for(width, height, resolution, divisibility);
-  const double scale = std::max(static_cast<double>(p.bucket.width) / width, static_cast<double>(p.bucket.height) / height);
+  const double scale =
+      std::max(static_cast<double>(p.bucket.width) / width, static_cast<double>(p.bucket.height) / height);
   p.scale_to_width = static_cast<int>(std::ceil(width * scale));
   p.scale_to_height = static_cast<int>(std::ceil(height * scale));
   const int spare_x = p.scale_to_width - p.bucket.width, spare_y = p.scale_to_height - p.bucket.height;

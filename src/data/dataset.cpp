@@ -76,7 +76,8 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
       bool repaired = false;
       caption = trim(valid_utf8(text.str(), &repaired));
       if (repaired)
-        result.warnings.push_back(caption_path.string() + ": invalid or truncated UTF-8; the broken bytes were dropped");
+        result.warnings.push_back(caption_path.string() +
+                                  ": invalid or truncated UTF-8; the broken bytes were dropped");
       if (caption.empty() && dataset.default_caption) caption = *dataset.default_caption;
     } else if (dataset.default_caption) {
       caption = *dataset.default_caption;
@@ -98,7 +99,8 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
         }
       }
       if (found.empty()) {
-        result.warnings.push_back(path.string() + ": skipped, no control image " + path.stem().string() + ".* in " + folder);
+        result.warnings.push_back(path.string() + ": skipped, no control image " + path.stem().string() + ".* in " +
+                                  folder);
         ++result.skipped_images;
         have_controls = false;
         break;
@@ -179,7 +181,8 @@ std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::ve
 }
 
 std::map<int, std::map<BucketResolution, int>> bucket_histogram(const std::vector<ImageItem>& items,
-                                                                const config::DatasetConfig& dataset, int divisibility) {
+                                                                const config::DatasetConfig& dataset,
+                                                                int divisibility) {
   std::map<int, std::map<BucketResolution, int>> out;
   for (int resolution : dataset.resolution)
     for (const auto& item : items) ++out[resolution][bucket_for(item.width, item.height, resolution, divisibility)];

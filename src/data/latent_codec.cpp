@@ -55,8 +55,15 @@ torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc) {
 }
 
 torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
-  return image_chw.detach().to(torch::kFloat).cpu().add(1.0).mul(127.5).round().clamp(0, 255).permute({1, 2, 0}).to(
-      torch::kUInt8);
+  return image_chw.detach()
+      .to(torch::kFloat)
+      .cpu()
+      .add(1.0)
+      .mul(127.5)
+      .round()
+      .clamp(0, 255)
+      .permute({1, 2, 0})
+      .to(torch::kUInt8);
 }
 
 }  // namespace gclab::data

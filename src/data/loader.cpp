@@ -102,19 +102,22 @@ LoadedBatch BatchLoader::load(int64_t index) {
     latents.push_back(z);
     used.push_back(s);
     const auto& item = items_[static_cast<size_t>(s.item)];
-    out.captions.push_back(data::process_caption(item.caption, datasets_[static_cast<size_t>(item.dataset)],
-                                                 o_.trigger_word, rng));
+    out.captions.push_back(
+        data::process_caption(item.caption, datasets_[static_cast<size_t>(item.dataset)], o_.trigger_word, rng));
   }
   out.latents = torch::stack(latents);
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
     const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(plan.bucket.width) * plan.bucket.height));
-    const int rw = std::max(o_.divisibility, static_cast<int>(plan.bucket.width * scale) / o_.divisibility * o_.divisibility);
-    const int rh = std::max(o_.divisibility, static_cast<int>(plan.bucket.height * scale) / o_.divisibility * o_.divisibility);
+    const int rw =
+        std::max(o_.divisibility, static_cast<int>(plan.bucket.width * scale) / o_.divisibility * o_.divisibility);
+    const int rh =
+        std::max(o_.divisibility, static_cast<int>(plan.bucket.height * scale) / o_.divisibility * o_.divisibility);
     for (size_t c = 0; c < first.controls.size(); ++c) {
       std::vector<torch::Tensor> refs;
-      for (const auto& s : used) refs.push_back(load_control(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
+      for (const auto& s : used)
+        refs.push_back(load_control(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
       out.references.push_back(torch::stack(refs));
     }
   }

@@ -17,7 +17,7 @@ struct Colour {
   const char* name;
   std::array<uint8_t, 3> rgb;
 };
-constexpr Colour kColours[] = {{"red", {220, 40, 40}},    {"green", {40, 170, 60}},  {"blue", {40, 70, 210}},
+constexpr Colour kColours[] = {{"red", {220, 40, 40}},     {"green", {40, 170, 60}},   {"blue", {40, 70, 210}},
                                {"yellow", {235, 210, 40}}, {"purple", {140, 50, 170}}, {"orange", {240, 140, 30}},
                                {"white", {245, 245, 245}}, {"black", {20, 20, 20}}};
 constexpr const char* kShapes[] = {"circle", "square", "triangle"};
@@ -32,9 +32,12 @@ struct Shape {
 bool inside(const Shape& s, double x, double y, double w, double h) {
   const double side = std::min(w, h), dx = (x - s.cx * w) / side, dy = (y - s.cy * h) / side;
   switch (s.kind) {
-    case 0: return dx * dx + dy * dy <= s.r * s.r;
-    case 1: return std::abs(dx) <= s.r && std::abs(dy) <= s.r;
-    default: return dy <= s.r && dy >= -s.r && std::abs(dx) <= (dy + s.r) * 0.5;  // apex up
+    case 0:
+      return dx * dx + dy * dy <= s.r * s.r;
+    case 1:
+      return std::abs(dx) <= s.r && std::abs(dy) <= s.r;
+    default:
+      return dy <= s.r && dy >= -s.r && std::abs(dx) <= (dy + s.r) * 0.5;  // apex up
   }
 }
 

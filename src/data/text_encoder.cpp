@@ -32,8 +32,10 @@ std::vector<int64_t> TextEncoder::tokenize(const std::string& caption) const {
     word.clear();
   };
   for (unsigned char c : caption) {
-    if (std::isalnum(c) || c >= 0x80) word += static_cast<char>(std::tolower(c));
-    else flush();
+    if (std::isalnum(c) || c >= 0x80)
+      word += static_cast<char>(std::tolower(c));
+    else
+      flush();
   }
   flush();
   ids.push_back(1);
@@ -59,8 +61,9 @@ TextEmbedding TextEncoder::encode(const std::vector<std::string>& captions, int6
     const torch::Tensor h = at::layer_norm(x, {d});
     auto qkv = torch::nn::functional::linear(h, layer[0]).chunk(3, -1);
     auto heads = [&](const torch::Tensor& t) { return t.reshape({b, n, 4, d / 4}).transpose(1, 2); };
-    const torch::Tensor a =
-        at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), attn_mask).transpose(1, 2).reshape({b, n, d});
+    const torch::Tensor a = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), attn_mask)
+                                .transpose(1, 2)
+                                .reshape({b, n, d});
     x = x + torch::nn::functional::linear(a, layer[1]);
     const torch::Tensor m = torch::gelu(torch::nn::functional::linear(at::layer_norm(x, {d}), layer[2]), "tanh");
     x = x + torch::nn::functional::linear(m, layer[3]);

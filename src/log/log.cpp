@@ -1,9 +1,9 @@
 #include "gclab/log/log.h"
 
-#include <algorithm>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <algorithm>
 
 namespace gclab::log {
 

@@ -112,25 +112,24 @@ Tensors DoubleStreamBlock::forward_block(const Tensors& in, const SubBlockRunner
   // Per stream: shift, scale, gate for attention, then for the MLP (FLUX's AdaLayerNormZero, Qwen's *_mod).
   const torch::Tensor emb = img_mod_(torch::silu(temb));
   const torch::Tensor cemb = txt_mod_(torch::silu(temb));
-  const Tensors after_attn = run(
-      "attn",
-      [this](const Tensors& t) {
-        const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
-        const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
-        const torch::Tensor norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
-        const auto [img_attn, txt_attn] = attn_(norm_img, norm_txt, t[4], t[5], /*text_first=*/true);
-        return Tensors{t[0] + m[2].unsqueeze(1) * img_attn, t[1] + c[2].unsqueeze(1) * txt_attn};
-      },
-      {in.at(0), in.at(1), emb, cemb, in.at(3), in.at(4)});
-  return run(
-      "mlp",
-      [this](const Tensors& t) {
-        const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
-        const torch::Tensor img = t[0] + m[5].unsqueeze(1) * img_mlp_(modulate(layer_norm(t[0]), m[3], m[4]));
-        const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * txt_mlp_(modulate(layer_norm(t[1]), c[3], c[4]));
-        return Tensors{img, txt};
-      },
-      {after_attn[0], after_attn[1], emb, cemb});
+  const Tensors after_attn =
+      run("attn",
+          [this](const Tensors& t) {
+            const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
+            const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
+            const torch::Tensor norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
+            const auto [img_attn, txt_attn] = attn_(norm_img, norm_txt, t[4], t[5], /*text_first=*/true);
+            return Tensors{t[0] + m[2].unsqueeze(1) * img_attn, t[1] + c[2].unsqueeze(1) * txt_attn};
+          },
+          {in.at(0), in.at(1), emb, cemb, in.at(3), in.at(4)});
+  return run("mlp",
+             [this](const Tensors& t) {
+               const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
+               const torch::Tensor img = t[0] + m[5].unsqueeze(1) * img_mlp_(modulate(layer_norm(t[0]), m[3], m[4]));
+               const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * txt_mlp_(modulate(layer_norm(t[1]), c[3], c[4]));
+               return Tensors{img, txt};
+             },
+             {after_attn[0], after_attn[1], emb, cemb});
 }
 
 FluxSingleBlock::FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options) {
@@ -146,8 +145,8 @@ Tensors FluxSingleBlock::forward_block(const Tensors& in, const SubBlockRunner& 
   const torch::Tensor norm_x = modulate(layer_norm(x), m[0], m[1]);
   const torch::Tensor mlp_h =
       run("mlp", [this](const Tensors& t) { return Tensors{gelu_tanh(proj_mlp(t[0]))}; }, {norm_x})[0];
-  const torch::Tensor attn_out =
-      run("attn", [this](const Tensors& t) { return Tensors{attn(t[0], t[1], t[2])}; }, {norm_x, in.at(2), in.at(3)})[0];
+  const torch::Tensor attn_out = run("attn", [this](const Tensors& t) { return Tensors{attn(t[0], t[1], t[2])}; },
+                                     {norm_x, in.at(2), in.at(3)})[0];
   return {x + m[2].unsqueeze(1) * proj_out(torch::cat({attn_out, mlp_h}, 2))};
 }
 
@@ -184,8 +183,8 @@ Tensors ZImageBlock::forward_block(const Tensors& in, const SubBlockRunner& run)
       run("attn", [this](const Tensors& t) { return Tensors{attention(t[0], t[1], t[2])}; }, {attn_in, cos, sin})[0];
   const torch::Tensor h = x + gated(attention_norm2(attn_out), gate_msa);
   const torch::Tensor ffn_in = scaled(ffn_norm1(h), scale_mlp);
-  const torch::Tensor ffn_out = run(
-      "mlp", [this](const Tensors& t) { return Tensors{w2(torch::silu(w1(t[0])) * w3(t[0]))}; }, {ffn_in})[0];
+  const torch::Tensor ffn_out =
+      run("mlp", [this](const Tensors& t) { return Tensors{w2(torch::silu(w1(t[0])) * w3(t[0]))}; }, {ffn_in})[0];
   return {h + gated(ffn_norm2(ffn_out), gate_mlp)};
 }
 
@@ -207,36 +206,36 @@ Tensors SD3JointBlock::forward_block(const Tensors& in, const SubBlockRunner& ru
   const torch::Tensor& temb = in.at(2);
   const torch::Tensor emb = norm1_linear(torch::silu(temb));
   const torch::Tensor cemb = norm1_context_linear(torch::silu(temb));
-  const Tensors after_attn = run(
-      "attn",
-      [this](const Tensors& t) {
-        const auto m = chunks(t[2], 6);
-        const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
-        torch::Tensor norm_txt;
-        if (context_pre_only_) {
-          const auto c = chunks(t[3], 2);  // AdaLayerNormContinuous: scale first, then shift
-          norm_txt = modulate(layer_norm(t[1]), c[1], c[0]);
-        } else {
-          const auto c = chunks(t[3], 6);
-          norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
-        }
-        const auto [attn_out, ctx_out] = attn(norm_img, norm_txt, torch::Tensor(), torch::Tensor(), /*text_first=*/false);
-        const torch::Tensor img = t[0] + m[2].unsqueeze(1) * attn_out;
-        const torch::Tensor txt = context_pre_only_ ? t[1] : t[1] + chunks(t[3], 6)[2].unsqueeze(1) * ctx_out;
-        return Tensors{img, txt};
-      },
-      {in.at(0), in.at(1), emb, cemb});
-  return run(
-      "mlp",
-      [this](const Tensors& t) {
-        const auto m = chunks(t[2], 6);
-        const torch::Tensor img = t[0] + m[5].unsqueeze(1) * ff(modulate(layer_norm(t[0]), m[3], m[4]));
-        if (context_pre_only_) return Tensors{img, t[1]};
-        const auto c = chunks(t[3], 6);
-        const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * ff_context(modulate(layer_norm(t[1]), c[3], c[4]));
-        return Tensors{img, txt};
-      },
-      {after_attn[0], after_attn[1], emb, cemb});
+  const Tensors after_attn = run("attn",
+                                 [this](const Tensors& t) {
+                                   const auto m = chunks(t[2], 6);
+                                   const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
+                                   torch::Tensor norm_txt;
+                                   if (context_pre_only_) {
+                                     const auto c = chunks(t[3], 2);  // AdaLayerNormContinuous: scale first, then shift
+                                     norm_txt = modulate(layer_norm(t[1]), c[1], c[0]);
+                                   } else {
+                                     const auto c = chunks(t[3], 6);
+                                     norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
+                                   }
+                                   const auto [attn_out, ctx_out] =
+                                       attn(norm_img, norm_txt, torch::Tensor(), torch::Tensor(), /*text_first=*/false);
+                                   const torch::Tensor img = t[0] + m[2].unsqueeze(1) * attn_out;
+                                   const torch::Tensor txt =
+                                       context_pre_only_ ? t[1] : t[1] + chunks(t[3], 6)[2].unsqueeze(1) * ctx_out;
+                                   return Tensors{img, txt};
+                                 },
+                                 {in.at(0), in.at(1), emb, cemb});
+  return run("mlp",
+             [this](const Tensors& t) {
+               const auto m = chunks(t[2], 6);
+               const torch::Tensor img = t[0] + m[5].unsqueeze(1) * ff(modulate(layer_norm(t[0]), m[3], m[4]));
+               if (context_pre_only_) return Tensors{img, t[1]};
+               const auto c = chunks(t[3], 6);
+               const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * ff_context(modulate(layer_norm(t[1]), c[3], c[4]));
+               return Tensors{img, txt};
+             },
+             {after_attn[0], after_attn[1], emb, cemb});
 }
 
 // ---- DiT -------------------------------------------------------------------------------------------
@@ -264,13 +263,12 @@ Tensors DiTBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
         return Tensors{t[0] + m[2].unsqueeze(1) * proj(o)};
       },
       {x, emb})[0];
-  return run(
-      "mlp",
-      [this](const Tensors& t) {
-        const auto m = chunks(t[1], 6);
-        return Tensors{t[0] + m[5].unsqueeze(1) * fc2(gelu_tanh(fc1(modulate(layer_norm(t[0]), m[3], m[4]))))};
-      },
-      {h, emb});
+  return run("mlp",
+             [this](const Tensors& t) {
+               const auto m = chunks(t[1], 6);
+               return Tensors{t[0] + m[5].unsqueeze(1) * fc2(gelu_tanh(fc1(modulate(layer_norm(t[0]), m[3], m[4]))))};
+             },
+             {h, emb});
 }
 
 }  // namespace gclab::model

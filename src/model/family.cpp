@@ -49,12 +49,14 @@ int divisibility(Family family) {
 }
 
 void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
-  auto error = [&](const std::string& path, const std::string& message) { d.error(path, c.source.where(path), message); };
+  auto error = [&](const std::string& path, const std::string& message) {
+    d.error(path, c.source.where(path), message);
+  };
   if (c.model.arch.empty()) return;  // the config part already said it is missing
   const ArchFacts* arch = find_arch(c.model.arch);
   if (!arch) {
-    error("model.arch", "architecture '" + c.model.arch + "' is not modelled by gclab yet; supported: " +
-                            supported_arch_list());
+    error("model.arch",
+          "architecture '" + c.model.arch + "' is not modelled by gclab yet; supported: " + supported_arch_list());
     return;
   }
   if (!c.model.name_or_path && !arch->tiny)
@@ -79,9 +81,9 @@ config::LoadResult checked(config::LoadResult r) {
     check_config(*r.as_read, r.diagnostics);
   } else if (!r.arch_in_text.empty() && !find_arch(r.arch_in_text)) {
     // The YAML did not parse; still tell the user whether fixing it would lead anywhere.
-    r.diagnostics.error("model.arch", "", "this config names model.arch '" + r.arch_in_text +
-                                              "', which gclab does not model yet (supported: " +
-                                              supported_arch_list() + ")");
+    r.diagnostics.error("model.arch", "",
+                        "this config names model.arch '" + r.arch_in_text +
+                            "', which gclab does not model yet (supported: " + supported_arch_list() + ")");
   }
   return r;
 }

@@ -21,11 +21,16 @@ WeightStorage parse_weight_storage(const std::string& name) {
 
 std::string to_string(WeightStorage s) {
   switch (s) {
-    case WeightStorage::Float32: return "fp32";
-    case WeightStorage::BFloat16: return "bf16";
-    case WeightStorage::Float16: return "fp16";
-    case WeightStorage::Float8PerTensor: return "float8";
-    case WeightStorage::Float8PerRow: return "float8-row";
+    case WeightStorage::Float32:
+      return "fp32";
+    case WeightStorage::BFloat16:
+      return "bf16";
+    case WeightStorage::Float16:
+      return "fp16";
+    case WeightStorage::Float8PerTensor:
+      return "float8";
+    case WeightStorage::Float8PerRow:
+      return "float8-row";
   }
   return "?";
 }
@@ -103,8 +108,10 @@ void LinearImpl::set_weight_storage(WeightStorage storage) {
       scale = torch::clamp_min(amax, 1e-12) / 448.0;
       stored = (w / scale).to(torch::kFloat8_e4m3fn);
     }
-    if (weight_scale_.defined()) weight_scale_.set_data(scale);
-    else weight_scale_ = register_buffer("weight_scale", scale);
+    if (weight_scale_.defined())
+      weight_scale_.set_data(scale);
+    else
+      weight_scale_ = register_buffer("weight_scale", scale);
   } else {
     const auto dtype = storage == WeightStorage::BFloat16  ? torch::kBFloat16
                        : storage == WeightStorage::Float16 ? torch::kHalf
@@ -125,8 +132,10 @@ void LinearImpl::set_weight(const torch::Tensor& values) {
   const bool requires_grad = weight.requires_grad();
   storage_ = WeightStorage::Float32;
   weight.set_data(values.to(weight.device(), torch::kFloat).clone());
-  if (storage != WeightStorage::Float32) set_weight_storage(storage);
-  else weight.set_requires_grad(requires_grad);
+  if (storage != WeightStorage::Float32)
+    set_weight_storage(storage);
+  else
+    weight.set_requires_grad(requires_grad);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool affine, const torch::TensorOptions& options) : eps_(eps) {

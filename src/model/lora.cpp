@@ -45,7 +45,8 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
   for (auto& [path, linear] : target_linears(model)) {
     if (!linear->has_lora()) continue;
     for (const auto& p : linear->named_parameters())
-      if (p.key().rfind("lora_", 0) == 0) out.emplace_back("transformer." + path + "." + p.key(), p.value().detach().to(dtype));
+      if (p.key().rfind("lora_", 0) == 0)
+        out.emplace_back("transformer." + path + "." + p.key(), p.value().detach().to(dtype));
   }
   return out;
 }

@@ -95,10 +95,10 @@ ModelSpec tiny(const ModelSpec& full, const std::string& preset) {
 const std::map<std::string, ModelSpec>& presets() {
   static const std::map<std::string, ModelSpec> all = [] {
     std::map<std::string, ModelSpec> m;
-    for (ModelSpec s : {flux("flux-dev", 19, true, 512), flux("flux-schnell", 19, false, 256),
-                        flux("flex1", 8, true, 512), flux("flex2", 8, true, 512), qwen("qwen-image", false),
-                        qwen("qwen-image-edit", true), qwen("qwen-image-edit-2509", true), zimage("zimage"),
-                        zimage("zimage-turbo"), sd35_large(), dit_xl2()})
+    for (ModelSpec s :
+         {flux("flux-dev", 19, true, 512), flux("flux-schnell", 19, false, 256), flux("flex1", 8, true, 512),
+          flux("flex2", 8, true, 512), qwen("qwen-image", false), qwen("qwen-image-edit", true),
+          qwen("qwen-image-edit-2509", true), zimage("zimage"), zimage("zimage-turbo"), sd35_large(), dit_xl2()})
       m[s.preset] = s;
     m["tiny-flux"] = tiny(m["flux-dev"], "tiny-flux");
     m["tiny-qwen-image"] = tiny(m["qwen-image"], "tiny-qwen-image");
@@ -137,8 +137,8 @@ std::vector<std::string> preset_names() {
 ModelSpec spec_for(const config::ModelConfig& model) {
   const ArchFacts* arch = find_arch(model.arch);
   if (!arch)
-    throw std::invalid_argument("model.arch '" + model.arch + "' is not modelled by gclab (supported: " +
-                                supported_arch_list() + ")");
+    throw std::invalid_argument("model.arch '" + model.arch +
+                                "' is not modelled by gclab (supported: " + supported_arch_list() + ")");
   const bool variant =
       !arch->variant_keyword.empty() && contains(model.name_or_path.value_or(""), arch->variant_keyword);
   ModelSpec s = spec_by_preset(variant ? arch->variant_preset : arch->preset);

@@ -80,7 +80,8 @@ class FluxTransformer : public DiffusionTransformer {
                                 "time_text_embed.text_embedder.linear_2", s.pooled_dim, d, d, o);
     context_embedder = register_module("context_embedder", Linear(s.text_dim, d, true, o));
     for (int i = 0; i < s.double_blocks; ++i)
-      add_block("transformer_blocks." + std::to_string(i), std::make_shared<FluxDoubleBlock>(d, s.heads, s.mlp_hidden, o));
+      add_block("transformer_blocks." + std::to_string(i),
+                std::make_shared<FluxDoubleBlock>(d, s.heads, s.mlp_hidden, o));
     for (int i = 0; i < s.single_blocks; ++i)
       add_block("single_transformer_blocks." + std::to_string(i),
                 std::make_shared<FluxSingleBlock>(d, s.heads, s.mlp_hidden, o));
@@ -131,7 +132,8 @@ class QwenImageTransformer : public DiffusionTransformer {
     timestep_embedder = TwoLayerMlp(*this, "time_text_embed.timestep_embedder.linear_1",
                                     "time_text_embed.timestep_embedder.linear_2", 256, d, d, o);
     for (int i = 0; i < s.double_blocks; ++i)
-      add_block("transformer_blocks." + std::to_string(i), std::make_shared<QwenImageBlock>(d, s.heads, s.mlp_hidden, o));
+      add_block("transformer_blocks." + std::to_string(i),
+                std::make_shared<QwenImageBlock>(d, s.heads, s.mlp_hidden, o));
     norm_out_linear = register_at(*this, "norm_out.linear", Linear(d, 2 * d, true, o));
     proj_out = register_module("proj_out", Linear(d, s.patch * s.patch * s.out_channels, true, o));
   }
@@ -205,7 +207,8 @@ class ZImageTransformer : public DiffusionTransformer {
     torch::Tensor x = x_embedder(patchify(in.latents, p, /*channels_last=*/true));
     // Sequences are padded to a multiple of 32 with learned pad tokens (SEQ_MULTI_OF).
     if (n_img_padded > n_img)
-      x = torch::cat({x, x_pad_token.to(x.scalar_type()).unsqueeze(0).expand({x.size(0), n_img_padded - n_img, -1})}, 1);
+      x = torch::cat({x, x_pad_token.to(x.scalar_type()).unsqueeze(0).expand({x.size(0), n_img_padded - n_img, -1})},
+                     1);
     torch::Tensor cap = cap_linear(cap_norm(in.text));
     const torch::Tensor adaln = t_embedder(timestep_embedding(in.timestep * 1000, 256).to(x.scalar_type()));
     // Positions: caption token j at (1 + j, 0, 0); the image at frame n_cap + 1, (row, column); padding at 0.
@@ -259,13 +262,13 @@ class SD3Transformer : public DiffusionTransformer {
                 " patch grid exceeds the position embedding's ", spec_.pos_embed_max);
     // PatchEmbed: the fixed sin-cos table of the largest grid, centre-cropped to this one.
     const double scale = static_cast<double>(spec_.pos_embed_max) / static_cast<double>(spec_.sd3_base_size);
-    const torch::Tensor pos = sincos_2d(gh, gw, spec_.hidden, scale, (spec_.pos_embed_max - gh) / 2,
-                                        (spec_.pos_embed_max - gw) / 2);
+    const torch::Tensor pos =
+        sincos_2d(gh, gw, spec_.hidden, scale, (spec_.pos_embed_max - gh) / 2, (spec_.pos_embed_max - gw) / 2);
     torch::Tensor img = pos_embed(in.latents);
     img = img + pos.to(img.device(), img.scalar_type()).unsqueeze(0);
     torch::Tensor txt = context_embedder(in.text);
-    const torch::Tensor temb = timestep_embedder(timestep_embedding(in.timestep * 1000, 256).to(img.scalar_type())) +
-                               text_embedder(in.pooled);
+    const torch::Tensor temb =
+        timestep_embedder(timestep_embedding(in.timestep * 1000, 256).to(img.scalar_type())) + text_embedder(in.pooled);
     for (size_t b = 0; b < blocks().size(); ++b) {
       const Tensors out = call_block(b, {img, txt, temb});
       img = out[0], txt = out[1];
@@ -300,9 +303,9 @@ class DiTTransformer : public DiffusionTransformer {
     const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3);
     torch::Tensor x = x_embedder(in.latents);
     x = x + sincos_2d(h / p, w / p, spec_.hidden).to(x.device(), x.scalar_type()).unsqueeze(0);
-    torch::Tensor labels = in.class_labels.defined()
-                               ? in.class_labels
-                               : torch::full({x.size(0)}, spec_.num_classes, torch::dtype(torch::kLong).device(x.device()));
+    torch::Tensor labels = in.class_labels.defined() ? in.class_labels
+                                                     : torch::full({x.size(0)}, spec_.num_classes,
+                                                                   torch::dtype(torch::kLong).device(x.device()));
     const torch::Tensor c =
         t_embedder(timestep_embedding(in.timestep * 1000, 256).to(x.scalar_type())) + y_table.index_select(0, labels);
     for (size_t b = 0; b < blocks().size(); ++b) x = call_block(b, {x, c})[0];
@@ -351,7 +354,8 @@ void check_fits_in_host_memory(const ModelSpec& spec, const std::string& what) {
   if (physical > 0 && bytes > physical / 2)
     throw std::invalid_argument(what + ": " + spec.preset + " (" + std::to_string(params) + " parameters, " +
                                 std::to_string(bytes >> 30) + " GiB in float32) does not fit this machine's memory (" +
-                                std::to_string(physical >> 30) + " GiB); run it on a GPU (device: cuda), or use a tiny-* "
+                                std::to_string(physical >> 30) +
+                                " GiB); run it on a GPU (device: cuda), or use a tiny-* "
                                 "preset; `gclab estimate` predicts its memory without building it");
 }
 

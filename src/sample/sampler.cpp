@@ -15,7 +15,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   const bool training = model.is_training();
   model.eval();
   const auto& spec = model.spec();
-  const torch::Device device = cond.text.defined() ? cond.text.device()
+  const torch::Device device = cond.text.defined()           ? cond.text.device()
                                : cond.class_labels.defined() ? cond.class_labels.device()
                                                              : torch::Device(torch::kCPU);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
@@ -40,7 +40,8 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
     }
     const int64_t n = in.latents.size(0);
     in.timestep = torch::full({n}, t, torch::TensorOptions().device(device));
-    if (mode == Guidance::Embedded) in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
+    if (mode == Guidance::Embedded)
+      in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
     torch::Tensor v;
     {
       const auto type = device.type();

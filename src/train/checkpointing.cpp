@@ -25,7 +25,8 @@ class BlockAdapter : public ckpt::Block {
 ModelCheckpointing::ModelCheckpointing(model::DiffusionTransformer& model) : model_(model) {
   for (size_t i = 0; i < model.blocks().size(); ++i)
     wrappers_.emplace_back(std::make_shared<BlockAdapter>(model.blocks()[i]), model.block_names()[i]);
-  model_.set_block_caller([this](size_t index, const model::Tensors& inputs) { return wrappers_[index]->forward(inputs); });
+  model_.set_block_caller(
+      [this](size_t index, const model::Tensors& inputs) { return wrappers_[index]->forward(inputs); });
 }
 
 ModelCheckpointing::~ModelCheckpointing() { model_.set_block_caller({}); }
@@ -37,8 +38,9 @@ void ModelCheckpointing::apply(const ckpt::CheckpointPolicy& policy) {
   ckpt::apply_checkpoint_policy(wrappers_, policy);
 }
 
-ModelCheckpointing::BudgetProbe ModelCheckpointing::resolve_budget(const model::ModelInputs& probe, int64_t budget_bytes,
-                                                                  const memory::MemoryMeter& meter) {
+ModelCheckpointing::BudgetProbe ModelCheckpointing::resolve_budget(const model::ModelInputs& probe,
+                                                                   int64_t budget_bytes,
+                                                                   const memory::MemoryMeter& meter) {
   BudgetProbe out;
   const size_t n = wrappers_.size();
   out.kept_bytes.assign(n, 0);
@@ -62,11 +64,13 @@ ModelCheckpointing::BudgetProbe ModelCheckpointing::resolve_budget(const model::
   {
     torch::Tensor prediction = model_.forward(probe);  // the graph (and what it keeps) is freed on return
   }
-  model_.set_block_caller([this](size_t index, const model::Tensors& inputs) { return wrappers_[index]->forward(inputs); });
+  model_.set_block_caller(
+      [this](size_t index, const model::Tensors& inputs) { return wrappers_[index]->forward(inputs); });
   const auto blocks = ckpt::select_blocks_for_budget(out.kept_bytes, out.input_bytes, budget_bytes);
   std::string list;
   for (int b : blocks) list += (list.empty() ? "" : ",") + std::to_string(b);
-  out.policy = blocks.empty() ? ckpt::CheckpointPolicy::parse("off") : ckpt::CheckpointPolicy::parse("blocks:[" + list + "]");
+  out.policy =
+      blocks.empty() ? ckpt::CheckpointPolicy::parse("off") : ckpt::CheckpointPolicy::parse("blocks:[" + list + "]");
   return out;
 }
 

@@ -35,11 +35,11 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   std::vector<OomFix> fixes;
   const auto [bw, bh] = parse_bucket(ctx.bucket);
   const ckpt::CheckpointPolicy& policy = config.train.policy();
-  const bool fully_checkpointed = policy.kind == ckpt::CheckpointPolicy::Kind::Full ||
-                                  policy.kind == ckpt::CheckpointPolicy::Kind::Offload;
+  const bool fully_checkpointed =
+      policy.kind == ckpt::CheckpointPolicy::Kind::Full || policy.kind == ckpt::CheckpointPolicy::Kind::Offload;
   const int batch = std::max(ctx.batch, 1);
-  const std::string basis = "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " +
-                            std::to_string(batch);
+  const std::string basis =
+      "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " + std::to_string(batch);
   // 1. Checkpointing off (or partial): the activations of every block, kept for backward.
   if (!fully_checkpointed && bw > 0) {
     const int64_t off = activation_bytes(spec, config, batch, bw, bh, false);
@@ -47,7 +47,9 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     fixes.push_back({"Turn gradient checkpointing on",
                      "train.gradient_checkpointing: true (train.checkpoint_policy: full)", off - full,
                      basis + ", GC off vs full" +
-                         (policy.kind == ckpt::CheckpointPolicy::Kind::Off ? "" : " (an upper bound: some blocks are already checkpointed)")});
+                         (policy.kind == ckpt::CheckpointPolicy::Kind::Off
+                              ? ""
+                              : " (an upper bound: some blocks are already checkpointed)")});
   }
   // 2. Batch size: half the batch, twice the accumulation, the same effective batch.
   if (batch > 1 && bw > 0) {
@@ -67,28 +69,32 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     const int largest = res.back(), next = res[res.size() - 2];
     const int64_t big = activation_bytes(spec, config, batch, largest, largest, fully_checkpointed);
     const int64_t small = activation_bytes(spec, config, batch, next, next, fully_checkpointed);
-    fixes.push_back({"Drop the largest bucket", "datasets[" + std::to_string(d) + "].resolution without " +
-                                                    std::to_string(largest) + " (largest left: " + std::to_string(next) + ")",
-                     big - small, "activation ledger at " + std::to_string(largest) + "² vs " + std::to_string(next) + "²"});
+    fixes.push_back({"Drop the largest bucket",
+                     "datasets[" + std::to_string(d) + "].resolution without " + std::to_string(largest) +
+                         " (largest left: " + std::to_string(next) + ")",
+                     big - small,
+                     "activation ledger at " + std::to_string(largest) + "² vs " + std::to_string(next) + "²"});
     break;
   }
   // 4. Previews: half the side is a quarter of the tokens.
   if (config.sample && !config.train.disable_sampling) {
     const auto& s = *config.sample;
-    const int64_t train_peak = std::max({ctx.last_step_phase_peaks.count("backward") ? ctx.last_step_phase_peaks.at("backward") : 0,
-                                         ctx.last_step_phase_peaks.count("forward") ? ctx.last_step_phase_peaks.at("forward") : 0});
+    const int64_t train_peak =
+        std::max({ctx.last_step_phase_peaks.count("backward") ? ctx.last_step_phase_peaks.at("backward") : 0,
+                  ctx.last_step_phase_peaks.count("forward") ? ctx.last_step_phase_peaks.at("forward") : 0});
     const int64_t saving = ctx.phase == "sample" ? std::max<int64_t>(0, ctx.peak_bytes - train_peak) : 0;
     fixes.push_back({"Make previews cheaper",
                      "sample.width/height " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) +
                          " (from " + std::to_string(s.width) + "x" + std::to_string(s.height) +
                          "), fewer sample_steps, or train.disable_sampling: true",
-                     saving, ctx.phase == "sample" ? "the preview's peak above the training step's, measured"
-                                                   : "previews did not fail here"});
+                     saving,
+                     ctx.phase == "sample" ? "the preview's peak above the training step's, measured"
+                                           : "previews did not fail here"});
   }
   // 5. Quantized base weights.
   if (!config.model.quantize)
-    fixes.push_back({"Quantize the base weights", "model.quantize: true (float8 block weights)", ctx.weight_bytes * 3 / 4,
-                     "3/4 of the weight bytes (fp32 -> float8; half of that from bf16)"});
+    fixes.push_back({"Quantize the base weights", "model.quantize: true (float8 block weights)",
+                     ctx.weight_bytes * 3 / 4, "3/4 of the weight bytes (fp32 -> float8; half of that from bf16)"});
   // 6. Text embeddings cached, the encoder unloaded.
   if (!config.train.cache_text_embeddings && ctx.text_encoder_bytes > 0)
     fixes.push_back({"Cache text embeddings and unload the encoder",
@@ -96,7 +102,8 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                      "the text encoder's weights"});
   // The failing phase's own fix first: a preview that ran out is fixed by a cheaper preview.
   if (ctx.phase == "sample") {
-    auto it = std::find_if(fixes.begin(), fixes.end(), [](const OomFix& f) { return f.title == "Make previews cheaper"; });
+    auto it =
+        std::find_if(fixes.begin(), fixes.end(), [](const OomFix& f) { return f.title == "Make previews cheaper"; });
     if (it != fixes.end()) std::rotate(fixes.begin(), it, it + 1);
   }
   return fixes;
@@ -115,15 +122,18 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   md << "| cap | " << (c.cap_bytes > 0 ? format_bytes(c.cap_bytes) : "none (the device's own memory)") << " |\n";
   md << "| failed allocation | " << c.message << " |\n\n";
   md << "## What was live\n\n| category | bytes |\n|---|---|\n";
-  md << "| weights | " << format_bytes(c.weight_bytes) << " |\n| gradients | " << format_bytes(c.gradient_bytes) << " |\n";
+  md << "| weights | " << format_bytes(c.weight_bytes) << " |\n| gradients | " << format_bytes(c.gradient_bytes)
+     << " |\n";
   md << "| optimizer state | " << format_bytes(c.optimizer_bytes) << " |\n";
   md << "| text encoder | " << format_bytes(c.text_encoder_bytes) << " |\n";
   md << "| activations and the rest | " << format_bytes(other) << " |\n";
-  md << "| live once the failed step was unwound | " << format_bytes(c.live_bytes) << " |\n| peak this step | " << format_bytes(c.peak_bytes) << " |\n\n";
+  md << "| live once the failed step was unwound | " << format_bytes(c.live_bytes) << " |\n| peak this step | "
+     << format_bytes(c.peak_bytes) << " |\n\n";
   if (!c.last_step_phase_peaks.empty()) {
     md << "Peaks of the last step that completed: ";
     bool first = true;
-    for (const auto& [p, b] : c.last_step_phase_peaks) md << (first ? "" : ", ") << p << " " << format_bytes(b), first = false;
+    for (const auto& [p, b] : c.last_step_phase_peaks)
+      md << (first ? "" : ", ") << p << " " << format_bytes(b), first = false;
     md << ".\n\n";
   }
   md << "On CUDA the cap is the caching allocator's memory fraction; the CUDA context itself (a few hundred MiB) "
@@ -145,7 +155,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   j["device"] = c.device;
   j["cap_bytes"] = c.cap_bytes;
   j["message"] = c.message;
-  j["live_bytes"] = {{"weights", c.weight_bytes},   {"gradients", c.gradient_bytes},
+  j["live_bytes"] = {{"weights", c.weight_bytes},      {"gradients", c.gradient_bytes},
                      {"optimizer", c.optimizer_bytes}, {"text_encoder", c.text_encoder_bytes},
                      {"activations_and_other", other}, {"total", c.live_bytes}};
   j["peak_bytes"] = c.peak_bytes;
@@ -154,7 +164,9 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   j["saved"] = c.saved_weights;
   j["fixes"] = nlohmann::ordered_json::array();
   for (const auto& f : fixes)
-    j["fixes"].push_back({{"title", f.title}, {"change", f.change}, {"predicted_saving_bytes", f.predicted_saving_bytes},
+    j["fixes"].push_back({{"title", f.title},
+                          {"change", f.change},
+                          {"predicted_saving_bytes", f.predicted_saving_bytes},
                           {"basis", f.basis}});
   std::ofstream(dir / "oom_report.json") << j.dump(2) << "\n";
 
@@ -162,7 +174,8 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   brief << "out of memory at step " << c.step << " in `" << c.phase << "` (bucket " << c.bucket << ", batch " << c.batch
         << ", policy " << c.checkpoint_policy << (c.cap_bytes ? ", cap " + format_bytes(c.cap_bytes) : "") << ")";
   if (!fixes.empty())
-    brief << "; first fix: " << fixes.front().change << " (saves ~" << format_bytes(fixes.front().predicted_saving_bytes) << ")";
+    brief << "; first fix: " << fixes.front().change << " (saves ~"
+          << format_bytes(fixes.front().predicted_saving_bytes) << ")";
   brief << "; report: " << (dir / "oom_report.md").string();
   return brief.str();
 }

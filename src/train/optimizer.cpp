@@ -52,7 +52,8 @@ class AdamW : public Optimizer {
     steps_ = s.at("step").item<int64_t>();
     for (auto& [name, p] : params_) {
       const auto m = s.find(name + ".exp_avg"), v = s.find(name + ".exp_avg_sq");
-      if (m != s.end() && v != s.end()) moments_[name] = {m->second.to(p.device()).clone(), v->second.to(p.device()).clone()};
+      if (m != s.end() && v != s.end())
+        moments_[name] = {m->second.to(p.device()).clone(), v->second.to(p.device()).clone()};
     }
   }
   int64_t state_bytes() const override {
@@ -106,7 +107,8 @@ class AdamW8bit : public Optimizer {
     for (auto& [name, p] : params_) {
       auto get = [&](const std::string& k) { return s.at(name + k).to(p.device()).clone(); };
       if (s.count(name + ".exp_avg.codes"))
-        state_[name] = {{get(".exp_avg.codes"), get(".exp_avg.scale")}, {get(".exp_avg_sq.codes"), get(".exp_avg_sq.scale")}};
+        state_[name] = {{get(".exp_avg.codes"), get(".exp_avg.scale")},
+                        {get(".exp_avg_sq.codes"), get(".exp_avg_sq.scale")}};
     }
   }
   int64_t expected_state_bytes() const override {

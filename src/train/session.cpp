@@ -34,8 +34,9 @@ torch::Device resolve_device(const std::string& name) {
     throw UserError("device '" + name + "' is not a device name (auto, cpu, cuda, cuda:0, ...)");
   }
   if (device.is_cuda() && !torch::cuda::is_available())
-    throw UserError("device '" + name +
-                    "' asks for CUDA, which this machine does not have; use device: cpu (or auto), or --set device=cpu");
+    throw UserError(
+        "device '" + name +
+        "' asks for CUDA, which this machine does not have; use device: cpu (or auto), or --set device=cpu");
   if (device.is_cuda() && device.has_index() && device.index() >= static_cast<int>(torch::cuda::device_count()))
     throw UserError("device '" + name + "': this machine has " + std::to_string(torch::cuda::device_count()) +
                     " CUDA device(s)");
@@ -192,7 +193,8 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   if (spec_.edit) {  // one 1024²-area reference of the batch's aspect, as the loader makes it
     const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(width) * height));
     const int d = spec_.divisibility;
-    const int rw = std::max(d, static_cast<int>(width * scale) / d * d), rh = std::max(d, static_cast<int>(height * scale) / d * d);
+    const int rw = std::max(d, static_cast<int>(width * scale) / d * d),
+              rh = std::max(d, static_cast<int>(height * scale) / d * d);
     lb.references.push_back(torch::randn({batch, spec_.latent_channels, rh / 8, rw / 8}));
   }
   return lb;

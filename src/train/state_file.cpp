@@ -50,7 +50,10 @@ const std::vector<StateSection>& state_sections() {
          for (auto& [n, e] : s.ema())
            if (in.count(n)) e.copy_(in.at(n));
        }},
-      {"rng.", [](Session&) { return Named{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}}; },
+      {"rng.",
+       [](Session&) {
+         return Named{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
+       },
        [](Session&, const ByName& in, const std::string&) {
          at::Generator cpu = at::detail::getDefaultCPUGenerator();
          if (in.count("cpu")) cpu.set_state(in.at("cpu").clone());
@@ -79,7 +82,8 @@ void writing(const fs::path& file, F&& write) {
 
 }  // namespace
 
-RunSaves::RunSaves(fs::path dir, std::string name, int keep) : dir_(std::move(dir)), name_(std::move(name)), keep_(keep) {
+RunSaves::RunSaves(fs::path dir, std::string name, int keep)
+    : dir_(std::move(dir)), name_(std::move(name)), keep_(keep) {
   std::error_code ec;
   const std::string suffix = ".state.safetensors";
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {

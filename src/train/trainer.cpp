@@ -74,7 +74,8 @@ std::vector<data::ImageItem> scan(std::vector<config::DatasetConfig>& datasets, 
               *datasets[d].folder_path);
     items.insert(items.end(), result.items.begin(), result.items.end());
     if (cache_text_embeddings && datasets[d].shuffle_tokens) {
-      log::warn("datasets[" + std::to_string(d) + "]: shuffle_tokens is ignored with cache_text_embeddings (as in AI Toolkit)");
+      log::warn("datasets[" + std::to_string(d) +
+                "]: shuffle_tokens is ignored with cache_text_embeddings (as in AI Toolkit)");
       datasets[d].shuffle_tokens = false;
     }
   }
@@ -174,7 +175,9 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   auto take_samples = [&](int64_t at) {
     const auto files = session.sample(at, samples_dir);
     summary.samples.insert(summary.samples.end(), files.begin(), files.end());
-    if (!files.empty()) log::info("step " + std::to_string(at) + ": " + std::to_string(files.size()) + " sample(s) in " + samples_dir.string());
+    if (!files.empty())
+      log::info("step " + std::to_string(at) + ": " + std::to_string(files.size()) + " sample(s) in " +
+                samples_dir.string());
   };
   const int sample_every = config.sample ? config.sample->sample_every : 0;
   const int64_t report_every = options.progress_in_place ? 1 : std::max<int64_t>(1, tc.steps / 20);
@@ -192,9 +195,13 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     const bool in_step = phase != "sample" && phase != "save";
     if (tc.oom_policy == config::OomPolicy::skip && in_step && ++consecutive_ooms < 3) {
       ++summary.oom_skips;
-      log::warn("out of memory at step " + std::to_string(step + 1) + " in " + phase + " (bucket " + session.current_bucket() +
-                "); batch skipped (train.oom_policy: skip, " + std::to_string(consecutive_ooms) + " in a row)");
-      metrics.write({{"step", step + 1}, {"oom_skip", true}, {"phase", phase}, {"bucket", session.current_bucket()},
+      log::warn("out of memory at step " + std::to_string(step + 1) + " in " + phase + " (bucket " +
+                session.current_bucket() + "); batch skipped (train.oom_policy: skip, " +
+                std::to_string(consecutive_ooms) + " in a row)");
+      metrics.write({{"step", step + 1},
+                     {"oom_skip", true},
+                     {"phase", phase},
+                     {"bucket", session.current_bucket()},
                      {"oom_skips", summary.oom_skips}});
       session.phases().clear();
       session.meter().reset_peak();
@@ -205,7 +212,8 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     ctx.phase = phase;
     ctx.bucket = session.current_bucket();
     ctx.batch = session.current_batch();
-    if (phase == "sample") ctx.bucket = std::to_string(config.sample->width) + "x" + std::to_string(config.sample->height), ctx.batch = 1;
+    if (phase == "sample")
+      ctx.bucket = std::to_string(config.sample->width) + "x" + std::to_string(config.sample->height), ctx.batch = 1;
     ctx.checkpoint_policy = tc.policy().to_string();
     ctx.message = e.what_without_backtrace();
     ctx.device = session.device().str();
@@ -261,12 +269,21 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       for (const auto& [name, bytes] : session.phases().peaks()) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
       summary.peak_bytes = std::max(summary.peak_bytes, stats.peak_bytes);
       const ResidentBytes held = session.resident();
-      metrics.write({{"step", step + 1}, {"loss", r.loss}, {"lr", scheduled_lr(tc.lr_scheduler, tc.lr, step, tc.steps)},
-                     {"grad_norm", r.grad_norm}, {"step_time_s", step_s}, {"data_wait_s", r.data_wait_s},
-                     {"bucket", r.bucket}, {"batch", r.batch}, {"peak_bytes", stats.peak_bytes},
-                     {"phases", session.phases().peaks()}, {"weights_bytes", held.weights},
-                     {"gradient_bytes", r.gradient_bytes}, {"optimizer_bytes", held.optimizer},
-                     {"live_bytes", stats.live_bytes}, {"cap_bytes", config.vram_cap.bytes},
+      metrics.write({{"step", step + 1},
+                     {"loss", r.loss},
+                     {"lr", scheduled_lr(tc.lr_scheduler, tc.lr, step, tc.steps)},
+                     {"grad_norm", r.grad_norm},
+                     {"step_time_s", step_s},
+                     {"data_wait_s", r.data_wait_s},
+                     {"bucket", r.bucket},
+                     {"batch", r.batch},
+                     {"peak_bytes", stats.peak_bytes},
+                     {"phases", session.phases().peaks()},
+                     {"weights_bytes", held.weights},
+                     {"gradient_bytes", r.gradient_bytes},
+                     {"optimizer_bytes", held.optimizer},
+                     {"live_bytes", stats.live_bytes},
+                     {"cap_bytes", config.vram_cap.bytes},
                      {"oom_skips", summary.oom_skips}});
       for (const auto& [name, bytes] : session.phases().peaks()) run_peaks[name] = std::max(run_peaks[name], bytes);
       last_step_peaks = session.phases().peaks();
@@ -304,14 +321,10 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   // memory.json: the run's peaks, for reports and other tools.
   const ResidentBytes held = session.resident();
   std::ofstream(summary.output_dir / "memory.json")
-      << json{{"device", session.device().str()},
-              {"cap_bytes", config.vram_cap.bytes},
-              {"peak_bytes", summary.peak_bytes},
-              {"checkpoint_policy", tc.policy().to_string()},
-              {"weights_bytes", held.weights},
-              {"optimizer_bytes", held.optimizer},
-              {"text_encoder_bytes", held.text_encoder},
-              {"phase_peak_bytes", run_peaks}}
+      << json{{"device", session.device().str()},        {"cap_bytes", config.vram_cap.bytes},
+              {"peak_bytes", summary.peak_bytes},        {"checkpoint_policy", tc.policy().to_string()},
+              {"weights_bytes", held.weights},           {"optimizer_bytes", held.optimizer},
+              {"text_encoder_bytes", held.text_encoder}, {"phase_peak_bytes", run_peaks}}
              .dump(2)
       << "\n";
   return summary;

@@ -69,14 +69,16 @@ TEST(Estimate, WeightsInTheirRealDtype) {
 // and full training, GC off and full, within 15% of the step's peak (20 of 24 within 10%).
 TEST(Estimate, WithinFifteenPercentOfAMeasuredStepForEveryTinyPreset) {
   const fs::path dir = testing::fresh_dir("estimate_vs_run");
-  for (const char* arch : {"tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage", "tiny-sd3", "tiny-dit"})
+  for (const char* arch :
+       {"tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage", "tiny-sd3", "tiny-dit"})
     for (const char* network : {"lora", "none"})
       for (const char* policy : {"off", "full"}) {
-        const std::string yaml = std::string("name: e\ntraining_folder: ") + dir.string() +
-                                 "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
-                                 "\n    resolution: [256]\ntrain: {batch_size: 2, steps: 2, dtype: fp32, checkpoint_policy: " +
-                                 policy + "}\nmodel: {arch: " + arch + "}\n" +
-                                 (std::string(network) == "lora" ? "network: {type: lora, linear: 8}\n" : "");
+        const std::string yaml =
+            std::string("name: e\ntraining_folder: ") + dir.string() +
+            "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
+            "\n    resolution: [256]\ntrain: {batch_size: 2, steps: 2, dtype: fp32, checkpoint_policy: " + policy +
+            "}\nmodel: {arch: " + arch + "}\n" +
+            (std::string(network) == "lora" ? "network: {type: lora, linear: 8}\n" : "");
         auto r = model::load_config_text(yaml, "e.yaml");
         ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
         const auto e = estimate_memory(*r.config);
@@ -93,8 +95,12 @@ TEST(Estimate, WithinFifteenPercentOfAMeasuredStepForEveryTinyPreset) {
           }
         }
         const double ratio = static_cast<double>(predicted.total_bytes) / static_cast<double>(measured);
-        std::printf("%-22s %-5s %-4s predicted %10lld measured %10lld ratio %.3f  (resident %lld batch %lld act %lld ws %lld)\n", arch, network, policy,
-                    static_cast<long long>(predicted.total_bytes), static_cast<long long>(measured), ratio, (long long)e.resident_bytes, (long long)predicted.batch_bytes, (long long)predicted.activation_bytes, (long long)predicted.workspace_bytes);
+        std::printf(
+            "%-22s %-5s %-4s predicted %10lld measured %10lld ratio %.3f  (resident %lld batch %lld act %lld ws "
+            "%lld)\n",
+            arch, network, policy, static_cast<long long>(predicted.total_bytes), static_cast<long long>(measured),
+            ratio, (long long)e.resident_bytes, (long long)predicted.batch_bytes, (long long)predicted.activation_bytes,
+            (long long)predicted.workspace_bytes);
         // The target is 10%; 20 of the 24 cells meet it (docs/results/estimate-cpu.md), the rest are
         // within 15%: Qwen-Image GC off over, DiT and the edit model's GC full under.
         EXPECT_NEAR(ratio, 1.0, 0.15) << arch << " " << network << " " << policy;
@@ -138,13 +144,13 @@ TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
   so.sizes = {{256, 256}};
   data::write_synthetic_dataset(dir / "data", so);
   auto config_for = [&](const std::string& name, const std::string& policy, int batch) {
-    const std::string yaml = "name: " + name + "\ntraining_folder: " + dir.string() +
-                             "\ndevice: cpu\nvram_cap: 60MiB\nnetwork: {type: lora, linear: 8}\n"
-                             "save: {dtype: float32, save_every: 1000}\n"
-                             "datasets:\n  - folder_path: " + (dir / "data").string() +
-                             "\n    resolution: [256]\ntrain: {batch_size: " + std::to_string(batch) +
-                             ", steps: 2, dtype: fp32, lr: 1e-4, checkpoint_policy: " + policy +
-                             "}\nmodel: {arch: tiny-flux}\n";
+    const std::string yaml =
+        "name: " + name + "\ntraining_folder: " + dir.string() +
+        "\ndevice: cpu\nvram_cap: 60MiB\nnetwork: {type: lora, linear: 8}\n"
+        "save: {dtype: float32, save_every: 1000}\n"
+        "datasets:\n  - folder_path: " +
+        (dir / "data").string() + "\n    resolution: [256]\ntrain: {batch_size: " + std::to_string(batch) +
+        ", steps: 2, dtype: fp32, lr: 1e-4, checkpoint_policy: " + policy + "}\nmodel: {arch: tiny-flux}\n";
     auto r = model::load_config_text(yaml, "fit.yaml");
     if (!r.ok()) throw std::runtime_error(r.diagnostics.all().front().format());
     return *r.config;

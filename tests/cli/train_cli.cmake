@@ -23,6 +23,15 @@ endif()
 expect_run(0 "${GCLAB}" train "${dir}/cfg.yaml" --resume)
 expect_contains("${last_err}" "resumed from")
 
+# Ctrl-C: the run saves at the next step boundary and exits 130, so a script can tell it from a finished run.
+expect_run(130 timeout --preserve-status -s INT 5 "${GCLAB}" train "${dir}/cfg.yaml" --set name=interrupted
+           --set train.steps=1000000)
+expect_contains("${last_err}" "interrupted")
+file(GLOB interrupted_states "${dir}/interrupted/interrupted_*.state.safetensors")
+if(NOT interrupted_states)
+  message(FATAL_ERROR "Ctrl-C saved no state")
+endif()
+
 # A folder that does not exist, and an empty one: exit 2, the field named.
 expect_run(2 "${GCLAB}" train "${dir}/cfg.yaml" --set "datasets.0.folder_path=${dir}/nope")
 expect_contains("${last_err}" "datasets[0].folder_path")

@@ -23,8 +23,9 @@ TEST(Buckets, ReproduceEveryRowOfAiToolkitsGoldenOutput) {
     for (std::string cell; std::getline(s, cell, ',');) v.push_back(std::stoi(cell));
     ASSERT_EQ(v.size(), 10u) << line;
     const BucketPlacement p = place_in_bucket(v[0], v[1], v[2], v[3]);
-    EXPECT_EQ((std::vector<int>{p.bucket.width, p.bucket.height, p.scale_to_width, p.scale_to_height, p.crop_x, p.crop_y}),
-              (std::vector<int>(v.begin() + 4, v.end())))
+    EXPECT_EQ(
+        (std::vector<int>{p.bucket.width, p.bucket.height, p.scale_to_width, p.scale_to_height, p.crop_x, p.crop_y}),
+        (std::vector<int>(v.begin() + 4, v.end())))
         << line;
     ++rows;
   }

@@ -5,9 +5,9 @@
 
 #include <fstream>
 
+#include "../support/test_util.h"
 #include "gclab/data/image.h"
 #include "gclab/data/synth.h"
-#include "../support/test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -99,7 +99,8 @@ TEST(Dataset, WebpSizeFromTheHeaderAndDecoding) {
   uint8_t* out = nullptr;
   const size_t n = WebPEncodeLosslessRGB(rgb.data(), 40, 24, 40 * 3, &out);
   ASSERT_GT(n, 0u);
-  std::ofstream(dir / "a.webp", std::ios::binary).write(reinterpret_cast<const char*>(out), static_cast<std::streamsize>(n));
+  std::ofstream(dir / "a.webp", std::ios::binary)
+      .write(reinterpret_cast<const char*>(out), static_cast<std::streamsize>(n));
   WebPFree(out);
   const auto size = read_image_size(dir / "a.webp");
   ASSERT_TRUE(size);

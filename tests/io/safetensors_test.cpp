@@ -11,9 +11,9 @@
 #include "../support/test_util.h"
 
 namespace fs = std::filesystem;
-using gclab::testing::fresh_dir;
 using gclab::io::SafetensorsError;
 using gclab::io::SafetensorsFile;
+using gclab::testing::fresh_dir;
 
 namespace {
 

@@ -12,10 +12,10 @@
 
 namespace gclab::testing {
 
+using config::Family;
 using model::DiffusionTransformer;
 using model::ModelInputs;
 using model::Tensors;
-using config::Family;
 
 inline std::string kind_of(config::Family family, const std::string& name, bool last) {
   if (family == Family::flux) return name.rfind("single", 0) == 0 ? "single" : "double";

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "gclab/config/loader.h"
-#include "gclab/model/family.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/model/family.h"
 #include "gclab/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -91,9 +91,10 @@ TEST_F(OomScenario, TheLargestBucketRunsOutAndTheFixIsDroppingItAndTheSavedState
   train(straight, {});
   char tag[16];
   std::snprintf(tag, sizeof tag, "%09lld", static_cast<long long>(good));
-  const auto saved = io::SafetensorsFile::open(dir_ / "out" / "bucket" / ("bucket_" + std::string(tag) + ".state.safetensors"));
-  const auto reference =
-      io::SafetensorsFile::open(dir_ / "out" / "bucket_straight" / ("bucket_straight_" + std::string(tag) + ".state.safetensors"));
+  const auto saved =
+      io::SafetensorsFile::open(dir_ / "out" / "bucket" / ("bucket_" + std::string(tag) + ".state.safetensors"));
+  const auto reference = io::SafetensorsFile::open(dir_ / "out" / "bucket_straight" /
+                                                   ("bucket_straight_" + std::string(tag) + ".state.safetensors"));
   int compared = 0;
   for (const auto& e : reference.entries())
     if (e.name.rfind("param.", 0) == 0) {

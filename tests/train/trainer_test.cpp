@@ -8,18 +8,18 @@
 #include <fstream>
 #include <map>
 
-#include "gclab/config/loader.h"
-#include "gclab/model/family.h"
-#include "gclab/train/state_file.h"
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include "../support/test_util.h"
+#include "gclab/config/loader.h"
 #include "gclab/data/dataset.h"
 #include "gclab/data/image.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/model/family.h"
 #include "gclab/model/lora.h"
 #include "gclab/train/flow.h"
-#include "../support/test_util.h"
+#include "gclab/train/state_file.h"
 
 namespace fs = std::filesystem;
 
@@ -38,7 +38,8 @@ config::ProcessConfig tiny_config(const fs::path& dir, const std::string& name, 
                            "\ndevice: cpu\ntraining_seed: 7\n"
                            "network: {type: lora, linear: 4, linear_alpha: 4}\n"
                            "save: {dtype: float32, save_every: 1000, max_step_saves_to_keep: 3}\n"
-                           "datasets:\n  - folder_path: " + (dir / "data").string() +
+                           "datasets:\n  - folder_path: " +
+                           (dir / "data").string() +
                            "\n    caption_dropout_rate: 0.2\n    resolution: [64]\n"
                            "train: {batch_size: 2, steps: 20, lr: 1e-3, optimizer: adamw, dtype: fp32, "
                            "gradient_checkpointing: true, skip_first_sample: true}\n"
@@ -110,14 +111,16 @@ TEST(Trainer, AccumulatedMicroBatchesGiveTheGradientOfOneBigBatch) {
   }
   const auto g_acc = grads();
   for (size_t i = 0; i < g_big.size(); ++i)
-    EXPECT_TRUE(torch::allclose(g_big[i], g_acc[i], 1e-4, 1e-6)) << i << ": " << (g_big[i] - g_acc[i]).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(g_big[i], g_acc[i], 1e-4, 1e-6))
+        << i << ": " << (g_big[i] - g_acc[i]).abs().max().item<double>();
 }
 
 TEST(Trainer, EndToEndWritesMetricsASamplePngAndALoraThatLoadsBack) {
   const fs::path dir = testing::fresh_dir("train_e2e");
-  auto config = tiny_config(dir, "e2e", {"train.steps=6", "sample.sample_every=6", "sample.width=64",
-                                         "sample.height=64", "sample.sample_steps=2",
-                                         "sample.prompts=[\"a red circle\"]", "train.gradient_accumulation=2"});
+  auto config =
+      tiny_config(dir, "e2e",
+                  {"train.steps=6", "sample.sample_every=6", "sample.width=64", "sample.height=64",
+                   "sample.sample_steps=2", "sample.prompts=[\"a red circle\"]", "train.gradient_accumulation=2"});
   const auto s = train(config, {});
   // metrics.jsonl: one object per step
   std::ifstream metrics(dir / "e2e" / "metrics.jsonl");
@@ -147,7 +150,8 @@ TEST(Trainer, LatentDiskCacheIsWrittenOnceAndReused) {
   const fs::path dir = testing::fresh_dir("train_cache");
   const auto first = train(tiny_config(dir, "c1", {"datasets.0.cache_latents_to_disk=true", "train.steps=4"}), {});
   std::map<std::string, fs::file_time_type> written;
-  for (const auto& e : fs::directory_iterator(dir / "data" / "_latent_cache")) written[e.path().string()] = e.last_write_time();
+  for (const auto& e : fs::directory_iterator(dir / "data" / "_latent_cache"))
+    written[e.path().string()] = e.last_write_time();
   ASSERT_FALSE(written.empty());
   const auto second = train(tiny_config(dir, "c2", {"datasets.0.cache_latents_to_disk=true", "train.steps=4"}), {});
   for (const auto& e : fs::directory_iterator(dir / "data" / "_latent_cache")) {
@@ -162,9 +166,11 @@ TEST(Trainer, UnusableSettingsAndDataAreClearErrors) {
   const fs::path dir = testing::fresh_dir("train_errors");
   // (Conflicting accumulation keys and unknown optimizers are refused when the config is read: the typed
   // config cannot hold them. tests/config covers those messages.)
-  EXPECT_THROW(train(tiny_config(dir, "c", {"datasets.0.folder_path=" + (dir / "missing").string()}), {}), data::DataError);
+  EXPECT_THROW(train(tiny_config(dir, "c", {"datasets.0.folder_path=" + (dir / "missing").string()}), {}),
+               data::DataError);
   fs::create_directories(dir / "empty");
-  EXPECT_THROW(train(tiny_config(dir, "d", {"datasets.0.folder_path=" + (dir / "empty").string()}), {}), data::DataError);
+  EXPECT_THROW(train(tiny_config(dir, "d", {"datasets.0.folder_path=" + (dir / "empty").string()}), {}),
+               data::DataError);
   fs::remove_all(dir);
 }
 
@@ -177,7 +183,8 @@ namespace {
 std::vector<int64_t> metric_steps(const fs::path& file) {
   std::vector<int64_t> steps;
   std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  for (std::string line; std::getline(in, line);)
+    steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
   return steps;
 }
 

@@ -15,10 +15,10 @@
 namespace gclab::bench {
 
 struct StepEstimate {
-  int64_t batch_bytes = 0;        // latents, noise, x_t, target, prediction, text embeddings
-  int64_t activation_bytes = 0;   // what the blocks keep for backward (full: inputs + one block recomputed)
-  int64_t workspace_bytes = 0;    // the backward's transient gradients of the largest block's tensors
-  int64_t total_bytes = 0;        // resident + the above
+  int64_t batch_bytes = 0;       // latents, noise, x_t, target, prediction, text embeddings
+  int64_t activation_bytes = 0;  // what the blocks keep for backward (full: inputs + one block recomputed)
+  int64_t workspace_bytes = 0;   // the backward's transient gradients of the largest block's tensors
+  int64_t total_bytes = 0;       // resident + the above
 };
 
 struct ResolutionEstimate {
@@ -31,14 +31,14 @@ struct ResolutionEstimate {
 struct MemoryEstimate {
   model::ModelSpec spec;
   std::string device;
-  int64_t weight_bytes = 0;     // every parameter and buffer as stored (frozen base + trained tensors)
-  int64_t trained = 0;          // parameters trained
-  int64_t trained_bytes = 0;    // their storage (part of weight_bytes)
+  int64_t weight_bytes = 0;   // every parameter and buffer as stored (frozen base + trained tensors)
+  int64_t trained = 0;        // parameters trained
+  int64_t trained_bytes = 0;  // their storage (part of weight_bytes)
   int64_t gradient_bytes = 0;
   int64_t optimizer_bytes = 0;
   int64_t ema_bytes = 0;
   int64_t text_encoder_bytes = 0;
-  int64_t resident_bytes = 0;   // weights + gradients + optimizer + EMA + text encoder
+  int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text encoder
   int64_t cap_bytes = 0;
   std::string activation_dtype;
   std::vector<ResolutionEstimate> resolutions;

@@ -192,7 +192,9 @@ struct TrainConfig {
   // The resolved policy (the loader always sets it).
   const ckpt::CheckpointPolicy& policy() const { return *checkpoint_policy; }
   // Micro-batches per optimizer step, from whichever of the two keys is set.
-  int accumulation() const { return gradient_accumulation > 1 ? gradient_accumulation : std::max(1, gradient_accumulation_steps); }
+  int accumulation() const {
+    return gradient_accumulation > 1 ? gradient_accumulation : std::max(1, gradient_accumulation_steps);
+  }
 
   template <class V>
   void fields(V& v) {

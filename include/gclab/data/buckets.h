@@ -28,6 +28,7 @@ struct BucketPlacement {
 BucketResolution bucket_for(int width, int height, int resolution, int divisibility);
 // The bucket and how to get there: scale to cover (rounded up), crop centred, or at a uniformly random
 // offset when `rng` is given (random_crop).
-BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility, std::mt19937_64* rng = nullptr);
+BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility,
+                                std::mt19937_64* rng = nullptr);
 
 }  // namespace gclab::data

@@ -18,7 +18,8 @@ class TextEmbeddingCache {
  public:
   using SequenceLength = std::function<int64_t(int64_t prompt_tokens)>;
   // encoder: nullopt for a family without text (DiT).
-  TextEmbeddingCache(std::optional<TextEncoderOptions> encoder, SequenceLength length, torch::Device device, bool cache);
+  TextEmbeddingCache(std::optional<TextEncoderOptions> encoder, SequenceLength length, torch::Device device,
+                     bool cache);
 
   // [B, T, D] text (and [B, P] pooled) for the captions, padded to one length.
   TextEmbedding encode(const std::vector<std::string>& captions);

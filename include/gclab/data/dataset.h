@@ -25,7 +25,7 @@ struct ImageItem {
   std::filesystem::path image;
   std::string caption;  // raw, before trigger / dropout / shuffling
   int width = 0, height = 0;
-  int dataset = 0;      // index in the config's datasets
+  int dataset = 0;                              // index in the config's datasets
   std::vector<std::filesystem::path> controls;  // edit models: the same-named image in each control_path
 };
 

@@ -21,7 +21,7 @@ struct LoadedBatch {
   int64_t index = 0;  // position in the run's sequence of batches
   int dataset = 0, resolution = 0;
   BucketResolution bucket;
-  torch::Tensor latents;              // [B, C, h/8, w/8], CPU float32
+  torch::Tensor latents;  // [B, C, h/8, w/8], CPU float32
   // Edit models: one [B, C, h', w'] per control folder, each control scaled to a 1024²-area image of the
   // batch's aspect (sides multiples of the divisibility), cover and centre-crop — one 1024²-area latent
   // per control image, as the token accounting counts it.
@@ -39,8 +39,8 @@ struct LoaderOptions {
 
 class BatchLoader {
  public:
-  BatchLoader(std::vector<ImageItem> items, std::vector<config::DatasetConfig> datasets,
-              const LatentCodec& codec, const LoaderOptions& options, int64_t start_index);
+  BatchLoader(std::vector<ImageItem> items, std::vector<config::DatasetConfig> datasets, const LatentCodec& codec,
+              const LoaderOptions& options, int64_t start_index);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -67,8 +67,8 @@ class BatchLoader {
   LoaderOptions o_;
   int64_t epoch_size_ = 0;
   int64_t next_to_load_ = 0;
-  std::map<int64_t, std::vector<Batch>> plans_;  // by epoch (at most two kept)
-  std::map<std::string, torch::Tensor> memory_cache_;   // cache_latents
+  std::map<int64_t, std::vector<Batch>> plans_;        // by epoch (at most two kept)
+  std::map<std::string, torch::Tensor> memory_cache_;  // cache_latents
 
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -17,6 +17,7 @@ struct SynthOptions {
 };
 
 // Writes count PNG images with .txt captions into dir (created if needed); returns the image paths.
-std::vector<std::filesystem::path> write_synthetic_dataset(const std::filesystem::path& dir, const SynthOptions& options);
+std::vector<std::filesystem::path> write_synthetic_dataset(const std::filesystem::path& dir,
+                                                           const SynthOptions& options);
 
 }  // namespace gclab::data

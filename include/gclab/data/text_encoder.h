@@ -13,8 +13,8 @@
 namespace gclab::data {
 
 struct TextEncoderOptions {
-  int64_t text_dim = 64;    // the transformer's context width (FLUX: 4096)
-  int64_t pooled_dim = 0;   // 0: no pooled vector
+  int64_t text_dim = 64;   // the transformer's context width (FLUX: 4096)
+  int64_t pooled_dim = 0;  // 0: no pooled vector
   int64_t vocabulary = 8192;
   int64_t width = 256;
   int64_t layers = 2;

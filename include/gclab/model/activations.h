@@ -20,9 +20,9 @@
 namespace gclab::model {
 
 struct ActivationOptions {
-  int64_t element_bytes = 2;       // the activations' dtype: bf16 2, fp32 4
-  int64_t lora_rank = 0;           // 0: every weight trained
-  bool conditioning_grad = true;   // the timestep/text vector needs a gradient (full training)
+  int64_t element_bytes = 2;      // the activations' dtype: bf16 2, fp32 4
+  int64_t lora_rank = 0;          // 0: every weight trained
+  bool conditioning_grad = true;  // the timestep/text vector needs a gradient (full training)
   // LayerNorm's saved mean and 1/std: float32 on CUDA whatever the input; on the CPU a bf16 input keeps
   // them in bf16 (measured), so CPU figures pass 2 here for bf16.
   int64_t layer_norm_stats_bytes = 4;

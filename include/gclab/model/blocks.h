@@ -98,7 +98,8 @@ class DoubleStreamBlock : public TransformerBlock {
 class FluxDoubleBlock : public DoubleStreamBlock {
  public:
   FluxDoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
-      : DoubleStreamBlock(dim, heads, mlp_hidden, {"norm1.linear", "norm1_context.linear", "ff", "ff_context"}, options) {}
+      : DoubleStreamBlock(dim, heads, mlp_hidden, {"norm1.linear", "norm1_context.linear", "ff", "ff_context"},
+                          options) {}
 };
 
 // FLUX single-stream block (FluxSingleTransformerBlock): attention and MLP in parallel on the joint

@@ -66,7 +66,8 @@ class DiffusionTransformer : public torch::nn::Module {
 };
 
 // Builds the family's transformer for `spec`; `options` places and types the weights (kMeta: no memory).
-std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options = {});
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
+                                                        const torch::TensorOptions& options = {});
 
 // Throws std::invalid_argument when building `spec` in float32 on the CPU would take more than the
 // machine's memory can give (most of its physical RAM), naming the sizes: a full-size preset is for a GPU,

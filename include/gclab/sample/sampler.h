@@ -19,7 +19,7 @@ struct SampleOptions {
   int64_t latent_height = 32, latent_width = 32;
   int steps = 20;
   double guidance_scale = 4.0;
-  int64_t seed = 42;  // noise from its own generator: sampling never moves the training RNG
+  int64_t seed = 42;           // noise from its own generator: sampling never moves the training RNG
   bool autocast_bf16 = false;  // run the model under bf16 autocast, as the training step does
 };
 

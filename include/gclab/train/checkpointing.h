@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "gclab/ckpt/policy.h"
-#include "gclab/memory/tracker.h"
 #include "gclab/ckpt/wrapper.h"
+#include "gclab/memory/tracker.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::train {

@@ -32,7 +32,8 @@ struct StepOptions {
 };
 
 // The micro-batch's loss (forward only; call backward on it). loss_scale is not applied.
-torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& batch, const StepOptions& options);
+torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& batch,
+                                 const StepOptions& options);
 // Forward and backward of one micro-batch; gradients accumulate into the parameters. Returns the loss
 // (before loss_scale).
 double flow_matching_step(model::DiffusionTransformer& model, const MicroBatch& batch, const StepOptions& options);

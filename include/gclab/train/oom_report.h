@@ -17,12 +17,12 @@
 namespace gclab::train {
 
 struct OomContext {
-  int64_t step = 0;        // the step that failed (1-based: the first step is 1)
-  std::string phase;       // data, text, forward, backward, optimizer, sample, save
-  std::string bucket;      // WxH of the batch (or of the preview)
+  int64_t step = 0;    // the step that failed (1-based: the first step is 1)
+  std::string phase;   // data, text, forward, backward, optimizer, sample, save
+  std::string bucket;  // WxH of the batch (or of the preview)
   int batch = 0;
   std::string checkpoint_policy;
-  std::string message;     // the allocator's words: the allocation that failed
+  std::string message;  // the allocator's words: the allocation that failed
   std::string device;
   int64_t cap_bytes = 0, live_bytes = 0, peak_bytes = 0;
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, text_encoder_bytes = 0;
@@ -35,7 +35,7 @@ struct OomFix {
   std::string title;   // "Turn gradient checkpointing on"
   std::string change;  // "train.gradient_checkpointing: true"
   int64_t predicted_saving_bytes = 0;
-  std::string basis;   // how the saving was predicted
+  std::string basis;  // how the saving was predicted
 };
 
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
