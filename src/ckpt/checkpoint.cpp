@@ -1,6 +1,7 @@
 #include "gclab/ckpt/checkpoint.h"
 
-#include <ATen/autocast_mode.h>
+#include "gclab/ckpt/autocast.h"
+
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <sstream>
@@ -11,53 +12,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// Autocast as it was when the forward ran; re-entered for the recompute.
-struct AutocastState {
-  bool cpu_enabled = false;
-  at::ScalarType cpu_dtype = at::kBFloat16;
-  bool cuda_enabled = false;
-  at::ScalarType cuda_dtype = at::kHalf;
-  bool cache_enabled = true;
-
-  static AutocastState capture() {
-    AutocastState s;
-    s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
-    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
-    s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
-    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-    s.cache_enabled = at::autocast::is_autocast_cache_enabled();
-    return s;
-  }
-  void apply() const {
-    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
-    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
-    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
-    at::autocast::set_autocast_cache_enabled(cache_enabled);
-  }
-  bool any() const { return cpu_enabled || cuda_enabled; }
-};
-
-// Enters an autocast state for a scope and restores the previous one on exit, clearing the cast cache
-// when leaving the outermost autocast region (as Python's torch.autocast.__exit__ does).
-class AutocastScope {
- public:
-  explicit AutocastScope(const AutocastState& state) : previous_(AutocastState::capture()), active_(state.any()) {
-    state.apply();
-    if (active_) at::autocast::increment_nesting();
-  }
-  ~AutocastScope() {
-    if (active_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    previous_.apply();
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
- private:
-  AutocastState previous_;
-  bool active_;
-};
 
 // The default generators the block may draw from: the CPU one always, a CUDA one per device in use.
 struct RngState {
@@ -165,7 +119,17 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // the gradient must be taken with respect to these very tensors.
     params_of(ctx) = params.vec();
 
-    std::vector<torch::Tensor> outputs = state->fn(inputs.vec());
+    std::vector<torch::Tensor> outputs;
+    {
+      // No cast cache for this no-grad forward: the cache is process-global, and a cast made here has no
+      // grad_fn; were it reused by the recompute (backward called inside the autocast region), the weight
+      // would get no gradient. (LibTorch 2.11 on the CPU does not reuse such casts — checked; the CUDA
+      // path is for the GPU check to confirm.)
+      AutocastState no_cache = state->autocast;
+      no_cache.cache_enabled = false;
+      AutocastScope scope(no_cache);
+      outputs = state->fn(inputs.vec());
+    }
     std::vector<torch::Tensor> non_differentiable;
     for (const auto& out : outputs) {
       TORCH_CHECK(out.defined(), "checkpointed block '", state->options.name, "' returned an undefined tensor");

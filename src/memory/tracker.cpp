@@ -1,5 +1,6 @@
 #include "gclab/memory/tracker.h"
 
+#include <ATen/Context.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -119,6 +120,10 @@ MemoryMeter::MemoryMeter(c10::Device device) : device_(device) {
   TORCH_CHECK(device.is_cpu() || device.is_cuda(), "memory is measured on CPU or CUDA, not ", device);
   TORCH_CHECK(!device.is_cpu() || CpuMemoryTracker::installed(),
               "measuring CPU memory needs a CpuMemoryTracker installed for the process");
+  // The caching allocator's statistics and memory fraction assert "Allocator not initialized" until
+  // CUDA is initialised, and torch::cuda::is_available() does not initialise it: do it here, once, before
+  // any of them is read or set (the cap is often the first CUDA call of a run).
+  if (device.is_cuda()) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
 }
 
 namespace {
@@ -164,6 +169,10 @@ void MemoryMeter::set_cap(std::int64_t cap_bytes) {
   const double fraction =
       cap_bytes <= 0 ? 1.0 : std::min(1.0, static_cast<double>(cap_bytes) / static_cast<double>(total_bytes));
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
+}
+
+void MemoryMeter::release_cached() {
+  if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 }
 
 PhaseMeter::Scope::Scope(PhaseMeter& owner, std::string phase) : owner_(owner), phase_(std::move(phase)) {

@@ -1,6 +1,7 @@
 #include "gclab/model/layers.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <stdexcept>
@@ -44,6 +45,30 @@ torch::Tensor for_input(const torch::Tensor& t, const torch::Tensor& x) {
   if (at::autocast::is_autocast_enabled(x.device().type())) return t;
   return t.to(x.scalar_type());
 }
+// y = x W^T + b with W stored in float8 and a frozen base: keeps the float8 weight and its scale for
+// backward, never the dequantized copy (autograd's own linear would save the bf16/fp32 weight it was
+// given: a second copy of every quantized weight while its block's graph lives). Backward dequantizes
+// again, as AI Toolkit's quantized layers do.
+class Float8Linear : public torch::autograd::Function<Float8Linear> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& scale, const torch::Tensor& bias) {
+    ctx->save_for_backward({weight, scale});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    const torch::Tensor w = weight.to(x.scalar_type()) * scale.to(x.scalar_type());
+    return F::linear(x, w, for_input(bias, x));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const torch::Tensor& g = grad[0];
+    // In the output gradient's dtype (bf16 under autocast), as autograd's linear would compute it.
+    const torch::Tensor w = (saved[0].to(torch::kFloat) * saved[1].to(torch::kFloat)).to(g.scalar_type());
+    return {torch::matmul(g, w).to(x_dtype), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias, const torch::TensorOptions& options)
@@ -60,8 +85,12 @@ torch::Tensor LinearImpl::effective_weight(torch::ScalarType dtype) const {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor w = is_float8(storage_) ? effective_weight(x.scalar_type()) : for_input(weight, x);
-  torch::Tensor y = F::linear(x, w, for_input(bias, x));
+  torch::Tensor y;
+  if (is_float8(storage_) && torch::GradMode::is_enabled() && x.requires_grad())
+    y = Float8Linear::apply(x, weight, weight_scale_, bias.defined() ? bias : torch::Tensor());
+  else
+    y = F::linear(x, is_float8(storage_) ? effective_weight(x.scalar_type()) : for_input(weight, x),
+                  for_input(bias, x));
   if (lora_A_.defined()) {
     torch::Tensor h = lora_dropout_ > 0 ? torch::dropout(x, lora_dropout_, is_training()) : x;
     y = y + F::linear(F::linear(h, for_input(lora_A_, h)), for_input(lora_B_, h)) * lora_scale_;

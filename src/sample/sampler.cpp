@@ -1,6 +1,6 @@
 #include "gclab/sample/sampler.h"
 
-#include <ATen/autocast_mode.h>
+#include "gclab/ckpt/autocast.h"
 
 namespace gclab::sample {
 
@@ -44,17 +44,10 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
       in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
     torch::Tensor v;
     {
-      const auto type = device.type();
-      const bool was = at::autocast::is_autocast_enabled(type);
-      if (o.autocast_bf16) {
-        at::autocast::set_autocast_enabled(type, true);
-        at::autocast::set_autocast_dtype(type, at::kBFloat16);
-      }
+      const auto state = o.autocast_bf16 ? ckpt::AutocastState::enabled_for(device.type(), at::kBFloat16)
+                                         : ckpt::AutocastState::capture();
+      ckpt::AutocastScope autocast(state);  // restored on exit, also when forward throws
       v = model.forward(in).narrow(1, 0, spec.latent_channels).to(torch::kFloat);
-      if (o.autocast_bf16) {
-        at::autocast::set_autocast_enabled(type, was);
-        at::autocast::clear_cache();
-      }
     }
     if (cfg) v = v[1].unsqueeze(0) + o.guidance_scale * (v[0].unsqueeze(0) - v[1].unsqueeze(0));
     x = x + (t_next - t) * v;

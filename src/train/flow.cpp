@@ -1,6 +1,6 @@
 #include "gclab/train/flow.h"
 
-#include <ATen/autocast_mode.h>
+#include "gclab/ckpt/autocast.h"
 
 #include <stdexcept>
 
@@ -42,17 +42,10 @@ torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const Micro
   const torch::Tensor target = b.noise - b.x0;
   torch::Tensor pred;
   {
-    const auto device_type = b.x0.device().type();
-    const bool was = at::autocast::is_autocast_enabled(device_type);
-    if (o.autocast_bf16) {
-      at::autocast::set_autocast_enabled(device_type, true);
-      at::autocast::set_autocast_dtype(device_type, at::kBFloat16);
-    }
+    const auto state = o.autocast_bf16 ? ckpt::AutocastState::enabled_for(b.x0.device().type(), at::kBFloat16)
+                                       : ckpt::AutocastState::capture();
+    ckpt::AutocastScope autocast(state);  // restored on exit, also when forward throws
     pred = model.forward(in);
-    if (o.autocast_bf16) {
-      at::autocast::set_autocast_enabled(device_type, was);
-      at::autocast::clear_cache();
-    }
   }
   // DiT also predicts a variance: only the first channels are the velocity.
   pred = pred.narrow(1, 0, target.size(1)).to(torch::kFloat);

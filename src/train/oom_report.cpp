@@ -119,7 +119,10 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   md << "| phase | " << c.phase << " |\n| step | " << c.step << " (last good: " << c.last_good_step << ") |\n";
   md << "| bucket | " << c.bucket << " |\n| batch | " << c.batch << " |\n";
   md << "| checkpoint policy | " << c.checkpoint_policy << " |\n| device | " << c.device << " |\n";
-  md << "| cap | " << (c.cap_bytes > 0 ? format_bytes(c.cap_bytes) : "none (the device's own memory)") << " |\n";
+  md << "| cap | "
+     << (c.cap_bytes > 0 ? format_bytes(c.cap_bytes) + " of " + c.cap_counts + " bytes"
+                         : "none (the device's own memory)")
+     << " |\n";
   md << "| failed allocation | " << c.message << " |\n\n";
   md << "## What was live\n\n| category | bytes |\n|---|---|\n";
   md << "| weights | " << format_bytes(c.weight_bytes) << " |\n| gradients | " << format_bytes(c.gradient_bytes)
@@ -154,6 +157,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   j["checkpoint_policy"] = c.checkpoint_policy;
   j["device"] = c.device;
   j["cap_bytes"] = c.cap_bytes;
+  j["cap_counts"] = c.cap_counts;
   j["message"] = c.message;
   j["live_bytes"] = {{"weights", c.weight_bytes},      {"gradients", c.gradient_bytes},
                      {"optimizer", c.optimizer_bytes}, {"text_encoder", c.text_encoder_bytes},

@@ -10,16 +10,26 @@ void Optimizer::step(double lr) {
   ++steps_;
   const double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(steps_));
   const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(steps_));
-  for (auto& [name, p] : params_) {
-    if (!p.grad().defined()) continue;
-    auto [m, v] = moments(name, p);
-    // torch.optim.AdamW's update, step for step: decoupled decay, moments, bias-corrected step.
-    p.mul_(1 - lr * o_.weight_decay);
-    m.mul_(o_.beta1).add_(p.grad(), 1 - o_.beta1);
-    v.mul_(o_.beta2).addcmul_(p.grad(), p.grad(), 1 - o_.beta2);
-    p.addcdiv_(m, (v.sqrt() / std::sqrt(bc2)).add_(o_.eps), -lr / bc1);
-    keep(name, m, v);
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> p, g, m, v;
+  for (auto& [name, param] : params_) {
+    if (!param.grad().defined()) continue;
+    auto [m_i, v_i] = moments(name, param);
+    names.push_back(name), p.push_back(param), g.push_back(param.grad()), m.push_back(m_i), v.push_back(v_i);
   }
+  if (p.empty()) return;
+  // torch.optim.AdamW's update, step for step, as multi-tensor (foreach) kernels: a handful of launches a
+  // step on CUDA instead of a dozen per parameter. Decoupled decay, moments, bias-corrected step.
+  at::_foreach_mul_(p, 1 - lr * o_.weight_decay);
+  at::_foreach_mul_(m, o_.beta1);
+  at::_foreach_add_(m, g, 1 - o_.beta1);
+  at::_foreach_mul_(v, o_.beta2);
+  at::_foreach_addcmul_(v, g, g, 1 - o_.beta2);
+  std::vector<torch::Tensor> denom = at::_foreach_sqrt(v);
+  at::_foreach_div_(denom, std::sqrt(bc2));
+  at::_foreach_add_(denom, o_.eps);
+  at::_foreach_addcdiv_(p, m, denom, -lr / bc1);
+  for (size_t i = 0; i < names.size(); ++i) keep(names[i], m[i], v[i]);
 }
 
 void Optimizer::zero_grad() {

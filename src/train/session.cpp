@@ -17,13 +17,13 @@ std::optional<data::TextEncoderOptions> text_encoder_options(const model::ModelS
   return data::TextEncoderOptions{spec.text_dim, spec.pooled_dim};
 }
 
+}  // namespace
+
 std::string step_tag(int64_t step) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "%09lld", static_cast<long long>(step));
   return buf;
 }
-
-}  // namespace
 
 torch::Device resolve_device(const std::string& name) {
   if (name == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
@@ -74,18 +74,19 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // ---- the model, as AI Toolkit loads it: with a LoRA network in bf16 the frozen base is stored in bf16
   // (float8 blocks with model.quantize) and only the adapters are float32; without a network every
   // weight is a float32 master copy. ----
+  // Built directly on the device and in the dtype it trains in: no full-size float32 copy on the host
+  // (FLUX.1-dev would need ~48 GB of RAM for one), and float8 blocks are converted one Linear at a time.
   torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
-  const auto build_options = options.meta ? torch::TensorOptions().device(torch::kMeta) : torch::TensorOptions();
-  model_ = model::build_transformer(spec_, build_options);
+  const bool bf16_base = config_.network && bf16();
+  model_ = model::build_transformer(
+      spec_, torch::TensorOptions().device(device_).dtype(bf16_base ? torch::kBFloat16 : torch::kFloat));
+  if (config_.model.quantize) model::set_base_weight_storage(*model_, model::WeightStorage::Float8PerTensor);
   if (config_.network) {
     lora_.rank = config_.network->linear.value_or(16);
     lora_.alpha = config_.network->linear_alpha.value_or(static_cast<double>(lora_.rank));
     lora_.dropout = config_.network->dropout.value_or(0.0);
-    if (bf16()) model_->to(torch::kBFloat16);
+    lora_modules_ = model::apply_lora(*model_, lora_);  // float32 adapters
   }
-  if (config_.model.quantize) model::set_base_weight_storage(*model_, model::WeightStorage::Float8PerTensor);
-  if (config_.network) lora_modules_ = model::apply_lora(*model_, lora_);
-  if (!options.meta) model_->to(device_);
   model_->train();
 
   // ---- checkpointing, applied to the built model from outside ----
@@ -121,6 +122,10 @@ memory::PhaseMeter::Scope Session::phase(const char* name) {
 
 void Session::lift_cap() {
   if (cpu_tracker_) cpu_tracker_->set_cap(0);
+  if (device_.is_cuda()) {
+    meter_.release_cached();
+    meter_.set_cap(0);
+  }
 }
 
 model::ActivationOptions Session::activation_options() const {

@@ -5,6 +5,8 @@
 #include <map>
 #include <regex>
 
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+
 #include "gclab/io/safetensors.h"
 #include "gclab/log/log.h"
 #include "gclab/model/lora.h"
@@ -17,6 +19,10 @@ namespace {
 
 using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 using ByName = std::map<std::string, torch::Tensor>;
+
+at::Generator cuda_generator(const torch::Device& device) {
+  return at::cuda::detail::getDefaultCUDAGenerator(device.has_index() ? device.index() : c10::DeviceIndex{-1});
+}
 
 // The state file, section by section: each prefix, what is written under it, and how it is read back.
 // Together they are what a bitwise resume needs: trained tensors, optimizer state, EMA, and the RNG.
@@ -50,22 +56,20 @@ const std::vector<StateSection>& state_sections() {
          for (auto& [n, e] : s.ema())
            if (in.count(n)) e.copy_(in.at(n));
        }},
+      // The CPU generator, and on CUDA the device's: noise and timesteps are drawn there.
       {"rng.",
-       [](Session&) {
-         return Named{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
+       [](Session& s) {
+         Named out{{"cpu", at::detail::getDefaultCPUGenerator().get_state()}};
+         if (s.device().is_cuda()) out.emplace_back("cuda", cuda_generator(s.device()).get_state());
+         return out;
        },
-       [](Session&, const ByName& in, const std::string&) {
+       [](Session& s, const ByName& in, const std::string&) {
          at::Generator cpu = at::detail::getDefaultCPUGenerator();
          if (in.count("cpu")) cpu.set_state(in.at("cpu").clone());
+         if (s.device().is_cuda() && in.count("cuda")) cuda_generator(s.device()).set_state(in.at("cuda").clone());
        }},
   };
   return sections;
-}
-
-std::string step_tag(int64_t step) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%09lld", static_cast<long long>(step));
-  return buf;
 }
 
 // Every failure to write ends as a SaveError that says which file, why, and what to do.

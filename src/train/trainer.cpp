@@ -193,6 +193,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     session.optimizer().zero_grad();
     const std::string phase = session.current_phase();
     const bool in_step = phase != "sample" && phase != "save";
+    session.meter().release_cached();  // what the failed step held goes back before anything else runs
     if (tc.oom_policy == config::OomPolicy::skip && in_step && ++consecutive_ooms < 3) {
       ++summary.oom_skips;
       log::warn("out of memory at step " + std::to_string(step + 1) + " in " + phase + " (bucket " +
@@ -218,6 +219,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     ctx.message = e.what_without_backtrace();
     ctx.device = session.device().str();
     ctx.cap_bytes = config.vram_cap.bytes;
+    ctx.cap_counts = session.meter().cap_counts();
     ctx.live_bytes = live.live_bytes;
     ctx.peak_bytes = live.peak_bytes;
     ctx.weight_bytes = held.weights;
@@ -283,7 +285,9 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
                      {"gradient_bytes", r.gradient_bytes},
                      {"optimizer_bytes", held.optimizer},
                      {"live_bytes", stats.live_bytes},
+                     {"reserved_bytes", stats.reserved_bytes},
                      {"cap_bytes", config.vram_cap.bytes},
+                     {"cap_counts", session.meter().cap_counts()},
                      {"oom_skips", summary.oom_skips}});
       for (const auto& [name, bytes] : session.phases().peaks()) run_peaks[name] = std::max(run_peaks[name], bytes);
       last_step_peaks = session.phases().peaks();
@@ -320,13 +324,17 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
 
   // memory.json: the run's peaks, for reports and other tools.
   const ResidentBytes held = session.resident();
-  std::ofstream(summary.output_dir / "memory.json")
-      << json{{"device", session.device().str()},        {"cap_bytes", config.vram_cap.bytes},
-              {"peak_bytes", summary.peak_bytes},        {"checkpoint_policy", tc.policy().to_string()},
-              {"weights_bytes", held.weights},           {"optimizer_bytes", held.optimizer},
-              {"text_encoder_bytes", held.text_encoder}, {"phase_peak_bytes", run_peaks}}
-             .dump(2)
-      << "\n";
+  std::ofstream(summary.output_dir / "memory.json") << json{{"device", session.device().str()},
+                                                            {"cap_bytes", config.vram_cap.bytes},
+                                                            {"cap_counts", session.meter().cap_counts()},
+                                                            {"peak_bytes", summary.peak_bytes},
+                                                            {"checkpoint_policy", tc.policy().to_string()},
+                                                            {"weights_bytes", held.weights},
+                                                            {"optimizer_bytes", held.optimizer},
+                                                            {"text_encoder_bytes", held.text_encoder},
+                                                            {"phase_peak_bytes", run_peaks}}
+                                                           .dump(2)
+                                                    << "\n";
   return summary;
 }
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "../support/toy_blocks.h"
+#include "gclab/ckpt/autocast.h"
 #include "gclab/ckpt/checkpoint.h"
 #include "gclab/ckpt/policy.h"
 
@@ -250,6 +251,24 @@ TEST(Checkpoint, DeterminismCheckCanBeSwitchedOff) {
   torch::Tensor out = checkpoint(fn, {torch::randn({2, 4})}, {w}, CheckpointOptions().with_determinism_check(false))[0];
   EXPECT_NO_THROW(out.sum().backward());
   EXPECT_EQ(calls, 2);  // forward + recompute
+}
+
+}  // namespace
+}  // namespace gclab::ckpt
+
+namespace gclab::ckpt {
+namespace {
+
+// An exception inside an autocast scope (out of memory in forward) leaves autocast as it was.
+TEST(Autocast, AScopeRestoresTheStateWhenItsRegionThrows) {
+  ASSERT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  try {
+    AutocastScope autocast(AutocastState::enabled_for(c10::DeviceType::CPU, at::kBFloat16));
+    ASSERT_TRUE(at::autocast::is_autocast_enabled(at::kCPU));
+    throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "emulated");
+  } catch (const c10::OutOfMemoryError&) {
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
 }
 
 }  // namespace

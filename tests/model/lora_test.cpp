@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/tracker.h"
 #include "gclab/model/lora.h"
 
 namespace fs = std::filesystem;
@@ -132,6 +133,37 @@ TEST(Weights, MissingOrMisshapenTensorsAreNamed) {
   io::save_safetensors(file, state);
   EXPECT_EQ(load_weights(*m, file), std::vector<std::string>{"pos_embed"});
   fs::remove(file);
+}
+
+}  // namespace
+}  // namespace gclab::model
+
+namespace gclab::model {
+namespace {
+
+// A float8 Linear keeps its float8 weight (and scale) for backward, never a dequantized copy: after its
+// forward, only the output is new. The input gradient equals a plain linear on the dequantized weight.
+TEST(Quantize, Float8LinearKeepsOnlyTheFloat8WeightForBackward) {
+  torch::manual_seed(5);
+  Linear fp8(256, 512);
+  fp8->set_weight_storage(WeightStorage::Float8PerRow);
+  const torch::Tensor x0 = torch::randn({4, 32, 256});
+  int64_t kept = 0;
+  torch::Tensor grad_fp8;
+  {
+    memory::CpuMemoryTracker tracker;
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    const int64_t before = tracker.stats().live_bytes;
+    torch::Tensor y = fp8->forward(x);
+    kept = tracker.stats().live_bytes - before - static_cast<int64_t>(y.nbytes());
+    y.square().sum().backward();
+    grad_fp8 = x.grad();
+  }
+  // A dequantized float32 copy would be 256 * 512 * 4 bytes; nothing of that size may stay.
+  EXPECT_LT(kept, 256 * 512) << kept;
+  torch::Tensor x = x0.clone().requires_grad_(true);
+  torch::nn::functional::linear(x, fp8->effective_weight(torch::kFloat), fp8->bias).square().sum().backward();
+  EXPECT_TRUE(torch::allclose(grad_fp8, x.grad(), 1e-5, 1e-5));
 }
 
 }  // namespace

@@ -16,9 +16,11 @@
 #include "gclab/data/image.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/tracker.h"
 #include "gclab/model/family.h"
 #include "gclab/model/lora.h"
 #include "gclab/train/flow.h"
+#include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
 
 namespace fs = std::filesystem;
@@ -256,6 +258,27 @@ TEST(Trainer, DryRunGivesTheSameVerdictAsCheckForEveryShippedConfig) {
     EXPECT_NO_THROW(dry_run(*r.config)) << f;
   }
   EXPECT_GT(accepted, 10);
+}
+
+}  // namespace
+}  // namespace gclab::train
+
+namespace gclab::train {
+namespace {
+
+// The Session builds the model where and how it trains: a bf16 LoRA run never holds a float32 copy of the
+// base. The host peak while building is the final weights (plus the text encoder), not 3x them.
+TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
+  const fs::path dir = testing::fresh_dir("session_build");
+  memory::CpuMemoryTracker tracker;
+  tracker.reset_peak();
+  const int64_t before = tracker.stats().live_bytes;
+  Session session(tiny_config(dir, "b", {"train.dtype=bf16"}));
+  const ResidentBytes r = session.resident();
+  const int64_t peak = tracker.stats().peak_bytes - before;
+  EXPECT_EQ(session.model().blocks().front()->parameters().front().scalar_type(), torch::kBFloat16);
+  EXPECT_LT(peak, r.weights + r.text_encoder + r.weights / 10) << "peak " << peak << " weights " << r.weights;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -47,6 +47,12 @@ class MemoryMeter {
   void reset_peak();
   // CPU: the tracker's cap. CUDA: the caching allocator's memory fraction, cap / total device memory.
   void set_cap(std::int64_t cap_bytes);
+  // CUDA: returns the caching allocator's unused blocks to the device (emptyCache), after an
+  // out-of-memory error; the CPU tracker holds nothing back.
+  void release_cached();
+  // What the cap is held against: on CUDA the allocator's memory fraction limits *reserved* bytes (every
+  // block it holds, fragmentation included); the CPU tracker limits allocated (live) bytes.
+  const char* cap_counts() const { return device_.is_cuda() ? "reserved" : "allocated"; }
   c10::Device device() const { return device_; }
 
  private:

@@ -76,7 +76,8 @@ class Session {
   // The bucket (WxH) and batch size of the micro-batch being trained on (for the OOM report).
   const std::string& current_bucket() const { return current_bucket_; }
   int current_batch() const { return current_batch_; }
-  // Lifts the emulated CPU cap (to save after an out-of-memory error: the cap is the experiment).
+  // Lifts the emulated cap, CPU or CUDA, and returns CUDA's cached blocks (to save after an out-of-memory
+  // error: the cap is the experiment, not the save).
   void lift_cap();
 
   model::DiffusionTransformer& model() { return *model_; }
@@ -141,6 +142,9 @@ class Session {
   data::LatentCodec codec_;
   std::vector<config::SampleItem> prompts_;
 };
+
+// A step as file names carry it: 000000120 (sorts by name).
+std::string step_tag(int64_t step);
 
 // The device a config names: "auto" is CUDA when present, else the CPU. Throws UserError for a CUDA device
 // on a machine without one, or a name LibTorch does not know.
