@@ -16,5 +16,9 @@ for f in third_party/debs/*.deb; do dpkg -x "$f" "$ROOT"; done
 # The .pc files say prefix=/usr; on the GPU machine the files are under the carried root.
 find "$ROOT/usr/lib" -name '*.pc' -exec sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' {} +
 find "$ROOT/usr/share" -name '*.pc' -exec sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../..|' {} +
-du -sh "$ROOT" | sed 's/^/prepare: third_party\/root is /'
-echo "prepare: now run the device check with carry [\"third_party/root\"] and command 'bash scripts/gpu/check.sh'"
+# The tests read the project's shared folder (AI Toolkit's configs, golden outputs); the GPU machine has
+# only the working tree.
+rm -rf third_party/shared && mkdir -p third_party/shared
+cp -r ../shared/aitk-configs ../shared/golden third_party/shared/
+du -sh "$ROOT" third_party/shared | sed 's/^/prepare: /'
+echo "prepare: now run the device check with carry [\"third_party/root\", \"third_party/shared\"] and command 'bash scripts/gpu/check.sh'"

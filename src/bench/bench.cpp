@@ -8,8 +8,12 @@
 #include <optional>
 #include <sstream>
 
+#include <ATen/cuda/CUDAEvent.h>
+
 #include "gclab/config/byte_size.h"
+#include "gclab/memory/device.h"
 #include "gclab/model/activations.h"
+#include "gclab/model/layers.h"
 
 namespace gclab::bench {
 
@@ -26,14 +30,23 @@ struct CellResult {
 CellResult run_cell(train::Session& session, int batch, int resolution, int steps, bool preview) {
   CellResult out;
   auto next = [&] { return session.synthetic_batch(batch, resolution, resolution); };
+  const bool cuda = session.device().is_cuda();
   try {
     for (int s = 0; s < steps; ++s) {
       session.meter().reset_peak();
       session.phases().clear();
+      // On CUDA the step is timed by events on the stream (what the GPU spent), on the CPU by the clock.
+      at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+      if (cuda) start.record();
       const auto t0 = std::chrono::steady_clock::now();
       session.train_step(s, next);
-      if (session.device().is_cuda()) torch::cuda::synchronize();
-      out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      if (cuda) {
+        stop.record();
+        stop.synchronize();
+        out.step_ms.push_back(static_cast<double>(start.elapsed_time(stop)));
+      } else {
+        out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
       auto stats = session.meter().stats();
       for (const auto& [name, bytes] : session.phases().peaks()) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
       out.peak_bytes = std::max(out.peak_bytes, stats.peak_bytes);
@@ -67,6 +80,50 @@ std::vector<int> resolutions_for(const train::Session& session, std::vector<int>
   return given;
 }
 
+double peak_bf16_flops(const std::string& name) {
+  // Dense bf16 tensor-core peaks from the vendors' data sheets (SXM parts where there are two).
+  const std::pair<const char*, double> table[] = {{"H200", 989.4e12}, {"H100", 989.4e12},  {"GH200", 989.4e12},
+                                                  {"B200", 2250e12},  {"A100", 312e12},    {"L40S", 362e12},
+                                                  {"L40", 181e12},    {"A6000", 154.8e12}, {"4090", 165.2e12}};
+  for (const auto& [needle, flops] : table)
+    if (name.find(needle) != std::string::npos) return flops;
+  return 0;
+}
+
+double step_flops(train::Session& session, int batch, int resolution) {
+  const model::ModelSpec& spec = session.spec();
+  const auto est = model::estimate_activations(spec, batch, resolution, resolution, 0, session.activation_options());
+  const double n = static_cast<double>(est.image_tokens), t = static_cast<double>(est.text_tokens);
+  const double e = static_cast<double>(session.activation_options().element_bytes);
+  std::vector<std::string> kinds;
+  std::vector<double> tokens;  // per block: the tokens its single stream (or the joint sequence) holds
+  for (const auto& b : est.blocks)
+    for (int i = 0; i < b.count; ++i) {
+      kinds.push_back(b.kind);
+      tokens.push_back(static_cast<double>(b.input_bytes) / (batch * static_cast<double>(spec.hidden) * e));
+    }
+  double forward = 0;
+  for (size_t i = 0; i < session.model().blocks().size() && i < kinds.size(); ++i) {
+    const bool two_streams = kinds[i].rfind("double", 0) == 0 || kinds[i].rfind("joint", 0) == 0;
+    for (const auto& item : session.model().blocks()[i]->named_modules()) {
+      const auto* linear = item.value()->as<model::LinearImpl>();
+      if (!linear) continue;
+      const std::string& name = item.key();
+      const bool modulation = name.find("norm") != std::string::npos || name.find("_mod") != std::string::npos ||
+                              name.find("adaLN") != std::string::npos;
+      const bool text = name.find("add_") != std::string::npos || name.find("context") != std::string::npos ||
+                        name.find("txt") != std::string::npos;
+      const double rows = modulation ? 1 : two_streams ? (text ? t : n) : tokens[i];
+      forward +=
+          2.0 * batch * rows * static_cast<double>(linear->in_features()) * static_cast<double>(linear->out_features());
+    }
+    const double s = two_streams ? n + t : tokens[i];
+    forward += 4.0 * batch * s * s * static_cast<double>(spec.hidden);
+  }
+  const bool full_training = !session.config().network;
+  return forward * (full_training ? 3.0 : 2.0);
+}
+
 std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& options) {
   using Kind = ckpt::CheckpointPolicy::Kind;
   std::vector<ckpt::CheckpointPolicy> policies = options.policies;
@@ -75,6 +132,13 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
   if (batches.empty()) batches = {session.config().train.batch_size};
   session.precompute_text({session.synthetic_batch(1, 64, 64).captions.front()});
 
+  double peak_flops = 0;
+  if (session.device().is_cuda()) {
+    const auto devices = memory::describe_devices();
+    const int index = session.device().has_index() ? session.device().index() : 0;
+    for (const auto& g : devices.gpus)
+      if (g.index == index) peak_flops = peak_bf16_flops(g.name);
+  }
   std::vector<BenchRow> rows;
   for (int resolution : resolutions_for(session, options.resolutions))
     for (int batch : batches) {
@@ -99,6 +163,8 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
           std::sort(timed.begin(), timed.end());
           row.step_ms = timed[timed.size() / 2];
           row.peak_bytes = cell.peak_bytes;
+          row.model_tflop = step_flops(session, batch, resolution) / 1e12;
+          if (peak_flops > 0) row.mfu = row.model_tflop * 1e12 / (row.step_ms / 1e3 * peak_flops);
         }
         if (policy.kind == Kind::Off) off = row;
         rows.push_back(row);
@@ -155,22 +221,23 @@ std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::Che
 
 void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchRow>& rows) {
   std::ofstream out(path);
-  out << "policy,resolution,batch,oom,oom_phase,step_ms,time_ratio,peak_bytes,peak_ratio,predicted_activation_bytes\n";
+  out << "policy,resolution,batch,oom,oom_phase,step_ms,time_ratio,peak_bytes,peak_ratio,predicted_activation_bytes,"
+         "model_tflop,mfu\n";
   for (const auto& r : rows)
     out << r.policy << "," << r.resolution << "," << r.batch << "," << (r.oom ? 1 : 0) << "," << r.oom_phase << ","
         << r.step_ms << "," << r.time_ratio << "," << r.peak_bytes << "," << r.peak_ratio << ","
-        << r.predicted_activation_bytes << "\n";
+        << r.predicted_activation_bytes << "," << r.model_tflop << "," << r.mfu << "\n";
 }
 
 std::string bench_table(const std::vector<BenchRow>& rows) {
   std::ostringstream s;
-  s << "| resolution | batch | policy | step ms | vs off | peak | vs off | ledger activations |\n";
-  s << "|---|---|---|---|---|---|---|---|\n";
+  s << "| resolution | batch | policy | step ms | vs off | peak | vs off | ledger activations | model TFLOP | MFU |\n";
+  s << "|---|---|---|---|---|---|---|---|---|---|\n";
   char buf[64];
   for (const auto& r : rows) {
     s << "| " << r.resolution << " | " << r.batch << " | " << r.policy << " | ";
     if (r.oom) {
-      s << "OOM (" << r.oom_phase << ") | | | | " << config::format_bytes(r.predicted_activation_bytes) << " |\n";
+      s << "OOM (" << r.oom_phase << ") | | | | " << config::format_bytes(r.predicted_activation_bytes) << " | | |\n";
       continue;
     }
     std::snprintf(buf, sizeof buf, "%.1f", r.step_ms);
@@ -178,7 +245,11 @@ std::string bench_table(const std::vector<BenchRow>& rows) {
     if (r.time_ratio > 0) std::snprintf(buf, sizeof buf, "%.2fx", r.time_ratio), s << buf;
     s << " | " << config::format_bytes(r.peak_bytes) << " | ";
     if (r.peak_ratio > 0) std::snprintf(buf, sizeof buf, "%.2fx", r.peak_ratio), s << buf;
-    s << " | " << (r.predicted_activation_bytes ? config::format_bytes(r.predicted_activation_bytes) : "-") << " |\n";
+    s << " | " << (r.predicted_activation_bytes ? config::format_bytes(r.predicted_activation_bytes) : "-") << " | ";
+    std::snprintf(buf, sizeof buf, "%.4g", r.model_tflop);
+    s << buf << " | ";
+    if (r.mfu > 0) std::snprintf(buf, sizeof buf, "%.1f%%", 100 * r.mfu), s << buf;
+    s << " |\n";
   }
   return s.str();
 }

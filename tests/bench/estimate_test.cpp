@@ -174,3 +174,33 @@ TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
 
 }  // namespace
 }  // namespace gclab::bench
+
+namespace gclab::bench {
+namespace {
+
+// step_flops counts what a hand count of DiT's blocks gives: per block qkv (3D²), proj (D²), fc1 and fc2
+// (4D² each) on every token, the adaLN modulation (6D²) on one vector a sample, attention 4·N²·D;
+// forward + input backward for a LoRA run, + weight backward for full training.
+TEST(Flops, StepFlopsMatchAHandCountOfDiT) {
+  auto config_for = [](const std::string& network) {
+    auto r = model::load_config_text(
+        "name: f\ndevice: cpu\ndatasets:\n  - folder_path: /tmp\n    resolution: [256]\n"
+        "train: {batch_size: 2}\nmodel: {arch: tiny-dit}\n" +
+            network,
+        "f.yaml");
+    if (!r.ok()) throw std::runtime_error(r.diagnostics.all().front().format());
+    return *r.config;
+  };
+  train::Session full(config_for(""));
+  const double D = 128, N = 256, B = 2, blocks = 2;
+  const double forward =
+      blocks * (2 * B * N * (3 * D * D + D * D + 4 * D * D + 4 * D * D) + 2 * B * 6 * D * D + 4 * B * N * N * D);
+  EXPECT_NEAR(step_flops(full, 2, 256) / (3 * forward), 1.0, 1e-9);
+  train::Session lora(config_for("network: {type: lora, linear: 4}\n"));
+  EXPECT_NEAR(step_flops(lora, 2, 256) / (2 * forward), 1.0, 1e-9);
+  EXPECT_EQ(peak_bf16_flops("NVIDIA H200"), 989.4e12);
+  EXPECT_EQ(peak_bf16_flops("a mystery card"), 0);
+}
+
+}  // namespace
+}  // namespace gclab::bench

@@ -32,7 +32,17 @@ struct BenchRow {
   int64_t peak_bytes = 0;                  // the highest live bytes during a step (absolute)
   int64_t predicted_activation_bytes = 0;  // the ledger's, for this policy (full: inputs + one block)
   double time_ratio = 0, peak_ratio = 0;   // to GC off at the same resolution and batch (0 when unknown)
+  double model_tflop = 0;                  // the step's model FLOPs (step_flops), in TFLOP: recompute not counted
+  double mfu = 0;  // model FLOPs / (step time x the device's dense bf16 peak); CUDA only, 0 when unknown
 };
+
+// Model FLOPs of one training step at batch x resolution²: every block Linear's 2·tokens·in·out (each on
+// the tokens of its own stream; modulation on one vector a sample) and attention's 4·S²·width, forward
+// once, backward once for the inputs and once more for the trained weights when every weight is trained
+// (LoRA trains almost nothing). Recomputation is not counted: it is the cost MFU should show.
+double step_flops(train::Session& session, int batch, int resolution);
+// Dense bf16 tensor-core peak of a GPU by name (H100/H200 989 TFLOP/s, A100 312, ...); 0 when unknown.
+double peak_bf16_flops(const std::string& gpu_name);
 
 std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& options);
 

@@ -1,0 +1,121 @@
+// The training layer on CUDA: what would break the first time a GPU runs gclab. Each test runs in a
+// process of its own (ctest runs every discovered test separately), so "the cap is the first CUDA call"
+// holds. Skipped without a GPU, so CI never depends on one; scripts/gpu/check.sh runs them.
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../support/test_util.h"
+#include "gclab/bench/bench.h"
+#include "gclab/data/synth.h"
+#include "gclab/io/safetensors.h"
+#include "gclab/memory/tracker.h"
+#include "gclab/model/family.h"
+#include "gclab/train/session.h"
+#include "gclab/train/trainer.h"
+
+namespace gclab::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define GCLAB_REQUIRE_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+config::ProcessConfig cuda_config(const fs::path& dir, const std::string& name, std::vector<std::string> extra = {}) {
+  if (!fs::exists(dir / "data")) {
+    data::SynthOptions o;
+    o.count = 6;
+    o.sizes = {{64, 64}, {96, 64}};
+    data::write_synthetic_dataset(dir / "data", o);
+  }
+  const std::string yaml = "name: " + name + "\ntraining_folder: " + dir.string() +
+                           "\ndevice: cuda\ntraining_seed: 7\nnetwork: {type: lora, linear: 4, linear_alpha: 4}\n"
+                           "save: {dtype: float32, save_every: 1000, max_step_saves_to_keep: 3}\n"
+                           "datasets:\n  - folder_path: " +
+                           (dir / "data").string() +
+                           "\n    resolution: [64]\ntrain: {batch_size: 2, steps: 10, lr: 1e-3, dtype: bf16, "
+                           "gradient_checkpointing: true, skip_first_sample: true}\nmodel: {arch: tiny-flux}\n";
+  config::LoadOptions options;
+  options.overrides = std::move(extra);
+  auto r = model::load_config_text(yaml, "cuda.yaml", options);
+  if (!r.ok()) throw std::runtime_error(r.diagnostics.all().front().format());
+  return *r.config;
+}
+
+// The emulated cap is the first CUDA call of a run: in 2.11 the allocator asserts "not initialized" if
+// CUDA was not initialised first (the meter does it).
+TEST(CudaMeter, TheCapCanBeTheFirstCudaCallOfTheProcess) {
+  GCLAB_REQUIRE_CUDA();
+  memory::MemoryMeter meter(torch::Device(torch::kCUDA, 0));
+  meter.set_cap(int64_t{1} << 30);
+  EXPECT_GT(meter.stats().cap_bytes, 0);
+  EXPECT_THROW(torch::empty({int64_t{2} << 30}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kByte)),
+               c10::OutOfMemoryError);
+  meter.set_cap(0);
+}
+
+TEST(CudaTrain, TrainAndBenchRunATinyModel) {
+  GCLAB_REQUIRE_CUDA();
+  const fs::path dir = testing::fresh_dir("cuda_train");
+  const auto s = train(cuda_config(dir, "t", {"vram_cap=4GiB"}), {});
+  EXPECT_EQ(s.end_step, 10);
+  for (double loss : s.losses) EXPECT_TRUE(std::isfinite(loss));
+  Session session(cuda_config(dir, "b"));
+  bench::BenchOptions o;
+  o.resolutions = {64, 128};
+  o.steps = 2;
+  const auto rows = bench::run_bench(session, o);
+  ASSERT_EQ(rows.size(), 4u);
+  for (const auto& r : rows) EXPECT_FALSE(r.oom);
+  fs::remove_all(dir);
+}
+
+// 10 steps + --resume 10 equals 20 straight steps bitwise: noise and timesteps come from the CUDA
+// generator, which the state file carries.
+TEST(CudaTrain, ResumeIsBitwise) {
+  GCLAB_REQUIRE_CUDA();
+  const fs::path dir = testing::fresh_dir("cuda_resume");
+  const auto straight = train(cuda_config(dir, "straight", {"train.steps=20"}), {});
+  train(cuda_config(dir, "split", {"train.steps=10"}), {});
+  TrainOptions resume;
+  resume.resume = true;
+  const auto second = train(cuda_config(dir, "split", {"train.steps=20"}), resume);
+  ASSERT_EQ(second.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(second.losses[i], straight.losses[10 + i]) << "step " << 11 + i;
+  fs::remove_all(dir);
+}
+
+// Out of memory on CUDA under oom_policy: skip — the large bucket's batches are dropped, the run goes on
+// with the small one, and autocast is off again after each failed forward.
+TEST(CudaTrain, AnOutOfMemoryIsSkippedAndTheRunContinues) {
+  GCLAB_REQUIRE_CUDA();
+  const fs::path dir = testing::fresh_dir("cuda_oom");
+  // The small bucket's peak, measured, sets a cap between the two buckets.
+  const auto small = train(cuda_config(dir, "small", {"train.steps=3"}), {});
+  ASSERT_GT(small.peak_bytes, 0);
+  const int64_t cap = small.peak_bytes * 2;
+  // A second dataset of two 1024² images: one large batch per epoch among three small ones, so the
+  // skips never come three in a row (which ends a run, as in AI Toolkit).
+  data::SynthOptions big;
+  big.count = 2;
+  big.sizes = {{1024, 1024}};
+  data::write_synthetic_dataset(dir / "big", big);
+  const auto run = train(cuda_config(dir, "mixed",
+                                     {"vram_cap=" + std::to_string(cap),
+                                      "datasets.1={folder_path: " + (dir / "big").string() + ", resolution: [1024]}",
+                                      "train.gradient_checkpointing=false", "train.oom_policy=skip",
+                                      "train.steps=12"}),
+                         {});
+  EXPECT_GT(run.oom_skips, 0);
+  EXPECT_EQ(run.end_step, 12);
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::train
