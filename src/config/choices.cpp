@@ -29,7 +29,10 @@ const std::vector<Spelling<TimestepType>>& spellings() {
   static const std::vector<Spelling<TimestepType>> s = {{TimestepType::sigmoid, "sigmoid", {}},
                                                         {TimestepType::linear, "linear", {}},
                                                         {TimestepType::shift, "shift", {}},
-                                                        {TimestepType::weighted, "weighted", {}}};
+                                                        {TimestepType::weighted, "weighted", {}},
+                                                        {TimestepType::flux_shift, "flux_shift", {}},
+                                                        {TimestepType::lumina2_shift, "lumina2_shift", {}},
+                                                        {TimestepType::lognorm_blend, "lognorm_blend", {}}};
   return s;
 }
 

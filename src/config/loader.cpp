@@ -604,6 +604,7 @@ class Validator {
       return;
     }
     m.arch = arch;
+    c_.arch_source = reason;
   }
 
   void network() {

@@ -27,29 +27,38 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   auto cat = [](const torch::Tensor& a, const torch::Tensor& b) {
     return a.defined() ? torch::cat({a, b}, 0) : torch::Tensor();
   };
-  for (int i = 0; i < o.steps; ++i) {
-    const double t = 1.0 - static_cast<double>(i) / o.steps, t_next = 1.0 - static_cast<double>(i + 1) / o.steps;
-    model::ModelInputs in = cond;
-    if (cfg) {  // conditional and unconditional in one batch of two
-      in.text = cat(cond.text, uncond.text);
-      in.pooled = cat(cond.pooled, uncond.pooled);
-      in.class_labels = cat(cond.class_labels, uncond.class_labels);
-      in.latents = torch::cat({x, x}, 0);
-    } else {
-      in.latents = x;
-    }
-    const int64_t n = in.latents.size(0);
+  // The velocity for `latents` at time t under the conditioning `in` (as many samples as latents).
+  auto predict = [&](model::ModelInputs in, const torch::Tensor& latents, double t) {
+    const int64_t n = latents.size(0);
+    in.latents = latents;
     in.timestep = torch::full({n}, t, torch::TensorOptions().device(device));
     if (mode == Guidance::Embedded)
       in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
+    const auto state = o.autocast_bf16 ? ckpt::AutocastState::enabled_for(device.type(), at::kBFloat16)
+                                       : ckpt::AutocastState::capture();
+    ckpt::AutocastScope autocast(state);  // restored on exit, also when forward throws
+    return model.forward(in).narrow(1, 0, spec.latent_channels).to(torch::kFloat);
+  };
+  // CFG runs the conditional and unconditional prompts as one batch of two when their text sequences
+  // have one length; otherwise as two passes (Qwen-Image's sequence is the prompt's own length, so an
+  // empty negative prompt is shorter than the prompt — its pipeline runs them separately too).
+  const bool one_batch = !cond.text.defined() || cond.text.size(1) == uncond.text.size(1);
+  for (int i = 0; i < o.steps; ++i) {
+    const double t = 1.0 - static_cast<double>(i) / o.steps, t_next = 1.0 - static_cast<double>(i + 1) / o.steps;
     torch::Tensor v;
-    {
-      const auto state = o.autocast_bf16 ? ckpt::AutocastState::enabled_for(device.type(), at::kBFloat16)
-                                         : ckpt::AutocastState::capture();
-      ckpt::AutocastScope autocast(state);  // restored on exit, also when forward throws
-      v = model.forward(in).narrow(1, 0, spec.latent_channels).to(torch::kFloat);
+    if (!cfg) {
+      v = predict(cond, x, t);
+    } else if (one_batch) {
+      model::ModelInputs in = cond;
+      in.text = cat(cond.text, uncond.text);
+      in.pooled = cat(cond.pooled, uncond.pooled);
+      in.class_labels = cat(cond.class_labels, uncond.class_labels);
+      const torch::Tensor both = predict(in, torch::cat({x, x}, 0), t);
+      v = both[1].unsqueeze(0) + o.guidance_scale * (both[0].unsqueeze(0) - both[1].unsqueeze(0));
+    } else {
+      const torch::Tensor vc = predict(cond, x, t), vu = predict(uncond, x, t);
+      v = vu + o.guidance_scale * (vc - vu);
     }
-    if (cfg) v = v[1].unsqueeze(0) + o.guidance_scale * (v[0].unsqueeze(0) - v[1].unsqueeze(0));
     x = x + (t_next - t) * v;
   }
   if (training) model.train();

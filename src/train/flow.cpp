@@ -2,11 +2,13 @@
 
 #include "gclab/ckpt/autocast.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace gclab::train {
 
-torch::Tensor sample_timesteps(config::TimestepType type, int64_t batch, const torch::Device& device) {
+torch::Tensor sample_timesteps(config::TimestepType type, int64_t batch, const torch::Device& device,
+                               int64_t image_tokens) {
   using config::TimestepType;
   const auto f = torch::TensorOptions().dtype(torch::kFloat);
   torch::Tensor t;
@@ -21,6 +23,22 @@ torch::Tensor sample_timesteps(config::TimestepType type, int64_t batch, const t
     case TimestepType::shift: {
       const torch::Tensor u = torch::rand({batch}, f);
       t = 3 * u / (1 + 2 * u);
+      break;
+    }
+    case TimestepType::flux_shift:
+    case TimestepType::lumina2_shift: {
+      // ostris/ai-toolkit toolkit/samplers/custom_flowmatch_sampler.py (calculate_shift) with
+      // toolkit/sampler.py's flux_config (base 0.5 at 256 tokens, max 1.15 at 4096).
+      const double mu = 0.5 + (static_cast<double>(image_tokens) - 256.0) * (1.15 - 0.5) / (4096.0 - 256.0);
+      const torch::Tensor u = torch::rand({batch}, f).clamp_min(1e-3);
+      t = std::exp(mu) / (std::exp(mu) + (1 / u - 1));
+      break;
+    }
+    case TimestepType::lognorm_blend: {
+      // The same file's lognorm_blend branch: 75% log-normal towards the start, 25% linear.
+      const torch::Tensor x = torch::exp(torch::randn({750}, f) * 0.333);
+      const torch::Tensor pool = torch::cat({1 - x / x.max(), torch::linspace(1.0, 0.001, 250, f)});
+      t = pool.index_select(0, torch::randint(pool.size(0), {batch}, f.dtype(torch::kLong)));
       break;
     }
   }

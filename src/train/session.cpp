@@ -183,7 +183,8 @@ MicroBatch Session::micro_batch(const data::LoadedBatch& lb) {
   if (spec_.edit)
     for (const auto& r : lb.references) mb.conditioning.reference_latents.push_back(r.to(device_));
   mb.noise = torch::randn_like(mb.x0);
-  mb.t = sample_timesteps(config_.train.timestep_type, mb.x0.size(0), device_);
+  mb.t = sample_timesteps(config_.train.timestep_type, mb.x0.size(0), device_,
+                          model::image_tokens(spec_, lb.bucket.height, lb.bucket.width));
   return mb;
 }
 

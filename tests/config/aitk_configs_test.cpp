@@ -88,7 +88,9 @@ TEST(AitkConfigs, FluxSchnellAndFlexKeepTheirSettings) {
   EXPECT_EQ(schnell.sample->sample_steps, 4);
 
   const ProcessConfig flex = load_ok("train_lora_flex_24gb.yaml");
-  EXPECT_EQ(flex.model.arch, "flux");
+  // is_flux with Flex.1's name: AI Toolkit loads Flex.1 (8 double blocks), so the arch is flex1 (was
+  // FLUX.1-dev's preset, 11.9 B parameters instead of 8.16 B).
+  EXPECT_EQ(flex.model.arch, "flex1");
   EXPECT_EQ(*flex.model.name_or_path, "ostris/Flex.1-alpha");
 
   const ProcessConfig flex2 = load_ok("train_lora_flex2_24gb.yaml");

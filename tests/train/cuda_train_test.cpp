@@ -108,8 +108,7 @@ TEST(CudaTrain, AnOutOfMemoryIsSkippedAndTheRunContinues) {
   const auto run = train(cuda_config(dir, "mixed",
                                      {"vram_cap=" + std::to_string(cap),
                                       "datasets.1={folder_path: " + (dir / "big").string() + ", resolution: [1024]}",
-                                      "train.gradient_checkpointing=false", "train.oom_policy=skip",
-                                      "train.steps=12"}),
+                                      "train.gradient_checkpointing=false", "train.oom_policy=skip", "train.steps=12"}),
                          {});
   EXPECT_GT(run.oom_skips, 0);
   EXPECT_EQ(run.end_step, 12);

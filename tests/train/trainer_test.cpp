@@ -283,3 +283,94 @@ TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
 
 }  // namespace
 }  // namespace gclab::train
+
+namespace gclab::train {
+namespace {
+
+// flux_shift / lumina2_shift follow AI Toolkit's FLUX scheduler: the median of t is e^mu / (e^mu + 1), mu
+// growing with the image's tokens from 0.5 (256 tokens) to 1.15 (4096).
+TEST(Timesteps, FluxShiftMovesTheMedianWithTheResolution) {
+  torch::manual_seed(0);
+  for (auto type : {config::TimestepType::flux_shift, config::TimestepType::lumina2_shift}) {
+    const double small = sample_timesteps(type, 40000, torch::kCPU, 256).median().item<double>();
+    const double large = sample_timesteps(type, 40000, torch::kCPU, 4096).median().item<double>();
+    EXPECT_NEAR(small, std::exp(0.5) / (std::exp(0.5) + 1), 0.01);
+    EXPECT_NEAR(large, std::exp(1.15) / (std::exp(1.15) + 1), 0.01);
+  }
+  const torch::Tensor blend = sample_timesteps(config::TimestepType::lognorm_blend, 40000, torch::kCPU);
+  EXPECT_GT(blend.min().item<double>(), 0.0);  // clamped away from the ends, as every type is
+  EXPECT_LT(blend.max().item<double>(), 1.0);
+  // Not uniform: the log-normal part piles up away from t = 1 (x / max(x) is rarely small).
+  EXPECT_LT((blend > 0.9).to(torch::kFloat).mean().item<double>(), 0.08);
+}
+
+}  // namespace
+}  // namespace gclab::train
+
+namespace gclab::train {
+namespace {
+
+// Every AI Toolkit example config gclab models, shrunk to its family's tiny preset (256², 2 steps, its own
+// sample block at 256² with 2 sample steps, the baseline sample included), trains end to end: its
+// prompts, negative prompt, guidance, optimizer, timestep type and dtype as written.
+TEST(AitkExamples, EveryModelledExampleTrainsEndToEndShrunkToItsTinyPreset) {
+  const fs::path dir = testing::fresh_dir("aitk_e2e");
+  data::SynthOptions o;
+  o.count = 4;
+  o.sizes = {{256, 256}};
+  const auto images = data::write_synthetic_dataset(dir / "data", o);
+  for (int c = 0; c < 3; ++c) data::write_synthetic_dataset(dir / ("control" + std::to_string(c)), o);
+  int trained = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(GCLAB_SHARED_DIR) / "aitk-configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    const auto as_written = model::load_config_file(e.path().string());
+    if (!as_written.ok()) continue;  // an arch gclab does not model: refused by check and train alike
+    std::string tiny;
+    for (const auto& a : model::supported_archs())
+      if (a.tiny && a.family == model::find_arch(as_written.config->model.arch)->family &&
+          (tiny.empty() || model::spec_for(as_written.config->model).edit == model::spec_by_preset(a.preset).edit))
+        tiny = a.name;
+    const std::string name = e.path().stem().string();
+    std::vector<std::string> shrink = {"model.arch=" + tiny,
+                                       "training_folder=" + (dir / "out").string(),
+                                       "device=cpu",
+                                       "datasets.0.folder_path=" + (dir / "data").string(),
+                                       "datasets.0.resolution=[256]",
+                                       "train.steps=2",
+                                       "train.skip_first_sample=false",
+                                       "train.disable_sampling=false",
+                                       "sample.width=256",
+                                       "sample.height=256",
+                                       "sample.sample_steps=2",
+                                       "sample.sample_every=2"};
+    if (!as_written.config->datasets.at(0).control_path.empty()) {
+      std::string controls;
+      for (size_t c = 0; c < as_written.config->datasets[0].control_path.size(); ++c)
+        controls += (c ? ", " : "") + (dir / ("control" + std::to_string(c))).string();
+      shrink.push_back("datasets.0.control_path=[" + controls + "]");
+    }
+    if (as_written.config->source.origin_by_path.count("sample.samples")) {  // items of their own (not `prompts`)
+      for (size_t i = 0; i < as_written.config->sample->samples.size(); ++i) {
+        shrink.push_back("sample.samples." + std::to_string(i) + ".width=256");
+        shrink.push_back("sample.samples." + std::to_string(i) + ".height=256");
+        shrink.push_back("sample.samples." + std::to_string(i) + ".sample_steps=2");
+      }
+    }
+    config::LoadOptions options;
+    options.overrides = shrink;
+    const auto shrunk = model::load_config_file(e.path().string(), options);
+    ASSERT_TRUE(shrunk.ok()) << name << ": " << shrunk.diagnostics.all().front().format();
+    TrainSummary s;
+    ASSERT_NO_THROW(s = train(*shrunk.config, {})) << name;
+    EXPECT_EQ(s.end_step, 2) << name;
+    if (shrunk.config->sample) {
+      EXPECT_FALSE(s.samples.empty()) << name;
+    }
+    ++trained;
+  }
+  EXPECT_GE(trained, 6);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::train

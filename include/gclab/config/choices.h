@@ -15,7 +15,7 @@ namespace gclab::config {
 enum class DType { fp32, bf16, fp16 };
 enum class OptimizerKind { adamw, adamw8bit };
 enum class OomPolicy { abort, skip };
-enum class TimestepType { sigmoid, linear, shift, weighted };
+enum class TimestepType { sigmoid, linear, shift, weighted, flux_shift, lumina2_shift, lognorm_blend };
 enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
 // The model families gclab models (DESIGN.md section 4); their facts are in model/family.h.
 enum class Family { flux, qwen_image, zimage, sd3, dit };

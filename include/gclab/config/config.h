@@ -430,6 +430,9 @@ struct ProcessConfig {
 
   SourceMap source;       // not part of the YAML
   std::string meta_yaml;  // the file's `meta` block after substitution, echoed back
+  // Which key model.arch was resolved from: "model.arch", "model.is_flux", "model.is_v3",
+  // "model.is_lumina2" or "model.name_or_path" (not part of the YAML).
+  std::string arch_source;
 
   template <class V>
   void fields(V& v) {

@@ -16,7 +16,13 @@ namespace gclab::train {
 //   linear   U(0, 1)
 //   shift    U(0, 1) shifted by 3: 3t / (1 + 2t)      (more weight on high noise, FLUX-style)
 //   weighted U(0, 1), the loss weighted by a bell around t = 0.5 (mean weight 1)
-torch::Tensor sample_timesteps(config::TimestepType type, int64_t batch, const torch::Device& device);
+//   flux_shift, lumina2_shift  U(0, 1) through FLUX's resolution-dependent shift, as AI Toolkit's flow-match
+//            scheduler does with its FLUX config (use_dynamic_shifting): mu = 0.5 + (tokens - 256) *
+//            (1.15 - 0.5) / (4096 - 256), t' = e^mu / (e^mu + 1/t - 1); `image_tokens` is the batch's
+//   lognorm_blend  AI Toolkit's pool of 1000: 750 draws of 1 - x / max(x), x ~ LogNormal(0, 0.333), and 250
+//            evenly spaced, one picked at random per sample
+torch::Tensor sample_timesteps(config::TimestepType type, int64_t batch, const torch::Device& device,
+                               int64_t image_tokens = 4096);
 torch::Tensor timestep_weights(config::TimestepType type, const torch::Tensor& t);
 
 // One micro-batch: clean latents, the noise and timesteps drawn for them, and the conditioning.
