@@ -101,12 +101,14 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // ---- what is trained, the optimizer, EMA ----
   for (const auto& p : model_->named_parameters())
     if (p.value().requires_grad()) trained_.emplace_back(p.key(), p.value());
-  AdamWOptions adam;
-  adam.weight_decay = tc.optimizer_params.weight_decay;
-  adam.beta1 = tc.optimizer_params.betas.at(0);
-  adam.beta2 = tc.optimizer_params.betas.at(1);
-  adam.eps = tc.optimizer_params.eps;
-  optimizer_ = make_optimizer(tc.optimizer, trained_, adam);
+  // The optimizer's own defaults for what the config does not set (Lion: betas 0.9/0.99, no decay).
+  OptimizerOptions opt = default_options(tc.optimizer);
+  auto given = [&](const char* key) { return config_.source.origin_by_path.count(key) > 0; };
+  if (given("train.optimizer_params.weight_decay")) opt.weight_decay = tc.optimizer_params.weight_decay;
+  if (given("train.optimizer_params.betas"))
+    opt.beta1 = tc.optimizer_params.betas.at(0), opt.beta2 = tc.optimizer_params.betas.at(1);
+  if (given("train.optimizer_params.eps")) opt.eps = tc.optimizer_params.eps;
+  optimizer_ = make_optimizer(tc.optimizer, trained_, opt);
   if (tc.ema_config.use_ema)
     for (const auto& [n, p] : trained_) ema_[n] = p.detach().clone();
 

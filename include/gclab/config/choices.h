@@ -13,7 +13,7 @@
 namespace gclab::config {
 
 enum class DType { fp32, bf16, fp16 };
-enum class OptimizerKind { adamw, adamw8bit };
+enum class OptimizerKind { adamw, adamw8bit, adam, adam8bit, lion, lion8bit, sgd };
 enum class OomPolicy { abort, skip };
 enum class TimestepType { sigmoid, linear, shift, weighted, flux_shift, lumina2_shift, lognorm_blend };
 enum class LrScheduler { constant, constant_with_warmup, linear, cosine };

@@ -1,18 +1,25 @@
-// AdamW (decoupled weight decay, as torch.optim.AdamW) with fp32 moments, and an 8-bit-state variant for
-// `optimizer: adamw8bit`. Both keep their state as named tensors so a checkpoint can hold it (safetensors)
-// and a resumed run continues bitwise.
+// The optimizers AI Toolkit offers for these models, each with its real update rule and state size, as
+// two independent choices: the *rule* (AdamW, Adam, Lion, SGD) and where its moments are *stored* (float32,
+// or block-wise 8-bit for the `...8bit` spellings). State is kept as named tensors so a checkpoint can
+// hold it (safetensors) and a resumed run continues bitwise.
 //
-// adamw8bit vs bitsandbytes: both quantize the moments block-wise (here 256 values per block) with a
-// float32 scale per block, and dequantize-update-requantize every step. bitsandbytes maps the codes
-// through its non-linear "dynamic" quantization table; gclab uses a linear code for the first moment
-// (signed, absmax scale) and a linear code of sqrt(v) for the second (unsigned, max scale), which keeps
-// the second moment's wide range in 8 bits. Memory is the same: 2 bytes of state per parameter instead of
-// 8, plus 8 bytes per 256-value block.
+//   adamw      torch.optim.AdamW: decoupled weight decay, bias-corrected moments (2 x 4 bytes a parameter)
+//   adam       torch.optim.Adam: weight decay added to the gradient (L2), otherwise as AdamW
+//   lion       lion-pytorch's Lion: p -= lr (sign(b1 m + (1 - b1) g) + wd p); m = b2 m + (1 - b2) g (4 bytes)
+//   sgd        torch.optim.SGD without momentum: p -= lr (g + wd p) (no state)
+//   ...8bit    the same rule, moments stored block-wise (256 values a block, a float32 scale each) in one
+//              byte: 2 bytes of state a parameter for Adam, 1 for Lion, plus 8 (or 4) bytes a block.
+//
+// 8-bit vs bitsandbytes: both quantize the moments block-wise and dequantize-update-requantize every step.
+// bitsandbytes maps codes through its non-linear "dynamic" table; gclab uses a linear code for the first
+// moment (signed, absmax scale) and a linear code of sqrt(v) for the second (unsigned, max scale), which
+// keeps the second moment's wide range in 8 bits. The memory is the same.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,41 +27,45 @@
 
 namespace gclab::train {
 
-struct AdamWOptions {
+struct OptimizerOptions {
   double weight_decay = 0.01;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
 };
 
+// The defaults of each optimizer's own reference implementation (Lion: betas 0.9/0.99, no weight decay;
+// SGD: no weight decay; Adam/AdamW: torch's), used for what the config does not set.
+OptimizerOptions default_options(config::OptimizerKind kind);
+
+class MomentStorage;
+
 class Optimizer {
  public:
-  virtual ~Optimizer() = default;
-  // One AdamW update of every parameter with a gradient, at learning rate lr.
+  Optimizer(config::OptimizerKind kind, std::vector<std::pair<std::string, torch::Tensor>> params,
+            const OptimizerOptions& options);
+  ~Optimizer();
+  // One update of every parameter with a gradient, at learning rate lr (multi-tensor kernels).
   void step(double lr);
   void zero_grad();
   // State as named tensors ("step", "<param name>.exp_avg", ...), and back.
-  virtual std::vector<std::pair<std::string, torch::Tensor>> state() const = 0;
-  virtual void load_state(const std::map<std::string, torch::Tensor>& state) = 0;
-  virtual int64_t state_bytes() const = 0;
+  std::vector<std::pair<std::string, torch::Tensor>> state() const;
+  void load_state(const std::map<std::string, torch::Tensor>& state);
+  int64_t state_bytes() const;
   // What state_bytes() will be once every parameter has had an update (from shapes: works on meta).
-  virtual int64_t expected_state_bytes() const = 0;
+  int64_t expected_state_bytes() const;
   int64_t steps() const { return steps_; }
 
- protected:
-  Optimizer(std::vector<std::pair<std::string, torch::Tensor>> params, AdamWOptions o)
-      : params_(std::move(params)), o_(o) {}
-  // The moments of a parameter as float32 tensors the update may modify in place (zeros the first time),
-  // and keeping them after the update: where the two variants differ.
-  virtual std::pair<torch::Tensor, torch::Tensor> moments(const std::string& name, const torch::Tensor& param) = 0;
-  virtual void keep(const std::string& name, const torch::Tensor& m, const torch::Tensor& v) = 0;
+ private:
+  config::OptimizerKind kind_;
   std::vector<std::pair<std::string, torch::Tensor>> params_;
-  AdamWOptions o_;
+  OptimizerOptions o_;
+  std::unique_ptr<MomentStorage> moments_;
   int64_t steps_ = 0;
 };
 
 std::unique_ptr<Optimizer> make_optimizer(config::OptimizerKind kind,
                                           std::vector<std::pair<std::string, torch::Tensor>> params,
-                                          const AdamWOptions& options);
+                                          const OptimizerOptions& options);
 
 // lr_scheduler: constant, constant_with_warmup (5% warm-up), linear (to 0), cosine (to 0).
 double scheduled_lr(config::LrScheduler scheduler, double base_lr, int64_t step, int64_t total_steps);
