@@ -1,6 +1,12 @@
 #include "gclab/bench/report.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "gclab/config/user_error.h"
 
 #include "gclab/config/byte_size.h"
 #include "gclab/data/dataset.h"
@@ -99,6 +105,16 @@ std::string format_estimate(const MemoryEstimate& e) {
   return out.str();
 }
 
+namespace {
+
+// The markdown table, each line a YAML comment.
+std::string as_comments(const std::string& table) {
+  std::istringstream in(table);
+  std::string out;
+  for (std::string line; std::getline(in, line);) out += "# " + line + "\n";
+  return out;
+}
+
 std::string fit_table(const std::vector<FitRow>& rows) {
   std::ostringstream out;
   out << "| resolution | policy | largest batch that fits | peak at that batch |\n|---|---|---|---|\n";
@@ -107,6 +123,63 @@ std::string fit_table(const std::vector<FitRow>& rows) {
         << (r.largest_batch ? std::to_string(r.largest_batch) : std::string("none (batch 1 runs out)")) << " | "
         << (r.largest_batch ? format_bytes(r.peak_bytes) : std::string("-")) << " |\n";
   return out.str();
+}
+
+nlohmann::ordered_json to_json(const YAML::Node& node) {
+  if (node.IsMap()) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const auto& kv : node) j[kv.first.Scalar()] = to_json(kv.second);
+    return j;
+  }
+  if (node.IsSequence()) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (const auto& item : node) j.push_back(to_json(item));
+    return j;
+  }
+  if (!node.IsScalar()) return nullptr;
+  const std::string& s = node.Scalar();
+  if (node.Tag() == "!") return s;  // quoted in the YAML: text, whatever it looks like
+  if (s == "true" || s == "false") return s == "true";
+  if (s == "null" || s == "~") return nullptr;
+  char* end = nullptr;
+  const long long i = std::strtoll(s.c_str(), &end, 10);
+  if (!s.empty() && *end == '\0') return i;
+  const double d = std::strtod(s.c_str(), &end);
+  if (!s.empty() && *end == '\0') return d;
+  return s;
+}
+
+}  // namespace
+
+std::string format_fit(const std::vector<FitRow>& rows) {
+  std::ostringstream out;
+  out << as_comments(fit_table(rows)) << "fit:" << (rows.empty() ? " []" : "") << "\n";
+  for (const auto& r : rows)
+    out << "  - {resolution: " << r.resolution << ", policy: \"" << r.policy << "\", largest_batch: " << r.largest_batch
+        << ", peak_bytes: " << r.peak_bytes << "}\n";
+  return out.str();
+}
+
+std::string format_bench(const std::vector<BenchRow>& rows) {
+  std::ostringstream out;
+  out << as_comments(bench_table(rows)) << "bench:" << (rows.empty() ? " []" : "") << "\n";
+  for (const auto& r : rows) {
+    out << "  - {resolution: " << r.resolution << ", batch: " << r.batch << ", policy: \"" << r.policy
+        << "\", oom: " << (r.oom ? "true" : "false");
+    if (r.oom) out << ", oom_phase: \"" << r.oom_phase << "\"";
+    out << ", step_ms: " << r.step_ms << ", time_ratio: " << r.time_ratio << ", peak_bytes: " << r.peak_bytes
+        << ", peak_ratio: " << r.peak_ratio << ", predicted_activation_bytes: " << r.predicted_activation_bytes
+        << ", model_tflop: " << r.model_tflop << ", mfu: " << r.mfu << "}\n";
+  }
+  return out.str();
+}
+
+std::string yaml_to_json(const std::string& yaml) {
+  try {
+    return to_json(YAML::Load(yaml)).dump(2) + "\n";
+  } catch (const YAML::Exception& e) {
+    throw UserError(std::string("not YAML: ") + e.what());
+  }
 }
 
 }  // namespace gclab::bench

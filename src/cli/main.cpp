@@ -65,7 +65,13 @@ struct ConfigArgs {
   std::string path;
   std::vector<std::string> overrides;
   std::string vram_cap;
+  bool json = false;  // check, estimate, bench, fit: the same content as JSON instead of YAML
 };
+
+// What a reporting verb prints: YAML, or with --json the same content as JSON.
+void print_report(const ConfigArgs& args, const std::string& yaml) {
+  std::cout << (args.json ? gclab::bench::yaml_to_json(yaml) : yaml);
+}
 
 void add_config_args(CLI::App* cmd, ConfigArgs& args) {
   cmd->add_option("config", args.path, "AI Toolkit config (YAML)")->required();
@@ -128,9 +134,9 @@ std::vector<gclab::ckpt::CheckpointPolicy> parse_policies(const std::string& tex
 
 int run_check(const ConfigArgs& args) {
   const auto config = load(args);
-  std::cout << "# resolved by gclab from " << args.path << "\n" << gclab::config::to_yaml(config);
-  std::cout << gclab::bench::format_model_summary(gclab::model::summarize_model(config));
-  std::cout << gclab::bench::format_bucket_histograms(config);
+  print_report(args, "# resolved by gclab from " + args.path + "\n" + gclab::config::to_yaml(config) +
+                         gclab::bench::format_model_summary(gclab::model::summarize_model(config)) +
+                         gclab::bench::format_bucket_histograms(config));
   return kExitOk;
 }
 
@@ -253,8 +259,9 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run) {
 
 int run_estimate(const ConfigArgs& args) {
   const auto config = load(args);
-  std::cout << "# predicted training memory for " << args.path << ", counted from the run's own Session (no run)\n"
-            << gclab::bench::format_estimate(gclab::bench::estimate_memory(config));
+  print_report(args, "# predicted training memory for " + args.path +
+                         ", counted from the run's own Session (no run)\n" +
+                         gclab::bench::format_estimate(gclab::bench::estimate_memory(config)));
   return kExitOk;
 }
 
@@ -272,7 +279,7 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   o.resolutions = parse_list<int>("--resolution", b.resolution, parse_int);
   gclab::train::Session session(config);
   const auto rows = gclab::bench::run_bench(session, o);
-  std::cout << gclab::bench::bench_table(rows);
+  print_report(args, gclab::bench::format_bench(rows));
   const std::filesystem::path dir = std::filesystem::path(config.training_folder) / config.name;
   std::filesystem::create_directories(dir);
   gclab::bench::write_bench_csv(dir / "bench.csv", rows);
@@ -289,7 +296,7 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
   const auto resolutions = parse_list<int>("--resolution", b.resolution, parse_int);
   if (max_batch < 1) throw gclab::UserError("--max-batch must be at least 1");
   gclab::train::Session session(config);
-  std::cout << gclab::bench::fit_table(gclab::bench::run_fit(session, policies, resolutions, max_batch));
+  print_report(args, gclab::bench::format_fit(gclab::bench::run_fit(session, policies, resolutions, max_batch)));
   return kExitOk;
 }
 
@@ -305,6 +312,7 @@ int main(int argc, char** argv) {
   ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args;
   auto* check = app.add_subcommand("check", "validate a config and print it resolved (YAML)");
   add_config_args(check, check_args);
+  check->add_flag("--json", check_args.json, "print JSON instead of YAML");
   auto* info = app.add_subcommand("info", "LibTorch build, CUDA and GPUs this binary sees");
   auto* train = app.add_subcommand("train", "train as the config says");
   add_config_args(train, train_args);
@@ -313,6 +321,7 @@ int main(int argc, char** argv) {
   train->add_flag("--dry-run", dry_run, "validate and build the session on the meta device; train nothing");
   auto* bench = app.add_subcommand("bench", "GC on/off side by side: step time, peak memory");
   add_config_args(bench, bench_args);
+  bench->add_flag("--json", bench_args.json, "print JSON instead of YAML");
   BenchArgs bench_opts;
   bench->add_option("--gc", bench_opts.gc, "policies to compare, comma-separated (default off,full)");
   bench->add_option("--batch", bench_opts.batch, "batch sizes, comma-separated (default: train.batch_size)");
@@ -321,6 +330,7 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bench_opts.steps, "timed steps per cell after one warm-up (default 3)");
   auto* fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
   add_config_args(fit, fit_args);
+  fit->add_flag("--json", fit_args.json, "print JSON instead of YAML");
   BenchArgs fit_opts;
   int fit_max_batch = 32;
   fit->add_option("--gc", fit_opts.gc, "policies, comma-separated (default off,full)");
@@ -328,6 +338,7 @@ int main(int argc, char** argv) {
   fit->add_option("--max-batch", fit_max_batch, "largest batch to try (default 32)");
   auto* estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
   add_config_args(estimate, estimate_args);
+  estimate->add_flag("--json", estimate_args.json, "print JSON instead of YAML");
   auto* synth = app.add_subcommand("synth", "write a captioned image folder to train on");
   auto* forward = app.add_subcommand("forward", "one forward pass on named inputs, for numerics checks");
   add_config_args(forward, forward_args);

@@ -4,10 +4,15 @@
 
 #include <filesystem>
 
+#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 #include "../support/test_util.h"
 #include "gclab/bench/bench.h"
+#include "gclab/bench/report.h"
+#include "gclab/config/loader.h"
 #include "gclab/data/synth.h"
 #include "gclab/model/family.h"
+#include "gclab/model/summary.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -200,6 +205,40 @@ TEST(Flops, StepFlopsMatchAHandCountOfDiT) {
   EXPECT_NEAR(step_flops(lora, 2, 256) / (2 * forward), 1.0, 1e-9);
   EXPECT_EQ(peak_bf16_flops("NVIDIA H200"), 989.4e12);
   EXPECT_EQ(peak_bf16_flops("a mystery card"), 0);
+}
+
+}  // namespace
+}  // namespace gclab::bench
+
+namespace gclab::bench {
+namespace {
+
+// What check, estimate, bench and fit print parses as YAML, and --json gives the same content as JSON.
+TEST(Reports, EveryReportIsYamlAndConvertsToJson) {
+  const auto config = flux_24gb({"vram_cap=24GB"});
+  BenchRow cell;
+  cell.policy = "full", cell.resolution = 512, cell.batch = 2, cell.step_ms = 12.5, cell.peak_bytes = 1 << 20;
+  BenchRow oom = cell;
+  oom.policy = "off", oom.oom = true, oom.oom_phase = "forward";
+  FitRow fit{"full", 512, 7, int64_t{57} << 20};
+  const std::string check =
+      config::to_yaml(config) + format_model_summary(model::summarize_model(config)) + format_bucket_histograms(config);
+  for (const std::string& yaml :
+       {check, format_estimate(estimate_memory(config)), format_bench({cell, oom}), format_fit({fit})}) {
+    ASSERT_NO_THROW(YAML::Load(yaml)) << yaml;
+    const auto j = nlohmann::json::parse(yaml_to_json(yaml));
+    EXPECT_TRUE(j.is_object());
+  }
+  const auto estimate = nlohmann::json::parse(yaml_to_json(format_estimate(estimate_memory(config))));
+  EXPECT_EQ(estimate["estimate"]["preset"], "flux-dev");
+  EXPECT_TRUE(estimate["estimate"]["weights"].is_number_integer());
+  EXPECT_EQ(estimate["estimate"]["per_resolution"].size(), 3u);
+  const auto bench = nlohmann::json::parse(yaml_to_json(format_bench({cell, oom})));
+  EXPECT_EQ(bench["bench"][1]["oom"], true);
+  EXPECT_EQ(bench["bench"][1]["policy"], "off");  // quoted: text, not YAML's boolean "off"
+  EXPECT_EQ(nlohmann::json::parse(yaml_to_json(format_fit({fit})))["fit"][0]["largest_batch"], 7);
+  const auto checked = nlohmann::json::parse(yaml_to_json(check));
+  EXPECT_EQ(checked["model_summary"]["parameters"], 11901408320);
 }
 
 }  // namespace

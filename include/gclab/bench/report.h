@@ -1,5 +1,6 @@
-// What the CLI prints, as YAML a tool can parse: the model a config selects (`gclab check`), its datasets'
-// buckets, the memory estimate (`gclab estimate`), and fit's table.
+// What the CLI prints, as YAML a tool can parse (tables for people ride along as comments): the model a
+// config selects (`gclab check`), its datasets' buckets, the memory estimate (`gclab estimate`), bench's
+// and fit's rows. `--json` prints the same content as JSON, converted from that YAML (yaml_to_json).
 #pragma once
 
 #include <string>
@@ -15,6 +16,12 @@ std::string format_model_summary(const model::ModelSummary& summary);
 // Where each dataset's images land, per resolution, from image headers alone (no decoding).
 std::string format_bucket_histograms(const config::ProcessConfig& config);
 std::string format_estimate(const MemoryEstimate& estimate);
-std::string fit_table(const std::vector<FitRow>& rows);
+// fit's rows: `fit:` a list of {resolution, policy, largest_batch, peak_bytes}, the table as comments.
+std::string format_fit(const std::vector<FitRow>& rows);
+// bench's rows: `bench:` a list of every cell's figures, bench_table() as comments.
+std::string format_bench(const std::vector<BenchRow>& rows);
+// The YAML documents above as JSON (numbers and booleans typed, comments dropped). Throws UserError when
+// the text is not YAML.
+std::string yaml_to_json(const std::string& yaml);
 
 }  // namespace gclab::bench
