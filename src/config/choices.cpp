@@ -59,6 +59,13 @@ const std::vector<Spelling<Family>>& spellings() {
   return s;
 }
 
+template <>
+const std::vector<Spelling<SaveFormat>>& spellings() {
+  static const std::vector<Spelling<SaveFormat>> s = {{SaveFormat::safetensors, "safetensors", {}},
+                                                      {SaveFormat::diffusers, "diffusers", {}}};
+  return s;
+}
+
 int dtype_bytes(DType dtype) { return dtype == DType::fp32 ? 4 : 2; }
 
 }  // namespace gclab::config

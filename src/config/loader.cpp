@@ -626,8 +626,6 @@ class Validator {
     SaveConfig& s = c_.save;
     at_least("save.save_every", s.save_every, 1);
     at_least("save.max_step_saves_to_keep", s.max_step_saves_to_keep, 0);
-    if (s.save_format != "safetensors")
-      error("save.save_format", "'" + s.save_format + "' is not supported (gclab writes safetensors files)");
   }
 
   void datasets() {

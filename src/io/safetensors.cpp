@@ -348,4 +348,44 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::filesystem::pat
   return out;
 }
 
+std::vector<std::filesystem::path> save_sharded_safetensors(
+    const std::filesystem::path& dir, const std::string& stem,
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors, int64_t max_shard_bytes) {
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const auto& item : tensors) {
+    const int64_t bytes = static_cast<int64_t>(item.second.nbytes());
+    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) shards.emplace_back(), in_shard = 0;
+    shards.back().push_back(item);
+    in_shard += bytes, total += bytes;
+  }
+  std::filesystem::create_directories(dir);
+  std::vector<std::filesystem::path> written;
+  if (shards.size() == 1) {
+    written.push_back(dir / (stem + ".safetensors"));
+    save_safetensors(written.back(), shards[0]);
+    return written;
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", nlohmann::json::object()}};
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    written.push_back(dir / (stem + name));
+    save_safetensors(written.back(), shards[i]);
+    for (const auto& [tensor, t] : shards[i]) index["weight_map"][tensor] = written.back().filename().string();
+  }
+  const std::filesystem::path index_path = dir / (stem + ".safetensors.index.json");
+  const std::filesystem::path tmp = index_path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << index.dump(2) << "\n";
+    if (!out) throw SafetensorsError(index_path.string() + ": write failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, index_path, ec);
+  if (ec) throw SafetensorsError(index_path.string() + ": cannot rename the finished file into place: " + ec.message());
+  written.push_back(index_path);
+  return written;
+}
+
 }  // namespace gclab::io

@@ -9,7 +9,10 @@
 
 #include "gclab/io/safetensors.h"
 #include "gclab/log/log.h"
+#include "gclab/model/diffusers_config.h"
 #include "gclab/model/lora.h"
+
+#include <fstream>
 
 namespace gclab::train {
 
@@ -86,23 +89,27 @@ void writing(const fs::path& file, F&& write) {
 
 }  // namespace
 
-RunSaves::RunSaves(fs::path dir, std::string name, int keep)
-    : dir_(std::move(dir)), name_(std::move(name)), keep_(keep) {
+RunSaves::RunSaves(fs::path dir, std::string name, int keep, bool diffusers_folder)
+    : dir_(std::move(dir)), name_(std::move(name)), keep_(keep), diffusers_folder_(diffusers_folder) {
   std::error_code ec;
   const std::string suffix = ".state.safetensors";
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string f = entry.path().filename().string();
     if (f.size() > suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0 &&
         f.rfind(name_ + "_", 0) == 0)
-      step_saves_.emplace_back(dir_ / (f.substr(0, f.size() - suffix.size()) + ".safetensors"), entry.path());
+      step_saves_.emplace_back(weights_path(f.substr(0, f.size() - suffix.size())), entry.path());
   }
   std::sort(step_saves_.begin(), step_saves_.end());
+}
+
+fs::path RunSaves::weights_path(const std::string& stem) const {
+  return diffusers_folder_ ? dir_ / stem : dir_ / (stem + ".safetensors");
 }
 
 fs::path RunSaves::save(Session& session, int64_t step, bool final) {
   auto scope = session.phase("save");
   const config::ProcessConfig& config = session.config();
-  const fs::path weights = dir_ / ((final ? name_ : name_ + "_" + step_tag(step)) + ".safetensors");
+  const fs::path weights = weights_path(final ? name_ : name_ + "_" + step_tag(step));
   if (!final) {
     Named state;
     for (const auto& section : state_sections())
@@ -120,15 +127,21 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
   writing(weights, [&] {
     session.with_ema_weights([&] {
       const std::map<std::string, std::string> meta = {{"gclab_step", std::to_string(step)}};
-      if (config.network)
+      if (config.network) {
         model::save_lora(session.model(), weights, dtype, session.lora(), meta);
-      else
+      } else if (diffusers_folder_) {
+        const fs::path transformer = weights / "transformer";
+        io::save_sharded_safetensors(transformer, "diffusion_pytorch_model",
+                                     model::weights_state(session.model(), dtype));
+        std::ofstream(transformer / "config.json") << model::diffusers_config_json(session.spec());
+      } else {
         io::save_safetensors(weights, model::weights_state(session.model(), dtype), meta);
+      }
     });
   });
   while (static_cast<int>(step_saves_.size()) > std::max(1, keep_)) {
     std::error_code ec;
-    fs::remove(step_saves_.front().first, ec);
+    fs::remove_all(step_saves_.front().first, ec);
     fs::remove(step_saves_.front().second, ec);
     step_saves_.erase(step_saves_.begin());
   }

@@ -148,7 +148,8 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   session.precompute_text(run_captions(items, datasets, config.trigger_word));
 
   // ---- resume ----
-  RunSaves saves(summary.output_dir, config.name, config.save.max_step_saves_to_keep);
+  RunSaves saves(summary.output_dir, config.name, config.save.max_step_saves_to_keep,
+                 !config.network && config.save.save_format == config::SaveFormat::diffusers);
   int64_t step = 0;
   if (options.resume) {
     if (const auto resumed = saves.resume(session))

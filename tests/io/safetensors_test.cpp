@@ -224,3 +224,31 @@ TEST(Safetensors, FilesRoundTripThroughTheReferenceImplementation) {
   }
   fs::remove_all(dir);
 }
+
+namespace gclab::io {
+namespace {
+
+// Shards as diffusers writes them: tensors in order, a new shard when the next would overflow, an index
+// with the weight map; reading the index gives every tensor back.
+TEST(Safetensors, ShardedSaveWritesDiffusersShardsAndAnIndexThatReadsBack) {
+  const auto dir = std::filesystem::temp_directory_path() / ("gclab_shards_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (int i = 0; i < 5; ++i) tensors.emplace_back("block." + std::to_string(i) + ".weight", torch::randn({64, 64}));
+  // 16 KiB a tensor, at most 40 KiB a shard: two a shard, three shards.
+  const auto files = save_sharded_safetensors(dir, "diffusion_pytorch_model", tensors, 40 << 10);
+  ASSERT_EQ(files.size(), 4u);
+  EXPECT_EQ(files[0].filename(), "diffusion_pytorch_model-00001-of-00003.safetensors");
+  EXPECT_EQ(files[3].filename(), "diffusion_pytorch_model.safetensors.index.json");
+  const auto loaded = load_safetensors(files[3]);
+  ASSERT_EQ(loaded.size(), 5u);
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::equal(loaded.at(name), t)) << name;
+  // Everything in one shard: one file, no index.
+  const auto single = save_sharded_safetensors(dir / "one", "diffusion_pytorch_model", tensors);
+  ASSERT_EQ(single.size(), 1u);
+  EXPECT_EQ(single[0].filename(), "diffusion_pytorch_model.safetensors");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::io

@@ -374,3 +374,34 @@ TEST(AitkExamples, EveryModelledExampleTrainsEndToEndShrunkToItsTinyPreset) {
 
 }  // namespace
 }  // namespace gclab::train
+
+namespace gclab::train {
+namespace {
+
+// save_format: diffusers — a LoRA is still one file (AI Toolkit's UI writes the key into every job); a full
+// fine-tune is a diffusers folder whose transformer/ loads back into the model it came from.
+TEST(Trainer, DiffusersSaveFormatWritesAFolderForAFullFineTuneAndOneFileForALora) {
+  const fs::path dir = testing::fresh_dir("train_diffusers");
+  train(tiny_config(dir, "lora", {"save.save_format=diffusers", "train.steps=2"}), {});
+  EXPECT_TRUE(fs::is_regular_file(dir / "lora" / "lora.safetensors"));
+  auto full = tiny_config(dir, "full", {"save.save_format=diffusers", "train.steps=2"});
+  full.network.reset();
+  train(full, {});
+  const fs::path transformer = dir / "full" / "full" / "transformer";
+  ASSERT_TRUE(fs::is_regular_file(transformer / "config.json"));
+  std::ifstream config_in(transformer / "config.json");
+  const auto config = nlohmann::json::parse(config_in);
+  EXPECT_EQ(config["_class_name"], "FluxTransformer2DModel");
+  EXPECT_EQ(config["num_layers"], 2);
+  EXPECT_EQ(config["num_single_layers"], 2);
+  // The saved weights are the trained ones: a fresh model loads them with nothing missing or left over.
+  auto fresh = model::build_transformer(model::spec_by_preset("tiny-flux"));
+  EXPECT_TRUE(model::load_weights(*fresh, transformer / "diffusion_pytorch_model.safetensors").empty());
+  const auto step2 = io::SafetensorsFile::open(dir / "full" / "full_000000002.state.safetensors");
+  for (const auto& p : fresh->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value().to(torch::kHalf), step2.tensor("param." + p.key()).to(torch::kHalf))) << p.key();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::train

@@ -16,6 +16,8 @@ enum class DType { fp32, bf16, fp16 };
 enum class OptimizerKind { adamw, adamw8bit, adam, adam8bit, lion, lion8bit, sgd };
 enum class OomPolicy { abort, skip };
 enum class TimestepType { sigmoid, linear, shift, weighted, flux_shift, lumina2_shift, lognorm_blend };
+// save.save_format: one .safetensors file, or (a full fine-tune) a diffusers folder; a LoRA is one file either way.
+enum class SaveFormat { safetensors, diffusers };
 enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
 // The model families gclab models (DESIGN.md section 4); their facts are in model/family.h.
 enum class Family { flux, qwen_image, zimage, sd3, dit };

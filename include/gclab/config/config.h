@@ -43,7 +43,7 @@ struct SaveConfig {
   DType dtype = DType::fp16;
   int save_every = 1000;
   int max_step_saves_to_keep = 5;
-  std::string save_format = "safetensors";
+  SaveFormat save_format = SaveFormat::safetensors;  // AI Toolkit's UI writes diffusers into every job
 
   template <class V>
   void fields(V& v) {

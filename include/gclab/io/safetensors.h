@@ -86,6 +86,14 @@ void save_safetensors(const std::filesystem::path& path,
 std::string serialize_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 
+// Writes a model's weights the way diffusers' save_pretrained does: `<stem>.safetensors` when they fit one
+// shard of at most max_shard_bytes (diffusers: 5 GB), else `<stem>-0000N-of-0000M.safetensors` shards
+// (tensors in order, a new shard when the next would overflow) with `<stem>.safetensors.index.json`
+// ({"metadata": {"total_size"}, "weight_map"}). Returns the files written. Throws SafetensorsError.
+std::vector<std::filesystem::path> save_sharded_safetensors(
+    const std::filesystem::path& dir, const std::string& stem,
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors, int64_t max_shard_bytes = 5'000'000'000);
+
 // Loads every tensor of one file, or of a sharded checkpoint given its `*.safetensors.index.json`
 // (diffusers / transformers `weight_map`), copying nothing twice. Throws SafetensorsError.
 std::map<std::string, torch::Tensor> load_safetensors(const std::filesystem::path& path);

@@ -22,8 +22,10 @@ class SaveError : public std::runtime_error {
 
 class RunSaves {
  public:
-  // Finds the step saves already in dir (oldest first) for rotation and resume.
-  RunSaves(std::filesystem::path dir, std::string name, int keep);
+  // Finds the step saves already in dir (oldest first) for rotation and resume. With `diffusers_folder`
+  // (a full fine-tune with save_format: diffusers) the weights are a folder `<name>[_<step>]/` holding
+  // `transformer/` as diffusers writes it: config.json and shards of at most 5 GB with their index.
+  RunSaves(std::filesystem::path dir, std::string name, int keep, bool diffusers_folder = false);
 
   // Writes the state and the weights for `step` (final: the weights as `<name>.safetensors`, no state).
   // Rotates step saves beyond `keep`. Returns the weights file. Throws SaveError.
@@ -38,6 +40,8 @@ class RunSaves {
   std::filesystem::path dir_;
   std::string name_;
   int keep_;
+  bool diffusers_folder_;
+  std::filesystem::path weights_path(const std::string& stem) const;
   std::vector<std::pair<std::filesystem::path, std::filesystem::path>> step_saves_;  // (weights, state)
 };
 
