@@ -31,6 +31,7 @@ std::string format_model_summary(const model::ModelSummary& s) {
   else
     out << spec.total_blocks() << " " << (spec.family == model::Family::dit ? "DiT" : "joint / double-stream");
   out << ", width " << spec.hidden << " (" << spec.heads << " heads x " << spec.head_dim << ")\n";
+  out << "  weights_from: \"" << s.weights_from << "\"\n";
   out << "  parameters: " << s.parameters << "\n";
   out << "  trainable_parameters: " << s.trainable_parameters;
   if (s.lora_modules) out << "  # LoRA on " << s.lora_modules << " Linear modules";

@@ -10,11 +10,16 @@ std::string diffusers_config_json(const ModelSpec& s) {
   const int64_t packed = s.latent_channels * s.patch * s.patch;  // FLUX / Qwen-Image take 2x2-packed latents
   switch (s.family) {
     case Family::flux:
-      c = {{"_class_name", "FluxTransformer2DModel"}, {"attention_head_dim", s.head_dim},
-           {"axes_dims_rope", s.rope_axes},           {"guidance_embeds", s.guidance_embed},
-           {"in_channels", packed},                   {"joint_attention_dim", s.text_dim},
-           {"num_attention_heads", s.heads},          {"num_layers", s.double_blocks},
-           {"num_single_layers", s.single_blocks},    {"patch_size", 1},
+      c = {{"_class_name", "FluxTransformer2DModel"},
+           {"attention_head_dim", s.head_dim},
+           {"axes_dims_rope", s.rope_axes},
+           {"guidance_embeds", s.guidance_embed},
+           {"in_channels", packed},
+           {"joint_attention_dim", s.text_dim},
+           {"num_attention_heads", s.heads},
+           {"num_layers", s.double_blocks},
+           {"num_single_layers", s.single_blocks},
+           {"patch_size", 1},
            {"pooled_projection_dim", s.pooled_dim}};
       break;
     case Family::qwen_image:

@@ -83,30 +83,38 @@ void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
 std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path) {
   const auto tensors = io::load_safetensors(path);
   std::set<std::string> used;
+  std::vector<std::string> problems;  // every missing or misshapen tensor; the first is named in the error
+  auto check = [&](const std::string& name, const torch::Tensor& wanted) -> const torch::Tensor* {
+    const auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      problems.push_back("missing " + name);
+      return nullptr;
+    }
+    if (it->second.sizes() != wanted.sizes()) {
+      problems.push_back(name + " has shape " + c10::str(it->second.sizes()) + ", the model needs " +
+                         c10::str(wanted.sizes()));
+      return nullptr;
+    }
+    used.insert(name);
+    return &it->second;
+  };
   torch::NoGradGuard no_grad;
   // Linear weights go through the Linear, which keeps its storage (float8 quantizes what it loads).
   std::set<std::string> linear_weights;
   for (auto& [module_path, linear] : named_linears(model)) {
     const std::string name = module_path + ".weight";
-    const auto it = tensors.find(name);
-    if (it == tensors.end()) throw std::runtime_error(path.string() + ": missing " + name);
-    if (it->second.sizes() != linear->weight.sizes())
-      throw std::runtime_error(path.string() + ": " + name + " has shape " + c10::str(it->second.sizes()) +
-                               ", the model needs " + c10::str(linear->weight.sizes()));
-    linear->set_weight(it->second);
     linear_weights.insert(name);
-    used.insert(name);
+    if (const torch::Tensor* t = check(name, linear->weight)) linear->set_weight(*t);
   }
   for (auto& p : model.named_parameters()) {
     if (linear_weights.count(p.key()) || p.key().find(".lora_") != std::string::npos) continue;
-    const auto it = tensors.find(p.key());
-    if (it == tensors.end()) throw std::runtime_error(path.string() + ": missing " + p.key());
-    if (it->second.sizes() != p.value().sizes())
-      throw std::runtime_error(path.string() + ": " + p.key() + " has shape " + c10::str(it->second.sizes()) +
-                               ", the model needs " + c10::str(p.value().sizes()));
-    p.value().copy_(it->second);
-    used.insert(p.key());
+    if (const torch::Tensor* t = check(p.key(), p.value())) p.value().copy_(*t);
   }
+  if (!problems.empty())
+    throw std::runtime_error(
+        path.string() + ": " + problems.front() +
+        (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more missing or misshapen tensors)"
+                             : std::string()));
   std::vector<std::string> unused;
   for (const auto& [name, t] : tensors)
     if (!used.count(name)) unused.push_back(name);

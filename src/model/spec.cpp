@@ -6,6 +6,11 @@
 
 #include "gclab/model/family.h"
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gclab/config/user_error.h"
+
 namespace gclab::model {
 
 namespace {
@@ -134,6 +139,81 @@ std::vector<std::string> preset_names() {
   return out;
 }
 
+namespace {
+
+// The shape a diffusers transformer config.json gives, over the arch's preset (diffusers' own key names).
+void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
+  nlohmann::json c;
+  {
+    std::ifstream in(local.config);
+    c = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
+  if (c.is_discarded() || !c.is_object()) throw UserError(local.config.string() + " is not a JSON object");
+  const std::string cls = c.value("_class_name", "");
+  static const std::map<std::string, Family> classes = {{"FluxTransformer2DModel", Family::flux},
+                                                        {"QwenImageTransformer2DModel", Family::qwen_image},
+                                                        {"ZImageTransformer2DModel", Family::zimage},
+                                                        {"SD3Transformer2DModel", Family::sd3},
+                                                        {"DiTTransformer2DModel", Family::dit}};
+  const auto it = classes.find(cls);
+  if (it == classes.end() || it->second != s.family)
+    throw UserError(local.config.string() + ": _class_name '" + cls + "' is not the " +
+                    std::string(config::name_of(s.family)) + " transformer model.arch '" + s.arch + "' names");
+  auto get = [&](const char* key, int64_t fallback) {
+    return c.contains(key) && c[key].is_number() ? c[key].get<int64_t>() : fallback;
+  };
+  try {
+    switch (s.family) {
+      case Family::flux:
+      case Family::qwen_image:
+      case Family::sd3:
+      case Family::dit:
+        s.heads = get("num_attention_heads", s.heads);
+        s.head_dim = get("attention_head_dim", s.head_dim);
+        s.hidden = s.heads * s.head_dim;
+        s.mlp_hidden = 4 * s.hidden;
+        if (s.family == Family::dit)
+          s.single_blocks = static_cast<int>(get("num_layers", s.single_blocks));
+        else
+          s.double_blocks = static_cast<int>(get("num_layers", s.double_blocks));
+        if (s.family == Family::flux) s.single_blocks = static_cast<int>(get("num_single_layers", s.single_blocks));
+        if (s.family == Family::flux) s.guidance_embed = c.value("guidance_embeds", s.guidance_embed);
+        s.text_dim = get("joint_attention_dim", s.text_dim);
+        s.pooled_dim = get("pooled_projection_dim", s.pooled_dim);
+        if (c.contains("axes_dims_rope")) s.rope_axes = c["axes_dims_rope"].get<std::vector<int64_t>>();
+        if (s.family == Family::sd3) {
+          s.pos_embed_max = get("pos_embed_max_size", s.pos_embed_max);
+          s.sd3_base_size = get("sample_size", s.sd3_base_size * s.patch) / s.patch;
+        }
+        if (s.family == Family::dit) {
+          s.latent_channels = get("in_channels", s.latent_channels);
+          s.out_channels = get("out_channels", s.out_channels);
+          s.num_classes = get("num_embeds_ada_norm", s.num_classes);
+        }
+        break;
+      case Family::zimage:
+        s.hidden = get("dim", s.hidden);
+        s.heads = get("n_heads", s.heads);
+        s.head_dim = s.hidden / s.heads;
+        s.mlp_hidden = static_cast<int64_t>(static_cast<double>(s.hidden) / 3 * 8);  // int(dim / 3 * 8)
+        s.single_blocks = static_cast<int>(get("n_layers", s.single_blocks));
+        s.refiner_blocks = static_cast<int>(get("n_refiner_layers", s.refiner_blocks));
+        s.text_dim = get("cap_feat_dim", s.text_dim);
+        if (c.contains("axes_dims")) s.rope_axes = c["axes_dims"].get<std::vector<int64_t>>();
+        break;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(local.config.string() + ": " + e.what());
+  }
+  if (s.hidden <= 0 || s.heads <= 0 || s.total_blocks() <= 0)
+    throw UserError(local.config.string() + " gives no usable shape (width " + std::to_string(s.hidden) + ", " +
+                    std::to_string(s.total_blocks()) + " blocks)");
+  s.preset = s.preset + " (shape from " + local.config.string() + ")";
+  s.tiny = false;
+}
+
+}  // namespace
+
 ModelSpec spec_for(const config::ModelConfig& model) {
   const ArchFacts* arch = find_arch(model.arch);
   if (!arch)
@@ -143,7 +223,25 @@ ModelSpec spec_for(const config::ModelConfig& model) {
       !arch->variant_keyword.empty() && contains(model.name_or_path.value_or(""), arch->variant_keyword);
   ModelSpec s = spec_by_preset(variant ? arch->variant_preset : arch->preset);
   s.arch = arch->name;
+  if (const auto local = local_model(model)) apply_diffusers_config(s, *local);
   return s;
+}
+
+std::optional<LocalModel> local_model(const config::ModelConfig& model) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!model.name_or_path || !fs::is_directory(*model.name_or_path, ec)) return std::nullopt;
+  const fs::path dir = *model.name_or_path;
+  LocalModel m;
+  for (const fs::path& d : {dir / "transformer", dir})
+    if (fs::is_regular_file(d / "config.json", ec)) {
+      m.config = d / "config.json";
+      for (const char* w : {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"})
+        if (fs::is_regular_file(d / w, ec)) m.weights = d / w;
+      return m;
+    }
+  throw UserError("model.name_or_path '" + dir.string() +
+                  "' is a folder but has no transformer/config.json (a diffusers model folder has one)");
 }
 
 int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width) {

@@ -7,6 +7,11 @@ namespace gclab::model {
 ModelSummary summarize_model(const config::ProcessConfig& config) {
   ModelSummary s;
   s.spec = spec_for(config.model);
+  const auto local = local_model(config.model);
+  s.weights_from = local && !local->weights.empty() ? local->weights.string()
+                   : local                          ? "random: " + local->config.string() + " has no weights beside it"
+                   : config.model.name_or_path      ? "random: name_or_path is not a local folder (the preset's shape)"
+                                                    : "random (the preset's shape)";
   // Base weights in bf16, as AI Toolkit loads these models; quantize stores the blocks' Linears as float8.
   auto model = build_transformer(s.spec, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
   s.parameters = parameter_count(*model);

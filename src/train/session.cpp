@@ -87,6 +87,25 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     lora_.dropout = config_.network->dropout.value_or(0.0);
     lora_modules_ = model::apply_lora(*model_, lora_);  // float32 adapters
   }
+  // The user's weights when name_or_path is a local diffusers folder that has them: every tensor checked
+  // against the model built from its config.json, loaded into the storage the run uses.
+  const auto local = model::local_model(config_.model);
+  if (local && !local->weights.empty() && !options.meta) {
+    try {
+      const auto unused = model::load_weights(*model_, local->weights);
+      log::info("loaded " + local->weights.string() +
+                (unused.empty()
+                     ? ""
+                     : " (" + std::to_string(unused.size()) + " tensors not used, e.g. " + unused.front() + ")"));
+    } catch (const std::runtime_error& e) {
+      throw UserError(std::string("the weights do not fit the model their config.json describes: ") + e.what());
+    }
+  } else if (local) {
+    log::info(local->config.string() + " has no weights beside it: its shape with random weights");
+  } else if (config_.model.name_or_path) {
+    log::info("model.name_or_path '" + *config_.model.name_or_path + "' is not a local folder: the " + spec_.preset +
+              " preset with random weights");
+  }
   model_->train();
 
   // ---- checkpointing, applied to the built model from outside ----

@@ -405,3 +405,54 @@ TEST(Trainer, DiffusersSaveFormatWritesAFolderForAFullFineTuneAndOneFileForALora
 
 }  // namespace
 }  // namespace gclab::train
+
+namespace gclab::train {
+namespace {
+
+// model.name_or_path as a local diffusers folder: the shape from its config.json (any width and depth),
+// the weights loaded and checked; without weights, that shape with random ones; weights of another shape
+// are a UserError naming the first mismatch and how many there are.
+TEST(Session, ALocalDiffusersFolderGivesTheShapeAndTheWeights) {
+  const fs::path dir = testing::fresh_dir("local_folder");
+  auto full = tiny_config(dir, "full", {"save.save_format=diffusers", "train.steps=2"});
+  full.network.reset();
+  train(full, {});
+  const fs::path folder = dir / "full" / "full";
+  {
+    Session s(tiny_config(dir, "again", {"model.name_or_path=" + folder.string()}));
+    const auto saved = io::load_safetensors(folder / "transformer" / "diffusion_pytorch_model.safetensors");
+    int compared = 0;
+    for (const auto& p : s.model().named_parameters())
+      if (saved.count(p.key())) {
+        EXPECT_TRUE(torch::equal(p.value().to(torch::kFloat), saved.at(p.key()).to(torch::kFloat))) << p.key();
+        ++compared;
+      }
+    EXPECT_GT(compared, 20);
+  }
+  // A shape of one's own: config.json only.
+  fs::create_directories(dir / "custom" / "transformer");
+  std::ofstream(dir / "custom" / "transformer" / "config.json")
+      << R"({"_class_name": "FluxTransformer2DModel", "num_layers": 1, "num_single_layers": 3,
+             "num_attention_heads": 2, "attention_head_dim": 32, "joint_attention_dim": 64,
+             "pooled_projection_dim": 32, "guidance_embeds": true, "axes_dims_rope": [8, 12, 12]})";
+  {
+    Session s(tiny_config(dir, "custom", {"model.name_or_path=" + (dir / "custom").string()}));
+    EXPECT_EQ(s.spec().hidden, 64);
+    EXPECT_EQ(s.model().blocks().size(), 4u);
+    EXPECT_NO_THROW(
+        train(tiny_config(dir, "custom", {"model.name_or_path=" + (dir / "custom").string(), "train.steps=2"}), {}));
+  }
+  // The trained weights beside a config.json of another shape.
+  fs::copy(folder / "transformer" / "diffusion_pytorch_model.safetensors",
+           dir / "custom" / "transformer" / "diffusion_pytorch_model.safetensors");
+  try {
+    Session s(tiny_config(dir, "mismatch", {"model.name_or_path=" + (dir / "custom").string()}));
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("more missing or misshapen"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::train

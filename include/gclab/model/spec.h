@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,10 +46,21 @@ struct ModelSpec {
   int total_blocks() const { return double_blocks + single_blocks + 2 * refiner_blocks; }
 };
 
-// The preset a config's `model` block selects: model.arch (already resolved by the config loader from
-// arch / is_flux / name_or_path) plus name_or_path for variants (schnell, Turbo). Throws
+// The shape a config's `model` block selects: model.arch (already resolved by the config loader from
+// arch / is_flux / name_or_path) plus name_or_path for variants (schnell, Turbo); when name_or_path is a
+// local diffusers folder, the shape its config.json gives (any width and depth), on the arch's preset for
+// everything config.json does not say. Throws UserError for a folder whose config.json is unusable,
 // std::invalid_argument for an arch gclab does not model.
 ModelSpec spec_for(const config::ModelConfig& model);
+// model.name_or_path as a local diffusers folder: `<dir>/transformer/config.json` (or `<dir>/config.json`)
+// gives the transformer's shape, and its weights file (`diffusion_pytorch_model.safetensors`, or the
+// sharded `.index.json`) when there is one. A name that is not a local folder (a Hub id) gives nothing.
+struct LocalModel {
+  std::filesystem::path config;   // the config.json read
+  std::filesystem::path weights;  // empty: a shape only, random weights
+};
+std::optional<LocalModel> local_model(const config::ModelConfig& model);
+
 // Every preset by name ("flux-dev", "flux-schnell", "flex1", "flex2", "qwen-image", "qwen-image-edit",
 // "qwen-image-edit-2509", "zimage", "zimage-turbo", "sd35-large", "dit-xl2", "tiny-*").
 ModelSpec spec_by_preset(const std::string& preset);

@@ -25,6 +25,7 @@ struct ModelSummary {
   int lora_modules = 0;
   int64_t weight_bytes = 0;  // base weights as stored: bf16, or float8 blocks with model.quantize
   std::string weight_storage;
+  std::string weights_from;  // the weights file of a local folder, or "random" (why, in words)
   std::vector<TokenCount> tokens;
 };
 
