@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/test_util.h"
+#include "../support/tiny_run.h"
 #include "gclab/bench/bench.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
@@ -26,25 +27,10 @@ namespace fs = std::filesystem;
 #define GCLAB_REQUIRE_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
+// The shared tiny run (tests/support/tiny_run.h) on CUDA in bf16.
 config::ProcessConfig cuda_config(const fs::path& dir, const std::string& name, std::vector<std::string> extra = {}) {
-  if (!fs::exists(dir / "data")) {
-    data::SynthOptions o;
-    o.count = 6;
-    o.sizes = {{64, 64}, {96, 64}};
-    data::write_synthetic_dataset(dir / "data", o);
-  }
-  const std::string yaml = "name: " + name + "\ntraining_folder: " + dir.string() +
-                           "\ndevice: cuda\ntraining_seed: 7\nnetwork: {type: lora, linear: 4, linear_alpha: 4}\n"
-                           "save: {dtype: float32, save_every: 1000, max_step_saves_to_keep: 3}\n"
-                           "datasets:\n  - folder_path: " +
-                           (dir / "data").string() +
-                           "\n    resolution: [64]\ntrain: {batch_size: 2, steps: 10, lr: 1e-3, dtype: bf16, "
-                           "gradient_checkpointing: true, skip_first_sample: true}\nmodel: {arch: tiny-flux}\n";
-  config::LoadOptions options;
-  options.overrides = std::move(extra);
-  auto r = model::load_config_text(yaml, "cuda.yaml", options);
-  if (!r.ok()) throw std::runtime_error(r.diagnostics.all().front().format());
-  return *r.config;
+  extra.insert(extra.begin(), {"device=cuda", "train.dtype=bf16", "train.steps=10"});
+  return testing::tiny_config(dir, name, std::move(extra));
 }
 
 // The emulated cap is the first CUDA call of a run: in 2.11 the allocator asserts "not initialized" if

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include "../support/test_util.h"
+#include "../support/tiny_run.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/dataset.h"
 #include "gclab/data/image.h"
@@ -24,34 +25,10 @@
 #include "gclab/train/state_file.h"
 
 namespace fs = std::filesystem;
+using gclab::testing::tiny_config;
 
 namespace gclab::train {
 namespace {
-
-// A tiny LoRA run on synthetic 64x64 images; `extra` overrides by path.
-config::ProcessConfig tiny_config(const fs::path& dir, const std::string& name, std::vector<std::string> extra = {}) {
-  if (!fs::exists(dir / "data")) {
-    data::SynthOptions o;
-    o.count = 6;
-    o.sizes = {{64, 64}, {96, 64}};
-    data::write_synthetic_dataset(dir / "data", o);
-  }
-  const std::string yaml = "name: " + name + "\ntraining_folder: " + dir.string() +
-                           "\ndevice: cpu\ntraining_seed: 7\n"
-                           "network: {type: lora, linear: 4, linear_alpha: 4}\n"
-                           "save: {dtype: float32, save_every: 1000, max_step_saves_to_keep: 3}\n"
-                           "datasets:\n  - folder_path: " +
-                           (dir / "data").string() +
-                           "\n    caption_dropout_rate: 0.2\n    resolution: [64]\n"
-                           "train: {batch_size: 2, steps: 20, lr: 1e-3, optimizer: adamw, dtype: fp32, "
-                           "gradient_checkpointing: true, skip_first_sample: true}\n"
-                           "model: {arch: tiny-flux}\n";
-  config::LoadOptions options;
-  options.overrides = std::move(extra);
-  auto r = model::load_config_text(yaml, "test.yaml", options);
-  if (!r.ok()) throw std::runtime_error("test config refused: " + r.diagnostics.all().front().format());
-  return *r.config;
-}
 
 TEST(Trainer, CheckpointingOnAndOffGiveIdenticalLossesAndWeights) {
   const fs::path dir = testing::fresh_dir("train_gc");
