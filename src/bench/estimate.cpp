@@ -18,15 +18,15 @@ StepEstimate step_estimate(const train::Session& session, const model::Activatio
   // error (train/flow.cpp), each [B, C, H/8, W/8]; the text embeddings [B, T, D] (+ pooled).
   const int64_t latent = int64_t{4} * batch * spec.latent_channels * (resolution / 8) * (resolution / 8);
   s.batch_bytes = 6 * latent + int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
-  int64_t largest_block = 0;
-  for (const auto& b : a.blocks) largest_block = std::max(largest_block, b.saved_bytes);
   s.activation_bytes = checkpointed ? a.full_with_recompute_bytes : a.total_off_bytes;
-  // Backward's own transient tensors while a block is differentiated (gradients of its saved tensors,
-  // measured on the tiny presets with the tracking allocator): about 0.45 of the largest block's
-  // activations with GC off; with GC full the recompute's are already counted, and about 0.15 remain.
-  s.workspace_bytes = static_cast<int64_t>((checkpointed ? 0.15 : 0.45) * static_cast<double>(largest_block));
-  // Gradients fill in as the activations are freed: the step's peak is the larger of backward (everything
-  // but the gradients) and the optimizer (everything resident, gradients included).
+  // On top of what the blocks keep, the block being run (forward) or differentiated (backward, and its
+  // recompute) holds its MLP's transients: the hidden activation and its gradient, [B, S, mlp] each, S the
+  // longest sequence a block sees. Measured on every tiny preset it is the step's remaining peak, GC off
+  // and full (docs/results/estimate-cpu.md).
+  int64_t longest = 0;
+  const int64_t e = session.activation_options().element_bytes;
+  for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (int64_t{batch} * spec.hidden * e));
+  s.workspace_bytes = 2 * int64_t{batch} * longest * spec.mlp_hidden * e;
   s.total_bytes = std::max(resident - gradients + s.batch_bytes + s.activation_bytes + s.workspace_bytes, resident);
   return s;
 }

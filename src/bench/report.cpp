@@ -87,7 +87,8 @@ std::string format_estimate(const MemoryEstimate& e) {
   bytes("resident", e.resident_bytes);
   out << "  activations_dtype: " << e.activation_dtype << "\n";
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
-  out << "  per_resolution:  # total = resident + batch tensors + block activations + backward workspace\n";
+  out << "  per_resolution:  # total = resident + batch tensors + block activations + the running block's MLP "
+         "transients\n";
   for (const auto& r : e.resolutions) {
     out << "    - resolution: " << r.resolution << "\n      batch: " << r.batch
         << "\n      image_tokens: " << r.image_tokens << "\n      text_tokens: " << r.text_tokens << "\n";

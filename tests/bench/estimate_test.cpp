@@ -71,9 +71,13 @@ TEST(Estimate, WeightsInTheirRealDtype) {
 }
 
 // The estimate against what a real step measures on the CPU (exact accounting): every tiny preset, LoRA
-// and full training, GC off and full, within 15% of the step's peak (20 of 24 within 10%).
-TEST(Estimate, WithinFifteenPercentOfAMeasuredStepForEveryTinyPreset) {
+// and full training, GC off and full, within 10% of the step's peak.
+TEST(Estimate, WithinTenPercentOfAMeasuredStepForEveryTinyPreset) {
   const fs::path dir = testing::fresh_dir("estimate_vs_run");
+  // The estimate counts text for a 77-token prompt (estimate_activations' default, CLIP's window); the
+  // steps measured here use one: 76 words and the stand-in tokenizer's end token.
+  std::string prompt = "word";
+  for (int i = 1; i < 76; ++i) prompt += " word" + std::to_string(i);
   for (const char* arch :
        {"tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage", "tiny-sd3", "tiny-dit"})
     for (const char* network : {"lora", "none"})
@@ -82,7 +86,7 @@ TEST(Estimate, WithinFifteenPercentOfAMeasuredStepForEveryTinyPreset) {
             std::string("name: e\ntraining_folder: ") + dir.string() +
             "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
             "\n    resolution: [256]\ntrain: {batch_size: 2, steps: 2, dtype: fp32, checkpoint_policy: " + policy +
-            "}\nmodel: {arch: " + arch + "}\n" +
+            "}\nmodel: {arch: " + arch + "}\nsample: {prompts: [\"" + prompt + "\"]}\n" +
             (std::string(network) == "lora" ? "network: {type: lora, linear: 8}\n" : "");
         auto r = model::load_config_text(yaml, "e.yaml");
         ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
@@ -106,9 +110,7 @@ TEST(Estimate, WithinFifteenPercentOfAMeasuredStepForEveryTinyPreset) {
             arch, network, policy, static_cast<long long>(predicted.total_bytes), static_cast<long long>(measured),
             ratio, (long long)e.resident_bytes, (long long)predicted.batch_bytes, (long long)predicted.activation_bytes,
             (long long)predicted.workspace_bytes);
-        // The target is 10%; 20 of the 24 cells meet it (docs/results/estimate-cpu.md), the rest are
-        // within 15%: Qwen-Image GC off over, DiT and the edit model's GC full under.
-        EXPECT_NEAR(ratio, 1.0, 0.15) << arch << " " << network << " " << policy;
+        EXPECT_NEAR(ratio, 1.0, 0.10) << arch << " " << network << " " << policy;
       }
   fs::remove_all(dir);
 }

@@ -12,7 +12,8 @@
 
 namespace gclab::testing {
 
-inline config::ProcessConfig tiny_config(const std::filesystem::path& dir, const std::string& name, std::vector<std::string> extra = {}) {
+inline config::ProcessConfig tiny_config(const std::filesystem::path& dir, const std::string& name,
+                                         std::vector<std::string> extra = {}) {
   if (!std::filesystem::exists(dir / "data")) {
     data::SynthOptions o;
     o.count = 6;

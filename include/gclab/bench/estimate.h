@@ -2,7 +2,7 @@
 // (on the meta device: no memory) — weights in their real dtype, trained tensors and their gradients,
 // optimizer state, EMA, the text encoder — plus, per training resolution and checkpoint policy (off,
 // full), the step's batch tensors, the blocks' activations (the activation ledger) and the backward's
-// workspace, beside the cap. What it does not model is listed in `not_modelled`.
+// MLP transients of the block being run, beside the cap. What it does not model is listed in `not_modelled`.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,7 @@ namespace gclab::bench {
 struct StepEstimate {
   int64_t batch_bytes = 0;       // latents, noise, x_t, target, prediction, text embeddings
   int64_t activation_bytes = 0;  // what the blocks keep for backward (full: inputs + one block recomputed)
-  int64_t workspace_bytes = 0;   // the backward's transient gradients of the largest block's tensors
+  int64_t workspace_bytes = 0;   // the running block's MLP transients: its hidden and that hidden's gradient
   int64_t total_bytes = 0;       // resident + the above
 };
 
