@@ -178,6 +178,26 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int 
             " bytes of block activations without checkpointing; applying " + applied_.to_string());
 }
 
+std::pair<int64_t, int64_t> Session::probe_block_activations() {
+  int largest = 0, batch = config_.train.batch_size;
+  for (const auto& d : config_.datasets) {
+    for (int r : d.resolution) largest = std::max(largest, r);
+    batch = std::max(batch, d.batch_size.value_or(config_.train.batch_size));
+  }
+  if (largest == 0) largest = 512;
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  const torch::Tensor rng = cpu.get_state();  // the probe's random inputs leave no trace
+  const auto probe = checkpointing_->resolve_budget(
+      model_->example_inputs(batch, largest, largest, 0, torch::TensorOptions().device(device_)),
+      applied_.kind == ckpt::CheckpointPolicy::Kind::Budget ? applied_.budget_bytes : 0, meter_);
+  cpu.set_state(rng);
+  checkpointing_->apply(applied_);  // the probe ran with nothing checkpointed
+  int64_t measured = 0;
+  for (int64_t b : probe.kept_bytes) measured += b;
+  const auto est = model::estimate_activations(spec_, batch, largest, largest, 0, activation_options());
+  return {measured, est.total_off_bytes};
+}
+
 model::ModelInputs Session::conditioning(const std::vector<std::string>& captions) {
   model::ModelInputs in;
   const int64_t b = static_cast<int64_t>(captions.size());

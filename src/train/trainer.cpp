@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <random>
 
@@ -166,10 +167,10 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   lo.divisibility = session.spec().divisibility;
   lo.seed = static_cast<uint64_t>(config.training_seed.value_or(42));
   lo.trigger_word = config.trigger_word;
-  data::BatchLoader loader(items, datasets, session.codec(), lo, step * session.accumulation());
+  std::optional<data::BatchLoader> loader;  // started after the budget probe: its thread allocates too
   auto next_batch = [&] {
-    data::LoadedBatch b = loader.next();
-    for (const auto& w : loader.take_warnings()) log::warn(w);
+    data::LoadedBatch b = loader->next();
+    for (const auto& w : loader->take_warnings()) log::warn(w);
     return b;
   };
   const fs::path samples_dir = summary.output_dir / "samples";
@@ -240,6 +241,17 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     throw OutOfMemoryStop(brief);
   };
 
+  if (tc.budget_probe && tc.policy().kind == ckpt::CheckpointPolicy::Kind::Budget) {
+    try {
+      const auto [measured, ledger] = session.probe_block_activations();
+      log::info("budget probe: the blocks keep " + config::format_bytes(measured) +
+                " without checkpointing at the largest batch and resolution; the ledger says " +
+                config::format_bytes(ledger));
+    } catch (const c10::OutOfMemoryError& e) {
+      on_oom(e);
+    }
+  }
+  loader.emplace(items, datasets, session.codec(), lo, step * session.accumulation());
   if (session.sampling() && step == 0 && !tc.skip_first_sample) {
     try {
       take_samples(0);
@@ -319,7 +331,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   if (summary.interrupted) log::info("stopped at step " + std::to_string(step) + " (interrupted); saving");
   summary.saves.push_back(saves.save(session, step, false));  // the state for --resume
   if (!summary.interrupted) summary.saves.push_back(saves.save(session, step, true));
-  summary.unusable_images = loader.unusable_files();
+  summary.unusable_images = loader->unusable_files();
   for (const auto& f : summary.unusable_images) log::warn("not used (cannot be decoded): " + f);
   summary.total_s = seconds_since(t_start);
 

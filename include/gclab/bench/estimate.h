@@ -1,8 +1,8 @@
 // `gclab estimate`: the memory a config's training would take, counted from the same Session a run builds
 // (on the meta device: no memory) — weights in their real dtype, trained tensors and their gradients,
 // optimizer state, EMA, the text encoder — plus, per training resolution and checkpoint policy (off,
-// full), the step's batch tensors, the blocks' activations (the activation ledger) and the backward's
-// MLP transients of the block being run, beside the cap. What it does not model is listed in `not_modelled`.
+// full), the step's batch tensors, the blocks' activations (the activation ledger) and the MLP transients
+// of the block being run, beside the cap. What it does not model is listed in `not_modelled`.
 #pragma once
 
 #include <cstdint>

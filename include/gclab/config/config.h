@@ -188,6 +188,10 @@ struct TrainConfig {
   // gclab: on out of memory, `abort` (save the last good state, write the report, exit 3) or `skip` the
   // batch and go on, aborting after 3 OOMs in a row (AI Toolkit's behaviour).
   OomPolicy oom_policy = OomPolicy::abort;
+  // gclab: with checkpoint_policy budget:BYTES, also measure the blocks' activations on a probe forward at
+  // the largest batch and resolution (nothing checkpointed) and log them beside the ledger's. The policy
+  // comes from the ledger either way; the probe runs under the out-of-memory handler.
+  bool budget_probe = false;
 
   // The resolved policy (the loader always sets it).
   const ckpt::CheckpointPolicy& policy() const { return *checkpoint_policy; }
@@ -219,6 +223,7 @@ struct TrainConfig {
     v("ema_config", ema_config);
     v("checkpoint_policy", checkpoint_policy);
     v("oom_policy", oom_policy);
+    v("budget_probe", budget_probe);
     v.ignore({"train_unet",
               "train_text_encoder",
               "content_or_style",

@@ -94,6 +94,10 @@ class Session {
   // resolution (the largest the run will meet).
   const ckpt::CheckpointPolicy& applied_policy() const { return applied_; }
   void apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution);
+  // train.budget_probe: a probe forward at the largest batch and resolution with nothing checkpointed,
+  // measuring what each block keeps; returns the measured total beside the ledger's (both bytes). Leaves
+  // the applied policy and the random generators as they were.
+  std::pair<int64_t, int64_t> probe_block_activations();
   // The ledger's options for this session's dtype, LoRA rank and device.
   model::ActivationOptions activation_options() const;
 
