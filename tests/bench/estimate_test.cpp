@@ -179,12 +179,6 @@ TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
   fs::remove_all(dir);
 }
 
-}  // namespace
-}  // namespace gclab::bench
-
-namespace gclab::bench {
-namespace {
-
 // step_flops counts what a hand count of DiT's blocks gives: per block qkv (3D²), proj (D²), fc1 and fc2
 // (4D² each) on every token, the adaLN modulation (6D²) on one vector a sample, attention 4·N²·D;
 // forward + input backward for a LoRA run, + weight backward for full training.
@@ -208,12 +202,6 @@ TEST(Flops, StepFlopsMatchAHandCountOfDiT) {
   EXPECT_EQ(peak_bf16_flops("NVIDIA H200"), 989.4e12);
   EXPECT_EQ(peak_bf16_flops("a mystery card"), 0);
 }
-
-}  // namespace
-}  // namespace gclab::bench
-
-namespace gclab::bench {
-namespace {
 
 // What check, estimate, bench and fit print parses as YAML, and --json gives the same content as JSON.
 TEST(Reports, EveryReportIsYamlAndConvertsToJson) {

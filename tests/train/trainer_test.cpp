@@ -153,12 +153,6 @@ TEST(Trainer, UnusableSettingsAndDataAreClearErrors) {
   fs::remove_all(dir);
 }
 
-}  // namespace
-}  // namespace gclab::train
-
-namespace gclab::train {
-namespace {
-
 std::vector<int64_t> metric_steps(const fs::path& file) {
   std::vector<int64_t> steps;
   std::ifstream in(file);
@@ -237,12 +231,6 @@ TEST(Trainer, DryRunGivesTheSameVerdictAsCheckForEveryShippedConfig) {
   EXPECT_GT(accepted, 10);
 }
 
-}  // namespace
-}  // namespace gclab::train
-
-namespace gclab::train {
-namespace {
-
 // The Session builds the model where and how it trains: a bf16 LoRA run never holds a float32 copy of the
 // base. The host peak while building is the final weights (plus the text encoder), not 3x them.
 TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
@@ -257,12 +245,6 @@ TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
   EXPECT_LT(peak, r.weights + r.text_encoder + r.weights / 10) << "peak " << peak << " weights " << r.weights;
   fs::remove_all(dir);
 }
-
-}  // namespace
-}  // namespace gclab::train
-
-namespace gclab::train {
-namespace {
 
 // flux_shift / lumina2_shift follow AI Toolkit's FLUX scheduler: the median of t is e^mu / (e^mu + 1), mu
 // growing with the image's tokens from 0.5 (256 tokens) to 1.15 (4096).
@@ -280,12 +262,6 @@ TEST(Timesteps, FluxShiftMovesTheMedianWithTheResolution) {
   // Not uniform: the log-normal part piles up away from t = 1 (x / max(x) is rarely small).
   EXPECT_LT((blend > 0.9).to(torch::kFloat).mean().item<double>(), 0.08);
 }
-
-}  // namespace
-}  // namespace gclab::train
-
-namespace gclab::train {
-namespace {
 
 // Every AI Toolkit example config gclab models, shrunk to its family's tiny preset (256², 2 steps, its own
 // sample block at 256² with 2 sample steps, the baseline sample included), trains end to end: its
@@ -349,12 +325,6 @@ TEST(AitkExamples, EveryModelledExampleTrainsEndToEndShrunkToItsTinyPreset) {
   fs::remove_all(dir);
 }
 
-}  // namespace
-}  // namespace gclab::train
-
-namespace gclab::train {
-namespace {
-
 // save_format: diffusers — a LoRA is still one file (AI Toolkit's UI writes the key into every job); a full
 // fine-tune is a diffusers folder whose transformer/ loads back into the model it came from.
 TEST(Trainer, DiffusersSaveFormatWritesAFolderForAFullFineTuneAndOneFileForALora) {
@@ -379,12 +349,6 @@ TEST(Trainer, DiffusersSaveFormatWritesAFolderForAFullFineTuneAndOneFileForALora
     EXPECT_TRUE(torch::equal(p.value().to(torch::kHalf), step2.tensor("param." + p.key()).to(torch::kHalf))) << p.key();
   fs::remove_all(dir);
 }
-
-}  // namespace
-}  // namespace gclab::train
-
-namespace gclab::train {
-namespace {
 
 // model.name_or_path as a local diffusers folder: the shape from its config.json (any width and depth),
 // the weights loaded and checked; without weights, that shape with random ones; weights of another shape
@@ -430,12 +394,6 @@ TEST(Session, ALocalDiffusersFolderGivesTheShapeAndTheWeights) {
   }
   fs::remove_all(dir);
 }
-
-}  // namespace
-}  // namespace gclab::train
-
-namespace gclab::train {
-namespace {
 
 // budget:BYTES comes from the ledger; train.budget_probe measures the same blocks on a probe forward (an
 // optional check). On tiny-flux the two agree within 0.1%, and the probe leaves the policy and the random
