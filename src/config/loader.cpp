@@ -604,7 +604,7 @@ class Validator {
       return;
     }
     m.arch = arch;
-    c_.arch_source = reason;
+    c_.arch_from_legacy_switch = reason == "model.is_flux" || reason == "model.is_v3" || reason == "model.is_lumina2";
   }
 
   void network() {

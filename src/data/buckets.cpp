@@ -35,6 +35,13 @@ BucketResolution bucket_for(int width, int height, int resolution, int divisibil
   return *best;
 }
 
+BucketResolution reference_size(const BucketResolution& bucket, int divisibility) {
+  const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(bucket.width) * bucket.height));
+  const int d = divisibility;
+  return {std::max(d, static_cast<int>(bucket.width * scale) / d * d),
+          std::max(d, static_cast<int>(bucket.height * scale) / d * d)};
+}
+
 BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility, std::mt19937_64* rng) {
   BucketPlacement p;
   p.bucket = bucket_for(width, height, resolution, divisibility);

@@ -109,11 +109,8 @@ LoadedBatch BatchLoader::load(int64_t index) {
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
-    const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(plan.bucket.width) * plan.bucket.height));
-    const int rw =
-        std::max(o_.divisibility, static_cast<int>(plan.bucket.width * scale) / o_.divisibility * o_.divisibility);
-    const int rh =
-        std::max(o_.divisibility, static_cast<int>(plan.bucket.height * scale) / o_.divisibility * o_.divisibility);
+    const BucketResolution ref = reference_size(plan.bucket, o_.divisibility);
+    const int rw = ref.width, rh = ref.height;
     for (size_t c = 0; c < first.controls.size(); ++c) {
       std::vector<torch::Tensor> refs;
       for (const auto& s : used)

@@ -58,7 +58,7 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   const ArchFacts* arch = find_arch(c.model.arch);
   // A legacy switch names only the family (is_flux: "some FLUX"); AI Toolkit then loads whatever model
   // name_or_path holds — Flex.1 with 8 double blocks, Flex.2 — so the name picks the arch within the family.
-  if (arch && c.arch_source != "model.arch" && c.arch_source != "model.name_or_path" && c.model.name_or_path) {
+  if (arch && c.arch_from_legacy_switch && c.model.name_or_path) {
     const auto guess = config::infer_arch_from_name(*c.model.name_or_path);
     const ArchFacts* named = guess ? find_arch(guess->arch) : nullptr;
     if (named && named->family == arch->family && named != arch) {

@@ -17,6 +17,17 @@ std::optional<data::TextEncoderOptions> text_encoder_options(const model::ModelS
   return data::TextEncoderOptions{spec.text_dim, spec.pooled_dim};
 }
 
+// The largest batch and square resolution the run meets (512 when no dataset names one): what budget:BYTES
+// is resolved for and what the budget probe measures.
+std::pair<int, int> largest_step(const config::ProcessConfig& c) {
+  int largest = 0, batch = c.train.batch_size;
+  for (const auto& d : c.datasets) {
+    for (int r : d.resolution) largest = std::max(largest, r);
+    batch = std::max(batch, d.batch_size.value_or(c.train.batch_size));
+  }
+  return {batch, largest > 0 ? largest : 512};
+}
+
 }  // namespace
 
 std::string step_tag(int64_t step) {
@@ -110,12 +121,8 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
 
   // ---- checkpointing, applied to the built model from outside ----
   checkpointing_ = std::make_unique<ModelCheckpointing>(*model_);
-  int largest = 0, batch_max = tc.batch_size;
-  for (const auto& d : config_.datasets) {
-    for (int r : d.resolution) largest = std::max(largest, r);
-    batch_max = std::max(batch_max, d.batch_size.value_or(tc.batch_size));
-  }
-  apply_policy(tc.policy(), batch_max, largest > 0 ? largest : 512);
+  const auto [batch_max, largest] = largest_step(config_);
+  apply_policy(tc.policy(), batch_max, largest);
 
   // ---- what is trained, the optimizer, EMA ----
   for (const auto& p : model_->named_parameters())
@@ -179,12 +186,7 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int 
 }
 
 std::pair<int64_t, int64_t> Session::probe_block_activations() {
-  int largest = 0, batch = config_.train.batch_size;
-  for (const auto& d : config_.datasets) {
-    for (int r : d.resolution) largest = std::max(largest, r);
-    batch = std::max(batch, d.batch_size.value_or(config_.train.batch_size));
-  }
-  if (largest == 0) largest = 512;
+  const auto [batch, largest] = largest_step(config_);
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   const torch::Tensor rng = cpu.get_state();  // the probe's random inputs leave no trace
   const auto probe = checkpointing_->resolve_budget(
@@ -238,11 +240,8 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
   if (spec_.edit) {  // one 1024²-area reference of the batch's aspect, as the loader makes it
-    const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(width) * height));
-    const int d = spec_.divisibility;
-    const int rw = std::max(d, static_cast<int>(width * scale) / d * d),
-              rh = std::max(d, static_cast<int>(height * scale) / d * d);
-    lb.references.push_back(torch::randn({batch, spec_.latent_channels, rh / 8, rw / 8}));
+    const data::BucketResolution ref = data::reference_size(lb.bucket, spec_.divisibility);
+    lb.references.push_back(torch::randn({batch, spec_.latent_channels, ref.height / 8, ref.width / 8}));
   }
   return lb;
 }

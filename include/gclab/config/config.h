@@ -435,9 +435,9 @@ struct ProcessConfig {
 
   SourceMap source;       // not part of the YAML
   std::string meta_yaml;  // the file's `meta` block after substitution, echoed back
-  // Which key model.arch was resolved from: "model.arch", "model.is_flux", "model.is_v3",
-  // "model.is_lumina2" or "model.name_or_path" (not part of the YAML).
-  std::string arch_source;
+  // model.arch came from a legacy switch (is_flux, is_v3, is_lumina2), which names only the family
+  // (not part of the YAML).
+  bool arch_from_legacy_switch = false;
 
   template <class V>
   void fields(V& v) {
