@@ -68,6 +68,23 @@ if ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
     { say "pip could not install safetensors (network?). Retry: scripts/setup.sh"; exit 1; }
 fi
 
+# The reference implementations the tests compare gclab with (test-only, pinned): diffusers'
+# transformers and LoRA loader (peft), transformers (its Adafactor too), prodigyopt's Prodigy.
+REFERENCE_PACKAGES=(diffusers==0.42.1 peft==0.18.0 transformers==5.24.0 accelerate==1.15.0 prodigyopt==1.1.2)
+if ! .venv/bin/python - "${REFERENCE_PACKAGES[@]}" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+for spec in sys.argv[1:]:
+    name, want = spec.split("==")
+    assert version(name) == want, spec
+PY
+then
+  did_something=1
+  say "installing the test-only references into .venv: ${REFERENCE_PACKAGES[*]}"
+  .venv/bin/python -m pip install --disable-pip-version-check -q "${REFERENCE_PACKAGES[@]}" ||
+    { say "pip could not install ${REFERENCE_PACKAGES[*]} (network?). Retry: scripts/setup.sh"; exit 1; }
+fi
+
 if [ "$did_something" -eq 0 ]; then
   say "everything is already installed (Debian packages, .venv with torch $TORCH_VERSION); nothing to do"
 else

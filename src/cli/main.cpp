@@ -158,7 +158,8 @@ int run_info() {
 }
 
 struct ForwardArgs {
-  std::string weights, inputs, out, dtype = "fp32";
+  std::string weights, inputs, out, dtype = "fp32", lora;
+  double lora_scale = 1.0;
 };
 
 // gclab forward: the configured transformer, the user's weights (or random ones from training_seed), one
@@ -175,14 +176,30 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
     auto model = gclab::model::build_transformer(spec);
     if (config.model.quantize) gclab::model::set_base_weight_storage(*model, gclab::model::WeightStorage::Float8PerRow);
-    if (!f.weights.empty()) {
-      const auto unused = gclab::model::load_weights(*model, f.weights);
+    // --weights (a safetensors file, a sharded index or a diffusers folder), else the weights of a local
+    // model.name_or_path folder.
+    std::filesystem::path weights;
+    if (!f.weights.empty() && std::filesystem::is_directory(f.weights)) {
+      weights = gclab::model::local_model_at(f.weights, "--weights").weights;
+      if (weights.empty()) throw gclab::UserError("--weights " + f.weights + ": the folder holds no weights");
+    } else if (!f.weights.empty()) {
+      weights = f.weights;
+    } else if (const auto local = gclab::model::local_model(config.model)) {
+      weights = local->weights;
+    }
+    if (!weights.empty()) {
+      const auto unused = gclab::model::load_weights(*model, weights);
       if (!unused.empty())
-        gclab::log::warn(std::to_string(unused.size()) + " tensor(s) in " + f.weights +
+        gclab::log::warn(std::to_string(unused.size()) + " tensor(s) in " + weights.string() +
                          " are not parameters of this model and were not used, e.g. " + unused.front());
     } else {
       gclab::log::warn("no --weights: random weights (training_seed " +
                        std::to_string(config.training_seed.value_or(42)) + ")");
+    }
+    if (!f.lora.empty()) {
+      const int merged = gclab::model::merge_lora_file(*model, f.lora, f.lora_scale);
+      gclab::log::info("applied " + f.lora + " to " + std::to_string(merged) + " Linears at scale " +
+                       std::to_string(f.lora_scale));
     }
     model->to(device);
     model->eval();
@@ -345,12 +362,18 @@ int main(int argc, char** argv) {
   ForwardArgs forward_files;
   forward
       ->add_option("--weights", forward_files.weights,
-                   "diffusers-format .safetensors (or *.index.json); default random")
-      ->check(CLI::ExistingFile);
+                   "a diffusers model folder, .safetensors or *.index.json; default: model.name_or_path's "
+                   "weights, else random")
+      ->check(CLI::ExistingPath);
   forward->add_option("--inputs", forward_files.inputs, "safetensors with latents, timestep, text, ...")
       ->required()
       ->check(CLI::ExistingFile);
   forward->add_option("--out", forward_files.out, "where to write the prediction (safetensors)")->required();
+  forward
+      ->add_option("--lora", forward_files.lora,
+                   "a LoRA file to apply (gclab's, or diffusers / AI Toolkit / kohya naming)")
+      ->check(CLI::ExistingFile);
+  forward->add_option("--lora-scale", forward_files.lora_scale, "the LoRA's strength (default 1)");
   forward->add_option("--dtype", forward_files.dtype, "fp32 (default), bf16, fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   SynthArgs synth_args;

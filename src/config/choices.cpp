@@ -13,11 +13,16 @@ const std::vector<Spelling<DType>>& spellings() {
 
 template <>
 const std::vector<Spelling<OptimizerKind>>& spellings() {
-  // AI Toolkit's names (toolkit/optimizer.py lower-cases them); adafactor and prodigy are not modelled yet.
+  // AI Toolkit's names (toolkit/optimizer.py lower-cases them; any "prodigy..." but prodigy8bit is Prodigy).
   static const std::vector<Spelling<OptimizerKind>> s = {
-      {OptimizerKind::adamw, "adamw", {"AdamW"}}, {OptimizerKind::adamw8bit, "adamw8bit", {"adamw_8bit", "AdamW8bit"}},
-      {OptimizerKind::adam, "adam", {"Adam"}},    {OptimizerKind::adam8bit, "adam8bit", {"adam_8bit", "Adam8bit"}},
-      {OptimizerKind::lion, "lion", {"Lion"}},    {OptimizerKind::lion8bit, "lion8bit", {"lion_8bit", "Lion8bit"}},
+      {OptimizerKind::adamw, "adamw", {"AdamW"}},
+      {OptimizerKind::adamw8bit, "adamw8bit", {"adamw_8bit", "AdamW8bit"}},
+      {OptimizerKind::adam, "adam", {"Adam"}},
+      {OptimizerKind::adam8bit, "adam8bit", {"adam_8bit", "Adam8bit"}},
+      {OptimizerKind::lion, "lion", {"Lion"}},
+      {OptimizerKind::lion8bit, "lion8bit", {"lion_8bit", "Lion8bit"}},
+      {OptimizerKind::adafactor, "adafactor", {"Adafactor"}},
+      {OptimizerKind::prodigy, "prodigy", {"Prodigy"}},
       {OptimizerKind::sgd, "sgd", {"SGD"}}};
   return s;
 }

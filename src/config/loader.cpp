@@ -654,6 +654,57 @@ class Validator {
     }
   }
 
+  // optimizer_params the chosen optimizer takes (AI Toolkit passes them on as keyword arguments, and the
+  // optimizer's constructor refuses any other with a TypeError).
+  void optimizer_params(const TrainConfig& t) {
+    const OptimizerParams& o = t.optimizer_params;
+    struct Owned {
+      const char* key;
+      bool given;
+      OptimizerKind owner;
+    };
+    const Owned owned[] = {{"relative_step", o.relative_step.has_value(), OptimizerKind::adafactor},
+                           {"scale_parameter", o.scale_parameter.has_value(), OptimizerKind::adafactor},
+                           {"warmup_init", o.warmup_init.has_value(), OptimizerKind::adafactor},
+                           {"clip_threshold", o.clip_threshold.has_value(), OptimizerKind::adafactor},
+                           {"decay_rate", o.decay_rate.has_value(), OptimizerKind::adafactor},
+                           {"beta1", o.beta1.has_value(), OptimizerKind::adafactor},
+                           {"d0", o.d0.has_value(), OptimizerKind::prodigy},
+                           {"d_coef", o.d_coef.has_value(), OptimizerKind::prodigy},
+                           {"growth_rate", o.growth_rate.has_value(), OptimizerKind::prodigy},
+                           {"beta3", o.beta3.has_value(), OptimizerKind::prodigy},
+                           {"use_bias_correction", o.use_bias_correction.has_value(), OptimizerKind::prodigy},
+                           {"safeguard_warmup", o.safeguard_warmup.has_value(), OptimizerKind::prodigy},
+                           {"decouple", o.decouple.has_value(), OptimizerKind::prodigy}};
+    for (const auto& k : owned)
+      if (k.given && k.owner != t.optimizer)
+        error(std::string("train.optimizer_params.") + k.key, "is a parameter of " + std::string(name_of(k.owner)) +
+                                                                  ", not of train.optimizer " +
+                                                                  std::string(name_of(t.optimizer)));
+    if (t.optimizer == OptimizerKind::adafactor) {
+      if (given("train.optimizer_params.betas"))
+        error("train.optimizer_params.betas", "adafactor takes beta1 (and decay_rate), not betas");
+      // AI Toolkit always passes lr, and its Adafactor refuses lr with relative_step.
+      if (o.relative_step.value_or(false))
+        error("train.optimizer_params.relative_step",
+              "true cannot be combined with train.lr (AI Toolkit's Adafactor refuses it too: \"Cannot combine manual "
+              "`lr` and `relative_step=True` options\"); leave it false");
+      if (o.warmup_init.value_or(false))
+        error("train.optimizer_params.warmup_init", "true requires relative_step, which cannot be used with train.lr");
+      if (o.beta1 && !(*o.beta1 >= 0 && *o.beta1 < 1)) error("train.optimizer_params.beta1", "must be in [0, 1)");
+      if (o.clip_threshold && !(*o.clip_threshold > 0))
+        error("train.optimizer_params.clip_threshold", "must be positive");
+      if (o.decay_rate && !(*o.decay_rate < 0))
+        error("train.optimizer_params.decay_rate", "must be negative (e.g. -0.8)");
+    }
+    if (t.optimizer == OptimizerKind::prodigy) {
+      if (o.d0 && !(*o.d0 > 0)) error("train.optimizer_params.d0", "must be positive");
+      if (o.d_coef && !(*o.d_coef > 0)) error("train.optimizer_params.d_coef", "must be positive");
+      if (o.growth_rate && !(*o.growth_rate >= 1)) error("train.optimizer_params.growth_rate", "must be at least 1");
+      if (o.beta3 && !(*o.beta3 >= 0 && *o.beta3 < 1)) error("train.optimizer_params.beta3", "must be in [0, 1)");
+    }
+  }
+
   void train() {
     TrainConfig& t = c_.train;
     at_least("train.batch_size", t.batch_size, 1);
@@ -666,6 +717,7 @@ class Validator {
         t.optimizer_params.betas[1] < 0 || t.optimizer_params.betas[1] >= 1)
       error("train.optimizer_params.betas", "must be two numbers in [0, 1), e.g. [0.9, 0.999]");
     if (!(t.optimizer_params.eps > 0)) error("train.optimizer_params.eps", "must be positive");
+    optimizer_params(t);
     if (given("train.noise_scheduler") && t.noise_scheduler != "flowmatch")
       warning("train.noise_scheduler",
               "gclab trains every model with flow matching; '" + t.noise_scheduler + "' is ignored");

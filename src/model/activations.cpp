@@ -1,4 +1,5 @@
 #include "gclab/model/activations.h"
+#include "gclab/model/lora.h"
 
 #include <algorithm>
 
@@ -134,7 +135,7 @@ int64_t dit_block(const Ledger& L, int64_t n, int64_t m) {
 ActivationOptions activation_options(const config::ProcessConfig& config, bool cuda) {
   ActivationOptions o;
   o.element_bytes = config::dtype_bytes(config.train.dtype);
-  o.lora_rank = config.network ? config.network->linear.value_or(16) : 0;
+  o.lora_rank = config.network ? lora_options(*config.network).rank : 0;
   o.conditioning_grad = !config.network;
   o.layer_norm_stats_bytes = cuda ? 4 : o.element_bytes;
   return o;

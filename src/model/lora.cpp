@@ -1,5 +1,8 @@
 #include "gclab/model/lora.h"
 
+#include <nlohmann/json.hpp>
+
+#include <regex>
 #include <set>
 #include <stdexcept>
 
@@ -18,7 +21,18 @@ std::vector<std::pair<std::string, Linear>> target_linears(DiffusionTransformer&
   return out;
 }
 
+// The scale lora_state folds into lora_B: the adapter's own alpha / rank.
+double fold_scale(const Linear& linear) { return linear->lora_scale(); }
+
 }  // namespace
+
+LoraOptions lora_options(const config::NetworkConfig& network) {
+  LoraOptions o;
+  o.rank = network.linear.value_or(16);
+  o.alpha = network.linear_alpha.value_or(static_cast<double>(o.rank));
+  o.dropout = network.dropout.value_or(0.0);
+  return o;
+}
 
 int apply_lora(DiffusionTransformer& model, const LoraOptions& options) {
   for (auto& p : model.parameters()) p.set_requires_grad(false);
@@ -44,9 +58,12 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& [path, linear] : target_linears(model)) {
     if (!linear->has_lora()) continue;
-    for (const auto& p : linear->named_parameters())
-      if (p.key().rfind("lora_", 0) == 0)
-        out.emplace_back("transformer." + path + "." + p.key(), p.value().detach().to(dtype));
+    for (const auto& p : linear->named_parameters()) {
+      if (p.key().rfind("lora_", 0) != 0) continue;
+      torch::Tensor t = p.value().detach();
+      if (p.key().rfind("lora_B", 0) == 0) t = t * fold_scale(linear);
+      out.emplace_back("transformer." + path + "." + p.key(), t.to(dtype));
+    }
   }
   return out;
 }
@@ -55,9 +72,17 @@ void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, t
                const LoraOptions& options, std::map<std::string, std::string> metadata) {
   const auto tensors = lora_state(model, dtype);
   if (tensors.empty()) throw std::runtime_error("save_lora: the model has no LoRA adapters");
+  std::vector<std::string> targets;
+  for (auto& [module_path, linear] : target_linears(model))
+    if (linear->has_lora()) targets.push_back(module_path);
+  const nlohmann::json peft = {{"transformer.r", options.rank},
+                               {"transformer.lora_alpha", options.rank},  // alpha / rank is folded into lora_B
+                               {"transformer.target_modules", targets}};
   metadata["format"] = "pt";
+  metadata["lora_adapter_metadata"] = peft.dump();
   metadata["ss_network_dim"] = std::to_string(options.rank);
-  metadata["ss_network_alpha"] = std::to_string(options.alpha);
+  metadata["ss_network_alpha"] = std::to_string(options.rank);
+  metadata["gclab_linear_alpha"] = std::to_string(options.alpha);
   metadata["gclab_preset"] = model.spec().preset;
   io::save_safetensors(path, tensors, metadata);
 }
@@ -75,9 +100,95 @@ void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
       if (t.sizes() != p.value().sizes())
         throw std::runtime_error(path.string() + ": " + name + " has shape " + c10::str(t.sizes()) + ", the model's " +
                                  c10::str(p.value().sizes()) + " (another rank or model?)");
-      p.value().copy_(t);
+      p.value().copy_(p.key().rfind("lora_B", 0) == 0 ? t / fold_scale(linear) : t);
     }
   }
+}
+
+namespace {
+
+// One module's update in a LoRA file, whatever its naming.
+struct FileAdapter {
+  torch::Tensor down, up;  // lora_A / lora_down [rank, in], lora_B / lora_up [out, rank]
+  std::optional<double> alpha;
+};
+
+// PEFT's global alpha and rank from diffusers' `lora_adapter_metadata` (keys with or without the
+// "transformer." prefix): the scale alpha / r every module of the file gets.
+std::optional<double> peft_scale(const std::map<std::string, std::string>& metadata) {
+  const auto it = metadata.find("lora_adapter_metadata");
+  if (it == metadata.end()) return std::nullopt;
+  const auto j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  for (const std::string prefix : {"transformer.", ""}) {
+    const auto r = j.find(prefix + "r"), a = j.find(prefix + "lora_alpha");
+    if (r != j.end() && a != j.end() && r->is_number() && a->is_number() && r->get<double>() > 0)
+      return a->get<double>() / r->get<double>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& path, double scale) {
+  const auto file = io::SafetensorsFile::open(path);
+  // Every Linear by its diffusers path, and by that path with '.' as '_' (kohya names).
+  std::map<std::string, Linear> by_path;
+  std::map<std::string, std::string> by_kohya;
+  for (auto& [module_path, linear] : named_linears(model)) {
+    by_path.emplace(module_path, linear);
+    by_kohya[std::regex_replace(module_path, std::regex("\\."), "_")] = module_path;
+  }
+  static const std::regex peft(
+      R"(^(?:transformer\.|diffusion_model\.|base_model\.model\.)?(.+)\.(lora_A|lora_B)(?:\.default)?\.weight$)");
+  static const std::regex peft_alpha(R"(^(?:transformer\.|diffusion_model\.)?(.+)\.alpha$)");
+  static const std::regex kohya(R"(^lora_(?:transformer|unet)_(.+)\.(lora_down|lora_up|alpha)(?:\.weight)?$)");
+  std::map<std::string, FileAdapter> adapters;  // by diffusers path
+  std::vector<std::string> unplaced;
+  for (const auto& entry : file.entries()) {
+    const std::string& name = entry.name;
+    std::smatch m;
+    if (std::regex_match(name, m, kohya)) {
+      const auto it = by_kohya.find(m[1].str());
+      if (it == by_kohya.end()) {
+        unplaced.push_back(name);
+        continue;
+      }
+      FileAdapter& a = adapters[it->second];
+      if (m[2] == "alpha")
+        a.alpha = file.tensor(name).item<double>();
+      else
+        (m[2] == "lora_down" ? a.down : a.up) = file.tensor(name);
+    } else if (std::regex_match(name, m, peft) && by_path.count(m[1].str())) {
+      (m[2] == "lora_A" ? adapters[m[1].str()].down : adapters[m[1].str()].up) = file.tensor(name);
+    } else if (std::regex_match(name, m, peft_alpha) && by_path.count(m[1].str())) {
+      adapters[m[1].str()].alpha = file.tensor(name).item<double>();
+    } else {
+      unplaced.push_back(name);
+    }
+  }
+  if (!unplaced.empty())
+    throw std::runtime_error(
+        path.string() + ": " + std::to_string(unplaced.size()) + " tensor(s) name no Linear of this " +
+        model.spec().preset + " model, e.g. " + unplaced.front() +
+        " (gclab reads LoRAs named by diffusers' module paths: PEFT/diffusers/AI Toolkit or kohya naming; a LoRA "
+        "for another model, or for the original BFL checkpoint layout, does not apply)");
+  const std::optional<double> file_scale = peft_scale(file.metadata());
+  torch::NoGradGuard no_grad;
+  for (const auto& [module_path, a] : adapters) {
+    if (!a.down.defined() || !a.up.defined())
+      throw std::runtime_error(path.string() + ": " + module_path + " has only one of its two LoRA matrices");
+    Linear& linear = by_path.at(module_path);
+    const torch::Tensor w = linear->effective_weight(torch::kFloat);
+    const int64_t rank = a.down.size(0);
+    if (a.down.dim() != 2 || a.up.dim() != 2 || a.up.size(1) != rank || a.up.size(0) != w.size(0) ||
+        a.down.size(1) != w.size(1))
+      throw std::runtime_error(path.string() + ": " + module_path + "'s LoRA is " + c10::str(a.up.sizes()) + " x " +
+                               c10::str(a.down.sizes()) + ", the Linear is " + c10::str(w.sizes()));
+    const double module_scale = a.alpha ? *a.alpha / static_cast<double>(rank) : file_scale.value_or(1.0);
+    linear->set_weight(w + scale * module_scale * torch::mm(a.up.to(torch::kFloat), a.down.to(torch::kFloat)));
+  }
+  return static_cast<int>(adapters.size());
 }
 
 std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path) {

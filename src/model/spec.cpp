@@ -93,7 +93,9 @@ ModelSpec tiny(const ModelSpec& full, const std::string& preset) {
   if (s.text_dim) s.text_dim = 64;
   if (s.pooled_dim) s.pooled_dim = 32;
   if (!s.rope_axes.empty()) s.rope_axes = {8, 12, 12};
-  if (s.adaln_dim) s.adaln_dim = 128, s.t_embed_mid = 256;
+  // Z-Image: the adaLN input is min(width, 256) wide; the timestep MLP's middle is 1024 at every width
+  // (diffusers TimestepEmbedder(min(dim, 256), mid_size=1024)).
+  if (s.adaln_dim) s.adaln_dim = std::min<int64_t>(s.hidden, 256);
   return s;
 }
 
@@ -199,6 +201,8 @@ void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
         s.single_blocks = static_cast<int>(get("n_layers", s.single_blocks));
         s.refiner_blocks = static_cast<int>(get("n_refiner_layers", s.refiner_blocks));
         s.text_dim = get("cap_feat_dim", s.text_dim);
+        s.adaln_dim = std::min<int64_t>(s.hidden, 256);
+        s.rope_theta = c.value("rope_theta", s.rope_theta);
         if (c.contains("axes_dims")) s.rope_axes = c["axes_dims"].get<std::vector<int64_t>>();
         break;
     }
@@ -228,10 +232,14 @@ ModelSpec spec_for(const config::ModelConfig& model) {
 }
 
 std::optional<LocalModel> local_model(const config::ModelConfig& model) {
+  std::error_code ec;
+  if (!model.name_or_path || !std::filesystem::is_directory(*model.name_or_path, ec)) return std::nullopt;
+  return local_model_at(*model.name_or_path, "model.name_or_path");
+}
+
+LocalModel local_model_at(const std::filesystem::path& dir, const std::string& what) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!model.name_or_path || !fs::is_directory(*model.name_or_path, ec)) return std::nullopt;
-  const fs::path dir = *model.name_or_path;
   LocalModel m;
   for (const fs::path& d : {dir / "transformer", dir})
     if (fs::is_regular_file(d / "config.json", ec)) {
@@ -240,7 +248,7 @@ std::optional<LocalModel> local_model(const config::ModelConfig& model) {
         if (fs::is_regular_file(d / w, ec)) m.weights = d / w;
       return m;
     }
-  throw UserError("model.name_or_path '" + dir.string() +
+  throw UserError(what + " '" + dir.string() +
                   "' is a folder but has no transformer/config.json (a diffusers model folder has one)");
 }
 
@@ -249,12 +257,16 @@ int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width) {
   return (height / cell) * (width / cell);
 }
 
-int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
+int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
   const int64_t n = std::max<int64_t>(prompt_tokens, 1);
   if (spec.family == Family::flux || spec.family == Family::sd3) return spec.max_text_tokens;
-  if (spec.family == Family::qwen_image) return std::min(n, spec.max_text_tokens);
-  if (spec.family == Family::zimage) return std::min((n + 31) / 32 * 32, spec.max_text_tokens);
+  if (spec.family == Family::qwen_image || spec.family == Family::zimage) return std::min(n, spec.max_text_tokens);
   return 0;  // dit: a class label, no text sequence
+}
+
+int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
+  const int64_t t = encoder_tokens(spec, prompt_tokens);
+  return spec.family == Family::zimage ? (t + 31) / 32 * 32 : t;
 }
 
 int64_t reference_tokens(const ModelSpec& spec, int control_images) {

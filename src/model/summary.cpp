@@ -23,10 +23,7 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
   for (const auto& b : model->buffers()) s.weight_bytes += static_cast<int64_t>(b.nbytes());
   for (const auto& p : model->parameters()) s.weight_bytes += static_cast<int64_t>(p.nbytes());
   if (config.network) {
-    LoraOptions lora;
-    lora.rank = config.network->linear.value_or(16);
-    lora.alpha = config.network->linear_alpha.value_or(static_cast<double>(lora.rank));
-    s.lora_modules = apply_lora(*model, lora);
+    s.lora_modules = apply_lora(*model, lora_options(*config.network));
     s.trainable_parameters = trainable_parameter_count(*model);
   } else {
     s.trainable_parameters = s.parameters;

@@ -201,20 +201,22 @@ class ZImageTransformer : public DiffusionTransformer {
                 std::make_shared<ZImageBlock>(d, s.heads, s.mlp_hidden, s.adaln_dim, true, o));
   }
 
+  // gclab's flow convention in, Z-Image's out: the real model takes t = 1 - sigma and predicts x0 - noise
+  // (its pipeline passes (1000 - t) / 1000 and negates the output), so the input is flipped here and the
+  // prediction negated, and training and sampling see the velocity noise - x0 as for every family.
   torch::Tensor forward(const ModelInputs& in) override {
     const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3), gh = h / p, gw = w / p;
-    const int64_t n_img = gh * gw, n_img_padded = (n_img + 31) / 32 * 32, n_cap = in.text.size(1);
+    const int64_t n_img = gh * gw, n_img_padded = padded(n_img), n_cap = in.text.size(1), n_cap_padded = padded(n_cap);
     torch::Tensor x = x_embedder(patchify(in.latents, p, /*channels_last=*/true));
-    // Sequences are padded to a multiple of 32 with learned pad tokens (SEQ_MULTI_OF).
-    if (n_img_padded > n_img)
-      x = torch::cat({x, x_pad_token.to(x.scalar_type()).unsqueeze(0).expand({x.size(0), n_img_padded - n_img, -1})},
-                     1);
-    torch::Tensor cap = cap_linear(cap_norm(in.text));
-    const torch::Tensor adaln = t_embedder(timestep_embedding(in.timestep * 1000, 256).to(x.scalar_type()));
-    // Positions: caption token j at (1 + j, 0, 0); the image at frame n_cap + 1, (row, column); padding at 0.
+    // Both sequences are padded to a multiple of 32 (SEQ_MULTI_OF) with their learned pad tokens.
+    x = pad_with(x, x_pad_token, n_img_padded);
+    torch::Tensor cap = pad_with(cap_linear(cap_norm(in.text)), cap_pad_token, n_cap_padded);
+    const torch::Tensor adaln = t_embedder(timestep_embedding((1.0 - in.timestep) * 1000, 256).to(x.scalar_type()));
+    // Positions: caption token j at (1 + j, 0, 0), its padding included; the image at frame
+    // n_cap_padded + 1, (row, column); the image's padding at 0.
     std::vector<std::array<int64_t, 3>> cap_ids, img_ids;
-    for (int64_t j = 0; j < n_cap; ++j) cap_ids.push_back({1 + j, 0, 0});
-    add_image_ids(img_ids, n_cap + 1, gh, gw);
+    for (int64_t j = 0; j < n_cap_padded; ++j) cap_ids.push_back({1 + j, 0, 0});
+    add_image_ids(img_ids, n_cap_padded + 1, gh, gw);
     img_ids.resize(static_cast<size_t>(n_img_padded), {0, 0, 0});
     const auto [img_cos, img_sin] = rope_cos_sin(ids_tensor(img_ids, x.device()), spec_.rope_axes, spec_.rope_theta);
     const auto [cap_cos, cap_sin] = rope_cos_sin(ids_tensor(cap_ids, x.device()), spec_.rope_axes, spec_.rope_theta);
@@ -226,7 +228,7 @@ class ZImageTransformer : public DiffusionTransformer {
     for (; b < blocks().size(); ++b) unified = call_block(b, {unified, adaln, cos, sin})[0];
     // FinalLayer: LN(x) * (1 + adaLN(SiLU(c))), then the linear projection back to patches.
     const torch::Tensor scale = 1.0 + final_adaLN(torch::silu(adaln));
-    torch::Tensor out = final_linear(layer_norm(unified.narrow(1, 0, n_img)) * scale.unsqueeze(1));
+    torch::Tensor out = -final_linear(layer_norm(unified.narrow(1, 0, n_img)) * scale.unsqueeze(1));
     return unpatchify(out, h, w, p, spec_.out_channels, /*channels_last=*/true);
   }
 
@@ -235,6 +237,14 @@ class ZImageTransformer : public DiffusionTransformer {
   RMSNorm cap_norm{nullptr};
   TwoLayerMlp t_embedder;
   torch::Tensor x_pad_token, cap_pad_token;
+
+  static int64_t padded(int64_t n) { return (n + 31) / 32 * 32; }
+  // The sequence with `token` appended up to `length` tokens.
+  static torch::Tensor pad_with(const torch::Tensor& seq, const torch::Tensor& token, int64_t length) {
+    if (length == seq.size(1)) return seq;
+    const auto pad = token.to(seq.scalar_type()).unsqueeze(0).expand({seq.size(0), length - seq.size(1), -1});
+    return torch::cat({seq, pad}, 1);
+  }
 };
 
 // ---- SD3.5 (diffusers SD3Transformer2DModel) -------------------------------------------------------
@@ -329,7 +339,7 @@ ModelInputs DiffusionTransformer::example_inputs(int64_t batch, int64_t height, 
   in.latents = torch::randn({batch, spec_.latent_channels, height / 8, width / 8}, f);
   in.timestep = torch::rand({batch}, f);
   if (spec_.text_dim) {
-    const int64_t t = n_text > 0 ? n_text : text_tokens(spec_, 16);
+    const int64_t t = n_text > 0 ? n_text : encoder_tokens(spec_, 16);
     in.text = torch::randn({batch, t, spec_.text_dim}, f);
   }
   if (spec_.pooled_dim) in.pooled = torch::randn({batch, spec_.pooled_dim}, f);

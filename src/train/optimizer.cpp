@@ -9,7 +9,7 @@ using config::OptimizerKind;
 
 namespace {
 
-enum class Rule { AdamW, Adam, Lion, Sgd };
+enum class Rule { AdamW, Adam, Lion, Adafactor, Prodigy, Sgd };
 
 Rule rule_of(OptimizerKind k) {
   switch (k) {
@@ -22,6 +22,10 @@ Rule rule_of(OptimizerKind k) {
     case OptimizerKind::lion:
     case OptimizerKind::lion8bit:
       return Rule::Lion;
+    case OptimizerKind::adafactor:
+      return Rule::Adafactor;
+    case OptimizerKind::prodigy:
+      return Rule::Prodigy;
     case OptimizerKind::sgd:
       break;
   }
@@ -32,39 +36,89 @@ bool eight_bit(OptimizerKind k) {
   return k == OptimizerKind::adamw8bit || k == OptimizerKind::adam8bit || k == OptimizerKind::lion8bit;
 }
 
+// Which parameters a moment exists for, and its shape: like the parameter, or Adafactor's factored
+// row / column vectors of a matrix (and its full second moment of anything with fewer than 2 dims).
+enum class MomentShape { param, row, col, unfactored };
+
 // The moments a rule keeps, by name; `signed` moments may be negative (the second moment is not).
 struct MomentSpec {
   const char* name;
   bool is_signed;
+  MomentShape shape = MomentShape::param;
 };
-std::vector<MomentSpec> moments_of(Rule r) {
+std::vector<MomentSpec> moments_of(Rule r, const OptimizerOptions& o) {
   switch (r) {
     case Rule::AdamW:
     case Rule::Adam:
       return {{"exp_avg", true}, {"exp_avg_sq", false}};
     case Rule::Lion:
       return {{"exp_avg", true}};
+    case Rule::Adafactor: {
+      std::vector<MomentSpec> m = {{"exp_avg_sq_row", false, MomentShape::row},
+                                   {"exp_avg_sq_col", false, MomentShape::col},
+                                   {"exp_avg_sq", false, MomentShape::unfactored}};
+      if (o.adafactor_beta1) m.push_back({"exp_avg", true});
+      return m;
+    }
+    case Rule::Prodigy:
+      return {{"exp_avg", true}, {"exp_avg_sq", false}, {"s", true}, {"p0", true}};
     case Rule::Sgd:
       break;
   }
   return {};
 }
 
+// The moment's shape for parameter p, or nothing when the moment does not exist for it.
+std::optional<std::vector<int64_t>> moment_sizes(MomentShape shape, const torch::Tensor& p) {
+  const auto s = p.sizes().vec();
+  const bool factored = s.size() >= 2;
+  switch (shape) {
+    case MomentShape::param:
+      return s;
+    case MomentShape::row:  // grad_shape[:-1]
+      if (!factored) return std::nullopt;
+      return std::vector<int64_t>(s.begin(), s.end() - 1);
+    case MomentShape::col: {  // grad_shape[:-2] + grad_shape[-1:]
+      if (!factored) return std::nullopt;
+      std::vector<int64_t> c(s.begin(), s.end() - 2);
+      c.push_back(s.back());
+      return c;
+    }
+    case MomentShape::unfactored:
+      if (factored) return std::nullopt;
+      return s;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 // Where the moments live between steps. get() gives float32 tensors the update may modify in place
-// (zeros the first time); put() keeps them after the update.
+// (zeros the first time, shaped as the moment is for that parameter); put() keeps them after the update.
 class MomentStorage {
  public:
   explicit MomentStorage(std::vector<MomentSpec> specs) : specs_(std::move(specs)) {}
   virtual ~MomentStorage() = default;
-  virtual torch::Tensor get(const std::string& param, size_t moment, const torch::Tensor& like) = 0;
+  // The moment for `param` (undefined when it has none of this kind: Adafactor's factored moments).
+  torch::Tensor get(const std::string& param, size_t moment, const torch::Tensor& p) {
+    const auto sizes = moment_sizes(specs_[moment].shape, p);
+    return sizes ? get_sized(param, moment, *sizes, p.options()) : torch::Tensor();
+  }
+  int64_t expected_bytes(const torch::Tensor& p) const {
+    int64_t b = 0;
+    for (size_t m = 0; m < count(); ++m)
+      if (const auto sizes = moment_sizes(specs_[m].shape, p))
+        b += expected_bytes_of(c10::multiply_integers(*sizes), static_cast<int64_t>(p.element_size()));
+    return b;
+  }
+  virtual torch::Tensor get_sized(const std::string& param, size_t moment, const std::vector<int64_t>& sizes,
+                                  const torch::TensorOptions& options) = 0;
   virtual void put(const std::string& param, size_t moment, const torch::Tensor& value) = 0;
   virtual std::vector<std::pair<std::string, torch::Tensor>> state() const = 0;
   virtual void load(const std::map<std::string, torch::Tensor>& state, const std::string& param,
                     const torch::Tensor& like) = 0;
   virtual int64_t bytes() const = 0;
-  virtual int64_t expected_bytes(const torch::Tensor& param) const = 0;
+  virtual int64_t expected_bytes_of(int64_t numel, int64_t element_bytes) const = 0;
   size_t count() const { return specs_.size(); }
 
  protected:
@@ -77,9 +131,10 @@ namespace {
 class Float32Moments : public MomentStorage {
  public:
   using MomentStorage::MomentStorage;
-  torch::Tensor get(const std::string& param, size_t moment, const torch::Tensor& like) override {
+  torch::Tensor get_sized(const std::string& param, size_t moment, const std::vector<int64_t>& sizes,
+                          const torch::TensorOptions& options) override {
     auto& t = tensors_[key(param, moment)];
-    if (!t.defined()) t = torch::zeros_like(like);
+    if (!t.defined()) t = torch::zeros(sizes, options);
     return t;  // the stored tensor itself: the update is in place
   }
   void put(const std::string&, size_t, const torch::Tensor&) override {}
@@ -97,9 +152,7 @@ class Float32Moments : public MomentStorage {
     for (const auto& [k, t] : tensors_) b += static_cast<int64_t>(t.nbytes());
     return b;
   }
-  int64_t expected_bytes(const torch::Tensor& p) const override {
-    return static_cast<int64_t>(count()) * static_cast<int64_t>(p.nbytes());
-  }
+  int64_t expected_bytes_of(int64_t numel, int64_t element_bytes) const override { return numel * element_bytes; }
 
  private:
   std::map<std::string, torch::Tensor> tensors_;
@@ -110,10 +163,11 @@ class BlockwiseInt8Moments : public MomentStorage {
   using MomentStorage::MomentStorage;
   static constexpr int64_t kBlock = 256;
 
-  torch::Tensor get(const std::string& param, size_t moment, const torch::Tensor& like) override {
+  torch::Tensor get_sized(const std::string& param, size_t moment, const std::vector<int64_t>& sizes,
+                          const torch::TensorOptions& options) override {
     const auto it = stored_.find(key(param, moment));
-    if (it == stored_.end()) return torch::zeros_like(like);
-    return dequantize(it->second, like, specs_[moment].is_signed);
+    if (it == stored_.end()) return torch::zeros(sizes, options);
+    return dequantize(it->second, sizes, options, specs_[moment].is_signed);
   }
   void put(const std::string& param, size_t moment, const torch::Tensor& value) override {
     stored_[key(param, moment)] = quantize(value, specs_[moment].is_signed);
@@ -136,9 +190,9 @@ class BlockwiseInt8Moments : public MomentStorage {
     for (const auto& [k, q] : stored_) b += static_cast<int64_t>(q.codes.nbytes() + q.scale.nbytes());
     return b;
   }
-  int64_t expected_bytes(const torch::Tensor& p) const override {
-    const int64_t blocks = (p.numel() + kBlock - 1) / kBlock;
-    return static_cast<int64_t>(count()) * (blocks * kBlock + blocks * 4);  // a byte a value, a float32 a block
+  int64_t expected_bytes_of(int64_t numel, int64_t) const override {
+    const int64_t blocks = (numel + kBlock - 1) / kBlock;
+    return blocks * kBlock + blocks * 4;  // a byte a value, a float32 a block
   }
 
  private:
@@ -158,10 +212,11 @@ class BlockwiseInt8Moments : public MomentStorage {
     const torch::Tensor b = blocks(x).sqrt(), scale = b.amax(1).clamp_min(1e-30);
     return {(b / scale.unsqueeze(1) * 255).round().to(torch::kByte), scale};
   }
-  static torch::Tensor dequantize(const Quantized& q, const torch::Tensor& like, bool is_signed) {
+  static torch::Tensor dequantize(const Quantized& q, const std::vector<int64_t>& sizes,
+                                  const torch::TensorOptions& options, bool is_signed) {
     torch::Tensor b = q.codes.to(torch::kFloat) * q.scale.unsqueeze(1) / (is_signed ? 127.0 : 255.0);
     if (!is_signed) b = b.square();
-    return b.reshape({-1}).narrow(0, 0, like.numel()).reshape(like.sizes()).to(like.scalar_type());
+    return b.reshape({-1}).narrow(0, 0, c10::multiply_integers(sizes)).reshape(sizes).to(options.dtype());
   }
   std::map<std::string, Quantized> stored_;
 };
@@ -174,6 +229,12 @@ OptimizerOptions default_options(OptimizerKind kind) {
     case Rule::Lion:  // lion-pytorch: betas (0.9, 0.99), weight_decay 0
       o.beta2 = 0.99, o.weight_decay = 0;
       break;
+    case Rule::Adafactor:  // eps (1e-30, 1e-3), weight_decay 0
+      o.eps = 1e-30, o.weight_decay = 0;
+      break;
+    case Rule::Prodigy:  // prodigyopt: weight_decay 0; AI Toolkit passes eps=1e-6
+      o.eps = 1e-6, o.weight_decay = 0;
+      break;
     case Rule::Adam:  // torch.optim.Adam: weight_decay 0
     case Rule::Sgd:   // torch.optim.SGD: weight_decay 0
       o.weight_decay = 0;
@@ -184,10 +245,34 @@ OptimizerOptions default_options(OptimizerKind kind) {
   return o;
 }
 
+OptimizerOptions options_from(const config::TrainConfig& train, const std::function<bool(const char*)>& given) {
+  OptimizerOptions opt = default_options(train.optimizer);
+  const config::OptimizerParams& c = train.optimizer_params;
+  if (given("train.optimizer_params.weight_decay")) opt.weight_decay = c.weight_decay;
+  if (given("train.optimizer_params.betas")) opt.beta1 = c.betas.at(0), opt.beta2 = c.betas.at(1);
+  if (given("train.optimizer_params.eps")) opt.eps = c.eps;
+  opt.scale_parameter = c.scale_parameter.value_or(opt.scale_parameter);
+  opt.clip_threshold = c.clip_threshold.value_or(opt.clip_threshold);
+  opt.decay_rate = c.decay_rate.value_or(opt.decay_rate);
+  if (c.beta1) opt.adafactor_beta1 = c.beta1;
+  opt.d0 = c.d0.value_or(opt.d0);
+  opt.d_coef = c.d_coef.value_or(opt.d_coef);
+  opt.growth_rate = c.growth_rate.value_or(opt.growth_rate);
+  if (c.beta3) opt.beta3 = c.beta3;
+  opt.use_bias_correction = c.use_bias_correction.value_or(opt.use_bias_correction);
+  opt.safeguard_warmup = c.safeguard_warmup.value_or(opt.safeguard_warmup);
+  opt.decouple = c.decouple.value_or(opt.decouple);
+  return opt;
+}
+
+double optimizer_lr(OptimizerKind kind, double configured_lr) {
+  return kind == OptimizerKind::prodigy && configured_lr < 0.1 ? 1.0 : configured_lr;
+}
+
 Optimizer::Optimizer(OptimizerKind kind, std::vector<std::pair<std::string, torch::Tensor>> params,
                      const OptimizerOptions& options)
-    : kind_(kind), params_(std::move(params)), o_(options) {
-  auto specs = moments_of(rule_of(kind));
+    : kind_(kind), params_(std::move(params)), o_(options), prodigy_d_(options.d0), prodigy_d_max_(options.d0) {
+  auto specs = moments_of(rule_of(kind), options);
   if (eight_bit(kind))
     moments_ = std::make_unique<BlockwiseInt8Moments>(std::move(specs));
   else
@@ -239,6 +324,12 @@ void Optimizer::step(double lr) {
       at::_foreach_add_(m[0], g, 1 - b2);
       break;
     }
+    case Rule::Adafactor:
+      adafactor_step(p, g, m, lr);
+      break;
+    case Rule::Prodigy:
+      prodigy_step(p, g, m, lr);
+      break;
     case Rule::Sgd: {  // torch.optim.SGD, no momentum
       if (wd != 0) g = at::_foreach_add(g, p, wd);
       at::_foreach_add_(p, g, -lr);
@@ -246,7 +337,88 @@ void Optimizer::step(double lr) {
     }
   }
   for (size_t i = 0; i < names.size(); ++i)
-    for (size_t k = 0; k < m.size(); ++k) moments_->put(names[i], k, m[k][i]);
+    for (size_t k = 0; k < m.size(); ++k)
+      if (m[k][i].defined()) moments_->put(names[i], k, m[k][i]);
+}
+
+// AI Toolkit's Adafactor.step for float32 parameters, relative_step off (its setting): per parameter,
+// beta2_t = 1 - t^decay_rate; v <- beta2_t v + (1 - beta2_t)(g^2 + eps) (factored: row and column means,
+// recombined as row / mean(row) x col); u = g / sqrt(v), divided by max(1, RMS(u) / clip_threshold),
+// times lr (times max(eps2, RMS(p)) with scale_parameter); optional first moment of u; decay; p -= u.
+void Optimizer::adafactor_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
+                               std::vector<std::vector<torch::Tensor>>& m, double lr) {
+  const double beta2t = 1.0 - std::pow(static_cast<double>(steps_), o_.decay_rate);
+  auto rms = [](const torch::Tensor& t) { return t.norm(2) / std::sqrt(static_cast<double>(t.numel())); };
+  for (size_t i = 0; i < p.size(); ++i) {
+    const torch::Tensor grad = g[i].to(torch::kFloat);
+    torch::Tensor &row = m[0][i], &col = m[1][i], &full = m[2][i];
+    torch::Tensor update = grad.square().add_(o_.eps);
+    if (row.defined()) {
+      row.mul_(beta2t).add_(update.mean(-1), 1.0 - beta2t);
+      col.mul_(beta2t).add_(update.mean(-2), 1.0 - beta2t);
+      const torch::Tensor r_factor = (row / row.mean(-1, true)).rsqrt_().unsqueeze(-1);
+      update = r_factor.mul(col.unsqueeze(-2).rsqrt()).mul_(grad);
+    } else {
+      full.mul_(beta2t).add_(update, 1.0 - beta2t);
+      update = full.rsqrt().mul_(grad);
+    }
+    update.div_((rms(update) / o_.clip_threshold).clamp_(1.0));
+    // lr as a tensor when scaled by the parameter's RMS: no host synchronisation.
+    const torch::Tensor step_lr =
+        o_.scale_parameter ? rms(p[i]).clamp_min(o_.eps2) * lr : torch::full({}, lr, update.options());
+    update.mul_(step_lr);
+    if (o_.adafactor_beta1) {
+      torch::Tensor& exp_avg = m[3][i];
+      exp_avg.mul_(*o_.adafactor_beta1).add_(update, 1.0 - *o_.adafactor_beta1);
+      update = exp_avg;
+    }
+    if (o_.weight_decay != 0) p[i].add_(p[i] * step_lr * -o_.weight_decay);
+    p[i].sub_(update);
+  }
+}
+
+// prodigyopt's Prodigy.step (one parameter group), with the sums over parameters taken on the device
+// and read once: d grows to d_coef * sum_k <g_k, p0 - p_k> (weighted) / |s|_1 and scales Adam's moments.
+void Optimizer::prodigy_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
+                             std::vector<std::vector<torch::Tensor>>& m, double lr) {
+  std::vector<torch::Tensor>&exp_avg = m[0], &exp_avg_sq = m[1], &s = m[2], &p0 = m[3];
+  const double b1 = o_.beta1, b2 = o_.beta2, b3 = o_.beta3.value_or(std::sqrt(b2));
+  const double k = static_cast<double>(steps_ - 1);
+  const double bias_correction =
+      o_.use_bias_correction ? std::sqrt(1 - std::pow(b2, k + 1)) / (1 - std::pow(b1, k + 1)) : 1.0;
+  const double d = prodigy_d_, dlr = d * lr * bias_correction;
+  std::vector<torch::Tensor> grads = g;
+  if (o_.weight_decay != 0 && !o_.decouple) grads = at::_foreach_add(g, p, o_.weight_decay);
+  std::vector<torch::Tensor> numerators, denominators;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (steps_ == 1) p0[i].copy_(p[i]);  // state initialisation: the weights it started from
+    numerators.push_back(
+        torch::dot(grads[i].flatten().to(torch::kDouble), (p0[i] - p[i]).flatten().to(torch::kDouble)));
+  }
+  at::_foreach_mul_(exp_avg, b1);
+  at::_foreach_add_(exp_avg, grads, d * (1 - b1));
+  at::_foreach_mul_(exp_avg_sq, b2);
+  at::_foreach_addcmul_(exp_avg_sq, grads, grads, d * d * (1 - b2));
+  at::_foreach_mul_(s, b3);
+  at::_foreach_add_(s, grads, o_.safeguard_warmup ? (d / o_.d0) * d : (d / o_.d0) * dlr);
+  for (const auto& si : s) denominators.push_back(si.abs().sum().to(torch::kDouble));
+  // One read of the two sums for the whole step.
+  const torch::Tensor sums = torch::stack({torch::stack(numerators).sum(), torch::stack(denominators).sum()}).cpu();
+  const double d_numerator = prodigy_d_numerator_ * b3 + (d / o_.d0) * dlr * sums[0].item<double>();
+  const double d_denom = sums[1].item<double>();
+  if (d_denom == 0) return;  // prodigyopt: nothing to learn from yet
+  if (lr > 0) {
+    const double d_hat = o_.d_coef * d_numerator / d_denom;
+    if (prodigy_d_ == o_.d0) prodigy_d_ = std::max(prodigy_d_, d_hat);
+    prodigy_d_max_ = std::max(prodigy_d_max_, d_hat);
+    prodigy_d_ = std::min(prodigy_d_max_, prodigy_d_ * o_.growth_rate);
+  }
+  prodigy_d_numerator_ = d_numerator;
+  // As prodigyopt: eps scaled by the new d, the step by this step's dlr.
+  std::vector<torch::Tensor> denom = at::_foreach_sqrt(exp_avg_sq);
+  at::_foreach_add_(denom, prodigy_d_ * o_.eps);
+  if (o_.weight_decay != 0 && o_.decouple) at::_foreach_mul_(p, 1 - o_.weight_decay * dlr);
+  at::_foreach_addcdiv_(p, exp_avg, denom, -dlr);
 }
 
 void Optimizer::zero_grad() {
@@ -256,11 +428,17 @@ void Optimizer::zero_grad() {
 std::vector<std::pair<std::string, torch::Tensor>> Optimizer::state() const {
   auto out = moments_->state();
   out.emplace_back("step", torch::tensor(steps_));
+  if (rule_of(kind_) == Rule::Prodigy)
+    out.emplace_back("prodigy", torch::tensor({prodigy_d_, prodigy_d_max_, prodigy_d_numerator_}, torch::kDouble));
   return out;
 }
 
 void Optimizer::load_state(const std::map<std::string, torch::Tensor>& s) {
   if (const auto it = s.find("step"); it != s.end()) steps_ = it->second.item<int64_t>();
+  if (const auto it = s.find("prodigy"); it != s.end()) {
+    const torch::Tensor v = it->second.to(torch::kDouble);
+    prodigy_d_ = v[0].item<double>(), prodigy_d_max_ = v[1].item<double>(), prodigy_d_numerator_ = v[2].item<double>();
+  }
   for (auto& [name, p] : params_) moments_->load(s, name, p);
 }
 

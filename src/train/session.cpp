@@ -79,7 +79,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
 
   // ---- the text encoder and its embedding cache (kept resident, as in a run) ----
   text_ = std::make_unique<data::TextEmbeddingCache>(
-      text_encoder_options(spec_), [this](int64_t n) { return model::text_tokens(spec_, n); },
+      text_encoder_options(spec_), [this](int64_t n) { return model::encoder_tokens(spec_, n); },
       device_.is_meta() ? torch::Device(torch::kCPU) : device_, tc.cache_text_embeddings);
 
   // ---- the model, as AI Toolkit loads it: with a LoRA network in bf16 the frozen base is stored in bf16
@@ -93,9 +93,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
       spec_, torch::TensorOptions().device(device_).dtype(bf16_base ? torch::kBFloat16 : torch::kFloat));
   if (config_.model.quantize) model::set_base_weight_storage(*model_, model::WeightStorage::Float8PerTensor);
   if (config_.network) {
-    lora_.rank = config_.network->linear.value_or(16);
-    lora_.alpha = config_.network->linear_alpha.value_or(static_cast<double>(lora_.rank));
-    lora_.dropout = config_.network->dropout.value_or(0.0);
+    lora_ = model::lora_options(*config_.network);
     lora_modules_ = model::apply_lora(*model_, lora_);  // float32 adapters
   }
   // The user's weights when name_or_path is a local diffusers folder that has them: every tensor checked
@@ -128,13 +126,9 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   for (const auto& p : model_->named_parameters())
     if (p.value().requires_grad()) trained_.emplace_back(p.key(), p.value());
   // The optimizer's own defaults for what the config does not set (Lion: betas 0.9/0.99, no decay).
-  OptimizerOptions opt = default_options(tc.optimizer);
-  auto given = [&](const char* key) { return config_.source.origin_by_path.count(key) > 0; };
-  if (given("train.optimizer_params.weight_decay")) opt.weight_decay = tc.optimizer_params.weight_decay;
-  if (given("train.optimizer_params.betas"))
-    opt.beta1 = tc.optimizer_params.betas.at(0), opt.beta2 = tc.optimizer_params.betas.at(1);
-  if (given("train.optimizer_params.eps")) opt.eps = tc.optimizer_params.eps;
-  optimizer_ = make_optimizer(tc.optimizer, trained_, opt);
+  optimizer_ =
+      make_optimizer(tc.optimizer, trained_,
+                     options_from(tc, [&](const char* key) { return config_.source.origin_by_path.count(key) > 0; }));
   if (tc.ema_config.use_ema)
     for (const auto& [n, p] : trained_) ema_[n] = p.detach().clone();
 
@@ -283,7 +277,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     r.grad_norm = clip_grad_norm(params, tc.max_grad_norm);
     for (const auto& [n, p] : trained_)
       if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
-    optimizer_->step(scheduled_lr(tc.lr_scheduler, tc.lr, step, tc.steps));
+    optimizer_->step(scheduled_lr(tc.lr_scheduler, optimizer_lr(tc.optimizer, tc.lr), step, tc.steps));
     optimizer_->zero_grad();
     if (!ema_.empty()) {
       torch::NoGradGuard no_grad;

@@ -106,6 +106,23 @@ TEST(ConfigLoader, OverrideAppendsADatasetAtTheEndOfTheList) {
   EXPECT_EQ(*r.config->datasets[1].folder_path, "/other");
 }
 
+// Adafactor and Prodigy take their own optimizer_params as AI Toolkit passes them; what AI Toolkit's
+// Adafactor itself refuses (relative_step with an lr, which AI Toolkit always passes) is an error here.
+TEST(ConfigLoader, AdafactorAndProdigyTakeTheirOwnParameters) {
+  const auto af = load(kMinimal, {"train.optimizer=adafactor", "train.optimizer_params.scale_parameter=true",
+                                  "train.optimizer_params.beta1=0.9"});
+  ASSERT_TRUE(af.ok()) << all_messages(af);
+  EXPECT_EQ(af.config->train.optimizer, config::OptimizerKind::adafactor);
+  EXPECT_EQ(af.config->train.optimizer_params.beta1, 0.9);
+  EXPECT_TRUE(load(kMinimal, {"train.optimizer=adafactor", "train.optimizer_params.relative_step=true"})
+                  .diagnostics.mentions("Cannot combine manual `lr` and `relative_step=True`"));
+  const auto pr = load(kMinimal, {"train.optimizer=prodigy", "train.lr=1", "train.optimizer_params.d_coef=0.5"});
+  ASSERT_TRUE(pr.ok()) << all_messages(pr);
+  EXPECT_EQ(pr.config->train.optimizer_params.d_coef, 0.5);
+  EXPECT_TRUE(load(kMinimal, {"train.optimizer=prodigy", "train.optimizer_params.scale_parameter=true"})
+                  .diagnostics.mentions("is a parameter of adafactor, not of train.optimizer prodigy"));
+}
+
 TEST(ConfigLoader, MalformedOverridesAreErrors) {
   EXPECT_TRUE(load(kMinimal, {"train.batch_size"}).diagnostics.mentions("expected PATH=VALUE"));
   EXPECT_TRUE(load(kMinimal, {"datasets.5.resolution=256"}).diagnostics.mentions("past the end"));
@@ -176,7 +193,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"train.lr=fast", "expected a number"},
         BadValue{"train.gradient_checkpointing=maybe", "expected true or false"},
         BadValue{"train.dtype=fp8", "'fp8' is not supported; use one of: fp32, bf16, fp16"},
-        BadValue{"train.optimizer=prodigy", "'prodigy' is not supported; use one of: adamw, adamw8bit"},
+        BadValue{"train.optimizer=automagic", "'automagic' is not supported; use one of: adamw, adamw8bit"},
+        BadValue{"train.optimizer_params.d_coef=2", "is a parameter of prodigy, not of train.optimizer adamw"},
         BadValue{"train.timestep_type=cubic", "use one of: sigmoid, linear, shift, weighted"},
         BadValue{"train.optimizer_params.betas=[0.9]", "train.optimizer_params.betas"},
         BadValue{"train.ema_config.ema_decay=1.5", "ema_decay"},

@@ -435,14 +435,18 @@ class ZImage(nn.Module):
         n_img = gh * gw
         n_pad = (n_img + 31) // 32 * 32
         n_cap = inp["text"].shape[1]
+        n_cap_pad = (n_cap + 31) // 32 * 32
         x = self.all_x_embedder["2-1"](patchify(lat, p, True))
         if n_pad > n_img:
             x = torch.cat([x, self.x_pad_token.unsqueeze(0).expand(x.shape[0], n_pad - n_img, -1)], 1)
         cap = getattr(self.cap_embedder, "1")(getattr(self.cap_embedder, "0")(inp["text"]))
+        if n_cap_pad > n_cap:  # the caption, too, is padded to a multiple of 32 with a learned token
+            cap = torch.cat([cap, self.cap_pad_token.unsqueeze(0).expand(cap.shape[0], n_cap_pad - n_cap, -1)], 1)
         mlp = self.t_embedder.mlp
-        adaln = getattr(mlp, "2")(F.silu(getattr(mlp, "0")(timestep_embedding(inp["timestep"] * 1000, 256))))
-        img_ids = image_ids(n_cap + 1, gh, gw) + [[0, 0, 0]] * (n_pad - n_img)
-        cap_ids = [[1 + j, 0, 0] for j in range(n_cap)]
+        # Z-Image's time runs the other way (1 - sigma), and it predicts x0 - noise: negated at the end.
+        adaln = getattr(mlp, "2")(F.silu(getattr(mlp, "0")(timestep_embedding((1 - inp["timestep"]) * 1000, 256))))
+        img_ids = image_ids(n_cap_pad + 1, gh, gw) + [[0, 0, 0]] * (n_pad - n_img)
+        cap_ids = [[1 + j, 0, 0] for j in range(n_cap_pad)]
         icos, isin = rope_cos_sin(ids_tensor(img_ids), s["rope_axes"], s["rope_theta"])
         ccos, csin = rope_cos_sin(ids_tensor(cap_ids), s["rope_axes"], s["rope_theta"])
         for b in self.noise_refiner:
@@ -455,7 +459,7 @@ class ZImage(nn.Module):
             u = b(u, adaln, cos, sin)
         fl = self.all_final_layer["2-1"]
         scale = 1.0 + getattr(fl.adaLN_modulation, "1")(F.silu(adaln))
-        out = fl.linear(layer_norm(u[:, :n_img]) * scale.unsqueeze(1))
+        out = -fl.linear(layer_norm(u[:, :n_img]) * scale.unsqueeze(1))
         return unpatchify(out, h, w, p, s["out_channels"], True)
 
 

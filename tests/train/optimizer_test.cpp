@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "gclab/io/safetensors.h"
 
 namespace gclab::train {
 namespace {
@@ -103,6 +107,99 @@ TEST(Optimizers, DefaultsAreEachReferencesOwn) {
   EXPECT_DOUBLE_EQ(default_options(OptimizerKind::adam).weight_decay, 0.0);
   EXPECT_DOUBLE_EQ(default_options(OptimizerKind::lion).beta2, 0.99);
   EXPECT_DOUBLE_EQ(default_options(OptimizerKind::lion).weight_decay, 0.0);
+}
+
+// Adafactor and Prodigy against their reference implementations themselves (transformers' Adafactor, the
+// rule AI Toolkit's copy applies to float32 parameters, and prodigyopt's Prodigy) in float32: a matrix
+// (Adafactor factors its second moment) and a vector, six steps.
+struct ReferenceCase {
+  OptimizerKind kind;
+  OptimizerOptions options;
+  double lr;
+  std::string reference_options;  // the same options as the reference's keyword arguments (JSON)
+};
+
+void expect_matches_python_reference(const ReferenceCase& c) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("gclab_opt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  torch::manual_seed(5);
+  std::map<std::string, torch::Tensor> params = {{"matrix", torch::randn({24, 40})}, {"vector", torch::randn({40})}};
+  std::vector<std::pair<std::string, torch::Tensor>> file;
+  std::map<std::string, torch::Tensor> params_at_start;
+  for (const auto& [n, p] : params) file.emplace_back("param." + n, p.clone()), params_at_start[n] = p.clone();
+  // Gradients with a common direction (so Prodigy's distance estimate grows) and noise.
+  std::map<std::string, torch::Tensor> direction;
+  for (const auto& [n, p] : params) direction[n] = torch::randn_like(p);
+  std::vector<std::map<std::string, torch::Tensor>> grads(6);
+  for (size_t s = 0; s < grads.size(); ++s)
+    for (const auto& [n, p] : params) {
+      grads[s][n] = direction[n] + 0.3 * torch::randn_like(p);
+      file.emplace_back("grad." + std::to_string(s) + "." + n, grads[s][n]);
+    }
+  io::save_safetensors(dir / "in.safetensors", file);
+  const std::string command = std::string("\"") + GCLAB_PYTHON + "\" \"" + GCLAB_SOURCE_DIR +
+                              "/tests/reference/optimizers.py\" " + std::string(config::name_of(c.kind)) + " \"" +
+                              (dir / "in.safetensors").string() + "\" \"" + (dir / "out.safetensors").string() +
+                              "\" '" + c.reference_options + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+
+  std::vector<std::pair<std::string, torch::Tensor>> trained;
+  for (auto& [n, p] : params) trained.emplace_back(n, p.requires_grad_(true));
+  auto opt = make_optimizer(c.kind, trained, c.options);
+  for (const auto& step : grads) {
+    for (auto& [n, p] : trained) p.mutable_grad() = step.at(n).clone();
+    opt->step(c.lr);
+    opt->zero_grad();
+  }
+  // The displacement from the start, compared relative to the reference's (Prodigy's first steps are tiny
+  // by design: d starts at d0 = 1e-6).
+  const auto want = io::SafetensorsFile::open(dir / "out.safetensors");
+  for (const auto& [n, p] : trained) {
+    const torch::Tensor start = params_at_start.at(n);
+    const torch::Tensor ours = p.detach() - start, ref = want.tensor("param." + n) - start;
+    const double scale = ref.abs().max().item<double>();
+    ASSERT_GT(scale, 0.0) << config::name_of(c.kind) << " " << n << ": the reference did not move";
+    EXPECT_LT((ours - ref).abs().max().item<double>() / scale, 1e-4)
+        << config::name_of(c.kind) << " " << n << ": moved " << ours.abs().max().item<double>() << ", reference "
+        << scale;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Optimizers, AdafactorMatchesItsReference) {
+  OptimizerOptions o = default_options(OptimizerKind::adafactor);
+  expect_matches_python_reference({OptimizerKind::adafactor, o, 1e-2, R"({"lr": 0.01, "scale_parameter": false})"});
+  // scale_parameter, a first moment, weight decay, a tighter clip.
+  o.scale_parameter = true, o.adafactor_beta1 = 0.9, o.weight_decay = 0.1, o.clip_threshold = 0.5;
+  expect_matches_python_reference(
+      {OptimizerKind::adafactor, o, 1e-2,
+       R"({"lr": 0.01, "scale_parameter": true, "beta1": 0.9, "weight_decay": 0.1, "clip_threshold": 0.5})"});
+}
+
+TEST(Optimizers, ProdigyMatchesItsReference) {
+  OptimizerOptions o = default_options(OptimizerKind::prodigy);
+  expect_matches_python_reference({OptimizerKind::prodigy, o, 1.0, R"({"lr": 1.0, "eps": 1e-6})"});
+  o.weight_decay = 0.01, o.use_bias_correction = true, o.safeguard_warmup = true, o.d_coef = 2.0;
+  expect_matches_python_reference({OptimizerKind::prodigy, o, 1.0,
+                                   R"({"lr": 1.0, "eps": 1e-6, "weight_decay": 0.01, "use_bias_correction": true,
+                                       "safeguard_warmup": true, "d_coef": 2.0})"});
+}
+
+TEST(Optimizers, AdafactorStateIsFactoredAndProdigyKeepsFourCopies) {
+  torch::Tensor w = torch::randn({64, 32}).requires_grad_(true), b = torch::randn({32}).requires_grad_(true);
+  for (auto kind : {OptimizerKind::adafactor, OptimizerKind::prodigy}) {
+    auto opt = make_optimizer(kind, {{"w", w}, {"b", b}}, default_options(kind));
+    w.mutable_grad() = torch::randn_like(w), b.mutable_grad() = torch::randn_like(b);
+    opt->step(kind == OptimizerKind::prodigy ? 1.0 : 1e-3);
+    // Adafactor: a row (64) and a column (32) vector for the matrix, a full second moment for the vector.
+    const int64_t want = kind == OptimizerKind::adafactor ? (64 + 32 + 32) * 4 : 4 * (64 * 32 + 32) * 4;
+    EXPECT_EQ(opt->state_bytes(), want) << config::name_of(kind);
+    EXPECT_EQ(opt->expected_state_bytes(), want) << config::name_of(kind);
+  }
+  EXPECT_DOUBLE_EQ(optimizer_lr(OptimizerKind::prodigy, 1e-4), 1.0);  // AI Toolkit: lr < 0.1 becomes 1.0
+  EXPECT_DOUBLE_EQ(optimizer_lr(OptimizerKind::prodigy, 0.5), 0.5);
+  EXPECT_DOUBLE_EQ(optimizer_lr(OptimizerKind::adamw, 1e-4), 1e-4);
 }
 
 }  // namespace

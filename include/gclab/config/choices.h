@@ -13,7 +13,7 @@
 namespace gclab::config {
 
 enum class DType { fp32, bf16, fp16 };
-enum class OptimizerKind { adamw, adamw8bit, adam, adam8bit, lion, lion8bit, sgd };
+enum class OptimizerKind { adamw, adamw8bit, adam, adam8bit, lion, lion8bit, adafactor, prodigy, sgd };
 enum class OomPolicy { abort, skip };
 enum class TimestepType { sigmoid, linear, shift, weighted, flux_shift, lumina2_shift, lognorm_blend };
 // save.save_format: one .safetensors file, or (a full fine-tune) a diffusers folder; a LoRA is one file either way.

@@ -148,16 +148,37 @@ struct EmaConfig {
   }
 };
 
+// train.optimizer_params: passed to the optimizer as AI Toolkit passes them (what is not given takes the
+// optimizer's own default); a key the chosen optimizer does not take is refused by the loader.
 struct OptimizerParams {
   double weight_decay = 0.01;  // torch.optim.AdamW's default, which AI Toolkit inherits
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
+  // adafactor (AI Toolkit's toolkit/optimizers/adafactor.py)
+  std::optional<bool> relative_step, scale_parameter, warmup_init;
+  std::optional<double> clip_threshold, decay_rate, beta1;
+  // prodigy (prodigyopt)
+  std::optional<double> d0, d_coef, growth_rate, beta3;
+  std::optional<bool> use_bias_correction, safeguard_warmup, decouple;
 
   template <class V>
   void fields(V& v) {
     v("weight_decay", weight_decay);
     v("betas", betas);
     v("eps", eps);
+    v("relative_step", relative_step);
+    v("scale_parameter", scale_parameter);
+    v("warmup_init", warmup_init);
+    v("clip_threshold", clip_threshold);
+    v("decay_rate", decay_rate);
+    v("beta1", beta1);
+    v("d0", d0);
+    v("d_coef", d_coef);
+    v("growth_rate", growth_rate);
+    v("beta3", beta3);
+    v("use_bias_correction", use_bias_correction);
+    v("safeguard_warmup", safeguard_warmup);
+    v("decouple", decouple);
   }
 };
 

@@ -32,6 +32,7 @@ class LinearImpl : public torch::nn::Module {
   // as a no-op), freezes weight and bias. Calling it twice replaces the adapter.
   void add_lora(int64_t rank, double alpha, double dropout = 0.0);
   bool has_lora() const { return lora_A_.defined(); }
+  double lora_scale() const { return lora_scale_; }  // alpha / rank
   // Stores the weight as `storage` (frozen; float8 adds a `weight_scale` buffer). Not for trained weights.
   void set_weight_storage(WeightStorage storage);
   WeightStorage weight_storage() const { return storage_; }

@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "gclab/config/config.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::model {
@@ -18,6 +19,8 @@ struct LoraOptions {
   double alpha = 16.0;  // network.linear_alpha
   double dropout = 0.0;
 };
+// The adapters a config's `network` block asks for (the one place its defaults are applied).
+LoraOptions lora_options(const config::NetworkConfig& network);
 
 // Freezes every parameter, then adds an adapter to each target Linear. Returns the number of adapted
 // modules. The adapters start as a no-op (lora_B = 0), so the model's output is unchanged.
@@ -27,18 +30,31 @@ int apply_lora(DiffusionTransformer& model, const LoraOptions& options);
 // weight storage saved.
 int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage storage);
 
-// The adapter weights in AI Toolkit's / diffusers' LoRA naming:
+// The adapter weights in AI Toolkit's / diffusers' (PEFT) LoRA naming, as a file holds them:
 //   transformer.<module path>.lora_A.weight  [rank, in]
-//   transformer.<module path>.lora_B.weight  [out, rank]
-// in `dtype` (save.dtype), with the rank and alpha in the metadata (ss_network_dim / ss_network_alpha,
-// the keys kohya and AI Toolkit write).
+//   transformer.<module path>.lora_B.weight  [out, rank], multiplied by alpha / rank
+// in `dtype` (save.dtype). A LoRA file holds the update at scale 1 (delta W = B A), which is how AI
+// Toolkit's and diffusers' loaders apply a PEFT-format file; gclab's alpha / rank is folded into lora_B
+// rather than left to metadata a loader may ignore. The metadata says so for every reader:
+// `lora_adapter_metadata` (diffusers: {"transformer.r", "transformer.lora_alpha" = r, target modules}),
+// ss_network_dim / ss_network_alpha (kohya, AI Toolkit) = rank / rank, and gclab_linear_alpha, the alpha
+// the adapters trained with.
 std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransformer& model, torch::ScalarType dtype);
 void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, torch::ScalarType dtype,
                const LoraOptions& options, std::map<std::string, std::string> metadata = {});
-// Loads adapter weights saved by save_lora (or AI Toolkit, same names) into a model with adapters applied.
-// Every adapter of the model must be in the file with the same shape; throws std::runtime_error naming
-// the first mismatch.
+// Loads adapter weights saved by save_lora into a model with adapters applied (lora_B divided by the
+// adapters' alpha / rank, undoing save_lora's fold). Every adapter of the model must be in the file with
+// the same shape; throws std::runtime_error naming the first mismatch.
 void load_lora(DiffusionTransformer& model, const std::filesystem::path& path);
+
+// Adds a LoRA file's update, times `scale`, into the base weights (W += scale * alpha / rank * B A) of
+// whichever Linears it names, and returns how many. Reads the namings in use: PEFT / diffusers / AI
+// Toolkit (`transformer.<path>.lora_A.weight`, also `diffusion_model.` or no prefix), with alpha from
+// `lora_adapter_metadata` or `<path>.alpha` tensors (else alpha = rank); and kohya
+// (`lora_transformer_<path with _>.lora_down.weight` / `lora_up` / `.alpha`, also `lora_unet_`) on
+// diffusers' module paths. Throws std::runtime_error naming the first tensor it cannot place (a LoRA
+// for another model, or for the original BFL layout's fused modules).
+int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& path, double scale = 1.0);
 
 // Loads base weights by diffusers name (a .safetensors file or a sharded *.index.json), converting dtype
 // (and quantizing where a Linear stores float8). Every model parameter must be present with its shape;

@@ -60,6 +60,8 @@ struct LocalModel {
   std::filesystem::path weights;  // empty: a shape only, random weights
 };
 std::optional<LocalModel> local_model(const config::ModelConfig& model);
+// The same for a folder named elsewhere (`what`, e.g. "--weights", names it in the error).
+LocalModel local_model_at(const std::filesystem::path& dir, const std::string& what);
 
 // Every preset by name ("flux-dev", "flux-schnell", "flex1", "flex2", "qwen-image", "qwen-image-edit",
 // "qwen-image-edit-2509", "zimage", "zimage-turbo", "sd35-large", "dit-xl2", "tiny-*").
@@ -69,9 +71,12 @@ std::vector<std::string> preset_names();
 // Token accounting: the sequence lengths the transformer sees.
 // Image tokens of an H x W image: the 8x latent cut into patch x patch pieces, (H/16)(W/16).
 int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width);
-// Text tokens for a prompt of `prompt_tokens` tokenizer tokens: FLUX-dev 512 and schnell 256 (T5 padded
-// to max length); Qwen-Image the prompt's own length, at most 1024; Z-Image the prompt's length padded to
-// a multiple of 32; SD3 333 (77 CLIP + 256 T5); DiT none (a class label).
+// Text tokens the text encoder hands the transformer for a prompt of `prompt_tokens` tokenizer tokens:
+// FLUX-dev 512 and schnell 256 (T5 padded to max length); SD3 333 (77 CLIP + 256 T5); Qwen-Image and
+// Z-Image the prompt's own length (the padding masked out), at most 1024 / 512; DiT none (a class label).
+int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens);
+// Text tokens in the transformer's sequence: the encoder's, except Z-Image, which pads the caption to a
+// multiple of 32 with its learned cap_pad_token.
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);
 // Reference-image tokens of an edit model: one 1024^2-area latent per control image (4096 tokens each).
 int64_t reference_tokens(const ModelSpec& spec, int control_images);

@@ -6,6 +6,12 @@
 //   adamw      torch.optim.AdamW: decoupled weight decay, bias-corrected moments (2 x 4 bytes a parameter)
 //   adam       torch.optim.Adam: weight decay added to the gradient (L2), otherwise as AdamW
 //   lion       lion-pytorch's Lion: p -= lr (sign(b1 m + (1 - b1) g) + wd p); m = b2 m + (1 - b2) g (4 bytes)
+//   adafactor  AI Toolkit's Adafactor (toolkit/optimizers/adafactor.py, from transformers'): second moments
+//              factored into a row and a column vector for matrices (full for vectors), update clipped to
+//              RMS 1, lr external (relative_step off, as AI Toolkit sets it); optional beta1 first moment
+//   prodigy    prodigyopt's Prodigy: Adam moments scaled by an estimated distance d, plus the initial
+//              weights p0 and the accumulator s (4 x 4 bytes a parameter); lr is a multiplier of d
+//              (AI Toolkit raises a configured lr below 0.1 to 1.0)
 //   sgd        torch.optim.SGD without momentum: p -= lr (g + wd p) (no state)
 //   ...8bit    the same rule, moments stored block-wise (256 values a block, a float32 scale each) in one
 //              byte: 2 bytes of state a parameter for Adam, 1 for Lion, plus 8 (or 4) bytes a block.
@@ -18,12 +24,16 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gclab/config/choices.h"
+#include "gclab/config/config.h"
 
 namespace gclab::train {
 
@@ -31,11 +41,26 @@ struct OptimizerOptions {
   double weight_decay = 0.01;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
+  // adafactor: eps is its eps[0] (1e-30, added to g^2); eps2 the parameter-scale floor (eps[1]).
+  bool scale_parameter = false;
+  double clip_threshold = 1.0, decay_rate = -0.8, eps2 = 1e-3;
+  std::optional<double> adafactor_beta1;
+  // prodigy
+  double d0 = 1e-6, d_coef = 1.0, growth_rate = std::numeric_limits<double>::infinity();
+  std::optional<double> beta3;  // default sqrt(beta2)
+  bool use_bias_correction = false, safeguard_warmup = false, decouple = true;
 };
 
-// The defaults of each optimizer's own reference implementation (Lion: betas 0.9/0.99, no weight decay;
-// SGD: no weight decay; Adam/AdamW: torch's), used for what the config does not set.
+// The defaults of each optimizer's own reference implementation as AI Toolkit constructs it (Lion:
+// betas 0.9/0.99, no weight decay; SGD, Adafactor, Prodigy: no weight decay; Prodigy: eps 1e-6, which
+// AI Toolkit passes; Adam/AdamW: torch's), used for what the config does not set.
 OptimizerOptions default_options(config::OptimizerKind kind);
+// The options a config's train block gives: the optimizer's defaults, then what optimizer_params sets
+// (`given` says whether a key was written, for keys with a default in the config struct).
+OptimizerOptions options_from(const config::TrainConfig& train, const std::function<bool(const char*)>& given);
+// The learning rate the optimizer is handed for the configured one: Prodigy's lr multiplies its own
+// estimate, and AI Toolkit raises a configured lr below 0.1 to 1.0 (toolkit/optimizer.py).
+double optimizer_lr(config::OptimizerKind kind, double configured_lr);
 
 class MomentStorage;
 
@@ -56,11 +81,18 @@ class Optimizer {
   int64_t steps() const { return steps_; }
 
  private:
+  void adafactor_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
+                      std::vector<std::vector<torch::Tensor>>& m, double lr);
+  void prodigy_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
+                    std::vector<std::vector<torch::Tensor>>& m, double lr);
+
   config::OptimizerKind kind_;
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   OptimizerOptions o_;
   std::unique_ptr<MomentStorage> moments_;
   int64_t steps_ = 0;
+  // Prodigy's running estimates (its param_group's d, d_max, d_numerator), part of the state.
+  double prodigy_d_ = 0, prodigy_d_max_ = 0, prodigy_d_numerator_ = 0;
 };
 
 std::unique_ptr<Optimizer> make_optimizer(config::OptimizerKind kind,

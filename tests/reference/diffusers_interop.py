@@ -1,0 +1,225 @@
+"""gclab against diffusers itself (the pinned `diffusers` in .venv, a test-only reference), end to end
+through gclab's command line, for one transformer family:
+
+  diffusers_interop.py GCLAB_EXE FAMILY WORK_DIR
+
+1. A tiny random diffusers transformer of FAMILY (flux, qwen_image, zimage, sd3) is saved by diffusers'
+   own save_pretrained as a model folder (WORK_DIR/model/transformer/{config.json, safetensors}).
+2. `gclab forward` with model.name_or_path = that folder (shape from its config.json, weights from its
+   safetensors, unchanged) must give diffusers' output on the same inputs to float32 rounding.
+3. `gclab train` trains a LoRA on it (linear_alpha != linear); the LoRA file loaded into the diffusers
+   model with diffusers' own loader must give the output `gclab forward --lora` gives.
+4. `gclab train` fine-tunes the whole transformer with save_format: diffusers; the saved folder must load
+   in diffusers (from_pretrained) and give the output gclab gives from it.
+
+gclab's `forward` convention (include/gclab/model/forward.h): `timestep` is the flow time sigma in [0, 1]
+(1 = pure noise) and `prediction` is the flow velocity noise - x0, for every family. The mapping to each
+diffusers model's own inputs is what its pipeline does (FLUX / Qwen-Image: 2x2-packed tokens and position
+ids, timestep sigma; SD3: timestep 1000 sigma; Z-Image: a list of [C, 1, H, W] latents, timestep 1 - sigma,
+and the pipeline negates the output).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+TOL = 1e-5  # relative to the output's largest magnitude: float32 rounding through a few blocks
+
+B, H, W = 2, 16, 12  # latent size (an image of 128 x 96); 8 x 6 = 48 patches, not a multiple of 32
+TEXT = {"flux": 7, "qwen_image": 9, "zimage": 20, "sd3": 11}  # Z-Image: 20 tokens, padded to 32 inside
+
+
+def build(family):
+    """A tiny diffusers transformer with every parameter perturbed (diffusers zero-initialises some,
+    e.g. Z-Image's pad tokens, and a zero parameter hides a wrong name or layout)."""
+    import diffusers
+    if family == "flux":
+        m = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
+                                             attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
+                                             pooled_projection_dim=24, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
+    elif family == "qwen_image":
+        m = diffusers.QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,
+                                                  attention_head_dim=16, num_attention_heads=4,
+                                                  joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+    elif family == "zimage":
+        m = diffusers.ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=64,
+                                               n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
+                                               cap_feat_dim=32, axes_dims=[8, 12, 12], axes_lens=[256, 64, 64])
+    elif family == "sd3":
+        m = diffusers.SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=16, num_layers=2,
+                                            attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
+                                            caption_projection_dim=64, pooled_projection_dim=24, out_channels=16,
+                                            pos_embed_max_size=48, qk_norm="rms_norm")
+    else:
+        raise SystemExit(f"unknown family {family}")
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return m.eval()
+
+
+def inputs(family):
+    g = torch.Generator().manual_seed(7)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    d = {"latents": r(B, 16, H, W), "timestep": torch.tensor([0.3, 0.85]), "text": r(B, TEXT[family], 32)}
+    if family in ("flux", "sd3"):
+        d["pooled"] = r(B, 24)
+    if family == "flux":
+        d["guidance"] = torch.tensor([3.5, 1.0])
+    return d
+
+
+def pack(lat):  # [B, C, H, W] -> [B, (H/2)(W/2), 4C], the FLUX / Qwen-Image pipelines' _pack_latents
+    b, c, h, w = lat.shape
+    return lat.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack(tokens, c, h, w):
+    b = tokens.shape[0]
+    return tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+
+@torch.no_grad()
+def velocity(family, m, d):
+    """The diffusers model's prediction on gclab's inputs, in gclab's convention."""
+    lat, t = d["latents"], d["timestep"]
+    if family == "flux":
+        ids = torch.zeros(H // 2, W // 2, 3)
+        ids[..., 1] = torch.arange(H // 2)[:, None]
+        ids[..., 2] = torch.arange(W // 2)[None, :]
+        out = m(hidden_states=pack(lat), encoder_hidden_states=d["text"], pooled_projections=d["pooled"],
+                timestep=t, img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(d["text"].shape[1], 3),
+                guidance=d["guidance"], return_dict=False)[0]
+        return unpack(out, 16, H, W)
+    if family == "qwen_image":
+        out = m(hidden_states=pack(lat), encoder_hidden_states=d["text"],
+                encoder_hidden_states_mask=torch.ones(B, d["text"].shape[1]), timestep=t,
+                img_shapes=[[(1, H // 2, W // 2)]] * B, return_dict=False)[0]
+        return unpack(out, 16, H, W)
+    if family == "sd3":
+        return m(hidden_states=lat, encoder_hidden_states=d["text"], pooled_projections=d["pooled"],
+                 timestep=t * 1000, return_dict=False)[0]
+    if family == "zimage":
+        out = m([x.unsqueeze(1) for x in lat], 1 - t, list(d["text"].unbind(0)), return_dict=False)[0]
+        return -torch.stack([o.squeeze(1) for o in out])
+    raise SystemExit(family)
+
+
+def compare(what, ours, ref, tol=TOL):
+    if ours.shape != ref.shape:
+        raise SystemExit(f"{what}: gclab's shape {tuple(ours.shape)}, diffusers' {tuple(ref.shape)}")
+    err = ((ours - ref).abs().max() / ref.abs().max()).item()
+    print(f"{what}: max |gclab - diffusers| / max |diffusers| = {err:.2e}")
+    if not err < tol:
+        raise SystemExit(f"{what}: gclab differs from diffusers ({err:.2e} >= {tol:.0e})")
+
+
+ARCH = {"flux": "flux", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3"}
+
+
+def config(work, name, model_dir, extra_train="", network=True, save_format="safetensors"):
+    """A tiny AI Toolkit config on the diffusers folder (synthetic data, 1 step)."""
+    path = os.path.join(work, name + ".yaml")
+    net = "      network: {type: lora, linear: 4, linear_alpha: 8}\n" if network else ""
+    with open(path, "w") as f:
+        f.write(f"""job: extension
+config:
+  name: {name}
+  process:
+    - type: sd_trainer
+      training_folder: {work}/out
+      device: cpu
+{net}      save: {{dtype: float32, save_every: 1000, save_format: {save_format}}}
+      datasets:
+        - folder_path: {work}/data
+          resolution: [128]
+      train:
+        batch_size: 1
+        steps: 2
+        lr: 0.05
+        optimizer: adamw
+        dtype: fp32
+        gradient_checkpointing: true
+        cache_text_embeddings: true
+        disable_sampling: true
+{extra_train}      model:
+        arch: {ARCH[name.split('-')[0]]}
+        name_or_path: {model_dir}
+""")
+    return path
+
+
+def gclab(exe, *args):
+    r = subprocess.run([exe, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"gclab {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def gclab_forward(exe, cfg, work, extra=()):
+    out = os.path.join(work, "gclab_out.safetensors")
+    gclab(exe, "forward", cfg, "--inputs", os.path.join(work, "inputs.safetensors"), "--out", out, *extra)
+    return load_file(out)["prediction"]
+
+
+def main():
+    exe, family, work = sys.argv[1], sys.argv[2], sys.argv[3]
+    try:
+        import diffusers  # noqa: F401
+        import peft  # noqa: F401  (diffusers' LoRA loader)
+    except ImportError as e:  # a machine without the references (the GPU machine): skipped, said so
+        print(f"skipped: {e} (scripts/setup.sh installs the pinned diffusers and peft into .venv)")
+        sys.exit(77)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    torch.manual_seed(0)
+    model_dir = os.path.join(work, "model")
+    m = build(family)
+    m.save_pretrained(os.path.join(model_dir, "transformer"))  # diffusers' own layout and config.json
+    d = inputs(family)
+    save_file({k: v.contiguous() for k, v in d.items()}, os.path.join(work, "inputs.safetensors"))
+
+    gclab(exe, "synth", "--out", os.path.join(work, "data"), "--count", "2", "--sizes", "128x128")
+
+    # 2. The diffusers folder's weights, unchanged, in gclab.
+    cfg = config(work, family, model_dir)
+    ref = velocity(family, m, d)
+    compare(f"{family} forward", gclab_forward(exe, cfg, work), ref)
+
+    # 3. A LoRA gclab trained, in diffusers' own loader, at the strength it was trained at.
+    gclab(exe, "train", cfg)
+    lora = os.path.join(work, "out", family, family + ".safetensors")
+    ours = gclab_forward(exe, cfg, work, ("--lora", lora))
+    m.load_lora_adapter(lora, prefix="transformer", adapter_name="gclab")
+    with_lora = velocity(family, m, d)
+    delta = ((with_lora - ref).abs().max() / ref.abs().max()).item()
+    print(f"{family} LoRA changes the output by {delta:.2e} (relative)")
+    if delta < 100 * TOL:
+        raise SystemExit(f"{family}: the trained LoRA barely changes the output ({delta:.1e}); the test proves nothing")
+    compare(f"{family} forward with gclab's LoRA", ours, with_lora)
+    half = gclab_forward(exe, cfg, work, ("--lora", lora, "--lora-scale", "0.5"))
+    m.set_adapters(["gclab"], weights=[0.5])
+    compare(f"{family} forward with gclab's LoRA at scale 0.5", half, velocity(family, m, d))
+    m.delete_adapters("gclab")
+
+    # 4. A full fine-tune saved as a diffusers folder, in diffusers.
+    ft_cfg = config(work, family + "-ft", model_dir, network=False, save_format="diffusers")
+    gclab(exe, "train", ft_cfg)
+    saved = os.path.join(work, "out", family + "-ft", family + "-ft")
+    with open(os.path.join(saved, "transformer", "config.json")) as f:
+        json.load(f)
+    tuned = type(m).from_pretrained(os.path.join(saved, "transformer")).eval()
+    moved = max((a - b).abs().max().item() for a, b in zip(tuned.parameters(), m.parameters()))
+    if moved == 0.0:
+        raise SystemExit(f"{family}: the fine-tune changed no weight")
+    back_cfg = config(work, family + "-back", saved)
+    compare(f"{family} fine-tuned folder (gclab vs diffusers)", gclab_forward(exe, back_cfg, work), velocity(family, tuned, d))
+    print(f"{family}: gclab and diffusers agree")
+
+
+if __name__ == "__main__":
+    main()
