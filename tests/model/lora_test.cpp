@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "gclab/io/safetensors.h"
@@ -62,6 +63,71 @@ TEST(Lora, StartsAsANoOpTrainsOnlyAdaptersAndRoundTripsThroughAFile) {
   apply_lora(*other_rank, {8, 8.0});
   EXPECT_THROW(load_lora(*other_rank, file), std::runtime_error);
   fs::remove(file);
+}
+
+// A LoRA file merged into the base weights (gclab forward --lora) gives what the model with its adapters
+// gives: from gclab's own file (alpha / rank folded into lora_B), and from the same update in kohya naming
+// with an .alpha per module; a tensor naming no Linear of the model is refused, by name.
+TEST(Lora, AFileMergedIntoTheBaseGivesTheAdaptedOutputInEveryNaming) {
+  torch::manual_seed(0);
+  auto m = build_transformer(spec_by_preset("tiny-flux"));
+  const ModelInputs in = m->example_inputs(1, 128, 128);
+  apply_lora(*m, {4, 8.0});  // scale 2
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.05);
+  }
+  const torch::Tensor adapted = m->forward(in).detach();
+  const fs::path file = temp_file("merge.safetensors");
+  save_lora(*m, file, torch::kFloat, {4, 8.0});
+  EXPECT_EQ(io::SafetensorsFile::open(file).metadata().at("gclab_linear_alpha"), "8.000000");
+
+  auto base = [] {
+    torch::manual_seed(0);
+    return build_transformer(spec_by_preset("tiny-flux"));
+  };
+  auto merged = base();
+  EXPECT_EQ(merge_lora_file(*merged, file), 40);
+  EXPECT_TRUE(torch::allclose(merged->forward(in).detach(), adapted, 1e-5, 1e-6));
+  // --lora-scale 0.5: as the adapters with lora_B halved.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().mul_(0.5);
+  }
+  auto half = base();
+  merge_lora_file(*half, file, 0.5);
+  EXPECT_TRUE(torch::allclose(half->forward(in).detach(), m->forward(in).detach(), 1e-5, 1e-6));
+
+  // kohya naming: lora_transformer_<path with _>.lora_down / lora_up, the unfolded B and alpha = 8.
+  std::vector<std::pair<std::string, torch::Tensor>> kohya;
+  const auto saved = io::SafetensorsFile::open(file);
+  for (const auto& e : saved.entries()) {
+    std::string path = e.name.substr(std::string("transformer.").size());
+    const bool up = path.find(".lora_B.") != std::string::npos;
+    path = path.substr(0, path.find(".lora_"));
+    std::replace(path.begin(), path.end(), '.', '_');
+    torch::Tensor t = saved.tensor(e.name);
+    kohya.emplace_back("lora_transformer_" + path + (up ? ".lora_up.weight" : ".lora_down.weight"), up ? t / 2 : t);
+    if (up) kohya.emplace_back("lora_transformer_" + path + ".alpha", torch::tensor(8.0));
+  }
+  const fs::path kohya_file = temp_file("kohya.safetensors");
+  io::save_safetensors(kohya_file, kohya);
+  auto from_kohya = base();
+  EXPECT_EQ(merge_lora_file(*from_kohya, kohya_file), 40);
+  EXPECT_TRUE(torch::allclose(from_kohya->forward(in).detach(), adapted, 1e-5, 1e-6));
+
+  io::save_safetensors(kohya_file,
+                       {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", torch::zeros({4, 128})}});
+  try {
+    merge_lora_file(*base(), kohya_file);
+    ADD_FAILURE() << "a LoRA for the BFL layout was applied";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("lora_unet_double_blocks_0_img_attn_qkv"), std::string::npos) << e.what();
+  }
+  fs::remove(file);
+  fs::remove(kohya_file);
 }
 
 TEST(Quantize, Float8BaseWeightsQuarterFp32StorageAndStayClose) {
