@@ -584,7 +584,8 @@ class Validator {
     ModelConfig& m = c_.model;
     std::string arch = m.arch;
     std::string reason = "model.arch";
-    if (const std::size_t colon = arch.find(':'); colon != std::string::npos) arch = arch.substr(0, colon);
+    if (const std::size_t colon = arch.find(':'); colon != std::string::npos)
+      m.arch_tag = arch.substr(colon + 1), arch = arch.substr(0, colon);
     if (arch.empty()) {
       if (m.is_flux)
         arch = "flux", reason = "model.is_flux";

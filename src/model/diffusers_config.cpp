@@ -14,7 +14,8 @@ std::string diffusers_config_json(const ModelSpec& s) {
            {"attention_head_dim", s.head_dim},
            {"axes_dims_rope", s.rope_axes},
            {"guidance_embeds", s.guidance_embed},
-           {"in_channels", packed},
+           {"in_channels", packed + s.extra_input_features},  // Flex.2: 196
+           {"out_channels", packed},
            {"joint_attention_dim", s.text_dim},
            {"num_attention_heads", s.heads},
            {"num_layers", s.double_blocks},

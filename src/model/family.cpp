@@ -71,6 +71,10 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
           "architecture '" + c.model.arch + "' is not modelled by gclab yet; supported: " + supported_arch_list());
     return;
   }
+  if (!c.model.arch_tag.empty() && c.model.arch_tag != arch->variant_keyword)
+    d.warning("model.arch", c.source.where("model.arch"),
+              "the tag ':" + c.model.arch_tag + "' names no other shape of " + arch->name +
+                  " (AI Toolkit drops it too); model.name_or_path and the " + arch->name + " preset decide");
   if (!c.model.name_or_path && !arch->tiny)
     d.warning("model.name_or_path", c.source.where("model.name_or_path"),
               "not set; the " + arch->name + " preset starts from random weights");

@@ -43,6 +43,14 @@ ModelSpec qwen(const std::string& preset, bool edit) {
   return s;
 }
 
+// ostris/Flex.2-preview: Flex.1's shape with a 196-feature input (x_embedder), the latent's 64 plus
+// an inpainting latent, its mask and a control latent (AI Toolkit's flex2 model; DiffSynth's input_dim 196).
+ModelSpec flex2() {
+  ModelSpec s = flux("flex2", 8, true, 512);
+  s.extra_input_features = 196 - 64;
+  return s;
+}
+
 ModelSpec zimage(const std::string& preset) {
   ModelSpec s;
   s.preset = preset;
@@ -103,9 +111,9 @@ const std::map<std::string, ModelSpec>& presets() {
   static const std::map<std::string, ModelSpec> all = [] {
     std::map<std::string, ModelSpec> m;
     for (ModelSpec s :
-         {flux("flux-dev", 19, true, 512), flux("flux-schnell", 19, false, 256), flux("flex1", 8, true, 512),
-          flux("flex2", 8, true, 512), qwen("qwen-image", false), qwen("qwen-image-edit", true),
-          qwen("qwen-image-edit-2509", true), zimage("zimage"), zimage("zimage-turbo"), sd35_large(), dit_xl2()})
+         {flux("flux-dev", 19, true, 512), flux("flux-schnell", 19, false, 256), flux("flex1", 8, true, 512), flex2(),
+          qwen("qwen-image", false), qwen("qwen-image-edit", true), qwen("qwen-image-edit-2509", true),
+          zimage("zimage"), zimage("zimage-turbo"), sd35_large(), dit_xl2()})
       m[s.preset] = s;
     m["tiny-flux"] = tiny(m["flux-dev"], "tiny-flux");
     m["tiny-qwen-image"] = tiny(m["qwen-image"], "tiny-qwen-image");
@@ -179,7 +187,11 @@ void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
         else
           s.double_blocks = static_cast<int>(get("num_layers", s.double_blocks));
         if (s.family == Family::flux) s.single_blocks = static_cast<int>(get("num_single_layers", s.single_blocks));
-        if (s.family == Family::flux) s.guidance_embed = c.value("guidance_embeds", s.guidance_embed);
+        if (s.family == Family::flux) {
+          s.guidance_embed = c.value("guidance_embeds", s.guidance_embed);
+          s.extra_input_features =
+              get("in_channels", s.latent_channels * s.patch * s.patch) - s.latent_channels * s.patch * s.patch;
+        }
         s.text_dim = get("joint_attention_dim", s.text_dim);
         s.pooled_dim = get("pooled_projection_dim", s.pooled_dim);
         if (c.contains("axes_dims_rope")) s.rope_axes = c["axes_dims_rope"].get<std::vector<int64_t>>();
@@ -224,7 +236,8 @@ ModelSpec spec_for(const config::ModelConfig& model) {
     throw std::invalid_argument("model.arch '" + model.arch +
                                 "' is not modelled by gclab (supported: " + supported_arch_list() + ")");
   const bool variant =
-      !arch->variant_keyword.empty() && contains(model.name_or_path.value_or(""), arch->variant_keyword);
+      !arch->variant_keyword.empty() &&
+      (model.arch_tag == arch->variant_keyword || contains(model.name_or_path.value_or(""), arch->variant_keyword));
   ModelSpec s = spec_by_preset(variant ? arch->variant_preset : arch->preset);
   s.arch = arch->name;
   if (const auto local = local_model(model)) apply_diffusers_config(s, *local);

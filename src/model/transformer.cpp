@@ -69,7 +69,7 @@ torch::Tensor norm_out(Linear& linear, const torch::Tensor& x, const torch::Tens
 class FluxTransformer : public DiffusionTransformer {
  public:
   FluxTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
-    const int64_t d = s.hidden, in = s.latent_channels * s.patch * s.patch;
+    const int64_t d = s.hidden, in = s.latent_channels * s.patch * s.patch + s.extra_input_features;
     x_embedder = register_module("x_embedder", Linear(in, d, true, o));
     timestep_embedder = TwoLayerMlp(*this, "time_text_embed.timestep_embedder.linear_1",
                                     "time_text_embed.timestep_embedder.linear_2", 256, d, d, o);
@@ -91,7 +91,10 @@ class FluxTransformer : public DiffusionTransformer {
 
   torch::Tensor forward(const ModelInputs& in) override {
     const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3);
-    torch::Tensor img = x_embedder(patchify(in.latents, p, /*channels_last=*/false));
+    torch::Tensor img = patchify(in.latents, p, /*channels_last=*/false);
+    if (spec_.extra_input_features > 0)  // Flex.2: no inpainting or control input, zeros in their place
+      img = torch::cat({img, torch::zeros({img.size(0), img.size(1), spec_.extra_input_features}, img.options())}, 2);
+    img = x_embedder(img);
     torch::Tensor txt = context_embedder(in.text);
     // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text.
     torch::Tensor temb = timestep_embedder(timestep_embedding(in.timestep * 1000, 256).to(img.scalar_type()));

@@ -6,6 +6,7 @@
 
 #include "gclab/config/loader.h"
 #include "gclab/model/family.h"
+#include "gclab/model/summary.h"
 
 namespace gclab::config {
 namespace {
@@ -150,6 +151,47 @@ TEST(AitkConfigs, BrokenYamlPointsAtTheLine) {
   const auto result = model::load_config_file(aitk("train_lora_omnigen2_24gb.yaml"));
   EXPECT_TRUE(result.diagnostics.mentions("not valid YAML"));
   EXPECT_TRUE(result.diagnostics.mentions("train_lora_omnigen2_24gb.yaml:6"));  // line 64/65
+}
+
+// Every config that loads — AI Toolkit's examples and jobs in the shape its web UI writes (configs/aitk-ui,
+// one per modelled family) — resolves to its model's preset, with that model's exact parameter count.
+TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
+  struct Expected {
+    const char* file;
+    const char* preset;
+    int64_t parameters;
+  };
+  const std::string shared = std::string(GCLAB_SHARED_DIR) + "/aitk-configs/",
+                    ui = std::string(GCLAB_SOURCE_DIR) + "/configs/aitk-ui/";
+  const int64_t flux_dev = 11901408320, flex1 = 8163264064, flex2 = flex1 + (196 - 64) * 3072, qwen = 20430401088;
+  const Expected expected[] = {
+      {"train_lora_flux_24gb.yaml", "flux-dev", flux_dev},
+      {"train_lora_flux_schnell_24gb.yaml", "flux-schnell", flux_dev - 10229760},  // no guidance embedder
+      {"train_lora_flex_24gb.yaml", "flex1", flex1},  // is_flux + Flex.1-alpha: 8 double blocks
+      {"train_lora_flex2_24gb.yaml", "flex2", flex2},
+      {"train_lora_qwen_image_24gb.yaml", "qwen-image", qwen},
+      {"train_lora_qwen_image_edit_32gb.yaml", "qwen-image-edit", qwen},
+      {"train_lora_qwen_image_edit_2509_32gb.yaml", "qwen-image-edit-2509", qwen},
+      {"ui:flux.yaml", "flux-dev", flux_dev},
+      {"ui:flex1.yaml", "flex1", flex1},
+      {"ui:flex2.yaml", "flex2", flex2},
+      {"ui:qwen_image.yaml", "qwen-image", qwen},
+      {"ui:qwen_image_edit.yaml", "qwen-image-edit", qwen},
+      {"ui:qwen_image_edit_plus.yaml", "qwen-image-edit-2509", qwen},
+      {"ui:zimage_turbo.yaml", "zimage-turbo", 6154908736},
+  };
+  for (const auto& e : expected) {
+    const std::string file = e.file;
+    const std::string path = file.rfind("ui:", 0) == 0 ? ui + file.substr(3) : shared + file;
+    const auto r = model::load_config_file(path);
+    ASSERT_TRUE(r.ok()) << path << ": " << r.diagnostics.all().front().format();
+    const auto summary = model::summarize_model(*r.config);
+    EXPECT_EQ(summary.spec.preset, e.preset) << path;
+    EXPECT_EQ(summary.parameters, e.parameters) << path;
+  }
+  int ui_configs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(ui)) ui_configs += entry.path().extension() == ".yaml";
+  EXPECT_EQ(ui_configs, 7);  // every UI-shaped config is in the table above
 }
 
 TEST(AitkConfigs, EveryExampleEitherLoadsOrIsRefusedCleanly) {

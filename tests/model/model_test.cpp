@@ -16,6 +16,7 @@ int64_t meta_params(const std::string& preset) {
 TEST(Presets, FullSizeParameterCountsMatchThePublishedFigures) {
   EXPECT_EQ(meta_params("flux-dev"), 11901408320);
   EXPECT_EQ(meta_params("flex1"), 8163264064);
+  EXPECT_EQ(meta_params("flex2"), 8163264064 + (196 - 64) * 3072);  // a 196-feature x_embedder
   EXPECT_EQ(meta_params("qwen-image"), 20430401088);
   EXPECT_EQ(meta_params("zimage"), 6154908736);
   EXPECT_EQ(meta_params("flux-schnell"), 11901408320 - 10229760);  // no guidance embedder

@@ -304,6 +304,9 @@ struct TrainConfig {
 struct ModelConfig {
   std::optional<std::string> name_or_path;
   std::string arch;  // resolved: see arch.h (AI Toolkit's arch / is_* switches)
+  // What followed a ':' in model.arch (AI Toolkit's UI writes "zimage:turbo", "qwen_image_edit_plus:2511";
+  // AI Toolkit cuts it off and lets name_or_path decide; gclab lets either choose the variant).
+  std::string arch_tag;
   bool is_flux = false;
   bool is_v3 = false;
   bool is_lumina2 = false;

@@ -18,7 +18,8 @@ struct ArchFacts {
   Family family;
   std::string preset;  // the preset it builds (spec.h)
   bool tiny = false;   // a CPU-test-size model of the family
-  // A variant chosen by model.name_or_path, as AI Toolkit chooses it: FLUX.1-schnell, Z-Image-Turbo.
+  // A variant chosen by model.name_or_path, as AI Toolkit chooses it (FLUX.1-schnell, Z-Image-Turbo), or
+  // by the arch's tag (`zimage:turbo`, as AI Toolkit's UI writes it).
   std::string variant_keyword, variant_preset;
 };
 

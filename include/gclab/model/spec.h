@@ -28,6 +28,9 @@ struct ModelSpec {
   int64_t latent_channels = 16;  // VAE latent channels (8x downsampling)
   int64_t out_channels = 16;     // predicted channels (dit: 8 = learned sigma)
   int64_t patch = 2;
+  // flex2: packed input features beyond the latent's (inpaint latent 64 + mask 4 + control latent 64,
+  // x_embedder 196 wide); gclab feeds zeros there (no inpainting or control input).
+  int64_t extra_input_features = 0;
   int64_t text_dim = 0;    // text-encoder width (0: no text, dit)
   int64_t pooled_dim = 0;  // pooled text vector width (flux: CLIP 768, sd3: 2048)
   int64_t max_text_tokens = 0;
