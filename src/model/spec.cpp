@@ -1,6 +1,8 @@
 #include "gclab/model/spec.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gclab/config/user_error.h"
+#include "gclab/io/safetensors.h"
 
 namespace gclab::model {
 
@@ -228,6 +231,86 @@ void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
   s.tiny = false;
 }
 
+// The shape a single diffusers-named weights file gives, from its tensors' shapes (no config.json).
+void apply_tensor_shapes(ModelSpec& s, const std::filesystem::path& file) {
+  const auto f = io::SafetensorsFile::open(file);
+  auto dim = [&](const std::string& name, size_t d) -> int64_t {
+    if (!f.contains(name))
+      throw UserError(file.string() + " has no tensor " + name + " (a " + std::string(config::name_of(s.family)) +
+                      " transformer in diffusers naming has one)");
+    const auto& shape = f.entry(name).shape;
+    if (d >= shape.size()) throw UserError(file.string() + ": " + name + " has too few dimensions");
+    return shape[d];
+  };
+  auto count = [&](const std::string& prefix) {  // blocks "<prefix>.<N>." present: the largest N + 1
+    int n = 0;
+    for (const auto& e : f.entries())
+      if (e.name.rfind(prefix + ".", 0) == 0) n = std::max(n, std::atoi(e.name.c_str() + prefix.size() + 1) + 1);
+    return n;
+  };
+  for (const auto& e : f.entries())
+    if (e.name.rfind("double_blocks.", 0) == 0 || e.name.rfind("model.diffusion_model.", 0) == 0 ||
+        e.name.rfind("joint_blocks.", 0) == 0)
+      throw UserError(file.string() + " holds " + e.name +
+                      ": the original (BFL / Stability / ComfyUI) checkpoint layout. gclab loads diffusers-named "
+                      "weights: a diffusers model folder, or convert the file once with diffusers' from_single_file "
+                      "and save_pretrained");
+  switch (s.family) {
+    case Family::flux:
+      s.hidden = dim("x_embedder.weight", 0);
+      s.extra_input_features = dim("x_embedder.weight", 1) - s.latent_channels * s.patch * s.patch;
+      s.head_dim = dim("transformer_blocks.0.attn.norm_q.weight", 0);
+      s.mlp_hidden = dim("transformer_blocks.0.ff.net.0.proj.weight", 0);
+      s.double_blocks = count("transformer_blocks"), s.single_blocks = count("single_transformer_blocks");
+      s.guidance_embed = f.contains("time_text_embed.guidance_embedder.linear_1.weight");
+      s.text_dim = dim("context_embedder.weight", 1);
+      s.pooled_dim = dim("time_text_embed.text_embedder.linear_1.weight", 1);
+      break;
+    case Family::qwen_image:
+      s.hidden = dim("img_in.weight", 0);
+      s.head_dim = dim("transformer_blocks.0.attn.norm_q.weight", 0);
+      s.mlp_hidden = dim("transformer_blocks.0.img_mlp.net.0.proj.weight", 0);
+      s.double_blocks = count("transformer_blocks");
+      s.text_dim = dim("txt_in.weight", 1);
+      break;
+    case Family::zimage:
+      s.hidden = dim("all_x_embedder.2-1.weight", 0);
+      s.head_dim = dim("layers.0.attention.norm_q.weight", 0);
+      s.mlp_hidden = dim("layers.0.feed_forward.w1.weight", 0);
+      s.single_blocks = count("layers"), s.refiner_blocks = count("noise_refiner");
+      s.text_dim = dim("cap_embedder.1.weight", 1);
+      s.adaln_dim = std::min<int64_t>(s.hidden, 256);
+      break;
+    case Family::sd3:
+      s.hidden = dim("pos_embed.proj.weight", 0);
+      s.head_dim = dim("transformer_blocks.0.attn.norm_q.weight", 0);
+      s.mlp_hidden = dim("transformer_blocks.0.ff.net.0.proj.weight", 0);
+      s.double_blocks = count("transformer_blocks");
+      s.text_dim = dim("context_embedder.weight", 1);
+      s.pooled_dim = dim("time_text_embed.text_embedder.linear_1.weight", 1);
+      if (f.contains("pos_embed.pos_embed"))
+        s.pos_embed_max =
+            static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(dim("pos_embed.pos_embed", 1)))));
+      break;
+    case Family::dit:
+      throw UserError(file.string() +
+                      ": a single DiT weights file carries no shape gclab reads; use a diffusers "
+                      "folder (transformer/config.json beside the weights)");
+  }
+  if (s.hidden <= 0 || s.head_dim <= 0 || s.hidden % s.head_dim != 0 || s.total_blocks() <= 0)
+    throw UserError(file.string() + " gives no usable shape (width " + std::to_string(s.hidden) + ", head width " +
+                    std::to_string(s.head_dim) + ", " + std::to_string(s.total_blocks()) + " blocks)");
+  s.heads = s.hidden / s.head_dim;
+  int64_t rope = 0;
+  for (int64_t a : s.rope_axes) rope += a;
+  if (!s.rope_axes.empty() && rope != s.head_dim)
+    throw UserError(file.string() + ": heads " + std::to_string(s.head_dim) +
+                    " wide, but the rotary axes a weights file cannot say are the preset's (" + std::to_string(rope) +
+                    " wide); put it in a diffusers folder with the transformer's config.json");
+  s.preset = s.preset + " (shape from " + file.string() + ")";
+  s.tiny = false;
+}
+
 }  // namespace
 
 ModelSpec spec_for(const config::ModelConfig& model) {
@@ -240,14 +323,28 @@ ModelSpec spec_for(const config::ModelConfig& model) {
       (model.arch_tag == arch->variant_keyword || contains(model.name_or_path.value_or(""), arch->variant_keyword));
   ModelSpec s = spec_by_preset(variant ? arch->variant_preset : arch->preset);
   s.arch = arch->name;
-  if (const auto local = local_model(model)) apply_diffusers_config(s, *local);
+  if (const auto local = local_model(model)) {
+    if (local->config.empty())
+      apply_tensor_shapes(s, local->weights);
+    else
+      apply_diffusers_config(s, *local);
+  }
   return s;
 }
 
 std::optional<LocalModel> local_model(const config::ModelConfig& model) {
   std::error_code ec;
-  if (!model.name_or_path || !std::filesystem::is_directory(*model.name_or_path, ec)) return std::nullopt;
-  return local_model_at(*model.name_or_path, "model.name_or_path");
+  if (!model.name_or_path) return std::nullopt;
+  const std::filesystem::path path = *model.name_or_path;
+  if (std::filesystem::is_regular_file(path, ec)) {
+    if (path.extension() != ".safetensors")
+      throw UserError(
+          "model.name_or_path '" + path.string() +
+          "' is a file but not a .safetensors one (gclab reads safetensors weights, or a diffusers folder)");
+    return LocalModel{{}, path};
+  }
+  if (!std::filesystem::is_directory(path, ec)) return std::nullopt;
+  return local_model_at(path, "model.name_or_path");
 }
 
 LocalModel local_model_at(const std::filesystem::path& dir, const std::string& what) {

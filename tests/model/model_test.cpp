@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "../support/test_util.h"
+#include "gclab/config/user_error.h"
+#include "gclab/io/safetensors.h"
+#include "gclab/model/lora.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::model {
@@ -121,6 +126,53 @@ TEST(Presets, ConfigSelectsThePresetAndRefusesUnmodelledArchs) {
   EXPECT_EQ(spec_for(m).family, Family::qwen_image);
   m.arch = "wan21";
   EXPECT_THROW(spec_for(m), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace gclab::model
+
+namespace gclab::model {
+namespace {
+
+// model.name_or_path as one diffusers-named .safetensors file: the shape comes from its tensors (blocks
+// counted, widths read), the weights load unchanged, and a file in the original BFL layout is refused
+// with what to do.
+TEST(LocalWeights, ASingleSafetensorsFileGivesItsShapeAndWeights) {
+  ModelSpec custom = spec_by_preset("tiny-zimage");
+  custom.hidden = 256, custom.heads = 2, custom.head_dim = 128, custom.mlp_hidden = 682;
+  custom.single_blocks = 3, custom.rope_axes = {32, 48, 48}, custom.adaln_dim = 256;  // min(width, 256)
+  torch::manual_seed(1);
+  auto model = build_transformer(custom);
+  const auto dir = std::filesystem::temp_directory_path() / ("gclab_single_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "zimage_custom.safetensors";
+  io::save_safetensors(file, weights_state(*model, torch::kFloat));
+
+  config::ModelConfig c;
+  c.arch = "zimage";
+  c.name_or_path = file.string();
+  const ModelSpec s = spec_for(c);
+  EXPECT_EQ(s.hidden, 256);
+  EXPECT_EQ(s.heads, 2);
+  EXPECT_EQ(s.single_blocks, 3);
+  EXPECT_EQ(s.refiner_blocks, custom.refiner_blocks);
+  EXPECT_EQ(s.mlp_hidden, 682);
+  EXPECT_NE(s.preset.find("shape from"), std::string::npos);
+  auto loaded = build_transformer(s);
+  EXPECT_TRUE(load_weights(*loaded, local_model(c)->weights).empty());
+  const ModelInputs in = model->example_inputs(1, 64, 64, 20);
+  EXPECT_TRUE(torch::equal(loaded->forward(in), model->forward(in)));
+
+  io::save_safetensors(dir / "bfl.safetensors", {{"double_blocks.0.img_attn.qkv.weight", torch::zeros({3, 1})}});
+  c.arch = "flux";
+  c.name_or_path = (dir / "bfl.safetensors").string();
+  try {
+    spec_for(c);
+    ADD_FAILURE() << "a BFL-layout file was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("original (BFL"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -58,8 +58,9 @@ ModelSpec spec_for(const config::ModelConfig& model);
 // model.name_or_path as a local diffusers folder: `<dir>/transformer/config.json` (or `<dir>/config.json`)
 // gives the transformer's shape, and its weights file (`diffusion_pytorch_model.safetensors`, or the
 // sharded `.index.json`) when there is one. A name that is not a local folder (a Hub id) gives nothing.
+// A single `.safetensors` file as name_or_path is the weights alone: the shape comes from its tensors.
 struct LocalModel {
-  std::filesystem::path config;   // the config.json read
+  std::filesystem::path config;   // the config.json read (empty: a single weights file)
   std::filesystem::path weights;  // empty: a shape only, random weights
 };
 std::optional<LocalModel> local_model(const config::ModelConfig& model);
