@@ -112,24 +112,45 @@ Tensors DoubleStreamBlock::forward_block(const Tensors& in, const SubBlockRunner
   // Per stream: shift, scale, gate for attention, then for the MLP (FLUX's AdaLayerNormZero, Qwen's *_mod).
   const torch::Tensor emb = img_mod_(torch::silu(temb));
   const torch::Tensor cemb = txt_mod_(torch::silu(temb));
-  const Tensors after_attn =
-      run("attn",
-          [this](const Tensors& t) {
-            const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
-            const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
-            const torch::Tensor norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
-            const auto [img_attn, txt_attn] = attn_(norm_img, norm_txt, t[4], t[5], /*text_first=*/true);
-            return Tensors{t[0] + m[2].unsqueeze(1) * img_attn, t[1] + c[2].unsqueeze(1) * txt_attn};
-          },
-          {in.at(0), in.at(1), emb, cemb, in.at(3), in.at(4)});
-  return run("mlp",
-             [this](const Tensors& t) {
-               const auto m = chunks(t[2], 6), c = chunks(t[3], 6);
-               const torch::Tensor img = t[0] + m[5].unsqueeze(1) * img_mlp_(modulate(layer_norm(t[0]), m[3], m[4]));
-               const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * txt_mlp_(modulate(layer_norm(t[1]), c[3], c[4]));
-               return Tensors{img, txt};
-             },
-             {after_attn[0], after_attn[1], emb, cemb});
+  // Qwen-Image-Edit-2511 (zero_cond_t): inputs 5 and 6 are which image tokens are the reference images'
+  // ([1, L, 1] bool) and the embedding of t = 0, which modulates those tokens instead of temb.
+  const bool zero_cond = in.size() > 6;
+  Tensors attn_in = {in.at(0), in.at(1), emb, cemb, in.at(3), in.at(4)};
+  if (zero_cond) attn_in.push_back(img_mod_(torch::silu(in.at(6)))), attn_in.push_back(in.at(5));
+  // The image stream's shift, scale, gate (`first` = 0: attention, 3: MLP) per token: [B, 1, D] for all
+  // tokens, or [B, L, D] chosen per token when t[zero_at] is t = 0's and t[zero_at + 1] the selector.
+  auto img_params = [zero_cond](const Tensors& t, size_t first, size_t zero_at) {
+    const auto m = chunks(t[2], 6);
+    std::array<torch::Tensor, 3> out;
+    for (size_t k = 0; k < 3; ++k) {
+      out[k] = m[first + k].unsqueeze(1);
+      if (zero_cond) out[k] = torch::where(t[zero_at + 1], chunks(t[zero_at], 6)[first + k].unsqueeze(1), out[k]);
+    }
+    return out;
+  };
+  const Tensors after_attn = run(
+      "attn",
+      [this, img_params](const Tensors& t) {
+        const auto m = img_params(t, 0, 6);
+        const auto c = chunks(t[3], 6);
+        const torch::Tensor norm_img = layer_norm(t[0]) * (1 + m[1]) + m[0];
+        const torch::Tensor norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
+        const auto [img_attn, txt_attn] = attn_(norm_img, norm_txt, t[4], t[5], /*text_first=*/true);
+        return Tensors{t[0] + m[2] * img_attn, t[1] + c[2].unsqueeze(1) * txt_attn};
+      },
+      attn_in);
+  Tensors mlp_in = {after_attn[0], after_attn[1], emb, cemb};
+  if (zero_cond) mlp_in.push_back(attn_in[6]), mlp_in.push_back(attn_in[7]);
+  return run(
+      "mlp",
+      [this, img_params](const Tensors& t) {
+        const auto m = img_params(t, 3, 4);
+        const auto c = chunks(t[3], 6);
+        const torch::Tensor img = t[0] + m[2] * img_mlp_(layer_norm(t[0]) * (1 + m[1]) + m[0]);
+        const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * txt_mlp_(modulate(layer_norm(t[1]), c[3], c[4]));
+        return Tensors{img, txt};
+      },
+      mlp_in);
 }
 
 FluxSingleBlock::FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options) {

@@ -33,7 +33,8 @@ std::string diffusers_config_json(const ModelSpec& s) {
            {"num_attention_heads", s.heads},
            {"num_layers", s.double_blocks},
            {"out_channels", s.out_channels},
-           {"patch_size", s.patch}};
+           {"patch_size", s.patch},
+           {"zero_cond_t", s.zero_cond_t}};
       break;
     case Family::zimage:
       c = {{"_class_name", "ZImageTransformer2DModel"},

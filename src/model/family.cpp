@@ -11,7 +11,7 @@ const std::vector<ArchFacts>& supported_archs() {
       {"flex2", Family::flux, "flex2", false, "", ""},
       {"qwen_image", Family::qwen_image, "qwen-image", false, "", ""},
       {"qwen_image_edit", Family::qwen_image, "qwen-image-edit", false, "", ""},
-      {"qwen_image_edit_plus", Family::qwen_image, "qwen-image-edit-2509", false, "", ""},
+      {"qwen_image_edit_plus", Family::qwen_image, "qwen-image-edit-2509", false, "2511", "qwen-image-edit-2511"},
       {"zimage", Family::zimage, "zimage", false, "turbo", "zimage-turbo"},
       {"sd3", Family::sd3, "sd35-large", false, "", ""},
       {"dit", Family::dit, "dit-xl2", false, "", ""},

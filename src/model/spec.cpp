@@ -46,6 +46,14 @@ ModelSpec qwen(const std::string& preset, bool edit) {
   return s;
 }
 
+// Qwen/Qwen-Image-Edit-2511: 2509's shape; zero_cond_t (transformer/config.json) modulates the reference
+// images' tokens with the embedding of t = 0.
+ModelSpec qwen_edit_2511() {
+  ModelSpec s = qwen("qwen-image-edit-2511", true);
+  s.zero_cond_t = true;
+  return s;
+}
+
 // ostris/Flex.2-preview: Flex.1's shape with a 196-feature input (x_embedder), the latent's 64 plus
 // an inpainting latent, its mask and a control latent (AI Toolkit's flex2 model; DiffSynth's input_dim 196).
 ModelSpec flex2() {
@@ -115,8 +123,8 @@ const std::map<std::string, ModelSpec>& presets() {
     std::map<std::string, ModelSpec> m;
     for (ModelSpec s :
          {flux("flux-dev", 19, true, 512), flux("flux-schnell", 19, false, 256), flux("flex1", 8, true, 512), flex2(),
-          qwen("qwen-image", false), qwen("qwen-image-edit", true), qwen("qwen-image-edit-2509", true),
-          zimage("zimage"), zimage("zimage-turbo"), sd35_large(), dit_xl2()})
+          qwen_edit_2511(), qwen("qwen-image", false), qwen("qwen-image-edit", true),
+          qwen("qwen-image-edit-2509", true), zimage("zimage"), zimage("zimage-turbo"), sd35_large(), dit_xl2()})
       m[s.preset] = s;
     m["tiny-flux"] = tiny(m["flux-dev"], "tiny-flux");
     m["tiny-qwen-image"] = tiny(m["qwen-image"], "tiny-qwen-image");
@@ -190,6 +198,7 @@ void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
         else
           s.double_blocks = static_cast<int>(get("num_layers", s.double_blocks));
         if (s.family == Family::flux) s.single_blocks = static_cast<int>(get("num_single_layers", s.single_blocks));
+        if (s.family == Family::qwen_image) s.zero_cond_t = c.value("zero_cond_t", false);
         if (s.family == Family::flux) {
           s.guidance_embed = c.value("guidance_embeds", s.guidance_embed);
           s.extra_input_features =

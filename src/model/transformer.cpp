@@ -164,11 +164,19 @@ class QwenImageTransformer : public DiffusionTransformer {
     torch::Tensor id_tensor = ids_tensor(ids, img.device());
     // Frequencies of negative positions: the reference uses the table's tail for them, the same angles.
     const auto [cos, sin] = rope_cos_sin(id_tensor, spec_.rope_axes, spec_.rope_theta);
+    const int64_t n = (h / p) * (w / p);
+    Tensors extra;  // zero_cond_t: which tokens are the references', and the embedding of t = 0
+    if (spec_.zero_cond_t && img.size(1) > n) {
+      const torch::Tensor ref = torch::arange(img.size(1), torch::TensorOptions().device(img.device())) >= n;
+      const torch::Tensor t0 = torch::zeros_like(in.timestep);
+      extra = {ref.view({1, -1, 1}), timestep_embedder(timestep_embedding(t0, 256).to(img.scalar_type()))};
+    }
     for (size_t b = 0; b < blocks().size(); ++b) {
-      const Tensors out = call_block(b, {img, txt, temb, cos, sin});
+      Tensors block_in = {img, txt, temb, cos, sin};
+      block_in.insert(block_in.end(), extra.begin(), extra.end());
+      const Tensors out = call_block(b, block_in);
       img = out[0], txt = out[1];
     }
-    const int64_t n = (h / p) * (w / p);
     img = img.narrow(1, 0, n);
     return unpatchify(proj_out(norm_out(norm_out_linear, img, temb)), h, w, p, spec_.out_channels, false);
   }

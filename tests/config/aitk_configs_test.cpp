@@ -178,6 +178,7 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
       {"ui:qwen_image.yaml", "qwen-image", qwen},
       {"ui:qwen_image_edit.yaml", "qwen-image-edit", qwen},
       {"ui:qwen_image_edit_plus.yaml", "qwen-image-edit-2509", qwen},
+      {"ui:qwen_image_edit_plus_2511.yaml", "qwen-image-edit-2511", qwen},  // the tag chooses 2511 (zero_cond_t)
       {"ui:zimage_turbo.yaml", "zimage-turbo", 6154908736},
   };
   for (const auto& e : expected) {
@@ -191,7 +192,7 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
   }
   int ui_configs = 0;
   for (const auto& entry : std::filesystem::directory_iterator(ui)) ui_configs += entry.path().extension() == ".yaml";
-  EXPECT_EQ(ui_configs, 7);  // every UI-shaped config is in the table above
+  EXPECT_EQ(ui_configs, 8);  // every UI-shaped config is in the table above
 }
 
 TEST(AitkConfigs, EveryExampleEitherLoadsOrIsRefusedCleanly) {

@@ -3,8 +3,8 @@ through gclab's command line, for one transformer family:
 
   diffusers_interop.py GCLAB_EXE FAMILY WORK_DIR
 
-1. A tiny random diffusers transformer of FAMILY (flux, qwen_image, zimage, sd3) is saved by diffusers'
-   own save_pretrained as a model folder (WORK_DIR/model/transformer/{config.json, safetensors}).
+1. A tiny random diffusers transformer of FAMILY (flux, qwen_image, zimage, sd3; qwen_image_edit and
+   qwen_image_edit_2511, forward only) is saved by diffusers' own save_pretrained as a model folder (WORK_DIR/model/transformer/{config.json, safetensors}).
 2. `gclab forward` with model.name_or_path = that folder (shape from its config.json, weights from its
    safetensors, unchanged) must give diffusers' output on the same inputs to float32 rounding.
 3. `gclab train` trains a LoRA on it (linear_alpha != linear); the LoRA file loaded into the diffusers
@@ -30,7 +30,11 @@ from safetensors.torch import load_file, save_file
 TOL = 1e-5  # relative to the output's largest magnitude: float32 rounding through a few blocks
 
 B, H, W = 2, 16, 12  # latent size (an image of 128 x 96); 8 x 6 = 48 patches, not a multiple of 32
-TEXT = {"flux": 7, "qwen_image": 9, "zimage": 20, "sd3": 11}  # Z-Image: 20 tokens, padded to 32 inside
+TEXT = {"flux": 7, "qwen_image": 9, "qwen_image_edit": 9, "qwen_image_edit_2511": 9, "zimage": 20, "sd3": 11}
+# Z-Image: 20 tokens, padded to 32 inside. The edit models get one reference image of another size
+# (Qwen-Image-Edit-2511: zero_cond_t, its reference tokens modulated by the embedding of t = 0).
+EDITS = {"qwen_image_edit": False, "qwen_image_edit_2511": True}
+REF_H, REF_W = 12, 20
 
 
 def build(family):
@@ -41,10 +45,11 @@ def build(family):
         m = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
                                              attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
                                              pooled_projection_dim=24, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
-    elif family == "qwen_image":
+    elif family == "qwen_image" or family in EDITS:
         m = diffusers.QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,
                                                   attention_head_dim=16, num_attention_heads=4,
-                                                  joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+                                                  joint_attention_dim=32, axes_dims_rope=(4, 6, 6),
+                                                  zero_cond_t=EDITS.get(family, False))
     elif family == "zimage":
         m = diffusers.ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=64,
                                                n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
@@ -70,6 +75,8 @@ def inputs(family):
         d["pooled"] = r(B, 24)
     if family == "flux":
         d["guidance"] = torch.tensor([3.5, 1.0])
+    if family in EDITS:
+        d["reference_latents.0"] = r(B, 16, REF_H, REF_W)
     return d
 
 
@@ -95,11 +102,15 @@ def velocity(family, m, d):
                 timestep=t, img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(d["text"].shape[1], 3),
                 guidance=d["guidance"], return_dict=False)[0]
         return unpack(out, 16, H, W)
-    if family == "qwen_image":
-        out = m(hidden_states=pack(lat), encoder_hidden_states=d["text"],
+    if family == "qwen_image" or family in EDITS:
+        # The edit pipelines append the reference image's packed tokens and list its shape after the target's.
+        refs = [d[k] for k in sorted(d) if k.startswith("reference_latents.")]
+        tokens = torch.cat([pack(lat)] + [pack(x) for x in refs], 1)
+        shapes = [(1, H // 2, W // 2)] + [(1, x.shape[2] // 2, x.shape[3] // 2) for x in refs]
+        out = m(hidden_states=tokens, encoder_hidden_states=d["text"],
                 encoder_hidden_states_mask=torch.ones(B, d["text"].shape[1]), timestep=t,
-                img_shapes=[[(1, H // 2, W // 2)]] * B, return_dict=False)[0]
-        return unpack(out, 16, H, W)
+                img_shapes=[shapes] * B, return_dict=False)[0]
+        return unpack(out[:, :(H // 2) * (W // 2)], 16, H, W)
     if family == "sd3":
         return m(hidden_states=lat, encoder_hidden_states=d["text"], pooled_projections=d["pooled"],
                  timestep=t * 1000, return_dict=False)[0]
@@ -118,7 +129,8 @@ def compare(what, ours, ref, tol=TOL):
         raise SystemExit(f"{what}: gclab differs from diffusers ({err:.2e} >= {tol:.0e})")
 
 
-ARCH = {"flux": "flux", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3"}
+ARCH = {"flux": "flux", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3",
+        "qwen_image_edit": "qwen_image_edit", "qwen_image_edit_2511": "qwen_image_edit_plus"}
 
 
 def config(work, name, model_dir, extra_train="", network=True, save_format="safetensors"):
@@ -189,6 +201,9 @@ def main():
     cfg = config(work, family, model_dir)
     ref = velocity(family, m, d)
     compare(f"{family} forward", gclab_forward(exe, cfg, work), ref)
+    if family in EDITS:  # training and saving are the same code for every family; checked on the others
+        print(f"{family}: gclab and diffusers agree")
+        return
 
     # 3. A LoRA gclab trained, in diffusers' own loader, at the strength it was trained at.
     gclab(exe, "train", cfg)

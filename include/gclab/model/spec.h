@@ -43,6 +43,7 @@ struct ModelSpec {
   int64_t pos_embed_max = 0;  // sd3: side of the fixed position-embedding grid
   int64_t sd3_base_size = 0;  // sd3: sample_size / patch
   bool edit = false;          // qwen edit models: reference images' tokens are appended
+  bool zero_cond_t = false;   // Qwen-Image-Edit-2511: reference tokens modulated by the embedding of t = 0
   int divisibility = 16;
   bool tiny = false;
 
