@@ -742,6 +742,65 @@ class Validator {
     t.gradient_checkpointing = t.policy().kind != Kind::Off;
   }
 
+  // Inline flags in a sample prompt, as AI Toolkit reads them (config_modules.py, GenerateImageConfig.
+  // _process_prompt_string, after sd-scripts): the prompt is cut at every "--"; the text before is the
+  // prompt, each piece after is a flag and its value, which wins over the item's and the block's own.
+  void prompt_flags(SampleItem& item, const std::string& path) {
+    std::vector<std::string> pieces;
+    std::string rest = item.prompt;
+    for (std::size_t at; (at = rest.find("--")) != std::string::npos; rest = rest.substr(at + 2))
+      pieces.push_back(rest.substr(0, at));
+    pieces.push_back(rest);
+    if (pieces.size() == 1) return;
+    auto trim = [](std::string t) {
+      const auto b = t.find_first_not_of(" \t\n"), e = t.find_last_not_of(" \t\n");
+      return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
+    };
+    item.prompt = trim(pieces[0]);
+    for (std::size_t k = 1; k < pieces.size(); ++k) {
+      const std::string piece = trim(pieces[k]);
+      const std::string flag = piece.substr(0, piece.find(' '));
+      const std::string value = trim(piece.substr(flag.size()));
+      const std::string where = path + ".prompt";
+      auto number = [&](auto& out) {
+        try {
+          std::size_t used = 0;
+          using T = typename std::decay_t<decltype(out)>::value_type;
+          if constexpr (std::is_floating_point_v<T>)
+            out = std::stod(value, &used);
+          else
+            out = static_cast<T>(std::stoll(value, &used));
+          if (used != value.size()) throw std::invalid_argument(value);
+        } catch (const std::exception&) {
+          error(where, "--" + flag + " needs a number, got '" + value + "'");
+        }
+      };
+      if (flag == "n") {
+        item.neg = value;
+      } else if (flag == "w") {
+        number(item.width);
+      } else if (flag == "h") {
+        number(item.height);
+      } else if (flag == "d" || flag == "seed") {
+        number(item.seed);
+      } else if (flag == "l" || flag == "cfg") {
+        number(item.guidance_scale);
+      } else if (flag == "s" || flag == "steps") {
+        number(item.sample_steps);
+      } else if (flag == "m" || flag == "network_multiplier") {
+        number(item.network_multiplier);
+      } else if (flag == "ctrl_img") {
+        item.ctrl_img = value;
+      } else if (flag == "p2" || flag == "n2" || flag == "gr" || flag == "a" || flag == "ref" || flag == "ev" ||
+                 flag == "extra_values" || flag == "frames" || flag == "num_frames" || flag == "fps" ||
+                 flag == "ctrl_idx") {
+        warning(where, "--" + flag + " is an AI Toolkit prompt flag gclab does not act on (SDXL, adapters, video)");
+      } else {
+        warning(where, "--" + flag + " is not a prompt flag AI Toolkit knows; ignored, as AI Toolkit ignores it");
+      }
+    }
+  }
+
   void sample() {
     if (!c_.sample) return;
     SampleConfig& s = *c_.sample;
@@ -763,6 +822,7 @@ class Validator {
     for (std::size_t i = 0; i < s.samples.size(); ++i) {
       SampleItem& item = s.samples[i];
       const std::string p = "sample.samples[" + std::to_string(i) + "]";
+      prompt_flags(item, p);
       if (!item.width) item.width = s.width;
       if (!item.height) item.height = s.height;
       if (!item.neg) item.neg = s.neg;

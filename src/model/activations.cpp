@@ -13,11 +13,13 @@ struct Ledger {
   int64_t B, D, H, e, r;
   bool full;  // weights trained (not LoRA): tensors only a weight's gradient needs are saved too
   int64_t ln_stats_bytes;
+  int64_t dropout_mask_bytes;      // per rank-sized element, with LoRA dropout
   static constexpr int64_t f = 4;  // float32 internals
 
   int64_t act(int64_t elements) const { return elements * e; }
-  // A LoRA adapter keeps its rank-r intermediate (lora_A's output, saved by lora_B).
-  int64_t lora(int64_t rows) const { return r > 0 ? rows * r * e : 0; }
+  // A LoRA adapter keeps its rank-r intermediate (lora_A's output, or its dropout, saved by lora_B) and,
+  // with dropout, the dropout's mask.
+  int64_t lora(int64_t rows) const { return r > 0 ? rows * r * (e + dropout_mask_bytes) : 0; }
   int64_t layer_norm_stats(int64_t rows) const { return 2 * rows * ln_stats_bytes; }  // mean and 1/std
   // RMSNorm (diffusers): a float32 copy of a non-float32 input (pow's), 1/rms per vector, and the
   // normalised input when the weight is trained (for the weight's gradient).
@@ -136,6 +138,8 @@ ActivationOptions activation_options(const config::ProcessConfig& config, bool c
   ActivationOptions o;
   o.element_bytes = config::dtype_bytes(config.train.dtype);
   o.lora_rank = config.network ? lora_options(*config.network).rank : 0;
+  if (config.network && lora_options(*config.network).dropout > 0)
+    o.lora_dropout_mask_bytes = cuda ? 1 : o.element_bytes;
   o.conditioning_grad = !config.network;
   o.layer_norm_stats_bytes = cuda ? 4 : o.element_bytes;
   return o;
@@ -143,7 +147,14 @@ ActivationOptions activation_options(const config::ProcessConfig& config, bool c
 
 ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64_t height, int64_t width, int64_t text,
                                         const ActivationOptions& o) {
-  const Ledger L{batch, s.hidden, s.heads, o.element_bytes, o.lora_rank, o.lora_rank == 0, o.layer_norm_stats_bytes};
+  const Ledger L{batch,
+                 s.hidden,
+                 s.heads,
+                 o.element_bytes,
+                 o.lora_rank,
+                 o.lora_rank == 0,
+                 o.layer_norm_stats_bytes,
+                 o.lora_rank > 0 ? o.lora_dropout_mask_bytes : 0};
   ActivationEstimate est;
   const int64_t n = image_tokens(s, height, width) + reference_tokens(s, s.edit ? 1 : 0);
   const int64_t t = text > 0 ? text : text_tokens(s, 77);

@@ -92,8 +92,11 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     y = F::linear(x, is_float8(storage_) ? effective_weight(x.scalar_type()) : for_input(weight, x),
                   for_input(bias, x));
   if (lora_A_.defined()) {
-    torch::Tensor h = lora_dropout_ > 0 ? torch::dropout(x, lora_dropout_, is_training()) : x;
-    y = y + F::linear(F::linear(h, for_input(lora_A_, h)), for_input(lora_B_, h)) * lora_scale_;
+    // Dropout on lora_A's rank-sized output, as AI Toolkit's LoRAModule.forward (lora_down, then dropout):
+    // its mask is B x tokens x rank, not the input's size.
+    torch::Tensor h = F::linear(x, for_input(lora_A_, x));
+    if (lora_dropout_ > 0) h = torch::dropout(h, lora_dropout_, is_training());
+    y = y + F::linear(h, for_input(lora_B_, h)) * lora_scale_;
   }
   return y;
 }

@@ -29,7 +29,9 @@ double fold_scale(const Linear& linear) { return linear->lora_scale(); }
 LoraOptions lora_options(const config::NetworkConfig& network) {
   LoraOptions o;
   o.rank = network.linear.value_or(16);
-  o.alpha = network.linear_alpha.value_or(static_cast<double>(o.rank));
+  // AI Toolkit: PEFT format for FLUX, SD3 and the transformer models, "no alpha for peft": alpha = rank
+  // (toolkit/lora_special.py, LoRASpecialNetwork.__init__). linear_alpha only with gclab's key.
+  o.alpha = network.use_linear_alpha ? network.linear_alpha.value_or(network.alpha) : static_cast<double>(o.rank);
   o.dropout = network.dropout.value_or(0.0);
   return o;
 }

@@ -235,11 +235,14 @@ OptimizerOptions default_options(OptimizerKind kind) {
     case Rule::Prodigy:  // prodigyopt: weight_decay 0; AI Toolkit passes eps=1e-6
       o.eps = 1e-6, o.weight_decay = 0;
       break;
-    case Rule::Adam:  // torch.optim.Adam: weight_decay 0
-    case Rule::Sgd:   // torch.optim.SGD: weight_decay 0
+    case Rule::Adam:  // torch.optim.Adam: weight_decay 0; AI Toolkit passes eps=1e-6 (toolkit/optimizer.py)
+      o.weight_decay = 0, o.eps = 1e-6;
+      break;
+    case Rule::Sgd:  // torch.optim.SGD: weight_decay 0
       o.weight_decay = 0;
       break;
-    case Rule::AdamW:  // torch.optim.AdamW: weight_decay 0.01
+    case Rule::AdamW:  // torch.optim.AdamW: weight_decay 0.01; AI Toolkit passes eps=1e-6, 8-bit too
+      o.eps = 1e-6;
       break;
   }
   return o;

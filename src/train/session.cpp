@@ -94,6 +94,15 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   if (config_.model.quantize) model::set_base_weight_storage(*model_, model::WeightStorage::Float8PerTensor);
   if (config_.network) {
     lora_ = model::lora_options(*config_.network);
+    const config::NetworkConfig& n = *config_.network;
+    if (n.use_linear_alpha)
+      log::info("network.use_linear_alpha (gclab's): the adapters are scaled by linear_alpha / linear = " +
+                std::to_string(lora_.alpha / static_cast<double>(lora_.rank)) +
+                "; AI Toolkit would train them at scale 1 (alpha = rank)");
+    else if (n.linear_alpha && *n.linear_alpha != static_cast<double>(lora_.rank))
+      log::info(
+          "network.linear_alpha is not applied, as in AI Toolkit, which trains these models' LoRAs at "
+          "scale 1 (alpha = rank); network.use_linear_alpha: true applies it");
     lora_modules_ = model::apply_lora(*model_, lora_);  // float32 adapters
   }
   // The user's weights when name_or_path is a local diffusers folder that has them: every tensor checked

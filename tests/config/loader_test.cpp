@@ -123,6 +123,35 @@ TEST(ConfigLoader, AdafactorAndProdigyTakeTheirOwnParameters) {
                   .diagnostics.mentions("is a parameter of adafactor, not of train.optimizer prodigy"));
 }
 
+// Inline flags in sample prompts, as AI Toolkit's GenerateImageConfig reads them: they set the item's
+// size, seed, guidance, steps and negative prompt (over the sample block's), and leave the prompt without
+// them — so a preview asked at --w 128 --h 192 runs at that size, the size that decides a preview's OOM.
+TEST(ConfigLoader, SamplePromptFlagsSetTheItemAsInAiToolkit) {
+  const auto r = load(kMinimal, {R"(sample={width: 512, height: 512, sample_steps: 20, guidance_scale: 4, samples: [
+      {prompt: "a cat on a mat --w 128 --h 192 --seed 7 --cfg 2.5 --steps 3 --n blurry, dark"},
+      {prompt: "a dog --d 11 --l 1.5 --s 4 --m 0.5 --frames 9"}, {prompt: "plain"}]})"});
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  const auto& items = r.config->sample->samples;
+  ASSERT_EQ(items.size(), 3u);
+  EXPECT_EQ(items[0].prompt, "a cat on a mat");
+  EXPECT_EQ(items[0].width, 128);
+  EXPECT_EQ(items[0].height, 192);
+  EXPECT_EQ(items[0].seed, 7);
+  EXPECT_EQ(items[0].guidance_scale, 2.5);
+  EXPECT_EQ(items[0].sample_steps, 3);
+  EXPECT_EQ(items[0].neg, "blurry, dark");
+  EXPECT_EQ(items[1].prompt, "a dog");
+  EXPECT_EQ(items[1].seed, 11);
+  EXPECT_EQ(items[1].guidance_scale, 1.5);
+  EXPECT_EQ(items[1].sample_steps, 4);
+  EXPECT_EQ(items[1].network_multiplier, 0.5);
+  EXPECT_EQ(items[1].width, 512);  // the block's
+  EXPECT_TRUE(r.diagnostics.mentions("--frames is an AI Toolkit prompt flag gclab does not act on"));
+  EXPECT_EQ(items[2].prompt, "plain");
+  EXPECT_TRUE(load(kMinimal, {R"(sample={samples: [{prompt: "x --w wide"}]})"})
+                  .diagnostics.mentions("--w needs a number, got 'wide'"));
+}
+
 TEST(ConfigLoader, MalformedOverridesAreErrors) {
   EXPECT_TRUE(load(kMinimal, {"train.batch_size"}).diagnostics.mentions("expected PATH=VALUE"));
   EXPECT_TRUE(load(kMinimal, {"datasets.5.resolution=256"}).diagnostics.mentions("past the end"));

@@ -12,11 +12,12 @@
 namespace gclab::model {
 namespace {
 
-void expect_ledger_matches(const std::string& preset, bool lora, int batch, torch::ScalarType dtype) {
+void expect_ledger_matches(const std::string& preset, bool lora, int batch, torch::ScalarType dtype,
+                           double dropout = 0.0) {
   torch::manual_seed(0);
   const ModelSpec spec = spec_by_preset(preset);
   auto m = build_transformer(spec);
-  if (lora) apply_lora(*m, {4, 4.0});
+  if (lora) apply_lora(*m, {4, 4.0, dropout});
   m->to(dtype);
   const int64_t text = spec.family == Family::zimage ? 32 : text_tokens(spec, 16);
   ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
@@ -26,6 +27,7 @@ void expect_ledger_matches(const std::string& preset, bool lora, int batch, torc
   options.layer_norm_stats_bytes = dtype == torch::kFloat ? 4 : 2;  // CPU LayerNorm keeps bf16 statistics
   options.lora_rank = lora ? 4 : 0;
   options.conditioning_grad = !lora;
+  options.lora_dropout_mask_bytes = dropout > 0 ? options.element_bytes : 0;  // the CPU's scaled mask
   const ActivationEstimate est = estimate_activations(spec, batch, 128, 96, text, options);
   ASSERT_EQ(est.blocks.size(), measured.size());
   for (const auto& b : est.blocks) {
@@ -46,6 +48,15 @@ TEST_P(Ledger, ComputedBytesPerBlockEqualTheTrackingAllocatorsCount) {
 TEST_P(Ledger, ComputedBytesPerBlockEqualTheTrackingAllocatorsCountInBf16) {
   const auto& [preset, lora, batch] = GetParam();
   expect_ledger_matches(preset, lora, batch, torch::kBFloat16);
+}
+
+// LoRA dropout acts on lora_A's rank-sized output (AI Toolkit's LoRAModule.forward): the mask the ledger
+// counts is B x tokens x rank an adapter, and the allocator agrees for every block kind.
+TEST(LedgerDropout, TheMaskIsRankSized) {
+  for (const char* preset : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
+    expect_ledger_matches(preset, /*lora=*/true, 2, torch::kFloat, /*dropout=*/0.25);
+    expect_ledger_matches(preset, /*lora=*/true, 1, torch::kBFloat16, /*dropout=*/0.25);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, Ledger,

@@ -130,6 +130,44 @@ TEST(Lora, AFileMergedIntoTheBaseGivesTheAdaptedOutputInEveryNaming) {
   fs::remove(kohya_file);
 }
 
+// AI Toolkit trains these families' LoRAs in PEFT format with alpha = rank: scale 1 whatever linear_alpha
+// says (toolkit/lora_special.py). gclab does the same; network.use_linear_alpha applies linear_alpha.
+TEST(Lora, TheScaleIsOneAsInAiToolkitUnlessUseLinearAlphaAsksForIt) {
+  config::NetworkConfig n;
+  n.linear = 16, n.linear_alpha = 1.0;  // AI Toolkit's default linear_alpha (= alpha = 1)
+  EXPECT_DOUBLE_EQ(lora_options(n).alpha, 16.0);
+  n.use_linear_alpha = true;
+  EXPECT_DOUBLE_EQ(lora_options(n).alpha, 1.0);
+  n.dropout = 0.1;
+  EXPECT_DOUBLE_EQ(lora_options(n).dropout, 0.1);
+}
+
+// LoRA dropout acts on lora_A's output (AI Toolkit: lora_down, then dropout): with p close to 1 the
+// adapter's contribution is zero or hugely scaled per rank component, and in eval mode it is off.
+TEST(Lora, DropoutActsOnTheRankSizedOutputAndOnlyInTraining) {
+  torch::manual_seed(0);
+  Linear l(64, 32, true);
+  l->add_lora(4, 4.0, 0.5);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : l->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.5);
+  }
+  const torch::Tensor x = torch::randn({3, 10, 64});
+  l->eval();
+  const torch::Tensor a = l->forward(x), b = l->forward(x);
+  EXPECT_TRUE(torch::equal(a, b));  // no dropout in eval
+  l->train();
+  torch::manual_seed(1);
+  const torch::Tensor t = l->forward(x);
+  // The difference from eval is (dropped-and-rescaled h - h) B^T: rank-sized dropout on h = x A^T.
+  const torch::Tensor h = torch::nn::functional::linear(x, l->named_parameters()["lora_A.weight"]);
+  torch::manual_seed(1);
+  const torch::Tensor dropped = torch::dropout(h, 0.5, true);
+  const torch::Tensor want = a + torch::nn::functional::linear(dropped - h, l->named_parameters()["lora_B.weight"]);
+  EXPECT_TRUE(torch::allclose(t, want, 1e-5, 1e-5));
+}
+
 TEST(Quantize, Float8BaseWeightsQuarterFp32StorageAndStayClose) {
   torch::manual_seed(0);
   auto m = build_transformer(spec_by_preset("tiny-qwen-image"));

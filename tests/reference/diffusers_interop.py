@@ -7,7 +7,7 @@ through gclab's command line, for one transformer family:
    qwen_image_edit_2511, forward only) is saved by diffusers' own save_pretrained as a model folder (WORK_DIR/model/transformer/{config.json, safetensors}).
 2. `gclab forward` with model.name_or_path = that folder (shape from its config.json, weights from its
    safetensors, unchanged) must give diffusers' output on the same inputs to float32 rounding.
-3. `gclab train` trains a LoRA on it (linear_alpha != linear); the LoRA file loaded into the diffusers
+3. `gclab train` trains a LoRA on it (scale linear_alpha / linear = 2, gclab's use_linear_alpha); the LoRA file loaded into the diffusers
    model with diffusers' own loader must give the output `gclab forward --lora` gives.
 4. `gclab train` fine-tunes the whole transformer with save_format: diffusers; the saved folder must load
    in diffusers (from_pretrained) and give the output gclab gives from it.
@@ -136,7 +136,7 @@ ARCH = {"flux": "flux", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "
 def config(work, name, model_dir, extra_train="", network=True, save_format="safetensors"):
     """A tiny AI Toolkit config on the diffusers folder (synthetic data, 1 step)."""
     path = os.path.join(work, name + ".yaml")
-    net = "      network: {type: lora, linear: 4, linear_alpha: 8}\n" if network else ""
+    net = "      network: {type: lora, linear: 4, linear_alpha: 8, use_linear_alpha: true}\n" if network else ""
     with open(path, "w") as f:
         f.write(f"""job: extension
 config:

@@ -107,6 +107,9 @@ TEST(Optimizers, DefaultsAreEachReferencesOwn) {
   EXPECT_DOUBLE_EQ(default_options(OptimizerKind::adam).weight_decay, 0.0);
   EXPECT_DOUBLE_EQ(default_options(OptimizerKind::lion).beta2, 0.99);
   EXPECT_DOUBLE_EQ(default_options(OptimizerKind::lion).weight_decay, 0.0);
+  // AI Toolkit constructs Adam / AdamW (torch and bitsandbytes) with eps=1e-6 (toolkit/optimizer.py).
+  for (auto kind : {OptimizerKind::adamw, OptimizerKind::adam, OptimizerKind::adamw8bit, OptimizerKind::adam8bit})
+    EXPECT_DOUBLE_EQ(default_options(kind).eps, 1e-6) << config::name_of(kind);
 }
 
 // Adafactor and Prodigy against their reference implementations themselves (transformers' Adafactor, the

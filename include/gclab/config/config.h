@@ -25,6 +25,10 @@ struct NetworkConfig {
   std::optional<double> linear_alpha;  // defaults to `alpha`
   double alpha = 1.0;
   std::optional<double> dropout;
+  // gclab's: scale the adapters by linear_alpha / linear. AI Toolkit saves these families' LoRAs in PEFT
+  // format and sets alpha = rank (scale 1) whatever linear_alpha says (toolkit/lora_special.py); off,
+  // gclab does the same.
+  bool use_linear_alpha = false;
 
   template <class V>
   void fields(V& v) {
@@ -34,6 +38,7 @@ struct NetworkConfig {
     v("linear_alpha", linear_alpha);
     v("alpha", alpha);
     v("dropout", dropout);
+    v("use_linear_alpha", use_linear_alpha);
     v.ignore({"conv", "conv_alpha", "network_kwargs", "transformer_only", "lokr_full_rank", "lokr_factor",
               "split_multistage_loras", "lorm", "normalize"});
   }

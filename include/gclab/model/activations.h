@@ -26,6 +26,9 @@ struct ActivationOptions {
   // LayerNorm's saved mean and 1/std: float32 on CUDA whatever the input; on the CPU a bf16 input keeps
   // them in bf16 (measured), so CPU figures pass 2 here for bf16.
   int64_t layer_norm_stats_bytes = 4;
+  // LoRA dropout (network.dropout > 0), on lora_A's rank-sized output: its mask's bytes per element —
+  // CUDA's fused dropout keeps a bool mask (1), the CPU a scaled mask in the activations' dtype; 0: none.
+  int64_t lora_dropout_mask_bytes = 0;
 };
 
 struct BlockActivations {

@@ -19,7 +19,8 @@ struct LoraOptions {
   double alpha = 16.0;  // network.linear_alpha
   double dropout = 0.0;
 };
-// The adapters a config's `network` block asks for (the one place its defaults are applied).
+// The adapters a config's `network` block asks for (the one place its defaults are applied): alpha = rank,
+// a scale of 1, as AI Toolkit trains these families; linear_alpha / linear with network.use_linear_alpha.
 LoraOptions lora_options(const config::NetworkConfig& network);
 
 // Freezes every parameter, then adds an adapter to each target Linear. Returns the number of adapted
