@@ -5,9 +5,33 @@
 namespace gclab::sample {
 
 Guidance guidance_for(const model::ModelSpec& spec) {
-  if (spec.family == model::Family::flux) return spec.guidance_embed ? Guidance::Embedded : Guidance::None;
+  switch (spec.family) {
+    case model::Family::flux:
+      return spec.guidance_embed ? Guidance::Embedded : Guidance::None;
+    case model::Family::qwen_image:
+      return Guidance::TrueCfg;
+    case model::Family::zimage:
+      return Guidance::ZImageCfg;
+    case model::Family::sd3:
+    case model::Family::dit:
+      break;
+  }
   return Guidance::Cfg;
 }
+
+namespace {
+
+// QwenImagePipeline's rescale: the guided prediction scaled, token by token, to the norm of the
+// conditional one; a token is a 2x2 patch of all channels (the packed vector its norm is taken over).
+torch::Tensor rescale_to(const torch::Tensor& guided, const torch::Tensor& cond, int64_t patch) {
+  const int64_t b = guided.size(0), c = guided.size(1), h = guided.size(2), w = guided.size(3);
+  auto tokens = [&](const torch::Tensor& x) { return x.reshape({b, c, h / patch, patch, w / patch, patch}); };
+  const torch::Tensor cond_norm = tokens(cond).pow(2).sum({1, 3, 5}, true).sqrt();
+  const torch::Tensor guided_norm = tokens(guided).pow(2).sum({1, 3, 5}, true).sqrt();
+  return (tokens(guided) * (cond_norm / guided_norm)).reshape({b, c, h, w});
+}
+
+}  // namespace
 
 torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::ModelInputs& cond,
                            const model::ModelInputs& uncond, const SampleOptions& o) {
@@ -23,7 +47,8 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
                                torch::TensorOptions().dtype(torch::kFloat))
                         .to(device);
   const Guidance mode = guidance_for(spec);
-  const bool cfg = mode == Guidance::Cfg && o.guidance_scale != 1.0;
+  const double g = o.guidance_scale;
+  const bool cfg = mode == Guidance::ZImageCfg ? g > 0 : (mode == Guidance::Cfg || mode == Guidance::TrueCfg) && g > 1;
   auto cat = [](const torch::Tensor& a, const torch::Tensor& b) {
     return a.defined() ? torch::cat({a, b}, 0) : torch::Tensor();
   };
@@ -39,25 +64,33 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
     ckpt::AutocastScope autocast(state);  // restored on exit, also when forward throws
     return model.forward(in).narrow(1, 0, spec.latent_channels).to(torch::kFloat);
   };
-  // CFG runs the conditional and unconditional prompts as one batch of two when their text sequences
-  // have one length; otherwise as two passes (Qwen-Image's sequence is the prompt's own length, so an
-  // empty negative prompt is shorter than the prompt — its pipeline runs them separately too).
-  const bool one_batch = !cond.text.defined() || cond.text.size(1) == uncond.text.size(1);
+  // CFG runs the conditional and unconditional prompts as one batch of two, as the SD3, DiT and Z-Image
+  // pipelines do, when their text sequences have one length; otherwise, and always for Qwen-Image (whose
+  // pipeline runs them as two forwards), as two passes: half the activations' peak of a batch of two.
+  const bool one_batch =
+      mode != Guidance::TrueCfg && (!cond.text.defined() || cond.text.size(1) == uncond.text.size(1));
   for (int i = 0; i < o.steps; ++i) {
     const double t = 1.0 - static_cast<double>(i) / o.steps, t_next = 1.0 - static_cast<double>(i + 1) / o.steps;
     torch::Tensor v;
     if (!cfg) {
       v = predict(cond, x, t);
-    } else if (one_batch) {
-      model::ModelInputs in = cond;
-      in.text = cat(cond.text, uncond.text);
-      in.pooled = cat(cond.pooled, uncond.pooled);
-      in.class_labels = cat(cond.class_labels, uncond.class_labels);
-      const torch::Tensor both = predict(in, torch::cat({x, x}, 0), t);
-      v = both[1].unsqueeze(0) + o.guidance_scale * (both[0].unsqueeze(0) - both[1].unsqueeze(0));
     } else {
-      const torch::Tensor vc = predict(cond, x, t), vu = predict(uncond, x, t);
-      v = vu + o.guidance_scale * (vc - vu);
+      torch::Tensor vc, vu;
+      if (one_batch) {
+        model::ModelInputs in = cond;
+        in.text = cat(cond.text, uncond.text);
+        in.pooled = cat(cond.pooled, uncond.pooled);
+        in.class_labels = cat(cond.class_labels, uncond.class_labels);
+        const torch::Tensor both = predict(in, torch::cat({x, x}, 0), t);
+        vc = both[0].unsqueeze(0), vu = both[1].unsqueeze(0);
+      } else {
+        vc = predict(cond, x, t), vu = predict(uncond, x, t);
+      }
+      if (mode == Guidance::ZImageCfg)
+        v = vc + g * (vc - vu);
+      else
+        v = vu + g * (vc - vu);
+      if (mode == Guidance::TrueCfg) v = rescale_to(v, vc, spec.patch);
     }
     x = x + (t_next - t) * v;
   }

@@ -8,10 +8,14 @@
 
 namespace gclab::sample {
 
+// How each family's pipeline (the one AI Toolkit's previews call) guides, with scale g:
 enum class Guidance {
   None,      // FLUX.1-schnell: distilled, no guidance
-  Embedded,  // FLUX.1-dev / Flex: guidance_scale is a model input (distilled CFG)
-  Cfg,       // Qwen-Image, Z-Image, SD3, DiT: classifier-free guidance, conditional and unconditional in one batch
+  Embedded,  // FLUX.1-dev / Flex: g is a model input (distilled CFG)
+  Cfg,       // SD3, DiT: u + g (c - u) when g > 1, conditional and unconditional in one batch
+  TrueCfg,   // Qwen-Image (QwenImagePipeline's true CFG): when g > 1, two separate forwards, u + g (c - u)
+             // rescaled per token to the conditional prediction's norm
+  ZImageCfg  // Z-Image (ZImagePipeline): c + g (c - u) when g > 0
 };
 Guidance guidance_for(const model::ModelSpec& spec);
 
