@@ -719,6 +719,15 @@ class Validator {
       error("train.optimizer_params.betas", "must be two numbers in [0, 1), e.g. [0.9, 0.999]");
     if (!(t.optimizer_params.eps > 0)) error("train.optimizer_params.eps", "must be positive");
     optimizer_params(t);
+    const LrSchedulerParams& lp = t.lr_scheduler_params;
+    if (lp.num_warmup_steps && *lp.num_warmup_steps < 0)
+      error("train.lr_scheduler_params.num_warmup_steps", "must not be negative");
+    if (lp.start_factor && !(*lp.start_factor > 0 && *lp.start_factor <= 1))  // torch LinearLR's own check
+      error("train.lr_scheduler_params.start_factor", "must be in (0, 1]");
+    if (lp.end_factor && !(*lp.end_factor >= 0 && *lp.end_factor <= 1))
+      error("train.lr_scheduler_params.end_factor", "must be in [0, 1]");
+    if (lp.cosine_decay_steps && *lp.cosine_decay_steps <= 0)
+      error("train.lr_scheduler_params.cosine_decay_steps", "must be positive");
     if (given("train.noise_scheduler") && t.noise_scheduler != "flowmatch")
       warning("train.noise_scheduler",
               "gclab trains every model with flow matching; '" + t.noise_scheduler + "' is ignored");

@@ -1,5 +1,6 @@
 #include "gclab/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -458,20 +459,30 @@ std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, std::vector<std::p
   return std::make_unique<Optimizer>(kind, std::move(params), options);
 }
 
-double scheduled_lr(config::LrScheduler scheduler, double base_lr, int64_t step, int64_t total_steps) {
+double scheduled_lr(config::LrScheduler scheduler, const config::LrSchedulerParams& params, double base_lr,
+                    int64_t step, int64_t total_steps) {
   using config::LrScheduler;
-  const double progress = total_steps > 0 ? static_cast<double>(step) / static_cast<double>(total_steps) : 0.0;
+  const double k = static_cast<double>(step), total = static_cast<double>(std::max<int64_t>(total_steps, 1));
   switch (scheduler) {
-    case LrScheduler::constant:
+    case LrScheduler::constant:  // ConstantLR(factor=1.0)
       return base_lr;
     case LrScheduler::constant_with_warmup: {
-      const double warmup = std::max(1.0, 0.05 * static_cast<double>(total_steps));
-      return base_lr * std::min(1.0, (static_cast<double>(step) + 1) / warmup);
+      const double warmup = params.num_warmup_steps.value_or(1000);
+      return k < warmup ? base_lr * k / std::max(1.0, warmup) : base_lr;
     }
-    case LrScheduler::linear:
-      return base_lr * std::max(0.0, 1.0 - progress);
-    case LrScheduler::cosine:
-      return base_lr * 0.5 * (1 + std::cos(std::acos(-1.0) * std::min(progress, 1.0)));
+    case LrScheduler::linear: {  // LinearLR(total_iters = steps): factor moves linearly, then holds
+      const double start = params.start_factor.value_or(1.0 / 3.0), end = params.end_factor.value_or(1.0);
+      return base_lr * (start + (end - start) * std::min(k, total) / total);
+    }
+    case LrScheduler::cosine: {
+      const double warmup = params.num_warmup_steps.value_or(0);
+      const double decay = std::min<double>(params.cosine_decay_steps.value_or(total_steps), total);
+      const double min_ratio = params.eta_min.value_or(0.0) / std::max(1e-8, base_lr);
+      if (k < warmup) return base_lr * k / std::max(1.0, warmup);
+      if (k >= warmup + decay) return base_lr * min_ratio;
+      const double progress = std::clamp((k - warmup) / std::max(1.0, decay), 0.0, 1.0);
+      return base_lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(std::acos(-1.0) * progress)));
+    }
   }
   return base_lr;
 }

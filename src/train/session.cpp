@@ -286,7 +286,8 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     r.grad_norm = clip_grad_norm(params, tc.max_grad_norm);
     for (const auto& [n, p] : trained_)
       if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
-    optimizer_->step(scheduled_lr(tc.lr_scheduler, optimizer_lr(tc.optimizer, tc.lr), step, tc.steps));
+    r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr), step, tc.steps);
+    optimizer_->step(r.lr);
     optimizer_->zero_grad();
     if (!ema_.empty()) {
       torch::NoGradGuard no_grad;

@@ -286,7 +286,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       const ResidentBytes held = session.resident();
       metrics.write({{"step", step + 1},
                      {"loss", r.loss},
-                     {"lr", scheduled_lr(tc.lr_scheduler, optimizer_lr(tc.optimizer, tc.lr), step, tc.steps)},
+                     {"lr", r.lr},
                      {"grad_norm", r.grad_norm},
                      {"step_time_s", step_s},
                      {"data_wait_s", r.data_wait_s},

@@ -205,5 +205,33 @@ TEST(Optimizers, AdafactorStateIsFactoredAndProdigyKeepsFourCopies) {
   EXPECT_DOUBLE_EQ(optimizer_lr(OptimizerKind::adamw, 1e-4), 1e-4);
 }
 
+// The learning rate at steps 0, 1 and 1000 of a 2000-step run, as AI Toolkit's schedulers give it
+// (toolkit/scheduler.py with total_iters = steps): torch's ConstantLR and LinearLR (from lr/3), diffusers'
+// constant schedule with a 1000-step warm-up (lr 0 at the first update), and its own cosine.
+TEST(LrSchedulers, EachGivesAiToolkitsRate) {
+  using config::LrScheduler;
+  const config::LrSchedulerParams none;
+  auto lr = [&](LrScheduler s, int64_t step, const config::LrSchedulerParams& p) {
+    return scheduled_lr(s, p, 1e-4, step, 2000);
+  };
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::constant, 0, none), 1e-4);
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::constant, 1000, none), 1e-4);
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::constant_with_warmup, 0, none), 0.0);
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::constant_with_warmup, 1, none), 1e-7);
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::constant_with_warmup, 1000, none), 1e-4);
+  EXPECT_NEAR(lr(LrScheduler::linear, 0, none), 1e-4 / 3, 1e-18);
+  EXPECT_NEAR(lr(LrScheduler::linear, 1, none), 1e-4 * (1.0 / 3 + (2.0 / 3) / 2000), 1e-18);
+  EXPECT_NEAR(lr(LrScheduler::linear, 1000, none), 1e-4 * 2 / 3, 1e-18);
+  EXPECT_NEAR(lr(LrScheduler::linear, 2000, none), 1e-4, 1e-18);
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::cosine, 0, none), 1e-4);
+  EXPECT_NEAR(lr(LrScheduler::cosine, 1000, none), 0.5e-4, 1e-15);
+  config::LrSchedulerParams p;
+  p.num_warmup_steps = 10, p.start_factor = 0.5, p.eta_min = 1e-5;
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::constant_with_warmup, 5, p), 0.5e-4);
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::linear, 0, p), 0.5e-4);
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::cosine, 5, p), 0.5e-4);     // warm-up
+  EXPECT_NEAR(lr(LrScheduler::cosine, 2010, p), 1e-5, 1e-15);  // the floor after the decay
+}
+
 }  // namespace
 }  // namespace gclab::train

@@ -53,7 +53,7 @@ TEST(Sampler, QwenImageTrueCfgIsTwoForwardsRescaledPerToken) {
       (guided.reshape({1, 16, 4, 2, 4, 2}) * (token_norm(vc) / token_norm(guided))).reshape({1, 16, 8, 8});
   EXPECT_TRUE(torch::allclose(one_step(*m, c, 3.0), x - want_v, 1e-5, 1e-5));
   EXPECT_FALSE(torch::allclose(one_step(*m, c, 3.0), x - guided, 1e-3, 1e-3));  // the rescale matters
-  EXPECT_TRUE(torch::allclose(one_step(*m, c, 1.0), x - vc, 1e-5, 1e-5));      // g <= 1: no CFG
+  EXPECT_TRUE(torch::allclose(one_step(*m, c, 1.0), x - vc, 1e-5, 1e-5));       // g <= 1: no CFG
 
   // Two forwards of one sample, not one of two: the guided preview's peak is the unguided one's.
   memory::CpuMemoryTracker tracker;

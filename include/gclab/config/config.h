@@ -141,6 +141,25 @@ struct DatasetConfig {
   }
 };
 
+// train.lr_scheduler_params: what AI Toolkit passes to its scheduler (toolkit/scheduler.py); each unset
+// value is the scheduler's own default.
+struct LrSchedulerParams {
+  std::optional<int> num_warmup_steps;    // constant_with_warmup (default 1000), cosine (default 0)
+  std::optional<double> start_factor;     // linear: torch LinearLR (default 1/3)
+  std::optional<double> end_factor;       // linear (default 1)
+  std::optional<double> eta_min;          // cosine's floor (default 0)
+  std::optional<int> cosine_decay_steps;  // cosine: steps of decay after the warm-up (default train.steps)
+
+  template <class V>
+  void fields(V& v) {
+    v("num_warmup_steps", num_warmup_steps);
+    v("start_factor", start_factor);
+    v("end_factor", end_factor);
+    v("eta_min", eta_min);
+    v("cosine_decay_steps", cosine_decay_steps);
+  }
+};
+
 struct EmaConfig {
   bool use_ema = false;
   double ema_decay = 0.999;
@@ -194,6 +213,7 @@ struct TrainConfig {
   OptimizerKind optimizer = OptimizerKind::adamw;
   OptimizerParams optimizer_params;
   LrScheduler lr_scheduler = LrScheduler::constant;
+  LrSchedulerParams lr_scheduler_params;
   DType dtype = DType::fp32;  // bf16: bf16 autocast over fp32 (LoRA: a bf16 frozen base); fp16 is refused
   std::string noise_scheduler = "ddpm";
   TimestepType timestep_type = TimestepType::sigmoid;
@@ -234,6 +254,7 @@ struct TrainConfig {
     v("optimizer", optimizer);
     v("optimizer_params", optimizer_params);
     v("lr_scheduler", lr_scheduler);
+    v("lr_scheduler_params", lr_scheduler_params);
     v("dtype", dtype);
     v("noise_scheduler", noise_scheduler);
     v("timestep_type", timestep_type);
@@ -258,7 +279,6 @@ struct TrainConfig {
               "refiner_lr",
               "embedding_lr",
               "adapter_lr",
-              "lr_scheduler_params",
               "min_denoising_steps",
               "max_denoising_steps",
               "xformers",

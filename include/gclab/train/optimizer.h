@@ -99,8 +99,13 @@ std::unique_ptr<Optimizer> make_optimizer(config::OptimizerKind kind,
                                           std::vector<std::pair<std::string, torch::Tensor>> params,
                                           const OptimizerOptions& options);
 
-// lr_scheduler: constant, constant_with_warmup (5% warm-up), linear (to 0), cosine (to 0).
-double scheduled_lr(config::LrScheduler scheduler, double base_lr, int64_t step, int64_t total_steps);
+// The learning rate of the update after `step` earlier ones, as AI Toolkit's schedulers give it
+// (toolkit/scheduler.py, built with total_iters = train.steps): constant; constant_with_warmup (diffusers'
+// get_constant_schedule_with_warmup: step / warmup, 1000 steps unless lr_scheduler_params says, so the
+// first update has lr 0); linear (torch LinearLR: from start_factor 1/3 of lr up to lr at the last step);
+// cosine (warm-up, then half a cosine from lr to eta_min over cosine_decay_steps).
+double scheduled_lr(config::LrScheduler scheduler, const config::LrSchedulerParams& params, double base_lr,
+                    int64_t step, int64_t total_steps);
 
 // Clips the global gradient norm to max_norm (<= 0: no clipping); returns the norm before clipping. One
 // host synchronisation whatever the number of tensors.

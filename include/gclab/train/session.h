@@ -47,6 +47,7 @@ struct ResidentBytes {
 
 struct StepResult {
   double loss = 0, grad_norm = 0;
+  double lr = 0;       // the learning rate the update used
   std::string bucket;  // WxH of the step's batches
   int batch = 0;
   double data_wait_s = 0;
