@@ -253,7 +253,10 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   const config::TrainConfig& tc = config_.train;
   StepOptions so;
   so.timestep_type = tc.timestep_type;
-  so.loss_scale = 1.0 / accumulation();
+  // AI Toolkit's gradient_accumulation sums the micro-batches' gradients: SDTrainer.hook_train_loop calls
+  // backward on each micro-batch's loss as it is, then steps once. (The legacy gradient_accumulation_steps
+  // is averaged here; its AI Toolkit semantics are not reproduced yet: docs/aitk-semantics.md.)
+  so.loss_scale = tc.gradient_accumulation > 1 ? 1.0 : 1.0 / accumulation();
   so.autocast_bf16 = bf16();
   StepResult r;
   std::vector<torch::Tensor> losses;

@@ -233,6 +233,22 @@ TEST(Trainer, DryRunGivesTheSameVerdictAsCheckForEveryShippedConfig) {
 
 // The Session builds the model where and how it trains: a bf16 LoRA run never holds a float32 copy of the
 // base. The host peak while building is the final weights (plus the text encoder), not 3x them.
+// gradient_accumulation: N sums the N micro-batches' gradients, as AI Toolkit's SDTrainer.hook_train_loop
+// does (backward on each loss, no 1/N): from the same micro-batches and the same random stream, the
+// gradient is twice the legacy key's average.
+TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
+  const fs::path dir = testing::fresh_dir("session_accumulation");
+  auto norm_with = [&](const std::string& key) {
+    Session session(tiny_config(dir, "a", {key + "=2", "train.max_grad_norm=0"}));
+    torch::manual_seed(5);
+    return session.train_step(0, [&] { return session.synthetic_batch(1, 64, 64); }).grad_norm;
+  };
+  const double summed = norm_with("train.gradient_accumulation");
+  const double averaged = norm_with("train.gradient_accumulation_steps");
+  EXPECT_NEAR(summed, 2 * averaged, 1e-5 * summed) << summed << " vs " << averaged;
+  fs::remove_all(dir);
+}
+
 TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
   const fs::path dir = testing::fresh_dir("session_build");
   memory::CpuMemoryTracker tracker;
