@@ -831,6 +831,12 @@ class Validator {
     for (std::size_t i = 0; i < s.samples.size(); ++i) {
       SampleItem& item = s.samples[i];
       const std::string p = "sample.samples[" + std::to_string(i) + "]";
+      // AI Toolkit's sample(): with a trigger_word, "[trigger]" becomes it, never added where absent
+      // (inject_trigger_into_prompt, add_if_not_present=False); without one the text stays. ("[name]", which
+      // it replaces too, is already the config's name, as in AI Toolkit's config loading.)
+      if (c_.trigger_word)
+        for (std::size_t at; (at = item.prompt.find("[trigger]")) != std::string::npos;)
+          item.prompt.replace(at, std::string("[trigger]").size(), *c_.trigger_word);
       prompt_flags(item, p);
       if (!item.width) item.width = s.width;
       if (!item.height) item.height = s.height;

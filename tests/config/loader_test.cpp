@@ -179,6 +179,14 @@ TEST(ConfigLoader, TriggerPlaceholderIsLeftForCaptions) {
   const auto r = load(std::string(kMinimal) + "sample:\n  prompts: [\"[trigger] on a bike\"]\n");
   ASSERT_TRUE(r.ok()) << all_messages(r);
   EXPECT_EQ(r.config->sample->samples[0].prompt, "[trigger] on a bike");
+  // With a trigger_word, AI Toolkit's sample() puts it in place of [trigger], adds it nowhere.
+  const auto t = load(std::string(kMinimal) + "trigger_word: p3rs0n\nsample:\n  prompts: [\"[trigger] on a bike\", " +
+                      "\"[name] and [trigger] --w 64\", \"a bike\"]\n");
+  ASSERT_TRUE(t.ok()) << all_messages(t);
+  EXPECT_EQ(t.config->sample->samples[0].prompt, "p3rs0n on a bike");
+  EXPECT_EQ(t.config->sample->samples[1].prompt, "tiny_run and p3rs0n");  // [name]: the config's name
+  EXPECT_EQ(t.config->sample->samples[1].width, 64);
+  EXPECT_EQ(t.config->sample->samples[2].prompt, "a bike");
 }
 
 TEST(ConfigLoader, UnknownKeysWarnWithTheNearestKnownKey) {
