@@ -37,6 +37,11 @@ std::string supported_arch_list() {
   return out;
 }
 
+config::TimestepType training_timestep_type(Family family, config::TimestepType configured) {
+  if (family == Family::flux && configured == config::TimestepType::shift) return config::TimestepType::flux_shift;
+  return configured;
+}
+
 int divisibility(Family family) {
   switch (family) {
     case Family::flux:

@@ -4,6 +4,7 @@
 
 #include "gclab/data/image.h"
 #include "gclab/log/log.h"
+#include "gclab/model/family.h"
 #include "gclab/sample/sampler.h"
 
 namespace gclab::train {
@@ -229,8 +230,8 @@ MicroBatch Session::micro_batch(const data::LoadedBatch& lb) {
   if (spec_.edit)
     for (const auto& r : lb.references) mb.conditioning.reference_latents.push_back(r.to(device_));
   mb.noise = torch::randn_like(mb.x0);
-  mb.t = sample_timesteps(config_.train.timestep_type, mb.x0.size(0), device_,
-                          model::image_tokens(spec_, lb.bucket.height, lb.bucket.width));
+  mb.t = sample_timesteps(model::training_timestep_type(spec_.family, config_.train.timestep_type), mb.x0.size(0),
+                          device_, model::image_tokens(spec_, lb.bucket.height, lb.bucket.width));
   return mb;
 }
 

@@ -272,6 +272,14 @@ TEST(Timesteps, FluxShiftMovesTheMedianWithTheResolution) {
     EXPECT_NEAR(small, std::exp(0.5) / (std::exp(0.5) + 1), 0.01);
     EXPECT_NEAR(large, std::exp(1.15) / (std::exp(1.15) + 1), 0.01);
   }
+  // FLUX's training scheduler shifts dynamically for every shift type (use_dynamic_shifting in AI
+  // Toolkit's flux_config): `shift` is flux_shift there, and a static shift of 3 elsewhere for now.
+  EXPECT_EQ(model::training_timestep_type(config::Family::flux, config::TimestepType::shift),
+            config::TimestepType::flux_shift);
+  EXPECT_EQ(model::training_timestep_type(config::Family::sd3, config::TimestepType::shift),
+            config::TimestepType::shift);
+  EXPECT_EQ(model::training_timestep_type(config::Family::flux, config::TimestepType::sigmoid),
+            config::TimestepType::sigmoid);
   const torch::Tensor blend = sample_timesteps(config::TimestepType::lognorm_blend, 40000, torch::kCPU);
   EXPECT_GT(blend.min().item<double>(), 0.0);  // clamped away from the ends, as every type is
   EXPECT_LT(blend.max().item<double>(), 1.0);

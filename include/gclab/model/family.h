@@ -32,6 +32,13 @@ std::string supported_arch_list();  // "flux, flex1, ..." for messages
 // and AI Toolkit rounds them to 32; Z-Image and DiT to 16.
 int divisibility(Family family);
 
+// The timestep type a family's training scheduler draws for the configured one. AI Toolkit's
+// CustomFlowMatchEulerDiscreteScheduler.set_train_timesteps treats `shift`, `flux_shift` and
+// `lumina2_shift` alike, by the scheduler's config; FLUX's (toolkit/sampler.py, flux_config) has
+// use_dynamic_shifting, so for FLUX `shift` is the token-dependent flux_shift. The other families keep
+// the configured type (their schedulers' configs are not modelled yet: docs/aitk-semantics.md).
+config::TimestepType training_timestep_type(Family family, config::TimestepType configured);
+
 // The checks of a loaded config that need the facts above; errors and warnings go to `diagnostics`.
 void check_config(config::ProcessConfig& config, config::Diagnostics& diagnostics);
 
