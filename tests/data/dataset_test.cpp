@@ -117,6 +117,8 @@ TEST(Captions, TriggerDropoutAndShuffleAsAiToolkit) {
   EXPECT_EQ(process_caption("sks at home", d, std::string("sks"), rng), "sks at home");
   d.caption_dropout_rate = 1.0;
   EXPECT_EQ(process_caption("a photo", d, std::nullopt, rng), "");
+  // AI Toolkit's get_caption returns '' for a dropped caption before it injects the trigger.
+  EXPECT_EQ(process_caption("a photo", d, std::string("sks"), rng), "");
   d.caption_dropout_rate = 0.0;
   d.shuffle_tokens = true;
   d.keep_tokens = 1;
