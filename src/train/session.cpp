@@ -81,7 +81,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // ---- the text encoder and its embedding cache (kept resident, as in a run) ----
   text_ = std::make_unique<data::TextEmbeddingCache>(
       text_encoder_options(spec_), [this](int64_t n) { return model::encoder_tokens(spec_, n); },
-      device_.is_meta() ? torch::Device(torch::kCPU) : device_, tc.cache_text_embeddings);
+      device_.is_meta() ? torch::Device(torch::kCPU) : device_, tc.cache_text_embeddings || tc.unload_text_encoder);
 
   // ---- the model, as AI Toolkit loads it: with a LoRA network in bf16 the frozen base is stored in bf16
   // (float8 blocks with model.quantize) and only the adapters are float32; without a network every
@@ -224,7 +224,8 @@ MicroBatch Session::micro_batch(const data::LoadedBatch& lb) {
   MicroBatch mb;
   {
     auto scope = phase("text");
-    mb.conditioning = conditioning(lb.captions);
+    mb.conditioning = fixed_caption_ ? conditioning(std::vector<std::string>(lb.captions.size(), *fixed_caption_))
+                                     : conditioning(lb.captions);
   }
   mb.x0 = lb.latents.to(device_);
   if (spec_.edit)
@@ -330,12 +331,21 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
 }
 
 void Session::precompute_text(const std::vector<std::string>& captions) {
-  if (!config_.train.cache_text_embeddings) {
-    if (config_.train.unload_text_encoder)
-      log::warn("train.unload_text_encoder needs cache_text_embeddings; the text encoder stays loaded");
-    return;
-  }
+  const config::TrainConfig& tc = config_.train;
+  if (!tc.cache_text_embeddings && !tc.unload_text_encoder) return;
   std::vector<std::string> all = captions;
+  if (tc.unload_text_encoder && !tc.cache_text_embeddings) {
+    // AI Toolkit (BaseSDTrainProcess.run): without cached captions, unload_text_encoder encodes the empty
+    // prompt and the trigger word once, unloads the encoder, and trains every step on the trigger word's
+    // embedding (the empty prompt's without one) — "This will train only with a blank prompt or trigger
+    // word, if set".
+    fixed_caption_ = config_.trigger_word.value_or("");
+    all = {*fixed_caption_};
+    log::warn(
+        "train.unload_text_encoder without cache_text_embeddings: as in AI Toolkit, every step trains on " +
+        (config_.trigger_word ? "the trigger word '" + *config_.trigger_word + "'" : std::string("the empty prompt")) +
+        ", not on the captions");
+  }
   all.push_back("");
   for (const auto& p : prompts_) {
     all.push_back(p.prompt);

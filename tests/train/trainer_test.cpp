@@ -249,6 +249,23 @@ TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
   fs::remove_all(dir);
 }
 
+// unload_text_encoder without cached captions, as AI Toolkit runs it: the encoder is gone after the
+// precompute, and every step trains on the trigger word's embedding whatever the captions say.
+TEST(Session, UnloadingTheTextEncoderWithoutCachingTrainsOnTheTriggerWordAsAiToolkit) {
+  const fs::path dir = testing::fresh_dir("session_unload");
+  Session session(tiny_config(dir, "u",
+                              {"train.unload_text_encoder=true", "train.cache_text_embeddings=false",
+                               "trigger_word=sks", "train.disable_sampling=true"}));
+  EXPECT_GT(session.resident().text_encoder, 0);
+  session.precompute_text({"a red circle", "a blue square"});
+  EXPECT_EQ(session.resident().text_encoder, 0);
+  data::LoadedBatch a = session.synthetic_batch(1, 64, 64), b = a;
+  a.captions = {"a red circle"}, b.captions = {"a blue square"};
+  const torch::Tensor ta = session.micro_batch(a).conditioning.text, tb = session.micro_batch(b).conditioning.text;
+  EXPECT_TRUE(torch::equal(ta, tb));
+  fs::remove_all(dir);
+}
+
 TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
   const fs::path dir = testing::fresh_dir("session_build");
   memory::CpuMemoryTracker tracker;

@@ -116,7 +116,8 @@ class Session {
   bool sampling() const { return !prompts_.empty(); }
   std::vector<std::filesystem::path> sample(int64_t step, const std::filesystem::path& dir);
   // Encodes every caption the run will ask for (cache_text_embeddings), then unloads the text encoder
-  // when unload_text_encoder says so.
+  // when unload_text_encoder says so. unload_text_encoder without cache_text_embeddings is AI Toolkit's
+  // other mode: the trigger word (or the empty prompt) is encoded once and every step trains on it.
   void precompute_text(const std::vector<std::string>& captions);
 
   ResidentBytes resident() const;
@@ -146,6 +147,7 @@ class Session {
   std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts
   data::LatentCodec codec_;
   std::vector<config::SampleItem> prompts_;
+  std::optional<std::string> fixed_caption_;  // unload_text_encoder without cached captions: what trains
 };
 
 // A step as file names carry it: 000000120 (sorts by name).
