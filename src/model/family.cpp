@@ -37,6 +37,21 @@ std::string supported_arch_list() {
   return out;
 }
 
+Guidance preview_guidance(Family family, bool guidance_embed) {
+  switch (family) {
+    case Family::flux:
+      return guidance_embed ? Guidance::Embedded : Guidance::None;
+    case Family::qwen_image:
+      return Guidance::TrueCfg;
+    case Family::zimage:
+      return Guidance::ZImageCfg;
+    case Family::sd3:
+    case Family::dit:
+      break;
+  }
+  return Guidance::Cfg;
+}
+
 config::TimestepType training_timestep_type(Family family, config::TimestepType configured) {
   if (family == Family::flux && configured == config::TimestepType::shift) return config::TimestepType::flux_shift;
   return configured;

@@ -18,6 +18,12 @@ namespace gclab::model {
 
 namespace {
 
+// Z-Image's adaLN input is min(width, 256) wide; the timestep MLP's middle is 1024 at every width
+// (diffusers ZImageTransformer2DModel: TimestepEmbedder(min(dim, 256), mid_size=1024)).
+int64_t zimage_adaln_dim(int64_t hidden) { return std::min<int64_t>(hidden, 256); }
+// The features of one packed latent token (FLUX / Qwen-Image: 2x2 patches of every channel).
+int64_t packed_features(const ModelSpec& s) { return s.latent_channels * s.patch * s.patch; }
+
 // Full-size shapes from the reference configs: black-forest-labs/FLUX.1-dev transformer/config.json,
 // ostris/Flex.1-alpha, Qwen/Qwen-Image, Tongyi-MAI/Z-Image-Turbo, stabilityai/stable-diffusion-3.5-large,
 // facebookresearch/DiT (DiT_XL_2).
@@ -58,7 +64,7 @@ ModelSpec qwen_edit_2511() {
 // an inpainting latent, its mask and a control latent (AI Toolkit's flex2 model; DiffSynth's input_dim 196).
 ModelSpec flex2() {
   ModelSpec s = flux("flex2", 8, true, 512);
-  s.extra_input_features = 196 - 64;
+  s.extra_input_features = 196 - packed_features(s);
   return s;
 }
 
@@ -71,7 +77,7 @@ ModelSpec zimage(const std::string& preset) {
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
   s.text_dim = 2560, s.max_text_tokens = 512;
   s.rope_axes = {32, 48, 48}, s.rope_theta = 256;
-  s.adaln_dim = 256, s.t_embed_mid = 1024;
+  s.adaln_dim = zimage_adaln_dim(s.hidden), s.t_embed_mid = 1024;
   return s;
 }
 
@@ -112,9 +118,7 @@ ModelSpec tiny(const ModelSpec& full, const std::string& preset) {
   if (s.text_dim) s.text_dim = 64;
   if (s.pooled_dim) s.pooled_dim = 32;
   if (!s.rope_axes.empty()) s.rope_axes = {8, 12, 12};
-  // Z-Image: the adaLN input is min(width, 256) wide; the timestep MLP's middle is 1024 at every width
-  // (diffusers TimestepEmbedder(min(dim, 256), mid_size=1024)).
-  if (s.adaln_dim) s.adaln_dim = std::min<int64_t>(s.hidden, 256);
+  if (s.family == Family::zimage) s.adaln_dim = zimage_adaln_dim(s.hidden);
   return s;
 }
 
@@ -162,6 +166,13 @@ std::vector<std::string> preset_names() {
 
 namespace {
 
+// What a shape read from `source` implies beyond its own numbers, and that it is no preset's any more.
+void shaped_by(ModelSpec& s, const std::filesystem::path& source) {
+  if (s.family == Family::zimage) s.adaln_dim = zimage_adaln_dim(s.hidden);
+  s.preset = s.preset + " (shape from " + source.string() + ")";
+  s.tiny = false;
+}
+
 // The shape a diffusers transformer config.json gives, over the arch's preset (diffusers' own key names).
 void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
   nlohmann::json c;
@@ -201,8 +212,7 @@ void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
         if (s.family == Family::qwen_image) s.zero_cond_t = c.value("zero_cond_t", false);
         if (s.family == Family::flux) {
           s.guidance_embed = c.value("guidance_embeds", s.guidance_embed);
-          s.extra_input_features =
-              get("in_channels", s.latent_channels * s.patch * s.patch) - s.latent_channels * s.patch * s.patch;
+          s.extra_input_features = get("in_channels", packed_features(s)) - packed_features(s);
         }
         s.text_dim = get("joint_attention_dim", s.text_dim);
         s.pooled_dim = get("pooled_projection_dim", s.pooled_dim);
@@ -225,7 +235,6 @@ void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
         s.single_blocks = static_cast<int>(get("n_layers", s.single_blocks));
         s.refiner_blocks = static_cast<int>(get("n_refiner_layers", s.refiner_blocks));
         s.text_dim = get("cap_feat_dim", s.text_dim);
-        s.adaln_dim = std::min<int64_t>(s.hidden, 256);
         s.rope_theta = c.value("rope_theta", s.rope_theta);
         if (c.contains("axes_dims")) s.rope_axes = c["axes_dims"].get<std::vector<int64_t>>();
         break;
@@ -236,8 +245,7 @@ void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
   if (s.hidden <= 0 || s.heads <= 0 || s.total_blocks() <= 0)
     throw UserError(local.config.string() + " gives no usable shape (width " + std::to_string(s.hidden) + ", " +
                     std::to_string(s.total_blocks()) + " blocks)");
-  s.preset = s.preset + " (shape from " + local.config.string() + ")";
-  s.tiny = false;
+  shaped_by(s, local.config);
 }
 
 // The shape a single diffusers-named weights file gives, from its tensors' shapes (no config.json).
@@ -264,16 +272,21 @@ void apply_tensor_shapes(ModelSpec& s, const std::filesystem::path& file) {
                       ": the original (BFL / Stability / ComfyUI) checkpoint layout. gclab loads diffusers-named "
                       "weights: a diffusers model folder, or convert the file once with diffusers' from_single_file "
                       "and save_pretrained");
+  // FLUX and SD3 name their joint blocks and embedders alike (diffusers' MM-DiT).
+  auto joint_blocks = [&] {
+    s.head_dim = dim("transformer_blocks.0.attn.norm_q.weight", 0);
+    s.mlp_hidden = dim("transformer_blocks.0.ff.net.0.proj.weight", 0);
+    s.double_blocks = count("transformer_blocks");
+    s.text_dim = dim("context_embedder.weight", 1);
+    s.pooled_dim = dim("time_text_embed.text_embedder.linear_1.weight", 1);
+  };
   switch (s.family) {
     case Family::flux:
       s.hidden = dim("x_embedder.weight", 0);
-      s.extra_input_features = dim("x_embedder.weight", 1) - s.latent_channels * s.patch * s.patch;
-      s.head_dim = dim("transformer_blocks.0.attn.norm_q.weight", 0);
-      s.mlp_hidden = dim("transformer_blocks.0.ff.net.0.proj.weight", 0);
-      s.double_blocks = count("transformer_blocks"), s.single_blocks = count("single_transformer_blocks");
+      s.extra_input_features = dim("x_embedder.weight", 1) - packed_features(s);
+      joint_blocks();
+      s.single_blocks = count("single_transformer_blocks");
       s.guidance_embed = f.contains("time_text_embed.guidance_embedder.linear_1.weight");
-      s.text_dim = dim("context_embedder.weight", 1);
-      s.pooled_dim = dim("time_text_embed.text_embedder.linear_1.weight", 1);
       break;
     case Family::qwen_image:
       s.hidden = dim("img_in.weight", 0);
@@ -288,15 +301,10 @@ void apply_tensor_shapes(ModelSpec& s, const std::filesystem::path& file) {
       s.mlp_hidden = dim("layers.0.feed_forward.w1.weight", 0);
       s.single_blocks = count("layers"), s.refiner_blocks = count("noise_refiner");
       s.text_dim = dim("cap_embedder.1.weight", 1);
-      s.adaln_dim = std::min<int64_t>(s.hidden, 256);
       break;
     case Family::sd3:
       s.hidden = dim("pos_embed.proj.weight", 0);
-      s.head_dim = dim("transformer_blocks.0.attn.norm_q.weight", 0);
-      s.mlp_hidden = dim("transformer_blocks.0.ff.net.0.proj.weight", 0);
-      s.double_blocks = count("transformer_blocks");
-      s.text_dim = dim("context_embedder.weight", 1);
-      s.pooled_dim = dim("time_text_embed.text_embedder.linear_1.weight", 1);
+      joint_blocks();
       if (f.contains("pos_embed.pos_embed"))
         s.pos_embed_max =
             static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(dim("pos_embed.pos_embed", 1)))));
@@ -316,8 +324,7 @@ void apply_tensor_shapes(ModelSpec& s, const std::filesystem::path& file) {
     throw UserError(file.string() + ": heads " + std::to_string(s.head_dim) +
                     " wide, but the rotary axes a weights file cannot say are the preset's (" + std::to_string(rope) +
                     " wide); put it in a diffusers folder with the transformer's config.json");
-  s.preset = s.preset + " (shape from " + file.string() + ")";
-  s.tiny = false;
+  shaped_by(s, file);
 }
 
 }  // namespace

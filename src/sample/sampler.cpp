@@ -1,23 +1,11 @@
 #include "gclab/sample/sampler.h"
 
 #include "gclab/ckpt/autocast.h"
+#include "gclab/model/family.h"
 
 namespace gclab::sample {
 
-Guidance guidance_for(const model::ModelSpec& spec) {
-  switch (spec.family) {
-    case model::Family::flux:
-      return spec.guidance_embed ? Guidance::Embedded : Guidance::None;
-    case model::Family::qwen_image:
-      return Guidance::TrueCfg;
-    case model::Family::zimage:
-      return Guidance::ZImageCfg;
-    case model::Family::sd3:
-    case model::Family::dit:
-      break;
-  }
-  return Guidance::Cfg;
-}
+using model::Guidance;
 
 namespace {
 
@@ -46,7 +34,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   torch::Tensor x = at::normal(0.0, 1.0, {1, spec.latent_channels, o.latent_height, o.latent_width}, gen,
                                torch::TensorOptions().dtype(torch::kFloat))
                         .to(device);
-  const Guidance mode = guidance_for(spec);
+  const Guidance mode = model::preview_guidance(spec.family, spec.guidance_embed);
   const double g = o.guidance_scale;
   const bool cfg = mode == Guidance::ZImageCfg ? g > 0 : (mode == Guidance::Cfg || mode == Guidance::TrueCfg) && g > 1;
   auto cat = [](const torch::Tensor& a, const torch::Tensor& b) {

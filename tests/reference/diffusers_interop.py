@@ -4,7 +4,7 @@ through gclab's command line, for one transformer family:
   diffusers_interop.py GCLAB_EXE FAMILY WORK_DIR
 
 1. A tiny random diffusers transformer of FAMILY (flux, qwen_image, zimage, sd3; qwen_image_edit and
-   qwen_image_edit_2511, forward only) is saved by diffusers' own save_pretrained as a model folder (WORK_DIR/model/transformer/{config.json, safetensors}).
+   qwen_image_edit_2511 and flex2, forward only) is saved by diffusers' own save_pretrained as a model folder (WORK_DIR/model/transformer/{config.json, safetensors}).
 2. `gclab forward` with model.name_or_path = that folder (shape from its config.json, weights from its
    safetensors, unchanged) must give diffusers' output on the same inputs to float32 rounding.
 3. `gclab train` trains a LoRA on it (scale linear_alpha / linear = 2, gclab's use_linear_alpha); the LoRA file loaded into the diffusers
@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 TOL = 1e-5  # relative to the output's largest magnitude: float32 rounding through a few blocks
 
 B, H, W = 2, 16, 12  # latent size (an image of 128 x 96); 8 x 6 = 48 patches, not a multiple of 32
-TEXT = {"flux": 7, "qwen_image": 9, "qwen_image_edit": 9, "qwen_image_edit_2511": 9, "zimage": 20, "sd3": 11}
+TEXT = {"flux": 7, "flex2": 7, "qwen_image": 9, "qwen_image_edit": 9, "qwen_image_edit_2511": 9, "zimage": 20, "sd3": 11}
 # Z-Image: 20 tokens, padded to 32 inside. The edit models get one reference image of another size
 # (Qwen-Image-Edit-2511: zero_cond_t, its reference tokens modulated by the embedding of t = 0).
 EDITS = {"qwen_image_edit": False, "qwen_image_edit_2511": True}
@@ -45,6 +45,11 @@ def build(family):
         m = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
                                              attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
                                              pooled_projection_dim=24, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
+    elif family == "flex2":  # Flex.2: a 196-feature input (latent 64, inpaint latent 64, mask 4, control 64)
+        m = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=196, out_channels=64, num_layers=2,
+                                             num_single_layers=2, attention_head_dim=16, num_attention_heads=4,
+                                             joint_attention_dim=32, pooled_projection_dim=24, guidance_embeds=True,
+                                             axes_dims_rope=(4, 6, 6))
     elif family == "qwen_image" or family in EDITS:
         m = diffusers.QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,
                                                   attention_head_dim=16, num_attention_heads=4,
@@ -71,9 +76,9 @@ def inputs(family):
     g = torch.Generator().manual_seed(7)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     d = {"latents": r(B, 16, H, W), "timestep": torch.tensor([0.3, 0.85]), "text": r(B, TEXT[family], 32)}
-    if family in ("flux", "sd3"):
+    if family in ("flux", "flex2", "sd3"):
         d["pooled"] = r(B, 24)
-    if family == "flux":
+    if family in ("flux", "flex2"):
         d["guidance"] = torch.tensor([3.5, 1.0])
     if family in EDITS:
         d["reference_latents.0"] = r(B, 16, REF_H, REF_W)
@@ -94,11 +99,14 @@ def unpack(tokens, c, h, w):
 def velocity(family, m, d):
     """The diffusers model's prediction on gclab's inputs, in gclab's convention."""
     lat, t = d["latents"], d["timestep"]
-    if family == "flux":
+    if family in ("flux", "flex2"):
+        tokens = pack(lat)
+        if family == "flex2":  # no inpainting or control input: zeros in their features, as gclab feeds
+            tokens = torch.cat([tokens, torch.zeros(B, tokens.shape[1], 196 - 64)], 2)
         ids = torch.zeros(H // 2, W // 2, 3)
         ids[..., 1] = torch.arange(H // 2)[:, None]
         ids[..., 2] = torch.arange(W // 2)[None, :]
-        out = m(hidden_states=pack(lat), encoder_hidden_states=d["text"], pooled_projections=d["pooled"],
+        out = m(hidden_states=tokens, encoder_hidden_states=d["text"], pooled_projections=d["pooled"],
                 timestep=t, img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(d["text"].shape[1], 3),
                 guidance=d["guidance"], return_dict=False)[0]
         return unpack(out, 16, H, W)
@@ -129,7 +137,7 @@ def compare(what, ours, ref, tol=TOL):
         raise SystemExit(f"{what}: gclab differs from diffusers ({err:.2e} >= {tol:.0e})")
 
 
-ARCH = {"flux": "flux", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3",
+ARCH = {"flux": "flux", "flex2": "flex2", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3",
         "qwen_image_edit": "qwen_image_edit", "qwen_image_edit_2511": "qwen_image_edit_plus"}
 
 
@@ -201,7 +209,7 @@ def main():
     cfg = config(work, family, model_dir)
     ref = velocity(family, m, d)
     compare(f"{family} forward", gclab_forward(exe, cfg, work), ref)
-    if family in EDITS:  # training and saving are the same code for every family; checked on the others
+    if family in EDITS or family == "flex2":  # training and saving: one code for every family, checked on the others
         print(f"{family}: gclab and diffusers agree")
         return
 

@@ -32,6 +32,17 @@ std::string supported_arch_list();  // "flux, flex1, ..." for messages
 // and AI Toolkit rounds them to 32; Z-Image and DiT to 16.
 int divisibility(Family family);
 
+// How each family's preview pipeline (the one AI Toolkit's previews call) guides, with scale g:
+enum class Guidance {
+  None,      // FLUX.1-schnell: distilled, no guidance
+  Embedded,  // FLUX.1-dev / Flex: g is a model input (distilled CFG)
+  Cfg,       // SD3, DiT: u + g (c - u) when g > 1, conditional and unconditional in one batch
+  TrueCfg,   // Qwen-Image (QwenImagePipeline's true CFG): when g > 1, two separate forwards, u + g (c - u)
+             // rescaled per token to the conditional prediction's norm
+  ZImageCfg  // Z-Image (ZImagePipeline): c + g (c - u) when g > 0
+};
+Guidance preview_guidance(Family family, bool guidance_embed);
+
 // The timestep type a family's training scheduler draws for the configured one. AI Toolkit's
 // CustomFlowMatchEulerDiscreteScheduler.set_train_timesteps treats `shift`, `flux_shift` and
 // `lumina2_shift` alike, by the scheduler's config; FLUX's (toolkit/sampler.py, flux_config) has

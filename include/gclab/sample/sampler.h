@@ -8,17 +8,6 @@
 
 namespace gclab::sample {
 
-// How each family's pipeline (the one AI Toolkit's previews call) guides, with scale g:
-enum class Guidance {
-  None,      // FLUX.1-schnell: distilled, no guidance
-  Embedded,  // FLUX.1-dev / Flex: g is a model input (distilled CFG)
-  Cfg,       // SD3, DiT: u + g (c - u) when g > 1, conditional and unconditional in one batch
-  TrueCfg,   // Qwen-Image (QwenImagePipeline's true CFG): when g > 1, two separate forwards, u + g (c - u)
-             // rescaled per token to the conditional prediction's norm
-  ZImageCfg  // Z-Image (ZImagePipeline): c + g (c - u) when g > 0
-};
-Guidance guidance_for(const model::ModelSpec& spec);
-
 struct SampleOptions {
   int64_t latent_height = 32, latent_width = 32;
   int steps = 20;
