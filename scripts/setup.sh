@@ -69,8 +69,10 @@ if ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
 fi
 
 # The reference implementations the tests compare gclab with (test-only, pinned): diffusers'
-# transformers and LoRA loader (peft), transformers (its Adafactor too), prodigyopt's Prodigy.
-REFERENCE_PACKAGES=(diffusers==0.42.1 peft==0.18.0 transformers==5.24.0 accelerate==1.15.0 prodigyopt==1.1.2)
+# transformers and LoRA loader (peft), transformers (its Adafactor too), prodigyopt's Prodigy, bitsandbytes'
+# 8-bit AdamW / Adam / Lion (its CPU build runs them).
+REFERENCE_PACKAGES=(diffusers==0.42.1 peft==0.18.0 transformers==5.24.0 accelerate==1.15.0 prodigyopt==1.1.2
+                    bitsandbytes==0.50.2)
 if ! .venv/bin/python - "${REFERENCE_PACKAGES[@]}" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version

@@ -29,6 +29,7 @@
 #include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
 #include "gclab/train/trainer.h"
+#include "gclab/vae/autoencoder_kl.h"
 
 namespace {
 
@@ -158,9 +159,67 @@ int run_info() {
 }
 
 struct ForwardArgs {
-  std::string weights, inputs, out, dtype = "fp32", lora;
+  std::string weights, inputs, out, dtype = "fp32", lora, component = "transformer", posterior = "mean";
   double lora_scale = 1.0;
 };
+
+// gclab forward --component vae.encode|vae.decode: the family's AutoencoderKL (its config.json and weights
+// from --weights or name_or_path's vae/ folder; else the family's preset with random weights), images
+// [B, 3, H, W] in [-1, 1] <-> latents scaled as the family's pipeline scales them.
+int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
+  namespace fs = std::filesystem;
+  const bool encode = f.component == "vae.encode";
+  if (!encode && f.component != "vae.decode")
+    throw gclab::UserError("--component " + f.component + ": not one of transformer, vae.encode, vae.decode");
+  if (f.posterior != "mean" && f.posterior != "sample")
+    throw gclab::UserError("--posterior " + f.posterior + ": not mean or sample");
+  fs::path weights = f.weights;
+  if (weights.empty() && config.model.name_or_path && fs::is_directory(fs::path(*config.model.name_or_path) / "vae"))
+    weights = fs::path(*config.model.name_or_path) / "vae";
+  const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
+  try {
+    auto c = fs::is_regular_file(weights / "config.json")
+                 ? gclab::vae::AutoencoderKLConfig::from_json_file(weights / "config.json")
+                 : gclab::vae::AutoencoderKLConfig::preset(gclab::model::autoencoder_preset(spec.family));
+    torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
+    gclab::vae::AutoencoderKL vae(c);
+    if (!weights.empty()) {
+      const auto unused = gclab::vae::load_autoencoder_weights(*vae, weights);
+      if (!unused.empty())
+        gclab::log::warn(std::to_string(unused.size()) + " tensor(s) in " + weights.string() +
+                         " are not parameters of this autoencoder, e.g. " + unused.front());
+    } else {
+      gclab::log::warn("no --weights and no vae/ folder in model.name_or_path: random autoencoder weights");
+    }
+    const torch::Device device = gclab::train::resolve_device(config.device);
+    vae->to(device, dtype);
+    vae->eval();
+    const auto file = gclab::io::SafetensorsFile::open(f.inputs);
+    const std::string in_name = encode ? "images" : "latents", out_name = encode ? "latents" : "images";
+    if (!file.contains(in_name)) throw gclab::UserError(f.inputs + ": needs '" + in_name + "'");
+    const torch::Tensor x = file.tensor(in_name).to(device, dtype);
+    if (x.dim() != 4 || x.size(1) != (encode ? c.in_channels : c.latent_channels))
+      throw gclab::UserError(f.inputs + ": '" + in_name + "' must be [B, " +
+                             std::to_string(encode ? c.in_channels : c.latent_channels) + ", H, W], got " +
+                             c10::str(x.sizes()));
+    torch::Tensor y;
+    {
+      torch::NoGradGuard no_grad;
+      if (encode) {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.training_seed.value_or(42)));
+        y = vae->encode(x, f.posterior == "mean" ? gclab::vae::Posterior::mean : gclab::vae::Posterior::sample,
+                        device.is_cpu() ? std::optional<at::Generator>(gen) : std::nullopt);
+      } else {
+        y = vae->decode(x);
+      }
+    }
+    gclab::io::save_safetensors(f.out, {{out_name, y.contiguous()}});
+    std::cout << out_name << " " << y.sizes() << " " << c10::toString(y.scalar_type()) << " -> " << f.out << "\n";
+  } catch (const std::runtime_error& e) {  // bad weights, config.json or inputs
+    throw gclab::UserError(e.what());
+  }
+  return kExitOk;
+}
 
 // gclab forward: the configured transformer, the user's weights (or random ones from training_seed), one
 // pass on named inputs, the prediction written as safetensors.
@@ -171,6 +230,7 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
   const torch::ScalarType dtype = *dtype_choice == gclab::config::DType::bf16   ? torch::kBFloat16
                                   : *dtype_choice == gclab::config::DType::fp16 ? torch::kHalf
                                                                                 : torch::kFloat;
+  if (f.component != "transformer") return run_vae_forward(config, f, dtype);
   const torch::Device device = gclab::train::resolve_device(config.device);
   try {
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
@@ -374,6 +434,10 @@ int main(int argc, char** argv) {
                    "a LoRA file to apply (gclab's, or diffusers / AI Toolkit / kohya naming)")
       ->check(CLI::ExistingFile);
   forward->add_option("--lora-scale", forward_files.lora_scale, "the LoRA's strength (default 1)");
+  forward->add_option("--component", forward_files.component,
+                      "transformer (default), vae.encode (images -> latents) or vae.decode (latents -> images)");
+  forward->add_option("--posterior", forward_files.posterior,
+                      "vae.encode: the posterior's mean (default) or a sample (training_seed)");
   forward->add_option("--dtype", forward_files.dtype, "fp32 (default), bf16, fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   SynthArgs synth_args;

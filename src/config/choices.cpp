@@ -46,6 +46,20 @@ const std::vector<Spelling<TimestepType>>& spellings() {
 }
 
 template <>
+const std::vector<Spelling<ContentOrStyle>>& spellings() {
+  static const std::vector<Spelling<ContentOrStyle>> s = {{ContentOrStyle::balanced, "balanced", {}},
+                                                          {ContentOrStyle::content, "content", {}},
+                                                          {ContentOrStyle::style, "style", {}}};
+  return s;
+}
+
+template <>
+const std::vector<Spelling<LossType>>& spellings() {
+  static const std::vector<Spelling<LossType>> s = {{LossType::mse, "mse", {}}, {LossType::mae, "mae", {}}};
+  return s;
+}
+
+template <>
 const std::vector<Spelling<LrScheduler>>& spellings() {
   static const std::vector<Spelling<LrScheduler>> s = {{LrScheduler::constant, "constant", {}},
                                                        {LrScheduler::constant_with_warmup, "constant_with_warmup", {}},

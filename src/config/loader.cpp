@@ -731,6 +731,10 @@ class Validator {
     if (given("train.noise_scheduler") && t.noise_scheduler != "flowmatch")
       warning("train.noise_scheduler",
               "gclab trains every model with flow matching; '" + t.noise_scheduler + "' is ignored");
+    at_least("train.num_train_timesteps", t.num_train_timesteps, 2);
+    at_least("train.min_denoising_steps", t.min_denoising_steps, 0);
+    if (t.max_denoising_steps < t.min_denoising_steps)
+      error("train.max_denoising_steps", "must not be below train.min_denoising_steps");
     at_least("train.gradient_accumulation", t.gradient_accumulation, 1);
     if (t.gradient_accumulation_steps != -1)
       at_least("train.gradient_accumulation_steps", t.gradient_accumulation_steps, 1);
@@ -791,7 +795,7 @@ class Validator {
       } else if (flag == "h") {
         number(item.height);
       } else if (flag == "d" || flag == "seed") {
-        number(item.seed);
+        number(item.prompt_seed);
       } else if (flag == "l" || flag == "cfg") {
         number(item.guidance_scale);
       } else if (flag == "s" || flag == "steps") {

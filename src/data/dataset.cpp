@@ -117,6 +117,19 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
   return result;
 }
 
+std::vector<std::string> disable_caption_randomness(config::DatasetConfig& dataset) {
+  std::vector<std::string> warnings;
+  if (dataset.caption_dropout_rate > 0) {
+    warnings.push_back("caption_dropout_rate is ignored with cache_text_embeddings (as in AI Toolkit)");
+    dataset.caption_dropout_rate = 0;
+  }
+  if (dataset.shuffle_tokens) {
+    warnings.push_back("shuffle_tokens is ignored with cache_text_embeddings (as in AI Toolkit)");
+    dataset.shuffle_tokens = false;
+  }
+  return warnings;
+}
+
 std::string process_caption(const std::string& raw, const config::DatasetConfig& dataset,
                             const std::optional<std::string>& trigger_word, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> uniform(0.0, 1.0);

@@ -388,4 +388,33 @@ std::vector<std::filesystem::path> save_sharded_safetensors(
   return written;
 }
 
+TensorMatcher::TensorMatcher(std::map<std::string, torch::Tensor> tensors, std::string label)
+    : tensors_(std::move(tensors)), label_(std::move(label)) {}
+
+const torch::Tensor* TensorMatcher::take(const std::string& name, c10::IntArrayRef sizes) {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    problems_.push_back("missing " + name);
+    return nullptr;
+  }
+  if (it->second.sizes() != sizes) {
+    problems_.push_back(name + " has shape " + c10::str(it->second.sizes()) + ", the model needs " + c10::str(sizes));
+    return nullptr;
+  }
+  used_.insert(name);
+  return &it->second;
+}
+
+std::vector<std::string> TensorMatcher::finish() const {
+  if (!problems_.empty())
+    throw std::runtime_error(
+        label_ + ": " + problems_.front() +
+        (problems_.size() > 1 ? " (and " + std::to_string(problems_.size() - 1) + " more missing or misshapen tensors)"
+                              : std::string()));
+  std::vector<std::string> unused;
+  for (const auto& [name, t] : tensors_)
+    if (!used_.count(name)) unused.push_back(name);
+  return unused;
+}
+
 }  // namespace gclab::io

@@ -1,6 +1,7 @@
 #include "gclab/model/family.h"
 
 #include "gclab/config/arch.h"
+#include "gclab/config/user_error.h"
 
 namespace gclab::model {
 
@@ -52,9 +53,19 @@ Guidance preview_guidance(Family family, bool guidance_embed) {
   return Guidance::Cfg;
 }
 
-config::TimestepType training_timestep_type(Family family, config::TimestepType configured) {
-  if (family == Family::flux && configured == config::TimestepType::shift) return config::TimestepType::flux_shift;
-  return configured;
+std::string autoencoder_preset(Family family) {
+  switch (family) {
+    case Family::flux:
+    case Family::zimage:
+      return "flux";
+    case Family::sd3:
+      return "sd3";
+    case Family::dit:
+      return "sd";
+    case Family::qwen_image:
+      break;
+  }
+  throw UserError("Qwen-Image's autoencoder (AutoencoderKLQwenImage, the Wan 2.1 VAE) is not built yet");
 }
 
 int divisibility(Family family) {
@@ -62,8 +73,8 @@ int divisibility(Family family) {
     case Family::flux:
     case Family::qwen_image:
     case Family::sd3:
+    case Family::zimage:  // z_image.py get_bucket_divisibility: 16 * 2 ("16 for the VAE, 2 for patch size")
       return 32;
-    case Family::zimage:
     case Family::dit:
       return 16;
   }

@@ -194,44 +194,20 @@ int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& pa
 }
 
 std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path) {
-  const auto tensors = io::load_safetensors(path);
-  std::set<std::string> used;
-  std::vector<std::string> problems;  // every missing or misshapen tensor; the first is named in the error
-  auto check = [&](const std::string& name, const torch::Tensor& wanted) -> const torch::Tensor* {
-    const auto it = tensors.find(name);
-    if (it == tensors.end()) {
-      problems.push_back("missing " + name);
-      return nullptr;
-    }
-    if (it->second.sizes() != wanted.sizes()) {
-      problems.push_back(name + " has shape " + c10::str(it->second.sizes()) + ", the model needs " +
-                         c10::str(wanted.sizes()));
-      return nullptr;
-    }
-    used.insert(name);
-    return &it->second;
-  };
+  io::TensorMatcher file(io::load_safetensors(path), path.string());
   torch::NoGradGuard no_grad;
   // Linear weights go through the Linear, which keeps its storage (float8 quantizes what it loads).
   std::set<std::string> linear_weights;
   for (auto& [module_path, linear] : named_linears(model)) {
     const std::string name = module_path + ".weight";
     linear_weights.insert(name);
-    if (const torch::Tensor* t = check(name, linear->weight)) linear->set_weight(*t);
+    if (const torch::Tensor* t = file.take(name, linear->weight.sizes())) linear->set_weight(*t);
   }
   for (auto& p : model.named_parameters()) {
     if (linear_weights.count(p.key()) || p.key().find(".lora_") != std::string::npos) continue;
-    if (const torch::Tensor* t = check(p.key(), p.value())) p.value().copy_(*t);
+    if (const torch::Tensor* t = file.take(p.key(), p.value().sizes())) p.value().copy_(*t);
   }
-  if (!problems.empty())
-    throw std::runtime_error(
-        path.string() + ": " + problems.front() +
-        (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more missing or misshapen tensors)"
-                             : std::string()));
-  std::vector<std::string> unused;
-  for (const auto& [name, t] : tensors)
-    if (!used.count(name)) unused.push_back(name);
-  return unused;
+  return file.finish();
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> weights_state(DiffusionTransformer& model, torch::ScalarType dtype) {

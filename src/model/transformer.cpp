@@ -98,7 +98,7 @@ class FluxTransformer : public DiffusionTransformer {
     torch::Tensor txt = context_embedder(in.text);
     // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text.
     torch::Tensor temb = timestep_embedder(timestep_embedding(in.timestep * 1000, 256).to(img.scalar_type()));
-    if (spec_.guidance_embed) {
+    if (spec_.guidance_embed && !in.bypass_guidance) {
       TORCH_CHECK(in.guidance.defined(), spec_.preset, " needs a guidance value per sample");
       temb = temb + guidance_embedder(timestep_embedding(in.guidance * 1000, 256).to(img.scalar_type()));
     }

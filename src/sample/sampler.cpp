@@ -2,6 +2,7 @@
 
 #include "gclab/ckpt/autocast.h"
 #include "gclab/model/family.h"
+#include "gclab/model/flow_schedule.h"
 
 namespace gclab::sample {
 
@@ -57,8 +58,12 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   // pipeline runs them as two forwards), as two passes: half the activations' peak of a batch of two.
   const bool one_batch =
       mode != Guidance::TrueCfg && (!cond.text.defined() || cond.text.size(1) == uncond.text.size(1));
+  // The pipeline's sigmas: linspace(1, 1/steps, steps) shifted by the family's schedule (the dynamic mu of
+  // this preview's image tokens for FLUX / Qwen-Image / SD3), then 0.
+  const int64_t tokens = (o.latent_height / spec.patch) * (o.latent_width / spec.patch);
+  const torch::Tensor sigmas = model::flow_schedule(spec.family).preview_sigmas(o.steps, tokens);
   for (int i = 0; i < o.steps; ++i) {
-    const double t = 1.0 - static_cast<double>(i) / o.steps, t_next = 1.0 - static_cast<double>(i + 1) / o.steps;
+    const double t = sigmas[i].item<double>(), t_next = sigmas[i + 1].item<double>();
     torch::Tensor v;
     if (!cfg) {
       v = predict(cond, x, t);

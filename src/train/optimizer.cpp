@@ -94,6 +94,23 @@ std::optional<std::vector<int64_t>> moment_sizes(MomentShape shape, const torch:
 
 }  // namespace
 
+torch::Tensor dynamic_quantization_map(bool is_signed) {
+  // bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): for exponents 10^-6 ... 10^0,
+  // the midpoints of linspace(0.1, 1) (2^i + 1 points signed, 2^(i+1) + 1 unsigned), mirrored when signed;
+  // then 0 and 1, sorted. Computed in float32 as there.
+  std::vector<torch::Tensor> parts;
+  for (int i = 0; i < 7; ++i) {
+    const int64_t items = is_signed ? (int64_t{1} << i) + 1 : (int64_t{1} << (i + 1)) + 1;
+    const torch::Tensor b = torch::linspace(0.1, 1, items, torch::kFloat);
+    const torch::Tensor means = (b.narrow(0, 0, items - 1) + b.narrow(0, 1, items - 1)) / 2.0;
+    const double scale = std::pow(10.0, -6 + i);
+    parts.push_back(means * scale);
+    if (is_signed) parts.push_back(means * -scale);
+  }
+  parts.push_back(torch::tensor({0.0f, 1.0f}));
+  return std::get<0>(torch::sort(torch::cat(parts)));
+}
+
 // Where the moments live between steps. get() gives float32 tensors the update may modify in place
 // (zeros the first time, shaped as the moment is for that parameter); put() keeps them after the update.
 class MomentStorage {
@@ -159,67 +176,86 @@ class Float32Moments : public MomentStorage {
   std::map<std::string, torch::Tensor> tensors_;
 };
 
-class BlockwiseInt8Moments : public MomentStorage {
+// bitsandbytes' 8-bit optimizer state (Optimizer2State / Optimizer1State, block-wise): a parameter with
+// fewer than min_8bit_size = 4096 values keeps float32 moments; a larger one keeps each moment as uint8 codes
+// into the dynamic map (create_dynamic_map: signed for the first moment, unsigned for the second), with one
+// float32 absmax per block of 256. Between steps a moment is dequantized (code x absmax), updated in float32,
+// and requantized against its new block maxima to the nearest code (optimizer_update_8bit_blockwise).
+class DynamicInt8Moments : public MomentStorage {
  public:
   using MomentStorage::MomentStorage;
-  static constexpr int64_t kBlock = 256;
+  static constexpr int64_t kBlock = 256, kMin8bitSize = 4096;
 
   torch::Tensor get_sized(const std::string& param, size_t moment, const std::vector<int64_t>& sizes,
                           const torch::TensorOptions& options) override {
-    const auto it = stored_.find(key(param, moment));
-    if (it == stored_.end()) return torch::zeros(sizes, options);
-    return dequantize(it->second, sizes, options, specs_[moment].is_signed);
+    const std::string k = key(param, moment);
+    if (c10::multiply_integers(sizes) < kMin8bitSize) {
+      auto& t = small_[k];
+      if (!t.defined()) t = torch::zeros(sizes, options.dtype(torch::kFloat));
+      return t;  // float32, updated in place
+    }
+    const auto it = stored_.find(k);
+    if (it == stored_.end()) return torch::zeros(sizes, options.dtype(torch::kFloat));
+    const torch::Tensor& code = map(specs_[moment].is_signed, options.device());
+    const int64_t n = it->second.codes.numel();
+    torch::Tensor values = code.index_select(0, it->second.codes.reshape({-1}).to(torch::kLong));
+    values = torch::constant_pad_nd(values, {0, blocks(n) * kBlock - n}).reshape({-1, kBlock});
+    return (values * it->second.absmax.unsqueeze(1)).reshape({-1}).narrow(0, 0, n).reshape(sizes);
   }
   void put(const std::string& param, size_t moment, const torch::Tensor& value) override {
-    stored_[key(param, moment)] = quantize(value, specs_[moment].is_signed);
+    if (value.numel() < kMin8bitSize) return;
+    const int64_t n = value.numel();
+    const torch::Tensor padded =
+        torch::constant_pad_nd(value.reshape({-1}).to(torch::kFloat), {0, blocks(n) * kBlock - n})
+            .reshape({-1, kBlock});
+    const torch::Tensor absmax = padded.abs().amax(1);
+    const torch::Tensor scaled = (padded * (1.0 / absmax.clamp_min(1e-38)).unsqueeze(1)).clamp(-1, 1).reshape({-1});
+    const torch::Tensor& code = map(specs_[moment].is_signed, value.device());
+    // The nearest code: the sorted map's midpoints bound each code's interval (a tie goes to the lower).
+    const torch::Tensor bounds = (code.narrow(0, 0, 255) + code.narrow(0, 1, 255)) / 2;
+    const torch::Tensor codes = torch::bucketize(scaled.narrow(0, 0, n), bounds).to(torch::kByte);
+    stored_[key(param, moment)] = {codes.reshape(value.sizes()), absmax};
   }
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& [k, q] : stored_) out.emplace_back(k + ".codes", q.codes), out.emplace_back(k + ".scale", q.scale);
+    std::vector<std::pair<std::string, torch::Tensor>> out(small_.begin(), small_.end());
+    for (const auto& [k, q] : stored_)
+      out.emplace_back(k + ".codes", q.codes), out.emplace_back(k + ".absmax", q.absmax);
     return out;
   }
   void load(const std::map<std::string, torch::Tensor>& s, const std::string& param,
             const torch::Tensor& like) override {
     for (size_t m = 0; m < count(); ++m) {
       const std::string k = key(param, m);
+      if (const auto it = s.find(k); it != s.end()) small_[k] = it->second.to(like.device()).clone();
       if (s.count(k + ".codes"))
-        stored_[k] = {s.at(k + ".codes").to(like.device()).clone(), s.at(k + ".scale").to(like.device()).clone()};
+        stored_[k] = {s.at(k + ".codes").to(like.device()).clone(), s.at(k + ".absmax").to(like.device()).clone()};
     }
   }
   int64_t bytes() const override {
     int64_t b = 0;
-    for (const auto& [k, q] : stored_) b += static_cast<int64_t>(q.codes.nbytes() + q.scale.nbytes());
+    for (const auto& [k, t] : small_) b += static_cast<int64_t>(t.nbytes());
+    for (const auto& [k, q] : stored_) b += static_cast<int64_t>(q.codes.nbytes() + q.absmax.nbytes());
     return b;
   }
   int64_t expected_bytes_of(int64_t numel, int64_t) const override {
-    const int64_t blocks = (numel + kBlock - 1) / kBlock;
-    return blocks * kBlock + blocks * 4;  // a byte a value, a float32 a block
+    return numel < kMin8bitSize ? numel * 4 : numel + blocks(numel) * 4;  // a byte a value, a float32 a block
   }
 
  private:
   struct Quantized {
-    torch::Tensor codes;  // int8 (signed) or uint8 (sqrt of an unsigned moment), padded to whole blocks
-    torch::Tensor scale;  // float32 per block
+    torch::Tensor codes;   // uint8, the parameter's shape
+    torch::Tensor absmax;  // float32 per block of 256
   };
-  static torch::Tensor blocks(const torch::Tensor& x) {
-    const int64_t n = x.numel(), padded = (n + kBlock - 1) / kBlock * kBlock;
-    return torch::constant_pad_nd(x.reshape({-1}), {0, padded - n}).reshape({-1, kBlock});
+  static int64_t blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+  // The map on `device`, built once per device.
+  const torch::Tensor& map(bool is_signed, const torch::Device& device) {
+    auto& m = maps_[{is_signed, device.str()}];
+    if (!m.defined()) m = dynamic_quantization_map(is_signed).to(device);
+    return m;
   }
-  static Quantized quantize(const torch::Tensor& x, bool is_signed) {
-    if (is_signed) {
-      const torch::Tensor b = blocks(x), scale = b.abs().amax(1).clamp_min(1e-30);
-      return {(b / scale.unsqueeze(1) * 127).round().to(torch::kChar), scale};
-    }
-    const torch::Tensor b = blocks(x).sqrt(), scale = b.amax(1).clamp_min(1e-30);
-    return {(b / scale.unsqueeze(1) * 255).round().to(torch::kByte), scale};
-  }
-  static torch::Tensor dequantize(const Quantized& q, const std::vector<int64_t>& sizes,
-                                  const torch::TensorOptions& options, bool is_signed) {
-    torch::Tensor b = q.codes.to(torch::kFloat) * q.scale.unsqueeze(1) / (is_signed ? 127.0 : 255.0);
-    if (!is_signed) b = b.square();
-    return b.reshape({-1}).narrow(0, 0, c10::multiply_integers(sizes)).reshape(sizes).to(options.dtype());
-  }
+  std::map<std::string, torch::Tensor> small_;
   std::map<std::string, Quantized> stored_;
+  std::map<std::pair<bool, std::string>, torch::Tensor> maps_;
 };
 
 }  // namespace
@@ -278,7 +314,7 @@ Optimizer::Optimizer(OptimizerKind kind, std::vector<std::pair<std::string, torc
     : kind_(kind), params_(std::move(params)), o_(options), prodigy_d_(options.d0), prodigy_d_max_(options.d0) {
   auto specs = moments_of(rule_of(kind), options);
   if (eight_bit(kind))
-    moments_ = std::make_unique<BlockwiseInt8Moments>(std::move(specs));
+    moments_ = std::make_unique<DynamicInt8Moments>(std::move(specs));
   else
     moments_ = std::make_unique<Float32Moments>(std::move(specs));
 }
@@ -304,8 +340,8 @@ void Optimizer::step(double lr) {
     case Rule::Adam: {  // torch.optim.AdamW / Adam, step for step
       const double bc1 = 1 - std::pow(b1, static_cast<double>(steps_));
       const double bc2 = 1 - std::pow(b2, static_cast<double>(steps_));
-      if (rule_of(kind_) == Rule::AdamW)
-        at::_foreach_mul_(p, 1 - lr * wd);  // decoupled decay
+      if (rule_of(kind_) == Rule::AdamW || eight_bit(kind_))  // bitsandbytes decouples Adam8bit's decay too
+        at::_foreach_mul_(p, 1 - lr * wd);                    // decoupled decay
       else if (wd != 0)
         g = at::_foreach_add(g, p, wd);  // L2: the decay joins the gradient
       at::_foreach_mul_(m[0], b1);

@@ -65,6 +65,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
                        : nullptr),
       meter_(device_.is_meta() ? torch::Device(torch::kCPU) : device_),
       phases_(meter_),
+      timesteps_(model::flow_schedule(spec_.family), config.train),
       codec_(spec_.latent_channels) {
   const config::TrainConfig& tc = config_.train;
   // ---- memory: exact accounting on the CPU, the allocator's statistics on CUDA; the emulated cap ----
@@ -206,12 +207,9 @@ std::pair<int64_t, int64_t> Session::probe_block_activations() {
 
 model::ModelInputs Session::conditioning(const std::vector<std::string>& captions) {
   model::ModelInputs in;
-  const int64_t b = static_cast<int64_t>(captions.size());
   const data::TextEmbedding e = text_->encode(captions);
   in.text = e.text;
   in.pooled = e.pooled;
-  const auto on_device = torch::TensorOptions().device(device_);
-  if (spec_.guidance_embed) in.guidance = torch::ones({b}, on_device);  // as AI Toolkit trains FLUX-dev
   if (spec_.num_classes) {
     std::vector<int64_t> labels;
     for (const auto& c : captions) labels.push_back(data::class_label_for(c, spec_.num_classes));
@@ -228,11 +226,24 @@ MicroBatch Session::micro_batch(const data::LoadedBatch& lb) {
                                      : conditioning(lb.captions);
   }
   mb.x0 = lb.latents.to(device_);
+  // SDTrainer trains a guidance-distilled model at guidance_embedding_scale = train.cfg_scale (1.0 unless
+  // set), or without the guidance embedder at all (bypass_guidance_embedding, as the Flex examples set).
+  if (spec_.guidance_embed) {
+    mb.conditioning.bypass_guidance = config_.train.bypass_guidance_embedding;
+    if (!mb.conditioning.bypass_guidance)
+      mb.conditioning.guidance =
+          torch::full({mb.x0.size(0)}, config_.train.cfg_scale, torch::TensorOptions().device(device_));
+  }
   if (spec_.edit)
     for (const auto& r : lb.references) mb.conditioning.reference_latents.push_back(r.to(device_));
   mb.noise = torch::randn_like(mb.x0);
-  mb.t = sample_timesteps(model::training_timestep_type(spec_.family, config_.train.timestep_type), mb.x0.size(0),
-                          device_, model::image_tokens(spec_, lb.bucket.height, lb.bucket.width));
+  if (config_.train.noise_offset != 0)
+    mb.noise =
+        mb.noise + config_.train.noise_offset * torch::randn({mb.x0.size(0), mb.x0.size(1), 1, 1}, mb.x0.options());
+  const TimestepDraw draw =
+      timesteps_.draw(mb.x0.size(0), model::image_tokens(spec_, lb.bucket.height, lb.bucket.width));
+  mb.t = draw.t.to(device_);
+  mb.weight = draw.weight.to(device_);
   return mb;
 }
 
@@ -254,11 +265,13 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
 StepResult Session::train_step(int64_t step, const std::function<data::LoadedBatch()>& next) {
   const config::TrainConfig& tc = config_.train;
   StepOptions so;
-  so.timestep_type = tc.timestep_type;
   // AI Toolkit's gradient_accumulation sums the micro-batches' gradients: SDTrainer.hook_train_loop calls
-  // backward on each micro-batch's loss as it is, then steps once. (The legacy gradient_accumulation_steps
-  // is averaged here; its AI Toolkit semantics are not reproduced yet: docs/aitk-semantics.md.)
-  so.loss_scale = tc.gradient_accumulation > 1 ? 1.0 : 1.0 / accumulation();
+  // backward on each micro-batch's loss as it is, then steps once. The legacy gradient_accumulation_steps
+  // trains one micro-batch a step and leaves the gradients to sum until its optimizer step.
+  so.loss_scale = 1.0;
+  so.loss_type = tc.loss_type;
+  bool epoch_start = false;
+  int64_t epoch = 0;
   so.autocast_bf16 = bf16();
   StepResult r;
   std::vector<torch::Tensor> losses;
@@ -270,6 +283,8 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
       lb = next();
     }
     r.data_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
+    epoch_start = epoch_start || lb.epoch_start;
+    epoch = lb.epoch;
     r.bucket = current_bucket_ = lb.bucket.key();
     r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
     const MicroBatch mb = micro_batch(lb);
@@ -284,14 +299,16 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     }
     losses.push_back(loss.detach());
   }
-  {
+  const int64_t updates = tc.gradient_accumulation_steps == -1 ? epoch : tc.updates_before(step);
+  r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr), updates, tc.steps);
+  r.updated = tc.optimizer_steps_at(step, epoch_start);
+  for (const auto& [n, p] : trained_)
+    if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
+  if (r.updated) {
     auto scope = phase("optimizer");
     std::vector<torch::Tensor> params;
     for (const auto& [n, p] : trained_) params.push_back(p);
     r.grad_norm = clip_grad_norm(params, tc.max_grad_norm);
-    for (const auto& [n, p] : trained_)
-      if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
-    r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr), step, tc.steps);
     optimizer_->step(r.lr);
     optimizer_->zero_grad();
     if (!ema_.empty()) {
@@ -307,8 +324,17 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
   std::vector<fs::path> files;
   if (prompts_.empty()) return files;
   auto scope = phase("sample");
+  // AI Toolkit previews with the EMA weights when EMA is on (BaseSDTrainProcess.sample: ema.eval() swaps
+  // them in, ema.train() back).
+  with_ema_weights([&] { files = sample_previews(step, dir); });
+  return files;
+}
+
+std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir) {
+  std::vector<fs::path> files;
   const auto& sc = *config_.sample;
   const int d = spec_.divisibility;
+  const std::vector<int64_t> seeds = sc.seeds();
   for (size_t i = 0; i < prompts_.size(); ++i) {
     const auto& item = prompts_[i];
     sample::SampleOptions so;
@@ -316,7 +342,7 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
     so.latent_width = item.width.value_or(sc.width) / d * d / 8;
     so.steps = item.sample_steps.value_or(sc.sample_steps);
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
-    so.seed = item.seed.value_or(sc.seed + (sc.walk_seed ? static_cast<int64_t>(i) : 0));
+    so.seed = seeds.at(i);
     so.autocast_bf16 = bf16();
     const auto cond = conditioning({item.prompt});
     const auto uncond = conditioning({item.neg.value_or(sc.neg)});
@@ -373,10 +399,20 @@ ResidentBytes Session::resident() const {
 void Session::with_ema_weights(const std::function<void()>& fn) {
   if (ema_.empty()) return fn();
   std::map<std::string, torch::Tensor> live;
-  torch::NoGradGuard no_grad;
-  for (auto& [n, p] : trained_) live[n] = p.detach().clone(), p.copy_(ema_.at(n));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [n, p] : trained_) live[n] = p.detach().clone(), p.copy_(ema_.at(n));
+  }
+  // The live weights come back however fn ends (a preview that runs out of memory included).
+  struct Restore {
+    std::vector<std::pair<std::string, torch::Tensor>>& trained;
+    std::map<std::string, torch::Tensor>& live;
+    ~Restore() {
+      torch::NoGradGuard no_grad;
+      for (auto& [n, p] : trained) p.copy_(live.at(n));
+    }
+  } restore{trained_, live};
   fn();
-  for (auto& [n, p] : trained_) p.copy_(live.at(n));
 }
 
 }  // namespace gclab::train

@@ -74,11 +74,9 @@ std::vector<data::ImageItem> scan(std::vector<config::DatasetConfig>& datasets, 
     log::info("datasets[" + std::to_string(d) + "]: " + std::to_string(result.items.size()) + " images from " +
               *datasets[d].folder_path);
     items.insert(items.end(), result.items.begin(), result.items.end());
-    if (cache_text_embeddings && datasets[d].shuffle_tokens) {
-      log::warn("datasets[" + std::to_string(d) +
-                "]: shuffle_tokens is ignored with cache_text_embeddings (as in AI Toolkit)");
-      datasets[d].shuffle_tokens = false;
-    }
+    if (cache_text_embeddings || datasets[d].cache_text_embeddings)
+      for (const auto& w : data::disable_caption_randomness(datasets[d]))
+        log::warn("datasets[" + std::to_string(d) + "]: " + w);
   }
   if (skipped > 0) log::warn(std::to_string(skipped) + " file(s) skipped in all (see the warnings above)");
   return items;

@@ -136,12 +136,13 @@ TEST(ConfigLoader, SamplePromptFlagsSetTheItemAsInAiToolkit) {
   EXPECT_EQ(items[0].prompt, "a cat on a mat");
   EXPECT_EQ(items[0].width, 128);
   EXPECT_EQ(items[0].height, 192);
-  EXPECT_EQ(items[0].seed, 7);
+  EXPECT_EQ(items[0].prompt_seed, 7);
+  EXPECT_FALSE(items[0].seed);
   EXPECT_EQ(items[0].guidance_scale, 2.5);
   EXPECT_EQ(items[0].sample_steps, 3);
   EXPECT_EQ(items[0].neg, "blurry, dark");
   EXPECT_EQ(items[1].prompt, "a dog");
-  EXPECT_EQ(items[1].seed, 11);
+  EXPECT_EQ(items[1].prompt_seed, 11);
   EXPECT_EQ(items[1].guidance_scale, 1.5);
   EXPECT_EQ(items[1].sample_steps, 4);
   EXPECT_EQ(items[1].network_multiplier, 0.5);
@@ -150,6 +151,15 @@ TEST(ConfigLoader, SamplePromptFlagsSetTheItemAsInAiToolkit) {
   EXPECT_EQ(items[2].prompt, "plain");
   EXPECT_TRUE(load(kMinimal, {R"(sample={samples: [{prompt: "x --w wide"}]})"})
                   .diagnostics.mentions("--w needs a number, got 'wide'"));
+  // BaseSDTrainProcess.sample's seeds: an item's own seed carries to the items after it, a --seed flag
+  // does not, and walk_seed restarts the walk at seed + i before an item's seed takes over.
+  const auto seeds = load(kMinimal, {R"(sample={seed: 40, samples: [{prompt: "a"}, {prompt: "b", seed: 5},
+      {prompt: "c"}, {prompt: "d --seed 9"}, {prompt: "e"}]})"});
+  ASSERT_TRUE(seeds.ok()) << all_messages(seeds);
+  EXPECT_EQ(seeds.config->sample->seeds(), (std::vector<std::int64_t>{40, 5, 5, 9, 5}));
+  auto walked = *seeds.config->sample;
+  walked.walk_seed = true;
+  EXPECT_EQ(walked.seeds(), (std::vector<std::int64_t>{40, 5, 42, 9, 44}));
 }
 
 TEST(ConfigLoader, MalformedOverridesAreErrors) {

@@ -129,6 +129,15 @@ TEST(Captions, TriggerDropoutAndShuffleAsAiToolkit) {
     moved = moved || c != "first, b, c, d, e";
   }
   EXPECT_TRUE(moved);
+  // With cached text embeddings get_caption neither drops nor shuffles: both settings go, each said.
+  d.caption_dropout_rate = 0.5;
+  const auto warnings = disable_caption_randomness(d);
+  EXPECT_EQ(warnings.size(), 2u);
+  EXPECT_EQ(d.caption_dropout_rate, 0.0);
+  EXPECT_FALSE(d.shuffle_tokens);
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(process_caption("first, b, c", d, std::string("sks"), rng), "sks, first, b, c");
+  EXPECT_TRUE(disable_caption_randomness(d).empty());
 }
 
 TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) {

@@ -238,14 +238,147 @@ TEST(Trainer, DryRunGivesTheSameVerdictAsCheckForEveryShippedConfig) {
 // gradient is twice the legacy key's average.
 TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
   const fs::path dir = testing::fresh_dir("session_accumulation");
-  auto norm_with = [&](const std::string& key) {
-    Session session(tiny_config(dir, "a", {key + "=2", "train.max_grad_norm=0"}));
-    torch::manual_seed(5);
-    return session.train_step(0, [&] { return session.synthetic_batch(1, 64, 64); }).grad_norm;
+  auto next = [](Session& s) { return [&s] { return s.synthetic_batch(1, 64, 64); }; };
+  auto snapshot = [](Session& s) {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : s.model().parameters()) out.push_back(p.detach().clone());
+    return out;
   };
-  const double summed = norm_with("train.gradient_accumulation");
-  const double averaged = norm_with("train.gradient_accumulation_steps");
-  EXPECT_NEAR(summed, 2 * averaged, 1e-5 * summed) << summed << " vs " << averaged;
+  // gradient_accumulation: 2 micro-batches in one step, their gradients summed into one update.
+  double summed = 0;
+  {
+    Session session(tiny_config(dir, "a", {"train.gradient_accumulation=2", "train.max_grad_norm=0"}));
+    torch::manual_seed(5);
+    summed = session.train_step(0, next(session)).grad_norm;
+  }
+  double one = 0;
+  {
+    Session session(tiny_config(dir, "o", {"train.max_grad_norm=0"}));
+    torch::manual_seed(5);
+    one = session.train_step(0, next(session)).grad_norm;
+  }
+  // The legacy gradient_accumulation_steps: 2 trains one micro-batch a step and updates on every second
+  // step (is_grad_accumulation_step): step 0 only accumulates, step 1 updates with the two summed.
+  Session session(tiny_config(dir, "l", {"train.gradient_accumulation_steps=2", "train.max_grad_norm=0"}));
+  torch::manual_seed(5);
+  const auto before = snapshot(session);
+  const StepResult r0 = session.train_step(0, next(session));
+  EXPECT_FALSE(r0.updated);
+  EXPECT_GT(r0.gradient_bytes, 0);
+  const auto held = snapshot(session);
+  for (size_t i = 0; i < before.size(); ++i) ASSERT_TRUE(torch::equal(before[i], held[i])) << i;
+  const StepResult r1 = session.train_step(1, next(session));
+  EXPECT_TRUE(r1.updated);
+  EXPECT_NEAR(r1.grad_norm, summed, 1e-5 * summed) << summed;
+  EXPECT_GT(std::abs(summed - one), 1e-3 * summed);  // the second micro-batch is in the sum
+  // Its update pattern: N = 3 updates at steps 2, 5, 8; -1 on an epoch's first batch only.
+  config::TrainConfig t;
+  t.gradient_accumulation_steps = 3;
+  std::vector<int> at;
+  for (int s = 0; s < 9; ++s)
+    if (t.optimizer_steps_at(s, false)) at.push_back(s);
+  EXPECT_EQ(at, (std::vector<int>{2, 5, 8}));
+  EXPECT_EQ(t.updates_before(5), 1);
+  t.gradient_accumulation_steps = -1;
+  EXPECT_FALSE(t.optimizer_steps_at(7, false));
+  EXPECT_TRUE(t.optimizer_steps_at(8, true));
+  fs::remove_all(dir);
+}
+
+// FLUX-dev trains at guidance train.cfg_scale (SDTrainer's guidance_embedding_scale); with Flex's
+// bypass_guidance_embedding the guidance embedder is left out of the training forward altogether.
+TEST(Session, GuidanceEmbeddingTrainsAtCfgScaleOrIsBypassed) {
+  const fs::path dir = testing::fresh_dir("session_guidance");
+  {
+    Session session(tiny_config(dir, "g", {"train.cfg_scale=2.5"}));
+    ASSERT_TRUE(session.spec().guidance_embed);
+    const MicroBatch mb = session.micro_batch(session.synthetic_batch(2, 64, 64));
+    EXPECT_TRUE(torch::equal(mb.conditioning.guidance, torch::full({2}, 2.5)));
+    EXPECT_FALSE(mb.conditioning.bypass_guidance);
+  }
+  Session session(tiny_config(dir, "b", {"train.bypass_guidance_embedding=true"}));
+  MicroBatch mb = session.micro_batch(session.synthetic_batch(1, 64, 64));
+  EXPECT_TRUE(mb.conditioning.bypass_guidance);
+  EXPECT_FALSE(mb.conditioning.guidance.defined());
+  torch::NoGradGuard no_grad;
+  auto& model = session.model();
+  model::ModelInputs in = mb.conditioning;
+  in.latents = mb.x0, in.timestep = mb.t;
+  const torch::Tensor bypassed = model.forward(in);
+  in.bypass_guidance = false, in.guidance = torch::full({1}, 4.0);
+  const torch::Tensor guided = model.forward(in);
+  EXPECT_FALSE(torch::allclose(bypassed, guided));
+  // ...and it is the forward whose guidance embedder adds nothing.
+  for (auto& item : model.named_parameters())
+    if (item.key().find("guidance_embedder.linear_2") != std::string::npos) item.value().zero_();
+  EXPECT_TRUE(torch::allclose(model.forward(in), bypassed, 1e-5, 1e-6));
+  fs::remove_all(dir);
+}
+
+// Previews use the EMA weights when EMA is on (BaseSDTrainProcess.sample swaps them in), and the live
+// weights are back afterwards. With decay 0 the EMA is the live weights, so the preview is the one a run
+// without EMA draws; with decay 0.9 after two large steps it is not.
+TEST(Session, PreviewsUseTheEmaWeightsAndRestoreTheLiveOnes) {
+  const fs::path dir = testing::fresh_dir("session_ema_preview");
+  auto preview = [&](const std::string& name, std::vector<std::string> extra) {
+    config::ProcessConfig c = tiny_config(dir, name, extra);
+    config::SampleConfig sc;
+    sc.width = sc.height = 64, sc.sample_steps = 2, sc.seed = 3;
+    sc.samples = {config::SampleItem{}};
+    sc.samples[0].prompt = "a photo";
+    c.sample = sc;
+    Session session(c);
+    torch::manual_seed(5);
+    for (int step = 0; step < 2; ++step) session.train_step(step, [&] { return session.synthetic_batch(1, 64, 64); });
+    std::vector<torch::Tensor> live;
+    for (const auto& p : session.model().parameters()) live.push_back(p.detach().clone());
+    fs::create_directories(dir / name);
+    const auto files = session.sample(2, dir / name);
+    size_t i = 0;
+    for (const auto& p : session.model().parameters()) EXPECT_TRUE(torch::equal(p, live[i++])) << name;
+    EXPECT_EQ(files.size(), 1u);
+    return data::decode_image_rgb(files.at(0));
+  };
+  const std::vector<std::string> big = {"train.lr=0.05"};
+  const torch::Tensor plain = preview("plain", big);
+  auto with = [&](const std::string& decay) {
+    auto e = big;
+    e.push_back("train.ema_config.use_ema=true");
+    e.push_back("train.ema_config.ema_decay=" + decay);
+    return e;
+  };
+  EXPECT_TRUE(torch::equal(preview("ema0", with("0")), plain));
+  EXPECT_FALSE(torch::equal(preview("ema9", with("0.9")), plain));
+  fs::remove_all(dir);
+}
+
+// loss_type mae is SDTrainer's l1_loss (mean absolute error), mse its default; noise_offset adds
+// noise_offset * N(0, 1) per sample and channel (toolkit/train_tools.py apply_noise_offset).
+TEST(Session, LossTypeAndNoiseOffsetAsAiToolkit) {
+  const fs::path dir = testing::fresh_dir("session_loss_type");
+  Session session(tiny_config(dir, "l"));
+  torch::manual_seed(2);
+  const MicroBatch mb = session.micro_batch(session.synthetic_batch(2, 64, 64));
+  torch::Tensor diff;
+  {
+    torch::NoGradGuard no_grad;
+    model::ModelInputs in = mb.conditioning;
+    const torch::Tensor t4 = mb.t.view({-1, 1, 1, 1});
+    in.latents = (1 - t4) * mb.x0 + t4 * mb.noise, in.timestep = mb.t;
+    diff = session.model().forward(in) - (mb.noise - mb.x0);
+  }
+  StepOptions o;
+  EXPECT_NEAR(flow_matching_loss(session.model(), mb, o).item<double>(), diff.square().mean().item<double>(), 1e-6);
+  o.loss_type = config::LossType::mae;
+  EXPECT_NEAR(flow_matching_loss(session.model(), mb, o).item<double>(), diff.abs().mean().item<double>(), 1e-6);
+  // Channel means of the noise: about 1/8 apart without the offset (8x8 latents), about 0.5 with 0.5.
+  auto channel_mean_spread = [&](const std::string& offset) {
+    Session s(tiny_config(dir, "n" + offset, {"train.noise_offset=" + offset}));
+    torch::manual_seed(3);
+    return s.micro_batch(s.synthetic_batch(4, 64, 64)).noise.mean({2, 3}).std().item<double>();
+  };
+  EXPECT_LT(channel_mean_spread("0"), 0.2);
+  EXPECT_GT(channel_mean_spread("0.5"), 0.35);
   fs::remove_all(dir);
 }
 
@@ -277,31 +410,6 @@ TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
   EXPECT_EQ(session.model().blocks().front()->parameters().front().scalar_type(), torch::kBFloat16);
   EXPECT_LT(peak, r.weights + r.text_encoder + r.weights / 10) << "peak " << peak << " weights " << r.weights;
   fs::remove_all(dir);
-}
-
-// flux_shift / lumina2_shift follow AI Toolkit's FLUX scheduler: the median of t is e^mu / (e^mu + 1), mu
-// growing with the image's tokens from 0.5 (256 tokens) to 1.15 (4096).
-TEST(Timesteps, FluxShiftMovesTheMedianWithTheResolution) {
-  torch::manual_seed(0);
-  for (auto type : {config::TimestepType::flux_shift, config::TimestepType::lumina2_shift}) {
-    const double small = sample_timesteps(type, 40000, torch::kCPU, 256).median().item<double>();
-    const double large = sample_timesteps(type, 40000, torch::kCPU, 4096).median().item<double>();
-    EXPECT_NEAR(small, std::exp(0.5) / (std::exp(0.5) + 1), 0.01);
-    EXPECT_NEAR(large, std::exp(1.15) / (std::exp(1.15) + 1), 0.01);
-  }
-  // FLUX's training scheduler shifts dynamically for every shift type (use_dynamic_shifting in AI
-  // Toolkit's flux_config): `shift` is flux_shift there, and a static shift of 3 elsewhere for now.
-  EXPECT_EQ(model::training_timestep_type(config::Family::flux, config::TimestepType::shift),
-            config::TimestepType::flux_shift);
-  EXPECT_EQ(model::training_timestep_type(config::Family::sd3, config::TimestepType::shift),
-            config::TimestepType::shift);
-  EXPECT_EQ(model::training_timestep_type(config::Family::flux, config::TimestepType::sigmoid),
-            config::TimestepType::sigmoid);
-  const torch::Tensor blend = sample_timesteps(config::TimestepType::lognorm_blend, 40000, torch::kCPU);
-  EXPECT_GT(blend.min().item<double>(), 0.0);  // clamped away from the ends, as every type is
-  EXPECT_LT(blend.max().item<double>(), 1.0);
-  // Not uniform: the log-normal part piles up away from t = 1 (x / max(x) is rarely small).
-  EXPECT_LT((blend > 0.9).to(torch::kFloat).mean().item<double>(), 0.08);
 }
 
 // Every AI Toolkit example config gclab models, shrunk to its family's tiny preset (256², 2 steps, its own

@@ -217,6 +217,24 @@ struct TrainConfig {
   DType dtype = DType::fp32;  // bf16: bf16 autocast over fp32 (LoRA: a bf16 frozen base); fp16 is refused
   std::string noise_scheduler = "ddpm";
   TimestepType timestep_type = TimestepType::sigmoid;
+  // Which of the scheduler's num_train_timesteps a batch draws (BaseSDTrainProcess, prepare_timesteps_indices):
+  // indices in [min_denoising_steps, max_denoising_steps], index 0 the noisiest.
+  ContentOrStyle content_or_style = ContentOrStyle::balanced;
+  int min_denoising_steps = 0;
+  int max_denoising_steps = 999;
+  int num_train_timesteps = 1000;
+  // The loss weighted per timestep by AI Toolkit's bell (linear_timesteps) or half bell (linear_timesteps2),
+  // on the linear grid.
+  bool linear_timesteps = false;
+  bool linear_timesteps2 = false;
+  // The guidance a guidance-distilled model (FLUX.1-dev, Flex) is trained at (SDTrainer passes
+  // guidance_embedding_scale = cfg_scale), and Flex's switch that leaves the guidance embedder out of the
+  // training forward (toolkit/models/flux.py's bypass of time_text_embed); previews still guide.
+  double cfg_scale = 1.0;
+  bool bypass_guidance_embedding = false;
+  // toolkit/train_tools.py apply_noise_offset: noise + noise_offset * N(0, 1) per sample and channel.
+  double noise_offset = 0.0;
+  LossType loss_type = LossType::mse;
   bool gradient_checkpointing = true;
   int gradient_accumulation = 1;
   int gradient_accumulation_steps = 1;  // legacy; mutually exclusive with gradient_accumulation
@@ -241,9 +259,19 @@ struct TrainConfig {
 
   // The resolved policy (the loader always sets it).
   const ckpt::CheckpointPolicy& policy() const { return *checkpoint_policy; }
-  // Micro-batches per optimizer step, from whichever of the two keys is set.
-  int accumulation() const {
-    return gradient_accumulation > 1 ? gradient_accumulation : std::max(1, gradient_accumulation_steps);
+  // Micro-batches a step trains on: gradient_accumulation's N, summed into one update (SDTrainer).
+  int accumulation() const { return std::max(1, gradient_accumulation); }
+  // The legacy gradient_accumulation_steps: one micro-batch a step, the optimizer stepped on every Nth step
+  // (BaseSDTrainProcess.run's is_grad_accumulation_step: at steps N-1, 2N-1, ...; -1 on the step that
+  // starts a new epoch). The gradients of the steps between are summed.
+  bool optimizer_steps_at(int64_t step, bool epoch_start) const {
+    if (gradient_accumulation_steps == -1) return epoch_start;
+    return gradient_accumulation_steps <= 1 || (step + 1) % gradient_accumulation_steps == 0;
+  }
+  // Optimizer updates made before `step` (what the learning-rate schedule has counted), for the legacy key's
+  // every-Nth-step updates; with -1 the schedule counts epochs, which the caller knows.
+  int64_t updates_before(int64_t step) const {
+    return gradient_accumulation_steps > 1 ? step / gradient_accumulation_steps : step;
   }
 
   template <class V>
@@ -258,6 +286,16 @@ struct TrainConfig {
     v("dtype", dtype);
     v("noise_scheduler", noise_scheduler);
     v("timestep_type", timestep_type);
+    v("content_or_style", content_or_style);
+    v("min_denoising_steps", min_denoising_steps);
+    v("max_denoising_steps", max_denoising_steps);
+    v("num_train_timesteps", num_train_timesteps);
+    v("linear_timesteps", linear_timesteps);
+    v("linear_timesteps2", linear_timesteps2);
+    v("cfg_scale", cfg_scale);
+    v("bypass_guidance_embedding", bypass_guidance_embedding);
+    v("noise_offset", noise_offset);
+    v("loss_type", loss_type);
     v("gradient_checkpointing", gradient_checkpointing);
     v("gradient_accumulation", gradient_accumulation);
     v("gradient_accumulation_steps", gradient_accumulation_steps);
@@ -273,21 +311,17 @@ struct TrainConfig {
     v("budget_probe", budget_probe);
     v.ignore({"train_unet",
               "train_text_encoder",
-              "content_or_style",
               "unet_lr",
               "text_encoder_lr",
               "refiner_lr",
               "embedding_lr",
               "adapter_lr",
-              "min_denoising_steps",
-              "max_denoising_steps",
               "xformers",
               "sdp",
               "train_refiner",
               "train_turbo",
               "min_snr_gamma",
               "snr_gamma",
-              "noise_offset",
               "weight_jitter",
               "merge_network_on_save",
               "start_step",
@@ -295,12 +329,7 @@ struct TrainConfig {
               "noise_multiplier",
               "img_multiplier",
               "loss_target",
-              "loss_type",
-              "linear_timesteps",
-              "linear_timesteps2",
-              "bypass_guidance_embedding",
               "do_cfg",
-              "cfg_scale",
               "short_and_long_captions",
               "single_item_batching",
               "inverted_mask_prior",
@@ -309,7 +338,6 @@ struct TrainConfig {
               "diff_output_preservation_class",
               "standardize_images",
               "standardize_latents",
-              "num_train_timesteps",
               "prompt_dropout_prob",
               "match_noise_norm",
               "do_paramiter_swapping",
@@ -392,7 +420,8 @@ struct SampleItem {
   std::optional<int> width;  // each unset value takes the sample block's
   std::optional<int> height;
   std::optional<std::string> neg;
-  std::optional<std::int64_t> seed;
+  std::optional<std::int64_t> seed;         // the item's `seed`: carried to the items after it, as AI Toolkit
+  std::optional<std::int64_t> prompt_seed;  // the prompt's --seed / --d flag: this image only (not a YAML key)
   std::optional<double> guidance_scale;
   std::optional<int> sample_steps;
   std::optional<std::string> ctrl_img;
@@ -434,6 +463,20 @@ struct SampleConfig {
   int sample_steps = 20;
   double network_multiplier = 1.0;
   std::string format = "png";  // AI Toolkit writes jpg by default; gclab writes PNG only
+
+  // Each sample's seed, as BaseSDTrainProcess.sample picks them: the current seed starts at `seed`, walks to
+  // seed + i with walk_seed, and becomes an item's own `seed` for it and the items after; a prompt's --seed
+  // flag is that image's alone.
+  std::vector<std::int64_t> seeds() const {
+    std::vector<std::int64_t> out;
+    std::int64_t current = seed;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      if (walk_seed) current = seed + static_cast<std::int64_t>(i);
+      if (samples[i].seed) current = *samples[i].seed;
+      out.push_back(samples[i].prompt_seed.value_or(current));
+    }
+    return out;
+  }
 
   template <class V>
   void fields(V& v) {

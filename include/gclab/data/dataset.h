@@ -45,6 +45,11 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index);
 
 // The caption as one step sees it: [trigger] replaced (or the trigger word put in front when absent),
 // caption_dropout_rate applied, with shuffle_tokens the comma-separated parts after keep_tokens shuffled.
+// AI Toolkit's get_caption (toolkit/dataloader_mixins.py) neither drops nor shuffles the captions of a dataset
+// whose text embeddings are cached (train.cache_text_embeddings caches every dataset's): the settings that
+// would are turned off, and each is named in the returned warnings.
+std::vector<std::string> disable_caption_randomness(config::DatasetConfig& dataset);
+
 std::string process_caption(const std::string& raw, const config::DatasetConfig& dataset,
                             const std::optional<std::string>& trigger_word, std::mt19937_64& rng);
 

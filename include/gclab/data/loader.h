@@ -19,6 +19,8 @@ namespace gclab::data {
 
 struct LoadedBatch {
   int64_t index = 0;  // position in the run's sequence of batches
+  int64_t epoch = 0;
+  bool epoch_start = false;  // the first batch of an epoch after the first
   int dataset = 0, resolution = 0;
   BucketResolution bucket;
   torch::Tensor latents;  // [B, C, h/8, w/8], CPU float32

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -97,5 +98,22 @@ std::vector<std::filesystem::path> save_sharded_safetensors(
 // Loads every tensor of one file, or of a sharded checkpoint given its `*.safetensors.index.json`
 // (diffusers / transformers `weight_map`), copying nothing twice. Throws SafetensorsError.
 std::map<std::string, torch::Tensor> load_safetensors(const std::filesystem::path& path);
+
+// Hands a file's named tensors to the parameters that ask for them by name and shape, and keeps the account:
+// take() returns the tensor (nullptr when it is missing or misshapen, which is recorded); finish() throws
+// std::runtime_error naming the file and the first problem (and how many more), else returns the names
+// nothing took.
+class TensorMatcher {
+ public:
+  TensorMatcher(std::map<std::string, torch::Tensor> tensors, std::string label);
+  const torch::Tensor* take(const std::string& name, c10::IntArrayRef sizes);
+  std::vector<std::string> finish() const;
+
+ private:
+  std::map<std::string, torch::Tensor> tensors_;
+  std::string label_;
+  std::set<std::string> used_;
+  std::vector<std::string> problems_;
+};
 
 }  // namespace gclab::io

@@ -28,8 +28,8 @@ const std::vector<ArchFacts>& supported_archs();
 const ArchFacts* find_arch(const std::string& name);
 std::string supported_arch_list();  // "flux, flex1, ..." for messages
 
-// Bucket sides are multiples of this: FLUX.1/Flex, Qwen-Image and SD3 pack 2x2 patches of an 8x latent
-// and AI Toolkit rounds them to 32; Z-Image and DiT to 16.
+// Bucket sides are multiples of this: FLUX.1/Flex, Qwen-Image, SD3 and Z-Image pack 2x2 patches of an 8x
+// latent and AI Toolkit rounds them to 32 (each model's get_bucket_divisibility); DiT (gclab's own) to 16.
 int divisibility(Family family);
 
 // How each family's preview pipeline (the one AI Toolkit's previews call) guides, with scale g:
@@ -43,12 +43,9 @@ enum class Guidance {
 };
 Guidance preview_guidance(Family family, bool guidance_embed);
 
-// The timestep type a family's training scheduler draws for the configured one. AI Toolkit's
-// CustomFlowMatchEulerDiscreteScheduler.set_train_timesteps treats `shift`, `flux_shift` and
-// `lumina2_shift` alike, by the scheduler's config; FLUX's (toolkit/sampler.py, flux_config) has
-// use_dynamic_shifting, so for FLUX `shift` is the token-dependent flux_shift. The other families keep
-// the configured type (their schedulers' configs are not modelled yet: docs/aitk-semantics.md).
-config::TimestepType training_timestep_type(Family family, config::TimestepType configured);
+// The AutoencoderKL preset (vae/autoencoder_kl.h) a family's pipeline decodes with: flux (FLUX.1, Flex,
+// Z-Image), sd3, sd (DiT's SD VAE). Qwen-Image's is the Wan-style VAE, not built yet: throws UserError.
+std::string autoencoder_preset(Family family);
 
 // The checks of a loaded config that need the facts above; errors and warnings go to `diagnostics`.
 void check_config(config::ProcessConfig& config, config::Diagnostics& diagnostics);

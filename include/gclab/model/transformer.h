@@ -24,6 +24,9 @@ namespace gclab::model {
 struct ModelInputs {
   torch::Tensor latents, timestep, text, pooled, guidance, class_labels;
   std::vector<torch::Tensor> reference_latents;
+  // FLUX/Flex: leave the guidance embedder out of the conditioning (AI Toolkit's bypass_guidance_embedding,
+  // which Flex trains with); `guidance` is then not needed.
+  bool bypass_guidance = false;
 };
 
 class DiffusionTransformer : public torch::nn::Module {

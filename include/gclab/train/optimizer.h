@@ -13,13 +13,12 @@
 //              weights p0 and the accumulator s (4 x 4 bytes a parameter); lr is a multiplier of d
 //              (AI Toolkit raises a configured lr below 0.1 to 1.0)
 //   sgd        torch.optim.SGD without momentum: p -= lr (g + wd p) (no state)
-//   ...8bit    the same rule, moments stored block-wise (256 values a block, a float32 scale each) in one
-//              byte: 2 bytes of state a parameter for Adam, 1 for Lion, plus 8 (or 4) bytes a block.
-//
-// 8-bit vs bitsandbytes: both quantize the moments block-wise and dequantize-update-requantize every step.
-// bitsandbytes maps codes through its non-linear "dynamic" table; gclab uses a linear code for the first
-// moment (signed, absmax scale) and a linear code of sqrt(v) for the second (unsigned, max scale), which
-// keeps the second moment's wide range in 8 bits. The memory is the same.
+//   ...8bit    bitsandbytes' AdamW8bit / Adam8bit / Lion8bit (AI Toolkit's choice for these spellings): the
+//              same rule (Adam8bit's weight decay decoupled, as bitsandbytes applies it), each moment of a
+//              parameter with 4096 values or more stored as a byte a value into bitsandbytes' dynamic map
+//              (signed for m, unsigned for v) with a float32 absmax per block of 256; smaller parameters keep
+//              float32 moments. Every step dequantizes, updates in float32 and requantizes to the nearest
+//              code, with no host synchronisation.
 #pragma once
 
 #include <torch/torch.h>
@@ -36,6 +35,10 @@
 #include "gclab/config/config.h"
 
 namespace gclab::train {
+
+// bitsandbytes' create_dynamic_map(signed): the 256 sorted float32 values an 8-bit moment code stands for
+// (times its block's absmax).
+torch::Tensor dynamic_quantization_map(bool is_signed);
 
 struct OptimizerOptions {
   double weight_decay = 0.01;

@@ -25,6 +25,7 @@
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
 #include "gclab/train/optimizer.h"
+#include "gclab/train/timesteps.h"
 
 namespace gclab::train {
 
@@ -47,8 +48,9 @@ struct ResidentBytes {
 
 struct StepResult {
   double loss = 0, grad_norm = 0;
-  double lr = 0;       // the learning rate the update used
-  std::string bucket;  // WxH of the step's batches
+  double lr = 0;        // the learning rate the update used
+  bool updated = true;  // false on a legacy gradient_accumulation_steps step that only accumulates
+  std::string bucket;   // WxH of the step's batches
   int batch = 0;
   double data_wait_s = 0;
   int64_t gradient_bytes = 0;  // held just before the update
@@ -108,11 +110,13 @@ class Session {
   // A batch of random latents of this size with the config's first caption (bench and fit).
   data::LoadedBatch synthetic_batch(int batch, int width, int height) const;
 
-  // One optimizer step: `accumulation()` micro-batches from next(), forward and backward each, then
-  // clipping, the update at the scheduled learning rate, zeroed gradients and EMA.
+  // One training step: `accumulation()` micro-batches from next(), forward and backward each, then (unless
+  // the legacy gradient_accumulation_steps holds the update back) clipping, the update at the scheduled
+  // learning rate, zeroed gradients and EMA.
   StepResult train_step(int64_t step, const std::function<data::LoadedBatch()>& next);
 
-  // Previews (the sample block's prompts) at `step`, written as PNG into dir; nothing when sampling is off.
+  // Previews (the sample block's prompts) at `step`, with the EMA weights when EMA is on, written as PNG
+  // into dir; nothing when sampling is off.
   bool sampling() const { return !prompts_.empty(); }
   std::vector<std::filesystem::path> sample(int64_t step, const std::filesystem::path& dir);
   // Encodes every caption the run will ask for (cache_text_embeddings), then unloads the text encoder
@@ -126,6 +130,7 @@ class Session {
 
  private:
   model::ModelInputs conditioning(const std::vector<std::string>& captions);
+  std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir);
 
   config::ProcessConfig config_;
   model::ModelSpec spec_;
@@ -134,6 +139,7 @@ class Session {
   memory::MemoryMeter meter_;
   memory::PhaseMeter phases_;
   std::string current_phase_ = "setup";
+  TimestepSampler timesteps_;
   std::string current_bucket_;
   int current_batch_ = 0;
   std::shared_ptr<model::DiffusionTransformer> model_;

@@ -1,0 +1,71 @@
+// diffusers' AutoencoderKL (models/autoencoders/autoencoder_kl.py with vae.py's Encoder and Decoder): ResNet
+// blocks of GroupNorm + SiLU + 3x3 convolutions, one single-head self-attention in each mid block, 2x
+// down-sampling by a stride-2 convolution (padded right and bottom), 2x nearest up-sampling followed by a
+// convolution, and quant_conv / post_quant_conv where the config has them. Parameters carry diffusers' names,
+// so a diffusers `vae/` folder loads unchanged.
+//
+// Latents are scaled as the families' pipelines (and AI Toolkit's encode_images) scale them:
+//   z = scaling_factor (x - shift_factor) after encoding, and the inverse before decoding.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gclab::vae {
+
+struct AutoencoderKLConfig {
+  int64_t in_channels = 3, out_channels = 3, latent_channels = 16;
+  std::vector<int64_t> block_out_channels = {128, 256, 512, 512};
+  int64_t layers_per_block = 2, norm_num_groups = 32;
+  bool use_quant_conv = false, use_post_quant_conv = false, mid_block_add_attention = true;
+  double scaling_factor = 0.3611, shift_factor = 0.1159;
+
+  // The three configurations users train on (their diffusers config.json):
+  //   flux   FLUX.1 / Flex / Z-Image: 16 channels, scaling 0.3611, shift 0.1159, no quant convs (83,819,683)
+  //   sd3    SD3 / SD3.5: 16 channels, scaling 1.5305, shift 0.0609, no quant convs
+  //   sd     the SD VAE (sd-vae-ft-ema) DiT decodes with: 4 channels, scaling 0.18215, quant convs (83,653,863)
+  static AutoencoderKLConfig preset(const std::string& name);
+  // A diffusers config.json (AutoencoderKL); throws std::runtime_error naming what it cannot use.
+  static AutoencoderKLConfig from_json_file(const std::filesystem::path& path);
+  int64_t downsampling() const { return int64_t{1} << (block_out_channels.size() - 1); }
+};
+
+// How encode turns the posterior into latents: its mean (deterministic), or a sample mean + std N(0, 1)
+// (what AI Toolkit's encode_images takes: latent_dist.sample()).
+enum class Posterior { mean, sample };
+
+class AutoencoderKLImpl : public torch::nn::Module {
+ public:
+  explicit AutoencoderKLImpl(AutoencoderKLConfig config);
+
+  // [B, 3, H, W] in [-1, 1] -> scaled latents [B, C, H/f, W/f]. `generator` draws the sample (default: the
+  // global one).
+  torch::Tensor encode(const torch::Tensor& images, Posterior posterior = Posterior::sample,
+                       std::optional<at::Generator> generator = std::nullopt);
+  // Scaled latents -> images [B, 3, H, W] (not clamped).
+  torch::Tensor decode(const torch::Tensor& latents);
+  // The encoder's moments [B, 2C, h, w] (mean, then log-variance), before scaling: what diffusers'
+  // latent_dist holds.
+  torch::Tensor moments(const torch::Tensor& images);
+  // Unscaled latents -> images (diffusers' AutoencoderKL.decode).
+  torch::Tensor decode_unscaled(const torch::Tensor& z);
+
+  const AutoencoderKLConfig& config() const { return config_; }
+
+ private:
+  AutoencoderKLConfig config_;
+  std::shared_ptr<torch::nn::Module> encoder_, decoder_;  // diffusers' Encoder and Decoder (the .cpp)
+  torch::nn::Conv2d quant_conv_{nullptr}, post_quant_conv_{nullptr};
+};
+TORCH_MODULE(AutoencoderKL);
+
+// Loads a diffusers AutoencoderKL's weights (a .safetensors file, or a folder holding
+// diffusion_pytorch_model.safetensors) by their names; throws std::runtime_error naming the first missing or
+// misshapen tensor. Returns the names in the file the model does not use.
+std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path);
+
+}  // namespace gclab::vae

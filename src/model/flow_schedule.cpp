@@ -1,0 +1,64 @@
+#include "gclab/model/flow_schedule.h"
+
+#include <cmath>
+
+namespace gclab::model {
+
+double FlowSchedule::mu(int64_t image_tokens) const {
+  const double m = (max_shift - base_shift) / (max_seq_len - base_seq_len);
+  return static_cast<double>(image_tokens) * m + (base_shift - m * base_seq_len);
+}
+
+torch::Tensor FlowSchedule::shift_sigmas(const torch::Tensor& sigmas, int64_t image_tokens) const {
+  torch::Tensor s = sigmas.to(torch::kDouble);
+  if (dynamic)
+    s = std::exp(mu(image_tokens)) / (std::exp(mu(image_tokens)) + (1 / s - 1));
+  else
+    s = shift * s / (1 + (shift - 1) * s);
+  // diffusers' stretch_shift_to_terminal; a lone sigma of 1 (a one-step preview) has nothing to stretch
+  // (diffusers divides by zero there).
+  const double last = s.numel() > 0 ? 1 - s[-1].item<double>() : 0;
+  if (shift_terminal > 0 && last > 0) s = 1 - (1 - s) / (last / (1 - shift_terminal));
+  return s;
+}
+
+double FlowSchedule::sigma_max() const { return 1.0; }
+
+double FlowSchedule::sigma_min() const {
+  // diffusers builds the init sigmas in float32: t / 1000 for t = 1 ... 1000, shifted (not when dynamic).
+  const float s = 1.0f / static_cast<float>(num_train_timesteps);
+  if (dynamic) return s;
+  const float k = static_cast<float>(shift);
+  return k * s / (1 + (k - 1) * s);
+}
+
+torch::Tensor FlowSchedule::preview_sigmas(int steps, int64_t image_tokens) const {
+  // The pipelines pass np.linspace(1, 1/steps, steps) as float32; the scheduler shifts them in float64.
+  const torch::Tensor base = torch::linspace(1.0, 1.0 / steps, steps, torch::kFloat);
+  return torch::cat(
+      {shift_sigmas(base, image_tokens).to(torch::kFloat).to(torch::kDouble), torch::zeros({1}, torch::kDouble)});
+}
+
+FlowSchedule flow_schedule(config::Family family) {
+  FlowSchedule s;  // flux_config: shift 3 (unused), dynamic, 0.5 / 1.15 over 256 / 4096 tokens
+  s.dynamic = true;
+  switch (family) {
+    case config::Family::qwen_image:
+      s.shift = 1.0;
+      s.max_shift = 0.9;
+      s.max_seq_len = 8192;
+      s.shift_terminal = 0.02;
+      break;
+    case config::Family::zimage:
+      s.dynamic = false;
+      s.shift = 3.0;
+      break;
+    case config::Family::flux:
+    case config::Family::sd3:
+    case config::Family::dit:
+      break;
+  }
+  return s;
+}
+
+}  // namespace gclab::model

@@ -1,0 +1,271 @@
+#include "gclab/vae/autoencoder_kl.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "gclab/io/safetensors.h"
+
+namespace gclab::vae {
+
+namespace nn = torch::nn;
+
+namespace {
+
+constexpr double kEps = 1e-6;  // every GroupNorm of the encoder and decoder (resnet_eps)
+
+nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = -1) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding < 0 ? kernel / 2 : padding));
+}
+nn::GroupNorm group_norm(int64_t groups, int64_t channels) {
+  return nn::GroupNorm(nn::GroupNormOptions(groups, channels).eps(kEps));
+}
+
+// ResnetBlock2D without a time embedding: GroupNorm, SiLU, 3x3 conv, twice; a 1x1 conv_shortcut when the
+// channel count changes.
+struct ResnetImpl : nn::Module {
+  ResnetImpl(int64_t in, int64_t out, int64_t groups)
+      : norm1(register_module("norm1", group_norm(groups, in))),
+        conv1(register_module("conv1", conv(in, out, 3))),
+        norm2(register_module("norm2", group_norm(groups, out))),
+        conv2(register_module("conv2", conv(out, out, 3))) {
+    if (in != out) conv_shortcut = register_module("conv_shortcut", conv(in, out, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = conv1(torch::silu(norm1(x)));
+    h = conv2(torch::silu(norm2(h)));
+    return (conv_shortcut ? conv_shortcut(x) : x) + h;
+  }
+  nn::GroupNorm norm1;
+  nn::Conv2d conv1;
+  nn::GroupNorm norm2;
+  nn::Conv2d conv2, conv_shortcut{nullptr};
+};
+TORCH_MODULE(Resnet);
+
+// The mid block's Attention (one head as wide as the channels, GroupNorm first, a residual connection).
+struct AttentionImpl : nn::Module {
+  AttentionImpl(int64_t channels, int64_t groups)
+      : group_norm(register_module("group_norm", vae::group_norm(groups, channels))),
+        to_q(register_module("to_q", nn::Linear(channels, channels))),
+        to_k(register_module("to_k", nn::Linear(channels, channels))),
+        to_v(register_module("to_v", nn::Linear(channels, channels))),
+        to_out(register_module("to_out", nn::ModuleList())) {
+    out = nn::Linear(channels, channels);
+    to_out->push_back(out);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t b = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+    const torch::Tensor tokens = group_norm(x).reshape({b, c, h * w}).transpose(1, 2);  // [B, HW, C]
+    const torch::Tensor q = to_q(tokens).unsqueeze(1), k = to_k(tokens).unsqueeze(1), v = to_v(tokens).unsqueeze(1);
+    const torch::Tensor a = at::scaled_dot_product_attention(q, k, v).squeeze(1);
+    return out(a).transpose(1, 2).reshape({b, c, h, w}) + x;
+  }
+  nn::GroupNorm group_norm;
+  nn::Linear to_q, to_k, to_v, out{nullptr};
+  nn::ModuleList to_out;
+};
+TORCH_MODULE(Attention);
+
+// UNetMidBlock2D: resnet, attention, resnet.
+struct MidBlockImpl : nn::Module {
+  MidBlockImpl(int64_t channels, int64_t groups, bool attention)
+      : resnets(register_module("resnets", nn::ModuleList())) {
+    for (int i = 0; i < 2; ++i) resnets->push_back(Resnet(channels, channels, groups));
+    if (attention) {
+      attentions = register_module("attentions", nn::ModuleList());
+      attentions->push_back(Attention(channels, groups));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = resnets[0]->as<ResnetImpl>()->forward(x);
+    if (attentions) x = attentions[0]->as<AttentionImpl>()->forward(x);
+    return resnets[1]->as<ResnetImpl>()->forward(x);
+  }
+  nn::ModuleList resnets, attentions{nullptr};
+};
+TORCH_MODULE(MidBlock);
+
+// A `conv` child, as diffusers' Downsample2D / Upsample2D name theirs.
+struct ResampleImpl : nn::Module {
+  ResampleImpl(int64_t channels, bool down)
+      : down(down), conv(register_module("conv", vae::conv(channels, channels, 3, down ? 2 : 1, down ? 0 : 1))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (down) return conv(torch::constant_pad_nd(x, {0, 1, 0, 1}));  // padding=0: pad right and bottom
+    return conv(torch::nn::functional::interpolate(x, torch::nn::functional::InterpolateFuncOptions()
+                                                          .scale_factor(std::vector<double>{2.0, 2.0})
+                                                          .mode(torch::kNearest)));
+  }
+  bool down;
+  nn::Conv2d conv;
+};
+TORCH_MODULE(Resample);
+
+// DownEncoderBlock2D / UpDecoderBlock2D: resnets, then the resampler (not in the last block).
+struct StageImpl : nn::Module {
+  StageImpl(int64_t in, int64_t out, int64_t layers, int64_t groups, bool down, bool resample)
+      : resnets(register_module("resnets", nn::ModuleList())) {
+    for (int64_t i = 0; i < layers; ++i) resnets->push_back(Resnet(i == 0 ? in : out, out, groups));
+    if (resample) {
+      samplers = register_module(down ? "downsamplers" : "upsamplers", nn::ModuleList());
+      samplers->push_back(Resample(out, down));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (const auto& r : *resnets) x = r->as<ResnetImpl>()->forward(x);
+    return samplers ? samplers[0]->as<ResampleImpl>()->forward(x) : x;
+  }
+  nn::ModuleList resnets, samplers{nullptr};
+};
+TORCH_MODULE(Stage);
+
+struct EncoderImpl : nn::Module {
+  explicit EncoderImpl(const AutoencoderKLConfig& c) {
+    const auto& ch = c.block_out_channels;
+    const int64_t g = c.norm_num_groups;
+    conv_in = register_module("conv_in", conv(c.in_channels, ch.front(), 3));
+    down_blocks = register_module("down_blocks", nn::ModuleList());
+    for (size_t i = 0; i < ch.size(); ++i)
+      down_blocks->push_back(
+          Stage(i == 0 ? ch.front() : ch[i - 1], ch[i], c.layers_per_block, g, true, i + 1 < ch.size()));
+    mid_block = register_module("mid_block", MidBlock(ch.back(), g, c.mid_block_add_attention));
+    conv_norm_out = register_module("conv_norm_out", group_norm(g, ch.back()));
+    conv_out = register_module("conv_out", conv(ch.back(), 2 * c.latent_channels, 3));  // double_z
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = conv_in(x);
+    for (const auto& s : *down_blocks) x = s->as<StageImpl>()->forward(x);
+    return conv_out(torch::silu(conv_norm_out(mid_block(x))));
+  }
+  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  nn::ModuleList down_blocks{nullptr};
+  MidBlock mid_block{nullptr};
+  nn::GroupNorm conv_norm_out{nullptr};
+};
+
+struct DecoderImpl : nn::Module {
+  explicit DecoderImpl(const AutoencoderKLConfig& c) {
+    const std::vector<int64_t> ch(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+    const int64_t g = c.norm_num_groups;
+    conv_in = register_module("conv_in", conv(c.latent_channels, ch.front(), 3));
+    mid_block = register_module("mid_block", MidBlock(ch.front(), g, c.mid_block_add_attention));
+    up_blocks = register_module("up_blocks", nn::ModuleList());
+    for (size_t i = 0; i < ch.size(); ++i)
+      up_blocks->push_back(
+          Stage(i == 0 ? ch.front() : ch[i - 1], ch[i], c.layers_per_block + 1, g, false, i + 1 < ch.size()));
+    conv_norm_out = register_module("conv_norm_out", group_norm(g, ch.back()));
+    conv_out = register_module("conv_out", conv(ch.back(), c.out_channels, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = mid_block(conv_in(x));
+    for (const auto& s : *up_blocks) x = s->as<StageImpl>()->forward(x);
+    return conv_out(torch::silu(conv_norm_out(x)));
+  }
+  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  nn::ModuleList up_blocks{nullptr};
+  MidBlock mid_block{nullptr};
+  nn::GroupNorm conv_norm_out{nullptr};
+};
+
+}  // namespace
+
+AutoencoderKLConfig AutoencoderKLConfig::preset(const std::string& name) {
+  AutoencoderKLConfig c;  // FLUX.1's (also Flex's and Z-Image's)
+  if (name == "flux") return c;
+  if (name == "sd3") {
+    c.scaling_factor = 1.5305, c.shift_factor = 0.0609;
+    return c;
+  }
+  if (name == "sd") {
+    c.latent_channels = 4, c.use_quant_conv = c.use_post_quant_conv = true;
+    c.scaling_factor = 0.18215, c.shift_factor = 0;
+    return c;
+  }
+  throw std::invalid_argument("no AutoencoderKL preset '" + name + "' (flux, sd3, sd)");
+}
+
+AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path.string() + ": cannot be read");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path.string() + ": not JSON (" + e.what() + ")");
+  }
+  const std::string cls = j.value("_class_name", std::string("AutoencoderKL"));
+  if (cls != "AutoencoderKL") throw std::runtime_error(path.string() + ": a " + cls + ", not an AutoencoderKL");
+  AutoencoderKLConfig c;
+  try {
+    c.in_channels = j.value("in_channels", c.in_channels);
+    c.out_channels = j.value("out_channels", c.out_channels);
+    c.latent_channels = j.value("latent_channels", int64_t{4});  // diffusers' default
+    c.block_out_channels = j.value("block_out_channels", std::vector<int64_t>{64});
+    c.layers_per_block = j.value("layers_per_block", int64_t{1});
+    c.norm_num_groups = j.value("norm_num_groups", c.norm_num_groups);
+    c.use_quant_conv = j.value("use_quant_conv", true);
+    c.use_post_quant_conv = j.value("use_post_quant_conv", true);
+    c.mid_block_add_attention = j.value("mid_block_add_attention", true);
+    c.scaling_factor = j.value("scaling_factor", 0.18215);
+    c.shift_factor = j.contains("shift_factor") && !j["shift_factor"].is_null() ? j["shift_factor"].get<double>() : 0.0;
+    for (const char* key : {"down_block_types", "up_block_types"})
+      for (const auto& t : j.value(key, nlohmann::json::array()))
+        if (t != "DownEncoderBlock2D" && t != "UpDecoderBlock2D")
+          throw std::runtime_error(std::string(key) + " has " + t.dump() + ", which gclab does not build");
+    if (j.value("act_fn", std::string("silu")) != "silu") throw std::runtime_error("act_fn is not silu");
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path.string() + ": " + e.what());
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path.string() + ": " + e.what());
+  }
+  return c;
+}
+
+AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::move(config)) {
+  encoder_ = register_module("encoder", std::make_shared<EncoderImpl>(config_));
+  decoder_ = register_module("decoder", std::make_shared<DecoderImpl>(config_));
+  const int64_t z = config_.latent_channels;
+  if (config_.use_quant_conv) quant_conv_ = register_module("quant_conv", conv(2 * z, 2 * z, 1));
+  if (config_.use_post_quant_conv) post_quant_conv_ = register_module("post_quant_conv", conv(z, z, 1));
+}
+
+torch::Tensor AutoencoderKLImpl::moments(const torch::Tensor& images) {
+  torch::Tensor m = static_cast<EncoderImpl&>(*encoder_).forward(images);
+  return quant_conv_ ? quant_conv_(m) : m;
+}
+
+torch::Tensor AutoencoderKLImpl::encode(const torch::Tensor& images, Posterior posterior,
+                                        std::optional<at::Generator> generator) {
+  const auto parts = moments(images).chunk(2, 1);
+  torch::Tensor z = parts[0];
+  if (posterior == Posterior::sample) {  // DiagonalGaussianDistribution.sample
+    const torch::Tensor std = torch::exp(0.5 * parts[1].clamp(-30.0, 20.0));
+    z = z + std * at::randn(z.sizes(), generator, z.options());
+  }
+  return (z - config_.shift_factor) * config_.scaling_factor;
+}
+
+torch::Tensor AutoencoderKLImpl::decode_unscaled(const torch::Tensor& z) {
+  return static_cast<DecoderImpl&>(*decoder_).forward(post_quant_conv_ ? post_quant_conv_(z) : z);
+}
+
+torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& latents) {
+  return decode_unscaled(latents / config_.scaling_factor + config_.shift_factor);
+}
+
+std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path) {
+  std::filesystem::path file = path;
+  if (std::filesystem::is_directory(path)) {
+    file = path / "diffusion_pytorch_model.safetensors";
+    if (!std::filesystem::exists(file)) file = path / "diffusion_pytorch_model.safetensors.index.json";
+    if (!std::filesystem::exists(file))
+      throw std::runtime_error(path.string() + ": holds no diffusion_pytorch_model.safetensors");
+  }
+  io::TensorMatcher tensors(io::load_safetensors(file), file.string());
+  torch::NoGradGuard no_grad;
+  for (auto& p : vae.named_parameters())
+    if (const torch::Tensor* t = tensors.take(p.key(), p.value().sizes())) p.value().copy_(*t);
+  return tensors.finish();
+}
+
+}  // namespace gclab::vae

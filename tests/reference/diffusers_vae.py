@@ -1,0 +1,75 @@
+"""gclab's AutoencoderKL against diffusers' (the pinned `diffusers` in .venv, a test-only reference), through
+`gclab forward --component vae.encode|vae.decode`:
+
+  diffusers_vae.py GCLAB_EXE WORK_DIR
+
+For three tiny random AutoencoderKL configurations shaped like the ones users train on (FLUX's: 16
+channels, no quant convs, a shift factor; SD3's factors; the SD VAE's: 4 channels with quant_conv and
+post_quant_conv), saved by diffusers' own save_pretrained, gclab must load the folder unchanged and give
+diffusers' encode (the posterior's mean, then (z - shift) * scaling, as the pipelines and AI Toolkit scale
+latents) and decode (z / scaling + shift, then decode) to float32 rounding. Exit 77 without diffusers.
+"""
+import os
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+TOL = 1e-5  # relative to the output's largest magnitude
+
+CONFIGS = {
+    "flux": dict(latent_channels=16, use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611,
+                 shift_factor=0.1159),
+    "sd3": dict(latent_channels=16, use_quant_conv=False, use_post_quant_conv=False, scaling_factor=1.5305,
+                shift_factor=0.0609),
+    "sd": dict(latent_channels=4, scaling_factor=0.18215),
+}
+
+
+def main():
+    exe, work = sys.argv[1], sys.argv[2]
+    try:
+        from diffusers import AutoencoderKL
+    except Exception as e:
+        print(f"diffusers unavailable: {e}", file=sys.stderr)
+        sys.exit(77)
+    os.makedirs(work, exist_ok=True)
+    config_yaml = os.path.join(work, "config.yaml")
+    with open(config_yaml, "w") as f:
+        f.write("name: vae\ndevice: cpu\nmodel: {arch: tiny-flux}\n"
+                "datasets: [{folder_path: " + work + "}]\ntrain: {steps: 1}\n")
+    worst = 0.0
+    for name, extra in CONFIGS.items():
+        torch.manual_seed(0)
+        vae = AutoencoderKL(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                            up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, norm_num_groups=8,
+                            **extra).eval()
+        with torch.no_grad():  # every parameter perturbed: a zero or one hides a wrong name or layout
+            for p in vae.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        folder = os.path.join(work, name)
+        vae.save_pretrained(folder, safe_serialization=True)
+        images = torch.rand(2, 3, 24, 40) * 2 - 1
+        latents = torch.randn(2, extra["latent_channels"], 12, 20)
+        shift = extra.get("shift_factor", 0.0)
+        with torch.no_grad():
+            want_latents = (vae.encode(images).latent_dist.mean - shift) * extra["scaling_factor"]
+            want_images = vae.decode(latents / extra["scaling_factor"] + shift).sample
+        save_file({"images": images.contiguous(), "latents": latents.contiguous()}, os.path.join(work, "in.safetensors"))
+        for component, key, want in (("vae.encode", "latents", want_latents), ("vae.decode", "images", want_images)):
+            out = os.path.join(work, f"{name}_{component}.safetensors")
+            subprocess.run([exe, "forward", config_yaml, "--component", component, "--weights", folder,
+                            "--inputs", os.path.join(work, "in.safetensors"), "--out", out], check=True,
+                           stdout=subprocess.DEVNULL)
+            got = load_file(out)[key]
+            assert got.shape == want.shape, f"{name} {component}: {tuple(got.shape)} vs {tuple(want.shape)}"
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            worst = max(worst, err)
+            print(f"{name} {component}: max relative difference {err:.2e}")
+            assert err < TOL, f"{name} {component}: {err:.2e} >= {TOL}"
+    print(f"all match diffusers (worst {worst:.2e})")
+
+
+if __name__ == "__main__":
+    main()

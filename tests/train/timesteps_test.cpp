@@ -1,0 +1,157 @@
+// Training timesteps and preview sigmas as AI Toolkit lays them out: each family's flow-match schedule
+// against diffusers' FlowMatchEulerDiscreteScheduler with AI Toolkit's configs (tests/reference/
+// flow_schedules.py), the index draws of content_or_style within min/max_denoising_steps, and the loss
+// weights of `weighted` (AI Toolkit's measured table) and linear_timesteps (its bell).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "gclab/io/safetensors.h"
+#include "gclab/model/flow_schedule.h"
+#include "gclab/model/spec.h"
+#include "gclab/train/timesteps.h"
+
+namespace gclab::train {
+namespace {
+
+using config::Family;
+using config::TimestepType;
+
+config::TrainConfig train_with(TimestepType type) {
+  config::TrainConfig t;
+  t.timestep_type = type;
+  return t;
+}
+
+double max_relative(const torch::Tensor& ours, const torch::Tensor& ref) {
+  return ((ours.to(torch::kDouble) - ref.to(torch::kDouble)).abs() / ref.to(torch::kDouble).abs().clamp_min(1e-3))
+      .max()
+      .item<double>();
+}
+
+TEST(Timesteps, EachFamilysScheduleMatchesDiffusersWithAiToolkitsConfig) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::temp_directory_path() / ("gclab_flow_" + std::to_string(::getpid()) + ".safetensors");
+  const std::string command = std::string("\"") + GCLAB_PYTHON + "\" \"" + GCLAB_SOURCE_DIR +
+                              "/tests/reference/flow_schedules.py\" \"" + out.string() + "\"";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const auto ref = io::SafetensorsFile::open(out);
+  for (const auto& [family, name] : {std::pair{Family::flux, "flux"}, std::pair{Family::qwen_image, "qwen_image"},
+                                     std::pair{Family::zimage, "zimage"}}) {
+    const model::FlowSchedule schedule = model::flow_schedule(family);
+    for (int64_t tokens : {256, 1024, 4096}) {
+      const std::string key = std::string(name) + "." + std::to_string(tokens);
+      for (auto type : {TimestepType::shift, TimestepType::flux_shift, TimestepType::lumina2_shift}) {
+        const torch::Tensor grid = TimestepSampler(schedule, train_with(type)).grid(tokens);
+        EXPECT_LT(max_relative(grid, ref.tensor("train." + key)), 1e-5) << key;
+      }
+      EXPECT_LT(max_relative(schedule.preview_sigmas(20, tokens), ref.tensor("preview." + key)), 1e-5) << key;
+    }
+  }
+  fs::remove(out);
+  // SD3 (and DiT) take the legacy path's flux_config; FLUX's shift grows with the image, Z-Image's does not.
+  EXPECT_TRUE(model::flow_schedule(Family::sd3).dynamic);
+  EXPECT_FALSE(model::flow_schedule(Family::zimage).dynamic);
+}
+
+// FLUX at 512² (1024 tokens) and 1024² (4096): mu = 0.5 + (tokens - 256) 0.65 / 3840, and the grid's
+// median is e^mu / (e^mu + 1) on the 1000 scale.
+TEST(Timesteps, FluxShiftAt512And1024FollowsTheBucketsTokens) {
+  const model::ModelSpec flux = model::spec_by_preset("flux-dev");
+  const model::FlowSchedule schedule = model::flow_schedule(Family::flux);
+  for (const auto& [side, mu] : {std::pair{512, 0.63}, std::pair{1024, 1.15}}) {
+    const int64_t tokens = model::image_tokens(flux, side, side);
+    EXPECT_NEAR(schedule.mu(tokens), mu, 1e-12) << side;
+    const torch::Tensor grid = TimestepSampler(schedule, train_with(TimestepType::shift)).grid(tokens);
+    EXPECT_NEAR(grid.median().item<double>() / 1000, std::exp(mu) / (std::exp(mu) + 1), 1e-3) << side;
+  }
+  // Qwen-Image's stretch ends its grid at the terminal 0.02 (timestep 20), whatever the size.
+  const torch::Tensor qwen =
+      TimestepSampler(model::flow_schedule(Family::qwen_image), train_with(TimestepType::shift)).grid(1024);
+  EXPECT_NEAR(qwen[-1].item<double>(), 20.0, 1e-3);
+}
+
+TEST(Timesteps, IndicesFollowContentOrStyleWithinTheDenoisingRange) {
+  torch::manual_seed(0);
+  const model::FlowSchedule schedule = model::flow_schedule(Family::zimage);
+  config::TrainConfig t = train_with(TimestepType::linear);
+  // balanced: randint(min, max), the max itself never drawn (AI Toolkit's flowmatch branch)
+  TimestepDraw d = TimestepSampler(schedule, t).draw(20000, 1024);
+  EXPECT_EQ(d.index.min().item<int64_t>(), 0);
+  EXPECT_EQ(d.index.max().item<int64_t>(), 998);
+  // the linear grid is 1000 ... 1: t = (1000 - index) / 1000
+  EXPECT_TRUE(torch::allclose(d.t, (1000 - d.index.to(torch::kFloat)) / 1000));
+  EXPECT_TRUE(torch::equal(d.weight, torch::ones({20000})));
+  t.min_denoising_steps = 100, t.max_denoising_steps = 200;
+  d = TimestepSampler(schedule, t).draw(20000, 1024);
+  EXPECT_EQ(d.index.min().item<int64_t>(), 100);
+  EXPECT_EQ(d.index.max().item<int64_t>(), 199);
+  t.min_denoising_steps = t.max_denoising_steps = 300;
+  EXPECT_TRUE(torch::equal(TimestepSampler(schedule, t).draw(8, 1024).index, torch::full({8}, 300, torch::kLong)));
+  // content: u^3 favours the first (noisiest) indices, half of them below n/8; style mirrors it
+  t.min_denoising_steps = 0, t.max_denoising_steps = 999;
+  t.content_or_style = config::ContentOrStyle::content;
+  d = TimestepSampler(schedule, t).draw(20000, 1024);
+  EXPECT_NEAR((d.index < 125).to(torch::kFloat).mean().item<double>(), 0.5, 0.02);
+  EXPECT_GE(d.index.min().item<int64_t>(), 0);
+  t.content_or_style = config::ContentOrStyle::style;
+  d = TimestepSampler(schedule, t).draw(20000, 1024);
+  EXPECT_NEAR((d.index > 874).to(torch::kFloat).mean().item<double>(), 0.5, 0.02);
+  EXPECT_LE(d.index.max().item<int64_t>(), 999);
+}
+
+TEST(Timesteps, WeightedUsesAiToolkitsTableAndLinearTimestepsItsBell) {
+  const model::FlowSchedule schedule = model::flow_schedule(Family::flux);
+  const torch::Tensor all = torch::arange(1000, torch::kLong);
+  // default_weighing_scheme: mean 1, peak 1.5227 at index 124 (t = 876), 0.9057 at pure noise, 0.4473 at t = 1
+  const torch::Tensor table = TimestepSampler(schedule, train_with(TimestepType::weighted)).weights(all);
+  EXPECT_NEAR(table.mean().item<double>(), 1.0, 1e-6);
+  EXPECT_EQ(table.argmax().item<int64_t>(), 124);
+  EXPECT_FLOAT_EQ(table[124].item<float>(), 1.5226575136184692f);
+  EXPECT_FLOAT_EQ(table[0].item<float>(), 0.905706524848938f);
+  EXPECT_FLOAT_EQ(table[999].item<float>(), 0.4472601115703583f);
+  // weighted lays out the linear grid
+  EXPECT_TRUE(torch::equal(TimestepSampler(schedule, train_with(TimestepType::weighted)).grid(4096),
+                           torch::linspace(1000, 1, 1000)));
+  // linear_timesteps: exp(-2 ((x - 500) / 1000)^2) less its minimum (at x = 0), scaled to mean 1
+  config::TrainConfig t = train_with(TimestepType::sigmoid);
+  t.linear_timesteps = true;
+  const TimestepSampler bell(schedule, t);
+  EXPECT_EQ(bell.grid_type(), TimestepType::linear);
+  const torch::Tensor w = bell.weights(all);
+  const double e = std::exp(-0.5);
+  double sum = 0;
+  for (int x = 0; x < 1000; ++x) sum += std::exp(-2 * std::pow((x - 500) / 1000.0, 2)) - e;
+  EXPECT_NEAR(w[500].item<double>(), (1 - e) * 1000 / sum, 1e-4);
+  EXPECT_NEAR(w[0].item<double>(), 0.0, 1e-6);
+  EXPECT_NEAR(w.mean().item<double>(), 1.0, 1e-5);
+  // linear_timesteps2: the second half held at the maximum
+  t.linear_timesteps2 = true;
+  const torch::Tensor half = TimestepSampler(schedule, t).weights(all);
+  EXPECT_TRUE(torch::allclose(half.narrow(0, 500, 500), torch::full({500}, half[500].item<float>())));
+  EXPECT_TRUE(torch::allclose(half.narrow(0, 0, 500), w.narrow(0, 0, 500)));
+}
+
+TEST(Timesteps, SigmoidAndLognormBlendDrawTheirGridEachBatch) {
+  torch::manual_seed(1);
+  const model::FlowSchedule schedule = model::flow_schedule(Family::flux);
+  const torch::Tensor sig = TimestepSampler(schedule, train_with(TimestepType::sigmoid)).grid(1024);
+  EXPECT_TRUE(torch::equal(sig, std::get<0>(torch::sort(sig, 0, true))));  // descending
+  EXPECT_GT(sig.min().item<double>(), 0.0);
+  EXPECT_LT(sig.max().item<double>(), 1000.0);
+  EXPECT_NEAR(sig.median().item<double>(), 500.0, 60.0);  // 1 - sigmoid(N(0, 1)) is symmetric about 1/2
+  const torch::Tensor blend = TimestepSampler(schedule, train_with(TimestepType::lognorm_blend)).grid(1024);
+  EXPECT_EQ(blend.size(0), 1000);
+  EXPECT_TRUE(torch::equal(blend, blend.floor()));  // cast to integers, as AI Toolkit does
+  EXPECT_EQ(blend.min().item<double>(), 0.0);       // the largest log-normal draw maps to timestep 0
+  // the log-normal part piles up at high timesteps (x / max x is rarely near 1)
+  EXPECT_GT((blend > 500).to(torch::kFloat).mean().item<double>(), 0.6);
+}
+
+}  // namespace
+}  // namespace gclab::train

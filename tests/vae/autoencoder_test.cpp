@@ -1,0 +1,105 @@
+// The AutoencoderKL's shapes and names (its numerics against diffusers are tests/reference/diffusers_vae.py):
+// full-size parameter counts equal diffusers' (FLUX.1's 83,819,683), parameters carry
+// diffusers' names, latents are scaled as the pipelines scale them, a sampled posterior follows its generator,
+// and a weights file missing a tensor is refused by name.
+#include "gclab/vae/autoencoder_kl.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "gclab/io/safetensors.h"
+
+namespace gclab::vae {
+namespace {
+
+int64_t count(AutoencoderKLImpl& vae) {
+  int64_t n = 0;
+  for (const auto& p : vae.parameters()) n += p.numel();
+  return n;
+}
+
+AutoencoderKLConfig tiny(int64_t latent_channels = 16, bool quant = false) {
+  AutoencoderKLConfig c;
+  c.block_out_channels = {32, 64};
+  c.layers_per_block = 1;
+  c.norm_num_groups = 8;
+  c.latent_channels = latent_channels;
+  c.use_quant_conv = c.use_post_quant_conv = quant;
+  return c;
+}
+
+TEST(AutoencoderKL, FullSizeParameterCountsEqualDiffusers) {
+  // diffusers' AutoencoderKL with each config.json (counted there on the meta device).
+  const std::pair<const char*, int64_t> expected[] = {{"flux", 83'819'683}, {"sd3", 83'819'683}, {"sd", 83'653'863}};
+  for (const auto& [name, params] : expected) {
+    AutoencoderKL vae(AutoencoderKLConfig::preset(name));
+    EXPECT_EQ(count(*vae), params) << name;
+  }
+  EXPECT_THROW(AutoencoderKLConfig::preset("wan"), std::invalid_argument);
+}
+
+TEST(AutoencoderKL, ParametersCarryDiffusersNames) {
+  AutoencoderKL vae(tiny(4, true));
+  std::set<std::string> names;
+  for (const auto& p : vae->named_parameters()) names.insert(p.key());
+  for (const char* n :
+       {"encoder.conv_in.weight", "encoder.down_blocks.0.resnets.0.norm1.weight",
+        "encoder.down_blocks.0.downsamplers.0.conv.weight", "encoder.down_blocks.1.resnets.0.conv_shortcut.weight",
+        "encoder.mid_block.attentions.0.group_norm.weight", "encoder.mid_block.attentions.0.to_q.weight",
+        "encoder.mid_block.attentions.0.to_out.0.bias", "encoder.mid_block.resnets.1.conv2.bias",
+        "encoder.conv_norm_out.weight", "encoder.conv_out.weight", "quant_conv.weight", "post_quant_conv.bias",
+        "decoder.conv_in.weight", "decoder.up_blocks.0.resnets.1.norm2.weight",
+        "decoder.up_blocks.0.upsamplers.0.conv.weight", "decoder.up_blocks.1.resnets.0.conv_shortcut.weight",
+        "decoder.conv_out.bias"})
+    EXPECT_TRUE(names.count(n)) << n;
+  EXPECT_FALSE(names.count("decoder.up_blocks.1.upsamplers.0.conv.weight"));  // the last block keeps its size
+}
+
+TEST(AutoencoderKL, LatentsAreScaledAsThePipelinesScaleThem) {
+  torch::manual_seed(0);
+  AutoencoderKLConfig c = tiny();
+  AutoencoderKL vae(c);
+  vae->eval();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor images = torch::rand({2, 3, 24, 40}) * 2 - 1;
+  const torch::Tensor mean = vae->moments(images).chunk(2, 1)[0];
+  const torch::Tensor z = vae->encode(images, Posterior::mean);
+  EXPECT_EQ(z.sizes(), (std::vector<int64_t>{2, 16, 12, 20}));
+  EXPECT_TRUE(torch::allclose(z, (mean - c.shift_factor) * c.scaling_factor));
+  EXPECT_TRUE(torch::allclose(vae->decode(z), vae->decode_unscaled(mean), 1e-4, 1e-4));
+  // A sampled posterior: the generator decides it, and it differs from the mean.
+  auto draw = [&](uint64_t seed) {
+    return vae->encode(images, Posterior::sample, at::make_generator<at::CPUGeneratorImpl>(seed));
+  };
+  EXPECT_TRUE(torch::equal(draw(3), draw(3)));
+  EXPECT_FALSE(torch::allclose(draw(3), z));
+  EXPECT_EQ(vae->decode(z).sizes(), images.sizes());
+}
+
+TEST(AutoencoderKL, AWeightsFileMissingATensorIsRefusedByName) {
+  namespace fs = std::filesystem;
+  AutoencoderKL vae(tiny());
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& p : vae->named_parameters())
+    if (p.key() != "decoder.conv_out.bias") tensors.emplace_back(p.key(), p.value().detach() + 1);
+  tensors.emplace_back("extra.weight", torch::zeros({2}));
+  const fs::path dir = fs::temp_directory_path() / "gclab_vae_weights";
+  fs::create_directories(dir);
+  io::save_safetensors(dir / "diffusion_pytorch_model.safetensors", tensors);
+  try {
+    load_autoencoder_weights(*vae, dir);
+    ADD_FAILURE() << "a missing tensor was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing decoder.conv_out.bias"), std::string::npos) << e.what();
+  }
+  tensors.emplace_back("decoder.conv_out.bias", torch::ones({3}));
+  io::save_safetensors(dir / "diffusion_pytorch_model.safetensors", tensors);
+  EXPECT_EQ(load_autoencoder_weights(*vae, dir), std::vector<std::string>{"extra.weight"});
+  EXPECT_TRUE(torch::equal(vae->named_parameters()["decoder.conv_out.bias"], torch::ones({3})));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::vae
