@@ -74,7 +74,6 @@ LoadedBatch BatchLoader::load(int64_t index) {
   const Batch& plan = plans_.at(epoch)[static_cast<size_t>(index % epoch_size_)];
   LoadedBatch out;
   out.index = index;
-  out.epoch = epoch;
   out.epoch_start = index > 0 && index % epoch_size_ == 0;
   out.dataset = plan.dataset;
   out.resolution = plan.resolution;

@@ -265,13 +265,13 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
 StepResult Session::train_step(int64_t step, const std::function<data::LoadedBatch()>& next) {
   const config::TrainConfig& tc = config_.train;
   StepOptions so;
-  // AI Toolkit's gradient_accumulation sums the micro-batches' gradients: SDTrainer.hook_train_loop calls
-  // backward on each micro-batch's loss as it is, then steps once. The legacy gradient_accumulation_steps
-  // trains one micro-batch a step and leaves the gradients to sum until its optimizer step.
+  // AI Toolkit's gradient_accumulation sums the micro-batches' gradients: SDTrainer.hook_train_loop zeroes
+  // the gradients, calls backward on each micro-batch's loss as it is, then steps once (the legacy
+  // gradient_accumulation_steps: only on its every-Nth steps, with that step's gradient).
+  optimizer_->zero_grad();
   so.loss_scale = 1.0;
   so.loss_type = tc.loss_type;
   bool epoch_start = false;
-  int64_t epoch = 0;
   so.autocast_bf16 = bf16();
   StepResult r;
   std::vector<torch::Tensor> losses;
@@ -284,7 +284,6 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     }
     r.data_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
     epoch_start = epoch_start || lb.epoch_start;
-    epoch = lb.epoch;
     r.bucket = current_bucket_ = lb.bucket.key();
     r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
     const MicroBatch mb = micro_batch(lb);
@@ -299,8 +298,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     }
     losses.push_back(loss.detach());
   }
-  const int64_t updates = tc.gradient_accumulation_steps == -1 ? epoch : tc.updates_before(step);
-  r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr), updates, tc.steps);
+  r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr), step, tc.steps);
   r.updated = tc.optimizer_steps_at(step, epoch_start);
   for (const auto& [n, p] : trained_)
     if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
@@ -308,7 +306,8 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     auto scope = phase("optimizer");
     std::vector<torch::Tensor> params;
     for (const auto& [n, p] : trained_) params.push_back(p);
-    r.grad_norm = clip_grad_norm(params, tc.max_grad_norm);
+    // hook_train_loop clips for every optimizer but Adafactor (the norm is still measured for the log).
+    r.grad_norm = clip_grad_norm(params, tc.optimizer == config::OptimizerKind::adafactor ? 0.0 : tc.max_grad_norm);
     optimizer_->step(r.lr);
     optimizer_->zero_grad();
     if (!ema_.empty()) {

@@ -251,14 +251,32 @@ TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
     torch::manual_seed(5);
     summed = session.train_step(0, next(session)).grad_norm;
   }
-  double one = 0;
+  // The same two micro-batches by hand (the same draws in the same order): the norm of their summed
+  // gradients, and of the second one's alone.
+  double by_hand = 0, second = 0;
   {
     Session session(tiny_config(dir, "o", {"train.max_grad_norm=0"}));
-    torch::manual_seed(5);
-    one = session.train_step(0, next(session)).grad_norm;
+    auto norm = [&] {
+      double sq = 0;
+      for (const auto& p : session.model().parameters())
+        if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+      for (auto& p : session.model().parameters()) p.mutable_grad() = torch::Tensor();
+      return std::sqrt(sq);
+    };
+    for (const bool both : {true, false}) {
+      torch::manual_seed(5);
+      for (int i = 0; i < 2; ++i) {
+        const MicroBatch mb = session.micro_batch(session.synthetic_batch(1, 64, 64));
+        const torch::Tensor loss = flow_matching_loss(session.model(), mb, StepOptions{});
+        if (both || i == 1) loss.backward();
+      }
+      (both ? by_hand : second) = norm();
+    }
   }
+  EXPECT_NEAR(summed, by_hand, 1e-5 * by_hand);
   // The legacy gradient_accumulation_steps: 2 trains one micro-batch a step and updates on every second
-  // step (is_grad_accumulation_step): step 0 only accumulates, step 1 updates with the two summed.
+  // step (is_grad_accumulation_step); hook_train_loop zeroes the gradients at the start of every step, so
+  // the update at step 1 carries step 1's gradient only, and the weights stay as they were at step 0.
   Session session(tiny_config(dir, "l", {"train.gradient_accumulation_steps=2", "train.max_grad_norm=0"}));
   torch::manual_seed(5);
   const auto before = snapshot(session);
@@ -269,8 +287,8 @@ TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
   for (size_t i = 0; i < before.size(); ++i) ASSERT_TRUE(torch::equal(before[i], held[i])) << i;
   const StepResult r1 = session.train_step(1, next(session));
   EXPECT_TRUE(r1.updated);
-  EXPECT_NEAR(r1.grad_norm, summed, 1e-5 * summed) << summed;
-  EXPECT_GT(std::abs(summed - one), 1e-3 * summed);  // the second micro-batch is in the sum
+  EXPECT_NEAR(r1.grad_norm, second, 1e-5 * second);
+  EXPECT_GT(std::abs(summed - second), 1e-3 * summed);  // not the sum of the two
   // Its update pattern: N = 3 updates at steps 2, 5, 8; -1 on an epoch's first batch only.
   config::TrainConfig t;
   t.gradient_accumulation_steps = 3;
@@ -278,10 +296,32 @@ TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
   for (int s = 0; s < 9; ++s)
     if (t.optimizer_steps_at(s, false)) at.push_back(s);
   EXPECT_EQ(at, (std::vector<int>{2, 5, 8}));
-  EXPECT_EQ(t.updates_before(5), 1);
   t.gradient_accumulation_steps = -1;
   EXPECT_FALSE(t.optimizer_steps_at(7, false));
   EXPECT_TRUE(t.optimizer_steps_at(8, true));
+  fs::remove_all(dir);
+}
+
+// hook_train_loop clips the gradients for every optimizer but Adafactor: under a clipping norm of 1e-9,
+// AdamW's first update changes (its eps is no longer negligible), Adafactor's does not.
+TEST(Session, AdafactorGradientsAreNotClippedAsInAiToolkit) {
+  const fs::path dir = testing::fresh_dir("session_adafactor_clip");
+  auto weights_after_a_step = [&](const std::string& optimizer, const std::string& max_norm) {
+    Session session(
+        tiny_config(dir, optimizer + max_norm, {"train.optimizer=" + optimizer, "train.max_grad_norm=" + max_norm}));
+    torch::manual_seed(5);
+    session.train_step(0, [&] { return session.synthetic_batch(1, 64, 64); });
+    std::vector<torch::Tensor> out;
+    for (const auto& p : session.model().parameters()) out.push_back(p.detach().clone());
+    return out;
+  };
+  auto same = [](const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!torch::allclose(a[i], b[i], 1e-6, 1e-7)) return false;
+    return true;
+  };
+  EXPECT_TRUE(same(weights_after_a_step("adafactor", "1e-9"), weights_after_a_step("adafactor", "0")));
+  EXPECT_FALSE(same(weights_after_a_step("adamw", "1e-9"), weights_after_a_step("adamw", "0")));
   fs::remove_all(dir);
 }
 

@@ -263,15 +263,11 @@ struct TrainConfig {
   int accumulation() const { return std::max(1, gradient_accumulation); }
   // The legacy gradient_accumulation_steps: one micro-batch a step, the optimizer stepped on every Nth step
   // (BaseSDTrainProcess.run's is_grad_accumulation_step: at steps N-1, 2N-1, ...; -1 on the step that
-  // starts a new epoch). The gradients of the steps between are summed.
+  // starts a new epoch). SDTrainer.hook_train_loop zeroes the gradients at the start of every step, so that
+  // update uses its own step's gradient only, and steps the learning-rate schedule every step.
   bool optimizer_steps_at(int64_t step, bool epoch_start) const {
     if (gradient_accumulation_steps == -1) return epoch_start;
     return gradient_accumulation_steps <= 1 || (step + 1) % gradient_accumulation_steps == 0;
-  }
-  // Optimizer updates made before `step` (what the learning-rate schedule has counted), for the legacy key's
-  // every-Nth-step updates; with -1 the schedule counts epochs, which the caller knows.
-  int64_t updates_before(int64_t step) const {
-    return gradient_accumulation_steps > 1 ? step / gradient_accumulation_steps : step;
   }
 
   template <class V>

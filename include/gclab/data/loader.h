@@ -18,8 +18,7 @@
 namespace gclab::data {
 
 struct LoadedBatch {
-  int64_t index = 0;  // position in the run's sequence of batches
-  int64_t epoch = 0;
+  int64_t index = 0;         // position in the run's sequence of batches
   bool epoch_start = false;  // the first batch of an epoch after the first
   int dataset = 0, resolution = 0;
   BucketResolution bucket;
