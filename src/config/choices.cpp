@@ -41,7 +41,9 @@ const std::vector<Spelling<TimestepType>>& spellings() {
                                                         {TimestepType::weighted, "weighted", {}},
                                                         {TimestepType::flux_shift, "flux_shift", {}},
                                                         {TimestepType::lumina2_shift, "lumina2_shift", {}},
-                                                        {TimestepType::lognorm_blend, "lognorm_blend", {}}};
+                                                        {TimestepType::lognorm_blend, "lognorm_blend", {}},
+                                                        {TimestepType::next_sample, "next_sample", {}},
+                                                        {TimestepType::one_step, "one_step", {}}};
   return s;
 }
 

@@ -732,6 +732,7 @@ class Validator {
       warning("train.noise_scheduler",
               "gclab trains every model with flow matching; '" + t.noise_scheduler + "' is ignored");
     at_least("train.num_train_timesteps", t.num_train_timesteps, 2);
+    at_least("train.next_sample_timesteps", t.next_sample_timesteps, 3);
     at_least("train.min_denoising_steps", t.min_denoising_steps, 0);
     if (t.max_denoising_steps < t.min_denoising_steps)
       error("train.max_denoising_steps", "must not be below train.min_denoising_steps");

@@ -9,14 +9,22 @@ torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const Micro
   const torch::Tensor t4 = b.t.view({-1, 1, 1, 1});
   in.latents = (1 - t4) * b.x0 + t4 * b.noise;
   in.timestep = b.t;
-  const torch::Tensor target = b.noise - b.x0;
-  torch::Tensor pred;
-  {
+  auto predict = [&](const model::ModelInputs& inputs) {
     const auto state = o.autocast_bf16 ? ckpt::AutocastState::enabled_for(b.x0.device().type(), at::kBFloat16)
                                        : ckpt::AutocastState::capture();
     ckpt::AutocastScope autocast(state);  // restored on exit, also when forward throws
-    pred = model.forward(in);
+    return model.forward(inputs);
+  };
+  torch::Tensor target = b.noise - b.x0;
+  if (b.next_t.defined()) {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor v = predict(in).narrow(1, 0, b.x0.size(1)).to(torch::kFloat);
+    const torch::Tensor next4 = b.next_t.view({-1, 1, 1, 1});
+    in.latents = in.latents + (next4 - t4) * v;  // the scheduler's Euler step
+    in.timestep = b.next_t;
+    target = (in.latents - (1 - next4) * b.x0) / next4 - b.x0;  // the stepped latents' noise, less x0
   }
+  torch::Tensor pred = predict(in);
   // DiT also predicts a variance: only the first channels are the velocity.
   pred = pred.narrow(1, 0, target.size(1)).to(torch::kFloat);
   const torch::Tensor diff = pred - target;

@@ -244,6 +244,7 @@ MicroBatch Session::micro_batch(const data::LoadedBatch& lb) {
       timesteps_.draw(mb.x0.size(0), model::image_tokens(spec_, lb.bucket.height, lb.bucket.width));
   mb.t = draw.t.to(device_);
   mb.weight = draw.weight.to(device_);
+  if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);
   return mb;
 }
 

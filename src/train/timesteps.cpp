@@ -34,7 +34,7 @@ TimestepSampler::TimestepSampler(const model::FlowSchedule& schedule, const conf
     : schedule_(schedule),
       type_(train.timestep_type),
       content_or_style_(train.content_or_style),
-      n_(train.num_train_timesteps),
+      n_(train.timestep_type == TimestepType::next_sample ? train.next_sample_timesteps : train.num_train_timesteps),
       // "clip min max indicies"
       min_index_(std::max(train.min_denoising_steps, 0)),
       max_index_(std::min<int64_t>(train.max_denoising_steps, train.num_train_timesteps - 1)),
@@ -48,12 +48,14 @@ torch::Tensor TimestepSampler::grid(int64_t image_tokens) const {
   switch (grid_type()) {
     case TimestepType::linear:
     case TimestepType::weighted:
+    case TimestepType::one_step:
       return torch::linspace(1000, 1, n_, f);
     case TimestepType::sigmoid:
       return std::get<0>(torch::sort((1 - torch::sigmoid(torch::randn({n_}, f))) * 1000, 0, true));
     case TimestepType::shift:
     case TimestepType::flux_shift:
-    case TimestepType::lumina2_shift: {
+    case TimestepType::lumina2_shift:
+    case TimestepType::next_sample: {
       // One branch for the three, by the scheduler's config: linspace over its sigma range, then shifted.
       const double hi = schedule_.sigma_max() * static_cast<double>(schedule_.num_train_timesteps);
       const double lo = schedule_.sigma_min() * static_cast<double>(schedule_.num_train_timesteps);
@@ -88,7 +90,13 @@ TimestepDraw TimestepSampler::draw(int64_t batch, int64_t image_tokens) const {
   const torch::Tensor timesteps = grid(image_tokens);
   const auto i64 = torch::TensorOptions().dtype(torch::kLong);
   TimestepDraw d;
-  if (content_or_style_ == config::ContentOrStyle::balanced) {
+  if (type_ == TimestepType::next_sample) {
+    // randint(0, n - 2): "-1 for 0 idx, -1 so we can step"; min/max_denoising_steps do not apply.
+    d.index = torch::randint(0, n_ - 2, {batch}, i64);
+    d.next_t = timesteps.index_select(0, d.index + 1) / 1000;
+  } else if (type_ == TimestepType::one_step) {
+    d.index = torch::zeros({batch}, i64);
+  } else if (content_or_style_ == config::ContentOrStyle::balanced) {
     d.index = min_index_ == max_index_ ? torch::full({batch}, min_index_, i64)
                                        : torch::randint(min_index_, max_index_, {batch}, i64);
   } else {

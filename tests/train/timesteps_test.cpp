@@ -14,6 +14,8 @@
 #include "gclab/io/safetensors.h"
 #include "gclab/model/flow_schedule.h"
 #include "gclab/model/spec.h"
+#include "gclab/model/transformer.h"
+#include "gclab/train/flow.h"
 #include "gclab/train/timesteps.h"
 
 namespace gclab::train {
@@ -151,6 +153,48 @@ TEST(Timesteps, SigmoidAndLognormBlendDrawTheirGridEachBatch) {
   EXPECT_EQ(blend.min().item<double>(), 0.0);       // the largest log-normal draw maps to timestep 0
   // the log-normal part piles up at high timesteps (x / max x is rarely near 1)
   EXPECT_GT((blend > 500).to(torch::kFloat).mean().item<double>(), 0.6);
+}
+
+// next_sample (SDTrainer's branch): the family's shift grid over next_sample_timesteps (8) points, an index
+// in [0, 5], and the loss trained at the following point, on the latents a no-grad Euler step reached,
+// against the noise that step implies; one_step: always the noisiest index of the linear grid.
+TEST(Timesteps, NextSampleStepsOnceWithoutGradAndTrainsAtTheNextPoint) {
+  torch::manual_seed(2);
+  config::TrainConfig t = train_with(TimestepType::next_sample);
+  const model::FlowSchedule schedule = model::flow_schedule(Family::flux);
+  const TimestepSampler sampler(schedule, t);
+  const torch::Tensor grid = sampler.grid(1024);
+  EXPECT_EQ(grid.size(0), 8);
+  config::TrainConfig shift = train_with(TimestepType::shift);
+  shift.num_train_timesteps = 8;
+  EXPECT_TRUE(torch::equal(grid, TimestepSampler(schedule, shift).grid(1024)));
+  const TimestepDraw d = sampler.draw(4000, 1024);
+  EXPECT_EQ(d.index.min().item<int64_t>(), 0);
+  EXPECT_EQ(d.index.max().item<int64_t>(), 5);
+  EXPECT_TRUE(torch::equal(d.next_t, grid.index_select(0, d.index + 1) / 1000));
+  EXPECT_TRUE(
+      torch::equal(TimestepSampler(schedule, train_with(TimestepType::one_step)).draw(3, 1024).t, torch::ones({3})));
+
+  auto model = model::build_transformer(model::spec_by_preset("tiny-flux"));
+  model->eval();
+  MicroBatch mb;
+  mb.conditioning = model->example_inputs(2, 64, 64);
+  mb.x0 = torch::randn({2, 16, 8, 8});
+  mb.noise = torch::randn_like(mb.x0);
+  mb.t = torch::tensor({0.9f, 0.6f});
+  mb.next_t = torch::tensor({0.8f, 0.4f});
+  torch::Tensor want;
+  {
+    torch::NoGradGuard no_grad;
+    model::ModelInputs in = mb.conditioning;
+    const torch::Tensor t4 = mb.t.view({-1, 1, 1, 1}), n4 = mb.next_t.view({-1, 1, 1, 1});
+    in.latents = (1 - t4) * mb.x0 + t4 * mb.noise, in.timestep = mb.t;
+    const torch::Tensor stepped = in.latents + (n4 - t4) * model->forward(in);
+    const torch::Tensor noise = (stepped - (1 - n4) * mb.x0) / n4;
+    in.latents = stepped, in.timestep = mb.next_t;
+    want = (model->forward(in) - (noise - mb.x0)).square().mean();
+  }
+  EXPECT_NEAR(flow_matching_loss(*model, mb, StepOptions{}).item<double>(), want.item<double>(), 1e-6);
 }
 
 }  // namespace

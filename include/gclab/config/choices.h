@@ -15,7 +15,17 @@ namespace gclab::config {
 enum class DType { fp32, bf16, fp16 };
 enum class OptimizerKind { adamw, adamw8bit, adam, adam8bit, lion, lion8bit, adafactor, prodigy, sgd };
 enum class OomPolicy { abort, skip };
-enum class TimestepType { sigmoid, linear, shift, weighted, flux_shift, lumina2_shift, lognorm_blend };
+enum class TimestepType {
+  sigmoid,
+  linear,
+  shift,
+  weighted,
+  flux_shift,
+  lumina2_shift,
+  lognorm_blend,
+  next_sample,
+  one_step
+};
 // train.content_or_style: which of the scheduler's 1000 timesteps a batch draws (AI Toolkit's TrainConfig).
 enum class ContentOrStyle { balanced, content, style };
 // train.loss_type: SDTrainer's element-wise loss (mse, or l1 for mae); its other losses are not modelled.

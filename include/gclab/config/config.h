@@ -223,6 +223,7 @@ struct TrainConfig {
   int min_denoising_steps = 0;
   int max_denoising_steps = 999;
   int num_train_timesteps = 1000;
+  int next_sample_timesteps = 8;  // timestep_type next_sample: the grid it steps along
   // The loss weighted per timestep by AI Toolkit's bell (linear_timesteps) or half bell (linear_timesteps2),
   // on the linear grid.
   bool linear_timesteps = false;
@@ -286,6 +287,7 @@ struct TrainConfig {
     v("min_denoising_steps", min_denoising_steps);
     v("max_denoising_steps", max_denoising_steps);
     v("num_train_timesteps", num_train_timesteps);
+    v("next_sample_timesteps", next_sample_timesteps);
     v("linear_timesteps", linear_timesteps);
     v("linear_timesteps2", linear_timesteps2);
     v("cfg_scale", cfg_scale);

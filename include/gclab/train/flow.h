@@ -15,7 +15,10 @@ namespace gclab::train {
 // One micro-batch: clean latents, the noise and timesteps drawn for them, and the conditioning.
 struct MicroBatch {
   torch::Tensor x0, noise, t;
-  torch::Tensor weight;             // per-sample loss weights (train/timesteps.h); undefined: all 1
+  torch::Tensor weight;  // per-sample loss weights (train/timesteps.h); undefined: all 1
+  // timestep_type next_sample (SDTrainer's next_sample branch): a no-grad prediction at t steps x_t to next_t
+  // (Euler), the noise that step implies becomes the target's, and the loss trains at next_t.
+  torch::Tensor next_t;
   model::ModelInputs conditioning;  // text, pooled, guidance, class_labels (latents/timestep are set here)
 };
 

@@ -16,6 +16,7 @@ struct TimestepDraw {
   torch::Tensor index;   // [B] long: the position in the grid (0 the noisiest)
   torch::Tensor t;       // [B] float: timestep / 1000, the sigma x_t = (1 - t) x0 + t noise is made with
   torch::Tensor weight;  // [B] float: the per-sample loss weight (ones unless weighted)
+  torch::Tensor next_t;  // next_sample: [B] the following grid point's t, where the loss trains; else undefined
 };
 
 class TimestepSampler {
@@ -30,14 +31,15 @@ class TimestepSampler {
   // The loss weight of each grid index (ones when the loss is not weighted).
   torch::Tensor weights(const torch::Tensor& index) const;
 
-  // The timestep type the grid is laid out by: linear_timesteps(2) force the linear grid.
+  // The timestep type the grid is laid out by: linear_timesteps(2) and one_step force the linear grid,
+  // next_sample the family's shift over next_sample_timesteps points.
   config::TimestepType grid_type() const;
 
  private:
   model::FlowSchedule schedule_;
   config::TimestepType type_;
   config::ContentOrStyle content_or_style_;
-  int64_t n_, min_index_, max_index_;
+  int64_t n_, min_index_, max_index_;  // n_: the grid's points
   bool bell_, half_bell_;
 };
 
