@@ -163,6 +163,13 @@ struct ForwardArgs {
   double lora_scale = 1.0;
 };
 
+// The tensors of a weights file the network did not use, said once.
+void warn_unused(const std::vector<std::string>& unused, const std::filesystem::path& file) {
+  if (!unused.empty())
+    gclab::log::warn(std::to_string(unused.size()) + " tensor(s) in " + file.string() +
+                     " are not parameters of this network and were not used, e.g. " + unused.front());
+}
+
 // gclab forward --component vae.encode|vae.decode: the family's AutoencoderKL (its config.json and weights
 // from --weights or name_or_path's vae/ folder; else the family's preset with random weights), images
 // [B, 3, H, W] in [-1, 1] <-> latents scaled as the family's pipeline scales them.
@@ -184,10 +191,7 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
     gclab::vae::AutoencoderKL vae(c);
     if (!weights.empty()) {
-      const auto unused = gclab::vae::load_autoencoder_weights(*vae, weights);
-      if (!unused.empty())
-        gclab::log::warn(std::to_string(unused.size()) + " tensor(s) in " + weights.string() +
-                         " are not parameters of this autoencoder, e.g. " + unused.front());
+      warn_unused(gclab::vae::load_autoencoder_weights(*vae, weights), weights);
     } else {
       gclab::log::warn("no --weights and no vae/ folder in model.name_or_path: random autoencoder weights");
     }
@@ -248,10 +252,7 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
       weights = local->weights;
     }
     if (!weights.empty()) {
-      const auto unused = gclab::model::load_weights(*model, weights);
-      if (!unused.empty())
-        gclab::log::warn(std::to_string(unused.size()) + " tensor(s) in " + weights.string() +
-                         " are not parameters of this model and were not used, e.g. " + unused.front());
+      warn_unused(gclab::model::load_weights(*model, weights), weights);
     } else {
       gclab::log::warn("no --weights: random weights (training_seed " +
                        std::to_string(config.training_seed.value_or(42)) + ")");

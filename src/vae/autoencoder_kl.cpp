@@ -31,10 +31,18 @@ struct ResnetImpl : nn::Module {
         conv2(register_module("conv2", conv(out, out, 3))) {
     if (in != out) conv_shortcut = register_module("conv_shortcut", conv(in, out, 1));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor h = conv1(torch::silu(norm1(x)));
-    h = conv2(torch::silu(norm2(h)));
-    return (conv_shortcut ? conv_shortcut(x) : x) + h;
+  // Statement by statement as diffusers' ResnetBlock2D.forward, so the same tensors are alive at once:
+  // each result replaces the last, the block's input stays for the residual, and the sum is divided by
+  // output_scale_factor (1, still a new tensor).
+  torch::Tensor forward(const torch::Tensor& input) {
+    torch::Tensor h = norm1(input);
+    h = torch::silu(h);
+    h = conv1(h);
+    h = norm2(h);
+    h = torch::silu(h);
+    h = conv2(h);
+    const torch::Tensor shortcut = conv_shortcut ? conv_shortcut(input) : input;
+    return (shortcut + h) / 1.0;
   }
   nn::GroupNorm norm1;
   nn::Conv2d conv1;
@@ -54,12 +62,21 @@ struct AttentionImpl : nn::Module {
     out = nn::Linear(channels, channels);
     to_out->push_back(out);
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    const int64_t b = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-    const torch::Tensor tokens = group_norm(x).reshape({b, c, h * w}).transpose(1, 2);  // [B, HW, C]
-    const torch::Tensor q = to_q(tokens).unsqueeze(1), k = to_k(tokens).unsqueeze(1), v = to_v(tokens).unsqueeze(1);
-    const torch::Tensor a = at::scaled_dot_product_attention(q, k, v).squeeze(1);
-    return out(a).transpose(1, 2).reshape({b, c, h, w}) + x;
+  // As diffusers' AttnProcessor2_0 with one head: the query, key and value stay alive to the end, as the
+  // processor's locals do; the residual is added and the sum divided by rescale_output_factor (1).
+  torch::Tensor forward(const torch::Tensor& residual) {
+    const int64_t b = residual.size(0), c = residual.size(1), height = residual.size(2), width = residual.size(3);
+    torch::Tensor h = residual.view({b, c, height * width}).transpose(1, 2);
+    h = group_norm(h.transpose(1, 2)).transpose(1, 2);
+    const torch::Tensor q = to_q(h).view({b, -1, 1, c}).transpose(1, 2);
+    const torch::Tensor k = to_k(h).view({b, -1, 1, c}).transpose(1, 2);
+    const torch::Tensor v = to_v(h).view({b, -1, 1, c}).transpose(1, 2);
+    h = at::scaled_dot_product_attention(q, k, v);
+    h = h.transpose(1, 2).reshape({b, -1, c});
+    h = out(h);
+    h = h.transpose(-1, -2).reshape({b, c, height, width});
+    h = h + residual;
+    return h / 1.0;
   }
   nn::GroupNorm group_norm;
   nn::Linear to_q, to_k, to_v, out{nullptr};
@@ -91,10 +108,12 @@ struct ResampleImpl : nn::Module {
   ResampleImpl(int64_t channels, bool down)
       : down(down), conv(register_module("conv", vae::conv(channels, channels, 3, down ? 2 : 1, down ? 0 : 1))) {}
   torch::Tensor forward(const torch::Tensor& x) {
-    if (down) return conv(torch::constant_pad_nd(x, {0, 1, 0, 1}));  // padding=0: pad right and bottom
-    return conv(torch::nn::functional::interpolate(x, torch::nn::functional::InterpolateFuncOptions()
-                                                          .scale_factor(std::vector<double>{2.0, 2.0})
-                                                          .mode(torch::kNearest)));
+    namespace F = torch::nn::functional;
+    torch::Tensor h =
+        down ? torch::constant_pad_nd(x, {0, 1, 0, 1})  // padding=0: pad right and bottom
+             : F::interpolate(
+                   x, F::InterpolateFuncOptions().scale_factor(std::vector<double>{2.0, 2.0}).mode(torch::kNearest));
+    return conv(h);
   }
   bool down;
   nn::Conv2d conv;
@@ -119,7 +138,19 @@ struct StageImpl : nn::Module {
 };
 TORCH_MODULE(Stage);
 
-struct EncoderImpl : nn::Module {
+// What diffusers' Encoder and Decoder share: conv_in, a mid block, and the GroupNorm + SiLU + conv_out head.
+struct CoderImpl : nn::Module {
+  torch::Tensor head(torch::Tensor x) {
+    x = conv_norm_out(x);
+    x = torch::silu(x);
+    return conv_out(x);
+  }
+  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  MidBlock mid_block{nullptr};
+  nn::GroupNorm conv_norm_out{nullptr};
+};
+
+struct EncoderImpl : CoderImpl {
   explicit EncoderImpl(const AutoencoderKLConfig& c) {
     const auto& ch = c.block_out_channels;
     const int64_t g = c.norm_num_groups;
@@ -132,18 +163,15 @@ struct EncoderImpl : nn::Module {
     conv_norm_out = register_module("conv_norm_out", group_norm(g, ch.back()));
     conv_out = register_module("conv_out", conv(ch.back(), 2 * c.latent_channels, 3));  // double_z
   }
-  torch::Tensor forward(torch::Tensor x) {
-    x = conv_in(x);
+  torch::Tensor forward(const torch::Tensor& images) {
+    torch::Tensor x = conv_in(images);
     for (const auto& s : *down_blocks) x = s->as<StageImpl>()->forward(x);
-    return conv_out(torch::silu(conv_norm_out(mid_block(x))));
+    return head(mid_block(x));
   }
-  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
   nn::ModuleList down_blocks{nullptr};
-  MidBlock mid_block{nullptr};
-  nn::GroupNorm conv_norm_out{nullptr};
 };
 
-struct DecoderImpl : nn::Module {
+struct DecoderImpl : CoderImpl {
   explicit DecoderImpl(const AutoencoderKLConfig& c) {
     const std::vector<int64_t> ch(c.block_out_channels.rbegin(), c.block_out_channels.rend());
     const int64_t g = c.norm_num_groups;
@@ -156,15 +184,13 @@ struct DecoderImpl : nn::Module {
     conv_norm_out = register_module("conv_norm_out", group_norm(g, ch.back()));
     conv_out = register_module("conv_out", conv(ch.back(), c.out_channels, 3));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    x = mid_block(conv_in(x));
+  torch::Tensor forward(const torch::Tensor& z) {
+    torch::Tensor x = conv_in(z);
+    x = mid_block(x);
     for (const auto& s : *up_blocks) x = s->as<StageImpl>()->forward(x);
-    return conv_out(torch::silu(conv_norm_out(x)));
+    return head(x);
   }
-  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
   nn::ModuleList up_blocks{nullptr};
-  MidBlock mid_block{nullptr};
-  nn::GroupNorm conv_norm_out{nullptr};
 };
 
 }  // namespace
