@@ -161,6 +161,7 @@ int run_info() {
 struct ForwardArgs {
   std::string weights, inputs, out, dtype = "fp32", lora, component = "transformer", posterior = "mean";
   double lora_scale = 1.0;
+  int64_t vae_tile = 0;  // vae.decode: tiled decoding with this tile size in pixels (0: off)
 };
 
 // The tensors of a weights file the network did not use, said once.
@@ -198,6 +199,10 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
     const torch::Device device = gclab::train::resolve_device(config.device);
     vae->to(device, dtype);
     vae->eval();
+    if (f.vae_tile < 0 || f.vae_tile % c.downsampling() != 0)
+      throw gclab::UserError("--vae-tile " + std::to_string(f.vae_tile) + ": a tile size in pixels, a multiple of " +
+                             std::to_string(c.downsampling()));
+    if (f.vae_tile > 0) vae->enable_tiling(f.vae_tile);
     const auto file = gclab::io::SafetensorsFile::open(f.inputs);
     const std::string in_name = encode ? "images" : "latents", out_name = encode ? "latents" : "images";
     if (!file.contains(in_name)) throw gclab::UserError(f.inputs + ": needs '" + in_name + "'");
@@ -437,6 +442,8 @@ int main(int argc, char** argv) {
   forward->add_option("--lora-scale", forward_files.lora_scale, "the LoRA's strength (default 1)");
   forward->add_option("--component", forward_files.component,
                       "transformer (default), vae.encode (images -> latents) or vae.decode (latents -> images)");
+  forward->add_option("--vae-tile", forward_files.vae_tile,
+                      "vae.decode: decode in overlapping tiles of this many pixels, blended (diffusers' tiled_decode)");
   forward->add_option("--posterior", forward_files.posterior,
                       "vae.encode: the posterior's mean (default) or a sample (training_seed)");
   forward->add_option("--dtype", forward_files.dtype, "fp32 (default), bf16, fp16")

@@ -57,17 +57,26 @@ def main():
             want_latents = (vae.encode(images).latent_dist.mean - shift) * extra["scaling_factor"]
             want_images = vae.decode(latents / extra["scaling_factor"] + shift).sample
         save_file({"images": images.contiguous(), "latents": latents.contiguous()}, os.path.join(work, "in.safetensors"))
-        for component, key, want in (("vae.encode", "latents", want_latents), ("vae.decode", "images", want_images)):
+        vae.tile_sample_min_size, vae.tile_latent_min_size = 16, 8
+        vae.enable_tiling()
+        with torch.no_grad():
+            want_tiled = vae.decode(latents / extra["scaling_factor"] + shift).sample
+        vae.disable_tiling()
+        assert not torch.allclose(want_tiled, want_images), "the tiles should show"
+        for component, key, want, extra_args in (("vae.encode", "latents", want_latents, []),
+                                                 ("vae.decode", "images", want_images, []),
+                                                 ("vae.decode", "images", want_tiled, ["--vae-tile", "16"])):
             out = os.path.join(work, f"{name}_{component}.safetensors")
             subprocess.run([exe, "forward", config_yaml, "--component", component, "--weights", folder,
-                            "--inputs", os.path.join(work, "in.safetensors"), "--out", out], check=True,
+                            "--inputs", os.path.join(work, "in.safetensors"), "--out", out] + extra_args, check=True,
                            stdout=subprocess.DEVNULL)
             got = load_file(out)[key]
             assert got.shape == want.shape, f"{name} {component}: {tuple(got.shape)} vs {tuple(want.shape)}"
             err = ((got - want).abs().max() / want.abs().max()).item()
             worst = max(worst, err)
-            print(f"{name} {component}: max relative difference {err:.2e}")
-            assert err < TOL, f"{name} {component}: {err:.2e} >= {TOL}"
+            label = f"{name} {component}{' tiled' if extra_args else ''}"
+            print(f"{label}: max relative difference {err:.2e}")
+            assert err < TOL, f"{label}: {err:.2e} >= {TOL}"
     print(f"all match diffusers (worst {worst:.2e})")
 
 

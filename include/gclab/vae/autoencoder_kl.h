@@ -23,6 +23,7 @@ struct AutoencoderKLConfig {
   int64_t layers_per_block = 2, norm_num_groups = 32;
   bool use_quant_conv = false, use_post_quant_conv = false, mid_block_add_attention = true;
   double scaling_factor = 0.3611, shift_factor = 0.1159;
+  int64_t sample_size = 1024;  // the tile size tiled decoding uses unless told another
 
   // The three configurations users train on (their diffusers config.json):
   //   flux   FLUX.1 / Flex / Z-Image: 16 channels, scaling 0.3611, shift 0.1159, no quant convs (83,819,683)
@@ -51,8 +52,15 @@ class AutoencoderKLImpl : public torch::nn::Module {
   // The encoder's moments [B, 2C, h, w] (mean, then log-variance), before scaling: what diffusers'
   // latent_dist holds.
   torch::Tensor moments(const torch::Tensor& images);
-  // Unscaled latents -> images (diffusers' AutoencoderKL.decode).
+  // Unscaled latents -> images (diffusers' AutoencoderKL.decode), tiled when tiling is on and the latents
+  // are larger than a tile.
   torch::Tensor decode_unscaled(const torch::Tensor& z);
+
+  // diffusers' enable_tiling / tiled_decode: the latents cut into tiles of tile_sample_size / f (default
+  // the config's sample_size) overlapping by a quarter, each decoded alone, and the seams blended linearly
+  // over a quarter tile; the decoder's activations are then a tile's, whatever the image's size.
+  void enable_tiling(int64_t tile_sample_size = 0);
+  void disable_tiling() { tile_sample_size_ = 0; }
 
   const AutoencoderKLConfig& config() const { return config_; }
 
@@ -60,6 +68,8 @@ class AutoencoderKLImpl : public torch::nn::Module {
   AutoencoderKLConfig config_;
   std::shared_ptr<torch::nn::Module> encoder_, decoder_;  // diffusers' Encoder and Decoder (the .cpp)
   torch::nn::Conv2d quant_conv_{nullptr}, post_quant_conv_{nullptr};
+  int64_t tile_sample_size_ = 0;  // 0: tiling off
+  torch::Tensor tiled_decode(const torch::Tensor& z);
 };
 TORCH_MODULE(AutoencoderKL);
 
