@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
       "inputs already live.\n\n",
       static_cast<long long>(params), gclab::config::format_bytes(weight_bytes).c_str(), torch::get_num_threads());
   std::printf(
-      "| image | latent | encode time | encode peak | decode time | decode peak |\n|---|---|---|---|---|---|\n");
+      "| image | latent | encode time | encode peak | decode time | decode peak | tiled decode (256-px tiles) "
+      "time | tiled decode peak |\n|---|---|---|---|---|---|---|---|\n");
   for (int64_t side : sides) {
     const torch::Tensor image = torch::rand({1, 3, side, side}) * 2 - 1;
     torch::Tensor z;
