@@ -30,8 +30,9 @@ struct Ledger {
   int64_t attention(int64_t rows) const { return act(rows * D) + B * H * (rows / B) * f; }
 };
 
-// FLUX / Qwen-Image double-stream block; `n` image tokens (with references), `t` text tokens, `m` MLP width.
-int64_t double_stream(const Ledger& L, int64_t n, int64_t t, int64_t m) {
+// FLUX / Qwen-Image double-stream block; `n` image tokens (with references), `t` text tokens, `m` MLP width;
+// `zero_cond`: Qwen-Image-Edit-2511's per-token modulation of the reference tokens.
+int64_t double_stream(const Ledger& L, int64_t n, int64_t t, int64_t m, bool zero_cond = false) {
   const int64_t B = L.B, D = L.D, H = L.H, ni = B * n, nt = B * t, ns = ni + nt;
   int64_t bytes = 0;
   bytes += 2 * L.act(B * D) + L.lora(B) * 2;  // silu(temb), its two modulation Linears' inputs
@@ -57,6 +58,13 @@ int64_t double_stream(const Ledger& L, int64_t n, int64_t t, int64_t m) {
   bytes += 2 * L.act(ns * m);                                                          // GELU input and output
   bytes += L.act(ns * D);  // net.2 outputs (saved by the gate mul)
   bytes += L.lora(ni) * 2 + L.lora(nt) * 2;
+  if (zero_cond) {
+    // The image stream's scale and gate are chosen per token (torch::where), so in each sub-block 1 + scale
+    // and the gate the gate mul keeps are [B, n, D] tensors rather than [B, 1, D] and views of emb; emb
+    // itself is then kept by nothing; the embedding of t = 0 adds one more SiLU input to img_mod.
+    bytes += 2 * (L.act(ni * D) - L.act(B * D)) + 2 * L.act(ni * D) - L.act(B * 6 * D);
+    bytes += L.act(B * D) + L.lora(B);
+  }
   return bytes;
 }
 
@@ -168,7 +176,7 @@ ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64
     add("double", s.double_blocks, double_stream(L, n, t, m), batch * (n + t) * D * e);
     add("single", s.single_blocks, flux_single(L, n + t, m), batch * (n + t) * D * e);
   } else if (s.family == Family::qwen_image) {
-    add("double", s.double_blocks, double_stream(L, n, t, m), batch * (n + t) * D * e);
+    add("double", s.double_blocks, double_stream(L, n, t, m, s.zero_cond_t), batch * (n + t) * D * e);
   } else if (s.family == Family::zimage) {
     const int64_t n_pad = (n + 31) / 32 * 32;
     add("noise refiner", s.refiner_blocks, zimage_block(L, n_pad, m, true), batch * n_pad * D * e);

@@ -12,15 +12,16 @@
 namespace gclab::model {
 namespace {
 
-void expect_ledger_matches(const std::string& preset, bool lora, int batch, torch::ScalarType dtype,
-                           double dropout = 0.0) {
+void expect_ledger_matches(const ModelSpec& spec, bool lora, int batch, torch::ScalarType dtype, double dropout) {
+  const std::string& preset = spec.preset;
   torch::manual_seed(0);
-  const ModelSpec spec = spec_by_preset(preset);
   auto m = build_transformer(spec);
   if (lora) apply_lora(*m, {4, 4.0, dropout});
   m->to(dtype);
   const int64_t text = spec.family == Family::zimage ? 32 : text_tokens(spec, 16);
   ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
+  // Edit models: one reference image of 1024² area, as the ledger counts it (spec.h reference_tokens).
+  if (spec.edit) in.reference_latents.push_back(torch::randn({batch, spec.latent_channels, 128, 128}).to(dtype));
   const auto measured = testing::measure_saved_bytes(*m, in, lora);
   ActivationOptions options;
   options.element_bytes = static_cast<int64_t>(c10::elementSize(dtype));
@@ -34,6 +35,11 @@ void expect_ledger_matches(const std::string& preset, bool lora, int batch, torc
     ASSERT_TRUE(measured.count(b.kind)) << b.kind;
     EXPECT_EQ(b.saved_bytes, measured.at(b.kind)) << preset << " " << b.kind;
   }
+}
+
+void expect_ledger_matches(const std::string& preset, bool lora, int batch, torch::ScalarType dtype,
+                           double dropout = 0.0) {
+  expect_ledger_matches(spec_by_preset(preset), lora, batch, torch::ScalarType(dtype), dropout);
 }
 
 class Ledger : public ::testing::TestWithParam<std::tuple<std::string, bool, int>> {};
@@ -57,6 +63,19 @@ TEST(LedgerDropout, TheMaskIsRankSized) {
     expect_ledger_matches(preset, /*lora=*/true, 2, torch::kFloat, /*dropout=*/0.25);
     expect_ledger_matches(preset, /*lora=*/true, 1, torch::kBFloat16, /*dropout=*/0.25);
   }
+}
+
+// Qwen-Image-Edit-2511 (zero_cond_t): the reference tokens are modulated by the embedding of t = 0, so each
+// sub-block's image-stream scale and gate are chosen per token ([B, L, D], not [B, 1, D]) and kept for
+// backward, and the t = 0 embedding's SiLU is one more modulation input.
+TEST(LedgerZeroCond, PerTokenModulationIsCounted) {
+  ModelSpec spec = spec_by_preset("tiny-qwen-image-edit");
+  spec.zero_cond_t = true;
+  for (const bool lora : {false, true})
+    for (const int batch : {1, 2}) {
+      expect_ledger_matches(spec, lora, batch, torch::kFloat, 0.0);
+      expect_ledger_matches(spec, lora, batch, torch::kBFloat16, 0.0);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, Ledger,
