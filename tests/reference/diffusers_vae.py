@@ -77,7 +77,18 @@ def main():
             label = f"{name} {component}{' tiled' if extra_args else ''}"
             print(f"{label}: max relative difference {err:.2e}")
             assert err < TOL, f"{label}: {err:.2e} >= {TOL}"
-    print(f"all match diffusers (worst {worst:.2e})")
+    # Bad requests are refused by name with exit 2 (a user error), never a crash.
+    only_latents = os.path.join(work, "latents_only.safetensors")
+    save_file({"latents": torch.randn(1, 4, 8, 8)}, only_latents)
+    folder = os.path.join(work, "sd")
+    for args, needle in ((["--component", "vae.bogus", "--inputs", only_latents], "not one of transformer"),
+                         (["--component", "vae.encode", "--inputs", only_latents], "needs 'images'"),
+                         (["--component", "vae.decode", "--vae-tile", "7", "--inputs", only_latents], "--vae-tile 7"),
+                         (["--component", "vae.encode", "--posterior", "mode", "--inputs", only_latents], "--posterior mode")):
+        r = subprocess.run([exe, "forward", config_yaml, "--weights", folder, "--out", os.path.join(work, "x.safetensors")]
+                           + args, capture_output=True, text=True)
+        assert r.returncode == 2 and needle in r.stderr, f"{args}: exit {r.returncode}, stderr {r.stderr!r}"
+    print(f"all match diffusers (worst {worst:.2e}); bad requests refused")
 
 
 if __name__ == "__main__":
