@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   gclab::memory::CpuMemoryTracker tracker;
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
-  AutoencoderKL vae(AutoencoderKLConfig::preset("flux"));
+  AutoencoderKL vae(AutoencoderKLConfig::preset(gclab::config::AutoencoderKind::flux));
   vae->eval();
   int64_t params = 0, weight_bytes = 0;
   for (const auto& p : vae->parameters()) params += p.numel(), weight_bytes += static_cast<int64_t>(p.nbytes());

@@ -158,8 +158,12 @@ int run_info() {
   return kExitOk;
 }
 
+enum class ForwardComponent { transformer, vae_encode, vae_decode };
+
 struct ForwardArgs {
-  std::string weights, inputs, out, dtype = "fp32", lora, component = "transformer", posterior = "mean";
+  std::string weights, inputs, out, dtype = "fp32", lora;
+  ForwardComponent component = ForwardComponent::transformer;
+  gclab::vae::Posterior posterior = gclab::vae::Posterior::mean;
   double lora_scale = 1.0;
   int64_t vae_tile = 0;  // vae.decode: tiled decoding with this tile size in pixels (0: off)
 };
@@ -176,26 +180,19 @@ void warn_unused(const std::vector<std::string>& unused, const std::filesystem::
 // [B, 3, H, W] in [-1, 1] <-> latents scaled as the family's pipeline scales them.
 int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
   namespace fs = std::filesystem;
-  const bool encode = f.component == "vae.encode";
-  if (!encode && f.component != "vae.decode")
-    throw gclab::UserError("--component " + f.component + ": not one of transformer, vae.encode, vae.decode");
-  if (f.posterior != "mean" && f.posterior != "sample")
-    throw gclab::UserError("--posterior " + f.posterior + ": not mean or sample");
+  const bool encode = f.component == ForwardComponent::vae_encode;
   fs::path weights = f.weights;
-  if (weights.empty() && config.model.name_or_path && fs::is_directory(fs::path(*config.model.name_or_path) / "vae"))
-    weights = fs::path(*config.model.name_or_path) / "vae";
+  if (weights.empty())
+    if (const auto local = gclab::model::local_model(config.model)) weights = local->vae;
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
   try {
-    auto c = fs::is_regular_file(weights / "config.json")
-                 ? gclab::vae::AutoencoderKLConfig::from_json_file(weights / "config.json")
-                 : gclab::vae::AutoencoderKLConfig::preset(gclab::model::autoencoder_preset(spec.family));
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
-    gclab::vae::AutoencoderKL vae(c);
-    if (!weights.empty()) {
-      warn_unused(gclab::vae::load_autoencoder_weights(*vae, weights), weights);
-    } else {
+    auto built = gclab::vae::build_autoencoder(gclab::model::autoencoder_kind(spec.family), weights);
+    if (built.random)
       gclab::log::warn("no --weights and no vae/ folder in model.name_or_path: random autoencoder weights");
-    }
+    warn_unused(built.unused, weights);
+    gclab::vae::AutoencoderKL vae = built.vae;
+    const gclab::vae::AutoencoderKLConfig& c = vae->config();
     const torch::Device device = gclab::train::resolve_device(config.device);
     vae->to(device, dtype);
     vae->eval();
@@ -216,8 +213,7 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
       torch::NoGradGuard no_grad;
       if (encode) {
         auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.training_seed.value_or(42)));
-        y = vae->encode(x, f.posterior == "mean" ? gclab::vae::Posterior::mean : gclab::vae::Posterior::sample,
-                        device.is_cpu() ? std::optional<at::Generator>(gen) : std::nullopt);
+        y = vae->encode(x, f.posterior, device.is_cpu() ? std::optional<at::Generator>(gen) : std::nullopt);
       } else {
         y = vae->decode(x);
       }
@@ -239,7 +235,7 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
   const torch::ScalarType dtype = *dtype_choice == gclab::config::DType::bf16   ? torch::kBFloat16
                                   : *dtype_choice == gclab::config::DType::fp16 ? torch::kHalf
                                                                                 : torch::kFloat;
-  if (f.component != "transformer") return run_vae_forward(config, f, dtype);
+  if (f.component != ForwardComponent::transformer) return run_vae_forward(config, f, dtype);
   const torch::Device device = gclab::train::resolve_device(config.device);
   try {
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
@@ -440,12 +436,20 @@ int main(int argc, char** argv) {
                    "a LoRA file to apply (gclab's, or diffusers / AI Toolkit / kohya naming)")
       ->check(CLI::ExistingFile);
   forward->add_option("--lora-scale", forward_files.lora_scale, "the LoRA's strength (default 1)");
-  forward->add_option("--component", forward_files.component,
-                      "transformer (default), vae.encode (images -> latents) or vae.decode (latents -> images)");
+  forward
+      ->add_option("--component", forward_files.component,
+                   "transformer (default), vae.encode (images -> latents) or vae.decode (latents -> images)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, ForwardComponent>{{"transformer", ForwardComponent::transformer},
+                                                  {"vae.encode", ForwardComponent::vae_encode},
+                                                  {"vae.decode", ForwardComponent::vae_decode}}));
   forward->add_option("--vae-tile", forward_files.vae_tile,
                       "vae.decode: decode in overlapping tiles of this many pixels, blended (diffusers' tiled_decode)");
-  forward->add_option("--posterior", forward_files.posterior,
-                      "vae.encode: the posterior's mean (default) or a sample (training_seed)");
+  forward
+      ->add_option("--posterior", forward_files.posterior,
+                   "vae.encode: the posterior's mean (default) or a sample (training_seed)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, gclab::vae::Posterior>{
+          {"mean", gclab::vae::Posterior::mean}, {"sample", gclab::vae::Posterior::sample}}));
   forward->add_option("--dtype", forward_files.dtype, "fp32 (default), bf16, fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   SynthArgs synth_args;

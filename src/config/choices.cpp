@@ -81,6 +81,13 @@ const std::vector<Spelling<Family>>& spellings() {
 }
 
 template <>
+const std::vector<Spelling<AutoencoderKind>>& spellings() {
+  static const std::vector<Spelling<AutoencoderKind>> s = {
+      {AutoencoderKind::flux, "flux", {}}, {AutoencoderKind::sd3, "sd3", {}}, {AutoencoderKind::sd, "sd", {}}};
+  return s;
+}
+
+template <>
 const std::vector<Spelling<SaveFormat>>& spellings() {
   static const std::vector<Spelling<SaveFormat>> s = {{SaveFormat::safetensors, "safetensors", {}},
                                                       {SaveFormat::diffusers, "diffusers", {}}};

@@ -53,15 +53,15 @@ Guidance preview_guidance(Family family, bool guidance_embed) {
   return Guidance::Cfg;
 }
 
-std::string autoencoder_preset(Family family) {
+config::AutoencoderKind autoencoder_kind(Family family) {
   switch (family) {
     case Family::flux:
     case Family::zimage:
-      return "flux";
+      return config::AutoencoderKind::flux;
     case Family::sd3:
-      return "sd3";
+      return config::AutoencoderKind::sd3;
     case Family::dit:
-      return "sd";
+      return config::AutoencoderKind::sd;
     case Family::qwen_image:
       break;
   }

@@ -357,7 +357,7 @@ std::optional<LocalModel> local_model(const config::ModelConfig& model) {
       throw UserError(
           "model.name_or_path '" + path.string() +
           "' is a file but not a .safetensors one (gclab reads safetensors weights, or a diffusers folder)");
-    return LocalModel{{}, path};
+    return LocalModel{{}, path, {}};
   }
   if (!std::filesystem::is_directory(path, ec)) return std::nullopt;
   return local_model_at(path, "model.name_or_path");
@@ -367,6 +367,7 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
   namespace fs = std::filesystem;
   std::error_code ec;
   LocalModel m;
+  if (fs::is_regular_file(dir / "vae" / "config.json", ec)) m.vae = dir / "vae";
   for (const fs::path& d : {dir / "transformer", dir})
     if (fs::is_regular_file(d / "config.json", ec)) {
       m.config = d / "config.json";

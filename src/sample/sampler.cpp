@@ -3,6 +3,7 @@
 #include "gclab/ckpt/autocast.h"
 #include "gclab/model/family.h"
 #include "gclab/model/flow_schedule.h"
+#include "gclab/model/spec.h"
 
 namespace gclab::sample {
 
@@ -60,10 +61,12 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
       mode != Guidance::TrueCfg && (!cond.text.defined() || cond.text.size(1) == uncond.text.size(1));
   // The pipeline's sigmas: linspace(1, 1/steps, steps) shifted by the family's schedule (the dynamic mu of
   // this preview's image tokens for FLUX / Qwen-Image / SD3), then 0.
-  const int64_t tokens = (o.latent_height / spec.patch) * (o.latent_width / spec.patch);
-  const torch::Tensor sigmas = model::flow_schedule(spec.family).preview_sigmas(o.steps, tokens);
+  const torch::Tensor sigmas =
+      model::flow_schedule(spec.family)
+          .preview_sigmas(o.steps, model::image_tokens(spec, 8 * o.latent_height, 8 * o.latent_width));
+  const auto sigma = sigmas.accessor<double, 1>();
   for (int i = 0; i < o.steps; ++i) {
-    const double t = sigmas[i].item<double>(), t_next = sigmas[i + 1].item<double>();
+    const double t = sigma[i], t_next = sigma[i + 1];
     torch::Tensor v;
     if (!cfg) {
       v = predict(cond, x, t);

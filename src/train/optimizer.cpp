@@ -183,62 +183,58 @@ class Float32Moments : public MomentStorage {
 // and requantized against its new block maxima to the nearest code (optimizer_update_8bit_blockwise).
 class DynamicInt8Moments : public MomentStorage {
  public:
-  using MomentStorage::MomentStorage;
+  explicit DynamicInt8Moments(std::vector<MomentSpec> specs) : MomentStorage(specs), small_(std::move(specs)) {}
   static constexpr int64_t kBlock = 256, kMin8bitSize = 4096;
 
   torch::Tensor get_sized(const std::string& param, size_t moment, const std::vector<int64_t>& sizes,
                           const torch::TensorOptions& options) override {
-    const std::string k = key(param, moment);
-    if (c10::multiply_integers(sizes) < kMin8bitSize) {
-      auto& t = small_[k];
-      if (!t.defined()) t = torch::zeros(sizes, options.dtype(torch::kFloat));
-      return t;  // float32, updated in place
-    }
-    const auto it = stored_.find(k);
+    if (c10::multiply_integers(sizes) < kMin8bitSize)
+      return small_.get_sized(param, moment, sizes, options.dtype(torch::kFloat));
+    const auto it = stored_.find(key(param, moment));
     if (it == stored_.end()) return torch::zeros(sizes, options.dtype(torch::kFloat));
-    const torch::Tensor& code = map(specs_[moment].is_signed, options.device());
     const int64_t n = it->second.codes.numel();
-    torch::Tensor values = code.index_select(0, it->second.codes.reshape({-1}).to(torch::kLong));
+    torch::Tensor values = code(specs_[moment].is_signed, options.device())
+                               .values.index_select(0, it->second.codes.reshape({-1}).to(torch::kLong));
     values = torch::constant_pad_nd(values, {0, blocks(n) * kBlock - n}).reshape({-1, kBlock});
     return (values * it->second.absmax.unsqueeze(1)).reshape({-1}).narrow(0, 0, n).reshape(sizes);
   }
   void put(const std::string& param, size_t moment, const torch::Tensor& value) override {
-    if (value.numel() < kMin8bitSize) return;
+    if (value.numel() < kMin8bitSize) return;  // small_ was updated in place
     const int64_t n = value.numel();
     const torch::Tensor padded =
         torch::constant_pad_nd(value.reshape({-1}).to(torch::kFloat), {0, blocks(n) * kBlock - n})
             .reshape({-1, kBlock});
     const torch::Tensor absmax = padded.abs().amax(1);
     const torch::Tensor scaled = (padded * (1.0 / absmax.clamp_min(1e-38)).unsqueeze(1)).clamp(-1, 1).reshape({-1});
-    const torch::Tensor& code = map(specs_[moment].is_signed, value.device());
     // The nearest code: the sorted map's midpoints bound each code's interval (a tie goes to the lower).
-    const torch::Tensor bounds = (code.narrow(0, 0, 255) + code.narrow(0, 1, 255)) / 2;
-    const torch::Tensor codes = torch::bucketize(scaled.narrow(0, 0, n), bounds).to(torch::kByte);
+    const torch::Tensor codes =
+        torch::bucketize(scaled.narrow(0, 0, n), code(specs_[moment].is_signed, value.device()).bounds)
+            .to(torch::kByte);
     stored_[key(param, moment)] = {codes.reshape(value.sizes()), absmax};
   }
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
-    std::vector<std::pair<std::string, torch::Tensor>> out(small_.begin(), small_.end());
+    std::vector<std::pair<std::string, torch::Tensor>> out = small_.state();
     for (const auto& [k, q] : stored_)
       out.emplace_back(k + ".codes", q.codes), out.emplace_back(k + ".absmax", q.absmax);
     return out;
   }
   void load(const std::map<std::string, torch::Tensor>& s, const std::string& param,
             const torch::Tensor& like) override {
+    small_.load(s, param, like);
     for (size_t m = 0; m < count(); ++m) {
       const std::string k = key(param, m);
-      if (const auto it = s.find(k); it != s.end()) small_[k] = it->second.to(like.device()).clone();
       if (s.count(k + ".codes"))
         stored_[k] = {s.at(k + ".codes").to(like.device()).clone(), s.at(k + ".absmax").to(like.device()).clone()};
     }
   }
   int64_t bytes() const override {
-    int64_t b = 0;
-    for (const auto& [k, t] : small_) b += static_cast<int64_t>(t.nbytes());
+    int64_t b = small_.bytes();
     for (const auto& [k, q] : stored_) b += static_cast<int64_t>(q.codes.nbytes() + q.absmax.nbytes());
     return b;
   }
   int64_t expected_bytes_of(int64_t numel, int64_t) const override {
-    return numel < kMin8bitSize ? numel * 4 : numel + blocks(numel) * 4;  // a byte a value, a float32 a block
+    return numel < kMin8bitSize ? small_.expected_bytes_of(numel, 4)
+                                : numel + blocks(numel) * 4;  // a byte a value, a float32 a block
   }
 
  private:
@@ -246,16 +242,22 @@ class DynamicInt8Moments : public MomentStorage {
     torch::Tensor codes;   // uint8, the parameter's shape
     torch::Tensor absmax;  // float32 per block of 256
   };
+  struct Code {
+    torch::Tensor values, bounds;  // the 256 sorted values, and the 255 midpoints between them
+  };
   static int64_t blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
   // The map on `device`, built once per device.
-  const torch::Tensor& map(bool is_signed, const torch::Device& device) {
-    auto& m = maps_[{is_signed, device.str()}];
-    if (!m.defined()) m = dynamic_quantization_map(is_signed).to(device);
-    return m;
+  const Code& code(bool is_signed, const torch::Device& device) {
+    Code& c = codes_[{is_signed, device.str()}];
+    if (!c.values.defined()) {
+      c.values = dynamic_quantization_map(is_signed).to(device);
+      c.bounds = (c.values.narrow(0, 0, 255) + c.values.narrow(0, 1, 255)) / 2;
+    }
+    return c;
   }
-  std::map<std::string, torch::Tensor> small_;
+  Float32Moments small_;  // parameters under bitsandbytes' min_8bit_size keep float32 moments
   std::map<std::string, Quantized> stored_;
-  std::map<std::pair<bool, std::string>, torch::Tensor> maps_;
+  std::map<std::pair<bool, std::string>, Code> codes_;
 };
 
 }  // namespace

@@ -270,10 +270,9 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   // the gradients, calls backward on each micro-batch's loss as it is, then steps once (the legacy
   // gradient_accumulation_steps: only on its every-Nth steps, with that step's gradient).
   optimizer_->zero_grad();
-  so.loss_scale = 1.0;
   so.loss_type = tc.loss_type;
-  bool epoch_start = false;
   so.autocast_bf16 = bf16();
+  bool epoch_start = false;
   StepResult r;
   std::vector<torch::Tensor> losses;
   for (int micro = 0; micro < accumulation(); ++micro) {
@@ -295,7 +294,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     }
     {
       auto scope = phase("backward");
-      (loss * so.loss_scale).backward();
+      loss.backward();
     }
     losses.push_back(loss.detach());
   }

@@ -196,19 +196,20 @@ struct DecoderImpl : CoderImpl {
 
 }  // namespace
 
-AutoencoderKLConfig AutoencoderKLConfig::preset(const std::string& name) {
+AutoencoderKLConfig AutoencoderKLConfig::preset(config::AutoencoderKind kind) {
   AutoencoderKLConfig c;  // FLUX.1's (also Flex's and Z-Image's)
-  if (name == "flux") return c;
-  if (name == "sd3") {
-    c.scaling_factor = 1.5305, c.shift_factor = 0.0609;
-    return c;
+  switch (kind) {
+    case config::AutoencoderKind::flux:
+      break;
+    case config::AutoencoderKind::sd3:
+      c.scaling_factor = 1.5305, c.shift_factor = 0.0609;
+      break;
+    case config::AutoencoderKind::sd:
+      c.latent_channels = 4, c.use_quant_conv = c.use_post_quant_conv = true;
+      c.scaling_factor = 0.18215, c.shift_factor = 0, c.sample_size = 256;
+      break;
   }
-  if (name == "sd") {
-    c.latent_channels = 4, c.use_quant_conv = c.use_post_quant_conv = true;
-    c.scaling_factor = 0.18215, c.shift_factor = 0, c.sample_size = 256;
-    return c;
-  }
-  throw std::invalid_argument("no AutoencoderKL preset '" + name + "' (flux, sd3, sd)");
+  return c;
 }
 
 AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::path& path) {
@@ -324,6 +325,16 @@ torch::Tensor AutoencoderKLImpl::tiled_decode(const torch::Tensor& z) {
 
 torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& latents) {
   return decode_unscaled(latents / config_.scaling_factor + config_.shift_factor);
+}
+
+LoadedAutoencoder build_autoencoder(config::AutoencoderKind kind, const std::filesystem::path& folder) {
+  LoadedAutoencoder out;
+  const bool has_config = !folder.empty() && std::filesystem::is_regular_file(folder / "config.json");
+  out.vae = AutoencoderKL(has_config ? AutoencoderKLConfig::from_json_file(folder / "config.json")
+                                     : AutoencoderKLConfig::preset(kind));
+  out.random = folder.empty();
+  if (!out.random) out.unused = load_autoencoder_weights(*out.vae, folder);
+  return out;
 }
 
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path) {

@@ -81,10 +81,10 @@ def main():
     only_latents = os.path.join(work, "latents_only.safetensors")
     save_file({"latents": torch.randn(1, 4, 8, 8)}, only_latents)
     folder = os.path.join(work, "sd")
-    for args, needle in ((["--component", "vae.bogus", "--inputs", only_latents], "not one of transformer"),
+    for args, needle in ((["--component", "vae.bogus", "--inputs", only_latents], "vae.bogus"),
                          (["--component", "vae.encode", "--inputs", only_latents], "needs 'images'"),
                          (["--component", "vae.decode", "--vae-tile", "7", "--inputs", only_latents], "--vae-tile 7"),
-                         (["--component", "vae.encode", "--posterior", "mode", "--inputs", only_latents], "--posterior mode")):
+                         (["--component", "vae.encode", "--posterior", "mode", "--inputs", only_latents], "mode")):
         r = subprocess.run([exe, "forward", config_yaml, "--weights", folder, "--out", os.path.join(work, "x.safetensors")]
                            + args, capture_output=True, text=True)
         assert r.returncode == 2 and needle in r.stderr, f"{args}: exit {r.returncode}, stderr {r.stderr!r}"

@@ -35,6 +35,9 @@ enum class SaveFormat { safetensors, diffusers };
 enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
 // The model families gclab models (DESIGN.md section 4); their facts are in model/family.h.
 enum class Family { flux, qwen_image, zimage, sd3, dit };
+// The AutoencoderKL configurations the families decode with (vae/autoencoder_kl.h; which family uses which
+// is model/family.h's autoencoder_kind): FLUX.1's (also Flex's and Z-Image's), SD3's, the SD VAE (DiT).
+enum class AutoencoderKind { flux, sd3, sd };
 
 // One value: its canonical spelling (written back) and the other spellings AI Toolkit accepts.
 template <class E>

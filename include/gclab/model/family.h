@@ -43,9 +43,9 @@ enum class Guidance {
 };
 Guidance preview_guidance(Family family, bool guidance_embed);
 
-// The AutoencoderKL preset (vae/autoencoder_kl.h) a family's pipeline decodes with: flux (FLUX.1, Flex,
-// Z-Image), sd3, sd (DiT's SD VAE). Qwen-Image's is the Wan-style VAE, not built yet: throws UserError.
-std::string autoencoder_preset(Family family);
+// The AutoencoderKL (vae/autoencoder_kl.h) a family's pipeline decodes with: FLUX.1's for FLUX.1, Flex and
+// Z-Image, SD3's, the SD VAE for DiT. Qwen-Image's is the Wan-style VAE, not built yet: throws UserError.
+config::AutoencoderKind autoencoder_kind(Family family);
 
 // The checks of a loaded config that need the facts above; errors and warnings go to `diagnostics`.
 void check_config(config::ProcessConfig& config, config::Diagnostics& diagnostics);

@@ -63,6 +63,7 @@ ModelSpec spec_for(const config::ModelConfig& model);
 struct LocalModel {
   std::filesystem::path config;   // the config.json read (empty: a single weights file)
   std::filesystem::path weights;  // empty: a shape only, random weights
+  std::filesystem::path vae;      // the folder's vae/ (a diffusers autoencoder), when it has one
 };
 std::optional<LocalModel> local_model(const config::ModelConfig& model);
 // The same for a folder named elsewhere (`what`, e.g. "--weights", names it in the error).

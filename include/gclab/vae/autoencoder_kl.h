@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "gclab/config/choices.h"
+
 namespace gclab::vae {
 
 struct AutoencoderKLConfig {
@@ -29,7 +31,7 @@ struct AutoencoderKLConfig {
   //   flux   FLUX.1 / Flex / Z-Image: 16 channels, scaling 0.3611, shift 0.1159, no quant convs (83,819,683)
   //   sd3    SD3 / SD3.5: 16 channels, scaling 1.5305, shift 0.0609, no quant convs
   //   sd     the SD VAE (sd-vae-ft-ema) DiT decodes with: 4 channels, scaling 0.18215, quant convs (83,653,863)
-  static AutoencoderKLConfig preset(const std::string& name);
+  static AutoencoderKLConfig preset(config::AutoencoderKind kind);
   // A diffusers config.json (AutoencoderKL); throws std::runtime_error naming what it cannot use.
   static AutoencoderKLConfig from_json_file(const std::filesystem::path& path);
   int64_t downsampling() const { return int64_t{1} << (block_out_channels.size() - 1); }
@@ -72,6 +74,16 @@ class AutoencoderKLImpl : public torch::nn::Module {
   torch::Tensor tiled_decode(const torch::Tensor& z);
 };
 TORCH_MODULE(AutoencoderKL);
+
+// An autoencoder as a run builds it: from a diffusers `vae/` folder (its config.json and weights), or, with
+// no folder, `kind`'s configuration with random weights (from the global generator). Throws
+// std::runtime_error for a folder it cannot use.
+struct LoadedAutoencoder {
+  AutoencoderKL vae{nullptr};
+  bool random = false;              // no weights were loaded
+  std::vector<std::string> unused;  // tensors in the folder's weights that are not the network's
+};
+LoadedAutoencoder build_autoencoder(config::AutoencoderKind kind, const std::filesystem::path& folder);
 
 // Loads a diffusers AutoencoderKL's weights (a .safetensors file, or a folder holding
 // diffusion_pytorch_model.safetensors) by their names; throws std::runtime_error naming the first missing or
