@@ -58,7 +58,7 @@ CellResult run_cell(train::Session& session, int batch, int resolution, int step
     }
   } catch (const c10::OutOfMemoryError&) {
     session.optimizer().zero_grad();
-    out.oom_phase = session.current_phase();
+    out.oom_phase = train::phase_name(session.current_phase());
   }
   session.phases().clear();
   return out;

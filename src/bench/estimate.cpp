@@ -11,7 +11,7 @@ namespace gclab::bench {
 namespace {
 
 StepEstimate step_estimate(const train::Session& session, const model::ActivationEstimate& a, int batch, int resolution,
-                           bool checkpointed, int64_t resident, int64_t gradients) {
+                           bool checkpointed, int64_t resident, int64_t gradients, bool cpu) {
   const model::ModelSpec& spec = session.spec();
   StepEstimate s;
   // The flow-matching step's own float32 tensors: x0, noise, x_t, target, the prediction and the squared
@@ -27,11 +27,22 @@ StepEstimate step_estimate(const train::Session& session, const model::Activatio
   const int64_t e = session.activation_options().element_bytes;
   for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (int64_t{batch} * spec.hidden * e));
   s.workspace_bytes = 2 * int64_t{batch} * longest * spec.mlp_hidden * e;
-  s.total_bytes = std::max(resident - gradients + s.batch_bytes + s.activation_bytes + s.workspace_bytes, resident);
+  // Encoding on the fly (the autoencoder, latents not cached): the data phase holds the batch's float32
+  // images and the encode's peak, before the step's own tensors exist.
+  const vae::CodecSpec& codec = session.codec_spec();
+  if (codec.autoencoder && !session.caches_latents())
+    s.encode_bytes =
+        int64_t{4} * batch * 3 * resolution * resolution + codec.encode_bytes(batch, resolution, resolution, cpu);
+  s.total_bytes = std::max({resident - gradients + s.batch_bytes + s.activation_bytes + s.workspace_bytes,
+                            resident - gradients + s.encode_bytes, resident});
   return s;
 }
 
 }  // namespace
+
+bool estimates_for_cuda(const config::ProcessConfig& config) {
+  return config.device.rfind("cuda", 0) == 0 || (config.device == "auto" && torch::cuda::is_available());
+}
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   train::Session session(config, train::SessionOptions{/*meta=*/true});
@@ -45,10 +56,14 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.optimizer_bytes = session.optimizer().expected_state_bytes();
   e.ema_bytes = r.ema;
   e.text_encoder_bytes = config.train.unload_text_encoder && config.train.cache_text_embeddings ? 0 : r.text_encoder;
-  e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes;
+  e.vae = session.codec_spec().describe();
+  e.vae_weight_bytes = session.codec_spec().weight_bytes();
+  e.vae_bytes = r.vae;
+  e.resident_bytes =
+      e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes + e.vae_bytes;
   e.cap_bytes = config.vram_cap.bytes;
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
-  const bool cuda = config.device.rfind("cuda", 0) == 0;
+  const bool cuda = estimates_for_cuda(config);
   e.device = cuda ? "cuda" : config.device;
   const model::ActivationOptions o = model::activation_options(config, cuda);
   std::set<std::pair<int, int>> seen;
@@ -62,17 +77,35 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
       re.batch = batch;
       re.image_tokens = a.image_tokens;
       re.text_tokens = a.text_tokens;
-      re.gc_off = step_estimate(session, a, batch, res, false, e.resident_bytes, e.gradient_bytes);
-      re.gc_full = step_estimate(session, a, batch, res, true, e.resident_bytes, e.gradient_bytes);
+      re.gc_off = step_estimate(session, a, batch, res, false, e.resident_bytes, e.gradient_bytes, !cuda);
+      re.gc_full = step_estimate(session, a, batch, res, true, e.resident_bytes, e.gradient_bytes, !cuda);
       e.resolutions.push_back(re);
     }
   std::sort(e.resolutions.begin(), e.resolutions.end(),
             [](const ResolutionEstimate& a, const ResolutionEstimate& b) { return a.resolution < b.resolution; });
-  e.not_modelled = {"previews (sampling runs without gradients, after the step)",
-                    "the data loader's prefetched batches and latent caches",
-                    "the text-embedding cache (cache_text_embeddings)",
-                    "allocator fragmentation and the CUDA context (CUDA)",
-                    "partial checkpoint policies (every:N, blocks, selective, offload)"};
+  if (config.sample && !config.train.disable_sampling && !config.sample->samples.empty()) {
+    const auto& sc = *config.sample;
+    PreviewEstimate p;
+    const int d = e.spec.divisibility;
+    p.width = sc.width / d * d, p.height = sc.height / d * d;
+    p.image_tokens = model::image_tokens(e.spec, p.height, p.width);
+    const auto a = model::estimate_activations(e.spec, 1, p.height, p.width, 0, o);
+    int64_t longest = 0;
+    const int64_t el = session.activation_options().element_bytes;
+    for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (e.spec.hidden * el));
+    const int64_t cfg = sc.guidance_scale > 1 ? 2 : 1;
+    p.denoise_bytes = cfg * longest * (e.spec.mlp_hidden + 3 * e.spec.hidden) * el;
+    p.decode_bytes = session.codec_spec().decode_bytes(1, p.height, p.width, !cuda);
+    p.total_bytes = e.resident_bytes - e.gradient_bytes + (e.vae_weight_bytes - e.vae_bytes) +
+                    std::max(p.denoise_bytes, p.decode_bytes);
+    e.preview = p;
+  }
+  e.not_modelled = {
+      "the preview's denoising passes are approximate (a block's input, output and MLP hidden); its "
+      "decode is not",
+      "the data loader's prefetched batches and latent caches", "the text-embedding cache (cache_text_embeddings)",
+      "allocator fragmentation and the CUDA context (CUDA)",
+      "partial checkpoint policies (every:N, blocks, selective, offload)"};
   return e;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "gclab/config/user_error.h"
@@ -11,6 +12,7 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/data/dataset.h"
 #include "gclab/log/log.h"
+#include "gclab/train/session.h"
 
 namespace gclab::bench {
 
@@ -47,6 +49,43 @@ std::string format_model_summary(const model::ModelSummary& s) {
   return out.str();
 }
 
+std::string format_autoencoder(const config::ProcessConfig& config) {
+  const model::ModelSpec spec = model::spec_for(config.model);
+  const train::CodecPlan plan = train::codec_plan(config, spec);
+  const vae::CodecSpec& c = plan.spec;
+  const bool cpu = !estimates_for_cuda(config);
+  bool cached = false;
+  for (const auto& d : config.datasets) cached = cached || d.cache_latents || d.cache_latents_to_disk;
+  std::ostringstream out;
+  out << "# the autoencoder this config selects (model.vae), its memory predicted from its shapes ("
+      << (cpu ? "CPU" : "CUDA") << " kernels)\nautoencoder:\n";
+  out << "  codec: \"" << c.describe() << "\"\n";
+  if (!plan.fallback.empty()) out << "  note: \"" << plan.fallback << "\"\n";
+  out << "  weight_bytes: " << c.weight_bytes() << "  # " << format_bytes(c.weight_bytes()) << "\n";
+  out << "  on_the_device_during_steps: " << (c.autoencoder && !cached ? "true" : "false") << "  # "
+      << (!c.autoencoder ? "no weights"
+          : cached       ? "cache_latents: it leaves once they are encoded"
+                         : "latents are encoded on the fly, in each step's data phase")
+      << "\n";
+  out << "  encode_peaks:" << (config.datasets.empty() ? " []" : "") << "\n";
+  std::set<std::pair<int, int>> seen;
+  for (const auto& d : config.datasets)
+    for (int res : d.resolution) {
+      const int batch = cached ? 1 : d.batch_size.value_or(config.train.batch_size);  // caching: one at a time
+      if (!seen.insert({res, batch}).second) continue;
+      const int64_t b = c.encode_bytes(batch, res, res, cpu);
+      out << "    - {at: \"" << res << "x" << res << "\", batch: " << batch << ", bytes: " << b << "}  # "
+          << format_bytes(b) << "\n";
+    }
+  if (config.sample && !config.train.disable_sampling) {
+    const auto& s = *config.sample;
+    const int64_t b = c.decode_bytes(1, s.height, s.width, cpu);
+    out << "  decode_peak: {at: \"" << s.width << "x" << s.height << "\", bytes: " << b << "}  # " << format_bytes(b)
+        << (c.tile_sample_size > 0 ? ", in " + std::to_string(c.tile_sample_size) + "-pixel tiles" : "") << "\n";
+  }
+  return out.str();
+}
+
 std::string format_bucket_histograms(const config::ProcessConfig& config) {
   const int divisibility = model::spec_for(config.model).divisibility;
   std::ostringstream out;
@@ -76,6 +115,10 @@ std::string format_estimate(const MemoryEstimate& e) {
   auto bytes = [&](const char* key, int64_t v, const std::string& indent = "  ") {
     out << indent << key << ": " << v << "  # " << format_bytes(v) << "\n";
   };
+  auto fits = [&](int64_t total) -> std::string {
+    if (e.cap_bytes <= 0) return "";
+    return total <= e.cap_bytes ? ", fits the cap" : ", over the cap";
+  };
   out << "estimate:\n  preset: " << e.spec.preset << "\n";
   bytes("weights", e.weight_bytes);
   out << "  trained_parameters: " << e.trained << "\n";
@@ -84,6 +127,9 @@ std::string format_estimate(const MemoryEstimate& e) {
   bytes("optimizer_state", e.optimizer_bytes);
   bytes("ema", e.ema_bytes);
   bytes("text_encoder", e.text_encoder_bytes);
+  out << "  vae: \"" << e.vae << "\"\n";
+  bytes("vae_weights", e.vae_weight_bytes);
+  bytes("vae_resident", e.vae_bytes);
   bytes("resident", e.resident_bytes);
   out << "  activations_dtype: " << e.activation_dtype << "\n";
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
@@ -94,13 +140,20 @@ std::string format_estimate(const MemoryEstimate& e) {
         << "\n      image_tokens: " << r.image_tokens << "\n      text_tokens: " << r.text_tokens << "\n";
     for (const auto& [name, s] :
          {std::pair<const char*, const StepEstimate&>{"gc_off", r.gc_off}, {"gc_full", r.gc_full}}) {
-      const std::string verdict = e.cap_bytes <= 0               ? ""
-                                  : s.total_bytes <= e.cap_bytes ? ", fits the cap"
-                                                                 : ", over the cap";
+      const std::string verdict = fits(s.total_bytes);
       out << "      " << name << ": {batch_tensors: " << s.batch_bytes << ", activations: " << s.activation_bytes
-          << ", workspace: " << s.workspace_bytes << ", total: " << s.total_bytes << "}  # "
-          << format_bytes(s.total_bytes) << verdict << "\n";
+          << ", workspace: " << s.workspace_bytes << ", vae_encode: " << s.encode_bytes << ", total: " << s.total_bytes
+          << "}  # " << format_bytes(s.total_bytes) << verdict << "\n";
     }
+  }
+  if (e.preview) {
+    const auto& p = *e.preview;
+    const std::string verdict = fits(p.total_bytes);
+    out << "  preview:  # after a step: resident without gradients, the autoencoder on the device, then the larger of "
+           "denoising and decoding\n";
+    out << "    {size: \"" << p.width << "x" << p.height << "\", image_tokens: " << p.image_tokens
+        << ", denoise: " << p.denoise_bytes << ", vae_decode: " << p.decode_bytes << ", total: " << p.total_bytes
+        << "}  # " << format_bytes(p.total_bytes) << verdict << "\n";
   }
   out << "  not_modelled:\n";
   for (const auto& n : e.not_modelled) out << "    - \"" << n << "\"\n";

@@ -137,7 +137,7 @@ int run_check(const ConfigArgs& args) {
   const auto config = load(args);
   print_report(args, "# resolved by gclab from " + args.path + "\n" + gclab::config::to_yaml(config) +
                          gclab::bench::format_model_summary(gclab::model::summarize_model(config)) +
-                         gclab::bench::format_bucket_histograms(config));
+                         gclab::bench::format_autoencoder(config) + gclab::bench::format_bucket_histograms(config));
   return kExitOk;
 }
 
@@ -175,22 +175,24 @@ void warn_unused(const std::vector<std::string>& unused, const std::filesystem::
                      " are not parameters of this network and were not used, e.g. " + unused.front());
 }
 
-// gclab forward --component vae.encode|vae.decode: the family's AutoencoderKL (its config.json and weights
+// gclab forward --component vae.encode|vae.decode: the run's AutoencoderKL (its config.json and weights
 // from --weights or name_or_path's vae/ folder; else the family's preset with random weights), images
 // [B, 3, H, W] in [-1, 1] <-> latents scaled as the family's pipeline scales them.
 int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
   namespace fs = std::filesystem;
   const bool encode = f.component == ForwardComponent::vae_encode;
-  fs::path weights = f.weights;
-  if (weights.empty())
-    if (const auto local = gclab::model::local_model(config.model)) weights = local->vae;
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
   try {
+    // The run's own choice (the family's autoencoder, its tiny size for a tiny preset, name_or_path's vae/
+    // folder), with --weights in place of the folder when given.
+    const gclab::train::CodecPlan plan = gclab::train::codec_plan(config, spec, f.weights);
+    if (!plan.spec.autoencoder)
+      throw gclab::UserError(plan.fallback.empty() ? "model.vae: dct has no autoencoder to run" : plan.fallback);
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
-    auto built = gclab::vae::build_autoencoder(gclab::model::autoencoder_kind(spec.family), weights);
+    auto built = gclab::vae::build_autoencoder(*plan.spec.autoencoder, plan.spec.weights);
     if (built.random)
       gclab::log::warn("no --weights and no vae/ folder in model.name_or_path: random autoencoder weights");
-    warn_unused(built.unused, weights);
+    warn_unused(built.unused, plan.spec.weights);
     gclab::vae::AutoencoderKL vae = built.vae;
     const gclab::vae::AutoencoderKLConfig& c = vae->config();
     const torch::Device device = gclab::train::resolve_device(config.device);

@@ -88,6 +88,13 @@ const std::vector<Spelling<AutoencoderKind>>& spellings() {
 }
 
 template <>
+const std::vector<Spelling<VaeChoice>>& spellings() {
+  static const std::vector<Spelling<VaeChoice>> s = {{VaeChoice::autoencoder, "autoencoder", {"auto"}},
+                                                     {VaeChoice::dct, "dct", {}}};
+  return s;
+}
+
+template <>
 const std::vector<Spelling<SaveFormat>>& spellings() {
   static const std::vector<Spelling<SaveFormat>> s = {{SaveFormat::safetensors, "safetensors", {}},
                                                       {SaveFormat::diffusers, "diffusers", {}}};

@@ -823,6 +823,10 @@ class Validator {
     at_least("sample.width", s.width, 1);
     at_least("sample.height", s.height, 1);
     at_least("sample.sample_steps", s.sample_steps, 1);
+    at_least("sample.vae_tile_size", s.vae_tile_size, 64);
+    if (s.vae_tile_size % 8 != 0)
+      error("sample.vae_tile_size",
+            std::to_string(s.vae_tile_size) + " is not a multiple of 8 (the autoencoder's 8x down-sampling)");
     if (s.format != "png") error("sample.format", "'" + s.format + "' is not supported (gclab writes PNG previews)");
     // AI Toolkit: `prompts` is the legacy spelling of `samples` items; `samples` wins when both exist.
     if (s.samples.empty()) {

@@ -112,4 +112,20 @@ void write_png(const fs::path& path, const torch::Tensor& image) {
   if (ec) throw ImageError(path.string() + ": cannot rename the finished PNG into place: " + ec.message());
 }
 
+torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc) {
+  return rgb_hwc.permute({2, 0, 1}).to(torch::kFloat).div(127.5).sub(1.0);
+}
+
+torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
+  return image_chw.detach()
+      .to(torch::kFloat)
+      .cpu()
+      .add(1.0)
+      .mul(127.5)
+      .round()
+      .clamp(0, 255)
+      .permute({1, 2, 0})
+      .to(torch::kUInt8);
+}
+
 }  // namespace gclab::data

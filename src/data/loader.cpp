@@ -1,7 +1,9 @@
 #include "gclab/data/loader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "gclab/data/image.h"
@@ -11,13 +13,101 @@ namespace gclab::data {
 
 namespace fs = std::filesystem;
 
+torch::Tensor LatentCache::find(const LatentSlot& slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (slot.memory) {
+    const auto it = memory_.find(slot.key);
+    if (it != memory_.end()) return it->second;
+  }
+  std::error_code ec;
+  if (slot.file.empty() || !fs::exists(slot.file, ec)) return {};
+  try {
+    const auto file = io::SafetensorsFile::open(slot.file);
+    const auto m = file.metadata();
+    if (!m.count("source") || m.at("source") != slot.stamp) return {};
+    torch::Tensor z = file.tensor("latent").clone();
+    if (slot.memory) memory_[slot.key] = z;
+    return z;
+  } catch (const io::SafetensorsError&) {
+    return {};  // a damaged cache file is rebuilt
+  }
+}
+
+void LatentCache::store(const LatentSlot& slot, const torch::Tensor& z) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (slot.memory) memory_[slot.key] = z;
+  if (!slot.file.empty()) io::save_safetensors(slot.file, {{"latent", z}}, {{"source", slot.stamp}});
+}
+
+int64_t LatentCache::memory_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t n = 0;
+  for (const auto& [k, z] : memory_) n += static_cast<int64_t>(z.nbytes());
+  return n;
+}
+
+void remember_latents(const LoadedBatch& batch) {
+  if (!batch.cache || !batch.latents.defined()) return;
+  for (size_t i = 0; i < batch.slots.size(); ++i)
+    if (batch.slots[i].cached())
+      batch.cache->store(batch.slots[i],
+                         batch.latents[static_cast<int64_t>(i)].detach().to(torch::kCPU, torch::kFloat).contiguous());
+}
+
 BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::DatasetConfig> datasets,
-                         const LatentCodec& codec, const LoaderOptions& options, int64_t start_index)
-    : items_(std::move(items)), datasets_(std::move(datasets)), codec_(codec), o_(options), next_to_load_(start_index) {
+                         vae::ImageCodec& codec, const LoaderOptions& options, int64_t start_index)
+    : items_(std::move(items)),
+      datasets_(std::move(datasets)),
+      codec_(codec),
+      encode_here_(codec.encodes_on_loader_thread()),
+      o_(options),
+      next_to_load_(start_index) {
   plans_[0] = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility, o_.seed);
   epoch_size_ = static_cast<int64_t>(plans_[0].size());
   if (epoch_size_ == 0) throw DataError("the datasets give no batches");
-  worker_ = std::thread([this] { work(); });
+}
+
+int64_t BatchLoader::fill_caches(const std::function<torch::Tensor(const torch::Tensor&, uint64_t)>& encode) {
+  // Every cacheable sample of the first epoch's plan, in each flip the dataset allows, grouped by size.
+  std::map<std::pair<int, int>, std::vector<std::pair<PlannedSample, LatentSlot>>> todo;
+  std::set<std::string> seen;
+  for (const auto& batch : plans_.at(0)) {
+    for (const auto& planned : batch.samples) {
+      const auto& ds = datasets_[static_cast<size_t>(items_[static_cast<size_t>(planned.item)].dataset)];
+      if (!ds.cache_latents && !ds.cache_latents_to_disk) continue;
+      for (int fx = 0; fx <= (ds.flip_x ? 1 : 0); ++fx) {
+        for (int fy = 0; fy <= (ds.flip_y ? 1 : 0); ++fy) {
+          PlannedSample s = planned;
+          s.flip_x = fx == 1, s.flip_y = fy == 1;
+          LatentSlot slot = slot_for(s);
+          if (!seen.insert(slot.key).second || cache_->find(slot).defined()) continue;
+          todo[{s.placement.bucket.width, s.placement.bucket.height}].emplace_back(s, std::move(slot));
+        }
+      }
+    }
+  }
+  int64_t encoded = 0;
+  const size_t per_batch = 1;  // AI Toolkit encodes one file item at a time
+  for (const auto& [size, samples] : todo) {
+    for (size_t start = 0; start < samples.size(); start += per_batch) {
+      std::vector<torch::Tensor> images;
+      std::vector<const LatentSlot*> slots;
+      for (size_t i = start; i < std::min(samples.size(), start + per_batch); ++i) {
+        try {
+          images.push_back(sample_image(samples[i].first));
+          slots.push_back(&samples[i].second);
+        } catch (const ImageError&) {
+          // Reported, and replaced, when a batch meets it.
+        }
+      }
+      if (images.empty()) continue;
+      const torch::Tensor z = encode(torch::stack(images), std::hash<std::string>{}(slots.front()->key));
+      for (size_t i = 0; i < slots.size(); ++i)
+        cache_->store(*slots[i], z[static_cast<int64_t>(i)].detach().to(torch::kCPU, torch::kFloat).contiguous());
+      encoded += static_cast<int64_t>(slots.size());
+    }
+  }
+  return encoded;
 }
 
 BatchLoader::~BatchLoader() {
@@ -30,6 +120,7 @@ BatchLoader::~BatchLoader() {
 }
 
 LoadedBatch BatchLoader::next() {
+  if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [this] { return !ready_.empty() || error_; });
   if (ready_.empty() && error_) std::rethrow_exception(error_);
@@ -80,15 +171,15 @@ LoadedBatch BatchLoader::load(int64_t index) {
   out.bucket = plan.bucket;
   // Caption randomness (dropout, shuffling) is a function of the batch's position, not of history.
   std::mt19937_64 rng(o_.seed ^ (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull));
-  std::vector<torch::Tensor> latents;
+  std::vector<Sample> loaded;
   std::vector<PlannedSample> used;  // after replacing images that cannot be decoded
   for (const auto& planned : plan.samples) {
     PlannedSample s = planned;
-    torch::Tensor z;
-    while (!z.defined()) {
+    std::optional<Sample> sample;
+    while (!sample) {
       if (!bad_items_.count(s.item)) {
         try {
-          z = load_sample(s);
+          sample = load_sample(s);
           continue;
         } catch (const ImageError& e) {
           std::lock_guard<std::mutex> lock(mutex_);
@@ -100,13 +191,24 @@ LoadedBatch BatchLoader::load(int64_t index) {
       }
       s = replacement_for(epoch, plan, s);
     }
-    latents.push_back(z);
+    loaded.push_back(std::move(*sample));
     used.push_back(s);
     const auto& item = items_[static_cast<size_t>(s.item)];
     out.captions.push_back(
         data::process_caption(item.caption, datasets_[static_cast<size_t>(item.dataset)], o_.trigger_word, rng));
   }
-  out.latents = torch::stack(latents);
+  // Latents when every sample has them; else the images, all of them, for the session to encode.
+  const bool all_latents =
+      std::all_of(loaded.begin(), loaded.end(), [](const Sample& x) { return x.latents.defined(); });
+  std::vector<torch::Tensor> parts;
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    parts.push_back(all_latents                 ? loaded[i].latents
+                    : loaded[i].image.defined() ? loaded[i].image
+                                                : sample_image(used[i]));
+    out.slots.push_back(loaded[i].slot);
+  }
+  (all_latents ? out.latents : out.images) = torch::stack(parts);
+  out.cache = cache_;
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
@@ -116,7 +218,13 @@ LoadedBatch BatchLoader::load(int64_t index) {
       std::vector<torch::Tensor> refs;
       for (const auto& s : used)
         refs.push_back(load_control(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
-      out.references.push_back(torch::stack(refs));
+      torch::Tensor images = torch::stack(refs);
+      if (encode_here_) {
+        torch::NoGradGuard no_grad;
+        out.references.push_back(codec_.encode(images));
+      } else {
+        out.reference_images.push_back(images);
+      }
     }
   }
   return out;
@@ -152,56 +260,58 @@ torch::Tensor BatchLoader::load_control(const fs::path& path, int width, int hei
   const int sw = std::max(width, static_cast<int>(std::ceil(rgb.size(1) * scale)));
   const int sh = std::max(height, static_cast<int>(std::ceil(rgb.size(0) * scale)));
   rgb = data::resize_rgb(rgb, sw, sh).narrow(0, (sh - height) / 2, height).narrow(1, (sw - width) / 2, width);
-  torch::NoGradGuard no_grad;
-  return codec_.encode(data::to_unit_range(rgb).unsqueeze(0))[0].contiguous();
+  return data::to_unit_range(rgb);
 }
 
-torch::Tensor BatchLoader::load_sample(const PlannedSample& s) {
+LatentSlot BatchLoader::slot_for(const PlannedSample& s) const {
   const auto& item = items_[static_cast<size_t>(s.item)];
   const auto& ds = datasets_[static_cast<size_t>(item.dataset)];
   const auto& p = s.placement;
   std::ostringstream key;
   key << item.image.stem().string() << "_" << p.bucket.key() << "_" << p.scale_to_width << "x" << p.scale_to_height
       << "_" << p.crop_x << "_" << p.crop_y << (s.flip_x ? "_fx" : "") << (s.flip_y ? "_fy" : "") << "_c"
-      << codec_.channels();
-  const std::string cache_key = item.image.string() + "|" + key.str();
-  if (ds.cache_latents) {
-    const auto it = memory_cache_.find(cache_key);
-    if (it != memory_cache_.end()) return it->second;
+      << codec_.spec().latent_channels;
+  if (codec_.spec().autoencoder)  // which autoencoder (its shape and weights) made them
+    key << "_vae" << std::hex << (std::hash<std::string>{}(codec_.spec().describe()) & 0xffffffffu);
+  LatentSlot slot;
+  slot.key = item.image.string() + "|" + key.str();
+  slot.memory = ds.cache_latents;
+  if (ds.cache_latents_to_disk) {
+    // Next to the images, reused while the image (size and time) and the placement are unchanged.
+    std::error_code ec;
+    slot.file = item.image.parent_path() / "_latent_cache" / (key.str() + ".safetensors");
+    slot.stamp = std::to_string(fs::file_size(item.image, ec)) + ":" +
+                 std::to_string(fs::last_write_time(item.image, ec).time_since_epoch().count());
   }
-  // On disk: next to the images, reused while the image (size and time) and the placement are unchanged.
-  const fs::path disk = item.image.parent_path() / "_latent_cache" / (key.str() + ".safetensors");
-  std::error_code ec;
-  std::string stamp;  // the image's size and time: a changed image invalidates its cached latents
-  if (ds.cache_latents_to_disk)
-    stamp = std::to_string(fs::file_size(item.image, ec)) + ":" +
-            std::to_string(fs::last_write_time(item.image, ec).time_since_epoch().count());
-  if (ds.cache_latents_to_disk && fs::exists(disk, ec)) {
-    try {
-      const auto file = io::SafetensorsFile::open(disk);
-      const auto m = file.metadata();
-      if (m.count("source") && m.at("source") == stamp) {
-        torch::Tensor z = file.tensor("latent").clone();
-        if (ds.cache_latents) memory_cache_[cache_key] = z;
-        return z;
-      }
-    } catch (const io::SafetensorsError&) {
-      // A damaged cache file is rebuilt below.
-    }
-  }
-  torch::Tensor rgb = data::decode_image_rgb(item.image);
+  return slot;
+}
+
+torch::Tensor BatchLoader::sample_image(const PlannedSample& s) const {
+  const auto& p = s.placement;
+  torch::Tensor rgb = data::decode_image_rgb(items_[static_cast<size_t>(s.item)].image);
   rgb = data::resize_rgb(rgb, p.scale_to_width, p.scale_to_height);
   rgb = rgb.narrow(0, p.crop_y, p.bucket.height).narrow(1, p.crop_x, p.bucket.width);
   if (s.flip_x) rgb = rgb.flip({1});
   if (s.flip_y) rgb = rgb.flip({0});
-  torch::Tensor z;
+  return data::to_unit_range(rgb).contiguous();
+}
+
+BatchLoader::Sample BatchLoader::load_sample(const PlannedSample& s) {
+  Sample out;
+  out.slot = slot_for(s);
+  if (out.slot.cached()) {
+    out.latents = cache_->find(out.slot);
+    if (out.latents.defined()) return out;
+  }
+  out.image = sample_image(s);
+  if (!encode_here_) return out;
   {
     torch::NoGradGuard no_grad;
-    z = codec_.encode(data::to_unit_range(rgb).unsqueeze(0))[0].contiguous();
+    out.latents = codec_.encode(out.image.unsqueeze(0))[0].contiguous();
   }
-  if (ds.cache_latents) memory_cache_[cache_key] = z;
-  if (ds.cache_latents_to_disk) io::save_safetensors(disk, {{"latent", z}}, {{"source", stamp}});
-  return z;
+  if (out.slot.cached()) cache_->store(out.slot, out.latents);
+  out.image = torch::Tensor();
+  return out;
 }
 
 }  // namespace gclab::data

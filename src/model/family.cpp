@@ -53,7 +53,7 @@ Guidance preview_guidance(Family family, bool guidance_embed) {
   return Guidance::Cfg;
 }
 
-config::AutoencoderKind autoencoder_kind(Family family) {
+std::optional<config::AutoencoderKind> autoencoder_kind(Family family) {
   switch (family) {
     case Family::flux:
     case Family::zimage:
@@ -65,7 +65,7 @@ config::AutoencoderKind autoencoder_kind(Family family) {
     case Family::qwen_image:
       break;
   }
-  throw UserError("Qwen-Image's autoencoder (AutoencoderKLQwenImage, the Wan 2.1 VAE) is not built yet");
+  return std::nullopt;
 }
 
 int divisibility(Family family) {

@@ -31,15 +31,29 @@ std::pair<int, int> parse_bucket(const std::string& key) {
 }  // namespace
 
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
-                                    const model::ModelSpec& spec) {
-  std::vector<OomFix> fixes;
+                                    const model::ModelSpec& spec, const vae::CodecSpec& codec) {
+  // The failing phase's own fixes come first (`first`), then the rest in the order practice recommends.
+  std::vector<OomFix> first, fixes;
   const auto [bw, bh] = parse_bucket(ctx.bucket);
   const ckpt::CheckpointPolicy& policy = config.train.policy();
   const bool fully_checkpointed =
       policy.kind == ckpt::CheckpointPolicy::Kind::Full || policy.kind == ckpt::CheckpointPolicy::Kind::Offload;
   const int batch = std::max(ctx.batch, 1);
+  const bool cpu = ctx.cpu;
   const std::string basis =
       "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " + std::to_string(batch);
+  // 0. The autoencoder's encode ran out: cache the latents before training (it then leaves the device).
+  if (ctx.activity == Activity::vae_encode && codec.autoencoder && bw > 0) {
+    std::string which;
+    for (size_t d = 0; d < config.datasets.size(); ++d)
+      if (!config.datasets[d].cache_latents && !config.datasets[d].cache_latents_to_disk)
+        which += (which.empty() ? "" : ", ") + std::string("datasets[") + std::to_string(d) + "].cache_latents: true";
+    if (!which.empty())
+      first.push_back({"Cache the latents before training", which,
+                       codec.weight_bytes() + codec.encode_bytes(batch, bh, bw, cpu),
+                       "the autoencoder's weights and its encode peak at " + ctx.bucket + ", batch " +
+                           std::to_string(batch) + " (vae/memory.h), no longer on the device during steps"});
+  }
   // 1. Checkpointing off (or partial): the activations of every block, kept for backward.
   if (!fully_checkpointed && bw > 0) {
     const int64_t off = activation_bytes(spec, config, batch, bw, bh, false);
@@ -76,20 +90,58 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                      "activation ledger at " + std::to_string(largest) + "² vs " + std::to_string(next) + "²"});
     break;
   }
-  // 4. Previews: half the side is a quarter of the tokens.
+  // 4. Previews: the decode tiled, a smaller preview (half the side: a quarter of the tokens and of the
+  // decoder's activations), previews less often or none.
   if (config.sample && !config.train.disable_sampling) {
     const auto& s = *config.sample;
-    const int64_t train_peak =
-        std::max({ctx.last_step_phase_peaks.count("backward") ? ctx.last_step_phase_peaks.at("backward") : 0,
-                  ctx.last_step_phase_peaks.count("forward") ? ctx.last_step_phase_peaks.at("forward") : 0});
-    const int64_t saving = ctx.phase == "sample" ? std::max<int64_t>(0, ctx.peak_bytes - train_peak) : 0;
-    fixes.push_back({"Make previews cheaper",
-                     "sample.width/height " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) +
-                         " (from " + std::to_string(s.width) + "x" + std::to_string(s.height) +
-                         "), fewer sample_steps, or train.disable_sampling: true",
-                     saving,
-                     ctx.phase == "sample" ? "the preview's peak above the training step's, measured"
-                                           : "previews did not fail here"});
+    const bool in_preview = ctx.phase == Phase::sample;
+    const bool in_decode = in_preview && ctx.activity == Activity::vae_decode;
+    const int64_t train_peak = std::max({ctx.last_step_phase_peaks.count(phase_name(Phase::backward))
+                                             ? ctx.last_step_phase_peaks.at(phase_name(Phase::backward))
+                                             : 0,
+                                         ctx.last_step_phase_peaks.count(phase_name(Phase::forward))
+                                             ? ctx.last_step_phase_peaks.at(phase_name(Phase::forward))
+                                             : 0});
+    const int64_t preview_above_training = in_preview ? std::max<int64_t>(0, ctx.peak_bytes - train_peak) : 0;
+    // Tiling helps only the decode: first when the decode ran out, after the other preview fixes otherwise.
+    std::vector<OomFix> preview_fixes, tiling;
+    if (codec.autoencoder && !s.vae_tiling) {
+      vae::CodecSpec tiled = codec;
+      tiled.tile_sample_size = std::max(64, std::min(512, std::max(s.width, s.height) / 2 / 8 * 8));
+      const int64_t saving =
+          codec.decode_bytes(1, s.height, s.width, cpu) - tiled.decode_bytes(1, s.height, s.width, cpu);
+      tiling.push_back(
+          {"Decode previews in tiles",
+           "sample.vae_tiling: true" + (tiled.tile_sample_size == s.vae_tile_size
+                                            ? std::string()
+                                            : ", sample.vae_tile_size: " + std::to_string(tiled.tile_sample_size)),
+           saving,
+           "the autoencoder's decode peak at " + std::to_string(s.width) + "x" + std::to_string(s.height) +
+               " whole vs in " + std::to_string(tiled.tile_sample_size) + "-pixel tiles (vae/memory.h)"});
+    }
+    int64_t smaller = 0;
+    std::string smaller_basis = "previews did not fail here";
+    if (in_decode && codec.autoencoder) {
+      smaller = codec.decode_bytes(1, s.height, s.width, cpu) - codec.decode_bytes(1, s.height / 2, s.width / 2, cpu);
+      smaller_basis = "the autoencoder's decode peak at " + std::to_string(s.width) + "x" + std::to_string(s.height) +
+                      " vs " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) + " (vae/memory.h)";
+    } else if (in_preview) {
+      smaller = preview_above_training;
+      smaller_basis = "the preview's peak above the training step's, measured";
+    }
+    preview_fixes.push_back({"Make previews cheaper",
+                             "sample.width/height " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) +
+                                 " (from " + std::to_string(s.width) + "x" + std::to_string(s.height) +
+                                 "), fewer sample_steps",
+                             smaller, smaller_basis});
+    if (in_preview)
+      preview_fixes.push_back(
+          {"Preview less often, or not at all",
+           "train.disable_sampling: true (or a larger sample.sample_every, which only makes the peak rarer)",
+           preview_above_training, "the preview's peak above the training step's, measured"});
+    preview_fixes.insert(in_decode ? preview_fixes.begin() : preview_fixes.end(), tiling.begin(), tiling.end());
+    auto& to = in_preview ? first : fixes;
+    to.insert(to.end(), preview_fixes.begin(), preview_fixes.end());
   }
   // 5. Quantized base weights.
   if (!config.model.quantize)
@@ -100,23 +152,21 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     fixes.push_back({"Cache text embeddings and unload the encoder",
                      "train.cache_text_embeddings: true, train.unload_text_encoder: true", ctx.text_encoder_bytes,
                      "the text encoder's weights"});
-  // The failing phase's own fix first: a preview that ran out is fixed by a cheaper preview.
-  if (ctx.phase == "sample") {
-    auto it =
-        std::find_if(fixes.begin(), fixes.end(), [](const OomFix& f) { return f.title == "Make previews cheaper"; });
-    if (it != fixes.end()) std::rotate(fixes.begin(), it, it + 1);
-  }
-  return fixes;
+  first.insert(first.end(), fixes.begin(), fixes.end());
+  return first;
 }
 
 std::string write_oom_report(const std::filesystem::path& dir, const OomContext& c, const std::vector<OomFix>& fixes) {
   using config::format_bytes;
-  const int64_t categorized = c.weight_bytes + c.gradient_bytes + c.optimizer_bytes + c.text_encoder_bytes;
+  const int64_t categorized =
+      c.weight_bytes + c.gradient_bytes + c.optimizer_bytes + c.text_encoder_bytes + c.vae_bytes;
   const int64_t other = std::max<int64_t>(0, c.live_bytes - categorized);
   std::ostringstream md;
-  md << "# Out of memory at step " << c.step << ", phase `" << c.phase << "`\n\n";
+  const std::string where = std::string(phase_name(c.phase)) +
+                            (c.activity == Activity::model ? "" : std::string(", ") + activity_name(c.activity));
+  md << "# Out of memory at step " << c.step << ", phase `" << where << "`\n\n";
   md << "| | |\n|---|---|\n";
-  md << "| phase | " << c.phase << " |\n| step | " << c.step << " (last good: " << c.last_good_step << ") |\n";
+  md << "| phase | " << where << " |\n| step | " << c.step << " (last good: " << c.last_good_step << ") |\n";
   md << "| bucket | " << c.bucket << " |\n| batch | " << c.batch << " |\n";
   md << "| checkpoint policy | " << c.checkpoint_policy << " |\n| device | " << c.device << " |\n";
   md << "| cap | "
@@ -129,6 +179,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
      << " |\n";
   md << "| optimizer state | " << format_bytes(c.optimizer_bytes) << " |\n";
   md << "| text encoder | " << format_bytes(c.text_encoder_bytes) << " |\n";
+  md << "| autoencoder | " << format_bytes(c.vae_bytes) << " |\n";
   md << "| activations and the rest | " << format_bytes(other) << " |\n";
   md << "| live once the failed step was unwound | " << format_bytes(c.live_bytes) << " |\n| peak this step | "
      << format_bytes(c.peak_bytes) << " |\n\n";
@@ -151,7 +202,8 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
 
   nlohmann::ordered_json j;
   j["step"] = c.step;
-  j["phase"] = c.phase;
+  j["phase"] = phase_name(c.phase);
+  j["activity"] = activity_name(c.activity);
   j["bucket"] = c.bucket;
   j["batch"] = c.batch;
   j["checkpoint_policy"] = c.checkpoint_policy;
@@ -159,9 +211,13 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   j["cap_bytes"] = c.cap_bytes;
   j["cap_counts"] = c.cap_counts;
   j["message"] = c.message;
-  j["live_bytes"] = {{"weights", c.weight_bytes},      {"gradients", c.gradient_bytes},
-                     {"optimizer", c.optimizer_bytes}, {"text_encoder", c.text_encoder_bytes},
-                     {"activations_and_other", other}, {"total", c.live_bytes}};
+  j["live_bytes"] = {{"weights", c.weight_bytes},
+                     {"gradients", c.gradient_bytes},
+                     {"optimizer", c.optimizer_bytes},
+                     {"text_encoder", c.text_encoder_bytes},
+                     {"vae", c.vae_bytes},
+                     {"activations_and_other", other},
+                     {"total", c.live_bytes}};
   j["peak_bytes"] = c.peak_bytes;
   j["last_step_phase_peaks"] = c.last_step_phase_peaks;
   j["last_good_step"] = c.last_good_step;
@@ -175,7 +231,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   std::ofstream(dir / "oom_report.json") << j.dump(2) << "\n";
 
   std::ostringstream brief;
-  brief << "out of memory at step " << c.step << " in `" << c.phase << "` (bucket " << c.bucket << ", batch " << c.batch
+  brief << "out of memory at step " << c.step << " in `" << where << "` (bucket " << c.bucket << ", batch " << c.batch
         << ", policy " << c.checkpoint_policy << (c.cap_bytes ? ", cap " + format_bytes(c.cap_bytes) : "") << ")";
   if (!fixes.empty())
     brief << "; first fix: " << fixes.front().change << " (saves ~"

@@ -31,6 +31,67 @@ std::pair<int, int> largest_step(const config::ProcessConfig& c) {
 
 }  // namespace
 
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::setup:
+      return "setup";
+    case Phase::data:
+      return "data";
+    case Phase::text:
+      return "text";
+    case Phase::forward:
+      return "forward";
+    case Phase::backward:
+      return "backward";
+    case Phase::optimizer:
+      return "optimizer";
+    case Phase::sample:
+      return "sample";
+    case Phase::save:
+      return "save";
+  }
+  return "?";
+}
+
+const char* activity_name(Activity activity) {
+  switch (activity) {
+    case Activity::model:
+      return "";
+    case Activity::vae_encode:
+      return "vae encode";
+    case Activity::vae_decode:
+      return "vae decode";
+  }
+  return "?";
+}
+
+CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
+  CodecPlan plan;
+  vae::CodecSpec& s = plan.spec;
+  s.latent_channels = spec.latent_channels;
+  if (config.model.vae == config::VaeChoice::dct) return plan;
+  const auto kind = model::autoencoder_kind(spec.family);
+  if (!kind) {
+    plan.fallback =
+        "Qwen-Image's autoencoder (AutoencoderKLQwenImage, the Wan 2.1 VAE) is not built yet: the DCT stand-in "
+        "encodes and decodes, and the autoencoder's weights and decode peak are not counted (model.vae: dct "
+        "says so explicitly)";
+    return plan;
+  }
+  s.weights = weights;
+  if (s.weights.empty())
+    if (const auto local = model::local_model(config.model)) s.weights = local->vae;
+  try {
+    s.autoencoder = vae::autoencoder_config(
+        spec.tiny ? vae::AutoencoderKLConfig::tiny(*kind) : vae::AutoencoderKLConfig::preset(*kind), s.weights);
+  } catch (const std::runtime_error& e) {
+    throw UserError(std::string("the autoencoder: ") + e.what());
+  }
+  s.dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
+  if (config.sample && config.sample->vae_tiling) s.tile_sample_size = config.sample->vae_tile_size;
+  return plan;
+}
+
 std::string step_tag(int64_t step) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "%09lld", static_cast<long long>(step));
@@ -65,8 +126,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
                        : nullptr),
       meter_(device_.is_meta() ? torch::Device(torch::kCPU) : device_),
       phases_(meter_),
-      timesteps_(model::flow_schedule(spec_.family), config.train),
-      codec_(spec_.latent_channels) {
+      timesteps_(model::flow_schedule(spec_.family), config.train) {
   const config::TrainConfig& tc = config_.train;
   // ---- memory: exact accounting on the CPU, the allocator's statistics on CUDA; the emulated cap ----
   if (device_.is_cpu()) {
@@ -128,6 +188,32 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   }
   model_->train();
 
+  // ---- the autoencoder: resident while it encodes on the fly; with cached latents it leaves the device
+  // once they are encoded (cache_latents) and comes back for previews only ----
+  const CodecPlan plan = codec_plan(config_, spec_);
+  codec_spec_ = plan.spec;
+  if (!plan.fallback.empty()) log::warn(plan.fallback);
+  if (codec_spec_.autoencoder && codec_spec_.autoencoder->latent_channels != spec_.latent_channels)
+    throw UserError("the autoencoder in " + codec_spec_.weights.string() + " has " +
+                    std::to_string(codec_spec_.autoencoder->latent_channels) +
+                    " latent channels; the transformer takes " + std::to_string(spec_.latent_channels));
+  for (const auto& d : config_.datasets)
+    caches_latents_ = caches_latents_ || d.cache_latents || d.cache_latents_to_disk;
+  if (!options.meta) {
+    try {
+      codec_ = vae::build_codec(codec_spec_, device_, static_cast<uint64_t>(config_.training_seed.value_or(42)));
+    } catch (const std::runtime_error& e) {
+      throw UserError(std::string("the autoencoder's weights do not fit its config.json: ") + e.what());
+    }
+    if (codec_spec_.autoencoder)
+      log::info("autoencoder: " + codec_spec_.describe() +
+                (codec_spec_.weights.empty()
+                     ? "; random weights: its memory is exact, its latents and previews are meaningless (model.vae: "
+                       "dct previews a tiny model trained from scratch)"
+                     : ""));
+    if (caches_latents_) codec_->offload();
+  }
+
   // ---- checkpointing, applied to the built model from outside ----
   checkpointing_ = std::make_unique<ModelCheckpointing>(*model_);
   const auto [batch_max, largest] = largest_step(config_);
@@ -148,9 +234,45 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
 
 Session::~Session() = default;
 
-memory::PhaseMeter::Scope Session::phase(const char* name) {
-  current_phase_ = name;
-  return phases_.phase(name);
+memory::PhaseMeter::Scope Session::phase(Phase p) {
+  current_phase_ = p;
+  current_activity_ = Activity::model;
+  return phases_.phase(phase_name(p));
+}
+
+vae::ImageCodec& Session::codec() {
+  if (!codec_) throw std::logic_error("the autoencoder is not built on the meta device");
+  return *codec_;
+}
+
+void Session::encode(data::LoadedBatch& lb) {
+  if (lb.latents.defined() && lb.reference_images.empty()) return;
+  current_activity_ = Activity::vae_encode;
+  if (!lb.latents.defined()) {
+    lb.latents = codec().encode(lb.images, static_cast<uint64_t>(lb.index) * 16);
+    lb.images = torch::Tensor();
+    data::remember_latents(lb);
+  }
+  for (size_t i = 0; i < lb.reference_images.size(); ++i)
+    lb.references.push_back(codec().encode(lb.reference_images[i], static_cast<uint64_t>(lb.index) * 16 + 1 + i));
+  lb.reference_images.clear();
+  current_activity_ = Activity::model;
+}
+
+int64_t Session::cache_latents(data::BatchLoader& loader) {
+  if (!caches_latents_ || !codec_ || codec_->encodes_on_loader_thread()) return 0;
+  int64_t n = 0;
+  {
+    auto scope = phase(Phase::data);
+    current_activity_ = Activity::vae_encode;
+    n = loader.fill_caches([this](const torch::Tensor& images, uint64_t key) { return codec_->encode(images, key); });
+    codec_->offload();
+    current_activity_ = Activity::model;
+  }
+  if (n > 0)
+    log::info("cached the latents of " + std::to_string(n) +
+              " image placements (cache_latents); the autoencoder left the device");
+  return n;
 }
 
 void Session::lift_cap() {
@@ -218,10 +340,11 @@ model::ModelInputs Session::conditioning(const std::vector<std::string>& caption
   return in;
 }
 
-MicroBatch Session::micro_batch(const data::LoadedBatch& lb) {
+MicroBatch Session::micro_batch(data::LoadedBatch lb) {
+  encode(lb);  // nothing when train_step encoded it in the data phase
   MicroBatch mb;
   {
-    auto scope = phase("text");
+    auto scope = phase(Phase::text);
     mb.conditioning = fixed_caption_ ? conditioning(std::vector<std::string>(lb.captions.size(), *fixed_caption_))
                                      : conditioning(lb.captions);
   }
@@ -252,13 +375,20 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   data::LoadedBatch lb;
   lb.bucket = {width, height};
   lb.resolution = std::max(width, height);
-  lb.latents = torch::randn({batch, spec_.latent_channels, height / 8, width / 8});
+  const bool images = codec_spec_.autoencoder && !caches_latents_;  // encoded in the step's data phase
+  if (images)
+    lb.images = torch::rand({batch, 3, height, width}) * 2 - 1;
+  else
+    lb.latents = torch::randn({batch, spec_.latent_channels, height / 8, width / 8});
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
   if (spec_.edit) {  // one 1024²-area reference of the batch's aspect, as the loader makes it
     const data::BucketResolution ref = data::reference_size(lb.bucket, spec_.divisibility);
-    lb.references.push_back(torch::randn({batch, spec_.latent_channels, ref.height / 8, ref.width / 8}));
+    if (codec_spec_.autoencoder)  // control images are encoded every step, cached latents or not
+      lb.reference_images.push_back(torch::rand({batch, 3, ref.height, ref.width}) * 2 - 1);
+    else
+      lb.references.push_back(torch::randn({batch, spec_.latent_channels, ref.height / 8, ref.width / 8}));
   }
   return lb;
 }
@@ -279,21 +409,22 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     const auto t_wait = std::chrono::steady_clock::now();
     data::LoadedBatch lb;
     {
-      auto scope = phase("data");
+      auto scope = phase(Phase::data);
       lb = next();
+      r.data_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
+      encode(lb);
     }
-    r.data_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wait).count();
     epoch_start = epoch_start || lb.epoch_start;
     r.bucket = current_bucket_ = lb.bucket.key();
     r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
-    const MicroBatch mb = micro_batch(lb);
+    const MicroBatch mb = micro_batch(std::move(lb));
     torch::Tensor loss;
     {
-      auto scope = phase("forward");
+      auto scope = phase(Phase::forward);
       loss = flow_matching_loss(*model_, mb, so);
     }
     {
-      auto scope = phase("backward");
+      auto scope = phase(Phase::backward);
       loss.backward();
     }
     losses.push_back(loss.detach());
@@ -303,7 +434,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   for (const auto& [n, p] : trained_)
     if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
   if (r.updated) {
-    auto scope = phase("optimizer");
+    auto scope = phase(Phase::optimizer);
     std::vector<torch::Tensor> params;
     for (const auto& [n, p] : trained_) params.push_back(p);
     // hook_train_loop clips for every optimizer but Adafactor (the norm is still measured for the log).
@@ -322,7 +453,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
 std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
   std::vector<fs::path> files;
   if (prompts_.empty()) return files;
-  auto scope = phase("sample");
+  auto scope = phase(Phase::sample);
   // AI Toolkit previews with the EMA weights when EMA is on (BaseSDTrainProcess.sample: ema.eval() swaps
   // them in, ema.train() back).
   with_ema_weights([&] { files = sample_previews(step, dir); });
@@ -346,13 +477,31 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     const auto cond = conditioning({item.prompt});
     const auto uncond = conditioning({item.neg.value_or(sc.neg)});
     const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
+    const torch::Tensor image = data::to_rgb_uint8(decode_preview(z)[0]);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
-    const torch::Tensor image = data::to_rgb_uint8(codec_.decode(z.cpu())[0]);
     const fs::path file = dir / (config_.name + "_" + step_tag(step) + "_" + std::to_string(i) + ".png");
     data::write_png(file, image);
     files.push_back(file);
   }
   return files;
+}
+
+torch::Tensor Session::decode_preview(const torch::Tensor& z) {
+  // The autoencoder comes to the device for the decode and leaves again after (AI Toolkit restores the
+  // device state it found), on top of what the training step left resident.
+  current_activity_ = Activity::vae_decode;
+  vae::ImageCodec& c = codec();
+  struct Residency {
+    vae::ImageCodec& codec;
+    bool offloaded;
+    ~Residency() {
+      if (offloaded) codec.offload();
+    }
+  } residency{c, c.offloaded()};
+  c.restore();
+  torch::Tensor image = c.decode(z);
+  current_activity_ = Activity::model;
+  return image;
 }
 
 void Session::precompute_text(const std::vector<std::string>& captions) {
@@ -392,6 +541,7 @@ ResidentBytes Session::resident() const {
   for (const auto& [n, e] : ema_) r.ema += static_cast<int64_t>(e.nbytes());
   r.text_encoder = text_->encoder_bytes();
   r.text_cache = text_->cache_bytes();
+  r.vae = codec_ ? codec_->resident_bytes() : caches_latents_ ? 0 : codec_spec_.weight_bytes();
   return r;
 }
 

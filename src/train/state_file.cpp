@@ -107,7 +107,7 @@ fs::path RunSaves::weights_path(const std::string& stem) const {
 }
 
 fs::path RunSaves::save(Session& session, int64_t step, bool final) {
-  auto scope = session.phase("save");
+  auto scope = session.phase(Phase::save);
   const config::ProcessConfig& config = session.config();
   const fs::path weights = weights_path(final ? name_ : name_ + "_" + step_tag(step));
   if (!final) {

@@ -191,17 +191,17 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     const auto live = session.meter().stats();
     const ResidentBytes held = session.resident();
     session.optimizer().zero_grad();
-    const std::string phase = session.current_phase();
-    const bool in_step = phase != "sample" && phase != "save";
+    const Phase phase = session.current_phase();
+    const bool in_step = phase != Phase::sample && phase != Phase::save;
     session.meter().release_cached();  // what the failed step held goes back before anything else runs
     if (tc.oom_policy == config::OomPolicy::skip && in_step && ++consecutive_ooms < 3) {
       ++summary.oom_skips;
-      log::warn("out of memory at step " + std::to_string(step + 1) + " in " + phase + " (bucket " +
+      log::warn("out of memory at step " + std::to_string(step + 1) + " in " + phase_name(phase) + " (bucket " +
                 session.current_bucket() + "); batch skipped (train.oom_policy: skip, " +
                 std::to_string(consecutive_ooms) + " in a row)");
       metrics.write({{"step", step + 1},
                      {"oom_skip", true},
-                     {"phase", phase},
+                     {"phase", phase_name(phase)},
                      {"bucket", session.current_bucket()},
                      {"oom_skips", summary.oom_skips}});
       session.phases().clear();
@@ -211,13 +211,15 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     OomContext ctx;
     ctx.step = step + 1;
     ctx.phase = phase;
+    ctx.activity = session.current_activity();
     ctx.bucket = session.current_bucket();
     ctx.batch = session.current_batch();
-    if (phase == "sample")
+    if (phase == Phase::sample)
       ctx.bucket = std::to_string(config.sample->width) + "x" + std::to_string(config.sample->height), ctx.batch = 1;
     ctx.checkpoint_policy = tc.policy().to_string();
     ctx.message = e.what_without_backtrace();
     ctx.device = session.device().str();
+    ctx.cpu = session.device().is_cpu();
     ctx.cap_bytes = config.vram_cap.bytes;
     ctx.cap_counts = session.meter().cap_counts();
     ctx.live_bytes = live.live_bytes;
@@ -226,6 +228,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     ctx.gradient_bytes = held.gradients;
     ctx.optimizer_bytes = held.optimizer;
     ctx.text_encoder_bytes = held.text_encoder;
+    ctx.vae_bytes = held.vae;
     ctx.last_step_phase_peaks = last_step_peaks;
     ctx.last_good_step = last_good_step;
     session.lift_cap();  // nothing lost: the save is not part of the experiment
@@ -234,7 +237,8 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     } catch (const std::exception& save_error) {
       log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
     }
-    const std::string brief = write_oom_report(summary.output_dir, ctx, recommend_fixes(ctx, config, session.spec()));
+    const std::string brief =
+        write_oom_report(summary.output_dir, ctx, recommend_fixes(ctx, config, session.spec(), session.codec_spec()));
     if (options.progress && options.progress_in_place) *options.progress << "\n";
     throw OutOfMemoryStop(brief);
   };
@@ -250,6 +254,12 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     }
   }
   loader.emplace(items, datasets, session.codec(), lo, step * session.accumulation());
+  try {
+    session.cache_latents(*loader);
+  } catch (const c10::OutOfMemoryError& e) {
+    on_oom(e);
+  }
+  session.phases().clear();
   if (session.sampling() && step == 0 && !tc.skip_first_sample) {
     try {
       take_samples(0);
@@ -343,6 +353,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
                                                             {"weights_bytes", held.weights},
                                                             {"optimizer_bytes", held.optimizer},
                                                             {"text_encoder_bytes", held.text_encoder},
+                                                            {"vae_bytes", held.vae},
                                                             {"phase_peak_bytes", run_peaks}}
                                                            .dump(2)
                                                     << "\n";

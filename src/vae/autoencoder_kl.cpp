@@ -212,6 +212,15 @@ AutoencoderKLConfig AutoencoderKLConfig::preset(config::AutoencoderKind kind) {
   return c;
 }
 
+AutoencoderKLConfig AutoencoderKLConfig::tiny(config::AutoencoderKind kind) {
+  AutoencoderKLConfig c = preset(kind);
+  c.block_out_channels = {16, 16, 16, 16};
+  c.layers_per_block = 1;
+  c.norm_num_groups = 4;
+  c.sample_size = 256;
+  return c;
+}
+
 AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path.string() + ": cannot be read");
@@ -269,7 +278,9 @@ torch::Tensor AutoencoderKLImpl::encode(const torch::Tensor& images, Posterior p
   torch::Tensor z = parts[0];
   if (posterior == Posterior::sample) {  // DiagonalGaussianDistribution.sample
     const torch::Tensor std = torch::exp(0.5 * parts[1].clamp(-30.0, 20.0));
-    z = z + std * at::randn(z.sizes(), generator, z.options());
+    // Drawn where the generator lives (a CPU generator for a CUDA autoencoder draws on the host).
+    const torch::Device where = generator ? generator->device() : z.device();
+    z = z + std * at::randn(z.sizes(), generator, z.options().device(where)).to(z.device());
   }
   return (z - config_.shift_factor) * config_.scaling_factor;
 }
@@ -327,13 +338,18 @@ torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& latents) {
   return decode_unscaled(latents / config_.scaling_factor + config_.shift_factor);
 }
 
-LoadedAutoencoder build_autoencoder(config::AutoencoderKind kind, const std::filesystem::path& folder) {
+AutoencoderKLConfig autoencoder_config(const AutoencoderKLConfig& fallback, const std::filesystem::path& weights) {
+  std::error_code ec;
+  if (!weights.empty() && std::filesystem::is_regular_file(weights / "config.json", ec))
+    return AutoencoderKLConfig::from_json_file(weights / "config.json");
+  return fallback;
+}
+
+LoadedAutoencoder build_autoencoder(const AutoencoderKLConfig& config, const std::filesystem::path& weights) {
   LoadedAutoencoder out;
-  const bool has_config = !folder.empty() && std::filesystem::is_regular_file(folder / "config.json");
-  out.vae = AutoencoderKL(has_config ? AutoencoderKLConfig::from_json_file(folder / "config.json")
-                                     : AutoencoderKLConfig::preset(kind));
-  out.random = folder.empty();
-  if (!out.random) out.unused = load_autoencoder_weights(*out.vae, folder);
+  out.vae = AutoencoderKL(config);
+  out.random = weights.empty();
+  if (!out.random) out.unused = load_autoencoder_weights(*out.vae, weights);
   return out;
 }
 

@@ -1,5 +1,7 @@
 #include "gclab/vae/memory.h"
 
+#include <ATen/cpu/Utils.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -40,10 +42,27 @@ class Walk {
   void spike(int64_t b) { peak_ = std::max(peak_, live_ + b); }
   int64_t peak() const { return peak_; }
 
-  // A convolution's output, allocated; on the CPU its input and weight are copied next to it first.
+  // A convolution's output, allocated, after oneDNN's temporaries on the CPU (measured with the tracking
+  // allocator): a 1x1 kernel needs none; an input of fewer channels than a block is read as it is, and the
+  // output is computed in the blocked layout (channels padded to the block) and reordered; a wider input
+  // is copied into the blocked layout (padded) beside a copy of the weight, and the output is computed in
+  // place when its channels fill whole blocks, else in a padded buffer that is then reordered.
   Shape conv(const Shape& in, int64_t out_channels, int64_t kernel, int64_t stride = 1) {
     const Shape out{out_channels, in.h / stride, in.w / stride};
-    if (o_.cpu) spike(bytes(in) + in.c * out_channels * kernel * kernel * o_.dtype_bytes + bytes(out));
+    if (o_.cpu && kernel > 1) {
+      const int64_t block = o_.channel_block;
+      auto padded = [&](Shape s) {
+        s.c = (s.c + block - 1) / block * block;
+        return bytes(s);
+      };
+      if (in.c < block) {
+        spike(padded(out) + bytes(out));
+      } else {
+        const bool whole = out.c % block == 0;
+        spike(padded(in) + in.c * out.c * kernel * kernel * o_.dtype_bytes + (whole ? bytes(out) : padded(out)));
+        if (!whole) spike(padded(out) + bytes(out));
+      }
+    }
     alloc(out);
     return out;
   }
@@ -172,6 +191,15 @@ Shape walk_decode_unscaled(Walk& walk, const AutoencoderKLConfig& c, const Shape
 }
 
 }  // namespace
+
+int cpu_channel_block() {
+  static const int block = [] {
+    const auto caps = at::cpu::get_cpu_capabilities();  // cpuinfo's flags, as oneDNN sees the same CPU
+    const auto it = caps.find("avx512f");
+    return it != caps.end() && it->second.isBool() && it->second.toBool() ? 16 : 8;
+  }();
+  return block;
+}
 
 int64_t autoencoder_weight_bytes(const AutoencoderKLConfig& c, int64_t dtype_bytes) {
   const auto& ch = c.block_out_channels;

@@ -86,7 +86,7 @@ TEST(Estimate, WithinTenPercentOfAMeasuredStepForEveryTinyPreset) {
             std::string("name: e\ntraining_folder: ") + dir.string() +
             "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
             "\n    resolution: [256]\ntrain: {batch_size: 2, steps: 2, dtype: fp32, checkpoint_policy: " + policy +
-            "}\nmodel: {arch: " + arch + "}\nsample: {prompts: [\"" + prompt + "\"]}\n" +
+            "}\nmodel: {arch: " + arch + ", vae: dct}\nsample: {prompts: [\"" + prompt + "\"]}\n" +
             (std::string(network) == "lora" ? "network: {type: lora, linear: 8}\n" : "");
         auto r = model::load_config_text(yaml, "e.yaml");
         ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
@@ -112,6 +112,43 @@ TEST(Estimate, WithinTenPercentOfAMeasuredStepForEveryTinyPreset) {
             (long long)predicted.workspace_bytes);
         EXPECT_NEAR(ratio, 1.0, 0.10) << arch << " " << network << " " << policy;
       }
+  fs::remove_all(dir);
+}
+
+// With the autoencoder encoding on the fly, the step's `data` phase holds the images and the encode's peak
+// on top of the resident weights (the autoencoder's included); a preview decodes at sample.width x height.
+// Both as estimate_memory predicts them, against the tracking allocator (tiny FLUX, its tiny autoencoder).
+TEST(Estimate, TheAutoencodersEncodeAndDecodeAreInTheEstimate) {
+  const fs::path dir = testing::fresh_dir("estimate_vae");
+  for (const char* network : {"lora", "none"}) {
+    const std::string yaml = std::string("name: v\ntraining_folder: ") + dir.string() +
+                             "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
+                             "\n    resolution: [256]\ntrain: {batch_size: 2, steps: 2, dtype: fp32}\n"
+                             "model: {arch: tiny-flux}\nsample: {width: 512, height: 512, sample_steps: 1, "
+                             "guidance_scale: 1, prompts: [\"a red circle\"]}\n" +
+                             (std::string(network) == "lora" ? "network: {type: lora, linear: 8}\n" : "");
+    auto r = model::load_config_text(yaml, "v.yaml");
+    ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+    const auto e = estimate_memory(*r.config);
+    ASSERT_GT(e.vae_bytes, 0);
+    ASSERT_TRUE(e.preview);
+    train::Session session(*r.config);
+    EXPECT_EQ(session.resident().vae, e.vae_bytes);
+    for (int step = 0; step < 2; ++step) {  // the second step: the optimizer's state exists
+      session.phases().clear();
+      session.train_step(step, [&] { return session.synthetic_batch(2, 256, 256); });
+    }
+    const int64_t data_peak = session.phases().peaks().at("data");
+    const int64_t predicted_data = e.resident_bytes - e.gradient_bytes + e.resolutions[0].gc_off.encode_bytes;
+    session.phases().clear();
+    session.sample(1, dir);
+    const int64_t sample_peak = session.phases().peaks().at("sample");
+    std::printf("%s: data phase predicted %lld measured %lld; preview predicted %lld (decode %lld) measured %lld\n",
+                network, (long long)predicted_data, (long long)data_peak, (long long)e.preview->total_bytes,
+                (long long)e.preview->decode_bytes, (long long)sample_peak);
+    EXPECT_NEAR(static_cast<double>(predicted_data) / static_cast<double>(data_peak), 1.0, 0.01) << network;
+    EXPECT_NEAR(static_cast<double>(e.preview->total_bytes) / static_cast<double>(sample_peak), 1.0, 0.02) << network;
+  }
   fs::remove_all(dir);
 }
 
@@ -157,7 +194,7 @@ TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
         "save: {dtype: float32, save_every: 1000}\n"
         "datasets:\n  - folder_path: " +
         (dir / "data").string() + "\n    resolution: [256]\ntrain: {batch_size: " + std::to_string(batch) +
-        ", steps: 2, dtype: fp32, lr: 1e-4, checkpoint_policy: " + policy + "}\nmodel: {arch: tiny-flux}\n";
+        ", steps: 2, dtype: fp32, lr: 1e-4, checkpoint_policy: " + policy + "}\nmodel: {arch: tiny-flux, vae: dct}\n";
     auto r = model::load_config_text(yaml, "fit.yaml");
     if (!r.ok()) throw std::runtime_error(r.diagnostics.all().front().format());
     return *r.config;

@@ -1,11 +1,13 @@
 // `gclab estimate`: the memory a config's training would take, counted from the same Session a run builds
 // (on the meta device: no memory) — weights in their real dtype, trained tensors and their gradients,
-// optimizer state, EMA, the text encoder — plus, per training resolution and checkpoint policy (off,
-// full), the step's batch tensors, the blocks' activations (the activation ledger) and the MLP transients
-// of the block being run, beside the cap. What it does not model is listed in `not_modelled`.
+// optimizer state, EMA, the text encoder, the autoencoder — plus, per training resolution and checkpoint
+// policy (off, full), the step's batch tensors, the blocks' activations (the activation ledger) and the MLP
+// transients of the block being run, the autoencoder's encode when latents are encoded on the fly, and the
+// preview with its decode, beside the cap. What it does not model is listed in `not_modelled`.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,7 +20,10 @@ struct StepEstimate {
   int64_t batch_bytes = 0;       // latents, noise, x_t, target, prediction, text embeddings
   int64_t activation_bytes = 0;  // what the blocks keep for backward (full: inputs + one block recomputed)
   int64_t workspace_bytes = 0;   // the running block's MLP transients: its hidden and that hidden's gradient
-  int64_t total_bytes = 0;       // resident + the above
+  // The `data` phase when the autoencoder encodes on the fly: the batch's images and the encode's peak
+  // (vae/memory.h), on top of the resident bytes (0 when latents are cached or the stand-in encodes).
+  int64_t encode_bytes = 0;
+  int64_t total_bytes = 0;  // the step's peak: resident + the larger of the data phase and the training step
 };
 
 struct ResolutionEstimate {
@@ -26,6 +31,16 @@ struct ResolutionEstimate {
   int batch = 0;
   int64_t image_tokens = 0, text_tokens = 0;
   StepEstimate gc_off, gc_full;
+};
+
+// A preview at sample.width x height, after a step (gradients freed): the autoencoder back on the device
+// when it had left it, the denoising passes (without gradients), then the decode.
+struct PreviewEstimate {
+  int width = 0, height = 0;
+  int64_t image_tokens = 0;
+  int64_t denoise_bytes = 0;  // one no-grad forward, CFG batch included: a block's input, output and MLP hidden
+  int64_t decode_bytes = 0;   // the autoencoder's decode peak (vae/memory.h: within 1% of the CPU allocator)
+  int64_t total_bytes = 0;    // resident (without gradients, with the autoencoder) + the larger of the two
 };
 
 struct MemoryEstimate {
@@ -38,13 +53,20 @@ struct MemoryEstimate {
   int64_t optimizer_bytes = 0;
   int64_t ema_bytes = 0;
   int64_t text_encoder_bytes = 0;
-  int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text encoder
+  std::string vae;               // what encodes and decodes (vae::CodecSpec::describe)
+  int64_t vae_weight_bytes = 0;  // the autoencoder's weights
+  int64_t vae_bytes = 0;         // of which resident during steps (0 when cache_latents sends it away)
+  int64_t resident_bytes = 0;    // weights + gradients + optimizer + EMA + text encoder + autoencoder
   int64_t cap_bytes = 0;
   std::string activation_dtype;
   std::vector<ResolutionEstimate> resolutions;
+  std::optional<PreviewEstimate> preview;  // when the config samples
   std::vector<std::string> not_modelled;
 };
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config);
+
+// Whether estimates are for CUDA's kernels (device cuda...; `auto` on a machine with a GPU) or the CPU's.
+bool estimates_for_cuda(const config::ProcessConfig& config);
 
 }  // namespace gclab::bench

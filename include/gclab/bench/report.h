@@ -14,6 +14,9 @@ namespace gclab::bench {
 
 std::string format_model_summary(const model::ModelSummary& summary);
 // Where each dataset's images land, per resolution, from image headers alone (no decoding).
+// The autoencoder the config selects (train::codec_plan): its weights, whether it stays on the device, and
+// its predicted encode peak per training resolution and decode peak at the preview size.
+std::string format_autoencoder(const config::ProcessConfig& config);
 std::string format_bucket_histograms(const config::ProcessConfig& config);
 std::string format_estimate(const MemoryEstimate& estimate);
 // fit's rows: `fit:` a list of {resolution, policy, largest_batch, peak_bytes}, the table as comments.

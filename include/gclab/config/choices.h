@@ -38,6 +38,10 @@ enum class Family { flux, qwen_image, zimage, sd3, dit };
 // The AutoencoderKL configurations the families decode with (vae/autoencoder_kl.h; which family uses which
 // is model/family.h's autoencoder_kind): FLUX.1's (also Flex's and Z-Image's), SD3's, the SD VAE (DiT).
 enum class AutoencoderKind { flux, sd3, sd };
+// model.vae (gclab's): what turns images into latents and previews back into images — the family's
+// autoencoder (the default), or the deterministic DCT stand-in (an explicit choice for random-weight CPU
+// runs, where a random autoencoder's previews would be noise).
+enum class VaeChoice { autoencoder, dct };
 
 // One value: its canonical spelling (written back) and the other spellings AI Toolkit accepts.
 template <class E>

@@ -366,6 +366,8 @@ struct ModelConfig {
   std::string qtype = "qfloat8";
   std::string qtype_te = "qfloat8";
   bool low_vram = false;
+  // gclab: autoencoder (the family's, from name_or_path's vae/ folder or random at the real shapes) or dct.
+  VaeChoice vae = VaeChoice::autoencoder;
 
   template <class V>
   void fields(V& v) {
@@ -379,6 +381,7 @@ struct ModelConfig {
     v("qtype", qtype);
     v("qtype_te", qtype_te);
     v("low_vram", low_vram);
+    v("vae", vae);
     v.ignore({"dtype",
               "vae_path",
               "is_v2",
@@ -461,6 +464,11 @@ struct SampleConfig {
   int sample_steps = 20;
   double network_multiplier = 1.0;
   std::string format = "png";  // AI Toolkit writes jpg by default; gclab writes PNG only
+  // gclab: decode previews in overlapping tiles of vae_tile_size pixels, blended (diffusers' enable_tiling
+  // and tiled_decode). diffusers' own default tile is the VAE's sample_size (1024 for FLUX.1's), which would
+  // not tile a 1024² preview at all; gclab's default is 512.
+  bool vae_tiling = false;
+  int vae_tile_size = 512;
 
   // Each sample's seed, as BaseSDTrainProcess.sample picks them: the current seed starts at `seed`, walks to
   // seed + i with walk_seed, and becomes an item's own `seed` for it and the items after; a prompt's --seed
@@ -492,6 +500,8 @@ struct SampleConfig {
     v("sample_steps", sample_steps);
     v("network_multiplier", network_multiplier);
     v("format", format);
+    v("vae_tiling", vae_tiling);
+    v("vae_tile_size", vae_tile_size);
     v.ignore(
         {"guidance_rescale", "adapter_conditioning_scale", "refiner_start_at", "extra_values", "num_frames", "fps"});
   }

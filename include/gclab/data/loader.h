@@ -1,33 +1,70 @@
 // Batches ready before the step needs them: a background thread decodes, scales, crops and flips each
-// batch's images, encodes them to latents (with the latent caches) and processes the captions, a few
-// batches ahead of training. Batches come in a fixed global order (epoch plans seeded by the run's seed),
-// so a resumed run sees exactly the batches it would have seen.
+// batch's images, takes their latents from the latent caches or (the DCT stand-in) encodes them, and
+// processes the captions, a few batches ahead of training. An autoencoder is not run on that thread: its
+// batches carry the images, and the session encodes them on the device in the step's `data` phase, as AI
+// Toolkit does when latents are not cached. Batches come in a fixed global order (epoch plans seeded by the
+// run's seed), so a resumed run sees exactly the batches it would have seen.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "gclab/data/dataset.h"
-#include "gclab/data/latent_codec.h"
+#include "gclab/vae/codec.h"
 
 namespace gclab::data {
+
+// Where one sample's latents are cached: cache_latents keeps them in memory, cache_latents_to_disk in a
+// safetensors file beside the image (`_latent_cache/`), valid while the image's size and time are unchanged.
+struct LatentSlot {
+  std::string key;             // the image and its placement, flips and latent channels
+  bool memory = false;         // cache_latents
+  std::filesystem::path file;  // cache_latents_to_disk (empty: not on disk)
+  std::string stamp;           // the image's size and time, in the file's metadata
+  bool cached() const { return memory || !file.empty(); }
+};
+
+// The latent caches of a run, shared by the loader's thread and the session (thread-safe).
+class LatentCache {
+ public:
+  // The sample's latents from memory, else from a valid file (then kept in memory when cached there);
+  // undefined when not cached.
+  torch::Tensor find(const LatentSlot& slot);
+  // Keeps z ([C, h, w], CPU float32) where the slot says.
+  void store(const LatentSlot& slot, const torch::Tensor& z);
+  int64_t memory_bytes() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, torch::Tensor> memory_;
+};
 
 struct LoadedBatch {
   int64_t index = 0;         // position in the run's sequence of batches
   bool epoch_start = false;  // the first batch of an epoch after the first
   int dataset = 0, resolution = 0;
   BucketResolution bucket;
-  torch::Tensor latents;  // [B, C, h/8, w/8], CPU float32
+  // [B, C, h/8, w/8] float32: from the caches or the stand-in codec (CPU); undefined until the session
+  // encodes `images` with the autoencoder.
+  torch::Tensor latents;
+  torch::Tensor images;  // [B, 3, H, W] in [-1, 1], CPU float32, when latents were not ready
   // Edit models: one [B, C, h', w'] per control folder, each control scaled to a 1024²-area image of the
   // batch's aspect (sides multiples of the divisibility), cover and centre-crop — one 1024²-area latent
-  // per control image, as the token accounting counts it.
+  // per control image, as the token accounting counts it. As the latents: undefined until encoded, the
+  // images in reference_images meanwhile.
   std::vector<torch::Tensor> references;
+  std::vector<torch::Tensor> reference_images;
   std::vector<std::string> captions;  // processed (trigger, dropout, shuffle)
+  // Where the session puts the latents it encodes (one slot per sample), and the caches they go to.
+  std::vector<LatentSlot> slots;
+  std::shared_ptr<LatentCache> cache;
 };
 
 struct LoaderOptions {
@@ -40,7 +77,9 @@ struct LoaderOptions {
 
 class BatchLoader {
  public:
-  BatchLoader(std::vector<ImageItem> items, std::vector<config::DatasetConfig> datasets, const LatentCodec& codec,
+  // The codec encodes on the loader's thread only when it says it may (the stand-in); the thread starts
+  // with the first next().
+  BatchLoader(std::vector<ImageItem> items, std::vector<config::DatasetConfig> datasets, vae::ImageCodec& codec,
               const LoaderOptions& options, int64_t start_index);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
@@ -55,21 +94,37 @@ class BatchLoader {
   // is not used again.
   std::vector<std::string> unusable_files();
 
+  // AI Toolkit's latent caching before training (cache_latents_all_latents): every sample the caching
+  // datasets can give (each image at each resolution, flipped as the dataset may flip it) that is not
+  // cached yet, one image at a time as AI Toolkit encodes them, handed to `encode` ([1, 3, H, W] in
+  // [-1, 1] -> [1, C, h, w]) and stored. Call before the first next(). Returns how many were encoded.
+  // `encode` also gets a key of the image's placement (for its posterior sample).
+  int64_t fill_caches(const std::function<torch::Tensor(const torch::Tensor&, uint64_t)>& encode);
+  const std::shared_ptr<LatentCache>& cache() const { return cache_; }
+
  private:
   void work();
   LoadedBatch load(int64_t index);
-  torch::Tensor load_sample(const PlannedSample& s);
+  struct Sample {
+    torch::Tensor latents;  // [C, h, w] when cached or encoded here
+    torch::Tensor image;    // [3, H, W] otherwise
+    LatentSlot slot;
+  };
+  Sample load_sample(const PlannedSample& s);
+  LatentSlot slot_for(const PlannedSample& s) const;
+  torch::Tensor sample_image(const PlannedSample& s) const;
   PlannedSample replacement_for(int64_t epoch, const Batch& batch, const PlannedSample& bad) const;
   torch::Tensor load_control(const std::filesystem::path& path, int width, int height) const;
 
   std::vector<ImageItem> items_;
   std::vector<config::DatasetConfig> datasets_;
-  const LatentCodec& codec_;
+  vae::ImageCodec& codec_;
+  const bool encode_here_;
   LoaderOptions o_;
   int64_t epoch_size_ = 0;
   int64_t next_to_load_ = 0;
-  std::map<int64_t, std::vector<Batch>> plans_;        // by epoch (at most two kept)
-  std::map<std::string, torch::Tensor> memory_cache_;  // cache_latents
+  std::map<int64_t, std::vector<Batch>> plans_;  // by epoch (at most two kept)
+  std::shared_ptr<LatentCache> cache_ = std::make_shared<LatentCache>();
 
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -81,5 +136,8 @@ class BatchLoader {
   bool stop_ = false;
   std::thread worker_;
 };
+
+// Stores the batch's encoded latents (and nothing else) in the caches its slots name.
+void remember_latents(const LoadedBatch& batch);
 
 }  // namespace gclab::data

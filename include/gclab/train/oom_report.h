@@ -13,20 +13,24 @@
 
 #include "gclab/config/config.h"
 #include "gclab/model/spec.h"
+#include "gclab/train/phase.h"
+#include "gclab/vae/codec.h"
 
 namespace gclab::train {
 
 struct OomContext {
-  int64_t step = 0;    // the step that failed (1-based: the first step is 1)
-  std::string phase;   // data, text, forward, backward, optimizer, sample, save
-  std::string bucket;  // WxH of the batch (or of the preview)
+  int64_t step = 0;  // the step that failed (1-based: the first step is 1)
+  Phase phase = Phase::setup;
+  Activity activity = Activity::model;  // the autoencoder's encode / decode, when that is what ran out
+  std::string bucket;                   // WxH of the batch (or of the preview)
   int batch = 0;
   std::string checkpoint_policy;
   std::string message;  // the allocator's words: the allocation that failed
   std::string device;
+  bool cpu = false;  // the device is the CPU (the kernels' temporaries differ from CUDA's)
   int64_t cap_bytes = 0, live_bytes = 0, peak_bytes = 0;
   std::string cap_counts = "allocated";  // what the cap is held against: CUDA "reserved", CPU "allocated"
-  int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, text_encoder_bytes = 0;
+  int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, text_encoder_bytes = 0, vae_bytes = 0;
   std::map<std::string, int64_t> last_step_phase_peaks;  // of the last step that completed
   int64_t last_good_step = 0;
   std::string saved_weights;  // what was saved before exiting
@@ -39,8 +43,9 @@ struct OomFix {
   std::string basis;  // how the saving was predicted
 };
 
+// `codec`: the run's autoencoder, whose encode / decode peaks the VAE levers are predicted from.
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
-                                    const model::ModelSpec& spec);
+                                    const model::ModelSpec& spec, const vae::CodecSpec& codec);
 // Writes oom_report.md and oom_report.json into dir; returns the short version for the log.
 std::string write_oom_report(const std::filesystem::path& dir, const OomContext& ctx, const std::vector<OomFix>& fixes);
 

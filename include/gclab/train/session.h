@@ -1,6 +1,6 @@
 // A training session: everything a run holds, built once from a validated config — the device, the
 // memory meter and its cap, the model (LoRA / quantized as configured) with its checkpoint policy, the
-// optimizer, EMA, the text encoder and its embedding cache, the latent codec and the preview settings —
+// optimizer, EMA, the text encoder and its embedding cache, the autoencoder and the preview settings —
 // and the one training step. `gclab train`, `bench`, `fit` and `estimate` all build a Session, so they
 // run (or count) exactly the same step.
 #pragma once
@@ -17,7 +17,6 @@
 #include "gclab/config/config.h"
 #include "gclab/config/user_error.h"
 #include "gclab/data/conditioner.h"
-#include "gclab/data/latent_codec.h"
 #include "gclab/data/loader.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
@@ -25,7 +24,9 @@
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
 #include "gclab/train/optimizer.h"
+#include "gclab/train/phase.h"
 #include "gclab/train/timesteps.h"
+#include "gclab/vae/codec.h"
 
 namespace gclab::train {
 
@@ -43,7 +44,8 @@ struct ResidentBytes {
   int64_t ema = 0;           // the EMA copy of the trained tensors
   int64_t text_encoder = 0;  // while loaded
   int64_t text_cache = 0;    // precomputed embeddings (cache_text_embeddings)
-  int64_t total() const { return weights + gradients + optimizer + ema + text_encoder + text_cache; }
+  int64_t vae = 0;           // the autoencoder's weights while on the device
+  int64_t total() const { return weights + gradients + optimizer + ema + text_encoder + text_cache + vae; }
 };
 
 struct StepResult {
@@ -74,8 +76,10 @@ class Session {
   // Memory: the meter, the per-phase peaks of the current step, and the phase now running.
   memory::MemoryMeter& meter() { return meter_; }
   memory::PhaseMeter& phases() { return phases_; }
-  memory::PhaseMeter::Scope phase(const char* name);
-  const std::string& current_phase() const { return current_phase_; }
+  memory::PhaseMeter::Scope phase(Phase phase);
+  Phase current_phase() const { return current_phase_; }
+  // What runs inside the phase: the autoencoder's encode / decode, or the model.
+  Activity current_activity() const { return current_activity_; }
   // The bucket (WxH) and batch size of the micro-batch being trained on (for the OOM report).
   const std::string& current_bucket() const { return current_bucket_; }
   int current_batch() const { return current_batch_; }
@@ -90,7 +94,12 @@ class Session {
   const std::vector<std::pair<std::string, torch::Tensor>>& trained() const { return trained_; }
   std::map<std::string, torch::Tensor>& ema() { return ema_; }
   data::TextEmbeddingCache& text() { return *text_; }
-  const data::LatentCodec& codec() const { return codec_; }
+  // The autoencoder (or the DCT stand-in); not built on the meta device. codec_spec() is always there.
+  vae::ImageCodec& codec();
+  const vae::CodecSpec& codec_spec() const { return codec_spec_; }
+  // Whether the run caches latents (some dataset's cache_latents / cache_latents_to_disk): the autoencoder
+  // then leaves the device once they are encoded, and comes back for previews only.
+  bool caches_latents() const { return caches_latents_; }
 
   // The checkpoint policy applied to the model now, and switching it between steps (no rebuild). A
   // budget:BYTES policy is resolved to blocks:[...] from the activation ledger at this batch and square
@@ -105,9 +114,18 @@ class Session {
   model::ActivationOptions activation_options() const;
 
   // The micro-batch a step trains on: conditioning for the captions, latents (and references) on the
-  // device, fresh noise and timesteps from the global generator.
-  MicroBatch micro_batch(const data::LoadedBatch& batch);
-  // A batch of random latents of this size with the config's first caption (bench and fit).
+  // device, fresh noise and timesteps from the global generator (the batch encoded first if it is not).
+  MicroBatch micro_batch(data::LoadedBatch batch);
+  // Encodes a batch's images (and references) with the autoencoder, on the device, when the loader could
+  // not give latents, and stores them in the caches its slots name. train_step calls it in the `data`
+  // phase.
+  void encode(data::LoadedBatch& batch);
+  // AI Toolkit's caching before training: every sample the caching datasets give, encoded (the
+  // autoencoder on the device), then the autoencoder leaves the device. Nothing when the run caches
+  // nothing or the stand-in encodes on the loader's thread. Returns how many were encoded.
+  int64_t cache_latents(data::BatchLoader& loader);
+  // A batch of this size with the config's first caption (bench and fit): random latents, or, when the
+  // autoencoder encodes on the fly, random images it encodes in the step's `data` phase.
   data::LoadedBatch synthetic_batch(int batch, int width, int height) const;
 
   // One training step: `accumulation()` micro-batches from next(), forward and backward each, then (unless
@@ -131,6 +149,7 @@ class Session {
  private:
   model::ModelInputs conditioning(const std::vector<std::string>& captions);
   std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir);
+  torch::Tensor decode_preview(const torch::Tensor& latents);
 
   config::ProcessConfig config_;
   model::ModelSpec spec_;
@@ -138,7 +157,8 @@ class Session {
   std::unique_ptr<memory::CpuMemoryTracker> cpu_tracker_;  // before meter_: the CPU meter reads it
   memory::MemoryMeter meter_;
   memory::PhaseMeter phases_;
-  std::string current_phase_ = "setup";
+  Phase current_phase_ = Phase::setup;
+  Activity current_activity_ = Activity::model;
   TimestepSampler timesteps_;
   std::string current_bucket_;
   int current_batch_ = 0;
@@ -151,10 +171,23 @@ class Session {
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, torch::Tensor> ema_;
   std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts
-  data::LatentCodec codec_;
+  vae::CodecSpec codec_spec_;
+  std::unique_ptr<vae::ImageCodec> codec_;
+  bool caches_latents_ = false;
   std::vector<config::SampleItem> prompts_;
   std::optional<std::string> fixed_caption_;  // unload_text_encoder without cached captions: what trains
 };
+
+// What a run encodes and decodes with: model.vae's choice, the family's autoencoder (tiny presets: its
+// CPU-test size), name_or_path's vae/ folder (or `weights`, when given), the run's dtype and
+// sample.vae_tiling. `fallback` says why the DCT stand-in is used where the config did not ask for it
+// (empty otherwise). Throws UserError for a config.json it cannot use.
+struct CodecPlan {
+  vae::CodecSpec spec;
+  std::string fallback;
+};
+CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                     const std::filesystem::path& weights = {});
 
 // A step as file names carry it: 000000120 (sorts by name).
 std::string step_tag(int64_t step);

@@ -32,6 +32,9 @@ struct AutoencoderKLConfig {
   //   sd3    SD3 / SD3.5: 16 channels, scaling 1.5305, shift 0.0609, no quant convs
   //   sd     the SD VAE (sd-vae-ft-ema) DiT decodes with: 4 channels, scaling 0.18215, quant convs (83,653,863)
   static AutoencoderKLConfig preset(config::AutoencoderKind kind);
+  // The same code at CPU-test size, for the tiny-* transformer presets: kind's latent channels, scaling and
+  // 8x down-sampling, with 16 channels (a whole oneDNN block), one resnet per block, GroupNorms of 4 groups.
+  static AutoencoderKLConfig tiny(config::AutoencoderKind kind);
   // A diffusers config.json (AutoencoderKL); throws std::runtime_error naming what it cannot use.
   static AutoencoderKLConfig from_json_file(const std::filesystem::path& path);
   int64_t downsampling() const { return int64_t{1} << (block_out_channels.size() - 1); }
@@ -75,15 +78,20 @@ class AutoencoderKLImpl : public torch::nn::Module {
 };
 TORCH_MODULE(AutoencoderKL);
 
-// An autoencoder as a run builds it: from a diffusers `vae/` folder (its config.json and weights), or, with
-// no folder, `kind`'s configuration with random weights (from the global generator). Throws
-// std::runtime_error for a folder it cannot use.
+// The configuration to build for `weights` (a diffusers vae/ folder, a .safetensors file, or nothing): the
+// folder's config.json when it has one, else `fallback` (the family's preset). Throws std::runtime_error
+// for a config.json it cannot use.
+AutoencoderKLConfig autoencoder_config(const AutoencoderKLConfig& fallback, const std::filesystem::path& weights);
+
+// An autoencoder as a run builds it: `config` with the weights in `weights` (a folder or a .safetensors
+// file), or, with none, random weights (from the global generator). Throws std::runtime_error for weights
+// that do not fit.
 struct LoadedAutoencoder {
   AutoencoderKL vae{nullptr};
   bool random = false;              // no weights were loaded
   std::vector<std::string> unused;  // tensors in the folder's weights that are not the network's
 };
-LoadedAutoencoder build_autoencoder(config::AutoencoderKind kind, const std::filesystem::path& folder);
+LoadedAutoencoder build_autoencoder(const AutoencoderKLConfig& config, const std::filesystem::path& weights);
 
 // Loads a diffusers AutoencoderKL's weights (a .safetensors file, or a folder holding
 // diffusion_pytorch_model.safetensors) by their names; throws std::runtime_error naming the first missing or

@@ -1,17 +1,23 @@
-#include "gclab/data/latent_codec.h"
+#include "gclab/vae/dct_codec.h"
 
 #include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
-namespace gclab::data {
+namespace gclab::vae {
 
 namespace {
 // Latents = DCT coefficients x 0.25: a [-1, 1] patch's DC coefficient spans [-8, 8].
 constexpr double kScale = 0.25;
 }  // namespace
 
-LatentCodec::LatentCodec(int64_t channels) {
+DctCodec::DctCodec(int64_t channels)
+    : ImageCodec([channels] {
+        CodecSpec s;
+        s.latent_channels = channels;
+        return s;
+      }()) {
   TORCH_CHECK(channels >= 1 && channels <= 192, "latent channels must be in [1, 192], got ", channels);
   // Frequencies (u, v) ordered by u + v, then u; each taken for red, green, blue before the next.
   std::vector<std::pair<int, int>> freqs;
@@ -33,7 +39,7 @@ LatentCodec::LatentCodec(int64_t channels) {
   basis_ = basis_.to(torch::kFloat);
 }
 
-torch::Tensor LatentCodec::encode(const torch::Tensor& images) const {
+torch::Tensor DctCodec::encode(const torch::Tensor& images, uint64_t /*draw: deterministic*/) {
   const int64_t b = images.size(0), h = images.size(2) / 8, w = images.size(3) / 8;
   TORCH_CHECK(images.size(1) == 3 && images.size(2) % 8 == 0 && images.size(3) % 8 == 0,
               "encode needs [B, 3, H, W] with H and W multiples of 8, got ", images.sizes());
@@ -43,27 +49,11 @@ torch::Tensor LatentCodec::encode(const torch::Tensor& images) const {
   return z.permute({0, 3, 1, 2}).contiguous();
 }
 
-torch::Tensor LatentCodec::decode(const torch::Tensor& latents) const {
+torch::Tensor DctCodec::decode(const torch::Tensor& latents) {
   const int64_t b = latents.size(0), h = latents.size(2), w = latents.size(3);
   const torch::Tensor z = latents.to(torch::kFloat).permute({0, 2, 3, 1}) / kScale;
   const torch::Tensor patches = torch::matmul(z, basis_.to(latents.device()));  // [b, h, w, 192]
   return patches.reshape({b, h, w, 3, 8, 8}).permute({0, 3, 1, 4, 2, 5}).reshape({b, 3, h * 8, w * 8}).contiguous();
 }
 
-torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc) {
-  return rgb_hwc.permute({2, 0, 1}).to(torch::kFloat).div(127.5).sub(1.0);
-}
-
-torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
-  return image_chw.detach()
-      .to(torch::kFloat)
-      .cpu()
-      .add(1.0)
-      .mul(127.5)
-      .round()
-      .clamp(0, 255)
-      .permute({1, 2, 0})
-      .to(torch::kUInt8);
-}
-
-}  // namespace gclab::data
+}  // namespace gclab::vae

@@ -1,0 +1,70 @@
+// What a run turns images into latents with and decodes its previews with (DESIGN.md section 6): the
+// family's autoencoder (AutoencoderKL), or the DCT stand-in when the config asks for it (model.vae: dct).
+//
+// CodecSpec is the choice as data — which network, its dtype, its weights, tiling — from which the memory
+// it holds and its encode / decode peaks are predicted without building anything (gclab estimate);
+// build_codec builds it on a device.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gclab/vae/autoencoder_kl.h"
+
+namespace gclab::vae {
+
+struct CodecSpec {
+  std::optional<AutoencoderKLConfig> autoencoder;  // nullopt: the DCT stand-in
+  int64_t latent_channels = 16;
+  int64_t dtype_bytes = 4;        // the autoencoder's weights and activations (the run's dtype)
+  std::filesystem::path weights;  // a diffusers vae/ folder; empty: random weights at the real shapes
+  int64_t tile_sample_size = 0;   // previews decoded in tiles of this many pixels (0: whole)
+
+  // The weights' bytes (0 for the stand-in).
+  int64_t weight_bytes() const;
+  // Peak bytes above the live set of one decode (a preview at height x width) and one encode (a batch).
+  int64_t decode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const;
+  int64_t encode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const;
+  // "FLUX.1's AutoencoderKL (83,819,683 parameters, random weights)", "the DCT stand-in (16 channels)".
+  std::string describe() const;
+};
+
+class ImageCodec {
+ public:
+  virtual ~ImageCodec() = default;
+  // [B, 3, H, W] in [-1, 1], any device -> latents [B, C, H/8, W/8] scaled as the family's pipeline
+  // scales them, float32, on the codec's device. The autoencoder encodes a sample of its posterior (as AI
+  // Toolkit's encode_images does), drawn from the codec's own generator seeded with the run's seed and
+  // `draw` (the batch's index, a cached image's key): the training's random stream is the same whether
+  // latents were encoded or read from a cache, and a resumed run encodes what an unbroken one would.
+  virtual torch::Tensor encode(const torch::Tensor& images, uint64_t draw = 0) = 0;
+  // Scaled latents -> images [B, 3, H, W] float32 (not clamped), tiled when the spec says so.
+  virtual torch::Tensor decode(const torch::Tensor& latents) = 0;
+  // A cheap, deterministic host computation the data loader's thread may run (the stand-in); the
+  // autoencoder encodes on the run's device, in the step's `data` phase.
+  virtual bool encodes_on_loader_thread() const = 0;
+  // The weights leave the device (AI Toolkit: vae.to('cpu') once the latents are cached) into host memory
+  // the device's meter does not count (on a CPU run: untracked buffers), and come back.
+  virtual void offload() {}
+  virtual void restore() {}
+  virtual bool offloaded() const { return false; }
+  // The weight bytes on the device now (0 while offloaded).
+  virtual int64_t resident_bytes() const = 0;
+  const CodecSpec& spec() const { return spec_; }
+
+ protected:
+  explicit ImageCodec(CodecSpec spec) : spec_(std::move(spec)) {}
+  CodecSpec spec_;
+};
+
+// Builds the codec on `device` (float32, or bfloat16 when spec.dtype_bytes is 2); the autoencoder's weights
+// from spec.weights (throws std::runtime_error for a folder it cannot use), else random from the global
+// generator; its posterior samples from a host generator seeded with `seed`.
+std::unique_ptr<ImageCodec> build_codec(const CodecSpec& spec, torch::Device device, uint64_t seed);
+
+}  // namespace gclab::vae

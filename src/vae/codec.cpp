@@ -1,0 +1,125 @@
+#include "gclab/vae/codec.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstring>
+
+#include "gclab/vae/dct_codec.h"
+#include "gclab/vae/memory.h"
+
+namespace gclab::vae {
+
+namespace {
+
+AutoencoderMemoryOptions memory_options(const CodecSpec& spec, bool cpu) {
+  AutoencoderMemoryOptions o;
+  o.dtype_bytes = spec.dtype_bytes;
+  o.cpu = cpu;
+  o.threads = cpu ? at::get_num_threads() : 1;
+  o.channel_block = cpu_channel_block();
+  return o;
+}
+
+// The family's autoencoder on the run's device, in the run's dtype.
+class AutoencoderCodec : public ImageCodec {
+ public:
+  AutoencoderCodec(const CodecSpec& spec, torch::Device device, uint64_t seed)
+      : ImageCodec(spec), device_(device), seed_(seed), generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+    const auto built = build_autoencoder(*spec.autoencoder, spec.weights);
+    vae_ = built.vae;
+    dtype_ = spec.dtype_bytes == 2 ? torch::kBFloat16 : torch::kFloat;
+    vae_->to(device_, dtype_);
+    vae_->eval();
+    for (auto& p : vae_->parameters()) p.set_requires_grad(false);
+    if (spec.tile_sample_size > 0) vae_->enable_tiling(spec.tile_sample_size);
+  }
+
+  torch::Tensor encode(const torch::Tensor& images, uint64_t draw) override {
+    generator_.set_current_seed(seed_ ^ (draw * 0x9E3779B97F4A7C15ull));
+    restore();  // AI Toolkit's encode_images brings an offloaded VAE back, and leaves it there
+    torch::NoGradGuard no_grad;
+    return vae_->encode(images.to(device_, dtype_), Posterior::sample, generator_).to(torch::kFloat);
+  }
+  torch::Tensor decode(const torch::Tensor& latents) override {
+    torch::NoGradGuard no_grad;
+    return vae_->decode(latents.to(device_, dtype_)).to(torch::kFloat);
+  }
+  bool encodes_on_loader_thread() const override { return false; }
+
+  void offload() override {
+    if (offloaded()) return;
+    torch::NoGradGuard no_grad;
+    for (auto& p : vae_->parameters()) {
+      const torch::Tensor host = p.detach().to(torch::kCPU).contiguous();
+      std::vector<char> bytes(host.nbytes());
+      std::memcpy(bytes.data(), host.data_ptr(), bytes.size());
+      host_.push_back({std::move(bytes), p.sizes().vec()});
+      p.set_data(torch::empty({0}, p.options()));
+    }
+  }
+  void restore() override {
+    if (!offloaded()) return;
+    torch::NoGradGuard no_grad;
+    size_t i = 0;
+    for (auto& p : vae_->parameters()) {
+      auto& [bytes, shape] = host_[i++];
+      p.set_data(torch::from_blob(bytes.data(), shape, torch::TensorOptions().dtype(dtype_))
+                     .to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true));
+    }
+    host_.clear();
+  }
+  bool offloaded() const override { return !host_.empty(); }
+  int64_t resident_bytes() const override {
+    int64_t n = 0;
+    for (const auto& p : vae_->parameters()) n += static_cast<int64_t>(p.nbytes());
+    return n;
+  }
+
+ private:
+  torch::Device device_;
+  uint64_t seed_;
+  at::Generator generator_;
+  torch::ScalarType dtype_ = torch::kFloat;
+  AutoencoderKL vae_{nullptr};
+  // Offloaded weights: plain host buffers, outside LibTorch's allocators (so outside the CPU meter too).
+  struct HostCopy {
+    std::vector<char> bytes;
+    std::vector<int64_t> shape;
+  };
+  std::vector<HostCopy> host_;
+};
+
+}  // namespace
+
+int64_t CodecSpec::weight_bytes() const {
+  return autoencoder ? autoencoder_weight_bytes(*autoencoder, dtype_bytes) : 0;
+}
+
+int64_t CodecSpec::decode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {
+  if (autoencoder)
+    return predicted_decode_bytes(*autoencoder, batch, height, width, memory_options(*this, cpu), tile_sample_size);
+  // The stand-in: the permuted latents, the patches, the image (float32, all about the image's size).
+  return 3 * batch * 3 * height * width * 4;
+}
+
+int64_t CodecSpec::encode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {
+  if (autoencoder) return predicted_encode_bytes(*autoencoder, batch, height, width, memory_options(*this, cpu));
+  return 2 * batch * 3 * height * width * 4;  // the stand-in: the float image and its patches
+}
+
+std::string CodecSpec::describe() const {
+  if (!autoencoder) return "the DCT stand-in (" + std::to_string(latent_channels) + " latent channels, no weights)";
+  const int64_t params = autoencoder_weight_bytes(*autoencoder, 1);
+  std::string s = "an AutoencoderKL (" + std::to_string(autoencoder->latent_channels) + " latent channels, " +
+                  std::to_string(params) + " parameters, " +
+                  (weights.empty() ? std::string("random weights") : "weights from " + weights.string()) + ")";
+  if (tile_sample_size > 0) s += ", previews decoded in " + std::to_string(tile_sample_size) + "-pixel tiles";
+  return s;
+}
+
+std::unique_ptr<ImageCodec> build_codec(const CodecSpec& spec, torch::Device device, uint64_t seed) {
+  if (!spec.autoencoder) return std::make_unique<DctCodec>(spec.latent_channels);
+  return std::make_unique<AutoencoderCodec>(spec, device, seed);
+}
+
+}  // namespace gclab::vae
