@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "gclab/data/image.h"
 #include "gclab/model/activations.h"
 #include "gclab/train/session.h"
 
@@ -95,7 +96,10 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
     for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (e.spec.hidden * el));
     const int64_t cfg = sc.guidance_scale > 1 ? 2 : 1;
     p.denoise_bytes = cfg * longest * (e.spec.mlp_hidden + 3 * e.spec.hidden) * el;
-    p.decode_bytes = session.codec_spec().decode_bytes(1, p.height, p.width, !cuda);
+    // The decode's peak, or after it its float image and the PNG's conversion (one more float copy, the
+    // uint8 image), whichever is higher.
+    p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
+                              int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
     p.total_bytes = e.resident_bytes - e.gradient_bytes + (e.vae_weight_bytes - e.vae_bytes) +
                     std::max(p.denoise_bytes, p.decode_bytes);
     e.preview = p;

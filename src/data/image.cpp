@@ -117,13 +117,15 @@ torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc) {
 }
 
 torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
+  // One float copy, scaled in place, then the uint8 image: a preview's conversion holds at most one more
+  // float image and a quarter of one.
   return image_chw.detach()
       .to(torch::kFloat)
       .cpu()
       .add(1.0)
-      .mul(127.5)
-      .round()
-      .clamp(0, 255)
+      .mul_(127.5)
+      .round_()
+      .clamp_(0, 255)
       .permute({1, 2, 0})
       .to(torch::kUInt8);
 }

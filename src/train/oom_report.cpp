@@ -40,6 +40,9 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
       policy.kind == ckpt::CheckpointPolicy::Kind::Full || policy.kind == ckpt::CheckpointPolicy::Kind::Offload;
   const int batch = std::max(ctx.batch, 1);
   const bool cpu = ctx.cpu;
+  // The training step's own levers (checkpointing, batch, buckets) do not apply to a preview, which runs
+  // without gradients at its own size.
+  const bool in_step = ctx.phase != Phase::sample;
   const std::string basis =
       "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " + std::to_string(batch);
   // 0. The autoencoder's encode ran out: cache the latents before training (it then leaves the device).
@@ -55,7 +58,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                            std::to_string(batch) + " (vae/memory.h), no longer on the device during steps"});
   }
   // 1. Checkpointing off (or partial): the activations of every block, kept for backward.
-  if (!fully_checkpointed && bw > 0) {
+  if (in_step && !fully_checkpointed && bw > 0) {
     const int64_t off = activation_bytes(spec, config, batch, bw, bh, false);
     const int64_t full = activation_bytes(spec, config, batch, bw, bh, true);
     fixes.push_back({"Turn gradient checkpointing on",
@@ -66,7 +69,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                               : " (an upper bound: some blocks are already checkpointed)")});
   }
   // 2. Batch size: half the batch, twice the accumulation, the same effective batch.
-  if (batch > 1 && bw > 0) {
+  if (in_step && batch > 1 && bw > 0) {
     const int64_t now = activation_bytes(spec, config, batch, bw, bh, fully_checkpointed);
     const int64_t half = activation_bytes(spec, config, batch / 2, bw, bh, fully_checkpointed);
     const int accumulation = config.train.accumulation();
@@ -79,7 +82,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   for (size_t d = 0; d < config.datasets.size(); ++d) {
     auto res = config.datasets[d].resolution;
     std::sort(res.begin(), res.end());
-    if (res.size() < 2 || bw <= 0) continue;
+    if (!in_step || res.size() < 2 || bw <= 0) continue;
     const int largest = res.back(), next = res[res.size() - 2];
     const int64_t big = activation_bytes(spec, config, batch, largest, largest, fully_checkpointed);
     const int64_t small = activation_bytes(spec, config, batch, next, next, fully_checkpointed);
@@ -106,8 +109,16 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     // Tiling helps only the decode: first when the decode ran out, after the other preview fixes otherwise.
     std::vector<OomFix> preview_fixes, tiling;
     if (codec.autoencoder && !s.vae_tiling) {
+      // The largest tile (512, 256, 128 or 64 pixels, smaller than the preview) whose decode fits under the
+      // cap on top of what was live, the autoencoder's weights included; the smallest when none does.
       vae::CodecSpec tiled = codec;
-      tiled.tile_sample_size = std::max(64, std::min(512, std::max(s.width, s.height) / 2 / 8 * 8));
+      for (int tile : {512, 256, 128, 64}) {
+        if (tile >= std::max(s.width, s.height) && tile > 64) continue;
+        tiled.tile_sample_size = tile;
+        if (ctx.cap_bytes <= 0 ||
+            ctx.live_bytes + codec.weight_bytes() + tiled.decode_bytes(1, s.height, s.width, cpu) <= ctx.cap_bytes)
+          break;
+      }
       const int64_t saving =
           codec.decode_bytes(1, s.height, s.width, cpu) - tiled.decode_bytes(1, s.height, s.width, cpu);
       tiling.push_back(

@@ -477,7 +477,7 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     const auto cond = conditioning({item.prompt});
     const auto uncond = conditioning({item.neg.value_or(sc.neg)});
     const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
-    const torch::Tensor image = data::to_rgb_uint8(decode_preview(z)[0]);
+    const torch::Tensor image = decode_preview(z);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
     const fs::path file = dir / (config_.name + "_" + step_tag(step) + "_" + std::to_string(i) + ".png");
     data::write_png(file, image);
@@ -488,7 +488,7 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
 
 torch::Tensor Session::decode_preview(const torch::Tensor& z) {
   // The autoencoder comes to the device for the decode and leaves again after (AI Toolkit restores the
-  // device state it found), on top of what the training step left resident.
+  // device state it found), on top of what the training step left resident; then the uint8 image.
   current_activity_ = Activity::vae_decode;
   vae::ImageCodec& c = codec();
   struct Residency {
@@ -499,7 +499,7 @@ torch::Tensor Session::decode_preview(const torch::Tensor& z) {
     }
   } residency{c, c.offloaded()};
   c.restore();
-  torch::Tensor image = c.decode(z);
+  torch::Tensor image = data::to_rgb_uint8(c.decode(z)[0]);
   current_activity_ = Activity::model;
   return image;
 }

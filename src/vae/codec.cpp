@@ -98,8 +98,8 @@ int64_t CodecSpec::weight_bytes() const {
 int64_t CodecSpec::decode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {
   if (autoencoder)
     return predicted_decode_bytes(*autoencoder, batch, height, width, memory_options(*this, cpu), tile_sample_size);
-  // The stand-in: the permuted latents, the patches, the image (float32, all about the image's size).
-  return 3 * batch * 3 * height * width * 4;
+  // The stand-in: the scaled latents, the patches (the image's size) and the image.
+  return batch * (latent_channels * (height / 8) * (width / 8) + 2 * 3 * height * width) * 4;
 }
 
 int64_t CodecSpec::encode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {

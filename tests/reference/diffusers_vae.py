@@ -7,7 +7,8 @@ For three tiny random AutoencoderKL configurations shaped like the ones users tr
 channels, no quant convs, a shift factor; SD3's factors; the SD VAE's: 4 channels with quant_conv and
 post_quant_conv), saved by diffusers' own save_pretrained, gclab must load the folder unchanged and give
 diffusers' encode (the posterior's mean, then (z - shift) * scaling, as the pipelines and AI Toolkit scale
-latents) and decode (z / scaling + shift, then decode) to float32 rounding. Exit 77 without diffusers.
+latents) and decode (z / scaling + shift, then decode) to float32 rounding; in bfloat16 (gclab forward --dtype
+bf16 against diffusers' model cast to bfloat16, the same inputs) to bfloat16 rounding. Exit 77 without diffusers.
 """
 import os
 import subprocess
@@ -17,6 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 TOL = 1e-5  # relative to the output's largest magnitude
+# bfloat16: gclab's bf16 output may differ from diffusers' bf16 output by no more than diffusers' own bf16
+# output differs from its float32 one (what bf16 rounding does to this network; switching diffusers' attention
+# kernel alone moves it by ~1e-2), with a floor.
 
 CONFIGS = {
     "flux": dict(latent_channels=16, use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611,
@@ -77,6 +81,24 @@ def main():
             label = f"{name} {component}{' tiled' if extra_args else ''}"
             print(f"{label}: max relative difference {err:.2e}")
             assert err < TOL, f"{label}: {err:.2e} >= {TOL}"
+        # bfloat16: the same weights and inputs, both sides computing in bfloat16.
+        fp32 = {"latents": want_latents, "images": want_images}
+        vae_bf16 = vae.to(torch.bfloat16)
+        with torch.no_grad():
+            want_latents = ((vae_bf16.encode(images.bfloat16()).latent_dist.mean - shift) * extra["scaling_factor"]).float()
+            want_images = vae_bf16.decode(latents.bfloat16() / extra["scaling_factor"] + shift).sample.float()
+        for component, key, want in (("vae.encode", "latents", want_latents), ("vae.decode", "images", want_images)):
+            rounding = ((want - fp32[key]).abs().max() / fp32[key].abs().max()).item()
+            out = os.path.join(work, f"{name}_{component}_bf16.safetensors")
+            subprocess.run([exe, "forward", config_yaml, "--component", component, "--weights", folder, "--dtype", "bf16",
+                            "--inputs", os.path.join(work, "in.safetensors"), "--out", out], check=True,
+                           stdout=subprocess.DEVNULL)
+            got = load_file(out)[key]
+            assert got.dtype == torch.bfloat16, f"{name} {component} bf16: {got.dtype}"
+            err = ((got.float() - want).abs().max() / want.abs().max()).item()
+            print(f"{name} {component} bf16: max relative difference {err:.2e} (diffusers' bf16 from its float32: "
+                  f"{rounding:.2e})")
+            assert err <= max(rounding, 2e-3), f"{name} {component} bf16: {err:.2e} > {rounding:.2e}"
     # Bad requests are refused by name with exit 2 (a user error), never a crash.
     only_latents = os.path.join(work, "latents_only.safetensors")
     save_file({"latents": torch.randn(1, 4, 8, 8)}, only_latents)

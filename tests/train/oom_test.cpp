@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "gclab/bench/estimate.h"
 #include "gclab/config/loader.h"
+#include "gclab/data/image.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/model/family.h"
@@ -77,6 +80,39 @@ TEST_F(OomScenario, TheFirstPreviewRunsOutInTheSamplePhaseAndTheFixIsCheaperPrev
   EXPECT_EQ(report["phase"], "sample");
   EXPECT_EQ(report["fixes"][0]["title"], "Make previews cheaper");
   EXPECT_NO_THROW(train(load("preview_fixed"), {}));
+}
+
+// The seed's "OOM at the first sample": the step fits, the preview's denoising fits, and the autoencoder's
+// decode at 1024² runs out; the fix decodes in tiles, which finishes under the same cap, its preview peak
+// as gclab estimate predicts it.
+TEST_F(OomScenario, TheFirstPreviewsDecodeRunsOutAndTheFixIsTiledDecoding) {
+  const auto report = expect_oom("preview_decode");
+  EXPECT_EQ(report["phase"], "sample");
+  EXPECT_EQ(report["activity"], "vae decode");
+  EXPECT_EQ(report["step"], 2);
+  ASSERT_GE(report["fixes"].size(), 3u);
+  EXPECT_EQ(report["fixes"][0]["title"], "Decode previews in tiles");
+  EXPECT_EQ(report["fixes"][1]["title"], "Make previews cheaper");
+  EXPECT_EQ(report["fixes"][2]["title"], "Preview less often, or not at all");
+  const auto broken = bench::estimate_memory(load("preview_decode"));
+  const auto fixed_config = load("preview_decode_fixed");
+  const auto fixed = bench::estimate_memory(fixed_config);
+  EXPECT_GT(broken.preview->total_bytes, broken.cap_bytes);
+  EXPECT_LT(fixed.preview->total_bytes, fixed.cap_bytes);
+  EXPECT_GT(report["fixes"][0]["predicted_saving_bytes"].get<int64_t>(),
+            broken.preview->total_bytes - broken.cap_bytes);
+  EXPECT_NO_THROW(train(fixed_config, {}));
+  const auto png =
+      data::read_image_size(dir_ / "out" / "preview_decode_fixed" / "samples" / "preview_decode_fixed_000000002_0.png");
+  ASSERT_TRUE(png);
+  EXPECT_EQ(png->width, 1024);
+  EXPECT_EQ(png->height, 1024);
+  std::ifstream in(dir_ / "out" / "preview_decode_fixed" / "memory.json");
+  const auto memory = nlohmann::json::parse(in);
+  const int64_t measured = memory["phase_peak_bytes"]["sample"].get<int64_t>();
+  std::printf("tiled preview: predicted %lld, measured %lld\n", static_cast<long long>(fixed.preview->total_bytes),
+              static_cast<long long>(measured));
+  EXPECT_NEAR(static_cast<double>(fixed.preview->total_bytes) / static_cast<double>(measured), 1.0, 0.05);
 }
 
 TEST_F(OomScenario, TheLargestBucketRunsOutAndTheFixIsDroppingItAndTheSavedStateIsTheLastGoodStep) {

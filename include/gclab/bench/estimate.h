@@ -39,8 +39,10 @@ struct PreviewEstimate {
   int width = 0, height = 0;
   int64_t image_tokens = 0;
   int64_t denoise_bytes = 0;  // one no-grad forward, CFG batch included: a block's input, output and MLP hidden
-  int64_t decode_bytes = 0;   // the autoencoder's decode peak (vae/memory.h: within 1% of the CPU allocator)
-  int64_t total_bytes = 0;    // resident (without gradients, with the autoencoder) + the larger of the two
+  // The autoencoder's decode peak (vae/memory.h: within 1% of the CPU allocator), its image kept while the
+  // PNG's uint8 image is made.
+  int64_t decode_bytes = 0;
+  int64_t total_bytes = 0;  // resident (without gradients, with the autoencoder) + the larger of the two
 };
 
 struct MemoryEstimate {

@@ -30,9 +30,11 @@ torch::Tensor decode_image_rgb(const std::filesystem::path& path);
 // uint8 [H, W, 3] resized to width x height (stb_image_resize, a filter suited to downscaling).
 torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height);
 
-// uint8 [H, W, 3] <-> float [3, H, W] in [-1, 1] (what the autoencoders take and give)
+// uint8 [H, W, 3] <-> float [3, H, W] in [-1, 1] (what the autoencoders take and give); to_rgb_uint8 holds
+// one float copy of the image and the uint8 result (to_rgb_uint8_bytes) above its input.
 torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc);
 torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw);
+inline int64_t to_rgb_uint8_bytes(int64_t height, int64_t width) { return 3 * height * width * (4 + 1); }
 // Writes uint8 [H, W, 3] as PNG, under a temporary name renamed into place. Throws ImageError.
 void write_png(const std::filesystem::path& path, const torch::Tensor& image);
 

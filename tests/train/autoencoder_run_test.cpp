@@ -1,0 +1,147 @@
+// The autoencoder where AI Toolkit runs it (issue 14): encoding on the fly in each step's data phase with
+// the autoencoder resident; cache_latents encoding every image once before training, after which the
+// autoencoder leaves the device (its bytes leave the meter) and comes back for previews only; the stand-in
+// as an explicit choice; Qwen-Image's stand-in said out loud; a local vae/ folder's weights used.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "../support/test_util.h"
+#include "../support/tiny_run.h"
+#include "gclab/data/dataset.h"
+#include "gclab/io/safetensors.h"
+#include "gclab/train/session.h"
+
+namespace gclab::train {
+namespace {
+
+namespace fs = std::filesystem;
+using gclab::testing::tiny_config;
+
+data::LoaderOptions loader_options(const Session& session) {
+  data::LoaderOptions lo;
+  lo.batch_size = session.config().train.batch_size;
+  lo.divisibility = session.spec().divisibility;
+  return lo;
+}
+
+std::vector<data::ImageItem> items_of(const config::ProcessConfig& c) {
+  return data::scan_dataset(c.datasets.at(0), 0).items;
+}
+
+TEST(SessionAutoencoder, WithoutCachedLatentsTheStepEncodesOnTheDeviceInItsDataPhase) {
+  const fs::path dir = testing::fresh_dir("vae_on_the_fly");
+  const auto config = tiny_config(dir, "f");
+  Session session(config);
+  ASSERT_TRUE(session.codec_spec().autoencoder);
+  EXPECT_EQ(session.resident().vae, session.codec_spec().weight_bytes());  // resident from the start
+  EXPECT_GT(session.resident().vae, 0);
+  data::BatchLoader loader(items_of(config), config.datasets, session.codec(), loader_options(session), 0);
+  EXPECT_EQ(session.cache_latents(loader), 0);  // nothing cached: nothing encoded before training
+  data::LoadedBatch batch = loader.next();
+  EXPECT_FALSE(batch.latents.defined());  // the loader's thread does not run the autoencoder
+  ASSERT_TRUE(batch.images.defined());
+  EXPECT_EQ(batch.images.size(1), 3);
+  const int64_t images = static_cast<int64_t>(batch.images.nbytes());
+  session.phases().clear();
+  const StepResult r = session.train_step(0, [&] { return batch; });
+  EXPECT_TRUE(std::isfinite(r.loss));
+  // The data phase held the images and the encode's peak above what was resident.
+  const ResidentBytes held = session.resident();
+  const int64_t predicted = images + session.codec_spec().encode_bytes(2, 64, 64, true);
+  EXPECT_GE(session.phases().peaks().at("data"), held.weights + held.vae + predicted - held.optimizer);
+  fs::remove_all(dir);
+}
+
+TEST(SessionAutoencoder, CachedLatentsAreEncodedOnceBeforeTrainingAndTheAutoencoderLeavesTheDevice) {
+  const fs::path dir = testing::fresh_dir("vae_cached");
+  const auto config =
+      tiny_config(dir, "c",
+                  {"datasets.0.cache_latents=true", "datasets.0.flip_x=true", "sample.prompts=[\"a red circle\"]",
+                   "sample.width=64", "sample.height=64", "sample.sample_steps=1"});
+  Session session(config);
+  EXPECT_EQ(session.resident().vae, 0);  // it left as soon as it was built: the latents will be cached
+  const int64_t weights = session.codec_spec().weight_bytes();
+  const auto items = items_of(config);
+  data::BatchLoader loader(items, config.datasets, session.codec(), loader_options(session), 0);
+  const int64_t live_before = session.meter().stats().live_bytes;
+  // Every image, flipped and not (flip_x), once.
+  EXPECT_EQ(session.cache_latents(loader), 2 * static_cast<int64_t>(items.size()));
+  EXPECT_EQ(session.resident().vae, 0);
+  EXPECT_GE(session.phases().peaks().at("data"), live_before + weights);  // it was on the device to encode
+  EXPECT_EQ(session.cache_latents(loader), 0);                            // all cached already
+  for (int i = 0; i < 4; ++i) {
+    const data::LoadedBatch b = loader.next();
+    EXPECT_TRUE(b.latents.defined()) << i;
+    EXPECT_FALSE(b.images.defined()) << i;
+  }
+  // A preview brings it back for the decode, and it leaves again (the second preview: the first also
+  // cached its prompts' embeddings).
+  ASSERT_EQ(session.sample(0, dir / "samples").size(), 1u);
+  session.phases().clear();
+  const int64_t live = session.meter().stats().live_bytes;
+  const auto files = session.sample(1, dir / "samples");
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_TRUE(fs::exists(files[0]));
+  EXPECT_GE(session.phases().peaks().at("sample"), live + weights + session.codec_spec().decode_bytes(1, 64, 64, true));
+  EXPECT_EQ(session.resident().vae, 0);
+  EXPECT_LE(session.meter().stats().live_bytes, live);
+  fs::remove_all(dir);
+}
+
+TEST(SessionAutoencoder, TheStandInIsAnExplicitChoiceAndQwenImagesIsSaidOutLoud) {
+  const fs::path dir = testing::fresh_dir("vae_choice");
+  auto dct = codec_plan(tiny_config(dir, "d", {"model.vae=dct"}), model::spec_by_preset("tiny-flux"));
+  EXPECT_FALSE(dct.spec.autoencoder);
+  EXPECT_TRUE(dct.fallback.empty());
+  EXPECT_EQ(dct.spec.weight_bytes(), 0);
+  const auto qwen_config = tiny_config(dir, "q", {"model.arch=tiny-qwen-image"});
+  auto qwen = codec_plan(qwen_config, model::spec_for(qwen_config.model));
+  EXPECT_FALSE(qwen.spec.autoencoder);
+  EXPECT_NE(qwen.fallback.find("not built yet"), std::string::npos);
+  auto tiled = codec_plan(tiny_config(dir, "t", {"sample.vae_tiling=true", "sample.vae_tile_size=128"}),
+                          model::spec_by_preset("tiny-flux"));
+  EXPECT_EQ(tiled.spec.tile_sample_size, 128);
+  EXPECT_EQ(tiled.spec.dtype_bytes, 4);
+  auto bf16 = codec_plan(tiny_config(dir, "b", {"train.dtype=bf16"}), model::spec_by_preset("tiny-flux"));
+  EXPECT_EQ(bf16.spec.dtype_bytes, 2);
+  EXPECT_EQ(bf16.spec.weight_bytes() * 2, tiled.spec.weight_bytes());
+  fs::remove_all(dir);
+}
+
+TEST(SessionAutoencoder, ALocalVaeFolderIsLoadedAndAMismatchIsRefused) {
+  const fs::path dir = testing::fresh_dir("vae_folder");
+  // A diffusers-shaped vae/ folder: config.json and weights written from a built autoencoder.
+  vae::AutoencoderKLConfig c = vae::AutoencoderKLConfig::tiny(config::AutoencoderKind::flux);
+  torch::manual_seed(3);
+  vae::AutoencoderKL source(c);
+  fs::create_directories(dir / "model" / "vae");
+  fs::create_directories(dir / "model" / "transformer");
+  std::ofstream(dir / "model" / "transformer" / "config.json")
+      << R"({"_class_name": "FluxTransformer2DModel", "num_layers": 1, "num_single_layers": 1,
+             "num_attention_heads": 2, "attention_head_dim": 32, "joint_attention_dim": 64,
+             "pooled_projection_dim": 32, "guidance_embeds": true, "axes_dims_rope": [8, 12, 12]})";
+  std::ofstream(dir / "model" / "vae" / "config.json")
+      << R"({"_class_name": "AutoencoderKL", "latent_channels": 16, "block_out_channels": [16, 16, 16, 16],
+            "layers_per_block": 1, "norm_num_groups": 4, "use_quant_conv": false, "use_post_quant_conv": false,
+            "scaling_factor": 0.3611, "shift_factor": 0.1159, "sample_size": 256})";
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& p : source->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  io::save_safetensors(dir / "model" / "vae" / "diffusion_pytorch_model.safetensors", tensors);
+  const auto config = tiny_config(dir, "l", {"model.name_or_path=" + (dir / "model").string()});
+  Session session(config);
+  EXPECT_EQ(session.codec_spec().weights, dir / "model" / "vae");
+  // The same weights: the same decode.
+  const torch::Tensor z = torch::randn({1, 16, 4, 4});
+  torch::NoGradGuard no_grad;
+  source->eval();
+  EXPECT_TRUE(torch::allclose(session.codec().decode(z), source->decode(z), 1e-5, 1e-6));
+  // An autoencoder whose latents the transformer does not take is refused by name.
+  std::ofstream(dir / "model" / "vae" / "config.json") << R"({"_class_name": "AutoencoderKL", "latent_channels": 4})";
+  EXPECT_THROW(Session{config}, UserError);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::train
