@@ -82,8 +82,10 @@ const std::vector<Spelling<Family>>& spellings() {
 
 template <>
 const std::vector<Spelling<AutoencoderKind>>& spellings() {
-  static const std::vector<Spelling<AutoencoderKind>> s = {
-      {AutoencoderKind::flux, "flux", {}}, {AutoencoderKind::sd3, "sd3", {}}, {AutoencoderKind::sd, "sd", {}}};
+  static const std::vector<Spelling<AutoencoderKind>> s = {{AutoencoderKind::flux, "flux", {}},
+                                                           {AutoencoderKind::sd3, "sd3", {}},
+                                                           {AutoencoderKind::sd, "sd", {}},
+                                                           {AutoencoderKind::qwen_image, "qwen_image", {}}};
   return s;
 }
 

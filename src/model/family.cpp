@@ -53,7 +53,7 @@ Guidance preview_guidance(Family family, bool guidance_embed) {
   return Guidance::Cfg;
 }
 
-std::optional<config::AutoencoderKind> autoencoder_kind(Family family) {
+config::AutoencoderKind autoencoder_kind(Family family) {
   switch (family) {
     case Family::flux:
     case Family::zimage:
@@ -63,9 +63,9 @@ std::optional<config::AutoencoderKind> autoencoder_kind(Family family) {
     case Family::dit:
       return config::AutoencoderKind::sd;
     case Family::qwen_image:
-      break;
+      return config::AutoencoderKind::qwen_image;
   }
-  return std::nullopt;
+  throw std::logic_error("autoencoder_kind: an unknown family");
 }
 
 int divisibility(Family family) {

@@ -70,12 +70,12 @@ CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec
   vae::CodecSpec& s = plan.spec;
   s.latent_channels = spec.latent_channels;
   if (config.model.vae == config::VaeChoice::dct) return plan;
-  const auto kind = model::autoencoder_kind(spec.family);
-  if (!kind) {
+  const config::AutoencoderKind kind = model::autoencoder_kind(spec.family);
+  if (kind == config::AutoencoderKind::qwen_image) {
     plan.fallback =
-        "Qwen-Image's autoencoder (AutoencoderKLQwenImage, the Wan 2.1 VAE) is not built yet: the DCT stand-in "
-        "encodes and decodes, and the autoencoder's weights and decode peak are not counted (model.vae: dct "
-        "says so explicitly)";
+        "Qwen-Image's autoencoder (AutoencoderKLQwenImage, the Wan 2.1 VAE) is not in training yet (gclab forward "
+        "--component vae.encode|vae.decode runs it): the DCT stand-in encodes and decodes, and the autoencoder's "
+        "weights and decode peak are not counted (model.vae: dct says so explicitly)";
     return plan;
   }
   s.weights = weights;
@@ -83,7 +83,7 @@ CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec
     if (const auto local = model::local_model(config.model)) s.weights = local->vae;
   try {
     s.autoencoder = vae::autoencoder_config(
-        spec.tiny ? vae::AutoencoderKLConfig::tiny(*kind) : vae::AutoencoderKLConfig::preset(*kind), s.weights);
+        spec.tiny ? vae::AutoencoderKLConfig::tiny(kind) : vae::AutoencoderKLConfig::preset(kind), s.weights);
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("the autoencoder: ") + e.what());
   }

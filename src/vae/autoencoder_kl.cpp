@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "config_json.h"
 #include "gclab/io/safetensors.h"
 
 namespace gclab::vae {
@@ -208,6 +209,8 @@ AutoencoderKLConfig AutoencoderKLConfig::preset(config::AutoencoderKind kind) {
       c.latent_channels = 4, c.use_quant_conv = c.use_post_quant_conv = true;
       c.scaling_factor = 0.18215, c.shift_factor = 0, c.sample_size = 256;
       break;
+    case config::AutoencoderKind::qwen_image:
+      throw std::invalid_argument("Qwen-Image's autoencoder is an AutoencoderKLQwenImage (vae/qwen_image_vae.h)");
   }
   return c;
 }
@@ -222,16 +225,7 @@ AutoencoderKLConfig AutoencoderKLConfig::tiny(config::AutoencoderKind kind) {
 }
 
 AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path.string() + ": cannot be read");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(path.string() + ": not JSON (" + e.what() + ")");
-  }
-  const std::string cls = j.value("_class_name", std::string("AutoencoderKL"));
-  if (cls != "AutoencoderKL") throw std::runtime_error(path.string() + ": a " + cls + ", not an AutoencoderKL");
+  const nlohmann::json j = read_config_json(path, "AutoencoderKL");
   AutoencoderKLConfig c;
   try {
     c.in_channels = j.value("in_channels", c.in_channels);
@@ -354,6 +348,10 @@ LoadedAutoencoder build_autoencoder(const AutoencoderKLConfig& config, const std
 }
 
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path) {
+  return load_diffusers_weights(vae, path);
+}
+
+std::vector<std::string> load_diffusers_weights(torch::nn::Module& module, const std::filesystem::path& path) {
   std::filesystem::path file = path;
   if (std::filesystem::is_directory(path)) {
     file = path / "diffusion_pytorch_model.safetensors";
@@ -363,7 +361,7 @@ std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const 
   }
   io::TensorMatcher tensors(io::load_safetensors(file), file.string());
   torch::NoGradGuard no_grad;
-  for (auto& p : vae.named_parameters())
+  for (auto& p : module.named_parameters())
     if (const torch::Tensor* t = tensors.take(p.key(), p.value().sizes())) p.value().copy_(*t);
   return tensors.finish();
 }

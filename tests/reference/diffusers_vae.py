@@ -17,6 +17,8 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
+from autoencoder_forward import forward_config, run_component
+
 TOL = 1e-5  # relative to the output's largest magnitude
 # bfloat16: gclab's bf16 output may differ from diffusers' bf16 output by no more than diffusers' own bf16
 # output differs from its float32 one (what bf16 rounding does to this network; switching diffusers' attention
@@ -38,11 +40,7 @@ def main():
     except Exception as e:
         print(f"diffusers unavailable: {e}", file=sys.stderr)
         sys.exit(77)
-    os.makedirs(work, exist_ok=True)
-    config_yaml = os.path.join(work, "config.yaml")
-    with open(config_yaml, "w") as f:
-        f.write("name: vae\ndevice: cpu\nmodel: {arch: tiny-flux}\n"
-                "datasets: [{folder_path: " + work + "}]\ntrain: {steps: 1}\n")
+    config_yaml = forward_config(work, "tiny-flux")
     worst = 0.0
     for name, extra in CONFIGS.items():
         torch.manual_seed(0)
@@ -71,9 +69,7 @@ def main():
                                                  ("vae.decode", "images", want_images, []),
                                                  ("vae.decode", "images", want_tiled, ["--vae-tile", "16"])):
             out = os.path.join(work, f"{name}_{component}.safetensors")
-            subprocess.run([exe, "forward", config_yaml, "--component", component, "--weights", folder,
-                            "--inputs", os.path.join(work, "in.safetensors"), "--out", out] + extra_args, check=True,
-                           stdout=subprocess.DEVNULL)
+            run_component(exe, config_yaml, component, folder, os.path.join(work, "in.safetensors"), out, extra_args)
             got = load_file(out)[key]
             assert got.shape == want.shape, f"{name} {component}: {tuple(got.shape)} vs {tuple(want.shape)}"
             err = ((got - want).abs().max() / want.abs().max()).item()
@@ -90,9 +86,8 @@ def main():
         for component, key, want in (("vae.encode", "latents", want_latents), ("vae.decode", "images", want_images)):
             rounding = ((want - fp32[key]).abs().max() / fp32[key].abs().max()).item()
             out = os.path.join(work, f"{name}_{component}_bf16.safetensors")
-            subprocess.run([exe, "forward", config_yaml, "--component", component, "--weights", folder, "--dtype", "bf16",
-                            "--inputs", os.path.join(work, "in.safetensors"), "--out", out], check=True,
-                           stdout=subprocess.DEVNULL)
+            run_component(exe, config_yaml, component, folder, os.path.join(work, "in.safetensors"), out,
+                          ["--dtype", "bf16"])
             got = load_file(out)[key]
             assert got.dtype == torch.bfloat16, f"{name} {component} bf16: {got.dtype}"
             err = ((got.float() - want).abs().max() / want.abs().max()).item()

@@ -99,7 +99,7 @@ TEST(SessionAutoencoder, TheStandInIsAnExplicitChoiceAndQwenImagesIsSaidOutLoud)
   const auto qwen_config = tiny_config(dir, "q", {"model.arch=tiny-qwen-image"});
   auto qwen = codec_plan(qwen_config, model::spec_for(qwen_config.model));
   EXPECT_FALSE(qwen.spec.autoencoder);
-  EXPECT_NE(qwen.fallback.find("not built yet"), std::string::npos);
+  EXPECT_NE(qwen.fallback.find("not in training yet"), std::string::npos);
   auto tiled = codec_plan(tiny_config(dir, "t", {"sample.vae_tiling=true", "sample.vae_tile_size=128"}),
                           model::spec_by_preset("tiny-flux"));
   EXPECT_EQ(tiled.spec.tile_sample_size, 128);

@@ -11,6 +11,7 @@
 
 #include "gclab/io/safetensors.h"
 #include "gclab/memory/tracker.h"
+#include "gclab/vae/qwen_image_vae.h"
 
 namespace gclab::vae {
 namespace {
@@ -131,6 +132,46 @@ TEST(AutoencoderKL, AWeightsFileMissingATensorIsRefusedByName) {
   EXPECT_EQ(load_autoencoder_weights(*vae, dir), std::vector<std::string>{"extra.weight"});
   EXPECT_TRUE(torch::equal(vae->named_parameters()["decoder.conv_out.bias"], torch::ones({3})));
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::vae
+
+namespace gclab::vae {
+namespace {
+
+// AutoencoderKLQwenImage at Qwen-Image's size: diffusers' parameter count (126,892,531, counted there on the
+// meta device: tests/reference/diffusers_qwen_vae.py prints it) and names; its numerics against diffusers are
+// ctest interop.diffusers_qwen_image_vae.
+TEST(QwenImageVae, FullSizeParameterCountAndNamesEqualDiffusers) {
+  QwenImageVae vae(QwenImageVaeConfig::preset());
+  int64_t n = 0;
+  std::set<std::string> names;
+  for (const auto& p : vae->named_parameters()) n += p.value().numel(), names.insert(p.key());
+  EXPECT_EQ(n, 126'892'531);
+  for (const char* name :
+       {"encoder.conv_in.weight", "encoder.down_blocks.0.norm1.gamma", "encoder.down_blocks.2.resample.1.weight",
+        "encoder.down_blocks.5.time_conv.weight", "encoder.mid_block.attentions.0.to_qkv.weight",
+        "encoder.mid_block.attentions.0.norm.gamma", "encoder.norm_out.gamma", "quant_conv.weight",
+        "post_quant_conv.bias", "decoder.up_blocks.0.upsamplers.0.time_conv.weight",
+        "decoder.up_blocks.1.resnets.0.conv_shortcut.weight", "decoder.up_blocks.2.upsamplers.0.resample.1.bias",
+        "decoder.conv_out.weight"})
+    EXPECT_TRUE(names.count(name)) << name;
+  EXPECT_FALSE(names.count("decoder.up_blocks.2.upsamplers.0.time_conv.weight"));  // 2-D up-sampling there
+  // An image is one frame: 8x smaller, 16 latent channels, and back.
+  torch::NoGradGuard no_grad;
+  QwenImageVaeConfig tiny;
+  tiny.base_dim = 8;
+  tiny.dim_mult = {1, 2, 2, 2};
+  tiny.num_res_blocks = 1;
+  QwenImageVae small(tiny);
+  const torch::Tensor z = small->encode(torch::rand({1, 3, 32, 48}) * 2 - 1, Posterior::mean);
+  EXPECT_EQ(z.sizes(), (std::vector<int64_t>{1, 16, 4, 6}));
+  const torch::Tensor x = small->decode(z);
+  EXPECT_EQ(x.sizes(), (std::vector<int64_t>{1, 3, 32, 48}));
+  EXPECT_LE(x.abs().max().item<double>(), 1.0);  // clamped as diffusers' _decode clamps
+  // A video of 1 + 4k frames has 1 + k latent frames.
+  EXPECT_EQ(small->encode(torch::zeros({1, 3, 9, 16, 16}), Posterior::mean).size(2), 3);
 }
 
 }  // namespace

@@ -35,9 +35,10 @@ enum class SaveFormat { safetensors, diffusers };
 enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
 // The model families gclab models (DESIGN.md section 4); their facts are in model/family.h.
 enum class Family { flux, qwen_image, zimage, sd3, dit };
-// The AutoencoderKL configurations the families decode with (vae/autoencoder_kl.h; which family uses which
-// is model/family.h's autoencoder_kind): FLUX.1's (also Flex's and Z-Image's), SD3's, the SD VAE (DiT).
-enum class AutoencoderKind { flux, sd3, sd };
+// The autoencoders the families decode with (which family uses which is model/family.h's autoencoder_kind):
+// AutoencoderKL in FLUX.1's configuration (also Flex's and Z-Image's), SD3's, the SD VAE's (DiT)
+// (vae/autoencoder_kl.h); Qwen-Image's AutoencoderKLQwenImage, the Wan 2.1 VAE (vae/qwen_image_vae.h).
+enum class AutoencoderKind { flux, sd3, sd, qwen_image };
 // model.vae (gclab's): what turns images into latents and previews back into images — the family's
 // autoencoder (the default), or the deterministic DCT stand-in (an explicit choice for random-weight CPU
 // runs, where a random autoencoder's previews would be noise).

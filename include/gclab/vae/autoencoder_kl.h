@@ -97,5 +97,8 @@ LoadedAutoencoder build_autoencoder(const AutoencoderKLConfig& config, const std
 // diffusion_pytorch_model.safetensors) by their names; throws std::runtime_error naming the first missing or
 // misshapen tensor. Returns the names in the file the model does not use.
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path);
+// The rule both autoencoders load by: every parameter of `module` by its name from the file (or the folder's
+// diffusion_pytorch_model.safetensors, sharded or not), shapes checked.
+std::vector<std::string> load_diffusers_weights(torch::nn::Module& module, const std::filesystem::path& path);
 
 }  // namespace gclab::vae

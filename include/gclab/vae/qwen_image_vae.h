@@ -1,0 +1,68 @@
+// diffusers' AutoencoderKLQwenImage (models/autoencoders/autoencoder_kl_qwenimage.py): the Wan 2.1 video
+// VAE that Qwen-Image decodes with. Causal 3-D convolutions (padded with two past frames, none from the
+// future), RMS norms over the channels, single-head attention per frame in the mid blocks, 2x spatial
+// down/up-sampling per stage and 2x temporal where `temperal_downsample` says so (4x over the network: a
+// video of 1 + 4k frames has 1 + k latent frames). Frames go through the network in chunks — the first
+// frame alone, then 4 at a time when encoding, 1 at a time when decoding — each causal convolution keeping
+// the last two frames it saw in a cache for the next chunk, exactly as the reference does to bound memory.
+// Images are videos of one frame. Parameters carry diffusers' names, so a `vae/` folder loads unchanged.
+//
+// Latents are normalised as the Qwen-Image pipelines do: z = (mean - latents_mean) / latents_std per channel
+// after encoding, z / (1 / latents_std) + latents_mean before decoding; decoded frames are clamped to [-1, 1].
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gclab/vae/autoencoder_kl.h"
+
+namespace gclab::vae {
+
+struct QwenImageVaeConfig {
+  int64_t base_dim = 96, z_dim = 16;
+  std::vector<int64_t> dim_mult = {1, 2, 4, 4};
+  int64_t num_res_blocks = 2;
+  std::vector<bool> temperal_downsample = {false, true, true};  // diffusers' spelling
+  int64_t input_channels = 3;
+  std::vector<double> latents_mean = {-0.7571, -0.7089, -0.9113, 0.1075,  -0.1745, 0.9653,  -0.1517, 1.5508,
+                                      0.4134,  -0.0715, 0.5517,  -0.3632, -0.1922, -0.9497, 0.2503,  -0.2921};
+  std::vector<double> latents_std = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                                     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
+
+  // Qwen-Image's (Qwen/Qwen-Image vae/config.json: diffusers' defaults).
+  static QwenImageVaeConfig preset() { return {}; }
+  // A diffusers config.json (AutoencoderKLQwenImage); throws std::runtime_error naming what it cannot use.
+  static QwenImageVaeConfig from_json_file(const std::filesystem::path& path);
+  int64_t downsampling() const { return int64_t{1} << temperal_downsample.size(); }
+};
+
+class QwenImageVaeImpl : public torch::nn::Module {
+ public:
+  explicit QwenImageVaeImpl(QwenImageVaeConfig config);
+
+  // Videos [B, 3, T, H, W] (or images [B, 3, H, W], one frame) in [-1, 1] -> normalised latents
+  // [B, z, 1 + (T-1)/4, H/8, W/8] ([B, z, H/8, W/8] for images).
+  torch::Tensor encode(const torch::Tensor& video, Posterior posterior = Posterior::sample,
+                       std::optional<at::Generator> generator = std::nullopt);
+  // Normalised latents -> frames in [-1, 1], the shape encode took.
+  torch::Tensor decode(const torch::Tensor& latents);
+  // The encoder's moments [B, 2z, T', h, w] (mean, then log-variance), before normalising.
+  torch::Tensor moments(const torch::Tensor& video);
+  const QwenImageVaeConfig& config() const { return config_; }
+
+ private:
+  QwenImageVaeConfig config_;
+  std::shared_ptr<torch::nn::Module> encoder_, decoder_, quant_conv_, post_quant_conv_;
+};
+TORCH_MODULE(QwenImageVae);
+
+// Loads a diffusers AutoencoderKLQwenImage's weights by their names (a .safetensors file, or a folder
+// holding diffusion_pytorch_model.safetensors); throws std::runtime_error naming the first missing or
+// misshapen tensor. Returns the names in the file the model does not use.
+std::vector<std::string> load_qwen_image_vae_weights(QwenImageVaeImpl& vae, const std::filesystem::path& path);
+
+}  // namespace gclab::vae

@@ -1,0 +1,71 @@
+"""gclab's AutoencoderKLQwenImage (the Wan 2.1 VAE Qwen-Image decodes with) against diffusers' (the pinned
+`diffusers` in .venv, a test-only reference), through `gclab forward --component vae.encode|vae.decode`:
+
+  diffusers_qwen_vae.py GCLAB_EXE WORK_DIR
+
+A tiny random AutoencoderKLQwenImage (Qwen-Image's layout: temporal down-sampling in the last two stages,
+16 latent channels with its latents_mean / latents_std), saved by diffusers' save_pretrained, must load
+unchanged and give diffusers' encode (the posterior's mean, then (z - latents_mean) / latents_std as the
+Qwen-Image pipelines normalise latents) and decode (z / (1 / latents_std) + latents_mean, then decode,
+clamped) to float32 rounding — for an image (one frame, [B, 3, H, W]) and for videos of 5 and 9 frames, whose
+chunks go through the causal convolutions' frame cache. Full-size parameter count: printed for the C++
+test's constant. Exit 77 without diffusers.
+"""
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from autoencoder_forward import forward_config, run_component
+
+TOL = 1e-5  # relative to the output's largest magnitude
+
+
+def main():
+    exe, work = sys.argv[1], sys.argv[2]
+    try:
+        from diffusers import AutoencoderKLQwenImage
+    except Exception as e:
+        print(f"diffusers unavailable: {e}", file=sys.stderr)
+        sys.exit(77)
+    config_yaml = forward_config(work, "tiny-qwen-image")
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1).eval()
+    with torch.no_grad():  # every parameter perturbed: a one or a zero hides a wrong name or layout
+        for p in vae.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    folder = os.path.join(work, "qwen_vae")
+    vae.save_pretrained(folder, safe_serialization=True)
+    mean = torch.tensor(vae.config.latents_mean).view(1, 16, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
+    worst = 0.0
+    for frames in (1, 5, 9):
+        image = frames == 1
+        x = torch.rand(2, 3, frames, 24, 40) * 2 - 1
+        z = torch.randn(2, 16, 1 + (frames - 1) // 4, 3, 5)
+        with torch.no_grad():
+            want_latents = (vae.encode(x).latent_dist.mean - mean) / std
+            want_frames = vae.decode(z / inv_std + mean).sample
+        if image:
+            x, z, want_latents, want_frames = x[:, :, 0], z[:, :, 0], want_latents[:, :, 0], want_frames[:, :, 0]
+        inputs = os.path.join(work, f"in_{frames}.safetensors")
+        save_file({"images": x.contiguous(), "latents": z.contiguous()}, inputs)
+        for component, key, want in (("vae.encode", "latents", want_latents), ("vae.decode", "images", want_frames)):
+            out = os.path.join(work, f"{component}_{frames}.safetensors")
+            run_component(exe, config_yaml, component, folder, inputs, out)
+            got = load_file(out)[key]
+            assert got.shape == want.shape, f"{frames} frames {component}: {tuple(got.shape)} vs {tuple(want.shape)}"
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            worst = max(worst, err)
+            print(f"{frames} frame(s) {component}: max relative difference {err:.2e}")
+            assert err < TOL, f"{frames} frames {component}: {err:.2e} >= {TOL}"
+    with torch.device("meta"):
+        full = AutoencoderKLQwenImage()
+    print(f"full-size parameters: {sum(p.numel() for p in full.parameters())}")
+    print(f"all match diffusers (worst {worst:.2e})")
+
+
+if __name__ == "__main__":
+    main()
