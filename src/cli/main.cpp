@@ -206,13 +206,12 @@ void run_autoencoder_io(const gclab::config::ProcessConfig& config, const Forwar
 }
 
 // gclab forward --component vae.encode|vae.decode for Qwen-Image: AutoencoderKLQwenImage (its config.json and
-// weights from --weights or name_or_path's vae/ folder, else Qwen-Image's shape with random weights), images
+// weights from --weights, model.vae_path or name_or_path's vae/ folder, else Qwen-Image's shape with random
+// weights), images
 // as one frame or videos, latents normalised as the Qwen-Image pipelines normalise them.
 int run_qwen_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
   namespace fs = std::filesystem;
-  fs::path weights = f.weights;
-  if (weights.empty())
-    if (const auto local = gclab::model::local_model(config.model)) weights = local->vae;
+  const fs::path weights = gclab::train::autoencoder_weights(config, f.weights);
   try {
     std::error_code ec;
     const fs::path json = weights / "config.json";

@@ -65,6 +65,14 @@ const char* activity_name(Activity activity) {
   return "?";
 }
 
+fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path& weights) {
+  if (!weights.empty()) return weights;
+  std::error_code ec;
+  if (config.model.vae_path && fs::exists(*config.model.vae_path, ec)) return *config.model.vae_path;
+  if (const auto local = model::local_model(config.model)) return local->vae;
+  return {};
+}
+
 CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
   CodecPlan plan;
   vae::CodecSpec& s = plan.spec;
@@ -78,9 +86,7 @@ CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec
         "weights and decode peak are not counted (model.vae: dct says so explicitly)";
     return plan;
   }
-  s.weights = weights;
-  if (s.weights.empty())
-    if (const auto local = model::local_model(config.model)) s.weights = local->vae;
+  s.weights = autoencoder_weights(config, weights);
   try {
     s.autoencoder = vae::autoencoder_config(
         spec.tiny ? vae::AutoencoderKLConfig::tiny(kind) : vae::AutoencoderKLConfig::preset(kind), s.weights);
@@ -193,6 +199,9 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   const CodecPlan plan = codec_plan(config_, spec_);
   codec_spec_ = plan.spec;
   if (!plan.fallback.empty()) log::warn(plan.fallback);
+  if (config_.model.vae_path && codec_spec_.autoencoder && codec_spec_.weights != fs::path(*config_.model.vae_path))
+    log::warn("model.vae_path '" + *config_.model.vae_path +
+              "' is not a local folder or file (gclab downloads nothing): " + codec_spec_.describe());
   if (codec_spec_.autoencoder && codec_spec_.autoencoder->latent_channels != spec_.latent_channels)
     throw UserError("the autoencoder in " + codec_spec_.weights.string() + " has " +
                     std::to_string(codec_spec_.autoencoder->latent_channels) +

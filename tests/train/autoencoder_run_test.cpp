@@ -137,6 +137,12 @@ TEST(SessionAutoencoder, ALocalVaeFolderIsLoadedAndAMismatchIsRefused) {
   torch::NoGradGuard no_grad;
   source->eval();
   EXPECT_TRUE(torch::allclose(session.codec().decode(z), source->decode(z), 1e-5, 1e-6));
+  // AI Toolkit's model.vae_path names the same folder for a model without one.
+  {
+    Session other(tiny_config(dir, "p", {"model.vae_path=" + (dir / "model" / "vae").string()}));
+    EXPECT_EQ(other.codec_spec().weights, dir / "model" / "vae");
+    EXPECT_TRUE(torch::allclose(other.codec().decode(z), source->decode(z), 1e-5, 1e-6));
+  }
   // An autoencoder whose latents the transformer does not take is refused by name.
   std::ofstream(dir / "model" / "vae" / "config.json") << R"({"_class_name": "AutoencoderKL", "latent_channels": 4})";
   EXPECT_THROW(Session{config}, UserError);

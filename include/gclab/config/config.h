@@ -368,6 +368,9 @@ struct ModelConfig {
   bool low_vram = false;
   // gclab: autoencoder (the family's, from name_or_path's vae/ folder or random at the real shapes) or dct.
   VaeChoice vae = VaeChoice::autoencoder;
+  // AI Toolkit's: the autoencoder's weights from elsewhere than name_or_path's vae/ — here a local diffusers
+  // folder (config.json and weights) or a .safetensors file (the family's shape); a Hub id is not fetched.
+  std::optional<std::string> vae_path;
 
   template <class V>
   void fields(V& v) {
@@ -382,8 +385,8 @@ struct ModelConfig {
     v("qtype_te", qtype_te);
     v("low_vram", low_vram);
     v("vae", vae);
+    v("vae_path", vae_path);
     v.ignore({"dtype",
-              "vae_path",
               "is_v2",
               "is_xl",
               "is_pixart",

@@ -179,7 +179,8 @@ class Session {
 };
 
 // What a run encodes and decodes with: model.vae's choice, the family's autoencoder (tiny presets: its
-// CPU-test size), name_or_path's vae/ folder (or `weights`, when given), the run's dtype and
+// CPU-test size), its weights from `weights` when given, else model.vae_path when it is local, else
+// name_or_path's vae/ folder, the run's dtype and
 // sample.vae_tiling. `fallback` says why the DCT stand-in is used where the config did not ask for it
 // (empty otherwise). Throws UserError for a config.json it cannot use.
 struct CodecPlan {
@@ -188,6 +189,9 @@ struct CodecPlan {
 };
 CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                      const std::filesystem::path& weights = {});
+// Where the autoencoder's weights come from: `weights` when given, else model.vae_path when it is a local
+// folder or file, else name_or_path's vae/ folder; empty: random weights.
+std::filesystem::path autoencoder_weights(const config::ProcessConfig& config, const std::filesystem::path& weights);
 
 // A step as file names carry it: 000000120 (sorts by name).
 std::string step_tag(int64_t step);
