@@ -366,7 +366,8 @@ struct ModelConfig {
   std::string qtype = "qfloat8";
   std::string qtype_te = "qfloat8";
   bool low_vram = false;
-  // gclab: autoencoder (the family's, from name_or_path's vae/ folder or random at the real shapes) or dct.
+  // gclab: autoencoder (the family's, from vae_path or name_or_path's vae/ folder, else random at the real
+  // shapes) or dct (the stand-in).
   VaeChoice vae = VaeChoice::autoencoder;
   // AI Toolkit's: the autoencoder's weights from elsewhere than name_or_path's vae/ — here a local diffusers
   // folder (config.json and weights) or a .safetensors file (the family's shape); a Hub id is not fetched.
