@@ -11,6 +11,13 @@ namespace gclab::bench {
 
 namespace {
 
+// The longest sequence a block sees (tokens), from the ledger's block inputs [B, S, hidden].
+int64_t longest_sequence(const model::ActivationEstimate& a, int64_t batch, int64_t hidden, int64_t element_bytes) {
+  int64_t longest = 0;
+  for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (batch * hidden * element_bytes));
+  return longest;
+}
+
 StepEstimate step_estimate(const train::Session& session, const model::ActivationEstimate& a, int batch, int resolution,
                            bool checkpointed, int64_t resident, int64_t gradients, bool cpu) {
   const model::ModelSpec& spec = session.spec();
@@ -24,9 +31,8 @@ StepEstimate step_estimate(const train::Session& session, const model::Activatio
   // recompute) holds its MLP's transients: the hidden activation and its gradient, [B, S, mlp] each, S the
   // longest sequence a block sees. Measured on every tiny preset it is the step's remaining peak, GC off
   // and full (docs/results/estimate-cpu.md).
-  int64_t longest = 0;
   const int64_t e = session.activation_options().element_bytes;
-  for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (int64_t{batch} * spec.hidden * e));
+  const int64_t longest = longest_sequence(a, batch, spec.hidden, e);
   s.workspace_bytes = 2 * int64_t{batch} * longest * spec.mlp_hidden * e;
   // Encoding on the fly (the autoencoder, latents not cached): the data phase holds the batch's float32
   // images and the encode's peak, before the step's own tensors exist.
@@ -91,9 +97,8 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
     p.width = sc.width / d * d, p.height = sc.height / d * d;
     p.image_tokens = model::image_tokens(e.spec, p.height, p.width);
     const auto a = model::estimate_activations(e.spec, 1, p.height, p.width, 0, o);
-    int64_t longest = 0;
     const int64_t el = session.activation_options().element_bytes;
-    for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (e.spec.hidden * el));
+    const int64_t longest = longest_sequence(a, 1, e.spec.hidden, el);
     const int64_t cfg = sc.guidance_scale > 1 ? 2 : 1;
     p.denoise_bytes = cfg * longest * (e.spec.mlp_hidden + 3 * e.spec.hidden) * el;
     // The decode's peak, or after it its float image and the PNG's conversion (one more float copy, the

@@ -54,8 +54,7 @@ std::string format_autoencoder(const config::ProcessConfig& config) {
   const train::CodecPlan plan = train::codec_plan(config, spec);
   const vae::CodecSpec& c = plan.spec;
   const bool cpu = !estimates_for_cuda(config);
-  bool cached = false;
-  for (const auto& d : config.datasets) cached = cached || d.cache_latents || d.cache_latents_to_disk;
+  const bool cached = train::run_caches_latents(config);
   std::ostringstream out;
   out << "# the autoencoder this config selects (model.vae), its memory predicted from its shapes ("
       << (cpu ? "CPU" : "CUDA") << " kernels)\nautoencoder:\n";

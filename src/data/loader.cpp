@@ -60,6 +60,14 @@ BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::Datas
       datasets_(std::move(datasets)),
       codec_(codec),
       encode_here_(codec.encodes_on_loader_thread()),
+      codec_key_([&codec] {
+        // The latent channels, and which autoencoder (its shape and weights) made them.
+        std::ostringstream k;
+        k << "_c" << codec.spec().latent_channels;
+        if (codec.spec().autoencoder)
+          k << "_vae" << std::hex << (std::hash<std::string>{}(codec.spec().describe()) & 0xffffffffu);
+        return k.str();
+      }()),
       o_(options),
       next_to_load_(start_index) {
   plans_[0] = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility, o_.seed);
@@ -86,25 +94,18 @@ int64_t BatchLoader::fill_caches(const std::function<torch::Tensor(const torch::
       }
     }
   }
-  int64_t encoded = 0;
-  const size_t per_batch = 1;  // AI Toolkit encodes one file item at a time
+  int64_t encoded = 0;  // one image at a time, as AI Toolkit encodes them
   for (const auto& [size, samples] : todo) {
-    for (size_t start = 0; start < samples.size(); start += per_batch) {
-      std::vector<torch::Tensor> images;
-      std::vector<const LatentSlot*> slots;
-      for (size_t i = start; i < std::min(samples.size(), start + per_batch); ++i) {
-        try {
-          images.push_back(sample_image(samples[i].first));
-          slots.push_back(&samples[i].second);
-        } catch (const ImageError&) {
-          // Reported, and replaced, when a batch meets it.
-        }
+    for (const auto& [sample, slot] : samples) {
+      torch::Tensor image;
+      try {
+        image = sample_image(sample);
+      } catch (const ImageError&) {
+        continue;  // reported, and replaced, when a batch meets it
       }
-      if (images.empty()) continue;
-      const torch::Tensor z = encode(torch::stack(images), std::hash<std::string>{}(slots.front()->key));
-      for (size_t i = 0; i < slots.size(); ++i)
-        cache_->store(*slots[i], z[static_cast<int64_t>(i)].detach().to(torch::kCPU, torch::kFloat).contiguous());
-      encoded += static_cast<int64_t>(slots.size());
+      const torch::Tensor z = encode(image.unsqueeze(0), std::hash<std::string>{}(slot.key));
+      cache_->store(slot, z[0].detach().to(torch::kCPU, torch::kFloat).contiguous());
+      ++encoded;
     }
   }
   return encoded;
@@ -269,10 +270,7 @@ LatentSlot BatchLoader::slot_for(const PlannedSample& s) const {
   const auto& p = s.placement;
   std::ostringstream key;
   key << item.image.stem().string() << "_" << p.bucket.key() << "_" << p.scale_to_width << "x" << p.scale_to_height
-      << "_" << p.crop_x << "_" << p.crop_y << (s.flip_x ? "_fx" : "") << (s.flip_y ? "_fy" : "") << "_c"
-      << codec_.spec().latent_channels;
-  if (codec_.spec().autoencoder)  // which autoencoder (its shape and weights) made them
-    key << "_vae" << std::hex << (std::hash<std::string>{}(codec_.spec().describe()) & 0xffffffffu);
+      << "_" << p.crop_x << "_" << p.crop_y << (s.flip_x ? "_fx" : "") << (s.flip_y ? "_fy" : "") << codec_key_;
   LatentSlot slot;
   slot.key = item.image.string() + "|" + key.str();
   slot.memory = ds.cache_latents;

@@ -65,6 +65,12 @@ const char* activity_name(Activity activity) {
   return "?";
 }
 
+bool run_caches_latents(const config::ProcessConfig& config) {
+  for (const auto& d : config.datasets)
+    if (d.cache_latents || d.cache_latents_to_disk) return true;
+  return false;
+}
+
 fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path& weights) {
   if (!weights.empty()) return weights;
   std::error_code ec;
@@ -206,8 +212,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     throw UserError("the autoencoder in " + codec_spec_.weights.string() + " has " +
                     std::to_string(codec_spec_.autoencoder->latent_channels) +
                     " latent channels; the transformer takes " + std::to_string(spec_.latent_channels));
-  for (const auto& d : config_.datasets)
-    caches_latents_ = caches_latents_ || d.cache_latents || d.cache_latents_to_disk;
+  caches_latents_ = run_caches_latents(config_);
   if (!options.meta) {
     try {
       codec_ = vae::build_codec(codec_spec_, device_, static_cast<uint64_t>(config_.training_seed.value_or(42)));

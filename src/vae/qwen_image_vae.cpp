@@ -172,9 +172,7 @@ struct ResampleImpl : nn::Module {
       if (entry.empty()) {
         entry.rep = true;  // the first chunk is not doubled in time
       } else {
-        torch::Tensor keep = x.slice(2, x.size(2) - std::min(kCacheFrames, x.size(2))).clone();
-        if (keep.size(2) < 2 && entry.frames.defined())
-          keep = torch::cat({entry.frames.select(2, entry.frames.size(2) - 1).unsqueeze(2).to(keep.device()), keep}, 2);
+        torch::Tensor keep = frames_to_keep(x, entry);
         if (keep.size(2) < 2 && entry.rep) keep = torch::cat({torch::zeros_like(keep), keep}, 2);
         x = entry.rep ? time_conv(x) : time_conv(x, entry.frames);
         entry.frames = keep, entry.rep = false;

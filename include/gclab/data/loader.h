@@ -120,6 +120,7 @@ class BatchLoader {
   std::vector<config::DatasetConfig> datasets_;
   vae::ImageCodec& codec_;
   const bool encode_here_;
+  const std::string codec_key_;  // the codec's part of every cache key
   LoaderOptions o_;
   int64_t epoch_size_ = 0;
   int64_t next_to_load_ = 0;

@@ -189,6 +189,9 @@ struct CodecPlan {
 };
 CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                      const std::filesystem::path& weights = {});
+// Whether some dataset caches latents (cache_latents / cache_latents_to_disk): the autoencoder then encodes
+// before training and leaves the device.
+bool run_caches_latents(const config::ProcessConfig& config);
 // Where the autoencoder's weights come from: `weights` when given, else model.vae_path when it is a local
 // folder or file, else name_or_path's vae/ folder; empty: random weights.
 std::filesystem::path autoencoder_weights(const config::ProcessConfig& config, const std::filesystem::path& weights);
