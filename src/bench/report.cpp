@@ -51,15 +51,13 @@ std::string format_model_summary(const model::ModelSummary& s) {
 
 std::string format_autoencoder(const config::ProcessConfig& config) {
   const model::ModelSpec spec = model::spec_for(config.model);
-  const train::CodecPlan plan = train::codec_plan(config, spec);
-  const vae::CodecSpec& c = plan.spec;
+  const vae::CodecSpec c = train::codec_plan(config, spec);
   const bool cpu = !estimates_for_cuda(config);
   const bool cached = train::run_caches_latents(config);
   std::ostringstream out;
   out << "# the autoencoder this config selects (model.vae), its memory predicted from its shapes ("
       << (cpu ? "CPU" : "CUDA") << " kernels)\nautoencoder:\n";
   out << "  codec: \"" << c.describe() << "\"\n";
-  if (!plan.fallback.empty()) out << "  note: \"" << plan.fallback << "\"\n";
   out << "  weight_bytes: " << c.weight_bytes() << "  # " << format_bytes(c.weight_bytes()) << "\n";
   out << "  on_the_device_during_steps: " << (c.autoencoder && !cached ? "true" : "false") << "  # "
       << (!c.autoencoder ? "no weights"

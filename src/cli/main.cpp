@@ -176,87 +176,49 @@ void warn_unused(const std::vector<std::string>& unused, const std::filesystem::
                      " are not parameters of this network and were not used, e.g. " + unused.front());
 }
 
-// Images [B, 3, H, W] or videos [B, 3, T, H, W] in [-1, 1] from f.inputs through the autoencoder's encode
-// (the posterior f.posterior asks for, sampled from training_seed) or decode, the result written to f.out;
-// what both autoencoders' entry points share.
-template <class Autoencoder>
-void run_autoencoder_io(const gclab::config::ProcessConfig& config, const ForwardArgs& f, Autoencoder& vae,
-                        torch::Device device, torch::ScalarType dtype, int64_t image_channels,
-                        int64_t latent_channels) {
-  vae->to(device, dtype);
-  vae->eval();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.training_seed.value_or(42)));
-  const bool encode = f.component == ForwardComponent::vae_encode;
-  const auto file = gclab::io::SafetensorsFile::open(f.inputs);
-  const std::string in_name = encode ? "images" : "latents", out_name = encode ? "latents" : "images";
-  if (!file.contains(in_name)) throw gclab::UserError(f.inputs + ": needs '" + in_name + "'");
-  const torch::Tensor x = file.tensor(in_name).to(device, dtype);
-  const int64_t channels = encode ? image_channels : latent_channels;
-  if ((x.dim() != 4 && x.dim() != 5) || x.size(1) != channels)
-    throw gclab::UserError(f.inputs + ": '" + in_name + "' must be [B, " + std::to_string(channels) +
-                           ", H, W] (or [B, C, T, H, W] for a video autoencoder), got " + c10::str(x.sizes()));
-  torch::Tensor y;
-  {
-    torch::NoGradGuard no_grad;
-    y = encode ? vae->encode(x, f.posterior, device.is_cpu() ? std::optional<at::Generator>(gen) : std::nullopt)
-               : vae->decode(x);
-  }
-  gclab::io::save_safetensors(f.out, {{out_name, y.contiguous()}});
-  std::cout << out_name << " " << y.sizes() << " " << c10::toString(y.scalar_type()) << " -> " << f.out << "\n";
-}
-
-// gclab forward --component vae.encode|vae.decode for Qwen-Image: AutoencoderKLQwenImage (its config.json and
-// weights from --weights, model.vae_path or name_or_path's vae/ folder, else Qwen-Image's shape with random
-// weights), images
-// as one frame or videos, latents normalised as the Qwen-Image pipelines normalise them.
-int run_qwen_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
-  namespace fs = std::filesystem;
-  const fs::path weights = gclab::train::autoencoder_weights(config, f.weights);
-  try {
-    std::error_code ec;
-    const fs::path json = weights / "config.json";
-    gclab::vae::QwenImageVae vae(!weights.empty() && fs::is_regular_file(json, ec)
-                                     ? gclab::vae::QwenImageVaeConfig::from_json_file(json)
-                                     : gclab::vae::QwenImageVaeConfig::preset());
-    if (weights.empty())
-      gclab::log::warn("no --weights and no vae/ folder in model.name_or_path: random autoencoder weights");
-    else
-      warn_unused(gclab::vae::load_qwen_image_vae_weights(*vae, weights), weights);
-    if (f.vae_tile != 0) throw gclab::UserError("--vae-tile: gclab does not tile Qwen-Image's autoencoder yet");
-    run_autoencoder_io(config, f, vae, gclab::train::resolve_device(config.device), dtype, vae->config().input_channels,
-                       vae->config().z_dim);
-  } catch (const std::runtime_error& e) {  // bad weights, config.json or inputs
-    throw gclab::UserError(e.what());
-  }
-  return kExitOk;
-}
-
-// gclab forward --component vae.encode|vae.decode: the run's AutoencoderKL (its config.json and weights
-// from --weights or name_or_path's vae/ folder; else the family's preset with random weights), images
-// [B, 3, H, W] in [-1, 1] <-> latents scaled as the family's pipeline scales them.
+// gclab forward --component vae.encode|vae.decode: the run's autoencoder (train::codec_plan: the family's
+// AutoencoderKL or AutoencoderKLQwenImage, its tiny size for a tiny preset, its config.json and weights from
+// --weights or model.vae_path / name_or_path's vae/ folder, else random). Images [B, 3, H, W] (videos
+// [B, 3, T, H, W] for Qwen-Image's) in [-1, 1] from f.inputs through encode (the posterior f.posterior asks
+// for, sampled from training_seed) or decode, the result written to f.out.
 int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
-  if (gclab::model::autoencoder_kind(spec.family) == gclab::config::AutoencoderKind::qwen_image)
-    return run_qwen_vae_forward(config, f, dtype);
   try {
-    // The run's own choice (the family's autoencoder, its tiny size for a tiny preset, name_or_path's vae/
-    // folder), with --weights in place of the folder when given.
-    const gclab::train::CodecPlan plan = gclab::train::codec_plan(config, spec, f.weights);
-    if (!plan.spec.autoencoder)
-      throw gclab::UserError(plan.fallback.empty() ? "model.vae: dct has no autoencoder to run" : plan.fallback);
+    const gclab::vae::CodecSpec plan = gclab::train::codec_plan(config, spec, f.weights);
+    if (!plan.autoencoder) throw gclab::UserError("model.vae: dct has no autoencoder to run");
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
-    auto built = gclab::vae::build_autoencoder(*plan.spec.autoencoder, plan.spec.weights);
+    auto built = gclab::vae::build_autoencoder(*plan.autoencoder, plan.weights);
     if (built.random)
       gclab::log::warn("no --weights and no vae/ folder in model.name_or_path: random autoencoder weights");
-    warn_unused(built.unused, plan.spec.weights);
-    gclab::vae::AutoencoderKL vae = built.vae;
-    const gclab::vae::AutoencoderKLConfig& c = vae->config();
+    warn_unused(built.unused, plan.weights);
+    gclab::vae::AutoencoderBase& vae = *built.vae;
     const torch::Device device = gclab::train::resolve_device(config.device);
-    if (f.vae_tile < 0 || f.vae_tile % c.downsampling() != 0)
+    if (f.vae_tile < 0 || f.vae_tile % vae.downsampling() != 0)
       throw gclab::UserError("--vae-tile " + std::to_string(f.vae_tile) + ": a tile size in pixels, a multiple of " +
-                             std::to_string(c.downsampling()));
-    if (f.vae_tile > 0) vae->enable_tiling(f.vae_tile);
-    run_autoencoder_io(config, f, vae, device, dtype, c.in_channels, c.latent_channels);
+                             std::to_string(vae.downsampling()));
+    if (f.vae_tile > 0) vae.enable_tiling(f.vae_tile);
+    vae.to(device, dtype);
+    vae.eval();
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.training_seed.value_or(42)));
+    const bool encode = f.component == ForwardComponent::vae_encode;
+    const auto file = gclab::io::SafetensorsFile::open(f.inputs);
+    const std::string in_name = encode ? "images" : "latents", out_name = encode ? "latents" : "images";
+    if (!file.contains(in_name)) throw gclab::UserError(f.inputs + ": needs '" + in_name + "'");
+    const torch::Tensor x = file.tensor(in_name).to(device, dtype);
+    const int64_t channels = encode ? vae.image_channels() : vae.latent_channels();
+    const bool video = std::holds_alternative<gclab::vae::QwenImageVaeConfig>(*plan.autoencoder);
+    if ((x.dim() != 4 && !(video && x.dim() == 5)) || x.size(1) != channels)
+      throw gclab::UserError(f.inputs + ": '" + in_name + "' must be [B, " + std::to_string(channels) + ", H, W]" +
+                             (video ? " or [B, " + std::to_string(channels) + ", T, H, W]" : std::string()) + ", got " +
+                             c10::str(x.sizes()));
+    torch::Tensor y;
+    {
+      torch::NoGradGuard no_grad;
+      y = encode ? vae.encode(x, f.posterior, device.is_cpu() ? std::optional<at::Generator>(gen) : std::nullopt)
+                 : vae.decode(x);
+    }
+    gclab::io::save_safetensors(f.out, {{out_name, y.contiguous()}});
+    std::cout << out_name << " " << y.sizes() << " " << c10::toString(y.scalar_type()) << " -> " << f.out << "\n";
   } catch (const std::runtime_error& e) {  // bad weights, config.json or inputs
     throw gclab::UserError(e.what());
   }

@@ -64,8 +64,11 @@ BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::Datas
         // The latent channels, and which autoencoder (its shape and weights) made them.
         std::ostringstream k;
         k << "_c" << codec.spec().latent_channels;
-        if (codec.spec().autoencoder)
-          k << "_vae" << std::hex << (std::hash<std::string>{}(codec.spec().describe()) & 0xffffffffu);
+        if (codec.spec().autoencoder) {
+          vae::CodecSpec what = codec.spec();
+          what.tile_sample_size = 0;  // tiling changes the previews, not the latents
+          k << "_vae" << std::hex << (std::hash<std::string>{}(what.describe()) & 0xffffffffu);
+        }
         return k.str();
       }()),
       o_(options),

@@ -79,29 +79,25 @@ fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path
   return {};
 }
 
-CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
-  CodecPlan plan;
-  vae::CodecSpec& s = plan.spec;
+vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
+  vae::CodecSpec s;
   s.latent_channels = spec.latent_channels;
-  if (config.model.vae == config::VaeChoice::dct) return plan;
+  if (config.model.vae == config::VaeChoice::dct) return s;
   const config::AutoencoderKind kind = model::autoencoder_kind(spec.family);
-  if (kind == config::AutoencoderKind::qwen_image) {
-    plan.fallback =
-        "Qwen-Image's autoencoder (AutoencoderKLQwenImage, the Wan 2.1 VAE) is not in training yet (gclab forward "
-        "--component vae.encode|vae.decode runs it): the DCT stand-in encodes and decodes, and the autoencoder's "
-        "weights and decode peak are not counted (model.vae: dct says so explicitly)";
-    return plan;
-  }
   s.weights = autoencoder_weights(config, weights);
+  vae::AutoencoderConfig preset;
+  if (kind == config::AutoencoderKind::qwen_image)
+    preset = spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
+  else
+    preset = spec.tiny ? vae::AutoencoderKLConfig::tiny(kind) : vae::AutoencoderKLConfig::preset(kind);
   try {
-    s.autoencoder = vae::autoencoder_config(
-        spec.tiny ? vae::AutoencoderKLConfig::tiny(kind) : vae::AutoencoderKLConfig::preset(kind), s.weights);
+    s.autoencoder = vae::autoencoder_config(preset, s.weights);
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("the autoencoder: ") + e.what());
   }
   s.dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
   if (config.sample && config.sample->vae_tiling) s.tile_sample_size = config.sample->vae_tile_size;
-  return plan;
+  return s;
 }
 
 std::string step_tag(int64_t step) {
@@ -202,15 +198,13 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
 
   // ---- the autoencoder: resident while it encodes on the fly; with cached latents it leaves the device
   // once they are encoded (cache_latents) and comes back for previews only ----
-  const CodecPlan plan = codec_plan(config_, spec_);
-  codec_spec_ = plan.spec;
-  if (!plan.fallback.empty()) log::warn(plan.fallback);
+  codec_spec_ = codec_plan(config_, spec_);
   if (config_.model.vae_path && codec_spec_.autoencoder && codec_spec_.weights != fs::path(*config_.model.vae_path))
     log::warn("model.vae_path '" + *config_.model.vae_path +
               "' is not a local folder or file (gclab downloads nothing): " + codec_spec_.describe());
-  if (codec_spec_.autoencoder && codec_spec_.autoencoder->latent_channels != spec_.latent_channels)
+  if (codec_spec_.autoencoder && vae::latent_channels(*codec_spec_.autoencoder) != spec_.latent_channels)
     throw UserError("the autoencoder in " + codec_spec_.weights.string() + " has " +
-                    std::to_string(codec_spec_.autoencoder->latent_channels) +
+                    std::to_string(vae::latent_channels(*codec_spec_.autoencoder)) +
                     " latent channels; the transformer takes " + std::to_string(spec_.latent_channels));
   caches_latents_ = run_caches_latents(config_);
   if (!options.meta) {

@@ -7,6 +7,7 @@
 
 #include "config_json.h"
 #include "gclab/io/safetensors.h"
+#include "tiling.h"
 
 namespace gclab::vae {
 
@@ -280,71 +281,22 @@ torch::Tensor AutoencoderKLImpl::encode(const torch::Tensor& images, Posterior p
 }
 
 torch::Tensor AutoencoderKLImpl::decode_unscaled(const torch::Tensor& z) {
-  const int64_t tile_latent = tile_sample_size_ / config_.downsampling();
-  if (tile_sample_size_ > 0 && (z.size(-1) > tile_latent || z.size(-2) > tile_latent)) return tiled_decode(z);
-  return static_cast<DecoderImpl&>(*decoder_).forward(post_quant_conv_ ? post_quant_conv_(z) : z);
+  auto& decoder = static_cast<DecoderImpl&>(*decoder_);
+  auto decode_tile = [&](const torch::Tensor& t) {
+    return decoder.forward(post_quant_conv_ ? post_quant_conv_(t) : t);
+  };
+  const TileGrid grid(tile_sample_size_, config_.downsampling());
+  if (tile_sample_size_ > 0 && grid.tiles(z.size(-2), z.size(-1)))
+    return tiled_decode(z, grid, config_.downsampling(), decode_tile);
+  return decode_tile(z);
 }
 
 void AutoencoderKLImpl::enable_tiling(int64_t tile_sample_size) {
   tile_sample_size_ = tile_sample_size > 0 ? tile_sample_size : config_.sample_size;
 }
 
-torch::Tensor AutoencoderKLImpl::tiled_decode(const torch::Tensor& z) {
-  constexpr double kOverlap = 0.25;  // diffusers' tile_overlap_factor
-  const int64_t tile_latent = tile_sample_size_ / config_.downsampling();
-  const auto overlap = static_cast<int64_t>(static_cast<double>(tile_latent) * (1 - kOverlap));
-  const auto blend_extent = static_cast<int64_t>(static_cast<double>(tile_sample_size_) * kOverlap);
-  const int64_t row_limit = tile_sample_size_ - blend_extent;
-  auto& decoder = static_cast<DecoderImpl&>(*decoder_);
-  std::vector<std::vector<torch::Tensor>> rows;
-  for (int64_t i = 0; i < z.size(2); i += overlap) {
-    rows.emplace_back();
-    for (int64_t j = 0; j < z.size(3); j += overlap) {
-      torch::Tensor tile = z.slice(2, i, i + tile_latent).slice(3, j, j + tile_latent);
-      if (post_quant_conv_) tile = post_quant_conv_(tile);
-      rows.back().push_back(decoder.forward(tile));
-    }
-  }
-  // Blend each tile, in place as diffusers' blend_v / blend_h do, with the one above and the one to its
-  // left (already blended), over the first `extent` rows / columns.
-  auto blend = [](const torch::Tensor& a, torch::Tensor& b, int64_t dim, int64_t extent) {
-    extent = std::min({a.size(dim), b.size(dim), extent});
-    for (int64_t k = 0; k < extent; ++k) {
-      const double w = static_cast<double>(k) / static_cast<double>(extent);
-      b.select(dim, k).copy_(a.select(dim, a.size(dim) - extent + k) * (1 - w) + b.select(dim, k) * w);
-    }
-  };
-  std::vector<torch::Tensor> result_rows;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    std::vector<torch::Tensor> row;
-    for (size_t j = 0; j < rows[i].size(); ++j) {
-      torch::Tensor& tile = rows[i][j];
-      if (i > 0) blend(rows[i - 1][j], tile, 2, blend_extent);
-      if (j > 0) blend(rows[i][j - 1], tile, 3, blend_extent);
-      row.push_back(tile.slice(2, 0, row_limit).slice(3, 0, row_limit));
-    }
-    result_rows.push_back(torch::cat(row, 3));
-  }
-  return torch::cat(result_rows, 2);
-}
-
 torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& latents) {
   return decode_unscaled(latents / config_.scaling_factor + config_.shift_factor);
-}
-
-AutoencoderKLConfig autoencoder_config(const AutoencoderKLConfig& fallback, const std::filesystem::path& weights) {
-  std::error_code ec;
-  if (!weights.empty() && std::filesystem::is_regular_file(weights / "config.json", ec))
-    return AutoencoderKLConfig::from_json_file(weights / "config.json");
-  return fallback;
-}
-
-LoadedAutoencoder build_autoencoder(const AutoencoderKLConfig& config, const std::filesystem::path& weights) {
-  LoadedAutoencoder out;
-  out.vae = AutoencoderKL(config);
-  out.random = weights.empty();
-  if (!out.random) out.unused = load_autoencoder_weights(*out.vae, weights);
-  return out;
 }
 
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path) {

@@ -20,6 +20,13 @@ AutoencoderMemoryOptions memory_options(const CodecSpec& spec, bool cpu) {
   return o;
 }
 
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
 // The family's autoencoder on the run's device, in the run's dtype.
 class AutoencoderCodec : public ImageCodec {
  public:
@@ -80,7 +87,7 @@ class AutoencoderCodec : public ImageCodec {
   uint64_t seed_;
   at::Generator generator_;
   torch::ScalarType dtype_ = torch::kFloat;
-  AutoencoderKL vae_{nullptr};
+  std::shared_ptr<AutoencoderBase> vae_;
   // Offloaded weights: plain host buffers, outside LibTorch's allocators (so outside the CPU meter too).
   struct HostCopy {
     std::vector<char> bytes;
@@ -91,27 +98,71 @@ class AutoencoderCodec : public ImageCodec {
 
 }  // namespace
 
+int64_t latent_channels(const AutoencoderConfig& config) {
+  return std::visit(Overloaded{[](const AutoencoderKLConfig& c) { return c.latent_channels; },
+                               [](const QwenImageVaeConfig& c) { return c.z_dim; }},
+                    config);
+}
+
+const char* class_name(const AutoencoderConfig& config) {
+  return std::holds_alternative<AutoencoderKLConfig>(config) ? "AutoencoderKL" : "AutoencoderKLQwenImage";
+}
+
+AutoencoderConfig autoencoder_config(const AutoencoderConfig& fallback, const std::filesystem::path& weights) {
+  std::error_code ec;
+  const std::filesystem::path json = weights / "config.json";
+  if (weights.empty() || !std::filesystem::is_regular_file(json, ec)) return fallback;
+  return std::visit(
+      Overloaded{
+          [&](const AutoencoderKLConfig&) -> AutoencoderConfig { return AutoencoderKLConfig::from_json_file(json); },
+          [&](const QwenImageVaeConfig&) -> AutoencoderConfig { return QwenImageVaeConfig::from_json_file(json); }},
+      fallback);
+}
+
+LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::filesystem::path& weights) {
+  LoadedAutoencoder out;
+  out.vae = std::visit(Overloaded{[](const AutoencoderKLConfig& c) -> std::shared_ptr<AutoencoderBase> {
+                                    return std::make_shared<AutoencoderKLImpl>(c);
+                                  },
+                                  [](const QwenImageVaeConfig& c) -> std::shared_ptr<AutoencoderBase> {
+                                    return std::make_shared<QwenImageVaeImpl>(c);
+                                  }},
+                       config);
+  out.random = weights.empty();
+  if (!out.random) out.unused = load_diffusers_weights(*out.vae, weights);
+  return out;
+}
+
 int64_t CodecSpec::weight_bytes() const {
-  return autoencoder ? autoencoder_weight_bytes(*autoencoder, dtype_bytes) : 0;
+  return autoencoder ? std::visit([&](const auto& c) { return autoencoder_weight_bytes(c, dtype_bytes); }, *autoencoder)
+                     : 0;
 }
 
 int64_t CodecSpec::decode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {
   if (autoencoder)
-    return predicted_decode_bytes(*autoencoder, batch, height, width, memory_options(*this, cpu), tile_sample_size);
+    return std::visit(
+        [&](const auto& c) {
+          return predicted_decode_bytes(c, batch, height, width, memory_options(*this, cpu), tile_sample_size);
+        },
+        *autoencoder);
   // The stand-in: the scaled latents, the patches (the image's size) and the image.
   return batch * (latent_channels * (height / 8) * (width / 8) + 2 * 3 * height * width) * 4;
 }
 
 int64_t CodecSpec::encode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {
-  if (autoencoder) return predicted_encode_bytes(*autoencoder, batch, height, width, memory_options(*this, cpu));
+  if (autoencoder)
+    return std::visit(
+        [&](const auto& c) { return predicted_encode_bytes(c, batch, height, width, memory_options(*this, cpu)); },
+        *autoencoder);
   return 2 * batch * 3 * height * width * 4;  // the stand-in: the float image and its patches
 }
 
 std::string CodecSpec::describe() const {
   if (!autoencoder) return "the DCT stand-in (" + std::to_string(latent_channels) + " latent channels, no weights)";
-  const int64_t params = autoencoder_weight_bytes(*autoencoder, 1);
-  std::string s = "an AutoencoderKL (" + std::to_string(autoencoder->latent_channels) + " latent channels, " +
-                  std::to_string(params) + " parameters, " +
+  const int64_t params = weight_bytes() / dtype_bytes;
+  std::string s = std::string("an ") + class_name(*autoencoder) + " (" +
+                  std::to_string(vae::latent_channels(*autoencoder)) + " latent channels, " + std::to_string(params) +
+                  " parameters, " +
                   (weights.empty() ? std::string("random weights") : "weights from " + weights.string()) + ")";
   if (tile_sample_size > 0) s += ", previews decoded in " + std::to_string(tile_sample_size) + "-pixel tiles";
   return s;

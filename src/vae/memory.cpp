@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "tiling.h"
+
 namespace gclab::vae {
 
 namespace {
@@ -20,9 +22,10 @@ int64_t mid_params(int64_t c, bool attention) {
   return 2 * resnet_params(c, c) + (attention ? norm_params(c) + 4 * (c * c + c) : 0);
 }
 
-// An activation of the walk: channels x height x width for the whole batch.
+// An activation of the walk: channels x height x width (x frames, for Qwen-Image's 3-D network) for the
+// whole batch.
 struct Shape {
-  int64_t c = 0, h = 0, w = 0;
+  int64_t c = 0, h = 0, w = 0, t = 1;
 };
 
 // The live set while the network runs: bytes allocated now, the highest count seen, and transient
@@ -31,7 +34,8 @@ class Walk {
  public:
   Walk(int64_t batch, const AutoencoderMemoryOptions& o) : batch_(batch), o_(o) {}
 
-  int64_t bytes(const Shape& s) const { return batch_ * s.c * s.h * s.w * o_.dtype_bytes; }
+  int64_t bytes(const Shape& s) const { return batch_ * s.c * s.t * s.h * s.w * o_.dtype_bytes; }
+  const AutoencoderMemoryOptions& options() const { return o_; }
   void alloc(int64_t b) {
     live_ += b;
     peak_ = std::max(peak_, live_);
@@ -46,25 +50,31 @@ class Walk {
   // allocator): a 1x1 kernel needs none; an input of fewer channels than a block is read as it is, and the
   // output is computed in the blocked layout (channels padded to the block) and reordered; a wider input
   // is copied into the blocked layout (padded) beside a copy of the weight, and the output is computed in
-  // place when its channels fill whole blocks, else in a padded buffer that is then reordered.
+  // place when its channels fill whole blocks, else in a padded buffer (the weight's copy padded too)
+  // that is then reordered.
   Shape conv(const Shape& in, int64_t out_channels, int64_t kernel, int64_t stride = 1) {
     const Shape out{out_channels, in.h / stride, in.w / stride};
-    if (o_.cpu && kernel > 1) {
-      const int64_t block = o_.channel_block;
-      auto padded = [&](Shape s) {
-        s.c = (s.c + block - 1) / block * block;
-        return bytes(s);
-      };
-      if (in.c < block) {
-        spike(padded(out) + bytes(out));
-      } else {
-        const bool whole = out.c % block == 0;
-        spike(padded(in) + in.c * out.c * kernel * kernel * o_.dtype_bytes + (whole ? bytes(out) : padded(out)));
-        if (!whole) spike(padded(out) + bytes(out));
-      }
-    }
+    if (o_.cpu) onednn_temporaries(in, out, kernel * kernel);
     alloc(out);
     return out;
+  }
+  // The temporaries above for an input of `in` (already padded for a 3-D convolution), an output of `out`
+  // and a kernel of `volume` elements.
+  void onednn_temporaries(const Shape& in, const Shape& out, int64_t volume) {
+    if (volume == 1) return;
+    const int64_t block = o_.channel_block;
+    auto padded = [&](Shape s) {
+      s.c = (s.c + block - 1) / block * block;
+      return bytes(s);
+    };
+    if (in.c < block) {
+      spike(padded(out) + bytes(out));
+      return;
+    }
+    const bool whole = out.c % block == 0;
+    const int64_t weight_out = whole ? out.c : (out.c + block - 1) / block * block;
+    spike(padded(in) + in.c * weight_out * volume * o_.dtype_bytes + (whole ? bytes(out) : padded(out)));
+    if (!whole) spike(padded(out) + bytes(out));
   }
 
   // ResnetBlock2D as ResnetImpl::forward runs it; the input stays alive (the caller's), the result is
@@ -190,6 +200,30 @@ Shape walk_decode_unscaled(Walk& walk, const AutoencoderKLConfig& c, const Shape
   return image;
 }
 
+// decode() around either network, the latents alive in the walk: unscaled (two latent-sized results, the
+// first freed), then decoded whole (`clamp`: then clamped into a new tensor), or in tiles of tiling.h's grid,
+// each decoded tile kept for the blending, then the blended rows and the image they are concatenated into.
+// `image` is the latents' channels at the image's height and width.
+template <class DecodeTile>
+int64_t walk_decode(Walk& walk, const Shape& image, int64_t image_channels, int64_t f, int64_t tile_sample_size,
+                    bool clamp, DecodeTile&& decode_tile) {
+  const Shape latent{image.c, image.h / f, image.w / f};
+  walk.alloc(latent);
+  walk.alloc(latent);
+  walk.free(latent);
+  const TileGrid grid(tile_sample_size, f);
+  if (tile_sample_size <= 0 || !grid.tiles(latent.h, latent.w)) {
+    const Shape out = decode_tile(latent);
+    if (clamp) walk.alloc(out);
+    return walk.peak();
+  }
+  for (int64_t i = 0; i < latent.h; i += grid.stride_latent)
+    for (int64_t j = 0; j < latent.w; j += grid.stride_latent)
+      decode_tile(Shape{latent.c, std::min(grid.tile_latent, latent.h - i), std::min(grid.tile_latent, latent.w - j)});
+  walk.alloc(walk.bytes(Shape{image_channels, image.h, image.w}) * 2);
+  return walk.peak();
+}
+
 }  // namespace
 
 int cpu_channel_block() {
@@ -226,29 +260,9 @@ int64_t autoencoder_weight_bytes(const AutoencoderKLConfig& c, int64_t dtype_byt
 int64_t predicted_decode_bytes(const AutoencoderKLConfig& c, int64_t batch, int64_t height, int64_t width,
                                const AutoencoderMemoryOptions& o, int64_t tile_sample_size) {
   Walk walk(batch, o);
-  const int64_t f = c.downsampling();
-  const Shape latent{c.latent_channels, height / f, width / f};
-  // decode(): latents / scaling_factor, + shift_factor (the quotient freed), alive until the image returns.
-  walk.alloc(latent);
-  walk.alloc(latent);
-  walk.free(latent);
-  const int64_t tile_latent = tile_sample_size / f;
-  if (tile_sample_size <= 0 || (latent.h <= tile_latent && latent.w <= tile_latent)) {
-    walk_decode_unscaled(walk, c, latent);
-    return walk.peak();
-  }
-  // tiled_decode: tiles of tile_latent with a stride of 3/4 of it, each decoded alone and kept; then the
-  // rows are blended and concatenated.
-  const auto stride = static_cast<int64_t>(static_cast<double>(tile_latent) * 0.75);
-  for (int64_t i = 0; i < latent.h; i += stride) {
-    for (int64_t j = 0; j < latent.w; j += stride) {
-      const Shape tile{c.latent_channels, std::min(tile_latent, latent.h - i), std::min(tile_latent, latent.w - j)};
-      walk_decode_unscaled(walk, c, tile);  // each decoded tile is kept for the blending
-    }
-  }
-  const Shape out{c.out_channels, height, width};
-  walk.alloc(walk.bytes(out) * 2);  // the blended rows, then the image they are concatenated into
-  return walk.peak();
+  // Not clamped.
+  return walk_decode(walk, Shape{c.latent_channels, height, width}, c.out_channels, c.downsampling(), tile_sample_size,
+                     false, [&](const Shape& z) { return walk_decode_unscaled(walk, c, z); });
 }
 
 int64_t predicted_encode_bytes(const AutoencoderKLConfig& c, int64_t batch, int64_t height, int64_t width,
@@ -281,6 +295,260 @@ int64_t predicted_encode_bytes(const AutoencoderKLConfig& c, int64_t batch, int6
   walk.free(walk.bytes(z) * 3);  // std, noise, product
   walk.alloc(z), walk.alloc(z);  // - shift, x scaling
   return walk.peak();
+}
+
+// ---- Qwen-Image's AutoencoderKLQwenImage (qwen_image_vae.cpp), images as one frame ----
+
+namespace {
+
+int64_t conv3d_params(int64_t in, int64_t out, int64_t volume) { return in * out * volume + out; }
+int64_t qwen_residual_params(int64_t in, int64_t out) {
+  return in + conv3d_params(in, out, 27) + out + conv3d_params(out, out, 27) +
+         (in != out ? conv3d_params(in, out, 1) : 0);
+}
+int64_t qwen_mid_params(int64_t c) {
+  return 2 * qwen_residual_params(c, c) + c + conv_params(c, 3 * c, 1) + conv_params(c, c, 1);
+}
+
+// The walk through the 3-D network: every causal convolution keeps its input's last frames in the chunk
+// cache (feat_cache) until the encode or decode returns, so the cache grows with each convolution.
+class QwenWalk {
+ public:
+  QwenWalk(int64_t batch, const AutoencoderMemoryOptions& o) : w(batch, o) {}
+  Walk w;
+  int64_t cached = 0;  // bytes in the chunk cache
+
+  // F.pad / constant_pad_nd: a new padded tensor (also for zero padding).
+  void keep(const Shape& s) {
+    const int64_t b = w.bytes(Shape{s.c, s.h, s.w, std::min<int64_t>(2, s.t)});
+    w.alloc(b);
+    cached += b;
+  }
+  // A 3-D convolution on a padded input, its output allocated. On the CPU PyTorch picks oneDNN (the rule
+  // above) when the input has at least 16384 elements (or more than one thread runs) and either the batch
+  // is above one or N x C x T x H exceeds 20480 (ConvUtils.h, use_mkldnn); otherwise slow_conv3d, which
+  // unfolds the input into columns of in.c x kernel volume x output positions beside the output (both
+  // measured with the tracking allocator: exact).
+  Shape conv3d(const Shape& padded, int64_t out_c, int64_t kt, int64_t ks, int64_t stride_t = 1) {
+    const Shape out{out_c, padded.h - ks + 1, padded.w - ks + 1, (padded.t - kt) / stride_t + 1};
+    const auto& o = w.options();
+    const int64_t volume = kt * ks * ks;
+    if (o.cpu && volume > 1) {
+      const int64_t n = w.bytes(Shape{1, 1, 1, 1}) / o.dtype_bytes;  // the batch
+      const bool onednn = (n * padded.c * padded.t * padded.h * padded.w >= 16384 || o.threads > 1) &&
+                          (n > 1 || n * padded.c * padded.t * padded.h > 20480);
+      if (onednn)
+        w.onednn_temporaries(padded, out, volume);
+      else
+        w.spike(w.bytes(Shape{padded.c * volume, out.h, out.w, out.t}) + w.bytes(out));
+    }
+    w.alloc(out);
+    return out;
+  }
+  // CausalConv3dImpl::forward on the first chunk: padded (two zero frames in front for a 3-frame kernel),
+  // convolved, the padded copy freed.
+  Shape causal(const Shape& in, int64_t out_c, int64_t k) {
+    const int64_t p = k / 2;
+    const Shape padded{in.c, in.h + 2 * p, in.w + 2 * p, in.t + 2 * p};
+    w.alloc(padded);
+    const Shape out = conv3d(padded, out_c, k, k);
+    w.free(padded);
+    return out;
+  }
+  Shape causal_cached(const Shape& in, int64_t out_c) {
+    keep(in);
+    return causal(in, out_c, 3);
+  }
+  // RmsNorm: the norm over the channels and its clamp (a channel each), the quotient, then * scale,
+  // * gamma, + 0.0, each freeing the last (half types upcast to float32 first).
+  void rms_norm(const Shape& in) {
+    const int64_t d = w.options().dtype_bytes;
+    const int64_t full = w.bytes(in), f32 = full / d * 4, chan = f32 / in.c;
+    if (d != 4) w.alloc(f32);  // the float32 copy
+    w.alloc(chan), w.alloc(chan);
+    w.free(chan);
+    w.alloc(f32);  // normalised
+    w.free(chan);
+    if (d != 4) {
+      w.free(f32);  // the copy (x's float32 twin) goes with the statement
+      w.alloc(full), w.free(f32);
+    }
+    for (int k = 0; k < 3; ++k) w.alloc(full), w.free(full);
+  }
+  // norm, silu (the norm freed), then the cached causal convolution (the silu freed). The input stays
+  // alive, unless `consume`: then it goes once the norm exists (x = norm(x) on the only reference).
+  Shape norm_silu_conv(const Shape& in, int64_t out_c, bool consume = false) {
+    rms_norm(in);
+    if (consume) w.free(in);
+    w.alloc(in);
+    w.free(in);
+    const Shape out = causal_cached(in, out_c);
+    w.free(in);
+    return out;
+  }
+  Shape residual(const Shape& in, int64_t out_c) {
+    Shape shortcut{};
+    if (in.c != out_c) shortcut = causal(in, out_c, 1);
+    const Shape a = norm_silu_conv(in, out_c);
+    const Shape b = norm_silu_conv(a, out_c, true);
+    w.alloc(b);  // x + h
+    w.free(b);
+    if (in.c != out_c) w.free(shortcut);
+    return b;
+  }
+  // Single-head attention over one frame's h x w positions: the norm, qkv (1x1) made contiguous, the CPU
+  // flash kernel's per-thread blocks and log-sum-exp, the output transposed back, proj, + identity.
+  Shape attention(const Shape& in) {
+    const int64_t n = in.h * in.w, bt = w.bytes(Shape{1, 1, 1, in.t}) / w.options().dtype_bytes;
+    rms_norm(in);
+    w.alloc(3 * w.bytes(in));  // to_qkv
+    w.alloc(3 * w.bytes(in));  // .contiguous()
+    w.free(3 * w.bytes(in));
+    if (w.options().cpu) {
+      const int64_t q_split = std::min<int64_t>(256, n), kv_split = std::min<int64_t>(512, n);
+      w.spike(w.bytes(in) + int64_t{4} * w.options().threads * (q_split * kv_split + q_split * in.c) + 4 * bt * n);
+    }
+    w.alloc(in);  // attention's output
+    w.free(in);   // the norm (x reassigned)
+    w.alloc(in);  // permuted back, contiguous
+    w.free(in);
+    w.alloc(in);  // proj
+    w.free(in);
+    w.alloc(in);  // + identity
+    w.free(in);
+    w.free(3 * w.bytes(in));  // qkv
+    return in;
+  }
+  Shape mid_block(const Shape& in) {
+    const Shape x = residual(in, in.c);
+    attention(x);
+    w.free(x);
+    const Shape y = residual(x, x.c);
+    w.free(x);
+    return y;
+  }
+  // QwenImageResample on one frame: up (nearest 2x, then a 3x3 convolution halving the channels) or down
+  // (padded right and bottom, a stride-2 3x3 convolution; a temporal one keeps the frame in the cache).
+  Shape resample(const Shape& in, bool up, bool temporal) {
+    const Shape grown = up ? Shape{in.c, 2 * in.h, 2 * in.w, in.t} : Shape{in.c, in.h + 1, in.w + 1, in.t};
+    w.alloc(grown);
+    Shape y = w.conv(grown, up ? in.c / 2 : in.c, 3, up ? 1 : 2);
+    if (!up) y.h = in.h / 2, y.w = in.w / 2;
+    w.free(grown);
+    if (!up && temporal) keep(y);  // feat_cache[idx] = x.clone()
+    return y;
+  }
+};
+
+Shape walk_qwen_decoder(QwenWalk& q, const QwenImageVaeConfig& c, const Shape& latent) {
+  std::vector<int64_t> dims = {c.base_dim * c.dim_mult.back()};
+  for (auto it = c.dim_mult.rbegin(); it != c.dim_mult.rend(); ++it) dims.push_back(c.base_dim * *it);
+  Shape x = q.causal_cached(latent, dims[0]);
+  Shape y = q.mid_block(x);
+  q.w.free(x);
+  x = y;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    // An up block: its input stays alive (the decoder's x) until the block returns.
+    const Shape block_in = x;
+    for (int64_t r = 0; r <= c.num_res_blocks; ++r) {
+      y = q.residual(x, dims[i + 1]);
+      if (r > 0) q.w.free(x);
+      x = y;
+    }
+    if (i + 1 != c.dim_mult.size()) {
+      y = q.resample(x, true, false);
+      q.w.free(x);
+      x = y;
+    }
+    q.w.free(block_in);
+  }
+  y = q.norm_silu_conv(x, c.input_channels);
+  q.w.free(x);
+  return y;
+}
+
+// decode_frames on latents alive in the walk: post_quant_conv (1x1x1, padded by nothing: still a copy),
+// the decoder; the cache freed when it returns. Returns the image, allocated.
+Shape walk_qwen_decode_frames(QwenWalk& q, const QwenImageVaeConfig& c, const Shape& z) {
+  const Shape x = q.causal(z, c.z_dim, 1);
+  const Shape image = walk_qwen_decoder(q, c, x);
+  q.w.free(q.cached);
+  q.cached = 0;
+  q.w.free(x);
+  return image;
+}
+
+}  // namespace
+
+int64_t autoencoder_weight_bytes(const QwenImageVaeConfig& c, int64_t dtype_bytes) {
+  std::vector<int64_t> dims = {c.base_dim};
+  for (int64_t m : c.dim_mult) dims.push_back(c.base_dim * m);
+  int64_t n = conv3d_params(c.input_channels, dims[0], 27);  // encoder
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    for (int64_t r = 0; r < c.num_res_blocks; ++r)
+      n += qwen_residual_params(r == 0 ? dims[i] : dims[i + 1], dims[i + 1]);
+    if (i + 1 != c.dim_mult.size())
+      n += conv_params(dims[i + 1], dims[i + 1], 3) +
+           (c.temperal_downsample.at(i) ? conv3d_params(dims[i + 1], dims[i + 1], 3) : 0);
+  }
+  n += qwen_mid_params(dims.back()) + dims.back() + conv3d_params(dims.back(), 2 * c.z_dim, 27);
+  n += conv3d_params(2 * c.z_dim, 2 * c.z_dim, 1) + conv3d_params(c.z_dim, c.z_dim, 1);  // quant convs
+  std::vector<int64_t> up = {c.base_dim * c.dim_mult.back()};                            // decoder
+  for (auto it = c.dim_mult.rbegin(); it != c.dim_mult.rend(); ++it) up.push_back(c.base_dim * *it);
+  const std::vector<bool> temporal(c.temperal_downsample.rbegin(), c.temperal_downsample.rend());
+  n += conv3d_params(c.z_dim, up[0], 27) + qwen_mid_params(up[0]);
+  for (size_t i = 0; i + 1 < up.size(); ++i) {
+    const int64_t in = i > 0 ? up[i] / 2 : up[i];
+    for (int64_t r = 0; r <= c.num_res_blocks; ++r) n += qwen_residual_params(r == 0 ? in : up[i + 1], up[i + 1]);
+    if (i + 1 != c.dim_mult.size())
+      n += conv_params(up[i + 1], up[i + 1] / 2, 3) + (temporal.at(i) ? conv3d_params(up[i + 1], 2 * up[i + 1], 3) : 0);
+  }
+  n += up.back() + conv3d_params(up.back(), c.input_channels, 27);
+  return n * dtype_bytes;
+}
+
+int64_t predicted_decode_bytes(const QwenImageVaeConfig& c, int64_t batch, int64_t height, int64_t width,
+                               const AutoencoderMemoryOptions& o, int64_t tile_sample_size) {
+  QwenWalk q(batch, o);
+  // Clamped when whole (diffusers' _decode), not when tiled.
+  return walk_decode(q.w, Shape{c.z_dim, height, width}, c.input_channels, c.downsampling(), tile_sample_size, true,
+                     [&](const Shape& z) { return walk_qwen_decode_frames(q, c, z); });
+}
+
+int64_t predicted_encode_bytes(const QwenImageVaeConfig& c, int64_t batch, int64_t height, int64_t width,
+                               const AutoencoderMemoryOptions& o) {
+  QwenWalk q(batch, o);
+  std::vector<int64_t> dims = {c.base_dim};
+  for (int64_t m : c.dim_mult) dims.push_back(c.base_dim * m);
+  Shape x = q.causal_cached(Shape{c.input_channels, height, width}, dims[0]);
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    for (int64_t r = 0; r < c.num_res_blocks; ++r) {
+      const Shape y = q.residual(x, dims[i + 1]);
+      q.w.free(x);
+      x = y;
+    }
+    if (i + 1 != c.dim_mult.size()) {
+      const Shape y = q.resample(x, false, c.temperal_downsample.at(i));
+      q.w.free(x);
+      x = y;
+    }
+  }
+  Shape y = q.mid_block(x);
+  q.w.free(x);
+  const Shape moments = q.norm_silu_conv(y, 2 * c.z_dim);
+  q.w.free(y);
+  q.causal(moments, moments.c, 1);  // quant_conv, the cache still held
+  q.w.free(q.cached);
+  q.w.free(moments);
+  // The posterior's sample and the normalisation, as autoencoder_kl's: clamp, 0.5x, exp (std), randn,
+  // std x randn, + mean, then - latents_mean, / latents_std.
+  const Shape z{c.z_dim, moments.h, moments.w};
+  for (int k = 0; k < 3; ++k) q.w.alloc(z);
+  q.w.free(q.w.bytes(z) * 2);
+  q.w.alloc(z), q.w.alloc(z), q.w.alloc(z);
+  q.w.free(q.w.bytes(z) * 2);
+  q.w.alloc(z), q.w.alloc(z);
+  return q.w.peak();
 }
 
 }  // namespace gclab::vae

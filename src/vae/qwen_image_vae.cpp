@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "config_json.h"
+#include "tiling.h"
 
 namespace gclab::vae {
 
@@ -84,11 +85,14 @@ struct RmsNormImpl : nn::Module {
   RmsNormImpl(int64_t dim, bool images) : scale(std::sqrt(static_cast<double>(dim))) {
     gamma = register_parameter("gamma", images ? torch::ones({dim, 1, 1}) : torch::ones({dim, 1, 1, 1}));
   }
+  // Each intermediate released as soon as the next exists, as Python releases them.
   torch::Tensor forward(const torch::Tensor& x) {
     const bool upcast = x.scalar_type() == torch::kHalf || x.scalar_type() == torch::kBFloat16;
-    const torch::Tensor normalized =
-        F::normalize(upcast ? x.to(torch::kFloat) : x, F::NormalizeFuncOptions().dim(1)).to(x.scalar_type());
-    return normalized * scale * gamma + 0.0;
+    torch::Tensor y = F::normalize(upcast ? x.to(torch::kFloat) : x, F::NormalizeFuncOptions().dim(1));
+    y = y.to(x.scalar_type());
+    y = y * scale;
+    y = y * gamma;
+    return y + 0.0;
   }
   double scale;
   torch::Tensor gamma;
@@ -186,11 +190,9 @@ struct ResampleImpl : nn::Module {
     const int64_t t = x.size(2);
     x = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, w});
     if (mode == ResampleMode::up2d || mode == ResampleMode::up3d) {
-      // QwenImageUpsample: nearest-exact in float32, back to the input's type.
-      x = F::interpolate(
-              x.to(torch::kFloat),
-              F::InterpolateFuncOptions().scale_factor(std::vector<double>{2.0, 2.0}).mode(torch::kNearestExact))
-              .to(x.scalar_type());
+      // QwenImageUpsample: nearest-exact 2x in float32, back to the input's type (F.interpolate with
+      // scale_factor 2 calls this kernel with the scales).
+      x = at::_upsample_nearest_exact2d(x.to(torch::kFloat), {2 * h, 2 * w}, 2.0, 2.0).to(x.scalar_type());
     } else {
       x = F::pad(x, F::PadFuncOptions({0, 1, 0, 1}));
     }
@@ -337,6 +339,14 @@ torch::Tensor per_channel(const std::vector<double>& v, const torch::Tensor& lik
 
 }  // namespace
 
+QwenImageVaeConfig QwenImageVaeConfig::tiny() {
+  QwenImageVaeConfig c;
+  c.base_dim = 32;
+  c.dim_mult = {1, 1, 1, 1};
+  c.num_res_blocks = 1;
+  return c;
+}
+
 QwenImageVaeConfig QwenImageVaeConfig::from_json_file(const std::filesystem::path& path) {
   const nlohmann::json j = read_config_json(path, "AutoencoderKLQwenImage");
   QwenImageVaeConfig c;
@@ -400,12 +410,7 @@ torch::Tensor QwenImageVaeImpl::encode(const torch::Tensor& video, Posterior pos
   return image ? z.squeeze(2) : z;
 }
 
-torch::Tensor QwenImageVaeImpl::decode(const torch::Tensor& latents) {
-  const bool image = latents.dim() == 4;
-  torch::Tensor z = image ? latents.unsqueeze(2) : latents;
-  // QwenImagePipeline: latents / (1 / latents_std) + latents_mean.
-  z = z / per_channel(config_.latents_std, z, true) + per_channel(config_.latents_mean, z);
-  // _decode: post_quant_conv, then one latent frame at a time through the decoder with one cache.
+torch::Tensor QwenImageVaeImpl::decode_frames(const torch::Tensor& z) {
   const torch::Tensor x = static_cast<CausalConv3dImpl&>(*post_quant_conv_).forward(z);
   FeatCache cache;
   auto& decoder = static_cast<DecoderImpl&>(*decoder_);
@@ -415,7 +420,20 @@ torch::Tensor QwenImageVaeImpl::decode(const torch::Tensor& latents) {
     const torch::Tensor y = decoder.forward(x.slice(2, i, i + 1), &cache);
     out = i == 0 ? y : torch::cat({out, y}, 2);
   }
-  out = torch::clamp(out, -1.0, 1.0);
+  return out;
+}
+
+torch::Tensor QwenImageVaeImpl::decode(const torch::Tensor& latents) {
+  const bool image = latents.dim() == 4;
+  torch::Tensor z = image ? latents.unsqueeze(2) : latents;
+  // QwenImagePipeline: latents / (1 / latents_std) + latents_mean.
+  z = z / per_channel(config_.latents_std, z, true) + per_channel(config_.latents_mean, z);
+  // _decode: whole (clamped), or tiled_decode when tiling is on and the latents exceed a tile (not clamped).
+  const TileGrid grid(tile_sample_size_, config_.downsampling());
+  torch::Tensor out =
+      tile_sample_size_ > 0 && grid.tiles(z.size(3), z.size(4))
+          ? tiled_decode(z, grid, config_.downsampling(), [this](const torch::Tensor& t) { return decode_frames(t); })
+          : torch::clamp(decode_frames(z), -1.0, 1.0);
   return image ? out.squeeze(2) : out;
 }
 

@@ -8,8 +8,9 @@ A tiny random AutoencoderKLQwenImage (Qwen-Image's layout: temporal down-samplin
 unchanged and give diffusers' encode (the posterior's mean, then (z - latents_mean) / latents_std as the
 Qwen-Image pipelines normalise latents) and decode (z / (1 / latents_std) + latents_mean, then decode,
 clamped) to float32 rounding — for an image (one frame, [B, 3, H, W]) and for videos of 5 and 9 frames, whose
-chunks go through the causal convolutions' frame cache. Full-size parameter count: printed for the C++
-test's constant. Exit 77 without diffusers.
+chunks go through the causal convolutions' frame cache; and decode in tiles (`--vae-tile 32` against
+diffusers' enable_tiling(tile_sample_min 32, stride 24): blended seams, not clamped) for an image and a
+5-frame video. Full-size parameter count: printed for the C++ test's constant. Exit 77 without diffusers.
 """
 import os
 import sys
@@ -61,6 +62,28 @@ def main():
             worst = max(worst, err)
             print(f"{frames} frame(s) {component}: max relative difference {err:.2e}")
             assert err < TOL, f"{frames} frames {component}: {err:.2e} >= {TOL}"
+    # Tiled decoding: 48 x 64 pixels in 32-pixel tiles with a stride of 24 (a 2 x 3 grid), as diffusers tiles.
+    for frames in (1, 5):
+        z = torch.randn(1, 16, 1 + (frames - 1) // 4, 6, 8)
+        with torch.no_grad():
+            whole = vae.decode(z / inv_std + mean).sample
+            vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
+                              tile_sample_stride_width=24)
+            want = vae.decode(z / inv_std + mean).sample
+            vae.disable_tiling()
+        assert not torch.allclose(want.clamp(-1, 1), whole, atol=1e-3), "the tiles should show"
+        if frames == 1:
+            z, want = z[:, :, 0], want[:, :, 0]
+        inputs = os.path.join(work, f"tiled_{frames}.safetensors")
+        save_file({"latents": z.contiguous()}, inputs)
+        out = os.path.join(work, f"tiled_out_{frames}.safetensors")
+        run_component(exe, config_yaml, "vae.decode", folder, inputs, out, ["--vae-tile", "32"])
+        got = load_file(out)["images"]
+        assert got.shape == want.shape, f"tiled {frames}: {tuple(got.shape)} vs {tuple(want.shape)}"
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        worst = max(worst, err)
+        print(f"{frames} frame(s) vae.decode tiled: max relative difference {err:.2e}")
+        assert err < TOL, f"tiled {frames}: {err:.2e} >= {TOL}"
     with torch.device("meta"):
         full = AutoencoderKLQwenImage()
     print(f"full-size parameters: {sum(p.numel() for p in full.parameters())}")

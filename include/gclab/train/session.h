@@ -180,15 +180,10 @@ class Session {
 
 // What a run encodes and decodes with: model.vae's choice, the family's autoencoder (tiny presets: its
 // CPU-test size), its weights from `weights` when given, else model.vae_path when it is local, else
-// name_or_path's vae/ folder, the run's dtype and
-// sample.vae_tiling. `fallback` says why the DCT stand-in is used where the config did not ask for it
-// (empty otherwise). Throws UserError for a config.json it cannot use.
-struct CodecPlan {
-  vae::CodecSpec spec;
-  std::string fallback;
-};
-CodecPlan codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
-                     const std::filesystem::path& weights = {});
+// name_or_path's vae/ folder, the run's dtype and sample.vae_tiling. Throws UserError for a config.json it
+// cannot use.
+vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                          const std::filesystem::path& weights = {});
 // Whether some dataset caches latents (cache_latents / cache_latents_to_disk): the autoencoder then encodes
 // before training and leaves the device.
 bool run_caches_latents(const config::ProcessConfig& config);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gclab/config/choices.h"
+#include "gclab/vae/autoencoder.h"
 
 namespace gclab::vae {
 
@@ -40,20 +41,16 @@ struct AutoencoderKLConfig {
   int64_t downsampling() const { return int64_t{1} << (block_out_channels.size() - 1); }
 };
 
-// How encode turns the posterior into latents: its mean (deterministic), or a sample mean + std N(0, 1)
-// (what AI Toolkit's encode_images takes: latent_dist.sample()).
-enum class Posterior { mean, sample };
-
-class AutoencoderKLImpl : public torch::nn::Module {
+class AutoencoderKLImpl : public AutoencoderBase {
  public:
   explicit AutoencoderKLImpl(AutoencoderKLConfig config);
 
   // [B, 3, H, W] in [-1, 1] -> scaled latents [B, C, H/f, W/f]. `generator` draws the sample (default: the
   // global one).
   torch::Tensor encode(const torch::Tensor& images, Posterior posterior = Posterior::sample,
-                       std::optional<at::Generator> generator = std::nullopt);
+                       std::optional<at::Generator> generator = std::nullopt) override;
   // Scaled latents -> images [B, 3, H, W] (not clamped).
-  torch::Tensor decode(const torch::Tensor& latents);
+  torch::Tensor decode(const torch::Tensor& latents) override;
   // The encoder's moments [B, 2C, h, w] (mean, then log-variance), before scaling: what diffusers'
   // latent_dist holds.
   torch::Tensor moments(const torch::Tensor& images);
@@ -64,8 +61,11 @@ class AutoencoderKLImpl : public torch::nn::Module {
   // diffusers' enable_tiling / tiled_decode: the latents cut into tiles of tile_sample_size / f (default
   // the config's sample_size) overlapping by a quarter, each decoded alone, and the seams blended linearly
   // over a quarter tile; the decoder's activations are then a tile's, whatever the image's size.
-  void enable_tiling(int64_t tile_sample_size = 0);
-  void disable_tiling() { tile_sample_size_ = 0; }
+  void enable_tiling(int64_t tile_sample_size = 0) override;
+  void disable_tiling() override { tile_sample_size_ = 0; }
+  int64_t image_channels() const override { return config_.in_channels; }
+  int64_t latent_channels() const override { return config_.latent_channels; }
+  int64_t downsampling() const override { return config_.downsampling(); }
 
   const AutoencoderKLConfig& config() const { return config_; }
 
@@ -74,31 +74,12 @@ class AutoencoderKLImpl : public torch::nn::Module {
   std::shared_ptr<torch::nn::Module> encoder_, decoder_;  // diffusers' Encoder and Decoder (the .cpp)
   torch::nn::Conv2d quant_conv_{nullptr}, post_quant_conv_{nullptr};
   int64_t tile_sample_size_ = 0;  // 0: tiling off
-  torch::Tensor tiled_decode(const torch::Tensor& z);
 };
 TORCH_MODULE(AutoencoderKL);
-
-// The configuration to build for `weights` (a diffusers vae/ folder, a .safetensors file, or nothing): the
-// folder's config.json when it has one, else `fallback` (the family's preset). Throws std::runtime_error
-// for a config.json it cannot use.
-AutoencoderKLConfig autoencoder_config(const AutoencoderKLConfig& fallback, const std::filesystem::path& weights);
-
-// An autoencoder as a run builds it: `config` with the weights in `weights` (a folder or a .safetensors
-// file), or, with none, random weights (from the global generator). Throws std::runtime_error for weights
-// that do not fit.
-struct LoadedAutoencoder {
-  AutoencoderKL vae{nullptr};
-  bool random = false;              // no weights were loaded
-  std::vector<std::string> unused;  // tensors in the folder's weights that are not the network's
-};
-LoadedAutoencoder build_autoencoder(const AutoencoderKLConfig& config, const std::filesystem::path& weights);
 
 // Loads a diffusers AutoencoderKL's weights (a .safetensors file, or a folder holding
 // diffusion_pytorch_model.safetensors) by their names; throws std::runtime_error naming the first missing or
 // misshapen tensor. Returns the names in the file the model does not use.
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path);
-// The rule both autoencoders load by: every parameter of `module` by its name from the file (or the folder's
-// diffusion_pytorch_model.safetensors, sharded or not), shapes checked.
-std::vector<std::string> load_diffusers_weights(torch::nn::Module& module, const std::filesystem::path& path);
 
 }  // namespace gclab::vae

@@ -1,5 +1,6 @@
 // What a run turns images into latents with and decodes its previews with (DESIGN.md section 6): the
-// family's autoencoder (AutoencoderKL), or the DCT stand-in when the config asks for it (model.vae: dct).
+// family's autoencoder (AutoencoderKL, or Qwen-Image's AutoencoderKLQwenImage), or the DCT stand-in when the
+// config asks for it (model.vae: dct).
 //
 // CodecSpec is the choice as data — which network, its dtype, its weights, tiling — from which the memory
 // it holds and its encode / decode peaks are predicted without building anything (gclab estimate);
@@ -12,14 +13,37 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "gclab/vae/autoencoder_kl.h"
+#include "gclab/vae/qwen_image_vae.h"
 
 namespace gclab::vae {
 
+// Which autoencoder, as data.
+using AutoencoderConfig = std::variant<AutoencoderKLConfig, QwenImageVaeConfig>;
+
+int64_t latent_channels(const AutoencoderConfig& config);
+// "AutoencoderKL", "AutoencoderKLQwenImage": diffusers' class name.
+const char* class_name(const AutoencoderConfig& config);
+// The configuration to build for `weights` (a diffusers vae/ folder, a .safetensors file, or nothing): the
+// folder's config.json (read as fallback's class) when it has one, else `fallback` (the family's preset).
+// Throws std::runtime_error for a config.json it cannot use.
+AutoencoderConfig autoencoder_config(const AutoencoderConfig& fallback, const std::filesystem::path& weights);
+
+// An autoencoder as a run builds it: `config` with the weights in `weights` (a folder or a .safetensors
+// file), or, with none, random weights (from the global generator). Throws std::runtime_error for weights
+// that do not fit.
+struct LoadedAutoencoder {
+  std::shared_ptr<AutoencoderBase> vae;
+  bool random = false;              // no weights were loaded
+  std::vector<std::string> unused;  // tensors in the folder's weights that are not the network's
+};
+LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::filesystem::path& weights);
+
 struct CodecSpec {
-  std::optional<AutoencoderKLConfig> autoencoder;  // nullopt: the DCT stand-in
+  std::optional<AutoencoderConfig> autoencoder;  // nullopt: the DCT stand-in
   int64_t latent_channels = 16;
   int64_t dtype_bytes = 4;        // the autoencoder's weights and activations (the run's dtype)
   std::filesystem::path weights;  // a diffusers vae/ folder; empty: random weights at the real shapes

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "gclab/vae/autoencoder_kl.h"
+#include "gclab/vae/qwen_image_vae.h"
 
 namespace gclab::vae {
 
@@ -42,5 +43,18 @@ int64_t predicted_encode_bytes(const AutoencoderKLConfig& config, int64_t batch,
                                const AutoencoderMemoryOptions& options = {});
 // The autoencoder's parameter bytes in that dtype.
 int64_t autoencoder_weight_bytes(const AutoencoderKLConfig& config, int64_t dtype_bytes);
+
+// The same for Qwen-Image's AutoencoderKLQwenImage on images (one frame), walked as qwen_image_vae.cpp runs
+// it: each causal 3-D convolution pads its input (two zero frames in front) into a new tensor and keeps the
+// input's frame in the chunk cache until the encode / decode returns (so the cache grows through the
+// network, as diffusers' feat_cache does); on the CPU a 3x3x3 convolution in float32 runs PyTorch's
+// slow_conv3d, whose columns (input channels x 27 x output positions) sit beside its output; the 2-D
+// convolutions of the resamplers follow oneDNN's rule above. Tiled decoding: tiles of tile_sample_size with
+// a stride of three quarters, each with its own cache, kept until they are blended.
+int64_t predicted_decode_bytes(const QwenImageVaeConfig& config, int64_t batch, int64_t height, int64_t width,
+                               const AutoencoderMemoryOptions& options = {}, int64_t tile_sample_size = 0);
+int64_t predicted_encode_bytes(const QwenImageVaeConfig& config, int64_t batch, int64_t height, int64_t width,
+                               const AutoencoderMemoryOptions& options = {});
+int64_t autoencoder_weight_bytes(const QwenImageVaeConfig& config, int64_t dtype_bytes);
 
 }  // namespace gclab::vae

@@ -8,7 +8,8 @@
 // Images are videos of one frame. Parameters carry diffusers' names, so a `vae/` folder loads unchanged.
 //
 // Latents are normalised as the Qwen-Image pipelines do: z = (mean - latents_mean) / latents_std per channel
-// after encoding, z / (1 / latents_std) + latents_mean before decoding; decoded frames are clamped to [-1, 1].
+// after encoding, z / (1 / latents_std) + latents_mean before decoding; decoded frames are clamped to [-1, 1]
+// (not when decoded in tiles: diffusers' tiled_decode does not clamp).
 #pragma once
 
 #include <torch/torch.h>
@@ -18,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "gclab/vae/autoencoder_kl.h"
+#include "gclab/vae/autoencoder.h"
 
 namespace gclab::vae {
 
@@ -35,21 +36,34 @@ struct QwenImageVaeConfig {
 
   // Qwen-Image's (Qwen/Qwen-Image vae/config.json: diffusers' defaults).
   static QwenImageVaeConfig preset() { return {}; }
+  // The same code at CPU-test size, for the tiny-qwen transformer preset: 16 latent channels, 8x spatial and
+  // 4x temporal down-sampling, 32 base channels throughout (16 after an up-sampler halves them: a whole
+  // oneDNN block), one residual block per stage.
+  static QwenImageVaeConfig tiny();
   // A diffusers config.json (AutoencoderKLQwenImage); throws std::runtime_error naming what it cannot use.
   static QwenImageVaeConfig from_json_file(const std::filesystem::path& path);
   int64_t downsampling() const { return int64_t{1} << temperal_downsample.size(); }
 };
 
-class QwenImageVaeImpl : public torch::nn::Module {
+class QwenImageVaeImpl : public AutoencoderBase {
  public:
   explicit QwenImageVaeImpl(QwenImageVaeConfig config);
 
   // Videos [B, 3, T, H, W] (or images [B, 3, H, W], one frame) in [-1, 1] -> normalised latents
   // [B, z, 1 + (T-1)/4, H/8, W/8] ([B, z, H/8, W/8] for images).
   torch::Tensor encode(const torch::Tensor& video, Posterior posterior = Posterior::sample,
-                       std::optional<at::Generator> generator = std::nullopt);
+                       std::optional<at::Generator> generator = std::nullopt) override;
   // Normalised latents -> frames in [-1, 1], the shape encode took.
-  torch::Tensor decode(const torch::Tensor& latents);
+  torch::Tensor decode(const torch::Tensor& latents) override;
+  // diffusers' enable_tiling(tile_sample_min = S, tile_sample_stride = 3S/4) (its default tile: 256 pixels,
+  // stride 192): each tile decoded alone, frame by frame with its own cache.
+  void enable_tiling(int64_t tile_sample_size = 0) override {
+    tile_sample_size_ = tile_sample_size > 0 ? tile_sample_size : 256;
+  }
+  void disable_tiling() override { tile_sample_size_ = 0; }
+  int64_t image_channels() const override { return config_.input_channels; }
+  int64_t latent_channels() const override { return config_.z_dim; }
+  int64_t downsampling() const override { return config_.downsampling(); }
   // The encoder's moments [B, 2z, T', h, w] (mean, then log-variance), before normalising.
   torch::Tensor moments(const torch::Tensor& video);
   const QwenImageVaeConfig& config() const { return config_; }
@@ -57,6 +71,9 @@ class QwenImageVaeImpl : public torch::nn::Module {
  private:
   QwenImageVaeConfig config_;
   std::shared_ptr<torch::nn::Module> encoder_, decoder_, quant_conv_, post_quant_conv_;
+  int64_t tile_sample_size_ = 0;  // 0: tiling off
+  // post_quant_conv, then the decoder one latent frame at a time with one cache (diffusers' _decode loop).
+  torch::Tensor decode_frames(const torch::Tensor& z);
 };
 TORCH_MODULE(QwenImageVae);
 
