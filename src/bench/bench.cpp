@@ -13,7 +13,7 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/memory/device.h"
 #include "gclab/model/activations.h"
-#include "gclab/model/layers.h"
+#include "gclab/nn/layers.h"
 
 namespace gclab::bench {
 

@@ -26,6 +26,7 @@
 #include "gclab/model/family.h"
 #include "gclab/model/forward.h"
 #include "gclab/model/summary.h"
+#include "gclab/text/encoder.h"
 #include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
 #include "gclab/train/trainer.h"
@@ -159,7 +160,7 @@ int run_info() {
   return kExitOk;
 }
 
-enum class ForwardComponent { transformer, vae_encode, vae_decode };
+enum class ForwardComponent { transformer, vae_encode, vae_decode, text_encoder, text_encoder_2, text_encoder_3 };
 
 struct ForwardArgs {
   std::string weights, inputs, out, dtype = "fp32", lora;
@@ -225,6 +226,64 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
   return kExitOk;
 }
 
+// gclab forward --component text_encoder|text_encoder_2|text_encoder_3: the family's text encoder in that
+// slot (model::text_encoders), its config.json and weights from --weights or name_or_path's folder of that
+// name, else random at the real shape (tiny presets: the CPU-test size); `input_ids` [B, T] (and optionally
+// `attention_mask`) -> what the pipeline takes from it: `hidden_states`, `pooled` where it has one.
+int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
+  const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
+  const auto kinds = gclab::model::text_encoders(spec.family);
+  const size_t slot = f.component == ForwardComponent::text_encoder     ? 0
+                      : f.component == ForwardComponent::text_encoder_2 ? 1
+                                                                        : 2;
+  const std::string name = slot == 0 ? "text_encoder" : "text_encoder_" + std::to_string(slot + 1);
+  if (slot >= kinds.size())
+    throw gclab::UserError("--component " + name + ": " + std::string(gclab::config::name_of(spec.family)) + " has " +
+                           std::to_string(kinds.size()) + " text encoder(s)");
+  std::filesystem::path folder = f.weights;
+  if (folder.empty())
+    if (const auto local = gclab::model::local_model(config.model); local && slot < local->text_encoders.size())
+      folder = local->text_encoders[slot];
+  try {
+    torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
+    auto built = gclab::text::build_text_encoder(kinds[slot], spec.tiny, folder);
+    if (built.random)
+      gclab::log::warn("no --weights and no " + name + "/ folder in model.name_or_path: random weights");
+    warn_unused(built.unused, folder);
+    gclab::text::TextEncoderBase& encoder = *built.encoder;
+    const torch::Device device = gclab::train::resolve_device(config.device);
+    encoder.to(device, dtype);
+    encoder.eval();
+    const auto file = gclab::io::SafetensorsFile::open(f.inputs);
+    if (!file.contains("input_ids")) throw gclab::UserError(f.inputs + ": needs 'input_ids'");
+    const torch::Tensor ids = file.tensor("input_ids").to(device, torch::kLong);
+    if (ids.dim() != 2 || ids.size(1) > encoder.max_positions())
+      throw gclab::UserError(f.inputs + ": 'input_ids' must be [B, T] with T <= " +
+                             std::to_string(encoder.max_positions()) + ", got " + c10::str(ids.sizes()));
+    torch::Tensor mask;
+    if (file.contains("attention_mask")) {
+      mask = file.tensor("attention_mask").to(device);
+      if (mask.sizes() != ids.sizes())
+        throw gclab::UserError(f.inputs + ": 'attention_mask' must have input_ids' shape " + c10::str(ids.sizes()));
+    }
+    gclab::text::EncodedText out;
+    {
+      torch::NoGradGuard no_grad;
+      out = encoder.encode(ids, mask);
+    }
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    if (out.hidden_states.defined()) tensors.emplace_back("hidden_states", out.hidden_states.contiguous());
+    if (out.pooled.defined()) tensors.emplace_back("pooled", out.pooled.contiguous());
+    gclab::io::save_safetensors(f.out, tensors);
+    for (const auto& [key, t] : tensors) std::cout << key << " " << t.sizes() << " -> " << f.out << "\n";
+  } catch (const std::invalid_argument& e) {
+    throw gclab::UserError(e.what());
+  } catch (const std::runtime_error& e) {
+    throw gclab::UserError(e.what());
+  }
+  return kExitOk;
+}
+
 // gclab forward: the configured transformer, the user's weights (or random ones from training_seed), one
 // pass on named inputs, the prediction written as safetensors.
 int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
@@ -234,7 +293,9 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
   const torch::ScalarType dtype = *dtype_choice == gclab::config::DType::bf16   ? torch::kBFloat16
                                   : *dtype_choice == gclab::config::DType::fp16 ? torch::kHalf
                                                                                 : torch::kFloat;
-  if (f.component != ForwardComponent::transformer) return run_vae_forward(config, f, dtype);
+  if (f.component == ForwardComponent::vae_encode || f.component == ForwardComponent::vae_decode)
+    return run_vae_forward(config, f, dtype);
+  if (f.component != ForwardComponent::transformer) return run_text_forward(config, f, dtype);
   const torch::Device device = gclab::train::resolve_device(config.device);
   try {
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
@@ -437,11 +498,15 @@ int main(int argc, char** argv) {
   forward->add_option("--lora-scale", forward_files.lora_scale, "the LoRA's strength (default 1)");
   forward
       ->add_option("--component", forward_files.component,
-                   "transformer (default), vae.encode (images -> latents) or vae.decode (latents -> images)")
+                   "transformer (default), vae.encode (images -> latents), vae.decode (latents -> images), "
+                   "text_encoder, text_encoder_2 or text_encoder_3 (input_ids -> hidden_states, pooled)")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, ForwardComponent>{{"transformer", ForwardComponent::transformer},
                                                   {"vae.encode", ForwardComponent::vae_encode},
-                                                  {"vae.decode", ForwardComponent::vae_decode}}));
+                                                  {"vae.decode", ForwardComponent::vae_decode},
+                                                  {"text_encoder", ForwardComponent::text_encoder},
+                                                  {"text_encoder_2", ForwardComponent::text_encoder_2},
+                                                  {"text_encoder_3", ForwardComponent::text_encoder_3}}));
   forward->add_option("--vae-tile", forward_files.vae_tile,
                       "vae.decode: decode in overlapping tiles of this many pixels, blended (diffusers' tiled_decode)");
   forward

@@ -90,6 +90,17 @@ const std::vector<Spelling<AutoencoderKind>>& spellings() {
 }
 
 template <>
+const std::vector<Spelling<TextEncoderKind>>& spellings() {
+  static const std::vector<Spelling<TextEncoderKind>> s = {{TextEncoderKind::clip_l, "clip_l", {}},
+                                                           {TextEncoderKind::clip_l_projected, "clip_l_projected", {}},
+                                                           {TextEncoderKind::clip_g_projected, "clip_g_projected", {}},
+                                                           {TextEncoderKind::t5_xxl, "t5_xxl", {}},
+                                                           {TextEncoderKind::qwen25_vl, "qwen25_vl", {}},
+                                                           {TextEncoderKind::qwen3, "qwen3", {}}};
+  return s;
+}
+
+template <>
 const std::vector<Spelling<VaeChoice>>& spellings() {
   static const std::vector<Spelling<VaeChoice>> s = {{VaeChoice::autoencoder, "autoencoder", {"auto"}},
                                                      {VaeChoice::dct, "dct", {}}};

@@ -417,4 +417,34 @@ std::vector<std::string> TensorMatcher::finish() const {
   return unused;
 }
 
+std::vector<std::string> load_module_weights(
+    torch::nn::Module& module, const std::filesystem::path& path, const std::vector<std::string>& folder_files,
+    const std::function<std::vector<std::string>(const std::string&)>& stored_as) {
+  std::filesystem::path file = path;
+  if (std::filesystem::is_directory(path)) {
+    file.clear();
+    for (const auto& name : folder_files)
+      if (std::filesystem::exists(path / name)) {
+        file = path / name;
+        break;
+      }
+    if (file.empty())
+      throw std::runtime_error(path.string() + ": holds no " +
+                               (folder_files.empty() ? "weights" : folder_files.front()));
+  }
+  TensorMatcher tensors(load_safetensors(file), file.string());
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.named_parameters()) {
+    std::string name = p.key();
+    if (!tensors.contains(name) && stored_as)
+      for (const auto& other : stored_as(name))
+        if (tensors.contains(other)) {
+          name = other;
+          break;
+        }
+    if (const torch::Tensor* t = tensors.take(name, p.value().sizes())) p.value().copy_(*t);
+  }
+  return tensors.finish();
+}
+
 }  // namespace gclab::io

@@ -68,6 +68,23 @@ config::AutoencoderKind autoencoder_kind(Family family) {
   throw std::logic_error("autoencoder_kind: an unknown family");
 }
 
+std::vector<config::TextEncoderKind> text_encoders(Family family) {
+  using K = config::TextEncoderKind;
+  switch (family) {
+    case Family::flux:
+      return {K::clip_l, K::t5_xxl};
+    case Family::sd3:
+      return {K::clip_l_projected, K::clip_g_projected, K::t5_xxl};
+    case Family::qwen_image:
+      return {K::qwen25_vl};
+    case Family::zimage:
+      return {K::qwen3};
+    case Family::dit:
+      return {};
+  }
+  throw std::logic_error("text_encoders: an unknown family");
+}
+
 int divisibility(Family family) {
   switch (family) {
     case Family::flux:

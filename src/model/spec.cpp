@@ -357,7 +357,7 @@ std::optional<LocalModel> local_model(const config::ModelConfig& model) {
       throw UserError(
           "model.name_or_path '" + path.string() +
           "' is a file but not a .safetensors one (gclab reads safetensors weights, or a diffusers folder)");
-    return LocalModel{{}, path, {}};
+    return LocalModel{{}, path, {}, {}};
   }
   if (!std::filesystem::is_directory(path, ec)) return std::nullopt;
   return local_model_at(path, "model.name_or_path");
@@ -368,6 +368,12 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
   std::error_code ec;
   LocalModel m;
   if (fs::is_regular_file(dir / "vae" / "config.json", ec)) m.vae = dir / "vae";
+  const std::vector<std::string> text_folders = {"text_encoder", "text_encoder_2", "text_encoder_3"};
+  for (size_t i = 0; i < text_folders.size(); ++i)
+    if (fs::is_regular_file(dir / text_folders[i] / "config.json", ec)) {
+      m.text_encoders.resize(i + 1);
+      m.text_encoders[i] = dir / text_folders[i];
+    }
   for (const fs::path& d : {dir / "transformer", dir})
     if (fs::is_regular_file(d / "config.json", ec)) {
       m.config = d / "config.json";

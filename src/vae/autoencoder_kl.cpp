@@ -226,9 +226,8 @@ AutoencoderKLConfig AutoencoderKLConfig::tiny(config::AutoencoderKind kind) {
 }
 
 AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::path& path) {
-  const nlohmann::json j = read_config_json(path, "AutoencoderKL");
-  AutoencoderKLConfig c;
-  try {
+  return parse_config_json(path, "AutoencoderKL", [](const nlohmann::json& j) {
+    AutoencoderKLConfig c;
     c.in_channels = j.value("in_channels", c.in_channels);
     c.out_channels = j.value("out_channels", c.out_channels);
     c.latent_channels = j.value("latent_channels", int64_t{4});  // diffusers' default
@@ -246,12 +245,8 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::p
         if (t != "DownEncoderBlock2D" && t != "UpDecoderBlock2D")
           throw std::runtime_error(std::string(key) + " has " + t.dump() + ", which gclab does not build");
     if (j.value("act_fn", std::string("silu")) != "silu") throw std::runtime_error("act_fn is not silu");
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(path.string() + ": " + e.what());
-  } catch (const std::runtime_error& e) {
-    throw std::runtime_error(path.string() + ": " + e.what());
-  }
-  return c;
+    return c;
+  });
 }
 
 AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::move(config)) {
@@ -304,18 +299,8 @@ std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const 
 }
 
 std::vector<std::string> load_diffusers_weights(torch::nn::Module& module, const std::filesystem::path& path) {
-  std::filesystem::path file = path;
-  if (std::filesystem::is_directory(path)) {
-    file = path / "diffusion_pytorch_model.safetensors";
-    if (!std::filesystem::exists(file)) file = path / "diffusion_pytorch_model.safetensors.index.json";
-    if (!std::filesystem::exists(file))
-      throw std::runtime_error(path.string() + ": holds no diffusion_pytorch_model.safetensors");
-  }
-  io::TensorMatcher tensors(io::load_safetensors(file), file.string());
-  torch::NoGradGuard no_grad;
-  for (auto& p : module.named_parameters())
-    if (const torch::Tensor* t = tensors.take(p.key(), p.value().sizes())) p.value().copy_(*t);
-  return tensors.finish();
+  return io::load_module_weights(
+      module, path, {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"});
 }
 
 }  // namespace gclab::vae

@@ -348,9 +348,8 @@ QwenImageVaeConfig QwenImageVaeConfig::tiny() {
 }
 
 QwenImageVaeConfig QwenImageVaeConfig::from_json_file(const std::filesystem::path& path) {
-  const nlohmann::json j = read_config_json(path, "AutoencoderKLQwenImage");
-  QwenImageVaeConfig c;
-  try {
+  return parse_config_json(path, "AutoencoderKLQwenImage", [](const nlohmann::json& j) {
+    QwenImageVaeConfig c;
     c.base_dim = j.value("base_dim", c.base_dim);
     c.z_dim = j.value("z_dim", c.z_dim);
     c.dim_mult = j.value("dim_mult", c.dim_mult);
@@ -361,16 +360,12 @@ QwenImageVaeConfig QwenImageVaeConfig::from_json_file(const std::filesystem::pat
     c.latents_std = j.value("latents_std", c.latents_std);
     if (!j.value("attn_scales", nlohmann::json::array()).empty())
       throw std::runtime_error("attn_scales is not empty, which gclab does not build");
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(path.string() + ": " + e.what());
-  } catch (const std::runtime_error& e) {
-    throw std::runtime_error(path.string() + ": " + e.what());
-  }
-  if (c.temperal_downsample.size() + 1 != c.dim_mult.size())
-    throw std::runtime_error(path.string() + ": temperal_downsample needs one entry fewer than dim_mult");
-  if (static_cast<int64_t>(c.latents_mean.size()) != c.z_dim || static_cast<int64_t>(c.latents_std.size()) != c.z_dim)
-    throw std::runtime_error(path.string() + ": latents_mean and latents_std need z_dim values");
-  return c;
+    if (c.temperal_downsample.size() + 1 != c.dim_mult.size())
+      throw std::runtime_error("temperal_downsample needs one entry fewer than dim_mult");
+    if (static_cast<int64_t>(c.latents_mean.size()) != c.z_dim || static_cast<int64_t>(c.latents_std.size()) != c.z_dim)
+      throw std::runtime_error("latents_mean and latents_std need z_dim values");
+    return c;
+  });
 }
 
 QwenImageVaeImpl::QwenImageVaeImpl(QwenImageVaeConfig config) : config_(std::move(config)) {

@@ -39,6 +39,11 @@ enum class Family { flux, qwen_image, zimage, sd3, dit };
 // AutoencoderKL in FLUX.1's configuration (also Flex's and Z-Image's), SD3's, the SD VAE's (DiT)
 // (vae/autoencoder_kl.h); Qwen-Image's AutoencoderKLQwenImage, the Wan 2.1 VAE (vae/qwen_image_vae.h).
 enum class AutoencoderKind { flux, sd3, sd, qwen_image };
+// The text encoders the families condition on, each as its pipeline uses it (which family uses which is
+// model/family.h's text_encoders; the networks are text/): CLIP ViT-L/14's pooled output (FLUX.1); CLIP-L
+// and OpenCLIP bigG with their projections, penultimate hidden states and projected pooled outputs (SD3.5);
+// T5 v1.1 XXL's encoder (FLUX.1, SD3.5); Qwen2.5-VL-7B (Qwen-Image); Qwen3-4B (Z-Image).
+enum class TextEncoderKind { clip_l, clip_l_projected, clip_g_projected, t5_xxl, qwen25_vl, qwen3 };
 // model.vae (gclab's): what turns images into latents and previews back into images — the family's
 // autoencoder (the default), or the deterministic DCT stand-in (an explicit choice for random-weight CPU
 // runs, where a random autoencoder's previews would be noise).

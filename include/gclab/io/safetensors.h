@@ -14,10 +14,12 @@
 // it; tensors returned by `tensor()` view the mapping when aligned and keep it alive.
 #pragma once
 
+#include <torch/nn/module.h>
 #include <torch/types.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -106,6 +108,7 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::filesystem::pat
 class TensorMatcher {
  public:
   TensorMatcher(std::map<std::string, torch::Tensor> tensors, std::string label);
+  bool contains(const std::string& name) const { return tensors_.count(name) > 0; }
   const torch::Tensor* take(const std::string& name, c10::IntArrayRef sizes);
   std::vector<std::string> finish() const;
 
@@ -115,5 +118,15 @@ class TensorMatcher {
   std::set<std::string> used_;
   std::vector<std::string> problems_;
 };
+
+// Loads every parameter of `module` by its name, shapes checked, from `path`: a .safetensors file, a sharded
+// *.index.json, or a folder holding the first of `folder_files` that exists there (diffusers:
+// diffusion_pytorch_model.safetensors[.index.json]; transformers: model.safetensors[.index.json]).
+// `stored_as` gives other names a parameter may be stored under (tied weights, a prefix one version of the
+// writer dropped), tried when its own name is absent. Throws std::runtime_error naming the first missing
+// or misshapen tensor; returns the names in the file the module does not use.
+std::vector<std::string> load_module_weights(
+    torch::nn::Module& module, const std::filesystem::path& path, const std::vector<std::string>& folder_files,
+    const std::function<std::vector<std::string>(const std::string&)>& stored_as = {});
 
 }  // namespace gclab::io

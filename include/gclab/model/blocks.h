@@ -13,9 +13,32 @@
 #include <functional>
 #include <string>
 
-#include "gclab/model/layers.h"
+#include "gclab/nn/layers.h"
 
 namespace gclab::model {
+
+// The shared layers (nn/layers.h) the transformers are built from.
+using nn::apply_rope;
+using nn::holder_at;
+using nn::layer_norm;
+using nn::Linear;
+using nn::LinearImpl;
+using nn::merge_heads;
+using nn::modulate;
+using nn::named_linears;
+using nn::parse_weight_storage;
+using nn::patchify;
+using nn::register_at;
+using nn::RMSNorm;
+using nn::RMSNormImpl;
+using nn::rope_cos_sin;
+using nn::sincos_2d;
+using nn::split_heads;
+using nn::Tensors;
+using nn::timestep_embedding;
+using nn::to_string;
+using nn::unpatchify;
+using nn::WeightStorage;
 
 using SubBlockFn = std::function<Tensors(const Tensors&)>;
 using SubBlockRunner = std::function<Tensors(const std::string& kind, const SubBlockFn& fn, const Tensors& inputs)>;

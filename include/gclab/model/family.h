@@ -47,6 +47,10 @@ Guidance preview_guidance(Family family, bool guidance_embed);
 // The autoencoder a family's pipeline decodes with: AutoencoderKL as FLUX.1's for FLUX.1, Flex and Z-Image,
 // SD3's, the SD VAE for DiT; Qwen-Image's AutoencoderKLQwenImage.
 config::AutoencoderKind autoencoder_kind(Family family);
+// The text encoders a family's pipeline conditions on, in its folders' order (text_encoder, text_encoder_2,
+// text_encoder_3): FLUX.1 / Flex CLIP-L (pooled) and T5-XXL; SD3.5 CLIP-L and bigG (projected) and T5-XXL;
+// Qwen-Image Qwen2.5-VL; Z-Image Qwen3; DiT none (class labels).
+std::vector<config::TextEncoderKind> text_encoders(Family family);
 
 // The checks of a loaded config that need the facts above; errors and warnings go to `diagnostics`.
 void check_config(config::ProcessConfig& config, config::Diagnostics& diagnostics);

@@ -64,6 +64,9 @@ struct LocalModel {
   std::filesystem::path config;   // the config.json read (empty: a single weights file)
   std::filesystem::path weights;  // empty: a shape only, random weights
   std::filesystem::path vae;      // the folder's vae/ (a diffusers autoencoder), when it has one
+  // The folder's text_encoder/, text_encoder_2/, text_encoder_3/ (transformers models), in that order, up to
+  // the last one it has (an absent one: empty).
+  std::vector<std::filesystem::path> text_encoders;
 };
 std::optional<LocalModel> local_model(const config::ModelConfig& model);
 // The same for a folder named elsewhere (`what`, e.g. "--weights", names it in the error).

@@ -1,4 +1,5 @@
-// The layers the diffusion-transformer families are built from, named as diffusers names them so a
+// The layers every network is built from (the transformers, the text encoders), named as diffusers and
+// transformers name them so a
 // state dict lines up (a Linear's tensors are `weight` / `bias`, its LoRA adapter `lora_A.weight` /
 // `lora_B.weight`, as PEFT and AI Toolkit save them).
 #pragma once
@@ -8,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace gclab::model {
+namespace gclab::nn {
 
 using Tensors = std::vector<torch::Tensor>;
 
@@ -98,6 +99,9 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
 
 // [B, S, H*D] -> [B, H, S, D] and back.
 torch::Tensor split_heads(const torch::Tensor& x, int64_t heads);
+// The value an additive attention mask puts where a key is hidden: the dtype's lowest finite value
+// (torch.finfo(dtype).min, as transformers' masks use).
+double lowest_value(torch::ScalarType dtype);
 torch::Tensor merge_heads(const torch::Tensor& x);
 
 // Fixed 2-D sine-cosine position embedding [h*w, dim] (MAE / DiT / SD3 PatchEmbed), grid positions
@@ -114,4 +118,4 @@ torch::Tensor unpatchify(const torch::Tensor& tokens, int64_t h, int64_t w, int6
 // Every Linear in a module tree, with its dotted path (for LoRA targets and weight storage).
 std::vector<std::pair<std::string, Linear>> named_linears(torch::nn::Module& root);
 
-}  // namespace gclab::model
+}  // namespace gclab::nn

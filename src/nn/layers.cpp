@@ -1,4 +1,4 @@
-#include "gclab/model/layers.h"
+#include "gclab/nn/layers.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
-namespace gclab::model {
+namespace gclab::nn {
 
 namespace F = torch::nn::functional;
 
@@ -290,4 +290,11 @@ std::vector<std::pair<std::string, Linear>> named_linears(torch::nn::Module& roo
   return out;
 }
 
-}  // namespace gclab::model
+double lowest_value(torch::ScalarType dtype) {
+  if (dtype == torch::kBFloat16) return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+  if (dtype == torch::kHalf) return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+  if (dtype == torch::kDouble) return std::numeric_limits<double>::lowest();
+  return static_cast<double>(std::numeric_limits<float>::lowest());
+}
+
+}  // namespace gclab::nn

@@ -1,0 +1,68 @@
+// transformers' CLIPTextModel and CLIPTextModelWithProjection (models/clip/modeling_clip.py): the CLIP text
+// towers FLUX.1 (CLIP ViT-L/14, its pooled output) and SD3.5 (CLIP-L and OpenCLIP bigG with their
+// projections, their penultimate hidden states) condition on. Token + learned position embeddings,
+// pre-LayerNorm blocks of causal multi-head attention and an MLP (quick_gelu for ViT-L, gelu for bigG), a
+// final LayerNorm; the pooled output is the final state at the end-of-text token. Parameters carry
+// transformers' names with the `text_model.` prefix the published checkpoints use (transformers 5 saves a
+// CLIPTextModel without it: both load); the Linears are gclab's (LoRA- and float8-capable).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gclab/nn/layers.h"
+
+namespace gclab::text {
+
+struct ClipTextConfig {
+  int64_t vocab_size = 49408, hidden_size = 768, intermediate_size = 3072, num_hidden_layers = 12;
+  int64_t num_attention_heads = 12, max_position_embeddings = 77, projection_dim = 768, eos_token_id = 2;
+  std::string hidden_act = "quick_gelu";
+  double layer_norm_eps = 1e-5;
+  bool with_projection = false;  // CLIPTextModelWithProjection: text_projection (no bias) on the pooled output
+
+  // openai/clip-vit-large-patch14's text tower (FLUX.1's text_encoder; SD3.5's with its projection):
+  // 123,060,480 parameters (+ 589,824 projection).
+  static ClipTextConfig clip_l(bool with_projection = false);
+  // OpenCLIP ViT-bigG/14's text tower with its projection (SD3.5's text_encoder_2): 694,659,840 parameters.
+  static ClipTextConfig clip_g();
+  // The same code at CPU-test size (width 64, 2 layers of 4 heads, the real vocabulary and 77 positions).
+  static ClipTextConfig tiny(const ClipTextConfig& like);
+  // A transformers config.json (CLIPTextConfig; `architectures` says whether it has the projection);
+  // throws std::runtime_error naming what it cannot use.
+  static ClipTextConfig from_json_file(const std::filesystem::path& path);
+};
+
+struct ClipTextOutput {
+  torch::Tensor last_hidden_state;  // [B, T, hidden], after the final LayerNorm
+  torch::Tensor penultimate;        // hidden_states[-2]: the second-to-last block's output (SD3 takes it)
+  torch::Tensor pooled;             // [B, hidden]: last_hidden_state at the end-of-text token (pooler_output)
+  torch::Tensor text_embeds;        // [B, projection_dim]: the projected pooled output (with projection only)
+};
+
+class ClipTextModelImpl : public torch::nn::Module {
+ public:
+  explicit ClipTextModelImpl(ClipTextConfig config, const torch::TensorOptions& options = {});
+  // input_ids [B, T <= max_position_embeddings]; `attention_mask` [B, T] (1: a token, 0: padding) or
+  // undefined (as FLUX's and SD3's pipelines call it).
+  ClipTextOutput forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  const ClipTextConfig& config() const { return config_; }
+
+ private:
+  ClipTextConfig config_;
+  struct Layer;
+  std::vector<std::shared_ptr<Layer>> layers_;
+  torch::Tensor token_embedding_, position_embedding_, final_norm_weight_, final_norm_bias_;
+  nn::Linear text_projection_{nullptr};
+};
+TORCH_MODULE(ClipTextModel);
+
+// Loads a transformers CLIPTextModel[WithProjection]'s weights (a .safetensors file, a sharded index, or a
+// folder holding model.safetensors[.index.json]) by their names, with or without the `text_model.` prefix.
+// Throws std::runtime_error naming the first missing or misshapen tensor; returns the unused names.
+std::vector<std::string> load_clip_text_weights(ClipTextModelImpl& model, const std::filesystem::path& path);
+
+}  // namespace gclab::text

@@ -1,0 +1,45 @@
+// A family's text encoder as its pipeline uses it (config::TextEncoderKind): built at the real shape (or its
+// CPU-test size), from a transformers folder's config.json and weights when there is one, and run on token
+// ids to what the pipeline takes from it. One interface for CLIP and T5 (and, next, Qwen2.5-VL / Qwen3).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gclab/config/choices.h"
+
+namespace gclab::text {
+
+struct EncodedText {
+  torch::Tensor hidden_states;  // [B, T, width]: what the pipeline conditions on (undefined: not used)
+  torch::Tensor pooled;         // [B, width]: the pooled vector the pipeline uses (undefined: none)
+};
+
+class TextEncoderBase : public torch::nn::Module {
+ public:
+  // input_ids [B, T]; attention_mask [B, T] (1 token, 0 padding) or undefined (attend everywhere).
+  virtual EncodedText encode(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {}) = 0;
+  virtual config::TextEncoderKind kind() const = 0;
+  // The longest input the pipeline gives it (CLIP: 77; T5: 512 for FLUX.1-dev, 256 for SD3.5 and schnell).
+  virtual int64_t max_positions() const = 0;
+};
+
+struct LoadedTextEncoder {
+  std::shared_ptr<TextEncoderBase> encoder;
+  bool random = false;              // no weights were loaded
+  std::vector<std::string> unused;  // tensors in the weights the encoder does not use
+};
+
+// The encoder of `kind` at its real shape (`tiny`: the same code at CPU-test size), with `folder`'s
+// config.json in place of the preset and its weights loaded when `folder` is given (a transformers folder,
+// or a .safetensors file); random weights from the global generator otherwise. `options` places it
+// (torch::kMeta: a full-size build without memory). Throws std::runtime_error for a config or weights it
+// cannot use, std::invalid_argument for a kind gclab does not build yet.
+LoadedTextEncoder build_text_encoder(config::TextEncoderKind kind, bool tiny, const std::filesystem::path& folder = {},
+                                     const torch::TensorOptions& options = {});
+
+}  // namespace gclab::text

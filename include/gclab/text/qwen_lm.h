@@ -1,0 +1,65 @@
+// The decoder language models two families condition on, run as encoders (no cache, no head): transformers'
+// Qwen3Model (Z-Image's text_encoder, Qwen3-4B) and the language model of Qwen2_5_VLForConditionalGeneration
+// (Qwen-Image's text_encoder, Qwen2.5-VL-7B, on the text path; its vision tower is not built yet). Pre-norm
+// blocks of causal grouped-query attention with rotary positions (RMS-normed queries and keys per head in
+// Qwen3; biased q/k/v projections in Qwen2.5) and a SwiGLU MLP; RMS norms in float32. Parameters carry
+// transformers' names (Qwen3Model: layers.N.self_attn.q_proj.weight; Qwen2.5-VL: model.layers.N...), and
+// the other layouts of the same tensors load too.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gclab/nn/layers.h"
+
+namespace gclab::text {
+
+struct QwenLmConfig {
+  int64_t vocab_size = 151936, hidden_size = 2560, intermediate_size = 9728, num_hidden_layers = 36;
+  int64_t num_attention_heads = 32, num_key_value_heads = 8, head_dim = 128;
+  double rms_norm_eps = 1e-6, rope_theta = 1000000.0;
+  bool qk_norm = true;          // Qwen3: q_norm / k_norm over each head
+  bool attention_bias = false;  // Qwen2.5: q/k/v with biases (o_proj without)
+  std::string prefix;           // where the checkpoint keeps the layers: "" (Qwen3Model), "model." (Qwen2.5-VL)
+
+  // Qwen/Qwen3-4B as Z-Image ships it (Qwen3Model): 4,022,468,096 parameters.
+  static QwenLmConfig qwen3_4b();
+  // Qwen2.5-VL-7B-Instruct's language model as Qwen-Image ships it: 7,070,619,136 parameters (without the
+  // vision tower and the LM head).
+  static QwenLmConfig qwen25_vl_7b();
+  // The same code at CPU-test size (width 64, 2 layers, 4 heads over 2 key/value heads of 16).
+  static QwenLmConfig tiny(const QwenLmConfig& like);
+  // A transformers config.json (qwen3, or qwen2_5_vl with its text_config); throws std::runtime_error naming
+  // what it cannot use.
+  static QwenLmConfig from_json_file(const std::filesystem::path& path);
+};
+
+struct QwenLmOutput {
+  torch::Tensor last_hidden_state;  // hidden_states[-1]: after the final norm
+  torch::Tensor penultimate;        // hidden_states[-2]: the second-to-last layer's output (Z-Image takes it)
+};
+
+class QwenLmImpl : public torch::nn::Module {
+ public:
+  explicit QwenLmImpl(QwenLmConfig config, const torch::TensorOptions& options = {});
+  // input_ids [B, T]; attention_mask [B, T] (1 token, 0 padding: padded keys hidden) or undefined; rotary
+  // positions 0..T-1 (as transformers' text-only forward; the pipelines pad on the right).
+  QwenLmOutput forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  const QwenLmConfig& config() const { return config_; }
+
+ private:
+  QwenLmConfig config_;
+  struct Layer;
+  std::vector<std::shared_ptr<Layer>> layers_;
+  torch::Tensor embed_, norm_;
+};
+TORCH_MODULE(QwenLm);
+
+// Loads the weights by transformers' names, with or without the `model.` prefix (and Qwen2.5-VL's
+// `model.language_model.` layout); the vision tower and the LM head in the same files are reported unused.
+std::vector<std::string> load_qwen_lm_weights(QwenLmImpl& model, const std::filesystem::path& path);
+
+}  // namespace gclab::text

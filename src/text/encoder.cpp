@@ -1,0 +1,116 @@
+#include "gclab/text/encoder.h"
+
+#include <stdexcept>
+
+#include "gclab/text/clip.h"
+#include "gclab/text/qwen_lm.h"
+#include "gclab/text/t5.h"
+
+namespace gclab::text {
+
+namespace {
+
+using Kind = config::TextEncoderKind;
+
+class ClipEncoder : public TextEncoderBase {
+ public:
+  ClipEncoder(Kind kind, const ClipTextConfig& c, const torch::TensorOptions& options)
+      : kind_(kind), model_(register_module("model", ClipTextModel(c, options))) {}
+  // FLUX.1 takes CLIP-L's pooled output only; SD3 the penultimate hidden states and the projected pooled one.
+  EncodedText encode(const torch::Tensor& ids, const torch::Tensor& mask) override {
+    ClipTextOutput o = model_->forward(ids, mask);
+    if (kind_ == Kind::clip_l) return {{}, o.pooled};
+    return {o.penultimate, o.text_embeds};
+  }
+  Kind kind() const override { return kind_; }
+  int64_t max_positions() const override { return model_->config().max_position_embeddings; }
+  ClipTextModelImpl& model() { return *model_; }
+
+ private:
+  Kind kind_;
+  ClipTextModel model_;
+};
+
+class T5 : public TextEncoderBase {
+ public:
+  T5(const T5Config& c, const torch::TensorOptions& options)
+      : model_(register_module("model", T5Encoder(c, options))) {}
+  EncodedText encode(const torch::Tensor& ids, const torch::Tensor& mask) override {
+    return {model_->forward(ids, mask), {}};
+  }
+  Kind kind() const override { return Kind::t5_xxl; }
+  int64_t max_positions() const override { return 512; }
+  T5EncoderImpl& model() { return *model_; }
+
+ private:
+  T5Encoder model_;
+};
+
+// Qwen-Image takes Qwen2.5-VL's last hidden states (after the final norm; the pipeline then drops the chat
+// template's 34 prefix tokens); Z-Image takes Qwen3's hidden_states[-2].
+class QwenEncoder : public TextEncoderBase {
+ public:
+  QwenEncoder(Kind kind, const QwenLmConfig& c, const torch::TensorOptions& options)
+      : kind_(kind), model_(register_module("model", QwenLm(c, options))) {}
+  EncodedText encode(const torch::Tensor& ids, const torch::Tensor& mask) override {
+    QwenLmOutput o = model_->forward(ids, mask);
+    return {kind_ == Kind::qwen3 ? o.penultimate : o.last_hidden_state, {}};
+  }
+  Kind kind() const override { return kind_; }
+  // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image: max_sequence_length 512.
+  int64_t max_positions() const override { return kind_ == Kind::qwen3 ? 512 : 1024 + 34; }
+  QwenLmImpl& model() { return *model_; }
+
+ private:
+  Kind kind_;
+  QwenLm model_;
+};
+
+}  // namespace
+
+LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem::path& folder,
+                                     const torch::TensorOptions& options) {
+  std::error_code ec;
+  const bool has_config = !folder.empty() && std::filesystem::is_regular_file(folder / "config.json", ec);
+  LoadedTextEncoder out;
+  out.random = folder.empty();
+  switch (kind) {
+    case Kind::clip_l:
+    case Kind::clip_l_projected:
+    case Kind::clip_g_projected: {
+      ClipTextConfig c = kind == Kind::clip_g_projected ? ClipTextConfig::clip_g()
+                                                        : ClipTextConfig::clip_l(kind == Kind::clip_l_projected);
+      if (tiny) c = ClipTextConfig::tiny(c);
+      if (has_config) c = ClipTextConfig::from_json_file(folder / "config.json");
+      if (kind != Kind::clip_l && !c.with_projection)
+        throw std::runtime_error(folder.string() + ": a CLIPTextModel without the projection SD3 uses");
+      auto e = std::make_shared<ClipEncoder>(kind, c, options);
+      if (!out.random) out.unused = load_clip_text_weights(e->model(), folder);
+      out.encoder = e;
+      break;
+    }
+    case Kind::t5_xxl: {
+      T5Config c = tiny ? T5Config::tiny() : T5Config::xxl();
+      if (has_config) c = T5Config::from_json_file(folder / "config.json");
+      auto e = std::make_shared<T5>(c, options);
+      if (!out.random) out.unused = load_t5_weights(e->model(), folder);
+      out.encoder = e;
+      break;
+    }
+    case Kind::qwen25_vl:
+    case Kind::qwen3: {
+      QwenLmConfig c = kind == Kind::qwen3 ? QwenLmConfig::qwen3_4b() : QwenLmConfig::qwen25_vl_7b();
+      if (tiny) c = QwenLmConfig::tiny(c);
+      if (has_config) c = QwenLmConfig::from_json_file(folder / "config.json");
+      if ((kind == Kind::qwen3) != c.qk_norm)
+        throw std::runtime_error(folder.string() + ": not the " + std::string(config::name_of(kind)) + " model");
+      auto e = std::make_shared<QwenEncoder>(kind, c, options);
+      if (!out.random) out.unused = load_qwen_lm_weights(e->model(), folder);
+      out.encoder = e;
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace gclab::text

@@ -1,0 +1,166 @@
+#include "gclab/text/qwen_lm.h"
+
+#include <stdexcept>
+
+#include "gclab/io/json_file.h"
+#include "gclab/io/safetensors.h"
+
+namespace gclab::text {
+
+QwenLmConfig QwenLmConfig::qwen3_4b() { return {}; }
+
+QwenLmConfig QwenLmConfig::qwen25_vl_7b() {
+  QwenLmConfig c;
+  c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944, c.num_hidden_layers = 28;
+  c.num_attention_heads = 28, c.num_key_value_heads = 4, c.head_dim = 128;
+  c.qk_norm = false, c.attention_bias = true, c.prefix = "model.";
+  return c;
+}
+
+QwenLmConfig QwenLmConfig::tiny(const QwenLmConfig& like) {
+  QwenLmConfig c = like;
+  c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
+  return c;
+}
+
+QwenLmConfig QwenLmConfig::from_json_file(const std::filesystem::path& path) {
+  return io::parse_json_file(path, [](const nlohmann::json& root) {
+    QwenLmConfig c;
+    const std::string type = root.value("model_type", std::string());
+    if (type == "qwen2_5_vl") {
+      c = qwen25_vl_7b();
+    } else if (type != "qwen3") {
+      throw std::runtime_error("model_type is '" + type + "', not qwen3 or qwen2_5_vl");
+    }
+    // Qwen2.5-VL keeps the language model's numbers in text_config (older files: at the top level).
+    const nlohmann::json& j =
+        root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
+    c.vocab_size = j.value("vocab_size", root.value("vocab_size", c.vocab_size));
+    c.hidden_size = j.value("hidden_size", c.hidden_size);
+    c.intermediate_size = j.value("intermediate_size", c.intermediate_size);
+    c.num_hidden_layers = j.value("num_hidden_layers", c.num_hidden_layers);
+    c.num_attention_heads = j.value("num_attention_heads", c.num_attention_heads);
+    c.num_key_value_heads = j.value("num_key_value_heads", c.num_attention_heads);
+    c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? j["head_dim"].get<int64_t>()
+                                                                    : c.hidden_size / c.num_attention_heads;
+    c.rms_norm_eps = j.value("rms_norm_eps", c.rms_norm_eps);
+    if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
+      c.rope_theta = j["rope_parameters"].value("rope_theta", c.rope_theta);
+    else
+      c.rope_theta = j.value("rope_theta", c.rope_theta);
+    if (type == "qwen3") c.attention_bias = j.value("attention_bias", false);
+    if (j.value("hidden_act", std::string("silu")) != "silu") throw std::runtime_error("hidden_act is not silu");
+    return c;
+  });
+}
+
+namespace {
+
+// Qwen3RMSNorm / Qwen2RMSNorm: in float32, back to the input's type, times the weight.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const torch::Tensor f = x.to(torch::kFloat);
+  const torch::Tensor y = f * torch::rsqrt(f.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * y.to(x.scalar_type());
+}
+
+// rotate_half rotary embedding: x cos + rotate_half(x) sin.
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const torch::Tensor rotated = torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+struct QwenLmImpl::Layer {
+  nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr}, gate{nullptr}, up{nullptr}, down{nullptr};
+  torch::Tensor input_norm, post_norm, q_norm, k_norm;
+};
+
+QwenLmImpl::QwenLmImpl(QwenLmConfig config, const torch::TensorOptions& options) : config_(std::move(config)) {
+  const auto& c = config_;
+  const int64_t d = c.hidden_size, hd = c.head_dim;
+  auto weight = [&](const std::string& path, int64_t n) {
+    return nn::holder_at(*this, c.prefix + path).register_parameter("weight", torch::ones({n}, options));
+  };
+  embed_ = nn::holder_at(*this, c.prefix + "embed_tokens")
+               .register_parameter("weight", torch::randn({c.vocab_size, d}, options) * 0.02);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    auto l = std::make_shared<Layer>();
+    const std::string p = "layers." + std::to_string(i) + ".";
+    auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+      return nn::register_at(*this, c.prefix + p + name, nn::Linear(in, out, bias, options));
+    };
+    l->q = linear("self_attn.q_proj", d, c.num_attention_heads * hd, c.attention_bias);
+    l->k = linear("self_attn.k_proj", d, c.num_key_value_heads * hd, c.attention_bias);
+    l->v = linear("self_attn.v_proj", d, c.num_key_value_heads * hd, c.attention_bias);
+    l->o = linear("self_attn.o_proj", c.num_attention_heads * hd, d, false);
+    if (c.qk_norm) {
+      l->q_norm = weight(p + "self_attn.q_norm", hd);
+      l->k_norm = weight(p + "self_attn.k_norm", hd);
+    }
+    l->gate = linear("mlp.gate_proj", d, c.intermediate_size, false);
+    l->up = linear("mlp.up_proj", d, c.intermediate_size, false);
+    l->down = linear("mlp.down_proj", c.intermediate_size, d, false);
+    l->input_norm = weight(p + "input_layernorm", d);
+    l->post_norm = weight(p + "post_attention_layernorm", d);
+    layers_.push_back(l);
+  }
+  norm_ = weight("norm", d);
+}
+
+QwenLmOutput QwenLmImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
+  const auto& c = config_;
+  const int64_t batch = input_ids.size(0), length = input_ids.size(1), hd = c.head_dim;
+  torch::Tensor h = torch::embedding(embed_, input_ids);
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(h.device());
+  // Positions 0..T-1 (Qwen2.5-VL's three rotary sections coincide for text: transformers' text-only forward
+  // takes the same arange for each).
+  const torch::Tensor positions = torch::arange(length, long_opts).unsqueeze(0).expand({batch, length});
+  torch::Tensor mask_bool;
+  if (attention_mask.defined()) mask_bool = attention_mask.to(h.device()) != 0;
+  const torch::Tensor inv_freq =
+      1.0 / torch::pow(c.rope_theta, torch::arange(0, hd, 2, long_opts.dtype(torch::kFloat)) / static_cast<double>(hd));
+  const torch::Tensor freqs = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq;  // [B, T, hd/2]
+  const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);             // [B, 1, T, hd]
+  const torch::Tensor cos = emb.cos().to(h.scalar_type()), sin = emb.sin().to(h.scalar_type());
+  // Causal, and padded keys hidden.
+  torch::Tensor hidden =
+      torch::ones({length, length}, long_opts.dtype(torch::kBool)).triu(1).view({1, 1, length, length});
+  if (mask_bool.defined()) hidden = hidden | (~mask_bool).view({batch, 1, 1, length});
+  const torch::Tensor mask =
+      torch::zeros(hidden.sizes(), h.options()).masked_fill(hidden, nn::lowest_value(h.scalar_type()));
+  const int64_t groups = c.num_attention_heads / c.num_key_value_heads;
+  QwenLmOutput out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = *layers_[i];
+    const torch::Tensor n = rms_norm(h, l.input_norm, c.rms_norm_eps);
+    torch::Tensor q = l.q->forward(n).view({batch, length, -1, hd});
+    torch::Tensor k = l.k->forward(n).view({batch, length, -1, hd});
+    if (c.qk_norm) q = rms_norm(q, l.q_norm, c.rms_norm_eps), k = rms_norm(k, l.k_norm, c.rms_norm_eps);
+    q = rotate(q.transpose(1, 2), cos, sin);
+    k = rotate(k.transpose(1, 2), cos, sin).repeat_interleave(groups, 1);
+    const torch::Tensor v = l.v->forward(n).view({batch, length, -1, hd}).transpose(1, 2).repeat_interleave(groups, 1);
+    torch::Tensor a =
+        at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 1.0 / std::sqrt(static_cast<double>(hd)));
+    h = h + l.o->forward(a.transpose(1, 2).reshape({batch, length, -1}));
+    const torch::Tensor m = rms_norm(h, l.post_norm, c.rms_norm_eps);
+    h = h + l.down->forward(torch::silu(l.gate->forward(m)) * l.up->forward(m));
+    if (i + 2 == layers_.size()) out.penultimate = h;
+  }
+  if (layers_.size() < 2) out.penultimate = h;
+  out.last_hidden_state = rms_norm(h, norm_, c.rms_norm_eps);
+  return out;
+}
+
+std::vector<std::string> load_qwen_lm_weights(QwenLmImpl& model, const std::filesystem::path& path) {
+  const std::string prefix = model.config().prefix;
+  return io::load_module_weights(
+      model, path, {"model.safetensors", "model.safetensors.index.json"}, [&](const std::string& name) {
+        const std::string bare = name.substr(prefix.size());
+        return std::vector<std::string>{prefix.empty() ? "model." + bare : bare, "model.language_model." + bare};
+      });
+}
+
+}  // namespace gclab::text

@@ -1,0 +1,149 @@
+"""gclab's text encoders against transformers' (the pinned `transformers` in .venv, a test-only reference),
+through `gclab forward --component text_encoder|text_encoder_2|text_encoder_3`:
+
+  transformers_text.py GCLAB_EXE WORK_DIR
+
+Tiny random CLIPTextModel (FLUX.1's text_encoder: quick_gelu, its pooled output), CLIPTextModelWithProjection
+(SD3.5's text_encoder / text_encoder_2: the penultimate hidden states and the projected pooled output),
+T5EncoderModel (text_encoder_2 / text_encoder_3: gated-gelu, relative position buckets), Qwen3Model
+(Z-Image: hidden_states[-2]) and Qwen2_5_VLForConditionalGeneration (Qwen-Image: the last hidden states,
+text only; its vision tower and LM head in the file are not used), saved by
+transformers' save_pretrained, must load unchanged and give transformers' outputs to float32 rounding, with
+and without an attention mask; a CLIPTextModel file with the `text_model.` prefix (as the published
+checkpoints store it) loads too. Full-size parameter counts (T5-XXL's encoder, CLIP-L, bigG with its
+projection, Qwen3-4B, Qwen2.5-VL-7B's language model), counted on the meta device, are printed for the C++ test's constants. Exit 77 without
+transformers.
+"""
+import os
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+TOL = 1e-5  # relative to the output's largest magnitude
+
+
+def config_yaml(work, arch):
+    os.makedirs(work, exist_ok=True)
+    path = os.path.join(work, f"{arch}.yaml")
+    with open(path, "w") as f:
+        f.write(f"name: text\ndevice: cpu\nmodel: {{arch: {arch}}}\n"
+                "datasets: [{folder_path: " + work + "}]\ntrain: {steps: 1}\n")
+    return path
+
+
+def run(exe, yaml, component, folder, inputs, out):
+    subprocess.run([exe, "forward", yaml, "--component", component, "--weights", folder, "--inputs", inputs,
+                    "--out", out], check=True, stdout=subprocess.DEVNULL)
+
+
+def perturb(model):
+    with torch.no_grad():  # every parameter perturbed: a one or a zero hides a wrong name or layout
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+
+
+def main():
+    exe, work = sys.argv[1], sys.argv[2]
+    try:
+        from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, Qwen2_5_VLConfig,
+                                  Qwen2_5_VLForConditionalGeneration, Qwen3Config, Qwen3Model, T5Config,
+                                  T5EncoderModel)
+    except Exception as e:
+        print(f"transformers unavailable: {e}", file=sys.stderr)
+        sys.exit(77)
+    torch.manual_seed(0)
+    worst = 0.0
+    ids = torch.randint(0, 1000, (2, 16))
+    ids[0, 9] = 999  # CLIP's pooled token: the largest id (eos_token_id 2) / the first eos_token_id
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    cases = []
+    clip_kw = dict(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                   max_position_embeddings=16, projection_dim=24)
+    flux = config_yaml(work, "tiny-flux")
+    sd3 = config_yaml(work, "tiny-sd3")
+    clip_l = CLIPTextModel(CLIPTextConfig(**clip_kw, hidden_act="quick_gelu", eos_token_id=2)).eval()
+    cases.append(("clip_l", clip_l, flux, "text_encoder", lambda o: {"pooled": o.pooler_output}))
+    clip_g = CLIPTextModelWithProjection(CLIPTextConfig(**clip_kw, hidden_act="gelu", eos_token_id=999)).eval()
+    cases.append(("clip_g", clip_g, sd3, "text_encoder_2",
+                  lambda o: {"hidden_states": o.hidden_states[-2], "pooled": o.text_embeds}))
+    t5 = T5EncoderModel(T5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_heads=4,
+                                 feed_forward_proj="gated-gelu", relative_attention_num_buckets=8,
+                                 relative_attention_max_distance=20)).eval()
+    cases.append(("t5", t5, flux, "text_encoder_2", lambda o: {"hidden_states": o.last_hidden_state}))
+    cases.append(("t5_sd3", t5, sd3, "text_encoder_3", lambda o: {"hidden_states": o.last_hidden_state}))
+    qwen_kw = dict(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=8)
+    qwen3 = Qwen3Model(Qwen3Config(**qwen_kw)).eval()
+    cases.append(("qwen3", qwen3, config_yaml(work, "tiny-zimage"), "text_encoder",
+                  lambda o: {"hidden_states": o.hidden_states[-2]}))
+    qwen_kw.pop("head_dim")  # 8 = 32 / 4; the multimodal rotary sections must cover its 4 frequencies
+    qwen_kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]}
+    qwen25 = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config=qwen_kw, vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
+                                                out_hidden_size=32))).eval()
+    cases.append(("qwen25_vl", qwen25, config_yaml(work, "tiny-qwen-image"), "text_encoder",
+                  lambda o: {"hidden_states": o.hidden_states[-1]}))
+    for name, model, yaml, component, outputs in cases:
+        perturb(model)
+        folder = os.path.join(work, name)
+        model.save_pretrained(folder, safe_serialization=True)
+        for masked in (False, True):
+            with torch.no_grad():
+                want = outputs(model(input_ids=ids, attention_mask=mask if masked else None,
+                                     output_hidden_states=True))
+            inputs = os.path.join(work, f"in_{name}_{masked}.safetensors")
+            save_file({"input_ids": ids, **({"attention_mask": mask} if masked else {})}, inputs)
+            out = os.path.join(work, f"out_{name}_{masked}.safetensors")
+            run(exe, yaml, component, folder, inputs, out)
+            got = load_file(out)
+            for key, w in want.items():
+                assert key in got, f"{name}: no '{key}' in {sorted(got)}"
+                g = got[key]
+                assert g.shape == w.shape, f"{name} {key}: {tuple(g.shape)} vs {tuple(w.shape)}"
+                err = ((g - w).abs().max() / w.abs().max()).item()
+                worst = max(worst, err)
+                print(f"{name} {component} {key}{' masked' if masked else ''}: max relative difference {err:.2e}")
+                assert err < TOL, f"{name} {key}: {err:.2e} >= {TOL}"
+    # The published CLIP-L files keep the `text_model.` prefix transformers 5 drops when it saves.
+    prefixed = os.path.join(work, "clip_l_prefixed")
+    os.makedirs(prefixed, exist_ok=True)
+    tensors = load_file(os.path.join(work, "clip_l", "model.safetensors"))
+    save_file({"text_model." + k: v for k, v in tensors.items()}, os.path.join(prefixed, "model.safetensors"))
+    with open(os.path.join(work, "clip_l", "config.json")) as src, open(os.path.join(prefixed, "config.json"), "w") as dst:
+        dst.write(src.read())
+    inputs = os.path.join(work, "in_clip_l_False.safetensors")
+    out = os.path.join(work, "out_prefixed.safetensors")
+    run(exe, flux, "text_encoder", prefixed, inputs, out)
+    with torch.no_grad():
+        want = clip_l(input_ids=ids).pooler_output
+    err = ((load_file(out)["pooled"] - want).abs().max() / want.abs().max()).item()
+    print(f"clip_l with the text_model. prefix: max relative difference {err:.2e}")
+    assert err < TOL
+    with torch.device("meta"):
+        counts = {
+            "t5-xxl encoder": T5EncoderModel(T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24,
+                                                      num_heads=64, feed_forward_proj="gated-gelu")),
+            "clip-l": CLIPTextModel(CLIPTextConfig(vocab_size=49408, hidden_size=768, intermediate_size=3072,
+                                                   num_hidden_layers=12, num_attention_heads=12,
+                                                   max_position_embeddings=77)),
+            "clip-g with projection": CLIPTextModelWithProjection(CLIPTextConfig(
+                vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
+                num_attention_heads=20, max_position_embeddings=77, projection_dim=1280, hidden_act="gelu")),
+        }
+        counts["qwen3-4b"] = Qwen3Model(Qwen3Config(
+            vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128))
+        full = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=dict(
+            vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+            num_key_value_heads=4)))
+        counts["qwen2.5-vl-7b language model"] = full.model.language_model
+        for label, m in counts.items():
+            print(f"full-size parameters, {label}: {sum(p.numel() for p in m.parameters())}")
+    print(f"all match transformers (worst {worst:.2e})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+// The text encoders at their real shapes (built on the meta device: no memory) have transformers' parameter
+// counts and names; tiny ones run, honour the attention mask, and load weights by transformers' names with
+// the tied / prefixed spellings. Their numerics against transformers are ctest interop.transformers_text.
+#include <gtest/gtest.h>
+
+#include "../support/test_util.h"
+#include "gclab/io/safetensors.h"
+#include "gclab/text/clip.h"
+#include "gclab/text/encoder.h"
+#include "gclab/text/t5.h"
+
+namespace gclab::text {
+namespace {
+
+namespace fs = std::filesystem;
+using Kind = config::TextEncoderKind;
+
+int64_t parameter_count(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+// Counted by transformers on the meta device (tests/reference/transformers_text.py prints them).
+TEST(TextEncoders, FullSizeParameterCountsEqualTransformers) {
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  EXPECT_EQ(parameter_count(*build_text_encoder(Kind::t5_xxl, false, {}, meta).encoder), 4762310656);
+  EXPECT_EQ(parameter_count(*build_text_encoder(Kind::clip_l, false, {}, meta).encoder), 123060480);
+  EXPECT_EQ(parameter_count(*build_text_encoder(Kind::clip_l_projected, false, {}, meta).encoder),
+            123060480 + 768 * 768);
+  EXPECT_EQ(parameter_count(*build_text_encoder(Kind::clip_g_projected, false, {}, meta).encoder), 694659840);
+  EXPECT_EQ(parameter_count(*build_text_encoder(Kind::qwen3, false, {}, meta).encoder), 4022468096);
+  EXPECT_EQ(parameter_count(*build_text_encoder(Kind::qwen25_vl, false, {}, meta).encoder), 7070619136);
+}
+
+TEST(TextEncoders, ParametersCarryTransformersNames) {
+  T5Encoder t5(T5Config::tiny());
+  std::set<std::string> names;
+  for (const auto& p : t5->named_parameters()) names.insert(p.key());
+  for (const char* n : {"shared.weight", "encoder.block.0.layer.0.SelfAttention.q.weight",
+                        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                        "encoder.block.1.layer.1.DenseReluDense.wi_0.weight",
+                        "encoder.block.1.layer.1.layer_norm.weight", "encoder.final_layer_norm.weight"})
+    EXPECT_TRUE(names.count(n)) << n;
+  EXPECT_FALSE(names.count("encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight"));
+  ClipTextModel clip(ClipTextConfig::tiny(ClipTextConfig::clip_g()));
+  names.clear();
+  for (const auto& p : clip->named_parameters()) names.insert(p.key());
+  for (const char* n : {"text_model.embeddings.token_embedding.weight", "text_model.encoder.layers.1.mlp.fc2.bias",
+                        "text_model.final_layer_norm.weight", "text_projection.weight"})
+    EXPECT_TRUE(names.count(n)) << n;
+}
+
+// A padded key changes nothing where the mask hides it: the unpadded prefix encodes alike either way (T5,
+// bidirectional); CLIP is causal, so positions before the padding do not see it at all.
+TEST(TextEncoders, TheAttentionMaskHidesPaddedKeys) {
+  torch::manual_seed(0);
+  torch::NoGradGuard no_grad;
+  for (Kind kind : {Kind::t5_xxl, Kind::clip_l_projected, Kind::qwen3}) {
+    auto e = build_text_encoder(kind, true).encoder;
+    e->eval();
+    const torch::Tensor ids = torch::randint(0, 1000, {1, 12});
+    torch::Tensor mask = torch::ones({1, 12}, torch::kLong);
+    mask.slice(1, 8).zero_();
+    const torch::Tensor short_ids = ids.slice(1, 0, 8);
+    const EncodedText padded = e->encode(ids, mask), alone = e->encode(short_ids);
+    EXPECT_TRUE(torch::allclose(padded.hidden_states.slice(1, 0, 8), alone.hidden_states, 1e-5, 1e-5))
+        << config::name_of(kind);
+    const EncodedText unmasked = e->encode(ids);
+    if (kind == Kind::t5_xxl) {  // without the mask, the padding is attended to
+      EXPECT_FALSE(torch::allclose(unmasked.hidden_states.slice(1, 0, 8), alone.hidden_states, 1e-5, 1e-5));
+    }
+  }
+}
+
+// Weights saved under transformers' names load back; the tied T5 embedding is accepted as
+// encoder.embed_tokens.weight, CLIP's without the text_model. prefix; a misshapen tensor is named.
+TEST(TextEncoders, WeightsLoadByTransformersNames) {
+  const fs::path dir = testing::fresh_dir("text_weights");
+  torch::manual_seed(1);
+  T5Encoder t5(T5Config::tiny());
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& p : t5->named_parameters())
+    tensors.emplace_back(p.key() == "shared.weight" ? "encoder.embed_tokens.weight" : p.key(), p.value().detach());
+  io::save_safetensors(dir / "t5.safetensors", tensors);
+  torch::manual_seed(2);
+  T5Encoder other(T5Config::tiny());
+  EXPECT_TRUE(load_t5_weights(*other, dir / "t5.safetensors").empty());
+  const torch::Tensor ids = torch::randint(0, 1000, {1, 5});
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(t5->forward(ids), other->forward(ids)));
+  }
+  ClipTextModel clip(ClipTextConfig::tiny(ClipTextConfig::clip_l()));
+  tensors.clear();
+  for (const auto& p : clip->named_parameters()) tensors.emplace_back(p.key().substr(11), p.value().detach());
+  tensors.emplace_back("extra.weight", torch::zeros({2}));
+  fs::create_directories(dir / "clip");
+  io::save_safetensors(dir / "clip" / "model.safetensors", tensors);
+  ClipTextModel clip2(ClipTextConfig::tiny(ClipTextConfig::clip_l()));
+  EXPECT_EQ(load_clip_text_weights(*clip2, dir / "clip"), std::vector<std::string>{"extra.weight"});
+  ClipTextConfig narrower = ClipTextConfig::tiny(ClipTextConfig::clip_l());
+  narrower.hidden_size = 32;
+  ClipTextModel wider(narrower);
+  try {
+    load_clip_text_weights(*wider, dir / "clip");
+    ADD_FAILURE() << "a misshapen checkpoint loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("has shape"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::text
