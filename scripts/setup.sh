@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything gclab needs, idempotently: Debian packages (compilers, yaml-cpp, spdlog, fmt,
-# GoogleTest, CLI11, stb, libwebp, nlohmann-json, ccache, clang-format) and LibTorch from the pinned `torch`
+# GoogleTest, CLI11, stb, libwebp, nlohmann-json, libsentencepiece, ccache, clang-format) and LibTorch from the pinned `torch`
 # wheel in a venv at .venv/. A second run checks, finds nothing missing, and says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,7 @@ TORCH_VERSION="${GCLAB_TORCH_VERSION:-2.11.0}"
 PYTHON="${GCLAB_BASE_PYTHON:-python3}"
 APT_PACKAGES=(cmake ninja-build g++ make python3-venv ccache pkg-config
               libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev googletest libcli11-dev libstb-dev
-              nlohmann-json3-dev libwebp-dev clang-format)
+              nlohmann-json3-dev libwebp-dev libsentencepiece-dev clang-format)
 
 did_something=0
 say() { echo "setup: $*"; }
@@ -72,7 +72,7 @@ fi
 # transformers and LoRA loader (peft), transformers (its Adafactor too), prodigyopt's Prodigy, bitsandbytes'
 # 8-bit AdamW / Adam / Lion (its CPU build runs them).
 REFERENCE_PACKAGES=(diffusers==0.42.1 peft==0.18.0 transformers==5.24.0 accelerate==1.15.0 prodigyopt==1.1.2
-                    bitsandbytes==0.50.2)
+                    bitsandbytes==0.50.2 sentencepiece==0.2.1 protobuf==7.36.2)
 if ! .venv/bin/python - "${REFERENCE_PACKAGES[@]}" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version

@@ -27,6 +27,7 @@
 #include "gclab/model/forward.h"
 #include "gclab/model/summary.h"
 #include "gclab/text/encoder.h"
+#include "gclab/text/tokenizer.h"
 #include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
 #include "gclab/train/trainer.h"
@@ -284,6 +285,54 @@ int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardAr
   return kExitOk;
 }
 
+struct TokenizeArgs {
+  std::string component, tokenizer;
+  int64_t max_length = 0;
+  std::vector<std::string> captions;
+};
+
+// gclab tokenize CONFIG --component text_encoder_2 "caption" ...: the ids the family's tokenizer gives (one
+// line per caption: the ids, cut and padded to the pipeline's length).
+int run_tokenize(const ConfigArgs& args, const TokenizeArgs& t) {
+  const auto config = load(args);
+  const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
+  const auto kinds = gclab::model::text_encoders(spec.family);
+  const std::vector<std::string> slots = {"text_encoder", "text_encoder_2", "text_encoder_3"};
+  const auto it = std::find(slots.begin(), slots.end(), t.component);
+  if (it == slots.end())
+    throw gclab::UserError("--component " + t.component + ": text_encoder, text_encoder_2 or text_encoder_3");
+  const auto slot = static_cast<size_t>(it - slots.begin());
+  if (slot >= kinds.size())
+    throw gclab::UserError("--component " + t.component + ": " + std::string(gclab::config::name_of(spec.family)) +
+                           " has " + std::to_string(kinds.size()) + " text encoder(s)");
+  if (kinds[slot] != gclab::config::TextEncoderKind::t5_xxl)
+    throw gclab::UserError("--component " + t.component + ": gclab reads T5's tokenizer (SentencePiece) so far; " +
+                           std::string(gclab::config::name_of(kinds[slot])) + "'s is next");
+  std::filesystem::path folder = t.tokenizer;
+  if (folder.empty() && config.model.name_or_path) {
+    const std::string name = slot == 0 ? "tokenizer" : "tokenizer_" + std::to_string(slot + 1);
+    folder = std::filesystem::path(*config.model.name_or_path) / name;
+  }
+  if (folder.empty()) throw gclab::UserError("no --tokenizer and no model.name_or_path folder to read it from");
+  // FLUX.1-dev pads T5's input to 512 tokens, schnell to 256 (the preset's text length); SD3.5 to 256.
+  const int64_t length = t.max_length > 0                            ? t.max_length
+                         : spec.family == gclab::config::Family::sd3 ? 256
+                                                                     : spec.max_text_tokens;
+  try {
+    const gclab::text::T5Tokenizer tokenizer(folder);
+    const gclab::text::TokenizedBatch b = tokenizer.encode_batch(t.captions, length);
+    for (int64_t i = 0; i < b.input_ids.size(0); ++i) {
+      std::string line;
+      for (int64_t j = 0; j < b.input_ids.size(1); ++j)
+        line += (j ? " " : "") + std::to_string(b.input_ids[i][j].item<int64_t>());
+      std::cout << line << "\n";
+    }
+  } catch (const std::runtime_error& e) {
+    throw gclab::UserError(e.what());
+  }
+  return kExitOk;
+}
+
 // gclab forward: the configured transformer, the user's weights (or random ones from training_seed), one
 // pass on named inputs, the prediction written as safetensors.
 int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
@@ -448,7 +497,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 
-  ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args;
+  ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args, tokenize_args;
   auto* check = app.add_subcommand("check", "validate a config and print it resolved (YAML)");
   add_config_args(check, check_args);
   check->add_flag("--json", check_args.json, "print JSON instead of YAML");
@@ -479,6 +528,18 @@ int main(int argc, char** argv) {
   add_config_args(estimate, estimate_args);
   estimate->add_flag("--json", estimate_args.json, "print JSON instead of YAML");
   auto* synth = app.add_subcommand("synth", "write a captioned image folder to train on");
+  auto* tokenize = app.add_subcommand("tokenize", "a caption's token ids, as the family's tokenizer gives them");
+  add_config_args(tokenize, tokenize_args);
+  TokenizeArgs tokenize_opts;
+  tokenize
+      ->add_option("--component", tokenize_opts.component,
+                   "the text encoder whose tokenizer: text_encoder, text_encoder_2 or text_encoder_3")
+      ->required();
+  tokenize->add_option("--tokenizer", tokenize_opts.tokenizer,
+                       "the tokenizer's folder or file (default: name_or_path's tokenizer folder of that slot)");
+  tokenize->add_option("--max-length", tokenize_opts.max_length,
+                       "cut and pad to this many tokens (default: the pipeline's length)");
+  tokenize->add_option("caption", tokenize_opts.captions, "captions")->required();
   auto* forward = app.add_subcommand("forward", "one forward pass on named inputs, for numerics checks");
   add_config_args(forward, forward_args);
   ForwardArgs forward_files;
@@ -539,5 +600,6 @@ int main(int argc, char** argv) {
   if (*estimate) return run_verb([&] { return run_estimate(estimate_args); });
   if (*synth) return run_verb([&] { return run_synth(synth_args); });
   if (*forward) return run_verb([&] { return run_forward(forward_args, forward_files); });
+  if (*tokenize) return run_verb([&] { return run_tokenize(tokenize_args, tokenize_opts); });
   return kExitOther;
 }

@@ -1,0 +1,78 @@
+// T5's tokenizer on a SentencePiece model trained here (libsentencepiece's trainer, a small generated text):
+// ids end with </s>, a cut keeps </s> last, batches pad with <pad> and mark padding in the mask, a missing
+// or broken model file is an error naming it. Its ids against transformers': ctest
+// interop.transformers_t5_tokenizer.
+#include <gtest/gtest.h>
+#include <sentencepiece_trainer.h>
+
+#include <fstream>
+#include <random>
+
+#include "../support/test_util.h"
+#include "gclab/text/tokenizer.h"
+
+namespace gclab::text {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path train_model(const fs::path& dir) {
+  const std::vector<std::string> words = {"a", "photo", "of", "the", "cat", "dog", "red", "blue", "on", "street"};
+  std::mt19937 rng(0);
+  std::ofstream corpus(dir / "corpus.txt");
+  for (int line = 0; line < 500; ++line) {
+    for (int w = 0; w < 8; ++w) corpus << (w ? " " : "") << words[rng() % words.size()];
+    corpus << "\n";
+  }
+  corpus.close();
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + (dir / "corpus.txt").string() + " --model_prefix=" + (dir / "spiece").string() +
+      " --vocab_size=40 --hard_vocab_limit=false --model_type=unigram --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1"
+      " --minloglevel=2");
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return dir / "spiece.model";
+}
+
+TEST(T5Tokenizer, IdsEndWithEosCutsKeepItAndBatchesPad) {
+  const fs::path dir = testing::fresh_dir("t5_tokenizer");
+  const T5Tokenizer tok(train_model(dir).parent_path());  // the folder: its spiece.model
+  EXPECT_EQ(tok.eos_id(), 1);
+  EXPECT_EQ(tok.pad_id(), 0);
+  const std::vector<int64_t> ids = tok.encode("a red cat on the street");
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids.back(), 1);
+  EXPECT_EQ(tok.encode(""), std::vector<int64_t>{1});
+  const std::vector<int64_t> cut = tok.encode("a red cat on the street", 3);
+  ASSERT_EQ(cut.size(), 3u);
+  EXPECT_EQ(cut[0], ids[0]);
+  EXPECT_EQ(cut[1], ids[1]);
+  EXPECT_EQ(cut[2], 1);
+  const TokenizedBatch b = tok.encode_batch({"a red cat on the street", "dog"}, 10);
+  ASSERT_EQ(b.input_ids.sizes(), (std::vector<int64_t>{2, 10}));
+  const auto n = static_cast<int64_t>(tok.encode("dog").size());
+  EXPECT_EQ(b.attention_mask[1].sum().item<int64_t>(), n);
+  EXPECT_EQ(b.input_ids[1][n - 1].item<int64_t>(), 1);
+  EXPECT_TRUE(b.input_ids[1].slice(0, n).eq(0).all().item<bool>());
+  fs::remove_all(dir);
+}
+
+TEST(T5Tokenizer, AMissingOrBrokenModelIsAnErrorNamingTheFile) {
+  const fs::path dir = testing::fresh_dir("t5_tokenizer_bad");
+  try {
+    T5Tokenizer tok(dir);
+    ADD_FAILURE() << "a folder without spiece.model loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("spiece.model"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir / "spiece.model") << "not a model";
+  try {
+    T5Tokenizer tok(dir / "spiece.model");
+    ADD_FAILURE() << "a broken model loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a SentencePiece model"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::text
