@@ -62,7 +62,7 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.gradient_bytes = r.trained;  // one gradient per trained tensor, in its dtype
   e.optimizer_bytes = session.optimizer().expected_state_bytes();
   e.ema_bytes = r.ema;
-  e.text_encoder_bytes = config.train.unload_text_encoder && config.train.cache_text_embeddings ? 0 : r.text_encoder;
+  e.text_encoder_bytes = train::text_encoder_leaves(config) ? 0 : r.text_encoder;
   e.vae = session.codec_spec().describe();
   e.vae_weight_bytes = session.codec_spec().weight_bytes();
   e.vae_bytes = r.vae;

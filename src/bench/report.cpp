@@ -12,6 +12,9 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/data/dataset.h"
 #include "gclab/log/log.h"
+#include "gclab/model/family.h"
+#include "gclab/model/spec.h"
+#include "gclab/text/encoder.h"
 #include "gclab/train/session.h"
 
 namespace gclab::bench {
@@ -80,6 +83,43 @@ std::string format_autoencoder(const config::ProcessConfig& config) {
     out << "  decode_peak: {at: \"" << s.width << "x" << s.height << "\", bytes: " << b << "}  # " << format_bytes(b)
         << (c.tile_sample_size > 0 ? ", in " + std::to_string(c.tile_sample_size) + "-pixel tiles" : "") << "\n";
   }
+  return out.str();
+}
+
+std::string format_text_encoders(const config::ProcessConfig& config) {
+  const model::ModelSpec spec = model::spec_for(config.model);
+  const auto kinds = model::text_encoders(spec.family);
+  const int64_t dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
+  const bool quantized = config.model.quantize_te.value_or(config.model.quantize);
+  const auto local = model::local_model(config.model);
+  std::ostringstream out;
+  out << "# the text encoders " << config::name_of(spec.family)
+      << "'s pipeline conditions on (text/), built on the meta device: their weights as AI Toolkit holds them ("
+      << (quantized ? "quantize_te: Linear weights in float8" : "the training dtype")
+      << "). Training still conditions on gclab's stand-in: these bytes are not in the estimate yet\n";
+  out << "text_encoders:" << (kinds.empty() ? " []" : "") << "\n";
+  int64_t total = 0;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const std::filesystem::path folder = local && i < local->text_encoders.size() ? local->text_encoders[i] : "";
+    const std::string slot = i == 0 ? "text_encoder" : "text_encoder_" + std::to_string(i + 1);
+    auto built = text::build_text_encoder(kinds[i], spec.tiny, folder, torch::TensorOptions().device(torch::kMeta),
+                                          /*load_weights=*/false);
+    int64_t params = 0;
+    for (const auto& p : built.encoder->parameters()) params += p.numel();
+    const int64_t bytes = text::text_encoder_weight_bytes(*built.encoder, dtype_bytes, quantized);
+    total += bytes;
+    out << "  - {slot: " << slot << ", kind: " << config::name_of(kinds[i]) << ", parameters: " << params
+        << ", weight_bytes: " << bytes << "}  # " << format_bytes(bytes)
+        << (folder.empty() ? "" : ", shape from " + folder.string()) << "\n";
+  }
+  if (kinds.empty()) return out.str();
+  const bool leaves = train::text_encoder_leaves(config);
+  out << "text_encoders_total_bytes: " << total << "  # " << format_bytes(total) << "\n";
+  out << "text_encoders_on_the_device_during_steps: " << (leaves ? "false" : "true") << "  # "
+      << (leaves ? "cache_text_embeddings / unload_text_encoder: they leave once the captions (or the trigger "
+                   "word) and the sample prompts are encoded"
+                 : "captions are encoded every step")
+      << (config.model.low_vram ? "; low_vram: AI Toolkit keeps them in host memory between encodes" : "") << "\n";
   return out.str();
 }
 

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "gclab/nn/layers.h"
 #include "gclab/text/clip.h"
 #include "gclab/text/qwen_lm.h"
 #include "gclab/text/t5.h"
@@ -69,11 +70,11 @@ class QwenEncoder : public TextEncoderBase {
 }  // namespace
 
 LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem::path& folder,
-                                     const torch::TensorOptions& options) {
+                                     const torch::TensorOptions& options, bool load_weights) {
   std::error_code ec;
   const bool has_config = !folder.empty() && std::filesystem::is_regular_file(folder / "config.json", ec);
   LoadedTextEncoder out;
-  out.random = folder.empty();
+  out.random = folder.empty() || !load_weights;
   switch (kind) {
     case Kind::clip_l:
     case Kind::clip_l_projected:
@@ -111,6 +112,14 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
     }
   }
   return out;
+}
+
+int64_t text_encoder_weight_bytes(TextEncoderBase& encoder, int64_t dtype_bytes, bool quantized) {
+  int64_t all = 0, linear = 0;
+  for (const auto& p : encoder.parameters()) all += p.numel();
+  if (quantized)
+    for (auto& [name, l] : nn::named_linears(encoder)) linear += l->weight.numel();
+  return (all - linear) * dtype_bytes + linear;
 }
 
 }  // namespace gclab::text

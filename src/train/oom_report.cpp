@@ -1,4 +1,5 @@
 #include "gclab/train/oom_report.h"
+#include "gclab/train/session.h"
 
 #include <algorithm>
 #include <fstream>
@@ -159,10 +160,9 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     fixes.push_back({"Quantize the base weights", "model.quantize: true (float8 block weights)",
                      ctx.weight_bytes * 3 / 4, "3/4 of the weight bytes (fp32 -> float8; half of that from bf16)"});
   // 6. Text embeddings cached, the encoder unloaded.
-  if (!config.train.cache_text_embeddings && ctx.text_encoder_bytes > 0)
-    fixes.push_back({"Cache text embeddings and unload the encoder",
-                     "train.cache_text_embeddings: true, train.unload_text_encoder: true", ctx.text_encoder_bytes,
-                     "the text encoder's weights"});
+  if (!text_encoder_leaves(config) && ctx.text_encoder_bytes > 0)
+    fixes.push_back({"Cache text embeddings (the encoder then leaves the device)", "train.cache_text_embeddings: true",
+                     ctx.text_encoder_bytes, "the text encoder's weights"});
   first.insert(first.end(), fixes.begin(), fixes.end());
   return first;
 }

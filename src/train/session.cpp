@@ -71,6 +71,13 @@ bool run_caches_latents(const config::ProcessConfig& config) {
   return false;
 }
 
+bool text_encoder_leaves(const config::ProcessConfig& config) {
+  if (config.train.unload_text_encoder || config.train.cache_text_embeddings) return true;
+  for (const auto& d : config.datasets)
+    if (d.cache_text_embeddings) return true;
+  return false;
+}
+
 fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path& weights) {
   if (!weights.empty()) return weights;
   std::error_code ec;
@@ -150,7 +157,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // ---- the text encoder and its embedding cache (kept resident, as in a run) ----
   text_ = std::make_unique<data::TextEmbeddingCache>(
       text_encoder_options(spec_), [this](int64_t n) { return model::encoder_tokens(spec_, n); },
-      device_.is_meta() ? torch::Device(torch::kCPU) : device_, tc.cache_text_embeddings || tc.unload_text_encoder);
+      device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_));
 
   // ---- the model, as AI Toolkit loads it: with a LoRA network in bf16 the frozen base is stored in bf16
   // (float8 blocks with model.quantize) and only the adapters are float32; without a network every
@@ -513,10 +520,11 @@ torch::Tensor Session::decode_preview(const torch::Tensor& z) {
 }
 
 void Session::precompute_text(const std::vector<std::string>& captions) {
-  const config::TrainConfig& tc = config_.train;
-  if (!tc.cache_text_embeddings && !tc.unload_text_encoder) return;
+  if (!text_encoder_leaves(config_)) return;
+  bool caching = config_.train.cache_text_embeddings;
+  for (const auto& d : config_.datasets) caching = caching || d.cache_text_embeddings;
   std::vector<std::string> all = captions;
-  if (tc.unload_text_encoder && !tc.cache_text_embeddings) {
+  if (!caching) {
     // AI Toolkit (BaseSDTrainProcess.run): without cached captions, unload_text_encoder encodes the empty
     // prompt and the trigger word once, unloads the encoder, and trains every step on the trigger word's
     // embedding (the empty prompt's without one) — "This will train only with a blank prompt or trigger
@@ -534,7 +542,7 @@ void Session::precompute_text(const std::vector<std::string>& captions) {
     all.push_back(p.neg.value_or(config_.sample->neg));
   }
   for (const auto& c : all) text_->encode({c});
-  if (config_.train.unload_text_encoder) text_->unload();
+  text_->unload();
 }
 
 ResidentBytes Session::resident() const {

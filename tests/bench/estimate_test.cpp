@@ -269,4 +269,33 @@ TEST(Reports, EveryReportIsYamlAndConvertsToJson) {
 }
 
 }  // namespace
+// gclab check's text encoders: FLUX.1-dev's CLIP-L and T5-XXL at their real parameter counts (a meta build),
+// their bytes in the training dtype, float8 Linear weights with quantize_te, and whether they stay.
+TEST(Report, TheTextEncodersAreCountedAtTheirRealShapes) {
+  auto config_of = [](const std::string& extra) {
+    const std::string yaml =
+        "name: t\ndevice: cpu\ndatasets: [{folder_path: /tmp}]\ntrain: {batch_size: 1, steps: 1, "
+        "dtype: bf16" +
+        extra + "}\nmodel: {arch: flux, quantize: false}\n";
+    auto r = model::load_config_text(yaml, "t.yaml");
+    EXPECT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+    return *r.config;
+  };
+  const std::string plain = format_text_encoders(config_of(""));
+  EXPECT_NE(plain.find("kind: clip_l, parameters: 123060480, weight_bytes: 246120960"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("kind: t5_xxl, parameters: 4762310656, weight_bytes: 9524621312"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("on_the_device_during_steps: true"), std::string::npos) << plain;
+  const std::string cached = format_text_encoders(config_of(", cache_text_embeddings: true"));
+  EXPECT_NE(cached.find("on_the_device_during_steps: false"), std::string::npos) << cached;
+  auto quantized = config_of("");
+  quantized.model.quantize_te = true;
+  const std::string q = format_text_encoders(quantized);
+  // T5-XXL's Linear weights (all but the 32128 x 4096 embedding, the 32 x 64 position buckets and the norms)
+  // in one byte each, the rest in bf16.
+  const int64_t other = 32128 * 4096 + 32 * 64 + 49 * 4096;
+  EXPECT_NE(q.find("kind: t5_xxl, parameters: 4762310656, weight_bytes: " + std::to_string(4762310656 + other)),
+            std::string::npos)
+      << q;
+}
+
 }  // namespace gclab::bench

@@ -12,6 +12,7 @@
 #include <numeric>
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
+#include "gclab/bench/estimate.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/dataset.h"
 #include "gclab/data/image.h"
@@ -436,6 +437,27 @@ TEST(Session, UnloadingTheTextEncoderWithoutCachingTrainsOnTheTriggerWordAsAiToo
   a.captions = {"a red circle"}, b.captions = {"a blue square"};
   const torch::Tensor ta = session.micro_batch(a).conditioning.text, tb = session.micro_batch(b).conditioning.text;
   EXPECT_TRUE(torch::equal(ta, tb));
+  fs::remove_all(dir);
+}
+
+// AI Toolkit unloads the encoder when captions are cached too (is_caching_text_embeddings takes the unload
+// path), with unload_text_encoder unset, and per dataset as well as for the run: the captions still get their
+// own embeddings, and the estimate does not count the encoder.
+TEST(Session, CachingTextEmbeddingsUnloadsTheEncoderAsAiToolkit) {
+  const fs::path dir = testing::fresh_dir("session_cache_text");
+  for (const char* knob : {"train.cache_text_embeddings=true", "datasets.0.cache_text_embeddings=true"}) {
+    const auto config = tiny_config(dir, "c", {knob, "train.unload_text_encoder=false", "train.disable_sampling=true"});
+    EXPECT_TRUE(text_encoder_leaves(config)) << knob;
+    Session session(config);
+    EXPECT_GT(session.resident().text_encoder, 0);
+    session.precompute_text({"a red circle", "a blue square"});
+    EXPECT_EQ(session.resident().text_encoder, 0) << knob;
+    data::LoadedBatch a = session.synthetic_batch(1, 64, 64), b = a;
+    a.captions = {"a red circle"}, b.captions = {"a blue square"};
+    EXPECT_FALSE(torch::equal(session.micro_batch(a).conditioning.text, session.micro_batch(b).conditioning.text));
+    EXPECT_EQ(bench::estimate_memory(config).text_encoder_bytes, 0) << knob;
+  }
+  EXPECT_FALSE(text_encoder_leaves(tiny_config(dir, "k", {"train.disable_sampling=true"})));
   fs::remove_all(dir);
 }
 

@@ -17,6 +17,10 @@ std::string format_model_summary(const model::ModelSummary& summary);
 // The autoencoder the config selects (train::codec_plan): its weights, whether it stays on the device, and
 // its predicted encode peak per training resolution and decode peak at the preview size.
 std::string format_autoencoder(const config::ProcessConfig& config);
+// The text encoders the config's family conditions on (model::text_encoders), built on the meta device (the
+// shape from name_or_path's text_encoder*/ config.json when local): parameters and weight bytes in the
+// training dtype (or float8 Linear weights with quantize_te), and whether they stay on the device.
+std::string format_text_encoders(const config::ProcessConfig& config);
 std::string format_bucket_histograms(const config::ProcessConfig& config);
 std::string format_estimate(const MemoryEstimate& estimate);
 // fit's rows: `fit:` a list of {resolution, policy, largest_batch, peak_bytes}, the table as comments.

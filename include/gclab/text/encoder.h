@@ -37,9 +37,14 @@ struct LoadedTextEncoder {
 // The encoder of `kind` at its real shape (`tiny`: the same code at CPU-test size), with `folder`'s
 // config.json in place of the preset and its weights loaded when `folder` is given (a transformers folder,
 // or a .safetensors file); random weights from the global generator otherwise. `options` places it
-// (torch::kMeta: a full-size build without memory). Throws std::runtime_error for a config or weights it
-// cannot use, std::invalid_argument for a kind gclab does not build yet.
+// (torch::kMeta: a full-size build without memory; `load_weights` false: the folder's config.json only).
+// Throws std::runtime_error for a config or weights it cannot use.
 LoadedTextEncoder build_text_encoder(config::TextEncoderKind kind, bool tiny, const std::filesystem::path& folder = {},
-                                     const torch::TensorOptions& options = {});
+                                     const torch::TensorOptions& options = {}, bool load_weights = true);
+
+// The weight bytes of an encoder as AI Toolkit holds it: every parameter in `dtype_bytes` (the training
+// dtype), or with quantize_te its Linear weights in one byte each (optimum-quanto's qfloat8; the per-row
+// scales not counted) and the rest (embeddings, norms, biases) in the training dtype.
+int64_t text_encoder_weight_bytes(TextEncoderBase& encoder, int64_t dtype_bytes, bool quantized);
 
 }  // namespace gclab::text

@@ -187,6 +187,11 @@ vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::Mode
 // Whether some dataset caches latents (cache_latents / cache_latents_to_disk): the autoencoder then encodes
 // before training and leaves the device.
 bool run_caches_latents(const config::ProcessConfig& config);
+// Whether the text encoder leaves the device before training. AI Toolkit (BaseSDTrainProcess.run): when
+// unload_text_encoder is set or any dataset caches text embeddings (train.cache_text_embeddings sets it on
+// every dataset), it encodes what it needs up front — the captions when caching, else the empty prompt and
+// the trigger word it then trains on — and the sample prompts, then unloads the encoder.
+bool text_encoder_leaves(const config::ProcessConfig& config);
 // Where the autoencoder's weights come from: `weights` when given, else model.vae_path when it is a local
 // folder or file, else name_or_path's vae/ folder; empty: random weights.
 std::filesystem::path autoencoder_weights(const config::ProcessConfig& config, const std::filesystem::path& weights);
