@@ -259,9 +259,13 @@ int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardAr
     const auto file = gclab::io::SafetensorsFile::open(f.inputs);
     if (!file.contains("input_ids")) throw gclab::UserError(f.inputs + ": needs 'input_ids'");
     const torch::Tensor ids = file.tensor("input_ids").to(device, torch::kLong);
-    if (ids.dim() != 2 || ids.size(1) > encoder.max_positions())
-      throw gclab::UserError(f.inputs + ": 'input_ids' must be [B, T] with T <= " +
+    if (ids.dim() != 2 || ids.size(1) > encoder.max_positions() || ids.numel() == 0)
+      throw gclab::UserError(f.inputs + ": 'input_ids' must be [B, T] with 0 < T <= " +
                              std::to_string(encoder.max_positions()) + ", got " + c10::str(ids.sizes()));
+    if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= encoder.vocab_size())
+      throw gclab::UserError(f.inputs + ": 'input_ids' must lie in [0, " + std::to_string(encoder.vocab_size()) +
+                             "), the encoder's vocabulary; got " + std::to_string(ids.min().item<int64_t>()) + " to " +
+                             std::to_string(ids.max().item<int64_t>()));
     torch::Tensor mask;
     if (file.contains("attention_mask")) {
       mask = file.tensor("attention_mask").to(device);

@@ -25,6 +25,7 @@ class ClipEncoder : public TextEncoderBase {
   }
   Kind kind() const override { return kind_; }
   int64_t max_positions() const override { return model_->config().max_position_embeddings; }
+  int64_t vocab_size() const override { return model_->config().vocab_size; }
   ClipTextModelImpl& model() { return *model_; }
 
  private:
@@ -41,6 +42,7 @@ class T5 : public TextEncoderBase {
   }
   Kind kind() const override { return Kind::t5_xxl; }
   int64_t max_positions() const override { return 512; }
+  int64_t vocab_size() const override { return model_->config().vocab_size; }
   T5EncoderImpl& model() { return *model_; }
 
  private:
@@ -60,6 +62,7 @@ class QwenEncoder : public TextEncoderBase {
   Kind kind() const override { return kind_; }
   // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image: max_sequence_length 512.
   int64_t max_positions() const override { return kind_ == Kind::qwen3 ? 512 : 1024 + 34; }
+  int64_t vocab_size() const override { return model_->config().vocab_size; }
   QwenLmImpl& model() { return *model_; }
 
  private:

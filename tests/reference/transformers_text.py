@@ -122,6 +122,15 @@ def main():
     err = ((load_file(out)["pooled"] - want).abs().max() / want.abs().max()).item()
     print(f"clip_l with the text_model. prefix: max relative difference {err:.2e}")
     assert err < TOL
+    # Bad input is a clear error (exit 2), not a crash: an id outside the vocabulary, a 1-D tensor.
+    for label, bad in (("out of vocabulary", torch.tensor([[1, 2, 1000]])), ("1-D", torch.tensor([1, 2, 3]))):
+        inputs = os.path.join(work, "bad.safetensors")
+        save_file({"input_ids": bad}, inputs)
+        r = subprocess.run([exe, "forward", flux, "--component", "text_encoder_2", "--weights", os.path.join(work, "t5"),
+                            "--inputs", inputs, "--out", os.path.join(work, "bad_out.safetensors")],
+                           capture_output=True, text=True)
+        assert r.returncode == 2, f"{label}: exit {r.returncode}: {r.stderr}"
+        print(f"{label} input_ids: exit 2 ({r.stderr.strip().splitlines()[-1]})")
     with torch.device("meta"):
         counts = {
             "t5-xxl encoder": T5EncoderModel(T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24,

@@ -26,6 +26,7 @@ class TextEncoderBase : public torch::nn::Module {
   virtual config::TextEncoderKind kind() const = 0;
   // The longest input the pipeline gives it (CLIP: 77; T5: 512 for FLUX.1-dev, 256 for SD3.5 and schnell).
   virtual int64_t max_positions() const = 0;
+  virtual int64_t vocab_size() const = 0;  // token ids run from 0 to vocab_size - 1
 };
 
 struct LoadedTextEncoder {
