@@ -22,8 +22,8 @@ ClipTextConfig ClipTextConfig::clip_g() {
 
 ClipTextConfig ClipTextConfig::tiny(const ClipTextConfig& like) {
   ClipTextConfig c = like;
-  c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2, c.num_attention_heads = 4;
-  c.projection_dim = 64;
+  c.hidden_size = 32, c.intermediate_size = 64, c.num_hidden_layers = 2, c.num_attention_heads = 4;
+  c.projection_dim = 16;
   return c;
 }
 

@@ -26,6 +26,10 @@ class ClipEncoder : public TextEncoderBase {
   Kind kind() const override { return kind_; }
   int64_t max_positions() const override { return model_->config().max_position_embeddings; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
+  int64_t hidden_width() const override { return kind_ == Kind::clip_l ? 0 : model_->config().hidden_size; }
+  int64_t pooled_width() const override {
+    return kind_ == Kind::clip_l ? model_->config().hidden_size : model_->config().projection_dim;
+  }
   ClipTextModelImpl& model() { return *model_; }
 
  private:
@@ -43,6 +47,8 @@ class T5 : public TextEncoderBase {
   Kind kind() const override { return Kind::t5_xxl; }
   int64_t max_positions() const override { return 512; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
+  int64_t hidden_width() const override { return model_->config().d_model; }
+  int64_t pooled_width() const override { return 0; }
   T5EncoderImpl& model() { return *model_; }
 
  private:
@@ -63,6 +69,8 @@ class QwenEncoder : public TextEncoderBase {
   // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image: max_sequence_length 512.
   int64_t max_positions() const override { return kind_ == Kind::qwen3 ? 512 : 1024 + 34; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
+  int64_t hidden_width() const override { return model_->config().hidden_size; }
+  int64_t pooled_width() const override { return 0; }
   QwenLmImpl& model() { return *model_; }
 
  private:

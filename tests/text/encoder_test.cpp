@@ -5,6 +5,8 @@
 
 #include "../support/test_util.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/model/family.h"
+#include "gclab/model/spec.h"
 #include "gclab/text/clip.h"
 #include "gclab/text/encoder.h"
 #include "gclab/text/t5.h"
@@ -31,6 +33,30 @@ TEST(TextEncoders, FullSizeParameterCountsEqualTransformers) {
   EXPECT_EQ(parameter_count(*build_text_encoder(Kind::clip_g_projected, false, {}, meta).encoder), 694659840);
   EXPECT_EQ(parameter_count(*build_text_encoder(Kind::qwen3, false, {}, meta).encoder), 4022468096);
   EXPECT_EQ(parameter_count(*build_text_encoder(Kind::qwen25_vl, false, {}, meta).encoder), 7070619136);
+}
+
+// Each preset's encoders give what its transformer takes, full size and tiny: FLUX T5's width = text_dim and
+// CLIP-L's pooled = pooled_dim; SD3 the two CLIP penultimate states side by side fit under T5's width (the
+// pipeline pads them to it) = text_dim, the two projections side by side = pooled_dim; Qwen-Image and
+// Z-Image the language model's width = text_dim; DiT none.
+TEST(TextEncoders, EveryPresetsEncodersFitItsTransformer) {
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  for (const std::string& preset : model::preset_names()) {
+    const model::ModelSpec spec = model::spec_by_preset(preset);
+    int64_t widest = 0, clip_hidden = 0, pooled = 0;
+    for (Kind kind : model::text_encoders(spec.family)) {
+      auto e = build_text_encoder(kind, spec.tiny, {}, meta).encoder;
+      if (kind == Kind::t5_xxl || kind == Kind::qwen25_vl || kind == Kind::qwen3) widest = e->hidden_width();
+      if (kind == Kind::clip_l_projected || kind == Kind::clip_g_projected) clip_hidden += e->hidden_width();
+      pooled += e->pooled_width();
+    }
+    EXPECT_EQ(widest, spec.text_dim) << preset;
+    EXPECT_LE(clip_hidden, widest) << preset;
+    if (spec.family == config::Family::sd3) {
+      EXPECT_EQ(clip_hidden, spec.tiny ? spec.text_dim : 2048) << preset;
+    }
+    EXPECT_EQ(pooled, spec.pooled_dim) << preset;
+  }
 }
 
 TEST(TextEncoders, ParametersCarryTransformersNames) {
@@ -100,7 +126,7 @@ TEST(TextEncoders, WeightsLoadByTransformersNames) {
   ClipTextModel clip2(ClipTextConfig::tiny(ClipTextConfig::clip_l()));
   EXPECT_EQ(load_clip_text_weights(*clip2, dir / "clip"), std::vector<std::string>{"extra.weight"});
   ClipTextConfig narrower = ClipTextConfig::tiny(ClipTextConfig::clip_l());
-  narrower.hidden_size = 32;
+  narrower.hidden_size = 48;
   ClipTextModel wider(narrower);
   try {
     load_clip_text_weights(*wider, dir / "clip");

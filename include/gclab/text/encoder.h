@@ -27,6 +27,9 @@ class TextEncoderBase : public torch::nn::Module {
   // The longest input the pipeline gives it (CLIP: 77; T5: 512 for FLUX.1-dev, 256 for SD3.5 and schnell).
   virtual int64_t max_positions() const = 0;
   virtual int64_t vocab_size() const = 0;  // token ids run from 0 to vocab_size - 1
+  // The widths of what encode returns: hidden_states' last axis and pooled's (0: not returned).
+  virtual int64_t hidden_width() const = 0;
+  virtual int64_t pooled_width() const = 0;
 };
 
 struct LoadedTextEncoder {
