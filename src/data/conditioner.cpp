@@ -22,10 +22,24 @@ TextEmbeddingCache::TextEmbeddingCache(std::optional<TextEncoderOptions> encoder
 TextEmbedding TextEmbeddingCache::encode(const std::vector<std::string>& captions) {
   TextEmbedding out;
   if (!has_text_) return out;
+  // The batch's length follows its longest caption; once the encoder is unloaded, the token counts recorded
+  // when the captions were precomputed stand in for the tokenizer.
+  // (kept only while caching: an uncached run's captions, shuffled or dropped out, are counted afresh).
   int64_t longest = 1;
-  if (encoder_)
-    for (const auto& c : captions)
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(encoder_->tokenize(c).size()));
+  for (const auto& c : captions) {
+    const auto it = token_counts_.find(c);
+    int64_t n = 0;
+    if (it != token_counts_.end()) {
+      n = it->second;
+    } else if (!encoder_) {
+      throw UserError("unload_text_encoder: the caption '" + c +
+                      "' was not precomputed (use cache_text_embeddings without shuffle_tokens)");
+    } else {
+      n = static_cast<int64_t>(encoder_->tokenize(c).size());
+      if (cache_) token_counts_.emplace(c, n);
+    }
+    longest = std::max(longest, n);
+  }
   const int64_t length = length_(longest);
   std::vector<torch::Tensor> text, pooled;
   for (const auto& c : captions) {

@@ -38,6 +38,7 @@ class TextEmbeddingCache {
   bool cache_;
   std::unique_ptr<TextEncoder> encoder_;
   std::map<std::string, TextEmbedding> cached_;
+  std::map<std::string, int64_t> token_counts_;  // each caption's token count, kept past unloading
   TextEmbedding scratch_;
 };
 
