@@ -318,7 +318,7 @@ class QwenWalk {
   Walk w;
   int64_t cached = 0;  // bytes in the chunk cache
 
-  // F.pad / constant_pad_nd: a new padded tensor (also for zero padding).
+  // The chunk cache's clone of an input's last (up to two) frames, held until the encode / decode returns.
   void keep(const Shape& s) {
     const int64_t b = w.bytes(Shape{s.c, s.h, s.w, std::min<int64_t>(2, s.t)});
     w.alloc(b);
@@ -345,8 +345,8 @@ class QwenWalk {
     w.alloc(out);
     return out;
   }
-  // CausalConv3dImpl::forward on the first chunk: padded (two zero frames in front for a 3-frame kernel),
-  // convolved, the padded copy freed.
+  // CausalConv3dImpl::forward on the first chunk: F.pad makes a new padded tensor (two zero frames in front
+  // for a 3-frame kernel; a copy even for a 1x1x1 kernel's zero padding), convolved, the padded copy freed.
   Shape causal(const Shape& in, int64_t out_c, int64_t k) {
     const int64_t p = k / 2;
     const Shape padded{in.c, in.h + 2 * p, in.w + 2 * p, in.t + 2 * p};
