@@ -1,0 +1,63 @@
+// The text encoders on this machine's CPU (not a test): for each encoder kind at its CPU-test size, and
+// CLIP-L / bigG at full size, one encode of a batch of one caption at the pipeline's length — time (the
+// median of 3 runs after a warm-up) and the peak bytes the tracking allocator saw above the weights
+// (float32, no gradients). T5-XXL and the Qwen models at full size do not fit this machine in float32.
+//
+//   build/bin/text_cpu >> docs/results/text-encoders.md
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "gclab/config/byte_size.h"
+#include "gclab/memory/tracker.h"
+#include "gclab/text/encoder.h"
+
+int main() {
+  using Kind = gclab::config::TextEncoderKind;
+  gclab::memory::CpuMemoryTracker tracker;
+  torch::NoGradGuard no_grad;
+  struct Case {
+    Kind kind;
+    bool tiny;
+    int64_t length;  // the pipeline's: CLIP 77, T5 512 (FLUX.1-dev), Qwen-Image up to 1024 + 34, Z-Image 512
+  };
+  const std::vector<Case> cases = {{Kind::clip_l, true, 77},           {Kind::clip_g_projected, true, 77},
+                                   {Kind::t5_xxl, true, 512},          {Kind::qwen25_vl, true, 512},
+                                   {Kind::qwen3, true, 512},           {Kind::clip_l, false, 77},
+                                   {Kind::clip_g_projected, false, 77}};
+  std::printf("\n## Encode time and peak on this CPU\n\n");
+  std::printf(
+      "Produced by `build/bin/text_cpu` (bench/text_cpu.cpp): one caption (random ids) at the pipeline's length,\n"
+      "float32, no gradients, %d intra-op threads; time: the median of 3 runs after a warm-up; peak: the tracking\n"
+      "allocator's highest live bytes during the encode, above the weights.\n\n",
+      torch::get_num_threads());
+  std::printf("| encoder | size | parameters | tokens | encode time | encode peak |\n|---|---|---:|---:|---:|---:|\n");
+  for (const Case& c : cases) {
+    torch::manual_seed(0);
+    auto e = gclab::text::build_text_encoder(c.kind, c.tiny).encoder;
+    e->eval();
+    int64_t params = 0;
+    for (const auto& p : e->parameters()) params += p.numel();
+    const torch::Tensor ids = torch::randint(0, std::min<int64_t>(e->vocab_size(), 1000), {1, c.length});
+    std::vector<double> times;
+    int64_t peak = 0;
+    for (int run = 0; run < 4; ++run) {
+      const int64_t before = tracker.stats().live_bytes;
+      tracker.reset_peak();
+      const auto t0 = std::chrono::steady_clock::now();
+      e->encode(ids);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (run > 0) times.push_back(s);
+      peak = std::max(peak, tracker.stats().peak_bytes - before);
+    }
+    std::sort(times.begin(), times.end());
+    std::printf("| %s | %s | %lld | %lld | %.1f ms | %s |\n", std::string(gclab::config::name_of(c.kind)).c_str(),
+                c.tiny ? "tiny" : "full", static_cast<long long>(params), static_cast<long long>(c.length),
+                1000.0 * times[times.size() / 2], gclab::config::format_bytes(peak).c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
