@@ -22,10 +22,11 @@ TextEmbeddingCache::TextEmbeddingCache(std::optional<TextEncoderOptions> encoder
 TextEmbedding TextEmbeddingCache::encode(const std::vector<std::string>& captions) {
   TextEmbedding out;
   if (!has_text_) return out;
-  // The batch's length follows its longest caption; once the encoder is unloaded, the token counts recorded
-  // when the captions were precomputed stand in for the tokenizer.
-  // (kept only while caching: an uncached run's captions, shuffled or dropped out, are counted afresh).
-  int64_t longest = 1;
+  // Each caption is encoded (and cached) at its own length, as AI Toolkit caches prompt embeddings; a batch
+  // pads them with zeros to its longest (the encoder's padded rows are zeros too: the same values either
+  // way). Once the encoder is unloaded, the token counts recorded when the captions were precomputed stand
+  // in for the tokenizer (kept only while caching: an uncached run's captions are counted afresh).
+  std::vector<int64_t> lengths;
   for (const auto& c : captions) {
     const auto it = token_counts_.find(c);
     int64_t n = 0;
@@ -38,13 +39,13 @@ TextEmbedding TextEmbeddingCache::encode(const std::vector<std::string>& caption
       n = static_cast<int64_t>(encoder_->tokenize(c).size());
       if (cache_) token_counts_.emplace(c, n);
     }
-    longest = std::max(longest, n);
+    lengths.push_back(length_(std::max<int64_t>(n, 1)));
   }
-  const int64_t length = length_(longest);
+  const int64_t length = *std::max_element(lengths.begin(), lengths.end());
   std::vector<torch::Tensor> text, pooled;
-  for (const auto& c : captions) {
-    const auto& e = embedding(c, length);
-    text.push_back(e.text);
+  for (size_t i = 0; i < captions.size(); ++i) {
+    const auto& e = embedding(captions[i], lengths[i]);
+    text.push_back(lengths[i] < length ? torch::constant_pad_nd(e.text, {0, 0, 0, length - lengths[i]}) : e.text);
     if (e.pooled.defined()) pooled.push_back(e.pooled);
   }
   out.text = torch::cat(text).to(device_);

@@ -461,6 +461,30 @@ TEST(Session, CachingTextEmbeddingsUnloadsTheEncoderAsAiToolkit) {
   fs::remove_all(dir);
 }
 
+// A family whose text length follows the caption (Qwen-Image): after the encoder leaves, a batch of cached
+// captions of different lengths still finds each one's embedding, padded to the longest, as before it left.
+TEST(Session, CachedCaptionsOfAVariableLengthFamilyOutliveTheEncoder) {
+  const fs::path dir = testing::fresh_dir("session_cache_qwen");
+  const auto config = tiny_config(dir, "q",
+                                  {"model.arch=tiny-qwen-image", "train.cache_text_embeddings=true",
+                                   "train.disable_sampling=true", "train.batch_size=2"});
+  const std::vector<std::string> captions = {"a red circle", "a small white circle on the right on a red background"};
+  Session kept(
+      tiny_config(dir, "k", {"model.arch=tiny-qwen-image", "train.disable_sampling=true", "train.batch_size=2"}));
+  Session session(config);
+  session.precompute_text(captions);
+  ASSERT_EQ(session.resident().text_encoder, 0);
+  data::LoadedBatch batch = session.synthetic_batch(2, 64, 64);
+  batch.captions = captions;
+  const torch::Tensor after = session.micro_batch(batch).conditioning.text;
+  const torch::Tensor resident = kept.micro_batch(batch).conditioning.text;
+  EXPECT_EQ(after.sizes(), resident.sizes());
+  EXPECT_TRUE(torch::equal(after, resident));
+  batch.captions = {"a caption nobody precomputed", "a red circle"};
+  EXPECT_THROW(session.micro_batch(batch), UserError);
+  fs::remove_all(dir);
+}
+
 TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
   const fs::path dir = testing::fresh_dir("session_build");
   memory::CpuMemoryTracker tracker;
