@@ -162,7 +162,7 @@ int run_info() {
   return kExitOk;
 }
 
-enum class ForwardComponent { transformer, vae_encode, vae_decode, text_encoder, text_encoder_2, text_encoder_3 };
+enum class ForwardComponent { transformer, vae_encode, vae_decode, text_encoder };
 
 struct ForwardArgs {
   std::string weights, inputs, out, dtype = "fp32", lora;
@@ -170,6 +170,7 @@ struct ForwardArgs {
   gclab::vae::Posterior posterior = gclab::vae::Posterior::mean;
   double lora_scale = 1.0;
   int64_t vae_tile = 0;  // vae.decode: tiled decoding with this tile size in pixels (0: off)
+  size_t text_slot = 0;  // text_encoder: which of the family's (0: text_encoder, 1: text_encoder_2, ...)
 };
 
 // The tensors of a weights file the network did not use, said once.
@@ -209,7 +210,7 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
     if (!file.contains(in_name)) throw gclab::UserError(f.inputs + ": needs '" + in_name + "'");
     const torch::Tensor x = file.tensor(in_name).to(device, dtype);
     const int64_t channels = encode ? vae.image_channels() : vae.latent_channels();
-    const bool video = std::holds_alternative<gclab::vae::QwenImageVaeConfig>(*plan.autoencoder);
+    const bool video = vae.takes_video();
     if ((x.dim() != 4 && !(video && x.dim() == 5)) || x.size(1) != channels)
       throw gclab::UserError(f.inputs + ": '" + in_name + "' must be [B, " + std::to_string(channels) + ", H, W]" +
                              (video ? " or [B, " + std::to_string(channels) + ", T, H, W]" : std::string()) + ", got " +
@@ -235,10 +236,8 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
 int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
   const auto kinds = gclab::model::text_encoders(spec.family);
-  const size_t slot = f.component == ForwardComponent::text_encoder     ? 0
-                      : f.component == ForwardComponent::text_encoder_2 ? 1
-                                                                        : 2;
-  const std::string name = slot == 0 ? "text_encoder" : "text_encoder_" + std::to_string(slot + 1);
+  const size_t slot = f.text_slot;
+  const std::string name = gclab::model::text_encoder_folder(slot);
   if (slot >= kinds.size())
     throw gclab::UserError("--component " + name + ": " + std::string(gclab::config::name_of(spec.family)) + " has " +
                            std::to_string(kinds.size()) + " text encoder(s)");
@@ -302,11 +301,10 @@ int run_tokenize(const ConfigArgs& args, const TokenizeArgs& t) {
   const auto config = load(args);
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
   const auto kinds = gclab::model::text_encoders(spec.family);
-  const std::vector<std::string> slots = {"text_encoder", "text_encoder_2", "text_encoder_3"};
-  const auto it = std::find(slots.begin(), slots.end(), t.component);
-  if (it == slots.end())
+  const auto parsed = gclab::model::text_encoder_slot(t.component);
+  if (!parsed)
     throw gclab::UserError("--component " + t.component + ": text_encoder, text_encoder_2 or text_encoder_3");
-  const auto slot = static_cast<size_t>(it - slots.begin());
+  const size_t slot = *parsed;
   if (slot >= kinds.size())
     throw gclab::UserError("--component " + t.component + ": " + std::string(gclab::config::name_of(spec.family)) +
                            " has " + std::to_string(kinds.size()) + " text encoder(s)");
@@ -314,15 +312,10 @@ int run_tokenize(const ConfigArgs& args, const TokenizeArgs& t) {
     throw gclab::UserError("--component " + t.component + ": gclab reads T5's tokenizer (SentencePiece) so far; " +
                            std::string(gclab::config::name_of(kinds[slot])) + "'s is next");
   std::filesystem::path folder = t.tokenizer;
-  if (folder.empty() && config.model.name_or_path) {
-    const std::string name = slot == 0 ? "tokenizer" : "tokenizer_" + std::to_string(slot + 1);
-    folder = std::filesystem::path(*config.model.name_or_path) / name;
-  }
+  if (folder.empty() && config.model.name_or_path)
+    folder = std::filesystem::path(*config.model.name_or_path) / gclab::model::tokenizer_folder(slot);
   if (folder.empty()) throw gclab::UserError("no --tokenizer and no model.name_or_path folder to read it from");
-  // FLUX.1-dev pads T5's input to 512 tokens, schnell to 256 (the preset's text length); SD3.5 to 256.
-  const int64_t length = t.max_length > 0                            ? t.max_length
-                         : spec.family == gclab::config::Family::sd3 ? 256
-                                                                     : spec.max_text_tokens;
+  const int64_t length = t.max_length > 0 ? t.max_length : gclab::model::t5_tokens(spec);
   try {
     const gclab::text::T5Tokenizer tokenizer(folder);
     const gclab::text::TokenizedBatch b = tokenizer.encode_batch(t.captions, length);
@@ -562,17 +555,24 @@ int main(int argc, char** argv) {
                    "a LoRA file to apply (gclab's, or diffusers / AI Toolkit / kohya naming)")
       ->check(CLI::ExistingFile);
   forward->add_option("--lora-scale", forward_files.lora_scale, "the LoRA's strength (default 1)");
-  forward
-      ->add_option("--component", forward_files.component,
-                   "transformer (default), vae.encode (images -> latents), vae.decode (latents -> images), "
-                   "text_encoder, text_encoder_2 or text_encoder_3 (input_ids -> hidden_states, pooled)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, ForwardComponent>{{"transformer", ForwardComponent::transformer},
-                                                  {"vae.encode", ForwardComponent::vae_encode},
-                                                  {"vae.decode", ForwardComponent::vae_decode},
-                                                  {"text_encoder", ForwardComponent::text_encoder},
-                                                  {"text_encoder_2", ForwardComponent::text_encoder_2},
-                                                  {"text_encoder_3", ForwardComponent::text_encoder_3}}));
+  forward->add_option_function<std::string>(
+      "--component",
+      [&forward_files](const std::string& v) {
+        const std::map<std::string, ForwardComponent> named = {{"transformer", ForwardComponent::transformer},
+                                                               {"vae.encode", ForwardComponent::vae_encode},
+                                                               {"vae.decode", ForwardComponent::vae_decode}};
+        if (const auto slot = gclab::model::text_encoder_slot(v)) {
+          forward_files.component = ForwardComponent::text_encoder;
+          forward_files.text_slot = *slot;
+        } else if (const auto it = named.find(v); it != named.end()) {
+          forward_files.component = it->second;
+        } else {
+          throw CLI::ValidationError("--component", v + " is not transformer, vae.encode, vae.decode, "
+                                                        "text_encoder, text_encoder_2 or text_encoder_3");
+        }
+      },
+      "transformer (default), vae.encode (images -> latents), vae.decode (latents -> images), "
+      "text_encoder, text_encoder_2 or text_encoder_3 (input_ids -> hidden_states, pooled)");
   forward->add_option("--vae-tile", forward_files.vae_tile,
                       "vae.decode: decode in overlapping tiles of this many pixels, blended (diffusers' tiled_decode)");
   forward

@@ -85,6 +85,18 @@ std::vector<config::TextEncoderKind> text_encoders(Family family) {
   throw std::logic_error("text_encoders: an unknown family");
 }
 
+std::string text_encoder_folder(size_t slot) {
+  return slot == 0 ? "text_encoder" : "text_encoder_" + std::to_string(slot + 1);
+}
+
+std::string tokenizer_folder(size_t slot) { return slot == 0 ? "tokenizer" : "tokenizer_" + std::to_string(slot + 1); }
+
+std::optional<size_t> text_encoder_slot(const std::string& name) {
+  for (size_t slot = 0; slot < kTextEncoderSlots; ++slot)
+    if (name == text_encoder_folder(slot)) return slot;
+  return std::nullopt;
+}
+
 int divisibility(Family family) {
   switch (family) {
     case Family::flux:

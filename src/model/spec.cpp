@@ -368,11 +368,10 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
   std::error_code ec;
   LocalModel m;
   if (fs::is_regular_file(dir / "vae" / "config.json", ec)) m.vae = dir / "vae";
-  const std::vector<std::string> text_folders = {"text_encoder", "text_encoder_2", "text_encoder_3"};
-  for (size_t i = 0; i < text_folders.size(); ++i)
-    if (fs::is_regular_file(dir / text_folders[i] / "config.json", ec)) {
+  for (size_t i = 0; i < kTextEncoderSlots; ++i)
+    if (fs::is_regular_file(dir / text_encoder_folder(i) / "config.json", ec)) {
       m.text_encoders.resize(i + 1);
-      m.text_encoders[i] = dir / text_folders[i];
+      m.text_encoders[i] = dir / text_encoder_folder(i);
     }
   for (const fs::path& d : {dir / "transformer", dir})
     if (fs::is_regular_file(d / "config.json", ec)) {
@@ -395,6 +394,12 @@ int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
   if (spec.family == Family::flux || spec.family == Family::sd3) return spec.max_text_tokens;
   if (spec.family == Family::qwen_image || spec.family == Family::zimage) return std::min(n, spec.max_text_tokens);
   return 0;  // dit: a class label, no text sequence
+}
+
+int64_t t5_tokens(const ModelSpec& spec) {
+  if (spec.family == Family::flux) return spec.max_text_tokens;
+  if (spec.family == Family::sd3) return spec.tiny ? spec.max_text_tokens : spec.max_text_tokens - 77;
+  return 0;
 }
 
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {

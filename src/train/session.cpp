@@ -71,11 +71,15 @@ bool run_caches_latents(const config::ProcessConfig& config) {
   return false;
 }
 
-bool text_encoder_leaves(const config::ProcessConfig& config) {
-  if (config.train.unload_text_encoder || config.train.cache_text_embeddings) return true;
+bool run_caches_text(const config::ProcessConfig& config) {
+  if (config.train.cache_text_embeddings) return true;
   for (const auto& d : config.datasets)
     if (d.cache_text_embeddings) return true;
   return false;
+}
+
+bool text_encoder_leaves(const config::ProcessConfig& config) {
+  return config.train.unload_text_encoder || run_caches_text(config);
 }
 
 fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path& weights) {
@@ -521,10 +525,8 @@ torch::Tensor Session::decode_preview(const torch::Tensor& z) {
 
 void Session::precompute_text(const std::vector<std::string>& captions) {
   if (!text_encoder_leaves(config_)) return;
-  bool caching = config_.train.cache_text_embeddings;
-  for (const auto& d : config_.datasets) caching = caching || d.cache_text_embeddings;
   std::vector<std::string> all = captions;
-  if (!caching) {
+  if (!run_caches_text(config_)) {
     // AI Toolkit (BaseSDTrainProcess.run): without cached captions, unload_text_encoder encodes the empty
     // prompt and the trigger word once, unloads the encoder, and trains every step on the trigger word's
     // embedding (the empty prompt's without one) — "This will train only with a blank prompt or trigger

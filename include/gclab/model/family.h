@@ -51,6 +51,12 @@ config::AutoencoderKind autoencoder_kind(Family family);
 // text_encoder_3): FLUX.1 / Flex CLIP-L (pooled) and T5-XXL; SD3.5 CLIP-L and bigG (projected) and T5-XXL;
 // Qwen-Image Qwen2.5-VL; Z-Image Qwen3; DiT none (class labels).
 std::vector<config::TextEncoderKind> text_encoders(Family family);
+// The diffusers folder names of slot 0, 1, 2: text_encoder / text_encoder_2 / text_encoder_3 and
+// tokenizer / tokenizer_2 / tokenizer_3 (also the names `--component` takes); the slot a name names.
+inline constexpr size_t kTextEncoderSlots = 3;
+std::string text_encoder_folder(size_t slot);
+std::string tokenizer_folder(size_t slot);
+std::optional<size_t> text_encoder_slot(const std::string& name);
 
 // The checks of a loaded config that need the facts above; errors and warnings go to `diagnostics`.
 void check_config(config::ProcessConfig& config, config::Diagnostics& diagnostics);

@@ -192,6 +192,8 @@ bool run_caches_latents(const config::ProcessConfig& config);
 // every dataset), it encodes what it needs up front — the captions when caching, else the empty prompt and
 // the trigger word it then trains on — and the sample prompts, then unloads the encoder.
 bool text_encoder_leaves(const config::ProcessConfig& config);
+// Whether the run caches text embeddings (train.cache_text_embeddings, or any dataset's).
+bool run_caches_text(const config::ProcessConfig& config);
 // Where the autoencoder's weights come from: `weights` when given, else model.vae_path when it is a local
 // folder or file, else name_or_path's vae/ folder; empty: random weights.
 std::filesystem::path autoencoder_weights(const config::ProcessConfig& config, const std::filesystem::path& weights);

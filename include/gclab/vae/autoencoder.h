@@ -30,7 +30,8 @@ class AutoencoderBase : public torch::nn::Module {
   virtual void disable_tiling() = 0;
   virtual int64_t image_channels() const = 0;
   virtual int64_t latent_channels() const = 0;
-  virtual int64_t downsampling() const = 0;  // pixels per latent, each side
+  virtual int64_t downsampling() const = 0;           // pixels per latent, each side
+  virtual bool takes_video() const { return false; }  // encode / decode also [B, C, T, H, W]
 };
 
 // The rule every autoencoder loads by: each parameter of `module` by its name from the file (or the folder's

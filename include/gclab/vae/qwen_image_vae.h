@@ -64,6 +64,7 @@ class QwenImageVaeImpl : public AutoencoderBase {
   int64_t image_channels() const override { return config_.input_channels; }
   int64_t latent_channels() const override { return config_.z_dim; }
   int64_t downsampling() const override { return config_.downsampling(); }
+  bool takes_video() const override { return true; }
   // The encoder's moments [B, 2z, T', h, w] (mean, then log-variance), before normalising.
   torch::Tensor moments(const torch::Tensor& video);
   const QwenImageVaeConfig& config() const { return config_; }
