@@ -88,31 +88,30 @@ std::string format_autoencoder(const config::ProcessConfig& config) {
 
 std::string format_text_encoders(const config::ProcessConfig& config) {
   const model::ModelSpec spec = model::spec_for(config.model);
-  const auto kinds = model::text_encoders(spec.family);
-  const int64_t dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
-  const bool quantized = config.model.quantize_te.value_or(config.model.quantize);
-  const auto local = model::local_model(config.model);
+  const auto plan =
+      train::prompt_plan(config, spec,
+                         torch::TensorOptions()
+                             .device(torch::kMeta)
+                             .dtype(config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat));
+  const text::PromptEncoder prompts(plan);
   std::ostringstream out;
   out << "# the text encoders " << config::name_of(spec.family)
-      << "'s pipeline conditions on (text/), built on the meta device: their weights as AI Toolkit holds them ("
-      << (quantized ? "quantize_te: Linear weights in float8" : "the training dtype")
-      << "). Training still conditions on gclab's stand-in: these bytes are not in the estimate yet\n";
-  out << "text_encoders:" << (kinds.empty() ? " []" : "") << "\n";
+      << "'s pipeline conditions on (text/), as the run builds them (on the meta device here): their weights as "
+         "AI Toolkit holds them ("
+      << (plan.linear_storage ? "quantize_te: Linear weights in float8" : "the training dtype") << ")\n";
+  out << "text_encoders:" << (prompts.slots() == 0 ? " []" : "") << "\n";
   int64_t total = 0;
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    const std::filesystem::path folder = local && i < local->text_encoders.size() ? local->text_encoders[i] : "";
-    const std::string slot = i == 0 ? "text_encoder" : "text_encoder_" + std::to_string(i + 1);
-    auto built = text::build_text_encoder(kinds[i], spec.tiny, folder, torch::TensorOptions().device(torch::kMeta),
-                                          /*load_weights=*/false);
+  for (size_t i = 0; i < prompts.slots(); ++i) {
     int64_t params = 0;
-    for (const auto& p : built.encoder->parameters()) params += p.numel();
-    const int64_t bytes = text::text_encoder_weight_bytes(*built.encoder, dtype_bytes, quantized);
+    for (const auto& p : prompts.encoder(i).parameters()) params += p.numel();
+    const int64_t bytes = prompts.weight_bytes(i);
     total += bytes;
-    out << "  - {slot: " << slot << ", kind: " << config::name_of(kinds[i]) << ", parameters: " << params
-        << ", weight_bytes: " << bytes << "}  # " << format_bytes(bytes)
+    const std::filesystem::path folder = i < plan.encoders.size() ? plan.encoders[i] : "";
+    out << "  - {slot: " << model::text_encoder_folder(i) << ", kind: " << config::name_of(prompts.encoder(i).kind())
+        << ", parameters: " << params << ", weight_bytes: " << bytes << "}  # " << format_bytes(bytes)
         << (folder.empty() ? "" : ", shape from " + folder.string()) << "\n";
   }
-  if (kinds.empty()) return out.str();
+  if (prompts.slots() == 0) return out.str();
   const bool leaves = train::text_encoder_leaves(config);
   out << "text_encoders_total_bytes: " << total << "  # " << format_bytes(total) << "\n";
   out << "text_encoders_on_the_device_during_steps: " << (leaves ? "false" : "true") << "  # "

@@ -308,21 +308,29 @@ int run_tokenize(const ConfigArgs& args, const TokenizeArgs& t) {
   if (slot >= kinds.size())
     throw gclab::UserError("--component " + t.component + ": " + std::string(gclab::config::name_of(spec.family)) +
                            " has " + std::to_string(kinds.size()) + " text encoder(s)");
-  if (kinds[slot] != gclab::config::TextEncoderKind::t5_xxl)
-    throw gclab::UserError("--component " + t.component + ": gclab reads T5's tokenizer (SentencePiece) so far; " +
-                           std::string(gclab::config::name_of(kinds[slot])) + "'s is next");
-  std::filesystem::path folder = t.tokenizer;
-  if (folder.empty() && config.model.name_or_path)
-    folder = std::filesystem::path(*config.model.name_or_path) / gclab::model::tokenizer_folder(slot);
-  if (folder.empty()) throw gclab::UserError("no --tokenizer and no model.name_or_path folder to read it from");
-  const int64_t length = t.max_length > 0 ? t.max_length : gclab::model::t5_tokens(spec);
+  // The pipeline's own call (template, length, padding) from the run's prompt plan, built on the meta
+  // device: only the tokenizers are real.
+  auto plan = gclab::train::prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta));
+  if (!t.tokenizer.empty()) {
+    plan.tokenizers.resize(std::max(plan.tokenizers.size(), slot + 1));
+    plan.tokenizers[slot] = t.tokenizer;
+  }
   try {
-    const gclab::text::T5Tokenizer tokenizer(folder);
-    const gclab::text::TokenizedBatch b = tokenizer.encode_batch(t.captions, length);
-    for (int64_t i = 0; i < b.input_ids.size(0); ++i) {
+    const gclab::text::PromptEncoder prompts(plan);
+    if (prompts.hashing_tokenizer(slot))
+      std::cerr << "gclab tokenize: " << t.component << ": the hashing stand-in ("
+                << (kinds[slot] == gclab::config::TextEncoderKind::t5_xxl
+                        ? "no spiece.model in the tokenizer folder"
+                        : "gclab reads T5's SentencePiece tokenizer so far; " +
+                              std::string(gclab::config::name_of(kinds[slot])) + "'s BPE is next")
+                << ")\n";
+    for (const auto& caption : t.captions) {
+      const gclab::text::TokenizedBatch b = t.max_length > 0
+                                                ? prompts.tokenizer(slot).encode_batch({caption}, t.max_length)
+                                                : prompts.tokenize(slot, caption);
       std::string line;
       for (int64_t j = 0; j < b.input_ids.size(1); ++j)
-        line += (j ? " " : "") + std::to_string(b.input_ids[i][j].item<int64_t>());
+        line += (j ? " " : "") + std::to_string(b.input_ids[0][j].item<int64_t>());
       std::cout << line << "\n";
     }
   } catch (const std::runtime_error& e) {

@@ -718,6 +718,15 @@ class Validator {
         t.optimizer_params.betas[1] < 0 || t.optimizer_params.betas[1] >= 1)
       error("train.optimizer_params.betas", "must be two numbers in [0, 1), e.g. [0.9, 0.999]");
     if (!(t.optimizer_params.eps > 0)) error("train.optimizer_params.eps", "must be positive");
+    // AI Toolkit (toolkit/lora_special.py) gives text encoders LoRA only on CLIPAttention / CLIPMLP modules:
+    // CLIP-L (and bigG) for FLUX and SD3, nothing at all for Qwen-Image's and Z-Image's Qwen encoders; its
+    // example configs set it false ("probably won't work with flux / qwen image"). gclab keeps every text
+    // encoder frozen.
+    if (t.train_text_encoder)
+      error("train.train_text_encoder",
+            "is not supported: gclab trains the transformer and keeps the text encoders frozen (AI Toolkit's LoRA "
+            "for them reaches only CLIP's attention and MLP modules, and no module of the Qwen encoders); remove it "
+            "or set it false");
     optimizer_params(t);
     const LrSchedulerParams& lp = t.lr_scheduler_params;
     if (lp.num_warmup_steps && *lp.num_warmup_steps < 0)

@@ -13,18 +13,20 @@ int64_t class_label_for(const std::string& caption, int64_t num_classes) {
   return static_cast<int64_t>(h % static_cast<uint64_t>(num_classes));
 }
 
-TextEmbeddingCache::TextEmbeddingCache(std::optional<TextEncoderOptions> encoder, SequenceLength length,
+TextEmbeddingCache::TextEmbeddingCache(std::unique_ptr<text::PromptEncoder> encoder, SequenceLength length,
                                        torch::Device device, bool cache)
-    : has_text_(encoder.has_value()), length_(std::move(length)), device_(device), cache_(cache) {
-  if (encoder) encoder_ = std::make_unique<TextEncoder>(*encoder);
-}
+    : has_text_(encoder && encoder->slots() > 0),
+      length_(std::move(length)),
+      device_(device),
+      cache_(cache),
+      encoder_(std::move(encoder)) {}
 
 TextEmbedding TextEmbeddingCache::encode(const std::vector<std::string>& captions) {
   TextEmbedding out;
   if (!has_text_) return out;
   // Each caption is encoded (and cached) at its own length, as AI Toolkit caches prompt embeddings; a batch
   // pads them with zeros to its longest (the encoder's padded rows are zeros too: the same values either
-  // way). Once the encoder is unloaded, the token counts recorded when the captions were precomputed stand
+  // way). Once the encoder is unloaded, the row counts recorded when the captions were precomputed stand
   // in for the tokenizer (kept only while caching: an uncached run's captions are counted afresh).
   std::vector<int64_t> lengths;
   for (const auto& c : captions) {
@@ -36,7 +38,7 @@ TextEmbedding TextEmbeddingCache::encode(const std::vector<std::string>& caption
       throw UserError("unload_text_encoder: the caption '" + c +
                       "' was not precomputed (use cache_text_embeddings without shuffle_tokens)");
     } else {
-      n = static_cast<int64_t>(encoder_->tokenize(c).size());
+      n = encoder_->rows(c);
       if (cache_) token_counts_.emplace(c, n);
     }
     lengths.push_back(length_(std::max<int64_t>(n, 1)));
@@ -67,11 +69,16 @@ const TextEmbedding& TextEmbeddingCache::embedding(const std::string& caption, i
   if (!encoder_)
     throw UserError("unload_text_encoder: the caption '" + caption +
                     "' was not precomputed (use cache_text_embeddings without shuffle_tokens)");
-  TextEmbedding e = encoder_->encode({caption}, length);
+  const text::PromptEmbedding p = encoder_->encode(caption);
+  TextEmbedding e{p.text.slice(1, 0, length), p.pooled};
+  if (e.text.size(1) < length) e.text = torch::constant_pad_nd(e.text, {0, 0, 0, length - e.text.size(1)});
   if (!cache_) {
     scratch_ = std::move(e);
     return scratch_;
   }
+  // A copy of just these rows: a view would keep the encoder's whole padded output alive.
+  e.text = e.text.clone();
+  if (e.pooled.defined()) e.pooled = e.pooled.clone();
   return cached_.emplace(key, std::move(e)).first->second;
 }
 

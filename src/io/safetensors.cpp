@@ -417,21 +417,26 @@ std::vector<std::string> TensorMatcher::finish() const {
   return unused;
 }
 
+const std::vector<std::string>& transformers_weight_files() {
+  static const std::vector<std::string> files{"model.safetensors", "model.safetensors.index.json"};
+  return files;
+}
+
+std::filesystem::path find_weights(const std::filesystem::path& path, const std::vector<std::string>& folder_files) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec))
+    return std::filesystem::exists(path, ec) ? path : std::filesystem::path();
+  for (const auto& name : folder_files)
+    if (std::filesystem::exists(path / name, ec)) return path / name;
+  return {};
+}
+
 std::vector<std::string> load_module_weights(
     torch::nn::Module& module, const std::filesystem::path& path, const std::vector<std::string>& folder_files,
     const std::function<std::vector<std::string>(const std::string&)>& stored_as) {
-  std::filesystem::path file = path;
-  if (std::filesystem::is_directory(path)) {
-    file.clear();
-    for (const auto& name : folder_files)
-      if (std::filesystem::exists(path / name)) {
-        file = path / name;
-        break;
-      }
-    if (file.empty())
-      throw std::runtime_error(path.string() + ": holds no " +
-                               (folder_files.empty() ? "weights" : folder_files.front()));
-  }
+  const std::filesystem::path file = find_weights(path, folder_files);
+  if (file.empty())
+    throw std::runtime_error(path.string() + ": holds no " + (folder_files.empty() ? "weights" : folder_files.front()));
   TensorMatcher tensors(load_safetensors(file), file.string());
   torch::NoGradGuard no_grad;
   for (auto& p : module.named_parameters()) {

@@ -357,7 +357,7 @@ std::optional<LocalModel> local_model(const config::ModelConfig& model) {
       throw UserError(
           "model.name_or_path '" + path.string() +
           "' is a file but not a .safetensors one (gclab reads safetensors weights, or a diffusers folder)");
-    return LocalModel{{}, path, {}, {}};
+    return LocalModel{{}, path, {}, {}, {}};
   }
   if (!std::filesystem::is_directory(path, ec)) return std::nullopt;
   return local_model_at(path, "model.name_or_path");
@@ -372,6 +372,11 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
     if (fs::is_regular_file(dir / text_encoder_folder(i) / "config.json", ec)) {
       m.text_encoders.resize(i + 1);
       m.text_encoders[i] = dir / text_encoder_folder(i);
+    }
+  for (size_t i = 0; i < kTextEncoderSlots; ++i)
+    if (fs::is_directory(dir / tokenizer_folder(i), ec)) {
+      m.tokenizers.resize(i + 1);
+      m.tokenizers[i] = dir / tokenizer_folder(i);
     }
   for (const fs::path& d : {dir / "transformer", dir})
     if (fs::is_regular_file(d / "config.json", ec)) {
@@ -394,12 +399,6 @@ int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
   if (spec.family == Family::flux || spec.family == Family::sd3) return spec.max_text_tokens;
   if (spec.family == Family::qwen_image || spec.family == Family::zimage) return std::min(n, spec.max_text_tokens);
   return 0;  // dit: a class label, no text sequence
-}
-
-int64_t t5_tokens(const ModelSpec& spec) {
-  if (spec.family == Family::flux) return spec.max_text_tokens;
-  if (spec.family == Family::sd3) return spec.tiny ? spec.max_text_tokens : spec.max_text_tokens - 77;
-  return 0;
 }
 
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {

@@ -22,8 +22,10 @@ ClipTextConfig ClipTextConfig::clip_g() {
 
 ClipTextConfig ClipTextConfig::tiny(const ClipTextConfig& like) {
   ClipTextConfig c = like;
+  c.vocab_size = 1000, c.max_position_embeddings = 16;
   c.hidden_size = 32, c.intermediate_size = 64, c.num_hidden_layers = 2, c.num_attention_heads = 4;
   c.projection_dim = 16;
+  if (c.eos_token_id != 2) c.eos_token_id = c.vocab_size - 1;
   return c;
 }
 
@@ -131,11 +133,10 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const 
 
 std::vector<std::string> load_clip_text_weights(ClipTextModelImpl& model, const std::filesystem::path& path) {
   const std::string prefix = "text_model.";
-  return io::load_module_weights(
-      model, path, {"model.safetensors", "model.safetensors.index.json"}, [&](const std::string& name) {
-        return name.rfind(prefix, 0) == 0 ? std::vector<std::string>{name.substr(prefix.size())}
-                                          : std::vector<std::string>{};
-      });
+  return io::load_module_weights(model, path, io::transformers_weight_files(), [&](const std::string& name) {
+    return name.rfind(prefix, 0) == 0 ? std::vector<std::string>{name.substr(prefix.size())}
+                                      : std::vector<std::string>{};
+  });
 }
 
 }  // namespace gclab::text

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "gclab/io/safetensors.h"
 #include "gclab/nn/layers.h"
 #include "gclab/text/clip.h"
 #include "gclab/text/qwen_lm.h"
@@ -80,19 +81,45 @@ class QwenEncoder : public TextEncoderBase {
 
 }  // namespace
 
+TinyWidths preset_widths(Kind kind) {
+  switch (kind) {
+    case Kind::clip_l:
+      return {0, ClipTextConfig::clip_l().hidden_size};
+    case Kind::clip_l_projected:
+      return {ClipTextConfig::clip_l(true).hidden_size, ClipTextConfig::clip_l(true).projection_dim};
+    case Kind::clip_g_projected:
+      return {ClipTextConfig::clip_g().hidden_size, ClipTextConfig::clip_g().projection_dim};
+    case Kind::t5_xxl:
+      return {T5Config::xxl().d_model, 0};
+    case Kind::qwen25_vl:
+      return {QwenLmConfig::qwen25_vl_7b().hidden_size, 0};
+    case Kind::qwen3:
+      return {QwenLmConfig::qwen3_4b().hidden_size, 0};
+  }
+  return {};
+}
+
 LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem::path& folder,
-                                     const torch::TensorOptions& options, bool load_weights) {
+                                     const torch::TensorOptions& options, bool load_weights, const TinyWidths& widths) {
   std::error_code ec;
   const bool has_config = !folder.empty() && std::filesystem::is_regular_file(folder / "config.json", ec);
   LoadedTextEncoder out;
-  out.random = folder.empty() || !load_weights;
+  // A folder with a config.json and no weights: that shape, random weights (as a transformer folder).
+  out.random = folder.empty() || !load_weights || io::find_weights(folder, io::transformers_weight_files()).empty();
   switch (kind) {
     case Kind::clip_l:
     case Kind::clip_l_projected:
     case Kind::clip_g_projected: {
       ClipTextConfig c = kind == Kind::clip_g_projected ? ClipTextConfig::clip_g()
                                                         : ClipTextConfig::clip_l(kind == Kind::clip_l_projected);
-      if (tiny) c = ClipTextConfig::tiny(c);
+      if (tiny) {
+        c = ClipTextConfig::tiny(c);
+        if (widths.hidden > 0) {
+          c.hidden_size = widths.hidden, c.intermediate_size = 2 * widths.hidden;
+          c.num_attention_heads = widths.hidden % 4 == 0 ? 4 : 1;
+        }
+        if (widths.projection > 0) c.projection_dim = widths.projection;
+      }
       if (has_config) c = ClipTextConfig::from_json_file(folder / "config.json");
       if (kind != Kind::clip_l && !c.with_projection)
         throw std::runtime_error(folder.string() + ": a CLIPTextModel without the projection SD3 uses");
@@ -103,6 +130,7 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
     }
     case Kind::t5_xxl: {
       T5Config c = tiny ? T5Config::tiny() : T5Config::xxl();
+      if (tiny && widths.hidden > 0) c.d_model = widths.hidden, c.d_ff = 2 * widths.hidden;
       if (has_config) c = T5Config::from_json_file(folder / "config.json");
       auto e = std::make_shared<T5>(c, options);
       if (!out.random) out.unused = load_t5_weights(e->model(), folder);
@@ -113,6 +141,7 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
     case Kind::qwen3: {
       QwenLmConfig c = kind == Kind::qwen3 ? QwenLmConfig::qwen3_4b() : QwenLmConfig::qwen25_vl_7b();
       if (tiny) c = QwenLmConfig::tiny(c);
+      if (tiny && widths.hidden > 0) c.hidden_size = widths.hidden, c.intermediate_size = 2 * widths.hidden;
       if (has_config) c = QwenLmConfig::from_json_file(folder / "config.json");
       if ((kind == Kind::qwen3) != c.qk_norm)
         throw std::runtime_error(folder.string() + ": not the " + std::string(config::name_of(kind)) + " model");
@@ -123,14 +152,6 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
     }
   }
   return out;
-}
-
-int64_t text_encoder_weight_bytes(TextEncoderBase& encoder, int64_t dtype_bytes, bool quantized) {
-  int64_t all = 0, linear = 0;
-  for (const auto& p : encoder.parameters()) all += p.numel();
-  if (quantized)
-    for (auto& [name, l] : nn::named_linears(encoder)) linear += l->weight.numel();
-  return (all - linear) * dtype_bytes + linear;
 }
 
 }  // namespace gclab::text

@@ -19,7 +19,7 @@ QwenLmConfig QwenLmConfig::qwen25_vl_7b() {
 
 QwenLmConfig QwenLmConfig::tiny(const QwenLmConfig& like) {
   QwenLmConfig c = like;
-  c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  c.vocab_size = 1000, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
   return c;
 }
@@ -156,11 +156,10 @@ QwenLmOutput QwenLmImpl::forward(const torch::Tensor& input_ids, const torch::Te
 
 std::vector<std::string> load_qwen_lm_weights(QwenLmImpl& model, const std::filesystem::path& path) {
   const std::string prefix = model.config().prefix;
-  return io::load_module_weights(
-      model, path, {"model.safetensors", "model.safetensors.index.json"}, [&](const std::string& name) {
-        const std::string bare = name.substr(prefix.size());
-        return std::vector<std::string>{prefix.empty() ? "model." + bare : bare, "model.language_model." + bare};
-      });
+  return io::load_module_weights(model, path, io::transformers_weight_files(), [&](const std::string& name) {
+    const std::string bare = name.substr(prefix.size());
+    return std::vector<std::string>{prefix.empty() ? "model." + bare : bare, "model.language_model." + bare};
+  });
 }
 
 }  // namespace gclab::text

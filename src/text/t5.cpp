@@ -11,7 +11,7 @@ namespace gclab::text {
 
 T5Config T5Config::tiny() {
   T5Config c;
-  c.d_model = 64, c.d_kv = 16, c.d_ff = 128, c.num_layers = 2, c.num_heads = 4;
+  c.vocab_size = 1000, c.d_model = 64, c.d_kv = 16, c.d_ff = 128, c.num_layers = 2, c.num_heads = 4;
   return c;
 }
 
@@ -161,11 +161,10 @@ torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch
 }
 
 std::vector<std::string> load_t5_weights(T5EncoderImpl& encoder, const std::filesystem::path& path) {
-  return io::load_module_weights(
-      encoder, path, {"model.safetensors", "model.safetensors.index.json"}, [](const std::string& name) {
-        return name == "shared.weight" ? std::vector<std::string>{"encoder.embed_tokens.weight"}
-                                       : std::vector<std::string>{};
-      });
+  return io::load_module_weights(encoder, path, io::transformers_weight_files(), [](const std::string& name) {
+    return name == "shared.weight" ? std::vector<std::string>{"encoder.embed_tokens.weight"}
+                                   : std::vector<std::string>{};
+  });
 }
 
 }  // namespace gclab::text

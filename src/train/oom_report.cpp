@@ -159,10 +159,27 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   if (!config.model.quantize)
     fixes.push_back({"Quantize the base weights", "model.quantize: true (float8 block weights)",
                      ctx.weight_bytes * 3 / 4, "3/4 of the weight bytes (fp32 -> float8; half of that from bf16)"});
-  // 6. Text embeddings cached, the encoder unloaded.
-  if (!text_encoder_leaves(config) && ctx.text_encoder_bytes > 0)
-    fixes.push_back({"Cache text embeddings (the encoder then leaves the device)", "train.cache_text_embeddings: true",
-                     ctx.text_encoder_bytes, "the text encoder's weights"});
+  // 6. The text encoders: cached embeddings (the encoders then leave the device), or float8 weights. First
+  // when they hold a quarter or more of what was live: then they are what crowds the step out.
+  std::vector<OomFix> text;
+  if (!text_encoder_leaves(config) && ctx.text_encoder_bytes > 0) {
+    text.push_back({"Cache text embeddings (the text encoders then leave the device)",
+                    "train.cache_text_embeddings: true", ctx.text_encoder_bytes,
+                    "the text encoders' weights, no longer on the device during steps"});
+    if (!config.model.quantize_te.value_or(config.model.quantize)) {
+      // The same encoders built on the meta device as the run builds them, with and without float8 Linears.
+      const auto dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
+      auto plan = prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
+      const int64_t before = text::PromptEncoder(plan).weight_bytes();
+      plan.linear_storage = kQuantizedStorage;
+      const int64_t after = text::PromptEncoder(plan).weight_bytes();
+      text.push_back({"Quantize the text encoders", "model.quantize_te: true (float8 Linear weights)", before - after,
+                      "the text encoders' weights with float8 Linear weights (built on the meta device)"});
+    }
+  }
+  const bool text_crowds = ctx.live_bytes > 0 && ctx.text_encoder_bytes * 4 >= ctx.live_bytes;
+  auto& text_to = text_crowds ? first : fixes;
+  text_to.insert(text_crowds ? text_to.begin() : text_to.end(), text.begin(), text.end());
   first.insert(first.end(), fixes.begin(), fixes.end());
   return first;
 }

@@ -13,11 +13,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::optional<data::TextEncoderOptions> text_encoder_options(const model::ModelSpec& spec) {
-  if (!spec.text_dim) return std::nullopt;
-  return data::TextEncoderOptions{spec.text_dim, spec.pooled_dim};
-}
-
 // The largest batch and square resolution the run meets (512 when no dataset names one): what budget:BYTES
 // is resolved for and what the budget probe measures.
 std::pair<int, int> largest_step(const config::ProcessConfig& c) {
@@ -76,6 +71,24 @@ bool run_caches_text(const config::ProcessConfig& config) {
   for (const auto& d : config.datasets)
     if (d.cache_text_embeddings) return true;
   return false;
+}
+
+text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                                       const torch::TensorOptions& options) {
+  text::PromptEncoderOptions o;
+  o.kinds = model::text_encoders(spec.family);
+  o.tiny = spec.tiny;
+  o.text_width = spec.text_dim;
+  o.pooled_width = spec.pooled_dim;
+  o.max_tokens = spec.max_text_tokens;
+  if (const auto local = model::local_model(config.model)) {
+    o.encoders = local->text_encoders;
+    o.tokenizers = local->tokenizers;
+  }
+  o.options = options;
+  // quantize_te: AI Toolkit's ModelConfig defaults it to quantize.
+  if (config.model.quantize_te.value_or(config.model.quantize)) o.linear_storage = kQuantizedStorage;
+  return o;
 }
 
 bool text_encoder_leaves(const config::ProcessConfig& config) {
@@ -158,9 +171,22 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     meter_.set_cap(config_.vram_cap.bytes);
   }
 
-  // ---- the text encoder and its embedding cache (kept resident, as in a run) ----
+  // ---- the text encoders (on the device in the run's dtype, as AI Toolkit holds them) and the embedding
+  // cache; random ones from the training seed, drawn before the transformer's ----
+  torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
+  std::unique_ptr<text::PromptEncoder> prompts;
+  try {
+    prompts = std::make_unique<text::PromptEncoder>(prompt_plan(
+        config_, spec_, torch::TensorOptions().device(device_).dtype(bf16() ? torch::kBFloat16 : torch::kFloat)));
+  } catch (const std::runtime_error& e) {
+    throw UserError(std::string("text encoders: ") + e.what());
+  }
+  for (size_t i = 0; i < prompts->slots(); ++i)
+    log::info(model::text_encoder_folder(i) + ": " + std::string(config::name_of(prompts->encoder(i).kind())) + ", " +
+              (prompts->random_weights(i) ? "random weights" : "weights loaded") + ", " +
+              (prompts->hashing_tokenizer(i) ? "the hashing stand-in tokenizer" : "its tokenizer"));
   text_ = std::make_unique<data::TextEmbeddingCache>(
-      text_encoder_options(spec_), [this](int64_t n) { return model::encoder_tokens(spec_, n); },
+      std::move(prompts), [this](int64_t n) { return model::encoder_tokens(spec_, n); },
       device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_));
 
   // ---- the model, as AI Toolkit loads it: with a LoRA network in bf16 the frozen base is stored in bf16
@@ -172,7 +198,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   const bool bf16_base = config_.network && bf16();
   model_ = model::build_transformer(
       spec_, torch::TensorOptions().device(device_).dtype(bf16_base ? torch::kBFloat16 : torch::kFloat));
-  if (config_.model.quantize) model::set_base_weight_storage(*model_, model::WeightStorage::Float8PerTensor);
+  if (config_.model.quantize) model::set_base_weight_storage(*model_, kQuantizedStorage);
   if (config_.network) {
     lora_ = model::lora_options(*config_.network);
     const config::NetworkConfig& n = *config_.network;

@@ -291,8 +291,8 @@ TEST(Report, TheTextEncodersAreCountedAtTheirRealShapes) {
   quantized.model.quantize_te = true;
   const std::string q = format_text_encoders(quantized);
   // T5-XXL's Linear weights (all but the 32128 x 4096 embedding, the 32 x 64 position buckets and the norms)
-  // in one byte each, the rest in bf16.
-  const int64_t other = 32128 * 4096 + 32 * 64 + 49 * 4096;
+  // in one byte each with a float32 scale per weight (24 blocks x 7 Linears), the rest in bf16.
+  const int64_t other = 32128 * 4096 + 32 * 64 + 49 * 4096 + 24 * 7 * 4;
   EXPECT_NE(q.find("kind: t5_xxl, parameters: 4762310656, weight_bytes: " + std::to_string(4762310656 + other)),
             std::string::npos)
       << q;

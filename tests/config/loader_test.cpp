@@ -245,6 +245,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"train.timestep_type=cubic", "use one of: sigmoid, linear, shift, weighted"},
         BadValue{"train.optimizer_params.betas=[0.9]", "train.optimizer_params.betas"},
         BadValue{"train.ema_config.ema_decay=1.5", "ema_decay"},
+        BadValue{"train.train_text_encoder=true", "keeps the text encoders frozen"},
         BadValue{"datasets.0.resolution=[1000]", "1000 is not a multiple of 32 (tiny-flux); use 992 or 1024"},
         BadValue{"datasets.0.resolution=[-256]", "must be positive"},
         BadValue{"datasets.0.caption_dropout_rate=1.5", "must be between 0 and 1"},

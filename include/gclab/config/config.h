@@ -245,6 +245,8 @@ struct TrainConfig {
   bool disable_sampling = false;
   bool cache_text_embeddings = false;
   bool unload_text_encoder = false;
+  // AI Toolkit's: LoRA on the text encoders too. Refused: see the loader's check.
+  bool train_text_encoder = false;
   EmaConfig ema_config;
   // gclab: off | full | every:N | first:K | blocks:[i,j] | selective:attn|mlp | offload | budget:BYTES.
   // Absent from the file means "follow gradient_checkpointing" (true -> full, false -> off); always set
@@ -303,12 +305,12 @@ struct TrainConfig {
     v("disable_sampling", disable_sampling);
     v("cache_text_embeddings", cache_text_embeddings);
     v("unload_text_encoder", unload_text_encoder);
+    v("train_text_encoder", train_text_encoder);
     v("ema_config", ema_config);
     v("checkpoint_policy", checkpoint_policy);
     v("oom_policy", oom_policy);
     v("budget_probe", budget_probe);
     v.ignore({"train_unet",
-              "train_text_encoder",
               "unet_lr",
               "text_encoder_lr",
               "refiner_lr",

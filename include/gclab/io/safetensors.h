@@ -119,6 +119,12 @@ class TensorMatcher {
   std::vector<std::string> problems_;
 };
 
+// The weight files a transformers model folder holds: model.safetensors, or its sharded index.
+const std::vector<std::string>& transformers_weight_files();
+// The weights `path` names: itself when it is a file, else the first of `folder_files` in that folder;
+// empty when there is none.
+std::filesystem::path find_weights(const std::filesystem::path& path, const std::vector<std::string>& folder_files);
+
 // Loads every parameter of `module` by its name, shapes checked, from `path`: a .safetensors file, a sharded
 // *.index.json, or a folder holding the first of `folder_files` that exists there (diffusers:
 // diffusion_pytorch_model.safetensors[.index.json]; transformers: model.safetensors[.index.json]).

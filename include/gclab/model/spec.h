@@ -67,6 +67,7 @@ struct LocalModel {
   // The folder's text_encoder/, text_encoder_2/, text_encoder_3/ (transformers models), in that order, up to
   // the last one it has (an absent one: empty).
   std::vector<std::filesystem::path> text_encoders;
+  std::vector<std::filesystem::path> tokenizers;  // tokenizer/, tokenizer_2/, tokenizer_3/, the same way
 };
 std::optional<LocalModel> local_model(const config::ModelConfig& model);
 // The same for a folder named elsewhere (`what`, e.g. "--weights", names it in the error).
@@ -87,9 +88,6 @@ int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens);
 // Text tokens in the transformer's sequence: the encoder's, except Z-Image, which pads the caption to a
 // multiple of 32 with its learned cap_pad_token.
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);
-// T5's token length in the family's pipeline: FLUX.1's max_sequence_length (the preset's text length: 512
-// dev, 256 schnell); SD3.5's 256 (its text length less CLIP's 77); 0 for a family without T5.
-int64_t t5_tokens(const ModelSpec& spec);
 // Reference-image tokens of an edit model: one 1024^2-area latent per control image (4096 tokens each).
 int64_t reference_tokens(const ModelSpec& spec, int control_images);
 

@@ -29,9 +29,10 @@ struct ClipTextConfig {
   static ClipTextConfig clip_l(bool with_projection = false);
   // OpenCLIP ViT-bigG/14's text tower with its projection (SD3.5's text_encoder_2): 694,659,840 parameters.
   static ClipTextConfig clip_g();
-  // The same code at CPU-test size (width 32, 2 layers of 4 heads, projection 16, the real vocabulary and 77
-  // positions): sized so the tiny presets' widths compose as the full ones do (FLUX: the pooled 32; SD3: the
-  // two penultimate states side by side, 64 = T5's tiny width, and the two projections, 32).
+  // The same code at CPU-test size (width 32, 2 layers of 4 heads, projection 16, 1000 ids, 16 positions):
+  // sized so the tiny presets' widths compose as the full ones do (FLUX: the pooled 32; SD3: the two
+  // penultimate states side by side, 64 = T5's tiny width, the two projections, 32, and 16 + 32 T5 rows
+  // = tiny-sd3's 48).
   static ClipTextConfig tiny(const ClipTextConfig& like);
   // A transformers config.json (CLIPTextConfig; `architectures` says whether it has the projection);
   // throws std::runtime_error naming what it cannot use.

@@ -32,6 +32,15 @@ class TextEncoderBase : public torch::nn::Module {
   virtual int64_t pooled_width() const = 0;
 };
 
+// The widths a tiny encoder is built at instead of its preset's (0: the preset's): the hidden width (CLIP,
+// T5's d_model, Qwen) and CLIP's projection — so a transformer of any width gets encoders it can take.
+struct TinyWidths {
+  int64_t hidden = 0, projection = 0;
+};
+
+// What the full-size encoder of `kind` returns: hidden_width() and pooled_width() of its preset.
+TinyWidths preset_widths(config::TextEncoderKind kind);
+
 struct LoadedTextEncoder {
   std::shared_ptr<TextEncoderBase> encoder;
   bool random = false;              // no weights were loaded
@@ -41,14 +50,10 @@ struct LoadedTextEncoder {
 // The encoder of `kind` at its real shape (`tiny`: the same code at CPU-test size), with `folder`'s
 // config.json in place of the preset and its weights loaded when `folder` is given (a transformers folder,
 // or a .safetensors file); random weights from the global generator otherwise. `options` places it
-// (torch::kMeta: a full-size build without memory; `load_weights` false: the folder's config.json only).
-// Throws std::runtime_error for a config or weights it cannot use.
+// (torch::kMeta: a full-size build without memory; `load_weights` false: the folder's config.json only);
+// `widths` sizes a tiny one. Throws std::runtime_error for a config or weights it cannot use.
 LoadedTextEncoder build_text_encoder(config::TextEncoderKind kind, bool tiny, const std::filesystem::path& folder = {},
-                                     const torch::TensorOptions& options = {}, bool load_weights = true);
-
-// The weight bytes of an encoder as AI Toolkit holds it: every parameter in `dtype_bytes` (the training
-// dtype), or with quantize_te its Linear weights in one byte each (optimum-quanto's qfloat8; the per-row
-// scales not counted) and the rest (embeddings, norms, biases) in the training dtype.
-int64_t text_encoder_weight_bytes(TextEncoderBase& encoder, int64_t dtype_bytes, bool quantized);
+                                     const torch::TensorOptions& options = {}, bool load_weights = true,
+                                     const TinyWidths& widths = {});
 
 }  // namespace gclab::text

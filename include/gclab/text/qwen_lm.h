@@ -30,7 +30,7 @@ struct QwenLmConfig {
   // Qwen2.5-VL-7B-Instruct's language model as Qwen-Image ships it: 7,070,619,136 parameters (without the
   // vision tower and the LM head).
   static QwenLmConfig qwen25_vl_7b();
-  // The same code at CPU-test size (width 64, 2 layers, 4 heads over 2 key/value heads of 16).
+  // The same code at CPU-test size (width 64, 2 layers, 4 heads over 2 key/value heads of 16, 1000 ids).
   static QwenLmConfig tiny(const QwenLmConfig& like);
   // A transformers config.json (qwen3, or qwen2_5_vl with its text_config); throws std::runtime_error naming
   // what it cannot use.

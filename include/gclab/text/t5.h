@@ -24,7 +24,7 @@ struct T5Config {
 
   // google/t5-v1_1-xxl's encoder, as FLUX.1 and SD3.5 ship it: 4,762,310,656 parameters.
   static T5Config xxl() { return {}; }
-  // The same code at CPU-test size (width 64, 2 blocks of 4 heads, the XXL vocabulary).
+  // The same code at CPU-test size (width 64, 2 blocks of 4 heads, 1000 ids).
   static T5Config tiny();
   // A transformers config.json (T5Config); throws std::runtime_error naming what it cannot use.
   static T5Config from_json_file(const std::filesystem::path& path);

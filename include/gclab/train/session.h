@@ -30,6 +30,10 @@
 
 namespace gclab::train {
 
+// How model.quantize / quantize_te store a Linear weight: float8 (AI Toolkit's default qtype qfloat8) until
+// the quantization issue brings the other qtypes.
+inline constexpr nn::WeightStorage kQuantizedStorage = nn::WeightStorage::Float8PerTensor;
+
 struct SessionOptions {
   // Build on the meta device: shapes and byte counts, no memory and no data (train --dry-run, estimate).
   bool meta = false;
@@ -184,6 +188,11 @@ class Session {
 // cannot use.
 vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                           const std::filesystem::path& weights = {});
+// What a run conditions on: the family's text encoders (model::text_encoders) from name_or_path's
+// text_encoder*/ and tokenizer*/ folders when it is a local diffusers folder, sized to the transformer's
+// text widths and length, placed by `options`.
+text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                                       const torch::TensorOptions& options);
 // Whether some dataset caches latents (cache_latents / cache_latents_to_disk): the autoencoder then encodes
 // before training and leaves the device.
 bool run_caches_latents(const config::ProcessConfig& config);

@@ -1,0 +1,221 @@
+#include "gclab/text/prompt.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace gclab::text {
+
+namespace {
+
+using Kind = config::TextEncoderKind;
+
+// How the pipeline composes its encoders, by the encoders it has.
+enum class Composition { none, flux, sd3, qwen_image, zimage };
+
+Composition composition_of(const std::vector<Kind>& kinds) {
+  auto has = [&](Kind k) { return std::find(kinds.begin(), kinds.end(), k) != kinds.end(); };
+  if (kinds.empty()) return Composition::none;
+  if (kinds.size() == 1 && has(Kind::qwen25_vl)) return Composition::qwen_image;
+  if (kinds.size() == 1 && has(Kind::qwen3)) return Composition::zimage;
+  if (kinds == std::vector<Kind>{Kind::clip_l, Kind::t5_xxl}) return Composition::flux;
+  if (kinds == std::vector<Kind>{Kind::clip_l_projected, Kind::clip_g_projected, Kind::t5_xxl}) return Composition::sd3;
+  throw std::runtime_error("no pipeline composes these text encoders");
+}
+
+// QwenImagePipeline.prompt_template_encode (its prompt_template_encode_start_idx = 34 tokens are dropped).
+constexpr const char* kQwenImagePrefix =
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+    "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n";
+// Qwen's chat template for one user turn with add_generation_prompt (Z-Image: enable_thinking=True adds
+// nothing after it).
+constexpr const char* kQwenUserPrefix = "<|im_start|>user\n";
+constexpr const char* kQwenAssistantSuffix = "<|im_end|>\n<|im_start|>assistant\n";
+
+// The widths each slot's CPU-test encoder is built at so the composition gives the transformer's widths.
+std::vector<TinyWidths> tiny_widths(Composition c, int64_t text_width, int64_t pooled_width) {
+  switch (c) {
+    case Composition::flux:
+      return {{pooled_width, 0}, {text_width, 0}};
+    case Composition::sd3: {
+      int64_t clip = std::min<int64_t>(32, text_width / 2);
+      if (clip >= 4) clip -= clip % 4;
+      return {{clip, pooled_width / 2}, {clip, pooled_width - pooled_width / 2}, {text_width, 0}};
+    }
+    case Composition::qwen_image:
+    case Composition::zimage:
+      return {{text_width, 0}};
+    case Composition::none:
+      break;
+  }
+  return {};
+}
+
+// Whether encoders of these widths (hidden, pooled per slot) give what the transformer takes.
+bool composes(Composition c, const std::vector<TinyWidths>& w, int64_t text_width, int64_t pooled_width) {
+  switch (c) {
+    case Composition::flux:
+      return w[1].hidden == text_width && w[0].projection == pooled_width;
+    case Composition::sd3:
+      return w[2].hidden == text_width && w[0].hidden + w[1].hidden <= text_width &&
+             w[0].projection + w[1].projection == pooled_width;
+    case Composition::qwen_image:
+    case Composition::zimage:
+      return w[0].hidden == text_width;
+    case Composition::none:
+      break;
+  }
+  return true;
+}
+
+}  // namespace
+
+HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
+  const int64_t v = encoder.vocab_size();
+  switch (encoder.kind()) {
+    case Kind::clip_l:
+    case Kind::clip_l_projected:
+    case Kind::clip_g_projected:
+      // <|startoftext|> and <|endoftext|> are CLIP's last two ids; FLUX's and SD3's CLIP-L pad with
+      // <|endoftext|>.
+      return {0, v - 2, v - 2, v - 1, v - 1};
+    case Kind::t5_xxl:
+      return {2, v, -1, 1, 0};  // <pad> 0, </s> 1
+    case Kind::qwen25_vl:
+    case Kind::qwen3:
+      break;
+  }
+  return {0, v, -1, -1, std::max<int64_t>(v - 1, 0)};  // Qwen adds no special tokens; pads with <|endoftext|>
+}
+
+PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text_width) {
+  const Composition c = composition_of(o.kinds);
+  if (c == Composition::none) return;
+  std::vector<TinyWidths> presets;
+  for (Kind k : o.kinds) presets.push_back(preset_widths(k));
+  const bool full = !o.tiny && composes(c, presets, o.text_width, o.pooled_width);
+  const std::vector<TinyWidths> tiny = tiny_widths(c, o.text_width, o.pooled_width);
+  std::vector<TinyWidths> built;
+  for (size_t i = 0; i < o.kinds.size(); ++i) {
+    const std::filesystem::path folder = i < o.encoders.size() ? o.encoders[i] : std::filesystem::path();
+    LoadedTextEncoder e = build_text_encoder(o.kinds[i], !full, folder, o.options, !o.options.device().is_meta(),
+                                             full ? TinyWidths{} : tiny[i]);
+    if (o.linear_storage)
+      for (auto& [name, linear] : nn::named_linears(*e.encoder)) linear->set_weight_storage(*o.linear_storage);
+    Slot s;
+    s.encoder = e.encoder;
+    s.random = e.random;
+    built.push_back({s.encoder->hidden_width(), s.encoder->pooled_width()});
+    const std::filesystem::path tok = i < o.tokenizers.size() ? o.tokenizers[i] : std::filesystem::path();
+    std::error_code ec;
+    if (o.kinds[i] == Kind::t5_xxl && !tok.empty() && std::filesystem::is_regular_file(tok / "spiece.model", ec)) {
+      s.tokenizer = std::make_unique<T5Tokenizer>(tok);
+      s.hashing = false;
+    } else {
+      s.tokenizer = std::make_unique<HashingTokenizer>(hashing_vocabulary(*s.encoder));
+    }
+    slots_.push_back(std::move(s));
+  }
+  if (!composes(c, built, o.text_width, o.pooled_width))
+    throw std::runtime_error("the text encoders' widths do not give the transformer's text width " +
+                             std::to_string(o.text_width) + " and pooled width " + std::to_string(o.pooled_width));
+  switch (c) {
+    case Composition::flux:
+      slots_[0].call = {"", "", slots_[0].encoder->max_positions(), true, false, 0};
+      slots_[1].call = {"", "", o.max_tokens, true, false, 0};
+      fixed_rows_ = o.max_tokens;
+      break;
+    case Composition::sd3: {
+      const int64_t clip = slots_[0].encoder->max_positions();
+      if (o.max_tokens <= clip)
+        throw std::runtime_error("the transformer takes " + std::to_string(o.max_tokens) +
+                                 " text rows, not more than "
+                                 "CLIP's " +
+                                 std::to_string(clip) + ": no room for T5's");
+      slots_[0].call = {"", "", clip, true, false, 0};
+      slots_[1].call = {"", "", slots_[1].encoder->max_positions(), true, false, 0};
+      slots_[2].call = {"", "", o.max_tokens - clip, true, false, 0};
+      fixed_rows_ = o.max_tokens;
+      break;
+    }
+    case Composition::qwen_image: {
+      const auto drop = static_cast<int64_t>(slots_[0].tokenizer->encode(kQwenImagePrefix).size());
+      slots_[0].call = {kQwenImagePrefix, kQwenAssistantSuffix, o.max_tokens + drop, false, true, drop};
+      break;
+    }
+    case Composition::zimage:
+      slots_[0].call = {kQwenUserPrefix, kQwenAssistantSuffix, o.max_tokens, true, true, 0};
+      break;
+    case Composition::none:
+      break;
+  }
+}
+
+TokenizedBatch PromptEncoder::tokenize(size_t slot, const std::string& prompt) const {
+  const Slot& s = slots_.at(slot);
+  const std::string text = s.call.prefix + prompt + s.call.suffix;
+  if (s.call.pad) return s.tokenizer->encode_batch({text}, s.call.max_length);
+  const auto ids = s.tokenizer->encode(text, s.call.max_length);
+  const auto n = static_cast<int64_t>(ids.size());
+  return {torch::tensor(ids, torch::kLong).view({1, n}), torch::ones({1, n}, torch::kLong)};
+}
+
+int64_t PromptEncoder::rows(const std::string& prompt) const {
+  if (slots_.empty()) return 0;
+  if (fixed_rows_ > 0) return fixed_rows_;
+  const Slot& s = slots_.back();
+  const auto tokens =
+      static_cast<int64_t>(s.tokenizer->encode(s.call.prefix + prompt + s.call.suffix, s.call.max_length).size());
+  return std::max<int64_t>(tokens - s.call.drop, 0);
+}
+
+PromptEmbedding PromptEncoder::encode(const std::string& prompt) {
+  PromptEmbedding out;
+  if (slots_.empty()) return out;
+  torch::NoGradGuard no_grad;
+  std::vector<EncodedText> e;
+  std::vector<int64_t> valid;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    const TokenizedBatch t = tokenize(i, prompt);
+    const torch::Device device = s.encoder->parameters().front().device();
+    e.push_back(s.encoder->encode(t.input_ids.to(device), s.call.mask ? t.attention_mask.to(device) : torch::Tensor()));
+    valid.push_back(t.attention_mask.sum().item<int64_t>());
+  }
+  std::vector<torch::Tensor> pooled;
+  for (const auto& x : e)
+    if (x.pooled.defined()) pooled.push_back(x.pooled);
+  if (!pooled.empty()) out.pooled = pooled.size() == 1 ? pooled[0] : torch::cat(pooled, -1);
+  if (slots_.size() == 3) {
+    // SD3: the CLIPs' states side by side, zero-padded to T5's width, then T5's rows.
+    torch::Tensor clip = torch::cat({e[0].hidden_states, e[1].hidden_states}, -1);
+    clip = torch::constant_pad_nd(clip, {0, text_width_ - clip.size(-1)});
+    out.text = torch::cat({clip, e[2].hidden_states}, 1);
+  } else {
+    const Slot& s = slots_.back();
+    torch::Tensor h = e.back().hidden_states;
+    // A masked, padded call keeps only the real tokens' rows (Z-Image); Qwen-Image drops the template.
+    if (s.call.mask && s.call.pad) h = h.slice(1, 0, valid.back());
+    out.text = h.slice(1, s.call.drop);
+  }
+  return out;
+}
+
+int64_t PromptEncoder::weight_bytes(size_t slot) const {
+  int64_t b = 0;
+  const auto& e = *slots_.at(slot).encoder;
+  for (const auto& p : e.parameters()) b += static_cast<int64_t>(p.nbytes());
+  for (const auto& t : e.buffers()) b += static_cast<int64_t>(t.nbytes());
+  return b;
+}
+
+int64_t PromptEncoder::weight_bytes() const {
+  int64_t b = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) b += weight_bytes(i);
+  return b;
+}
+
+void PromptEncoder::to(torch::Device device) {
+  for (auto& s : slots_) s.encoder->to(device);
+}
+
+}  // namespace gclab::text

@@ -1,0 +1,184 @@
+// The families' prompt encoding (text::PromptEncoder): each pipeline's composition checked against its
+// encoders called by hand as diffusers' pipelines call them; the full-size presets' rows and widths on the
+// meta device; encoders sized to a transformer of any width; quantize_te's float8 Linear weights.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "gclab/model/family.h"
+#include "gclab/model/spec.h"
+#include "gclab/text/prompt.h"
+
+namespace gclab::text {
+namespace {
+
+PromptEncoderOptions options_for(const std::string& preset, const torch::TensorOptions& where = {}) {
+  const model::ModelSpec spec = model::spec_by_preset(preset);
+  PromptEncoderOptions o;
+  o.kinds = model::text_encoders(spec.family);
+  o.tiny = spec.tiny;
+  o.text_width = spec.text_dim;
+  o.pooled_width = spec.pooled_dim;
+  o.max_tokens = spec.max_text_tokens;
+  o.options = where;
+  return o;
+}
+
+EncodedText by_hand(PromptEncoder& p, size_t slot, const std::string& prompt) {
+  const TokenizedBatch t = p.tokenize(slot, prompt);
+  return p.encoder(slot).encode(t.input_ids, p.call(slot).mask ? t.attention_mask : torch::Tensor());
+}
+
+TEST(PromptEncoder, FluxTakesT5sPaddedRowsAndClipsPooledOutput) {
+  torch::manual_seed(1);
+  PromptEncoder p(options_for("tiny-flux"));
+  torch::NoGradGuard g;
+  const auto e = p.encode("a red circle on a blue square");
+  EXPECT_EQ(e.text.sizes(), (std::vector<int64_t>{1, 32, 64}));
+  EXPECT_EQ(p.rows("a red circle"), 32);
+  EXPECT_TRUE(torch::equal(e.text, by_hand(p, 1, "a red circle on a blue square").hidden_states));
+  EXPECT_TRUE(torch::equal(e.pooled, by_hand(p, 0, "a red circle on a blue square").pooled));
+  // Every row is conditioned on, the padding's too (FLUX passes no attention mask).
+  EXPECT_GT(e.text[0][31].abs().sum().item<float>(), 0.0f);
+  // CLIP is called at its 16 (tiny) positions: <|startoftext|>, the words, <|endoftext|>, padding.
+  const auto clip = p.tokenize(0, "a red circle");
+  EXPECT_EQ(clip.input_ids.size(1), 16);
+  EXPECT_EQ(clip.input_ids[0][0].item<int64_t>(), 998);
+  EXPECT_EQ(clip.input_ids[0][4].item<int64_t>(), 999);
+}
+
+TEST(PromptEncoder, Sd3PutsBothClipsSideBySidePaddedToT5sWidthThenT5sRows) {
+  torch::manual_seed(2);
+  auto o = options_for("tiny-sd3");
+  o.text_width = 96;  // wider than the two CLIPs: the zero padding shows
+  PromptEncoder p(o);
+  torch::NoGradGuard g;
+  const std::string prompt = "a photo of a cat";
+  const auto e = p.encode(prompt);
+  EXPECT_EQ(e.text.sizes(), (std::vector<int64_t>{1, 48, 96}));
+  EXPECT_EQ(p.call(2).max_length, 48 - 16);
+  const auto l = by_hand(p, 0, prompt), gg = by_hand(p, 1, prompt), t5 = by_hand(p, 2, prompt);
+  EXPECT_TRUE(torch::equal(e.text.slice(1, 0, 16).slice(2, 0, 32), l.hidden_states));
+  EXPECT_TRUE(torch::equal(e.text.slice(1, 0, 16).slice(2, 32, 64), gg.hidden_states));
+  EXPECT_EQ(e.text.slice(1, 0, 16).slice(2, 64).abs().sum().item<float>(), 0.0f);
+  EXPECT_TRUE(torch::equal(e.text.slice(1, 16), t5.hidden_states));
+  EXPECT_TRUE(torch::equal(e.pooled, torch::cat({l.pooled, gg.pooled}, -1)));
+  EXPECT_EQ(e.pooled.size(1), 32);
+}
+
+TEST(PromptEncoder, QwenImageDropsItsTemplatesThirtyFourPrefixTokens) {
+  torch::manual_seed(3);
+  PromptEncoder p(options_for("tiny-qwen-image"));
+  torch::NoGradGuard g;
+  EXPECT_EQ(p.call(0).drop, 34);  // the hashing stand-in splits the template as Qwen's tokenizer does
+  const std::string prompt = "a small red house, by the sea";
+  const auto t = p.tokenize(0, prompt);
+  const auto e = p.encode(prompt);
+  EXPECT_EQ(e.text.size(1), t.input_ids.size(1) - 34);
+  EXPECT_EQ(p.rows(prompt), e.text.size(1));
+  EXPECT_TRUE(torch::equal(e.text, by_hand(p, 0, prompt).hidden_states.slice(1, 34)));
+  // The empty caption keeps the template's five closing tokens (<|im_end|>, \n, <|im_start|>, assistant, \n).
+  EXPECT_EQ(p.rows(""), 5);
+  EXPECT_EQ(e.text.size(2), 64);
+}
+
+TEST(PromptEncoder, ZImageTakesTheRealTokensOfAPaddedMaskedCall) {
+  torch::manual_seed(4);
+  PromptEncoder p(options_for("tiny-zimage"));
+  torch::NoGradGuard g;
+  const std::string prompt = "three green apples";
+  const auto t = p.tokenize(0, prompt);
+  EXPECT_EQ(t.input_ids.size(1), 64);  // padded to max_sequence_length (tiny: 64)
+  const int64_t real = t.attention_mask.sum().item<int64_t>();
+  EXPECT_EQ(real, 3 + 3 + 5);  // <|im_start|> user \n, the words, the closing five
+  const auto e = p.encode(prompt);
+  EXPECT_EQ(e.text.sizes(), (std::vector<int64_t>{1, real, 64}));
+  EXPECT_EQ(p.rows(prompt), real);
+  // Causal attention with the padding on the right: the real rows are what an unpadded call gives.
+  const auto unpadded = p.encoder(0).encode(t.input_ids.slice(1, 0, real), t.attention_mask.slice(1, 0, real));
+  EXPECT_TRUE(torch::allclose(e.text, unpadded.hidden_states, 1e-5, 1e-6));
+}
+
+// The full-size presets' encoders compose to their transformers' widths and text rows (meta device).
+TEST(PromptEncoder, FullSizePresetsGiveTheirTransformersRowsAndWidths) {
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  struct Case {
+    const char* preset;
+    int64_t rows;
+  };
+  for (const Case& c : {Case{"flux-dev", 512}, Case{"flux-schnell", 256}, Case{"sd35-large", 333}}) {
+    PromptEncoder p(options_for(c.preset, meta));
+    EXPECT_EQ(p.rows("anything"), c.rows) << c.preset;
+    EXPECT_EQ(p.encoder(0).vocab_size(), 49408) << c.preset;  // CLIP-L at its real shape
+  }
+  PromptEncoder sd3(options_for("sd35-large", meta));
+  EXPECT_EQ(sd3.call(0).max_length, 77);
+  EXPECT_EQ(sd3.call(2).max_length, 256);
+  PromptEncoder qwen(options_for("qwen-image", meta));
+  EXPECT_EQ(qwen.encoder(0).hidden_width(), 3584);
+  EXPECT_EQ(qwen.call(0).max_length, 1024 + 34);
+  PromptEncoder z(options_for("zimage", meta));
+  EXPECT_EQ(z.encoder(0).hidden_width(), 2560);
+  EXPECT_EQ(z.call(0).max_length, 512);
+  // The weights as the run holds them: T5-XXL + CLIP-L in bf16.
+  PromptEncoder flux(options_for("flux-dev", meta.dtype(torch::kBFloat16)));
+  EXPECT_EQ(flux.weight_bytes(), int64_t{2} * (123060480 + 4762310656));
+}
+
+// A transformer of another width (a config.json of one's own) gets CPU-test encoders at its widths; a
+// width no composition gives is refused.
+TEST(PromptEncoder, EncodersAreSizedToATransformerOfAnyWidth) {
+  torch::manual_seed(5);
+  auto o = options_for("flux-dev");
+  o.text_width = 48, o.pooled_width = 24, o.max_tokens = 20;
+  PromptEncoder p(o);
+  torch::NoGradGuard g;
+  const auto e = p.encode("x");
+  EXPECT_EQ(e.text.sizes(), (std::vector<int64_t>{1, 20, 48}));
+  EXPECT_EQ(e.pooled.sizes(), (std::vector<int64_t>{1, 24}));
+  auto sd3 = options_for("sd35-large", torch::TensorOptions().device(torch::kMeta));
+  sd3.max_tokens = 77;  // no room for T5 after CLIP's 77
+  EXPECT_THROW(PromptEncoder{sd3}, std::runtime_error);
+}
+
+TEST(PromptEncoder, QuantizeTeStoresEveryLinearWeightInFloat8) {
+  torch::manual_seed(6);
+  auto o = options_for("tiny-flux");
+  PromptEncoder plain(o);
+  int64_t linear_weights = 0, linears = 0;
+  for (size_t i = 0; i < plain.slots(); ++i)
+    for (auto& [name, l] : nn::named_linears(plain.encoder(i))) linear_weights += l->weight.numel(), ++linears;
+  o.linear_storage = nn::WeightStorage::Float8PerTensor;
+  torch::manual_seed(6);  // the same random weights, then stored in float8
+  PromptEncoder q(o);
+  // Three bytes saved per float32 weight, a float32 scale per Linear added.
+  EXPECT_EQ(plain.weight_bytes() - q.weight_bytes(), 3 * linear_weights - 4 * linears);
+  torch::NoGradGuard g;
+  const auto a = plain.encode("a dog"), b = q.encode("a dog");
+  EXPECT_TRUE(torch::isfinite(b.text).all().item<bool>());
+  // float8 e4m3 keeps 3 mantissa bits: the hidden states move by a few percent, not more.
+  const double rel = ((a.text - b.text).norm() / a.text.norm()).item<double>();
+  EXPECT_GT(rel, 0.0);
+  EXPECT_LT(rel, 0.1);
+}
+
+TEST(HashingTokenizer, SplitsAsByteLevelTokenizersDoAndKeepsItsSpecialTokens) {
+  HashingTokenizer t5({2, 1000, -1, 1, 0});
+  const auto ids = t5.encode("Hello, world!\nAgain");
+  ASSERT_EQ(ids.size(), 7u);  // hello , world ! \n again </s>
+  EXPECT_EQ(ids.back(), 1);
+  EXPECT_EQ(t5.encode("HELLO"), t5.encode("hello"));
+  EXPECT_NE(t5.encode("hello"), t5.encode("world"));
+  for (int64_t id : t5.encode("many different words here 123 <|im_start|>"))
+    EXPECT_TRUE(id == 1 || (id >= 2 && id < 1000));
+  const auto cut = t5.encode("one two three four five", 3);
+  EXPECT_EQ(cut.size(), 3u);
+  EXPECT_EQ(cut.back(), 1);
+  EXPECT_EQ(t5.encode("<|im_start|>").size(), 2u);  // one special token, then </s>
+  const auto batch = t5.encode_batch({"a b", "a b c d"}, 4);
+  EXPECT_EQ(batch.attention_mask[0].sum().item<int64_t>(), 3);
+  EXPECT_EQ(batch.attention_mask[1].sum().item<int64_t>(), 4);
+  EXPECT_EQ(batch.input_ids[0][3].item<int64_t>(), 0);  // <pad>
+}
+
+}  // namespace
+}  // namespace gclab::text
