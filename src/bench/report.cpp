@@ -118,7 +118,10 @@ std::string format_text_encoders(const config::ProcessConfig& config) {
       << (leaves ? "cache_text_embeddings / unload_text_encoder: they leave once the captions (or the trigger "
                    "word) and the sample prompts are encoded"
                  : "captions are encoded every step")
-      << (config.model.low_vram ? "; low_vram: AI Toolkit keeps them in host memory between encodes" : "") << "\n";
+      << (config.model.low_vram ? "; low_vram does not move them: AI Toolkit's low_vram quantizes the transformer "
+                                  "on the CPU while loading, and its encoders stay on the device"
+                                : "")
+      << "\n";
   return out.str();
 }
 
