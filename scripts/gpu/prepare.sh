@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PACKAGES=(libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libgtest-dev
           libcli11-dev nlohmann-json3-dev libstb-dev libstb0 libwebp-dev libwebp7 libwebpdemux2 libwebpmux3
-          libsentencepiece-dev libsentencepiece0 pkgconf pkgconf-bin libpkgconf3)
+          libsentencepiece-dev libsentencepiece0 libicu-dev libicu72 icu-devtools pkgconf pkgconf-bin libpkgconf3)
 ROOT=third_party/root
 mkdir -p third_party/debs
 (cd third_party/debs && apt-get download "${PACKAGES[@]}" >/dev/null)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "gclab/text/bpe.h"
+
 namespace gclab::text {
 
 namespace {
@@ -107,8 +109,12 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
     built.push_back({s.encoder->hidden_width(), s.encoder->pooled_width()});
     const std::filesystem::path tok = i < o.tokenizers.size() ? o.tokenizers[i] : std::filesystem::path();
     std::error_code ec;
+    const bool clip = o.kinds[i] != Kind::t5_xxl && o.kinds[i] != Kind::qwen25_vl && o.kinds[i] != Kind::qwen3;
     if (o.kinds[i] == Kind::t5_xxl && !tok.empty() && std::filesystem::is_regular_file(tok / "spiece.model", ec)) {
       s.tokenizer = std::make_unique<T5Tokenizer>(tok);
+      s.hashing = false;
+    } else if (clip && has_bpe_files(tok)) {
+      s.tokenizer = std::make_unique<ClipTokenizer>(tok);
       s.hashing = false;
     } else {
       s.tokenizer = std::make_unique<HashingTokenizer>(hashing_vocabulary(*s.encoder));

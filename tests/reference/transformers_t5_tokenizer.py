@@ -16,6 +16,10 @@ import subprocess
 import sys
 
 MAX_LENGTH = 48
+# The words the tokenizer tests' corpora and captions are made of (the CLIP test imports them).
+WORDS = ("a photo of the cat dog red blue green circle square on in with at night day woman man city street tree sky "
+         "painting portrait landscape mountain river golden hour soft light shadow glass water reflection wooden "
+         "table old new small large bright dark").split()
 
 
 def captions(rng, words):
@@ -46,9 +50,7 @@ def main():
         print(f"reference unavailable: {e}", file=sys.stderr)
         sys.exit(77)
     rng = random.Random(0)
-    words = ("a photo of the cat dog red blue green circle square on in with at night day woman man city street tree "
-             "sky painting portrait landscape mountain river golden hour soft light shadow glass water reflection "
-             "wooden table old new small large bright dark").split()
+    words = WORDS
     os.makedirs(work, exist_ok=True)
     corpus = os.path.join(work, "corpus.txt")
     with open(corpus, "w", encoding="utf-8") as f:

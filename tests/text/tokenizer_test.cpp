@@ -9,6 +9,7 @@
 #include <random>
 
 #include "../support/test_util.h"
+#include "gclab/text/bpe.h"
 #include "gclab/text/tokenizer.h"
 
 namespace gclab::text {
@@ -70,6 +71,36 @@ TEST(T5Tokenizer, AMissingOrBrokenModelIsAnErrorNamingTheFile) {
     ADD_FAILURE() << "a broken model loaded";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("not a SentencePiece model"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// CLIP's byte-level BPE on a vocabulary written here: lower-cased words, "</w>" on the last symbol, merges by
+// rank, <|startoftext|> ... <|endoftext|> around, a cut keeping both, pad_token from tokenizer_config.json;
+// missing files are errors naming them. Against transformers' CLIPTokenizer on a trained vocabulary: ctest
+// interop.transformers_clip_tokenizer.
+TEST(ClipTokenizer, MergesByRankAndKeepsItsSpecialTokens) {
+  const fs::path dir = testing::fresh_dir("clip_tokenizer");
+  std::ofstream(dir / "vocab.json")
+      << R"({"<|startoftext|>": 0, "<|endoftext|>": 1, "a": 2, "b": 3, "a</w>": 4, "b</w>": 5, "ab</w>": 6, "!": 7})";
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\na b</w>\n";
+  std::ofstream(dir / "tokenizer_config.json") << R"({"pad_token": {"content": "!"}})";
+  ASSERT_TRUE(has_bpe_files(dir));
+  const ClipTokenizer t(dir);
+  EXPECT_EQ(t.encode("AB"), (std::vector<int64_t>{0, 6, 1}));
+  EXPECT_EQ(t.encode("ba  a"), (std::vector<int64_t>{0, 3, 4, 4, 1}));
+  EXPECT_EQ(t.encode("ab ab ab", 3), (std::vector<int64_t>{0, 6, 1}));
+  EXPECT_EQ(t.pad_id(), 7);
+  EXPECT_EQ(t.encode("ab!"), (std::vector<int64_t>{0, 6, 7, 1}));  // the pad token is an added token
+  const auto batch = t.encode_batch({"ab"}, 5);
+  EXPECT_EQ(batch.input_ids[0][4].item<int64_t>(), 7);
+  fs::remove(dir / "merges.txt");
+  EXPECT_FALSE(has_bpe_files(dir));
+  try {
+    ClipTokenizer broken(dir);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("merges.txt"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
 }

@@ -1,0 +1,61 @@
+// Byte-level BPE, as Hugging Face's tokenizers library runs it (the BPE model of CLIP's and Qwen's
+// tokenizers): a pre-token's UTF-8 bytes become GPT-2's printable byte alphabet (bytes_to_unicode), an
+// optional end-of-word suffix goes on the last symbol (CLIP: "</w>"), then the merges of merges.txt are
+// applied lowest rank first and the symbols looked up in vocab.json (an unknown one: the unk id). The
+// text rules around it (Unicode normalization, lower-casing, the pre-tokenizer's regex) go through ICU
+// (Debian's libicu) in src/text/bpe.cpp.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "gclab/text/tokenizer.h"
+
+namespace gclab::text {
+
+class ByteLevelBpe {
+ public:
+  // Throws std::runtime_error naming the file when vocab.json or merges.txt is missing or malformed.
+  ByteLevelBpe(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt,
+               std::string end_of_word_suffix, const std::string& unk_token);
+  // Appends the ids of one pre-token (UTF-8).
+  void encode_piece(const std::string& piece, std::vector<int64_t>& out) const;
+  // The id of a token written in the byte alphabet (a special token's text); -1 when absent.
+  int64_t id(const std::string& token) const;
+  int64_t size() const { return static_cast<int64_t>(vocab_.size()); }
+
+ private:
+  std::unordered_map<std::string, int64_t> vocab_;
+  std::map<std::pair<std::string, std::string>, int64_t> ranks_;
+  std::string suffix_;
+  int64_t unk_ = -1;
+  std::vector<std::string> byte_symbol_;  // byte -> its printable symbol (UTF-8)
+};
+
+// CLIP's tokenizer as transformers 5 builds CLIPTokenizer: NFC, runs of whitespace to one space, lower case;
+// pre-tokens by `<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+`;
+// byte-level BPE with "</w>"; <|startoftext|> ... <|endoftext|> around them, cut keeping both. Pads with
+// tokenizer_config.json's pad_token (CLIP-L: <|endoftext|>; SD3's bigG tokenizer: "!").
+class ClipTokenizer : public Tokenizer {
+ public:
+  // `folder`: a tokenizer folder with vocab.json and merges.txt (tokenizer_config.json optional).
+  explicit ClipTokenizer(const std::filesystem::path& folder);
+  std::vector<int64_t> encode(const std::string& text, int64_t max_length = 0) const override;
+  int64_t pad_id() const override { return pad_; }
+  int64_t vocab_size() const { return bpe_.size(); }
+
+ private:
+  ByteLevelBpe bpe_;
+  int64_t bos_ = 0, eos_ = 0, pad_ = 0;
+  std::vector<std::pair<std::string, int64_t>> specials_;  // matched in the text before normalizing
+};
+
+// Whether `folder` holds a byte-level BPE tokenizer's files (vocab.json and merges.txt).
+bool has_bpe_files(const std::filesystem::path& folder);
+
+}  // namespace gclab::text

@@ -1,0 +1,227 @@
+#include "gclab/text/bpe.h"
+
+#include <unicode/locid.h>
+#include <unicode/normalizer2.h>
+#include <unicode/regex.h>
+#include <unicode/unistr.h>
+
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "gclab/io/json_file.h"
+
+namespace gclab::text {
+
+namespace {
+
+// GPT-2's bytes_to_unicode: the printable Latin-1 bytes stand for themselves, the others for 256 + n.
+std::vector<std::string> byte_symbols() {
+  std::vector<int> code(256, -1);
+  for (int b = '!'; b <= '~'; ++b) code[static_cast<size_t>(b)] = b;
+  for (int b = 0xA1; b <= 0xAC; ++b) code[static_cast<size_t>(b)] = b;
+  for (int b = 0xAE; b <= 0xFF; ++b) code[static_cast<size_t>(b)] = b;
+  int n = 0;
+  for (int b = 0; b < 256; ++b)
+    if (code[static_cast<size_t>(b)] < 0) code[static_cast<size_t>(b)] = 256 + n++;
+  std::vector<std::string> out;
+  for (int c : code) {
+    std::string s;
+    icu::UnicodeString(static_cast<UChar32>(c)).toUTF8String(s);
+    out.push_back(s);
+  }
+  return out;
+}
+
+void check(UErrorCode status, const char* what) {
+  if (U_FAILURE(status)) throw std::runtime_error(std::string("ICU: ") + what + ": " + u_errorName(status));
+}
+
+// A compiled pattern shared by every call (ICU patterns are thread-safe; matchers are per call).
+std::unique_ptr<icu::RegexPattern> compile(const char* pattern) {
+  UErrorCode status = U_ZERO_ERROR;
+  UParseError parse{};
+  std::unique_ptr<icu::RegexPattern> p(
+      icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern), 0, parse, status));
+  check(status, pattern);
+  return p;
+}
+
+// Every match of `pattern` in `text`, in order (the text between them dropped).
+std::vector<std::string> matches(const icu::RegexPattern& pattern, const icu::UnicodeString& text) {
+  UErrorCode status = U_ZERO_ERROR;
+  std::unique_ptr<icu::RegexMatcher> m(pattern.matcher(text, status));
+  check(status, "matcher");
+  std::vector<std::string> out;
+  while (m->find(status)) {
+    std::string s;
+    m->group(status).toUTF8String(s);
+    out.push_back(std::move(s));
+  }
+  check(status, "find");
+  return out;
+}
+
+// A special token's text from tokenizer_config.json / special_tokens_map.json (a string or {"content": ...}).
+void read_token(const nlohmann::json& j, const char* key, std::string& out) {
+  if (!j.contains(key) || j[key].is_null()) return;
+  if (j[key].is_string())
+    out = j[key].get<std::string>();
+  else if (j[key].is_object() && j[key].contains("content"))
+    out = j[key]["content"].get<std::string>();
+}
+
+}  // namespace
+
+ByteLevelBpe::ByteLevelBpe(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt,
+                           std::string end_of_word_suffix, const std::string& unk_token)
+    : suffix_(std::move(end_of_word_suffix)), byte_symbol_(byte_symbols()) {
+  vocab_ = io::parse_json_file(vocab_json, [](const nlohmann::json& j) {
+    if (!j.is_object()) throw std::runtime_error("not a token -> id object");
+    std::unordered_map<std::string, int64_t> v;
+    for (const auto& [token, id] : j.items()) v.emplace(token, id.get<int64_t>());
+    return v;
+  });
+  std::ifstream in(merges_txt);
+  if (!in) throw std::runtime_error(merges_txt.string() + ": cannot be read");
+  std::string line;
+  int64_t rank = 0;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    const size_t space = line.find(' ');
+    if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
+      throw std::runtime_error(merges_txt.string() + ": line '" + line + "' is not a pair of tokens");
+    ranks_.emplace(std::make_pair(line.substr(0, space), line.substr(space + 1)), rank++);
+  }
+  unk_ = id(unk_token);
+}
+
+int64_t ByteLevelBpe::id(const std::string& token) const {
+  const auto it = vocab_.find(token);
+  return it == vocab_.end() ? -1 : it->second;
+}
+
+void ByteLevelBpe::encode_piece(const std::string& piece, std::vector<int64_t>& out) const {
+  if (piece.empty()) return;
+  std::vector<std::string> word;
+  for (unsigned char b : piece) word.push_back(byte_symbol_[b]);
+  word.back() += suffix_;
+  // The merges lowest rank first, each applied to every occurrence left to right.
+  while (word.size() > 1) {
+    int64_t best = std::numeric_limits<int64_t>::max();
+    for (size_t i = 0; i + 1 < word.size(); ++i) {
+      const auto it = ranks_.find({word[i], word[i + 1]});
+      if (it != ranks_.end() && it->second < best) best = it->second;
+    }
+    if (best == std::numeric_limits<int64_t>::max()) break;
+    std::vector<std::string> merged;
+    for (size_t i = 0; i < word.size(); ++i) {
+      if (i + 1 < word.size()) {
+        const auto it = ranks_.find({word[i], word[i + 1]});
+        if (it != ranks_.end() && it->second == best) {
+          merged.push_back(word[i] + word[i + 1]);
+          ++i;
+          continue;
+        }
+      }
+      merged.push_back(word[i]);
+    }
+    word = std::move(merged);
+  }
+  for (const auto& symbol : word) {
+    const int64_t i = id(symbol);
+    if (i >= 0)
+      out.push_back(i);
+    else if (unk_ >= 0)
+      out.push_back(unk_);
+  }
+}
+
+bool has_bpe_files(const std::filesystem::path& folder) {
+  std::error_code ec;
+  return !folder.empty() && std::filesystem::is_regular_file(folder / "vocab.json", ec) &&
+         std::filesystem::is_regular_file(folder / "merges.txt", ec);
+}
+
+namespace {
+
+struct ClipSpecials {
+  std::string bos = "<|startoftext|>", eos = "<|endoftext|>", pad = "<|endoftext|>", unk = "<|endoftext|>";
+};
+
+ClipSpecials clip_specials(const std::filesystem::path& folder) {
+  ClipSpecials s;
+  for (const char* file : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(folder / file, ec)) continue;
+    io::parse_json_file(folder / file, [&](const nlohmann::json& j) {
+      read_token(j, "bos_token", s.bos);
+      read_token(j, "eos_token", s.eos);
+      read_token(j, "pad_token", s.pad);
+      read_token(j, "unk_token", s.unk);
+      return 0;
+    });
+  }
+  return s;
+}
+
+}  // namespace
+
+ClipTokenizer::ClipTokenizer(const std::filesystem::path& folder)
+    : bpe_(folder / "vocab.json", folder / "merges.txt", "</w>", clip_specials(folder).unk) {
+  const ClipSpecials s = clip_specials(folder);
+  bos_ = bpe_.id(s.bos), eos_ = bpe_.id(s.eos), pad_ = bpe_.id(s.pad);
+  if (bos_ < 0 || eos_ < 0 || pad_ < 0)
+    throw std::runtime_error(folder.string() + ": vocab.json lacks " + (bos_ < 0 ? s.bos : eos_ < 0 ? s.eos : s.pad));
+  for (const std::string& t : {s.bos, s.eos, s.pad, s.unk})
+    if (bpe_.id(t) >= 0) specials_.emplace_back(t, bpe_.id(t));
+}
+
+std::vector<int64_t> ClipTokenizer::encode(const std::string& text, int64_t max_length) const {
+  static const auto whitespace = compile("\\p{White_Space}+");
+  static const auto split = compile(
+      "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\p{White_Space}\\p{L}\\p{N}]"
+      "+");
+  std::vector<int64_t> ids{bos_};
+  // The special tokens (bos, eos, pad, unk) written in the text are added tokens: matched anywhere before
+  // the normalizer runs, as transformers does — so SD3's bigG tokenizer, whose pad token is "!", gives every
+  // "!" its id rather than the BPE's "!</w>".
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t next = std::string::npos, special_len = 0;
+    int64_t special = -1;
+    for (const auto& [token, id] : specials_) {
+      const size_t p = text.find(token, at);
+      if (p != std::string::npos && (p < next || (p == next && token.size() > special_len)))
+        next = p, special_len = token.size(), special = id;
+    }
+    const std::string chunk = text.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    UErrorCode status = U_ZERO_ERROR;
+    icu::UnicodeString u =
+        icu::Normalizer2::getNFCInstance(status)->normalize(icu::UnicodeString::fromUTF8(chunk), status);
+    check(status, "NFC");
+    std::unique_ptr<icu::RegexMatcher> ws(whitespace->matcher(u, status));
+    check(status, "whitespace");
+    u = ws->replaceAll(icu::UnicodeString(" "), status);
+    check(status, "whitespace");
+    // Each code point lower-cased on its own (full mappings: İ -> i̇), as the tokenizers library does it:
+    // no context rules, so a word-final Σ becomes σ, not ς.
+    icu::UnicodeString lower;
+    for (int32_t i = 0; i < u.length(); i = u.moveIndex32(i, 1))
+      lower.append(icu::UnicodeString(u.char32At(i)).toLower(icu::Locale::getRoot()));
+    u = lower;
+    for (const auto& piece : matches(*split, u)) bpe_.encode_piece(piece, ids);
+    if (next == std::string::npos) break;
+    ids.push_back(special);
+    at = next + special_len;
+  }
+  if (max_length > 0 && static_cast<int64_t>(ids.size()) > max_length - 1)
+    ids.resize(static_cast<size_t>(std::max<int64_t>(max_length - 1, 1)));
+  ids.push_back(eos_);
+  return ids;
+}
+
+}  // namespace gclab::text
