@@ -319,10 +319,8 @@ int run_tokenize(const ConfigArgs& args, const TokenizeArgs& t) {
     const gclab::text::PromptEncoder prompts(plan);
     if (prompts.hashing_tokenizer(slot))
       std::cerr << "gclab tokenize: " << t.component << ": the hashing stand-in ("
-                << (kinds[slot] == gclab::config::TextEncoderKind::t5_xxl ? "no spiece.model in the tokenizer folder"
-                    : kinds[slot] == gclab::config::TextEncoderKind::qwen25_vl ||
-                            kinds[slot] == gclab::config::TextEncoderKind::qwen3
-                        ? "gclab reads T5's and CLIP's tokenizers so far; Qwen's BPE is next"
+                << (kinds[slot] == gclab::config::TextEncoderKind::t5_xxl
+                        ? "no spiece.model in the tokenizer folder"
                         : "no vocab.json and merges.txt in the tokenizer folder")
                 << ")\n";
     for (const auto& caption : t.captions) {

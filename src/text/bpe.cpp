@@ -180,29 +180,52 @@ ClipTokenizer::ClipTokenizer(const std::filesystem::path& folder)
     if (bpe_.id(t) >= 0) specials_.emplace_back(t, bpe_.id(t));
 }
 
+namespace {
+
+using AddedTokens = std::vector<std::pair<std::string, int64_t>>;
+
+// Added tokens written in the text are matched first, anywhere (the longest at a position), before the
+// normalizer runs, as the tokenizers library does; `chunk` encodes the text between them.
+template <class Chunk>
+void split_on_added_tokens(const std::string& text, const AddedTokens& added, std::vector<int64_t>& ids,
+                           Chunk&& chunk) {
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t next = std::string::npos, length = 0;
+    int64_t id = -1;
+    for (const auto& [token, token_id] : added) {
+      const size_t p = text.find(token, at);
+      if (p != std::string::npos && (p < next || (p == next && token.size() > length)))
+        next = p, length = token.size(), id = token_id;
+    }
+    chunk(text.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) break;
+    ids.push_back(id);
+    at = next + length;
+  }
+}
+
+icu::UnicodeString nfc(const std::string& text) {
+  UErrorCode status = U_ZERO_ERROR;
+  icu::UnicodeString u =
+      icu::Normalizer2::getNFCInstance(status)->normalize(icu::UnicodeString::fromUTF8(text), status);
+  check(status, "NFC");
+  return u;
+}
+
+}  // namespace
+
 std::vector<int64_t> ClipTokenizer::encode(const std::string& text, int64_t max_length) const {
   static const auto whitespace = compile("\\p{White_Space}+");
   static const auto split = compile(
       "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\p{White_Space}\\p{L}\\p{N}]"
       "+");
   std::vector<int64_t> ids{bos_};
-  // The special tokens (bos, eos, pad, unk) written in the text are added tokens: matched anywhere before
-  // the normalizer runs, as transformers does — so SD3's bigG tokenizer, whose pad token is "!", gives every
-  // "!" its id rather than the BPE's "!</w>".
-  size_t at = 0;
-  while (at <= text.size()) {
-    size_t next = std::string::npos, special_len = 0;
-    int64_t special = -1;
-    for (const auto& [token, id] : specials_) {
-      const size_t p = text.find(token, at);
-      if (p != std::string::npos && (p < next || (p == next && token.size() > special_len)))
-        next = p, special_len = token.size(), special = id;
-    }
-    const std::string chunk = text.substr(at, next == std::string::npos ? std::string::npos : next - at);
+  // The special tokens (bos, eos, pad, unk) are CLIPTokenizer's added tokens — so SD3's bigG tokenizer,
+  // whose pad token is "!", gives every "!" its id rather than the BPE's "!</w>".
+  split_on_added_tokens(text, specials_, ids, [&](const std::string& chunk) {
     UErrorCode status = U_ZERO_ERROR;
-    icu::UnicodeString u =
-        icu::Normalizer2::getNFCInstance(status)->normalize(icu::UnicodeString::fromUTF8(chunk), status);
-    check(status, "NFC");
+    icu::UnicodeString u = nfc(chunk);
     std::unique_ptr<icu::RegexMatcher> ws(whitespace->matcher(u, status));
     check(status, "whitespace");
     u = ws->replaceAll(icu::UnicodeString(" "), status);
@@ -212,15 +235,82 @@ std::vector<int64_t> ClipTokenizer::encode(const std::string& text, int64_t max_
     icu::UnicodeString lower;
     for (int32_t i = 0; i < u.length(); i = u.moveIndex32(i, 1))
       lower.append(icu::UnicodeString(u.char32At(i)).toLower(icu::Locale::getRoot()));
-    u = lower;
-    for (const auto& piece : matches(*split, u)) bpe_.encode_piece(piece, ids);
-    if (next == std::string::npos) break;
-    ids.push_back(special);
-    at = next + special_len;
-  }
+    for (const auto& piece : matches(*split, lower)) bpe_.encode_piece(piece, ids);
+  });
   if (max_length > 0 && static_cast<int64_t>(ids.size()) > max_length - 1)
     ids.resize(static_cast<size_t>(std::max<int64_t>(max_length - 1, 1)));
   ids.push_back(eos_);
+  return ids;
+}
+
+namespace {
+
+// Qwen's added tokens (<|endoftext|>, <|im_start|>, <|im_end|>, the vision tokens, ...) with their ids:
+// tokenizer_config.json's added_tokens_decoder, else tokenizer.json's added_tokens.
+AddedTokens qwen_added_tokens(const std::filesystem::path& folder) {
+  AddedTokens out;
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(folder / "tokenizer_config.json", ec))
+    io::parse_json_file(folder / "tokenizer_config.json", [&](const nlohmann::json& j) {
+      if (j.contains("added_tokens_decoder"))
+        for (const auto& [id, t] : j["added_tokens_decoder"].items())
+          out.emplace_back(t.at("content").get<std::string>(), std::stoll(id));
+      return 0;
+    });
+  if (out.empty() && std::filesystem::is_regular_file(folder / "tokenizer.json", ec))
+    io::parse_json_file(folder / "tokenizer.json", [&](const nlohmann::json& j) {
+      for (const auto& t : j.value("added_tokens", nlohmann::json::array()))
+        out.emplace_back(t.at("content").get<std::string>(), t.at("id").get<int64_t>());
+      return 0;
+    });
+  return out;
+}
+
+}  // namespace
+
+QwenTokenizer::QwenTokenizer(const std::filesystem::path& folder)
+    : bpe_(folder / "vocab.json", folder / "merges.txt", "", ""), added_(qwen_added_tokens(folder)) {
+  std::string pad = "<|endoftext|>";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(folder / "tokenizer_config.json", ec))
+    io::parse_json_file(folder / "tokenizer_config.json", [&](const nlohmann::json& j) {
+      read_token(j, "pad_token", pad);
+      return 0;
+    });
+  pad_ = bpe_.id(pad);
+  for (const auto& [token, id] : added_)
+    if (token == pad) pad_ = id;
+  if (pad_ < 0) throw std::runtime_error(folder.string() + ": no id for the pad token " + pad);
+}
+
+std::vector<int64_t> QwenTokenizer::encode(const std::string& text, int64_t max_length) const {
+  // Qwen2Tokenizer's pre-tokenizer (transformers' PRETOKENIZE_REGEX), \s spelled as Unicode's White_Space
+  // as the tokenizers library's Oniguruma reads it; the text between matches is kept too ("isolated").
+  static const auto split = compile(
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\p{White_Space}\\p{L}\\p{N}]+[\\r\\n]*|"
+      "\\p{White_Space}*[\\r\\n]+|\\p{White_Space}+(?!\\P{White_Space})|\\p{White_Space}+");
+  std::vector<int64_t> ids;
+  split_on_added_tokens(text, added_, ids, [&](const std::string& chunk) {
+    const icu::UnicodeString u = nfc(chunk);
+    UErrorCode status = U_ZERO_ERROR;
+    std::unique_ptr<icu::RegexMatcher> m(split->matcher(u, status));
+    check(status, "matcher");
+    int32_t last = 0;
+    auto piece = [&](int32_t from, int32_t to) {
+      std::string s;
+      u.tempSubStringBetween(from, to).toUTF8String(s);
+      bpe_.encode_piece(s, ids);
+    };
+    while (m->find(status)) {
+      const int32_t start = m->start(status), end = m->end(status);
+      if (start > last) piece(last, start);
+      piece(start, end);
+      last = end;
+    }
+    check(status, "find");
+    if (last < u.length()) piece(last, u.length());
+  });
+  if (max_length > 0 && static_cast<int64_t>(ids.size()) > max_length) ids.resize(static_cast<size_t>(max_length));
   return ids;
 }
 

@@ -24,7 +24,9 @@ Composition composition_of(const std::vector<Kind>& kinds) {
   throw std::runtime_error("no pipeline composes these text encoders");
 }
 
-// QwenImagePipeline.prompt_template_encode (its prompt_template_encode_start_idx = 34 tokens are dropped).
+// QwenImagePipeline.prompt_template_encode; the pipeline drops its first prompt_template_encode_start_idx = 34
+// rows, the prefix's tokens under Qwen's tokenizer (and under the hashing stand-in's split).
+constexpr int64_t kQwenImageDrop = 34;
 constexpr const char* kQwenImagePrefix =
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
     "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n";
@@ -113,8 +115,11 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
     if (o.kinds[i] == Kind::t5_xxl && !tok.empty() && std::filesystem::is_regular_file(tok / "spiece.model", ec)) {
       s.tokenizer = std::make_unique<T5Tokenizer>(tok);
       s.hashing = false;
-    } else if (clip && has_bpe_files(tok)) {
-      s.tokenizer = std::make_unique<ClipTokenizer>(tok);
+    } else if (o.kinds[i] != Kind::t5_xxl && has_bpe_files(tok)) {
+      if (clip)
+        s.tokenizer = std::make_unique<ClipTokenizer>(tok);
+      else
+        s.tokenizer = std::make_unique<QwenTokenizer>(tok);
       s.hashing = false;
     } else {
       s.tokenizer = std::make_unique<HashingTokenizer>(hashing_vocabulary(*s.encoder));
@@ -143,11 +148,10 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
       fixed_rows_ = o.max_tokens;
       break;
     }
-    case Composition::qwen_image: {
-      const auto drop = static_cast<int64_t>(slots_[0].tokenizer->encode(kQwenImagePrefix).size());
-      slots_[0].call = {kQwenImagePrefix, kQwenAssistantSuffix, o.max_tokens + drop, false, true, drop};
+    case Composition::qwen_image:
+      slots_[0].call = {kQwenImagePrefix, kQwenAssistantSuffix, o.max_tokens + kQwenImageDrop, false, true,
+                        kQwenImageDrop};
       break;
-    }
     case Composition::zimage:
       slots_[0].call = {kQwenUserPrefix, kQwenAssistantSuffix, o.max_tokens, true, true, 0};
       break;

@@ -15,10 +15,9 @@ without transformers / tokenizers.
 import json
 import os
 import random
-import subprocess
 import sys
 
-from transformers_t5_tokenizer import WORDS, captions
+from tokenizer_check import WORDS, captions, compare, corpus
 
 MAX_LENGTH = 77
 EDGE = ["İstanbul ΣΊΣΥΦΟΣ σ", "Ǆemal ﬁne ŉ", "tab\there\u00a0nbsp\u3000ideographic\u2028line", "e\u0301 vs é (NFC)",
@@ -52,9 +51,8 @@ def main():
                                   special_tokens=["!", "<|startoftext|>", "<|endoftext|>"])
     tok.train_from_iterator(lines, trainer)
     texts = captions(rng, words) + EDGE
-    yaml = os.path.join(work, "config.yaml")
     failures = 0
-    for slot, pad in (("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")):
+    for slot, pad, arch in (("tokenizer", "<|endoftext|>", "flux"), ("tokenizer_2", "!", "sd3")):
         folder = os.path.join(work, slot)
         os.makedirs(folder, exist_ok=True)
         tok.model.save(folder)  # vocab.json, merges.txt
@@ -63,22 +61,9 @@ def main():
         reference = CLIPTokenizer.from_pretrained(folder)
         want = reference(texts, padding="max_length", max_length=MAX_LENGTH, truncation=True).input_ids
         component = "text_encoder" if slot == "tokenizer" else "text_encoder_2"
-        arch = "flux" if slot == "tokenizer" else "sd3"
-        with open(yaml, "w") as f:
-            f.write(f"name: tok\ndevice: cpu\nmodel: {{arch: {arch}}}\ndatasets: [{{folder_path: {work}}}]\n"
-                    "train: {steps: 1}\n")
-        out = subprocess.run([exe, "tokenize", yaml, "--component", component, "--tokenizer", folder, "--", *texts],
-                             check=True, capture_output=True, text=True).stdout.splitlines()
-        assert len(out) == len(texts), f"{len(out)} lines for {len(texts)} captions"
-        wrong = [(t, w, o) for t, w, o in zip(texts, want, out) if [int(x) for x in o.split()] != w]
-        for t, w, o in wrong[:5]:
-            print(f"MISMATCH ({slot}) {t!r}\n  transformers {w}\n  gclab        {o}")
-        cut = sum(1 for t in texts if len(reference(t).input_ids) > MAX_LENGTH)
-        print(f"{slot} (pad {pad!r}): {len(texts) - len(wrong)} of {len(texts)} captions give transformers' ids "
-              f"({cut} cut at {MAX_LENGTH})")
-        failures += len(wrong)
+        failures += compare(exe, work, arch, component, folder, texts, want, f"{slot} (pad {pad!r})")
+    print(f"{sum(1 for t in texts if len(reference(t).input_ids) > MAX_LENGTH)} captions cut at {MAX_LENGTH}")
     assert failures == 0
-
 
 if __name__ == "__main__":
     main()

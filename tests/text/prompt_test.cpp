@@ -69,14 +69,15 @@ TEST(PromptEncoder, QwenImageDropsItsTemplatesThirtyFourPrefixTokens) {
   torch::manual_seed(3);
   PromptEncoder p(options_for("tiny-qwen-image"));
   torch::NoGradGuard g;
-  EXPECT_EQ(p.call(0).drop, 34);  // the hashing stand-in splits the template as Qwen's tokenizer does
+  EXPECT_EQ(p.call(0).drop, 34);  // diffusers' prompt_template_encode_start_idx
   const std::string prompt = "a small red house, by the sea";
   const auto t = p.tokenize(0, prompt);
   const auto e = p.encode(prompt);
   EXPECT_EQ(e.text.size(1), t.input_ids.size(1) - 34);
   EXPECT_EQ(p.rows(prompt), e.text.size(1));
   EXPECT_TRUE(torch::equal(e.text, by_hand(p, 0, prompt).hidden_states.slice(1, 34)));
-  // The empty caption keeps the template's five closing tokens (<|im_end|>, \n, <|im_start|>, assistant, \n).
+  // The empty caption keeps the template's five closing tokens (<|im_end|>, \n, <|im_start|>, assistant, \n):
+  // the hashing stand-in splits the 34-token prefix as Qwen's tokenizer does.
   EXPECT_EQ(p.rows(""), 5);
   EXPECT_EQ(e.text.size(2), 64);
 }

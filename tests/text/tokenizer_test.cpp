@@ -105,5 +105,22 @@ TEST(ClipTokenizer, MergesByRankAndKeepsItsSpecialTokens) {
   fs::remove_all(dir);
 }
 
+// Qwen's byte-level BPE: no suffix, no tokens around the text, spaces carried by the next word (Ġ), the
+// chat tokens from tokenizer_config.json's added_tokens_decoder matched first. Against transformers'
+// Qwen2Tokenizer with both pipelines' chat templates: ctest interop.transformers_qwen_tokenizer.
+TEST(QwenTokenizer, AddedTokensFirstThenBytesMergedByRank) {
+  const fs::path dir = testing::fresh_dir("qwen_tokenizer");
+  std::ofstream(dir / "vocab.json") << R"({"a": 0, "b": 1, "ab": 2, "\u0120": 3, "\u0120a": 4, "<|endoftext|>": 5})";
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\na b\n\u0120 a\n";
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"pad_token": "<|endoftext|>", "added_tokens_decoder": {"10": {"content": "<|im_start|>"}}})";
+  const QwenTokenizer t(dir);
+  EXPECT_EQ(t.encode("ab a"), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(t.encode("<|im_start|>ab"), (std::vector<int64_t>{10, 2}));
+  EXPECT_EQ(t.encode("ab a ab", 2), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(t.pad_id(), 5);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace gclab::text

@@ -55,6 +55,23 @@ class ClipTokenizer : public Tokenizer {
   std::vector<std::pair<std::string, int64_t>> specials_;  // matched in the text before normalizing
 };
 
+// Qwen's tokenizer (Qwen2.5-VL's and Qwen3's) as transformers 5 builds Qwen2Tokenizer: NFC; pre-tokens by
+// Qwen's regex (contractions, letters with one leading non-letter, single digits, punctuation runs, line
+// breaks, spaces), the text between matches kept; byte-level BPE without a suffix; no tokens added around
+// the text. The added tokens (tokenizer_config.json's added_tokens_decoder: <|im_start|>, <|im_end|>, ...)
+// are matched in the text first. Cut at max_length; pads with pad_token (<|endoftext|>).
+class QwenTokenizer : public Tokenizer {
+ public:
+  explicit QwenTokenizer(const std::filesystem::path& folder);
+  std::vector<int64_t> encode(const std::string& text, int64_t max_length = 0) const override;
+  int64_t pad_id() const override { return pad_; }
+
+ private:
+  ByteLevelBpe bpe_;
+  std::vector<std::pair<std::string, int64_t>> added_;
+  int64_t pad_ = 0;
+};
+
 // Whether `folder` holds a byte-level BPE tokenizer's files (vocab.json and merges.txt).
 bool has_bpe_files(const std::filesystem::path& folder);
 
