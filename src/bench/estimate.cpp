@@ -112,7 +112,9 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.not_modelled = {
       "the preview's denoising passes are approximate (a block's input, output and MLP hidden); its "
       "decode is not",
-      "the data loader's prefetched batches and latent caches", "the text-embedding cache (cache_text_embeddings)",
+      "the data loader's prefetched batches and latent caches",
+      "host memory: the text-embedding cache (cache_text_embeddings; AI Toolkit keeps it on disk, only a batch's "
+      "embeddings reach the device)",
       "allocator fragmentation and the CUDA context (CUDA)",
       "partial checkpoint policies (every:N, blocks, selective, offload)"};
   return e;

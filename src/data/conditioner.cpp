@@ -76,9 +76,10 @@ const TextEmbedding& TextEmbeddingCache::embedding(const std::string& caption, i
     scratch_ = std::move(e);
     return scratch_;
   }
-  // A copy of just these rows: a view would keep the encoder's whole padded output alive.
-  e.text = e.text.clone();
-  if (e.pooled.defined()) e.pooled = e.pooled.clone();
+  // A copy of just these rows in host memory (a view would keep the encoder's whole padded output alive):
+  // AI Toolkit keeps cached text embeddings on disk (_t_e_cache/) and brings each batch's to the device.
+  e.text = e.text.to(torch::kCPU).clone();
+  if (e.pooled.defined()) e.pooled = e.pooled.to(torch::kCPU).clone();
   return cached_.emplace(key, std::move(e)).first->second;
 }
 

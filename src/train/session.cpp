@@ -584,7 +584,7 @@ ResidentBytes Session::resident() const {
   r.optimizer = optimizer_->state_bytes();
   for (const auto& [n, e] : ema_) r.ema += static_cast<int64_t>(e.nbytes());
   r.text_encoder = text_->encoder_bytes();
-  r.text_cache = text_->cache_bytes();
+  r.text_cache_host = text_->cache_bytes();
   r.vae = codec_ ? codec_->resident_bytes() : caches_latents_ ? 0 : codec_spec_.weight_bytes();
   return r;
 }

@@ -33,6 +33,7 @@ class TextEmbeddingCache {
   void unload() { encoder_.reset(); }
   int64_t encoder_bytes() const { return encoder_ ? encoder_->weight_bytes() : 0; }
   text::PromptEncoder* encoder() { return encoder_.get(); }
+  // The precomputed embeddings, held in host memory (only each batch's go to the device).
   int64_t cache_bytes() const;
   bool has_text() const { return has_text_; }
 

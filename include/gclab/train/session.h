@@ -47,9 +47,9 @@ struct ResidentBytes {
   int64_t optimizer = 0;     // the optimizer's state (after its first step)
   int64_t ema = 0;           // the EMA copy of the trained tensors
   int64_t text_encoder = 0;  // while loaded
-  int64_t text_cache = 0;    // precomputed embeddings (cache_text_embeddings)
   int64_t vae = 0;           // the autoencoder's weights while on the device
-  int64_t total() const { return weights + gradients + optimizer + ema + text_encoder + text_cache + vae; }
+  int64_t total() const { return weights + gradients + optimizer + ema + text_encoder + vae; }
+  int64_t text_cache_host = 0;  // precomputed embeddings (cache_text_embeddings), in host memory: not in total()
 };
 
 struct StepResult {
