@@ -61,7 +61,15 @@ class T5 : public TextEncoderBase {
 class QwenEncoder : public TextEncoderBase {
  public:
   QwenEncoder(Kind kind, const QwenLmConfig& c, const torch::TensorOptions& options)
-      : kind_(kind), model_(register_module("model", QwenLm(c, options))) {}
+      : kind_(kind), model_(register_module("model", QwenLm(c, options))) {
+    // Held as the checkpoint's model holds them (memory); the text path does not run them.
+    if (c.vision) {
+      QwenVisionConfig v = *c.vision;
+      v.out_hidden_size = c.hidden_size;
+      register_module("visual", QwenVisionTower(v, options));
+    }
+    if (c.lm_head) register_module("lm_head", nn::Linear(c.hidden_size, c.vocab_size, false, options));
+  }
   EncodedText encode(const torch::Tensor& ids, const torch::Tensor& mask) override {
     QwenLmOutput o = model_->forward(ids, mask);
     return {kind_ == Kind::qwen3 ? o.penultimate : o.last_hidden_state, {}};

@@ -14,12 +14,14 @@ QwenLmConfig QwenLmConfig::qwen25_vl_7b() {
   c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944, c.num_hidden_layers = 28;
   c.num_attention_heads = 28, c.num_key_value_heads = 4, c.head_dim = 128;
   c.qk_norm = false, c.attention_bias = true, c.prefix = "model.";
+  c.vision = QwenVisionConfig::qwen25_vl_7b(), c.lm_head = true;
   return c;
 }
 
 QwenLmConfig QwenLmConfig::tiny(const QwenLmConfig& like) {
   QwenLmConfig c = like;
   c.vocab_size = 1000, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  if (c.vision) c.vision = QwenVisionConfig::tiny(c.hidden_size);
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
   return c;
 }
@@ -50,6 +52,22 @@ QwenLmConfig QwenLmConfig::from_json_file(const std::filesystem::path& path) {
     else
       c.rope_theta = j.value("rope_theta", c.rope_theta);
     if (type == "qwen3") c.attention_bias = j.value("attention_bias", false);
+    if (type == "qwen2_5_vl") {
+      c.lm_head = !root.value("tie_word_embeddings", j.value("tie_word_embeddings", false));
+      if (root.contains("vision_config") && root["vision_config"].is_object()) {
+        const nlohmann::json& v = root["vision_config"];
+        QwenVisionConfig& o = *c.vision;
+        o.depth = v.value("depth", o.depth);
+        o.hidden_size = v.value("hidden_size", o.hidden_size);
+        o.intermediate_size = v.value("intermediate_size", o.intermediate_size);
+        o.num_heads = v.value("num_heads", o.num_heads);
+        o.out_hidden_size = v.value("out_hidden_size", c.hidden_size);
+        o.in_channels = v.value("in_chans", v.value("in_channels", o.in_channels));
+        o.patch_size = v.value("patch_size", o.patch_size);
+        o.temporal_patch_size = v.value("temporal_patch_size", o.temporal_patch_size);
+        o.spatial_merge_size = v.value("spatial_merge_size", o.spatial_merge_size);
+      }
+    }
     if (j.value("hidden_act", std::string("silu")) != "silu") throw std::runtime_error("hidden_act is not silu");
     return c;
   });

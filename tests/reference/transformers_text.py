@@ -147,8 +147,12 @@ def main():
             num_key_value_heads=8, head_dim=128))
         full = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=dict(
             vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-            num_key_value_heads=4)))
+            num_key_value_heads=4, tie_word_embeddings=False), vision_config=dict(
+            depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584),
+            tie_word_embeddings=False))
         counts["qwen2.5-vl-7b language model"] = full.model.language_model
+        counts["qwen2.5-vl-7b vision tower"] = full.model.visual
+        counts["qwen2.5-vl-7b (all, with the LM head)"] = full
         for label, m in counts.items():
             print(f"full-size parameters, {label}: {sum(p.numel() for p in m.parameters())}")
     print(f"all match transformers (worst {worst:.2e})")

@@ -32,7 +32,17 @@ TEST(TextEncoders, FullSizeParameterCountsEqualTransformers) {
             123060480 + 768 * 768);
   EXPECT_EQ(parameter_count(*build_text_encoder(Kind::clip_g_projected, false, {}, meta).encoder), 694659840);
   EXPECT_EQ(parameter_count(*build_text_encoder(Kind::qwen3, false, {}, meta).encoder), 4022468096);
-  EXPECT_EQ(parameter_count(*build_text_encoder(Kind::qwen25_vl, false, {}, meta).encoder), 7070619136);
+  // Qwen2_5_VLForConditionalGeneration as a whole (what AI Toolkit and diffusers hold): the language model
+  // 7,070,619,136, the vision tower 676,550,144 and the untied LM head 544,997,376.
+  auto qwen = build_text_encoder(Kind::qwen25_vl, false, {}, meta).encoder;
+  EXPECT_EQ(parameter_count(*qwen), 8292166656);
+  int64_t visual = 0, head = 0;
+  for (const auto& p : qwen->named_parameters()) {
+    if (p.key().rfind("visual.", 0) == 0) visual += p.value().numel();
+    if (p.key().rfind("lm_head.", 0) == 0) head += p.value().numel();
+  }
+  EXPECT_EQ(visual, 676550144);
+  EXPECT_EQ(head, 544997376);
 }
 
 // Each preset's encoders give what its transformer takes, full size and tiny: FLUX T5's width = text_dim and

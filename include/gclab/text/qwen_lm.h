@@ -10,10 +10,12 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gclab/nn/layers.h"
+#include "gclab/text/qwen_vision.h"
 
 namespace gclab::text {
 
@@ -24,6 +26,10 @@ struct QwenLmConfig {
   bool qk_norm = true;          // Qwen3: q_norm / k_norm over each head
   bool attention_bias = false;  // Qwen2.5: q/k/v with biases (o_proj without)
   std::string prefix;           // where the checkpoint keeps the layers: "" (Qwen3Model), "model." (Qwen2.5-VL)
+  // What the checkpoint's model holds beside the language model (Qwen2_5_VLForConditionalGeneration: the
+  // vision tower and an untied LM head; resident with it, unused by the text path).
+  std::optional<QwenVisionConfig> vision;
+  bool lm_head = false;
 
   // Qwen/Qwen3-4B as Z-Image ships it (Qwen3Model): 4,022,468,096 parameters.
   static QwenLmConfig qwen3_4b();
