@@ -72,7 +72,7 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
   const bool cuda = estimates_for_cuda(config);
   e.device = cuda ? "cuda" : config.device;
-  const model::ActivationOptions o = model::activation_options(config, cuda);
+  const model::ActivationOptions o = session.activation_options(cuda);
   std::set<std::pair<int, int>> seen;
   for (const auto& d : config.datasets)
     for (int res : d.resolution) {

@@ -572,6 +572,7 @@ class Validator {
     if (c_.name.empty()) error("name", "is required (AI Toolkit names the output folder and files after it)");
     if (c_.vram_cap.bytes < 0) error("vram_cap", "must not be negative");
     resolve_arch();
+    quantization();
     network();
     save();
     datasets();
@@ -606,6 +607,15 @@ class Validator {
     }
     m.arch = arch;
     c_.arch_from_legacy_switch = reason == "model.is_flux" || reason == "model.is_v3" || reason == "model.is_lumina2";
+  }
+
+  // model.qtype / qtype_te: a storage gclab reproduces (the accuracy-recovery adapter after '|' aside).
+  void quantization() {
+    for (const auto& [path, qtype] :
+         {std::pair<std::string, std::string>{"model.qtype", c_.model.qtype}, {"model.qtype_te", c_.model.qtype_te}})
+      if (!parse_qtype(qtype))
+        error(path, "'" + qtype.substr(0, qtype.find('|')) + "' is not a storage gclab reproduces yet; use one of: " +
+                        choice_list<QType>() + " (optionally |ADAPTER.safetensors)");
   }
 
   void network() {

@@ -142,6 +142,20 @@ int64_t dit_block(const Ledger& L, int64_t n, int64_t m) {
 
 }  // namespace
 
+std::vector<int64_t> dequantized_weight_bytes(const DiffusionTransformer& model, bool conditioning_grad) {
+  std::vector<int64_t> out;
+  bool any = false;
+  for (const auto& block : model.blocks()) {
+    int64_t bytes = 0;
+    for (auto& [path, linear] : nn::named_linears(*block)) bytes += linear->dequantized_bytes();
+    if (!conditioning_grad)
+      for (auto& linear : block->modulation_linears()) bytes -= linear->dequantized_bytes();
+    any = any || bytes > 0;
+    out.push_back(bytes);
+  }
+  return any ? out : std::vector<int64_t>{};
+}
+
 ActivationOptions activation_options(const config::ProcessConfig& config, bool cuda) {
   ActivationOptions o;
   o.element_bytes = config::dtype_bytes(config.train.dtype);
@@ -189,11 +203,14 @@ ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64
     add("dit", s.single_blocks, dit_block(L, n, m), batch * n * D * e);
   }
   int64_t largest_block = 0;
-  for (const auto& b : est.blocks) {
-    est.total_off_bytes += b.count * b.saved_bytes;
-    est.total_full_bytes += b.count * b.input_bytes;
-    largest_block = std::max(largest_block, b.saved_bytes);
-  }
+  size_t index = 0;  // the block's place in the model, for its dequantized weights
+  for (const auto& b : est.blocks)
+    for (int k = 0; k < b.count; ++k, ++index) {
+      const int64_t weights = index < o.dequantized_weight_bytes.size() ? o.dequantized_weight_bytes[index] : 0;
+      est.total_off_bytes += b.saved_bytes + weights;
+      est.total_full_bytes += b.input_bytes;
+      largest_block = std::max(largest_block, b.saved_bytes + weights);
+    }
   est.full_with_recompute_bytes = est.total_full_bytes + largest_block;
   return est;
 }

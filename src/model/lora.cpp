@@ -201,7 +201,7 @@ std::vector<std::string> load_weights(DiffusionTransformer& model, const std::fi
   for (auto& [module_path, linear] : named_linears(model)) {
     const std::string name = module_path + ".weight";
     linear_weights.insert(name);
-    if (const torch::Tensor* t = file.take(name, linear->weight.sizes())) linear->set_weight(*t);
+    if (const torch::Tensor* t = file.take(name, linear->weight_shape())) linear->set_weight(*t);
   }
   for (auto& p : model.named_parameters()) {
     if (linear_weights.count(p.key()) || p.key().find(".lora_") != std::string::npos) continue;

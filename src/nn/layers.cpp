@@ -6,6 +6,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "gclab/quant/uintx.h"
+
 namespace gclab::nn {
 
 namespace F = torch::nn::functional;
@@ -16,8 +18,11 @@ WeightStorage parse_weight_storage(const std::string& name) {
   if (name == "fp16" || name == "float16") return WeightStorage::Float16;
   if (name == "float8" || name == "qfloat8" || name == "fp8") return WeightStorage::Float8PerTensor;
   if (name == "float8-row" || name == "qfloat8-row") return WeightStorage::Float8PerRow;
+  for (int bits = 2; bits <= 7; ++bits)
+    if (name == "uint" + std::to_string(bits))
+      return static_cast<WeightStorage>(static_cast<int>(WeightStorage::UInt2) + bits - 2);
   throw std::invalid_argument("unknown weight storage '" + name +
-                              "' (fp32, bf16, fp16, float8 = qfloat8 per tensor, float8-row)");
+                              "' (fp32, bf16, fp16, float8 = qfloat8 per tensor, float8-row, uint2 ... uint7)");
 }
 
 std::string to_string(WeightStorage s) {
@@ -32,8 +37,14 @@ std::string to_string(WeightStorage s) {
       return "float8";
     case WeightStorage::Float8PerRow:
       return "float8-row";
+    default:
+      return "uint" + std::to_string(uintx_bits(s));
   }
-  return "?";
+}
+
+int uintx_bits(WeightStorage s) {
+  const int i = static_cast<int>(s) - static_cast<int>(WeightStorage::UInt2);
+  return i >= 0 && i <= 5 ? i + 2 : 0;
 }
 
 namespace {
@@ -79,7 +90,19 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
   if (with_bias) bias = register_parameter("bias", torch::empty({out_features}, options).uniform_(-bound, bound));
 }
 
+int64_t LinearImpl::dequantized_bytes() const {
+  return uintx_bits(storage_) ? out_ * in_ * static_cast<int64_t>(c10::elementSize(uintx_dtype_)) : 0;
+}
+
 torch::Tensor LinearImpl::effective_weight(torch::ScalarType dtype) const {
+  if (const int bits = uintx_bits(storage_)) {
+    quant::UIntXWeight q;
+    q.bits = bits, q.out_features = out_, q.in_features = in_;
+    q.packed = weight, q.scale = uintx_scale_, q.zero_point = uintx_zero_point_;
+    if (weight.is_meta()) return torch::empty({out_, in_}, weight.options().dtype(dtype));
+    const torch::Tensor w = quant::dequantize_uintx(q);
+    return w.scalar_type() == dtype ? w : w.to(dtype);
+  }
   if (!is_float8(storage_)) return weight.scalar_type() == dtype ? weight : weight.to(dtype);
   return weight.to(dtype) * weight_scale_.to(dtype);
 }
@@ -89,7 +112,10 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (is_float8(storage_) && torch::GradMode::is_enabled() && x.requires_grad())
     y = Float8Linear::apply(x, weight, weight_scale_, bias.defined() ? bias : torch::Tensor());
   else
-    y = F::linear(x, is_float8(storage_) ? effective_weight(x.scalar_type()) : for_input(weight, x),
+    y = F::linear(x,
+                  is_float8(storage_)    ? effective_weight(x.scalar_type())
+                  : uintx_bits(storage_) ? for_input(effective_weight(uintx_dtype_), x)
+                                         : for_input(weight, x),
                   for_input(bias, x));
   if (lora_A_.defined()) {
     // Dropout on lora_A's rank-sized output, as AI Toolkit's LoRAModule.forward (lora_down, then dropout):
@@ -125,6 +151,31 @@ void LinearImpl::add_lora(int64_t rank, double alpha, double dropout) {
 
 void LinearImpl::set_weight_storage(WeightStorage storage) {
   torch::NoGradGuard no_grad;
+  if (const int bits = uintx_bits(storage)) {
+    // AI Toolkit leaves a Linear it cannot group (or any, for uint8) in its dtype; it quantizes the weight
+    // in the dtype it was loaded in (bf16 for a LoRA base).
+    if (!quant::uintx_quantizes(bits, in_) || uintx_bits(storage_)) return;
+    const torch::Tensor w = is_float8(storage_) ? effective_weight(torch::kFloat) : weight;
+    uintx_dtype_ = w.scalar_type();
+    torch::Tensor packed, scale, zero_point;
+    const int64_t groups = in_ / quant::kUIntXGroupSize;
+    if (w.is_meta()) {
+      packed = torch::empty({quant::uintx_packed_bytes(out_ * in_, bits)}, w.options().dtype(torch::kByte));
+      scale = torch::empty({out_, groups}, w.options());
+      zero_point = torch::empty({out_, groups}, w.options().dtype(torch::kByte));
+    } else {
+      quant::UIntXWeight q = quant::quantize_uintx(w, bits);
+      packed = q.packed, scale = q.scale, zero_point = q.zero_point;
+    }
+    uintx_scale_ = register_buffer("uintx_scale", scale);
+    uintx_zero_point_ = register_buffer("uintx_zero_point", zero_point);
+    weight.set_requires_grad(false);
+    weight.set_data(packed);
+    storage_ = storage;
+    if (bias.defined()) bias.set_requires_grad(false);
+    return;
+  }
+  TORCH_CHECK(!uintx_bits(storage_), "a uint-stored Linear weight cannot be stored again as ", to_string(storage));
   const torch::Tensor w = effective_weight(torch::kFloat);
   torch::Tensor stored;
   if (is_float8(storage)) {
@@ -157,13 +208,14 @@ void LinearImpl::set_weight_storage(WeightStorage storage) {
 }
 
 void LinearImpl::set_weight(const torch::Tensor& values) {
-  TORCH_CHECK(values.sizes() == weight.sizes(), "Linear weight of shape ", weight.sizes(), " cannot take ",
-              values.sizes());
+  TORCH_CHECK(values.sizes() == c10::IntArrayRef(weight_shape()), "Linear weight of shape ", weight_shape(),
+              " cannot take ", values.sizes());
   torch::NoGradGuard no_grad;
   const WeightStorage storage = storage_;
   const bool requires_grad = weight.requires_grad();
   storage_ = WeightStorage::Float32;
-  weight.set_data(values.to(weight.device(), torch::kFloat).clone());
+  // uintN quantizes in the dtype the weight came in (AI Toolkit: the loaded dtype).
+  weight.set_data(values.to(weight.device(), uintx_bits(storage) ? uintx_dtype_ : torch::kFloat).clone());
   if (storage != WeightStorage::Float32)
     set_weight_storage(storage);
   else

@@ -110,11 +110,15 @@ torch::Tensor dequantize_uintx(const UIntXWeight& q) {
   return dq.view({q.out_features, q.in_features});
 }
 
-int64_t uintx_bytes(int64_t out_features, int64_t in_features, int bits, int64_t dtype_bytes, int64_t group_size) {
+int64_t uintx_packed_bytes(int64_t numel, int bits) {
   int64_t packed = 0;
-  for (int k : shards_of(bits)) packed += shard_bytes(out_features * in_features, k);
+  for (int k : shards_of(bits)) packed += shard_bytes(numel, k);
+  return packed;
+}
+
+int64_t uintx_bytes(int64_t out_features, int64_t in_features, int bits, int64_t dtype_bytes, int64_t group_size) {
   const int64_t groups = out_features * (in_features / group_size);
-  return packed + groups * dtype_bytes + groups;
+  return uintx_packed_bytes(out_features * in_features, bits) + groups * dtype_bytes + groups;
 }
 
 int64_t UIntXWeight::bytes() const {

@@ -155,10 +155,28 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     auto& to = in_preview ? first : fixes;
     to.insert(to.end(), preview_fixes.begin(), preview_fixes.end());
   }
-  // 5. Quantized base weights.
-  if (!config.model.quantize)
-    fixes.push_back({"Quantize the base weights", "model.quantize: true (float8 block weights)",
-                     ctx.weight_bytes * 3 / 4, "3/4 of the weight bytes (fp32 -> float8; half of that from bf16)"});
+  // 5. The base weights' storage: quantized (qfloat8), or, for a fully checkpointed run, a step down in bits
+  // (with blocks that are not checkpointed a uint base keeps dequantized copies: no saving there). Each
+  // saving from the model built on the meta device with and without the change.
+  {
+    const auto now = config.model.quantize ? quantized_storage(config.model.qtype) : std::nullopt;
+    const int bits = now ? nn::uintx_bits(*now) : 0;
+    std::optional<std::string> next;
+    if (!config.model.quantize)
+      next = "qfloat8";
+    else if (fully_checkpointed && now && !bits)
+      next = "uint4";
+    else if (fully_checkpointed && bits > 2)
+      next = "uint" + std::to_string(bits - 1);
+    if (next) {
+      const int64_t saving =
+          base_weight_bytes(config, spec, now) - base_weight_bytes(config, spec, quantized_storage(*next));
+      fixes.push_back({config.model.quantize ? "Store the base in fewer bits" : "Quantize the base weights",
+                       config.model.quantize ? "model.qtype: " + *next + " (from " + config.model.qtype + ")"
+                                             : "model.quantize: true (qtype qfloat8: float8 block weights)",
+                       saving, "the transformer's weights stored as " + *next + " (built on the meta device)"});
+    }
+  }
   // 6. The text encoders: cached embeddings (the encoders then leave the device), or float8 weights. First
   // when they hold a quarter or more of what was live: then they are what crowds the step out.
   std::vector<OomFix> text;
@@ -171,7 +189,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
       const auto dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
       auto plan = prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
       const int64_t before = text::PromptEncoder(plan).weight_bytes();
-      plan.linear_storage = kQuantizedStorage;
+      plan.linear_storage = quantized_storage(config.model.qtype_te);
       const int64_t after = text::PromptEncoder(plan).weight_bytes();
       text.push_back({"Quantize the text encoders", "model.quantize_te: true (float8 Linear weights)", before - after,
                       "the text encoders' weights with float8 Linear weights (built on the meta device)"});

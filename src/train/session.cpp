@@ -73,6 +73,34 @@ bool run_caches_text(const config::ProcessConfig& config) {
   return false;
 }
 
+torch::ScalarType base_dtype(const config::ProcessConfig& config) {
+  return config.network && config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
+}
+
+int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                          std::optional<nn::WeightStorage> storage) {
+  auto model = model::build_transformer(spec, torch::TensorOptions().device(torch::kMeta).dtype(base_dtype(config)));
+  if (storage) model::set_base_weight_storage(*model, *storage);
+  int64_t bytes = 0;
+  for (const auto& p : model->parameters()) bytes += static_cast<int64_t>(p.nbytes());
+  for (const auto& b : model->buffers()) bytes += static_cast<int64_t>(b.nbytes());
+  return bytes;
+}
+
+std::optional<nn::WeightStorage> quantized_storage(const std::string& qtype) {
+  const auto spec = config::parse_qtype(qtype);
+  if (!spec) throw UserError("qtype '" + qtype + "' is not a storage gclab reproduces");
+  switch (spec->type) {
+    case config::QType::qfloat8:
+    case config::QType::float8:
+      return nn::WeightStorage::Float8PerTensor;
+    case config::QType::uint8:
+      return std::nullopt;
+    default:
+      return nn::parse_weight_storage(std::string(config::name_of(spec->type)));
+  }
+}
+
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                                        const torch::TensorOptions& options) {
   text::PromptEncoderOptions o;
@@ -87,7 +115,8 @@ text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, cons
   }
   o.options = options;
   // quantize_te: AI Toolkit's ModelConfig defaults it to quantize.
-  if (config.model.quantize_te.value_or(config.model.quantize)) o.linear_storage = kQuantizedStorage;
+  if (config.model.quantize_te.value_or(config.model.quantize))
+    o.linear_storage = quantized_storage(config.model.qtype_te);
   return o;
 }
 
@@ -195,10 +224,15 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // Built directly on the device and in the dtype it trains in: no full-size float32 copy on the host
   // (FLUX.1-dev would need ~48 GB of RAM for one), and float8 blocks are converted one Linear at a time.
   torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
-  const bool bf16_base = config_.network && bf16();
-  model_ = model::build_transformer(
-      spec_, torch::TensorOptions().device(device_).dtype(bf16_base ? torch::kBFloat16 : torch::kFloat));
-  if (config_.model.quantize) model::set_base_weight_storage(*model_, kQuantizedStorage);
+  model_ = model::build_transformer(spec_, torch::TensorOptions().device(device_).dtype(base_dtype(config_)));
+  if (config_.model.quantize) {
+    if (const auto storage = quantized_storage(config_.model.qtype)) model::set_base_weight_storage(*model_, *storage);
+    const auto spec = config::parse_qtype(config_.model.qtype);
+    if (spec && !spec->adapter.empty())
+      log::warn("model.qtype's accuracy-recovery adapter '" + spec->adapter +
+                "' is not applied yet: the base is stored as " + std::string(config::name_of(spec->type)) +
+                " without it (its frozen LoRA's memory is not counted)");
+  }
   if (config_.network) {
     lora_ = model::lora_options(*config_.network);
     const config::NetworkConfig& n = *config_.network;
@@ -328,8 +362,10 @@ void Session::lift_cap() {
   }
 }
 
-model::ActivationOptions Session::activation_options() const {
-  return model::activation_options(config_, device_.is_cuda());
+model::ActivationOptions Session::activation_options(bool cuda) const {
+  model::ActivationOptions o = model::activation_options(config_, cuda);
+  o.dequantized_weight_bytes = model::dequantized_weight_bytes(*model_, o.conditioning_grad);
+  return o;
 }
 
 void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution) {

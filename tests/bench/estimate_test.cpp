@@ -55,6 +55,30 @@ TEST(Estimate, FluxLoraOn24GbFitsWithCheckpointingAndNotWithout) {
             e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes);
 }
 
+// AI Toolkit's Qwen-Image 24 GB config stores the transformer as uint3 (its accuracy-recovery adapter not
+// counted yet): the packed weights are well under half of float8's, the checkpointed steps and the first
+// preview fit the card, and with checkpointing off every block also keeps its Linears' dequantized bf16
+// weights for the backward — exactly the ledger's extra term over the float8 base.
+TEST(Estimate, TheQwenImage24GbConfigsUint3BaseIsPackedAndItsDequantizedCopiesAreCounted) {
+  const std::string path = std::string(GCLAB_SHARED_DIR) + "/aitk-configs/train_lora_qwen_image_24gb.yaml";
+  const auto uint3 = estimate_memory(load(path, {"vram_cap=24GB"}));
+  const auto float8 = estimate_memory(load(path, {"vram_cap=24GB", "model.qtype=qfloat8"}));
+  EXPECT_LT(uint3.weight_bytes, float8.weight_bytes / 2);
+  ASSERT_EQ(uint3.resolutions.size(), float8.resolutions.size());
+  train::Session meta(load(path), train::SessionOptions{/*meta=*/true});
+  int64_t dequantized = 0;
+  for (int64_t b : model::dequantized_weight_bytes(meta.model(), /*conditioning_grad=*/false)) dequantized += b;
+  // 13.6 G block weights in bf16 (the 6.8 G of img_mod / txt_mod take the conditioning: no gradient)
+  EXPECT_GT(dequantized, int64_t{25} << 30);
+  for (size_t i = 0; i < uint3.resolutions.size(); ++i) {
+    const auto& r = uint3.resolutions[i];
+    EXPECT_LT(r.gc_full.total_bytes, uint3.cap_bytes) << r.resolution;
+    EXPECT_EQ(r.gc_off.activation_bytes - float8.resolutions[i].gc_off.activation_bytes, dequantized) << r.resolution;
+  }
+  ASSERT_TRUE(uint3.preview.has_value());
+  EXPECT_LT(uint3.preview->total_bytes, uint3.cap_bytes);
+}
+
 TEST(Estimate, EightBitStateIsAQuarterOfAdamWsAndQuantizeHalvesTheWeights) {
   const auto eight = estimate_memory(flux_24gb());
   const auto full = estimate_memory(flux_24gb({"train.optimizer=adamw"}));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gclab/model/spec.h"
+#include "gclab/model/transformer.h"
 
 namespace gclab::model {
 
@@ -29,6 +30,10 @@ struct ActivationOptions {
   // LoRA dropout (network.dropout > 0), on lora_A's rank-sized output: its mask's bytes per element —
   // CUDA's fused dropout keeps a bool mask (1), the CPU a scaled mask in the activations' dtype; 0: none.
   int64_t lora_dropout_mask_bytes = 0;
+  // Per block, in the model's order: the weights its uint-stored Linears dequantize for each matmul, which
+  // autograd keeps for the input's gradient (AI Toolkit's quantized forward is F.linear(x, dequantized W)),
+  // so a block that is not checkpointed holds them until its backward. Empty: none.
+  std::vector<int64_t> dequantized_weight_bytes;
 };
 
 struct BlockActivations {
@@ -47,6 +52,10 @@ struct ActivationEstimate {
   // recomputed (the largest one) — the figure to hold against a memory budget.
   int64_t full_with_recompute_bytes = 0;
 };
+
+// Per block of `model`, the bytes of the dequantized weights its Linears keep for backward (see above): a
+// Linear's only when its input needs a gradient — not the modulation Linears' unless `conditioning_grad`.
+std::vector<int64_t> dequantized_weight_bytes(const DiffusionTransformer& model, bool conditioning_grad);
 
 // The options a training config implies: its dtype, its LoRA rank (none: every weight trained), and the
 // device kind (LayerNorm statistics are float32 on CUDA; on the CPU a bf16 input keeps them in bf16).

@@ -49,6 +49,9 @@ class TransformerBlock : public torch::nn::Module {
  public:
   virtual Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) = 0;
   Tensors forward(const Tensors& inputs) { return forward_block(inputs, plain_runner()); }
+  // The Linears fed by the conditioning vector (adaLN modulation), whose input needs no gradient when only
+  // LoRA adapters train.
+  virtual std::vector<Linear> modulation_linears() = 0;
 };
 
 // diffusers FeedForward(dim, activation_fn="gelu-approximate"): net.0.proj -> GELU(tanh) -> net.2.
@@ -102,6 +105,7 @@ TORCH_MODULE(SelfAttention);
 // The families differ only in their parameter names, which the subclasses give.
 class DoubleStreamBlock : public TransformerBlock {
  public:
+  std::vector<Linear> modulation_linears() override { return {img_mod_, txt_mod_}; }
   Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
 
  protected:
@@ -129,6 +133,7 @@ class FluxDoubleBlock : public DoubleStreamBlock {
 // sequence, proj_out over their concatenation. Inputs {x, temb, cos, sin} -> {x}.
 class FluxSingleBlock : public TransformerBlock {
  public:
+  std::vector<Linear> modulation_linears() override { return {norm_linear}; }
   FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
   Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
 
@@ -150,6 +155,9 @@ class QwenImageBlock : public DoubleStreamBlock {
 // Inputs {x, adaln, cos, sin} (modulated) or {x, cos, sin} -> {x}.
 class ZImageBlock : public TransformerBlock {
  public:
+  std::vector<Linear> modulation_linears() override {
+    return adaLN ? std::vector<Linear>{adaLN} : std::vector<Linear>{};
+  }
   ZImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, int64_t adaln_dim, bool modulation,
               const torch::TensorOptions& options);
   Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
@@ -166,6 +174,7 @@ class ZImageBlock : public TransformerBlock {
 // not used). Inputs {img, txt, temb} -> {img, txt}.
 class SD3JointBlock : public TransformerBlock {
  public:
+  std::vector<Linear> modulation_linears() override { return {norm1_linear, norm1_context_linear}; }
   SD3JointBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, bool context_pre_only,
                 const torch::TensorOptions& options);
   Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
@@ -180,6 +189,7 @@ class SD3JointBlock : public TransformerBlock {
 // DiT block with adaLN-Zero conditioning (DiTBlock). Inputs {x, c} -> {x}.
 class DiTBlock : public TransformerBlock {
  public:
+  std::vector<Linear> modulation_linears() override { return {adaLN}; }
   DiTBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
   Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
 

@@ -15,10 +15,26 @@ using Tensors = std::vector<torch::Tensor>;
 
 // How a frozen base weight is stored. float8 keeps e4m3 values and a scale (per tensor or per output
 // row) and computes in the activations' dtype — what AI Toolkit's `qfloat8` does to halve base-weight
-// memory (optimum-quanto qfloat8 weights, per-output-channel scales).
-enum class WeightStorage { Float32, BFloat16, Float16, Float8PerTensor, Float8PerRow };
-WeightStorage parse_weight_storage(const std::string& name);  // "fp32", "bf16", "fp16", "float8", "float8-row"
+// memory (optimum-quanto qfloat8 weights, per-output-channel scales). uint2..uint7 are AI Toolkit's
+// packed integer weights (quant/uintx.h), dequantized to the weight's dtype for each matmul; a Linear whose
+// width they cannot group keeps its dtype, as in AI Toolkit.
+enum class WeightStorage {
+  Float32,
+  BFloat16,
+  Float16,
+  Float8PerTensor,
+  Float8PerRow,
+  UInt2,
+  UInt3,
+  UInt4,
+  UInt5,
+  UInt6,
+  UInt7
+};
+// "fp32", "bf16", "fp16", "float8", "float8-row", "uint2" ... "uint7".
+WeightStorage parse_weight_storage(const std::string& name);
 std::string to_string(WeightStorage s);
+int uintx_bits(WeightStorage s);  // 2..7 for the uint storages, else 0
 
 // nn.Linear with an optional LoRA adapter and an optional low-precision frozen weight.
 //   y = x W^T + b + (alpha / rank) * B(A(dropout(x)))
@@ -34,7 +50,8 @@ class LinearImpl : public torch::nn::Module {
   void add_lora(int64_t rank, double alpha, double dropout = 0.0);
   bool has_lora() const { return lora_A_.defined(); }
   double lora_scale() const { return lora_scale_; }  // alpha / rank
-  // Stores the weight as `storage` (frozen; float8 adds a `weight_scale` buffer). Not for trained weights.
+  // Stores the weight as `storage` (frozen; float8 adds a `weight_scale` buffer; uintN keeps the packed
+  // codes in `weight` and adds `uintx_scale` / `uintx_zero_point` buffers). Not for trained weights.
   void set_weight_storage(WeightStorage storage);
   WeightStorage weight_storage() const { return storage_; }
   // Replaces the weight's values (any dtype, this shape), kept in the current storage.
@@ -42,6 +59,10 @@ class LinearImpl : public torch::nn::Module {
   // The weight as the matmul sees it (dequantized), in `dtype`.
   torch::Tensor effective_weight(torch::ScalarType dtype) const;
 
+  // The bytes of the dequantized weight a uint-stored weight's matmul creates (and autograd keeps); 0 else.
+  int64_t dequantized_bytes() const;
+  // The weight's logical shape, [out, in], however it is stored.
+  std::vector<int64_t> weight_shape() const { return {out_, in_}; }
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
@@ -51,7 +72,9 @@ class LinearImpl : public torch::nn::Module {
   int64_t in_, out_;
   WeightStorage storage_ = WeightStorage::Float32;
   torch::Tensor weight_scale_;
-  torch::Tensor lora_A_, lora_B_;  // registered as lora_A.weight / lora_B.weight
+  torch::Tensor uintx_scale_, uintx_zero_point_;
+  torch::ScalarType uintx_dtype_ = torch::kFloat;  // what the codes dequantize to
+  torch::Tensor lora_A_, lora_B_;                  // registered as lora_A.weight / lora_B.weight
   double lora_scale_ = 1.0, lora_dropout_ = 0.0;
 };
 TORCH_MODULE(Linear);

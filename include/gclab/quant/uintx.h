@@ -39,6 +39,8 @@ torch::Tensor dequantize_uintx(const UIntXWeight& q);
 // Codes (values < 2^bits, any shape) packed into shards; and back, `numel` codes.
 torch::Tensor pack_uintx(const torch::Tensor& codes, int bits);
 torch::Tensor unpack_uintx(const torch::Tensor& packed, int bits, int64_t numel);
+// The packed codes' bytes for `numel` codes of `bits`.
+int64_t uintx_packed_bytes(int64_t numel, int bits);
 // The bytes an [out, in] weight takes as uint`bits` with a `dtype_bytes`-byte scale per group.
 int64_t uintx_bytes(int64_t out_features, int64_t in_features, int bits, int64_t dtype_bytes,
                     int64_t group_size = kUIntXGroupSize);

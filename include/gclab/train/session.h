@@ -30,9 +30,17 @@
 
 namespace gclab::train {
 
-// How model.quantize / quantize_te store a Linear weight: float8 (AI Toolkit's default qtype qfloat8) until
-// the quantization issue brings the other qtypes.
-inline constexpr nn::WeightStorage kQuantizedStorage = nn::WeightStorage::Float8PerTensor;
+// How model.quantize / quantize_te store a Linear weight for a qtype (model.qtype / qtype_te, validated
+// by the config): qfloat8 and float8 as float8 weights with a scale; uint2 ... uint7 packed (quant/uintx.h);
+// nullopt for uint8, which AI Toolkit leaves unquantized.
+std::optional<nn::WeightStorage> quantized_storage(const std::string& qtype);
+// The dtype the transformer is built and stored in, as AI Toolkit loads it: bf16 under a LoRA network in
+// bf16 (the frozen base), else float32 (every weight a float32 master copy).
+torch::ScalarType base_dtype(const config::ProcessConfig& config);
+// The transformer's weight bytes (parameters and buffers) in that dtype with its block Linears stored as
+// `storage` (nullopt: unquantized), from a build on the meta device.
+int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                          std::optional<nn::WeightStorage> storage);
 
 struct SessionOptions {
   // Build on the meta device: shapes and byte counts, no memory and no data (train --dry-run, estimate).
@@ -114,8 +122,10 @@ class Session {
   // measuring what each block keeps; returns the measured total beside the ledger's (both bytes). Leaves
   // the applied policy and the random generators as they were.
   std::pair<int64_t, int64_t> probe_block_activations();
-  // The ledger's options for this session's dtype, LoRA rank and device.
-  model::ActivationOptions activation_options() const;
+  // The ledger's options for this session's dtype, LoRA rank, quantized Linears and device (or, for an
+  // estimate built on the meta device, the device kind it predicts for).
+  model::ActivationOptions activation_options() const { return activation_options(device_.is_cuda()); }
+  model::ActivationOptions activation_options(bool cuda) const;
 
   // The micro-batch a step trains on: conditioning for the captions, latents (and references) on the
   // device, fresh noise and timesteps from the global generator (the batch encoded first if it is not).
