@@ -191,8 +191,10 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
       const int64_t before = text::PromptEncoder(plan).weight_bytes();
       plan.linear_storage = quantized_storage(config.model.qtype_te);
       const int64_t after = text::PromptEncoder(plan).weight_bytes();
-      text.push_back({"Quantize the text encoders", "model.quantize_te: true (float8 Linear weights)", before - after,
-                      "the text encoders' weights with float8 Linear weights (built on the meta device)"});
+      text.push_back({"Quantize the text encoders", "model.quantize_te: true (qtype_te " + config.model.qtype_te + ")",
+                      before - after,
+                      "the text encoders' weights with their Linears as " + config.model.qtype_te +
+                          " (built on the meta device)"});
     }
   }
   const bool text_crowds = ctx.live_bytes > 0 && ctx.text_encoder_bytes * 4 >= ctx.live_bytes;
