@@ -8,6 +8,7 @@
 #include "../support/tiny_run.h"
 #include "gclab/model/lora.h"
 #include "gclab/quant/uintx.h"
+#include "gclab/train/oom_report.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -68,6 +69,44 @@ TEST(QuantizedBase, TheLedgerCountsTheDequantizedWeightsAutogradKeeps) {
   // Measured with nothing checkpointed: the blocks keep the dequantized weights beside their activations.
   EXPECT_GT(measured - measured_plain, dequantized * 9 / 10);
   EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(ledger), 1.0, 1e-3) << measured << " " << ledger;
+  fs::remove_all(dir);
+}
+
+// The OOM report's storage lever, priced from meta builds: an unquantized base gets qfloat8; a fully
+// checkpointed qfloat8 run gets uint4, a uint3 one uint2, each saving exactly the stored bytes it drops;
+// with checkpointing off no bit step is offered (the dequantized copies would eat it).
+TEST(QuantizedBase, TheOomAdviceOffersTheNextStorageStepWithItsExactSaving) {
+  const fs::path dir = testing::fresh_dir("quantized_advice");
+  auto advice = [&](std::vector<std::string> extra) -> std::optional<OomFix> {
+    const auto config = tiny_config(dir, "a", std::move(extra));
+    const model::ModelSpec spec = model::spec_for(config.model);
+    OomContext ctx;
+    ctx.phase = Phase::backward, ctx.bucket = "64x64", ctx.batch = 2, ctx.cpu = true;
+    ctx.live_bytes = 1 << 30;
+    for (const auto& f : recommend_fixes(ctx, config, spec, codec_plan(config, spec)))
+      if (f.title == "Quantize the base weights" || f.title == "Store the base in fewer bits") return f;
+    return std::nullopt;
+  };
+  const auto config = tiny_config(dir, "a");
+  const auto spec = model::spec_for(config.model);
+  const int64_t fp32 = base_weight_bytes(config, spec, std::nullopt);
+  const int64_t f8 = base_weight_bytes(config, spec, nn::WeightStorage::Float8PerTensor);
+  const int64_t u4 = base_weight_bytes(config, spec, nn::WeightStorage::UInt4);
+  const int64_t u2 = base_weight_bytes(config, spec, nn::WeightStorage::UInt2);
+  const int64_t u3 = base_weight_bytes(config, spec, nn::WeightStorage::UInt3);
+  ASSERT_TRUE(fp32 > f8 && f8 > u4 && u3 > u2);
+  const auto plain = advice({});
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->title, "Quantize the base weights");
+  EXPECT_EQ(plain->predicted_saving_bytes, fp32 - f8);
+  const auto from_f8 = advice({"model.quantize=true"});
+  ASSERT_TRUE(from_f8);
+  EXPECT_EQ(from_f8->change, "model.qtype: uint4 (from qfloat8)");
+  EXPECT_EQ(from_f8->predicted_saving_bytes, f8 - u4);
+  const auto from_u3 = advice({"model.quantize=true", "model.qtype=uint3"});
+  ASSERT_TRUE(from_u3);
+  EXPECT_EQ(from_u3->predicted_saving_bytes, u3 - u2);
+  EXPECT_FALSE(advice({"model.quantize=true", "train.gradient_checkpointing=false"}));
   fs::remove_all(dir);
 }
 
