@@ -86,4 +86,9 @@ say "## The OOM pair (20 steps each: GC off runs out, GC on finishes)"
 stage oom_gc_off 90 "$G" train configs/oom/gpu_flux_gc_off_24gb.yaml --set train.steps=4
 say "    (exit 3 expected) $(grep -m1 'out of memory at step' "$OUT/oom_gc_off.log")"
 stage oom_gc_on 120 "$G" train "$FLUX" --set train.steps=4
+say ""
+say "## OOM at the first sample: the 1024² preview's VAE decode (exit 3), then decoded in tiles (exit 0)"
+stage oom_preview_decode 120 "$G" train configs/oom/gpu_flux_preview_decode.yaml --set datasets.0.folder_path=output/oom/data_1024
+say "    (exit 3 expected) $(grep -m1 'out of memory at step' "$OUT/oom_preview_decode.log")"
+stage oom_preview_tiled 120 "$G" train configs/oom/gpu_flux_preview_decode_fixed.yaml --set datasets.0.folder_path=output/oom/data_1024
 exit $rc
