@@ -126,9 +126,18 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
     }
     slots_.push_back(std::move(s));
   }
-  if (!composes(c, built, o.text_width, o.pooled_width))
+  if (!composes(c, built, o.text_width, o.pooled_width)) {
+    std::string each;
+    for (size_t i = 0; i < built.size(); ++i) {
+      const std::filesystem::path folder = i < o.encoders.size() ? o.encoders[i] : std::filesystem::path();
+      each += std::string(i ? "; " : "") + std::string(config::name_of(o.kinds[i])) +
+              (folder.empty() ? "" : " (" + folder.string() + ")") + ": hidden " + std::to_string(built[i].hidden) +
+              ", pooled " + std::to_string(built[i].projection);
+    }
     throw std::runtime_error("the text encoders' widths do not give the transformer's text width " +
-                             std::to_string(o.text_width) + " and pooled width " + std::to_string(o.pooled_width));
+                             std::to_string(o.text_width) + " and pooled width " + std::to_string(o.pooled_width) +
+                             " (" + each + ")");
+  }
   switch (c) {
     case Composition::flux:
       slots_[0].call = {"", "", slots_[0].encoder->max_positions(), true, false, 0};

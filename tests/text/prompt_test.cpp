@@ -4,12 +4,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "../support/test_util.h"
 #include "gclab/model/family.h"
 #include "gclab/model/spec.h"
 #include "gclab/text/prompt.h"
 
 namespace gclab::text {
 namespace {
+
+namespace fs = std::filesystem;
 
 PromptEncoderOptions options_for(const std::string& preset, const torch::TensorOptions& where = {}) {
   const model::ModelSpec spec = model::spec_by_preset(preset);
@@ -139,6 +145,22 @@ TEST(PromptEncoder, EncodersAreSizedToATransformerOfAnyWidth) {
   auto sd3 = options_for("sd35-large", torch::TensorOptions().device(torch::kMeta));
   sd3.max_tokens = 77;  // no room for T5 after CLIP's 77
   EXPECT_THROW(PromptEncoder{sd3}, std::runtime_error);
+  // A folder's encoder of another width is named in the error.
+  const fs::path dir = gclab::testing::fresh_dir("prompt_widths");
+  fs::create_directories(dir / "text_encoder_2");
+  std::ofstream(dir / "text_encoder_2" / "config.json")
+      << R"({"model_type": "t5", "d_model": 32, "num_layers": 1, "num_heads": 2, "d_kv": 8, "d_ff": 64, "vocab_size": 100})";
+  auto flux = options_for("tiny-flux", torch::TensorOptions().device(torch::kMeta));
+  flux.encoders = {"", dir / "text_encoder_2"};
+  try {
+    PromptEncoder p2(flux);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("t5_xxl (" + (dir / "text_encoder_2").string() + "): hidden 32"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 TEST(PromptEncoder, QuantizeTeStoresEveryLinearWeightInFloat8) {
