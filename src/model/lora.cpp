@@ -48,7 +48,7 @@ int apply_lora(DiffusionTransformer& model, const LoraOptions& options) {
 
 int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage storage) {
   int64_t saved = 0;
-  for (auto& [path, linear] : target_linears(model)) {
+  for (auto& [path, linear] : named_linears(model)) {
     const int64_t before = static_cast<int64_t>(linear->weight.nbytes());
     linear->set_weight_storage(storage);
     saved += before - static_cast<int64_t>(linear->weight.nbytes());

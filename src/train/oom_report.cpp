@@ -173,7 +173,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
           base_weight_bytes(config, spec, now) - base_weight_bytes(config, spec, quantized_storage(*next));
       fixes.push_back({config.model.quantize ? "Store the base in fewer bits" : "Quantize the base weights",
                        config.model.quantize ? "model.qtype: " + *next + " (from " + config.model.qtype + ")"
-                                             : "model.quantize: true (qtype qfloat8: float8 block weights)",
+                                             : "model.quantize: true (qtype qfloat8: float8 Linear weights)",
                        saving, "the transformer's weights stored as " + *next + " (built on the meta device)"});
     }
   }

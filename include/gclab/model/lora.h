@@ -27,8 +27,10 @@ LoraOptions lora_options(const config::NetworkConfig& network);
 // modules. The adapters start as a no-op (lora_B = 0), so the model's output is unchanged.
 int apply_lora(DiffusionTransformer& model, const LoraOptions& options);
 
-// Stores every target Linear's (frozen) weight as `storage` — model.quantize: float8. Returns the bytes of
-// weight storage saved.
+// Stores every Linear's (frozen) weight as `storage` (model.quantize with model.qtype): the blocks' and the
+// ones outside them (embedders, norm_out, proj_out), as AI Toolkit quantizes the blocks one by one and then
+// the whole transformer ("quantizing extras", optimum-quanto's quantize over every Linear). Returns the
+// bytes of weight storage saved.
 int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage storage);
 
 // The adapter weights in AI Toolkit's / diffusers' (PEFT) LoRA naming, as a file holds them:
