@@ -11,17 +11,33 @@ namespace {
 
 using Kind = config::TextEncoderKind;
 
-// How the pipeline composes its encoders, by the encoders it has.
+// How the family's pipeline composes its encoders (which encoders those are is the family table's,
+// model::text_encoders; the options carry them in slot order).
 enum class Composition { none, flux, sd3, qwen_image, zimage };
 
-Composition composition_of(const std::vector<Kind>& kinds) {
-  auto has = [&](Kind k) { return std::find(kinds.begin(), kinds.end(), k) != kinds.end(); };
-  if (kinds.empty()) return Composition::none;
-  if (kinds.size() == 1 && has(Kind::qwen25_vl)) return Composition::qwen_image;
-  if (kinds.size() == 1 && has(Kind::qwen3)) return Composition::zimage;
-  if (kinds == std::vector<Kind>{Kind::clip_l, Kind::t5_xxl}) return Composition::flux;
-  if (kinds == std::vector<Kind>{Kind::clip_l_projected, Kind::clip_g_projected, Kind::t5_xxl}) return Composition::sd3;
-  throw std::runtime_error("no pipeline composes these text encoders");
+Composition composition_of(config::Family family, size_t slots) {
+  Composition c = Composition::none;
+  size_t n = 0;
+  switch (family) {
+    case config::Family::flux:
+      c = Composition::flux, n = 2;
+      break;
+    case config::Family::sd3:
+      c = Composition::sd3, n = 3;
+      break;
+    case config::Family::qwen_image:
+      c = Composition::qwen_image, n = 1;
+      break;
+    case config::Family::zimage:
+      c = Composition::zimage, n = 1;
+      break;
+    case config::Family::dit:
+      break;
+  }
+  if (slots != n)
+    throw std::runtime_error(std::string(config::name_of(family)) + "'s pipeline composes " + std::to_string(n) +
+                             " text encoder(s), not " + std::to_string(slots));
+  return c;
 }
 
 // QwenImagePipeline.prompt_template_encode; the pipeline drops its first prompt_template_encode_start_idx = 34
@@ -92,7 +108,7 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
 }
 
 PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text_width) {
-  const Composition c = composition_of(o.kinds);
+  const Composition c = composition_of(o.family, o.kinds.size());
   if (c == Composition::none) return;
   std::vector<TinyWidths> presets;
   for (Kind k : o.kinds) presets.push_back(preset_widths(k));
@@ -111,12 +127,11 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
     built.push_back({s.encoder->hidden_width(), s.encoder->pooled_width()});
     const std::filesystem::path tok = i < o.tokenizers.size() ? o.tokenizers[i] : std::filesystem::path();
     std::error_code ec;
-    const bool clip = o.kinds[i] != Kind::t5_xxl && o.kinds[i] != Kind::qwen25_vl && o.kinds[i] != Kind::qwen3;
     if (o.kinds[i] == Kind::t5_xxl && !tok.empty() && std::filesystem::is_regular_file(tok / "spiece.model", ec)) {
       s.tokenizer = std::make_unique<T5Tokenizer>(tok);
       s.hashing = false;
     } else if (o.kinds[i] != Kind::t5_xxl && has_bpe_files(tok)) {
-      if (clip)
+      if (c == Composition::flux || c == Composition::sd3)  // FLUX's and SD3's BPE slots are CLIPs
         s.tokenizer = std::make_unique<ClipTokenizer>(tok);
       else
         s.tokenizer = std::make_unique<QwenTokenizer>(tok);

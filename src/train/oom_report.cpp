@@ -14,9 +14,8 @@ namespace gclab::train {
 
 namespace {
 
-int64_t activation_bytes(const model::ModelSpec& spec, const config::ProcessConfig& config, int64_t batch, int side_w,
+int64_t activation_bytes(const model::ModelSpec& spec, const model::ActivationOptions& o, int64_t batch, int side_w,
                          int side_h, bool checkpointed) {
-  const model::ActivationOptions o = model::activation_options(config, /*cuda=*/false);
   const auto est = model::estimate_activations(spec, batch, side_h, side_w, 0, o);
   return checkpointed ? est.full_with_recompute_bytes : est.total_off_bytes;
 }
@@ -32,7 +31,8 @@ std::pair<int, int> parse_bucket(const std::string& key) {
 }  // namespace
 
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
-                                    const model::ModelSpec& spec, const vae::CodecSpec& codec) {
+                                    const model::ModelSpec& spec, const vae::CodecSpec& codec,
+                                    const model::ActivationOptions& activations) {
   // The failing phase's own fixes come first (`first`), then the rest in the order practice recommends.
   std::vector<OomFix> first, fixes;
   const auto [bw, bh] = parse_bucket(ctx.bucket);
@@ -60,8 +60,8 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   }
   // 1. Checkpointing off (or partial): the activations of every block, kept for backward.
   if (in_step && !fully_checkpointed && bw > 0) {
-    const int64_t off = activation_bytes(spec, config, batch, bw, bh, false);
-    const int64_t full = activation_bytes(spec, config, batch, bw, bh, true);
+    const int64_t off = activation_bytes(spec, activations, batch, bw, bh, false);
+    const int64_t full = activation_bytes(spec, activations, batch, bw, bh, true);
     fixes.push_back({"Turn gradient checkpointing on",
                      "train.gradient_checkpointing: true (train.checkpoint_policy: full)", off - full,
                      basis + ", GC off vs full" +
@@ -71,8 +71,8 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   }
   // 2. Batch size: half the batch, twice the accumulation, the same effective batch.
   if (in_step && batch > 1 && bw > 0) {
-    const int64_t now = activation_bytes(spec, config, batch, bw, bh, fully_checkpointed);
-    const int64_t half = activation_bytes(spec, config, batch / 2, bw, bh, fully_checkpointed);
+    const int64_t now = activation_bytes(spec, activations, batch, bw, bh, fully_checkpointed);
+    const int64_t half = activation_bytes(spec, activations, batch / 2, bw, bh, fully_checkpointed);
     const int accumulation = config.train.accumulation();
     fixes.push_back({"Lower the batch size and accumulate",
                      "train.batch_size: " + std::to_string(batch / 2) + " with train.gradient_accumulation: " +
@@ -85,8 +85,8 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     std::sort(res.begin(), res.end());
     if (!in_step || res.size() < 2 || bw <= 0) continue;
     const int largest = res.back(), next = res[res.size() - 2];
-    const int64_t big = activation_bytes(spec, config, batch, largest, largest, fully_checkpointed);
-    const int64_t small = activation_bytes(spec, config, batch, next, next, fully_checkpointed);
+    const int64_t big = activation_bytes(spec, activations, batch, largest, largest, fully_checkpointed);
+    const int64_t small = activation_bytes(spec, activations, batch, next, next, fully_checkpointed);
     fixes.push_back({"Drop the largest bucket",
                      "datasets[" + std::to_string(d) + "].resolution without " + std::to_string(largest) +
                          " (largest left: " + std::to_string(next) + ")",

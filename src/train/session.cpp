@@ -104,6 +104,7 @@ std::optional<nn::WeightStorage> quantized_storage(const std::string& qtype) {
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                                        const torch::TensorOptions& options) {
   text::PromptEncoderOptions o;
+  o.family = spec.family;
   o.kinds = model::text_encoders(spec.family);
   o.tiny = spec.tiny;
   o.text_width = spec.text_dim;

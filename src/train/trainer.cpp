@@ -237,8 +237,9 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     } catch (const std::exception& save_error) {
       log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
     }
-    const std::string brief =
-        write_oom_report(summary.output_dir, ctx, recommend_fixes(ctx, config, session.spec(), session.codec_spec()));
+    const std::string brief = write_oom_report(
+        summary.output_dir, ctx,
+        recommend_fixes(ctx, config, session.spec(), session.codec_spec(), session.activation_options()));
     if (options.progress && options.progress_in_place) *options.progress << "\n";
     throw OutOfMemoryStop(brief);
   };

@@ -20,6 +20,7 @@ namespace fs = std::filesystem;
 PromptEncoderOptions options_for(const std::string& preset, const torch::TensorOptions& where = {}) {
   const model::ModelSpec spec = model::spec_by_preset(preset);
   PromptEncoderOptions o;
+  o.family = spec.family;
   o.kinds = model::text_encoders(spec.family);
   o.tiny = spec.tiny;
   o.text_width = spec.text_dim;

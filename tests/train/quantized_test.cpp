@@ -83,7 +83,8 @@ TEST(QuantizedBase, TheOomAdviceOffersTheNextStorageStepWithItsExactSaving) {
     OomContext ctx;
     ctx.phase = Phase::backward, ctx.bucket = "64x64", ctx.batch = 2, ctx.cpu = true;
     ctx.live_bytes = 1 << 30;
-    for (const auto& f : recommend_fixes(ctx, config, spec, codec_plan(config, spec)))
+    for (const auto& f :
+         recommend_fixes(ctx, config, spec, codec_plan(config, spec), model::activation_options(config, false)))
       if (f.title == "Quantize the base weights" || f.title == "Store the base in fewer bits") return f;
     return std::nullopt;
   };

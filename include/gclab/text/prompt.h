@@ -30,6 +30,7 @@
 namespace gclab::text {
 
 struct PromptEncoderOptions {
+  config::Family family = config::Family::flux;     // whose pipeline composes the encoders
   std::vector<config::TextEncoderKind> kinds;       // the family's encoders, in slot order (empty: no text)
   bool tiny = false;                                // a tiny preset: CPU-test encoders
   int64_t text_width = 0;                           // the width of the hidden states the transformer takes

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gclab/config/config.h"
+#include "gclab/model/activations.h"
 #include "gclab/model/spec.h"
 #include "gclab/train/phase.h"
 #include "gclab/vae/codec.h"
@@ -44,8 +45,10 @@ struct OomFix {
 };
 
 // `codec`: the run's autoencoder, whose encode / decode peaks the VAE levers are predicted from.
+// `activations`: the run's ledger options (Session::activation_options: dtype, LoRA, quantized Linears).
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
-                                    const model::ModelSpec& spec, const vae::CodecSpec& codec);
+                                    const model::ModelSpec& spec, const vae::CodecSpec& codec,
+                                    const model::ActivationOptions& activations);
 // Writes oom_report.md and oom_report.json into dir; returns the short version for the log.
 std::string write_oom_report(const std::filesystem::path& dir, const OomContext& ctx, const std::vector<OomFix>& fixes);
 
