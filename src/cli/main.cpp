@@ -25,6 +25,7 @@
 #include "gclab/memory/device.h"
 #include "gclab/model/family.h"
 #include "gclab/model/forward.h"
+#include "gclab/model/quantize.h"
 #include "gclab/model/summary.h"
 #include "gclab/text/encoder.h"
 #include "gclab/text/tokenizer.h"
@@ -353,8 +354,12 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
   const torch::Device device = gclab::train::resolve_device(config.device);
   try {
     torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
-    auto model = gclab::model::build_transformer(spec);
-    if (config.model.quantize) gclab::model::set_base_weight_storage(*model, gclab::model::WeightStorage::Float8PerRow);
+    // Built in the compute dtype and quantized as a training run would be (model.quantize / qtype /
+    // accuracy_recovery_adapter), before the weights load: a quantized Linear quantizes what it loads.
+    auto model = gclab::model::build_transformer(spec, torch::TensorOptions().dtype(dtype));
+    if (config.model.quantize)
+      gclab::log::info("model.quantize: " +
+                       gclab::model::describe(gclab::model::quantize_base(*model, config.model), config.model));
     // --weights (a safetensors file, a sharded index or a diffusers folder), else the weights of a local
     // model.name_or_path folder.
     std::filesystem::path weights;
@@ -383,7 +388,6 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
     torch::Tensor prediction;
     {
       torch::NoGradGuard no_grad;
-      if (dtype != torch::kFloat) model->to(dtype);
       prediction = model->forward(in);
     }
     gclab::io::save_safetensors(f.out, {{"prediction", prediction}}, gclab::model::spec_metadata(spec));

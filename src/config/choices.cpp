@@ -102,19 +102,15 @@ const std::vector<Spelling<TextEncoderKind>>& spellings() {
 
 template <>
 const std::vector<Spelling<QType>>& spellings() {
-  static const std::vector<Spelling<QType>> s = {
-      {QType::qfloat8, "qfloat8", {}}, {QType::float8, "float8", {"fp8"}}, {QType::uint2, "uint2", {}},
-      {QType::uint3, "uint3", {}},     {QType::uint4, "uint4", {}},        {QType::uint5, "uint5", {}},
-      {QType::uint6, "uint6", {}},     {QType::uint7, "uint7", {}},        {QType::uint8, "uint8", {}}};
+  static const std::vector<Spelling<QType>> s = {{QType::qfloat8, "qfloat8", {}}, {QType::float8, "float8", {}},
+                                                 {QType::int8, "int8", {}},       {QType::uint2, "uint2", {}},
+                                                 {QType::uint3, "uint3", {}},     {QType::uint4, "uint4", {}},
+                                                 {QType::uint5, "uint5", {}},     {QType::uint6, "uint6", {}},
+                                                 {QType::uint7, "uint7", {}},     {QType::uint8, "uint8", {}}};
   return s;
 }
 
-std::optional<QTypeSpec> parse_qtype(const std::string& qtype) {
-  const size_t bar = qtype.find('|');
-  const auto type = parse_choice<QType>(qtype.substr(0, bar));
-  if (!type) return std::nullopt;
-  return QTypeSpec{*type, bar == std::string::npos ? std::string() : qtype.substr(bar + 1)};
-}
+std::optional<QType> parse_qtype(const std::string& qtype) { return parse_choice<QType>(qtype); }
 
 template <>
 const std::vector<Spelling<VaeChoice>>& spellings() {

@@ -609,13 +609,29 @@ class Validator {
     c_.arch_from_legacy_switch = reason == "model.is_flux" || reason == "model.is_v3" || reason == "model.is_lumina2";
   }
 
-  // model.qtype / qtype_te: a storage gclab reproduces (the accuracy-recovery adapter after '|' aside).
+  // model.qtype / qtype_te: a storage gclab reproduces. "qtype|ADAPTER" sets the accuracy-recovery adapter
+  // (AI Toolkit's ModelConfig splits it the same way, over an accuracy_recovery_adapter key); AI Toolkit
+  // reads no adapter for the text encoders (its qtype_te goes to the quantizer whole).
   void quantization() {
-    for (const auto& [path, qtype] :
-         {std::pair<std::string, std::string>{"model.qtype", c_.model.qtype}, {"model.qtype_te", c_.model.qtype_te}})
-      if (!parse_qtype(qtype))
-        error(path, "'" + qtype.substr(0, qtype.find('|')) + "' is not a storage gclab reproduces yet; use one of: " +
-                        choice_list<QType>() + " (optionally |ADAPTER.safetensors)");
+    ModelConfig& m = c_.model;
+    if (const size_t bar = m.qtype.find('|'); bar != std::string::npos) {
+      m.accuracy_recovery_adapter = m.qtype.substr(bar + 1);
+      m.qtype = m.qtype.substr(0, bar);
+      if (m.accuracy_recovery_adapter->empty()) error("model.qtype", "names no adapter after '|'");
+    }
+    if (!parse_qtype(m.qtype))
+      error("model.qtype", "'" + m.qtype + "' is not a storage gclab reproduces yet; use one of: " +
+                               choice_list<QType>() + " (optionally |ADAPTER.safetensors)");
+    if (m.qtype_te.find('|') != std::string::npos)
+      error("model.qtype_te", "'" + m.qtype_te +
+                                  "': an accuracy-recovery adapter applies to the transformer only (model.qtype); "
+                                  "AI Toolkit would fail on this qtype");
+    else if (!parse_qtype(m.qtype_te))
+      error("model.qtype_te",
+            "'" + m.qtype_te + "' is not a storage gclab reproduces yet; use one of: " + choice_list<QType>());
+    if (m.accuracy_recovery_adapter && !m.quantize)
+      warning("model.accuracy_recovery_adapter",
+              "is not used: model.quantize is false (AI Toolkit applies it while quantizing)");
   }
 
   void network() {

@@ -109,12 +109,6 @@ void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
 
 namespace {
 
-// One module's update in a LoRA file, whatever its naming.
-struct FileAdapter {
-  torch::Tensor down, up;  // lora_A / lora_down [rank, in], lora_B / lora_up [out, rank]
-  std::optional<double> alpha;
-};
-
 // PEFT's global alpha and rank from diffusers' `lora_adapter_metadata` (keys with or without the
 // "transformer." prefix): the scale alpha / r every module of the file gets.
 std::optional<double> peft_scale(const std::map<std::string, std::string>& metadata) {
@@ -132,7 +126,7 @@ std::optional<double> peft_scale(const std::map<std::string, std::string>& metad
 
 }  // namespace
 
-int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& path, double scale) {
+LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path& path) {
   const auto file = io::SafetensorsFile::open(path);
   // Every Linear by its diffusers path, and by that path with '.' as '_' (kohya names).
   std::map<std::string, Linear> by_path;
@@ -145,7 +139,7 @@ int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& pa
       R"(^(?:transformer\.|diffusion_model\.|base_model\.model\.)?(.+)\.(lora_A|lora_B)(?:\.default)?\.weight$)");
   static const std::regex peft_alpha(R"(^(?:transformer\.|diffusion_model\.)?(.+)\.alpha$)");
   static const std::regex kohya(R"(^lora_(?:transformer|unet)_(.+)\.(lora_down|lora_up|alpha)(?:\.weight)?$)");
-  std::map<std::string, FileAdapter> adapters;  // by diffusers path
+  LoraFile out;
   std::vector<std::string> unplaced;
   for (const auto& entry : file.entries()) {
     const std::string& name = entry.name;
@@ -156,15 +150,15 @@ int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& pa
         unplaced.push_back(name);
         continue;
       }
-      FileAdapter& a = adapters[it->second];
+      LoraFileModule& a = out.modules[it->second];
       if (m[2] == "alpha")
         a.alpha = file.tensor(name).item<double>();
       else
         (m[2] == "lora_down" ? a.down : a.up) = file.tensor(name);
     } else if (std::regex_match(name, m, peft) && by_path.count(m[1].str())) {
-      (m[2] == "lora_A" ? adapters[m[1].str()].down : adapters[m[1].str()].up) = file.tensor(name);
+      (m[2] == "lora_A" ? out.modules[m[1].str()].down : out.modules[m[1].str()].up) = file.tensor(name);
     } else if (std::regex_match(name, m, peft_alpha) && by_path.count(m[1].str())) {
-      adapters[m[1].str()].alpha = file.tensor(name).item<double>();
+      out.modules[m[1].str()].alpha = file.tensor(name).item<double>();
     } else {
       unplaced.push_back(name);
     }
@@ -175,22 +169,34 @@ int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& pa
         model.spec().preset + " model, e.g. " + unplaced.front() +
         " (gclab reads LoRAs named by diffusers' module paths: PEFT/diffusers/AI Toolkit or kohya naming; a LoRA "
         "for another model, or for the original BFL checkpoint layout, does not apply)");
-  const std::optional<double> file_scale = peft_scale(file.metadata());
-  torch::NoGradGuard no_grad;
-  for (const auto& [module_path, a] : adapters) {
+  for (const auto& [module_path, a] : out.modules) {
     if (!a.down.defined() || !a.up.defined())
       throw std::runtime_error(path.string() + ": " + module_path + " has only one of its two LoRA matrices");
+    const auto shape = by_path.at(module_path)->weight_shape();
+    const int64_t rank = a.down.size(0);
+    if (a.down.dim() != 2 || a.up.dim() != 2 || a.up.size(1) != rank || a.up.size(0) != shape[0] ||
+        a.down.size(1) != shape[1])
+      throw std::runtime_error(path.string() + ": " + module_path + "'s LoRA is " + c10::str(a.up.sizes()) + " x " +
+                               c10::str(a.down.sizes()) + ", the Linear is " + c10::str(shape));
+  }
+  if (out.modules.empty()) throw std::runtime_error(path.string() + ": holds no LoRA matrices");
+  out.file_scale = peft_scale(file.metadata());
+  return out;
+}
+
+int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& path, double scale) {
+  const LoraFile file = read_lora_file(model, path);
+  std::map<std::string, Linear> by_path;
+  for (auto& [module_path, linear] : named_linears(model)) by_path.emplace(module_path, linear);
+  torch::NoGradGuard no_grad;
+  for (const auto& [module_path, a] : file.modules) {
     Linear& linear = by_path.at(module_path);
     const torch::Tensor w = linear->effective_weight(torch::kFloat);
-    const int64_t rank = a.down.size(0);
-    if (a.down.dim() != 2 || a.up.dim() != 2 || a.up.size(1) != rank || a.up.size(0) != w.size(0) ||
-        a.down.size(1) != w.size(1))
-      throw std::runtime_error(path.string() + ": " + module_path + "'s LoRA is " + c10::str(a.up.sizes()) + " x " +
-                               c10::str(a.down.sizes()) + ", the Linear is " + c10::str(w.sizes()));
-    const double module_scale = a.alpha ? *a.alpha / static_cast<double>(rank) : file_scale.value_or(1.0);
+    const double module_scale =
+        a.alpha ? *a.alpha / static_cast<double>(a.down.size(0)) : file.file_scale.value_or(1.0);
     linear->set_weight(w + scale * module_scale * torch::mm(a.up.to(torch::kFloat), a.down.to(torch::kFloat)));
   }
-  return static_cast<int>(adapters.size());
+  return static_cast<int>(file.modules.size());
 }
 
 std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path) {

@@ -1,6 +1,7 @@
 #include "gclab/model/summary.h"
 
 #include "gclab/model/lora.h"
+#include "gclab/model/quantize.h"
 
 namespace gclab::model {
 
@@ -12,14 +13,11 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
                    : local                          ? "random: " + local->config.string() + " has no weights beside it"
                    : config.model.name_or_path      ? "random: name_or_path is not a local folder (the preset's shape)"
                                                     : "random (the preset's shape)";
-  // Base weights in bf16, as AI Toolkit loads these models; quantize stores the blocks' Linears as float8.
+  // Base weights in bf16, as AI Toolkit loads these models, quantized as model.qtype asks.
   auto model = build_transformer(s.spec, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
   s.parameters = parameter_count(*model);
   s.weight_storage = "bf16";
-  if (config.model.quantize) {
-    set_base_weight_storage(*model, WeightStorage::Float8PerTensor);
-    s.weight_storage = "float8 (block Linears; model.quantize), bf16 elsewhere";
-  }
+  if (config.model.quantize) s.weight_storage = describe(quantize_base(*model, config.model), config.model);
   for (const auto& b : model->buffers()) s.weight_bytes += static_cast<int64_t>(b.nbytes());
   for (const auto& p : model->parameters()) s.weight_bytes += static_cast<int64_t>(p.nbytes());
   if (config.network) {

@@ -4,8 +4,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 
+#include "gclab/quant/scaled.h"
 #include "gclab/quant/uintx.h"
 
 namespace gclab::nn {
@@ -16,13 +18,14 @@ WeightStorage parse_weight_storage(const std::string& name) {
   if (name == "fp32" || name == "float32") return WeightStorage::Float32;
   if (name == "bf16" || name == "bfloat16") return WeightStorage::BFloat16;
   if (name == "fp16" || name == "float16") return WeightStorage::Float16;
-  if (name == "float8" || name == "qfloat8" || name == "fp8") return WeightStorage::Float8PerTensor;
-  if (name == "float8-row" || name == "qfloat8-row") return WeightStorage::Float8PerRow;
+  if (name == "qfloat8") return WeightStorage::QFloat8;
+  if (name == "float8") return WeightStorage::Float8;
+  if (name == "int8") return WeightStorage::Int8;
   for (int bits = 2; bits <= 7; ++bits)
     if (name == "uint" + std::to_string(bits))
       return static_cast<WeightStorage>(static_cast<int>(WeightStorage::UInt2) + bits - 2);
   throw std::invalid_argument("unknown weight storage '" + name +
-                              "' (fp32, bf16, fp16, float8 = qfloat8 per tensor, float8-row, uint2 ... uint7)");
+                              "' (fp32, bf16, fp16, qfloat8, float8, int8, uint2 ... uint7)");
 }
 
 std::string to_string(WeightStorage s) {
@@ -33,10 +36,12 @@ std::string to_string(WeightStorage s) {
       return "bf16";
     case WeightStorage::Float16:
       return "fp16";
-    case WeightStorage::Float8PerTensor:
+    case WeightStorage::QFloat8:
+      return "qfloat8";
+    case WeightStorage::Float8:
       return "float8";
-    case WeightStorage::Float8PerRow:
-      return "float8-row";
+    case WeightStorage::Int8:
+      return "int8";
     default:
       return "uint" + std::to_string(uintx_bits(s));
   }
@@ -48,7 +53,19 @@ int uintx_bits(WeightStorage s) {
 }
 
 namespace {
-bool is_float8(WeightStorage s) { return s == WeightStorage::Float8PerTensor || s == WeightStorage::Float8PerRow; }
+std::optional<quant::ScaledType> scaled_type(WeightStorage s) {
+  switch (s) {
+    case WeightStorage::QFloat8:
+      return quant::ScaledType::qfloat8;
+    case WeightStorage::Float8:
+      return quant::ScaledType::float8;
+    case WeightStorage::Int8:
+      return quant::ScaledType::int8;
+    default:
+      return std::nullopt;
+  }
+}
+bool is_quantized(WeightStorage s) { return scaled_type(s) || uintx_bits(s); }
 
 // Matches x's dtype unless autocast will cast the matmul's operands anyway.
 torch::Tensor for_input(const torch::Tensor& t, const torch::Tensor& x) {
@@ -56,27 +73,29 @@ torch::Tensor for_input(const torch::Tensor& t, const torch::Tensor& x) {
   if (at::autocast::is_autocast_enabled(x.device().type())) return t;
   return t.to(x.scalar_type());
 }
-// y = x W^T + b with W stored in float8 and a frozen base: keeps the float8 weight and its scale for
-// backward, never the dequantized copy (autograd's own linear would save the bf16/fp32 weight it was
-// given: a second copy of every quantized weight while its block's graph lives). Backward dequantizes
-// again, as AI Toolkit's quantized layers do.
-class Float8Linear : public torch::autograd::Function<Float8Linear> {
+// y = x W^T + b for optimum-quanto's qfloat8 weight (its WeightQBytesLinearFunction): keeps the float8
+// codes and their scale for the backward, never a dequantized copy, and dequantizes again there.
+class QFloat8Linear : public torch::autograd::Function<QFloat8Linear> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& scale, const torch::Tensor& bias) {
-    ctx->save_for_backward({weight, scale});
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& data,
+                               const torch::Tensor& scale, const torch::Tensor& bias) {
+    ctx->save_for_backward({data, scale});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    const torch::Tensor w = weight.to(x.scalar_type()) * scale.to(x.scalar_type());
-    return F::linear(x, w, for_input(bias, x));
+    quant::ScaledWeight q;
+    q.type = quant::ScaledType::qfloat8, q.data = data, q.scale = scale, q.dtype = scale.scalar_type();
+    // quanto's qbytes_mm: activations and codes in the scale's dtype, the scale on the codes.
+    const torch::Tensor y = torch::matmul(x.to(q.dtype), quant::dequantize_scaled(q).t());
+    return (bias.defined() ? y + bias.to(y.scalar_type()) : y).to(x.scalar_type());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
     const auto saved = ctx->get_saved_variables();
     const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    quant::ScaledWeight q;
+    q.type = quant::ScaledType::qfloat8, q.data = saved[0], q.scale = saved[1], q.dtype = saved[1].scalar_type();
     const torch::Tensor& g = grad[0];
-    // In the output gradient's dtype (bf16 under autocast), as autograd's linear would compute it.
-    const torch::Tensor w = (saved[0].to(torch::kFloat) * saved[1].to(torch::kFloat)).to(g.scalar_type());
-    return {torch::matmul(g, w).to(x_dtype), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {torch::matmul(g, quant::dequantize_scaled(q).to(g.scalar_type())).to(x_dtype), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -91,32 +110,48 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 }
 
 int64_t LinearImpl::dequantized_bytes() const {
-  return uintx_bits(storage_) ? out_ * in_ * static_cast<int64_t>(c10::elementSize(uintx_dtype_)) : 0;
+  const bool copies = uintx_bits(storage_) || storage_ == WeightStorage::Float8 || storage_ == WeightStorage::Int8;
+  return copies ? out_ * in_ * static_cast<int64_t>(c10::elementSize(dequant_dtype_)) : 0;
+}
+
+quant::ScaledWeight LinearImpl::scaled() const {
+  quant::ScaledWeight q;
+  q.type = *scaled_type(storage_);
+  q.data = weight, q.scale = weight_scale_, q.zero_point = weight_zero_point_, q.dtype = dequant_dtype_;
+  return q;
 }
 
 torch::Tensor LinearImpl::effective_weight(torch::ScalarType dtype) const {
+  if (is_quantized(storage_) && weight.is_meta()) return torch::empty({out_, in_}, weight.options().dtype(dtype));
+  torch::Tensor w;
   if (const int bits = uintx_bits(storage_)) {
     quant::UIntXWeight q;
     q.bits = bits, q.out_features = out_, q.in_features = in_;
     q.packed = weight, q.scale = uintx_scale_, q.zero_point = uintx_zero_point_;
-    if (weight.is_meta()) return torch::empty({out_, in_}, weight.options().dtype(dtype));
-    const torch::Tensor w = quant::dequantize_uintx(q);
-    return w.scalar_type() == dtype ? w : w.to(dtype);
+    w = quant::dequantize_uintx(q);
+  } else if (scaled_type(storage_)) {
+    w = quant::dequantize_scaled(scaled());
+  } else {
+    w = weight;
   }
-  if (!is_float8(storage_)) return weight.scalar_type() == dtype ? weight : weight.to(dtype);
-  return weight.to(dtype) * weight_scale_.to(dtype);
+  return w.scalar_type() == dtype ? w : w.to(dtype);
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
-  if (is_float8(storage_) && torch::GradMode::is_enabled() && x.requires_grad())
-    y = Float8Linear::apply(x, weight, weight_scale_, bias.defined() ? bias : torch::Tensor());
+  if (storage_ == WeightStorage::QFloat8 && torch::GradMode::is_enabled() && x.requires_grad() && !weight.is_meta())
+    y = QFloat8Linear::apply(x, weight, weight_scale_, bias.defined() ? bias : torch::Tensor());
+  else if (storage_ == WeightStorage::Int8 && !weight.is_meta())
+    y = bias.defined() ? quant::scaled_matmul(x, scaled()) + for_input(bias, x) : quant::scaled_matmul(x, scaled());
   else
-    y = F::linear(x,
-                  is_float8(storage_)    ? effective_weight(x.scalar_type())
-                  : uintx_bits(storage_) ? for_input(effective_weight(uintx_dtype_), x)
-                                         : for_input(weight, x),
+    // The frozen weight dequantized without a graph (AI Toolkit's uintN; torchao's float8 fallback).
+    y = F::linear(x, is_quantized(storage_) ? for_input(effective_weight(dequant_dtype_), x) : for_input(weight, x),
                   for_input(bias, x));
+  if (recovery_A_.defined()) {
+    // AI Toolkit's LoRAModule.forward for the adapter: org_forward(x) + up(down(x)) * multiplier * scale.
+    const torch::Tensor h = F::linear(x, for_input(recovery_A_, x));
+    y = y + F::linear(h, for_input(recovery_B_, h)) * recovery_scale_;
+  }
   if (lora_A_.defined()) {
     // Dropout on lora_A's rank-sized output, as AI Toolkit's LoRAModule.forward (lora_down, then dropout):
     // its mask is B x tokens x rank, not the input's size.
@@ -125,6 +160,17 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     y = y + F::linear(h, for_input(lora_B_, h)) * lora_scale_;
   }
   return y;
+}
+
+void LinearImpl::add_recovery_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale) {
+  TORCH_CHECK(
+      down.dim() == 2 && up.dim() == 2 && down.size(1) == in_ && up.size(0) == out_ && up.size(1) == down.size(0),
+      "an adapter for a Linear ", in_, " -> ", out_, " must be [rank, ", in_, "] and [", out_, ", rank]; got ",
+      down.sizes(), " and ", up.sizes());
+  TORCH_CHECK(!recovery_A_.defined(), "the Linear already has an accuracy-recovery adapter");
+  recovery_A_ = register_buffer("recovery_A", down.to(weight.device()));
+  recovery_B_ = register_buffer("recovery_B", up.to(weight.device()));
+  recovery_scale_ = scale;
 }
 
 void LinearImpl::add_lora(int64_t rank, double alpha, double dropout) {
@@ -151,58 +197,49 @@ void LinearImpl::add_lora(int64_t rank, double alpha, double dropout) {
 
 void LinearImpl::set_weight_storage(WeightStorage storage) {
   torch::NoGradGuard no_grad;
+  if (storage == storage_ && is_quantized(storage)) return;
+  TORCH_CHECK(!is_quantized(storage_), "a ", to_string(storage_), "-stored Linear weight cannot be stored again as ",
+              to_string(storage));
+  // A buffer registered on first use, replaced in place after (set_weight re-quantizes what it loads).
+  auto put = [this](const char* name, torch::Tensor& member, const torch::Tensor& t) {
+    if (member.defined())
+      member.set_data(t);
+    else
+      member = register_buffer(name, t);
+  };
+  torch::Tensor stored;
   if (const int bits = uintx_bits(storage)) {
     // AI Toolkit leaves a Linear it cannot group (or any, for uint8) in its dtype; it quantizes the weight
     // in the dtype it was loaded in (bf16 for a LoRA base).
-    if (!quant::uintx_quantizes(bits, in_) || uintx_bits(storage_)) return;
-    const torch::Tensor w = is_float8(storage_) ? effective_weight(torch::kFloat) : weight;
-    uintx_dtype_ = w.scalar_type();
-    torch::Tensor packed, scale, zero_point;
-    const int64_t groups = in_ / quant::kUIntXGroupSize;
-    if (w.is_meta()) {
-      packed = torch::empty({quant::uintx_packed_bytes(out_ * in_, bits)}, w.options().dtype(torch::kByte));
-      scale = torch::empty({out_, groups}, w.options());
-      zero_point = torch::empty({out_, groups}, w.options().dtype(torch::kByte));
+    if (!quant::uintx_quantizes(bits, in_)) return;
+    torch::Tensor scale, zero_point;
+    if (weight.is_meta()) {
+      const int64_t groups = in_ / quant::kUIntXGroupSize;
+      stored = torch::empty({quant::uintx_packed_bytes(out_ * in_, bits)}, weight.options().dtype(torch::kByte));
+      scale = torch::empty({out_, groups}, weight.options());
+      zero_point = torch::empty({out_, groups}, weight.options().dtype(torch::kByte));
     } else {
-      quant::UIntXWeight q = quant::quantize_uintx(w, bits);
-      packed = q.packed, scale = q.scale, zero_point = q.zero_point;
+      quant::UIntXWeight q = quant::quantize_uintx(weight, bits);
+      stored = q.packed, scale = q.scale, zero_point = q.zero_point;
     }
-    uintx_scale_ = register_buffer("uintx_scale", scale);
-    uintx_zero_point_ = register_buffer("uintx_zero_point", zero_point);
-    weight.set_requires_grad(false);
-    weight.set_data(packed);
-    storage_ = storage;
-    if (bias.defined()) bias.set_requires_grad(false);
-    return;
-  }
-  TORCH_CHECK(!uintx_bits(storage_), "a uint-stored Linear weight cannot be stored again as ", to_string(storage));
-  const torch::Tensor w = effective_weight(torch::kFloat);
-  torch::Tensor stored;
-  if (is_float8(storage)) {
-    // e4m3's largest finite value is 448; scale so the largest magnitude (of the tensor, or of each
-    // output row) maps onto it.
-    const bool per_row = storage == WeightStorage::Float8PerRow;
-    torch::Tensor scale;
-    if (w.is_meta()) {  // shapes only (a meta build counts bytes)
-      scale = per_row ? torch::empty({out_, 1}, w.options()) : torch::empty({}, w.options());
-      stored = torch::empty_like(w, w.options().dtype(torch::kFloat8_e4m3fn));
-    } else {
-      const torch::Tensor amax = per_row ? w.abs().amax({1}, /*keepdim=*/true) : w.abs().amax();
-      scale = torch::clamp_min(amax, 1e-12) / 448.0;
-      stored = (w / scale).to(torch::kFloat8_e4m3fn);
-    }
-    if (weight_scale_.defined())
-      weight_scale_.set_data(scale);
-    else
-      weight_scale_ = register_buffer("weight_scale", scale);
+    put("uintx_scale", uintx_scale_, scale);
+    put("uintx_zero_point", uintx_zero_point_, zero_point);
+    dequant_dtype_ = weight.scalar_type();
+  } else if (const auto type = scaled_type(storage)) {
+    const quant::ScaledWeight q = weight.is_meta() ? quant::empty_scaled(out_, in_, *type, weight.options())
+                                                   : quant::quantize_scaled(weight, *type);
+    put("weight_scale", weight_scale_, q.scale);
+    if (q.zero_point.defined()) put("weight_zero_point", weight_zero_point_, q.zero_point);
+    stored = q.data;
+    dequant_dtype_ = weight.scalar_type();
   } else {
     const auto dtype = storage == WeightStorage::BFloat16  ? torch::kBFloat16
                        : storage == WeightStorage::Float16 ? torch::kHalf
                                                            : torch::kFloat;
-    stored = w.to(dtype);
+    stored = weight.to(dtype);
   }
   weight.set_requires_grad(false);
-  weight.set_data(stored);  // the same registered parameter, now in the storage dtype
+  weight.set_data(stored);  // the same registered parameter, now in the storage's dtype
   storage_ = storage;
   if (bias.defined()) bias.set_requires_grad(false);
 }
@@ -213,13 +250,16 @@ void LinearImpl::set_weight(const torch::Tensor& values) {
   torch::NoGradGuard no_grad;
   const WeightStorage storage = storage_;
   const bool requires_grad = weight.requires_grad();
-  storage_ = WeightStorage::Float32;
-  // uintN quantizes in the dtype the weight came in (AI Toolkit: the loaded dtype).
-  weight.set_data(values.to(weight.device(), uintx_bits(storage) ? uintx_dtype_ : torch::kFloat).clone());
-  if (storage != WeightStorage::Float32)
+  // A quantized weight quantizes the values in the dtype it was quantized from (AI Toolkit: the loaded
+  // dtype); any other keeps its dtype.
+  const bool quantized = is_quantized(storage);
+  weight.set_data(values.to(weight.device(), quantized ? dequant_dtype_ : weight.scalar_type()).clone());
+  if (quantized) {
+    storage_ = WeightStorage::Float32;
     set_weight_storage(storage);
-  else
+  } else {
     weight.set_requires_grad(requires_grad);
+  }
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool affine, const torch::TensorOptions& options) : eps_(eps) {

@@ -9,6 +9,7 @@
 #include "gclab/ckpt/policy.h"
 #include "gclab/config/byte_size.h"
 #include "gclab/model/activations.h"
+#include "gclab/model/quantize.h"
 
 namespace gclab::train {
 
@@ -159,18 +160,22 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   // (with blocks that are not checkpointed a uint base keeps dequantized copies: no saving there). Each
   // saving from the model built on the meta device with and without the change.
   {
-    const auto now = config.model.quantize ? quantized_storage(config.model.qtype) : std::nullopt;
+    const auto now = config.model.quantize ? model::quantized_storage(config.model.qtype) : std::nullopt;
     const int bits = now ? nn::uintx_bits(*now) : 0;
     std::optional<std::string> next;
     if (!config.model.quantize)
       next = "qfloat8";
+    else if (config.model.accuracy_recovery_adapter)
+      ;  // its adapter was trained on this qtype's rounding: a step down in bits would void it
     else if (fully_checkpointed && now && !bits)
       next = "uint4";
     else if (fully_checkpointed && bits > 2)
       next = "uint" + std::to_string(bits - 1);
     if (next) {
-      const int64_t saving =
-          base_weight_bytes(config, spec, now) - base_weight_bytes(config, spec, quantized_storage(*next));
+      config::ProcessConfig changed = config;
+      changed.model.quantize = true;
+      changed.model.qtype = *next;
+      const int64_t saving = base_weight_bytes(config, spec) - base_weight_bytes(changed, spec);
       fixes.push_back({config.model.quantize ? "Store the base in fewer bits" : "Quantize the base weights",
                        config.model.quantize ? "model.qtype: " + *next + " (from " + config.model.qtype + ")"
                                              : "model.quantize: true (qtype qfloat8: float8 Linear weights)",
@@ -189,7 +194,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
       const auto dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
       auto plan = prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
       const int64_t before = text::PromptEncoder(plan).weight_bytes();
-      plan.linear_storage = quantized_storage(config.model.qtype_te);
+      plan.linear_storage = model::quantized_storage(config.model.qtype_te);
       const int64_t after = text::PromptEncoder(plan).weight_bytes();
       text.push_back({"Quantize the text encoders", "model.quantize_te: true (qtype_te " + config.model.qtype_te + ")",
                       before - after,

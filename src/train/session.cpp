@@ -5,6 +5,7 @@
 #include "gclab/data/image.h"
 #include "gclab/log/log.h"
 #include "gclab/model/family.h"
+#include "gclab/model/quantize.h"
 #include "gclab/sample/sampler.h"
 
 namespace gclab::train {
@@ -77,28 +78,13 @@ torch::ScalarType base_dtype(const config::ProcessConfig& config) {
   return config.network && config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
 }
 
-int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec,
-                          std::optional<nn::WeightStorage> storage) {
+int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec) {
   auto model = model::build_transformer(spec, torch::TensorOptions().device(torch::kMeta).dtype(base_dtype(config)));
-  if (storage) model::set_base_weight_storage(*model, *storage);
+  model::quantize_base(*model, config.model);
   int64_t bytes = 0;
   for (const auto& p : model->parameters()) bytes += static_cast<int64_t>(p.nbytes());
   for (const auto& b : model->buffers()) bytes += static_cast<int64_t>(b.nbytes());
   return bytes;
-}
-
-std::optional<nn::WeightStorage> quantized_storage(const std::string& qtype) {
-  const auto spec = config::parse_qtype(qtype);
-  if (!spec) throw UserError("qtype '" + qtype + "' is not a storage gclab reproduces");
-  switch (spec->type) {
-    case config::QType::qfloat8:
-    case config::QType::float8:
-      return nn::WeightStorage::Float8PerTensor;
-    case config::QType::uint8:
-      return std::nullopt;
-    default:
-      return nn::parse_weight_storage(std::string(config::name_of(spec->type)));
-  }
 }
 
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
@@ -117,7 +103,7 @@ text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, cons
   o.options = options;
   // quantize_te: AI Toolkit's ModelConfig defaults it to quantize.
   if (config.model.quantize_te.value_or(config.model.quantize))
-    o.linear_storage = quantized_storage(config.model.qtype_te);
+    o.linear_storage = model::quantized_storage(config.model.qtype_te);
   return o;
 }
 
@@ -226,14 +212,8 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // (FLUX.1-dev would need ~48 GB of RAM for one), and float8 blocks are converted one Linear at a time.
   torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
   model_ = model::build_transformer(spec_, torch::TensorOptions().device(device_).dtype(base_dtype(config_)));
-  if (config_.model.quantize) {
-    if (const auto storage = quantized_storage(config_.model.qtype)) model::set_base_weight_storage(*model_, *storage);
-    const auto spec = config::parse_qtype(config_.model.qtype);
-    if (spec && !spec->adapter.empty())
-      log::warn("model.qtype's accuracy-recovery adapter '" + spec->adapter +
-                "' is not applied yet: the base is stored as " + std::string(config::name_of(spec->type)) +
-                " without it (its frozen LoRA's memory is not counted)");
-  }
+  if (config_.model.quantize)
+    log::info("model.quantize: " + model::describe(model::quantize_base(*model_, config_.model), config_.model));
   if (config_.network) {
     lora_ = model::lora_options(*config_.network);
     const config::NetworkConfig& n = *config_.network;

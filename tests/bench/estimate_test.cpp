@@ -12,6 +12,7 @@
 #include "gclab/config/loader.h"
 #include "gclab/data/synth.h"
 #include "gclab/model/family.h"
+#include "gclab/model/quantize.h"
 #include "gclab/model/summary.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
@@ -77,6 +78,30 @@ TEST(Estimate, TheQwenImage24GbConfigsUint3BaseIsPackedAndItsDequantizedCopiesAr
   }
   ASSERT_TRUE(uint3.preview.has_value());
   EXPECT_LT(uint3.preview->total_bytes, uint3.cap_bytes);
+  // Its accuracy-recovery adapter (a Hub name here: built at rank 16) sits on the 60 x 14 block Linears,
+  // which alone are uint3; the extras stay bf16. Against the same qtype without the adapter, the weights
+  // differ by exactly the adapter and the extras' unquantized bytes.
+  const auto bare = estimate_memory(load(path, {"vram_cap=24GB", "model.qtype=uint3"}));
+  int64_t adapters = 0, adapter_bytes = 0, extras_bf16 = 0;
+  for (auto& [name, linear] : nn::named_linears(meta.model())) {
+    if (linear->has_recovery_adapter()) {
+      ++adapters;
+      adapter_bytes += 2 * model::kRecoveryAdapterRank * (linear->in_features() + linear->out_features());
+    } else {
+      EXPECT_EQ(linear->weight.scalar_type(), torch::kBFloat16) << name;  // unquantized
+      for (const auto& t : linear->parameters()) extras_bf16 += static_cast<int64_t>(t.nbytes());
+    }
+  }
+  EXPECT_EQ(adapters, 60 * 14);
+  // The extras' bytes as the adapter-less uint3 run stores them (packed where their width groups).
+  train::Session bare_meta(load(path, {"model.qtype=uint3"}), train::SessionOptions{/*meta=*/true});
+  int64_t extras_uint3 = 0;
+  for (auto& [name, linear] : nn::named_linears(bare_meta.model())) {
+    if (name.rfind("transformer_blocks.", 0) == 0) continue;
+    for (const auto& t : linear->parameters()) extras_uint3 += static_cast<int64_t>(t.nbytes());
+    for (const auto& t : linear->buffers()) extras_uint3 += static_cast<int64_t>(t.nbytes());
+  }
+  EXPECT_EQ(uint3.weight_bytes - bare.weight_bytes, adapter_bytes + extras_bf16 - extras_uint3);
 }
 
 TEST(Estimate, EightBitStateIsAQuarterOfAdamWsAndQuantizeHalvesTheWeights) {
@@ -315,8 +340,9 @@ TEST(Report, TheTextEncodersAreCountedAtTheirRealShapes) {
   quantized.model.quantize_te = true;
   const std::string q = format_text_encoders(quantized);
   // T5-XXL's Linear weights (all but the 32128 x 4096 embedding, the 32 x 64 position buckets and the norms)
-  // in one byte each with a float32 scale per weight (24 blocks x 7 Linears), the rest in bf16.
-  const int64_t other = 32128 * 4096 + 32 * 64 + 49 * 4096 + 24 * 7 * 4;
+  // in one byte each with quanto's bf16 scale per output row (24 blocks: q, k, v, o, wo of 4096 rows, wi_0,
+  // wi_1 of 10240), the rest in bf16.
+  const int64_t other = 32128 * 4096 + 32 * 64 + 49 * 4096 + 24 * (5 * 4096 + 2 * 10240) * 2;
   EXPECT_NE(q.find("kind: t5_xxl, parameters: 4762310656, weight_bytes: " + std::to_string(4762310656 + other)),
             std::string::npos)
       << q;

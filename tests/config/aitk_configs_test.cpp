@@ -109,6 +109,10 @@ TEST(AitkConfigs, QwenImageFamilies) {
   EXPECT_EQ(qwen.model.arch, "qwen_image");
   EXPECT_TRUE(qwen.model.low_vram);
   EXPECT_TRUE(qwen.model.quantize);
+  // "uint3|ostris/...safetensors": AI Toolkit's ModelConfig splits the adapter off the qtype.
+  EXPECT_EQ(qwen.model.qtype, "uint3");
+  EXPECT_EQ(qwen.model.accuracy_recovery_adapter.value_or(""),
+            "ostris/accuracy_recovery_adapters/qwen_image_torchao_uint3.safetensors");
 
   const ProcessConfig edit = load_ok("train_lora_qwen_image_edit_32gb.yaml");
   EXPECT_EQ(edit.model.arch, "qwen_image_edit");

@@ -9,6 +9,8 @@ For each weight `w.NAME` in IN and each bits in 2..7 it writes `packed.NAME.BITS
 """
 import sys
 
+from reference_io import torch_and_safetensors
+
 GROUP = 64
 
 
@@ -66,12 +68,7 @@ def quantize(w, bits):
 
 def main():
     global torch
-    try:
-        import torch
-        from safetensors.torch import load_file, save_file
-    except Exception as e:
-        print(f"reference unavailable: {e}", file=sys.stderr)
-        sys.exit(77)
+    torch, load_file, save_file = torch_and_safetensors()
     out = {}
     for key, w in load_file(sys.argv[1]).items():
         name = key[len("w."):]

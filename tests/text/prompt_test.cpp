@@ -168,14 +168,16 @@ TEST(PromptEncoder, QuantizeTeStoresEveryLinearWeightInFloat8) {
   torch::manual_seed(6);
   auto o = options_for("tiny-flux");
   PromptEncoder plain(o);
-  int64_t linear_weights = 0, linears = 0;
+  int64_t linear_weights = 0, rows = 0;
   for (size_t i = 0; i < plain.slots(); ++i)
-    for (auto& [name, l] : nn::named_linears(plain.encoder(i))) linear_weights += l->weight.numel(), ++linears;
-  o.linear_storage = nn::WeightStorage::Float8PerTensor;
+    for (auto& [name, l] : nn::named_linears(plain.encoder(i)))
+      linear_weights += l->weight.numel(), rows += l->out_features();
+  o.linear_storage = nn::WeightStorage::QFloat8;
   torch::manual_seed(6);  // the same random weights, then stored in float8
   PromptEncoder q(o);
-  // Three bytes saved per float32 weight, a float32 scale per Linear added.
-  EXPECT_EQ(plain.weight_bytes() - q.weight_bytes(), 3 * linear_weights - 4 * linears);
+  // Three bytes saved per float32 weight, a float32 scale per output row added (quanto's per-row scale in
+  // the weight's dtype).
+  EXPECT_EQ(plain.weight_bytes() - q.weight_bytes(), 3 * linear_weights - 4 * rows);
   torch::NoGradGuard g;
   const auto a = plain.encode("a dog"), b = q.encode("a dog");
   EXPECT_TRUE(torch::isfinite(b.text).all().item<bool>());

@@ -4,9 +4,14 @@
 // a block that is not checkpointed — measured against the tracking allocator.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
+#include "gclab/io/safetensors.h"
 #include "gclab/model/lora.h"
+#include "gclab/model/quantize.h"
 #include "gclab/quant/uintx.h"
 #include "gclab/train/oom_report.h"
 #include "gclab/train/session.h"
@@ -54,20 +59,128 @@ TEST(QuantizedBase, Uint4WeightsAreThePackedBytesAndTheLoraTrainsAlikeWithCheckp
   fs::remove_all(dir);
 }
 
-TEST(QuantizedBase, TheLedgerCountsTheDequantizedWeightsAutogradKeeps) {
+// uintN (AI Toolkit's dequantize-then-F.linear), float8 (torchao's dequantizing fallback) and int8
+// (torchao's mm on the codes cast to the compute dtype) each leave a weight-sized copy with autograd; quanto's
+// qfloat8 does not. The ledger counts exactly those, and equals the tracking allocator's measurement.
+TEST(QuantizedBase, TheLedgerCountsTheWeightCopiesAutogradKeepsForEachQtype) {
   const fs::path dir = testing::fresh_dir("quantized_ledger");
   Session plain(tiny_config(dir, "plain"));
-  Session q(tiny_config(dir, "q", {"model.quantize=true", "model.qtype=uint3"}));
-  const auto weights = model::dequantized_weight_bytes(q.model(), /*conditioning_grad=*/false);
-  ASSERT_EQ(weights.size(), q.model().blocks().size());
-  int64_t dequantized = 0;
-  for (int64_t w : weights) dequantized += w;
-  EXPECT_GT(dequantized, 0);
   const auto [measured_plain, ledger_plain] = plain.probe_block_activations();
+  for (const std::string qtype : {"uint3", "float8", "int8", "qfloat8"}) {
+    Session q(tiny_config(dir, qtype, {"model.quantize=true", "model.qtype=" + qtype}));
+    const auto weights = model::dequantized_weight_bytes(q.model(), /*conditioning_grad=*/false);
+    ASSERT_EQ(weights.size(), qtype == "qfloat8" ? 0 : q.model().blocks().size()) << qtype;
+    int64_t dequantized = 0;
+    for (int64_t w : weights) dequantized += w;
+    if (qtype != "qfloat8") {
+      EXPECT_GT(dequantized, 0) << qtype;
+    }
+    const auto [measured, ledger] = q.probe_block_activations();
+    EXPECT_EQ(ledger - ledger_plain, dequantized) << qtype;
+    // Measured with nothing checkpointed: the blocks keep the copies beside their activations.
+    EXPECT_GE(measured - measured_plain, dequantized * 9 / 10) << qtype;
+    EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(ledger), 1.0, 1e-3)
+        << qtype << ": " << measured << " " << ledger;
+  }
+  fs::remove_all(dir);
+}
+
+// An accuracy-recovery adapter file (model.qtype "uint4|FILE", AI Toolkit's spelling): a frozen LoRA at
+// scale 1 beside each Linear it names, those Linears stored as uint4, every other Linear left in its
+// dtype (AI Toolkit's "uint8" pass); the run's weights are exactly that, no LoRA file or optimizer sees
+// the adapter, and checkpointing on and off train alike through it.
+TEST(QuantizedBase, ARecoveryAdapterFileIsAFrozenLoraBesideTheLinearsItNamesTheRestStayUnquantized) {
+  const fs::path dir = testing::fresh_dir("quantized_ara");
+  const auto plain_config = tiny_config(dir, "plain", {"train.steps=2"});
+  // The adapter names the first block's Linears (rank 3, nonzero both ways), as AI Toolkit saves them.
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> written;
+  {
+    auto m = model::build_transformer(model::spec_for(plain_config.model));
+    torch::manual_seed(5);
+    for (auto& [path, linear] : nn::named_linears(*m->blocks()[0])) {
+      const std::string full = m->block_names()[0] + "." + path;
+      const torch::Tensor down = torch::randn({3, linear->in_features()}) * 0.1;
+      const torch::Tensor up = torch::randn({linear->out_features(), 3}) * 0.1;
+      tensors.emplace_back("transformer." + full + ".lora_A.weight", down);
+      tensors.emplace_back("transformer." + full + ".lora_B.weight", up);
+      written[full] = {down, up};
+    }
+  }
+  const fs::path file = dir / "ara.safetensors";
+  io::save_safetensors(file, tensors);
+  const std::vector<std::string> ara = {"model.quantize=true", "model.qtype=uint4|" + file.string(), "train.steps=2"};
+  int64_t plain = 0;
+  {
+    Session s(plain_config);
+    plain = s.resident().weights;
+  }
+  {
+    const auto config = tiny_config(dir, "ara", ara);
+    EXPECT_EQ(config.model.qtype, "uint4");
+    ASSERT_TRUE(config.model.accuracy_recovery_adapter);
+    Session s(config);
+    int64_t expected = plain, adapted = 0, quantized = 0;
+    for (auto& [path, linear] : nn::named_linears(s.model())) {
+      const auto it = written.find(path);
+      EXPECT_EQ(linear->has_recovery_adapter(), it != written.end()) << path;
+      if (it == written.end()) {
+        EXPECT_EQ(linear->weight.scalar_type(), torch::kFloat) << path;  // unquantized
+        continue;
+      }
+      ++adapted;
+      const int64_t out = linear->out_features(), in = linear->in_features();
+      expected += 4 * 3 * (in + out);  // the adapter, float32 like this base
+      if (nn::uintx_bits(linear->weight_storage()) == 4) {
+        ++quantized;
+        expected -= 4 * out * in - quant::uintx_bytes(out, in, 4, 4);
+      }
+      // y = x W_q^T + b + up(down(x)) (+ the trained LoRA, still zero)
+      torch::NoGradGuard no_grad;
+      const torch::Tensor x = torch::randn({2, 5, in});
+      const torch::Tensor want =
+          torch::nn::functional::linear(x, linear->effective_weight(torch::kFloat), linear->bias) +
+          torch::matmul(torch::matmul(x, it->second.first.t()), it->second.second.t());
+      EXPECT_TRUE(torch::allclose(linear->forward(x), want, 1e-5, 1e-6)) << path;
+    }
+    EXPECT_EQ(adapted, static_cast<int64_t>(written.size()));
+    EXPECT_GT(quantized, 0);
+    EXPECT_EQ(s.resident().weights, expected);
+    for (const auto& [name, t] : model::lora_state(s.model(), torch::kFloat))
+      EXPECT_EQ(name.find("recovery"), std::string::npos) << name;
+  }
+  const auto on = train(tiny_config(dir, "on", ara), {});
+  auto off_args = ara;
+  off_args.push_back("train.gradient_checkpointing=false");
+  const auto off = train(tiny_config(dir, "off", off_args), {});
+  ASSERT_EQ(on.losses.size(), 2u);
+  ASSERT_EQ(off.losses.size(), 2u);
+  for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i + 1;
+  fs::remove_all(dir);
+}
+
+// An adapter that is not a local file (a Hub name: gclab fetches nothing) is built at AI Toolkit's rank 16 on
+// every Linear of the blocks, with a zero up-projection (no effect, exact memory); the extras stay in their
+// dtype. Frozen on both sides, it keeps no activation for the backward: ledger = allocator still.
+TEST(QuantizedBase, AnAdapterNotOnDiskIsBuiltAtRank16OnTheBlocksAndKeepsNoActivations) {
+  const fs::path dir = testing::fresh_dir("quantized_ara_random");
+  Session q(tiny_config(dir, "q", {"model.quantize=true", "model.qtype=uint3|ostris/adapters/not_here.safetensors"}));
+  std::set<std::string> in_blocks;
+  for (size_t b = 0; b < q.model().blocks().size(); ++b)
+    for (auto& [path, linear] : nn::named_linears(*q.model().blocks()[b]))
+      in_blocks.insert(q.model().block_names()[b] + "." + path);
+  for (auto& [path, linear] : nn::named_linears(q.model())) {
+    ASSERT_EQ(linear->has_recovery_adapter(), in_blocks.count(path) == 1) << path;
+    if (!linear->has_recovery_adapter()) {
+      EXPECT_EQ(linear->weight.scalar_type(), torch::kFloat) << path;  // unquantized
+      continue;
+    }
+    const torch::Tensor down = linear->named_buffers()["recovery_A"], up = linear->named_buffers()["recovery_B"];
+    EXPECT_EQ(down.sizes(), (std::vector<int64_t>{model::kRecoveryAdapterRank, linear->in_features()}));
+    EXPECT_EQ(up.sizes(), (std::vector<int64_t>{linear->out_features(), model::kRecoveryAdapterRank}));
+    EXPECT_EQ(up.abs().sum().item<double>(), 0.0);
+  }
   const auto [measured, ledger] = q.probe_block_activations();
-  EXPECT_EQ(ledger - ledger_plain, dequantized);
-  // Measured with nothing checkpointed: the blocks keep the dequantized weights beside their activations.
-  EXPECT_GT(measured - measured_plain, dequantized * 9 / 10);
   EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(ledger), 1.0, 1e-3) << measured << " " << ledger;
   fs::remove_all(dir);
 }
@@ -90,11 +203,14 @@ TEST(QuantizedBase, TheOomAdviceOffersTheNextStorageStepWithItsExactSaving) {
   };
   const auto config = tiny_config(dir, "a");
   const auto spec = model::spec_for(config.model);
-  const int64_t fp32 = base_weight_bytes(config, spec, std::nullopt);
-  const int64_t f8 = base_weight_bytes(config, spec, nn::WeightStorage::Float8PerTensor);
-  const int64_t u4 = base_weight_bytes(config, spec, nn::WeightStorage::UInt4);
-  const int64_t u2 = base_weight_bytes(config, spec, nn::WeightStorage::UInt2);
-  const int64_t u3 = base_weight_bytes(config, spec, nn::WeightStorage::UInt3);
+  auto stored_as = [&](const std::string& qtype) {
+    auto c = config;
+    c.model.quantize = !qtype.empty();
+    if (!qtype.empty()) c.model.qtype = qtype;
+    return base_weight_bytes(c, spec);
+  };
+  const int64_t fp32 = stored_as(""), f8 = stored_as("qfloat8"), u4 = stored_as("uint4"), u2 = stored_as("uint2"),
+                u3 = stored_as("uint3");
   ASSERT_TRUE(fp32 > f8 && f8 > u4 && u3 > u2);
   const auto plain = advice({});
   ASSERT_TRUE(plain);

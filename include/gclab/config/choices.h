@@ -49,16 +49,13 @@ enum class TextEncoderKind { clip_l, clip_l_projected, clip_g_projected, t5_xxl,
 // runs, where a random autoencoder's previews would be noise).
 enum class VaeChoice { autoencoder, dct };
 // model.qtype / qtype_te: how AI Toolkit stores quantized weights (toolkit/util/quantize.py) — the ones
-// gclab reproduces: optimum-quanto's qfloat8 (and torchao's float8, stored alike here), the packed uint2 ...
+// gclab reproduces: optimum-quanto's qfloat8, torchao's float8 and int8 (weight-only), the packed uint2 ...
 // uint7 (uint8 leaves every layer unquantized, as in AI Toolkit). An accuracy-recovery adapter may follow
-// after '|' (`uint3|ostris/accuracy_recovery_adapters/...safetensors`).
-enum class QType { qfloat8, float8, uint2, uint3, uint4, uint5, uint6, uint7, uint8 };
-struct QTypeSpec {
-  QType type = QType::qfloat8;
-  std::string adapter;  // the accuracy-recovery adapter after '|', if any
-};
-// The qtype's parts; nullopt for a type gclab does not store (int8, orbit*, nvfp4, ...).
-std::optional<QTypeSpec> parse_qtype(const std::string& qtype);
+// after '|' (`uint3|ostris/accuracy_recovery_adapters/...safetensors`): the loader moves it to
+// model.accuracy_recovery_adapter, as AI Toolkit's ModelConfig does.
+enum class QType { qfloat8, float8, int8, uint2, uint3, uint4, uint5, uint6, uint7, uint8 };
+// nullopt for a type gclab does not store (orbit*, nvfp4, float8_e4m3fn, ...).
+std::optional<QType> parse_qtype(const std::string& qtype);
 
 // One value: its canonical spelling (written back) and the other spellings AI Toolkit accepts.
 template <class E>

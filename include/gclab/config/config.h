@@ -367,6 +367,9 @@ struct ModelConfig {
   std::optional<bool> quantize_te;  // defaults to `quantize`
   std::string qtype = "qfloat8";
   std::string qtype_te = "qfloat8";
+  // AI Toolkit's: a LoRA file applied, frozen, beside the quantized Linears it names (the Linears it does
+  // not name stay unquantized). A `qtype: "uint3|FILE"` sets it, as in AI Toolkit (the loader splits it).
+  std::optional<std::string> accuracy_recovery_adapter;
   bool low_vram = false;
   // gclab: autoencoder (the family's, from vae_path or name_or_path's vae/ folder, else random at the real
   // shapes) or dct (the stand-in).
@@ -386,6 +389,7 @@ struct ModelConfig {
     v("quantize_te", quantize_te);
     v("qtype", qtype);
     v("qtype_te", qtype_te);
+    v("accuracy_recovery_adapter", accuracy_recovery_adapter);
     v("low_vram", low_vram);
     v("vae", vae);
     v("vae_path", vae_path);
@@ -405,7 +409,6 @@ struct ModelConfig {
               "inference_lora_path",
               "te_name_or_path",
               "extras_name_or_path",
-              "accuracy_recovery_adapter",
               "quantize_kwargs",
               "model_kwargs",
               "compile",

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "gclab/config/config.h"
@@ -50,13 +51,24 @@ void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, t
 // the same shape; throws std::runtime_error naming the first mismatch.
 void load_lora(DiffusionTransformer& model, const std::filesystem::path& path);
 
+// A LoRA file's matrices by the diffusers path of the Linear each updates. Reads the namings in use:
+// PEFT / diffusers / AI Toolkit (`transformer.<path>.lora_A.weight`, also `diffusion_model.` or no prefix),
+// with alpha from `lora_adapter_metadata` or `<path>.alpha` tensors; and kohya (`lora_transformer_<path
+// with _>.lora_down.weight` / `lora_up` / `.alpha`, also `lora_unet_`) on diffusers' module paths. Throws
+// std::runtime_error naming the first tensor it cannot place (a LoRA for another model, or for the
+// original BFL layout's fused modules), a module with one matrix, or matrices of another shape.
+struct LoraFileModule {
+  torch::Tensor down, up;  // lora_A / lora_down [rank, in], lora_B / lora_up [out, rank]
+  std::optional<double> alpha;
+};
+struct LoraFile {
+  std::map<std::string, LoraFileModule> modules;
+  std::optional<double> file_scale;  // alpha / r of lora_adapter_metadata
+};
+LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path& path);
+
 // Adds a LoRA file's update, times `scale`, into the base weights (W += scale * alpha / rank * B A) of
-// whichever Linears it names, and returns how many. Reads the namings in use: PEFT / diffusers / AI
-// Toolkit (`transformer.<path>.lora_A.weight`, also `diffusion_model.` or no prefix), with alpha from
-// `lora_adapter_metadata` or `<path>.alpha` tensors (else alpha = rank); and kohya
-// (`lora_transformer_<path with _>.lora_down.weight` / `lora_up` / `.alpha`, also `lora_unet_`) on
-// diffusers' module paths. Throws std::runtime_error naming the first tensor it cannot place (a LoRA
-// for another model, or for the original BFL layout's fused modules).
+// whichever Linears it names (read_lora_file; alpha = rank where the file has none), and returns how many.
 int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& path, double scale = 1.0);
 
 // Loads base weights by diffusers name (a .safetensors file or a sharded *.index.json), converting dtype

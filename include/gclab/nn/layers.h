@@ -9,21 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "gclab/quant/scaled.h"
+
 namespace gclab::nn {
 
 using Tensors = std::vector<torch::Tensor>;
 
-// How a frozen base weight is stored. float8 keeps e4m3 values and a scale (per tensor or per output
-// row) and computes in the activations' dtype — what AI Toolkit's `qfloat8` does to halve base-weight
-// memory (optimum-quanto qfloat8 weights, per-output-channel scales). uint2..uint7 are AI Toolkit's
-// packed integer weights (quant/uintx.h), dequantized to the weight's dtype for each matmul; a Linear whose
-// width they cannot group keeps its dtype, as in AI Toolkit.
+// How a frozen base weight is stored: in a float dtype, or quantized as AI Toolkit's model.qtype stores it
+// — qfloat8 (optimum-quanto), float8 and int8 (torchao weight-only; quant/scaled.h), uint2..uint7 (AI
+// Toolkit's packed reproduction of torchao's UIntX; quant/uintx.h) — and computed as that library does.
+// A Linear whose width uintN cannot group keeps its dtype, as in AI Toolkit.
 enum class WeightStorage {
   Float32,
   BFloat16,
   Float16,
-  Float8PerTensor,
-  Float8PerRow,
+  QFloat8,
+  Float8,
+  Int8,
   UInt2,
   UInt3,
   UInt4,
@@ -31,13 +33,14 @@ enum class WeightStorage {
   UInt6,
   UInt7
 };
-// "fp32", "bf16", "fp16", "float8", "float8-row", "uint2" ... "uint7".
+// "fp32", "bf16", "fp16", "qfloat8", "float8", "int8", "uint2" ... "uint7".
 WeightStorage parse_weight_storage(const std::string& name);
 std::string to_string(WeightStorage s);
 int uintx_bits(WeightStorage s);  // 2..7 for the uint storages, else 0
 
-// nn.Linear with an optional LoRA adapter and an optional low-precision frozen weight.
-//   y = x W^T + b + (alpha / rank) * B(A(dropout(x)))
+// nn.Linear with an optional LoRA adapter, an optional frozen accuracy-recovery adapter and an optional
+// low-precision frozen weight.
+//   y = x W^T + b + s_r * R_B(R_A(x)) + (alpha / rank) * B(A(dropout(x)))
 class LinearImpl : public torch::nn::Module {
  public:
   // `options` places the tensors: torch::kMeta builds a full-size model without memory.
@@ -50,8 +53,14 @@ class LinearImpl : public torch::nn::Module {
   void add_lora(int64_t rank, double alpha, double dropout = 0.0);
   bool has_lora() const { return lora_A_.defined(); }
   double lora_scale() const { return lora_scale_; }  // alpha / rank
-  // Stores the weight as `storage` (frozen; float8 adds a `weight_scale` buffer; uintN keeps the packed
-  // codes in `weight` and adds `uintx_scale` / `uintx_zero_point` buffers). Not for trained weights.
+  // A frozen LoRA beside the weight (AI Toolkit's accuracy-recovery adapter: trained to make up for what
+  // the quantized weight lost): down [rank, in] and up [out, rank], kept in their dtype as the buffers
+  // `recovery_A` / `recovery_B` — not parameters, so no optimizer, weight file or LoRA file sees them.
+  void add_recovery_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale);
+  bool has_recovery_adapter() const { return recovery_A_.defined(); }
+  // Stores the weight as `storage`, frozen: the codes in `weight` (float8 / int8 / packed uint8), the
+  // scales in buffers — `weight_scale` (+ `weight_zero_point` for int8), `uintx_scale` / `uintx_zero_point`
+  // for uintN. Not for trained weights.
   void set_weight_storage(WeightStorage storage);
   WeightStorage weight_storage() const { return storage_; }
   // Replaces the weight's values (any dtype, this shape), kept in the current storage.
@@ -59,7 +68,9 @@ class LinearImpl : public torch::nn::Module {
   // The weight as the matmul sees it (dequantized), in `dtype`.
   torch::Tensor effective_weight(torch::ScalarType dtype) const;
 
-  // The bytes of the dequantized weight a uint-stored weight's matmul creates (and autograd keeps); 0 else.
+  // The bytes of the weight-sized copy the quantized matmul builds and autograd keeps for the input's
+  // gradient (float8, int8, uintN: the library's F.linear / mm takes a dequantized or cast weight); 0 for
+  // a float weight, and for qfloat8, whose autograd function keeps only the quantized weight.
   int64_t dequantized_bytes() const;
   // The weight's logical shape, [out, in], however it is stored.
   std::vector<int64_t> weight_shape() const { return {out_, in_}; }
@@ -69,12 +80,16 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor weight, bias;
 
  private:
+  quant::ScaledWeight scaled() const;  // the qfloat8 / float8 / int8 weight as quant/scaled.h takes it
+
   int64_t in_, out_;
   WeightStorage storage_ = WeightStorage::Float32;
-  torch::Tensor weight_scale_;
+  torch::Tensor weight_scale_, weight_zero_point_;  // qfloat8, float8, int8
   torch::Tensor uintx_scale_, uintx_zero_point_;
-  torch::ScalarType uintx_dtype_ = torch::kFloat;  // what the codes dequantize to
-  torch::Tensor lora_A_, lora_B_;                  // registered as lora_A.weight / lora_B.weight
+  torch::ScalarType dequant_dtype_ = torch::kFloat;  // what a quantized weight dequantizes to
+  torch::Tensor lora_A_, lora_B_;                    // registered as lora_A.weight / lora_B.weight
+  torch::Tensor recovery_A_, recovery_B_;
+  double recovery_scale_ = 1.0;
   double lora_scale_ = 1.0, lora_dropout_ = 0.0;
 };
 TORCH_MODULE(Linear);

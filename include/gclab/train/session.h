@@ -30,17 +30,12 @@
 
 namespace gclab::train {
 
-// How model.quantize / quantize_te store a Linear weight for a qtype (model.qtype / qtype_te, validated
-// by the config): qfloat8 and float8 as float8 weights with a scale; uint2 ... uint7 packed (quant/uintx.h);
-// nullopt for uint8, which AI Toolkit leaves unquantized.
-std::optional<nn::WeightStorage> quantized_storage(const std::string& qtype);
 // The dtype the transformer is built and stored in, as AI Toolkit loads it: bf16 under a LoRA network in
 // bf16 (the frozen base), else float32 (every weight a float32 master copy).
 torch::ScalarType base_dtype(const config::ProcessConfig& config);
-// The transformer's weight bytes (parameters and buffers) in that dtype with its block Linears stored as
-// `storage` (nullopt: unquantized), from a build on the meta device.
-int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec,
-                          std::optional<nn::WeightStorage> storage);
+// The transformer's weight bytes (parameters and buffers: packed codes, scales, recovery adapters) in that
+// dtype, quantized as the config's model block asks (model::quantize_base), from a build on the meta device.
+int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec);
 
 struct SessionOptions {
   // Build on the meta device: shapes and byte counts, no memory and no data (train --dry-run, estimate).

@@ -1,0 +1,102 @@
+#include "gclab/model/quantize.h"
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <stdexcept>
+
+#include "gclab/model/lora.h"
+
+namespace gclab::model {
+
+std::optional<WeightStorage> quantized_storage(const std::string& qtype) {
+  const auto type = config::parse_qtype(qtype);
+  if (!type) throw std::runtime_error("qtype '" + qtype + "' is not a storage gclab reproduces");
+  switch (*type) {
+    case config::QType::qfloat8:
+      return WeightStorage::QFloat8;
+    case config::QType::float8:
+      return WeightStorage::Float8;
+    case config::QType::int8:
+      return WeightStorage::Int8;
+    case config::QType::uint8:
+      return std::nullopt;
+    default:
+      return nn::parse_weight_storage(std::string(config::name_of(*type)));
+  }
+}
+
+BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelConfig& config) {
+  BaseQuantization q;
+  if (!config.quantize) return q;
+  const std::optional<WeightStorage> storage = quantized_storage(config.qtype);
+  auto linears = named_linears(model);
+  torch::NoGradGuard no_grad;
+  if (!config.accuracy_recovery_adapter) {
+    if (storage) {
+      set_base_weight_storage(model, *storage);
+      for (auto& [path, linear] : linears) q.quantized += linear->weight_storage() == *storage;
+    }
+    return q;
+  }
+  q.adapter = *config.accuracy_recovery_adapter;
+  std::error_code ec;
+  const std::filesystem::path file(q.adapter);
+  q.adapter_from_file = std::filesystem::is_regular_file(file, ec);
+  std::map<std::string, LoraFileModule> adapters;
+  if (q.adapter_from_file) {
+    adapters = read_lora_file(model, file).modules;
+  } else {
+    std::set<std::string> in_blocks;
+    for (size_t b = 0; b < model.blocks().size(); ++b)
+      for (auto& [path, linear] : named_linears(*model.blocks()[b]))
+        in_blocks.insert(model.block_names()[b] + "." + path);
+    for (auto& [path, linear] : linears) {
+      if (!in_blocks.count(path)) continue;
+      const auto o = linear->weight.options();
+      const auto shape = linear->weight_shape();
+      const double bound = 1.0 / std::sqrt(static_cast<double>(shape[1]));
+      LoraFileModule& a = adapters[path];
+      a.down = o.device().is_meta() ? torch::empty({kRecoveryAdapterRank, shape[1]}, o)
+                                    : torch::empty({kRecoveryAdapterRank, shape[1]}, o).uniform_(-bound, bound);
+      a.up = torch::zeros({shape[0], kRecoveryAdapterRank}, o);
+    }
+  }
+  for (auto& [path, linear] : linears) {
+    const auto it = adapters.find(path);
+    if (it == adapters.end()) continue;  // "uint8": left in its dtype
+    const auto dtype = linear->weight.scalar_type();
+    linear->add_recovery_adapter(it->second.down.to(dtype), it->second.up.to(dtype), 1.0);
+    q.adapter_rank = std::max(q.adapter_rank, it->second.down.size(0));
+    q.adapter_bytes += static_cast<int64_t>(it->second.down.numel() + it->second.up.numel()) *
+                       static_cast<int64_t>(c10::elementSize(dtype));
+    ++q.adapters;
+    if (storage) {
+      linear->set_weight_storage(*storage);
+      q.quantized += linear->weight_storage() == *storage;
+    }
+  }
+  return q;
+}
+
+std::string describe(const BaseQuantization& q, const config::ModelConfig& config) {
+  if (!config.quantize) return "base weights unquantized (model.quantize: false)";
+  std::string s = std::to_string(q.quantized) + " Linears stored as " + config.qtype;
+  if (q.quantized == 0)
+    s = "no Linear quantized (" + config.qtype + " leaves weights in their dtype, as in AI Toolkit)";
+  if (q.adapter.empty()) return s;
+  const double mib = static_cast<double>(q.adapter_bytes) / (1024.0 * 1024.0);
+  char bytes[32];
+  std::snprintf(bytes, sizeof bytes, "%.1f MiB", mib);
+  s += "; accuracy-recovery adapter on " + std::to_string(q.adapters) + " of them, rank " +
+       std::to_string(q.adapter_rank) + ", " + bytes + " (" +
+       (q.adapter_from_file ? "loaded from " + q.adapter
+                            : "'" + q.adapter + "' is not a local file (gclab fetches nothing): built at rank " +
+                                  std::to_string(kRecoveryAdapterRank) +
+                                  " on the blocks' Linears with a zero up-projection — its memory is exact, its "
+                                  "correction none") +
+       "); the other Linears stay in their dtype (AI Toolkit quantizes them as uint8, a no-op)";
+  return s;
+}
+
+}  // namespace gclab::model
