@@ -5,6 +5,7 @@
 
 #include "gclab/data/image.h"
 #include "gclab/model/activations.h"
+#include "gclab/nn/layers.h"
 #include "gclab/train/session.h"
 
 namespace gclab::bench {
@@ -66,8 +67,11 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.vae = session.codec_spec().describe();
   e.vae_weight_bytes = session.codec_spec().weight_bytes();
   e.vae_bytes = r.vae;
-  e.resident_bytes =
-      e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes + e.vae_bytes;
+  // Host memory: the offloaded weights, the text encoders' while they stay loaded.
+  e.host_weight_bytes = r.host_weights + (train::text_encoder_leaves(config) ? 0 : r.text_encoder_host);
+  e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), session.activation_options().element_bytes);
+  e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
+                     e.vae_bytes + e.offload_buffer_bytes;
   e.cap_bytes = config.vram_cap.bytes;
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
   const bool cuda = estimates_for_cuda(config);
@@ -114,7 +118,7 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
       "decode is not",
       "the data loader's prefetched batches and latent caches",
       "host memory: the text-embedding cache (cache_text_embeddings; AI Toolkit keeps it on disk, only a batch's "
-      "embeddings reach the device)",
+      "embeddings reach the device), latents, the process itself",
       "allocator fragmentation and the CUDA context (CUDA)",
       "partial checkpoint policies (every:N, blocks, selective, offload)"};
   return e;

@@ -170,6 +170,10 @@ std::string format_estimate(const MemoryEstimate& e) {
   out << "  vae: \"" << e.vae << "\"\n";
   bytes("vae_weights", e.vae_weight_bytes);
   bytes("vae_resident", e.vae_bytes);
+  if (e.host_weight_bytes > 0) {
+    bytes("host_weights", e.host_weight_bytes);        // model.layer_offloading: in host memory
+    bytes("offload_buffers", e.offload_buffer_bytes);  // the rings' weights on the device, one being brought
+  }
   bytes("resident", e.resident_bytes);
   out << "  activations_dtype: " << e.activation_dtype << "\n";
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);

@@ -70,6 +70,7 @@ struct ConfigArgs {
   std::string path;
   std::vector<std::string> overrides;
   std::string vram_cap;
+  std::string host_cap;
   bool json = false;  // check, estimate, bench, fit: the same content as JSON instead of YAML
 };
 
@@ -83,6 +84,8 @@ void add_config_args(CLI::App* cmd, ConfigArgs& args) {
   cmd->add_option("--set", args.overrides, "override a field inside the process, e.g. train.batch_size=4")
       ->allow_extra_args(false);
   cmd->add_option("--vram-cap", args.vram_cap, "emulated VRAM cap, e.g. 24GiB (same as vram_cap in the config)");
+  cmd->add_option("--host-cap", args.host_cap,
+                  "emulated host-memory cap, e.g. 64GiB: what layer offloading keeps in RAM (host_cap in the config)");
 }
 
 // Loads, validates (config and model facts) and reports; throws UserError when the config has errors.
@@ -90,6 +93,7 @@ gclab::config::ProcessConfig load(const ConfigArgs& args) {
   gclab::config::LoadOptions options;
   options.overrides = args.overrides;
   if (!args.vram_cap.empty()) options.overrides.push_back("vram_cap=" + args.vram_cap);
+  if (!args.host_cap.empty()) options.overrides.push_back("host_cap=" + args.host_cap);
   auto result = gclab::model::load_config_file(args.path, options);
   for (const auto& d : result.diagnostics.all()) {
     const std::string text = d.format();

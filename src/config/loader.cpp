@@ -571,8 +571,10 @@ class Validator {
   void run() {
     if (c_.name.empty()) error("name", "is required (AI Toolkit names the output folder and files after it)");
     if (c_.vram_cap.bytes < 0) error("vram_cap", "must not be negative");
+    if (c_.host_cap.bytes < 0) error("host_cap", "must not be negative");
     resolve_arch();
     quantization();
+    offloading();
     network();
     save();
     datasets();
@@ -632,6 +634,21 @@ class Validator {
     if (m.accuracy_recovery_adapter && !m.quantize)
       warning("model.accuracy_recovery_adapter",
               "is not used: model.quantize is false (AI Toolkit applies it while quantizing)");
+  }
+
+  // model.layer_offloading: shares in [0, 1]; the offloaded Linears must be frozen (a LoRA base): AI Toolkit
+  // also streams a full fine-tune's gradients back to host memory, which gclab does not model.
+  void offloading() {
+    const ModelConfig& m = c_.model;
+    for (const auto& [path, share] :
+         {std::pair<std::string, double>{"model.layer_offloading_transformer_percent",
+                                         m.layer_offloading_transformer_percent},
+          {"model.layer_offloading_text_encoder_percent", m.layer_offloading_text_encoder_percent}})
+      if (!(share >= 0.0 && share <= 1.0)) error(path, "must be a share between 0 and 1 (1 = every Linear)");
+    if (m.layer_offloading && !c_.network && m.layer_offloading_transformer_percent > 0)
+      error("model.layer_offloading",
+            "offloads frozen weights: it needs a LoRA network (gclab does not model a full fine-tune's weights and "
+            "gradients streamed to host memory)");
   }
 
   void network() {

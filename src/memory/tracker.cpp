@@ -28,6 +28,10 @@ std::atomic<std::int64_t> g_peak{0};
 std::atomic<std::int64_t> g_cap{0};
 std::atomic<std::int64_t> g_allocations{0};
 std::atomic<bool> g_installed{false};
+std::atomic<std::int64_t> g_host_live{0};
+std::atomic<std::int64_t> g_host_peak{0};
+std::atomic<std::int64_t> g_host_cap{0};
+thread_local int t_host_scopes = 0;
 
 std::string mib(std::int64_t bytes) {
   char buf[32];
@@ -35,18 +39,24 @@ std::string mib(std::int64_t bytes) {
   return buf;
 }
 
-void raise_peak(std::int64_t live) {
-  std::int64_t peak = g_peak.load(std::memory_order_relaxed);
-  while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+void raise_peak(std::atomic<std::int64_t>& peak_of, std::int64_t live) {
+  std::int64_t peak = peak_of.load(std::memory_order_relaxed);
+  while (live > peak && !peak_of.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
   }
 }
+
+// The header: the block's size, then whether it is host memory.
+struct Header {
+  std::int64_t size;
+  std::int64_t host;
+};
 
 void tracked_free(void* data) {
   if (!data) return;
   char* block = static_cast<char*>(data) - kHeaderBytes;
-  std::int64_t size = 0;
-  std::memcpy(&size, block, sizeof size);
-  g_live.fetch_sub(size, std::memory_order_relaxed);
+  Header h{};
+  std::memcpy(&h, block, sizeof h);
+  (h.host ? g_host_live : g_live).fetch_sub(h.size, std::memory_order_relaxed);
   std::free(block);
 }
 
@@ -54,20 +64,25 @@ class TrackingCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {
     const auto size = static_cast<std::int64_t>(n);
-    const std::int64_t live = g_live.fetch_add(size, std::memory_order_relaxed) + size;
-    const std::int64_t cap = g_cap.load(std::memory_order_relaxed);
+    const bool host = t_host_scopes > 0;
+    auto& live_of = host ? g_host_live : g_live;
+    const std::int64_t live = live_of.fetch_add(size, std::memory_order_relaxed) + size;
+    const std::int64_t cap = (host ? g_host_cap : g_cap).load(std::memory_order_relaxed);
     if (cap > 0 && live > cap) {
-      g_live.fetch_sub(size, std::memory_order_relaxed);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory under the emulated cap: tried to allocate ",
+      live_of.fetch_sub(size, std::memory_order_relaxed);
+      TORCH_CHECK_WITH(OutOfMemoryError, false,
+                       host ? "host memory exhausted under the emulated host cap: tried to allocate "
+                            : "CPU out of memory under the emulated cap: tried to allocate ",
                        mib(size), " (", size, " bytes) with ", mib(live - size), " live of a ", mib(cap), " cap");
     }
     void* block = nullptr;
     if (posix_memalign(&block, kHeaderBytes, kHeaderBytes + (n == 0 ? 1 : n)) != 0 || !block) {
-      g_live.fetch_sub(size, std::memory_order_relaxed);
+      live_of.fetch_sub(size, std::memory_order_relaxed);
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: the system refused ", n, " bytes");
     }
-    std::memcpy(block, &size, sizeof size);
-    raise_peak(live);
+    const Header h{size, host ? 1 : 0};
+    std::memcpy(block, &h, sizeof h);
+    raise_peak(host ? g_host_peak : g_peak, live);
     g_allocations.fetch_add(1, std::memory_order_relaxed);
     void* data = static_cast<char*>(block) + kHeaderBytes;
     return {data, data, &tracked_free, c10::Device(c10::DeviceType::CPU)};
@@ -83,6 +98,9 @@ MemoryStats cpu_stats() {
   s.cap_bytes = g_cap.load();
   s.allocations = g_allocations.load();
   s.reserved_bytes = s.live_bytes;
+  s.host_live_bytes = g_host_live.load();
+  s.host_peak_bytes = g_host_peak.load();
+  s.host_cap_bytes = g_host_cap.load();
   return s;
 }
 
@@ -101,19 +119,28 @@ CpuMemoryTracker::CpuMemoryTracker(std::int64_t cap_bytes) {
   g_peak = 0;
   g_allocations = 0;
   g_cap = cap_bytes;
+  g_host_live = 0;
+  g_host_peak = 0;
+  g_host_cap = 0;
   c10::SetCPUAllocator(&g_tracking_allocator, kPriority);
 }
 
 CpuMemoryTracker::~CpuMemoryTracker() {
   c10::SetCPUAllocator(g_previous_allocator, kPriority);
   g_cap = 0;
+  g_host_cap = 0;
   g_installed = false;
 }
 
+HostScope::HostScope() { ++t_host_scopes; }
+HostScope::~HostScope() { --t_host_scopes; }
+
 MemoryStats CpuMemoryTracker::stats() const { return cpu_stats(); }
 
+// The host peak is the run's: phases reset the device peak only.
 void CpuMemoryTracker::reset_peak() { g_peak = g_live.load(); }
 void CpuMemoryTracker::set_cap(std::int64_t cap_bytes) { g_cap = cap_bytes; }
+void CpuMemoryTracker::set_host_cap(std::int64_t cap_bytes) { g_host_cap = cap_bytes; }
 bool CpuMemoryTracker::installed() { return g_installed.load(); }
 
 MemoryMeter::MemoryMeter(c10::Device device) : device_(device) {
@@ -170,6 +197,8 @@ void MemoryMeter::set_cap(std::int64_t cap_bytes) {
       cap_bytes <= 0 ? 1.0 : std::min(1.0, static_cast<double>(cap_bytes) / static_cast<double>(total_bytes));
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
 }
+
+void MemoryMeter::set_host_cap(std::int64_t cap_bytes) { g_host_cap = cap_bytes; }
 
 void MemoryMeter::release_cached() {
   if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();

@@ -3,7 +3,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <array>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 
@@ -73,33 +75,219 @@ torch::Tensor for_input(const torch::Tensor& t, const torch::Tensor& x) {
   if (at::autocast::is_autocast_enabled(x.device().type())) return t;
   return t.to(x.scalar_type());
 }
+// A frozen weight as stored: its codes (or values), the scales that go with them, and how to rebuild it.
+struct Stored {
+  WeightStorage storage = WeightStorage::Float32;
+  torch::Tensor weight, scale, zero_point;
+  torch::ScalarType dequant_dtype = torch::kFloat;
+  int64_t out = 0, in = 0;
+
+  // The weight as the matmul takes it, in the dtype it was quantized from (a float weight as it is).
+  torch::Tensor dequantize() const {
+    if (weight.is_meta() && is_quantized(storage))
+      return torch::empty({out, in}, weight.options().dtype(dequant_dtype));
+    if (const int bits = uintx_bits(storage)) {
+      quant::UIntXWeight q;
+      q.bits = bits, q.out_features = out, q.in_features = in;
+      q.packed = weight, q.scale = scale, q.zero_point = zero_point;
+      return quant::dequantize_uintx(q);
+    }
+    if (const auto type = scaled_type(storage)) {
+      quant::ScaledWeight q;
+      q.type = *type, q.data = weight, q.scale = scale, q.zero_point = zero_point, q.dtype = dequant_dtype;
+      return quant::dequantize_scaled(q);
+    }
+    return weight;
+  }
+  Stored on(const torch::Device& device) const {  // a copy on `device`, even when it is the same device
+    Stored s = *this;
+    auto copy = [&](const torch::Tensor& t) {
+      return t.defined() ? t.to(device, /*non_blocking=*/true, /*copy=*/true) : t;
+    };
+    s.weight = copy(weight), s.scale = copy(scale), s.zero_point = copy(zero_point);
+    return s;
+  }
+};
+
+// The frozen parts of a Linear handed to the autograd functions below as one argument (LibTorch's custom
+// functions take no undefined tensors; these are not inputs that get gradients anyway).
+struct Frozen {
+  Stored stored;
+  torch::Tensor bias, recovery_a, recovery_b;
+  double recovery_scale = 1.0;
+};
+
+// Keeps a frozen tensor for the backward (an undefined one is simply not kept).
+void keep(torch::autograd::AutogradContext* ctx, const char* key, const torch::Tensor& t) {
+  if (t.defined()) ctx->saved_data[key] = t;
+}
+torch::Tensor kept(torch::autograd::AutogradContext* ctx, const char* key) {
+  const auto it = ctx->saved_data.find(key);
+  return it == ctx->saved_data.end() ? torch::Tensor() : it->second.toTensor();
+}
+
 // y = x W^T + b for optimum-quanto's qfloat8 weight (its WeightQBytesLinearFunction): keeps the float8
 // codes and their scale for the backward, never a dequantized copy, and dequantizes again there.
 class QFloat8Linear : public torch::autograd::Function<QFloat8Linear> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& data,
-                               const torch::Tensor& scale, const torch::Tensor& bias) {
-    ctx->save_for_backward({data, scale});
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const Frozen& f) {
+    keep(ctx, "data", f.stored.weight);
+    keep(ctx, "scale", f.stored.scale);
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    quant::ScaledWeight q;
-    q.type = quant::ScaledType::qfloat8, q.data = data, q.scale = scale, q.dtype = scale.scalar_type();
     // quanto's qbytes_mm: activations and codes in the scale's dtype, the scale on the codes.
-    const torch::Tensor y = torch::matmul(x.to(q.dtype), quant::dequantize_scaled(q).t());
-    return (bias.defined() ? y + bias.to(y.scalar_type()) : y).to(x.scalar_type());
+    const torch::Tensor w = f.stored.dequantize();
+    const torch::Tensor y = torch::matmul(x.to(w.scalar_type()), w.t());
+    return (f.bias.defined() ? y + f.bias.to(y.scalar_type()) : y).to(x.scalar_type());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
-    const auto saved = ctx->get_saved_variables();
-    const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    quant::ScaledWeight q;
-    q.type = quant::ScaledType::qfloat8, q.data = saved[0], q.scale = saved[1], q.dtype = saved[1].scalar_type();
+    Stored s;
+    s.storage = WeightStorage::QFloat8, s.weight = kept(ctx, "data"), s.scale = kept(ctx, "scale");
+    s.dequant_dtype = s.scale.scalar_type();
     const torch::Tensor& g = grad[0];
-    return {torch::matmul(g, quant::dequantize_scaled(q).to(g.scalar_type())).to(x_dtype), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+    const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    return {torch::matmul(g, s.dequantize().to(g.scalar_type())).to(x_dtype), torch::Tensor()};
+  }
+};
+
+// AI Toolkit's layer offloading (toolkit/memory_management/manager_modules.py, after RamTorch): the last
+// kOffloadDepth weights brought to the device for a forward, and for a backward, stay in ring slots
+// until overwritten (its PIPELINE_DEPTH, 4 by default).
+constexpr size_t kOffloadDepth = 4;
+struct OffloadRing {
+  std::array<std::pair<torch::Tensor, torch::Tensor>, kOffloadDepth> slots;  // weight, bias
+  size_t clock = 0;
+  std::pair<torch::Tensor, torch::Tensor>& next() {
+    auto& slot = slots[clock];
+    clock = (clock + 1) % kOffloadDepth;
+    slot = {};  // the slot's previous weight is released before the new one arrives
+    return slot;
+  }
+};
+OffloadRing& forward_ring() {
+  static OffloadRing ring;
+  return ring;
+}
+OffloadRing& backward_ring() {
+  static OffloadRing ring;
+  return ring;
+}
+
+// The weight (dequantized, in the input's dtype) and bias brought from host memory into a ring slot.
+std::pair<torch::Tensor, torch::Tensor>& bring(OffloadRing& ring, const Stored& host, const torch::Tensor& bias,
+                                               const torch::Tensor& x) {
+  auto& slot = ring.next();
+  torch::Tensor w = host.on(x.device()).dequantize();
+  slot.first = w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type());
+  if (bias.defined()) slot.second = bias.to(x.device(), x.scalar_type(), /*non_blocking=*/true, /*copy=*/true);
+  return slot;
+}
+
+// y = x W^T + b (+ the recovery adapter's s * (x A^T) B^T) for a Linear whose frozen tensors live in host
+// memory: brought to the input's device for the forward and again for the backward; autograd keeps the
+// host tensors only.
+class OffloadedLinear : public torch::autograd::Function<OffloadedLinear> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const Frozen& f) {
+    keep(ctx, "weight", f.stored.weight);
+    keep(ctx, "scale", f.stored.scale);
+    keep(ctx, "zero_point", f.stored.zero_point);
+    keep(ctx, "recovery_a", f.recovery_a);
+    keep(ctx, "recovery_b", f.recovery_b);
+    ctx->saved_data["storage"] = static_cast<int64_t>(f.stored.storage);
+    ctx->saved_data["dequant_dtype"] = static_cast<int64_t>(f.stored.dequant_dtype);
+    ctx->saved_data["out"] = f.stored.out;
+    ctx->saved_data["in"] = f.stored.in;
+    ctx->saved_data["recovery_scale"] = f.recovery_scale;
+    const auto& [w, b] = bring(forward_ring(), f.stored, f.bias, x);
+    torch::Tensor y = F::linear(x, w, b);
+    if (f.recovery_a.defined()) {
+      const torch::Tensor a = f.recovery_a.to(x.device(), x.scalar_type(), true, true);
+      const torch::Tensor up = f.recovery_b.to(x.device(), x.scalar_type(), true, true);
+      y = y + F::linear(F::linear(x, a), up) * f.recovery_scale;
+    }
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const torch::Tensor& g = grad[0];
+    const Stored host{static_cast<WeightStorage>(ctx->saved_data["storage"].toInt()),
+                      kept(ctx, "weight"),
+                      kept(ctx, "scale"),
+                      kept(ctx, "zero_point"),
+                      static_cast<torch::ScalarType>(ctx->saved_data["dequant_dtype"].toInt()),
+                      ctx->saved_data["out"].toInt(),
+                      ctx->saved_data["in"].toInt()};
+    const auto& [w, b] = bring(backward_ring(), host, torch::Tensor(), g);
+    torch::Tensor dx = torch::matmul(g, w);
+    if (const torch::Tensor ra = kept(ctx, "recovery_a"); ra.defined()) {
+      const torch::Tensor a = ra.to(g.device(), g.scalar_type(), true, true);
+      const torch::Tensor up = kept(ctx, "recovery_b").to(g.device(), g.scalar_type(), true, true);
+      dx = dx + torch::matmul(torch::matmul(g, up), a) * ctx->saved_data["recovery_scale"].toDouble();
+    }
+    return {dx, torch::Tensor()};
   }
 };
 
 }  // namespace
+
+// The Linear's frozen parts as the autograd functions above take them.
+struct FrozenAccess {
+  static Frozen of(const LinearImpl& l) {
+    const bool uint = uintx_bits(l.storage_) != 0;
+    Frozen f;
+    f.stored = Stored{l.storage_,
+                      l.weight,
+                      uint ? l.uintx_scale_ : l.weight_scale_,
+                      uint ? l.uintx_zero_point_ : l.weight_zero_point_,
+                      l.dequant_dtype_,
+                      l.out_,
+                      l.in_};
+    f.bias = l.bias, f.recovery_a = l.recovery_A_, f.recovery_b = l.recovery_B_, f.recovery_scale = l.recovery_scale_;
+    return f;
+  }
+};
+
+int64_t offloaded_bytes(torch::nn::Module& root) {
+  int64_t bytes = 0;
+  for (auto& [path, linear] : named_linears(root)) {
+    if (!linear->offloaded()) continue;
+    for (const auto& t : linear->parameters(/*recurse=*/false)) bytes += static_cast<int64_t>(t.nbytes());
+    for (const auto& t : linear->buffers(/*recurse=*/false)) bytes += static_cast<int64_t>(t.nbytes());
+  }
+  return bytes;
+}
+
+int64_t offload_device_bytes(torch::nn::Module& root, int64_t element_bytes) {
+  // The rings: 2 x kOffloadDepth weights (and biases) in the compute dtype, each ring holding whichever
+  // Linears ran last — counted at the offloaded Linears' mean size. Bringing one: its stored tensors copied
+  // to the device and the dequantization's intermediate beside its result — at the largest one.
+  int64_t total = 0, n = 0, bringing = 0;
+  for (auto& [path, linear] : named_linears(root)) {
+    if (!linear->offloaded()) continue;
+    const int64_t out = linear->out_features(), in = linear->in_features();
+    total += (out * in + out) * element_bytes;
+    ++n;
+    int64_t stored = 0;
+    for (const auto& t : linear->parameters(/*recurse=*/false)) stored += static_cast<int64_t>(t.nbytes());
+    for (const auto& t : linear->buffers(/*recurse=*/false)) stored += static_cast<int64_t>(t.nbytes());
+    bringing = std::max(bringing, stored + 2 * out * in * element_bytes);
+  }
+  return n == 0 ? 0 : 2 * static_cast<int64_t>(kOffloadDepth) * total / n + bringing;
+}
+
+void release_offload_buffers() {
+  for (OffloadRing* ring : {&forward_ring(), &backward_ring()}) *ring = OffloadRing();
+}
+
+int64_t offload_buffer_bytes() {
+  int64_t bytes = 0;
+  for (OffloadRing* ring : {&forward_ring(), &backward_ring()})
+    for (const auto& [w, b] : ring->slots)
+      bytes +=
+          (w.defined() ? static_cast<int64_t>(w.nbytes()) : 0) + (b.defined() ? static_cast<int64_t>(b.nbytes()) : 0);
+  return bytes;
+}
 
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias, const torch::TensorOptions& options)
     : in_(in_features), out_(out_features) {
@@ -110,6 +298,7 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 }
 
 int64_t LinearImpl::dequantized_bytes() const {
+  if (offloaded_) return 0;  // autograd keeps the host tensors
   const bool copies = uintx_bits(storage_) || storage_ == WeightStorage::Float8 || storage_ == WeightStorage::Int8;
   return copies ? out_ * in_ * static_cast<int64_t>(c10::elementSize(dequant_dtype_)) : 0;
 }
@@ -123,31 +312,36 @@ quant::ScaledWeight LinearImpl::scaled() const {
 
 torch::Tensor LinearImpl::effective_weight(torch::ScalarType dtype) const {
   if (is_quantized(storage_) && weight.is_meta()) return torch::empty({out_, in_}, weight.options().dtype(dtype));
-  torch::Tensor w;
-  if (const int bits = uintx_bits(storage_)) {
-    quant::UIntXWeight q;
-    q.bits = bits, q.out_features = out_, q.in_features = in_;
-    q.packed = weight, q.scale = uintx_scale_, q.zero_point = uintx_zero_point_;
-    w = quant::dequantize_uintx(q);
-  } else if (scaled_type(storage_)) {
-    w = quant::dequantize_scaled(scaled());
-  } else {
-    w = weight;
-  }
+  const torch::Tensor w = FrozenAccess::of(*this).stored.dequantize();
   return w.scalar_type() == dtype ? w : w.to(dtype);
+}
+
+void LinearImpl::offload(const std::function<torch::Tensor(const torch::Tensor&)>& to_host) {
+  torch::NoGradGuard no_grad;
+  // Frozen from here on (a LoRA base, a text encoder): the backward brings the weight for the input's
+  // gradient only.
+  weight.set_requires_grad(false);
+  if (bias.defined()) bias.set_requires_grad(false);
+  for (torch::Tensor* t : {&weight, &bias, &weight_scale_, &weight_zero_point_, &uintx_scale_, &uintx_zero_point_,
+                           &recovery_A_, &recovery_B_})
+    if (t->defined()) t->set_data(to_host(*t));
+  offloaded_ = true;
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
-  if (storage_ == WeightStorage::QFloat8 && torch::GradMode::is_enabled() && x.requires_grad() && !weight.is_meta())
-    y = QFloat8Linear::apply(x, weight, weight_scale_, bias.defined() ? bias : torch::Tensor());
+  if (offloaded_)
+    y = OffloadedLinear::apply(x, FrozenAccess::of(*this));
+  else if (storage_ == WeightStorage::QFloat8 && torch::GradMode::is_enabled() && x.requires_grad() &&
+           !weight.is_meta())
+    y = QFloat8Linear::apply(x, FrozenAccess::of(*this));
   else if (storage_ == WeightStorage::Int8 && !weight.is_meta())
     y = bias.defined() ? quant::scaled_matmul(x, scaled()) + for_input(bias, x) : quant::scaled_matmul(x, scaled());
   else
     // The frozen weight dequantized without a graph (AI Toolkit's uintN; torchao's float8 fallback).
     y = F::linear(x, is_quantized(storage_) ? for_input(effective_weight(dequant_dtype_), x) : for_input(weight, x),
                   for_input(bias, x));
-  if (recovery_A_.defined()) {
+  if (recovery_A_.defined() && !offloaded_) {
     // AI Toolkit's LoRAModule.forward for the adapter: org_forward(x) + up(down(x)) * multiplier * scale.
     const torch::Tensor h = F::linear(x, for_input(recovery_A_, x));
     y = y + F::linear(h, for_input(recovery_B_, h)) * recovery_scale_;

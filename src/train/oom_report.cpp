@@ -182,6 +182,19 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                        saving, "the transformer's weights stored as " + *next + " (built on the meta device)"});
     }
   }
+  // 5b. Layer offloading (a LoRA base): the transformer's Linears in host memory, brought per call; the
+  // saving is their device bytes less what bringing them holds (a meta build, offloaded as the run would).
+  if (config.network && !(config.model.layer_offloading && config.model.layer_offloading_transformer_percent >= 1.0)) {
+    config::ProcessConfig changed = config;
+    changed.model.layer_offloading = true;
+    changed.model.layer_offloading_transformer_percent = 1.0;
+    const int64_t saving = offload_saving(changed, spec) - offload_saving(config, spec);
+    if (saving > 0)
+      fixes.push_back({"Offload the base's layers to host memory",
+                       "model.layer_offloading: true (layer_offloading_transformer_percent: 1.0)", saving,
+                       "the transformer's frozen Linears kept in host RAM and brought to the device per call (a meta "
+                       "build; steps get slower, host memory grows by as much)"});
+  }
   // 6. The text encoders: cached embeddings (the encoders then leave the device), or float8 weights. First
   // when they hold a quarter or more of what was live: then they are what crowds the step out.
   std::vector<OomFix> text;

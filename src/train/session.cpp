@@ -2,11 +2,13 @@
 
 #include <chrono>
 
+#include "gclab/config/byte_size.h"
 #include "gclab/data/image.h"
 #include "gclab/log/log.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 #include "gclab/sample/sampler.h"
+#include "gclab/train/offload.h"
 
 namespace gclab::train {
 
@@ -85,6 +87,15 @@ int64_t base_weight_bytes(const config::ProcessConfig& config, const model::Mode
   for (const auto& p : model->parameters()) bytes += static_cast<int64_t>(p.nbytes());
   for (const auto& b : model->buffers()) bytes += static_cast<int64_t>(b.nbytes());
   return bytes;
+}
+
+int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSpec& spec) {
+  if (!config.model.layer_offloading || config.model.layer_offloading_transformer_percent <= 0) return 0;
+  auto model = model::build_transformer(spec, torch::TensorOptions().device(torch::kMeta).dtype(base_dtype(config)));
+  model::quantize_base(*model, config.model);
+  offload_layers(*model, config.model.layer_offloading_transformer_percent,
+                 static_cast<uint64_t>(config.training_seed.value_or(42)), torch::Device(torch::kMeta));
+  return nn::offloaded_bytes(*model) - nn::offload_device_bytes(*model, config::dtype_bytes(config.train.dtype));
 }
 
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
@@ -186,6 +197,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   } else if (device_.is_cuda() && config_.vram_cap.bytes > 0) {
     meter_.set_cap(config_.vram_cap.bytes);
   }
+  if (device_.is_cpu()) memory::MemoryMeter::set_host_cap(config_.host_cap.bytes);
 
   // ---- the text encoders (on the device in the run's dtype, as AI Toolkit holds them) and the embedding
   // cache; random ones from the training seed, drawn before the transformer's ----
@@ -201,6 +213,15 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     log::info(model::text_encoder_folder(i) + ": " + std::string(config::name_of(prompts->encoder(i).kind())) + ", " +
               (prompts->random_weights(i) ? "random weights" : "weights loaded") + ", " +
               (prompts->hashing_tokenizer(i) ? "the hashing stand-in tokenizer" : "its tokenizer"));
+  if (config_.model.layer_offloading && config_.model.layer_offloading_text_encoder_percent > 0)
+    for (size_t i = 0; i < prompts->slots(); ++i) {
+      const Offloaded o = offload_within_host_cap(
+          prompts->encoder(i), config_.model.layer_offloading_text_encoder_percent,
+          static_cast<uint64_t>(config_.training_seed.value_or(42)) + 1 + i, model::text_encoder_folder(i));
+      log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of " + model::text_encoder_folder(i) +
+                "'s " + std::to_string(o.linears) + " Linears in host memory (" + config::format_bytes(o.host_bytes) +
+                ")");
+    }
   text_ = std::make_unique<data::TextEmbeddingCache>(
       std::move(prompts), [this](int64_t n) { return model::encoder_tokens(spec_, n); },
       device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_));
@@ -245,6 +266,14 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   } else if (config_.model.name_or_path) {
     log::info("model.name_or_path '" + *config_.model.name_or_path + "' is not a local folder: the " + spec_.preset +
               " preset with random weights");
+  }
+  if (config_.model.layer_offloading && config_.model.layer_offloading_transformer_percent > 0) {
+    const Offloaded o =
+        offload_within_host_cap(*model_, config_.model.layer_offloading_transformer_percent,
+                                static_cast<uint64_t>(config_.training_seed.value_or(42)), "the transformer");
+    log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of the transformer's " +
+              std::to_string(o.linears) + " Linears keep their weights in host memory (" +
+              config::format_bytes(o.host_bytes) + "), brought to the device for each call");
   }
   model_->train();
 
@@ -292,7 +321,35 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   if (config_.sample && !tc.disable_sampling) prompts_ = config_.sample->samples;
 }
 
-Session::~Session() = default;
+int64_t Session::resident_host_weights() {
+  int64_t bytes = model_ ? nn::offloaded_bytes(*model_) : 0;
+  if (text_ && text_->encoder())
+    for (size_t i = 0; i < text_->encoder()->slots(); ++i) bytes += nn::offloaded_bytes(text_->encoder()->encoder(i));
+  return bytes;
+}
+
+Offloaded Session::offload_within_host_cap(torch::nn::Module& component, double share, uint64_t seed,
+                                           const std::string& what) {
+  const int64_t cap = config_.host_cap.bytes;
+  auto refuse = [&](int64_t held) {
+    return UserError("host memory: offloading " + what + "'s Linears does not fit host_cap " +
+                     config::format_bytes(cap) + " (" + config::format_bytes(held) +
+                     " of offloaded weights were in host memory when it ran out) — lower model.layer_offloading_" +
+                     (what == "the transformer" ? "transformer" : "text_encoder") +
+                     "_percent, quantize the weights (model.qtype / qtype_te), or raise the cap");
+  };
+  try {
+    const Offloaded o = offload_layers(component, share, seed, device_);
+    // A GPU run's pinned host memory is not the CPU tracker's: held against the cap from the ledger.
+    if (device_.is_cuda() && cap > 0 && resident_host_weights() > cap) throw refuse(resident_host_weights());
+    return o;
+  } catch (const c10::OutOfMemoryError&) {  // the CPU tracker's host cap
+    throw refuse(meter_.stats().host_live_bytes);
+  }
+}
+
+// The offloaded Linears' ring slots hold device memory until overwritten; the next run starts without them.
+Session::~Session() { nn::release_offload_buffers(); }
 
 memory::PhaseMeter::Scope Session::phase(Phase p) {
   current_phase_ = p;
@@ -594,6 +651,9 @@ ResidentBytes Session::resident() const {
   ResidentBytes r;
   for (const auto& p : model_->parameters()) r.weights += static_cast<int64_t>(p.nbytes());
   for (const auto& t : model_->buffers()) r.weights += static_cast<int64_t>(t.nbytes());
+  // Offloaded Linears keep their weights in host memory.
+  r.host_weights = nn::offloaded_bytes(*model_);
+  r.weights -= r.host_weights;
   for (const auto& [n, p] : trained_) {
     r.trained += static_cast<int64_t>(p.nbytes());
     if (p.grad().defined()) r.gradients += static_cast<int64_t>(p.grad().nbytes());
@@ -601,6 +661,13 @@ ResidentBytes Session::resident() const {
   r.optimizer = optimizer_->state_bytes();
   for (const auto& [n, e] : ema_) r.ema += static_cast<int64_t>(e.nbytes());
   r.text_encoder = text_->encoder_bytes();
+  if (text::PromptEncoder* prompts = text_->encoder())
+    for (size_t i = 0; i < prompts->slots(); ++i) {
+      const int64_t host = nn::offloaded_bytes(prompts->encoder(i));
+      r.text_encoder -= host;
+      r.text_encoder_host += host;
+    }
+  r.offload_buffers = nn::offload_buffer_bytes();
   r.text_cache_host = text_->cache_bytes();
   r.vae = codec_ ? codec_->resident_bytes() : caches_latents_ ? 0 : codec_spec_.weight_bytes();
   return r;

@@ -307,6 +307,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
                      {"gradient_bytes", r.gradient_bytes},
                      {"optimizer_bytes", held.optimizer},
                      {"live_bytes", stats.live_bytes},
+                     {"host_live_bytes", stats.host_live_bytes},
                      {"reserved_bytes", stats.reserved_bytes},
                      {"cap_bytes", config.vram_cap.bytes},
                      {"cap_counts", session.meter().cap_counts()},
@@ -346,18 +347,26 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
 
   // memory.json: the run's peaks, for reports and other tools.
   const ResidentBytes held = session.resident();
-  std::ofstream(summary.output_dir / "memory.json") << json{{"device", session.device().str()},
-                                                            {"cap_bytes", config.vram_cap.bytes},
-                                                            {"cap_counts", session.meter().cap_counts()},
-                                                            {"peak_bytes", summary.peak_bytes},
-                                                            {"checkpoint_policy", tc.policy().to_string()},
-                                                            {"weights_bytes", held.weights},
-                                                            {"optimizer_bytes", held.optimizer},
-                                                            {"text_encoder_bytes", held.text_encoder},
-                                                            {"vae_bytes", held.vae},
-                                                            {"phase_peak_bytes", run_peaks}}
-                                                           .dump(2)
-                                                    << "\n";
+  std::ofstream(summary.output_dir / "memory.json")
+      << json{{"device", session.device().str()},
+              {"cap_bytes", config.vram_cap.bytes},
+              {"cap_counts", session.meter().cap_counts()},
+              {"peak_bytes", summary.peak_bytes},
+              {"checkpoint_policy", tc.policy().to_string()},
+              {"weights_bytes", held.weights},
+              {"optimizer_bytes", held.optimizer},
+              {"text_encoder_bytes", held.text_encoder},
+              {"vae_bytes", held.vae},
+              {"offload_buffer_bytes", held.offload_buffers},
+              {"host",
+               {{"offloaded_weight_bytes", held.host_weights},
+                {"text_encoder_offloaded_bytes", held.text_encoder_host},
+                {"text_cache_bytes", held.text_cache_host},
+                {"measured_peak_bytes", session.meter().stats().host_peak_bytes},
+                {"cap_bytes", config.host_cap.bytes}}},
+              {"phase_peak_bytes", run_peaks}}
+             .dump(2)
+      << "\n";
   return summary;
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "../support/oom_advice.h"
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
 #include "gclab/io/safetensors.h"
@@ -190,16 +191,9 @@ TEST(QuantizedBase, AnAdapterNotOnDiskIsBuiltAtRank16OnTheBlocksAndKeepsNoActiva
 // with checkpointing off no bit step is offered (the dequantized copies would eat it).
 TEST(QuantizedBase, TheOomAdviceOffersTheNextStorageStepWithItsExactSaving) {
   const fs::path dir = testing::fresh_dir("quantized_advice");
-  auto advice = [&](std::vector<std::string> extra) -> std::optional<OomFix> {
-    const auto config = tiny_config(dir, "a", std::move(extra));
-    const model::ModelSpec spec = model::spec_for(config.model);
-    OomContext ctx;
-    ctx.phase = Phase::backward, ctx.bucket = "64x64", ctx.batch = 2, ctx.cpu = true;
-    ctx.live_bytes = 1 << 30;
-    for (const auto& f :
-         recommend_fixes(ctx, config, spec, codec_plan(config, spec), model::activation_options(config, false)))
-      if (f.title == "Quantize the base weights" || f.title == "Store the base in fewer bits") return f;
-    return std::nullopt;
+  auto advice = [&](std::vector<std::string> extra) {
+    return testing::backward_oom_fix(dir, std::move(extra),
+                                     {"Quantize the base weights", "Store the base in fewer bits"});
   };
   const auto config = tiny_config(dir, "a");
   const auto spec = model::spec_for(config.model);

@@ -58,7 +58,11 @@ struct MemoryEstimate {
   std::string vae;               // what encodes and decodes (vae::CodecSpec::describe)
   int64_t vae_weight_bytes = 0;  // the autoencoder's weights
   int64_t vae_bytes = 0;         // of which resident during steps (0 when cache_latents sends it away)
-  int64_t resident_bytes = 0;    // weights + gradients + optimizer + EMA + text encoder + autoencoder
+  // model.layer_offloading: the offloaded Linears' weights in host memory (not in weight_bytes), and what
+  // bringing them holds on the device (their ring slots, one being brought; in resident_bytes).
+  int64_t host_weight_bytes = 0;
+  int64_t offload_buffer_bytes = 0;
+  int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text encoder + autoencoder + rings
   int64_t cap_bytes = 0;
   std::string activation_dtype;
   std::vector<ResolutionEstimate> resolutions;

@@ -371,6 +371,12 @@ struct ModelConfig {
   // not name stay unquantized). A `qtype: "uint3|FILE"` sets it, as in AI Toolkit (the loader splits it).
   std::optional<std::string> accuracy_recovery_adapter;
   bool low_vram = false;
+  // AI Toolkit's layer offloading (toolkit/memory_management): that share of the transformer's (and of the
+  // text encoders') Linears keep their frozen weights in host memory and are brought to the device for
+  // each call.
+  bool layer_offloading = false;
+  double layer_offloading_transformer_percent = 1.0;
+  double layer_offloading_text_encoder_percent = 1.0;
   // gclab: autoencoder (the family's, from vae_path or name_or_path's vae/ folder, else random at the real
   // shapes) or dct (the stand-in).
   VaeChoice vae = VaeChoice::autoencoder;
@@ -391,6 +397,9 @@ struct ModelConfig {
     v("qtype_te", qtype_te);
     v("accuracy_recovery_adapter", accuracy_recovery_adapter);
     v("low_vram", low_vram);
+    v("layer_offloading", layer_offloading);
+    v("layer_offloading_transformer_percent", layer_offloading_transformer_percent);
+    v("layer_offloading_text_encoder_percent", layer_offloading_text_encoder_percent);
     v("vae", vae);
     v("vae_path", vae_path);
     v.ignore({"dtype",
@@ -535,6 +544,7 @@ struct ProcessConfig {
   std::optional<std::string> trigger_word;
   std::optional<std::int64_t> training_seed;
   ByteSize vram_cap;                     // gclab: emulated VRAM cap; may also stand at the file's top level
+  ByteSize host_cap;                     // gclab: emulated host-memory cap (what layer offloading keeps there)
   std::optional<NetworkConfig> network;  // absent: the whole transformer is trained
   SaveConfig save;
   std::vector<DatasetConfig> datasets;
@@ -556,6 +566,7 @@ struct ProcessConfig {
     v("trigger_word", trigger_word);
     v("training_seed", training_seed);
     v("vram_cap", vram_cap);
+    v("host_cap", host_cap);
     v("network", network);
     v("save", save);
     v("datasets", datasets);

@@ -21,6 +21,23 @@ struct MemoryStats {
   std::int64_t cap_bytes = 0;       // 0 = no cap
   std::int64_t allocations = 0;     // allocations served since installation (CPU) / ever (CUDA)
   std::int64_t reserved_bytes = 0;  // CUDA: held by the caching allocator (>= live); CPU: = live
+  // Host memory set apart from the device's (CPU runs: what HostScope allocated; see below).
+  std::int64_t host_live_bytes = 0;
+  std::int64_t host_peak_bytes = 0;
+  std::int64_t host_cap_bytes = 0;  // 0 = no cap
+};
+
+// On a CPU run the "device" and the host are the same memory; gclab still tells them apart, so that what a
+// GPU run would keep in host RAM (offloaded layers' weights) is measured as host memory, not device
+// memory. While a HostScope lives, this thread's CPU allocations are host bytes: counted apart from
+// live_bytes, held against the host cap (c10::OutOfMemoryError naming host memory), and freed as such
+// whenever they are released. Without a tracker installed it does nothing.
+class HostScope {
+ public:
+  HostScope();
+  ~HostScope();
+  HostScope(const HostScope&) = delete;
+  HostScope& operator=(const HostScope&) = delete;
 };
 
 // Installs the tracking CPU allocator for its lifetime; at most one exists at a time. Tensors allocated
@@ -34,7 +51,8 @@ class CpuMemoryTracker {
 
   MemoryStats stats() const;
   void reset_peak();
-  void set_cap(std::int64_t cap_bytes);  // 0 removes the cap
+  void set_cap(std::int64_t cap_bytes);       // 0 removes the cap
+  void set_host_cap(std::int64_t cap_bytes);  // the cap on HostScope allocations; 0 removes it
 
   static bool installed();
 };
@@ -47,6 +65,8 @@ class MemoryMeter {
   void reset_peak();
   // CPU: the tracker's cap. CUDA: the caching allocator's memory fraction, cap / total device memory.
   void set_cap(std::int64_t cap_bytes);
+  // The cap on host memory the CPU tracker measures (HostScope allocations), whatever the device; 0 lifts it.
+  static void set_host_cap(std::int64_t cap_bytes);
   // CUDA: returns the caching allocator's unused blocks to the device (emptyCache), after an
   // out-of-memory error; the CPU tracker holds nothing back.
   void release_cached();

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,14 @@ class LinearImpl : public torch::nn::Module {
   // The weight as the matmul sees it (dequantized), in `dtype`.
   torch::Tensor effective_weight(torch::ScalarType dtype) const;
 
+  // Moves the frozen weight's tensors (codes or values, scales, bias, recovery adapter) to host memory, each
+  // placed by `to_host` (pinned memory on a GPU run; HostScope-counted on a CPU run), and from then on
+  // brings them to the input's device for every call and again for the backward, as AI Toolkit's layer
+  // offloading does (toolkit/memory_management, after RamTorch): autograd keeps the host tensors, and the
+  // last kOffloadDepth (4) weights brought for forwards, and for backwards, stay in ring slots. The weight
+  // is frozen from then on; the LoRA adapter stays on the device.
+  void offload(const std::function<torch::Tensor(const torch::Tensor&)>& to_host);
+  bool offloaded() const { return offloaded_; }
   // The bytes of the weight-sized copy the quantized matmul builds and autograd keeps for the input's
   // gradient (float8, int8, uintN: the library's F.linear / mm takes a dequantized or cast weight); 0 for
   // a float weight, and for qfloat8, whose autograd function keeps only the quantized weight.
@@ -81,6 +90,7 @@ class LinearImpl : public torch::nn::Module {
 
  private:
   quant::ScaledWeight scaled() const;  // the qfloat8 / float8 / int8 weight as quant/scaled.h takes it
+  friend struct FrozenAccess;          // layers.cpp: the frozen parts, for its autograd functions
 
   int64_t in_, out_;
   WeightStorage storage_ = WeightStorage::Float32;
@@ -90,9 +100,21 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor lora_A_, lora_B_;                    // registered as lora_A.weight / lora_B.weight
   torch::Tensor recovery_A_, recovery_B_;
   double recovery_scale_ = 1.0;
+  bool offloaded_ = false;
   double lora_scale_ = 1.0, lora_dropout_ = 0.0;
 };
 TORCH_MODULE(Linear);
+
+// The offloaded Linears' ring slots (weights brought to the device, kept until overwritten): their bytes now,
+// and releasing them (a run's end, so that the next run starts without them).
+int64_t offload_buffer_bytes();
+void release_offload_buffers();
+// The bytes the offloaded Linears under `root` keep in host memory (their own tensors; not their LoRA).
+int64_t offloaded_bytes(torch::nn::Module& root);
+// What offloading holds on the device for them, as predicted: both rings full of weights (and biases) in
+// the compute dtype (`element_bytes` each) at the offloaded Linears' mean size, plus bringing the largest
+// one (its stored tensors' copy and the dequantization's intermediate beside its result).
+int64_t offload_device_bytes(torch::nn::Module& root, int64_t element_bytes);
 
 // Registers `module` under `parent` at a dotted path ("norm1.linear", "to_out.0", "img_mod.1"), creating
 // empty holder modules for the intermediate names, so parameter names match state dicts whose layers

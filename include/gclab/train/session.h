@@ -23,6 +23,7 @@
 #include "gclab/model/lora.h"
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
+#include "gclab/train/offload.h"
 #include "gclab/train/optimizer.h"
 #include "gclab/train/phase.h"
 #include "gclab/train/timesteps.h"
@@ -36,6 +37,10 @@ torch::ScalarType base_dtype(const config::ProcessConfig& config);
 // The transformer's weight bytes (parameters and buffers: packed codes, scales, recovery adapters) in that
 // dtype, quantized as the config's model block asks (model::quantize_base), from a build on the meta device.
 int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec);
+// The device bytes model.layer_offloading takes off the transformer as the config sets it (its offloaded
+// weights less what bringing them holds: nn::offload_device_bytes), from a build on the meta device; 0
+// without offloading.
+int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSpec& spec);
 
 struct SessionOptions {
   // Build on the meta device: shapes and byte counts, no memory and no data (train --dry-run, estimate).
@@ -44,15 +49,20 @@ struct SessionOptions {
 
 // Bytes held outside the step's activations, by what holds them.
 struct ResidentBytes {
-  int64_t weights = 0;       // parameters and buffers as stored (frozen base + trained tensors)
-  int64_t trained = 0;       // of which trained (LoRA adapters, or every weight)
-  int64_t gradients = 0;     // one gradient per trained tensor, in its dtype
-  int64_t optimizer = 0;     // the optimizer's state (after its first step)
-  int64_t ema = 0;           // the EMA copy of the trained tensors
-  int64_t text_encoder = 0;  // while loaded
-  int64_t vae = 0;           // the autoencoder's weights while on the device
-  int64_t total() const { return weights + gradients + optimizer + ema + text_encoder + vae; }
-  int64_t text_cache_host = 0;  // precomputed embeddings (cache_text_embeddings), in host memory: not in total()
+  int64_t weights = 0;          // parameters and buffers as stored (frozen base + trained tensors)
+  int64_t trained = 0;          // of which trained (LoRA adapters, or every weight)
+  int64_t gradients = 0;        // one gradient per trained tensor, in its dtype
+  int64_t optimizer = 0;        // the optimizer's state (after its first step)
+  int64_t ema = 0;              // the EMA copy of the trained tensors
+  int64_t text_encoder = 0;     // while loaded
+  int64_t vae = 0;              // the autoencoder's weights while on the device
+  int64_t offload_buffers = 0;  // the offloaded Linears' ring slots (weights brought to the device, kept)
+  int64_t total() const { return weights + gradients + optimizer + ema + text_encoder + vae + offload_buffers; }
+  // In host memory, not in total():
+  int64_t text_cache_host = 0;    // precomputed embeddings (cache_text_embeddings)
+  int64_t host_weights = 0;       // the transformer's offloaded Linears' weights (model.layer_offloading)
+  int64_t text_encoder_host = 0;  // the text encoders' offloaded Linears' weights, while they are loaded
+  int64_t host() const { return text_cache_host + host_weights + text_encoder_host; }
 };
 
 struct StepResult {
@@ -156,6 +166,9 @@ class Session {
   void with_ema_weights(const std::function<void()>& fn);
 
  private:
+  // offload_layers under the run's host_cap: a UserError naming the share to lower when it would not fit.
+  Offloaded offload_within_host_cap(torch::nn::Module& component, double share, uint64_t seed, const std::string& what);
+  int64_t resident_host_weights();  // the offloaded weights so far (the model's, the text encoders')
   model::ModelInputs conditioning(const std::vector<std::string>& captions);
   std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir);
   torch::Tensor decode_preview(const torch::Tensor& latents);

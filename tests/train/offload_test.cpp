@@ -1,0 +1,173 @@
+// model.layer_offloading (AI Toolkit's toolkit/memory_management): the offloaded Linears' frozen weights
+// live in host memory — measured as host bytes by the CPU tracker — and are brought to the device for each
+// call; the LoRA trains to the same losses as with the weights resident, and the device's peak drops by the
+// offloaded bytes less what the ring slots keep.
+#include <gtest/gtest.h>
+
+#include "../support/oom_advice.h"
+#include "../support/test_util.h"
+#include "../support/tiny_run.h"
+#include "gclab/bench/estimate.h"
+#include "gclab/memory/tracker.h"
+#include "gclab/model/activations.h"
+#include "gclab/nn/layers.h"
+#include "gclab/train/oom_report.h"
+#include "gclab/train/session.h"
+#include "gclab/train/trainer.h"
+
+namespace gclab::train {
+namespace {
+
+namespace fs = std::filesystem;
+using gclab::testing::tiny_config;
+
+TEST(LayerOffloading, TheWeightsMoveToHostMemoryAndTheLoraTrainsToTheSameLosses) {
+  const fs::path dir = testing::fresh_dir("offload");
+  for (const std::string qtype : {"", "uint4", "qfloat8"}) {
+    std::vector<std::string> base = {"train.steps=3", "train.gradient_checkpointing=false"};
+    if (!qtype.empty()) base.insert(base.end(), {"model.quantize=true", "model.qtype=" + qtype});
+    auto offloaded_args = base;
+    offloaded_args.push_back("model.layer_offloading=true");
+    offloaded_args.push_back("model.layer_offloading_text_encoder_percent=0");  // the transformer's alone here
+    int64_t resident_weights = 0, host_weights = 0, offloaded_weights = 0;
+    {
+      Session s(tiny_config(dir, "r" + qtype, base));
+      resident_weights = s.resident().weights;
+      EXPECT_EQ(s.resident().host_weights, 0);
+    }
+    {
+      Session s(tiny_config(dir, "o" + qtype, offloaded_args));
+      const ResidentBytes r = s.resident();
+      offloaded_weights = r.weights, host_weights = r.host_weights;
+      int64_t expected_host = 0;
+      for (auto& [path, linear] : nn::named_linears(s.model())) {
+        EXPECT_TRUE(linear->offloaded()) << path;  // the share defaults to 1: every Linear
+        for (const auto& t : linear->parameters(false)) expected_host += static_cast<int64_t>(t.nbytes());
+        for (const auto& t : linear->buffers(false)) expected_host += static_cast<int64_t>(t.nbytes());
+      }
+      EXPECT_EQ(host_weights, expected_host) << qtype;
+      // The tracker measured them as host memory.
+      EXPECT_GE(s.meter().stats().host_live_bytes, host_weights) << qtype;
+    }
+    EXPECT_EQ(resident_weights - offloaded_weights, host_weights) << qtype;
+
+    const auto resident = train(tiny_config(dir, "tr" + qtype, base), {});
+    const auto offloaded = train(tiny_config(dir, "to" + qtype, offloaded_args), {});
+    ASSERT_EQ(resident.losses.size(), 3u);
+    ASSERT_EQ(offloaded.losses.size(), 3u);
+    for (size_t i = 0; i < resident.losses.size(); ++i)
+      EXPECT_NEAR(offloaded.losses[i], resident.losses[i], 1e-6 * std::abs(resident.losses[i]))
+          << qtype << " step " << i + 1;
+    // The device's peak drops by the offloaded weights (and, uint4 with checkpointing off, the dequantized
+    // copies autograd no longer keeps), less the ring slots' weights brought to the device.
+    EXPECT_GT(resident.peak_bytes - offloaded.peak_bytes, host_weights / 2) << qtype;
+    RecordProperty("peak_drop_" + (qtype.empty() ? std::string("fp32") : qtype),
+                   std::to_string(resident.peak_bytes - offloaded.peak_bytes));
+  }
+  fs::remove_all(dir);
+}
+
+TEST(LayerOffloading, TheShareChoosesTheLinearsTheSameWayEveryTime) {
+  const fs::path dir = testing::fresh_dir("offload_share");
+  const std::vector<std::string> half = {"model.layer_offloading=true",
+                                         "model.layer_offloading_transformer_percent=0.5"};
+  Session a(tiny_config(dir, "a", half));
+  std::vector<bool> chosen;
+  for (auto& [path, linear] : nn::named_linears(a.model())) chosen.push_back(linear->offloaded());
+  const auto n = static_cast<int64_t>(std::count(chosen.begin(), chosen.end(), true));
+  EXPECT_GT(n, 0);
+  EXPECT_LT(n, static_cast<int64_t>(chosen.size()));
+  Session meta(tiny_config(dir, "b", half), SessionOptions{/*meta=*/true});
+  size_t i = 0;
+  for (auto& [path, linear] : nn::named_linears(meta.model())) EXPECT_EQ(linear->offloaded(), chosen[i++]) << path;
+  EXPECT_EQ(meta.resident().host_weights, a.resident().host_weights);
+  fs::remove_all(dir);
+}
+
+// The estimate of an offloaded run — its weights in host memory, the rings' bound on the device, no
+// dequantized copies — against the step's measured device peak and host bytes: within 10%.
+TEST(LayerOffloading, TheEstimateMatchesTheMeasuredStep) {
+  const fs::path dir = testing::fresh_dir("offload_estimate");
+  for (const std::string policy : {"off", "full"})
+    for (const std::string qtype : {"uint4", "qfloat8"}) {
+      const auto config =
+          tiny_config(dir, "e" + policy + qtype,
+                      {"model.layer_offloading=true", "model.quantize=true", "model.qtype=" + qtype, "model.vae=dct",
+                       "train.checkpoint_policy=" + policy, "train.cache_text_embeddings=true"});
+      const auto e = bench::estimate_memory(config);
+      const auto& predicted = policy == "off" ? e.resolutions[0].gc_off : e.resolutions[0].gc_full;
+      int64_t measured = 0, host = 0;
+      {
+        Session session(config);
+        for (int step = 0; step < 2; ++step) {
+          session.meter().reset_peak();
+          session.train_step(step, [&] { return session.synthetic_batch(2, 64, 64); });
+          measured = std::max(measured, session.meter().stats().peak_bytes);
+          for (const auto& [phase, bytes] : session.phases().peaks()) measured = std::max(measured, bytes);
+          session.phases().clear();
+        }
+        host = session.resident().host_weights;
+      }
+      EXPECT_EQ(e.host_weight_bytes, host) << policy << " " << qtype;
+      const double ratio = static_cast<double>(predicted.total_bytes) / static_cast<double>(measured);
+      std::printf("offloaded %-7s %-4s predicted %lld measured %lld ratio %.3f (offload buffers %lld)\n", qtype.c_str(),
+                  policy.c_str(), static_cast<long long>(predicted.total_bytes), static_cast<long long>(measured),
+                  ratio, static_cast<long long>(e.offload_buffer_bytes));
+      EXPECT_NEAR(ratio, 1.0, 0.1) << policy << " " << qtype;
+    }
+  fs::remove_all(dir);
+}
+
+// host_cap (--host-cap): on a CPU run the tracker holds the offloaded weights against it; a run whose
+// offloaded weights do not fit is refused with the share to lower, one that fits runs.
+TEST(LayerOffloading, TheHostCapRefusesOffloadedWeightsThatDoNotFit) {
+  const fs::path dir = testing::fresh_dir("offload_host_cap");
+  const std::vector<std::string> offload = {"model.layer_offloading=true",
+                                            "model.layer_offloading_text_encoder_percent=0"};
+  int64_t host = 0;
+  {
+    Session s(tiny_config(dir, "free", offload));
+    host = s.resident().host_weights;
+  }
+  auto capped = offload;
+  capped.push_back("host_cap=" + std::to_string(host / 2));
+  try {
+    Session s(tiny_config(dir, "capped", capped));
+    ADD_FAILURE() << "a host cap of half the offloaded weights was not enforced";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_offloading_transformer_percent"), std::string::npos) << e.what();
+  }
+  auto roomy = offload;
+  roomy.push_back("host_cap=" + std::to_string(host + (1 << 20)));
+  Session s(tiny_config(dir, "roomy", roomy));
+  EXPECT_EQ(s.resident().host_weights, host);
+  EXPECT_LE(s.meter().stats().host_peak_bytes, host + (1 << 20));
+  fs::remove_all(dir);
+}
+
+// The OOM report offers offloading a LoRA base, priced from a meta build: the transformer's Linears' bytes
+// less what bringing them holds on the device; a run that offloads everything already is not offered it, nor
+// one where bringing would hold more than it saves (a tiny uint4 base: packed codes against float32 rings).
+TEST(LayerOffloading, TheOomAdviceOffersItWithItsSaving) {
+  const fs::path dir = testing::fresh_dir("offload_advice");
+  auto advice = [&](std::vector<std::string> extra) {
+    return testing::backward_oom_fix(dir, std::move(extra), {"Offload the base's layers to host memory"});
+  };
+  const auto fix = advice({});
+  ASSERT_TRUE(fix);
+  Session meta(tiny_config(dir, "m", {"model.layer_offloading=true"}), SessionOptions{/*meta=*/true});
+  EXPECT_EQ(fix->predicted_saving_bytes,
+            meta.resident().host_weights - nn::offload_device_bytes(meta.model(), /*element_bytes=*/4));
+  EXPECT_FALSE(advice({"model.layer_offloading=true"}));
+  EXPECT_FALSE(advice({"model.quantize=true", "model.qtype=uint4"}));
+  fs::remove_all(dir);
+}
+
+TEST(LayerOffloading, AFullFineTuneIsRefused) {
+  const fs::path dir = testing::fresh_dir("offload_full");
+  EXPECT_THROW(tiny_config(dir, "f", {"network=null", "model.layer_offloading=true"}), std::runtime_error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::train
