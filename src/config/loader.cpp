@@ -631,6 +631,12 @@ class Validator {
     else if (!parse_qtype(m.qtype_te))
       error("model.qtype_te",
             "'" + m.qtype_te + "' is not a storage gclab reproduces yet; use one of: " + choice_list<QType>());
+    if (m.text_encoder_bits != 16 && m.text_encoder_bits != 8 && m.text_encoder_bits != 4)
+      error("model.text_encoder_bits", "must be 16, 8 or 4 (AI Toolkit's choices)");
+    else if (m.text_encoder_bits != 16)
+      warning("model.text_encoder_bits",
+              "has no effect here: AI Toolkit applies it to PixArt's text encoder only (its ModelConfig: \"Only works "
+              "with pixart currently\"); for this family use quantize_te / qtype_te");
     if (m.accuracy_recovery_adapter && !m.quantize)
       warning("model.accuracy_recovery_adapter",
               "is not used: model.quantize is false (AI Toolkit applies it while quantizing)");

@@ -216,6 +216,18 @@ TEST(ConfigLoader, AitkKeysGclabDoesNotActOnAreListedOnce) {
   EXPECT_TRUE(r.diagnostics.warnings().empty()) << all_messages(r);
 }
 
+// text_encoder_bits is read (AI Toolkit's 16 / 8 / 4), and a value other than 16 is said to do nothing for
+// these families, as in AI Toolkit, where it reaches PixArt only.
+TEST(ConfigLoader, TextEncoderBitsIsReadAndSaidToDoNothingHere) {
+  const auto plain = load(kMinimal, {"model.text_encoder_bits=16"});
+  ASSERT_TRUE(plain.ok()) << all_messages(plain);
+  EXPECT_TRUE(plain.diagnostics.warnings().empty()) << all_messages(plain);
+  const auto eight = load(kMinimal, {"model.text_encoder_bits=8"});
+  ASSERT_TRUE(eight.ok()) << all_messages(eight);
+  EXPECT_EQ(eight.config->model.text_encoder_bits, 8);
+  EXPECT_TRUE(eight.diagnostics.mentions("PixArt")) << all_messages(eight);
+}
+
 struct BadValue {
   std::string override_text;
   std::string expected;  // text the diagnostic must contain
@@ -251,6 +263,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"model.qtype_te=orbit4|x.safetensors", "model.qtype_te"},
         BadValue{"model.qtype_te=uint4|x.safetensors", "applies to the transformer only"},
         BadValue{"model.qtype=uint4|", "names no adapter after '|'"},
+        BadValue{"model.text_encoder_bits=6", "must be 16, 8 or 4"},
         BadValue{"datasets.0.resolution=[1000]", "1000 is not a multiple of 32 (tiny-flux); use 992 or 1024"},
         BadValue{"datasets.0.resolution=[-256]", "must be positive"},
         BadValue{"datasets.0.caption_dropout_rate=1.5", "must be between 0 and 1"},

@@ -318,3 +318,25 @@ TEST(Quantize, AnOffloadedLinearComputesAsTheResidentOne) {
 
 }  // namespace
 }  // namespace gclab::model
+
+namespace gclab::model {
+namespace {
+
+// A Linear without a bias (Z-Image's and SD3's attention projections) trains through each quantized
+// storage: the input gradient equals a plain linear's on the dequantized weight.
+TEST(Quantize, ABiasFreeQuantizedLinearTrains) {
+  for (const WeightStorage storage :
+       {WeightStorage::QFloat8, WeightStorage::Float8, WeightStorage::Int8, WeightStorage::UInt4}) {
+    torch::manual_seed(4);
+    Linear q(128, 64, /*bias=*/false);
+    q->set_weight_storage(storage);
+    torch::Tensor x = torch::randn({3, 128}).requires_grad_(true);
+    q->forward(x).square().sum().backward();
+    torch::Tensor x2 = x.detach().clone().requires_grad_(true);
+    torch::nn::functional::linear(x2, q->effective_weight(torch::kFloat)).square().sum().backward();
+    EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-4, 1e-4)) << to_string(storage);
+  }
+}
+
+}  // namespace
+}  // namespace gclab::model

@@ -377,6 +377,9 @@ struct ModelConfig {
   bool layer_offloading = false;
   double layer_offloading_transformer_percent = 1.0;
   double layer_offloading_text_encoder_percent = 1.0;
+  // AI Toolkit's: bitsandbytes loading of the text encoder ("Only works with pixart currently", its
+  // ModelConfig says): read and checked, without effect for the families gclab models, as in AI Toolkit.
+  int text_encoder_bits = 16;
   // gclab: autoencoder (the family's, from vae_path or name_or_path's vae/ folder, else random at the real
   // shapes) or dct (the stand-in).
   VaeChoice vae = VaeChoice::autoencoder;
@@ -400,6 +403,7 @@ struct ModelConfig {
     v("layer_offloading", layer_offloading);
     v("layer_offloading_transformer_percent", layer_offloading_transformer_percent);
     v("layer_offloading_text_encoder_percent", layer_offloading_text_encoder_percent);
+    v("text_encoder_bits", text_encoder_bits);
     v("vae", vae);
     v("vae_path", vae_path);
     v.ignore({"dtype",
@@ -423,7 +427,6 @@ struct ModelConfig {
               "compile",
               "attn_masking",
               "split_model_over_gpus",
-              "text_encoder_bits",
               "vae_device",
               "vae_dtype",
               "te_device",
