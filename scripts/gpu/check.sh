@@ -5,8 +5,8 @@
 # prepare.sh carries):
 #   scripts/gpu/prepare.sh && GCLAB_GPU_REHEARSAL=1 scripts/gpu/check.sh
 # Builds against the machine's own python3 torch, runs the CUDA tests, then measures: FLUX.1-dev LoRA at
-# 512² and 1024² under a 24 GB cap, GC off vs full (step time from CUDA events, peak, MFU); `fit` under
-# 24/48/80 GB; the GPU-scale OOM pair. Everything lands in $OUT (or ./gpu-out); summary.md first.
+# 512² and 1024² under a 24 GB cap, GC off vs full (step time from CUDA events, peak, MFU); the base as
+# uint4 and with layer offloading at 1024²; `fit` under 24/48/80 GB; the GPU-scale OOM pairs. Everything lands in $OUT (or ./gpu-out); summary.md first.
 # Each stage has its own time limit; together they stay under 9 minutes on 16 cores.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,6 +41,8 @@ say ""
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
   nvcc --version 2>/dev/null | tail -1; } 2>&1 | sed 's/^/    /' | tee -a "$summary"
 
+table() { sed -n 's/^# |/|/p' "$OUT/$1.log"; }  # the markdown table a command printed as YAML comments
+
 stage() {  # stage NAME SECONDS command...: runs with a limit, logs to $OUT/NAME.log, says how it went
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
@@ -73,12 +75,20 @@ FLUX=configs/oom/gpu_flux_gc_on_24gb.yaml
 say ""
 say "## FLUX.1-dev LoRA under 24 GB, GC off vs full"
 stage bench_flux_24gb 150 "$G" bench "$FLUX" --gc off,full --resolution 512,1024 --steps 2 --set device=cuda
-cat "$OUT/bench_flux_24gb.log" | grep "^|" | tee -a "$summary"
+table bench_flux_24gb | tee -a "$summary"
+say ""
+say "## The same LoRA with the base as uint4, and with layer offloading (GC full, 1024²: step time, peak)"
+stage bench_flux_uint4 90 "$G" bench "$FLUX" --gc full --resolution 1024 --steps 2 --set device=cuda \
+  --set model.qtype=uint4
+table bench_flux_uint4 | tee -a "$summary"
+stage bench_flux_offload 90 "$G" bench "$FLUX" --gc full --resolution 1024 --steps 2 --set device=cuda \
+  --set model.layer_offloading=true
+table bench_flux_offload | tee -a "$summary"
 say ""
 say "## fit under 24 / 48 / 80 GB (1024², batches up to 8)"
 for cap in 24GB 48GB 80GB; do
   stage "fit_$cap" 60 "$G" fit "$FLUX" --vram-cap "$cap" --gc off,full --resolution 1024 --max-batch 8
-  grep "^| 1024" "$OUT/fit_$cap.log" | sed "s/^/$cap /" | tee -a "$summary"
+  table "fit_$cap" | grep "^| 1024" | sed "s/^/$cap /" | tee -a "$summary"
 done
 say ""
 say "## The OOM pair (20 steps each: GC off runs out, GC on finishes)"
