@@ -2,7 +2,9 @@
 // exits through OutOfMemoryStop (exit code 3 in the CLI) with a report naming the phase and the right
 // first fix; each fixed twin finishes under the same cap; what is saved on OOM is the last good step.
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <algorithm>
 
 #include <cstdio>
 #include <fstream>
@@ -99,6 +101,29 @@ TEST_F(OomScenario, AResidentTextEncoderRunsOutAndTheFixIsCachingTextEmbeddings)
   // float8 Linear weights: three of every four bytes of the wide feed-forward go.
   EXPECT_GT(report["fixes"][1]["predicted_saving_bytes"].get<int64_t>(), encoder * 7 / 10);
   EXPECT_NO_THROW(train(load("text_encoder_fixed", {folder}), {}));
+}
+
+// A LoRA base whose frozen weights crowd the card, at CPU scale (a width-512 FLUX shape: 109 MiB of
+// weights, a local folder of shapes): the first step runs out; the report offers quantizing and then
+// offloading the base, each priced; the twin offloads its Linears to host memory (as AI Toolkit's
+// layer_offloading) and finishes under the same cap, the offloaded weights measured as host memory.
+TEST_F(OomScenario, AResidentBaseRunsOutAndOffloadingItsLayersFinishes) {
+  const std::string folder = "model.name_or_path=" + std::string(GCLAB_SOURCE_DIR) + "/configs/oom/models/flux_wide";
+  const auto report = expect_oom("offload", {folder});
+  EXPECT_EQ(report["step"], 1);
+  std::vector<std::string> titles;
+  for (const auto& f : report["fixes"]) titles.push_back(f["title"].get<std::string>());
+  const auto at = std::find(titles.begin(), titles.end(), "Offload the base's layers to host memory");
+  ASSERT_NE(at, titles.end());
+  EXPECT_GT(report["fixes"][at - titles.begin()]["predicted_saving_bytes"].get<int64_t>(), int64_t{64} << 20);
+  const auto fixed = load("offload_fixed", {folder});
+  EXPECT_NO_THROW(train(fixed, {}));
+  std::ifstream in(dir_ / "out" / fixed.name / "memory.json");
+  const auto memory = nlohmann::json::parse(in, nullptr, false);
+  EXPECT_GT(memory["host"]["offloaded_weight_bytes"].get<int64_t>(), int64_t{100} << 20);
+  EXPECT_GE(memory["host"]["measured_peak_bytes"].get<int64_t>(),
+            memory["host"]["offloaded_weight_bytes"].get<int64_t>());
+  EXPECT_LT(memory["peak_bytes"].get<int64_t>(), fixed.vram_cap.bytes);
 }
 
 // The seed's "OOM at the first sample": the step fits, the preview's denoising fits, and the autoencoder's
