@@ -68,6 +68,8 @@ config::AutoencoderKind autoencoder_kind(Family family) {
   throw std::logic_error("autoencoder_kind: an unknown family");
 }
 
+bool low_vram_tiles_previews(Family family) { return family == Family::qwen_image; }
+
 std::vector<config::TextEncoderKind> text_encoders(Family family) {
   using K = config::TextEncoderKind;
   switch (family) {

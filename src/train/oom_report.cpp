@@ -110,7 +110,8 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     const int64_t preview_above_training = in_preview ? std::max<int64_t>(0, ctx.peak_bytes - train_peak) : 0;
     // Tiling helps only the decode: first when the decode ran out, after the other preview fixes otherwise.
     std::vector<OomFix> preview_fixes, tiling;
-    if (codec.autoencoder && !s.vae_tiling) {
+    if (codec.autoencoder &&
+        codec.tile_sample_size == 0) {  // not tiled already (vae_tiling, or low_vram for Qwen-Image)
       // The largest tile (512, 256, 128 or 64 pixels, smaller than the preview) whose decode fits under the
       // cap on top of what was live, the autoencoder's weights included; the smallest when none does.
       vae::CodecSpec tiled = codec;

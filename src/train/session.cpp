@@ -9,6 +9,7 @@
 #include "gclab/model/quantize.h"
 #include "gclab/sample/sampler.h"
 #include "gclab/train/offload.h"
+#include "gclab/vae/qwen_image_vae.h"
 
 namespace gclab::train {
 
@@ -147,7 +148,10 @@ vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::Mode
     throw UserError(std::string("the autoencoder: ") + e.what());
   }
   s.dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
-  if (config.sample && config.sample->vae_tiling) s.tile_sample_size = config.sample->vae_tile_size;
+  if (config.sample && config.sample->vae_tiling)
+    s.tile_sample_size = config.sample->vae_tile_size;
+  else if (config.model.low_vram && model::low_vram_tiles_previews(spec.family))
+    s.tile_sample_size = vae::kQwenImageDefaultTile;  // AI Toolkit's enable_tiling(), at its default
   return s;
 }
 

@@ -30,6 +30,25 @@ std::vector<data::ImageItem> items_of(const config::ProcessConfig& c) {
   return data::scan_dataset(c.datasets.at(0), 0).items;
 }
 
+// AI Toolkit's Qwen-Image model decodes previews with the VAE tiled under model.low_vram (qwen_image.py:
+// pipeline.vae.enable_tiling(), diffusers' default 256-pixel tile); the other families do not; an explicit
+// sample.vae_tiling wins. The plan is what the run, estimate and the OOM report decode with.
+TEST(SessionAutoencoder, LowVramTilesQwenImagePreviewsAsAiToolkitDoes) {
+  const fs::path dir = testing::fresh_dir("low_vram_tiling");
+  auto tile = [&](std::vector<std::string> extra) {
+    const auto config = tiny_config(dir, "t", std::move(extra));
+    return codec_plan(config, model::spec_for(config.model)).tile_sample_size;
+  };
+  EXPECT_EQ(tile({"model.arch=tiny-qwen-image", "model.low_vram=true"}), 256);
+  EXPECT_EQ(tile({"model.arch=tiny-qwen-image"}), 0);
+  EXPECT_EQ(tile({"model.low_vram=true"}), 0);  // tiny-flux
+  EXPECT_EQ(tile({"model.arch=tiny-qwen-image", "model.low_vram=true",
+                  "sample={prompts: [a], vae_tiling: true, "
+                  "vae_tile_size: 128}"}),
+            128);
+  fs::remove_all(dir);
+}
+
 TEST(SessionAutoencoder, WithoutCachedLatentsTheStepEncodesOnTheDeviceInItsDataPhase) {
   const fs::path dir = testing::fresh_dir("vae_on_the_fly");
   const auto config = tiny_config(dir, "f");

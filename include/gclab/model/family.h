@@ -47,6 +47,10 @@ Guidance preview_guidance(Family family, bool guidance_embed);
 // The autoencoder a family's pipeline decodes with: AutoencoderKL as FLUX.1's for FLUX.1, Flex and Z-Image,
 // SD3's, the SD VAE for DiT; Qwen-Image's AutoencoderKLQwenImage.
 config::AutoencoderKind autoencoder_kind(Family family);
+// Whether AI Toolkit's model class decodes previews with the autoencoder tiled when model.low_vram is set
+// (diffusers' enable_tiling() at its defaults): Qwen-Image's (qwen_image.py, generate_single_image:
+// `if self.model_config.low_vram: pipeline.vae.enable_tiling()`); not the others gclab models.
+bool low_vram_tiles_previews(Family family);
 // The text encoders a family's pipeline conditions on, in its folders' order (text_encoder, text_encoder_2,
 // text_encoder_3): FLUX.1 / Flex CLIP-L (pooled) and T5-XXL; SD3.5 CLIP-L and bigG (projected) and T5-XXL;
 // Qwen-Image Qwen2.5-VL; Z-Image Qwen3; DiT none (class labels).

@@ -23,6 +23,9 @@
 
 namespace gclab::vae {
 
+// AutoencoderKLQwenImage.enable_tiling()'s default tile: tile_sample_min_height / width = 256 pixels.
+constexpr int64_t kQwenImageDefaultTile = 256;
+
 struct QwenImageVaeConfig {
   int64_t base_dim = 96, z_dim = 16;
   std::vector<int64_t> dim_mult = {1, 2, 4, 4};
@@ -58,7 +61,7 @@ class QwenImageVaeImpl : public AutoencoderBase {
   // diffusers' enable_tiling(tile_sample_min = S, tile_sample_stride = 3S/4) (its default tile: 256 pixels,
   // stride 192): each tile decoded alone, frame by frame with its own cache.
   void enable_tiling(int64_t tile_sample_size = 0) override {
-    tile_sample_size_ = tile_sample_size > 0 ? tile_sample_size : 256;
+    tile_sample_size_ = tile_sample_size > 0 ? tile_sample_size : kQwenImageDefaultTile;
   }
   void disable_tiling() override { tile_sample_size_ = 0; }
   int64_t image_channels() const override { return config_.input_channels; }
