@@ -5,6 +5,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "gclab/config/byte_size.h"
 #include "gclab/model/lora.h"
 
 namespace gclab::model {
@@ -85,11 +86,8 @@ std::string describe(const BaseQuantization& q, const config::ModelConfig& confi
   if (q.quantized == 0)
     s = "no Linear quantized (" + config.qtype + " leaves weights in their dtype, as in AI Toolkit)";
   if (q.adapter.empty()) return s;
-  const double mib = static_cast<double>(q.adapter_bytes) / (1024.0 * 1024.0);
-  char bytes[32];
-  std::snprintf(bytes, sizeof bytes, "%.1f MiB", mib);
   s += "; accuracy-recovery adapter on " + std::to_string(q.adapters) + " of them, rank " +
-       std::to_string(q.adapter_rank) + ", " + bytes + " (" +
+       std::to_string(q.adapter_rank) + ", " + config::format_bytes(q.adapter_bytes) + " (" +
        (q.adapter_from_file ? "loaded from " + q.adapter
                             : "'" + q.adapter + "' is not a local file (gclab fetches nothing): built at rank " +
                                   std::to_string(kRecoveryAdapterRank) +
