@@ -311,7 +311,6 @@ quant::ScaledWeight LinearImpl::scaled() const {
 }
 
 torch::Tensor LinearImpl::effective_weight(torch::ScalarType dtype) const {
-  if (is_quantized(storage_) && weight.is_meta()) return torch::empty({out_, in_}, weight.options().dtype(dtype));
   const torch::Tensor w = FrozenAccess::of(*this).stored.dequantize();
   return w.scalar_type() == dtype ? w : w.to(dtype);
 }

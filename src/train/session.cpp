@@ -221,6 +221,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     for (size_t i = 0; i < prompts->slots(); ++i) {
       const Offloaded o = offload_within_host_cap(
           prompts->encoder(i), config_.model.layer_offloading_text_encoder_percent,
+          "model.layer_offloading_text_encoder_percent",
           static_cast<uint64_t>(config_.training_seed.value_or(42)) + 1 + i, model::text_encoder_folder(i));
       log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of " + model::text_encoder_folder(i) +
                 "'s " + std::to_string(o.linears) + " Linears in host memory (" + config::format_bytes(o.host_bytes) +
@@ -272,9 +273,9 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
               " preset with random weights");
   }
   if (config_.model.layer_offloading && config_.model.layer_offloading_transformer_percent > 0) {
-    const Offloaded o =
-        offload_within_host_cap(*model_, config_.model.layer_offloading_transformer_percent,
-                                static_cast<uint64_t>(config_.training_seed.value_or(42)), "the transformer");
+    const Offloaded o = offload_within_host_cap(
+        *model_, config_.model.layer_offloading_transformer_percent, "model.layer_offloading_transformer_percent",
+        static_cast<uint64_t>(config_.training_seed.value_or(42)), "the transformer");
     log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of the transformer's " +
               std::to_string(o.linears) + " Linears keep their weights in host memory (" +
               config::format_bytes(o.host_bytes) + "), brought to the device for each call");
@@ -332,15 +333,14 @@ int64_t Session::resident_host_weights() {
   return bytes;
 }
 
-Offloaded Session::offload_within_host_cap(torch::nn::Module& component, double share, uint64_t seed,
-                                           const std::string& what) {
+Offloaded Session::offload_within_host_cap(torch::nn::Module& component, double share, const std::string& share_key,
+                                           uint64_t seed, const std::string& what) {
   const int64_t cap = config_.host_cap.bytes;
   auto refuse = [&](int64_t held) {
     return UserError("host memory: offloading " + what + "'s Linears does not fit host_cap " +
                      config::format_bytes(cap) + " (" + config::format_bytes(held) +
-                     " of offloaded weights were in host memory when it ran out) — lower model.layer_offloading_" +
-                     (what == "the transformer" ? "transformer" : "text_encoder") +
-                     "_percent, quantize the weights (model.qtype / qtype_te), or raise the cap");
+                     " of offloaded weights were in host memory when it ran out) — lower " + share_key +
+                     ", quantize the weights (model.qtype / qtype_te), or raise the cap");
   };
   try {
     const Offloaded o = offload_layers(component, share, seed, device_);

@@ -167,7 +167,9 @@ class Session {
 
  private:
   // offload_layers under the run's host_cap: a UserError naming the share to lower when it would not fit.
-  Offloaded offload_within_host_cap(torch::nn::Module& component, double share, uint64_t seed, const std::string& what);
+  // `share_key` names the config key of `share` (the advice), `what` the component.
+  Offloaded offload_within_host_cap(torch::nn::Module& component, double share, const std::string& share_key,
+                                    uint64_t seed, const std::string& what);
   int64_t resident_host_weights();  // the offloaded weights so far (the model's, the text encoders')
   model::ModelInputs conditioning(const std::vector<std::string>& captions);
   std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir);
