@@ -10,6 +10,7 @@
 #include <exception>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -237,7 +238,9 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
 // gclab forward --component text_encoder|text_encoder_2|text_encoder_3: the family's text encoder in that
 // slot (model::text_encoders), its config.json and weights from --weights or name_or_path's folder of that
 // name, else random at the real shape (tiny presets: the CPU-test size); `input_ids` [B, T] (and optionally
-// `attention_mask`) -> what the pipeline takes from it: `hidden_states`, `pooled` where it has one.
+// `attention_mask`) -> what the pipeline takes from it: `hidden_states`, `pooled` where it has one. Qwen2.5-VL
+// also reads images: `pixel_values` + `image_grid_thw` as Qwen2VLImageProcessor gives them, or an `image`
+// [3, H, W] in [0, 1] that gclab's processor prepares (its `pixel_values` / `image_grid_thw` written out).
 int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
   const auto kinds = gclab::model::text_encoders(spec.family);
@@ -276,13 +279,30 @@ int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardAr
       if (mask.sizes() != ids.sizes())
         throw gclab::UserError(f.inputs + ": 'attention_mask' must have input_ids' shape " + c10::str(ids.sizes()));
     }
+    // Images (Qwen2.5-VL): the processor's `pixel_values` + `image_grid_thw`, or an `image` [3, H, W] in
+    // [0, 1] that gclab's processor prepares (its pixel_values and grid are written out too).
+    std::optional<gclab::text::QwenVisionInput> images;
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    if (file.contains("pixel_values") || file.contains("image")) {
+      if (!encoder.takes_images())
+        throw gclab::UserError(f.inputs + ": " + std::string(gclab::config::name_of(encoder.kind())) +
+                               " does not read images");
+      if (file.contains("image")) {
+        images = gclab::text::qwen_vl_image_input(file.tensor("image"), *encoder.vision_config());
+        tensors.emplace_back("pixel_values", images->pixel_values);
+        tensors.emplace_back("image_grid_thw", images->grid_thw);
+      } else {
+        if (!file.contains("image_grid_thw")) throw gclab::UserError(f.inputs + ": pixel_values needs image_grid_thw");
+        images = gclab::text::QwenVisionInput{file.tensor("pixel_values"), file.tensor("image_grid_thw")};
+      }
+      images->pixel_values = images->pixel_values.to(device, dtype);
+    }
     gclab::text::EncodedText out;
     {
       torch::NoGradGuard no_grad;
-      out = encoder.encode(ids, mask);
+      out = images ? encoder.encode_with_images(ids, mask, *images) : encoder.encode(ids, mask);
     }
-    std::vector<std::pair<std::string, torch::Tensor>> tensors;
-    if (out.hidden_states.defined()) tensors.emplace_back("hidden_states", out.hidden_states.contiguous());
+    if (out.hidden_states.defined()) tensors.insert(tensors.begin(), {"hidden_states", out.hidden_states.contiguous()});
     if (out.pooled.defined()) tensors.emplace_back("pooled", out.pooled.contiguous());
     gclab::io::save_safetensors(f.out, tensors);
     for (const auto& [key, t] : tensors) std::cout << key << " " << t.sizes() << " -> " << f.out << "\n";

@@ -510,6 +510,11 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
   return (x.to(torch::kFloat) * cos + rotated.to(torch::kFloat) * sin).to(x.scalar_type());
 }
 
+torch::Tensor apply_rope_half(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  return x * cos + torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1) * sin;
+}
+
 torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {
   return x.unflatten(-1, {heads, x.size(-1) / heads}).transpose(1, 2);
 }

@@ -1,5 +1,6 @@
 #include "gclab/text/encoder.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "gclab/io/safetensors.h"
@@ -62,17 +63,36 @@ class QwenEncoder : public TextEncoderBase {
  public:
   QwenEncoder(Kind kind, const QwenLmConfig& c, const torch::TensorOptions& options)
       : kind_(kind), model_(register_module("model", QwenLm(c, options))) {
-    // Held as the checkpoint's model holds them (memory); the text path does not run them.
+    // Held as the checkpoint's model holds them: the vision tower runs for the edit models' control images;
+    // the LM head never runs (memory only).
     if (c.vision) {
       QwenVisionConfig v = *c.vision;
       v.out_hidden_size = c.hidden_size;
-      register_module("visual", QwenVisionTower(v, options));
+      visual_ = register_module("visual", QwenVisionTower(v, options));
     }
     if (c.lm_head) register_module("lm_head", nn::Linear(c.hidden_size, c.vocab_size, false, options));
   }
   EncodedText encode(const torch::Tensor& ids, const torch::Tensor& mask) override {
-    QwenLmOutput o = model_->forward(ids, mask);
-    return {kind_ == Kind::qwen3 ? o.penultimate : o.last_hidden_state, {}};
+    return {pick(model_->forward(ids, mask)), {}};
+  }
+  bool takes_images() const override { return !visual_.is_empty(); }
+  int64_t image_token_id() const override { return takes_images() ? model_->config().image_token_id : -1; }
+  const QwenVisionConfig* vision_config() const override { return takes_images() ? &visual_->config() : nullptr; }
+  // Qwen2_5_VLModel.forward with pixel_values: the tower's tokens scattered into the embeddings where the
+  // image tokens are, and get_rope_index's positions.
+  EncodedText encode_with_images(const torch::Tensor& ids, const torch::Tensor& mask,
+                                 const QwenVisionInput& images) override {
+    if (!takes_images()) return TextEncoderBase::encode_with_images(ids, mask, images);
+    torch::Tensor embeds = model_->embed(ids);
+    const torch::Tensor slots = (ids == model_->config().image_token_id).unsqueeze(-1);
+    const torch::Tensor tokens = visual_->forward(images).to(embeds.scalar_type());
+    if (slots.sum().item<int64_t>() != tokens.size(0))
+      throw std::invalid_argument("the images give " + std::to_string(tokens.size(0)) + " tokens but input_ids has " +
+                                  std::to_string(slots.sum().item<int64_t>()) + " image tokens");
+    embeds = embeds.masked_scatter(slots, tokens);
+    const torch::Tensor positions = qwen_mrope_positions(ids, mask, model_->config().image_token_id, images.grid_thw,
+                                                         visual_->config().spatial_merge_size);
+    return {pick(model_->forward_embeds(embeds, positions, mask)), {}};
   }
   Kind kind() const override { return kind_; }
   // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image: max_sequence_length 512.
@@ -81,13 +101,20 @@ class QwenEncoder : public TextEncoderBase {
   int64_t hidden_width() const override { return model_->config().hidden_size; }
   int64_t pooled_width() const override { return 0; }
   QwenLmImpl& model() { return *model_; }
+  QwenVisionTower& tower() { return visual_; }
 
  private:
+  torch::Tensor pick(const QwenLmOutput& o) const { return kind_ == Kind::qwen3 ? o.penultimate : o.last_hidden_state; }
   Kind kind_;
   QwenLm model_;
+  QwenVisionTower visual_{nullptr};
 };
 
 }  // namespace
+
+EncodedText TextEncoderBase::encode_with_images(const torch::Tensor&, const torch::Tensor&, const QwenVisionInput&) {
+  throw std::invalid_argument(std::string(config::name_of(kind())) + " does not read images");
+}
 
 TinyWidths preset_widths(Kind kind) {
   switch (kind) {
@@ -154,7 +181,17 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
       if ((kind == Kind::qwen3) != c.qk_norm)
         throw std::runtime_error(folder.string() + ": not the " + std::string(config::name_of(kind)) + " model");
       auto e = std::make_shared<QwenEncoder>(kind, c, options);
-      if (!out.random) out.unused = load_qwen_lm_weights(e->model(), folder);
+      if (!out.random) {
+        out.unused = load_qwen_lm_weights(e->model(), folder);
+        if (e->takes_images()) {  // the tower from the same files: unused = what neither takes
+          const std::vector<std::string> tower = load_qwen_vision_weights(*e->tower(), folder);
+          out.unused.erase(std::remove_if(out.unused.begin(), out.unused.end(),
+                                          [&](const std::string& n) {
+                                            return std::find(tower.begin(), tower.end(), n) == tower.end();
+                                          }),
+                           out.unused.end());
+        }
+      }
       out.encoder = e;
       break;
     }

@@ -13,7 +13,7 @@ QwenLmConfig QwenLmConfig::qwen25_vl_7b() {
   QwenLmConfig c;
   c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944, c.num_hidden_layers = 28;
   c.num_attention_heads = 28, c.num_key_value_heads = 4, c.head_dim = 128;
-  c.qk_norm = false, c.attention_bias = true, c.prefix = "model.";
+  c.qk_norm = false, c.attention_bias = true, c.prefix = "model.", c.mrope_section = {16, 24, 24};
   c.vision = QwenVisionConfig::qwen25_vl_7b(), c.lm_head = true;
   return c;
 }
@@ -23,6 +23,7 @@ QwenLmConfig QwenLmConfig::tiny(const QwenLmConfig& like) {
   c.vocab_size = 1000, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
   if (c.vision) c.vision = QwenVisionConfig::tiny(c.hidden_size);
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
+  if (!c.mrope_section.empty()) c.mrope_section = {2, 3, 3}, c.image_token_id = c.vocab_size - 2;
   return c;
 }
 
@@ -51,6 +52,13 @@ QwenLmConfig QwenLmConfig::from_json_file(const std::filesystem::path& path) {
       c.rope_theta = j["rope_parameters"].value("rope_theta", c.rope_theta);
     else
       c.rope_theta = j.value("rope_theta", c.rope_theta);
+    // The rotary sections: rope_parameters (transformers 5) or rope_scaling (the published files), in
+    // text_config or at the top level.
+    for (const nlohmann::json* o : {&j, &root})
+      for (const char* key : {"rope_parameters", "rope_scaling"})
+        if (o->contains(key) && (*o)[key].is_object() && (*o)[key].contains("mrope_section"))
+          c.mrope_section = (*o)[key]["mrope_section"].get<std::vector<int64_t>>();
+    c.image_token_id = root.value("image_token_id", j.value("image_token_id", c.image_token_id));
     if (type == "qwen3") c.attention_bias = j.value("attention_bias", false);
     if (type == "qwen2_5_vl") {
       c.lm_head = !root.value("tie_word_embeddings", j.value("tie_word_embeddings", false));
@@ -66,9 +74,21 @@ QwenLmConfig QwenLmConfig::from_json_file(const std::filesystem::path& path) {
         o.patch_size = v.value("patch_size", o.patch_size);
         o.temporal_patch_size = v.value("temporal_patch_size", o.temporal_patch_size);
         o.spatial_merge_size = v.value("spatial_merge_size", o.spatial_merge_size);
+        o.window_size = v.value("window_size", o.window_size);
+        if (v.contains("fullatt_block_indexes"))
+          o.fullatt_block_indexes = v["fullatt_block_indexes"].get<std::vector<int64_t>>();
+        if (v.contains("rope_parameters") && v["rope_parameters"].is_object())
+          o.rope_theta = v["rope_parameters"].value("rope_theta", o.rope_theta);
+        if (v.value("hidden_act", std::string("silu")) != "silu")
+          throw std::runtime_error("vision_config.hidden_act is not silu");
       }
     }
     if (j.value("hidden_act", std::string("silu")) != "silu") throw std::runtime_error("hidden_act is not silu");
+    int64_t sections = 0;
+    for (int64_t n : c.mrope_section) sections += n;
+    if (!c.mrope_section.empty() && (c.mrope_section.size() != 3 || sections * 2 != c.head_dim))
+      throw std::runtime_error("mrope_section must be three numbers summing to head_dim / 2 = " +
+                               std::to_string(c.head_dim / 2));
     return c;
   });
 }
@@ -80,13 +100,6 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   const torch::Tensor f = x.to(torch::kFloat);
   const torch::Tensor y = f * torch::rsqrt(f.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * y.to(x.scalar_type());
-}
-
-// rotate_half rotary embedding: x cos + rotate_half(x) sin.
-torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const torch::Tensor rotated = torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
 }
 
 }  // namespace
@@ -128,20 +141,43 @@ QwenLmImpl::QwenLmImpl(QwenLmConfig config, const torch::TensorOptions& options)
   norm_ = weight("norm", d);
 }
 
+torch::Tensor QwenLmImpl::embed(const torch::Tensor& input_ids) const { return torch::embedding(embed_, input_ids); }
+
 QwenLmOutput QwenLmImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
-  const auto& c = config_;
-  const int64_t batch = input_ids.size(0), length = input_ids.size(1), hd = c.head_dim;
-  torch::Tensor h = torch::embedding(embed_, input_ids);
-  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(h.device());
   // Positions 0..T-1 (Qwen2.5-VL's three rotary sections coincide for text: transformers' text-only forward
-  // takes the same arange for each).
-  const torch::Tensor positions = torch::arange(length, long_opts).unsqueeze(0).expand({batch, length});
+  // takes the same arange for each); the pipelines pad on the right.
+  const int64_t batch = input_ids.size(0), length = input_ids.size(1);
+  const torch::Tensor positions =
+      torch::arange(length, input_ids.options().dtype(torch::kLong)).unsqueeze(0).expand({batch, length});
+  return forward_embeds(embed(input_ids), positions, attention_mask);
+}
+
+QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, const torch::Tensor& positions,
+                                        const torch::Tensor& attention_mask) {
+  const auto& c = config_;
+  torch::Tensor h = inputs_embeds;
+  const int64_t batch = h.size(0), length = h.size(1), hd = c.head_dim;
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(h.device());
   torch::Tensor mask_bool;
   if (attention_mask.defined()) mask_bool = attention_mask.to(h.device()) != 0;
   const torch::Tensor inv_freq =
       1.0 / torch::pow(c.rope_theta, torch::arange(0, hd, 2, long_opts.dtype(torch::kFloat)) / static_cast<double>(hd));
-  const torch::Tensor freqs = positions.unsqueeze(-1).to(torch::kFloat) * inv_freq;  // [B, T, hd/2]
-  const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);             // [B, 1, T, hd]
+  torch::Tensor freqs;  // [B, T, hd/2]
+  if (positions.dim() == 3) {
+    // Qwen2_5_VLRotaryEmbedding: section i of the frequencies follows position axis i % 3.
+    const torch::Tensor all = positions.to(h.device(), torch::kFloat).unsqueeze(-1) * inv_freq;  // [3, B, T, hd/2]
+    std::vector<torch::Tensor> parts;
+    int64_t start = 0;
+    const std::vector<int64_t> sections = c.mrope_section.empty() ? std::vector<int64_t>{hd / 2} : c.mrope_section;
+    for (size_t i = 0; i < sections.size(); ++i) {
+      parts.push_back(all[static_cast<int64_t>(i % 3)].slice(-1, start, start + sections[i]));
+      start += sections[i];
+    }
+    freqs = torch::cat(parts, -1);
+  } else {
+    freqs = positions.to(h.device(), torch::kFloat).unsqueeze(-1) * inv_freq;
+  }
+  const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);  // [B, 1, T, hd]
   const torch::Tensor cos = emb.cos().to(h.scalar_type()), sin = emb.sin().to(h.scalar_type());
   // Causal, and padded keys hidden.
   torch::Tensor hidden =
@@ -157,8 +193,8 @@ QwenLmOutput QwenLmImpl::forward(const torch::Tensor& input_ids, const torch::Te
     torch::Tensor q = l.q->forward(n).view({batch, length, -1, hd});
     torch::Tensor k = l.k->forward(n).view({batch, length, -1, hd});
     if (c.qk_norm) q = rms_norm(q, l.q_norm, c.rms_norm_eps), k = rms_norm(k, l.k_norm, c.rms_norm_eps);
-    q = rotate(q.transpose(1, 2), cos, sin);
-    k = rotate(k.transpose(1, 2), cos, sin).repeat_interleave(groups, 1);
+    q = nn::apply_rope_half(q.transpose(1, 2), cos, sin);
+    k = nn::apply_rope_half(k.transpose(1, 2), cos, sin).repeat_interleave(groups, 1);
     const torch::Tensor v = l.v->forward(n).view({batch, length, -1, hd}).transpose(1, 2).repeat_interleave(groups, 1);
     torch::Tensor a =
         at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 1.0 / std::sqrt(static_cast<double>(hd)));
@@ -170,6 +206,55 @@ QwenLmOutput QwenLmImpl::forward(const torch::Tensor& input_ids, const torch::Te
   if (layers_.size() < 2) out.penultimate = h;
   out.last_hidden_state = rms_norm(h, norm_, c.rms_norm_eps);
   return out;
+}
+
+torch::Tensor qwen_mrope_positions(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                   int64_t image_token_id, const torch::Tensor& grid_thw, int64_t spatial_merge_size) {
+  const torch::Tensor ids = input_ids.to(torch::kCPU, torch::kLong).contiguous();
+  const torch::Tensor keep =
+      attention_mask.defined() ? attention_mask.to(torch::kCPU) != 0 : torch::ones(ids.sizes(), torch::kBool);
+  const torch::Tensor grid =
+      grid_thw.defined() ? grid_thw.to(torch::kCPU, torch::kLong).contiguous() : torch::zeros({0, 3}, torch::kLong);
+  const int64_t batch = ids.size(0), length = ids.size(1), m = spatial_merge_size;
+  torch::Tensor out = torch::zeros({3, batch, length}, torch::kLong);
+  auto acc = out.accessor<int64_t, 3>();
+  int64_t image = 0;  // the images are consumed in order, across the batch (as get_rope_index's iterator)
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t pos = 0, t = 0;
+    std::vector<int64_t> kept;
+    for (int64_t i = 0; i < length; ++i)
+      if (keep[b][i].item<bool>()) kept.push_back(i);
+    while (t < static_cast<int64_t>(kept.size())) {
+      if (ids[b][kept[t]].item<int64_t>() != image_token_id) {
+        for (int a = 0; a < 3; ++a) acc[a][b][kept[t]] = pos;
+        ++pos, ++t;
+        continue;
+      }
+      if (image >= grid.size(0))
+        throw std::invalid_argument("more runs of image tokens than images (" + std::to_string(grid.size(0)) + ")");
+      const int64_t gt = grid[image][0].item<int64_t>(), gh = grid[image][1].item<int64_t>() / m,
+                    gw = grid[image][2].item<int64_t>() / m;
+      ++image;
+      int64_t run = 0;
+      while (t + run < static_cast<int64_t>(kept.size()) && ids[b][kept[t + run]].item<int64_t>() == image_token_id)
+        ++run;
+      if (run != gt * gh * gw)
+        throw std::invalid_argument("an image of " + std::to_string(gt * gh * gw) + " tokens has a run of " +
+                                    std::to_string(run) + " image tokens in the text");
+      for (int64_t f = 0; f < gt; ++f)
+        for (int64_t r = 0; r < gh; ++r)
+          for (int64_t col = 0; col < gw; ++col, ++t) {
+            acc[0][b][kept[t]] = pos + f;
+            acc[1][b][kept[t]] = pos + r;
+            acc[2][b][kept[t]] = pos + col;
+          }
+      pos += std::max(gh, gw);
+    }
+  }
+  if (image != grid.size(0))
+    throw std::invalid_argument(std::to_string(grid.size(0)) + " images but " + std::to_string(image) +
+                                " runs of image tokens in the text");
+  return out.to(input_ids.device());
 }
 
 std::vector<std::string> load_qwen_lm_weights(QwenLmImpl& model, const std::filesystem::path& path) {

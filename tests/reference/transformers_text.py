@@ -7,7 +7,8 @@ Tiny random CLIPTextModel (FLUX.1's text_encoder: quick_gelu, its pooled output)
 (SD3.5's text_encoder / text_encoder_2: the penultimate hidden states and the projected pooled output),
 T5EncoderModel (text_encoder_2 / text_encoder_3: gated-gelu, relative position buckets), Qwen3Model
 (Z-Image: hidden_states[-2]) and Qwen2_5_VLForConditionalGeneration (Qwen-Image: the last hidden states,
-text only; its vision tower and LM head in the file are not used), saved by
+text only, and with images through its vision tower as the edit pipelines call it; the LM head in the file
+is not used), saved by
 transformers' save_pretrained, must load unchanged and give transformers' outputs to float32 rounding, with
 and without an attention mask; a CLIPTextModel file with the `text_model.` prefix (as the published
 checkpoints store it) loads too. Full-size parameter counts (T5-XXL's encoder, CLIP-L, bigG with its
@@ -22,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 TOL = 1e-5  # relative to the output's largest magnitude
+IMAGE_TOKEN = 998  # the tiny Qwen2.5-VL's <|image_pad|>
 
 
 def config_yaml(work, arch):
@@ -42,6 +44,78 @@ def perturb(model):
     with torch.no_grad():  # every parameter perturbed: a one or a zero hides a wrong name or layout
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+
+
+def check_qwen_images(exe, work, model):
+    """Qwen2.5-VL with images, as the edit pipelines call it: each image's <|image_pad|> run in the ids, the
+    processor's pixel_values and image_grid_thw, multimodal rotary positions (mm_token_type_ids marks the
+    image tokens, as the processor does). Then gclab's own processor on an `image` input: pixel_values equal
+    the processor's where no resize is needed, and close to them (uint8 rounding) where one is."""
+    from transformers import Qwen2VLImageProcessor
+    proc = Qwen2VLImageProcessor()
+    yaml = config_yaml(work, "tiny-qwen-image-edit")
+    folder = os.path.join(work, "qwen25_vl")
+    torch.manual_seed(1)
+    pictures = [torch.randint(0, 256, (3, 84, 140), dtype=torch.uint8),  # 6x10 patches: 3x5 merged, padded windows
+                torch.randint(0, 256, (3, 56, 56), dtype=torch.uint8)]
+    pv = proc(images=pictures, return_tensors="pt")
+    grid = pv["image_grid_thw"]
+    counts = (grid.prod(-1) // 4).tolist()
+    rows = []
+    for i, n in enumerate(counts):
+        rows.append(torch.cat([torch.randint(0, 990, (5 + i,)), torch.full((n,), IMAGE_TOKEN),
+                               torch.randint(0, 990, (7,))]))
+    length = max(len(r) for r in rows) + 2
+    ids = torch.zeros(2, length, dtype=torch.long)
+    mask = torch.zeros(2, length, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+        mask[i, :len(r)] = 1
+    worst = 0.0
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask, pixel_values=pv["pixel_values"], image_grid_thw=grid,
+                     mm_token_type_ids=(ids == IMAGE_TOKEN).int(), output_hidden_states=True).hidden_states[-1]
+    inputs = os.path.join(work, "in_qwen_images.safetensors")
+    save_file({"input_ids": ids, "attention_mask": mask, "pixel_values": pv["pixel_values"].contiguous(),
+               "image_grid_thw": grid.contiguous()}, inputs)
+    out = os.path.join(work, "out_qwen_images.safetensors")
+    run(exe, yaml, "text_encoder", folder, inputs, out)
+    got = load_file(out)["hidden_states"]
+    keep = mask.bool()
+    err = ((got[keep] - want[keep]).abs().max() / want[keep].abs().max()).item()
+    print(f"qwen25_vl text_encoder hidden_states with two images: max relative difference {err:.2e}")
+    assert err < TOL, err
+    worst = max(worst, err)
+    # gclab's processor: no resize (84x140 is a multiple of 28), then a resize (100x150 -> 112x140).
+    for picture, tol in ((pictures[0], 1e-5), (torch.randint(0, 256, (3, 100, 150), dtype=torch.uint8), 1.01 / 255 / 0.26)):
+        pv = proc(images=[picture], return_tensors="pt")
+        n = int(pv["image_grid_thw"].prod() // 4)
+        one = torch.cat([torch.randint(0, 990, (4,)), torch.full((n,), IMAGE_TOKEN), torch.randint(0, 990, (3,))])[None]
+        inputs = os.path.join(work, "in_qwen_image.safetensors")
+        save_file({"input_ids": one, "image": picture.float() / 255}, inputs)
+        run(exe, yaml, "text_encoder", folder, inputs, out)
+        got = load_file(out)
+        assert torch.equal(got["image_grid_thw"], pv["image_grid_thw"]), (got["image_grid_thw"], pv["image_grid_thw"])
+        diff = (got["pixel_values"] - pv["pixel_values"]).abs().max().item()
+        print(f"gclab's Qwen2VL processor, {tuple(picture.shape[1:])} -> grid {pv['image_grid_thw'].tolist()[0]}: "
+              f"pixel_values max difference {diff:.2e}")
+        assert diff < tol, diff
+        if tol < 1e-4:
+            with torch.no_grad():
+                want = model(input_ids=one, pixel_values=pv["pixel_values"], image_grid_thw=pv["image_grid_thw"],
+                             mm_token_type_ids=(one == IMAGE_TOKEN).int(), output_hidden_states=True).hidden_states[-1]
+            err = ((got["hidden_states"] - want).abs().max() / want.abs().max()).item()
+            print(f"qwen25_vl from an image input: max relative difference {err:.2e}")
+            assert err < TOL, err
+            worst = max(worst, err)
+    # A grid that does not match the pixel values, or image tokens that do not match the images: exit 2.
+    bad = os.path.join(work, "bad_images.safetensors")
+    save_file({"input_ids": one, "image": torch.rand(3, 56, 56)}, bad)
+    r = subprocess.run([exe, "forward", yaml, "--component", "text_encoder", "--weights", folder, "--inputs", bad,
+                        "--out", out], capture_output=True, text=True)
+    assert r.returncode == 2, f"image tokens that do not match: exit {r.returncode}: {r.stderr}"
+    print(f"image tokens that do not match the image: exit 2 ({r.stderr.strip().splitlines()[-1]})")
+    return worst
 
 
 def main():
@@ -81,9 +155,12 @@ def main():
                   lambda o: {"hidden_states": o.hidden_states[-2]}))
     qwen_kw.pop("head_dim")  # 8 = 32 / 4; the multimodal rotary sections must cover its 4 frequencies
     qwen_kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]}
+    # The vision tower: a windowed block then a full-attention one, 56-pixel windows (2x2 merge units) so
+    # that the test's grids need padded windows.
     qwen25 = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
-        text_config=qwen_kw, vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
-                                                out_hidden_size=32))).eval()
+        text_config=qwen_kw, vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2,
+                                                out_hidden_size=32, window_size=56, fullatt_block_indexes=[1]),
+        image_token_id=IMAGE_TOKEN)).eval()
     cases.append(("qwen25_vl", qwen25, config_yaml(work, "tiny-qwen-image"), "text_encoder",
                   lambda o: {"hidden_states": o.hidden_states[-1]}))
     for name, model, yaml, component, outputs in cases:
@@ -107,6 +184,7 @@ def main():
                 worst = max(worst, err)
                 print(f"{name} {component} {key}{' masked' if masked else ''}: max relative difference {err:.2e}")
                 assert err < TOL, f"{name} {key}: {err:.2e} >= {TOL}"
+    worst = max(worst, check_qwen_images(exe, work, qwen25))
     # The published CLIP-L files keep the `text_model.` prefix transformers 5 drops when it saves.
     prefixed = os.path.join(work, "clip_l_prefixed")
     os.makedirs(prefixed, exist_ok=True)

@@ -3,12 +3,15 @@
 // the tied / prefixed spellings. Their numerics against transformers are ctest interop.transformers_text.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include "../support/test_util.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/model/family.h"
 #include "gclab/model/spec.h"
 #include "gclab/text/clip.h"
 #include "gclab/text/encoder.h"
+#include "gclab/text/qwen_vision.h"
 #include "gclab/text/t5.h"
 
 namespace gclab::text {
@@ -145,6 +148,69 @@ TEST(TextEncoders, WeightsLoadByTransformersNames) {
     EXPECT_NE(std::string(e.what()).find("has shape"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
+}
+
+// transformers' smart_resize (image_processing_pil_qwen2_vl.py) at Qwen2.5-VL-7B-Instruct's limits
+// (min_pixels 3136, max_pixels 12845056) gives these sizes; 1022 = 36.5 x 28 rounds half to even.
+TEST(QwenVision, SmartResizeMatchesTheImageProcessor) {
+  const std::vector<std::array<int64_t, 4>> cases = {
+      {1024, 1024, 1036, 1036}, {384, 384, 392, 392},   {1022, 700, 1008, 700}, {30, 40, 56, 84},
+      {5000, 4000, 4004, 3192}, {768, 1360, 756, 1372}, {10, 1900, 28, 784}};
+  for (const auto& [h, w, rh, rw] : cases)
+    EXPECT_EQ(qwen_vl_smart_resize(h, w, 28, 3136, 12845056), std::make_pair(rh, rw)) << h << "x" << w;
+  EXPECT_THROW(qwen_vl_smart_resize(10, 2100), std::invalid_argument);
+}
+
+// The processor's patch order: merge block by merge block, the block's patches row-major, each patch's
+// pixels channel-major and repeated over the temporal patch.
+TEST(QwenVision, PatchesFollowTheProcessorsOrder) {
+  const QwenVisionConfig c = QwenVisionConfig::tiny(64);
+  const torch::Tensor image = torch::rand({3, 56, 84});
+  const QwenVisionInput in = qwen_vl_image_input(image, c);
+  EXPECT_TRUE(torch::equal(in.grid_thw, torch::tensor(std::vector<int64_t>{1, 4, 6}).view({1, 3})));
+  ASSERT_EQ(in.pixel_values.sizes(), (std::vector<int64_t>{24, 3 * 2 * 14 * 14}));
+  EXPECT_EQ(in.tokens_per_image(2), std::vector<int64_t>{6});
+  const torch::Tensor mean = torch::tensor({0.48145466, 0.4578275, 0.40821073}).view({3, 1, 1});
+  const torch::Tensor std = torch::tensor({0.26862954, 0.26130258, 0.27577711}).view({3, 1, 1});
+  const torch::Tensor normed = (image - mean) / std;
+  auto patch = [&](int64_t row, int64_t col) {  // [3, 2, 14, 14] flattened, channel-major
+    const torch::Tensor p = normed.slice(1, row * 14, row * 14 + 14).slice(2, col * 14, col * 14 + 14);
+    return p.unsqueeze(1).expand({3, 2, 14, 14}).reshape(-1);
+  };
+  // Rows 0..3: block (0, 0) = patches (0,0) (0,1) (1,0) (1,1); row 4: block (0, 1)'s first = patch (0, 2).
+  const std::vector<std::pair<int64_t, int64_t>> order = {{0, 0}, {0, 1}, {1, 0}, {1, 1}, {0, 2}, {0, 3}};
+  for (size_t i = 0; i < order.size(); ++i)
+    EXPECT_TRUE(
+        torch::allclose(in.pixel_values[static_cast<int64_t>(i)], patch(order[i].first, order[i].second), 1e-6, 1e-6))
+        << i;
+  EXPECT_THROW(qwen_vl_image_input(torch::rand({4, 56, 56}), c), std::invalid_argument);
+}
+
+// Qwen2.5-VL reads an image where its tokens are: the language model is causal, so the rows before the
+// image tokens do not depend on the image and the rows from them on do; a run of image tokens that does
+// not match the image is refused. (Its numerics against transformers: ctest interop.transformers_text.)
+TEST(QwenVision, TheImageConditionsTheRowsFromItsTokensOn) {
+  torch::manual_seed(0);
+  torch::NoGradGuard no_grad;
+  auto e = build_text_encoder(Kind::qwen25_vl, true).encoder;
+  ASSERT_TRUE(e->takes_images());
+  ASSERT_NE(e->vision_config(), nullptr);
+  const QwenVisionInput a = qwen_vl_image_input(torch::rand({3, 56, 56}), *e->vision_config());
+  const QwenVisionInput b = qwen_vl_image_input(torch::rand({3, 56, 56}), *e->vision_config());
+  const int64_t n = a.tokens_per_image(2)[0];
+  const torch::Tensor ids =
+      torch::cat({torch::randint(0, 990, {5}), torch::full({n}, e->image_token_id()), torch::randint(0, 990, {3})})
+          .unsqueeze(0);
+  const torch::Tensor ha = e->encode_with_images(ids, {}, a).hidden_states;
+  const torch::Tensor hb = e->encode_with_images(ids, {}, b).hidden_states;
+  ASSERT_EQ(ha.size(1), ids.size(1));
+  EXPECT_TRUE(torch::equal(ha.slice(1, 0, 5), hb.slice(1, 0, 5)));
+  EXPECT_FALSE(torch::allclose(ha.slice(1, 5), hb.slice(1, 5)));
+  const torch::Tensor short_run = ids.slice(1, 0, ids.size(1) - 4);
+  EXPECT_THROW(e->encode_with_images(short_run, {}, a), std::invalid_argument);
+  auto clip = build_text_encoder(Kind::clip_l, true).encoder;
+  EXPECT_FALSE(clip->takes_images());
+  EXPECT_THROW(clip->encode_with_images(ids, {}, a), std::invalid_argument);
 }
 
 }  // namespace

@@ -156,6 +156,9 @@ std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& ids, c
                                                      double theta);
 // Rotates interleaved pairs of x [B, H, S, D]: (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin).
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+// Rotates the halves of x's last axis (transformers' rotate_half: (a, b) -> (-b, a)): x cos + rotate_half(x)
+// sin, in x's dtype with cos and sin broadcast (Qwen's language models and vision tower).
+torch::Tensor apply_rope_half(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 // [B, S, H*D] -> [B, H, S, D] and back.
 torch::Tensor split_heads(const torch::Tensor& x, int64_t heads);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gclab/config/choices.h"
+#include "gclab/text/qwen_vision.h"
 
 namespace gclab::text {
 
@@ -30,6 +31,13 @@ class TextEncoderBase : public torch::nn::Module {
   // The widths of what encode returns: hidden_states' last axis and pooled's (0: not returned).
   virtual int64_t hidden_width() const = 0;
   virtual int64_t pooled_width() const = 0;
+  // Encoders that read images beside the text (Qwen2.5-VL: its vision tower's tokens replace each run of
+  // image_token_id in input_ids, and the positions become multimodal). The others throw.
+  virtual bool takes_images() const { return false; }
+  virtual EncodedText encode_with_images(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                         const QwenVisionInput& images);
+  virtual int64_t image_token_id() const { return -1; }
+  virtual const QwenVisionConfig* vision_config() const { return nullptr; }
 };
 
 // The widths a tiny encoder is built at instead of its preset's (0: the preset's): the hidden width (CLIP,

@@ -26,6 +26,10 @@ struct QwenLmConfig {
   bool qk_norm = true;          // Qwen3: q_norm / k_norm over each head
   bool attention_bias = false;  // Qwen2.5: q/k/v with biases (o_proj without)
   std::string prefix;           // where the checkpoint keeps the layers: "" (Qwen3Model), "model." (Qwen2.5-VL)
+  // Qwen2.5-VL's multimodal rotary positions: how many of the head's frequencies follow the token's
+  // (frame, row, column) position ([16, 24, 24] of 64); empty: one position per token (Qwen3).
+  std::vector<int64_t> mrope_section;
+  int64_t image_token_id = 151655;  // <|image_pad|>: where the vision tower's tokens go
   // What the checkpoint's model holds beside the language model (Qwen2_5_VLForConditionalGeneration: the
   // vision tower and an untied LM head; resident with it, unused by the text path).
   std::optional<QwenVisionConfig> vision;
@@ -54,6 +58,11 @@ class QwenLmImpl : public torch::nn::Module {
   // input_ids [B, T]; attention_mask [B, T] (1 token, 0 padding: padded keys hidden) or undefined; rotary
   // positions 0..T-1 (as transformers' text-only forward; the pipelines pad on the right).
   QwenLmOutput forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  // From the input embeddings [B, T, hidden], with `positions` [3, B, T] (Qwen2.5-VL's frame / row /
+  // column positions, qwen_mrope_positions) or [B, T].
+  QwenLmOutput forward_embeds(const torch::Tensor& inputs_embeds, const torch::Tensor& positions,
+                              const torch::Tensor& attention_mask = {});
+  torch::Tensor embed(const torch::Tensor& input_ids) const;
   const QwenLmConfig& config() const { return config_; }
 
  private:
@@ -63,6 +72,14 @@ class QwenLmImpl : public torch::nn::Module {
   torch::Tensor embed_, norm_;
 };
 TORCH_MODULE(QwenLm);
+
+// Qwen2_5_VLModel.get_rope_index for images: text tokens count on by one from the previous run's largest
+// position, each run of `image_token_id` tokens (one image, `image_tokens[i]` of them: its merged rows x
+// columns) takes (start, start + row, start + column) and the text after it starts at start + max(rows,
+// columns). Only the masked-in tokens are counted (padding keeps 0). Returns [3, B, T] int64; throws
+// std::invalid_argument when the image-token runs do not match the images.
+torch::Tensor qwen_mrope_positions(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                   int64_t image_token_id, const torch::Tensor& grid_thw, int64_t spatial_merge_size);
 
 // Loads the weights by transformers' names, with or without the `model.` prefix (and Qwen2.5-VL's
 // `model.language_model.` layout); the vision tower and the LM head in the same files are reported unused.
