@@ -14,6 +14,7 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/text/encoder.h"
+#include "gclab/text/qwen_vision.h"
 
 int main() {
   using Kind = gclab::config::TextEncoderKind;
@@ -59,6 +60,47 @@ int main() {
     std::printf("| %s | %s | %lld | %lld | %.1f ms | %s |\n", std::string(gclab::config::name_of(c.kind)).c_str(),
                 c.tiny ? "tiny" : "full", static_cast<long long>(params), static_cast<long long>(length),
                 1000.0 * times[times.size() / 2], gclab::config::format_bytes(peak).c_str());
+    std::fflush(stdout);
+  }
+
+  // The Qwen2.5-VL vision tower on an edit model's control image: the condition image AI Toolkit makes (the
+  // Plus models' 384², Qwen-Image-Edit's 1024² area), the processor's patches, one forward.
+  std::printf("\n### The Qwen2.5-VL vision tower on a control image\n\n");
+  std::printf(
+      "The same measurement for `text::QwenVisionTower` alone (its 7B shape: 676,550,144 parameters; tiny: the\n"
+      "CPU-test tower), a square control image resized to the condition area and through gclab's Qwen2VL\n"
+      "processor; full size at 1024² is one timed run (no warm-up).\n\n");
+  std::printf(
+      "| tower | condition area | patches | tokens | forward time | forward peak |\n|---|---|---:|---:|---:|---:|\n");
+  struct TowerCase {
+    bool tiny;
+    int64_t side;  // the condition image's side (AI Toolkit: 384 for the Plus models, 1024 for Qwen-Image-Edit)
+    int runs;
+  };
+  for (const TowerCase& c :
+       {TowerCase{true, 384, 4}, TowerCase{true, 1024, 4}, TowerCase{false, 384, 4}, TowerCase{false, 1024, 1}}) {
+    torch::manual_seed(0);
+    const auto config =
+        c.tiny ? gclab::text::QwenVisionConfig::tiny(64) : gclab::text::QwenVisionConfig::qwen25_vl_7b();
+    gclab::text::QwenVisionTower tower(config);
+    const auto [h, w] = gclab::text::qwen_edit_condition_size(c.side, c.side, c.side * c.side, false);
+    const gclab::text::QwenVisionInput in = gclab::text::qwen_vl_image_input(torch::rand({3, h, w}), config);
+    std::vector<double> times;
+    int64_t peak = 0, tokens = 0;
+    for (int run = 0; run < c.runs; ++run) {
+      const int64_t before = tracker.stats().live_bytes;
+      tracker.reset_peak();
+      const auto t0 = std::chrono::steady_clock::now();
+      tokens = tower->forward(in).size(0);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (run > 0 || c.runs == 1) times.push_back(s);
+      peak = std::max(peak, tracker.stats().peak_bytes - before);
+    }
+    std::sort(times.begin(), times.end());
+    std::printf("| %s | %lld² | %lld | %lld | %.1f ms | %s |\n", c.tiny ? "tiny" : "full",
+                static_cast<long long>(c.side), static_cast<long long>(in.pixel_values.size(0)),
+                static_cast<long long>(tokens), 1000.0 * times[times.size() / 2],
+                gclab::config::format_bytes(peak).c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -130,7 +130,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
   if (policies.empty()) policies = {ckpt::CheckpointPolicy::parse("off"), ckpt::CheckpointPolicy::parse("full")};
   std::vector<int> batches = options.batches;
   if (batches.empty()) batches = {session.config().train.batch_size};
-  session.precompute_text({session.synthetic_batch(1, 64, 64).captions.front()});
+  session.precompute_text(session.captions_of(session.synthetic_batch(1, 64, 64)));
 
   double peak_flops = 0;
   if (session.device().is_cuda()) {
@@ -181,7 +181,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
 
 std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::CheckpointPolicy>& policies,
                             const std::vector<int>& resolutions, int max_batch) {
-  session.precompute_text({session.synthetic_batch(1, 64, 64).captions.front()});
+  session.precompute_text(session.captions_of(session.synthetic_batch(1, 64, 64)));
   std::vector<FitRow> out;
   for (int resolution : resolutions_for(session, resolutions))
     for (const auto& policy : policies) {

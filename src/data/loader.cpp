@@ -200,6 +200,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
     const auto& item = items_[static_cast<size_t>(s.item)];
     out.captions.push_back(
         data::process_caption(item.caption, datasets_[static_cast<size_t>(item.dataset)], o_.trigger_word, rng));
+    out.image_files.push_back(item.image);
   }
   // Latents when every sample has them; else the images, all of them, for the session to encode.
   const bool all_latents =
@@ -216,6 +217,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
+    for (const auto& s : used) out.control_files.push_back(items_[static_cast<size_t>(s.item)].controls);
     const BucketResolution ref = reference_size(plan.bucket, o_.divisibility);
     const int rw = ref.width, rh = ref.height;
     for (size_t c = 0; c < first.controls.size(); ++c) {

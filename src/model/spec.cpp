@@ -49,13 +49,22 @@ ModelSpec qwen(const std::string& preset, bool edit) {
   s.text_dim = 3584, s.max_text_tokens = 1024;
   s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
   s.edit = edit;
+  if (edit) s.condition_area = 1024 * 1024, s.condition_text_rows = 1369 + 2;
+  return s;
+}
+
+// Qwen-Image-Edit-2509 and -2511 (AI Toolkit's qwen_image_edit_plus: the diffusers Plus pipeline's
+// CONDITION_IMAGE_SIZE, each control image numbered in the template).
+ModelSpec qwen_edit_plus(const std::string& preset) {
+  ModelSpec s = qwen(preset, true);
+  s.condition_area = 384 * 384, s.numbered_conditions = true, s.condition_text_rows = 196 + 2 + 5;
   return s;
 }
 
 // Qwen/Qwen-Image-Edit-2511: 2509's shape; zero_cond_t (transformer/config.json) modulates the reference
 // images' tokens with the embedding of t = 0.
 ModelSpec qwen_edit_2511() {
-  ModelSpec s = qwen("qwen-image-edit-2511", true);
+  ModelSpec s = qwen_edit_plus("qwen-image-edit-2511");
   s.zero_cond_t = true;
   return s;
 }
@@ -119,6 +128,8 @@ ModelSpec tiny(const ModelSpec& full, const std::string& preset) {
   if (s.pooled_dim) s.pooled_dim = 32;
   if (!s.rope_axes.empty()) s.rope_axes = {8, 12, 12};
   if (s.family == Family::zimage) s.adaln_dim = zimage_adaln_dim(s.hidden);
+  // A 112²-area control image: 128² -> the processor's 140² -> 25 tokens (+ 2 markers, + 5 numbered).
+  if (s.edit) s.condition_area = 112 * 112, s.condition_text_rows = 25 + 2 + (s.numbered_conditions ? 5 : 0);
   return s;
 }
 
@@ -128,7 +139,7 @@ const std::map<std::string, ModelSpec>& presets() {
     for (ModelSpec s :
          {flux("flux-dev", 19, true, 512), flux("flux-schnell", 19, false, 256), flux("flex1", 8, true, 512), flex2(),
           qwen_edit_2511(), qwen("qwen-image", false), qwen("qwen-image-edit", true),
-          qwen("qwen-image-edit-2509", true), zimage("zimage"), zimage("zimage-turbo"), sd35_large(), dit_xl2()})
+          qwen_edit_plus("qwen-image-edit-2509"), zimage("zimage"), zimage("zimage-turbo"), sd35_large(), dit_xl2()})
       m[s.preset] = s;
     m["tiny-flux"] = tiny(m["flux-dev"], "tiny-flux");
     m["tiny-qwen-image"] = tiny(m["qwen-image"], "tiny-qwen-image");
@@ -397,8 +408,15 @@ int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width) {
 int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
   const int64_t n = std::max<int64_t>(prompt_tokens, 1);
   if (spec.family == Family::flux || spec.family == Family::sd3) return spec.max_text_tokens;
-  if (spec.family == Family::qwen_image || spec.family == Family::zimage) return std::min(n, spec.max_text_tokens);
+  if (spec.family == Family::qwen_image || spec.family == Family::zimage)
+    return std::min(n, spec.max_text_tokens) + (spec.edit ? spec.condition_text_rows : 0);
   return 0;  // dit: a class label, no text sequence
+}
+
+int64_t sequence_rows(const ModelSpec& spec, int64_t pipeline_rows) {
+  if (spec.family == Family::flux || spec.family == Family::sd3) return spec.max_text_tokens;
+  if (spec.family == Family::dit) return 0;
+  return std::max<int64_t>(pipeline_rows, 1);
 }
 
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "gclab/text/bpe.h"
+#include "gclab/text/qwen_vision.h"
 
 namespace gclab::text {
 
@@ -46,6 +47,18 @@ constexpr int64_t kQwenImageDrop = 34;
 constexpr const char* kQwenImagePrefix =
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
     "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n";
+// QwenImageEditPipeline's / QwenImageEditPlusPipeline's prompt_template_encode up to the user's turn (its
+// prompt_template_encode_start_idx = 64 tokens, dropped); then each control image — "Picture i: " in the
+// Plus template — as <|vision_start|>, its run of <|image_pad|>, <|vision_end|>; then the prompt.
+constexpr int64_t kQwenEditDrop = 64;
+constexpr const char* kQwenEditPrefix =
+    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
+    "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
+    "image that meets the user's requirements while maintaining consistency with the original input where "
+    "appropriate.<|im_end|>\n<|im_start|>user\n";
+constexpr const char* kVisionStart = "<|vision_start|>";
+constexpr const char* kVisionEnd = "<|vision_end|>";
+constexpr const char* kImagePad = "<|image_pad|>";
 // Qwen's chat template for one user turn with add_generation_prompt (Z-Image: enable_thinking=True adds
 // nothing after it).
 constexpr const char* kQwenUserPrefix = "<|im_start|>user\n";
@@ -104,7 +117,10 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
     case Kind::qwen3:
       break;
   }
-  return {0, v, -1, -1, std::max<int64_t>(v - 1, 0)};  // Qwen adds no special tokens; pads with <|endoftext|>
+  // Qwen adds no special tokens and pads with <|endoftext|>; hashed ids stay below the image token (the
+  // tiny vocabulary's 998) so that no word reads as an image.
+  const int64_t end = encoder.takes_images() ? std::min(v, encoder.image_token_id()) : v;
+  return {0, end, -1, -1, std::max<int64_t>(v - 1, 0), true};
 }
 
 PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text_width) {
@@ -173,8 +189,16 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
       break;
     }
     case Composition::qwen_image:
-      slots_[0].call = {kQwenImagePrefix, kQwenAssistantSuffix, o.max_tokens + kQwenImageDrop, false, true,
-                        kQwenImageDrop};
+      if (o.condition_area > 0) {
+        if (!slots_[0].encoder->takes_images())
+          throw std::runtime_error("an edit model's text encoder needs Qwen2.5-VL's vision tower (vision_config)");
+        // The edit pipelines do not cut the prompt (the processor pads, it does not truncate).
+        slots_[0].call = {kQwenEditPrefix,  kQwenAssistantSuffix, 0, false, true, kQwenEditDrop,
+                          o.condition_area, o.numbered_conditions};
+      } else {
+        slots_[0].call = {kQwenImagePrefix, kQwenAssistantSuffix, o.max_tokens + kQwenImageDrop, false, true,
+                          kQwenImageDrop};
+      }
       break;
     case Composition::zimage:
       slots_[0].call = {kQwenUserPrefix, kQwenAssistantSuffix, o.max_tokens, true, true, 0};
@@ -184,8 +208,42 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
   }
 }
 
-TokenizedBatch PromptEncoder::tokenize(size_t slot, const std::string& prompt) const {
+namespace {
+
+// The sizes an edit model's control images take in the vision tower (AI Toolkit's resize to the condition
+// area), each [3, H, W].
+std::pair<int64_t, int64_t> condition_size(const torch::Tensor& image, const PipelineCall& call) {
+  if (image.dim() != 3 || image.size(0) != 3)
+    throw std::invalid_argument("a control image is [3, H, W], got " + c10::str(image.sizes()));
+  return qwen_edit_condition_size(image.size(1), image.size(2), call.condition_area, call.numbered);
+}
+
+}  // namespace
+
+TokenizedBatch PromptEncoder::tokenize(size_t slot, const std::string& prompt,
+                                       const ConditionImages& conditions) const {
   const Slot& s = slots_.at(slot);
+  if (s.call.condition_area > 0) {
+    // The edit templates, piece by piece at the special tokens (where the tokenizer splits them anyway), the
+    // processor's runs of <|image_pad|> at each image's token count.
+    std::vector<int64_t> ids = s.tokenizer->encode(s.call.prefix);
+    auto append = [&](const std::string& text) {
+      const auto more = s.tokenizer->encode(text);
+      ids.insert(ids.end(), more.begin(), more.end());
+    };
+    if (conditions.empty() && !s.call.numbered) append(std::string(kVisionStart) + kImagePad + kVisionEnd);
+    for (size_t i = 0; i < conditions.size(); ++i) {
+      if (s.call.numbered) append("Picture " + std::to_string(i + 1) + ": ");
+      append(kVisionStart);
+      const auto [h, w] = condition_size(conditions[i], s.call);
+      ids.insert(ids.end(), static_cast<size_t>(qwen_vl_image_tokens(h, w, *s.encoder->vision_config())),
+                 s.encoder->image_token_id());
+      append(kVisionEnd);
+    }
+    append(prompt + s.call.suffix);
+    const auto n = static_cast<int64_t>(ids.size());
+    return {torch::tensor(ids, torch::kLong).view({1, n}), torch::ones({1, n}, torch::kLong)};
+  }
   const std::string text = s.call.prefix + prompt + s.call.suffix;
   if (s.call.pad) return s.tokenizer->encode_batch({text}, s.call.max_length);
   const auto ids = s.tokenizer->encode(text, s.call.max_length);
@@ -193,16 +251,15 @@ TokenizedBatch PromptEncoder::tokenize(size_t slot, const std::string& prompt) c
   return {torch::tensor(ids, torch::kLong).view({1, n}), torch::ones({1, n}, torch::kLong)};
 }
 
-int64_t PromptEncoder::rows(const std::string& prompt) const {
+int64_t PromptEncoder::rows(const std::string& prompt, const ConditionImages& conditions) const {
   if (slots_.empty()) return 0;
   if (fixed_rows_ > 0) return fixed_rows_;
   const Slot& s = slots_.back();
-  const auto tokens =
-      static_cast<int64_t>(s.tokenizer->encode(s.call.prefix + prompt + s.call.suffix, s.call.max_length).size());
+  const int64_t tokens = tokenize(slots_.size() - 1, prompt, conditions).attention_mask.sum().item<int64_t>();
   return std::max<int64_t>(tokens - s.call.drop, 0);
 }
 
-PromptEmbedding PromptEncoder::encode(const std::string& prompt) {
+PromptEmbedding PromptEncoder::encode(const std::string& prompt, const ConditionImages& conditions) {
   PromptEmbedding out;
   if (slots_.empty()) return out;
   torch::NoGradGuard no_grad;
@@ -210,9 +267,30 @@ PromptEmbedding PromptEncoder::encode(const std::string& prompt) {
   std::vector<int64_t> valid;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    const TokenizedBatch t = tokenize(i, prompt);
+    const TokenizedBatch t = tokenize(i, prompt, conditions);
     const torch::Device device = s.encoder->parameters().front().device();
-    e.push_back(s.encoder->encode(t.input_ids.to(device), s.call.mask ? t.attention_mask.to(device) : torch::Tensor()));
+    const torch::Tensor ids = t.input_ids.to(device);
+    const torch::Tensor mask = s.call.mask ? t.attention_mask.to(device) : torch::Tensor();
+    if (s.call.condition_area > 0 && !conditions.empty()) {
+      // Each control image resized to its condition size (bilinear, as AI Toolkit's F.interpolate), then the
+      // processor; the images' patches side by side, as the processor batches them.
+      std::vector<torch::Tensor> pixels, grids;
+      for (const torch::Tensor& image : conditions) {
+        const auto [h, w] = condition_size(image, s.call);
+        const torch::Tensor resized =
+            at::upsample_bilinear2d(image.to(torch::kCPU, torch::kFloat).unsqueeze(0), {h, w}, /*align_corners=*/false)
+                .squeeze(0)
+                .clamp(0, 1);
+        const QwenVisionInput in = qwen_vl_image_input(resized, *s.encoder->vision_config());
+        pixels.push_back(in.pixel_values);
+        grids.push_back(in.grid_thw);
+      }
+      const QwenVisionInput all{torch::cat(pixels).to(device, s.encoder->parameters().front().scalar_type()),
+                                torch::cat(grids)};
+      e.push_back(s.encoder->encode_with_images(ids, mask, all));
+    } else {
+      e.push_back(s.encoder->encode(ids, mask));
+    }
     valid.push_back(t.attention_mask.sum().item<int64_t>());
   }
   std::vector<torch::Tensor> pooled;

@@ -46,6 +46,20 @@ std::pair<int64_t, int64_t> qwen_vl_smart_resize(int64_t height, int64_t width, 
   return {hb, wb};
 }
 
+std::pair<int64_t, int64_t> qwen_edit_condition_size(int64_t height, int64_t width, int64_t area, bool plus) {
+  const double ratio = static_cast<double>(height) / static_cast<double>(width);
+  double h = std::sqrt(static_cast<double>(area) * ratio), w = h / ratio;
+  if (plus) std::swap(h, w);  // width = sqrt(area * ratio), height = width / ratio
+  // Python's round() on the 32nds: halves to even.
+  return {static_cast<int64_t>(std::nearbyint(h / 32)) * 32, static_cast<int64_t>(std::nearbyint(w / 32)) * 32};
+}
+
+int64_t qwen_vl_image_tokens(int64_t height, int64_t width, const QwenVisionConfig& c) {
+  const int64_t factor = c.patch_size * c.spatial_merge_size;
+  const auto [h, w] = qwen_vl_smart_resize(height, width, factor, 3136, 12845056);
+  return (h / factor) * (w / factor);
+}
+
 QwenVisionInput qwen_vl_image_input(const torch::Tensor& image, const QwenVisionConfig& c, int64_t min_pixels,
                                     int64_t max_pixels) {
   if (image.dim() != 3 || image.size(0) != c.in_channels)

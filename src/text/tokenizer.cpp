@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <stdexcept>
+#include <string>
 
 namespace gclab::text {
 
@@ -17,7 +18,13 @@ std::vector<int64_t> HashingTokenizer::encode(const std::string& text, int64_t m
     for (unsigned char c : piece) h = (h ^ static_cast<unsigned char>(std::tolower(c))) * 1099511628211ull;
     ids.push_back(v_.first_id + static_cast<int64_t>(h % range));
   };
-  auto word = [](unsigned char c) { return std::isalnum(c) || c >= 0x80; };
+  auto letter = [](unsigned char c) { return std::isalpha(c) || c >= 0x80; };
+  auto mark = [&](unsigned char c) { return !letter(c) && !std::isdigit(c) && !std::isspace(c); };
+  auto starts = [&](size_t i, const char* s) {
+    for (size_t k = 0; s[k]; ++k)
+      if (i + k >= text.size() || std::tolower(static_cast<unsigned char>(text[i + k])) != s[k]) return false;
+    return true;
+  };
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (text.compare(i, 2, "<|") == 0) {
@@ -28,15 +35,29 @@ std::vector<int64_t> HashingTokenizer::encode(const std::string& text, int64_t m
         continue;
       }
     }
-    if (word(c)) {
-      size_t j = i;
-      while (j < text.size() && word(static_cast<unsigned char>(text[j]))) ++j;
-      add(text.substr(i, j - i));
-      i = j;
-    } else {
-      if (c == '\n' || !std::isspace(c)) add(std::string(1, static_cast<char>(c)));
-      ++i;
+    size_t j = i + 1;
+    if (c == '\'') {  // the English contractions both regexes keep whole: 's 't 're 've 'm 'll 'd
+      for (const char* k : {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"})
+        if (starts(i, k)) j = std::max(j, i + std::char_traits<char>::length(k));
     }
+    if (j > i + 1) {
+      add(text.substr(i, j - i));
+    } else if (letter(c)) {  // a run of letters
+      while (j < text.size() && letter(static_cast<unsigned char>(text[j]))) ++j;
+      add(text.substr(i, j - i));
+    } else if (mark(c)) {  // a run of other visible characters
+      while (j < text.size() && mark(static_cast<unsigned char>(text[j])) && text.compare(j, 2, "<|") != 0) ++j;
+      add(text.substr(i, j - i));
+    } else if (std::isdigit(c) || c == '\n') {  // each digit, each newline
+      add(std::string(1, static_cast<char>(c)));
+    } else if (v_.space_tokens) {
+      // Qwen's regex keeps a space that no word or mark takes: before a digit, or ending the text (as the
+      // text before a special token does).
+      while (j < text.size() && text[j] != '\n' && std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+      if (j == text.size() || std::isdigit(static_cast<unsigned char>(text[j])) || text.compare(j, 2, "<|") == 0)
+        add(" ");
+    }
+    i = j;
   }
   const int64_t keep = max_length > 0 ? max_length - (v_.eos >= 0 ? 1 : 0) : -1;
   if (keep >= 0 && static_cast<int64_t>(ids.size()) > keep) ids.resize(static_cast<size_t>(std::max<int64_t>(keep, 0)));

@@ -108,6 +108,8 @@ text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, cons
   o.text_width = spec.text_dim;
   o.pooled_width = spec.pooled_dim;
   o.max_tokens = spec.max_text_tokens;
+  o.condition_area = spec.condition_area;
+  o.numbered_conditions = spec.numbered_conditions;
   if (const auto local = model::local_model(config.model)) {
     o.encoders = local->text_encoders;
     o.tokenizers = local->tokenizers;
@@ -227,9 +229,16 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
                 "'s " + std::to_string(o.linears) + " Linears in host memory (" + config::format_bytes(o.host_bytes) +
                 ")");
     }
+  // What made the embeddings, for the cache files' key: the model, its encoders' weights (random: the seed),
+  // the dtype and the encoders' storage.
+  std::string encoders =
+      config_.model.arch + "|" + config_.model.name_or_path.value_or("") + "|" + std::string(bf16() ? "bf16" : "fp32");
+  for (size_t i = 0; i < prompts->slots(); ++i)
+    if (prompts->random_weights(i)) encoders += "|random " + std::to_string(config_.training_seed.value_or(42));
+  if (config_.model.quantize_te.value_or(config_.model.quantize)) encoders += "|" + config_.model.qtype_te;
   text_ = std::make_unique<data::TextEmbeddingCache>(
-      std::move(prompts), [this](int64_t n) { return model::encoder_tokens(spec_, n); },
-      device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_));
+      std::move(prompts), [this](int64_t n) { return model::sequence_rows(spec_, n); },
+      device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_), encoders);
 
   // ---- the model, as AI Toolkit loads it: with a LoRA network in bf16 the frozen base is stored in bf16
   // (float8 blocks with model.quantize) and only the adapters are float32; without a network every
@@ -324,6 +333,15 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     for (const auto& [n, p] : trained_) ema_[n] = p.detach().clone();
 
   if (config_.sample && !tc.disable_sampling) prompts_ = config_.sample->samples;
+  if (text_->encoder() && text_->encoder()->reads_conditions())
+    for (auto& p : prompts_)  // a control image that is not there: the prompt is encoded without it, said once
+      for (auto* f : {&p.ctrl_img, &p.ctrl_img_1, &p.ctrl_img_2, &p.ctrl_img_3}) {
+        std::error_code ec;
+        if (*f && !fs::is_regular_file(**f, ec)) {
+          log::warn("sample: ctrl_img " + **f + " is not a file; the prompt '" + p.prompt + "' is encoded without it");
+          f->reset();
+        }
+      }
 }
 
 int64_t Session::resident_host_weights() {
@@ -450,17 +468,52 @@ std::pair<int64_t, int64_t> Session::probe_block_activations() {
   return {measured, est.total_off_bytes};
 }
 
-model::ModelInputs Session::conditioning(const std::vector<std::string>& captions) {
+namespace {
+
+// A sample prompt as the edit pipelines encode it: with its control images (ctrl_img, or ctrl_img_1, then
+// ctrl_img_2 and ctrl_img_3, as AI Toolkit's edit models read them).
+data::Caption sample_caption(const std::string& text, const config::SampleItem& item) {
+  data::Caption c{text, {}, {}, {}};
+  for (const auto* f : {item.ctrl_img ? &item.ctrl_img : &item.ctrl_img_1, &item.ctrl_img_2, &item.ctrl_img_3})
+    if (*f) c.control_files.emplace_back(**f);
+  return c;
+}
+
+}  // namespace
+
+model::ModelInputs Session::conditioning(const std::vector<data::Caption>& captions) {
   model::ModelInputs in;
   const data::TextEmbedding e = text_->encode(captions);
   in.text = e.text;
   in.pooled = e.pooled;
   if (spec_.num_classes) {
     std::vector<int64_t> labels;
-    for (const auto& c : captions) labels.push_back(data::class_label_for(c, spec_.num_classes));
+    for (const auto& c : captions) labels.push_back(data::class_label_for(c.text, spec_.num_classes));
     in.class_labels = torch::tensor(labels).to(device_);
   }
   return in;
+}
+
+model::ModelInputs Session::conditioning(const std::vector<std::string>& captions) {
+  std::vector<data::Caption> c;
+  for (const auto& t : captions) c.push_back({t, {}, {}, {}});
+  return conditioning(c);
+}
+
+std::vector<data::Caption> Session::captions_of(const data::LoadedBatch& lb) const {
+  std::vector<data::Caption> out;
+  for (size_t i = 0; i < lb.captions.size(); ++i) {
+    if (fixed_caption_) {  // the one embedding precomputed before the encoder left
+      out.push_back({*fixed_caption_, {}, {}, {}});
+      continue;
+    }
+    data::Caption c{lb.captions[i], {}, {}, {}};
+    if (i < lb.image_files.size()) c.image = lb.image_files[i];
+    if (i < lb.control_files.size()) c.control_files = lb.control_files[i];
+    if (i < lb.control_images.size()) c.control_images = lb.control_images[i];
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 MicroBatch Session::micro_batch(data::LoadedBatch lb) {
@@ -468,8 +521,7 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   MicroBatch mb;
   {
     auto scope = phase(Phase::text);
-    mb.conditioning = fixed_caption_ ? conditioning(std::vector<std::string>(lb.captions.size(), *fixed_caption_))
-                                     : conditioning(lb.captions);
+    mb.conditioning = conditioning(captions_of(lb));
   }
   mb.x0 = lb.latents.to(device_);
   // SDTrainer trains a guidance-distilled model at guidance_embedding_scale = train.cfg_scale (1.0 unless
@@ -508,10 +560,12 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   lb.captions.assign(static_cast<size_t>(batch), caption);
   if (spec_.edit) {  // one 1024²-area reference of the batch's aspect, as the loader makes it
     const data::BucketResolution ref = data::reference_size(lb.bucket, spec_.divisibility);
+    const torch::Tensor control = torch::rand({batch, 3, ref.height, ref.width});
     if (codec_spec_.autoencoder)  // control images are encoded every step, cached latents or not
-      lb.reference_images.push_back(torch::rand({batch, 3, ref.height, ref.width}) * 2 - 1);
+      lb.reference_images.push_back(control * 2 - 1);
     else
       lb.references.push_back(torch::randn({batch, spec_.latent_channels, ref.height / 8, ref.width / 8}));
+    for (int i = 0; i < batch; ++i) lb.control_images.push_back({control[i]});  // the text encoder's too
   }
   return lb;
 }
@@ -597,8 +651,8 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
     so.seed = seeds.at(i);
     so.autocast_bf16 = bf16();
-    const auto cond = conditioning({item.prompt});
-    const auto uncond = conditioning({item.neg.value_or(sc.neg)});
+    const auto cond = conditioning(std::vector<data::Caption>{sample_caption(item.prompt, item)});
+    const auto uncond = conditioning(std::vector<data::Caption>{sample_caption(item.neg.value_or(sc.neg), item)});
     const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
     const torch::Tensor image = decode_preview(z);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
@@ -628,26 +682,32 @@ torch::Tensor Session::decode_preview(const torch::Tensor& z) {
 }
 
 void Session::precompute_text(const std::vector<std::string>& captions) {
+  std::vector<data::Caption> c;
+  for (const auto& t : captions) c.push_back({t, {}, {}, {}});
+  precompute_text(c);
+}
+
+void Session::precompute_text(const std::vector<data::Caption>& captions) {
   if (!text_encoder_leaves(config_)) return;
-  std::vector<std::string> all = captions;
+  std::vector<data::Caption> all = captions;
   if (!run_caches_text(config_)) {
     // AI Toolkit (BaseSDTrainProcess.run): without cached captions, unload_text_encoder encodes the empty
     // prompt and the trigger word once, unloads the encoder, and trains every step on the trigger word's
     // embedding (the empty prompt's without one) — "This will train only with a blank prompt or trigger
     // word, if set".
     fixed_caption_ = config_.trigger_word.value_or("");
-    all = {*fixed_caption_};
+    all = {{*fixed_caption_, {}, {}, {}}};
     log::warn(
         "train.unload_text_encoder without cache_text_embeddings: as in AI Toolkit, every step trains on " +
         (config_.trigger_word ? "the trigger word '" + *config_.trigger_word + "'" : std::string("the empty prompt")) +
         ", not on the captions");
   }
-  all.push_back("");
+  all.push_back({"", {}, {}, {}});
   for (const auto& p : prompts_) {
-    all.push_back(p.prompt);
-    all.push_back(p.neg.value_or(config_.sample->neg));
+    all.push_back(sample_caption(p.prompt, p));
+    all.push_back(sample_caption(p.neg.value_or(config_.sample->neg), p));
   }
-  for (const auto& c : all) text_->encode({c});
+  for (const auto& c : all) text_->encode(std::vector<data::Caption>{c});
   text_->unload();
 }
 

@@ -83,15 +83,15 @@ std::vector<data::ImageItem> scan(std::vector<config::DatasetConfig>& datasets, 
 }
 
 // Every caption the run will ask for, as the loader makes them without dropout (cache_text_embeddings).
-std::vector<std::string> run_captions(const std::vector<data::ImageItem>& items,
-                                      const std::vector<config::DatasetConfig>& datasets,
-                                      const std::optional<std::string>& trigger_word) {
-  std::vector<std::string> out;
+std::vector<data::Caption> run_captions(const std::vector<data::ImageItem>& items,
+                                        const std::vector<config::DatasetConfig>& datasets,
+                                        const std::optional<std::string>& trigger_word) {
+  std::vector<data::Caption> out;
   for (const auto& item : items) {
     std::mt19937_64 unused(0);
     auto ds = datasets[static_cast<size_t>(item.dataset)];
     ds.caption_dropout_rate = 0;
-    out.push_back(data::process_caption(item.caption, ds, trigger_word, unused));
+    out.push_back({data::process_caption(item.caption, ds, trigger_word, unused), item.controls, {}, item.image});
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include "gclab/model/family.h"
 #include "gclab/model/spec.h"
 #include "gclab/text/prompt.h"
+#include "gclab/text/qwen_vision.h"
 
 namespace gclab::text {
 namespace {
@@ -204,6 +205,64 @@ TEST(HashingTokenizer, SplitsAsByteLevelTokenizersDoAndKeepsItsSpecialTokens) {
   EXPECT_EQ(batch.attention_mask[0].sum().item<int64_t>(), 3);
   EXPECT_EQ(batch.attention_mask[1].sum().item<int64_t>(), 4);
   EXPECT_EQ(batch.input_ids[0][3].item<int64_t>(), 0);  // <pad>
+}
+
+PromptEncoderOptions edit_options(const std::string& preset, const torch::TensorOptions& where = {}) {
+  PromptEncoderOptions o = options_for(preset, where);
+  const model::ModelSpec spec = model::spec_by_preset(preset);
+  o.condition_area = spec.condition_area;
+  o.numbered_conditions = spec.numbered_conditions;
+  return o;
+}
+
+// The edit pipelines' template: the 64 dropped rows are exactly the system prompt and the user turn's start
+// (the stand-in splits them as Qwen's tokenizer does), then <|vision_start|>, the control image's tokens,
+// <|vision_end|>, the prompt and the closing five. Without an image the template's <|image_pad|> stays one
+// text token (QwenImageEditPipeline without an image).
+TEST(PromptEncoder, EditModelsReadTheControlImageInTheirTemplate) {
+  torch::manual_seed(7);
+  PromptEncoder p(edit_options("tiny-qwen-image-edit"));
+  ASSERT_TRUE(p.reads_conditions());
+  torch::NoGradGuard g;
+  const std::string prompt = "make it blue";
+  EXPECT_EQ(p.rows(prompt), 3 + 3 + 5);
+  const torch::Tensor a = torch::rand({3, 96, 128}), b = torch::rand({3, 96, 128});
+  // 112²-area at 3:4 -> 96x128 (multiples of 32) -> the processor's 84x140 -> 6x10 patches -> 15 tokens.
+  EXPECT_EQ(qwen_edit_condition_size(96, 128, 112 * 112, false), std::make_pair(int64_t{96}, int64_t{128}));
+  EXPECT_EQ(p.rows(prompt, {a}), 1 + 15 + 1 + 3 + 5);
+  const auto t = p.tokenize(0, prompt, {a});
+  EXPECT_EQ((t.input_ids == p.encoder(0).image_token_id()).sum().item<int64_t>(), 15);
+  EXPECT_EQ(t.input_ids[0][64].item<int64_t>(), p.tokenize(0, "<|vision_start|>").input_ids[0][64].item<int64_t>());
+  const auto ea = p.encode(prompt, {a}), eb = p.encode(prompt, {b});
+  EXPECT_EQ(ea.text.size(1), p.rows(prompt, {a}));
+  // Causal: the <|vision_start|> row does not see the image; every row after it does.
+  EXPECT_TRUE(torch::equal(ea.text.slice(1, 0, 1), eb.text.slice(1, 0, 1)));
+  EXPECT_FALSE(torch::allclose(ea.text.slice(1, 1), eb.text.slice(1, 1)));
+  EXPECT_THROW(p.rows(prompt, {torch::rand({96, 128})}), std::invalid_argument);
+}
+
+// Each edit preset's condition_text_rows (the rows one square control image adds, used where no image is
+// at hand: estimate, check, the OOM report) is what the pipeline's rule gives: full size at 1024² (1369
+// tokens for Qwen-Image-Edit, 196 for the Plus models and "Picture 1: "), tiny at 112².
+TEST(PromptEncoder, EditPresetsConditionRowsFollowThePipelinesRule) {
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  for (const std::string& preset : model::preset_names()) {
+    const model::ModelSpec spec = model::spec_by_preset(preset);
+    if (!spec.edit) {
+      EXPECT_EQ(spec.condition_text_rows, 0) << preset;
+      continue;
+    }
+    PromptEncoder p(edit_options(preset, meta));
+    const torch::Tensor square = torch::empty({3, 1024, 1024}, meta);
+    // Without an image the Qwen-Image-Edit template keeps its three literal tokens.
+    const int64_t literal = spec.numbered_conditions ? 0 : 3;
+    EXPECT_EQ(p.rows("a cat", {square}) - p.rows("a cat") + literal, spec.condition_text_rows) << preset;
+    EXPECT_EQ(model::encoder_tokens(spec, 7), 7 + spec.condition_text_rows) << preset;
+  }
+  // AI Toolkit's Plus model computes the width from the height-over-width ratio: a landscape control
+  // image's condition image comes out portrait (qwen_image_edit_plus.py); the plain edit model's keeps it.
+  EXPECT_EQ(qwen_edit_condition_size(512, 1024, 384 * 384, true), std::make_pair(int64_t{544}, int64_t{256}));
+  EXPECT_EQ(qwen_edit_condition_size(512, 1024, 1024 * 1024, false), std::make_pair(int64_t{736}, int64_t{1440}));
 }
 
 }  // namespace

@@ -431,7 +431,7 @@ TEST(Session, UnloadingTheTextEncoderWithoutCachingTrainsOnTheTriggerWordAsAiToo
                               {"train.unload_text_encoder=true", "train.cache_text_embeddings=false",
                                "trigger_word=sks", "train.disable_sampling=true"}));
   EXPECT_GT(session.resident().text_encoder, 0);
-  session.precompute_text({"a red circle", "a blue square"});
+  session.precompute_text(std::vector<std::string>{"a red circle", "a blue square"});
   EXPECT_EQ(session.resident().text_encoder, 0);
   data::LoadedBatch a = session.synthetic_batch(1, 64, 64), b = a;
   a.captions = {"a red circle"}, b.captions = {"a blue square"};
@@ -450,7 +450,7 @@ TEST(Session, CachingTextEmbeddingsUnloadsTheEncoderAsAiToolkit) {
     EXPECT_TRUE(text_encoder_leaves(config)) << knob;
     Session session(config);
     EXPECT_GT(session.resident().text_encoder, 0);
-    session.precompute_text({"a red circle", "a blue square"});
+    session.precompute_text(std::vector<std::string>{"a red circle", "a blue square"});
     EXPECT_EQ(session.resident().text_encoder, 0) << knob;
     data::LoadedBatch a = session.synthetic_batch(1, 64, 64), b = a;
     a.captions = {"a red circle"}, b.captions = {"a blue square"};
@@ -482,6 +482,93 @@ TEST(Session, CachedCaptionsOfAVariableLengthFamilyOutliveTheEncoder) {
   EXPECT_TRUE(torch::equal(after, resident));
   batch.captions = {"a caption nobody precomputed", "a red circle"};
   EXPECT_THROW(session.micro_batch(batch), UserError);
+  fs::remove_all(dir);
+}
+
+// An edit model's text encoder reads each sample's control image through its vision tower, as AI Toolkit's
+// qwen_image_edit get_prompt_embeds: the caption's rows grow by the image's tokens, another control image
+// gives another embedding, and cached embeddings are found by caption and control file after the encoder
+// left (equal to the resident encoder's).
+TEST(Session, EditModelsEncodeEachCaptionWithItsControlImage) {
+  const fs::path dir = testing::fresh_dir("session_edit_text");
+  const fs::path a = dir / "a.png", b = dir / "b.png";
+  torch::manual_seed(3);
+  data::write_png(a, torch::randint(0, 256, {48, 64, 3}, torch::kUInt8));
+  data::write_png(b, torch::randint(0, 256, {48, 64, 3}, torch::kUInt8));
+  const std::vector<std::string> base = {"model.arch=tiny-qwen-image-edit", "train.disable_sampling=true"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), base.begin(), base.end());
+    return extra;
+  };
+  Session kept(tiny_config(dir, "k", with({})));
+  Session cached(tiny_config(dir, "c", with({"train.cache_text_embeddings=true"})));
+  const std::string caption = "a red circle";
+  cached.precompute_text({data::Caption{caption, {a}, {}, {}}, data::Caption{caption, {b}, {}, {}}});
+  ASSERT_EQ(cached.resident().text_encoder, 0);
+  data::LoadedBatch batch = kept.synthetic_batch(1, 64, 64);
+  batch.captions = {caption};
+  batch.control_images.clear();
+  batch.control_files = {{a}};
+  const torch::Tensor ka = kept.micro_batch(batch).conditioning.text, ca = cached.micro_batch(batch).conditioning.text;
+  batch.control_files = {{b}};
+  const torch::Tensor kb = kept.micro_batch(batch).conditioning.text, cb = cached.micro_batch(batch).conditioning.text;
+  // 112²-area at 3:4 -> 96x128 -> the processor's 84x140 -> 15 tokens, and the markers.
+  const int64_t words = kept.text().encoder()->rows(caption);
+  EXPECT_EQ(ka.size(1), words - 3 + 1 + 15 + 1);
+  EXPECT_FALSE(torch::allclose(ka, kb));
+  EXPECT_TRUE(torch::equal(ka, ca));
+  EXPECT_TRUE(torch::equal(kb, cb));
+  batch.control_files = {{dir / "c.png"}};  // never precomputed
+  EXPECT_THROW(cached.micro_batch(batch), UserError);
+  fs::remove_all(dir);
+}
+
+// cache_text_embeddings keeps a dataset caption's embedding on disk beside its image, as AI Toolkit's
+// _t_e_cache/ (PromptEmbeds.save: text_embed [1, T, D]); nothing of it stays in host memory, a batch reads
+// it back equal to the resident encoder's, and the next run reuses the file instead of encoding again.
+TEST(Session, CachedTextEmbeddingsLiveInTeCacheFilesBesideTheImages) {
+  const fs::path dir = testing::fresh_dir("session_te_cache");
+  const std::vector<std::string> knobs = {"model.arch=tiny-qwen-image", "train.disable_sampling=true",
+                                          "train.batch_size=1"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), knobs.begin(), knobs.end());
+    return extra;
+  };
+  Session kept(tiny_config(dir, "k", with({})));
+  fs::path image;
+  for (const auto& f : fs::directory_iterator(dir / "data"))
+    if (f.path().extension() == ".png") image = f.path();
+  ASSERT_FALSE(image.empty());
+  const data::Caption caption{"a red circle", {}, {}, image};
+  data::LoadedBatch batch = kept.synthetic_batch(1, 64, 64);
+  batch.captions = {caption.text};
+  batch.image_files = {image};
+  const torch::Tensor resident = kept.micro_batch(batch).conditioning.text;
+  fs::path file;
+  {
+    Session first(tiny_config(dir, "c", with({"train.cache_text_embeddings=true"})));
+    first.precompute_text({caption});
+    file = first.text().cache_file(caption);
+    EXPECT_EQ(file.parent_path(), image.parent_path() / "_t_e_cache");
+    EXPECT_EQ(file.filename().string().rfind(image.stem().string() + "_", 0), 0u) << file;
+    ASSERT_TRUE(fs::exists(file));
+    EXPECT_EQ(first.text().cache_files(), std::vector<fs::path>{file});
+    // In host memory: only what belongs to no image (the empty prompt every cached run encodes too).
+    EXPECT_EQ(first.resident().text_cache_host,
+              kept.text().encoder()->rows("") * resident.size(2) * static_cast<int64_t>(resident.element_size()));
+    const auto saved = io::load_safetensors(file);
+    ASSERT_TRUE(saved.count("text_embed"));
+    EXPECT_TRUE(torch::equal(saved.at("text_embed"), resident.to(torch::kCPU)));
+    EXPECT_TRUE(torch::equal(first.micro_batch(batch).conditioning.text, resident));
+  }
+  // The next run finds the file: its values, not a new encode (marked here by changing them on disk).
+  auto tensors = io::SafetensorsFile::open(file);
+  const auto metadata = tensors.metadata();
+  const torch::Tensor marked = tensors.tensor("text_embed").clone() + 1;
+  io::save_safetensors(file, {{"text_embed", marked}}, metadata);
+  Session second(tiny_config(dir, "s", with({"train.cache_text_embeddings=true"})));
+  second.precompute_text({caption});
+  EXPECT_TRUE(torch::equal(second.micro_batch(batch).conditioning.text, marked));
   fs::remove_all(dir);
 }
 

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "gclab/data/dataset.h"
+#include "gclab/text/prompt.h"
 #include "gclab/vae/codec.h"
 
 namespace gclab::data {
@@ -61,7 +63,12 @@ struct LoadedBatch {
   // images in reference_images meanwhile.
   std::vector<torch::Tensor> references;
   std::vector<torch::Tensor> reference_images;
-  std::vector<std::string> captions;  // processed (trigger, dropout, shuffle)
+  std::vector<std::string> captions;               // processed (trigger, dropout, shuffle)
+  std::vector<std::filesystem::path> image_files;  // per sample: the dataset image (empty: synthetic)
+  // Edit models: per sample, the control files (the text encoder reads them too, through its vision tower),
+  // or for a synthetic batch the control images themselves ([3, H, W] in [0, 1]).
+  std::vector<std::vector<std::filesystem::path>> control_files;
+  std::vector<text::ConditionImages> control_images;
   // Where the session puts the latents it encodes (one slot per sample), and the caches they go to.
   std::vector<LatentSlot> slots;
   std::shared_ptr<LatentCache> cache;

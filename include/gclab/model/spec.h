@@ -44,6 +44,14 @@ struct ModelSpec {
   int64_t sd3_base_size = 0;  // sd3: sample_size / patch
   bool edit = false;          // qwen edit models: reference images' tokens are appended
   bool zero_cond_t = false;   // Qwen-Image-Edit-2511: reference tokens modulated by the embedding of t = 0
+  // Edit models: the control image also goes through the text encoder's vision tower, resized to this area
+  // first (AI Toolkit's get_prompt_embeds: Qwen-Image-Edit 1024², the Plus models 384²; tiny presets 112²),
+  // each one numbered "Picture i: " in the Plus models' template. The rows one square control image adds
+  // to the text sequence: its Qwen2.5-VL tokens and their markers (1024²: 1369 + 2; 384²: 196 + 2 + 5;
+  // the text module's rule gives them — ctest TextEncoders.* checks each preset's figure against it).
+  int64_t condition_area = 0;
+  bool numbered_conditions = false;
+  int64_t condition_text_rows = 0;
   int divisibility = 16;
   bool tiny = false;
 
@@ -83,8 +91,12 @@ std::vector<std::string> preset_names();
 int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width);
 // Text tokens the text encoder hands the transformer for a prompt of `prompt_tokens` tokenizer tokens:
 // FLUX-dev 512 and schnell 256 (T5 padded to max length); SD3 333 (77 CLIP + 256 T5); Qwen-Image and
-// Z-Image the prompt's own length (the padding masked out), at most 1024 / 512; DiT none (a class label).
+// Z-Image the prompt's own length (the padding masked out), at most 1024 / 512, and an edit model's one
+// square control image's condition_text_rows after it; DiT none (a class label).
 int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens);
+// The rows the transformer takes when the pipeline gave `pipeline_rows` (images included): FLUX and SD3
+// pad to max_text_tokens; the others take them as they are (their pipelines already cut the prompt).
+int64_t sequence_rows(const ModelSpec& spec, int64_t pipeline_rows);
 // Text tokens in the transformer's sequence: the encoder's, except Z-Image, which pads the caption to a
 // multiple of 32 with its learned cap_pad_token.
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);

@@ -41,6 +41,10 @@ struct PromptEncoderOptions {
   torch::TensorOptions options;                     // where the encoders live, in what dtype (kMeta: count only,
                                                     // the folders' config.json read, no weights)
   std::optional<nn::WeightStorage> linear_storage;  // quantize_te: how every Linear weight is stored
+  // Edit models (model::ModelSpec's facts): the control images go through Qwen2.5-VL's vision tower at this
+  // area (0: a text-only pipeline), numbered "Picture i: " in the Plus template.
+  int64_t condition_area = 0;
+  bool numbered_conditions = false;
 };
 
 struct PromptEmbedding {
@@ -55,7 +59,12 @@ struct PipelineCall {
   bool pad = false;            // padding="max_length"
   bool mask = false;           // the attention mask is passed to the encoder
   int64_t drop = 0;            // leading rows the pipeline drops (Qwen-Image: the template's prefix)
+  int64_t condition_area = 0;  // edit models: control images read through the vision tower at this area
+  bool numbered = false;       // ... each after "Picture i: " (the Plus template)
 };
+
+// A control image as the edit pipelines condition on it: [3, H, W] with values in [0, 1].
+using ConditionImages = std::vector<torch::Tensor>;
 
 class PromptEncoder {
  public:
@@ -63,12 +72,18 @@ class PromptEncoder {
   // compose to the transformer's.
   explicit PromptEncoder(const PromptEncoderOptions& options);
 
-  // How many text rows the pipeline gives this prompt (before the transformer pads them).
-  int64_t rows(const std::string& prompt) const;
-  // One prompt's embedding as the pipeline gives it, under no_grad, on the encoders' device.
-  PromptEmbedding encode(const std::string& prompt);
-  // Slot `slot`'s tokens for the prompt, as the pipeline calls its tokenizer (template, cut, padding).
-  TokenizedBatch tokenize(size_t slot, const std::string& prompt) const;
+  // How many text rows the pipeline gives this prompt (before the transformer pads them), with an edit
+  // model's control images (their sizes count).
+  int64_t rows(const std::string& prompt, const ConditionImages& conditions = {}) const;
+  // One prompt's embedding as the pipeline gives it, under no_grad, on the encoders' device; an edit
+  // model reads its control images through the vision tower (none: the template's lone <|image_pad|>
+  // stays a text token, as QwenImageEditPipeline without an image).
+  PromptEmbedding encode(const std::string& prompt, const ConditionImages& conditions = {});
+  // Slot `slot`'s tokens for the prompt, as the pipeline calls its tokenizer (template, cut, padding); an
+  // edit model's image-token runs at the control images' lengths.
+  TokenizedBatch tokenize(size_t slot, const std::string& prompt, const ConditionImages& conditions = {}) const;
+  // Whether the control images change the embedding (an edit model's vision tower).
+  bool reads_conditions() const { return !slots_.empty() && slots_.back().call.condition_area > 0; }
 
   size_t slots() const { return slots_.size(); }
   TextEncoderBase& encoder(size_t slot) { return *slots_.at(slot).encoder; }

@@ -57,6 +57,16 @@ std::pair<int64_t, int64_t> qwen_vl_smart_resize(int64_t height, int64_t width, 
 QwenVisionInput qwen_vl_image_input(const torch::Tensor& image, const QwenVisionConfig& config,
                                     int64_t min_pixels = 3136, int64_t max_pixels = 12845056);
 
+// The size AI Toolkit resizes an edit model's control image ([.., H, W]) to before the processor
+// (qwen_image_edit.py / qwen_image_edit_plus.py get_prompt_embeds: `area` at the image's aspect, sides
+// rounded to multiples of 32 as the diffusers pipelines' calculate_dimensions, bilinear). The Plus model's
+// code computes the width from the height-over-width ratio, so its condition image comes out with the
+// aspect transposed (a square one is unchanged); gclab does the same. Returns (height, width).
+std::pair<int64_t, int64_t> qwen_edit_condition_size(int64_t height, int64_t width, int64_t area, bool plus);
+// The language-model tokens an image of this size becomes: smart_resize at Qwen2.5-VL-7B-Instruct's limits,
+// then one token per merge block.
+int64_t qwen_vl_image_tokens(int64_t height, int64_t width, const QwenVisionConfig& config);
+
 class QwenVisionTowerImpl : public torch::nn::Module {
  public:
   QwenVisionTowerImpl(const QwenVisionConfig& config, const torch::TensorOptions& options = {});

@@ -35,13 +35,18 @@ class Tokenizer {
   TokenizedBatch encode_batch(const std::vector<std::string>& texts, int64_t max_length) const;
 };
 
-// The stand-in for a tokenizer without its files: pre-tokens as the real byte-level tokenizers split them
-// (a special token written <|name|>, a run of letters and digits, each other visible character, each
-// newline), lower-cased and hashed (FNV-1a) into [first_id, end_id); `bos` before and `eos` after them when
-// set (>= 0). Qwen-Image's chat-template prefix comes out at the real tokenizer's 34 tokens.
+// The stand-in for a tokenizer without its files: pre-tokens as the real byte-level tokenizers (Qwen's and
+// CLIP's regexes) split them — a special token written <|name|>, an English contraction ('s 't 're 've 'm
+// 'll 'd), a run of letters, each digit, a run of other visible characters, each newline — lower-cased and
+// hashed (FNV-1a) into [first_id, end_id); `bos` before and `eos` after them when set (>= 0). The chat
+// templates' prefixes come out at the real tokenizer's counts: Qwen-Image's 34 tokens, the edit
+// pipelines' 64 (their prompt_template_encode_start_idx).
 struct HashingVocabulary {
   int64_t first_id = 0, end_id = 0;
   int64_t bos = -1, eos = -1, pad = 0;
+  // Qwen's regex: a space before a digit or at the end of the text is a token of its own ("Picture 1: "
+  // before <|vision_start|> is 5 tokens); CLIP's drops every space.
+  bool space_tokens = false;
 };
 
 class HashingTokenizer : public Tokenizer {

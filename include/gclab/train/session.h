@@ -159,7 +159,10 @@ class Session {
   // Encodes every caption the run will ask for (cache_text_embeddings), then unloads the text encoder
   // when unload_text_encoder says so. unload_text_encoder without cache_text_embeddings is AI Toolkit's
   // other mode: the trigger word (or the empty prompt) is encoded once and every step trains on it.
+  void precompute_text(const std::vector<data::Caption>& captions);
   void precompute_text(const std::vector<std::string>& captions);
+  // The batch's captions with its control images (edit models' text encoders read them).
+  std::vector<data::Caption> captions_of(const data::LoadedBatch& lb) const;
 
   ResidentBytes resident() const;
   // The trained tensors replaced by their EMA for the duration of fn (saving), when EMA is on.
@@ -172,6 +175,8 @@ class Session {
                                     uint64_t seed, const std::string& what);
   int64_t resident_host_weights();  // the offloaded weights so far (the model's, the text encoders')
   model::ModelInputs conditioning(const std::vector<std::string>& captions);
+  model::ModelInputs conditioning(const std::vector<data::Caption>& captions);
+
   std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir);
   torch::Tensor decode_preview(const torch::Tensor& latents);
 
