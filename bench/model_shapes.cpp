@@ -50,7 +50,8 @@ int main() {
   std::printf(
       "\nQwen-Image-Edit-2509's image tokens include one 1024² reference image (+4096) where it is trained "
       "with a control image; the table's counts are the target image's alone. Text tokens are for a "
-      "77-token prompt.\n\n");
+      "77-token prompt, and for Qwen-Image-Edit-2509 the 203 rows its control image adds (the vision "
+      "tower's 196 tokens of a 384² condition image, their markers and \"Picture 1: \").\n\n");
 
   std::printf("## One block's saved activations, 1024×1024, batch 1, bf16\n\n");
   std::printf(
@@ -91,7 +92,8 @@ int main() {
       const ModelSpec s = spec_by_preset(name);
       auto m = build_transformer(s);
       m->to(dtype);
-      const ModelInputs in = m->example_inputs(1, 256, 256, 0, torch::TensorOptions().dtype(dtype));
+      // A 16-token prompt's rows as the transformer takes them (Z-Image's padded to a multiple of 32).
+      const ModelInputs in = m->example_inputs(1, 256, 256, text_tokens(s, 16), torch::TensorOptions().dtype(dtype));
       const auto measured = gclab::testing::measure_saved_bytes(*m, in, false);
       ActivationOptions o;
       o.element_bytes = static_cast<int64_t>(c10::elementSize(dtype));

@@ -5,6 +5,7 @@
 
 #include "gclab/data/image.h"
 #include "gclab/model/activations.h"
+#include "gclab/model/family.h"
 #include "gclab/nn/layers.h"
 #include "gclab/train/session.h"
 
@@ -109,18 +110,29 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
     // uint8 image), whichever is higher.
     p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
                               int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
+    const bool controls = std::any_of(sc.samples.begin(), sc.samples.end(), [](const config::SampleItem& i) {
+      return i.ctrl_img || i.ctrl_img_1 || i.ctrl_img_2 || i.ctrl_img_3;
+    });
+    if (e.spec.edit && controls) p.reference_encode_bytes = session.codec_spec().encode_bytes(1, 1024, 1024, !cuda);
     p.total_bytes = e.resident_bytes - e.gradient_bytes + (e.vae_weight_bytes - e.vae_bytes) +
-                    std::max(p.denoise_bytes, p.decode_bytes);
+                    std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes});
     e.preview = p;
   }
   e.not_modelled = {
       "the preview's denoising passes are approximate (a block's input, output and MLP hidden); its "
       "decode is not",
       "the data loader's prefetched batches and latent caches",
-      "host memory: the text-embedding cache (cache_text_embeddings; AI Toolkit keeps it on disk, only a batch's "
-      "embeddings reach the device), latents, the process itself",
+      "host memory: the sample prompts' cached embeddings (the captions' are on disk in _t_e_cache/, as AI "
+      "Toolkit's: only a batch's reach the device), latents, the process itself",
+      "the text encoders' activations while they encode (the text phase; a few MiB to a few hundred beside their "
+      "weights: docs/results/text-encoders.md)",
       "allocator fragmentation and the CUDA context (CUDA)",
       "partial checkpoint policies (every:N, blocks, selective, offload)"};
+  if (e.preview && e.preview->reference_encode_bytes > 0 && config.model.low_vram &&
+      model::low_vram_tiles_previews(e.spec.family, e.spec.edit_plus))
+    e.not_modelled.push_back(
+        "low_vram: AI Toolkit's edit previews run with the VAE's tiling on, which tiles the ctrl_img's encode too; "
+        "gclab encodes it whole (vae_encode_control is the untiled peak)");
   return e;
 }
 

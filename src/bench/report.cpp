@@ -193,11 +193,12 @@ std::string format_estimate(const MemoryEstimate& e) {
   if (e.preview) {
     const auto& p = *e.preview;
     const std::string verdict = fits(p.total_bytes);
-    out << "  preview:  # after a step: resident without gradients, the autoencoder on the device, then the larger of "
-           "denoising and decoding\n";
+    out << "  preview:  # after a step: resident without gradients, the autoencoder on the device, then the largest of "
+           "denoising, decoding and (edit models) encoding the ctrl_img\n";
     out << "    {size: \"" << p.width << "x" << p.height << "\", image_tokens: " << p.image_tokens
-        << ", denoise: " << p.denoise_bytes << ", vae_decode: " << p.decode_bytes << ", total: " << p.total_bytes
-        << "}  # " << format_bytes(p.total_bytes) << verdict << "\n";
+        << ", denoise: " << p.denoise_bytes << ", vae_decode: " << p.decode_bytes;
+    if (p.reference_encode_bytes > 0) out << ", vae_encode_control: " << p.reference_encode_bytes;
+    out << ", total: " << p.total_bytes << "}  # " << format_bytes(p.total_bytes) << verdict << "\n";
   }
   out << "  not_modelled:\n";
   for (const auto& n : e.not_modelled) out << "    - \"" << n << "\"\n";

@@ -7,6 +7,7 @@
 #include <webp/decode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -128,6 +129,15 @@ torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
       .clamp_(0, 255)
       .permute({1, 2, 0})
       .to(torch::kUInt8);
+}
+
+torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height) {
+  torch::Tensor rgb = decode_image_rgb(path);
+  const double scale = std::max(static_cast<double>(width) / rgb.size(1), static_cast<double>(height) / rgb.size(0));
+  const int sw = std::max(width, static_cast<int>(std::ceil(rgb.size(1) * scale)));
+  const int sh = std::max(height, static_cast<int>(std::ceil(rgb.size(0) * scale)));
+  rgb = resize_rgb(rgb, sw, sh).narrow(0, (sh - height) / 2, height).narrow(1, (sw - width) / 2, width);
+  return to_unit_range(rgb);
 }
 
 }  // namespace gclab::data

@@ -223,7 +223,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
     for (size_t c = 0; c < first.controls.size(); ++c) {
       std::vector<torch::Tensor> refs;
       for (const auto& s : used)
-        refs.push_back(load_control(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
+        refs.push_back(load_image_cover(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
       torch::Tensor images = torch::stack(refs);
       if (encode_here_) {
         torch::NoGradGuard no_grad;
@@ -258,15 +258,6 @@ PlannedSample BatchLoader::replacement_for(int64_t epoch, const Batch& batch, co
 std::vector<std::string> BatchLoader::unusable_files() {
   std::lock_guard<std::mutex> lock(mutex_);
   return bad_files_;
-}
-
-torch::Tensor BatchLoader::load_control(const fs::path& path, int width, int height) const {
-  torch::Tensor rgb = data::decode_image_rgb(path);
-  const double scale = std::max(static_cast<double>(width) / rgb.size(1), static_cast<double>(height) / rgb.size(0));
-  const int sw = std::max(width, static_cast<int>(std::ceil(rgb.size(1) * scale)));
-  const int sh = std::max(height, static_cast<int>(std::ceil(rgb.size(0) * scale)));
-  rgb = data::resize_rgb(rgb, sw, sh).narrow(0, (sh - height) / 2, height).narrow(1, (sw - width) / 2, width);
-  return data::to_unit_range(rgb);
 }
 
 LatentSlot BatchLoader::slot_for(const PlannedSample& s) const {

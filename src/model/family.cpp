@@ -68,7 +68,7 @@ config::AutoencoderKind autoencoder_kind(Family family) {
   throw std::logic_error("autoencoder_kind: an unknown family");
 }
 
-bool low_vram_tiles_previews(Family family) { return family == Family::qwen_image; }
+bool low_vram_tiles_previews(Family family, bool edit_plus) { return family == Family::qwen_image && !edit_plus; }
 
 std::vector<config::TextEncoderKind> text_encoders(Family family) {
   using K = config::TextEncoderKind;

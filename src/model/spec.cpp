@@ -57,7 +57,7 @@ ModelSpec qwen(const std::string& preset, bool edit) {
 // CONDITION_IMAGE_SIZE, each control image numbered in the template).
 ModelSpec qwen_edit_plus(const std::string& preset) {
   ModelSpec s = qwen(preset, true);
-  s.condition_area = 384 * 384, s.numbered_conditions = true, s.condition_text_rows = 196 + 2 + 5;
+  s.condition_area = 384 * 384, s.edit_plus = true, s.condition_text_rows = 196 + 2 + 5;
   return s;
 }
 
@@ -129,7 +129,7 @@ ModelSpec tiny(const ModelSpec& full, const std::string& preset) {
   if (!s.rope_axes.empty()) s.rope_axes = {8, 12, 12};
   if (s.family == Family::zimage) s.adaln_dim = zimage_adaln_dim(s.hidden);
   // A 112²-area control image: 128² -> the processor's 140² -> 25 tokens (+ 2 markers, + 5 numbered).
-  if (s.edit) s.condition_area = 112 * 112, s.condition_text_rows = 25 + 2 + (s.numbered_conditions ? 5 : 0);
+  if (s.edit) s.condition_area = 112 * 112, s.condition_text_rows = 25 + 2 + (s.edit_plus ? 5 : 0);
   return s;
 }
 

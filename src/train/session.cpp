@@ -109,7 +109,7 @@ text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, cons
   o.pooled_width = spec.pooled_dim;
   o.max_tokens = spec.max_text_tokens;
   o.condition_area = spec.condition_area;
-  o.numbered_conditions = spec.numbered_conditions;
+  o.numbered_conditions = spec.edit_plus;
   if (const auto local = model::local_model(config.model)) {
     o.encoders = local->text_encoders;
     o.tokenizers = local->tokenizers;
@@ -152,7 +152,7 @@ vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::Mode
   s.dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
   if (config.sample && config.sample->vae_tiling)
     s.tile_sample_size = config.sample->vae_tile_size;
-  else if (config.model.low_vram && model::low_vram_tiles_previews(spec.family))
+  else if (config.model.low_vram && model::low_vram_tiles_previews(spec.family, spec.edit_plus))
     s.tile_sample_size = vae::kQwenImageDefaultTile;  // AI Toolkit's enable_tiling(), at its default
   return s;
 }
@@ -651,8 +651,10 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
     so.seed = seeds.at(i);
     so.autocast_bf16 = bf16();
-    const auto cond = conditioning(std::vector<data::Caption>{sample_caption(item.prompt, item)});
-    const auto uncond = conditioning(std::vector<data::Caption>{sample_caption(item.neg.value_or(sc.neg), item)});
+    const data::Caption caption = sample_caption(item.prompt, item);
+    auto cond = conditioning(std::vector<data::Caption>{caption});
+    auto uncond = conditioning(std::vector<data::Caption>{sample_caption(item.neg.value_or(sc.neg), item)});
+    cond.reference_latents = uncond.reference_latents = preview_references(caption.control_files);
     const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
     const torch::Tensor image = decode_preview(z);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
@@ -663,22 +665,50 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
   return files;
 }
 
+namespace {
+
+// The autoencoder on the device for a preview's encode or decode, and back where it was after (AI Toolkit
+// restores the device state it found).
+struct CodecOnDevice {
+  vae::ImageCodec& codec;
+  bool was_offloaded;
+  explicit CodecOnDevice(vae::ImageCodec& c) : codec(c), was_offloaded(c.offloaded()) { c.restore(); }
+  ~CodecOnDevice() {
+    if (was_offloaded) codec.offload();
+  }
+  CodecOnDevice(const CodecOnDevice&) = delete;
+  CodecOnDevice& operator=(const CodecOnDevice&) = delete;
+};
+
+}  // namespace
+
 torch::Tensor Session::decode_preview(const torch::Tensor& z) {
-  // The autoencoder comes to the device for the decode and leaves again after (AI Toolkit restores the
-  // device state it found), on top of what the training step left resident; then the uint8 image.
+  // The decode runs on top of what the training step left resident; then the uint8 image.
   current_activity_ = Activity::vae_decode;
-  vae::ImageCodec& c = codec();
-  struct Residency {
-    vae::ImageCodec& codec;
-    bool offloaded;
-    ~Residency() {
-      if (offloaded) codec.offload();
-    }
-  } residency{c, c.offloaded()};
-  c.restore();
-  torch::Tensor image = data::to_rgb_uint8(c.decode(z)[0]);
+  CodecOnDevice on_device(codec());
+  torch::Tensor image = data::to_rgb_uint8(codec().decode(z)[0]);
   current_activity_ = Activity::model;
   return image;
+}
+
+std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::path>& controls) {
+  // An edit model's preview conditions on its control images as the pipelines do: each encoded at a
+  // 1024² area of its aspect (QwenImageEditPipeline's calculate_dimensions, the Plus pipeline's
+  // VAE_IMAGE_SIZE) and appended as reference tokens. The pipeline takes the posterior's mean; gclab's
+  // codec a sample of it (the same memory).
+  std::vector<torch::Tensor> out;
+  if (!spec_.edit || controls.empty() || !codec_) return out;
+  current_activity_ = Activity::vae_encode;
+  CodecOnDevice on_device(codec());
+  for (const auto& f : controls) {
+    const auto size = data::read_image_size(f);
+    if (!size) continue;  // checked when the session started; a file gone since is skipped
+    const data::BucketResolution ref = data::reference_size({size->width, size->height}, spec_.divisibility);
+    torch::NoGradGuard no_grad;
+    out.push_back(codec().encode(data::load_image_cover(f, ref.width, ref.height).unsqueeze(0)).to(device_));
+  }
+  current_activity_ = Activity::model;
+  return out;
 }
 
 void Session::precompute_text(const std::vector<std::string>& captions) {

@@ -211,7 +211,7 @@ PromptEncoderOptions edit_options(const std::string& preset, const torch::Tensor
   PromptEncoderOptions o = options_for(preset, where);
   const model::ModelSpec spec = model::spec_by_preset(preset);
   o.condition_area = spec.condition_area;
-  o.numbered_conditions = spec.numbered_conditions;
+  o.numbered_conditions = spec.edit_plus;
   return o;
 }
 
@@ -255,7 +255,7 @@ TEST(PromptEncoder, EditPresetsConditionRowsFollowThePipelinesRule) {
     PromptEncoder p(edit_options(preset, meta));
     const torch::Tensor square = torch::empty({3, 1024, 1024}, meta);
     // Without an image the Qwen-Image-Edit template keeps its three literal tokens.
-    const int64_t literal = spec.numbered_conditions ? 0 : 3;
+    const int64_t literal = spec.edit_plus ? 0 : 3;
     EXPECT_EQ(p.rows("a cat", {square}) - p.rows("a cat") + literal, spec.condition_text_rows) << preset;
     EXPECT_EQ(model::encoder_tokens(spec, 7), 7 + spec.condition_text_rows) << preset;
   }

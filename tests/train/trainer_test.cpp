@@ -526,6 +526,32 @@ TEST(Session, EditModelsEncodeEachCaptionWithItsControlImage) {
 // cache_text_embeddings keeps a dataset caption's embedding on disk beside its image, as AI Toolkit's
 // _t_e_cache/ (PromptEmbeds.save: text_embed [1, T, D]); nothing of it stays in host memory, a batch reads
 // it back equal to the resident encoder's, and the next run reuses the file instead of encoding again.
+// An edit model's preview conditions on its sample's ctrl_img as the pipelines do: the control image at a
+// 1024² area of its aspect, encoded to reference latents, beside the prompt encoded with it; a ctrl_img that
+// is not a file is warned about and left out.
+TEST(Session, EditPreviewsEncodeTheirControlImage) {
+  const fs::path dir = testing::fresh_dir("session_edit_preview");
+  const fs::path control = dir / "control.png";
+  torch::manual_seed(5);
+  data::write_png(control, torch::randint(0, 256, {48, 64, 3}, torch::kUInt8));
+  Session session(
+      tiny_config(dir, "p",
+                  {"model.arch=tiny-qwen-image-edit", "sample.sample_steps=1", "sample.width=64", "sample.height=64",
+                   "sample.samples=[{prompt: 'make it blue', ctrl_img: '" + control.string() +
+                       "'}, {prompt: 'a', ctrl_img: '" + (dir / "missing.png").string() + "'}]",
+                   "train.disable_sampling=false"}));
+  const auto refs = session.preview_references({control});
+  ASSERT_EQ(refs.size(), 1u);
+  // 1024² area at 4:3 -> 1184x880 (multiples of 16) -> latents / 8.
+  const data::BucketResolution ref = data::reference_size({64, 48}, session.spec().divisibility);
+  EXPECT_EQ(refs[0].sizes(), (std::vector<int64_t>{1, session.spec().latent_channels, ref.height / 8, ref.width / 8}));
+  EXPECT_TRUE(session.preview_references({}).empty());
+  const auto files = session.sample(0, dir / "samples");
+  EXPECT_EQ(files.size(), 2u);
+  for (const auto& f : files) EXPECT_TRUE(fs::exists(f)) << f;
+  fs::remove_all(dir);
+}
+
 TEST(Session, CachedTextEmbeddingsLiveInTeCacheFilesBesideTheImages) {
   const fs::path dir = testing::fresh_dir("session_te_cache");
   const std::vector<std::string> knobs = {"model.arch=tiny-qwen-image", "train.disable_sampling=true",

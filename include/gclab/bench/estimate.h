@@ -42,7 +42,9 @@ struct PreviewEstimate {
   // The autoencoder's decode peak (vae/memory.h: within 1% of the CPU allocator), its image kept while the
   // PNG's uint8 image is made.
   int64_t decode_bytes = 0;
-  int64_t total_bytes = 0;  // resident (without gradients, with the autoencoder) + the larger of the two
+  // Edit models whose samples have a ctrl_img: encoding it (a 1024²-area image) to the reference latents.
+  int64_t reference_encode_bytes = 0;
+  int64_t total_bytes = 0;  // resident (without gradients, with the autoencoder) + the largest of the three
 };
 
 struct MemoryEstimate {

@@ -33,6 +33,10 @@ torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height);
 // uint8 [H, W, 3] <-> float [3, H, W] in [-1, 1] (what the autoencoders take and give); to_rgb_uint8 holds
 // one float copy of the image and the uint8 result (to_rgb_uint8_bytes) above its input.
 torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc);
+// An image file scaled to cover width x height (aspect kept) and centre-cropped to it, as float [3, H, W]
+// in [-1, 1]: how the edit models' control images are sized (their 1024²-area reference at an aspect).
+// Throws ImageError for a file that does not decode.
+torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height);
 torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw);
 inline int64_t to_rgb_uint8_bytes(int64_t height, int64_t width) { return 3 * height * width * (4 + 1); }
 // Writes uint8 [H, W, 3] as PNG, under a temporary name renamed into place. Throws ImageError.

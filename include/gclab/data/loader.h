@@ -121,7 +121,6 @@ class BatchLoader {
   LatentSlot slot_for(const PlannedSample& s) const;
   torch::Tensor sample_image(const PlannedSample& s) const;
   PlannedSample replacement_for(int64_t epoch, const Batch& batch, const PlannedSample& bad) const;
-  torch::Tensor load_control(const std::filesystem::path& path, int width, int height) const;
 
   std::vector<ImageItem> items_;
   std::vector<config::DatasetConfig> datasets_;

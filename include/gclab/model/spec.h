@@ -44,13 +44,16 @@ struct ModelSpec {
   int64_t sd3_base_size = 0;  // sd3: sample_size / patch
   bool edit = false;          // qwen edit models: reference images' tokens are appended
   bool zero_cond_t = false;   // Qwen-Image-Edit-2511: reference tokens modulated by the embedding of t = 0
+  // AI Toolkit's qwen_image_edit_plus model class (Qwen-Image-Edit-2509, -2511): the diffusers Plus
+  // pipeline (control images numbered "Picture i: " in the template, conditions at 384²), and previews not
+  // tiled under low_vram (its generate_single_image does not call enable_tiling).
+  bool edit_plus = false;
   // Edit models: the control image also goes through the text encoder's vision tower, resized to this area
-  // first (AI Toolkit's get_prompt_embeds: Qwen-Image-Edit 1024², the Plus models 384²; tiny presets 112²),
-  // each one numbered "Picture i: " in the Plus models' template. The rows one square control image adds
-  // to the text sequence: its Qwen2.5-VL tokens and their markers (1024²: 1369 + 2; 384²: 196 + 2 + 5;
-  // the text module's rule gives them — ctest TextEncoders.* checks each preset's figure against it).
+  // first (AI Toolkit's get_prompt_embeds: Qwen-Image-Edit 1024², the Plus models 384²; tiny presets 112²).
+  // The rows one square control image adds to the text sequence: its Qwen2.5-VL tokens and their markers
+  // (1024²: 1369 + 2; 384²: 196 + 2 + 5; the text module's rule gives them — ctest
+  // PromptEncoder.EditPresetsConditionRowsFollowThePipelinesRule checks each preset's figure against it).
   int64_t condition_area = 0;
-  bool numbered_conditions = false;
   int64_t condition_text_rows = 0;
   int divisibility = 16;
   bool tiny = false;

@@ -163,6 +163,8 @@ class Session {
   void precompute_text(const std::vector<std::string>& captions);
   // The batch's captions with its control images (edit models' text encoders read them).
   std::vector<data::Caption> captions_of(const data::LoadedBatch& lb) const;
+  // An edit model's preview: its control images' latents (reference tokens), encoded on the device.
+  std::vector<torch::Tensor> preview_references(const std::vector<std::filesystem::path>& controls);
 
   ResidentBytes resident() const;
   // The trained tensors replaced by their EMA for the duration of fn (saving), when EMA is on.
