@@ -510,6 +510,12 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
   return (x.to(torch::kFloat) * cos + rotated.to(torch::kFloat) * sin).to(x.scalar_type());
 }
 
+torch::Tensor swiglu(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x) {
+  torch::Tensor a = torch::silu(gate.forward(x));
+  a = a * up.forward(x);
+  return down.forward(a);
+}
+
 torch::Tensor apply_rope_half(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   return x * cos + torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1) * sin;

@@ -110,13 +110,16 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const 
   ClipTextOutput out;
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = *layers_[i];
-    torch::Tensor n = torch::layer_norm(h, {c.hidden_size}, l.ln1_w, l.ln1_b, c.layer_norm_eps);
-    auto split = [&](nn::Linear& proj) { return proj->forward(n).view({batch, length, heads, -1}).transpose(1, 2); };
-    torch::Tensor a = at::scaled_dot_product_attention(split(l.q), split(l.k), split(l.v), mask, 0.0, false, scale);
-    a = a.transpose(1, 2).reshape({batch, length, c.hidden_size});
-    h = h + l.out->forward(a);
-    n = torch::layer_norm(h, {c.hidden_size}, l.ln2_w, l.ln2_b, c.layer_norm_eps);
-    h = h + l.fc2->forward(act(l.fc1->forward(n)));
+    {  // the attention's tensors are freed before the MLP runs, as in transformers' forward
+      const torch::Tensor n = torch::layer_norm(h, {c.hidden_size}, l.ln1_w, l.ln1_b, c.layer_norm_eps);
+      auto split = [&](nn::Linear& proj) { return proj->forward(n).view({batch, length, heads, -1}).transpose(1, 2); };
+      torch::Tensor a = at::scaled_dot_product_attention(split(l.q), split(l.k), split(l.v), mask, 0.0, false, scale);
+      a = a.transpose(1, 2).reshape({batch, length, c.hidden_size});
+      h = h + l.out->forward(a);
+    }
+    torch::Tensor f = l.fc1->forward(torch::layer_norm(h, {c.hidden_size}, l.ln2_w, l.ln2_b, c.layer_norm_eps));
+    f = act(f);  // CLIPMLP: fc1's output replaced by its activation, then fc2
+    h = h + l.fc2->forward(f);
     if (i + 2 == layers_.size()) out.penultimate = h;
   }
   if (layers_.size() < 2) out.penultimate = h;  // one layer: hidden_states[-2] is the embeddings' output

@@ -189,18 +189,20 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
   QwenLmOutput out;
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = *layers_[i];
-    const torch::Tensor n = rms_norm(h, l.input_norm, c.rms_norm_eps);
-    torch::Tensor q = l.q->forward(n).view({batch, length, -1, hd});
-    torch::Tensor k = l.k->forward(n).view({batch, length, -1, hd});
-    if (c.qk_norm) q = rms_norm(q, l.q_norm, c.rms_norm_eps), k = rms_norm(k, l.k_norm, c.rms_norm_eps);
-    q = nn::apply_rope_half(q.transpose(1, 2), cos, sin);
-    k = nn::apply_rope_half(k.transpose(1, 2), cos, sin).repeat_interleave(groups, 1);
-    const torch::Tensor v = l.v->forward(n).view({batch, length, -1, hd}).transpose(1, 2).repeat_interleave(groups, 1);
-    torch::Tensor a =
-        at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 1.0 / std::sqrt(static_cast<double>(hd)));
-    h = h + l.o->forward(a.transpose(1, 2).reshape({batch, length, -1}));
-    const torch::Tensor m = rms_norm(h, l.post_norm, c.rms_norm_eps);
-    h = h + l.down->forward(torch::silu(l.gate->forward(m)) * l.up->forward(m));
+    {  // the attention's tensors are freed before the MLP runs, as in transformers' forward
+      const torch::Tensor n = rms_norm(h, l.input_norm, c.rms_norm_eps);
+      torch::Tensor q = l.q->forward(n).view({batch, length, -1, hd});
+      torch::Tensor k = l.k->forward(n).view({batch, length, -1, hd});
+      if (c.qk_norm) q = rms_norm(q, l.q_norm, c.rms_norm_eps), k = rms_norm(k, l.k_norm, c.rms_norm_eps);
+      q = nn::apply_rope_half(q.transpose(1, 2), cos, sin);
+      k = nn::apply_rope_half(k.transpose(1, 2), cos, sin).repeat_interleave(groups, 1);
+      const torch::Tensor v =
+          l.v->forward(n).view({batch, length, -1, hd}).transpose(1, 2).repeat_interleave(groups, 1);
+      const torch::Tensor a =
+          at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 1.0 / std::sqrt(static_cast<double>(hd)));
+      h = h + l.o->forward(a.transpose(1, 2).reshape({batch, length, -1}));
+    }
+    h = h + nn::swiglu(*l.gate, *l.up, *l.down, rms_norm(h, l.post_norm, c.rms_norm_eps));
     if (i + 2 == layers_.size()) out.penultimate = h;
   }
   if (layers_.size() < 2) out.penultimate = h;

@@ -207,23 +207,24 @@ torch::Tensor QwenVisionTowerImpl::forward(const QwenVisionInput& input) {
     const bool full = std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
                                 static_cast<int64_t>(i)) != c.fullatt_block_indexes.end();
     const std::vector<int64_t>& bounds = full ? layout.frames : layout.windows;
-    const auto qkv = b.qkv->forward(b.norm1->forward(h)).reshape({n, 3, heads, hd}).unbind(1);
-    // apply_rotary_pos_emb_vision: in float32, back to the activations' dtype.
-    const torch::Tensor q = nn::apply_rope_half(qkv[0].to(torch::kFloat), cos, sin).to(h.scalar_type());
-    const torch::Tensor k = nn::apply_rope_half(qkv[1].to(torch::kFloat), cos, sin).to(h.scalar_type());
-    std::vector<torch::Tensor> parts;  // attention within each window (or frame), as the non-flash path does
-    for (size_t s = 0; s + 1 < bounds.size(); ++s) {
-      auto seg = [&](const torch::Tensor& x) {
-        return x.slice(0, bounds[s], bounds[s + 1]).transpose(0, 1).unsqueeze(0);
-      };
-      parts.push_back(at::scaled_dot_product_attention(seg(q), seg(k), seg(qkv[2]), {}, 0.0, false,
-                                                       1.0 / std::sqrt(static_cast<double>(hd)))
-                          .squeeze(0)
-                          .transpose(0, 1));
+    {  // the attention's tensors are freed before the MLP runs, as in transformers' forward
+      const auto qkv = b.qkv->forward(b.norm1->forward(h)).reshape({n, 3, heads, hd}).unbind(1);
+      // apply_rotary_pos_emb_vision: in float32, back to the activations' dtype.
+      const torch::Tensor q = nn::apply_rope_half(qkv[0].to(torch::kFloat), cos, sin).to(h.scalar_type());
+      const torch::Tensor k = nn::apply_rope_half(qkv[1].to(torch::kFloat), cos, sin).to(h.scalar_type());
+      std::vector<torch::Tensor> parts;  // attention within each window (or frame), as the non-flash path does
+      for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+        auto seg = [&](const torch::Tensor& x) {
+          return x.slice(0, bounds[s], bounds[s + 1]).transpose(0, 1).unsqueeze(0);
+        };
+        parts.push_back(at::scaled_dot_product_attention(seg(q), seg(k), seg(qkv[2]), {}, 0.0, false,
+                                                         1.0 / std::sqrt(static_cast<double>(hd)))
+                            .squeeze(0)
+                            .transpose(0, 1));
+      }
+      h = h + b.proj->forward(torch::cat(parts).reshape({n, -1}));
     }
-    h = h + b.proj->forward(torch::cat(parts).reshape({n, -1}));
-    const torch::Tensor m = b.norm2->forward(h);
-    h = h + b.down->forward(torch::silu(b.gate->forward(m)) * b.up->forward(m));
+    h = h + nn::swiglu(*b.gate, *b.up, *b.down, b.norm2->forward(h));
   }
   // Qwen2_5_VLPatchMerger, then back from window order.
   torch::Tensor merged =

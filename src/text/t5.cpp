@@ -143,16 +143,18 @@ torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch
     return torch::clamp(x, -limit, limit);
   };
   for (const auto& b : blocks_) {
-    torch::Tensor n = t5_norm(h, b->attention_norm, c.layer_norm_epsilon);
-    auto heads = [&](nn::Linear& l) {
-      return l->forward(n).view({batch, length, c.num_heads, c.d_kv}).transpose(1, 2);
-    };
-    const torch::Tensor q = heads(b->q), k = heads(b->k), v = heads(b->v);
-    // No scaling of the scores: T5 folds it into its initialisation.
-    torch::Tensor a = at::scaled_dot_product_attention(q, k, v, bias, 0.0, false, /*scale=*/1.0);
-    a = a.transpose(1, 2).reshape({batch, length, c.num_heads * c.d_kv});
-    h = clamp_fp16(h + b->o->forward(a));
-    n = t5_norm(h, b->ff_norm, c.layer_norm_epsilon);
+    {  // the attention's tensors are freed before the feed-forward runs, as in transformers' forward
+      const torch::Tensor n = t5_norm(h, b->attention_norm, c.layer_norm_epsilon);
+      auto heads = [&](nn::Linear& l) {
+        return l->forward(n).view({batch, length, c.num_heads, c.d_kv}).transpose(1, 2);
+      };
+      const torch::Tensor q = heads(b->q), k = heads(b->k), v = heads(b->v);
+      // No scaling of the scores: T5 folds it into its initialisation.
+      torch::Tensor a = at::scaled_dot_product_attention(q, k, v, bias, 0.0, false, /*scale=*/1.0);
+      a = a.transpose(1, 2).reshape({batch, length, c.num_heads * c.d_kv});
+      h = clamp_fp16(h + b->o->forward(a));
+    }
+    const torch::Tensor n = t5_norm(h, b->ff_norm, c.layer_norm_epsilon);
     torch::Tensor f = activation(b->wi_0->forward(n), c.dense_act_fn);
     if (c.gated) f = f * b->wi_1->forward(n);
     h = clamp_fp16(h + b->wo->forward(f));

@@ -116,6 +116,11 @@ int64_t offloaded_bytes(torch::nn::Module& root);
 // one (its stored tensors' copy and the dequantization's intermediate beside its result).
 int64_t offload_device_bytes(torch::nn::Module& root, int64_t element_bytes);
 
+// down(silu(gate(x)) * up(x)) — the SwiGLU MLP of the Qwen language models and the Qwen2.5-VL vision tower —
+// holding at most three intermediates at once, as PyTorch's eager forward does (the gate's output is freed
+// once activated): an inference forward's peak, as transformers' has it.
+torch::Tensor swiglu(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x);
+
 // Registers `module` under `parent` at a dotted path ("norm1.linear", "to_out.0", "img_mod.1"), creating
 // empty holder modules for the intermediate names, so parameter names match state dicts whose layers
 // sit inside wrappers or nn.Sequential containers.
