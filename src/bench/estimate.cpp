@@ -110,9 +110,8 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
     // uint8 image), whichever is higher.
     p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
                               int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
-    const bool controls = std::any_of(sc.samples.begin(), sc.samples.end(), [](const config::SampleItem& i) {
-      return i.ctrl_img || i.ctrl_img_1 || i.ctrl_img_2 || i.ctrl_img_3;
-    });
+    const bool controls = std::any_of(sc.samples.begin(), sc.samples.end(),
+                                      [](const config::SampleItem& i) { return !i.control_images().empty(); });
     if (e.spec.edit && controls) p.reference_encode_bytes = session.codec_spec().encode_bytes(1, 1024, 1024, !cuda);
     p.total_bytes = e.resident_bytes - e.gradient_bytes + (e.vae_weight_bytes - e.vae_bytes) +
                     std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes});

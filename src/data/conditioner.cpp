@@ -12,11 +12,19 @@ namespace gclab::data {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
 int64_t class_label_for(const std::string& caption, int64_t num_classes) {
   if (caption.empty()) return num_classes;
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : caption) h = (h ^ c) * 1099511628211ull;
-  return static_cast<int64_t>(h % static_cast<uint64_t>(num_classes));
+  return static_cast<int64_t>(fnv1a(caption) % static_cast<uint64_t>(num_classes));
 }
 
 TextEmbeddingCache::TextEmbeddingCache(std::unique_ptr<text::PromptEncoder> encoder, SequenceLength length,
@@ -28,12 +36,6 @@ TextEmbeddingCache::TextEmbeddingCache(std::unique_ptr<text::PromptEncoder> enco
       reads_conditions_(encoder && encoder->reads_conditions()),
       encoders_(std::move(encoders)),
       encoder_(std::move(encoder)) {}
-
-TextEmbedding TextEmbeddingCache::encode(const std::vector<std::string>& captions) {
-  std::vector<Caption> c;
-  for (const auto& t : captions) c.push_back({t, {}, {}, {}});
-  return encode(c);
-}
 
 namespace {
 
@@ -106,27 +108,23 @@ int64_t TextEmbeddingCache::cache_bytes() const {
 
 namespace {
 
-// What identifies a cached embedding on disk: the caption, its control files, the encoders.
-std::string file_key(const Caption& c, const std::string& encoders) {
-  std::string key = encoders + "\n" + c.text;
-  for (const auto& f : c.control_files) key += "\n" + f.string();
-  return key;
-}
-
 std::string fnv1a_hex(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
   char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(fnv1a(s)));
   return out;
 }
 
 }  // namespace
 
+std::string TextEmbeddingCache::file_key(const Caption& c) const {
+  // What identifies a cached embedding on disk: what names it in memory, and the encoders that made it.
+  return encoders_ + "\n" + cache_key(c, reads_conditions_);
+}
+
 fs::path TextEmbeddingCache::cache_file(const Caption& c) const {
   if (!cache_ || c.image.empty()) return {};
   return c.image.parent_path() / "_t_e_cache" /
-         (c.image.stem().string() + "_" + fnv1a_hex(file_key(c, encoders_)) + ".safetensors");
+         (c.image.stem().string() + "_" + fnv1a_hex(file_key(c)) + ".safetensors");
 }
 
 const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const std::string& caption_key,
@@ -142,11 +140,11 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
     try {
       const auto f = io::SafetensorsFile::open(file);
       const auto m = f.metadata();
-      if (m.count("gclab_key") && m.at("gclab_key") == file_key(caption, encoders_) && f.contains("text_embed")) {
+      if (m.count("gclab_key") && m.at("gclab_key") == file_key(caption) && f.contains("text_embed")) {
         TextEmbedding e{f.tensor("text_embed").clone(),
                         f.contains("pooled_embed") ? f.tensor("pooled_embed").clone() : torch::Tensor()};
         if (e.text.dim() == 3 && e.text.size(1) == length) {
-          if (std::find(files_.begin(), files_.end(), file) == files_.end()) files_.push_back(file);
+          files_.insert(file);
           scratch_ = std::move(e);
           return scratch_;
         }
@@ -174,8 +172,8 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
       fs::create_directories(file.parent_path());
       std::vector<std::pair<std::string, torch::Tensor>> tensors{{"text_embed", e.text}};
       if (e.pooled.defined()) tensors.emplace_back("pooled_embed", e.pooled);
-      io::save_safetensors(file, tensors, {{"gclab_key", file_key(caption, encoders_)}});
-      if (std::find(files_.begin(), files_.end(), file) == files_.end()) files_.push_back(file);
+      io::save_safetensors(file, tensors, {{"gclab_key", file_key(caption)}});
+      files_.insert(file);
       scratch_ = std::move(e);
       return scratch_;
     } catch (const std::exception& x) {

@@ -86,9 +86,10 @@ class QwenEncoder : public TextEncoderBase {
     torch::Tensor embeds = model_->embed(ids);
     const torch::Tensor slots = (ids == model_->config().image_token_id).unsqueeze(-1);
     const torch::Tensor tokens = visual_->forward(images).to(embeds.scalar_type());
-    if (slots.sum().item<int64_t>() != tokens.size(0))
+    const int64_t image_tokens = slots.sum().item<int64_t>();
+    if (image_tokens != tokens.size(0))
       throw std::invalid_argument("the images give " + std::to_string(tokens.size(0)) + " tokens but input_ids has " +
-                                  std::to_string(slots.sum().item<int64_t>()) + " image tokens");
+                                  std::to_string(image_tokens) + " image tokens");
     embeds = embeds.masked_scatter(slots, tokens);
     const torch::Tensor positions = qwen_mrope_positions(ids, mask, model_->config().image_token_id, images.grid_thw,
                                                          visual_->config().spatial_merge_size);

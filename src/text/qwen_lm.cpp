@@ -212,34 +212,37 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
 
 torch::Tensor qwen_mrope_positions(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                    int64_t image_token_id, const torch::Tensor& grid_thw, int64_t spatial_merge_size) {
-  const torch::Tensor ids = input_ids.to(torch::kCPU, torch::kLong).contiguous();
-  const torch::Tensor keep =
-      attention_mask.defined() ? attention_mask.to(torch::kCPU) != 0 : torch::ones(ids.sizes(), torch::kBool);
-  const torch::Tensor grid =
+  const torch::Tensor ids_cpu = input_ids.to(torch::kCPU, torch::kLong).contiguous();
+  const torch::Tensor keep_cpu =
+      (attention_mask.defined() ? attention_mask.to(torch::kCPU) != 0 : torch::ones(ids_cpu.sizes(), torch::kBool))
+          .contiguous();
+  const torch::Tensor grid_cpu =
       grid_thw.defined() ? grid_thw.to(torch::kCPU, torch::kLong).contiguous() : torch::zeros({0, 3}, torch::kLong);
-  const int64_t batch = ids.size(0), length = ids.size(1), m = spatial_merge_size;
+  const auto ids = ids_cpu.accessor<int64_t, 2>();
+  const auto keep = keep_cpu.accessor<bool, 2>();
+  const auto grid = grid_cpu.accessor<int64_t, 2>();
+  const int64_t batch = ids_cpu.size(0), length = ids_cpu.size(1), m = spatial_merge_size, images = grid_cpu.size(0);
   torch::Tensor out = torch::zeros({3, batch, length}, torch::kLong);
   auto acc = out.accessor<int64_t, 3>();
   int64_t image = 0;  // the images are consumed in order, across the batch (as get_rope_index's iterator)
   for (int64_t b = 0; b < batch; ++b) {
-    int64_t pos = 0, t = 0;
     std::vector<int64_t> kept;
     for (int64_t i = 0; i < length; ++i)
-      if (keep[b][i].item<bool>()) kept.push_back(i);
-    while (t < static_cast<int64_t>(kept.size())) {
-      if (ids[b][kept[t]].item<int64_t>() != image_token_id) {
+      if (keep[b][i]) kept.push_back(i);
+    const auto n = static_cast<int64_t>(kept.size());
+    int64_t pos = 0, t = 0;
+    while (t < n) {
+      if (ids[b][kept[t]] != image_token_id) {
         for (int a = 0; a < 3; ++a) acc[a][b][kept[t]] = pos;
         ++pos, ++t;
         continue;
       }
-      if (image >= grid.size(0))
-        throw std::invalid_argument("more runs of image tokens than images (" + std::to_string(grid.size(0)) + ")");
-      const int64_t gt = grid[image][0].item<int64_t>(), gh = grid[image][1].item<int64_t>() / m,
-                    gw = grid[image][2].item<int64_t>() / m;
+      if (image >= images)
+        throw std::invalid_argument("more runs of image tokens than images (" + std::to_string(images) + ")");
+      const int64_t gt = grid[image][0], gh = grid[image][1] / m, gw = grid[image][2] / m;
       ++image;
       int64_t run = 0;
-      while (t + run < static_cast<int64_t>(kept.size()) && ids[b][kept[t + run]].item<int64_t>() == image_token_id)
-        ++run;
+      while (t + run < n && ids[b][kept[t + run]] == image_token_id) ++run;
       if (run != gt * gh * gw)
         throw std::invalid_argument("an image of " + std::to_string(gt * gh * gw) + " tokens has a run of " +
                                     std::to_string(run) + " image tokens in the text");
@@ -253,8 +256,8 @@ torch::Tensor qwen_mrope_positions(const torch::Tensor& input_ids, const torch::
       pos += std::max(gh, gw);
     }
   }
-  if (image != grid.size(0))
-    throw std::invalid_argument(std::to_string(grid.size(0)) + " images but " + std::to_string(image) +
+  if (image != images)
+    throw std::invalid_argument(std::to_string(images) + " images but " + std::to_string(image) +
                                 " runs of image tokens in the text");
   return out.to(input_ids.device());
 }

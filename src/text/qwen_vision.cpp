@@ -18,9 +18,9 @@ QwenVisionConfig QwenVisionConfig::tiny(int64_t out_hidden) {
 std::vector<int64_t> QwenVisionInput::tokens_per_image(int64_t spatial_merge_size) const {
   std::vector<int64_t> out;
   const torch::Tensor g = grid_thw.to(torch::kCPU, torch::kLong).contiguous();
+  const auto a = g.accessor<int64_t, 2>();
   for (int64_t i = 0; i < g.size(0); ++i)
-    out.push_back(g[i][0].item<int64_t>() * g[i][1].item<int64_t>() * g[i][2].item<int64_t>() /
-                  (spatial_merge_size * spatial_merge_size));
+    out.push_back(a[i][0] * a[i][1] * a[i][2] / (spatial_merge_size * spatial_merge_size));
   return out;
 }
 
@@ -56,7 +56,7 @@ std::pair<int64_t, int64_t> qwen_edit_condition_size(int64_t height, int64_t wid
 
 int64_t qwen_vl_image_tokens(int64_t height, int64_t width, const QwenVisionConfig& c) {
   const int64_t factor = c.patch_size * c.spatial_merge_size;
-  const auto [h, w] = qwen_vl_smart_resize(height, width, factor, 3136, 12845056);
+  const auto [h, w] = qwen_vl_smart_resize(height, width, factor, kQwenVlMinPixels, kQwenVlMaxPixels);
   return (h / factor) * (w / factor);
 }
 

@@ -333,15 +333,19 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     for (const auto& [n, p] : trained_) ema_[n] = p.detach().clone();
 
   if (config_.sample && !tc.disable_sampling) prompts_ = config_.sample->samples;
-  if (text_->encoder() && text_->encoder()->reads_conditions())
-    for (auto& p : prompts_)  // a control image that is not there: the prompt is encoded without it, said once
-      for (auto* f : {&p.ctrl_img, &p.ctrl_img_1, &p.ctrl_img_2, &p.ctrl_img_3}) {
+  // An edit model's previews read their control images; one that is not a file is left out, said once.
+  for (const auto& p : prompts_) {
+    std::vector<fs::path> files;
+    if (spec_.edit)
+      for (const std::string& f : p.control_images()) {
         std::error_code ec;
-        if (*f && !fs::is_regular_file(**f, ec)) {
-          log::warn("sample: ctrl_img " + **f + " is not a file; the prompt '" + p.prompt + "' is encoded without it");
-          f->reset();
-        }
+        if (fs::is_regular_file(f, ec))
+          files.emplace_back(f);
+        else
+          log::warn("sample: ctrl_img " + f + " is not a file; the prompt '" + p.prompt + "' is previewed without it");
       }
+    prompt_controls_.push_back(std::move(files));
+  }
 }
 
 int64_t Session::resident_host_weights() {
@@ -468,19 +472,6 @@ std::pair<int64_t, int64_t> Session::probe_block_activations() {
   return {measured, est.total_off_bytes};
 }
 
-namespace {
-
-// A sample prompt as the edit pipelines encode it: with its control images (ctrl_img, or ctrl_img_1, then
-// ctrl_img_2 and ctrl_img_3, as AI Toolkit's edit models read them).
-data::Caption sample_caption(const std::string& text, const config::SampleItem& item) {
-  data::Caption c{text, {}, {}, {}};
-  for (const auto* f : {item.ctrl_img ? &item.ctrl_img : &item.ctrl_img_1, &item.ctrl_img_2, &item.ctrl_img_3})
-    if (*f) c.control_files.emplace_back(**f);
-  return c;
-}
-
-}  // namespace
-
 model::ModelInputs Session::conditioning(const std::vector<data::Caption>& captions) {
   model::ModelInputs in;
   const data::TextEmbedding e = text_->encode(captions);
@@ -492,12 +483,6 @@ model::ModelInputs Session::conditioning(const std::vector<data::Caption>& capti
     in.class_labels = torch::tensor(labels).to(device_);
   }
   return in;
-}
-
-model::ModelInputs Session::conditioning(const std::vector<std::string>& captions) {
-  std::vector<data::Caption> c;
-  for (const auto& t : captions) c.push_back({t, {}, {}, {}});
-  return conditioning(c);
 }
 
 std::vector<data::Caption> Session::captions_of(const data::LoadedBatch& lb) const {
@@ -651,10 +636,11 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
     so.seed = seeds.at(i);
     so.autocast_bf16 = bf16();
-    const data::Caption caption = sample_caption(item.prompt, item);
-    auto cond = conditioning(std::vector<data::Caption>{caption});
-    auto uncond = conditioning(std::vector<data::Caption>{sample_caption(item.neg.value_or(sc.neg), item)});
-    cond.reference_latents = uncond.reference_latents = preview_references(caption.control_files);
+    const std::vector<fs::path>& controls = prompt_controls_.at(i);
+    // Each prompt with its control images, as the edit pipelines encode it.
+    auto cond = conditioning({data::Caption{item.prompt, controls, {}, {}}});
+    auto uncond = conditioning({data::Caption{item.neg.value_or(sc.neg), controls, {}, {}}});
+    cond.reference_latents = uncond.reference_latents = preview_references(controls);
     const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
     const torch::Tensor image = decode_preview(z);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
@@ -733,9 +719,9 @@ void Session::precompute_text(const std::vector<data::Caption>& captions) {
         ", not on the captions");
   }
   all.push_back({"", {}, {}, {}});
-  for (const auto& p : prompts_) {
-    all.push_back(sample_caption(p.prompt, p));
-    all.push_back(sample_caption(p.neg.value_or(config_.sample->neg), p));
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    all.push_back({prompts_[i].prompt, prompt_controls_[i], {}, {}});
+    all.push_back({prompts_[i].neg.value_or(config_.sample->neg), prompt_controls_[i], {}, {}});
   }
   for (const auto& c : all) text_->encode(std::vector<data::Caption>{c});
   text_->unload();

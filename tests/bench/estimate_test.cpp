@@ -6,6 +6,7 @@
 
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
+#include "../support/step_peak.h"
 #include "../support/test_util.h"
 #include "gclab/bench/bench.h"
 #include "gclab/bench/report.h"
@@ -144,13 +145,7 @@ TEST(Estimate, WithinTenPercentOfAMeasuredStepForEveryTinyPreset) {
         int64_t measured = 0;
         {
           train::Session session(*r.config);
-          for (int step = 0; step < 2; ++step) {
-            session.meter().reset_peak();
-            session.train_step(step, [&] { return session.synthetic_batch(2, 256, 256); });
-            measured = std::max(measured, session.meter().stats().peak_bytes);
-            for (const auto& [phase, bytes] : session.phases().peaks()) measured = std::max(measured, bytes);
-            session.phases().clear();
-          }
+          measured = testing::synthetic_step_peak(session, 2, 2, 256);
         }
         const double ratio = static_cast<double>(predicted.total_bytes) / static_cast<double>(measured);
         std::printf(

@@ -59,6 +59,7 @@ def check_qwen_images(exe, work, model):
     pictures = [torch.randint(0, 256, (3, 84, 140), dtype=torch.uint8),  # 6x10 patches: 3x5 merged, padded windows
                 torch.randint(0, 256, (3, 56, 56), dtype=torch.uint8)]
     pv = proc(images=pictures, return_tensors="pt")
+    pv_two = pv
     grid = pv["image_grid_thw"]
     counts = (grid.prod(-1) // 4).tolist()
     rows = []
@@ -108,6 +109,32 @@ def check_qwen_images(exe, work, model):
             print(f"qwen25_vl from an image input: max relative difference {err:.2e}")
             assert err < TOL, err
             worst = max(worst, err)
+    # The published Qwen-Image text_encoder's layout (written by transformers 4.x): visual.*, model.layers.*,
+    # model.embed_tokens / model.norm, lm_head — the same weights load unchanged and give the same states.
+    old_layout = os.path.join(work, "qwen25_vl_4x")
+    os.makedirs(old_layout, exist_ok=True)
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    renamed = {}
+    for k, v in tensors.items():
+        if k.startswith("model.visual."):
+            k = k[len("model."):]
+        elif k.startswith("model.language_model."):
+            k = "model." + k[len("model.language_model."):]
+        renamed[k] = v
+    assert any(k.startswith("visual.") for k in renamed) and any(k.startswith("model.layers.") for k in renamed)
+    save_file(renamed, os.path.join(old_layout, "model.safetensors"))
+    with open(os.path.join(folder, "config.json")) as src, open(os.path.join(old_layout, "config.json"), "w") as dst:
+        dst.write(src.read())
+    run(exe, yaml, "text_encoder", old_layout, os.path.join(work, "in_qwen_images.safetensors"), out)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask, pixel_values=pv_two["pixel_values"],
+                     image_grid_thw=pv_two["image_grid_thw"], mm_token_type_ids=(ids == IMAGE_TOKEN).int(),
+                     output_hidden_states=True).hidden_states[-1]
+    got = load_file(out)["hidden_states"]
+    err = ((got[keep] - want[keep]).abs().max() / want[keep].abs().max()).item()
+    print(f"qwen25_vl in the transformers 4.x layout (visual.*, model.layers.*): max relative difference {err:.2e}")
+    assert err < TOL, err
+    worst = max(worst, err)
     # A grid that does not match the pixel values, or image tokens that do not match the images: exit 2.
     bad = os.path.join(work, "bad_images.safetensors")
     save_file({"input_ids": one, "image": torch.rand(3, 56, 56)}, bad)

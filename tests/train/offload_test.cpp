@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "../support/oom_advice.h"
+#include "../support/step_peak.h"
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
 #include "gclab/bench/estimate.h"
@@ -99,13 +100,7 @@ TEST(LayerOffloading, TheEstimateMatchesTheMeasuredStep) {
       int64_t measured = 0, host = 0;
       {
         Session session(config);
-        for (int step = 0; step < 2; ++step) {
-          session.meter().reset_peak();
-          session.train_step(step, [&] { return session.synthetic_batch(2, 64, 64); });
-          measured = std::max(measured, session.meter().stats().peak_bytes);
-          for (const auto& [phase, bytes] : session.phases().peaks()) measured = std::max(measured, bytes);
-          session.phases().clear();
-        }
+        measured = testing::synthetic_step_peak(session, 2, 2, 64);
         host = session.resident().host_weights;
       }
       EXPECT_EQ(e.host_weight_bytes, host) << policy << " " << qtype;

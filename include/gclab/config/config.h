@@ -452,6 +452,15 @@ struct SampleItem {
   std::optional<std::string> ctrl_img_3;
   std::optional<double> network_multiplier;
 
+  // The control images an edit model's preview reads, in AI Toolkit's order (qwen_image_edit_plus.py
+  // generate_single_image): ctrl_img, else ctrl_img_1; then ctrl_img_2 and ctrl_img_3.
+  std::vector<std::string> control_images() const {
+    std::vector<std::string> out;
+    for (const auto* f : {ctrl_img ? &ctrl_img : &ctrl_img_1, &ctrl_img_2, &ctrl_img_3})
+      if (*f) out.push_back(**f);
+    return out;
+  }
+
   template <class V>
   void fields(V& v) {
     v("prompt", prompt);

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,6 @@ class TextEmbeddingCache {
 
   // [B, T, D] text (and [B, P] pooled) for the captions, padded to one length.
   TextEmbedding encode(const std::vector<Caption>& captions);
-  TextEmbedding encode(const std::vector<std::string>& captions);
   // unload_text_encoder: everything needed was precomputed; the encoder's memory is returned.
   void unload() { encoder_.reset(); }
   int64_t encoder_bytes() const { return encoder_ ? encoder_->weight_bytes() : 0; }
@@ -53,7 +53,7 @@ class TextEmbeddingCache {
   // The precomputed embeddings held in host memory (only each batch's go to the device), and the files
   // written or reused in _t_e_cache/.
   int64_t cache_bytes() const;
-  const std::vector<std::filesystem::path>& cache_files() const { return files_; }
+  std::vector<std::filesystem::path> cache_files() const { return {files_.begin(), files_.end()}; }
   // Where a dataset caption's embedding is kept on disk (empty: not a dataset caption).
   std::filesystem::path cache_file(const Caption& caption) const;
   bool has_text() const { return has_text_; }
@@ -61,6 +61,7 @@ class TextEmbeddingCache {
  private:
   const TextEmbedding& embedding(const Caption& caption, const std::string& key, int64_t length);
   text::ConditionImages images_of(const Caption& caption) const;
+  std::string file_key(const Caption& caption) const;
 
   bool has_text_;
   SequenceLength length_;
@@ -68,7 +69,7 @@ class TextEmbeddingCache {
   bool cache_;
   bool reads_conditions_;  // an edit model's encoder: control images change the embedding
   std::string encoders_;   // what made the embeddings, in the cache files' key
-  std::vector<std::filesystem::path> files_;
+  std::set<std::filesystem::path> files_;
   std::unique_ptr<text::PromptEncoder> encoder_;
   std::map<std::string, TextEmbedding> cached_;
   std::map<std::string, int64_t> token_counts_;  // each caption's row count, kept past unloading

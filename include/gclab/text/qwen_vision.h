@@ -35,6 +35,10 @@ struct QwenVisionConfig {
   static QwenVisionConfig tiny(int64_t out_hidden);
 };
 
+// The image processor's pixel limits in Qwen2.5-VL-7B-Instruct's preprocessor_config.json (min_pixels,
+// max_pixels), as Qwen-Image ships it.
+constexpr int64_t kQwenVlMinPixels = 3136, kQwenVlMaxPixels = 12845056;
+
 // One or more images as the tower takes them (Qwen2VLImageProcessor's output): `pixel_values` [patches,
 // C * temporal_patch * patch * patch] in the processor's patch order, `grid_thw` [images, 3] int64 (frames,
 // rows, columns of patches).
@@ -53,9 +57,8 @@ std::pair<int64_t, int64_t> qwen_vl_smart_resize(int64_t height, int64_t width, 
 // Qwen2VLImageProcessor on one image [3, H, W] with values in [0, 1]: resized to smart_resize's size
 // (bicubic, antialiased, on uint8 levels: within one level of PIL's — the one step that is not bit-exact), normalized
 // with CLIP's mean and std, repeated over the temporal patch, and cut into patches in the processor's order.
-// `min_pixels` / `max_pixels`: Qwen2.5-VL-7B-Instruct's preprocessor_config.json (3136 and 12845056).
 QwenVisionInput qwen_vl_image_input(const torch::Tensor& image, const QwenVisionConfig& config,
-                                    int64_t min_pixels = 3136, int64_t max_pixels = 12845056);
+                                    int64_t min_pixels = kQwenVlMinPixels, int64_t max_pixels = kQwenVlMaxPixels);
 
 // The size AI Toolkit resizes an edit model's control image ([.., H, W]) to before the processor
 // (qwen_image_edit.py / qwen_image_edit_plus.py get_prompt_embeds: `area` at the image's aspect, sides

@@ -176,7 +176,6 @@ class Session {
   Offloaded offload_within_host_cap(torch::nn::Module& component, double share, const std::string& share_key,
                                     uint64_t seed, const std::string& what);
   int64_t resident_host_weights();  // the offloaded weights so far (the model's, the text encoders')
-  model::ModelInputs conditioning(const std::vector<std::string>& captions);
   model::ModelInputs conditioning(const std::vector<data::Caption>& captions);
 
   std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir);
@@ -206,6 +205,7 @@ class Session {
   std::unique_ptr<vae::ImageCodec> codec_;
   bool caches_latents_ = false;
   std::vector<config::SampleItem> prompts_;
+  std::vector<std::vector<std::filesystem::path>> prompt_controls_;  // per prompt: its control files (edit models)
   std::optional<std::string> fixed_caption_;  // unload_text_encoder without cached captions: what trains
 };
 

@@ -1,0 +1,24 @@
+// The peak a session's training steps reach: the meter's peak or any phase's, whichever is higher, over
+// `steps` steps of synthetic batches (batch x side x side), the phases cleared after each.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "gclab/train/session.h"
+
+namespace gclab::testing {
+
+inline int64_t synthetic_step_peak(train::Session& session, int steps, int batch, int side) {
+  int64_t peak = 0;
+  for (int step = 0; step < steps; ++step) {
+    session.meter().reset_peak();
+    session.train_step(step, [&] { return session.synthetic_batch(batch, side, side); });
+    peak = std::max(peak, session.meter().stats().peak_bytes);
+    for (const auto& [phase, bytes] : session.phases().peaks()) peak = std::max(peak, bytes);
+    session.phases().clear();
+  }
+  return peak;
+}
+
+}  // namespace gclab::testing
