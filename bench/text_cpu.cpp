@@ -1,7 +1,8 @@
 // The text encoders on this machine's CPU (not a test): for each encoder kind at its CPU-test size, and
 // CLIP-L / bigG at full size, one encode of a batch of one caption at the pipeline's length — time (the
 // median of 3 runs after a warm-up) and the peak bytes the tracking allocator saw above the weights
-// (float32, no gradients). T5-XXL and the Qwen models at full size do not fit this machine in float32.
+// (float32, no gradients), beside the peak text/memory.h predicts. T5-XXL and the Qwen models at full size
+// do not fit this machine in float32.
 //
 //   build/bin/text_cpu >> docs/results/text-encoders.md
 #include <torch/torch.h>
@@ -14,6 +15,7 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/text/encoder.h"
+#include "gclab/text/memory.h"
 #include "gclab/text/qwen_vision.h"
 
 int main() {
@@ -36,7 +38,11 @@ int main() {
       "float32, no gradients, %d intra-op threads; time: the median of 3 runs after a warm-up; peak: the tracking\n"
       "allocator's highest live bytes during the encode, above the weights.\n\n",
       torch::get_num_threads());
-  std::printf("| encoder | size | parameters | tokens | encode time | encode peak |\n|---|---|---:|---:|---:|---:|\n");
+  gclab::text::EncodeMemoryOptions predict;
+  predict.threads = torch::get_num_threads();
+  std::printf(
+      "| encoder | size | parameters | tokens | encode time | encode peak | predicted |\n"
+      "|---|---|---:|---:|---:|---:|---:|\n");
   for (const Case& c : cases) {
     torch::manual_seed(0);
     auto e = gclab::text::build_text_encoder(c.kind, c.tiny).encoder;
@@ -53,13 +59,15 @@ int main() {
       const auto t0 = std::chrono::steady_clock::now();
       e->encode(ids);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (run > 0) times.push_back(s);
+      if (run == 0) continue;  // the warm-up: the kernels' lazy state
+      times.push_back(s);
       peak = std::max(peak, tracker.stats().peak_bytes - before);
     }
     std::sort(times.begin(), times.end());
-    std::printf("| %s | %s | %lld | %lld | %.1f ms | %s |\n", std::string(gclab::config::name_of(c.kind)).c_str(),
+    std::printf("| %s | %s | %lld | %lld | %.1f ms | %s | %s |\n", std::string(gclab::config::name_of(c.kind)).c_str(),
                 c.tiny ? "tiny" : "full", static_cast<long long>(params), static_cast<long long>(length),
-                1000.0 * times[times.size() / 2], gclab::config::format_bytes(peak).c_str());
+                1000.0 * times[times.size() / 2], gclab::config::format_bytes(peak).c_str(),
+                gclab::config::format_bytes(e->predicted_encode_bytes(1, length, false, predict)).c_str());
     std::fflush(stdout);
   }
 
@@ -71,7 +79,8 @@ int main() {
       "CPU-test tower), a square control image resized to the condition area and through gclab's Qwen2VL\n"
       "processor; full size at 1024² is one timed run (no warm-up).\n\n");
   std::printf(
-      "| tower | condition area | patches | tokens | forward time | forward peak |\n|---|---|---:|---:|---:|---:|\n");
+      "| tower | condition area | patches | tokens | forward time | forward peak | predicted |\n"
+      "|---|---|---:|---:|---:|---:|---:|\n");
   struct TowerCase {
     bool tiny;
     int64_t side;  // the condition image's side (AI Toolkit: 384 for the Plus models, 1024 for Qwen-Image-Edit)
@@ -93,14 +102,18 @@ int main() {
       const auto t0 = std::chrono::steady_clock::now();
       tokens = tower->forward(in).size(0);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (run > 0 || c.runs == 1) times.push_back(s);
+      if (run == 0 && c.runs > 1) continue;  // the warm-up
+      times.push_back(s);
       peak = std::max(peak, tracker.stats().peak_bytes - before);
     }
     std::sort(times.begin(), times.end());
-    std::printf("| %s | %lld² | %lld | %lld | %.1f ms | %s |\n", c.tiny ? "tiny" : "full",
+    const auto grid = in.grid_thw[0];
+    const int64_t predicted =
+        gclab::text::predicted_vision_bytes(config, {{grid[1].item<int64_t>(), grid[2].item<int64_t>()}}, predict);
+    std::printf("| %s | %lld² | %lld | %lld | %.1f ms | %s | %s |\n", c.tiny ? "tiny" : "full",
                 static_cast<long long>(c.side), static_cast<long long>(in.pixel_values.size(0)),
                 static_cast<long long>(tokens), 1000.0 * times[times.size() / 2],
-                gclab::config::format_bytes(peak).c_str());
+                gclab::config::format_bytes(peak).c_str(), gclab::config::format_bytes(predicted).c_str());
     std::fflush(stdout);
   }
   return 0;

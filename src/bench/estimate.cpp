@@ -7,6 +7,7 @@
 #include "gclab/model/activations.h"
 #include "gclab/model/family.h"
 #include "gclab/nn/layers.h"
+#include "gclab/text/prompt.h"
 #include "gclab/train/session.h"
 
 namespace gclab::bench {
@@ -21,7 +22,8 @@ int64_t longest_sequence(const model::ActivationEstimate& a, int64_t batch, int6
 }
 
 StepEstimate step_estimate(const train::Session& session, const model::ActivationEstimate& a, int batch, int resolution,
-                           bool checkpointed, int64_t resident, int64_t gradients, bool cpu) {
+                           bool checkpointed, int64_t resident, int64_t gradients, bool cpu,
+                           const std::optional<TextEncodeEstimate>& text) {
   const model::ModelSpec& spec = session.spec();
   StepEstimate s;
   // The flow-matching step's own float32 tensors: x0, noise, x_t, target, the prediction and the squared
@@ -42,8 +44,12 @@ StepEstimate step_estimate(const train::Session& session, const model::Activatio
   if (codec.autoencoder && !session.caches_latents())
     s.encode_bytes =
         int64_t{4} * batch * 3 * resolution * resolution + codec.encode_bytes(batch, resolution, resolution, cpu);
+  // Captions encoded every step: the text phase holds the batch's latents and the encode (the captions one
+  // at a time; the earlier ones' embeddings beside it).
+  if (text && text->every_step)
+    s.text_bytes = latent + text->encode_bytes + int64_t{4} * (batch - 1) * a.text_tokens * spec.text_dim;
   s.total_bytes = std::max({resident - gradients + s.batch_bytes + s.activation_bytes + s.workspace_bytes,
-                            resident - gradients + s.encode_bytes, resident});
+                            resident - gradients + s.encode_bytes, resident - gradients + s.text_bytes, resident});
   return s;
 }
 
@@ -78,6 +84,21 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   const bool cuda = estimates_for_cuda(config);
   e.device = cuda ? "cuda" : config.device;
   const model::ActivationOptions o = session.activation_options(cuda);
+  text::EncodeMemoryOptions kernels;
+  kernels.cpu = !cuda, kernels.threads = at::get_num_threads();
+  const text::PromptEncoder* prompts = session.text().encoder();
+  if (prompts && prompts->slots() > 0) {
+    TextEncodeEstimate t;
+    t.caption_tokens = 77;
+    t.control_images = e.spec.edit ? 1 : 0;
+    const text::EncodePrediction p = prompts->predict_encode(t.caption_tokens, t.control_images, kernels);
+    for (size_t i = 0; i < prompts->slots(); ++i) t.encoders.push_back(model::text_encoder_folder(i));
+    t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes;
+    t.every_step = !train::text_encoder_leaves(config);
+    if (!t.every_step)
+      t.total_bytes = e.resident_bytes - e.gradient_bytes - e.optimizer_bytes + r.text_encoder + t.encode_bytes;
+    e.text = t;
+  }
   std::set<std::pair<int, int>> seen;
   for (const auto& d : config.datasets)
     for (int res : d.resolution) {
@@ -89,8 +110,8 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
       re.batch = batch;
       re.image_tokens = a.image_tokens;
       re.text_tokens = a.text_tokens;
-      re.gc_off = step_estimate(session, a, batch, res, false, e.resident_bytes, e.gradient_bytes, !cuda);
-      re.gc_full = step_estimate(session, a, batch, res, true, e.resident_bytes, e.gradient_bytes, !cuda);
+      re.gc_off = step_estimate(session, a, batch, res, false, e.resident_bytes, e.gradient_bytes, !cuda, e.text);
+      re.gc_full = step_estimate(session, a, batch, res, true, e.resident_bytes, e.gradient_bytes, !cuda, e.text);
       e.resolutions.push_back(re);
     }
   std::sort(e.resolutions.begin(), e.resolutions.end(),
@@ -113,8 +134,20 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
     const bool controls = std::any_of(sc.samples.begin(), sc.samples.end(),
                                       [](const config::SampleItem& i) { return !i.control_images().empty(); });
     if (e.spec.edit && controls) p.reference_encode_bytes = session.codec_spec().encode_bytes(1, 1024, 1024, !cuda);
+    // Without cached prompts the preview encodes each prompt (and its negative) with its control images.
+    if (prompts && e.text && e.text->every_step)
+      for (size_t i = 0; i < sc.samples.size(); ++i) {
+        text::ConditionImages conditions;
+        for (const auto& f : sc.samples[i].control_images())
+          if (const auto size = data::read_image_size(f))
+            conditions.push_back(
+                torch::empty({3, size->height, size->width}, torch::TensorOptions().device(torch::kMeta)));
+        for (const std::string& prompt : {sc.samples[i].prompt, sc.samples[i].neg.value_or(sc.neg)})
+          p.text_encode_bytes =
+              std::max(p.text_encode_bytes, prompts->predict_encode(prompt, conditions, kernels).peak_bytes);
+      }
     p.total_bytes = e.resident_bytes - e.gradient_bytes + (e.vae_weight_bytes - e.vae_bytes) +
-                    std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes});
+                    std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes, p.text_encode_bytes});
     e.preview = p;
   }
   e.not_modelled = {
@@ -123,8 +156,8 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
       "the data loader's prefetched batches and latent caches",
       "host memory: the sample prompts' cached embeddings (the captions' are on disk in _t_e_cache/, as AI "
       "Toolkit's: only a batch's reach the device), latents, the process itself",
-      "the text encoders' activations while they encode (the text phase; a few MiB to a few hundred beside their "
-      "weights: docs/results/text-encoders.md)",
+      "the text encoders' encode is predicted for a 77-token caption (the sample prompts' own lengths in the "
+      "preview); longer captions of Qwen-Image / Z-Image hold more",
       "allocator fragmentation and the CUDA context (CUDA)",
       "partial checkpoint policies (every:N, blocks, selective, offload)"};
   if (e.preview && e.preview->reference_encode_bytes > 0 && config.model.low_vram &&

@@ -15,6 +15,7 @@
 #include "gclab/model/family.h"
 #include "gclab/model/spec.h"
 #include "gclab/text/encoder.h"
+#include "gclab/text/prompt.h"
 #include "gclab/train/session.h"
 
 namespace gclab::bench {
@@ -115,6 +116,18 @@ std::string format_text_encoders(const config::ProcessConfig& config) {
   if (prompts.slots() == 0) return out.str();
   const bool leaves = train::text_encoder_leaves(config);
   out << "text_encoders_total_bytes: " << total << "  # " << format_bytes(total) << "\n";
+  text::EncodeMemoryOptions kernels;
+  kernels.cpu = !estimates_for_cuda(config), kernels.threads = at::get_num_threads();
+  const int controls = spec.edit ? 1 : 0;
+  const text::EncodePrediction p = prompts.predict_encode(77, controls, kernels);
+  out << "text_encode_peak:  # a 77-token caption" << (controls ? " with a square control image" : "")
+      << ", predicted (text/memory.h, " << (kernels.cpu ? "CPU" : "CUDA") << " kernels)\n";
+  out << "  encoders:\n";
+  for (size_t i = 0; i < prompts.slots(); ++i)
+    out << "    - {slot: " << model::text_encoder_folder(i) << ", tokens: " << p.tokens[i] << ", bytes: " << p.bytes[i]
+        << "}  # " << format_bytes(p.bytes[i]) << "\n";
+  out << "  caption_bytes: " << p.peak_bytes << "  # " << format_bytes(p.peak_bytes)
+      << ": the encoders in turn, each beside what the ones before returned\n";
   out << "text_encoders_on_the_device_during_steps: " << (leaves ? "false" : "true") << "  # "
       << (leaves ? "cache_text_embeddings / unload_text_encoder: they leave once the captions (or the trigger "
                    "word) and the sample prompts are encoded"
@@ -177,8 +190,23 @@ std::string format_estimate(const MemoryEstimate& e) {
   bytes("resident", e.resident_bytes);
   out << "  activations_dtype: " << e.activation_dtype << "\n";
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
-  out << "  per_resolution:  # total = resident + batch tensors + block activations + the running block's MLP "
-         "transients\n";
+  if (e.text) {
+    const auto& t = *e.text;
+    out << "  text_encode:  # one " << t.caption_tokens << "-token caption"
+        << (t.control_images ? " with a square control image" : "") << " through the text encoders (text/memory.h), "
+        << (t.every_step ? "in every step's text phase (text_encode in per_resolution)"
+                         : "once before training, beside the weights (then they leave the device)")
+        << "\n    encoders: [";
+    for (size_t i = 0; i < t.encoders.size(); ++i)
+      out << (i ? ", " : "") << "{slot: " << t.encoders[i] << ", tokens: " << t.tokens[i] << ", peak: " << t.bytes[i]
+          << "}";
+    out << "]\n";
+    bytes("encode_peak", t.encode_bytes, "    ");
+    if (!t.every_step)
+      out << "    total: " << t.total_bytes << "  # " << format_bytes(t.total_bytes) << fits(t.total_bytes) << "\n";
+  }
+  out << "  per_resolution:  # total = resident + the largest of: batch tensors + block activations + the running "
+         "block's MLP transients; the data phase's encode; the text phase's encode\n";
   for (const auto& r : e.resolutions) {
     out << "    - resolution: " << r.resolution << "\n      batch: " << r.batch
         << "\n      image_tokens: " << r.image_tokens << "\n      text_tokens: " << r.text_tokens << "\n";
@@ -186,18 +214,20 @@ std::string format_estimate(const MemoryEstimate& e) {
          {std::pair<const char*, const StepEstimate&>{"gc_off", r.gc_off}, {"gc_full", r.gc_full}}) {
       const std::string verdict = fits(s.total_bytes);
       out << "      " << name << ": {batch_tensors: " << s.batch_bytes << ", activations: " << s.activation_bytes
-          << ", workspace: " << s.workspace_bytes << ", vae_encode: " << s.encode_bytes << ", total: " << s.total_bytes
-          << "}  # " << format_bytes(s.total_bytes) << verdict << "\n";
+          << ", workspace: " << s.workspace_bytes << ", vae_encode: " << s.encode_bytes
+          << (e.text && e.text->every_step ? ", text_encode: " + std::to_string(s.text_bytes) : std::string())
+          << ", total: " << s.total_bytes << "}  # " << format_bytes(s.total_bytes) << verdict << "\n";
     }
   }
   if (e.preview) {
     const auto& p = *e.preview;
     const std::string verdict = fits(p.total_bytes);
     out << "  preview:  # after a step: resident without gradients, the autoencoder on the device, then the largest of "
-           "denoising, decoding and (edit models) encoding the ctrl_img\n";
+           "denoising, decoding, (edit models) encoding the ctrl_img and (prompts not cached) encoding the prompts\n";
     out << "    {size: \"" << p.width << "x" << p.height << "\", image_tokens: " << p.image_tokens
         << ", denoise: " << p.denoise_bytes << ", vae_decode: " << p.decode_bytes;
     if (p.reference_encode_bytes > 0) out << ", vae_encode_control: " << p.reference_encode_bytes;
+    if (p.text_encode_bytes > 0) out << ", text_encode: " << p.text_encode_bytes;
     out << ", total: " << p.total_bytes << "}  # " << format_bytes(p.total_bytes) << verdict << "\n";
   }
   out << "  not_modelled:\n";

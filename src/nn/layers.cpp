@@ -67,7 +67,11 @@ std::optional<quant::ScaledType> scaled_type(WeightStorage s) {
       return std::nullopt;
   }
 }
+}  // namespace
+
 bool is_quantized(WeightStorage s) { return scaled_type(s) || uintx_bits(s); }
+
+namespace {
 
 // Matches x's dtype unless autocast will cast the matmul's operands anyway.
 torch::Tensor for_input(const torch::Tensor& t, const torch::Tensor& x) {

@@ -32,6 +32,10 @@ class ClipEncoder : public TextEncoderBase {
   int64_t pooled_width() const override {
     return kind_ == Kind::clip_l ? model_->config().hidden_size : model_->config().projection_dim;
   }
+  int64_t predicted_encode_bytes(int64_t batch, int64_t tokens, bool masked, const EncodeMemoryOptions& options,
+                                 const std::vector<VisionGrid>&) const override {
+    return text::predicted_encode_bytes(model_->config(), batch, tokens, masked, options);
+  }
   ClipTextModelImpl& model() { return *model_; }
 
  private:
@@ -51,6 +55,10 @@ class T5 : public TextEncoderBase {
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t hidden_width() const override { return model_->config().d_model; }
   int64_t pooled_width() const override { return 0; }
+  int64_t predicted_encode_bytes(int64_t batch, int64_t tokens, bool masked, const EncodeMemoryOptions& options,
+                                 const std::vector<VisionGrid>&) const override {
+    return text::predicted_encode_bytes(model_->config(), batch, tokens, masked, options);
+  }
   T5EncoderImpl& model() { return *model_; }
 
  private:
@@ -101,6 +109,12 @@ class QwenEncoder : public TextEncoderBase {
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t hidden_width() const override { return model_->config().hidden_size; }
   int64_t pooled_width() const override { return 0; }
+  int64_t predicted_encode_bytes(int64_t batch, int64_t tokens, bool masked, const EncodeMemoryOptions& options,
+                                 const std::vector<VisionGrid>& images) const override {
+    const bool with = takes_images() && !images.empty();
+    return text::predicted_encode_bytes(model_->config(), batch, tokens, masked, options,
+                                        with ? images : std::vector<VisionGrid>{}, with ? &visual_->config() : nullptr);
+  }
   QwenLmImpl& model() { return *model_; }
   QwenVisionTower& tower() { return visual_; }
 

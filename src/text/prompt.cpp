@@ -124,6 +124,8 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
 }
 
 PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text_width) {
+  memory_.dtype_bytes = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(o.options.dtype())));
+  memory_.quantized_linears = o.linear_storage && nn::is_quantized(*o.linear_storage);
   const Composition c = composition_of(o.family, o.kinds.size());
   if (c == Composition::none) return;
   std::vector<TinyWidths> presets;
@@ -310,6 +312,73 @@ PromptEmbedding PromptEncoder::encode(const std::string& prompt, const Condition
     out.text = h.slice(1, s.call.drop);
   }
   return out;
+}
+
+EncodePrediction PromptEncoder::predict_encode(const std::string& prompt, const ConditionImages& conditions,
+                                               const EncodeMemoryOptions& device) const {
+  std::vector<int64_t> tokens;
+  for (size_t i = 0; i < slots_.size(); ++i) tokens.push_back(tokenize(i, prompt, conditions).input_ids.size(1));
+  std::vector<VisionGrid> grids;
+  if (!slots_.empty() && slots_.back().call.condition_area > 0) {
+    const QwenVisionConfig& v = *slots_.back().encoder->vision_config();
+    for (const torch::Tensor& image : conditions) {
+      const auto [h, w] = condition_size(image, slots_.back().call);
+      const int64_t factor = v.patch_size * v.spatial_merge_size;
+      const auto [rh, rw] = qwen_vl_smart_resize(h, w, factor, kQwenVlMinPixels, kQwenVlMaxPixels);
+      grids.push_back({rh / v.patch_size, rw / v.patch_size});
+    }
+  }
+  return predict(tokens, grids, device);
+}
+
+EncodePrediction PromptEncoder::predict_encode(int64_t prompt_tokens, int square_conditions,
+                                               const EncodeMemoryOptions& device) const {
+  // The template's tokens (with the conditions' image tokens) around an empty prompt, then the caption's.
+  ConditionImages conditions;
+  if (reads_conditions())
+    for (int i = 0; i < square_conditions; ++i)
+      conditions.push_back(torch::empty({3, 1024, 1024}, torch::TensorOptions().device(torch::kMeta)));
+  EncodePrediction p = predict_encode("", conditions, device);
+  std::vector<int64_t> tokens;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const PipelineCall& call = slots_[i].call;
+    int64_t n = call.pad ? call.max_length : p.tokens[i] + std::max<int64_t>(prompt_tokens, 0);
+    if (call.max_length > 0) n = std::min(n, call.max_length);
+    tokens.push_back(n);
+  }
+  std::vector<VisionGrid> grids;
+  if (!conditions.empty()) {
+    const QwenVisionConfig& v = *slots_.back().encoder->vision_config();
+    const auto [h, w] = condition_size(conditions.front(), slots_.back().call);
+    const auto [rh, rw] =
+        qwen_vl_smart_resize(h, w, v.patch_size * v.spatial_merge_size, kQwenVlMinPixels, kQwenVlMaxPixels);
+    grids.assign(conditions.size(), VisionGrid{rh / v.patch_size, rw / v.patch_size});
+  }
+  return predict(tokens, grids, device);
+}
+
+EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens, const std::vector<VisionGrid>& grids,
+                                        const EncodeMemoryOptions& device) const {
+  EncodeMemoryOptions o = device;
+  o.dtype_bytes = memory_.dtype_bytes, o.quantized_linears = memory_.quantized_linears;
+  EncodePrediction p;
+  p.tokens = tokens;
+  int64_t kept = 0;  // what the slots before returned (EncodedText), alive while the next one encodes
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const TextEncoderBase& e = *slots_[i].encoder;
+    const bool images = slots_[i].call.condition_area > 0;
+    p.bytes.push_back(
+        e.predicted_encode_bytes(1, tokens[i], slots_[i].call.mask, o, images ? grids : std::vector<VisionGrid>{}));
+    p.peak_bytes = std::max(p.peak_bytes, kept + p.bytes.back());
+    kept += o.dtype_bytes * (tokens[i] * e.hidden_width() + e.pooled_width());
+  }
+  if (slots_.size() == 3) {
+    // SD3's composition: the CLIPs' states side by side, zero-padded to T5's width, then T5's rows after.
+    const int64_t clip = tokens[0], widths = slots_[0].encoder->hidden_width() + slots_[1].encoder->hidden_width();
+    p.peak_bytes = std::max(
+        p.peak_bytes, kept + o.dtype_bytes * (clip * widths + clip * text_width_ + (clip + tokens[2]) * text_width_));
+  }
+  return p;
 }
 
 int64_t PromptEncoder::weight_bytes(size_t slot) const {

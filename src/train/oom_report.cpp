@@ -196,18 +196,33 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                        "the transformer's frozen Linears kept in host RAM and brought to the device per call (a meta "
                        "build; steps get slower, host memory grows by as much)"});
   }
-  // 6. The text encoders: cached embeddings (the encoders then leave the device), or float8 weights. First
-  // when they hold a quarter or more of what was live: then they are what crowds the step out.
+  // 6. The text encoders: cached embeddings or unloaded encoders (they then leave the device), or float8
+  // weights. First when the encode ran out, or when they hold a quarter or more of what was live: then they
+  // are what crowds the step out.
   std::vector<OomFix> text;
+  const bool in_encode = ctx.phase == Phase::text || ctx.activity == Activity::text_encode;
   if (!text_encoder_leaves(config) && ctx.text_encoder_bytes > 0) {
+    // The same encoders built on the meta device as the run builds them; where the encode itself ran out,
+    // its predicted peak (a 77-token caption; text/memory.h) leaves the steps too.
+    const auto dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
+    auto plan = prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
+    const text::PromptEncoder meta(plan);
+    text::EncodeMemoryOptions kernels;
+    kernels.cpu = cpu, kernels.threads = at::get_num_threads();
+    const int64_t encode = in_encode ? meta.predict_encode(77, spec.edit ? 1 : 0, kernels).peak_bytes : 0;
+    const std::string left = in_encode ? "the text encoders' weights and their encode peak (" +
+                                             config::format_bytes(encode) + " for a 77-token caption, text/memory.h)"
+                                       : "the text encoders' weights";
     text.push_back({"Cache text embeddings (the text encoders then leave the device)",
-                    "train.cache_text_embeddings: true", ctx.text_encoder_bytes,
-                    "the text encoders' weights, no longer on the device during steps"});
+                    "train.cache_text_embeddings: true", ctx.text_encoder_bytes + encode,
+                    left + ", no longer on the device during steps (captions encoded once before training)"});
+    text.push_back({"Unload the text encoders",
+                    "train.unload_text_encoder: true (without cache_text_embeddings every step then trains on the "
+                    "trigger word, or the empty prompt, not the captions — as in AI Toolkit)",
+                    ctx.text_encoder_bytes + encode, left + ", gone after the first encodes"});
     if (!config.model.quantize_te.value_or(config.model.quantize)) {
-      // The same encoders built on the meta device as the run builds them, with and without float8 Linears.
-      const auto dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
-      auto plan = prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
-      const int64_t before = text::PromptEncoder(plan).weight_bytes();
+      // With and without float8 Linears.
+      const int64_t before = meta.weight_bytes();
       plan.linear_storage = model::quantized_storage(config.model.qtype_te);
       const int64_t after = text::PromptEncoder(plan).weight_bytes();
       text.push_back({"Quantize the text encoders", "model.quantize_te: true (qtype_te " + config.model.qtype_te + ")",
@@ -216,7 +231,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                           " (built on the meta device)"});
     }
   }
-  const bool text_crowds = ctx.live_bytes > 0 && ctx.text_encoder_bytes * 4 >= ctx.live_bytes;
+  const bool text_crowds = in_encode || (ctx.live_bytes > 0 && ctx.text_encoder_bytes * 4 >= ctx.live_bytes);
   auto& text_to = text_crowds ? first : fixes;
   text_to.insert(text_crowds ? text_to.begin() : text_to.end(), text.begin(), text.end());
   first.insert(first.end(), fixes.begin(), fixes.end());

@@ -60,6 +60,8 @@ const char* activity_name(Activity activity) {
       return "vae encode";
     case Activity::vae_decode:
       return "vae decode";
+    case Activity::text_encode:
+      return "text encode";
   }
   return "?";
 }
@@ -638,8 +640,10 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     so.autocast_bf16 = bf16();
     const std::vector<fs::path>& controls = prompt_controls_.at(i);
     // Each prompt with its control images, as the edit pipelines encode it.
+    if (text_->encoder()) current_activity_ = Activity::text_encode;  // not cached: encoded here
     auto cond = conditioning({data::Caption{item.prompt, controls, {}, {}}});
     auto uncond = conditioning({data::Caption{item.neg.value_or(sc.neg), controls, {}, {}}});
+    current_activity_ = Activity::model;
     cond.reference_latents = uncond.reference_latents = preview_references(controls);
     const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
     const torch::Tensor image = decode_preview(z);

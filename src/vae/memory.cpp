@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "gclab/memory/live_set.h"
 #include "tiling.h"
 
 namespace gclab::vae {
@@ -36,15 +37,12 @@ class Walk {
 
   int64_t bytes(const Shape& s) const { return batch_ * s.c * s.t * s.h * s.w * o_.dtype_bytes; }
   const AutoencoderMemoryOptions& options() const { return o_; }
-  void alloc(int64_t b) {
-    live_ += b;
-    peak_ = std::max(peak_, live_);
-  }
+  void alloc(int64_t b) { live_.alloc(b); }
   void alloc(const Shape& s) { alloc(bytes(s)); }
-  void free(int64_t b) { live_ -= b; }
+  void free(int64_t b) { live_.free(b); }
   void free(const Shape& s) { free(bytes(s)); }
-  void spike(int64_t b) { peak_ = std::max(peak_, live_ + b); }
-  int64_t peak() const { return peak_; }
+  void spike(int64_t b) { live_.spike(b); }
+  int64_t peak() const { return live_.peak(); }
 
   // A convolution's output, allocated, after oneDNN's temporaries on the CPU (measured with the tracking
   // allocator): a 1x1 kernel needs none; an input of fewer channels than a block is read as it is, and the
@@ -106,10 +104,8 @@ class Walk {
     const int64_t n = in.h * in.w;
     alloc(in);                        // group_norm
     alloc(in), alloc(in), alloc(in);  // q, k, v
-    if (o_.cpu) {                     // the flash kernel's per-thread blocks (float32) and its log-sum-exp
-      const int64_t q_split = std::min<int64_t>(256, n), kv_split = std::min<int64_t>(512, n);
-      spike(bytes(in) + int64_t{4} * o_.threads * (q_split * kv_split + q_split * in.c) + 4 * batch_ * n);
-    }
+    if (o_.cpu)                       // the flash kernel's per-thread blocks and its log-sum-exp
+      spike(bytes(in) + memory::cpu_flash_attention_temporaries(batch_, n, n, in.c, o_.threads, o_.dtype_bytes));
     alloc(in);  // attention's output
     alloc(4 * batch_ * n * (o_.cpu ? 1 : 0));
     free(in);   // group_norm's result (h reassigned)
@@ -150,7 +146,7 @@ class Walk {
  private:
   int64_t batch_;
   AutoencoderMemoryOptions o_;
-  int64_t live_ = 0, peak_ = 0;
+  memory::LiveSet live_;
 };
 
 // A DownEncoderBlock2D / UpDecoderBlock2D as StageImpl::forward runs it: the stage's input is the

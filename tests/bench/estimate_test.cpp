@@ -159,6 +159,25 @@ TEST(Estimate, WithinTenPercentOfAMeasuredStepForEveryTinyPreset) {
   fs::remove_all(dir);
 }
 
+// Two training steps of batches of two 256² synthetic images (the second with the optimizer's state), then a
+// preview: the second step's phase peaks and the preview's.
+struct MeasuredPhases {
+  std::map<std::string, int64_t> step;
+  int64_t sample = 0;
+};
+MeasuredPhases two_steps_and_a_preview(train::Session& session, const fs::path& dir) {
+  MeasuredPhases out;
+  for (int step = 0; step < 2; ++step) {
+    session.phases().clear();
+    session.train_step(step, [&] { return session.synthetic_batch(2, 256, 256); });
+  }
+  out.step = session.phases().peaks();
+  session.phases().clear();
+  session.sample(1, dir);
+  out.sample = session.phases().peaks().at("sample");
+  return out;
+}
+
 // With the autoencoder encoding on the fly, the step's `data` phase holds the images and the encode's peak
 // on top of the resident weights (the autoencoder's included); a preview decodes at sample.width x height.
 // Both as estimate_memory predicts them, against the tracking allocator (tiny FLUX, its tiny autoencoder).
@@ -178,21 +197,46 @@ TEST(Estimate, TheAutoencodersEncodeAndDecodeAreInTheEstimate) {
     ASSERT_TRUE(e.preview);
     train::Session session(*r.config);
     EXPECT_EQ(session.resident().vae, e.vae_bytes);
-    for (int step = 0; step < 2; ++step) {  // the second step: the optimizer's state exists
-      session.phases().clear();
-      session.train_step(step, [&] { return session.synthetic_batch(2, 256, 256); });
-    }
-    const int64_t data_peak = session.phases().peaks().at("data");
+    const MeasuredPhases measured = two_steps_and_a_preview(session, dir);
+    const int64_t data_peak = measured.step.at("data"), sample_peak = measured.sample;
     const int64_t predicted_data = e.resident_bytes - e.gradient_bytes + e.resolutions[0].gc_off.encode_bytes;
-    session.phases().clear();
-    session.sample(1, dir);
-    const int64_t sample_peak = session.phases().peaks().at("sample");
     std::printf("%s: data phase predicted %lld measured %lld; preview predicted %lld (decode %lld) measured %lld\n",
                 network, (long long)predicted_data, (long long)data_peak, (long long)e.preview->total_bytes,
                 (long long)e.preview->decode_bytes, (long long)sample_peak);
     EXPECT_NEAR(static_cast<double>(predicted_data) / static_cast<double>(data_peak), 1.0, 0.01) << network;
     EXPECT_NEAR(static_cast<double>(e.preview->total_bytes) / static_cast<double>(sample_peak), 1.0, 0.02) << network;
   }
+  fs::remove_all(dir);
+}
+
+// With the text encoders resident (captions encoded every step), the step's `text` phase holds the batch's
+// latents and one caption's encode (text/memory.h) beside the resident weights, and a preview encodes its
+// prompts in the `sample` phase: both as estimate_memory predicts them, against the tracking allocator. A
+// tiny FLUX whose T5 has a wide feed-forward (the OOM lab's), so that the encode is what makes both peaks.
+TEST(Estimate, TheTextEncodersEncodeIsInTheEstimate) {
+  const fs::path dir = testing::fresh_dir("estimate_text");
+  const std::string yaml = std::string("name: t\ntraining_folder: ") + dir.string() +
+                           "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
+                           "\n    resolution: [256]\ntrain: {batch_size: 2, steps: 2, dtype: fp32}\n"
+                           "model: {arch: tiny-flux, vae: dct, name_or_path: " GCLAB_SOURCE_DIR
+                           "/configs/oom/models/flux_wide_t5}\nsample: {width: 256, height: 256, sample_steps: 1, "
+                           "guidance_scale: 1, prompts: [\"a red circle\"]}\n";
+  auto r = model::load_config_text(yaml, "t.yaml");
+  ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+  const auto e = estimate_memory(*r.config);
+  ASSERT_TRUE(e.text && e.text->every_step);
+  ASSERT_TRUE(e.preview);
+  EXPECT_GT(e.text->encode_bytes, int64_t{4} << 20);  // the wide feed-forward: 3 x [32, 16384] floats
+  train::Session session(*r.config);
+  const MeasuredPhases measured = two_steps_and_a_preview(session, dir);
+  const int64_t text_peak = measured.step.at("text"), sample_peak = measured.sample;
+  const int64_t predicted_text = e.resident_bytes - e.gradient_bytes + e.resolutions[0].gc_full.text_bytes;
+  std::printf("text phase predicted %lld measured %lld; preview predicted %lld (text encode %lld) measured %lld\n",
+              (long long)predicted_text, (long long)text_peak, (long long)e.preview->total_bytes,
+              (long long)e.preview->text_encode_bytes, (long long)sample_peak);
+  EXPECT_NEAR(static_cast<double>(predicted_text) / static_cast<double>(text_peak), 1.0, 0.02);
+  EXPECT_EQ(e.preview->text_encode_bytes, e.text->encode_bytes);  // FLUX pads every prompt to the same length
+  EXPECT_NEAR(static_cast<double>(e.preview->total_bytes) / static_cast<double>(sample_peak), 1.0, 0.02);
   fs::remove_all(dir);
 }
 

@@ -20,9 +20,10 @@ from safetensors.torch import load_file, save_file
 from autoencoder_forward import forward_config, run_component
 
 TOL = 1e-5  # relative to the output's largest magnitude
-# bfloat16: gclab's bf16 output may differ from diffusers' bf16 output by no more than diffusers' own bf16
-# output differs from its float32 one (what bf16 rounding does to this network; switching diffusers' attention
-# kernel alone moves it by ~1e-2), with a floor.
+# bfloat16: gclab's bf16 output may differ from diffusers' bf16 output by no more than twice what diffusers' own
+# bf16 output differs from its float32 one (what bf16 rounding does to this network; both sides round on their
+# own, each by up to that much, and which kernel runs — the attention's, the CPU's convolutions — moves it by
+# ~1e-2), with a floor.
 
 CONFIGS = {
     "flux": dict(latent_channels=16, use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611,
@@ -93,7 +94,7 @@ def main():
             err = ((got.float() - want).abs().max() / want.abs().max()).item()
             print(f"{name} {component} bf16: max relative difference {err:.2e} (diffusers' bf16 from its float32: "
                   f"{rounding:.2e})")
-            assert err <= max(rounding, 2e-3), f"{name} {component} bf16: {err:.2e} > {rounding:.2e}"
+            assert err <= max(2 * rounding, 2e-3), f"{name} {component} bf16: {err:.2e} > 2 x {rounding:.2e}"
     # Bad requests are refused by name with exit 2 (a user error), never a crash.
     only_latents = os.path.join(work, "latents_only.safetensors")
     save_file({"latents": torch.randn(1, 4, 8, 8)}, only_latents)

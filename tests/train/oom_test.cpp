@@ -15,7 +15,10 @@
 #include "gclab/data/image.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/model/activations.h"
 #include "gclab/model/family.h"
+#include "gclab/train/oom_report.h"
+#include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -94,13 +97,38 @@ TEST_F(OomScenario, AResidentTextEncoderRunsOutAndTheFixIsCachingTextEmbeddings)
   EXPECT_EQ(report["step"], 1);
   const int64_t encoder = report["live_bytes"]["text_encoder"].get<int64_t>();
   EXPECT_GT(encoder, int64_t{48} << 20);
-  ASSERT_GE(report["fixes"].size(), 2u);
+  ASSERT_GE(report["fixes"].size(), 3u);
   EXPECT_EQ(report["fixes"][0]["title"], "Cache text embeddings (the text encoders then leave the device)");
   EXPECT_EQ(report["fixes"][0]["predicted_saving_bytes"].get<int64_t>(), encoder);
-  EXPECT_EQ(report["fixes"][1]["title"], "Quantize the text encoders");
+  EXPECT_EQ(report["fixes"][1]["title"], "Unload the text encoders");
+  EXPECT_EQ(report["fixes"][2]["title"], "Quantize the text encoders");
   // float8 Linear weights: three of every four bytes of the wide feed-forward go.
-  EXPECT_GT(report["fixes"][1]["predicted_saving_bytes"].get<int64_t>(), encoder * 7 / 10);
+  EXPECT_GT(report["fixes"][2]["predicted_saving_bytes"].get<int64_t>(), encoder * 7 / 10);
   EXPECT_NO_THROW(train(load("text_encoder_fixed", {folder}), {}));
+}
+
+// Where the encode itself ran out (the step's `text` phase, or a preview encoding its prompts), the text
+// encoders' levers come first, and caching or unloading them is priced with the encode's predicted peak
+// (text/memory.h, as `gclab estimate` predicts it) beside their weights.
+TEST_F(OomScenario, RunningOutWhileEncodingPricesTheEncodeWithTheEncoders) {
+  const std::string folder = "model.name_or_path=" + std::string(GCLAB_SOURCE_DIR) + "/configs/oom/models/flux_wide_t5";
+  const auto config = load("text_encoder", {folder});
+  const auto e = bench::estimate_memory(config);
+  ASSERT_TRUE(e.text);
+  const model::ModelSpec spec = model::spec_for(config.model);
+  for (const auto& [phase, activity] :
+       {std::pair{Phase::text, Activity::model}, {Phase::sample, Activity::text_encode}}) {
+    OomContext ctx;
+    ctx.phase = phase, ctx.activity = activity, ctx.bucket = "512x512", ctx.batch = 1, ctx.cpu = true;
+    ctx.text_encoder_bytes = e.text_encoder_bytes, ctx.live_bytes = int64_t{1} << 30;  // not crowding: a quarter
+    const auto fixes =
+        recommend_fixes(ctx, config, spec, codec_plan(config, spec), model::activation_options(config, false));
+    ASSERT_GE(fixes.size(), 2u);
+    EXPECT_EQ(fixes[0].title, "Cache text embeddings (the text encoders then leave the device)") << phase_name(phase);
+    EXPECT_EQ(fixes[0].predicted_saving_bytes, e.text_encoder_bytes + e.text->encode_bytes);
+    EXPECT_EQ(fixes[1].title, "Unload the text encoders");
+    EXPECT_EQ(fixes[1].predicted_saving_bytes, e.text_encoder_bytes + e.text->encode_bytes);
+  }
 }
 
 // A LoRA base whose frozen weights crowd the card, at CPU scale (a width-512 FLUX shape: 109 MiB of

@@ -2,8 +2,9 @@
 // (on the meta device: no memory) — weights in their real dtype, trained tensors and their gradients,
 // optimizer state, EMA, the text encoder, the autoencoder — plus, per training resolution and checkpoint
 // policy (off, full), the step's batch tensors, the blocks' activations (the activation ledger) and the MLP
-// transients of the block being run, the autoencoder's encode when latents are encoded on the fly, and the
-// preview with its decode, beside the cap. What it does not model is listed in `not_modelled`.
+// transients of the block being run, the autoencoder's encode when latents are encoded on the fly, the text
+// encoders' encode, and the preview with its decode, beside the cap. What it does not model is listed in
+// `not_modelled`.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,25 @@ struct StepEstimate {
   // The `data` phase when the autoencoder encodes on the fly: the batch's images and the encode's peak
   // (vae/memory.h), on top of the resident bytes (0 when latents are cached or the stand-in encodes).
   int64_t encode_bytes = 0;
-  int64_t total_bytes = 0;  // the step's peak: resident + the larger of the data phase and the training step
+  // The `text` phase when the captions are encoded every step (the text encoders resident): the batch's
+  // latents and one caption's encode (TextEncodeEstimate), before the step's own tensors exist.
+  int64_t text_bytes = 0;
+  int64_t total_bytes = 0;  // the step's peak: resident + the largest of the data, text and training phases
+};
+
+// The text encoders encoding one caption (text/memory.h: each encoder's walk, the slots before it kept):
+// every step in the `text` phase when they stay on the device, else once before training
+// (cache_text_embeddings / unload_text_encoder), beside what is resident then (no gradients or optimizer
+// state yet).
+struct TextEncodeEstimate {
+  int64_t caption_tokens = 0;          // the caption it is predicted for (a 77-token one, as `check`'s tokens)
+  int control_images = 0;              // edit models: one square control image through the vision tower
+  std::vector<std::string> encoders;   // per slot: text_encoder, text_encoder_2, ...
+  std::vector<int64_t> tokens, bytes;  // per slot: the ids it runs on, its peak
+  int64_t encode_bytes = 0;            // the caption's peak
+  bool every_step = false;
+  int64_t total_bytes = 0;  // before training: what is resident then + the encode (0 when every step: see
+                            // StepEstimate::text_bytes)
 };
 
 struct ResolutionEstimate {
@@ -44,7 +63,10 @@ struct PreviewEstimate {
   int64_t decode_bytes = 0;
   // Edit models whose samples have a ctrl_img: encoding it (a 1024²-area image) to the reference latents.
   int64_t reference_encode_bytes = 0;
-  int64_t total_bytes = 0;  // resident (without gradients, with the autoencoder) + the largest of the three
+  // The sample prompts encoded in the preview (the text encoders resident, the prompts not cached): the
+  // largest prompt's encode peak.
+  int64_t text_encode_bytes = 0;
+  int64_t total_bytes = 0;  // resident (without gradients, with the autoencoder) + the largest of the four
 };
 
 struct MemoryEstimate {
@@ -68,6 +90,7 @@ struct MemoryEstimate {
   int64_t cap_bytes = 0;
   std::string activation_dtype;
   std::vector<ResolutionEstimate> resolutions;
+  std::optional<TextEncodeEstimate> text;  // when the family has text encoders
   std::optional<PreviewEstimate> preview;  // when the config samples
   std::vector<std::string> not_modelled;
 };

@@ -37,7 +37,8 @@ enum class WeightStorage {
 // "fp32", "bf16", "fp16", "qfloat8", "float8", "int8", "uint2" ... "uint7".
 WeightStorage parse_weight_storage(const std::string& name);
 std::string to_string(WeightStorage s);
-int uintx_bits(WeightStorage s);  // 2..7 for the uint storages, else 0
+int uintx_bits(WeightStorage s);     // 2..7 for the uint storages, else 0
+bool is_quantized(WeightStorage s);  // qfloat8, float8, int8, uintN: codes the matmul does not take as they are
 
 // nn.Linear with an optional LoRA adapter, an optional frozen accuracy-recovery adapter and an optional
 // low-precision frozen weight.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gclab/config/choices.h"
+#include "gclab/text/memory.h"
 #include "gclab/text/qwen_vision.h"
 
 namespace gclab::text {
@@ -38,6 +39,10 @@ class TextEncoderBase : public torch::nn::Module {
                                          const QwenVisionInput& images);
   virtual int64_t image_token_id() const { return -1; }
   virtual const QwenVisionConfig* vision_config() const { return nullptr; }
+  // The peak bytes above what was live while encode (encode_with_images, with `images`) runs on `batch`
+  // inputs of `tokens` ids, predicted from the config (text/memory.h).
+  virtual int64_t predicted_encode_bytes(int64_t batch, int64_t tokens, bool masked, const EncodeMemoryOptions& options,
+                                         const std::vector<VisionGrid>& images = {}) const = 0;
 };
 
 // The widths a tiny encoder is built at instead of its preset's (0: the preset's): the hidden width (CLIP,

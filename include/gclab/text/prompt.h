@@ -66,6 +66,14 @@ struct PipelineCall {
 // A control image as the edit pipelines condition on it: [3, H, W] with values in [0, 1].
 using ConditionImages = std::vector<torch::Tensor>;
 
+// What encoding one prompt holds at its peak (text/memory.h's walks, slot by slot).
+struct EncodePrediction {
+  std::vector<int64_t> tokens;  // per slot: the ids its encoder runs on (template and padding included)
+  std::vector<int64_t> bytes;   // per slot: its encode's peak above what was live
+  int64_t peak_bytes = 0;       // the whole prompt: each slot's peak beside what the slots before it returned,
+                                // and the composition
+};
+
 class PromptEncoder {
  public:
   // Throws std::runtime_error for an encoder folder or tokenizer it cannot use, or widths that do not
@@ -82,6 +90,15 @@ class PromptEncoder {
   // Slot `slot`'s tokens for the prompt, as the pipeline calls its tokenizer (template, cut, padding); an
   // edit model's image-token runs at the control images' lengths.
   TokenizedBatch tokenize(size_t slot, const std::string& prompt, const ConditionImages& conditions = {}) const;
+  // The peak bytes of encode(prompt, conditions) above what was live, predicted (the conditions' sizes only
+  // are read: [3, H, W] tensors, on the meta device or not). `device`: the kernels' (cpu, threads); the dtype
+  // and quantize_te are the encoders' own.
+  EncodePrediction predict_encode(const std::string& prompt, const ConditionImages& conditions,
+                                  const EncodeMemoryOptions& device) const;
+  // The same for a caption of `prompt_tokens` tokens (in the template, cut and padded as the pipeline does)
+  // with `square_conditions` square control images.
+  EncodePrediction predict_encode(int64_t prompt_tokens, int square_conditions,
+                                  const EncodeMemoryOptions& device) const;
   // Whether the control images change the embedding (an edit model's vision tower).
   bool reads_conditions() const { return !slots_.empty() && slots_.back().call.condition_area > 0; }
 
@@ -105,9 +122,12 @@ class PromptEncoder {
     PipelineCall call;
     bool random = true, hashing = true;
   };
+  EncodePrediction predict(const std::vector<int64_t>& tokens, const std::vector<VisionGrid>& grids,
+                           const EncodeMemoryOptions& device) const;
   std::vector<Slot> slots_;
   int64_t text_width_ = 0;
-  int64_t fixed_rows_ = 0;  // FLUX, SD3: every prompt gives the padded rows; 0: as many as its tokens
+  EncodeMemoryOptions memory_;  // the encoders' dtype and quantize_te, for the predictions
+  int64_t fixed_rows_ = 0;      // FLUX, SD3: every prompt gives the padded rows; 0: as many as its tokens
 };
 
 // The hashing stand-in for `encoder`'s tokenizer: its vocabulary and special tokens.

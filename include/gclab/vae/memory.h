@@ -10,7 +10,7 @@
 //     gclab's tiny one (16); a network of 8/24 channels measured 15% more than the walk predicts;
 //   - GroupNorm, SiLU, nearest up-sampling, Linear, adds: their output only;
 //   - the mid block's attention (one head as wide as the channels) on the CPU's flash kernel: its output,
-//     the log-sum-exp, and per thread a 256 x 512 score block and a 256 x C accumulator (float32).
+//     the log-sum-exp and per thread its score block and accumulator (memory/live_set.h).
 // The walk counts bytes above what was live before the call (the weights are the caller's), for batch B.
 #pragma once
 

@@ -1,0 +1,36 @@
+// The live set of a memory walk: a network run statement by statement on shapes alone (the autoencoders'
+// vae/memory.h, the text encoders' text/memory.h), counting the bytes allocated now and the highest count
+// seen — what the tracking allocator measures when the network runs.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace gclab::memory {
+
+class LiveSet {
+ public:
+  void alloc(int64_t bytes) {
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+  }
+  void free(int64_t bytes) { live_ -= bytes; }
+  // A kernel's own temporaries: held for a moment on top of the live set, freed before it returns.
+  void spike(int64_t bytes) { peak_ = std::max(peak_, live_ + bytes); }
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+
+ private:
+  int64_t live_ = 0, peak_ = 0;
+};
+
+// What PyTorch's CPU flash-attention kernel (scaled_dot_product_attention on the CPU,
+// aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) allocates beside its output for `batch_heads` heads of
+// q_len queries over kv_len keys: per thread, a q-split x kv-split score block, the split's running max and
+// sum and a q-split x head_dim accumulator, in float32 (plus the score block in the inputs' dtype when that
+// is a half type), and the log-sum-exp it returns, [batch_heads, q_len] float32. The query split is 256
+// rows from 768 queries, 64 from 192, else 32; the key split 512 (both at most the lengths).
+int64_t cpu_flash_attention_temporaries(int64_t batch_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
+                                        int threads, int64_t dtype_bytes);
+
+}  // namespace gclab::memory
