@@ -1,6 +1,9 @@
 #include "gclab/nn/layers.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <array>
@@ -157,15 +160,29 @@ class QFloat8Linear : public torch::autograd::Function<QFloat8Linear> {
 // AI Toolkit's layer offloading (toolkit/memory_management/manager_modules.py, after RamTorch): the last
 // kOffloadDepth weights brought to the device for a forward, and for a backward, stay in ring slots
 // until overwritten (its PIPELINE_DEPTH, 4 by default).
+// On CUDA each slot is staged as manager_modules.py's _stage_forward_weight / _stage_backward_weight do it:
+// on a transfer stream of its own, the copy (and the dequantization) into slot i waiting only for the
+// compute that last read slot i (its `freed` event), the compute stream waiting for the copy (`ready`);
+// the host enqueues ahead of the device, so the next layers' copies overlap this one's compute.
 constexpr size_t kOffloadDepth = 4;
 struct OffloadRing {
   std::array<std::pair<torch::Tensor, torch::Tensor>, kOffloadDepth> slots;  // weight, bias
   size_t clock = 0;
-  std::pair<torch::Tensor, torch::Tensor>& next() {
-    auto& slot = slots[clock];
+  std::optional<c10::cuda::CUDAStream> transfer;  // CUDA: created on the first staging
+  std::array<at::cuda::CUDAEvent, kOffloadDepth> ready, freed;
+  // The next slot (its previous weight released before the new one arrives) and its index.
+  std::pair<std::pair<torch::Tensor, torch::Tensor>&, size_t> next() {
+    const size_t index = clock;
     clock = (clock + 1) % kOffloadDepth;
-    slot = {};  // the slot's previous weight is released before the new one arrives
-    return slot;
+    slots[index] = {};
+    return {slots[index], index};
+  }
+  c10::cuda::CUDAStream& stream_for(const torch::Device& device) {
+    if (!transfer || transfer->device_index() != device.index()) {
+      transfer = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+      ready = {}, freed = {};
+    }
+    return *transfer;
   }
 };
 OffloadRing& forward_ring() {
@@ -177,14 +194,43 @@ OffloadRing& backward_ring() {
   return ring;
 }
 
-// The weight (dequantized, in the input's dtype) and bias brought from host memory into a ring slot.
-std::pair<torch::Tensor, torch::Tensor>& bring(OffloadRing& ring, const Stored& host, const torch::Tensor& bias,
-                                               const torch::Tensor& x) {
-  auto& slot = ring.next();
-  torch::Tensor w = host.on(x.device()).dequantize();
-  slot.first = w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type());
-  if (bias.defined()) slot.second = bias.to(x.device(), x.scalar_type(), /*non_blocking=*/true, /*copy=*/true);
-  return slot;
+// The weight (dequantized, in the input's dtype) and bias brought from host memory into a ring slot; on
+// CUDA staged on the ring's transfer stream (above). The caller computes with it, then calls release().
+struct Brought {
+  const torch::Tensor& weight;
+  const torch::Tensor& bias;
+  size_t index;
+};
+Brought bring(OffloadRing& ring, const Stored& host, const torch::Tensor& bias, const torch::Tensor& x) {
+  auto [slot, index] = ring.next();
+  auto materialize = [&, &slot = slot] {
+    torch::Tensor w = host.on(x.device()).dequantize();
+    slot.first = w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type());
+    if (bias.defined()) slot.second = bias.to(x.device(), x.scalar_type(), /*non_blocking=*/true, /*copy=*/true);
+  };
+  if (!x.is_cuda()) {
+    materialize();
+    return {slot.first, slot.second, index};
+  }
+  c10::cuda::CUDAStream& transfer = ring.stream_for(x.device());
+  const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(x.device().index());
+  {
+    const c10::cuda::CUDAStreamGuard on_transfer(transfer);
+    ring.freed[index].block(transfer);
+    materialize();
+    ring.ready[index].record(transfer);
+  }
+  ring.ready[index].block(compute);
+  // Allocated on the transfer stream, read on the compute stream: the allocator must not hand the memory
+  // out again before the compute stream is done with it.
+  for (torch::Tensor* t : {&slot.first, &slot.second})
+    if (t->defined()) t->record_stream(compute);
+  return {slot.first, slot.second, index};
+}
+
+// The compute that read a slot is enqueued: the slot may be overwritten once it has run.
+void release(OffloadRing& ring, const Brought& brought, const torch::Device& device) {
+  if (device.is_cuda()) ring.freed[brought.index].record(c10::cuda::getCurrentCUDAStream(device.index()));
 }
 
 // y = x W^T + b (+ the recovery adapter's s * (x A^T) B^T) for a Linear whose frozen tensors live in host
@@ -203,8 +249,9 @@ class OffloadedLinear : public torch::autograd::Function<OffloadedLinear> {
     ctx->saved_data["out"] = f.stored.out;
     ctx->saved_data["in"] = f.stored.in;
     ctx->saved_data["recovery_scale"] = f.recovery_scale;
-    const auto& [w, b] = bring(forward_ring(), f.stored, f.bias, x);
-    torch::Tensor y = F::linear(x, w, b);
+    const Brought brought = bring(forward_ring(), f.stored, f.bias, x);
+    torch::Tensor y = F::linear(x, brought.weight, brought.bias);
+    release(forward_ring(), brought, x.device());
     if (f.recovery_a.defined()) {
       const torch::Tensor a = f.recovery_a.to(x.device(), x.scalar_type(), true, true);
       const torch::Tensor up = f.recovery_b.to(x.device(), x.scalar_type(), true, true);
@@ -222,8 +269,9 @@ class OffloadedLinear : public torch::autograd::Function<OffloadedLinear> {
                       static_cast<torch::ScalarType>(ctx->saved_data["dequant_dtype"].toInt()),
                       ctx->saved_data["out"].toInt(),
                       ctx->saved_data["in"].toInt()};
-    const auto& [w, b] = bring(backward_ring(), host, torch::Tensor(), g);
-    torch::Tensor dx = torch::matmul(g, w);
+    const Brought brought = bring(backward_ring(), host, torch::Tensor(), g);
+    torch::Tensor dx = torch::matmul(g, brought.weight);
+    release(backward_ring(), brought, g.device());
     if (const torch::Tensor ra = kept(ctx, "recovery_a"); ra.defined()) {
       const torch::Tensor a = ra.to(g.device(), g.scalar_type(), true, true);
       const torch::Tensor up = kept(ctx, "recovery_b").to(g.device(), g.scalar_type(), true, true);

@@ -102,5 +102,31 @@ TEST(CudaTrain, AnOutOfMemoryIsSkippedAndTheRunContinues) {
   fs::remove_all(dir);
 }
 
+// Layer offloading on CUDA as AI Toolkit stages it: the offloaded Linears' weights come from pinned host
+// memory on a transfer stream (the compute stream waiting on each slot's copy, each copy on the compute
+// that last read its slot), checkpointed (the recompute brings them again) and not, plain and uint4. The
+// LoRA trains to the resident run's losses (the same kernels on the same values: equal up to bf16's
+// reduction order) and the device's peak drops.
+TEST(CudaTrain, OffloadedLayersStagedOnATransferStreamTrainAsResidentOnes) {
+  GCLAB_REQUIRE_CUDA();
+  const fs::path dir = testing::fresh_dir("cuda_offload");
+  for (const std::string gc : {"true", "false"})
+    for (const std::string qtype : {"", "uint4"}) {
+      std::vector<std::string> base = {"train.steps=4", "train.gradient_checkpointing=" + gc};
+      if (!qtype.empty()) base.insert(base.end(), {"model.quantize=true", "model.qtype=" + qtype});
+      auto offloaded_args = base;
+      offloaded_args.insert(offloaded_args.end(),
+                            {"model.layer_offloading=true", "model.layer_offloading_text_encoder_percent=0"});
+      const auto resident = train(cuda_config(dir, "r" + gc + qtype, base), {});
+      const auto offloaded = train(cuda_config(dir, "o" + gc + qtype, offloaded_args), {});
+      ASSERT_EQ(offloaded.losses.size(), resident.losses.size());
+      for (size_t i = 0; i < resident.losses.size(); ++i)
+        EXPECT_NEAR(offloaded.losses[i], resident.losses[i], 1e-2 * std::abs(resident.losses[i]))
+            << "gc " << gc << " " << qtype << " step " << i + 1;
+      EXPECT_LT(offloaded.peak_bytes, resident.peak_bytes) << "gc " << gc << " " << qtype;
+    }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace gclab::train
