@@ -89,9 +89,9 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   const text::PromptEncoder* prompts = session.text().encoder();
   if (prompts && prompts->slots() > 0) {
     TextEncodeEstimate t;
-    t.caption_tokens = 77;
+    t.caption_tokens = model::kNominalCaptionTokens;
     t.control_images = e.spec.edit ? 1 : 0;
-    const text::EncodePrediction p = prompts->predict_encode(t.caption_tokens, t.control_images, kernels);
+    const text::EncodePrediction p = train::predict_caption_encode(*prompts, e.spec, !cuda);
     for (size_t i = 0; i < prompts->slots(); ++i) t.encoders.push_back(model::text_encoder_folder(i));
     t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes;
     t.every_step = !train::text_encoder_leaves(config);
@@ -156,8 +156,9 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
       "the data loader's prefetched batches and latent caches",
       "host memory: the sample prompts' cached embeddings (the captions' are on disk in _t_e_cache/, as AI "
       "Toolkit's: only a batch's reach the device), latents, the process itself",
-      "the text encoders' encode is predicted for a 77-token caption (the sample prompts' own lengths in the "
-      "preview); longer captions of Qwen-Image / Z-Image hold more",
+      "the text encoders' encode is predicted for a " + std::to_string(model::kNominalCaptionTokens) +
+          "-token caption (the sample prompts' own lengths in the preview); longer captions of Qwen-Image / "
+          "Z-Image hold more",
       "allocator fragmentation and the CUDA context (CUDA)",
       "partial checkpoint policies (every:N, blocks, selective, offload)"};
   if (e.preview && e.preview->reference_encode_bytes > 0 && config.model.low_vram &&

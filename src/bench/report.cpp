@@ -116,12 +116,11 @@ std::string format_text_encoders(const config::ProcessConfig& config) {
   if (prompts.slots() == 0) return out.str();
   const bool leaves = train::text_encoder_leaves(config);
   out << "text_encoders_total_bytes: " << total << "  # " << format_bytes(total) << "\n";
-  text::EncodeMemoryOptions kernels;
-  kernels.cpu = !estimates_for_cuda(config), kernels.threads = at::get_num_threads();
-  const int controls = spec.edit ? 1 : 0;
-  const text::EncodePrediction p = prompts.predict_encode(77, controls, kernels);
-  out << "text_encode_peak:  # a 77-token caption" << (controls ? " with a square control image" : "")
-      << ", predicted (text/memory.h, " << (kernels.cpu ? "CPU" : "CUDA") << " kernels)\n";
+  const bool cpu = !estimates_for_cuda(config);
+  const text::EncodePrediction p = train::predict_caption_encode(prompts, spec, cpu);
+  out << "text_encode_peak:  # a " << model::kNominalCaptionTokens << "-token caption"
+      << (spec.edit ? " with a square control image" : "") << ", predicted (text/memory.h, " << (cpu ? "CPU" : "CUDA")
+      << " kernels)\n";
   out << "  encoders:\n";
   for (size_t i = 0; i < prompts.slots(); ++i)
     out << "    - {slot: " << model::text_encoder_folder(i) << ", tokens: " << p.tokens[i] << ", bytes: " << p.bytes[i]

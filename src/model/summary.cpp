@@ -26,8 +26,7 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
   } else {
     s.trainable_parameters = s.parameters;
   }
-  // A typical prompt: 77 tokenizer tokens (CLIP's window), where the family's count depends on it.
-  const int64_t prompt_tokens = 77;
+  const int64_t prompt_tokens = kNominalCaptionTokens;
   const int controls = s.spec.edit ? 1 : 0;
   for (size_t d = 0; d < config.datasets.size(); ++d)
     for (int r : config.datasets[d].resolution)

@@ -203,16 +203,15 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   const bool in_encode = ctx.phase == Phase::text || ctx.activity == Activity::text_encode;
   if (!text_encoder_leaves(config) && ctx.text_encoder_bytes > 0) {
     // The same encoders built on the meta device as the run builds them; where the encode itself ran out,
-    // its predicted peak (a 77-token caption; text/memory.h) leaves the steps too.
+    // its predicted peak (the nominal caption's; text/memory.h) leaves the steps too.
     const auto dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
     auto plan = prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
     const text::PromptEncoder meta(plan);
-    text::EncodeMemoryOptions kernels;
-    kernels.cpu = cpu, kernels.threads = at::get_num_threads();
-    const int64_t encode = in_encode ? meta.predict_encode(77, spec.edit ? 1 : 0, kernels).peak_bytes : 0;
-    const std::string left = in_encode ? "the text encoders' weights and their encode peak (" +
-                                             config::format_bytes(encode) + " for a 77-token caption, text/memory.h)"
-                                       : "the text encoders' weights";
+    const int64_t encode = in_encode ? predict_caption_encode(meta, spec, cpu).peak_bytes : 0;
+    const std::string left =
+        in_encode ? "the text encoders' weights and their encode peak (" + config::format_bytes(encode) + " for a " +
+                        std::to_string(model::kNominalCaptionTokens) + "-token caption, text/memory.h)"
+                  : "the text encoders' weights";
     text.push_back({"Cache text embeddings (the text encoders then leave the device)",
                     "train.cache_text_embeddings: true", ctx.text_encoder_bytes + encode,
                     left + ", no longer on the device during steps (captions encoded once before training)"});

@@ -123,6 +123,13 @@ text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, cons
   return o;
 }
 
+text::EncodePrediction predict_caption_encode(const text::PromptEncoder& prompts, const model::ModelSpec& spec,
+                                              bool cpu) {
+  text::EncodeMemoryOptions kernels;
+  kernels.cpu = cpu, kernels.threads = at::get_num_threads();
+  return prompts.predict_encode(model::kNominalCaptionTokens, spec.edit ? 1 : 0, kernels);
+}
+
 bool text_encoder_leaves(const config::ProcessConfig& config) {
   return config.train.unload_text_encoder || run_caches_text(config);
 }

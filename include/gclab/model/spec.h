@@ -90,6 +90,9 @@ ModelSpec spec_by_preset(const std::string& preset);
 std::vector<std::string> preset_names();
 
 // Token accounting: the sequence lengths the transformer sees.
+// The caption the predictions assume where a family's text length follows it (Qwen-Image, Z-Image, the
+// text encoders' encode): 77 tokenizer tokens, CLIP's window; an edit model's with one square control image.
+constexpr int64_t kNominalCaptionTokens = 77;
 // Image tokens of an H x W image: the 8x latent cut into patch x patch pieces, (H/16)(W/16).
 int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width);
 // Text tokens the text encoder hands the transformer for a prompt of `prompt_tokens` tokenizer tokens:

@@ -220,6 +220,11 @@ vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::Mode
 // text widths and length, placed by `options`.
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                                        const torch::TensorOptions& options);
+// One caption's encode through `prompts`, predicted (text/memory.h) for the nominal caption
+// (model::kNominalCaptionTokens tokens, an edit model's with one square control image) on the CPU's
+// kernels with this process's threads, or CUDA's: what estimate, check and the OOM report state.
+text::EncodePrediction predict_caption_encode(const text::PromptEncoder& prompts, const model::ModelSpec& spec,
+                                              bool cpu);
 // Whether some dataset caches latents (cache_latents / cache_latents_to_disk): the autoencoder then encodes
 // before training and leaves the device.
 bool run_caches_latents(const config::ProcessConfig& config);
