@@ -5,11 +5,17 @@
 // do not fit this machine in float32.
 //
 //   build/bin/text_cpu >> docs/results/text-encoders.md
+//
+// `text_cpu --cuda` (scripts/gpu/check.sh): every encoder at full size on the GPU in bf16 — T5-XXL, the
+// Qwen models and the vision tower included — its encode peak from the CUDA allocator beside the prediction
+// for CUDA's kernels.
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "gclab/config/byte_size.h"
@@ -18,7 +24,68 @@
 #include "gclab/text/memory.h"
 #include "gclab/text/qwen_vision.h"
 
-int main() {
+namespace {
+
+// The full-size encoders on the GPU in bf16: one encode at the pipeline's length (after a warm-up), the
+// allocator's peak above what was live, and text/memory.h's prediction for CUDA's kernels.
+int run_cuda() {
+  using Kind = gclab::config::TextEncoderKind;
+  if (!torch::cuda::is_available()) {
+    std::fprintf(stderr, "text_cpu --cuda: no CUDA device\n");
+    return 2;
+  }
+  torch::NoGradGuard no_grad;
+  const torch::Device cuda(torch::kCUDA, 0);
+  gclab::memory::MemoryMeter meter(cuda);
+  const auto options = torch::TensorOptions().device(cuda).dtype(torch::kBFloat16);
+  gclab::text::EncodeMemoryOptions predict;
+  predict.cpu = false, predict.dtype_bytes = 2;
+  std::printf("| encoder | tokens | encode peak (CUDA, bf16) | predicted | ratio |\n|---|---:|---:|---:|---:|\n");
+  auto row = [&](const std::string& name, int64_t tokens, int64_t measured, int64_t predicted) {
+    std::printf("| %s | %lld | %s | %s | %.3f |\n", name.c_str(), static_cast<long long>(tokens),
+                gclab::config::format_bytes(measured).c_str(), gclab::config::format_bytes(predicted).c_str(),
+                static_cast<double>(predicted) / static_cast<double>(std::max<int64_t>(measured, 1)));
+    std::fflush(stdout);
+  };
+  auto peak_of = [&](const std::function<void()>& fn) {
+    fn();
+    torch::cuda::synchronize();
+    const int64_t before = meter.stats().live_bytes;
+    meter.reset_peak();
+    fn();
+    torch::cuda::synchronize();
+    return meter.stats().peak_bytes - before;
+  };
+  for (Kind kind : {Kind::clip_l, Kind::clip_g_projected, Kind::t5_xxl, Kind::qwen25_vl, Kind::qwen3}) {
+    torch::manual_seed(0);
+    auto e = gclab::text::build_text_encoder(kind, false, {}, options).encoder;
+    const int64_t length =
+        kind == Kind::t5_xxl || kind == Kind::qwen3 ? 512 : std::min<int64_t>(e->max_positions(), 77);
+    const torch::Tensor ids =
+        torch::randint(0, 1000, {1, length}, torch::TensorOptions().device(cuda).dtype(torch::kLong));
+    const torch::Tensor mask = torch::ones_like(ids);
+    const bool masked = kind == Kind::qwen25_vl || kind == Kind::qwen3;
+    const int64_t measured = peak_of([&] { e->encode(ids, masked ? mask : torch::Tensor()); });
+    row(std::string(gclab::config::name_of(kind)), length, measured,
+        e->predicted_encode_bytes(1, length, masked, predict));
+    if (kind == Kind::qwen25_vl) {  // the vision tower on Qwen-Image-Edit's 1024² condition image
+      gclab::text::QwenVisionTower tower(*e->vision_config(), options);
+      gclab::text::QwenVisionInput in = gclab::text::qwen_vl_image_input(torch::rand({3, 1024, 1024}), tower->config());
+      const auto grid = in.grid_thw[0];
+      in.pixel_values = in.pixel_values.to(cuda, torch::kBFloat16);
+      const int64_t tower_peak = peak_of([&] { tower->forward(in); });
+      row("qwen25_vl vision tower, 1024²", in.pixel_values.size(0), tower_peak,
+          gclab::text::predicted_vision_bytes(tower->config(), {{grid[1].item<int64_t>(), grid[2].item<int64_t>()}},
+                                              predict));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--cuda") return run_cuda();
   using Kind = gclab::config::TextEncoderKind;
   gclab::memory::CpuMemoryTracker tracker;
   torch::NoGradGuard no_grad;

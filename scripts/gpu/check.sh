@@ -6,7 +6,8 @@
 #   scripts/gpu/prepare.sh && GCLAB_GPU_REHEARSAL=1 scripts/gpu/check.sh
 # Builds against the machine's own python3 torch, runs the CUDA tests, then measures: FLUX.1-dev LoRA at
 # 512² and 1024² under a 24 GB cap, GC off vs full (step time from CUDA events, peak, MFU); the base as
-# uint4 and with layer offloading at 1024²; `fit` under 24/48/80 GB; the GPU-scale OOM pairs. Everything lands in $OUT (or ./gpu-out); summary.md first.
+# uint4 and with layer offloading at 1024²; `fit` under 24/48/80 GB; the GPU-scale OOM pairs; the text
+# encoders' encode peaks at full size. Everything lands in $OUT (or ./gpu-out); summary.md first.
 # Each stage has its own time limit; together they stay under 9 minutes on 16 cores.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -69,6 +70,11 @@ rc=$?
 tail -3 "$OUT/ctest.log" | sed 's/^/    /' | tee -a "$summary"
 # The CUDA tests by name: they must have run, not skipped.
 grep -E "(Cuda|cuda).*(Passed|Failed|Skipped|Not Run)" "$OUT/ctest.log" | sed 's/^ */    /' | tee -a "$summary"
+
+say ""
+say "## The text encoders' encode peaks at full size (bf16), against text/memory.h's prediction for CUDA"
+stage text_cuda 90 "$BUILD/bin/text_cpu" --cuda
+grep '^|' "$OUT/text_cuda.log" | tee -a "$summary"
 
 G="$BUILD/bin/gclab"
 FLUX=configs/oom/gpu_flux_gc_on_24gb.yaml
