@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <tuple>
 
 #include "gclab/text/bpe.h"
 #include "gclab/text/qwen_vision.h"
@@ -314,21 +315,27 @@ PromptEmbedding PromptEncoder::encode(const std::string& prompt, const Condition
   return out;
 }
 
+std::vector<PromptEncoder::ConditionShape> PromptEncoder::condition_shapes(const ConditionImages& conditions) const {
+  std::vector<ConditionShape> out;
+  if (!reads_conditions()) return out;
+  const PipelineCall& call = slots_.back().call;
+  const QwenVisionConfig& v = *slots_.back().encoder->vision_config();
+  for (const torch::Tensor& image : conditions) {
+    ConditionShape c;
+    c.height = image.size(1), c.width = image.size(2);
+    std::tie(c.condition_height, c.condition_width) = condition_size(image, call);
+    std::tie(c.processed_height, c.processed_width) = qwen_vl_smart_resize(
+        c.condition_height, c.condition_width, v.patch_size * v.spatial_merge_size, kQwenVlMinPixels, kQwenVlMaxPixels);
+    out.push_back(c);
+  }
+  return out;
+}
+
 EncodePrediction PromptEncoder::predict_encode(const std::string& prompt, const ConditionImages& conditions,
                                                const EncodeMemoryOptions& device) const {
   std::vector<int64_t> tokens;
   for (size_t i = 0; i < slots_.size(); ++i) tokens.push_back(tokenize(i, prompt, conditions).input_ids.size(1));
-  std::vector<VisionGrid> grids;
-  if (!slots_.empty() && slots_.back().call.condition_area > 0) {
-    const QwenVisionConfig& v = *slots_.back().encoder->vision_config();
-    for (const torch::Tensor& image : conditions) {
-      const auto [h, w] = condition_size(image, slots_.back().call);
-      const int64_t factor = v.patch_size * v.spatial_merge_size;
-      const auto [rh, rw] = qwen_vl_smart_resize(h, w, factor, kQwenVlMinPixels, kQwenVlMaxPixels);
-      grids.push_back({rh / v.patch_size, rw / v.patch_size});
-    }
-  }
-  return predict(tokens, grids, device);
+  return predict(tokens, condition_shapes(conditions), device);
 }
 
 EncodePrediction PromptEncoder::predict_encode(int64_t prompt_tokens, int square_conditions,
@@ -338,31 +345,42 @@ EncodePrediction PromptEncoder::predict_encode(int64_t prompt_tokens, int square
   if (reads_conditions())
     for (int i = 0; i < square_conditions; ++i)
       conditions.push_back(torch::empty({3, 1024, 1024}, torch::TensorOptions().device(torch::kMeta)));
-  EncodePrediction p = predict_encode("", conditions, device);
   std::vector<int64_t> tokens;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const PipelineCall& call = slots_[i].call;
-    int64_t n = call.pad ? call.max_length : p.tokens[i] + std::max<int64_t>(prompt_tokens, 0);
+    int64_t n = call.pad ? call.max_length
+                         : tokenize(i, "", conditions).input_ids.size(1) + std::max<int64_t>(prompt_tokens, 0);
     if (call.max_length > 0) n = std::min(n, call.max_length);
     tokens.push_back(n);
   }
-  std::vector<VisionGrid> grids;
-  if (!conditions.empty()) {
-    const QwenVisionConfig& v = *slots_.back().encoder->vision_config();
-    const auto [h, w] = condition_size(conditions.front(), slots_.back().call);
-    const auto [rh, rw] =
-        qwen_vl_smart_resize(h, w, v.patch_size * v.spatial_merge_size, kQwenVlMinPixels, kQwenVlMaxPixels);
-    grids.assign(conditions.size(), VisionGrid{rh / v.patch_size, rw / v.patch_size});
-  }
-  return predict(tokens, grids, device);
+  return predict(tokens, condition_shapes(conditions), device);
 }
 
-EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens, const std::vector<VisionGrid>& grids,
+EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
+                                        const std::vector<ConditionShape>& conditions,
                                         const EncodeMemoryOptions& device) const {
   EncodeMemoryOptions o = device;
   o.dtype_bytes = memory_.dtype_bytes, o.quantized_linears = memory_.quantized_linears;
   EncodePrediction p;
   p.tokens = tokens;
+  // An edit model's control images through encode()'s resize and the processor (float32, on the CPU), one
+  // after the other, each one's patches kept: the bilinear resize holds a float copy of the control image
+  // beside the resized one and its clamp; the processor, where it resizes again, the resized image times
+  // 255, rounded and clamped beside its uint8 levels; then the normalised image (before, during, after the
+  // normalisation) until its patches are made (the patches are the encoder's walk's from there).
+  std::vector<VisionGrid> grids;
+  int64_t patches = 0;
+  for (const ConditionShape& c : conditions) {
+    const int64_t control = 4 * 3 * c.height * c.width, resized = 4 * 3 * c.condition_height * c.condition_width;
+    const int64_t processed = 4 * 3 * c.processed_height * c.processed_width;
+    const bool again = c.processed_height != c.condition_height || c.processed_width != c.condition_width;
+    p.peak_bytes =
+        std::max({p.peak_bytes, patches + control + 2 * resized,
+                  patches + resized + (again ? 3 * resized + resized / 4 : 0), patches + resized + 3 * processed});
+    const QwenVisionConfig& v = *slots_.back().encoder->vision_config();
+    grids.push_back({c.processed_height / v.patch_size, c.processed_width / v.patch_size});
+    patches += 2 * processed;  // [N, 3 x 2 x 14 x 14] float32: the still image twice over the temporal patch
+  }
   int64_t kept = 0;  // what the slots before returned (EncodedText), alive while the next one encodes
   for (size_t i = 0; i < slots_.size(); ++i) {
     const TextEncoderBase& e = *slots_[i].encoder;

@@ -2,7 +2,9 @@
 // encoders called by hand as diffusers' pipelines call them; the full-size presets' rows and widths on the
 // meta device; encoders sized to a transformer of any width; quantize_te's float8 Linear weights.
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include "gclab/memory/tracker.h"
 
 #include <filesystem>
 #include <fstream>
@@ -263,6 +265,35 @@ TEST(PromptEncoder, EditPresetsConditionRowsFollowThePipelinesRule) {
   // image's condition image comes out portrait (qwen_image_edit_plus.py); the plain edit model's keeps it.
   EXPECT_EQ(qwen_edit_condition_size(512, 1024, 384 * 384, true), std::make_pair(int64_t{544}, int64_t{256}));
   EXPECT_EQ(qwen_edit_condition_size(512, 1024, 1024 * 1024, false), std::make_pair(int64_t{736}, int64_t{1440}));
+}
+
+// A prompt's encode as the run calls it — tokenizers, each slot in turn beside what the ones before returned,
+// the composition, an edit model's control image through the processor and the vision tower — against what
+// PromptEncoder::predict_encode predicts (text/memory.h), with the tracking allocator, for every tiny family.
+TEST(PromptEncoder, ThePredictedEncodePeakIsWhatTheAllocatorMeasures) {
+  memory::CpuMemoryTracker tracker;
+  EncodeMemoryOptions kernels;
+  kernels.threads = at::get_num_threads();
+  const std::string prompt = "a small red fox sitting in the snow, looking at the camera";
+  for (const std::string preset : {"tiny-flux", "tiny-sd3", "tiny-qwen-image", "tiny-zimage", "tiny-qwen-image-edit"}) {
+    PromptEncoder p(edit_options(preset));
+    // Edit models: a control image the processor resizes again, and two of which one is already its size.
+    std::vector<ConditionImages> cases = {{}};
+    if (p.reads_conditions())
+      cases = {{torch::rand({3, 384, 256})}, {torch::rand({3, 512, 512}), torch::rand({3, 200, 300})}};
+    for (const ConditionImages& conditions : cases) {
+      p.encode(prompt, conditions);  // warms the kernels' lazy state
+      const int64_t before = tracker.stats().live_bytes;
+      tracker.reset_peak();
+      p.encode(prompt, conditions);
+      const int64_t measured = tracker.stats().peak_bytes - before;
+      const int64_t predicted = p.predict_encode(prompt, conditions, kernels).peak_bytes;
+      std::printf("%s, %zu control image(s): predicted %lld, measured %lld (%.3f)\n", preset.c_str(), conditions.size(),
+                  static_cast<long long>(predicted), static_cast<long long>(measured),
+                  static_cast<double>(predicted) / static_cast<double>(measured));
+      EXPECT_NEAR(static_cast<double>(predicted) / static_cast<double>(measured), 1.0, 0.02) << preset;
+    }
+  }
 }
 
 }  // namespace

@@ -122,7 +122,13 @@ class PromptEncoder {
     PipelineCall call;
     bool random = true, hashing = true;
   };
-  EncodePrediction predict(const std::vector<int64_t>& tokens, const std::vector<VisionGrid>& grids,
+  // An edit model's control image as encode() processes it: its size, the condition size AI Toolkit resizes
+  // it to, the size the Qwen2VL processor then resizes that to (multiples of 28).
+  struct ConditionShape {
+    int64_t height = 0, width = 0, condition_height = 0, condition_width = 0, processed_height = 0, processed_width = 0;
+  };
+  std::vector<ConditionShape> condition_shapes(const ConditionImages& conditions) const;
+  EncodePrediction predict(const std::vector<int64_t>& tokens, const std::vector<ConditionShape>& conditions,
                            const EncodeMemoryOptions& device) const;
   std::vector<Slot> slots_;
   int64_t text_width_ = 0;
