@@ -645,4 +645,14 @@ double lowest_value(torch::ScalarType dtype) {
   return static_cast<double>(std::numeric_limits<float>::lowest());
 }
 
+torch::Tensor causal_additive_mask(int64_t length, const torch::Tensor& attention_mask,
+                                   const torch::TensorOptions& options) {
+  torch::Tensor hidden =
+      torch::ones({length, length}, options.dtype(torch::kBool)).triu(1).view({1, 1, length, length});
+  if (attention_mask.defined())
+    hidden = hidden | (attention_mask.to(options.device()) == 0).view({attention_mask.size(0), 1, 1, length});
+  return torch::zeros(hidden.sizes(), options)
+      .masked_fill(hidden, lowest_value(c10::typeMetaToScalarType(options.dtype())));
+}
+
 }  // namespace gclab::nn

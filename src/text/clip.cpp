@@ -96,13 +96,7 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const 
     throw std::invalid_argument("CLIP takes at most " + std::to_string(c.max_position_embeddings) + " tokens, got " +
                                 std::to_string(length));
   torch::Tensor h = torch::embedding(token_embedding_, input_ids) + position_embedding_.slice(0, 0, length);
-  // The causal mask (and padded keys), additive: the dtype's lowest value where a key is hidden.
-  torch::Tensor hidden = torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(h.device()))
-                             .triu(1)
-                             .view({1, 1, length, length});
-  if (attention_mask.defined()) hidden = hidden | (attention_mask.to(h.device()) == 0).view({batch, 1, 1, length});
-  const torch::Tensor mask =
-      torch::zeros(hidden.sizes(), h.options()).masked_fill(hidden, nn::lowest_value(h.scalar_type()));
+  const torch::Tensor mask = nn::causal_additive_mask(length, attention_mask, h.options());
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.hidden_size / heads));
   auto act = [&](const torch::Tensor& x) {
     return c.hidden_act == "quick_gelu" ? x * torch::sigmoid(1.702 * x) : torch::gelu(x);

@@ -83,6 +83,18 @@ class TextWalk {
     s.alloc(bytes);
     return bytes;
   }
+  // nn::causal_additive_mask: the bool causal mask (ones, their upper triangle), with the padded keys
+  // [B, 1, T, T] (a bool row per input), then zeros in the dtype filled from it; returns the mask's bytes,
+  // allocated (the bool masks freed).
+  int64_t causal_mask(int64_t batch, int64_t tokens, bool masked) {
+    const int64_t square = tokens * tokens;
+    s.alloc(square), s.alloc(square), s.free(square);
+    int64_t hidden = square;
+    if (masked) s.alloc(batch * tokens), s.alloc(batch * square), s.free(batch * tokens + square), hidden *= batch;
+    const int64_t mask = act(hidden);
+    s.alloc(mask), s.alloc(mask), s.free(mask + hidden);
+    return mask;
+  }
   // nn::swiglu on `rows` rows (the input the caller's): silu(gate) replaces gate's output, then up's output
   // and the product, then down's output; the product is freed when it returns.
   int64_t swiglu(int64_t rows, int64_t width, int64_t inter) {
@@ -180,15 +192,7 @@ int64_t predicted_encode_bytes(const ClipTextConfig& c, int64_t batch, int64_t t
   const int64_t bt = batch * tokens, d = c.hidden_size, inter = c.intermediate_size;
   const int64_t h = w.act(bt * d);
   w.s.alloc(h), w.s.alloc(h), w.s.free(h);  // token embeddings, + positions
-  // The causal mask (bool), with the padded keys [B, 1, T, T]; as an additive mask in the dtype.
-  const int64_t square = tokens * tokens;
-  w.s.alloc(square), w.s.alloc(square), w.s.free(square);
-  int64_t hidden = square;
-  if (masked) {
-    w.s.alloc(bt), w.s.alloc(batch * square), w.s.free(bt + square);
-    hidden = batch * square;
-  }
-  w.s.alloc(w.act(hidden)), w.s.alloc(w.act(hidden)), w.s.free(w.act(hidden));
+  w.causal_mask(batch, tokens, masked);
   const int64_t layers = c.num_hidden_layers;
   for (int64_t l = 0; l < layers; ++l) {
     const bool keeps_old = l + 1 == layers && layers >= 2;  // the penultimate hidden states, returned
@@ -271,7 +275,7 @@ int64_t predicted_encode_bytes(const QwenLmConfig& c, int64_t batch, int64_t tok
                                const EncodeMemoryOptions& o, const std::vector<VisionGrid>& images,
                                const QwenVisionConfig* vision) {
   TextWalk w(o);
-  const int64_t bt = batch * tokens, d = c.hidden_size, hd = c.head_dim, t2 = tokens * tokens;
+  const int64_t bt = batch * tokens, d = c.hidden_size, hd = c.head_dim;
   const int64_t h = w.act(bt * d);
   if (!vision && c.vision) vision = &*c.vision;
   const bool multimodal = !images.empty() && vision;
@@ -290,7 +294,6 @@ int64_t predicted_encode_bytes(const QwenLmConfig& c, int64_t batch, int64_t tok
   } else {
     w.s.alloc(8 * tokens + h);  // the positions, the embeddings
   }
-  if (masked) w.s.alloc(bt);
   // The rotary table: the positions' frequencies (per section, from three position rows), twice; cos, sin
   // in float32, then in the dtype.
   if (multimodal) {
@@ -304,11 +307,7 @@ int64_t predicted_encode_bytes(const QwenLmConfig& c, int64_t batch, int64_t tok
     w.s.alloc(4 * bt * hd);
     if (w.half()) w.s.alloc(w.act(bt * hd)), w.s.free(4 * bt * hd);
   }
-  // The causal mask with the padded keys, additive in the dtype.
-  w.s.alloc(t2), w.s.alloc(t2), w.s.free(t2);
-  int64_t hidden = t2;
-  if (masked) w.s.alloc(bt), w.s.alloc(batch * t2), w.s.free(bt + t2), hidden = batch * t2;
-  w.s.alloc(w.act(hidden)), w.s.alloc(w.act(hidden)), w.s.free(w.act(hidden));
+  w.causal_mask(batch, tokens, masked);
   const int64_t groups = c.num_attention_heads / c.num_key_value_heads;
   const int64_t q = w.act(bt * c.num_attention_heads * hd), kv = w.act(bt * c.num_key_value_heads * hd);
   const int64_t layers = c.num_hidden_layers;

@@ -158,8 +158,6 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
   torch::Tensor h = inputs_embeds;
   const int64_t batch = h.size(0), length = h.size(1), hd = c.head_dim;
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(h.device());
-  torch::Tensor mask_bool;
-  if (attention_mask.defined()) mask_bool = attention_mask.to(h.device()) != 0;
   const torch::Tensor inv_freq =
       1.0 / torch::pow(c.rope_theta, torch::arange(0, hd, 2, long_opts.dtype(torch::kFloat)) / static_cast<double>(hd));
   torch::Tensor freqs;  // [B, T, hd/2]
@@ -179,12 +177,7 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
   }
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);  // [B, 1, T, hd]
   const torch::Tensor cos = emb.cos().to(h.scalar_type()), sin = emb.sin().to(h.scalar_type());
-  // Causal, and padded keys hidden.
-  torch::Tensor hidden =
-      torch::ones({length, length}, long_opts.dtype(torch::kBool)).triu(1).view({1, 1, length, length});
-  if (mask_bool.defined()) hidden = hidden | (~mask_bool).view({batch, 1, 1, length});
-  const torch::Tensor mask =
-      torch::zeros(hidden.sizes(), h.options()).masked_fill(hidden, nn::lowest_value(h.scalar_type()));
+  const torch::Tensor mask = nn::causal_additive_mask(length, attention_mask, h.options());  // causal, padding hidden
   const int64_t groups = c.num_attention_heads / c.num_key_value_heads;
   QwenLmOutput out;
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -37,17 +37,29 @@ torch::TensorOptions dtype_options(int64_t bytes) {
   return torch::TensorOptions().dtype(bytes == 2 ? torch::kBFloat16 : torch::kFloat);
 }
 
-template <class Model>
-void quantize_linears(Model& model) {
-  for (auto& [name, linear] : nn::named_linears(*model)) linear->set_weight_storage(nn::WeightStorage::QFloat8);
-}
-
 // Ids of `tokens` tokens per row and a mask whose second row (when batch > 1) is padded from the middle.
 std::pair<torch::Tensor, torch::Tensor> inputs(int64_t batch, int64_t tokens, int64_t vocab) {
   const torch::Tensor ids = torch::randint(1, vocab - 3, {batch, tokens}, torch::kLong);
   torch::Tensor mask = torch::ones({batch, tokens}, torch::kLong);
   if (batch > 1) mask[1].slice(0, tokens / 2).fill_(0);
   return {ids, mask};
+}
+
+// One encoder of `config` built in the dtype of `dtype_bytes` (its Linears qfloat8 when `quantized`): its
+// forward on `batch` inputs of `tokens` ids (masked or not) measured, against the prediction.
+template <class Model, class Config>
+void check_encode(memory::CpuMemoryTracker& tracker, const Config& config, int64_t batch, int64_t tokens, bool masked,
+                  int64_t dtype_bytes, bool quantized, const std::string& what) {
+  Model model(config, dtype_options(dtype_bytes));
+  if (quantized)
+    for (auto& [name, linear] : nn::named_linears(*model)) linear->set_weight_storage(nn::WeightStorage::QFloat8);
+  EncodeMemoryOptions o;
+  o.dtype_bytes = dtype_bytes, o.quantized_linears = quantized;
+  const auto [ids, mask] = inputs(batch, tokens, config.vocab_size);
+  const int64_t measured = measured_peak(tracker, [&] { model->forward(ids, masked ? mask : torch::Tensor()); });
+  expect_close(predicted_encode_bytes(config, batch, tokens, masked, o), measured,
+               what + " e" + std::to_string(dtype_bytes) + " T" + std::to_string(tokens) + (masked ? " masked" : "") +
+                   (quantized ? " qfloat8" : ""));
 }
 
 TEST(TextMemory, ClipEncodePeakIsPredicted) {
@@ -60,15 +72,7 @@ TEST(TextMemory, ClipEncodePeakIsPredicted) {
       for (int64_t tokens : {40, 77})
         for (bool masked : {false, true}) {
           c.hidden_act = act;
-          ClipTextModel model(c, dtype_options(e));
-          EncodeMemoryOptions o;
-          o.dtype_bytes = e;
-          const auto [ids, mask] = inputs(2, tokens, c.vocab_size);
-          const int64_t measured =
-              measured_peak(tracker, [&] { model->forward(ids, masked ? mask : torch::Tensor()); });
-          expect_close(
-              predicted_encode_bytes(c, 2, tokens, masked, o), measured,
-              "CLIP " + act + " e" + std::to_string(e) + " T" + std::to_string(tokens) + (masked ? " masked" : ""));
+          check_encode<ClipTextModel>(tracker, c, 2, tokens, masked, e, false, "CLIP " + act);
         }
 }
 
@@ -82,16 +86,7 @@ TEST(TextMemory, T5EncodePeakIsPredicted) {
   for (const T5Config& c : {small, wide})
     for (int64_t e : {4, 2})
       for (int64_t tokens : {c.d_ff > 1024 ? 32 : 128, 512})
-        for (bool masked : {false, true}) {
-          T5Encoder model(c, dtype_options(e));
-          EncodeMemoryOptions o;
-          o.dtype_bytes = e;
-          const auto [ids, mask] = inputs(1, tokens, c.vocab_size);
-          const int64_t measured =
-              measured_peak(tracker, [&] { model->forward(ids, masked ? mask : torch::Tensor()); });
-          expect_close(predicted_encode_bytes(c, 1, tokens, masked, o), measured,
-                       "T5 e" + std::to_string(e) + " T" + std::to_string(tokens) + (masked ? " masked" : ""));
-        }
+        for (bool masked : {false, true}) check_encode<T5Encoder>(tracker, c, 1, tokens, masked, e, false, "T5");
 }
 
 TEST(TextMemory, QwenLanguageModelEncodePeakIsPredicted) {
@@ -103,17 +98,8 @@ TEST(TextMemory, QwenLanguageModelEncodePeakIsPredicted) {
     c.vision.reset();
     for (int64_t e : {4, 2})
       for (int64_t tokens : {100, 300})
-        for (bool quantized : {false, true}) {
-          QwenLm model(c, dtype_options(e));
-          if (quantized) quantize_linears(model);
-          EncodeMemoryOptions o;
-          o.dtype_bytes = e, o.quantized_linears = quantized;
-          const auto [ids, mask] = inputs(1, tokens, c.vocab_size);
-          const int64_t measured = measured_peak(tracker, [&] { model->forward(ids, mask); });
-          expect_close(predicted_encode_bytes(c, 1, tokens, true, o), measured,
-                       std::string(qwen3 ? "Qwen3" : "Qwen2.5-VL") + " e" + std::to_string(e) + " T" +
-                           std::to_string(tokens) + (quantized ? " qfloat8" : ""));
-        }
+        for (bool quantized : {false, true})
+          check_encode<QwenLm>(tracker, c, 1, tokens, true, e, quantized, qwen3 ? "Qwen3" : "Qwen2.5-VL");
   }
 }
 

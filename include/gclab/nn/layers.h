@@ -171,6 +171,11 @@ torch::Tensor split_heads(const torch::Tensor& x, int64_t heads);
 // The value an additive attention mask puts where a key is hidden: the dtype's lowest finite value
 // (torch.finfo(dtype).min, as transformers' masks use).
 double lowest_value(torch::ScalarType dtype);
+// The additive mask of causal self-attention over `length` tokens, [1, 1, T, T] — or [B, 1, T, T] with
+// `attention_mask` [B, T] (1 token, 0 padding): lowest_value where a key comes after the query or is
+// padding, else 0, in `options`' dtype and device (CLIP's text model, the Qwen language models).
+torch::Tensor causal_additive_mask(int64_t length, const torch::Tensor& attention_mask,
+                                   const torch::TensorOptions& options);
 torch::Tensor merge_heads(const torch::Tensor& x);
 
 // Fixed 2-D sine-cosine position embedding [h*w, dim] (MAE / DiT / SD3 PatchEmbed), grid positions
