@@ -79,6 +79,9 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), session.activation_options().element_bytes);
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
                      e.vae_bytes + e.offload_buffer_bytes;
+  e.load.quantized_on_host = session.load_memory().quantized_on_host;
+  e.load.device_peak_bytes = session.load_memory().device.peak();
+  e.load.host_peak_bytes = session.load_memory().host.peak();
   e.cap_bytes = config.vram_cap.bytes;
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
   const bool cuda = estimates_for_cuda(config);

@@ -189,6 +189,12 @@ std::string format_estimate(const MemoryEstimate& e) {
   bytes("resident", e.resident_bytes);
   out << "  activations_dtype: " << e.activation_dtype << "\n";
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
+  out << "  load:  # before training, as AI Toolkit's loader: the transformer in its dtype, quantized "
+      << (e.load.quantized_on_host ? "in host memory" : "on the device")
+      << "; the text encoders built and quantized on the device\n";
+  out << "    device_peak: " << e.load.device_peak_bytes << "  # " << format_bytes(e.load.device_peak_bytes)
+      << fits(e.load.device_peak_bytes) << "\n";
+  bytes("host_peak", e.load.host_peak_bytes, "    ");
   if (e.text) {
     const auto& t = *e.text;
     out << "  text_encode:  # one " << t.caption_tokens << "-token caption"

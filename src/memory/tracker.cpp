@@ -199,6 +199,7 @@ void MemoryMeter::set_cap(std::int64_t cap_bytes) {
 }
 
 void MemoryMeter::set_host_cap(std::int64_t cap_bytes) { g_host_cap = cap_bytes; }
+void MemoryMeter::reset_host_peak() { g_host_peak = g_host_live.load(); }
 
 void MemoryMeter::release_cached() {
   if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();

@@ -6,22 +6,25 @@
 namespace gclab::model {
 
 const std::vector<ArchFacts>& supported_archs() {
+  using L = TransformerLoading;
   static const std::vector<ArchFacts> archs = {
-      {"flux", Family::flux, "flux-dev", false, "schnell", "flux-schnell"},
-      {"flex1", Family::flux, "flex1", false, "", ""},
-      {"flex2", Family::flux, "flex2", false, "", ""},
-      {"qwen_image", Family::qwen_image, "qwen-image", false, "", ""},
-      {"qwen_image_edit", Family::qwen_image, "qwen-image-edit", false, "", ""},
-      {"qwen_image_edit_plus", Family::qwen_image, "qwen-image-edit-2509", false, "2511", "qwen-image-edit-2511"},
-      {"zimage", Family::zimage, "zimage", false, "turbo", "zimage-turbo"},
-      {"sd3", Family::sd3, "sd35-large", false, "", ""},
-      {"dit", Family::dit, "dit-xl2", false, "", ""},
-      {"tiny-flux", Family::flux, "tiny-flux", true, "", ""},
-      {"tiny-qwen-image", Family::qwen_image, "tiny-qwen-image", true, "", ""},
-      {"tiny-qwen-image-edit", Family::qwen_image, "tiny-qwen-image-edit", true, "", ""},
-      {"tiny-zimage", Family::zimage, "tiny-zimage", true, "", ""},
-      {"tiny-sd3", Family::sd3, "tiny-sd3", true, "", ""},
-      {"tiny-dit", Family::dit, "tiny-dit", true, "", ""},
+      {"flux", Family::flux, "flux-dev", false, "schnell", "flux-schnell", L::on_device_unless_low_vram},
+      {"flex1", Family::flux, "flex1", false, "", "", L::on_device_unless_low_vram},
+      {"flex2", Family::flux, "flex2", false, "", "", L::on_device},
+      {"qwen_image", Family::qwen_image, "qwen-image", false, "", "", L::per_block},
+      {"qwen_image_edit", Family::qwen_image, "qwen-image-edit", false, "", "", L::per_block},
+      {"qwen_image_edit_plus", Family::qwen_image, "qwen-image-edit-2509", false, "2511", "qwen-image-edit-2511",
+       L::per_block},
+      {"zimage", Family::zimage, "zimage", false, "turbo", "zimage-turbo", L::per_block},
+      {"sd3", Family::sd3, "sd35-large", false, "", "", L::on_device_unless_low_vram},
+      {"dit", Family::dit, "dit-xl2", false, "", "", L::on_device_unless_low_vram},  // not in AI Toolkit
+      // The tiny presets load as their family's main arch does.
+      {"tiny-flux", Family::flux, "tiny-flux", true, "", "", L::on_device_unless_low_vram},
+      {"tiny-qwen-image", Family::qwen_image, "tiny-qwen-image", true, "", "", L::per_block},
+      {"tiny-qwen-image-edit", Family::qwen_image, "tiny-qwen-image-edit", true, "", "", L::per_block},
+      {"tiny-zimage", Family::zimage, "tiny-zimage", true, "", "", L::per_block},
+      {"tiny-sd3", Family::sd3, "tiny-sd3", true, "", "", L::on_device_unless_low_vram},
+      {"tiny-dit", Family::dit, "tiny-dit", true, "", "", L::on_device_unless_low_vram},
   };
   return archs;
 }
@@ -30,6 +33,11 @@ const ArchFacts* find_arch(const std::string& name) {
   for (const auto& a : supported_archs())
     if (a.name == name) return &a;
   return nullptr;
+}
+
+TransformerLoading transformer_loading(const std::string& arch) {
+  const ArchFacts* a = find_arch(arch);
+  return a ? a->loading : TransformerLoading::on_device_unless_low_vram;
 }
 
 std::string supported_arch_list() {

@@ -35,7 +35,7 @@ BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelC
   torch::NoGradGuard no_grad;
   if (!config.accuracy_recovery_adapter) {
     if (storage) {
-      set_base_weight_storage(model, *storage);
+      q.memory = nn::store_weights(linears, *storage);
       for (auto& [path, linear] : linears) q.quantized += linear->weight_storage() == *storage;
     }
     return q;
@@ -63,17 +63,23 @@ BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelC
       a.up = torch::zeros({shape[0], kRecoveryAdapterRank}, o);
     }
   }
+  // Every adapter's matrices are held from here on (a file's in its own dtype; a conversion to the base's
+  // is a copy this walk does not count), before the first Linear is quantized.
+  int64_t held = 0;
+  for (const auto& [path, a] : adapters) held += static_cast<int64_t>(a.down.nbytes() + a.up.nbytes());
+  q.memory.add({held, held});
   for (auto& [path, linear] : linears) {
     const auto it = adapters.find(path);
     if (it == adapters.end()) continue;  // "uint8": left in its dtype
     const auto dtype = linear->weight.scalar_type();
     linear->add_recovery_adapter(it->second.down.to(dtype), it->second.up.to(dtype), 1.0);
     q.adapter_rank = std::max(q.adapter_rank, it->second.down.size(0));
-    q.adapter_bytes += static_cast<int64_t>(it->second.down.numel() + it->second.up.numel()) *
-                       static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t adapter_bytes = static_cast<int64_t>(it->second.down.numel() + it->second.up.numel()) *
+                                  static_cast<int64_t>(c10::elementSize(dtype));
+    q.adapter_bytes += adapter_bytes;
     ++q.adapters;
     if (storage) {
-      linear->set_weight_storage(*storage);
+      q.memory.add(nn::store_weight(*linear, *storage));
       q.quantized += linear->weight_storage() == *storage;
     }
   }

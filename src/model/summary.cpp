@@ -18,8 +18,7 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
   s.parameters = parameter_count(*model);
   s.weight_storage = "bf16";
   if (config.model.quantize) s.weight_storage = describe(quantize_base(*model, config.model), config.model);
-  for (const auto& b : model->buffers()) s.weight_bytes += static_cast<int64_t>(b.nbytes());
-  for (const auto& p : model->parameters()) s.weight_bytes += static_cast<int64_t>(p.nbytes());
+  s.weight_bytes = nn::module_bytes(*model);
   if (config.network) {
     s.lora_modules = apply_lora(*model, lora_options(*config.network));
     s.trainable_parameters = trainable_parameter_count(*model);

@@ -489,6 +489,18 @@ void LinearImpl::set_weight_storage(WeightStorage storage) {
   if (bias.defined()) bias.set_requires_grad(false);
 }
 
+int64_t LinearImpl::storage_peak_bytes(WeightStorage storage) const {
+  if (storage == storage_ && is_quantized(storage)) return 0;
+  const int64_t d = static_cast<int64_t>(weight.element_size());
+  if (const int bits = uintx_bits(storage))
+    return quant::uintx_quantizes(bits, in_) ? quant::quantize_uintx_peak_bytes(out_, in_, bits, d) : 0;
+  if (const auto type = scaled_type(storage)) return quant::quantize_scaled_peak_bytes(out_, in_, *type, d);
+  const auto dtype = storage == WeightStorage::BFloat16  ? torch::kBFloat16
+                     : storage == WeightStorage::Float16 ? torch::kHalf
+                                                         : torch::kFloat;
+  return weight.scalar_type() == dtype ? 0 : out_ * in_ * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
 void LinearImpl::set_weight(const torch::Tensor& values) {
   TORCH_CHECK(values.sizes() == c10::IntArrayRef(weight_shape()), "Linear weight of shape ", weight_shape(),
               " cannot take ", values.sizes());
@@ -653,6 +665,33 @@ torch::Tensor causal_additive_mask(int64_t length, const torch::Tensor& attentio
     hidden = hidden | (attention_mask.to(options.device()) == 0).view({attention_mask.size(0), 1, 1, length});
   return torch::zeros(hidden.sizes(), options)
       .masked_fill(hidden, lowest_value(c10::typeMetaToScalarType(options.dtype())));
+}
+
+void StorageChange::add(const StorageChange& later) {
+  peak_above_bytes = std::max(peak_above_bytes, net_bytes + later.peak_above_bytes);
+  net_bytes += later.net_bytes;
+}
+
+int64_t module_bytes(const torch::nn::Module& root) {
+  int64_t bytes = 0;
+  for (const auto& t : root.parameters()) bytes += static_cast<int64_t>(t.nbytes());
+  for (const auto& t : root.buffers()) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+StorageChange store_weight(LinearImpl& linear, WeightStorage storage) {
+  StorageChange c;
+  const int64_t before = module_bytes(linear);
+  c.peak_above_bytes = linear.storage_peak_bytes(storage);
+  linear.set_weight_storage(storage);
+  c.net_bytes = module_bytes(linear) - before;
+  return c;
+}
+
+StorageChange store_weights(const std::vector<std::pair<std::string, Linear>>& linears, WeightStorage storage) {
+  StorageChange total;
+  for (const auto& [path, linear] : linears) total.add(store_weight(*linear.ptr(), storage));
+  return total;
 }
 
 }  // namespace gclab::nn

@@ -1,5 +1,7 @@
 #include "gclab/quant/scaled.h"
 
+#include "gclab/memory/live_set.h"
+
 #include <limits>
 
 namespace gclab::quant {
@@ -73,6 +75,42 @@ torch::Tensor scaled_matmul(const torch::Tensor& x, const ScaledWeight& q) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.push_back(q.data.size(0));
   return (m * q.scale.view({1, -1}).to(m.scalar_type())).reshape(shape);
+}
+
+int64_t quantize_scaled_peak_bytes(int64_t out, int64_t in, ScaledType type, int64_t dtype_bytes) {
+  // quantize_scaled's statements on shapes, n elements of d bytes, o rows; each expression's temporaries
+  // are alive until its end. The input is not counted; the result (data, scale, zero point) is.
+  const int64_t n = out * in, d = dtype_bytes, o = out;
+  memory::LiveSet m;
+  switch (type) {
+    case ScaledType::qfloat8:
+      // scale = |w| -> amax -> / 448
+      m.alloc(n * d), m.alloc(o * d), m.alloc(o * d), m.free(n * d + o * d);
+      // data = clamp(w / scale) -> float8
+      m.alloc(n * d), m.alloc(n * d), m.alloc(n), m.free(2 * n * d);
+      break;
+    case ScaledType::float8:
+      // scale = (|w| -> amax -> / 448) -> float32 (the same tensor when w is float32)
+      m.alloc(n * d), m.alloc(o * d), m.alloc(o * d);
+      if (d != 4) m.alloc(o * 4), m.free(o * d);
+      m.free(n * d + o * d);
+      // data = clamp(float32(w) / scale) -> float8
+      if (d != 4) m.alloc(n * 4);
+      m.alloc(n * 4), m.alloc(n * 4), m.alloc(n), m.free(2 * n * 4 + (d != 4 ? n * 4 : 0));
+      break;
+    case ScaledType::int8:
+      // lo = min(amin(w), zeros(1)); hi = max(amax(w), zeros(1))
+      for (int i = 0; i < 2; ++i) m.alloc(o * d), m.alloc(d), m.alloc(o * d), m.free(o * d + d);
+      m.alloc(o * d), m.alloc(o * d), m.free(o * d);  // top = max(-lo, hi)
+      m.alloc(o * d), m.alloc(o * d), m.free(o * d);  // scale = clamp(top / 127.5, eps)
+      m.alloc(o * 8);                                 // zero_point, int64
+      // data = clamp(round(w * (1 / scale)) + zero_point) -> int8; ATen's 1 / scale is reciprocal(scale) * 1,
+      // the reciprocal gone when it returns
+      m.spike(2 * o * d), m.alloc(o * d + 4 * n * d + n), m.free(o * d + 4 * n * d);
+      m.free(3 * o * d);  // lo, hi, top: the function's locals
+      break;
+  }
+  return m.peak();
 }
 
 }  // namespace gclab::quant

@@ -138,8 +138,10 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
     const std::filesystem::path folder = i < o.encoders.size() ? o.encoders[i] : std::filesystem::path();
     LoadedTextEncoder e = build_text_encoder(o.kinds[i], !full, folder, o.options, !o.options.device().is_meta(),
                                              full ? TinyWidths{} : tiny[i]);
-    if (o.linear_storage)
-      for (auto& [name, linear] : nn::named_linears(*e.encoder)) linear->set_weight_storage(*o.linear_storage);
+    LoadStep step;
+    step.built_bytes = nn::module_bytes(*e.encoder);
+    if (o.linear_storage) step.quantized = nn::store_weights(nn::named_linears(*e.encoder), *o.linear_storage);
+    load_steps_.push_back(step);
     Slot s;
     s.encoder = e.encoder;
     s.random = e.random;
@@ -399,13 +401,7 @@ EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
   return p;
 }
 
-int64_t PromptEncoder::weight_bytes(size_t slot) const {
-  int64_t b = 0;
-  const auto& e = *slots_.at(slot).encoder;
-  for (const auto& p : e.parameters()) b += static_cast<int64_t>(p.nbytes());
-  for (const auto& t : e.buffers()) b += static_cast<int64_t>(t.nbytes());
-  return b;
-}
+int64_t PromptEncoder::weight_bytes(size_t slot) const { return nn::module_bytes(*slots_.at(slot).encoder); }
 
 int64_t PromptEncoder::weight_bytes() const {
   int64_t b = 0;

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "gclab/ckpt/policy.h"
 #include "gclab/config/byte_size.h"
 #include "gclab/model/activations.h"
+#include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 
 namespace gclab::train {
@@ -29,11 +31,40 @@ std::pair<int, int> parse_bucket(const std::string& key) {
   return {w, h};
 }
 
+// The load ran out (phase setup, before the first step): what the arch's loader holds while it quantizes.
+// Each saving is the load's predicted device peak (train/loading.h) with and without the change.
+std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
+  std::vector<OomFix> fixes;
+  const int64_t now = predicted_load_peak(config);
+  auto priced = [&](const std::string& title, const std::string& change, const std::string& why,
+                    const std::function<void(config::ProcessConfig&)>& apply) {
+    config::ProcessConfig changed = config;
+    apply(changed);
+    fixes.push_back({title, change, now - predicted_load_peak(changed),
+                     "the load's device peak, predicted with and without the change (train/loading.h): " + why});
+  };
+  if (config.model.quantize && !config.model.low_vram &&
+      model::transformer_loading(config.model.arch) == model::TransformerLoading::on_device_unless_low_vram)
+    priced("Quantize the transformer in host memory", "model.low_vram: true",
+           "the transformer is quantized on the CPU and reaches the device quantized (AI Toolkit: slower to load)",
+           [](config::ProcessConfig& c) { c.model.low_vram = true; });
+  if (!config.model.quantize)
+    priced("Quantize the base weights", "model.quantize: true (qtype qfloat8)",
+           "the transformer reaches the device as float8 codes",
+           [](config::ProcessConfig& c) { c.model.quantize = true, c.model.qtype = "qfloat8"; });
+  if (!config.model.quantize_te.value_or(config.model.quantize))
+    priced("Quantize the text encoders", "model.quantize_te: true (qtype_te " + config.model.qtype_te + ")",
+           "each text encoder is quantized as soon as it is on the device",
+           [](config::ProcessConfig& c) { c.model.quantize_te = true; });
+  return fixes;
+}
+
 }  // namespace
 
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
                                     const model::ModelSpec& spec, const vae::CodecSpec& codec,
                                     const model::ActivationOptions& activations) {
+  if (ctx.phase == Phase::setup) return load_fixes(config);
   // The failing phase's own fixes come first (`first`), then the rest in the order practice recommends.
   std::vector<OomFix> first, fixes;
   const auto [bw, bh] = parse_bucket(ctx.bucket);
@@ -245,7 +276,11 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   std::ostringstream md;
   const std::string where = std::string(phase_name(c.phase)) +
                             (c.activity == Activity::model ? "" : std::string(", ") + activity_name(c.activity));
-  md << "# Out of memory at step " << c.step << ", phase `" << where << "`\n\n";
+  const bool loading = c.phase == Phase::setup;  // before the first step: the model was being loaded
+  if (loading)
+    md << "# Out of memory loading the model, phase `" << where << "`\n\n";
+  else
+    md << "# Out of memory at step " << c.step << ", phase `" << where << "`\n\n";
   md << "| | |\n|---|---|\n";
   md << "| phase | " << where << " |\n| step | " << c.step << " (last good: " << c.last_good_step << ") |\n";
   md << "| bucket | " << c.bucket << " |\n| batch | " << c.batch << " |\n";
@@ -255,21 +290,28 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
                          : "none (the device's own memory)")
      << " |\n";
   md << "| failed allocation | " << c.message << " |\n\n";
-  md << "## What was live\n\n| category | bytes |\n|---|---|\n";
-  md << "| weights | " << format_bytes(c.weight_bytes) << " |\n| gradients | " << format_bytes(c.gradient_bytes)
-     << " |\n";
-  md << "| optimizer state | " << format_bytes(c.optimizer_bytes) << " |\n";
-  md << "| text encoder | " << format_bytes(c.text_encoder_bytes) << " |\n";
-  md << "| autoencoder | " << format_bytes(c.vae_bytes) << " |\n";
-  md << "| activations and the rest | " << format_bytes(other) << " |\n";
-  md << "| live once the failed step was unwound | " << format_bytes(c.live_bytes) << " |\n| peak this step | "
-     << format_bytes(c.peak_bytes) << " |\n\n";
-  if (!c.last_step_phase_peaks.empty()) {
-    md << "Peaks of the last step that completed: ";
-    bool first = true;
-    for (const auto& [p, b] : c.last_step_phase_peaks)
-      md << (first ? "" : ", ") << p << " " << format_bytes(b), first = false;
-    md << ".\n\n";
+  if (loading) {
+    md << "## The load\n\nThe model was being loaded, before any step: the transformer built and quantized as "
+          "the arch's AI Toolkit loader does it, then the text encoders (train/loading.h). The load's device peak "
+          "for this config is predicted at "
+       << format_bytes(c.peak_bytes) << ".\n\n";
+  } else {
+    md << "## What was live\n\n| category | bytes |\n|---|---|\n";
+    md << "| weights | " << format_bytes(c.weight_bytes) << " |\n| gradients | " << format_bytes(c.gradient_bytes)
+       << " |\n";
+    md << "| optimizer state | " << format_bytes(c.optimizer_bytes) << " |\n";
+    md << "| text encoder | " << format_bytes(c.text_encoder_bytes) << " |\n";
+    md << "| autoencoder | " << format_bytes(c.vae_bytes) << " |\n";
+    md << "| activations and the rest | " << format_bytes(other) << " |\n";
+    md << "| live once the failed step was unwound | " << format_bytes(c.live_bytes) << " |\n| peak this step | "
+       << format_bytes(c.peak_bytes) << " |\n\n";
+    if (!c.last_step_phase_peaks.empty()) {
+      md << "Peaks of the last step that completed: ";
+      bool first = true;
+      for (const auto& [p, b] : c.last_step_phase_peaks)
+        md << (first ? "" : ", ") << p << " " << format_bytes(b), first = false;
+      md << ".\n\n";
+    }
   }
   md << "On CUDA the cap is the caching allocator's memory fraction; the CUDA context itself (a few hundred MiB) "
         "is outside it.\n\n";
@@ -277,8 +319,11 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   for (size_t i = 0; i < fixes.size(); ++i)
     md << i + 1 << ". **" << fixes[i].title << "**: `" << fixes[i].change << "` — predicted saving "
        << format_bytes(fixes[i].predicted_saving_bytes) << " (" << fixes[i].basis << ")\n";
-  md << "\nNothing was lost: " << (c.saved_weights.empty() ? "nothing to save yet" : "saved " + c.saved_weights)
-     << " (state for `gclab train --resume`).\n";
+  if (loading)
+    md << "\nNothing was lost: nothing was trained yet.\n";
+  else
+    md << "\nNothing was lost: " << (c.saved_weights.empty() ? "nothing to save yet" : "saved " + c.saved_weights)
+       << " (state for `gclab train --resume`).\n";
   std::ofstream(dir / "oom_report.md") << md.str();
 
   nlohmann::ordered_json j;
@@ -312,8 +357,12 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   std::ofstream(dir / "oom_report.json") << j.dump(2) << "\n";
 
   std::ostringstream brief;
-  brief << "out of memory at step " << c.step << " in `" << where << "` (bucket " << c.bucket << ", batch " << c.batch
-        << ", policy " << c.checkpoint_policy << (c.cap_bytes ? ", cap " + format_bytes(c.cap_bytes) : "") << ")";
+  if (loading)
+    brief << "out of memory loading the model (`" << where << "`, predicted load peak " << format_bytes(c.peak_bytes)
+          << (c.cap_bytes ? ", cap " + format_bytes(c.cap_bytes) : "") << ")";
+  else
+    brief << "out of memory at step " << c.step << " in `" << where << "` (bucket " << c.bucket << ", batch " << c.batch
+          << ", policy " << c.checkpoint_policy << (c.cap_bytes ? ", cap " + format_bytes(c.cap_bytes) : "") << ")";
   if (!fixes.empty())
     brief << "; first fix: " << fixes.front().change << " (saves ~"
           << format_bytes(fixes.front().predicted_saving_bytes) << ")";

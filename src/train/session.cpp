@@ -8,6 +8,7 @@
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 #include "gclab/sample/sampler.h"
+#include "gclab/train/loading.h"
 #include "gclab/train/offload.h"
 #include "gclab/vae/qwen_image_vae.h"
 
@@ -86,10 +87,7 @@ torch::ScalarType base_dtype(const config::ProcessConfig& config) {
 int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec) {
   auto model = model::build_transformer(spec, torch::TensorOptions().device(torch::kMeta).dtype(base_dtype(config)));
   model::quantize_base(*model, config.model);
-  int64_t bytes = 0;
-  for (const auto& p : model->parameters()) bytes += static_cast<int64_t>(p.nbytes());
-  for (const auto& b : model->buffers()) bytes += static_cast<int64_t>(b.nbytes());
-  return bytes;
+  return nn::module_bytes(*model);
 }
 
 int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSpec& spec) {
@@ -99,6 +97,10 @@ int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSp
   offload_layers(*model, config.model.layer_offloading_transformer_percent,
                  static_cast<uint64_t>(config.training_seed.value_or(42)), torch::Device(torch::kMeta));
   return nn::offloaded_bytes(*model) - nn::offload_device_bytes(*model, config::dtype_bytes(config.train.dtype));
+}
+
+int64_t predicted_load_peak(const config::ProcessConfig& config) {
+  return Session(config, SessionOptions{/*meta=*/true}).load_memory().device.peak();
 }
 
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
@@ -214,8 +216,42 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   }
   if (device_.is_cpu()) memory::MemoryMeter::set_host_cap(config_.host_cap.bytes);
 
-  // ---- the text encoders (on the device in the run's dtype, as AI Toolkit holds them) and the embedding
-  // cache; random ones from the training seed, drawn before the transformer's ----
+  // ---- the load, in the order AI Toolkit's loader for the arch takes (model::TransformerLoading): the
+  // transformer built in the dtype it trains in (with a LoRA network in bf16 the frozen base is bf16 and only
+  // the adapters are float32; without one every weight is a float32 master copy) and quantized — on the
+  // device, or in host memory under low_vram or block by block —, the text encoders built on the device and
+  // quantized there, the transformer on the device before them or after. load_ walks the same steps on the
+  // modules' sizes. Random weights from the training seed, the transformer's drawn first. ----
+  const model::TransformerLoading loading = model::transformer_loading(config_.model.arch);
+  load_.quantized_on_host = loading == model::TransformerLoading::per_block ||
+                            (loading == model::TransformerLoading::on_device_unless_low_vram && config_.model.low_vram);
+  const memory::MemoryStats before_load = meter_.stats();
+  meter_.reset_peak();
+  memory::MemoryMeter::reset_host_peak();
+  const Residence built_in = load_.quantized_on_host ? Residence::host : Residence::device;
+  torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
+  {
+    std::optional<memory::HostScope> host;
+    if (load_.quantized_on_host && device_.is_cpu()) host.emplace();
+    const torch::Device build_on = load_.quantized_on_host && device_.is_cuda() ? torch::Device(torch::kCPU) : device_;
+    model_ = model::build_transformer(spec_, torch::TensorOptions().device(build_on).dtype(base_dtype(config_)));
+    load_.built(built_in, nn::module_bytes(*model_));
+    if (config_.model.quantize) {
+      const model::BaseQuantization q = model::quantize_base(*model_, config_.model);
+      load_.quantized(built_in, q.memory);
+      log::info("model.quantize: " + model::describe(q, config_.model) +
+                (load_.quantized_on_host ? ", in host memory" : ", on the device"));
+    }
+  }
+  bool transformer_on_host = load_.quantized_on_host;
+  auto transformer_to_device = [this, &transformer_on_host] {
+    if (!transformer_on_host) return;
+    load_.moved(Residence::device, nn::module_bytes(*model_));
+    move_module(*model_, Residence::device, device_);
+    transformer_on_host = false;
+  };
+  if (loading != model::TransformerLoading::per_block) transformer_to_device();
+
   torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
   std::unique_ptr<text::PromptEncoder> prompts;
   try {
@@ -223,6 +259,10 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
         config_, spec_, torch::TensorOptions().device(device_).dtype(bf16() ? torch::kBFloat16 : torch::kFloat)));
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("text encoders: ") + e.what());
+  }
+  for (const auto& step : prompts->load_steps()) {
+    load_.built(Residence::device, step.built_bytes);
+    load_.quantized(Residence::device, step.quantized);
   }
   for (size_t i = 0; i < prompts->slots(); ++i)
     log::info(model::text_encoder_folder(i) + ": " + std::string(config::name_of(prompts->encoder(i).kind())) + ", " +
@@ -234,6 +274,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
           prompts->encoder(i), config_.model.layer_offloading_text_encoder_percent,
           "model.layer_offloading_text_encoder_percent",
           static_cast<uint64_t>(config_.training_seed.value_or(42)) + 1 + i, model::text_encoder_folder(i));
+      load_.moved(Residence::host, o.host_bytes);
       log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of " + model::text_encoder_folder(i) +
                 "'s " + std::to_string(o.linears) + " Linears in host memory (" + config::format_bytes(o.host_bytes) +
                 ")");
@@ -249,15 +290,20 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
       std::move(prompts), [this](int64_t n) { return model::sequence_rows(spec_, n); },
       device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_), encoders);
 
-  // ---- the model, as AI Toolkit loads it: with a LoRA network in bf16 the frozen base is stored in bf16
-  // (float8 blocks with model.quantize) and only the adapters are float32; without a network every
-  // weight is a float32 master copy. ----
-  // Built directly on the device and in the dtype it trains in: no full-size float32 copy on the host
-  // (FLUX.1-dev would need ~48 GB of RAM for one), and float8 blocks are converted one Linear at a time.
-  torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
-  model_ = model::build_transformer(spec_, torch::TensorOptions().device(device_).dtype(base_dtype(config_)));
-  if (config_.model.quantize)
-    log::info("model.quantize: " + model::describe(model::quantize_base(*model_, config_.model), config_.model));
+  transformer_to_device();  // per_block: after the text encoders
+  if (!device_.is_meta()) {
+    const memory::MemoryStats loaded = meter_.stats();
+    load_.measured_device_peak_bytes = loaded.peak_bytes - before_load.live_bytes;
+    if (device_.is_cpu())  // the tracker measures host memory apart on a CPU run only
+      load_.measured_host_peak_bytes = loaded.host_peak_bytes - before_load.host_live_bytes;
+    log::info("loaded: the device held at most " + config::format_bytes(*load_.measured_device_peak_bytes) +
+              " (predicted " + config::format_bytes(load_.device.peak()) + ")" +
+              (load_.measured_host_peak_bytes && load_.host.peak() > 0
+                   ? ", host memory " + config::format_bytes(*load_.measured_host_peak_bytes) + " (predicted " +
+                         config::format_bytes(load_.host.peak()) + ")"
+                   : ""));
+  }
+
   if (config_.network) {
     lora_ = model::lora_options(*config_.network);
     const config::NetworkConfig& n = *config_.network;
@@ -740,8 +786,7 @@ void Session::precompute_text(const std::vector<data::Caption>& captions) {
 
 ResidentBytes Session::resident() const {
   ResidentBytes r;
-  for (const auto& p : model_->parameters()) r.weights += static_cast<int64_t>(p.nbytes());
-  for (const auto& t : model_->buffers()) r.weights += static_cast<int64_t>(t.nbytes());
+  r.weights = nn::module_bytes(*model_);
   // Offloaded Linears keep their weights in host memory.
   r.host_weights = nn::offloaded_bytes(*model_);
   r.weights -= r.host_weights;

@@ -110,6 +110,30 @@ void progress_line(const TrainOptions& o, int64_t step, int total, double loss, 
     *o.progress << text << "\n" << std::flush;
 }
 
+// The run's Session. Out of memory while it loads the model (nothing trained, nothing to save): the report,
+// with the loading levers, then the stop.
+Session open_session(const config::ProcessConfig& config, const fs::path& output_dir) {
+  try {
+    return Session(config);
+  } catch (const c10::OutOfMemoryError& e) {
+    OomContext ctx;
+    ctx.phase = Phase::setup;
+    ctx.bucket = "-";
+    ctx.checkpoint_policy = config.train.policy().to_string();
+    ctx.message = e.what_without_backtrace();
+    const torch::Device device = resolve_device(config.device);
+    ctx.device = device.str();
+    ctx.cpu = device.is_cpu();
+    ctx.cap_bytes = config.vram_cap.bytes;
+    ctx.cap_counts = device.is_cuda() ? "reserved" : "allocated";
+    ctx.peak_bytes = predicted_load_peak(config);
+    const model::ModelSpec spec = model::spec_for(config.model);
+    const std::string brief =
+        write_oom_report(output_dir, ctx, recommend_fixes(ctx, config, spec, codec_plan(config, spec), {}));
+    throw OutOfMemoryStop(brief);
+  }
+}
+
 }  // namespace
 
 std::string dry_run(const config::ProcessConfig& config) {
@@ -136,7 +160,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   // ---- the session: device, memory meter and cap, model + policy, optimizer, text, previews ----
   std::vector<config::DatasetConfig> datasets = config.datasets;
   const std::vector<data::ImageItem> items = scan(datasets, tc.cache_text_embeddings);
-  Session session(config);
+  Session session = open_session(config, summary.output_dir);
   log::info(session.spec().preset + ": " + std::to_string(model::parameter_count(session.model())) + " parameters, " +
             std::to_string(model::trainable_parameter_count(session.model())) + " trained" +
             (session.lora_modules() ? " (LoRA rank " + std::to_string(session.lora().rank) + " on " +
@@ -364,6 +388,12 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
                 {"text_cache_bytes", held.text_cache_host},
                 {"measured_peak_bytes", session.meter().stats().host_peak_bytes},
                 {"cap_bytes", config.host_cap.bytes}}},
+              {"load",
+               {{"quantized_on_host", session.load_memory().quantized_on_host},
+                {"measured_peak_bytes", session.load_memory().measured_device_peak_bytes.value_or(0)},
+                {"predicted_peak_bytes", session.load_memory().device.peak()},
+                {"host_measured_peak_bytes", session.load_memory().measured_host_peak_bytes.value_or(0)},
+                {"host_predicted_peak_bytes", session.load_memory().host.peak()}}},
               {"phase_peak_bytes", run_peaks}}
              .dump(2)
       << "\n";

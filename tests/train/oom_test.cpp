@@ -159,6 +159,35 @@ TEST_F(OomScenario, AResidentBaseRunsOutAndOffloadingItsLayersFinishes) {
   EXPECT_LT(memory["peak_bytes"].get<int64_t>(), fixed.vram_cap.bytes);
 }
 
+// The load itself, before any step: AI Toolkit's FLUX.1 loader quantizes the transformer on the device
+// unless model.low_vram is set, so a config whose checkpointed step fits can still run out while loading
+// (the width-512 FLUX shape, qfloat8, float32: 119 MiB at load under a 100 MiB cap). The report names the
+// load and offers low_vram first, priced from the load's walk; the low_vram twin loads with 28 MiB on the
+// device (the rest in host memory, measured) and trains under the same cap.
+TEST_F(OomScenario, QuantizingOnTheDeviceRunsOutWhileLoadingAndLowVramFinishes) {
+  const std::string folder = "model.name_or_path=" + std::string(GCLAB_SOURCE_DIR) + "/configs/oom/models/flux_wide";
+  const auto report = expect_oom("load_quantize", {folder});
+  EXPECT_EQ(report["phase"], "setup");
+  EXPECT_EQ(report["step"], 0);
+  ASSERT_FALSE(report["fixes"].empty());
+  EXPECT_EQ(report["fixes"][0]["change"], "model.low_vram: true");
+  const int64_t saving = report["fixes"][0]["predicted_saving_bytes"].get<int64_t>();
+  const int64_t load_peak = report["peak_bytes"].get<int64_t>();
+  EXPECT_GT(load_peak, int64_t{100} << 20);
+  EXPECT_LT(load_peak - saving, int64_t{100} << 20);  // the twin's load, predicted, fits
+  const auto fixed = load("load_quantize_fixed", {folder});
+  EXPECT_NO_THROW(train(fixed, {}));
+  std::ifstream in(dir_ / "out" / fixed.name / "memory.json");
+  const auto memory = nlohmann::json::parse(in, nullptr, false);
+  const auto& l = memory["load"];
+  EXPECT_TRUE(l["quantized_on_host"].get<bool>());
+  EXPECT_EQ(l["measured_peak_bytes"].get<int64_t>(), l["predicted_peak_bytes"].get<int64_t>());
+  EXPECT_EQ(l["measured_peak_bytes"].get<int64_t>(), load_peak - saving);
+  EXPECT_EQ(l["host_measured_peak_bytes"].get<int64_t>(), l["host_predicted_peak_bytes"].get<int64_t>());
+  EXPECT_GT(l["host_measured_peak_bytes"].get<int64_t>(), int64_t{100} << 20);
+  EXPECT_LT(memory["peak_bytes"].get<int64_t>(), fixed.vram_cap.bytes);
+}
+
 // The seed's "OOM at the first sample": the step fits, the preview's denoising fits, and the autoencoder's
 // decode at 1024² runs out; the fix decodes in tiles, which finishes under the same cap, its preview peak
 // as gclab estimate predicts it.

@@ -69,6 +69,15 @@ struct PreviewEstimate {
   int64_t total_bytes = 0;  // resident (without gradients, with the autoencoder) + the largest of the four
 };
 
+// Loading the model, before any step, as the arch's AI Toolkit loader does it (train/loading.h): the
+// transformer built in its dtype and quantized on the device or in host memory (model.low_vram, block by
+// block), the text encoders built on the device and quantized there; the highest either side held.
+struct LoadEstimate {
+  bool quantized_on_host = false;
+  int64_t device_peak_bytes = 0;
+  int64_t host_peak_bytes = 0;
+};
+
 struct MemoryEstimate {
   model::ModelSpec spec;
   std::string device;
@@ -89,6 +98,7 @@ struct MemoryEstimate {
   int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text encoder + autoencoder + rings
   int64_t cap_bytes = 0;
   std::string activation_dtype;
+  LoadEstimate load;
   std::vector<ResolutionEstimate> resolutions;
   std::optional<TextEncodeEstimate> text;  // when the family has text encoders
   std::optional<PreviewEstimate> preview;  // when the config samples

@@ -14,6 +14,23 @@ namespace gclab::model {
 
 using config::Family;
 
+// How AI Toolkit's loader for the arch quantizes the transformer and when it reaches the device (read in
+// ostris/ai-toolkit): what a load holds, and what model.low_vram changes there.
+enum class TransformerLoading {
+  // Moved whole to the device in its dtype, quantized there, then the text encoders are loaded beside it
+  // (flex2.py's Flex2.load_model: `transformer.to(self.quantize_device)`, low_vram or not).
+  on_device,
+  // The same, except that under model.low_vram it stays in host memory to be quantized and is moved to
+  // the device after (StableDiffusion.load_model's FLUX.1 / Flex.1 and SD3 branches, stable_diffusion_model.py:
+  // `if not self.low_vram: transformer.to(self.quantize_device)`) — "uncomment this if the GPU is
+  // connected to your monitors. It will use less vram to quantize" (the FLUX example configs).
+  on_device_unless_low_vram,
+  // quantize_model (toolkit/util/quantize.py): each block brought to the device, quantized and sent back,
+  // the rest quantized in host memory; the transformer reaches the device after the text encoders are
+  // loaded and quantized (qwen_image.py, z_image.py; under low_vram z_image.py waits for its first use).
+  per_block,
+};
+
 struct ArchFacts {
   std::string name;  // gclab's arch id, AI Toolkit's spelling where AI Toolkit has one
   Family family;
@@ -22,11 +39,14 @@ struct ArchFacts {
   // A variant chosen by model.name_or_path, as AI Toolkit chooses it (FLUX.1-schnell, Z-Image-Turbo), or
   // by the arch's tag (`zimage:turbo`, as AI Toolkit's UI writes it).
   std::string variant_keyword, variant_preset;
+  TransformerLoading loading = TransformerLoading::on_device_unless_low_vram;
 };
 
 // Every arch gclab accepts in `model.arch`, in the order they are listed to users.
 const std::vector<ArchFacts>& supported_archs();
 const ArchFacts* find_arch(const std::string& name);
+// The arch's TransformerLoading (an arch gclab does not know: StableDiffusion's).
+TransformerLoading transformer_loading(const std::string& arch);
 std::string supported_arch_list();  // "flux, flex1, ..." for messages
 
 // Bucket sides are multiples of this: FLUX.1/Flex, Qwen-Image, SD3 and Z-Image pack 2x2 patches of an 8x

@@ -29,6 +29,9 @@ struct BaseQuantization {
   int64_t adapter_bytes = 0;
   bool adapter_from_file = false;
   std::string adapter;  // model.accuracy_recovery_adapter as given
+  // What quantizing held above the unquantized model (its highest: one Linear's quantization on top of
+  // what the earlier ones freed, the adapters included) and what it left: a load's memory walk.
+  nn::StorageChange memory;
 };
 
 // Applies model.quantize to a built transformer (nothing when it is false), as AI Toolkit's quantize_model:

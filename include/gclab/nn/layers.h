@@ -65,6 +65,10 @@ class LinearImpl : public torch::nn::Module {
   // for uintN. Not for trained weights.
   void set_weight_storage(WeightStorage storage);
   WeightStorage weight_storage() const { return storage_; }
+  // The most set_weight_storage(storage) holds at once above what this Linear held before it: the
+  // quantization's temporaries and its result (quant's walks), or the converted copy; the old weight goes
+  // only after. 0 when it would change nothing.
+  int64_t storage_peak_bytes(WeightStorage storage) const;
   // Replaces the weight's values (any dtype, this shape), kept in the current storage.
   void set_weight(const torch::Tensor& values);
   // The weight as the matmul sees it (dequantized), in `dtype`.
@@ -191,5 +195,20 @@ torch::Tensor unpatchify(const torch::Tensor& tokens, int64_t h, int64_t w, int6
 
 // Every Linear in a module tree, with its dotted path (for LoRA targets and weight storage).
 std::vector<std::pair<std::string, Linear>> named_linears(torch::nn::Module& root);
+
+// What a module tree holds: its parameters' and buffers' bytes as stored (codes, scales, adapters).
+int64_t module_bytes(const torch::nn::Module& root);
+
+// What storing Linears' weights one after the other did to memory: the most it rose above its start
+// meanwhile (one Linear's quantization on top of what the earlier ones freed), and the net change.
+struct StorageChange {
+  int64_t peak_above_bytes = 0;
+  int64_t net_bytes = 0;
+  void add(const StorageChange& later);  // `later` ran after this one
+};
+// Stores each Linear's weight as `storage`, in order, as a loader quantizes a model; returns the change.
+StorageChange store_weights(const std::vector<std::pair<std::string, Linear>>& linears, WeightStorage storage);
+// One Linear's set_weight_storage, and the change it made.
+StorageChange store_weight(LinearImpl& linear, WeightStorage storage);
 
 }  // namespace gclab::nn

@@ -115,6 +115,15 @@ class PromptEncoder {
   // Moves every encoder (low_vram: to the host between encodes).
   void to(torch::Device device);
 
+  // How each encoder came to be held, in the order they were built (a load's memory walk): built whole in
+  // its dtype, then its Linears stored as quantize_te asks, one at a time — as AI Toolkit's loaders move
+  // each encoder to the device and quantize it there.
+  struct LoadStep {
+    int64_t built_bytes = 0;      // the encoder as built (random, or its folder's weights)
+    nn::StorageChange quantized;  // quantize_te's walk on top (nothing without it)
+  };
+  const std::vector<LoadStep>& load_steps() const { return load_steps_; }
+
  private:
   struct Slot {
     std::shared_ptr<TextEncoderBase> encoder;
@@ -131,6 +140,7 @@ class PromptEncoder {
   EncodePrediction predict(const std::vector<int64_t>& tokens, const std::vector<ConditionShape>& conditions,
                            const EncodeMemoryOptions& device) const;
   std::vector<Slot> slots_;
+  std::vector<LoadStep> load_steps_;
   int64_t text_width_ = 0;
   EncodeMemoryOptions memory_;  // the encoders' dtype and quantize_te, for the predictions
   int64_t fixed_rows_ = 0;      // FLUX, SD3: every prompt gives the padded rows; 0: as many as its tokens

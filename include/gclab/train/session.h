@@ -23,6 +23,7 @@
 #include "gclab/model/lora.h"
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
+#include "gclab/train/loading.h"
 #include "gclab/train/offload.h"
 #include "gclab/train/optimizer.h"
 #include "gclab/train/phase.h"
@@ -41,6 +42,10 @@ int64_t base_weight_bytes(const config::ProcessConfig& config, const model::Mode
 // weights less what bringing them holds: nn::offload_device_bytes), from a build on the meta device; 0
 // without offloading.
 int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSpec& spec);
+
+// The device's peak while the model loads as the config says (LoadMemory's walk), from a Session built on
+// the meta device.
+int64_t predicted_load_peak(const config::ProcessConfig& config);
 
 struct SessionOptions {
   // Build on the meta device: shapes and byte counts, no memory and no data (train --dry-run, estimate).
@@ -167,6 +172,9 @@ class Session {
   std::vector<torch::Tensor> preview_references(const std::vector<std::filesystem::path>& controls);
 
   ResidentBytes resident() const;
+  // What loading the model held (train/loading.h): predicted from the steps AI Toolkit's loader takes, and
+  // measured on a real run.
+  const LoadMemory& load_memory() const { return load_; }
   // The trained tensors replaced by their EMA for the duration of fn (saving), when EMA is on.
   void with_ema_weights(const std::function<void()>& fn);
 
@@ -183,6 +191,7 @@ class Session {
 
   config::ProcessConfig config_;
   model::ModelSpec spec_;
+  LoadMemory load_;
   torch::Device device_;
   std::unique_ptr<memory::CpuMemoryTracker> cpu_tracker_;  // before meter_: the CPU meter reads it
   memory::MemoryMeter meter_;

@@ -1,0 +1,47 @@
+// The model's load as AI Toolkit's loaders do it, and what it holds. The Session builds the transformer,
+// quantizes it where the arch's loader does (model::TransformerLoading: on the device, or in host memory
+// under model.low_vram or block by block), builds the text encoders on the device and quantizes them there,
+// and moves the transformer to the device before them or after — walking the same steps on the modules'
+// sizes (LoadMemory), so a meta build predicts what a real one measures.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gclab/memory/live_set.h"
+#include "gclab/nn/layers.h"
+
+namespace gclab::train {
+
+enum class Residence { device, host };
+
+// Moves every parameter and buffer of `module` to `where`: on a GPU run host memory is the CPU's; on a CPU
+// run each tensor is copied so that the tracker counts it as host memory (memory::HostScope) or as the
+// device's, the old copy freed as it goes; on the meta device nothing moves.
+void move_module(torch::nn::Module& module, Residence where, const torch::Device& device);
+
+// What a model's load held on the device and in host memory: the walk of its steps on the modules' sizes
+// (above what was live before it), and on a real run what the meter measured.
+struct LoadMemory {
+  memory::LiveSet device, host;  // predicted
+  bool quantized_on_host = false;
+  std::optional<int64_t> measured_device_peak_bytes, measured_host_peak_bytes;  // real runs
+  // A module built in its dtype, quantized (its walk), or moved from one side to the other.
+  void built(Residence where, int64_t bytes) { side(where).alloc(bytes); }
+  void quantized(Residence where, const nn::StorageChange& change) {
+    side(where).spike(change.peak_above_bytes);
+    side(where).alloc(change.net_bytes);
+  }
+  void moved(Residence to, int64_t bytes) {
+    side(to).alloc(bytes);
+    side(to == Residence::device ? Residence::host : Residence::device).free(bytes);
+  }
+
+ private:
+  memory::LiveSet& side(Residence where) { return where == Residence::device ? device : host; }
+};
+
+}  // namespace gclab::train

@@ -1,0 +1,133 @@
+// The model's load as AI Toolkit's loaders do it (train/loading.h): where the transformer is quantized
+// (on the device; in host memory under model.low_vram for the StableDiffusion-class archs, always for the
+// quantize_model archs), when it reaches the device, the text encoders built and quantized on the device —
+// and the load's memory walk, which predicts (on the meta device too) what the tracking allocator measures.
+#include <gtest/gtest.h>
+
+#include "../support/test_util.h"
+#include "../support/tiny_run.h"
+#include "gclab/model/family.h"
+#include "gclab/nn/layers.h"
+#include "gclab/train/session.h"
+#include "gclab/train/trainer.h"
+
+namespace gclab::train {
+namespace {
+
+namespace fs = std::filesystem;
+using gclab::testing::tiny_config;
+
+// ATen's one-element tensors for Scalar operands, alive for an instant inside a quantization.
+constexpr int64_t kScalarSlack = 256;
+
+struct Load {
+  int64_t device_measured = 0, device_predicted = 0, host_measured = 0, host_predicted = 0;
+  bool on_host = false;
+};
+
+Load load_of(const fs::path& dir, const std::string& name, const std::vector<std::string>& extra) {
+  Session s(tiny_config(dir, name, extra));
+  const LoadMemory& l = s.load_memory();
+  EXPECT_TRUE(l.measured_device_peak_bytes.has_value());
+  EXPECT_TRUE(l.measured_host_peak_bytes.has_value());
+  // The meta build predicts the same walk.
+  auto config = tiny_config(dir, name, extra);
+  EXPECT_EQ(predicted_load_peak(config), l.device.peak()) << name;
+  return {l.measured_device_peak_bytes.value_or(-1), l.device.peak(), l.measured_host_peak_bytes.value_or(-1),
+          l.host.peak(), l.quantized_on_host};
+}
+
+void expect_predicted(const Load& l, const std::string& what) {
+  EXPECT_GE(l.device_measured, l.device_predicted) << what;
+  EXPECT_LE(l.device_measured, l.device_predicted + kScalarSlack) << what;
+  EXPECT_GE(l.host_measured, l.host_predicted) << what;
+  EXPECT_LE(l.host_measured, l.host_predicted + kScalarSlack) << what;
+}
+
+TEST(Loading, ThePredictedLoadIsWhatTheAllocatorMeasures) {
+  const fs::path dir = testing::fresh_dir("loading_walk");
+  struct Case {
+    std::string name;
+    std::vector<std::string> extra;
+    bool on_host;
+  };
+  const std::vector<Case> cases = {
+      {"plain", {}, false},
+      {"plain_low_vram", {"model.low_vram=true"}, true},
+      {"qfloat8", {"model.quantize=true"}, false},
+      {"qfloat8_low_vram", {"model.quantize=true", "model.low_vram=true"}, true},
+      {"uint4_bf16", {"model.quantize=true", "model.qtype=uint4", "train.dtype=bf16"}, false},
+      {"uint3_bf16_low_vram",
+       {"model.quantize=true", "model.qtype=uint3", "train.dtype=bf16", "model.low_vram=true"},
+       true},
+      {"int8_te_float8", {"model.quantize=true", "model.qtype=int8", "model.qtype_te=float8"}, false},
+      {"uint3_adapter", {"model.quantize=true", "model.qtype=uint3|ostris/adapters/tiny_uint3.safetensors"}, false},
+      {"qwen_uint3", {"model.arch=tiny-qwen-image", "model.quantize=true", "model.qtype=uint3"}, true},
+      {"qwen_plain", {"model.arch=tiny-qwen-image"}, true},
+      {"zimage_float8_bf16",
+       {"model.arch=tiny-zimage", "model.quantize=true", "model.qtype=float8", "train.dtype=bf16"},
+       true},
+      {"sd3_qfloat8_low_vram", {"model.arch=tiny-sd3", "model.quantize=true", "model.low_vram=true"}, true},
+  };
+  for (const auto& c : cases) {
+    const Load l = load_of(dir, c.name, c.extra);
+    EXPECT_EQ(l.on_host, c.on_host) << c.name;
+    EXPECT_GT(l.device_predicted, 0) << c.name;
+    EXPECT_EQ(l.host_predicted > 0, c.on_host) << c.name;
+    expect_predicted(l, c.name);
+  }
+  fs::remove_all(dir);
+}
+
+// model.low_vram on FLUX.1 (AI Toolkit's StableDiffusion loader): quantized in host memory, the device holds
+// the quantized transformer beside the text encoders' load instead of the float one beside one Linear's
+// quantization; the weights, and so the training, are the same.
+TEST(Loading, LowVramQuantizesInHostMemoryAndTrainsTheSame) {
+  const fs::path dir = testing::fresh_dir("loading_low_vram");
+  const std::vector<std::string> q = {"model.quantize=true", "train.steps=2"};
+  auto low = q;
+  low.push_back("model.low_vram=true");
+  int64_t float_bytes = 0, quantized_bytes = 0;
+  {
+    Session s(tiny_config(dir, "bytes", {"train.steps=2"}));
+    float_bytes = nn::module_bytes(s.model());
+  }
+  const Load on_device = load_of(dir, "on_device", q);
+  const Load on_host = load_of(dir, "on_host", low);
+  {
+    Session s(tiny_config(dir, "quantized", q));
+    quantized_bytes = nn::module_bytes(s.model());  // the LoRA adapters included
+  }
+  EXPECT_GT(on_device.device_measured, float_bytes);  // the float transformer on the device, being quantized
+  EXPECT_LT(on_host.device_measured, on_device.device_measured - (float_bytes - quantized_bytes) / 2);
+  EXPECT_GT(on_host.host_measured, float_bytes);
+  EXPECT_EQ(on_device.host_measured, 0);
+  const auto a = train(tiny_config(dir, "train_on_device", q), {});
+  const auto b = train(tiny_config(dir, "train_on_host", low), {});
+  ASSERT_EQ(a.losses.size(), 2u);
+  ASSERT_EQ(b.losses.size(), 2u);
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;
+  fs::remove_all(dir);
+}
+
+// The arch's loader is a fact of the family table: Flex.2's quantizes on the device whatever low_vram says,
+// FLUX.1's and SD3's honour it, Qwen-Image's and Z-Image's quantize block by block (host memory).
+TEST(Loading, EachArchLoadsAsItsAiToolkitLoader) {
+  using L = model::TransformerLoading;
+  EXPECT_EQ(model::transformer_loading("flux"), L::on_device_unless_low_vram);
+  EXPECT_EQ(model::transformer_loading("flex1"), L::on_device_unless_low_vram);
+  EXPECT_EQ(model::transformer_loading("flex2"), L::on_device);
+  EXPECT_EQ(model::transformer_loading("sd3"), L::on_device_unless_low_vram);
+  EXPECT_EQ(model::transformer_loading("qwen_image"), L::per_block);
+  EXPECT_EQ(model::transformer_loading("qwen_image_edit_plus"), L::per_block);
+  EXPECT_EQ(model::transformer_loading("zimage"), L::per_block);
+  EXPECT_EQ(model::transformer_loading("tiny-qwen-image"), L::per_block);
+  const fs::path dir = testing::fresh_dir("loading_archs");
+  auto config = tiny_config(dir, "flex2", {"model.quantize=true", "model.low_vram=true"});
+  config.model.arch = "flex2";
+  EXPECT_FALSE(Session(config, SessionOptions{/*meta=*/true}).load_memory().quantized_on_host);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::train
