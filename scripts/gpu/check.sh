@@ -92,7 +92,7 @@ stage bench_flux_offload 90 "$G" bench "$FLUX" --gc full --resolution 1024 --ste
 table bench_flux_offload | tee -a "$summary"
 say ""
 say "## fit under 24 / 48 / 80 GB (1024², batches up to 8)"
-for cap in 24GB 48GB 80GB; do
+for cap in 24GiB 48GiB 80GiB; do  # cards are sized in GiB: a 4090 holds 24,564 MiB
   stage "fit_$cap" 60 "$G" fit "$FLUX" --vram-cap "$cap" --gc off,full --resolution 1024 --max-batch 8
   table "fit_$cap" | grep "^| 1024" | sed "s/^/$cap /" | tee -a "$summary"
 done
@@ -102,9 +102,11 @@ say "## The OOM pair (20 steps each: GC off runs out, GC on finishes)"
 stage oom_gc_off 90 "$G" train configs/oom/gpu_flux_gc_off_24gb.yaml --set train.steps=4
 say "    (exit 3 expected) $(grep -m1 'out of memory at step' "$OUT/oom_gc_off.log")"
 stage oom_gc_on 120 "$G" train "$FLUX" --set train.steps=4
+say "    $(grep -m1 'loaded:' "$OUT/oom_gc_on.log") (the bf16 transformer quantized on the device)"
 say ""
 say "## OOM at the first sample: the 1024² preview's VAE decode (exit 3), then decoded in tiles (exit 0)"
-stage oom_preview_decode 120 "$G" train configs/oom/gpu_flux_preview_decode.yaml --set datasets.0.folder_path=output/oom/data_1024
+stage oom_preview_decode 150 "$G" train configs/oom/gpu_flux_preview_decode.yaml --set datasets.0.folder_path=output/oom/data_1024
 say "    (exit 3 expected) $(grep -m1 'out of memory at step' "$OUT/oom_preview_decode.log")"
-stage oom_preview_tiled 120 "$G" train configs/oom/gpu_flux_preview_decode_fixed.yaml --set datasets.0.folder_path=output/oom/data_1024
+say "    $(grep -m1 'loaded:' "$OUT/oom_preview_decode.log") (low_vram: quantized in host memory)"
+stage oom_preview_tiled 150 "$G" train configs/oom/gpu_flux_preview_decode_fixed.yaml --set datasets.0.folder_path=output/oom/data_1024
 exit $rc

@@ -53,7 +53,19 @@ StepEstimate step_estimate(const train::Session& session, const model::Activatio
   return s;
 }
 
+LoadEstimate load_of(const train::Session& session) {
+  LoadEstimate l;
+  l.quantized_on_host = session.load_memory().quantized_on_host;
+  l.device_peak_bytes = session.load_memory().device.peak();
+  l.host_peak_bytes = session.load_memory().host.peak();
+  return l;
+}
+
 }  // namespace
+
+LoadEstimate estimate_load(const config::ProcessConfig& config) {
+  return load_of(train::Session(config, train::SessionOptions{/*meta=*/true}));
+}
 
 bool estimates_for_cuda(const config::ProcessConfig& config) {
   return config.device.rfind("cuda", 0) == 0 || (config.device == "auto" && torch::cuda::is_available());
@@ -79,9 +91,7 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), session.activation_options().element_bytes);
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
                      e.vae_bytes + e.offload_buffer_bytes;
-  e.load.quantized_on_host = session.load_memory().quantized_on_host;
-  e.load.device_peak_bytes = session.load_memory().device.peak();
-  e.load.host_peak_bytes = session.load_memory().host.peak();
+  e.load = load_of(session);
   e.cap_bytes = config.vram_cap.bytes;
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
   const bool cuda = estimates_for_cuda(config);

@@ -162,6 +162,18 @@ std::string format_bucket_histograms(const config::ProcessConfig& config) {
   return out.str();
 }
 
+std::string format_load(const LoadEstimate& load, int64_t cap_bytes, const std::string& indent) {
+  std::ostringstream out;
+  out << indent << "load:  # before training, as the arch's AI Toolkit loader (train/loading.h): the transformer in "
+      << "its dtype, quantized " << (load.quantized_on_host ? "in host memory" : "on the device")
+      << ", the text encoders built and quantized on the device\n";
+  out << indent << "  device_peak: " << load.device_peak_bytes << "  # " << format_bytes(load.device_peak_bytes);
+  if (cap_bytes > 0) out << (load.device_peak_bytes <= cap_bytes ? ", fits the cap" : ", over the cap");
+  out << "\n"
+      << indent << "  host_peak: " << load.host_peak_bytes << "  # " << format_bytes(load.host_peak_bytes) << "\n";
+  return out.str();
+}
+
 std::string format_estimate(const MemoryEstimate& e) {
   std::ostringstream out;
   auto bytes = [&](const char* key, int64_t v, const std::string& indent = "  ") {
@@ -189,12 +201,7 @@ std::string format_estimate(const MemoryEstimate& e) {
   bytes("resident", e.resident_bytes);
   out << "  activations_dtype: " << e.activation_dtype << "\n";
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
-  out << "  load:  # before training, as AI Toolkit's loader: the transformer in its dtype, quantized "
-      << (e.load.quantized_on_host ? "in host memory" : "on the device")
-      << "; the text encoders built and quantized on the device\n";
-  out << "    device_peak: " << e.load.device_peak_bytes << "  # " << format_bytes(e.load.device_peak_bytes)
-      << fits(e.load.device_peak_bytes) << "\n";
-  bytes("host_peak", e.load.host_peak_bytes, "    ");
+  out << format_load(e.load, e.cap_bytes, "  ");
   if (e.text) {
     const auto& t = *e.text;
     out << "  text_encode:  # one " << t.caption_tokens << "-token caption"

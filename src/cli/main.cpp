@@ -147,6 +147,7 @@ int run_check(const ConfigArgs& args) {
   print_report(args, "# resolved by gclab from " + args.path + "\n" + gclab::config::to_yaml(config) +
                          gclab::bench::format_model_summary(gclab::model::summarize_model(config)) +
                          gclab::bench::format_autoencoder(config) + gclab::bench::format_text_encoders(config) +
+                         gclab::bench::format_load(gclab::bench::estimate_load(config), config.vram_cap.bytes) +
                          gclab::bench::format_bucket_histograms(config));
   return kExitOk;
 }

@@ -57,6 +57,47 @@ TEST(Estimate, FluxLoraOn24GbFitsWithCheckpointingAndNotWithout) {
             e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes);
 }
 
+// The load of AI Toolkit's FLUX.1-dev config (train/loading.h): without low_vram the bf16 transformer is
+// quantized on the device (22.17 GiB and one Linear's quantization: fits a 24 GiB card, not the same card
+// with a display's couple of GiB taken); with it the quantized transformer sits beside T5-XXL loading in
+// bf16, and the host holds what the device held.
+TEST(Estimate, FluxLoadQuantizesOnTheDeviceUnlessLowVram) {
+  const auto on_device = estimate_memory(flux_24gb());
+  const auto on_host = estimate_memory(flux_24gb({"model.low_vram=true"}));
+  const int64_t bf16_transformer = 2 * int64_t{11'901'408'320};
+  EXPECT_FALSE(on_device.load.quantized_on_host);
+  EXPECT_GT(on_device.load.device_peak_bytes, bf16_transformer);
+  EXPECT_LT(on_device.load.device_peak_bytes, bf16_transformer + (int64_t{1} << 30));
+  EXPECT_EQ(on_device.load.host_peak_bytes, 0);
+  EXPECT_TRUE(on_host.load.quantized_on_host);
+  EXPECT_EQ(on_host.load.host_peak_bytes, on_device.load.device_peak_bytes);
+  EXPECT_LT(on_host.load.device_peak_bytes, on_device.load.device_peak_bytes - (int64_t{2} << 30));
+  EXPECT_GT(on_host.load.device_peak_bytes, on_host.weight_bytes);  // T5 in bf16 beside the quantized base
+}
+
+// The GPU-scale OOM pairs (configs/oom/gpu_*.yaml, run by scripts/gpu/check.sh) say where they run out; the
+// estimate holds them to it: each loads under its cap, GC off at 1024² does not fit 24 GiB and GC full fits
+// at every resolution, and the preview pair's step fits while its whole-image decode does not and the tiled
+// one does.
+TEST(Estimate, TheGpuScalePairsRunOutWhereTheySay) {
+  const std::string dir = std::string(GCLAB_SOURCE_DIR) + "/configs/oom/";
+  const auto gc = estimate_memory(load(dir + "gpu_flux_gc_off_24gb.yaml"));
+  EXPECT_LT(gc.load.device_peak_bytes, gc.cap_bytes);
+  EXPECT_GT(gc.resolutions.back().gc_off.total_bytes, gc.cap_bytes);
+  for (const auto& r : estimate_memory(load(dir + "gpu_flux_gc_on_24gb.yaml")).resolutions)
+    EXPECT_LT(r.gc_full.total_bytes, gc.cap_bytes) << r.resolution;
+  const auto whole = estimate_memory(load(dir + "gpu_flux_preview_decode.yaml"));
+  const auto tiled = estimate_memory(load(dir + "gpu_flux_preview_decode_fixed.yaml"));
+  for (const auto* e : {&whole, &tiled}) {
+    EXPECT_LT(e->load.device_peak_bytes, e->cap_bytes);
+    ASSERT_EQ(e->resolutions.size(), 1u);
+    EXPECT_LT(e->resolutions[0].gc_full.total_bytes, e->cap_bytes);
+    ASSERT_TRUE(e->preview.has_value());
+  }
+  EXPECT_GT(whole.preview->total_bytes, whole.cap_bytes);
+  EXPECT_LT(tiled.preview->total_bytes, tiled.cap_bytes);
+}
+
 // AI Toolkit's Qwen-Image 24 GB config stores the transformer as uint3 (its accuracy-recovery adapter not
 // counted yet): the packed weights are well under half of float8's, the checkpointed steps and the first
 // preview fit the card, and with checkpointing off every block also keeps its Linears' dequantized bf16

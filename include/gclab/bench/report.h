@@ -22,6 +22,9 @@ std::string format_autoencoder(const config::ProcessConfig& config);
 // training dtype (or float8 Linear weights with quantize_te), and whether they stay on the device.
 std::string format_text_encoders(const config::ProcessConfig& config);
 std::string format_bucket_histograms(const config::ProcessConfig& config);
+// The load (LoadEstimate): where the transformer is quantized and the peaks on each side; `cap_bytes` > 0
+// adds the verdict. `check` prints it at the top level, `estimate` inside its document.
+std::string format_load(const LoadEstimate& load, int64_t cap_bytes, const std::string& indent = "");
 std::string format_estimate(const MemoryEstimate& estimate);
 // fit's rows: `fit:` a list of {resolution, policy, largest_batch, peak_bytes}, the table as comments.
 std::string format_fit(const std::vector<FitRow>& rows);
