@@ -103,6 +103,29 @@ int64_t predicted_load_peak(const config::ProcessConfig& config) {
   return Session(config, SessionOptions{/*meta=*/true}).load_memory().device.peak();
 }
 
+namespace {
+
+// The transformer held in host memory while it loads does not fit host_cap: what it needs there, and the
+// levers — quantizing it on the device instead where the arch's loader allows it.
+UserError host_load_refusal(const config::ProcessConfig& config) {
+  const int64_t needed = Session(config, SessionOptions{/*meta=*/true}).load_memory().host.peak();
+  std::string levers = "raise host_cap (a machine with more RAM)";
+  if (model::transformer_loading(config.model.arch) == model::TransformerLoading::on_device_unless_low_vram) {
+    config::ProcessConfig on_device = config;
+    on_device.model.low_vram = false;
+    levers = "set model.low_vram: false (quantized on the device instead, which then holds " +
+             config::format_bytes(predicted_load_peak(on_device)) + " while it loads), or " + levers;
+  } else {
+    levers += "; AI Toolkit's loader for " + config.model.arch +
+              " always quantizes the transformer in host memory (quantize_model)";
+  }
+  return UserError("host memory: loading the transformer in host memory does not fit host_cap " +
+                   config::format_bytes(config.host_cap.bytes) + " (the load holds " + config::format_bytes(needed) +
+                   " there) — " + levers);
+}
+
+}  // namespace
+
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                                        const torch::TensorOptions& options) {
   text::PromptEncoderOptions o;
@@ -230,7 +253,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   memory::MemoryMeter::reset_host_peak();
   const Residence built_in = load_.quantized_on_host ? Residence::host : Residence::device;
   torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
-  {
+  try {
     std::optional<memory::HostScope> host;
     if (load_.quantized_on_host && device_.is_cpu()) host.emplace();
     const torch::Device build_on = load_.quantized_on_host && device_.is_cuda() ? torch::Device(torch::kCPU) : device_;
@@ -242,7 +265,13 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
       log::info("model.quantize: " + model::describe(q, config_.model) +
                 (load_.quantized_on_host ? ", in host memory" : ", on the device"));
     }
+  } catch (const c10::OutOfMemoryError&) {
+    if (!load_.quantized_on_host) throw;  // the device's: the run's OOM report
+    throw host_load_refusal(config_);     // the CPU tracker's host cap
   }
+  // A GPU run's host memory is not the CPU tracker's: the walk's host peak is held against the cap.
+  if (device_.is_cuda() && config_.host_cap.bytes > 0 && load_.host.peak() > config_.host_cap.bytes)
+    throw host_load_refusal(config_);
   bool transformer_on_host = load_.quantized_on_host;
   auto transformer_to_device = [this, &transformer_on_host] {
     if (!transformer_on_host) return;

@@ -110,6 +110,29 @@ TEST(Loading, LowVramQuantizesInHostMemoryAndTrainsTheSame) {
   fs::remove_all(dir);
 }
 
+// host_cap holds the load's host memory too: a transformer quantized in host memory that does not fit is
+// refused (exit 2, as offloading beyond the cap is) with what the load holds there and the lever the arch's
+// loader has — low_vram off for FLUX.1, which then quantizes on the device.
+TEST(Loading, TheHostCapRefusesATransformerQuantizedInHostMemoryThatDoesNotFit) {
+  const fs::path dir = testing::fresh_dir("loading_host_cap");
+  const std::vector<std::string> low = {"model.quantize=true", "model.low_vram=true"};
+  const Load free = load_of(dir, "free", low);
+  auto capped = low;
+  capped.push_back("host_cap=" + std::to_string(free.host_predicted / 2));
+  try {
+    Session s(tiny_config(dir, "capped", capped));
+    ADD_FAILURE() << "a host cap of half the load's host peak was not enforced";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("model.low_vram: false"), std::string::npos) << m;
+    EXPECT_NE(m.find("host_cap"), std::string::npos) << m;
+  }
+  auto roomy = low;
+  roomy.push_back("host_cap=" + std::to_string(free.host_predicted + kScalarSlack));
+  EXPECT_NO_THROW(Session(tiny_config(dir, "roomy", roomy)));
+  fs::remove_all(dir);
+}
+
 // The arch's loader is a fact of the family table: Flex.2's quantizes on the device whatever low_vram says,
 // FLUX.1's and SD3's honour it, Qwen-Image's and Z-Image's quantize block by block (host memory).
 TEST(Loading, EachArchLoadsAsItsAiToolkitLoader) {
