@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "gclab/config/user_error.h"
+#include "gclab/model/quantize.h"
 
 #include "gclab/config/byte_size.h"
 #include "gclab/data/dataset.h"
@@ -99,8 +100,7 @@ std::string format_text_encoders(const config::ProcessConfig& config) {
   out << "# the text encoders " << config::name_of(spec.family)
       << "'s pipeline conditions on (text/), as the run builds them (on the meta device here): their weights as "
          "AI Toolkit holds them ("
-      << (plan.linear_storage ? "quantize_te: Linear weights as " + config.model.qtype_te : "the training dtype")
-      << ")\n";
+      << model::describe_text_encoder_storage(config.model, spec.family) << ")\n";
   out << "text_encoders:" << (prompts.slots() == 0 ? " []" : "") << "\n";
   int64_t total = 0;
   for (size_t i = 0; i < prompts.slots(); ++i) {

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "gclab/config/byte_size.h"
+#include "gclab/model/family.h"
 #include "gclab/model/lora.h"
 
 namespace gclab::model {
@@ -84,6 +85,29 @@ BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelC
     }
   }
   return q;
+}
+
+std::vector<std::optional<WeightStorage>> text_encoder_storage(const config::ModelConfig& config, Family family) {
+  const std::vector<config::TextEncoderKind> kinds = text_encoders(family);
+  std::vector<std::optional<WeightStorage>> out(kinds.size());
+  const bool t5_only = family == Family::flux || family == Family::sd3;
+  const bool on = family == Family::sd3 ? config.quantize : config.quantize_te.value_or(config.quantize);
+  if (!on) return out;
+  const std::optional<WeightStorage> storage = quantized_storage(t5_only ? config.qtype : config.qtype_te);
+  for (size_t i = 0; i < kinds.size(); ++i)
+    if (!t5_only || kinds[i] == config::TextEncoderKind::t5_xxl) out[i] = storage;
+  return out;
+}
+
+std::string describe_text_encoder_storage(const config::ModelConfig& config, Family family) {
+  const auto storage = text_encoder_storage(config, family);
+  const std::vector<config::TextEncoderKind> kinds = text_encoders(family);
+  std::string out;
+  for (size_t i = 0; i < storage.size(); ++i)
+    if (storage[i])
+      out += (out.empty() ? "" : ", ") + std::string(config::name_of(kinds[i])) + "'s Linears as " +
+             nn::to_string(*storage[i]);
+  return out.empty() ? "the training dtype" : out;
 }
 
 std::string describe(const BaseQuantization& q, const config::ModelConfig& config) {

@@ -126,7 +126,6 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
 
 PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text_width) {
   memory_.dtype_bytes = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(o.options.dtype())));
-  memory_.quantized_linears = o.linear_storage && nn::is_quantized(*o.linear_storage);
   const Composition c = composition_of(o.family, o.kinds.size());
   if (c == Composition::none) return;
   std::vector<TinyWidths> presets;
@@ -140,8 +139,10 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
                                              full ? TinyWidths{} : tiny[i]);
     LoadStep step;
     step.built_bytes = nn::module_bytes(*e.encoder);
-    if (o.linear_storage) step.quantized = nn::store_weights(nn::named_linears(*e.encoder), *o.linear_storage);
+    const std::optional<nn::WeightStorage> storage = i < o.linear_storage.size() ? o.linear_storage[i] : std::nullopt;
+    if (storage) step.quantized = nn::store_weights(nn::named_linears(*e.encoder), *storage);
     load_steps_.push_back(step);
+    quantized_.push_back(storage && nn::is_quantized(*storage));
     Slot s;
     s.encoder = e.encoder;
     s.random = e.random;
@@ -362,7 +363,7 @@ EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
                                         const std::vector<ConditionShape>& conditions,
                                         const EncodeMemoryOptions& device) const {
   EncodeMemoryOptions o = device;
-  o.dtype_bytes = memory_.dtype_bytes, o.quantized_linears = memory_.quantized_linears;
+  o.dtype_bytes = memory_.dtype_bytes;
   EncodePrediction p;
   p.tokens = tokens;
   // An edit model's control images through encode()'s resize and the processor (float32, on the CPU), one
@@ -387,6 +388,7 @@ EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
   for (size_t i = 0; i < slots_.size(); ++i) {
     const TextEncoderBase& e = *slots_[i].encoder;
     const bool images = slots_[i].call.condition_area > 0;
+    o.quantized_linears = quantized_[i];
     p.bytes.push_back(
         e.predicted_encode_bytes(1, tokens[i], slots_[i].call.mask, o, images ? grids : std::vector<VisionGrid>{}));
     p.peak_bytes = std::max(p.peak_bytes, kept + p.bytes.back());

@@ -40,8 +40,10 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
                     const std::function<void(config::ProcessConfig&)>& apply) {
     config::ProcessConfig changed = config;
     apply(changed);
-    fixes.push_back({title, change, now - predicted_load_peak(changed),
-                     "the load's device peak, predicted with and without the change (train/loading.h): " + why});
+    const int64_t saving = now - predicted_load_peak(changed);
+    if (saving > 0)
+      fixes.push_back({title, change, saving,
+                       "the load's device peak, predicted with and without the change (train/loading.h): " + why});
   };
   if (config.model.quantize && !config.model.low_vram &&
       model::transformer_loading(config.model.arch) == model::TransformerLoading::on_device_unless_low_vram)
@@ -53,8 +55,8 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
            "the transformer reaches the device as float8 codes",
            [](config::ProcessConfig& c) { c.model.quantize = true, c.model.qtype = "qfloat8"; });
   if (!config.model.quantize_te.value_or(config.model.quantize))
-    priced("Quantize the text encoders", "model.quantize_te: true (qtype_te " + config.model.qtype_te + ")",
-           "each text encoder is quantized as soon as it is on the device",
+    priced("Quantize the text encoders", "model.quantize_te: true",
+           "each text encoder AI Toolkit quantizes is quantized as soon as it is on the device",
            [](config::ProcessConfig& c) { c.model.quantize_te = true; });
   return fixes;
 }
@@ -250,14 +252,18 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                     "train.unload_text_encoder: true (without cache_text_embeddings every step then trains on the "
                     "trigger word, or the empty prompt, not the captions — as in AI Toolkit)",
                     ctx.text_encoder_bytes + encode, left + ", gone after the first encodes"});
-    if (!config.model.quantize_te.value_or(config.model.quantize)) {
-      // With and without float8 Linears.
+    // With and without quantize_te, on the encoders AI Toolkit quantizes (none for SD3, whose loader reads
+    // model.quantize instead).
+    config::ModelConfig quantized = config.model;
+    quantized.quantize_te = true;
+    const auto storage = model::text_encoder_storage(quantized, spec.family);
+    if (storage != plan.linear_storage) {
       const int64_t before = meta.weight_bytes();
-      plan.linear_storage = model::quantized_storage(config.model.qtype_te);
+      plan.linear_storage = storage;
       const int64_t after = text::PromptEncoder(plan).weight_bytes();
-      text.push_back({"Quantize the text encoders", "model.quantize_te: true (qtype_te " + config.model.qtype_te + ")",
-                      before - after,
-                      "the text encoders' weights with their Linears as " + config.model.qtype_te +
+      text.push_back({"Quantize the text encoders", "model.quantize_te: true", before - after,
+                      "the text encoders' weights with " +
+                          model::describe_text_encoder_storage(quantized, spec.family) +
                           " (built on the meta device)"});
     }
   }

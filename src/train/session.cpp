@@ -142,9 +142,7 @@ text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, cons
     o.tokenizers = local->tokenizers;
   }
   o.options = options;
-  // quantize_te: AI Toolkit's ModelConfig defaults it to quantize.
-  if (config.model.quantize_te.value_or(config.model.quantize))
-    o.linear_storage = model::quantized_storage(config.model.qtype_te);
+  o.linear_storage = model::text_encoder_storage(config.model, spec.family);
   return o;
 }
 
@@ -314,7 +312,8 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
       config_.model.arch + "|" + config_.model.name_or_path.value_or("") + "|" + std::string(bf16() ? "bf16" : "fp32");
   for (size_t i = 0; i < prompts->slots(); ++i)
     if (prompts->random_weights(i)) encoders += "|random " + std::to_string(config_.training_seed.value_or(42));
-  if (config_.model.quantize_te.value_or(config_.model.quantize)) encoders += "|" + config_.model.qtype_te;
+  for (const auto& storage : model::text_encoder_storage(config_.model, spec_.family))
+    encoders += "|" + (storage ? nn::to_string(*storage) : std::string("-"));
   text_ = std::make_unique<data::TextEmbeddingCache>(
       std::move(prompts), [this](int64_t n) { return model::sequence_rows(spec_, n); },
       device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_), encoders);

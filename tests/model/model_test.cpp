@@ -7,6 +7,7 @@
 #include "gclab/config/user_error.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/model/lora.h"
+#include "gclab/model/quantize.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::model {
@@ -173,6 +174,30 @@ TEST(LocalWeights, ASingleSafetensorsFileGivesItsShapeAndWeights) {
     EXPECT_NE(std::string(e.what()).find("original (BFL"), std::string::npos) << e.what();
   }
   std::filesystem::remove_all(dir);
+}
+
+// Which text encoders AI Toolkit's loaders quantize, under which switch, as which qtype: FLUX.1 / Flex T5
+// only under quantize_te (defaulting to quantize) as model.qtype; SD3 T5 only under model.quantize as
+// model.qtype; Qwen-Image / Z-Image the whole encoder under quantize_te as qtype_te.
+TEST(TextEncoderStorage, AsAiToolkitsLoadersQuantizeThem) {
+  using S = WeightStorage;
+  using Slots = std::vector<std::optional<WeightStorage>>;
+  config::ModelConfig m;
+  m.quantize = true;
+  m.qtype = "uint4";
+  m.qtype_te = "float8";
+  EXPECT_EQ(text_encoder_storage(m, Family::flux), (Slots{std::nullopt, S::UInt4}));  // CLIP-L, T5
+  m.quantize_te = false;
+  EXPECT_EQ(text_encoder_storage(m, Family::flux), (Slots{std::nullopt, std::nullopt}));
+  EXPECT_EQ(text_encoder_storage(m, Family::sd3), (Slots{std::nullopt, std::nullopt, S::UInt4}));
+  EXPECT_EQ(text_encoder_storage(m, Family::qwen_image), (Slots{std::nullopt}));
+  m.quantize = false;
+  m.quantize_te = true;
+  EXPECT_EQ(text_encoder_storage(m, Family::sd3), (Slots{std::nullopt, std::nullopt, std::nullopt}));
+  EXPECT_EQ(text_encoder_storage(m, Family::qwen_image), (Slots{S::Float8}));
+  EXPECT_EQ(text_encoder_storage(m, Family::zimage), (Slots{S::Float8}));
+  EXPECT_TRUE(text_encoder_storage(m, Family::dit).empty());
+  EXPECT_EQ(describe_text_encoder_storage(m, Family::zimage), "qwen3's Linears as float8");
 }
 
 }  // namespace

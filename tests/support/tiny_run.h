@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "gclab/data/synth.h"
 #include "gclab/model/family.h"
 
@@ -35,6 +37,13 @@ inline config::ProcessConfig tiny_config(const std::filesystem::path& dir, const
   auto r = model::load_config_text(yaml, "test.yaml", options);
   if (!r.ok()) throw std::runtime_error("test config refused: " + r.diagnostics.all().front().format());
   return *r.config;
+}
+
+// Two runs' losses, step for step: `steps` of each, bitwise equal.
+inline void expect_same_losses(const std::vector<double>& a, const std::vector<double>& b, size_t steps) {
+  ASSERT_EQ(a.size(), steps);
+  ASSERT_EQ(b.size(), steps);
+  for (size_t i = 0; i < steps; ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
 }
 
 }  // namespace gclab::testing

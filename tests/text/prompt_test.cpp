@@ -175,7 +175,7 @@ TEST(PromptEncoder, QuantizeTeStoresEveryLinearWeightInFloat8) {
   for (size_t i = 0; i < plain.slots(); ++i)
     for (auto& [name, l] : nn::named_linears(plain.encoder(i)))
       linear_weights += l->weight.numel(), rows += l->out_features();
-  o.linear_storage = nn::WeightStorage::QFloat8;
+  o.linear_storage.assign(plain.slots(), nn::WeightStorage::QFloat8);
   torch::manual_seed(6);  // the same random weights, then stored in float8
   PromptEncoder q(o);
   // Three bytes saved per float32 weight, a float32 scale per output row added (quanto's per-row scale in

@@ -102,11 +102,8 @@ TEST(Loading, LowVramQuantizesInHostMemoryAndTrainsTheSame) {
   EXPECT_LT(on_host.device_measured, on_device.device_measured - (float_bytes - quantized_bytes) / 2);
   EXPECT_GT(on_host.host_measured, float_bytes);
   EXPECT_EQ(on_device.host_measured, 0);
-  const auto a = train(tiny_config(dir, "train_on_device", q), {});
-  const auto b = train(tiny_config(dir, "train_on_host", low), {});
-  ASSERT_EQ(a.losses.size(), 2u);
-  ASSERT_EQ(b.losses.size(), 2u);
-  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;
+  testing::expect_same_losses(train(tiny_config(dir, "train_on_device", q), {}).losses,
+                              train(tiny_config(dir, "train_on_host", low), {}).losses, 2);
   fs::remove_all(dir);
 }
 

@@ -30,17 +30,19 @@
 namespace gclab::text {
 
 struct PromptEncoderOptions {
-  config::Family family = config::Family::flux;     // whose pipeline composes the encoders
-  std::vector<config::TextEncoderKind> kinds;       // the family's encoders, in slot order (empty: no text)
-  bool tiny = false;                                // a tiny preset: CPU-test encoders
-  int64_t text_width = 0;                           // the width of the hidden states the transformer takes
-  int64_t pooled_width = 0;                         // and of its pooled vector (0: none)
-  int64_t max_tokens = 0;                           // the most text rows it takes (FLUX.1-dev 512, SD3.5 333, ...)
-  std::vector<std::filesystem::path> encoders;      // per slot: a local transformers folder, or empty: random
-  std::vector<std::filesystem::path> tokenizers;    // per slot: a local tokenizer folder, or empty: hashing
-  torch::TensorOptions options;                     // where the encoders live, in what dtype (kMeta: count only,
-                                                    // the folders' config.json read, no weights)
-  std::optional<nn::WeightStorage> linear_storage;  // quantize_te: how every Linear weight is stored
+  config::Family family = config::Family::flux;   // whose pipeline composes the encoders
+  std::vector<config::TextEncoderKind> kinds;     // the family's encoders, in slot order (empty: no text)
+  bool tiny = false;                              // a tiny preset: CPU-test encoders
+  int64_t text_width = 0;                         // the width of the hidden states the transformer takes
+  int64_t pooled_width = 0;                       // and of its pooled vector (0: none)
+  int64_t max_tokens = 0;                         // the most text rows it takes (FLUX.1-dev 512, SD3.5 333, ...)
+  std::vector<std::filesystem::path> encoders;    // per slot: a local transformers folder, or empty: random
+  std::vector<std::filesystem::path> tokenizers;  // per slot: a local tokenizer folder, or empty: hashing
+  torch::TensorOptions options;                   // where the encoders live, in what dtype (kMeta: count only,
+                                                  // the folders' config.json read, no weights)
+  // quantize_te, per slot: how the encoder's Linear weights are stored (model::text_encoder_storage: which
+  // encoders AI Toolkit quantizes); missing or nullopt: the encoder's dtype.
+  std::vector<std::optional<nn::WeightStorage>> linear_storage;
   // Edit models (model::ModelSpec's facts): the control images go through Qwen2.5-VL's vision tower at this
   // area (0: a text-only pipeline), numbered "Picture i: " in the Plus template.
   int64_t condition_area = 0;
@@ -142,8 +144,9 @@ class PromptEncoder {
   std::vector<Slot> slots_;
   std::vector<LoadStep> load_steps_;
   int64_t text_width_ = 0;
-  EncodeMemoryOptions memory_;  // the encoders' dtype and quantize_te, for the predictions
-  int64_t fixed_rows_ = 0;      // FLUX, SD3: every prompt gives the padded rows; 0: as many as its tokens
+  EncodeMemoryOptions memory_;   // the encoders' dtype, for the predictions
+  std::vector<bool> quantized_;  // per slot: its Linears dequantize per call (quantize_te)
+  int64_t fixed_rows_ = 0;       // FLUX, SD3: every prompt gives the padded rows; 0: as many as its tokens
 };
 
 // The hashing stand-in for `encoder`'s tokenizer: its vocabulary and special tokens.
