@@ -63,6 +63,18 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
 
 }  // namespace
 
+OomContext oom_context(const config::ProcessConfig& config, const c10::Device& device,
+                       const c10::OutOfMemoryError& error) {
+  OomContext ctx;
+  ctx.checkpoint_policy = config.train.policy().to_string();
+  ctx.message = error.what_without_backtrace();
+  ctx.device = device.str();
+  ctx.cpu = device.is_cpu();
+  ctx.cap_bytes = config.vram_cap.bytes;
+  ctx.cap_counts = memory::MemoryMeter::cap_counts(device);
+  return ctx;
+}
+
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
                                     const model::ModelSpec& spec, const vae::CodecSpec& codec,
                                     const model::ActivationOptions& activations) {

@@ -116,16 +116,9 @@ Session open_session(const config::ProcessConfig& config, const fs::path& output
   try {
     return Session(config);
   } catch (const c10::OutOfMemoryError& e) {
-    OomContext ctx;
+    OomContext ctx = oom_context(config, resolve_device(config.device), e);
     ctx.phase = Phase::setup;
     ctx.bucket = "-";
-    ctx.checkpoint_policy = config.train.policy().to_string();
-    ctx.message = e.what_without_backtrace();
-    const torch::Device device = resolve_device(config.device);
-    ctx.device = device.str();
-    ctx.cpu = device.is_cpu();
-    ctx.cap_bytes = config.vram_cap.bytes;
-    ctx.cap_counts = device.is_cuda() ? "reserved" : "allocated";
     ctx.peak_bytes = predicted_load_peak(config);
     const model::ModelSpec spec = model::spec_for(config.model);
     const std::string brief =
@@ -232,7 +225,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       session.meter().reset_peak();
       return;
     }
-    OomContext ctx;
+    OomContext ctx = oom_context(config, session.device(), e);
     ctx.step = step + 1;
     ctx.phase = phase;
     ctx.activity = session.current_activity();
@@ -240,12 +233,6 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     ctx.batch = session.current_batch();
     if (phase == Phase::sample)
       ctx.bucket = std::to_string(config.sample->width) + "x" + std::to_string(config.sample->height), ctx.batch = 1;
-    ctx.checkpoint_policy = tc.policy().to_string();
-    ctx.message = e.what_without_backtrace();
-    ctx.device = session.device().str();
-    ctx.cpu = session.device().is_cpu();
-    ctx.cap_bytes = config.vram_cap.bytes;
-    ctx.cap_counts = session.meter().cap_counts();
     ctx.live_bytes = live.live_bytes;
     ctx.peak_bytes = live.peak_bytes;
     ctx.weight_bytes = held.weights;

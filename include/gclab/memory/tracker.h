@@ -74,7 +74,8 @@ class MemoryMeter {
   void release_cached();
   // What the cap is held against: on CUDA the allocator's memory fraction limits *reserved* bytes (every
   // block it holds, fragmentation included); the CPU tracker limits allocated (live) bytes.
-  const char* cap_counts() const { return device_.is_cuda() ? "reserved" : "allocated"; }
+  const char* cap_counts() const { return cap_counts(device_); }
+  static const char* cap_counts(c10::Device device) { return device.is_cuda() ? "reserved" : "allocated"; }
   c10::Device device() const { return device_; }
 
  private:

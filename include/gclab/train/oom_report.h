@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
 #include "gclab/config/config.h"
 #include "gclab/model/activations.h"
 #include "gclab/model/spec.h"
@@ -36,6 +39,11 @@ struct OomContext {
   int64_t last_good_step = 0;
   std::string saved_weights;  // what was saved before exiting
 };
+
+// What every out-of-memory error's context starts from: the config's checkpoint policy and cap, the device
+// (and what its cap is held against), the allocator's words.
+OomContext oom_context(const config::ProcessConfig& config, const c10::Device& device,
+                       const c10::OutOfMemoryError& error);
 
 struct OomFix {
   std::string title;   // "Turn gradient checkpointing on"
