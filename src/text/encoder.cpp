@@ -150,7 +150,8 @@ TinyWidths preset_widths(Kind kind) {
 }
 
 LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem::path& folder,
-                                     const torch::TensorOptions& options, bool load_weights, const TinyWidths& widths) {
+                                     const torch::TensorOptions& options, bool load_weights, const TinyWidths& widths,
+                                     bool vision_tower) {
   std::error_code ec;
   const bool has_config = !folder.empty() && std::filesystem::is_regular_file(folder / "config.json", ec);
   LoadedTextEncoder out;
@@ -195,6 +196,7 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
       if (has_config) c = QwenLmConfig::from_json_file(folder / "config.json");
       if ((kind == Kind::qwen3) != c.qk_norm)
         throw std::runtime_error(folder.string() + ": not the " + std::string(config::name_of(kind)) + " model");
+      if (!vision_tower) c.vision.reset();
       auto e = std::make_shared<QwenEncoder>(kind, c, options);
       if (!out.random) {
         out.unused = load_qwen_lm_weights(e->model(), folder);

@@ -135,8 +135,9 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
   std::vector<TinyWidths> built;
   for (size_t i = 0; i < o.kinds.size(); ++i) {
     const std::filesystem::path folder = i < o.encoders.size() ? o.encoders[i] : std::filesystem::path();
+    // The vision tower only where the pipeline reads control images through it (the edit models).
     LoadedTextEncoder e = build_text_encoder(o.kinds[i], !full, folder, o.options, !o.options.device().is_meta(),
-                                             full ? TinyWidths{} : tiny[i]);
+                                             full ? TinyWidths{} : tiny[i], o.condition_area > 0);
     LoadStep step;
     step.built_bytes = nn::module_bytes(*e.encoder);
     const std::optional<nn::WeightStorage> storage = i < o.linear_storage.size() ? o.linear_storage[i] : std::nullopt;

@@ -130,6 +130,20 @@ TEST(Loading, TheHostCapRefusesATransformerQuantizedInHostMemoryThatDoesNotFit) 
   fs::remove_all(dir);
 }
 
+// Qwen-Image's loader drops Qwen2.5-VL's vision tower for the text-only pipeline; the edit models keep it to
+// read their control images (qwen_image.py's `_qwen_image_keep_visual`).
+TEST(Loading, QwenImageLoadsItsTextEncoderWithoutTheVisionTowerAndTheEditModelsWithIt) {
+  const fs::path dir = testing::fresh_dir("loading_vision_tower");
+  auto text_only = tiny_config(dir, "qwen", {"model.arch=tiny-qwen-image"});
+  auto edit = tiny_config(dir, "edit", {"model.arch=tiny-qwen-image-edit"});
+  Session a(text_only, SessionOptions{/*meta=*/true});
+  Session b(edit, SessionOptions{/*meta=*/true});
+  EXPECT_FALSE(a.text().encoder()->encoder(0).takes_images());
+  EXPECT_TRUE(b.text().encoder()->encoder(0).takes_images());
+  EXPECT_LT(a.text().encoder()->weight_bytes(), b.text().encoder()->weight_bytes());
+  fs::remove_all(dir);
+}
+
 // The arch's loader is a fact of the family table: Flex.2's quantizes on the device whatever low_vram says,
 // FLUX.1's and SD3's honour it, Qwen-Image's and Z-Image's quantize block by block (host memory).
 TEST(Loading, EachArchLoadsAsItsAiToolkitLoader) {

@@ -64,9 +64,12 @@ struct LoadedTextEncoder {
 // config.json in place of the preset and its weights loaded when `folder` is given (a transformers folder,
 // or a .safetensors file); random weights from the global generator otherwise. `options` places it
 // (torch::kMeta: a full-size build without memory; `load_weights` false: the folder's config.json only);
-// `widths` sizes a tiny one. Throws std::runtime_error for a config or weights it cannot use.
+// `widths` sizes a tiny one. `vision_tower` false leaves out Qwen2.5-VL's vision tower, as AI Toolkit's Qwen-Image
+// loader drops it for the text-only pipeline (`text_encoder.model.visual = None` unless the model class sets
+// `_qwen_image_keep_visual`, as the edit models do); its tensors in the folder are then reported unused.
+// Throws std::runtime_error for a config or weights it cannot use.
 LoadedTextEncoder build_text_encoder(config::TextEncoderKind kind, bool tiny, const std::filesystem::path& folder = {},
                                      const torch::TensorOptions& options = {}, bool load_weights = true,
-                                     const TinyWidths& widths = {});
+                                     const TinyWidths& widths = {}, bool vision_tower = true);
 
 }  // namespace gclab::text
