@@ -50,14 +50,29 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
     priced("Quantize the transformer in host memory", "model.low_vram: true",
            "the transformer is quantized on the CPU and reaches the device quantized (AI Toolkit: slower to load)",
            [](config::ProcessConfig& c) { c.model.low_vram = true; });
-  if (!config.model.quantize)
+  if (!config.model.quantize) {
+    // Quantized on the device, the transformer would still arrive in its dtype: under the StableDiffusion
+    // loader quantizing helps the load only in host memory.
+    const bool honours_low_vram =
+        model::transformer_loading(config.model.arch) == model::TransformerLoading::on_device_unless_low_vram;
     priced("Quantize the base weights", "model.quantize: true (qtype qfloat8)",
            "the transformer reaches the device as float8 codes",
            [](config::ProcessConfig& c) { c.model.quantize = true, c.model.qtype = "qfloat8"; });
+    if (honours_low_vram)
+      priced("Quantize the base weights in host memory", "model.quantize: true (qtype qfloat8), model.low_vram: true",
+             "the transformer is quantized on the CPU and reaches the device as float8 codes",
+             [](config::ProcessConfig& c) {
+               c.model.quantize = true, c.model.qtype = "qfloat8", c.model.low_vram = true;
+             });
+  }
   if (!config.model.quantize_te.value_or(config.model.quantize))
     priced("Quantize the text encoders", "model.quantize_te: true",
            "each text encoder AI Toolkit quantizes is quantized as soon as it is on the device",
            [](config::ProcessConfig& c) { c.model.quantize_te = true; });
+  // All of them are the load's own levers: the largest saving first.
+  std::stable_sort(fixes.begin(), fixes.end(), [](const OomFix& a, const OomFix& b) {
+    return a.predicted_saving_bytes > b.predicted_saving_bytes;
+  });
   return fixes;
 }
 

@@ -4,10 +4,13 @@
 // and the load's memory walk, which predicts (on the meta device too) what the tracking allocator measures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
 #include "gclab/model/family.h"
 #include "gclab/nn/layers.h"
+#include "gclab/train/oom_report.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -141,6 +144,38 @@ TEST(Loading, QwenImageLoadsItsTextEncoderWithoutTheVisionTowerAndTheEditModelsW
   EXPECT_FALSE(a.text().encoder()->encoder(0).takes_images());
   EXPECT_TRUE(b.text().encoder()->encoder(0).takes_images());
   EXPECT_LT(a.text().encoder()->weight_bytes(), b.text().encoder()->weight_bytes());
+  fs::remove_all(dir);
+}
+
+// Out of memory while loading: each lever is priced from the load's walk and offered only where it lowers
+// the load — quantizing on the device (FLUX.1 without low_vram) does not, since the transformer still
+// arrives in its dtype; in host memory it does; Qwen-Image's loader quantizes in host memory anyway.
+TEST(Loading, TheLoadsAdviceOffersOnlyWhatLowersTheLoad) {
+  const fs::path dir = testing::fresh_dir("loading_advice");
+  auto titles = [&](const std::vector<std::string>& extra) {
+    const auto config = tiny_config(dir, "advice", extra);
+    OomContext ctx;
+    ctx.phase = Phase::setup;
+    const model::ModelSpec spec = model::spec_for(config.model);
+    std::vector<std::string> out;
+    for (const OomFix& f : recommend_fixes(ctx, config, spec, codec_plan(config, spec), {})) {
+      EXPECT_GT(f.predicted_saving_bytes, 0) << f.title;
+      out.push_back(f.title);
+    }
+    return out;
+  };
+  using V = std::vector<std::string>;
+  // FLUX.1 unquantized: quantizing in host memory saves the most; quantize_te saves nothing (T5 still arrives
+  // in its dtype beside the transformer).
+  const V flux = titles({});
+  ASSERT_FALSE(flux.empty());
+  EXPECT_EQ(flux.front(), "Quantize the base weights in host memory");
+  EXPECT_EQ(std::count(flux.begin(), flux.end(), "Quantize the text encoders"), 0);
+  EXPECT_EQ(titles({"model.quantize=true"}), (V{"Quantize the transformer in host memory"}));
+  // Qwen-Image: quantized in host memory whatever low_vram says, so no low_vram lever.
+  const V qwen = titles({"model.arch=tiny-qwen-image"});
+  EXPECT_EQ(std::count(qwen.begin(), qwen.end(), "Quantize the base weights"), 1);
+  EXPECT_EQ(std::count(qwen.begin(), qwen.end(), "Quantize the transformer in host memory"), 0);
   fs::remove_all(dir);
 }
 
