@@ -214,5 +214,39 @@ TEST(QwenVision, TheImageConditionsTheRowsFromItsTokensOn) {
   EXPECT_THROW(clip->encode_with_images(ids, {}, a), std::invalid_argument);
 }
 
+// The text-only Qwen-Image pipeline holds Qwen2.5-VL without its vision tower (as AI Toolkit's loader drops
+// it): the same checkpoint file loads unchanged — its visual.* tensors reported unused — and the text path
+// gives the whole model's hidden states exactly (the whole model against transformers: interop tests).
+TEST(QwenVision, TheEncoderWithoutItsTowerLoadsTheSameFileAndGivesTheSameText) {
+  const fs::path dir = testing::fresh_dir("qwen_without_tower");
+  torch::manual_seed(3);
+  auto whole = build_text_encoder(Kind::qwen25_vl, true).encoder;
+  // The checkpoint's names (transformers 4.x layout: model.layers.*, visual.*, lm_head.*): the encoder holds
+  // the language model under `model`, whose own names start with `model.`.
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  auto checkpoint_name = [](const std::string& n) { return n.rfind("model.", 0) == 0 ? n.substr(6) : n; };
+  for (const auto& p : whole->named_parameters()) tensors.emplace_back(checkpoint_name(p.key()), p.value());
+  for (const auto& b : whole->named_buffers()) tensors.emplace_back(checkpoint_name(b.key()), b.value());
+  io::save_safetensors(dir / "model.safetensors", tensors);
+  const LoadedTextEncoder with = build_text_encoder(Kind::qwen25_vl, true, dir / "model.safetensors");
+  const LoadedTextEncoder without =
+      build_text_encoder(Kind::qwen25_vl, true, dir / "model.safetensors", {}, true, {}, /*vision_tower=*/false);
+  ASSERT_FALSE(with.random);
+  ASSERT_FALSE(without.random);
+  // The LM head never runs (held for its memory, its weights not read); the tower's are what the encoder
+  // without it leaves unused besides.
+  for (const auto& name : with.unused) EXPECT_EQ(name.rfind("lm_head.", 0), 0u) << name;
+  ASSERT_GT(without.unused.size(), with.unused.size());
+  for (const auto& name : without.unused)
+    EXPECT_TRUE(name.rfind("visual.", 0) == 0 || name.rfind("lm_head.", 0) == 0) << name;
+  EXPECT_TRUE(with.encoder->takes_images());
+  EXPECT_FALSE(without.encoder->takes_images());
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = torch::randint(0, 990, {1, 12});
+  EXPECT_TRUE(
+      torch::equal(with.encoder->encode(ids, {}).hidden_states, without.encoder->encode(ids, {}).hidden_states));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace gclab::text
