@@ -30,6 +30,7 @@
 #include "gclab/model/summary.h"
 #include "gclab/text/encoder.h"
 #include "gclab/text/tokenizer.h"
+#include "gclab/train/oom_report.h"
 #include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
 #include "gclab/train/trainer.h"
@@ -499,11 +500,11 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   o.policies = parse_policies(b.gc);
   o.batches = parse_list<int>("--batch", b.batch, parse_int);
   o.resolutions = parse_list<int>("--resolution", b.resolution, parse_int);
-  gclab::train::Session session(config);
-  const auto rows = gclab::bench::run_bench(session, o);
-  print_report(args, gclab::bench::format_bench(rows));
   const std::filesystem::path dir = std::filesystem::path(config.training_folder) / config.name;
   std::filesystem::create_directories(dir);
+  gclab::train::Session session = gclab::train::open_session(config, dir);
+  const auto rows = gclab::bench::run_bench(session, o);
+  print_report(args, gclab::bench::format_bench(rows));
   gclab::bench::write_bench_csv(dir / "bench.csv", rows);
   gclab::log::info("written " + (dir / "bench.csv").string());
   return kExitOk;
@@ -517,7 +518,9 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
   const auto policies = parse_policies(b.gc);
   const auto resolutions = parse_list<int>("--resolution", b.resolution, parse_int);
   if (max_batch < 1) throw gclab::UserError("--max-batch must be at least 1");
-  gclab::train::Session session(config);
+  const std::filesystem::path dir = std::filesystem::path(config.training_folder) / config.name;
+  std::filesystem::create_directories(dir);
+  gclab::train::Session session = gclab::train::open_session(config, dir);
   print_report(args, gclab::bench::format_fit(gclab::bench::run_fit(session, policies, resolutions, max_batch)));
   return kExitOk;
 }

@@ -12,6 +12,7 @@
 #include "gclab/model/activations.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
+#include "gclab/train/trainer.h"
 
 namespace gclab::train {
 
@@ -299,6 +300,22 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   text_to.insert(text_crowds ? text_to.begin() : text_to.end(), text.begin(), text.end());
   first.insert(first.end(), fixes.begin(), fixes.end());
   return first;
+}
+
+Session open_session(const config::ProcessConfig& config, const std::filesystem::path& output_dir) {
+  try {
+    return Session(config);
+  } catch (const c10::OutOfMemoryError& e) {
+    OomContext ctx = oom_context(config, resolve_device(config.device), e);
+    ctx.phase = Phase::setup;
+    ctx.bucket = "-";
+    ctx.peak_bytes = predicted_load_peak(config);
+    const model::ModelSpec spec = model::spec_for(config.model);
+    std::filesystem::create_directories(output_dir);
+    const std::string brief =
+        write_oom_report(output_dir, ctx, recommend_fixes(ctx, config, spec, codec_plan(config, spec), {}));
+    throw OutOfMemoryStop(brief);
+  }
 }
 
 std::string write_oom_report(const std::filesystem::path& dir, const OomContext& c, const std::vector<OomFix>& fixes) {

@@ -110,23 +110,6 @@ void progress_line(const TrainOptions& o, int64_t step, int total, double loss, 
     *o.progress << text << "\n" << std::flush;
 }
 
-// The run's Session. Out of memory while it loads the model (nothing trained, nothing to save): the report,
-// with the loading levers, then the stop.
-Session open_session(const config::ProcessConfig& config, const fs::path& output_dir) {
-  try {
-    return Session(config);
-  } catch (const c10::OutOfMemoryError& e) {
-    OomContext ctx = oom_context(config, resolve_device(config.device), e);
-    ctx.phase = Phase::setup;
-    ctx.bucket = "-";
-    ctx.peak_bytes = predicted_load_peak(config);
-    const model::ModelSpec spec = model::spec_for(config.model);
-    const std::string brief =
-        write_oom_report(output_dir, ctx, recommend_fixes(ctx, config, spec, codec_plan(config, spec), {}));
-    throw OutOfMemoryStop(brief);
-  }
-}
-
 }  // namespace
 
 std::string dry_run(const config::ProcessConfig& config) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
@@ -176,6 +178,22 @@ TEST(Loading, TheLoadsAdviceOffersOnlyWhatLowersTheLoad) {
   const V qwen = titles({"model.arch=tiny-qwen-image"});
   EXPECT_EQ(std::count(qwen.begin(), qwen.end(), "Quantize the base weights"), 1);
   EXPECT_EQ(std::count(qwen.begin(), qwen.end(), "Quantize the transformer in host memory"), 0);
+  fs::remove_all(dir);
+}
+
+// train, bench and fit open their Session the same way: a load that runs out writes the report (phase
+// setup) and stops with its short version (exit 3 in the CLI).
+TEST(Loading, ALoadThatRunsOutIsReportedByTheSessionEveryVerbOpens) {
+  const fs::path dir = testing::fresh_dir("loading_open_session");
+  const std::vector<std::string> q = {"model.quantize=true"};
+  auto capped = q;
+  capped.push_back("vram_cap=" + std::to_string(predicted_load_peak(tiny_config(dir, "free", q)) / 2));
+  EXPECT_THROW(open_session(tiny_config(dir, "capped", capped), dir / "report"), OutOfMemoryStop);
+  std::ifstream in(dir / "report" / "oom_report.json");
+  ASSERT_TRUE(in);
+  const auto report = nlohmann::json::parse(in, nullptr, false);
+  EXPECT_EQ(report["phase"], "setup");
+  EXPECT_EQ(report["fixes"][0]["change"], "model.low_vram: true");
   fs::remove_all(dir);
 }
 

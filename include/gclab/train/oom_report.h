@@ -57,6 +57,12 @@ struct OomFix {
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
                                     const model::ModelSpec& spec, const vae::CodecSpec& codec,
                                     const model::ActivationOptions& activations);
+// The Session a run (train, bench, fit) works in. Out of memory while it loads the model — nothing trained,
+// nothing to save — writes the report (phase setup, the load's levers) into output_dir and throws
+// OutOfMemoryStop with its short version.
+class Session;
+Session open_session(const config::ProcessConfig& config, const std::filesystem::path& output_dir);
+
 // Writes oom_report.md and oom_report.json into dir; returns the short version for the log.
 std::string write_oom_report(const std::filesystem::path& dir, const OomContext& ctx, const std::vector<OomFix>& fixes);
 
