@@ -173,7 +173,13 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
           "-token caption (the sample prompts' own lengths in the preview); longer captions of Qwen-Image / "
           "Z-Image hold more",
       "allocator fragmentation and the CUDA context (CUDA)",
-      "partial checkpoint policies (every:N, blocks, selective, offload)"};
+      "partial checkpoint policies (every:N, blocks, selective, offload)",
+      "the load's host memory as AI Toolkit's from_pretrained holds it: it reads every transformer into host "
+      "memory first (load.host_peak counts only where the transformer is quantized there)"};
+  if (model::transformer_loading(config.model.arch) == model::TransformerLoading::per_block && config.model.quantize)
+    e.not_modelled.push_back(
+        "the load: quantize_model stages each block on the device to quantize it; gclab quantizes the blocks in "
+        "host memory (one block's weights less on the device meanwhile, below the text encoders' load)");
   if (e.preview && e.preview->reference_encode_bytes > 0 && config.model.low_vram &&
       model::low_vram_tiles_previews(e.spec.family, e.spec.edit_plus))
     e.not_modelled.push_back(
