@@ -40,6 +40,29 @@ TransformerLoading transformer_loading(const std::string& arch) {
   return a ? a->loading : TransformerLoading::on_device_unless_low_vram;
 }
 
+bool low_vram_quantizes_in_host_memory(const std::string& arch) {
+  return transformer_loading(arch) == TransformerLoading::on_device_unless_low_vram;
+}
+
+bool quantizes_in_host_memory(const config::ModelConfig& model) {
+  return transformer_loading(model.arch) == TransformerLoading::per_block ||
+         (low_vram_quantizes_in_host_memory(model.arch) && model.low_vram);
+}
+
+TextEncoderQuantization text_encoder_quantization(Family family) {
+  switch (family) {
+    case Family::flux:
+      return {/*t5_only=*/true, /*under_quantize=*/false, /*as_qtype_te=*/false};
+    case Family::sd3:
+      return {/*t5_only=*/true, /*under_quantize=*/true, /*as_qtype_te=*/false};
+    case Family::qwen_image:
+    case Family::zimage:
+    case Family::dit:
+      break;
+  }
+  return {};
+}
+
 std::string supported_arch_list() {
   std::string out;
   for (const auto& a : supported_archs()) out += (out.empty() ? "" : ", ") + a.name;

@@ -89,13 +89,12 @@ BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelC
 
 std::vector<std::optional<WeightStorage>> text_encoder_storage(const config::ModelConfig& config, Family family) {
   const std::vector<config::TextEncoderKind> kinds = text_encoders(family);
+  const TextEncoderQuantization rule = text_encoder_quantization(family);
   std::vector<std::optional<WeightStorage>> out(kinds.size());
-  const bool t5_only = family == Family::flux || family == Family::sd3;
-  const bool on = family == Family::sd3 ? config.quantize : config.quantize_te.value_or(config.quantize);
-  if (!on) return out;
-  const std::optional<WeightStorage> storage = quantized_storage(t5_only ? config.qtype : config.qtype_te);
+  if (!(rule.under_quantize ? config.quantize : config.quantize_te.value_or(config.quantize))) return out;
+  const std::optional<WeightStorage> storage = quantized_storage(rule.as_qtype_te ? config.qtype_te : config.qtype);
   for (size_t i = 0; i < kinds.size(); ++i)
-    if (!t5_only || kinds[i] == config::TextEncoderKind::t5_xxl) out[i] = storage;
+    if (!rule.t5_only || kinds[i] == config::TextEncoderKind::t5_xxl) out[i] = storage;
   return out;
 }
 

@@ -4,21 +4,24 @@
 
 namespace gclab::train {
 
+torch::Tensor place(const torch::Tensor& t, Residence where, const torch::Device& device, bool pinned) {
+  if (device.is_meta()) return t;
+  if (device.is_cuda()) {
+    if (where == Residence::device) return t.to(device);
+    const torch::Tensor host = t.to(torch::kCPU);
+    return pinned ? host.pin_memory() : host;
+  }
+  std::optional<memory::HostScope> host;
+  if (where == Residence::host) host.emplace();
+  return t.clone();
+}
+
 void move_module(torch::nn::Module& module, Residence where, const torch::Device& device) {
   if (device.is_meta()) return;
   torch::NoGradGuard no_grad;
-  auto move = [&](torch::Tensor& t) {
-    if (!t.defined()) return;
-    if (device.is_cuda()) {
-      t.set_data(t.to(where == Residence::host ? torch::Device(torch::kCPU) : device));
-      return;
-    }
-    std::optional<memory::HostScope> host;
-    if (where == Residence::host) host.emplace();
-    t.set_data(t.clone());
-  };
-  for (auto& p : module.parameters()) move(p);
-  for (auto& b : module.buffers()) move(b);
+  for (auto& p : module.parameters()) p.set_data(place(p, where, device));
+  for (auto& b : module.buffers())
+    if (b.defined()) b.set_data(place(b, where, device));
 }
 
 }  // namespace gclab::train

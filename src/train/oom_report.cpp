@@ -46,16 +46,14 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
       fixes.push_back({title, change, saving,
                        "the load's device peak, predicted with and without the change (train/loading.h): " + why});
   };
-  if (config.model.quantize && !config.model.low_vram &&
-      model::transformer_loading(config.model.arch) == model::TransformerLoading::on_device_unless_low_vram)
+  const bool honours_low_vram = model::low_vram_quantizes_in_host_memory(config.model.arch);
+  if (config.model.quantize && !config.model.low_vram && honours_low_vram)
     priced("Quantize the transformer in host memory", "model.low_vram: true",
            "the transformer is quantized on the CPU and reaches the device quantized (AI Toolkit: slower to load)",
            [](config::ProcessConfig& c) { c.model.low_vram = true; });
   if (!config.model.quantize) {
     // Quantized on the device, the transformer would still arrive in its dtype: under the StableDiffusion
     // loader quantizing helps the load only in host memory.
-    const bool honours_low_vram =
-        model::transformer_loading(config.model.arch) == model::TransformerLoading::on_device_unless_low_vram;
     priced("Quantize the base weights", "model.quantize: true (qtype qfloat8)",
            "the transformer reaches the device as float8 codes",
            [](config::ProcessConfig& c) { c.model.quantize = true, c.model.qtype = "qfloat8"; });

@@ -110,7 +110,7 @@ namespace {
 UserError host_load_refusal(const config::ProcessConfig& config) {
   const int64_t needed = Session(config, SessionOptions{/*meta=*/true}).load_memory().host.peak();
   std::string levers = "raise host_cap (a machine with more RAM)";
-  if (model::transformer_loading(config.model.arch) == model::TransformerLoading::on_device_unless_low_vram) {
+  if (model::low_vram_quantizes_in_host_memory(config.model.arch)) {
     config::ProcessConfig on_device = config;
     on_device.model.low_vram = false;
     levers = "set model.low_vram: false (quantized on the device instead, which then holds " +
@@ -243,9 +243,9 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // device, or in host memory under low_vram or block by block —, the text encoders built on the device and
   // quantized there, the transformer on the device before them or after. load_ walks the same steps on the
   // modules' sizes. Random weights from the training seed, the transformer's drawn first. ----
-  const model::TransformerLoading loading = model::transformer_loading(config_.model.arch);
-  load_.quantized_on_host = loading == model::TransformerLoading::per_block ||
-                            (loading == model::TransformerLoading::on_device_unless_low_vram && config_.model.low_vram);
+  const bool after_text_encoders =
+      model::transformer_loading(config_.model.arch) == model::TransformerLoading::per_block;
+  load_.quantized_on_host = model::quantizes_in_host_memory(config_.model);
   const memory::MemoryStats before_load = meter_.stats();
   meter_.reset_peak();
   memory::MemoryMeter::reset_host_peak();
@@ -270,14 +270,12 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // A GPU run's host memory is not the CPU tracker's: the walk's host peak is held against the cap.
   if (device_.is_cuda() && config_.host_cap.bytes > 0 && load_.host.peak() > config_.host_cap.bytes)
     throw host_load_refusal(config_);
-  bool transformer_on_host = load_.quantized_on_host;
-  auto transformer_to_device = [this, &transformer_on_host] {
-    if (!transformer_on_host) return;
+  auto transformer_to_device = [this] {
+    if (!load_.quantized_on_host) return;
     load_.moved(Residence::device, nn::module_bytes(*model_));
     move_module(*model_, Residence::device, device_);
-    transformer_on_host = false;
   };
-  if (loading != model::TransformerLoading::per_block) transformer_to_device();
+  if (!after_text_encoders) transformer_to_device();
 
   torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
   std::unique_ptr<text::PromptEncoder> prompts;
@@ -318,7 +316,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
       std::move(prompts), [this](int64_t n) { return model::sequence_rows(spec_, n); },
       device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_), encoders);
 
-  transformer_to_device();  // per_block: after the text encoders
+  if (after_text_encoders) transformer_to_device();
   if (!device_.is_meta()) {
     const memory::MemoryStats loaded = meter_.stats();
     load_.measured_device_peak_bytes = loaded.peak_bytes - before_load.live_bytes;

@@ -47,6 +47,23 @@ const std::vector<ArchFacts>& supported_archs();
 const ArchFacts* find_arch(const std::string& name);
 // The arch's TransformerLoading (an arch gclab does not know: StableDiffusion's).
 TransformerLoading transformer_loading(const std::string& arch);
+// Whether model.low_vram moves the transformer's quantization to host memory (on_device_unless_low_vram).
+bool low_vram_quantizes_in_host_memory(const std::string& arch);
+// Whether the load quantizes (and holds) the transformer in host memory as the model block configures it:
+// per_block always, on_device_unless_low_vram under low_vram.
+bool quantizes_in_host_memory(const config::ModelConfig& model);
+
+// Which text encoders AI Toolkit's loader quantizes, under which switch, as which qtype (read in its loaders):
+// FLUX.1 / Flex (stable_diffusion_model.py, flex2.py) T5 only, under quantize_te (which defaults to
+// quantize), as model.qtype — CLIP-L never; SD3 (stable_diffusion_model.py) T5 only, under model.quantize
+// (quantize_te is not read), as model.qtype; Qwen-Image, Z-Image (qwen_image.py, z_image.py) the whole
+// encoder, under quantize_te, as qtype_te.
+struct TextEncoderQuantization {
+  bool t5_only = false;         // the other encoders stay in their dtype
+  bool under_quantize = false;  // switched by model.quantize instead of quantize_te
+  bool as_qtype_te = true;      // stored as qtype_te, else as model.qtype
+};
+TextEncoderQuantization text_encoder_quantization(Family family);
 std::string supported_arch_list();  // "flux, flex1, ..." for messages
 
 // Bucket sides are multiples of this: FLUX.1/Flex, Qwen-Image, SD3 and Z-Image pack 2x2 patches of an 8x

@@ -50,11 +50,7 @@ struct BaseQuantization {
 BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelConfig& config);
 
 // How AI Toolkit's loader stores each text encoder's Linear weights, slot by slot (nullopt: left in its
-// dtype), read in its loaders:
-//  - FLUX.1 / Flex (stable_diffusion_model.py, flex2.py): T5 only, when quantize_te (which defaults to
-//    quantize), as model.qtype; CLIP-L is never quantized;
-//  - SD3 (stable_diffusion_model.py): T5 only, when model.quantize (quantize_te is not read), as model.qtype;
-//  - Qwen-Image, Z-Image (qwen_image.py, z_image.py): the whole encoder, when quantize_te, as qtype_te.
+// dtype): the family's TextEncoderQuantization (model/family.h) applied to the model block.
 std::vector<std::optional<WeightStorage>> text_encoder_storage(const config::ModelConfig& config, Family family);
 // The same as words for the log and `check`: "T5-XXL's Linears as qfloat8", "the training dtype".
 std::string describe_text_encoder_storage(const config::ModelConfig& config, Family family);

@@ -18,9 +18,11 @@ namespace gclab::train {
 
 enum class Residence { device, host };
 
-// Moves every parameter and buffer of `module` to `where`: on a GPU run host memory is the CPU's; on a CPU
-// run each tensor is copied so that the tracker counts it as host memory (memory::HostScope) or as the
-// device's, the old copy freed as it goes; on the meta device nothing moves.
+// `t` placed in `where` for a run on `device`: on a GPU run host memory is the CPU's (pinned when asked, for
+// asynchronous copies to the device); on a CPU run a copy the tracker counts as host memory
+// (memory::HostScope) or as the device's; on the meta device `t` itself.
+torch::Tensor place(const torch::Tensor& t, Residence where, const torch::Device& device, bool pinned = false);
+// Moves every parameter and buffer of `module` to `where` (place), the old copy freed as it goes.
 void move_module(torch::nn::Module& module, Residence where, const torch::Device& device);
 
 // What a model's load held on the device and in host memory: the walk of its steps on the modules' sizes
