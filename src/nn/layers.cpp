@@ -194,19 +194,30 @@ OffloadRing& backward_ring() {
   return ring;
 }
 
-// The weight (dequantized, in the input's dtype) and bias brought from host memory into a ring slot; on
+// The weight (dequantized, in the dtype the matmul computes in) and bias brought from host memory into a ring slot; on
 // CUDA staged on the ring's transfer stream (above). The caller computes with it, then calls release().
 struct Brought {
   const torch::Tensor& weight;
   const torch::Tensor& bias;
   size_t index;
 };
+// The dtype the matmul computes in: autocast's where autocast is on for the input's device (F::linear casts
+// both operands to it, so a slot in the input's float32 would hold twice the bytes for nothing), else the
+// input's.
+torch::ScalarType compute_dtype(const torch::Tensor& x) {
+  const c10::DeviceType type = x.device().type();
+  if (at::isFloatingType(x.scalar_type()) && at::autocast::is_autocast_enabled(type))
+    return at::autocast::get_autocast_dtype(type);
+  return x.scalar_type();
+}
+
 Brought bring(OffloadRing& ring, const Stored& host, const torch::Tensor& bias, const torch::Tensor& x) {
   auto [slot, index] = ring.next();
+  const torch::ScalarType dtype = compute_dtype(x);
   auto materialize = [&, &slot = slot] {
     torch::Tensor w = host.on(x.device()).dequantize();
-    slot.first = w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type());
-    if (bias.defined()) slot.second = bias.to(x.device(), x.scalar_type(), /*non_blocking=*/true, /*copy=*/true);
+    slot.first = w.scalar_type() == dtype ? w : w.to(dtype);
+    if (bias.defined()) slot.second = bias.to(x.device(), dtype, /*non_blocking=*/true, /*copy=*/true);
   };
   if (!x.is_cuda()) {
     materialize();
@@ -341,12 +352,34 @@ int64_t offload_buffer_bytes() {
   return bytes;
 }
 
+namespace {
+thread_local std::optional<torch::Device> draw_device;
+
+torch::Tensor drawn(at::IntArrayRef shape, const torch::TensorOptions& options,
+                    const std::function<void(torch::Tensor&)>& draw) {
+  const bool staged = draw_device && options.device().is_cpu();
+  torch::Tensor t = torch::empty(shape, staged ? options.device(*draw_device) : options);
+  draw(t);
+  return staged ? t.to(torch::kCPU) : t;
+}
+}  // namespace
+
+DrawOnDevice::DrawOnDevice(const torch::Device& device) : previous_(draw_device) { draw_device = device; }
+DrawOnDevice::~DrawOnDevice() { draw_device = previous_; }
+
+torch::Tensor uniform_parameter(at::IntArrayRef shape, double bound, const torch::TensorOptions& options) {
+  return drawn(shape, options, [bound](torch::Tensor& t) { t.uniform_(-bound, bound); });
+}
+torch::Tensor normal_parameter(at::IntArrayRef shape, double std, const torch::TensorOptions& options) {
+  return drawn(shape, options, [std](torch::Tensor& t) { t.normal_(0, std); });
+}
+
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias, const torch::TensorOptions& options)
     : in_(in_features), out_(out_features) {
   // nn.Linear's default initialisation: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
-  weight = register_parameter("weight", torch::empty({out_features, in_features}, options).uniform_(-bound, bound));
-  if (with_bias) bias = register_parameter("bias", torch::empty({out_features}, options).uniform_(-bound, bound));
+  weight = register_parameter("weight", uniform_parameter({out_features, in_features}, bound, options));
+  if (with_bias) bias = register_parameter("bias", uniform_parameter({out_features}, bound, options));
 }
 
 int64_t LinearImpl::dequantized_bytes() const {

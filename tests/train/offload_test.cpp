@@ -9,6 +9,7 @@
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
 #include "gclab/bench/estimate.h"
+#include "gclab/ckpt/autocast.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
 #include "gclab/nn/layers.h"
@@ -155,6 +156,50 @@ TEST(LayerOffloading, TheOomAdviceOffersItWithItsSaving) {
             meta.resident().host_weights - nn::offload_device_bytes(meta.model(), /*element_bytes=*/4));
   EXPECT_FALSE(advice({"model.layer_offloading=true"}));
   EXPECT_FALSE(advice({"model.quantize=true", "model.qtype=uint4"}));
+  fs::remove_all(dir);
+}
+
+// Under bf16 autocast the matmul computes in bf16 whatever the input's dtype (a float32 input reaches an
+// offloaded Linear when its caller, a norm or an adapter, computed in float32): the ring slot holds the
+// weight in bf16, not in the input's float32 — twice the bytes, for a weight autocast casts back anyway.
+TEST(LayerOffloading, RingSlotsHoldTheWeightInTheDtypeAutocastComputesIn) {
+  nn::release_offload_buffers();
+  nn::Linear linear(64, 32, /*bias=*/true, torch::TensorOptions().dtype(torch::kBFloat16));
+  linear->set_weight_storage(nn::WeightStorage::UInt4);
+  linear->offload([](const torch::Tensor& t) { return t.clone(); });
+  const torch::Tensor x = torch::randn({3, 64});  // float32
+  torch::Tensor y, resident_y;
+  {
+    ckpt::AutocastScope bf16(ckpt::AutocastState::enabled_for(torch::kCPU, torch::kBFloat16));
+    y = linear->forward(x);
+  }
+  EXPECT_EQ(nn::offload_buffer_bytes(), (32 * 64 + 32) * 2);  // one slot: weight and bias in bf16
+  nn::release_offload_buffers();
+  // The same values as autocast casting a float32 slot back to bf16 would give.
+  {
+    ckpt::AutocastScope bf16(ckpt::AutocastState::enabled_for(torch::kCPU, torch::kBFloat16));
+    resident_y =
+        torch::nn::functional::linear(x, linear->effective_weight(torch::kFloat), linear->bias.to(torch::kFloat));
+  }
+  EXPECT_TRUE(torch::equal(y, resident_y));
+  nn::release_offload_buffers();
+}
+
+// The run-level consequence (tiny-flux, bf16, checkpointing on, a uint4 base): offloading lowers the step's
+// peak, as the estimate's bf16 ring slots say, and the losses stay the resident run's.
+TEST(LayerOffloading, ABf16CheckpointedUint4RunPeaksBelowTheResidentOne) {
+  const fs::path dir = testing::fresh_dir("offload_bf16");
+  const std::vector<std::string> base = {"train.steps=2", "train.dtype=bf16", "train.gradient_checkpointing=true",
+                                         "model.quantize=true", "model.qtype=uint4"};
+  auto offloaded_args = base;
+  offloaded_args.insert(offloaded_args.end(),
+                        {"model.layer_offloading=true", "model.layer_offloading_text_encoder_percent=0"});
+  const auto resident = train(tiny_config(dir, "r", base), {});
+  const auto offloaded = train(tiny_config(dir, "o", offloaded_args), {});
+  ASSERT_EQ(offloaded.losses.size(), resident.losses.size());
+  for (size_t i = 0; i < resident.losses.size(); ++i)
+    EXPECT_NEAR(offloaded.losses[i], resident.losses[i], 1e-2 * std::abs(resident.losses[i])) << "step " << i + 1;
+  EXPECT_LT(offloaded.peak_bytes, resident.peak_bytes);
   fs::remove_all(dir);
 }
 

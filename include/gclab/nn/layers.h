@@ -4,9 +4,11 @@
 // `lora_B.weight`, as PEFT and AI Toolkit save them).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,26 @@ WeightStorage parse_weight_storage(const std::string& name);
 std::string to_string(WeightStorage s);
 int uintx_bits(WeightStorage s);     // 2..7 for the uint storages, else 0
 bool is_quantized(WeightStorage s);  // qfloat8, float8, int8, uintN: codes the matmul does not take as they are
+
+// Where new parameters' random values are drawn. A model built in host memory for a GPU run (model.low_vram:
+// AI Toolkit's loader quantizes it there) would otherwise draw billions of numbers on one CPU thread (about
+// 100 s for FLUX.1-dev's 11.9 B); under this guard each parameter built for the CPU is drawn on `device` and
+// copied to host memory at once, so the device holds one parameter at a time, and the values are those a
+// build on `device` draws. Thread-local, like torch::NoGradGuard; the previous setting is restored on exit.
+class DrawOnDevice {
+ public:
+  explicit DrawOnDevice(const torch::Device& device);
+  ~DrawOnDevice();
+  DrawOnDevice(const DrawOnDevice&) = delete;
+  DrawOnDevice& operator=(const DrawOnDevice&) = delete;
+
+ private:
+  std::optional<torch::Device> previous_;
+};
+// A new parameter of `shape` drawn from U(-bound, bound) (nn.Linear's and nn.Conv2d's default) or from
+// N(0, std), placed by `options`, drawn where DrawOnDevice says.
+torch::Tensor uniform_parameter(at::IntArrayRef shape, double bound, const torch::TensorOptions& options);
+torch::Tensor normal_parameter(at::IntArrayRef shape, double std, const torch::TensorOptions& options);
 
 // nn.Linear with an optional LoRA adapter, an optional frozen accuracy-recovery adapter and an optional
 // low-precision frozen weight.
