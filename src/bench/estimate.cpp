@@ -67,10 +67,6 @@ LoadEstimate estimate_load(const config::ProcessConfig& config) {
   return load_of(train::Session(config, train::SessionOptions{/*meta=*/true}));
 }
 
-bool estimates_for_cuda(const config::ProcessConfig& config) {
-  return config.device.rfind("cuda", 0) == 0 || (config.device == "auto" && torch::cuda::is_available());
-}
-
 MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   train::Session session(config, train::SessionOptions{/*meta=*/true});
   MemoryEstimate e;
@@ -94,7 +90,7 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.load = load_of(session);
   e.cap_bytes = config.vram_cap.bytes;
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
-  const bool cuda = estimates_for_cuda(config);
+  const bool cuda = train::runs_on_cuda(config);
   e.device = cuda ? "cuda" : config.device;
   const model::ActivationOptions o = session.activation_options(cuda);
   text::EncodeMemoryOptions kernels;

@@ -57,7 +57,7 @@ std::string format_model_summary(const model::ModelSummary& s) {
 std::string format_autoencoder(const config::ProcessConfig& config) {
   const model::ModelSpec spec = model::spec_for(config.model);
   const vae::CodecSpec c = train::codec_plan(config, spec);
-  const bool cpu = !estimates_for_cuda(config);
+  const bool cpu = !train::runs_on_cuda(config);
   const bool cached = train::run_caches_latents(config);
   std::ostringstream out;
   out << "# the autoencoder this config selects (model.vae), its memory predicted from its shapes ("
@@ -116,7 +116,7 @@ std::string format_text_encoders(const config::ProcessConfig& config) {
   if (prompts.slots() == 0) return out.str();
   const bool leaves = train::text_encoder_leaves(config);
   out << "text_encoders_total_bytes: " << total << "  # " << format_bytes(total) << "\n";
-  const bool cpu = !estimates_for_cuda(config);
+  const bool cpu = !train::runs_on_cuda(config);
   const text::EncodePrediction p = train::predict_caption_encode(prompts, spec, cpu);
   out << "text_encode_peak:  # a " << model::kNominalCaptionTokens << "-token caption"
       << (spec.edit ? " with a square control image" : "") << ", predicted (text/memory.h, " << (cpu ? "CPU" : "CUDA")
@@ -310,8 +310,9 @@ std::string format_bench(const std::vector<BenchRow>& rows) {
         << "\", oom: " << (r.oom ? "true" : "false");
     if (r.oom) out << ", oom_phase: \"" << r.oom_phase << "\"";
     out << ", step_ms: " << r.step_ms << ", time_ratio: " << r.time_ratio << ", peak_bytes: " << r.peak_bytes
-        << ", peak_ratio: " << r.peak_ratio << ", predicted_activation_bytes: " << r.predicted_activation_bytes
-        << ", model_tflop: " << r.model_tflop << ", mfu: " << r.mfu << "}\n";
+        << ", reserved_peak_bytes: " << r.reserved_peak_bytes << ", peak_ratio: " << r.peak_ratio
+        << ", predicted_activation_bytes: " << r.predicted_activation_bytes << ", model_tflop: " << r.model_tflop
+        << ", mfu: " << r.mfu << "}\n";
   }
   return out.str();
 }

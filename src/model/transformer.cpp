@@ -33,8 +33,8 @@ struct PatchConv {
       : patch(p) {
     auto& holder = holder_at(owner, path);
     const double bound = 1.0 / std::sqrt(static_cast<double>(in * p * p));
-    weight = holder.register_parameter("weight", torch::empty({out, in, p, p}, options).uniform_(-bound, bound));
-    bias = holder.register_parameter("bias", torch::empty({out}, options).uniform_(-bound, bound));
+    weight = holder.register_parameter("weight", nn::uniform_parameter({out, in, p, p}, bound, options));
+    bias = holder.register_parameter("bias", nn::uniform_parameter({out}, bound, options));
   }
   torch::Tensor operator()(const torch::Tensor& latents) {  // [B, C, H, W] -> [B, (H/p)(W/p), D]
     const torch::Tensor w = weight.scalar_type() == latents.scalar_type() ? weight : weight.to(latents.scalar_type());
@@ -199,8 +199,8 @@ class ZImageTransformer : public DiffusionTransformer {
     t_embedder = TwoLayerMlp(*this, "t_embedder.mlp.0", "t_embedder.mlp.2", 256, s.t_embed_mid, s.adaln_dim, o);
     cap_norm = register_at(*this, "cap_embedder.0", RMSNorm(s.text_dim, 1e-5, true, o));
     cap_linear = register_at(*this, "cap_embedder.1", Linear(s.text_dim, d, true, o));
-    x_pad_token = register_parameter("x_pad_token", torch::empty({1, d}, o).normal_(0, 0.02));
-    cap_pad_token = register_parameter("cap_pad_token", torch::empty({1, d}, o).normal_(0, 0.02));
+    x_pad_token = register_parameter("x_pad_token", nn::normal_parameter({1, d}, 0.02, o));
+    cap_pad_token = register_parameter("cap_pad_token", nn::normal_parameter({1, d}, 0.02, o));
     for (int i = 0; i < s.refiner_blocks; ++i)
       add_block("noise_refiner." + std::to_string(i),
                 std::make_shared<ZImageBlock>(d, s.heads, s.mlp_hidden, s.adaln_dim, true, o));
@@ -313,7 +313,7 @@ class DiTTransformer : public DiffusionTransformer {
     t_embedder = TwoLayerMlp(*this, "t_embedder.mlp.0", "t_embedder.mlp.2", 256, d, d, o);
     // One extra row: the "null" class that classifier-free guidance drops labels to.
     y_table = holder_at(*this, "y_embedder")
-                  .register_parameter("embedding_table", torch::empty({s.num_classes + 1, d}, o).normal_(0, 0.02));
+                  .register_parameter("embedding_table", nn::normal_parameter({s.num_classes + 1, d}, 0.02, o));
     for (int i = 0; i < s.single_blocks; ++i)
       add_block("blocks." + std::to_string(i), std::make_shared<DiTBlock>(d, s.heads, s.mlp_hidden, o));
     final_linear = register_at(*this, "final_layer.linear", Linear(d, s.patch * s.patch * s.out_channels, true, o));

@@ -24,4 +24,10 @@ void move_module(torch::nn::Module& module, Residence where, const torch::Device
     if (b.defined()) b.set_data(place(b, where, device));
 }
 
+int64_t largest_parameter_bytes(const torch::nn::Module& module) {
+  int64_t largest = 0;
+  for (const auto& p : module.parameters()) largest = std::max(largest, static_cast<int64_t>(p.nbytes()));
+  return largest;
+}
+
 }  // namespace gclab::train

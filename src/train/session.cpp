@@ -213,6 +213,10 @@ torch::Device resolve_device(const std::string& name) {
   return device;
 }
 
+bool runs_on_cuda(const config::ProcessConfig& config) {
+  return config.device.rfind("cuda", 0) == 0 || (config.device == "auto" && torch::cuda::is_available());
+}
+
 Session::Session(const config::ProcessConfig& config, const SessionOptions& options)
     : config_(config),
       spec_(model::spec_for(config.model)),
@@ -254,8 +258,15 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   try {
     std::optional<memory::HostScope> host;
     if (load_.quantized_on_host && device_.is_cpu()) host.emplace();
-    const torch::Device build_on = load_.quantized_on_host && device_.is_cuda() ? torch::Device(torch::kCPU) : device_;
-    model_ = model::build_transformer(spec_, torch::TensorOptions().device(build_on).dtype(base_dtype(config_)));
+    // A GPU run's transformer built in host memory is drawn on the GPU, a parameter at a time (a meta
+    // session predicting for one walks the same).
+    const bool staged = load_.quantized_on_host && !device_.is_cpu() && runs_on_cuda(config_);
+    std::optional<nn::DrawOnDevice> draw_on;
+    if (staged && device_.is_cuda()) draw_on.emplace(device_);
+    model_ = model::build_transformer(
+        spec_,
+        torch::TensorOptions().device(draw_on ? torch::Device(torch::kCPU) : device_).dtype(base_dtype(config_)));
+    if (staged) load_.staged(largest_parameter_bytes(*model_));
     load_.built(built_in, nn::module_bytes(*model_));
     if (config_.model.quantize) {
       const model::BaseQuantization q = model::quantize_base(*model_, config_.model);

@@ -16,6 +16,7 @@
 #include "gclab/io/safetensors.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/family.h"
+#include "gclab/nn/layers.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -125,6 +126,34 @@ TEST(CudaTrain, OffloadedLayersStagedOnATransferStreamTrainAsResidentOnes) {
             << "gc " << gc << " " << qtype << " step " << i + 1;
       EXPECT_LT(offloaded.peak_bytes, resident.peak_bytes) << "gc " << gc << " " << qtype;
     }
+  fs::remove_all(dir);
+}
+
+// model.low_vram on a GPU run builds the transformer in host memory, where AI Toolkit's FLUX.1 loader quantizes
+// it, with each parameter drawn on the GPU and copied over at once (nn::DrawOnDevice) rather than drawn on one
+// CPU thread: the values a build on the GPU draws, quantized the same way, and the load's device peak as the
+// walk predicts it.
+TEST(CudaTrain, ALowVramLoadIsDrawnOnTheGpuAndQuantizedInHostMemory) {
+  GCLAB_REQUIRE_CUDA();
+  const fs::path dir = testing::fresh_dir("cuda_low_vram");
+  const std::vector<std::string> quantize = {"model.quantize=true", "model.qtype=qfloat8"};
+  auto low_vram = quantize;
+  low_vram.push_back("model.low_vram=true");
+  Session on_device(cuda_config(dir, "d", quantize));
+  Session staged(cuda_config(dir, "h", low_vram));
+  ASSERT_TRUE(staged.load_memory().quantized_on_host);
+  ASSERT_FALSE(on_device.load_memory().quantized_on_host);
+  auto a = nn::named_linears(on_device.model()), b = nn::named_linears(staged.model());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const torch::Tensor wa = a[i].second->effective_weight(torch::kFloat).cpu();
+    const torch::Tensor wb = b[i].second->effective_weight(torch::kFloat).cpu();
+    EXPECT_TRUE(torch::allclose(wa, wb, 1e-2, 1e-3)) << a[i].first;  // float8 codes: rounding at most
+  }
+  const LoadMemory& load = staged.load_memory();
+  ASSERT_TRUE(load.measured_device_peak_bytes);
+  EXPECT_NEAR(static_cast<double>(*load.measured_device_peak_bytes), static_cast<double>(load.device.peak()),
+              0.02 * static_cast<double>(load.device.peak()) + (2 << 20));
   fs::remove_all(dir);
 }
 

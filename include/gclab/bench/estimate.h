@@ -109,7 +109,4 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config);
 // The load alone (what `check` prints), from the same meta-device Session.
 LoadEstimate estimate_load(const config::ProcessConfig& config);
 
-// Whether estimates are for CUDA's kernels (device cuda...; `auto` on a machine with a GPU) or the CPU's.
-bool estimates_for_cuda(const config::ProcessConfig& config);
-
 }  // namespace gclab::bench

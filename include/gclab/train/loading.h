@@ -5,7 +5,8 @@
 // sizes (LoadMemory), so a meta build predicts what a real one measures.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <cstdint>
 #include <optional>
@@ -24,6 +25,8 @@ enum class Residence { device, host };
 torch::Tensor place(const torch::Tensor& t, Residence where, const torch::Device& device, bool pinned = false);
 // Moves every parameter and buffer of `module` to `where` (place), the old copy freed as it goes.
 void move_module(torch::nn::Module& module, Residence where, const torch::Device& device);
+// The bytes of `module`'s largest parameter.
+int64_t largest_parameter_bytes(const torch::nn::Module& module);
 
 // What a model's load held on the device and in host memory: the walk of its steps on the modules' sizes
 // (above what was live before it), and on a real run what the meter measured.
@@ -37,6 +40,9 @@ struct LoadMemory {
     side(where).spike(change.peak_above_bytes);
     side(where).alloc(change.net_bytes);
   }
+  // A module built in host memory with its parameters drawn on the device one at a time (nn::DrawOnDevice):
+  // the device holds the largest of them for a moment.
+  void staged(int64_t largest_parameter_bytes) { device.spike(largest_parameter_bytes); }
   void moved(Residence to, int64_t bytes) {
     side(to).alloc(bytes);
     side(to == Residence::device ? Residence::host : Residence::device).free(bytes);

@@ -254,5 +254,8 @@ std::string step_tag(int64_t step);
 // The device a config names: "auto" is CUDA when present, else the CPU. Throws UserError for a CUDA device
 // on a machine without one, or a name LibTorch does not know.
 torch::Device resolve_device(const std::string& name);
+// Whether `config` runs on CUDA (device cuda...; `auto` on a machine with a GPU) — what a meta-device Session
+// predicts for (CUDA's kernels, a load staged through the GPU) — or on the CPU.
+bool runs_on_cuda(const config::ProcessConfig& config);
 
 }  // namespace gclab::train
