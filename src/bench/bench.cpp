@@ -23,7 +23,7 @@ namespace {
 // policy; returns the step times (ms) and the peak, or nullopt and the phase when memory ran out.
 struct CellResult {
   std::vector<double> step_ms;
-  int64_t peak_bytes = 0;
+  int64_t peak_bytes = 0, reserved_peak_bytes = 0;
   std::optional<std::string> oom_phase;
 };
 
@@ -50,6 +50,8 @@ CellResult run_cell(train::Session& session, int batch, int resolution, int step
       auto stats = session.meter().stats();
       for (const auto& [name, bytes] : session.phases().peaks()) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
       out.peak_bytes = std::max(out.peak_bytes, stats.peak_bytes);
+      out.reserved_peak_bytes =
+          std::max(out.reserved_peak_bytes, std::max(stats.reserved_peak_bytes, stats.peak_bytes));
     }
     if (preview && session.sampling()) {
       session.meter().reset_peak();
@@ -132,8 +134,8 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
   if (batches.empty()) batches = {session.config().train.batch_size};
   session.precompute_text(session.captions_of(session.synthetic_batch(1, 64, 64)));
 
-  double peak_flops = 0;
-  if (session.device().is_cuda()) {
+  double peak_flops = options.peak_flops;
+  if (session.device().is_cuda() && peak_flops <= 0) {
     const auto devices = memory::describe_devices();
     const int index = session.device().has_index() ? session.device().index() : 0;
     for (const auto& g : devices.gpus)
@@ -163,8 +165,10 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
           std::sort(timed.begin(), timed.end());
           row.step_ms = timed[timed.size() / 2];
           row.peak_bytes = cell.peak_bytes;
+          row.reserved_peak_bytes = cell.reserved_peak_bytes;
           row.model_tflop = step_flops(session, batch, resolution) / 1e12;
-          if (peak_flops > 0) row.mfu = row.model_tflop * 1e12 / (row.step_ms / 1e3 * peak_flops);
+          if (peak_flops > 0 && session.device().is_cuda())
+            row.mfu = row.model_tflop * 1e12 / (row.step_ms / 1e3 * peak_flops);
         }
         if (policy.kind == Kind::Off) off = row;
         rows.push_back(row);
@@ -221,29 +225,30 @@ std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::Che
 
 void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchRow>& rows) {
   std::ofstream out(path);
-  out << "policy,resolution,batch,oom,oom_phase,step_ms,time_ratio,peak_bytes,peak_ratio,predicted_activation_bytes,"
-         "model_tflop,mfu\n";
+  out << "policy,resolution,batch,oom,oom_phase,step_ms,time_ratio,peak_bytes,reserved_peak_bytes,peak_ratio,"
+         "predicted_activation_bytes,model_tflop,mfu\n";
   for (const auto& r : rows)
     out << r.policy << "," << r.resolution << "," << r.batch << "," << (r.oom ? 1 : 0) << "," << r.oom_phase << ","
-        << r.step_ms << "," << r.time_ratio << "," << r.peak_bytes << "," << r.peak_ratio << ","
-        << r.predicted_activation_bytes << "," << r.model_tflop << "," << r.mfu << "\n";
+        << r.step_ms << "," << r.time_ratio << "," << r.peak_bytes << "," << r.reserved_peak_bytes << ","
+        << r.peak_ratio << "," << r.predicted_activation_bytes << "," << r.model_tflop << "," << r.mfu << "\n";
 }
 
 std::string bench_table(const std::vector<BenchRow>& rows) {
   std::ostringstream s;
-  s << "| resolution | batch | policy | step ms | vs off | peak | vs off | ledger activations | model TFLOP | MFU |\n";
-  s << "|---|---|---|---|---|---|---|---|---|---|\n";
+  s << "| resolution | batch | policy | step ms | vs off | peak | reserved | vs off | ledger activations | model TFLOP "
+       "| MFU |\n";
+  s << "|---|---|---|---|---|---|---|---|---|---|---|\n";
   char buf[64];
   for (const auto& r : rows) {
     s << "| " << r.resolution << " | " << r.batch << " | " << r.policy << " | ";
     if (r.oom) {
-      s << "OOM (" << r.oom_phase << ") | | | | " << config::format_bytes(r.predicted_activation_bytes) << " | | |\n";
+      s << "OOM (" << r.oom_phase << ") | | | | | " << config::format_bytes(r.predicted_activation_bytes) << " | | |\n";
       continue;
     }
     std::snprintf(buf, sizeof buf, "%.1f", r.step_ms);
     s << buf << " | ";
     if (r.time_ratio > 0) std::snprintf(buf, sizeof buf, "%.2fx", r.time_ratio), s << buf;
-    s << " | " << config::format_bytes(r.peak_bytes) << " | ";
+    s << " | " << config::format_bytes(r.peak_bytes) << " | " << config::format_bytes(r.reserved_peak_bytes) << " | ";
     if (r.peak_ratio > 0) std::snprintf(buf, sizeof buf, "%.2fx", r.peak_ratio), s << buf;
     s << " | " << (r.predicted_activation_bytes ? config::format_bytes(r.predicted_activation_bytes) : "-") << " | ";
     std::snprintf(buf, sizeof buf, "%.4g", r.model_tflop);

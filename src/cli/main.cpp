@@ -491,12 +491,14 @@ int run_estimate(const ConfigArgs& args) {
 struct BenchArgs {
   std::string gc = "off,full", batch, resolution;
   int steps = 3;
+  double peak_tflops = 0;
 };
 
 int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   const auto config = load(args);
   gclab::bench::BenchOptions o;
   o.steps = std::max(1, b.steps);
+  o.peak_flops = b.peak_tflops * 1e12;
   o.policies = parse_policies(b.gc);
   o.batches = parse_list<int>("--batch", b.batch, parse_int);
   o.resolutions = parse_list<int>("--resolution", b.resolution, parse_int);
@@ -553,6 +555,11 @@ int main(int argc, char** argv) {
   bench->add_option("--resolution", bench_opts.resolution,
                     "square resolutions, comma-separated (default: the datasets')");
   bench->add_option("--steps", bench_opts.steps, "timed steps per cell after one warm-up (default 3)");
+  bench
+      ->add_option("--peak-tflops", bench_opts.peak_tflops,
+                   "the bf16 rate MFU is held against, TFLOP/s (a matmul measured on this machine; default: the "
+                   "GPU's data-sheet peak)")
+      ->check(CLI::NonNegativeNumber);
   auto* fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
   add_config_args(fit, fit_args);
   fit->add_flag("--json", fit_args.json, "print JSON instead of YAML");

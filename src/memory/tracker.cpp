@@ -98,6 +98,7 @@ MemoryStats cpu_stats() {
   s.cap_bytes = g_cap.load();
   s.allocations = g_allocations.load();
   s.reserved_bytes = s.live_bytes;
+  s.reserved_peak_bytes = s.peak_bytes;
   s.host_live_bytes = g_host_live.load();
   s.host_peak_bytes = g_host_peak.load();
   s.host_cap_bytes = g_host_cap.load();
@@ -167,6 +168,7 @@ MemoryStats MemoryMeter::stats() const {
   s.live_bytes = st.allocated_bytes[aggregate].current;
   s.peak_bytes = st.allocated_bytes[aggregate].peak;
   s.reserved_bytes = st.reserved_bytes[aggregate].current;
+  s.reserved_peak_bytes = st.reserved_bytes[aggregate].peak;
   s.allocations = st.allocation[aggregate].allocated;
   const double fraction = c10::cuda::CUDACachingAllocator::getMemoryFraction(index);
   std::size_t free_bytes = 0, total_bytes = 0;

@@ -21,6 +21,9 @@ struct BenchOptions {
   std::vector<int> batches;                      // empty: the config's batch size
   std::vector<int> resolutions;                  // empty: the datasets' resolutions
   int steps = 3;                                 // timed steps per cell (after one warm-up step)
+  // The bf16 rate MFU is held against, FLOP/s: what a matmul measured on this machine (scripts/gpu/check.sh
+  // measures it in the same call); 0: the GPU's data-sheet peak (peak_bf16_flops).
+  double peak_flops = 0;
 };
 
 struct BenchRow {
@@ -30,10 +33,11 @@ struct BenchRow {
   std::string oom_phase;
   double step_ms = 0;                      // median of the timed steps
   int64_t peak_bytes = 0;                  // the highest live bytes during a step (absolute)
+  int64_t reserved_peak_bytes = 0;         // CUDA: the most the caching allocator held (>= peak); CPU: = peak
   int64_t predicted_activation_bytes = 0;  // the ledger's, for this policy (full: inputs + one block)
   double time_ratio = 0, peak_ratio = 0;   // to GC off at the same resolution and batch (0 when unknown)
   double model_tflop = 0;                  // the step's model FLOPs (step_flops), in TFLOP: recompute not counted
-  double mfu = 0;  // model FLOPs / (step time x the device's dense bf16 peak); CUDA only, 0 when unknown
+  double mfu = 0;  // model FLOPs / (step time x the bf16 rate: measured, else the data sheet's); CUDA only
 };
 
 // Model FLOPs of one training step at batch x resolution²: every block Linear's 2·tokens·in·out (each on

@@ -16,11 +16,12 @@
 namespace gclab::memory {
 
 struct MemoryStats {
-  std::int64_t live_bytes = 0;      // allocated by tensors now
-  std::int64_t peak_bytes = 0;      // highest live_bytes since the last reset_peak
-  std::int64_t cap_bytes = 0;       // 0 = no cap
-  std::int64_t allocations = 0;     // allocations served since installation (CPU) / ever (CUDA)
-  std::int64_t reserved_bytes = 0;  // CUDA: held by the caching allocator (>= live); CPU: = live
+  std::int64_t live_bytes = 0;           // allocated by tensors now
+  std::int64_t peak_bytes = 0;           // highest live_bytes since the last reset_peak
+  std::int64_t cap_bytes = 0;            // 0 = no cap
+  std::int64_t allocations = 0;          // allocations served since installation (CPU) / ever (CUDA)
+  std::int64_t reserved_bytes = 0;       // CUDA: held by the caching allocator (>= live); CPU: = live
+  std::int64_t reserved_peak_bytes = 0;  // highest reserved_bytes since the last reset_peak
   // Host memory set apart from the device's (CPU runs: what HostScope allocated; see below).
   std::int64_t host_live_bytes = 0;
   std::int64_t host_peak_bytes = 0;
