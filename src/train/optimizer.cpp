@@ -8,6 +8,15 @@ namespace gclab::train {
 
 using config::OptimizerKind;
 
+// The moments a rule keeps, by name; `signed` moments may be negative (the second moment is not). Outside
+// the anonymous namespace: MomentStorage, declared in the header, holds them.
+enum class MomentShape { param, row, col, unfactored };
+struct MomentSpec {
+  const char* name;
+  bool is_signed;
+  MomentShape shape = MomentShape::param;
+};
+
 namespace {
 
 enum class Rule { AdamW, Adam, Lion, Adafactor, Prodigy, Sgd };
@@ -39,14 +48,6 @@ bool eight_bit(OptimizerKind k) {
 
 // Which parameters a moment exists for, and its shape: like the parameter, or Adafactor's factored
 // row / column vectors of a matrix (and its full second moment of anything with fewer than 2 dims).
-enum class MomentShape { param, row, col, unfactored };
-
-// The moments a rule keeps, by name; `signed` moments may be negative (the second moment is not).
-struct MomentSpec {
-  const char* name;
-  bool is_signed;
-  MomentShape shape = MomentShape::param;
-};
 std::vector<MomentSpec> moments_of(Rule r, const OptimizerOptions& o) {
   switch (r) {
     case Rule::AdamW:

@@ -11,6 +11,8 @@ namespace nn = torch::nn;
 namespace F = torch::nn::functional;
 
 namespace {
+// Named: a unity build compiles this file beside autoencoder_kl.cpp, whose parts have the same names.
+namespace qwen {
 
 constexpr int64_t kCacheFrames = 2;  // CACHE_T: the frames a causal convolution keeps for the next chunk
 
@@ -337,6 +339,7 @@ torch::Tensor per_channel(const std::vector<double>& v, const torch::Tensor& lik
   return t.view({1, static_cast<int64_t>(v.size()), 1, 1, 1}).to(like.device(), like.scalar_type());
 }
 
+}  // namespace qwen
 }  // namespace
 
 QwenImageVaeConfig QwenImageVaeConfig::tiny() {
@@ -369,16 +372,17 @@ QwenImageVaeConfig QwenImageVaeConfig::from_json_file(const std::filesystem::pat
 }
 
 QwenImageVaeImpl::QwenImageVaeImpl(QwenImageVaeConfig config) : config_(std::move(config)) {
-  encoder_ = register_module("encoder", std::make_shared<EncoderImpl>(config_));
-  quant_conv_ = register_module("quant_conv", causal_conv(2 * config_.z_dim, 2 * config_.z_dim, {1, 1, 1}).ptr());
-  post_quant_conv_ = register_module("post_quant_conv", causal_conv(config_.z_dim, config_.z_dim, {1, 1, 1}).ptr());
-  decoder_ = register_module("decoder", std::make_shared<DecoderImpl>(config_));
+  encoder_ = register_module("encoder", std::make_shared<qwen::EncoderImpl>(config_));
+  quant_conv_ = register_module("quant_conv", qwen::causal_conv(2 * config_.z_dim, 2 * config_.z_dim, {1, 1, 1}).ptr());
+  post_quant_conv_ =
+      register_module("post_quant_conv", qwen::causal_conv(config_.z_dim, config_.z_dim, {1, 1, 1}).ptr());
+  decoder_ = register_module("decoder", std::make_shared<qwen::DecoderImpl>(config_));
 }
 
 torch::Tensor QwenImageVaeImpl::moments(const torch::Tensor& video) {
   // _encode: the first frame alone, then chunks of 4, one cache across them.
-  FeatCache cache;
-  auto& encoder = static_cast<EncoderImpl&>(*encoder_);
+  qwen::FeatCache cache;
+  auto& encoder = static_cast<qwen::EncoderImpl&>(*encoder_);
   const int64_t frames = video.size(2);
   torch::Tensor out;
   for (int64_t i = 0; i < 1 + (frames - 1) / 4; ++i) {
@@ -387,7 +391,7 @@ torch::Tensor QwenImageVaeImpl::moments(const torch::Tensor& video) {
     const torch::Tensor y = encoder.forward(chunk, &cache);
     out = i == 0 ? y : torch::cat({out, y}, 2);
   }
-  return static_cast<CausalConv3dImpl&>(*quant_conv_).forward(out);
+  return static_cast<qwen::CausalConv3dImpl&>(*quant_conv_).forward(out);
 }
 
 torch::Tensor QwenImageVaeImpl::encode(const torch::Tensor& video, Posterior posterior,
@@ -401,14 +405,14 @@ torch::Tensor QwenImageVaeImpl::encode(const torch::Tensor& video, Posterior pos
     z = z + std * at::randn(z.sizes(), generator, z.options().device(where)).to(z.device());
   }
   // QwenImageEditPipeline._encode_vae_image: (latents - latents_mean) / latents_std.
-  z = (z - per_channel(config_.latents_mean, z)) / per_channel(config_.latents_std, z);
+  z = (z - qwen::per_channel(config_.latents_mean, z)) / qwen::per_channel(config_.latents_std, z);
   return image ? z.squeeze(2) : z;
 }
 
 torch::Tensor QwenImageVaeImpl::decode_frames(const torch::Tensor& z) {
-  const torch::Tensor x = static_cast<CausalConv3dImpl&>(*post_quant_conv_).forward(z);
-  FeatCache cache;
-  auto& decoder = static_cast<DecoderImpl&>(*decoder_);
+  const torch::Tensor x = static_cast<qwen::CausalConv3dImpl&>(*post_quant_conv_).forward(z);
+  qwen::FeatCache cache;
+  auto& decoder = static_cast<qwen::DecoderImpl&>(*decoder_);
   torch::Tensor out;
   for (int64_t i = 0; i < x.size(2); ++i) {
     cache.idx = 0;
@@ -422,7 +426,7 @@ torch::Tensor QwenImageVaeImpl::decode(const torch::Tensor& latents) {
   const bool image = latents.dim() == 4;
   torch::Tensor z = image ? latents.unsqueeze(2) : latents;
   // QwenImagePipeline: latents / (1 / latents_std) + latents_mean.
-  z = z / per_channel(config_.latents_std, z, true) + per_channel(config_.latents_mean, z);
+  z = z / qwen::per_channel(config_.latents_std, z, true) + qwen::per_channel(config_.latents_mean, z);
   // _decode: whole (clamped), or tiled_decode when tiling is on and the latents exceed a tile (not clamped).
   const TileGrid grid(tile_sample_size_, config_.downsampling());
   torch::Tensor out =

@@ -9,7 +9,8 @@
 // This header needs LibTorch only; link gclab_ckpt.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <memory>

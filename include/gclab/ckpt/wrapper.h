@@ -3,7 +3,8 @@
 // mode can be switched at run time.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <memory>
 #include <string>

@@ -8,7 +8,8 @@
 // can recompute just one sub-block. (The runner's type is the same std::function as gclab::ckpt's.)
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <functional>
 #include <string>

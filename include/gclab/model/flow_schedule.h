@@ -3,7 +3,7 @@
 // preview pipelines (get_generation_pipeline passes the same scheduler) shift their sigmas by it.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "gclab/config/choices.h"
 

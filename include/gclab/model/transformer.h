@@ -6,7 +6,8 @@
 // training applies a checkpoint policy without the model knowing about it.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <functional>
 #include <memory>

@@ -18,7 +18,7 @@
 // A zero row gives quanto and torchao's float8 a zero scale (0 / 0: NaN codes); gclab keeps that too.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 

@@ -13,7 +13,7 @@
 // (torchao 0.10 could not pack 8 bits; AI Toolkit keeps that behaviour).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 

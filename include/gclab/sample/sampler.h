@@ -2,7 +2,7 @@
 // (t = 0), with guidance as each family does it.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "gclab/model/transformer.h"
 

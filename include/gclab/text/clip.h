@@ -7,7 +7,8 @@
 // CLIPTextModel without it: both load); the Linears are gclab's (LoRA- and float8-capable).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <filesystem>
 #include <string>

@@ -3,7 +3,8 @@
 // ids to what the pipeline takes from it. One interface for CLIP and T5 (and, next, Qwen2.5-VL / Qwen3).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <filesystem>
 #include <memory>

@@ -14,7 +14,7 @@
 // Tokenizers: T5's SentencePiece model when its folder has one; otherwise the hashing stand-in.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <filesystem>
 #include <memory>

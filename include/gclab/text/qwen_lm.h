@@ -7,7 +7,8 @@
 // the other layouts of the same tensors load too.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <filesystem>
 #include <optional>

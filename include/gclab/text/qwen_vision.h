@@ -10,7 +10,8 @@
 // qwen_vl_image_input.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <filesystem>
 #include <string>

@@ -6,7 +6,7 @@
 // special tokens and about the real token counts.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <filesystem>
 #include <memory>

@@ -3,7 +3,7 @@
 // train/timesteps.h).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 

@@ -7,7 +7,8 @@
 // (nn::Linear::offload). Norms, embeddings and the trained LoRA stay on the device.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <cstdint>
 

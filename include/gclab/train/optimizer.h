@@ -21,7 +21,7 @@
 //              code, with no host synchronisation.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <limits>

@@ -5,7 +5,7 @@
 // min/max_denoising_steps), and `weighted` / linear_timesteps weight the loss by that index.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "gclab/config/config.h"
 #include "gclab/model/flow_schedule.h"

@@ -3,7 +3,8 @@
 // `gclab forward` hold an autoencoder through this interface, whichever network it is.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <filesystem>
 #include <optional>

@@ -8,7 +8,9 @@
 //   z = scaling_factor (x - shift_factor) after encoding, and the inverse before decoding.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/pimpl.h>
 
 #include <filesystem>
 #include <optional>

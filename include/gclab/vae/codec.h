@@ -7,7 +7,7 @@
 // build_codec builds it on a device.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <filesystem>
 #include <memory>

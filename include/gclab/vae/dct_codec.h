@@ -6,7 +6,7 @@
 // right colours and layout, where a random autoencoder would give noise. It holds no weights.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "gclab/vae/codec.h"
 

@@ -12,7 +12,8 @@
 // (not when decoded in tiles: diffusers' tiled_decode does not clamp).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <filesystem>
 #include <optional>
