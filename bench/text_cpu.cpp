@@ -6,6 +6,7 @@
 //
 //   build/bin/text_cpu >> docs/results/text-encoders.md
 //
+// `text_cpu --tiny`: the CPU-test sizes alone (the GPU check's rehearsal).
 // `text_cpu --cuda` (scripts/gpu/check.sh): every encoder at full size on the GPU in bf16 — T5-XXL, the
 // Qwen models and the vision tower included — its encode peak from the CUDA allocator beside the prediction
 // for CUDA's kernels.
@@ -86,6 +87,7 @@ int run_cuda() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--cuda") return run_cuda();
+  const bool tiny_only = argc > 1 && std::string(argv[1]) == "--tiny";  // the GPU check's CPU rehearsal
   using Kind = gclab::config::TextEncoderKind;
   gclab::memory::CpuMemoryTracker tracker;
   torch::NoGradGuard no_grad;
@@ -111,6 +113,7 @@ int main(int argc, char** argv) {
       "| encoder | size | parameters | tokens | encode time | encode peak | predicted |\n"
       "|---|---|---:|---:|---:|---:|---:|\n");
   for (const Case& c : cases) {
+    if (tiny_only && !c.tiny) continue;
     torch::manual_seed(0);
     auto e = gclab::text::build_text_encoder(c.kind, c.tiny).encoder;
     e->eval();
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
   };
   for (const TowerCase& c :
        {TowerCase{true, 384, 4}, TowerCase{true, 1024, 4}, TowerCase{false, 384, 4}, TowerCase{false, 1024, 1}}) {
+    if (tiny_only && !c.tiny) continue;
     torch::manual_seed(0);
     const auto config =
         c.tiny ? gclab::text::QwenVisionConfig::tiny(64) : gclab::text::QwenVisionConfig::qwen25_vl_7b();
