@@ -87,7 +87,11 @@ stage_setup() {
   if [ -z "${GCLAB_GPU_BIN:-}" ]; then
     local bundle=third_party/gpu/bundle.tar.xz
     [ -f "$bundle" ] || { echo "check: $bundle is missing: run scripts/gpu/prepare.sh here first"; return 2; }
-    mkdir -p "$WORK/bundle" && tar -xJf "$bundle" -C "$WORK/bundle" || return 2
+    # Python's tarfile (lzma is in its standard library): the GPU machine need not have xz.
+    mkdir -p "$WORK/bundle" && "$PY" -c 'import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))' \
+      "$bundle" "$WORK/bundle" || return 2
     cat "$WORK/bundle/MANIFEST.txt"
   fi
   local manifest=()
