@@ -134,7 +134,8 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
     const auto a = model::estimate_activations(e.spec, 1, p.height, p.width, 0, o);
     const int64_t el = session.activation_options().element_bytes;
     const int64_t longest = longest_sequence(a, 1, e.spec.hidden, el);
-    const int64_t cfg = sc.guidance_scale > 1 ? 2 : 1;
+    const int64_t cfg =
+        model::preview_forward_batch(model::preview_guidance(e.spec.family, e.spec.guidance_embed), sc.guidance_scale);
     p.denoise_bytes = cfg * longest * (e.spec.mlp_hidden + 3 * e.spec.hidden) * el;
     // The decode's peak, or after it its float image and the PNG's conversion (one more float copy, the
     // uint8 image), whichever is higher.

@@ -38,7 +38,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
                         .to(device);
   const Guidance mode = model::preview_guidance(spec.family, spec.guidance_embed);
   const double g = o.guidance_scale;
-  const bool cfg = mode == Guidance::ZImageCfg ? g > 0 : (mode == Guidance::Cfg || mode == Guidance::TrueCfg) && g > 1;
+  const bool cfg = model::runs_cfg(mode, g);
   auto cat = [](const torch::Tensor& a, const torch::Tensor& b) {
     return a.defined() ? torch::cat({a, b}, 0) : torch::Tensor();
   };
@@ -83,7 +83,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
         vc = predict(cond, x, t), vu = predict(uncond, x, t);
       }
       if (mode == Guidance::ZImageCfg)
-        v = vc + g * (vc - vu);
+        v = vc + (g - 1) * (vc - vu);  // ZImagePipeline at AI Toolkit's g - 1
       else
         v = vu + g * (vc - vu);
       if (mode == Guidance::TrueCfg) v = rescale_to(v, vc, spec.patch);

@@ -74,8 +74,11 @@ TEST(Sampler, ZImageGuidesAsItsPipelineDoes) {
   m->eval();
   torch::Tensor x;
   const torch::Tensor vc = noise_and_velocity(*m, c.cond, &x), vu = noise_and_velocity(*m, c.uncond, &x);
-  // ZImagePipeline: guidance on whenever g > 0, c + g (c - u).
-  EXPECT_TRUE(torch::allclose(one_step(*m, c, 0.5), x - (vc + 0.5 * (vc - vu)), 1e-4, 1e-5));
+  // AI Toolkit hands ZImagePipeline g - 1 ("CFG is 0 normalized", z_image.py:363), which guides when that is
+  // above 0: no unconditional prediction at g <= 1, c + (g - 1)(c - u) above.
+  EXPECT_TRUE(torch::allclose(one_step(*m, c, 3.0), x - (vc + 2.0 * (vc - vu)), 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(one_step(*m, c, 1.0), x - vc, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(one_step(*m, c, 0.5), x - vc, 1e-5, 1e-5));
   EXPECT_TRUE(torch::allclose(one_step(*m, c, 0.0), x - vc, 1e-5, 1e-5));
 }
 
