@@ -38,11 +38,46 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
+// Python's text.split(',') and ', '.join(parts), as AI Toolkit's get_caption uses them: the pieces as they
+// are, spaces kept ("a, b" comes back as "a,  b").
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> parts;
-  std::stringstream in(s);
-  for (std::string p; std::getline(in, p, ',');) parts.push_back(trim(p));
+  size_t from = 0;
+  for (size_t at; (at = s.find(',', from)) != std::string::npos; from = at + 1)
+    parts.push_back(s.substr(from, at - from));
+  parts.push_back(s.substr(from));
   return parts;
+}
+std::string join_commas(const std::vector<std::string>& parts) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  return out;
+}
+
+// AI Toolkit's inject_trigger_into_prompt (toolkit/prompt_utils.py:715-742): "[name]" and "[trigger]" become
+// the trigger ('' without one); a non-blank trigger the text lacks is put in front, followed by a space.
+std::string inject_trigger(std::string text, const std::optional<std::string>& trigger, bool add_if_absent) {
+  const std::string with = trigger.value_or("");
+  for (const std::string tag : {"[name]", "[trigger]"})
+    for (size_t at = 0; (at = text.find(tag, at)) != std::string::npos; at += with.size())
+      text.replace(at, tag.size(), with);
+  if (add_if_absent && !trim(with).empty() && text.find(with) == std::string::npos) text = with + " " + text;
+  return text;
+}
+
+// Python's text mode (open(..., 'r')): "\r\n" and a lone "\r" read as "\n".
+std::string universal_newlines(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\r') {
+      out += s[i];
+      continue;
+    }
+    out += '\n';
+    if (i + 1 < s.size() && s[i + 1] == '\n') ++i;
+  }
+  return out;
 }
 
 }  // namespace
@@ -69,23 +104,26 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
     }
     fs::path caption_path = path;
     caption_path.replace_extension(dataset.caption_ext);
+    // The caption as AI Toolkit's load_caption reads it (toolkit/dataloader_mixins.py:344-364): the file's
+    // text as it is (clean_caption changes nothing; no strip), default_caption when it is blank or missing,
+    // and '' for an image without one — which still trains, on the trigger word alone if there is one.
     std::string caption;
     if (std::ifstream in{caption_path, std::ios::binary}) {
       std::stringstream text;
       text << in.rdbuf();
       bool repaired = false;
-      caption = trim(valid_utf8(text.str(), &repaired));
+      caption = universal_newlines(valid_utf8(text.str(), &repaired));
       if (repaired)
         result.warnings.push_back(caption_path.string() +
                                   ": invalid or truncated UTF-8; the broken bytes were dropped");
-      if (caption.empty() && dataset.default_caption) caption = *dataset.default_caption;
+      if (trim(caption).empty() && dataset.default_caption) caption = *dataset.default_caption;
     } else if (dataset.default_caption) {
       caption = *dataset.default_caption;
     } else {
-      result.warnings.push_back(path.string() + ": skipped, no caption file " + caption_path.filename().string() +
-                                " and no default_caption");
-      ++result.skipped_captions;
-      continue;
+      result.warnings.push_back(path.string() + ": no caption file " + caption_path.filename().string() +
+                                " and no default_caption: trained on the empty caption (the trigger word alone, "
+                                "with one), as AI Toolkit does");
+      ++result.uncaptioned;
     }
     std::vector<fs::path> controls;
     bool have_controls = true;
@@ -113,7 +151,7 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
   if (result.items.empty())
     throw DataError(where + ".folder_path: '" + folder.string() + "' has no usable images (" +
                     std::to_string(images.size()) + " image files, " + std::to_string(result.skipped_images) +
-                    " unreadable, " + std::to_string(result.skipped_captions) + " without a caption)");
+                    " unreadable)");
   return result;
 }
 
@@ -132,25 +170,26 @@ std::vector<std::string> disable_caption_randomness(config::DatasetConfig& datas
 
 std::string process_caption(const std::string& raw, const config::DatasetConfig& dataset,
                             const std::optional<std::string>& trigger_word, std::mt19937_64& rng) {
+  // A dataset without a trigger word of its own takes the job's (BaseSDTrainProcess.py:168-169).
+  const std::optional<std::string> dataset_trigger = dataset.trigger_word ? dataset.trigger_word : trigger_word;
+  // get_caption (toolkit/dataloader_mixins.py:403-455): a dropped caption is '' before anything else; a kept
+  // one is split on ',' and joined with ', ' (shuffled before and after the trigger goes in, every token:
+  // keep_tokens guards only token dropout there), its tags replaced and the trigger put in front if absent.
+  std::string caption;
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  if (dataset.caption_dropout_rate > 0 && uniform(rng) < dataset.caption_dropout_rate) return "";
-  std::string caption = raw;
-  const std::optional<std::string> trigger = dataset.trigger_word ? dataset.trigger_word : trigger_word;
-  if (dataset.shuffle_tokens) {
-    auto parts = split_commas(caption);
-    const size_t keep = std::min<size_t>(static_cast<size_t>(std::max(dataset.keep_tokens, 0)), parts.size());
-    std::shuffle(parts.begin() + static_cast<std::ptrdiff_t>(keep), parts.end(), rng);
-    caption.clear();
-    for (const auto& p : parts) caption += (caption.empty() ? "" : ", ") + p;
-  }
-  if (trigger) {
-    const std::string tag = "[trigger]";
-    if (caption.find(tag) != std::string::npos) {
-      for (size_t at; (at = caption.find(tag)) != std::string::npos;) caption.replace(at, tag.size(), *trigger);
-    } else if (caption.find(*trigger) == std::string::npos) {
-      caption = caption.empty() ? *trigger : *trigger + ", " + caption;
+  if (!(dataset.caption_dropout_rate > 0 && uniform(rng) < dataset.caption_dropout_rate)) {
+    auto tokens = split_commas(raw);
+    if (dataset.shuffle_tokens) std::shuffle(tokens.begin(), tokens.end(), rng);
+    caption = inject_trigger(join_commas(tokens), dataset_trigger, dataset_trigger.has_value());
+    if (dataset.shuffle_tokens) {
+      tokens = split_commas(caption);
+      std::shuffle(tokens.begin(), tokens.end(), rng);
+      caption = join_commas(tokens);
     }
   }
+  // Then the training step (BaseSDTrainProcess.py:1076-1081) puts the job's trigger word in front of every
+  // caption that lacks it — a dropped one too: '' becomes "trigger ".
+  if (trigger_word) caption = inject_trigger(caption, trigger_word, true);
   return caption;
 }
 

@@ -85,7 +85,8 @@ std::vector<fs::path> write_synthetic_dataset(const fs::path& dir, const SynthOp
     std::snprintf(name, sizeof name, "synth_%04d", i);
     const fs::path png = dir / (std::string(name) + ".png");
     write_png(png, image);
-    std::ofstream(dir / (std::string(name) + ".txt")) << caption << "\n";
+    // No trailing newline: AI Toolkit trains on a caption file's text as it is.
+    std::ofstream(dir / (std::string(name) + ".txt")) << caption;
     written.push_back(png);
   }
   return written;

@@ -70,7 +70,7 @@ std::vector<data::ImageItem> scan(std::vector<config::DatasetConfig>& datasets, 
   for (size_t d = 0; d < datasets.size(); ++d) {
     auto result = data::scan_dataset(datasets[d], static_cast<int>(d));
     for (const auto& w : result.warnings) log::warn(w);
-    skipped += result.skipped_images + result.skipped_captions;
+    skipped += result.skipped_images;
     log::info("datasets[" + std::to_string(d) + "]: " + std::to_string(result.items.size()) + " images from " +
               *datasets[d].folder_path);
     items.insert(items.end(), result.items.begin(), result.items.end());

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <webp/encode.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "../support/test_util.h"
@@ -44,7 +45,7 @@ TEST(Synth, WritesCaptionedImagesThatReadBack) {
   fs::remove_all(dir);
 }
 
-TEST(Dataset, CorruptImagesAndMissingOrBrokenCaptionsAreSkippedOrRepairedWithAWarningEach) {
+TEST(Dataset, CorruptImagesAreSkippedAndMissingOrBrokenCaptionsTrainOnWhatIsLeftWithAWarningEach) {
   const fs::path dir = testing::fresh_dir("data_corrupt");
   SynthOptions o;
   o.count = 3;
@@ -61,8 +62,9 @@ TEST(Dataset, CorruptImagesAndMissingOrBrokenCaptionsAreSkippedOrRepairedWithAWa
     std::ofstream(dir / "truncated.txt") << "cut";
   }
   const auto scan = scan_dataset(dataset_at(dir), 0);
-  EXPECT_EQ(scan.skipped_images, 1);    // broken.png (truncated.png still has a readable header)
-  EXPECT_EQ(scan.skipped_captions, 1);  // nocaption.png
+  EXPECT_EQ(scan.skipped_images, 1);  // broken.png (truncated.png still has a readable header)
+  EXPECT_EQ(scan.uncaptioned, 1);     // nocaption.png: trained on '' as AI Toolkit does, not skipped
+  EXPECT_EQ(scan.items.size(), 5u);   // 3 synthetic, truncated.png, nocaption.png
   EXPECT_EQ(scan.warnings.size(), 3u);
   bool repaired = false;
   for (const auto& item : scan.items) repaired = repaired || item.caption == "a caf";
@@ -71,7 +73,7 @@ TEST(Dataset, CorruptImagesAndMissingOrBrokenCaptionsAreSkippedOrRepairedWithAWa
   EXPECT_THROW(decode_image_rgb(dir / "truncated.png"), ImageError);
   config::DatasetConfig with_default = dataset_at(dir);
   with_default.default_caption = "a picture";
-  EXPECT_EQ(scan_dataset(with_default, 0).skipped_captions, 0);
+  EXPECT_EQ(scan_dataset(with_default, 0).uncaptioned, 0);
   fs::remove_all(dir);
 }
 
@@ -109,26 +111,43 @@ TEST(Dataset, WebpSizeFromTheHeaderAndDecoding) {
   fs::remove_all(dir);
 }
 
+// AI Toolkit's get_caption (toolkit/dataloader_mixins.py:403-455), inject_trigger_into_prompt
+// (toolkit/prompt_utils.py:715-742) and the training step's injection (BaseSDTrainProcess.py:1076-1081).
 TEST(Captions, TriggerDropoutAndShuffleAsAiToolkit) {
   config::DatasetConfig d;
   std::mt19937_64 rng(1);
   EXPECT_EQ(process_caption("a photo of [trigger]", d, std::string("sks"), rng), "a photo of sks");
-  EXPECT_EQ(process_caption("a photo", d, std::string("sks"), rng), "sks, a photo");
+  EXPECT_EQ(process_caption("a photo of [name]", d, std::string("sks"), rng), "a photo of sks");
+  EXPECT_EQ(process_caption("a photo", d, std::string("sks"), rng), "sks a photo");  // a space, not ", "
   EXPECT_EQ(process_caption("sks at home", d, std::string("sks"), rng), "sks at home");
+  EXPECT_EQ(process_caption("a photo of [trigger]", d, std::nullopt, rng), "a photo of ");  // the tag goes
+  // Split on ',' and joined with ", ", the pieces unstripped; the file's newline kept.
+  EXPECT_EQ(process_caption("a cat, on a mat\n", d, std::nullopt, rng), "a cat,  on a mat\n");
+  // A dataset's own trigger inside get_caption, the job's after it.
+  d.trigger_word = "ohwx";
+  EXPECT_EQ(process_caption("a photo", d, std::string("sks"), rng), "sks ohwx a photo");
+  d.trigger_word.reset();
   d.caption_dropout_rate = 1.0;
   EXPECT_EQ(process_caption("a photo", d, std::nullopt, rng), "");
-  // AI Toolkit's get_caption returns '' for a dropped caption before it injects the trigger.
-  EXPECT_EQ(process_caption("a photo", d, std::string("sks"), rng), "");
+  // A dropped caption is '' in get_caption; the training step then puts the job's trigger word in front.
+  EXPECT_EQ(process_caption("a photo", d, std::string("sks"), rng), "sks ");
+  d.trigger_word = "ohwx";  // a dataset's own trigger word is not put into a dropped caption
+  EXPECT_EQ(process_caption("a photo", d, std::nullopt, rng), "");
+  d.trigger_word.reset();
   d.caption_dropout_rate = 0.0;
   d.shuffle_tokens = true;
-  d.keep_tokens = 1;
-  bool moved = false;
-  for (int i = 0; i < 20; ++i) {
-    const std::string c = process_caption("first, b, c, d, e", d, std::nullopt, rng);
-    EXPECT_EQ(c.rfind("first, ", 0), 0u) << c;
-    moved = moved || c != "first, b, c, d, e";
+  d.keep_tokens = 1;  // guards token dropout only: shuffle_tokens moves every part
+  bool first_moved = false;
+  for (int i = 0; i < 40; ++i) {
+    const std::string c = process_caption("first,b,c,d,e", d, std::nullopt, rng);
+    std::string letters = c;  // the same parts, in some order
+    letters.erase(std::remove_if(letters.begin(), letters.end(), [](char ch) { return ch == ' ' || ch == ','; }),
+                  letters.end());
+    std::sort(letters.begin(), letters.end());
+    EXPECT_EQ(letters, "bcdefirst") << c;
+    first_moved = first_moved || c.rfind("first", 0) != 0;
   }
-  EXPECT_TRUE(moved);
+  EXPECT_TRUE(first_moved);
   // With cached text embeddings get_caption neither drops nor shuffles: both settings go, each said.
   d.caption_dropout_rate = 0.5;
   const auto warnings = disable_caption_randomness(d);
@@ -136,7 +155,7 @@ TEST(Captions, TriggerDropoutAndShuffleAsAiToolkit) {
   EXPECT_EQ(d.caption_dropout_rate, 0.0);
   EXPECT_FALSE(d.shuffle_tokens);
   for (int i = 0; i < 20; ++i)
-    EXPECT_EQ(process_caption("first, b, c", d, std::string("sks"), rng), "sks, first, b, c");
+    EXPECT_EQ(process_caption("first, b, c", d, std::string("sks"), rng), "sks first,  b,  c");
   EXPECT_TRUE(disable_caption_randomness(d).empty());
 }
 

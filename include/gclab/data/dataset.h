@@ -33,7 +33,7 @@ struct ScanResult {
   std::vector<ImageItem> items;
   std::vector<std::string> warnings;  // one per skipped or repaired file
   int skipped_images = 0;             // unreadable or corrupt
-  int skipped_captions = 0;           // no caption file and no default_caption
+  int uncaptioned = 0;  // no caption file and no default_caption: trained on '' (+ the trigger), as AI Toolkit
 };
 
 // Lists the folder's images (sorted by name) and reads their sizes from headers and their captions; with
@@ -43,8 +43,10 @@ struct ScanResult {
 // warning each.
 ScanResult scan_dataset(const config::DatasetConfig& dataset, int index);
 
-// The caption as one step sees it: [trigger] replaced (or the trigger word put in front when absent),
-// caption_dropout_rate applied, with shuffle_tokens the comma-separated parts after keep_tokens shuffled.
+// The caption as one step of AI Toolkit's sees it (dataset.cpp cites the lines): caption_dropout_rate first
+// (a dropped caption is ''), the parts between commas joined with ", " (shuffled with shuffle_tokens, every
+// part), "[trigger]" / "[name]" replaced and the trigger word put in front with a space when absent; then the
+// job's trigger_word in front of whatever lacks it, a dropped caption included ("sks ").
 // AI Toolkit's get_caption (toolkit/dataloader_mixins.py) neither drops nor shuffles the captions of a dataset
 // whose text embeddings are cached (train.cache_text_embeddings caches every dataset's): the settings that
 // would are turned off, and each is named in the returned warnings.
