@@ -12,6 +12,8 @@ APT_PACKAGES=(cmake ninja-build g++ make python3-venv ccache pkg-config
               nlohmann-json3-dev libwebp-dev libsentencepiece-dev libicu-dev clang-format)
 
 did_something=0
+# pip installs with --no-compile: byte-compiling every module of torch, transformers and diffusers at install
+# is most of a warm-cache install's time; Python compiles what a test imports when it first imports it.
 say() { echo "setup: $*"; }
 
 # --- Debian packages ------------------------------------------------------------------------------
@@ -51,7 +53,7 @@ if ! torch_ok; then
   # The default PyPI wheel of torch 2.11.0 is the CUDA 13.0 build; pip also brings the CUDA runtime
   # libraries it links (cuBLAS, cuDNN, NCCL, ...). About 2.7 GB to download, 4.7 GB installed.
   say "installing torch==$TORCH_VERSION (LibTorch for C++, and the Python reference) into .venv"
-  if ! .venv/bin/python -m pip install --disable-pip-version-check -q "torch==$TORCH_VERSION" numpy; then
+  if ! .venv/bin/python -m pip install --disable-pip-version-check --no-compile -q "torch==$TORCH_VERSION" numpy; then
     say "pip could not install torch==$TORCH_VERSION (network or disk?). Retry: scripts/setup.sh —"
     say "pip keeps what it already downloaded in its cache, so a retry resumes."
     exit 1
@@ -64,7 +66,7 @@ fi
 if ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
   did_something=1
   say "installing safetensors and numpy into .venv (interoperability tests)"
-  .venv/bin/python -m pip install --disable-pip-version-check -q safetensors numpy ||
+  .venv/bin/python -m pip install --disable-pip-version-check --no-compile -q safetensors numpy ||
     { say "pip could not install safetensors (network?). Retry: scripts/setup.sh"; exit 1; }
 fi
 
@@ -83,7 +85,7 @@ PY
 then
   did_something=1
   say "installing the test-only references into .venv: ${REFERENCE_PACKAGES[*]}"
-  .venv/bin/python -m pip install --disable-pip-version-check -q "${REFERENCE_PACKAGES[@]}" ||
+  .venv/bin/python -m pip install --disable-pip-version-check --no-compile -q "${REFERENCE_PACKAGES[@]}" ||
     { say "pip could not install ${REFERENCE_PACKAGES[*]} (network?). Retry: scripts/setup.sh"; exit 1; }
 fi
 
