@@ -15,7 +15,10 @@ import re
 import subprocess
 import sys
 
-BASE = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libutil|libcuda)\.so")
+# The base system's libraries (and the driver's libcuda): on every machine, never carried. prepare.sh reads
+# this pattern too (`preflight.py --base-pattern`), so the two agree on what travels.
+BASE_PATTERN = r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libutil|libcuda)\.so"
+BASE = re.compile(BASE_PATTERN)
 
 
 def run(cmd):
@@ -26,6 +29,9 @@ def run(cmd):
 
 
 def main():
+    if sys.argv[1:] == ["--base-pattern"]:
+        print(BASE_PATTERN)
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--torch-lib", required=True)

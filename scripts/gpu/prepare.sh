@@ -28,7 +28,7 @@ done
 # The libraries the binaries load from outside torch's folder, the CUDA wheels and the base system.
 torch_lib=$(.venv/bin/python -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
 site=$(cd "$torch_lib/../.." && pwd)
-base='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libutil|libcuda)\.so'
+base=$(python3 scripts/gpu/preflight.py --base-pattern)  # the one list of what every machine has
 for t in "${TARGETS[@]}"; do
   LD_LIBRARY_PATH="$torch_lib" ldd "$STAGE/bin/$t" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r lib path; do

@@ -58,7 +58,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   // pipelines do, when their text sequences have one length; otherwise, and always for Qwen-Image (whose
   // pipeline runs them as two forwards), as two passes: half the activations' peak of a batch of two.
   const bool one_batch =
-      mode != Guidance::TrueCfg && (!cond.text.defined() || cond.text.size(1) == uncond.text.size(1));
+      model::preview_forward_batch(mode, g) == 2 && (!cond.text.defined() || cond.text.size(1) == uncond.text.size(1));
   // The pipeline's sigmas: linspace(1, 1/steps, steps) shifted by the family's schedule (the dynamic mu of
   // this preview's image tokens for FLUX / Qwen-Image / SD3), then 0.
   const torch::Tensor sigmas =
