@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "gclab/data/buckets.h"
 #include "gclab/data/image.h"
 #include "gclab/model/activations.h"
 #include "gclab/model/family.h"
@@ -143,7 +144,10 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
                               int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
     const bool controls = std::any_of(sc.samples.begin(), sc.samples.end(),
                                       [](const config::SampleItem& i) { return !i.control_images().empty(); });
-    if (e.spec.edit && controls) p.reference_encode_bytes = session.codec_spec().encode_bytes(1, 1024, 1024, !cuda);
+    if (e.spec.edit && controls) {  // a square control image's reference (the largest of the area)
+      const data::BucketResolution ref = data::reference_size({1, 1}, 1, e.spec.reference_area);
+      p.reference_encode_bytes = session.codec_spec().encode_bytes(1, ref.height, ref.width, !cuda);
+    }
     // Without cached prompts the preview encodes each prompt (and its negative) with its control images.
     if (prompts && e.text && e.text->every_step)
       for (size_t i = 0; i < sc.samples.size(); ++i) {

@@ -35,8 +35,8 @@ BucketResolution bucket_for(int width, int height, int resolution, int divisibil
   return *best;
 }
 
-BucketResolution reference_size(const BucketResolution& bucket, int divisibility) {
-  const double scale = std::sqrt(1024.0 * 1024.0 / (static_cast<double>(bucket.width) * bucket.height));
+BucketResolution reference_size(const BucketResolution& bucket, int divisibility, int64_t area) {
+  const double scale = std::sqrt(static_cast<double>(area) / (static_cast<double>(bucket.width) * bucket.height));
   const int d = divisibility;
   return {std::max(d, static_cast<int>(bucket.width * scale) / d * d),
           std::max(d, static_cast<int>(bucket.height * scale) / d * d)};

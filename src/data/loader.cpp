@@ -218,7 +218,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
     for (const auto& s : used) out.control_files.push_back(items_[static_cast<size_t>(s.item)].controls);
-    const BucketResolution ref = reference_size(plan.bucket, o_.divisibility);
+    const BucketResolution ref = reference_size(plan.bucket, o_.divisibility, o_.reference_area);
     const int rw = ref.width, rh = ref.height;
     for (size_t c = 0; c < first.controls.size(); ++c) {
       std::vector<torch::Tensor> refs;

@@ -128,8 +128,10 @@ ModelSpec tiny(const ModelSpec& full, const std::string& preset) {
   if (s.pooled_dim) s.pooled_dim = 32;
   if (!s.rope_axes.empty()) s.rope_axes = {8, 12, 12};
   if (s.family == Family::zimage) s.adaln_dim = zimage_adaln_dim(s.hidden);
-  // A 112²-area control image: 128² -> the processor's 140² -> 25 tokens (+ 2 markers, + 5 numbered).
-  if (s.edit) s.condition_area = 112 * 112, s.condition_text_rows = 25 + 2 + (s.edit_plus ? 5 : 0);
+  // A 112²-area control image: 128² -> the processor's 140² -> 25 tokens (+ 2 markers, + 5 numbered); its
+  // reference latent from a 512²-area image (1024 tokens, four times a 256² bucket's, as 4096 are to 1024²).
+  if (s.edit)
+    s.condition_area = 112 * 112, s.condition_text_rows = 25 + 2 + (s.edit_plus ? 5 : 0), s.reference_area = 512 * 512;
   return s;
 }
 
@@ -426,7 +428,8 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
 
 int64_t reference_tokens(const ModelSpec& spec, int control_images) {
   if (!spec.edit || control_images <= 0) return 0;
-  return control_images * image_tokens(spec, 1024, 1024);
+  const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(spec.reference_area))));
+  return control_images * image_tokens(spec, side, side);
 }
 
 }  // namespace gclab::model

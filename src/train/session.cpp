@@ -635,8 +635,8 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
-  if (spec_.edit) {  // one 1024²-area reference of the batch's aspect, as the loader makes it
-    const data::BucketResolution ref = data::reference_size(lb.bucket, spec_.divisibility);
+  if (spec_.edit) {  // one reference of the batch's aspect, as the loader makes it
+    const data::BucketResolution ref = data::reference_size(lb.bucket, spec_.divisibility, spec_.reference_area);
     const torch::Tensor control = torch::rand({batch, 3, ref.height, ref.width});
     if (codec_spec_.autoencoder)  // control images are encoded every step, cached latents or not
       lb.reference_images.push_back(control * 2 - 1);
@@ -783,7 +783,8 @@ std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::pat
   for (const auto& f : controls) {
     const auto size = data::read_image_size(f);
     if (!size) continue;  // checked when the session started; a file gone since is skipped
-    const data::BucketResolution ref = data::reference_size({size->width, size->height}, spec_.divisibility);
+    const data::BucketResolution ref =
+        data::reference_size({size->width, size->height}, spec_.divisibility, spec_.reference_area);
     torch::NoGradGuard no_grad;
     out.push_back(codec().encode(data::load_image_cover(f, ref.width, ref.height).unsqueeze(0)).to(device_));
   }

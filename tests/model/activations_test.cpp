@@ -20,8 +20,12 @@ void expect_ledger_matches(const ModelSpec& spec, bool lora, int batch, torch::S
   m->to(dtype);
   const int64_t text = spec.family == Family::zimage ? 32 : text_tokens(spec, 16);
   ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
-  // Edit models: one reference image of 1024² area, as the ledger counts it (spec.h reference_tokens).
-  if (spec.edit) in.reference_latents.push_back(torch::randn({batch, spec.latent_channels, 128, 128}).to(dtype));
+  // Edit models: one square reference image of the spec's reference_area, as the ledger counts it (spec.h
+  // reference_tokens).
+  if (spec.edit) {
+    const auto side = static_cast<int64_t>(std::sqrt(static_cast<double>(spec.reference_area))) / 8;
+    in.reference_latents.push_back(torch::randn({batch, spec.latent_channels, side, side}).to(dtype));
+  }
   const auto measured = testing::measure_saved_bytes(*m, in, lora);
   ActivationOptions options;
   options.element_bytes = static_cast<int64_t>(c10::elementSize(dtype));

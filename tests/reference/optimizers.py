@@ -1,12 +1,14 @@
 """The reference implementations of the optimizers gclab writes itself, run on the parameters and
 gradients a test hands over (tests/train/optimizer_test.cpp):
 
-  optimizers.py KIND IN OUT OPTIONS_JSON
+  optimizers.py KIND IN OUT OPTIONS_JSON [KIND IN OUT OPTIONS_JSON ...]
+
+(several runs in one process: Python, torch and bitsandbytes start once)
 
 KIND: adafactor (transformers.optimization.Adafactor, which AI Toolkit's toolkit/optimizers/adafactor.py
 modifies only for low-precision parameters), prodigy (prodigyopt.Prodigy), or adamw8bit / adam8bit / lion8bit
 (bitsandbytes' AdamW8bit / Adam8bit / Lion8bit, what AI Toolkit's toolkit/optimizer.py builds for them;
-exit 77 when bitsandbytes cannot be imported), or their algorithm written out here, `<kind>:algorithm`
+exit 77, after the other runs, when bitsandbytes cannot be imported), or their algorithm written out here, `<kind>:algorithm`
 (bitsandbytes' 8-bit optimizers as its paper, Dettmers et al. 2022 "8-bit Optimizers via Block-wise
 Quantization", and its CUDA kernel describe them: create_dynamic_map codes, absmax blocks of 256, float32
 moments under 4096 values, each step dequantize, update in float32, requantize to the nearest code; its CPU
@@ -105,7 +107,17 @@ class EightBitAlgorithm:
 
 
 def main():
-    kind, src, dst, options = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    args = sys.argv[1:]
+    if not args or len(args) % 4:
+        raise SystemExit(__doc__)
+    unavailable = False
+    for i in range(0, len(args), 4):
+        unavailable |= not run(args[i], args[i + 1], args[i + 2], json.loads(args[i + 3]))
+    sys.exit(77 if unavailable else 0)
+
+
+def run(kind, src, dst, options):
+    """One reference run; False when it needs bitsandbytes and that cannot be imported."""
     t = load_file(src)
     names = sorted(k[len("param."):] for k in t if k.startswith("param."))
     params = {n: torch.nn.Parameter(t["param." + n].clone()) for n in names}  # float32, as gclab trains
@@ -124,7 +136,7 @@ def main():
             import bitsandbytes as bnb
         except Exception as e:  # not installed, or no build for this machine
             print(f"bitsandbytes unavailable: {e}", file=sys.stderr)
-            sys.exit(77)
+            return False
         cls = {"adamw8bit": bnb.optim.AdamW8bit, "adam8bit": bnb.optim.Adam8bit, "lion8bit": bnb.optim.Lion8bit}[kind]
         opt = cls(list(params.values()), lr=lr, **options)
     else:
@@ -148,6 +160,7 @@ def main():
                 if torch.is_tensor(value) and key not in ("qmap1", "qmap2"):
                     out[f"state.{n}.{key}"] = value.contiguous()
     save_file(out, dst)
+    return True
 
 
 if __name__ == "__main__":

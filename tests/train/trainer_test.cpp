@@ -544,8 +544,11 @@ TEST(Session, EditPreviewsEncodeTheirControlImage) {
                    "train.disable_sampling=false"}));
   const auto refs = session.preview_references({control});
   ASSERT_EQ(refs.size(), 1u);
-  // 1024² area at 4:3 -> 1184x880 (multiples of 16) -> latents / 8.
-  const data::BucketResolution ref = data::reference_size({64, 48}, session.spec().divisibility);
+  // The tiny preset's 512² area at 4:3 -> 576x416 (multiples of its divisibility, 32) -> latents / 8.
+  const data::BucketResolution ref =
+      data::reference_size({64, 48}, session.spec().divisibility, session.spec().reference_area);
+  EXPECT_EQ(ref.width, 576);
+  EXPECT_EQ(ref.height, 416);
   EXPECT_EQ(refs[0].sizes(), (std::vector<int64_t>{1, session.spec().latent_channels, ref.height / 8, ref.width / 8}));
   EXPECT_TRUE(session.preview_references({}).empty());
   const auto files = session.sample(0, dir / "samples");

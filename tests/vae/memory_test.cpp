@@ -61,6 +61,9 @@ AutoencoderMemoryOptions options() {
   return o;
 }
 
+// Full size at 128² (at 256² it measured the same ratio, 1.000 decode and encode, in two thirds of the
+// suite's slowest test: its 256² side is the 64- and 16-channel networks' here), the small and tiny ones at
+// two sides each.
 TEST(AutoencoderMemory, PredictedDecodeAndEncodePeaksMatchTheAllocator) {
   at::set_num_threads(1);
   memory::CpuMemoryTracker tracker;
@@ -70,7 +73,7 @@ TEST(AutoencoderMemory, PredictedDecodeAndEncodePeaksMatchTheAllocator) {
     std::vector<int64_t> sides;
   };
   for (const Case& k :
-       {Case{AutoencoderKLConfig::preset(config::AutoencoderKind::flux), {128, 256}}, Case{small(), {128, 256}},
+       {Case{AutoencoderKLConfig::preset(config::AutoencoderKind::flux), {128}}, Case{small(), {128, 256}},
         Case{AutoencoderKLConfig::tiny(config::AutoencoderKind::flux), {64, 256}}}) {
     torch::manual_seed(0);
     AutoencoderKL vae(k.config);

@@ -28,10 +28,10 @@ struct BucketPlacement {
 BucketResolution bucket_for(int width, int height, int resolution, int divisibility);
 // The bucket and how to get there: scale to cover (rounded up), crop centred, or at a uniformly random
 // offset when `rng` is given (random_crop).
-// The size an edit model's control image is brought to for a bucket: a 1024²-area image of the bucket's
-// aspect, each side a multiple of the divisibility (one 1024²-area latent per control image, as the token
-// accounting counts it).
-BucketResolution reference_size(const BucketResolution& bucket, int divisibility);
+// The size an edit model's control image is brought to for a bucket: an image of `area` pixels (the spec's
+// reference_area, the pipelines' 1024²) at the bucket's aspect, each side a multiple of the divisibility (one
+// such latent per control image, as the token accounting counts it).
+BucketResolution reference_size(const BucketResolution& bucket, int divisibility, int64_t area);
 
 BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility,
                                 std::mt19937_64* rng = nullptr);

@@ -57,9 +57,9 @@ struct LoadedBatch {
   // encodes `images` with the autoencoder.
   torch::Tensor latents;
   torch::Tensor images;  // [B, 3, H, W] in [-1, 1], CPU float32, when latents were not ready
-  // Edit models: one [B, C, h', w'] per control folder, each control scaled to a 1024²-area image of the
-  // batch's aspect (sides multiples of the divisibility), cover and centre-crop — one 1024²-area latent
-  // per control image, as the token accounting counts it. As the latents: undefined until encoded, the
+  // Edit models: one [B, C, h', w'] per control folder, each control scaled to a reference_area image of
+  // the batch's aspect (sides multiples of the divisibility), cover and centre-crop — one such latent per
+  // control image, as the token accounting counts it. As the latents: undefined until encoded, the
   // images in reference_images meanwhile.
   std::vector<torch::Tensor> references;
   std::vector<torch::Tensor> reference_images;
@@ -77,6 +77,7 @@ struct LoadedBatch {
 struct LoaderOptions {
   int batch_size = 1;
   int divisibility = 16;
+  int64_t reference_area = 1024 * 1024;  // edit models' control images (reference_size)
   uint64_t seed = 0;
   std::optional<std::string> trigger_word;  // the process's; a dataset's own wins
   int prefetch = 3;

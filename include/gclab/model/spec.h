@@ -55,6 +55,11 @@ struct ModelSpec {
   // PromptEncoder.EditPresetsConditionRowsFollowThePipelinesRule checks each preset's figure against it).
   int64_t condition_area = 0;
   int64_t condition_text_rows = 0;
+  // Edit models: each control image is also brought to this area (the batch's aspect, sides multiples of
+  // the divisibility) and encoded as reference latents beside the noisy ones: the pipelines' 1024²
+  // (QwenImageEditPipeline's and QwenImageEditPlusPipeline's calculate_dimensions(1024 * 1024, ratio) for the
+  // VAE image); tiny presets 512², as their condition_area is scaled down.
+  int64_t reference_area = 1024 * 1024;
   int divisibility = 16;
   bool tiny = false;
 
@@ -106,7 +111,8 @@ int64_t sequence_rows(const ModelSpec& spec, int64_t pipeline_rows);
 // Text tokens in the transformer's sequence: the encoder's, except Z-Image, which pads the caption to a
 // multiple of 32 with its learned cap_pad_token.
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);
-// Reference-image tokens of an edit model: one 1024^2-area latent per control image (4096 tokens each).
+// Reference-image tokens of an edit model: one reference_area latent per control image (4096 tokens each at
+// the pipelines' 1024²).
 int64_t reference_tokens(const ModelSpec& spec, int control_images);
 
 }  // namespace gclab::model
