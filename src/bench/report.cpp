@@ -9,6 +9,7 @@
 
 #include "gclab/config/user_error.h"
 #include "gclab/model/quantize.h"
+#include "gclab/model/registry.h"
 
 #include "gclab/config/byte_size.h"
 #include "gclab/data/dataset.h"
@@ -30,13 +31,7 @@ std::string format_model_summary(const model::ModelSummary& s) {
   out << "model_summary:\n";
   out << "  preset: " << spec.preset << "\n  family: " << config::name_of(spec.family) << "\n";
   out << "  blocks: " << spec.total_blocks() << "  # ";
-  if (spec.family == model::Family::flux)
-    out << spec.double_blocks << " double-stream + " << spec.single_blocks << " single-stream";
-  else if (spec.family == model::Family::zimage)
-    out << spec.refiner_blocks << " noise + " << spec.refiner_blocks << " context refiners + " << spec.single_blocks
-        << " single-stream";
-  else
-    out << spec.total_blocks() << " " << (spec.family == model::Family::dit ? "DiT" : "joint / double-stream");
+  out << model::family_of(spec.family).describe_blocks(spec);
   out << ", width " << spec.hidden << " (" << spec.heads << " heads x " << spec.head_dim << ")\n";
   out << "  weights_from: \"" << s.weights_from << "\"\n";
   out << "  parameters: " << s.parameters << "\n";

@@ -2,30 +2,19 @@
 
 #include "gclab/config/arch.h"
 #include "gclab/config/user_error.h"
+#include "gclab/model/registry.h"
 
 namespace gclab::model {
 
 const std::vector<ArchFacts>& supported_archs() {
-  using L = TransformerLoading;
-  static const std::vector<ArchFacts> archs = {
-      {"flux", Family::flux, "flux-dev", false, "schnell", "flux-schnell", L::on_device_unless_low_vram},
-      {"flex1", Family::flux, "flex1", false, "", "", L::on_device_unless_low_vram},
-      {"flex2", Family::flux, "flex2", false, "", "", L::on_device},
-      {"qwen_image", Family::qwen_image, "qwen-image", false, "", "", L::per_block},
-      {"qwen_image_edit", Family::qwen_image, "qwen-image-edit", false, "", "", L::per_block},
-      {"qwen_image_edit_plus", Family::qwen_image, "qwen-image-edit-2509", false, "2511", "qwen-image-edit-2511",
-       L::per_block},
-      {"zimage", Family::zimage, "zimage", false, "turbo", "zimage-turbo", L::per_block},
-      {"sd3", Family::sd3, "sd35-large", false, "", "", L::on_device_unless_low_vram},
-      {"dit", Family::dit, "dit-xl2", false, "", "", L::on_device_unless_low_vram},  // not in AI Toolkit
-      // The tiny presets load as their family's main arch does.
-      {"tiny-flux", Family::flux, "tiny-flux", true, "", "", L::on_device_unless_low_vram},
-      {"tiny-qwen-image", Family::qwen_image, "tiny-qwen-image", true, "", "", L::per_block},
-      {"tiny-qwen-image-edit", Family::qwen_image, "tiny-qwen-image-edit", true, "", "", L::per_block},
-      {"tiny-zimage", Family::zimage, "tiny-zimage", true, "", "", L::per_block},
-      {"tiny-sd3", Family::sd3, "tiny-sd3", true, "", "", L::on_device_unless_low_vram},
-      {"tiny-dit", Family::dit, "tiny-dit", true, "", "", L::on_device_unless_low_vram},
-  };
+  static const std::vector<ArchFacts> archs = [] {
+    std::vector<ArchFacts> out;
+    for (const bool tiny : {false, true})  // every family's own archs, then the tiny ones
+      for (const ModelFamily* f : families())
+        for (const ArchFacts& a : f->archs())
+          if (a.tiny == tiny) out.push_back(a);
+    return out;
+  }();
   return archs;
 }
 
@@ -50,17 +39,7 @@ bool quantizes_in_host_memory(const config::ModelConfig& model) {
 }
 
 TextEncoderQuantization text_encoder_quantization(Family family) {
-  switch (family) {
-    case Family::flux:
-      return {/*t5_only=*/true, /*under_quantize=*/false, /*as_qtype_te=*/false};
-    case Family::sd3:
-      return {/*t5_only=*/true, /*under_quantize=*/true, /*as_qtype_te=*/false};
-    case Family::qwen_image:
-    case Family::zimage:
-    case Family::dit:
-      break;
-  }
-  return {};
+  return family_of(family).text_encoder_quantization();
 }
 
 std::string supported_arch_list() {
@@ -76,53 +55,16 @@ bool runs_cfg(Guidance mode, double g) {
 int preview_forward_batch(Guidance mode, double g) { return runs_cfg(mode, g) && mode != Guidance::TrueCfg ? 2 : 1; }
 
 Guidance preview_guidance(Family family, bool guidance_embed) {
-  switch (family) {
-    case Family::flux:
-      return guidance_embed ? Guidance::Embedded : Guidance::None;
-    case Family::qwen_image:
-      return Guidance::TrueCfg;
-    case Family::zimage:
-      return Guidance::ZImageCfg;
-    case Family::sd3:
-    case Family::dit:
-      break;
-  }
-  return Guidance::Cfg;
+  return family_of(family).preview_guidance(guidance_embed);
 }
 
-config::AutoencoderKind autoencoder_kind(Family family) {
-  switch (family) {
-    case Family::flux:
-    case Family::zimage:
-      return config::AutoencoderKind::flux;
-    case Family::sd3:
-      return config::AutoencoderKind::sd3;
-    case Family::dit:
-      return config::AutoencoderKind::sd;
-    case Family::qwen_image:
-      return config::AutoencoderKind::qwen_image;
-  }
-  throw std::logic_error("autoencoder_kind: an unknown family");
+config::AutoencoderKind autoencoder_kind(Family family) { return family_of(family).autoencoder(); }
+
+bool low_vram_tiles_previews(Family family, bool edit_plus) {
+  return family_of(family).low_vram_tiles_previews(edit_plus);
 }
 
-bool low_vram_tiles_previews(Family family, bool edit_plus) { return family == Family::qwen_image && !edit_plus; }
-
-std::vector<config::TextEncoderKind> text_encoders(Family family) {
-  using K = config::TextEncoderKind;
-  switch (family) {
-    case Family::flux:
-      return {K::clip_l, K::t5_xxl};
-    case Family::sd3:
-      return {K::clip_l_projected, K::clip_g_projected, K::t5_xxl};
-    case Family::qwen_image:
-      return {K::qwen25_vl};
-    case Family::zimage:
-      return {K::qwen3};
-    case Family::dit:
-      return {};
-  }
-  throw std::logic_error("text_encoders: an unknown family");
-}
+std::vector<config::TextEncoderKind> text_encoders(Family family) { return family_of(family).text_encoders(); }
 
 std::string text_encoder_folder(size_t slot) {
   return slot == 0 ? "text_encoder" : "text_encoder_" + std::to_string(slot + 1);
@@ -136,18 +78,7 @@ std::optional<size_t> text_encoder_slot(const std::string& name) {
   return std::nullopt;
 }
 
-int divisibility(Family family) {
-  switch (family) {
-    case Family::flux:
-    case Family::qwen_image:
-    case Family::sd3:
-    case Family::zimage:  // z_image.py get_bucket_divisibility: 16 * 2 ("16 for the VAE, 2 for patch size")
-      return 32;
-    case Family::dit:
-      return 16;
-  }
-  return 16;
-}
+int divisibility(Family family) { return family_of(family).divisibility(); }
 
 void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   auto error = [&](const std::string& path, const std::string& message) {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "gclab/model/registry.h"
+
 namespace gclab::model {
 
 double FlowSchedule::mu(int64_t image_tokens) const {
@@ -39,25 +41,11 @@ torch::Tensor FlowSchedule::preview_sigmas(int steps, int64_t image_tokens) cons
       {shift_sigmas(base, image_tokens).to(torch::kFloat).to(torch::kDouble), torch::zeros({1}, torch::kDouble)});
 }
 
-FlowSchedule flow_schedule(config::Family family) {
+FlowSchedule flow_schedule(config::Family family) { return family_of(family).flow_schedule(); }
+
+FlowSchedule ModelFamily::flow_schedule() const {
   FlowSchedule s;  // flux_config: shift 3 (unused), dynamic, 0.5 / 1.15 over 256 / 4096 tokens
   s.dynamic = true;
-  switch (family) {
-    case config::Family::qwen_image:
-      s.shift = 1.0;
-      s.max_shift = 0.9;
-      s.max_seq_len = 8192;
-      s.shift_terminal = 0.02;
-      break;
-    case config::Family::zimage:
-      s.dynamic = false;
-      s.shift = 3.0;
-      break;
-    case config::Family::flux:
-    case config::Family::sd3:
-    case config::Family::dit:
-      break;
-  }
   return s;
 }
 

@@ -13,33 +13,21 @@ namespace {
 
 using Kind = config::TextEncoderKind;
 
-// How the family's pipeline composes its encoders (which encoders those are is the family table's,
-// model::text_encoders; the options carry them in slot order).
-enum class Composition { none, flux, sd3, qwen_image, zimage };
-
-Composition composition_of(config::Family family, size_t slots) {
-  Composition c = Composition::none;
-  size_t n = 0;
-  switch (family) {
-    case config::Family::flux:
-      c = Composition::flux, n = 2;
-      break;
-    case config::Family::sd3:
-      c = Composition::sd3, n = 3;
-      break;
-    case config::Family::qwen_image:
-      c = Composition::qwen_image, n = 1;
-      break;
-    case config::Family::zimage:
-      c = Composition::zimage, n = 1;
-      break;
-    case config::Family::dit:
+// The encoders each composition takes, in slot order (which kinds they are is the family's,
+// model::text_encoders; the options carry them).
+size_t slots_of(Composition c) {
+  switch (c) {
+    case Composition::flux:
+      return 2;
+    case Composition::sd3:
+      return 3;
+    case Composition::qwen_image:
+    case Composition::zimage:
+      return 1;
+    case Composition::none:
       break;
   }
-  if (slots != n)
-    throw std::runtime_error(std::string(config::name_of(family)) + "'s pipeline composes " + std::to_string(n) +
-                             " text encoder(s), not " + std::to_string(slots));
-  return c;
+  return 0;
 }
 
 // QwenImagePipeline.prompt_template_encode; the pipeline drops its first prompt_template_encode_start_idx = 34
@@ -126,7 +114,10 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
 
 PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text_width) {
   memory_.dtype_bytes = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(o.options.dtype())));
-  const Composition c = composition_of(o.family, o.kinds.size());
+  const Composition c = o.composition;
+  if (o.kinds.size() != slots_of(c))
+    throw std::runtime_error("this pipeline composes " + std::to_string(slots_of(c)) + " text encoder(s), not " +
+                             std::to_string(o.kinds.size()));
   if (c == Composition::none) return;
   std::vector<TinyWidths> presets;
   for (Kind k : o.kinds) presets.push_back(preset_widths(k));

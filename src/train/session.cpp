@@ -7,6 +7,7 @@
 #include "gclab/log/log.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
+#include "gclab/model/registry.h"
 #include "gclab/sample/sampler.h"
 #include "gclab/train/loading.h"
 #include "gclab/train/offload.h"
@@ -129,7 +130,7 @@ UserError host_load_refusal(const config::ProcessConfig& config) {
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                                        const torch::TensorOptions& options) {
   text::PromptEncoderOptions o;
-  o.family = spec.family;
+  o.composition = model::family_of(spec.family).text_composition();
   o.kinds = model::text_encoders(spec.family);
   o.tiny = spec.tiny;
   o.text_width = spec.text_dim;

@@ -11,6 +11,7 @@
 
 #include "../support/test_util.h"
 #include "gclab/model/family.h"
+#include "gclab/model/registry.h"
 #include "gclab/model/spec.h"
 #include "gclab/text/prompt.h"
 #include "gclab/text/qwen_vision.h"
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 PromptEncoderOptions options_for(const std::string& preset, const torch::TensorOptions& where = {}) {
   const model::ModelSpec spec = model::spec_by_preset(preset);
   PromptEncoderOptions o;
-  o.family = spec.family;
+  o.composition = model::family_of(spec.family).text_composition();
   o.kinds = model::text_encoders(spec.family);
   o.tiny = spec.tiny;
   o.text_width = spec.text_dim;

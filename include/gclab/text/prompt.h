@@ -29,8 +29,10 @@
 
 namespace gclab::text {
 
+using Composition = config::TextComposition;
+
 struct PromptEncoderOptions {
-  config::Family family = config::Family::flux;   // whose pipeline composes the encoders
+  Composition composition = Composition::none;    // how the family's pipeline composes the encoders
   std::vector<config::TextEncoderKind> kinds;     // the family's encoders, in slot order (empty: no text)
   bool tiny = false;                              // a tiny preset: CPU-test encoders
   int64_t text_width = 0;                         // the width of the hidden states the transformer takes

@@ -1,0 +1,118 @@
+// The family registry (DESIGN.md section 2): each model family is one folder, src/model/families/<name>/,
+// whose ModelFamily answers everything generic code asks of a family — its archs and presets, what its
+// pipeline decodes and conditions with, how it guides previews, its token accounting, and how a diffusers
+// config.json or a weights file gives its shape. registry.cpp lists the families, one line each; the free
+// functions of family.h and spec.h ask the registry. docs/adding-a-family.md walks through adding one.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "gclab/model/activations.h"
+#include "gclab/model/block_ledger.h"
+#include "gclab/model/family.h"
+#include "gclab/model/flow_schedule.h"
+#include "gclab/model/spec.h"
+#include "gclab/model/transformer.h"
+
+namespace gclab::model {
+
+// A weights file's tensor shapes, as a family reads its transformer's shape from them (a single
+// `.safetensors` as model.name_or_path, no config.json). The lookups throw UserError naming the file.
+class TensorShapes {
+ public:
+  virtual ~TensorShapes() = default;
+  virtual bool contains(const std::string& name) const = 0;
+  virtual int64_t dim(const std::string& name, size_t d) const = 0;
+  virtual int count(const std::string& prefix) const = 0;  // blocks "<prefix>.<N>." present: the largest N + 1
+  virtual std::string file() const = 0;                    // for messages
+};
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  virtual Family id() const = 0;
+
+  // The model.arch ids it answers, its own first and then its tiny ones (listed to users in that order,
+  // family by family).
+  virtual std::vector<ArchFacts> archs() const = 0;
+  // Its presets, full size and tiny (`family` set; the registry fills `divisibility`).
+  virtual std::vector<ModelSpec> presets() const = 0;
+
+  // Its transformer for `spec` (one of its presets, or a shape read from a user's files); `options` place
+  // and type the weights (kMeta: no memory).
+  virtual std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
+                                                                  const torch::TensorOptions& options) const = 0;
+
+  // The activation ledger of its blocks (activations.h): each kind of block its transformer has, how many,
+  // the bytes one keeps for its backward and its hidden-stream inputs' (what a checkpointed one keeps), for
+  // `n` image tokens (references included) and `t` text tokens in a batch of L.B.
+  virtual std::vector<BlockActivations> block_activations(const ModelSpec& spec, const BlockLedger& L, int64_t n,
+                                                          int64_t t) const = 0;
+
+  // Its blocks in words, for summaries ("19 double-stream + 38 single-stream").
+  virtual std::string describe_blocks(const ModelSpec& spec) const = 0;
+
+  // Bucket sides are multiples of this, as AI Toolkit's model class rounds them (get_bucket_divisibility).
+  virtual int divisibility() const = 0;
+  // The autoencoder and the text encoders its pipeline decodes and conditions with (text encoders in the
+  // diffusers folder's order: text_encoder, text_encoder_2, text_encoder_3).
+  virtual config::AutoencoderKind autoencoder() const = 0;
+  virtual std::vector<config::TextEncoderKind> text_encoders() const = 0;
+  // How its pipeline composes them into the transformer's conditioning (text/prompt.h).
+  virtual config::TextComposition text_composition() const = 0;
+  // Which text encoders AI Toolkit's loader quantizes, under which switch, as which qtype.
+  virtual TextEncoderQuantization text_encoder_quantization() const { return {}; }
+  // How its preview pipeline guides (family.h Guidance).
+  virtual Guidance preview_guidance(bool guidance_embed) const = 0;
+  // The flow-matching schedule AI Toolkit trains and previews it with (flow_schedule.h); by default its
+  // flux_config: dynamic, mu 0.5 at 256 tokens to 1.15 at 4096.
+  virtual FlowSchedule flow_schedule() const;
+  // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
+  virtual bool low_vram_tiles_previews(bool /*edit_plus*/) const { return false; }
+
+  // Token accounting (spec.h): the rows the text encoder hands the transformer for a prompt of
+  // `prompt_tokens` (>= 1) tokenizer tokens; the rows the transformer takes when the pipeline gave
+  // `pipeline_rows`; the text tokens in its sequence for `encoder_rows` of the encoder.
+  virtual int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) const = 0;
+  virtual int64_t sequence_rows(const ModelSpec& spec, int64_t pipeline_rows) const = 0;
+  virtual int64_t text_tokens(const ModelSpec& /*spec*/, int64_t encoder_rows) const { return encoder_rows; }
+
+  // Its shape from a user's files, over the arch's preset: the diffusers transformer class its
+  // config.json names, that config.json's keys, or a weights file's tensors (diffusers naming).
+  virtual std::string diffusers_class() const = 0;
+  // The transformer/config.json diffusers writes for it (a full fine-tune saved as a diffusers folder):
+  // keys and values as the reference configs have them.
+  virtual nlohmann::ordered_json diffusers_config(const ModelSpec& spec) const = 0;
+  virtual void read_diffusers_config(ModelSpec& spec, const nlohmann::json& config) const = 0;
+  virtual void read_tensor_shapes(ModelSpec& spec, const TensorShapes& tensors) const = 0;
+  // What a shape read from a file implies beyond its own numbers (Z-Image's adaLN width).
+  virtual void complete_shape(ModelSpec& /*spec*/) const {}
+};
+
+// Every registered family, in registry order.
+const std::vector<const ModelFamily*>& families();
+// The family `id` names (std::logic_error for one not registered).
+const ModelFamily& family_of(Family id);
+
+// Helpers the family folders share (families/shared.cpp).
+namespace families_shared {
+// Tiny presets: the full-size spec at CPU-test size (width 128, 4 heads of 32, text width 64, pooled 32,
+// rotary axes 8/12/12); each family then sets its depth and text length.
+ModelSpec tiny(const ModelSpec& full, const std::string& preset);
+// The features of one packed latent token (FLUX / Qwen-Image: patch x patch pieces of every channel).
+int64_t packed_features(const ModelSpec& spec);
+// A number from a diffusers config.json, or `fallback` where the key is absent.
+int64_t config_int(const nlohmann::json& config, const char* key, int64_t fallback);
+// The keys diffusers' MM-DiT-style transformers share (FLUX, Qwen-Image, SD3, DiT): num_attention_heads,
+// attention_head_dim (the width follows, the MLP 4x), joint_attention_dim, pooled_projection_dim,
+// axes_dims_rope.
+void read_mmdit_config(ModelSpec& spec, const nlohmann::json& config);
+// FLUX and SD3 name their joint blocks and embedders alike (diffusers' MM-DiT): head width, MLP width,
+// depth, text and pooled widths from the tensors.
+void read_joint_block_shapes(ModelSpec& spec, const TensorShapes& tensors);
+}  // namespace families_shared
+
+}  // namespace gclab::model

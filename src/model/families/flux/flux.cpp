@@ -1,0 +1,128 @@
+// FLUX.1 (dev, schnell) and Flex.1 / Flex.2: black-forest-labs/FLUX.1-dev's transformer/config.json,
+// ostris/Flex.1-alpha, ostris/Flex.2-preview; diffusers' FluxTransformer2DModel and FluxPipeline.
+#include <nlohmann/json.hpp>
+
+#include "gclab/config/user_error.h"
+#include "gclab/model/registry.h"
+
+namespace gclab::model {
+namespace flux {
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+}  // namespace flux
+
+namespace {
+
+ModelSpec flux_preset(const std::string& preset, int double_blocks, bool guidance, int64_t text_tokens) {
+  ModelSpec s;
+  s.preset = preset;
+  s.family = Family::flux;
+  s.hidden = 3072, s.heads = 24, s.head_dim = 128, s.mlp_hidden = 12288;
+  s.double_blocks = double_blocks, s.single_blocks = 38;
+  s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
+  s.text_dim = 4096, s.pooled_dim = 768, s.max_text_tokens = text_tokens, s.guidance_embed = guidance;
+  s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
+  return s;
+}
+
+// ostris/Flex.2-preview: Flex.1's shape with a 196-feature input (x_embedder), the latent's 64 plus
+// an inpainting latent, its mask and a control latent (AI Toolkit's flex2 model; DiffSynth's input_dim 196).
+ModelSpec flex2() {
+  ModelSpec s = flux_preset("flex2", 8, true, 512);
+  s.extra_input_features = 196 - families_shared::packed_features(s);
+  return s;
+}
+
+class Flux final : public ModelFamily {
+ public:
+  Family id() const override { return Family::flux; }
+  std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
+                                                          const torch::TensorOptions& options) const override {
+    return flux::build_transformer(spec, options);
+  }
+  std::string describe_blocks(const ModelSpec& s) const override {
+    return std::to_string(s.double_blocks) + " double-stream + " + std::to_string(s.single_blocks) + " single-stream";
+  }
+  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
+                                                  int64_t t) const override {
+    const int64_t input = L.B * (n + t) * s.hidden * L.e;
+    return {{"double", s.double_blocks, double_stream(L, n, t, s.mlp_hidden), input},
+            {"single", s.single_blocks, flux_single(L, n + t, s.mlp_hidden), input}};
+  }
+
+  std::vector<ArchFacts> archs() const override {
+    using L = TransformerLoading;
+    return {{"flux", Family::flux, "flux-dev", false, "schnell", "flux-schnell", L::on_device_unless_low_vram},
+            {"flex1", Family::flux, "flex1", false, "", "", L::on_device_unless_low_vram},
+            {"flex2", Family::flux, "flex2", false, "", "", L::on_device},
+            // The tiny preset loads as the family's main arch does.
+            {"tiny-flux", Family::flux, "tiny-flux", true, "", "", L::on_device_unless_low_vram}};
+  }
+
+  std::vector<ModelSpec> presets() const override {
+    const ModelSpec dev = flux_preset("flux-dev", 19, true, 512);
+    ModelSpec tiny = families_shared::tiny(dev, "tiny-flux");
+    tiny.double_blocks = 2, tiny.single_blocks = 2, tiny.max_text_tokens = 32;
+    return {dev, flux_preset("flux-schnell", 19, false, 256), flux_preset("flex1", 8, true, 512), flex2(), tiny};
+  }
+
+  // AI Toolkit's FLUX.1 / Flex model classes: 2x2 patches of an 8x latent, rounded to 32.
+  int divisibility() const override { return 32; }
+  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
+  std::vector<config::TextEncoderKind> text_encoders() const override {
+    return {config::TextEncoderKind::clip_l, config::TextEncoderKind::t5_xxl};
+  }
+  // stable_diffusion_model.py, flex2.py: T5 only, under quantize_te (which defaults to quantize), as
+  // model.qtype; CLIP-L never.
+  TextEncoderQuantization text_encoder_quantization() const override {
+    return {/*t5_only=*/true, /*under_quantize=*/false, /*as_qtype_te=*/false};
+  }
+  config::TextComposition text_composition() const override { return config::TextComposition::flux; }
+  Guidance preview_guidance(bool guidance_embed) const override {
+    return guidance_embed ? Guidance::Embedded : Guidance::None;
+  }
+
+  // T5 padded to its max length (dev 512, schnell 256) whatever the prompt.
+  int64_t encoder_tokens(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
+  int64_t sequence_rows(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
+
+  std::string diffusers_class() const override { return "FluxTransformer2DModel"; }
+  nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
+    const int64_t packed = families_shared::packed_features(s);  // FluxPipeline packs 2x2 patches
+    return {{"_class_name", "FluxTransformer2DModel"},
+            {"attention_head_dim", s.head_dim},
+            {"axes_dims_rope", s.rope_axes},
+            {"guidance_embeds", s.guidance_embed},
+            {"in_channels", packed + s.extra_input_features},  // Flex.2: 196
+            {"out_channels", packed},
+            {"joint_attention_dim", s.text_dim},
+            {"num_attention_heads", s.heads},
+            {"num_layers", s.double_blocks},
+            {"num_single_layers", s.single_blocks},
+            {"patch_size", 1},
+            {"pooled_projection_dim", s.pooled_dim}};
+  }
+  void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
+    families_shared::read_mmdit_config(s, c);
+    s.double_blocks = static_cast<int>(families_shared::config_int(c, "num_layers", s.double_blocks));
+    s.single_blocks = static_cast<int>(families_shared::config_int(c, "num_single_layers", s.single_blocks));
+    s.guidance_embed = c.value("guidance_embeds", s.guidance_embed);
+    const int64_t packed = families_shared::packed_features(s);
+    s.extra_input_features = families_shared::config_int(c, "in_channels", packed) - packed;
+  }
+  void read_tensor_shapes(ModelSpec& s, const TensorShapes& t) const override {
+    s.hidden = t.dim("x_embedder.weight", 0);
+    s.extra_input_features = t.dim("x_embedder.weight", 1) - families_shared::packed_features(s);
+    families_shared::read_joint_block_shapes(s, t);
+    s.single_blocks = t.count("single_transformer_blocks");
+    s.guidance_embed = t.contains("time_text_embed.guidance_embedder.linear_1.weight");
+  }
+};
+
+}  // namespace
+
+const ModelFamily& flux_family() {
+  static const Flux family;
+  return family;
+}
+
+}  // namespace gclab::model

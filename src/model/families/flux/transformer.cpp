@@ -1,0 +1,73 @@
+// The FLUX.1 / Flex transformer (diffusers FluxTransformer2DModel).
+#include <algorithm>
+#include <array>
+
+#include "model/transformer_parts.h"
+
+namespace gclab::model::flux {
+namespace {
+
+class FluxTransformer : public DiffusionTransformer {
+ public:
+  FluxTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
+    const int64_t d = s.hidden, in = s.latent_channels * s.patch * s.patch + s.extra_input_features;
+    x_embedder = register_module("x_embedder", Linear(in, d, true, o));
+    timestep_embedder = TwoLayerMlp(*this, "time_text_embed.timestep_embedder.linear_1",
+                                    "time_text_embed.timestep_embedder.linear_2", 256, d, d, o);
+    if (s.guidance_embed)
+      guidance_embedder = TwoLayerMlp(*this, "time_text_embed.guidance_embedder.linear_1",
+                                      "time_text_embed.guidance_embedder.linear_2", 256, d, d, o);
+    text_embedder = TwoLayerMlp(*this, "time_text_embed.text_embedder.linear_1",
+                                "time_text_embed.text_embedder.linear_2", s.pooled_dim, d, d, o);
+    context_embedder = register_module("context_embedder", Linear(s.text_dim, d, true, o));
+    for (int i = 0; i < s.double_blocks; ++i)
+      add_block("transformer_blocks." + std::to_string(i),
+                std::make_shared<FluxDoubleBlock>(d, s.heads, s.mlp_hidden, o));
+    for (int i = 0; i < s.single_blocks; ++i)
+      add_block("single_transformer_blocks." + std::to_string(i),
+                std::make_shared<FluxSingleBlock>(d, s.heads, s.mlp_hidden, o));
+    norm_out_linear = register_at(*this, "norm_out.linear", Linear(d, 2 * d, true, o));
+    proj_out = register_module("proj_out", Linear(d, s.patch * s.patch * s.out_channels, true, o));
+  }
+
+  torch::Tensor forward(const ModelInputs& in) override {
+    const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3);
+    torch::Tensor img = patchify(in.latents, p, /*channels_last=*/false);
+    if (spec_.extra_input_features > 0)  // Flex.2: no inpainting or control input, zeros in their place
+      img = torch::cat({img, torch::zeros({img.size(0), img.size(1), spec_.extra_input_features}, img.options())}, 2);
+    img = x_embedder(img);
+    torch::Tensor txt = context_embedder(in.text);
+    // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text.
+    torch::Tensor temb = timestep_embedder(timestep_embedding(in.timestep * 1000, 256).to(img.scalar_type()));
+    if (spec_.guidance_embed && !in.bypass_guidance) {
+      TORCH_CHECK(in.guidance.defined(), spec_.preset, " needs a guidance value per sample");
+      temb = temb + guidance_embedder(timestep_embedding(in.guidance * 1000, 256).to(img.scalar_type()));
+    }
+    temb = temb + text_embedder(in.pooled);
+    // Rotary positions: text tokens at 0, image tokens at (0, row, column) of the patch grid.
+    std::vector<std::array<int64_t, 3>> ids(static_cast<size_t>(txt.size(1)), {0, 0, 0});
+    add_image_ids(ids, 0, h / p, w / p);
+    const auto [cos, sin] = rope_cos_sin(ids_tensor(ids, img.device()), spec_.rope_axes, spec_.rope_theta);
+    size_t b = 0;
+    for (; b < static_cast<size_t>(spec_.double_blocks); ++b) {
+      const Tensors out = call_block(b, {img, txt, temb, cos, sin});
+      img = out[0], txt = out[1];
+    }
+    torch::Tensor x = torch::cat({txt, img}, 1);
+    for (; b < blocks().size(); ++b) x = call_block(b, {x, temb, cos, sin})[0];
+    img = x.narrow(1, txt.size(1), img.size(1));
+    return unpatchify(proj_out(norm_out(norm_out_linear, img, temb)), h, w, p, spec_.out_channels, false);
+  }
+
+ private:
+  Linear x_embedder{nullptr}, context_embedder{nullptr}, norm_out_linear{nullptr}, proj_out{nullptr};
+  TwoLayerMlp timestep_embedder, guidance_embedder, text_embedder;
+};
+
+}  // namespace
+
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options) {
+  return std::make_shared<FluxTransformer>(spec, options);
+}
+
+}  // namespace gclab::model::flux

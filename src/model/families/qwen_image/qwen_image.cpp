@@ -1,0 +1,154 @@
+// Qwen-Image and Qwen-Image-Edit (-2509, -2511): Qwen/Qwen-Image's transformer/config.json; diffusers'
+// QwenImageTransformer2DModel, QwenImagePipeline, QwenImageEditPipeline and QwenImageEditPlusPipeline.
+#include <nlohmann/json.hpp>
+
+#include "gclab/model/registry.h"
+
+namespace gclab::model {
+namespace qwen_image {
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+}  // namespace qwen_image
+
+namespace {
+
+ModelSpec qwen_preset(const std::string& preset, bool edit) {
+  ModelSpec s;
+  s.preset = preset;
+  s.family = Family::qwen_image;
+  s.hidden = 3072, s.heads = 24, s.head_dim = 128, s.mlp_hidden = 12288;
+  s.double_blocks = 60;
+  s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
+  s.text_dim = 3584, s.max_text_tokens = 1024;
+  s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
+  s.edit = edit;
+  if (edit) s.condition_area = 1024 * 1024, s.condition_text_rows = 1369 + 2;
+  return s;
+}
+
+// Qwen-Image-Edit-2509 and -2511 (AI Toolkit's qwen_image_edit_plus: the diffusers Plus pipeline's
+// CONDITION_IMAGE_SIZE, each control image numbered in the template).
+ModelSpec qwen_edit_plus(const std::string& preset) {
+  ModelSpec s = qwen_preset(preset, true);
+  s.condition_area = 384 * 384, s.edit_plus = true, s.condition_text_rows = 196 + 2 + 5;
+  return s;
+}
+
+// Qwen/Qwen-Image-Edit-2511: 2509's shape; zero_cond_t (transformer/config.json) modulates the reference
+// images' tokens with the embedding of t = 0.
+ModelSpec qwen_edit_2511() {
+  ModelSpec s = qwen_edit_plus("qwen-image-edit-2511");
+  s.zero_cond_t = true;
+  return s;
+}
+
+ModelSpec tiny_preset(const ModelSpec& full, const std::string& preset) {
+  ModelSpec s = families_shared::tiny(full, preset);
+  s.double_blocks = 2, s.max_text_tokens = 64;
+  // A 112²-area control image: 128² -> the processor's 140² -> 25 tokens (+ 2 markers, + 5 numbered); its
+  // reference latent from a 512²-area image (1024 tokens, four times a 256² bucket's, as 4096 are to 1024²).
+  if (s.edit)
+    s.condition_area = 112 * 112, s.condition_text_rows = 25 + 2 + (s.edit_plus ? 5 : 0), s.reference_area = 512 * 512;
+  return s;
+}
+
+class QwenImage final : public ModelFamily {
+ public:
+  Family id() const override { return Family::qwen_image; }
+  std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
+                                                          const torch::TensorOptions& options) const override {
+    return qwen_image::build_transformer(spec, options);
+  }
+  std::string describe_blocks(const ModelSpec& s) const override {
+    return std::to_string(s.double_blocks) + " double-stream";
+  }
+  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
+                                                  int64_t t) const override {
+    return {{"double", s.double_blocks, double_stream(L, n, t, s.mlp_hidden, s.zero_cond_t),
+             L.B * (n + t) * s.hidden * L.e}};
+  }
+
+  // quantize_model (toolkit/util/quantize.py) per block; the transformer reaches the device after the text
+  // encoders are loaded and quantized (qwen_image.py).
+  std::vector<ArchFacts> archs() const override {
+    const auto L = TransformerLoading::per_block;
+    return {
+        {"qwen_image", Family::qwen_image, "qwen-image", false, "", "", L},
+        {"qwen_image_edit", Family::qwen_image, "qwen-image-edit", false, "", "", L},
+        {"qwen_image_edit_plus", Family::qwen_image, "qwen-image-edit-2509", false, "2511", "qwen-image-edit-2511", L},
+        {"tiny-qwen-image", Family::qwen_image, "tiny-qwen-image", true, "", "", L},
+        {"tiny-qwen-image-edit", Family::qwen_image, "tiny-qwen-image-edit", true, "", "", L}};
+  }
+
+  std::vector<ModelSpec> presets() const override {
+    const ModelSpec image = qwen_preset("qwen-image", false), edit = qwen_preset("qwen-image-edit", true);
+    return {image,
+            edit,
+            qwen_edit_plus("qwen-image-edit-2509"),
+            qwen_edit_2511(),
+            tiny_preset(image, "tiny-qwen-image"),
+            tiny_preset(edit, "tiny-qwen-image-edit")};
+  }
+
+  int divisibility() const override { return 32; }
+  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::qwen_image; }
+  std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen25_vl}; }
+  // qwen_image.py: the whole encoder, under quantize_te, as qtype_te.
+  TextEncoderQuantization text_encoder_quantization() const override { return {}; }
+  // QwenImagePipeline's true CFG: two separate forwards, rescaled per token.
+  config::TextComposition text_composition() const override { return config::TextComposition::qwen_image; }
+  Guidance preview_guidance(bool) const override { return Guidance::TrueCfg; }
+  // qwen_image.py scheduler_config: dynamic, mu 0.5 at 256 tokens to 0.9 at 8192, shift_terminal 0.02.
+  FlowSchedule flow_schedule() const override {
+    FlowSchedule s;
+    s.dynamic = true, s.shift = 1.0, s.max_shift = 0.9, s.max_seq_len = 8192, s.shift_terminal = 0.02;
+    return s;
+  }
+  // qwen_image.py, qwen_image_edit.py generate_single_image: `if self.model_config.low_vram:
+  // pipeline.vae.enable_tiling()`; not the Plus models' (qwen_image_edit_plus.py does not).
+  bool low_vram_tiles_previews(bool edit_plus) const override { return !edit_plus; }
+
+  // The prompt's own length (the padding masked out), at most max_text_tokens, and an edit model's one
+  // square control image's rows after it.
+  int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) const override {
+    return std::min(prompt_tokens, spec.max_text_tokens) + (spec.edit ? spec.condition_text_rows : 0);
+  }
+  int64_t sequence_rows(const ModelSpec&, int64_t pipeline_rows) const override {
+    return std::max<int64_t>(pipeline_rows, 1);
+  }
+
+  std::string diffusers_class() const override { return "QwenImageTransformer2DModel"; }
+  nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
+    return {{"_class_name", "QwenImageTransformer2DModel"},
+            {"attention_head_dim", s.head_dim},
+            {"axes_dims_rope", s.rope_axes},
+            {"guidance_embeds", false},
+            {"in_channels", families_shared::packed_features(s)},
+            {"joint_attention_dim", s.text_dim},
+            {"num_attention_heads", s.heads},
+            {"num_layers", s.double_blocks},
+            {"out_channels", s.out_channels},
+            {"patch_size", s.patch},
+            {"zero_cond_t", s.zero_cond_t}};
+  }
+  void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
+    families_shared::read_mmdit_config(s, c);
+    s.double_blocks = static_cast<int>(families_shared::config_int(c, "num_layers", s.double_blocks));
+    s.zero_cond_t = c.value("zero_cond_t", false);
+  }
+  void read_tensor_shapes(ModelSpec& s, const TensorShapes& t) const override {
+    s.hidden = t.dim("img_in.weight", 0);
+    s.head_dim = t.dim("transformer_blocks.0.attn.norm_q.weight", 0);
+    s.mlp_hidden = t.dim("transformer_blocks.0.img_mlp.net.0.proj.weight", 0);
+    s.double_blocks = t.count("transformer_blocks");
+    s.text_dim = t.dim("txt_in.weight", 1);
+  }
+};
+
+}  // namespace
+
+const ModelFamily& qwen_image_family() {
+  static const QwenImage family;
+  return family;
+}
+
+}  // namespace gclab::model

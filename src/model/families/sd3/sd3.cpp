@@ -1,0 +1,112 @@
+// Stable Diffusion 3.5 (Large): stabilityai/stable-diffusion-3.5-large's transformer/config.json; diffusers'
+// SD3Transformer2DModel and StableDiffusion3Pipeline.
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "gclab/model/registry.h"
+
+namespace gclab::model {
+namespace sd3 {
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+}  // namespace sd3
+
+namespace {
+
+ModelSpec sd35_large() {
+  ModelSpec s;
+  s.preset = "sd35-large";
+  s.family = Family::sd3;
+  s.hidden = 2432, s.heads = 38, s.head_dim = 64, s.mlp_hidden = 4 * 2432;
+  s.double_blocks = 38;
+  s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
+  s.text_dim = 4096, s.pooled_dim = 2048, s.max_text_tokens = 333;
+  s.pos_embed_max = 192, s.sd3_base_size = 64;  // sample_size 128 / patch 2
+  return s;
+}
+
+class Sd3 final : public ModelFamily {
+ public:
+  Family id() const override { return Family::sd3; }
+  std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
+                                                          const torch::TensorOptions& options) const override {
+    return sd3::build_transformer(spec, options);
+  }
+  std::string describe_blocks(const ModelSpec& s) const override { return std::to_string(s.double_blocks) + " joint"; }
+  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
+                                                  int64_t t) const override {
+    const int64_t input = L.B * (n + t) * s.hidden * L.e;
+    return {{"joint", s.double_blocks - 1, sd3_joint(L, n, t, s.mlp_hidden, false), input},
+            {"joint (last)", 1, sd3_joint(L, n, t, s.mlp_hidden, true), input}};
+  }
+
+  std::vector<ArchFacts> archs() const override {
+    const auto L = TransformerLoading::on_device_unless_low_vram;
+    return {{"sd3", Family::sd3, "sd35-large", false, "", "", L},
+            {"tiny-sd3", Family::sd3, "tiny-sd3", true, "", "", L}};
+  }
+
+  std::vector<ModelSpec> presets() const override {
+    const ModelSpec large = sd35_large();
+    ModelSpec tiny = families_shared::tiny(large, "tiny-sd3");
+    tiny.double_blocks = 3, tiny.max_text_tokens = 48, tiny.pos_embed_max = 64, tiny.sd3_base_size = 16;
+    return {large, tiny};
+  }
+
+  int divisibility() const override { return 32; }
+  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::sd3; }
+  // CLIP-L and bigG (projected) and T5-XXL.
+  std::vector<config::TextEncoderKind> text_encoders() const override {
+    using K = config::TextEncoderKind;
+    return {K::clip_l_projected, K::clip_g_projected, K::t5_xxl};
+  }
+  // stable_diffusion_model.py: T5 only, under model.quantize (quantize_te is not read), as model.qtype.
+  TextEncoderQuantization text_encoder_quantization() const override {
+    return {/*t5_only=*/true, /*under_quantize=*/true, /*as_qtype_te=*/false};
+  }
+  config::TextComposition text_composition() const override { return config::TextComposition::sd3; }
+  Guidance preview_guidance(bool) const override { return Guidance::Cfg; }
+
+  // 77 CLIP + 256 T5 rows, padded, whatever the prompt.
+  int64_t encoder_tokens(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
+  int64_t sequence_rows(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
+
+  std::string diffusers_class() const override { return "SD3Transformer2DModel"; }
+  nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
+    return {{"_class_name", "SD3Transformer2DModel"},
+            {"sample_size", s.sd3_base_size * s.patch},
+            {"patch_size", s.patch},
+            {"in_channels", s.latent_channels},
+            {"num_layers", s.double_blocks},
+            {"attention_head_dim", s.head_dim},
+            {"num_attention_heads", s.heads},
+            {"joint_attention_dim", s.text_dim},
+            {"caption_projection_dim", s.hidden},
+            {"pooled_projection_dim", s.pooled_dim},
+            {"out_channels", s.out_channels},
+            {"pos_embed_max_size", s.pos_embed_max},
+            {"qk_norm", "rms_norm"}};
+  }
+  void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
+    using families_shared::config_int;
+    families_shared::read_mmdit_config(s, c);
+    s.double_blocks = static_cast<int>(config_int(c, "num_layers", s.double_blocks));
+    s.pos_embed_max = config_int(c, "pos_embed_max_size", s.pos_embed_max);
+    s.sd3_base_size = config_int(c, "sample_size", s.sd3_base_size * s.patch) / s.patch;
+  }
+  void read_tensor_shapes(ModelSpec& s, const TensorShapes& t) const override {
+    s.hidden = t.dim("pos_embed.proj.weight", 0);
+    families_shared::read_joint_block_shapes(s, t);
+    if (t.contains("pos_embed.pos_embed"))
+      s.pos_embed_max =
+          static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(t.dim("pos_embed.pos_embed", 1)))));
+  }
+};
+
+}  // namespace
+
+const ModelFamily& sd3_family() {
+  static const Sd3 family;
+  return family;
+}
+
+}  // namespace gclab::model

@@ -1,0 +1,142 @@
+// Z-Image (and Z-Image-Turbo): Tongyi-MAI/Z-Image-Turbo's transformer/config.json; diffusers'
+// ZImageTransformer2DModel and ZImagePipeline; AI Toolkit's z_image.py.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "gclab/model/registry.h"
+
+namespace gclab::model {
+namespace zimage {
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+}  // namespace zimage
+
+namespace {
+
+// Z-Image's adaLN input is min(width, 256) wide; the timestep MLP's middle is 1024 at every width
+// (diffusers ZImageTransformer2DModel: TimestepEmbedder(min(dim, 256), mid_size=1024)).
+int64_t adaln_dim(int64_t hidden) { return std::min<int64_t>(hidden, 256); }
+
+ModelSpec zimage_preset(const std::string& preset) {
+  ModelSpec s;
+  s.preset = preset;
+  s.family = Family::zimage;
+  s.hidden = 3840, s.heads = 30, s.head_dim = 128, s.mlp_hidden = 10240;  // int(3840 / 3 * 8)
+  s.single_blocks = 30, s.refiner_blocks = 2;
+  s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
+  s.text_dim = 2560, s.max_text_tokens = 512;
+  s.rope_axes = {32, 48, 48}, s.rope_theta = 256;
+  s.adaln_dim = adaln_dim(s.hidden), s.t_embed_mid = 1024;
+  return s;
+}
+
+class ZImage final : public ModelFamily {
+ public:
+  Family id() const override { return Family::zimage; }
+  std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
+                                                          const torch::TensorOptions& options) const override {
+    return zimage::build_transformer(spec, options);
+  }
+  std::string describe_blocks(const ModelSpec& s) const override {
+    return std::to_string(s.refiner_blocks) + " noise + " + std::to_string(s.refiner_blocks) + " context refiners + " +
+           std::to_string(s.single_blocks) + " single-stream";
+  }
+  // The image's tokens padded to a multiple of 32, as the transformer pads them.
+  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
+                                                  int64_t t) const override {
+    const int64_t n_pad = (n + 31) / 32 * 32, m = s.mlp_hidden, row = L.B * s.hidden * L.e;
+    return {{"noise refiner", s.refiner_blocks, zimage_block(L, n_pad, m, true), n_pad * row},
+            {"context refiner", s.refiner_blocks, zimage_block(L, t, m, false), t * row},
+            {"single", s.single_blocks, zimage_block(L, n_pad + t, m, true), (n_pad + t) * row}};
+  }
+
+  // quantize_model per block, the transformer on the device after the text encoder (under low_vram
+  // z_image.py waits for its first use); the UI's `zimage:turbo` tag, or a Turbo name, picks Turbo.
+  std::vector<ArchFacts> archs() const override {
+    const auto L = TransformerLoading::per_block;
+    return {{"zimage", Family::zimage, "zimage", false, "turbo", "zimage-turbo", L},
+            {"tiny-zimage", Family::zimage, "tiny-zimage", true, "", "", L}};
+  }
+
+  std::vector<ModelSpec> presets() const override {
+    const ModelSpec base = zimage_preset("zimage");
+    ModelSpec tiny = families_shared::tiny(base, "tiny-zimage");
+    tiny.single_blocks = 2, tiny.refiner_blocks = 1, tiny.mlp_hidden = 341, tiny.max_text_tokens = 64;
+    tiny.adaln_dim = adaln_dim(tiny.hidden);
+    return {base, zimage_preset("zimage-turbo"), tiny};
+  }
+
+  // z_image.py get_bucket_divisibility: 16 * 2 ("16 for the VAE, 2 for patch size").
+  int divisibility() const override { return 32; }
+  // FLUX.1's AutoencoderKL configuration.
+  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
+  std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen3}; }
+  // z_image.py: the whole encoder, under quantize_te, as qtype_te.
+  TextEncoderQuantization text_encoder_quantization() const override { return {}; }
+  config::TextComposition text_composition() const override { return config::TextComposition::zimage; }
+  // z_image.py scheduler_config: static shift 3.0.
+  FlowSchedule flow_schedule() const override {
+    FlowSchedule s;
+    s.dynamic = false, s.shift = 3.0;
+    return s;
+  }
+  Guidance preview_guidance(bool) const override { return Guidance::ZImageCfg; }
+
+  // The prompt's own length, at most max_text_tokens; the transformer pads the caption to a multiple of 32
+  // with its learned cap_pad_token.
+  int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) const override {
+    return std::min(prompt_tokens, spec.max_text_tokens);
+  }
+  int64_t sequence_rows(const ModelSpec&, int64_t pipeline_rows) const override {
+    return std::max<int64_t>(pipeline_rows, 1);
+  }
+  int64_t text_tokens(const ModelSpec&, int64_t encoder_rows) const override { return (encoder_rows + 31) / 32 * 32; }
+
+  std::string diffusers_class() const override { return "ZImageTransformer2DModel"; }
+  nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
+    return {{"_class_name", "ZImageTransformer2DModel"},
+            {"all_patch_size", {s.patch}},
+            {"all_f_patch_size", {1}},
+            {"in_channels", s.latent_channels},
+            {"dim", s.hidden},
+            {"n_layers", s.single_blocks},
+            {"n_refiner_layers", s.refiner_blocks},
+            {"n_heads", s.heads},
+            {"n_kv_heads", s.heads},
+            {"norm_eps", 1e-5},
+            {"qk_norm", true},
+            {"cap_feat_dim", s.text_dim},
+            {"rope_theta", s.rope_theta},
+            {"t_scale", 1000.0},
+            {"axes_dims", s.rope_axes},
+            {"axes_lens", {1536, 512, 512}}};
+  }
+  void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
+    using families_shared::config_int;
+    s.hidden = config_int(c, "dim", s.hidden);
+    s.heads = config_int(c, "n_heads", s.heads);
+    s.head_dim = s.hidden / s.heads;
+    s.mlp_hidden = static_cast<int64_t>(static_cast<double>(s.hidden) / 3 * 8);  // int(dim / 3 * 8)
+    s.single_blocks = static_cast<int>(config_int(c, "n_layers", s.single_blocks));
+    s.refiner_blocks = static_cast<int>(config_int(c, "n_refiner_layers", s.refiner_blocks));
+    s.text_dim = config_int(c, "cap_feat_dim", s.text_dim);
+    s.rope_theta = c.value("rope_theta", s.rope_theta);
+    if (c.contains("axes_dims")) s.rope_axes = c["axes_dims"].get<std::vector<int64_t>>();
+  }
+  void read_tensor_shapes(ModelSpec& s, const TensorShapes& t) const override {
+    s.hidden = t.dim("all_x_embedder.2-1.weight", 0);
+    s.head_dim = t.dim("layers.0.attention.norm_q.weight", 0);
+    s.mlp_hidden = t.dim("layers.0.feed_forward.w1.weight", 0);
+    s.single_blocks = t.count("layers"), s.refiner_blocks = t.count("noise_refiner");
+    s.text_dim = t.dim("cap_embedder.1.weight", 1);
+  }
+  void complete_shape(ModelSpec& s) const override { s.adaln_dim = adaln_dim(s.hidden); }
+};
+
+}  // namespace
+
+const ModelFamily& zimage_family() {
+  static const ZImage family;
+  return family;
+}
+
+}  // namespace gclab::model

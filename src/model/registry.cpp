@@ -1,0 +1,27 @@
+#include "gclab/model/registry.h"
+
+#include <stdexcept>
+
+namespace gclab::model {
+
+// Each family's folder defines one of these (src/model/families/<name>/).
+const ModelFamily& flux_family();
+const ModelFamily& qwen_image_family();
+const ModelFamily& zimage_family();
+const ModelFamily& sd3_family();
+const ModelFamily& dit_family();
+
+const std::vector<const ModelFamily*>& families() {
+  static const std::vector<const ModelFamily*> all = {
+      &flux_family(), &qwen_image_family(), &zimage_family(), &sd3_family(), &dit_family(),
+  };
+  return all;
+}
+
+const ModelFamily& family_of(Family id) {
+  for (const ModelFamily* f : families())
+    if (f->id() == id) return *f;
+  throw std::logic_error("family_of: family " + std::to_string(static_cast<int>(id)) + " is not registered");
+}
+
+}  // namespace gclab::model

@@ -1,0 +1,120 @@
+// The family registry (model/registry.h): each family is one folder under src/model/families/, and the
+// generic code asks the registry instead of testing which family it has.
+#include "gclab/model/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "gclab/model/diffusers_config.h"
+
+namespace gclab::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+// No `Family::` outside the family folders, the registry and the enum's own spelling table: a new family
+// is a folder and a registry line, not edits across the tree.
+TEST(Registry, NoFamilyTestsOutsideTheFamilyFolders) {
+  const fs::path root = GCLAB_SOURCE_DIR;
+  const std::set<std::string> allowed = {"src/config/choices.cpp", "src/model/registry.cpp",
+                                         "include/gclab/model/registry.h"};
+  const std::regex family_test(R"(\bFamily::[a-z_]+\b)");
+  std::vector<std::string> offenders;
+  int files = 0;
+  for (const char* part : {"src", "include"})
+    for (const auto& e : fs::recursive_directory_iterator(root / part)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".inc")) continue;
+      const std::string rel = fs::relative(e.path(), root).generic_string();
+      ++files;
+      if (allowed.count(rel) || rel.rfind("src/model/families/", 0) == 0) continue;
+      std::ifstream in(e.path());
+      int line_no = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++line_no;
+        // A declaration's default (`Family family = Family::flux;`) chooses no behaviour.
+        if (std::regex_search(line, family_test) && line.find("family = config::Family::flux;") == std::string::npos)
+          offenders.push_back(rel + ":" + std::to_string(line_no) + ": " + line);
+      }
+    }
+  EXPECT_GT(files, 100) << "the walk found the sources";
+  std::ostringstream all;
+  for (const auto& o : offenders) all << o << "\n";
+  EXPECT_TRUE(offenders.empty()) << all.str();
+}
+
+// Every family registered once, every arch it answers naming one of its presets, every preset once.
+TEST(Registry, EveryArchNamesAPresetOfItsOwnFamily) {
+  std::set<Family> ids;
+  std::set<std::string> presets;
+  for (const ModelFamily* f : families()) {
+    EXPECT_TRUE(ids.insert(f->id()).second) << config::name_of(f->id()) << " registered twice";
+    EXPECT_EQ(&family_of(f->id()), f);
+    for (const ModelSpec& s : f->presets()) {
+      EXPECT_EQ(s.family, f->id()) << s.preset;
+      EXPECT_TRUE(presets.insert(s.preset).second) << s.preset << " defined twice";
+    }
+    for (const ArchFacts& a : f->archs()) {
+      EXPECT_EQ(a.family, f->id()) << a.name;
+      EXPECT_EQ(spec_by_preset(a.preset).family, f->id()) << a.name;
+      if (!a.variant_preset.empty()) {
+        EXPECT_EQ(spec_by_preset(a.variant_preset).family, f->id()) << a.name;
+      }
+      EXPECT_EQ(spec_by_preset(a.preset).tiny, a.tiny) << a.name;
+      EXPECT_EQ(find_arch(a.name), &*std::find_if(supported_archs().begin(), supported_archs().end(),
+                                                  [&](const ArchFacts& x) { return x.name == a.name; }));
+    }
+  }
+  EXPECT_EQ(presets.size(), preset_names().size());
+  // Listed to users: every family's own archs, then the tiny ones.
+  bool seen_tiny = false;
+  for (const ArchFacts& a : supported_archs()) {
+    EXPECT_FALSE(seen_tiny && !a.tiny) << a.name << " after a tiny arch";
+    seen_tiny = seen_tiny || a.tiny;
+  }
+}
+
+// What a family writes as its transformer/config.json, its reader reads back as the same shape: every
+// preset, through the folder a full fine-tune saves (save_format: diffusers).
+TEST(Registry, EachFamilyReadsBackTheConfigJsonItWrites) {
+  const fs::path dir = fs::temp_directory_path() / ("gclab_registry_" + std::to_string(::getpid()));
+  for (const std::string& name : preset_names()) {
+    const ModelSpec spec = spec_by_preset(name);
+    fs::create_directories(dir / name / "transformer");
+    std::ofstream(dir / name / "transformer" / "config.json") << diffusers_config_json(spec);
+    config::ModelConfig model;  // the arch that selects the preset (a variant by its tag)
+    for (const ArchFacts& a : supported_archs())
+      if (a.preset == name || a.variant_preset == name)
+        model.arch = a.name, model.arch_tag = a.variant_preset == name ? a.variant_keyword : "";
+    if (model.arch.empty()) continue;  // a preset no arch selects
+    model.name_or_path = (dir / name).string();
+    const ModelSpec read = spec_for(model);
+    EXPECT_EQ(read.family, spec.family) << name;
+    EXPECT_EQ(read.hidden, spec.hidden) << name;
+    EXPECT_EQ(read.heads, spec.heads) << name;
+    EXPECT_EQ(read.head_dim, spec.head_dim) << name;
+    EXPECT_EQ(read.mlp_hidden, spec.mlp_hidden) << name;
+    EXPECT_EQ(read.double_blocks, spec.double_blocks) << name;
+    EXPECT_EQ(read.single_blocks, spec.single_blocks) << name;
+    EXPECT_EQ(read.refiner_blocks, spec.refiner_blocks) << name;
+    EXPECT_EQ(read.text_dim, spec.text_dim) << name;
+    EXPECT_EQ(read.pooled_dim, spec.pooled_dim) << name;
+    EXPECT_EQ(read.rope_axes, spec.rope_axes) << name;
+    EXPECT_EQ(read.guidance_embed, spec.guidance_embed) << name;
+    EXPECT_EQ(read.extra_input_features, spec.extra_input_features) << name;
+    EXPECT_EQ(read.zero_cond_t, spec.zero_cond_t) << name;
+    EXPECT_EQ(read.pos_embed_max, spec.pos_embed_max) << name;
+    EXPECT_EQ(read.num_classes, spec.num_classes) << name;
+    EXPECT_EQ(read.adaln_dim, spec.adaln_dim) << name;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::model
