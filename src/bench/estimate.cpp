@@ -129,7 +129,7 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   if (config.sample && !config.train.disable_sampling && !config.sample->samples.empty()) {
     const auto& sc = *config.sample;
     PreviewEstimate p;
-    const int d = e.spec.divisibility;
+    const int d = e.spec.preview_divisibility;
     p.width = sc.width / d * d, p.height = sc.height / d * d;
     p.image_tokens = model::image_tokens(e.spec, p.height, p.width);
     const auto a = model::estimate_activations(e.spec, 1, p.height, p.width, 0, o);

@@ -885,7 +885,8 @@ class Validator {
     if (s.vae_tile_size % 8 != 0)
       error("sample.vae_tile_size",
             std::to_string(s.vae_tile_size) + " is not a multiple of 8 (the autoencoder's 8x down-sampling)");
-    if (s.format != "png") error("sample.format", "'" + s.format + "' is not supported (gclab writes PNG previews)");
+    if (s.format != "jpg" && s.format != "png" && s.format != "webp")  // AI Toolkit's ImgExt (config_modules.py:13)
+      error("sample.format", "'" + s.format + "' is not one of jpg, png, webp");
     // AI Toolkit: `prompts` is the legacy spelling of `samples` items; `samples` wins when both exist.
     if (s.samples.empty()) {
       for (const auto& p : s.prompts) {

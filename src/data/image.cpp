@@ -5,6 +5,7 @@
 #include <stb/stb_image_write.h>
 #include <unistd.h>
 #include <webp/decode.h>
+#include <webp/encode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -111,6 +112,39 @@ void write_png(const fs::path& path, const torch::Tensor& image) {
   }
   fs::rename(tmp, path, ec);
   if (ec) throw ImageError(path.string() + ": cannot rename the finished PNG into place: " + ec.message());
+}
+
+void write_image(const fs::path& path, const torch::Tensor& image) {
+  const std::string ext = lower_extension(path);
+  if (ext == ".png") return write_png(path, image);
+  TORCH_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == torch::kUInt8,
+              "write_image needs uint8 [H, W, 3]");
+  if (ext != ".jpg" && ext != ".jpeg" && ext != ".webp")
+    throw ImageError(path.string() + ": gclab writes .png, .jpg or .webp images");
+  const torch::Tensor src = image.contiguous().cpu();
+  const int w = static_cast<int>(src.size(1)), h = static_cast<int>(src.size(0));
+  std::error_code ec;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
+  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid()) + ext;
+  bool written = false;
+  if (ext == ".webp") {
+    uint8_t* out = nullptr;
+    const size_t size = WebPEncodeRGB(src.data_ptr<uint8_t>(), w, h, w * 3, 80.0f, &out);
+    if (size > 0) {
+      std::ofstream f(tmp, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(out), static_cast<std::streamsize>(size));
+      written = static_cast<bool>(f);
+    }
+    WebPFree(out);
+  } else {
+    written = stbi_write_jpg(tmp.c_str(), w, h, 3, src.data_ptr<uint8_t>(), 75) != 0;
+  }
+  if (!written) {
+    fs::remove(tmp, ec);
+    throw ImageError(path.string() + ": cannot write the image (disk full or no permission?)");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) throw ImageError(path.string() + ": cannot rename the finished image into place: " + ec.message());
 }
 
 torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc) {

@@ -78,8 +78,6 @@ std::optional<size_t> text_encoder_slot(const std::string& name) {
   return std::nullopt;
 }
 
-int divisibility(Family family) { return family_of(family).divisibility(); }
-
 void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   auto error = [&](const std::string& path, const std::string& message) {
     d.error(path, c.source.where(path), message);
@@ -108,7 +106,7 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   if (!c.model.name_or_path && !arch->tiny)
     d.warning("model.name_or_path", c.source.where("model.name_or_path"),
               "not set; the " + arch->name + " preset starts from random weights");
-  const int div = divisibility(arch->family);
+  const int div = spec_by_preset(arch->preset).divisibility;
   for (std::size_t i = 0; i < c.datasets.size(); ++i)
     for (int res : c.datasets[i].resolution)
       if (res > 0 && res % div != 0)

@@ -36,7 +36,10 @@ double FlowSchedule::sigma_min() const {
 
 torch::Tensor FlowSchedule::preview_sigmas(int steps, int64_t image_tokens) const {
   // The pipelines pass np.linspace(1, 1/steps, steps) as float32; the scheduler shifts them in float64.
-  const torch::Tensor base = torch::linspace(1.0, 1.0 / steps, steps, torch::kFloat);
+  // Where the pipeline passes none, set_timesteps lays out its own: linspace over the t of its (already
+  // shifted) sigma range in float64, shifted once more.
+  const torch::Tensor base = preview_from_scheduler ? torch::linspace(sigma_max(), sigma_min(), steps, torch::kDouble)
+                                                    : torch::linspace(1.0, 1.0 / steps, steps, torch::kFloat);
   return torch::cat(
       {shift_sigmas(base, image_tokens).to(torch::kFloat).to(torch::kDouble), torch::zeros({1}, torch::kDouble)});
 }

@@ -24,10 +24,7 @@ const std::map<std::string, ModelSpec>& presets() {
   static const std::map<std::string, ModelSpec> all = [] {
     std::map<std::string, ModelSpec> m;
     for (const ModelFamily* f : families())
-      for (ModelSpec s : f->presets()) {
-        s.divisibility = f->divisibility();
-        m[s.preset] = s;
-      }
+      for (const ModelSpec& s : f->presets()) m[s.preset] = s;
     return m;
   }();
   return all;

@@ -718,7 +718,7 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
 std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir) {
   std::vector<fs::path> files;
   const auto& sc = *config_.sample;
-  const int d = spec_.divisibility;
+  const int d = spec_.preview_divisibility;
   const std::vector<int64_t> seeds = sc.seeds();
   for (size_t i = 0; i < prompts_.size(); ++i) {
     const auto& item = prompts_[i];
@@ -739,8 +739,10 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
     const torch::Tensor image = decode_preview(z);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
-    const fs::path file = dir / (config_.name + "_" + step_tag(step) + "_" + std::to_string(i) + ".png");
-    data::write_png(file, image);
+    // sample.format: AI Toolkit's ext (config_modules.py:93, jpg by default) on the file it saves.
+    const fs::path file =
+        dir / (config_.name + "_" + step_tag(step) + "_" + std::to_string(i) + "." + config_.sample->format);
+    data::write_image(file, image);
     files.push_back(file);
   }
   return files;

@@ -139,7 +139,8 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
       }
     });
   });
-  while (static_cast<int>(step_saves_.size()) > std::max(1, keep_)) {
+  // AI Toolkit removes `files[:-max_step_saves_to_keep]` (BaseSDTrainProcess.py:460-470): 0 removes none.
+  while (keep_ > 0 && static_cast<int>(step_saves_.size()) > keep_) {
     std::error_code ec;
     fs::remove_all(step_saves_.front().first, ec);
     fs::remove(step_saves_.front().second, ec);

@@ -256,9 +256,11 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     on_oom(e);
   }
   session.phases().clear();
-  if (session.sampling() && step == 0 && !tc.skip_first_sample) {
+  // AI Toolkit's baseline: unless skip_first_sample, at the start of a fresh run, or at the step a run
+  // resumes from under force_first_sample (BaseSDTrainProcess.py:2477-2481).
+  if (session.sampling() && !tc.skip_first_sample && (step == 0 || tc.force_first_sample)) {
     try {
-      take_samples(0);
+      take_samples(step);
     } catch (const c10::OutOfMemoryError& e) {
       on_oom(e);
     }

@@ -45,6 +45,28 @@ TEST(Synth, WritesCaptionedImagesThatReadBack) {
   fs::remove_all(dir);
 }
 
+// Previews are written in sample.format's file type, as PIL saves them for AI Toolkit: each reads back as
+// the same picture (exactly for PNG, within lossy rounding for JPEG and WebP), and an unknown extension is
+// an error, not a mislabelled file.
+TEST(Image, WritesPngJpgAndWebpThatReadBack) {
+  const fs::path dir = testing::fresh_dir("image_formats");
+  // A smooth picture (lossy codecs keep it close): a gradient in each channel.
+  const torch::Tensor x = torch::linspace(0, 255, 64).view({1, 64, 1}).expand({48, 64, 1});
+  const torch::Tensor y = torch::linspace(0, 255, 48).view({48, 1, 1}).expand({48, 64, 1});
+  const torch::Tensor image = torch::cat({x, y, (x + y) / 2}, 2).round().to(torch::kUInt8);
+  for (const auto& [ext, tolerance] : {std::pair{".png", 0.0}, std::pair{".jpg", 4.0}, std::pair{".webp", 6.0}}) {
+    const fs::path file = dir / (std::string("p") + ext);
+    write_image(file, image);
+    const torch::Tensor back = decode_image_rgb(file);
+    ASSERT_EQ(back.sizes(), image.sizes()) << ext;
+    const double err = (back.to(torch::kFloat) - image.to(torch::kFloat)).abs().mean().item<double>();
+    EXPECT_LE(err, tolerance) << ext;
+  }
+  EXPECT_NE(fs::file_size(dir / "p.jpg"), fs::file_size(dir / "p.png"));
+  EXPECT_THROW(write_image(dir / "p.bmp", image), ImageError);
+  fs::remove_all(dir);
+}
+
 TEST(Dataset, CorruptImagesAreSkippedAndMissingOrBrokenCaptionsTrainOnWhatIsLeftWithAWarningEach) {
   const fs::path dir = testing::fresh_dir("data_corrupt");
   SynthOptions o;

@@ -10,6 +10,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "gclab/model/diffusers_config.h"
 
@@ -114,6 +115,25 @@ TEST(Registry, EachFamilyReadsBackTheConfigJsonItWrites) {
     EXPECT_EQ(read.adaln_dim, spec.adaln_dim) << name;
   }
   fs::remove_all(dir);
+}
+
+// Bucket sides as AI Toolkit's model classes round them (get_bucket_divisibility), previews as the
+// pipeline or the model class rounds them: a 1008 resolution (16 x 63) is a Z-Image or Flex.2 bucket side
+// and not a FLUX.1 / Qwen-Image / SD3 one.
+TEST(Registry, DivisibilityIsEachModelClasssOwn) {
+  for (const auto& [preset, bucket, preview] :
+       {std::tuple{"flux-dev", 32, 16}, std::tuple{"flex1", 32, 16}, std::tuple{"flex2", 16, 16},
+        std::tuple{"qwen-image", 32, 32}, std::tuple{"qwen-image-edit-2509", 32, 32}, std::tuple{"zimage", 16, 16},
+        std::tuple{"zimage-turbo", 16, 16}, std::tuple{"sd35-large", 32, 16}, std::tuple{"dit-xl2", 16, 16}}) {
+    EXPECT_EQ(spec_by_preset(preset).divisibility, bucket) << preset;
+    EXPECT_EQ(spec_by_preset(preset).preview_divisibility, preview) << preset;
+  }
+  for (const auto& [arch, ok] : {std::pair{"zimage", true}, std::pair{"flex2", true}, std::pair{"flux", false},
+                                 std::pair{"qwen_image", false}, std::pair{"sd3", false}}) {
+    const std::string yaml = std::string("name: d\ntraining_folder: /tmp\ndatasets:\n  - folder_path: /tmp\n") +
+                             "    resolution: [1008]\nmodel: {arch: " + arch + "}\n";
+    EXPECT_EQ(load_config_text(yaml, "d.yaml").ok(), ok) << arch;
+  }
 }
 
 }  // namespace

@@ -100,9 +100,13 @@ def velocity(family, m, d):
     """The diffusers model's prediction on gclab's inputs, in gclab's convention."""
     lat, t = d["latents"], d["timestep"]
     if family in ("flux", "flex2"):
+        if family == "flex2":
+            # No inpainting or control input, as AI Toolkit's Flex2 builds it on the latents before packing
+            # (extensions_built_in/flex2/flex2.py:462-482): a zero inpainting latent, a mask of ones, a zero
+            # control latent.
+            zeros = torch.zeros_like(lat)
+            lat = torch.cat([lat, zeros, torch.ones_like(lat[:, :1]), zeros], 1)
         tokens = pack(lat)
-        if family == "flex2":  # no inpainting or control input: zeros in their features, as gclab feeds
-            tokens = torch.cat([tokens, torch.zeros(B, tokens.shape[1], 196 - 64)], 2)
         ids = torch.zeros(H // 2, W // 2, 3)
         ids[..., 1] = torch.arange(H // 2)[:, None]
         ids[..., 2] = torch.arange(W // 2)[None, :]

@@ -3,14 +3,18 @@ FlowMatchEulerDiscreteScheduler itself (tests/train/timesteps_test.cpp compares 
 
   flow_schedules.py OUT
 
-The scheduler configs are AI Toolkit's (toolkit/sampler.py flux_config, which SD3 also ends up with;
-extensions_built_in/diffusion_models/qwen_image/qwen_image.py scheduler_config; z_image.py scheduler_config).
+The scheduler configs are AI Toolkit's (toolkit/sampler.py flux_config; sd_flow_config, which SD3 gets through
+get_sampler(..., arch="sd"); extensions_built_in/diffusion_models/qwen_image/qwen_image.py scheduler_config;
+z_image.py scheduler_config).
 For each family and image token count, OUT gets
   train.<family>.<tokens>    the 1000 timesteps CustomFlowMatchEulerDiscreteScheduler.set_train_timesteps lays
                              out for the shift types: linspace over the scheduler's sigma range, shifted by
                              time_shift(mu) or the static shift, stretched to shift_terminal (the scheduler's
                              own methods do each part)
-  preview.<family>.<tokens>  the sigmas of a 20-step preview: set_timesteps(sigmas=linspace(1, 1/20, 20), mu)
+  preview.<family>.<tokens>  the sigmas of a 20-step preview: set_timesteps(sigmas=linspace(1, 1/20, 20), mu) as the
+                             FLUX / Qwen-Image / Z-Image pipelines call it; set_timesteps(20) as
+                             StableDiffusion3Pipeline does (no sigmas)
+  preview.sd3.25             SD3's 25-step preview (the last sigma before 0: 0.0089)
 """
 import sys
 
@@ -27,7 +31,10 @@ CONFIGS = {
                        stochastic_sampling=False, time_shift_type="exponential", use_beta_sigmas=False,
                        use_dynamic_shifting=True, use_exponential_sigmas=False, use_karras_sigmas=False),
     "zimage": dict(num_train_timesteps=1000, use_dynamic_shifting=False, shift=3.0),
+    "sd3": dict(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096, max_shift=1.15,
+                num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False),
 }
+PIPELINE_PASSES_SIGMAS = {"flux", "qwen_image", "zimage"}
 
 
 def mu_for(s, tokens):
@@ -49,10 +56,12 @@ def train_grid(s, tokens):
     return torch.from_numpy(sigmas).float() * s.config.num_train_timesteps
 
 
-def preview(s, tokens, steps=20):
-    sigmas = np.linspace(1.0, 1 / steps, steps)
+def preview(s, tokens, passes_sigmas, steps=20):
     kwargs = {"mu": mu_for(s, tokens)} if s.config.use_dynamic_shifting else {}
-    s.set_timesteps(sigmas=sigmas, **kwargs)
+    if passes_sigmas:
+        s.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), **kwargs)
+    else:
+        s.set_timesteps(steps, **kwargs)
     return s.sigmas.float()
 
 
@@ -61,7 +70,9 @@ def main():
     for family, config in CONFIGS.items():
         for tokens in (256, 1024, 4096):
             out[f"train.{family}.{tokens}"] = train_grid(FlowMatchEulerDiscreteScheduler(**config), tokens)
-            out[f"preview.{family}.{tokens}"] = preview(FlowMatchEulerDiscreteScheduler(**config), tokens)
+            out[f"preview.{family}.{tokens}"] = preview(FlowMatchEulerDiscreteScheduler(**config), tokens,
+                                                        family in PIPELINE_PASSES_SIGMAS)
+    out["preview.sd3.25"] = preview(FlowMatchEulerDiscreteScheduler(**CONFIGS["sd3"]), 4096, False, 25)
     save_file({k: v.contiguous() for k, v in out.items()}, sys.argv[1])
 
 

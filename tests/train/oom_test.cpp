@@ -209,7 +209,7 @@ TEST_F(OomScenario, TheFirstPreviewsDecodeRunsOutAndTheFixIsTiledDecoding) {
             broken.preview->total_bytes - broken.cap_bytes);
   EXPECT_NO_THROW(train(fixed_config, {}));
   const auto png =
-      data::read_image_size(dir_ / "out" / "preview_decode_fixed" / "samples" / "preview_decode_fixed_000000002_0.png");
+      data::read_image_size(dir_ / "out" / "preview_decode_fixed" / "samples" / "preview_decode_fixed_000000002_0.jpg");
   ASSERT_TRUE(png);
   EXPECT_EQ(png->width, 1024);
   EXPECT_EQ(png->height, 1024);

@@ -44,7 +44,7 @@ TEST(Timesteps, EachFamilysScheduleMatchesDiffusersWithAiToolkitsConfig) {
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   const auto ref = io::SafetensorsFile::open(out);
   for (const auto& [family, name] : {std::pair{Family::flux, "flux"}, std::pair{Family::qwen_image, "qwen_image"},
-                                     std::pair{Family::zimage, "zimage"}}) {
+                                     std::pair{Family::zimage, "zimage"}, std::pair{Family::sd3, "sd3"}}) {
     const model::FlowSchedule schedule = model::flow_schedule(family);
     for (int64_t tokens : {256, 1024, 4096}) {
       const std::string key = std::string(name) + "." + std::to_string(tokens);
@@ -55,10 +55,17 @@ TEST(Timesteps, EachFamilysScheduleMatchesDiffusersWithAiToolkitsConfig) {
       EXPECT_LT(max_relative(schedule.preview_sigmas(20, tokens), ref.tensor("preview." + key)), 1e-5) << key;
     }
   }
+  // SD3's 25-step preview at 1024² ends on 0.0089 (the scheduler's own range, shifted twice), not on the
+  // 0.116 of linspace(1, 1/25, 25) shifted once.
+  const torch::Tensor sd3 = model::flow_schedule(Family::sd3).preview_sigmas(25, 4096);
+  EXPECT_LT(max_relative(sd3, ref.tensor("preview.sd3.25")), 1e-5);
+  EXPECT_NEAR(sd3[-2].item<double>(), 0.0089, 1e-4);
   fs::remove(out);
-  // SD3 (and DiT) take the legacy path's flux_config; FLUX's shift grows with the image, Z-Image's does not.
-  EXPECT_TRUE(model::flow_schedule(Family::sd3).dynamic);
+  // SD3 takes the legacy path's sd_flow_config (static shift 3), Z-Image its own static 3; FLUX's shift
+  // grows with the image.
+  EXPECT_FALSE(model::flow_schedule(Family::sd3).dynamic);
   EXPECT_FALSE(model::flow_schedule(Family::zimage).dynamic);
+  EXPECT_TRUE(model::flow_schedule(Family::flux).dynamic);
 }
 
 // FLUX at 512² (1024 tokens) and 1024² (4096): mu = 0.5 + (tokens - 256) 0.65 / 3840, and the grid's

@@ -183,6 +183,57 @@ TEST(Trainer, AResumedRunLogsEveryStepOnceAfterAKillBetweenSaves) {
   fs::remove_all(dir);
 }
 
+// AI Toolkit's baseline previews (BaseSDTrainProcess.py:2477-2481): at the start of a fresh run; a resumed
+// run takes them at the step it resumes from only under force_first_sample (either run also samples its
+// last step).
+TEST(Trainer, ForceFirstSampleTakesTheBaselineWhereAResumedRunStarts) {
+  const fs::path dir = testing::fresh_dir("train_force_first");
+  const std::vector<std::string> knobs = {"train.skip_first_sample=false",
+                                          "train.disable_sampling=false",
+                                          "sample.samples=[{prompt: 'a red circle'}]",
+                                          "sample.sample_every=1000",
+                                          "sample.width=64",
+                                          "sample.height=64",
+                                          "sample.sample_steps=1",
+                                          "save.save_every=2"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), knobs.begin(), knobs.end());
+    return extra;
+  };
+  TrainOptions resume;
+  resume.resume = true;
+  for (const bool force : {false, true}) {
+    const std::string name = force ? "f" : "n";
+    train(tiny_config(dir, name, with({"train.steps=2"})), {});
+    EXPECT_TRUE(fs::exists(dir / name / "samples" / (name + "_000000000_0.jpg"))) << name;
+    fs::remove_all(dir / name / "samples");  // the first run's (its last step's included)
+    std::vector<std::string> more = {"train.steps=3"};
+    if (force) more.push_back("train.force_first_sample=true");
+    const auto s = train(tiny_config(dir, name, with(more)), resume);
+    EXPECT_EQ(s.start_step, 2);
+    EXPECT_EQ(fs::exists(dir / name / "samples" / (name + "_000000002_0.jpg")), force) << name;
+  }
+  fs::remove_all(dir);
+}
+
+// Step saves rotate as AI Toolkit's files[:-max_step_saves_to_keep] removes them (BaseSDTrainProcess.py:
+// 460-470): the newest N stay, and 0 removes none.
+TEST(Trainer, StepSavesRotateAsAiToolkitsSliceAndZeroKeepsAll) {
+  const fs::path dir = testing::fresh_dir("train_rotate");
+  auto step_saves = [&](const std::string& name) {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir / name))
+      n += e.path().filename().string().find(".state.") == std::string::npos &&
+           e.path().filename().string().rfind(name + "_", 0) == 0;
+    return n;
+  };
+  train(tiny_config(dir, "two", {"train.steps=6", "save.save_every=1", "save.max_step_saves_to_keep=2"}), {});
+  EXPECT_EQ(step_saves("two"), 2);
+  train(tiny_config(dir, "all", {"train.steps=6", "save.save_every=1", "save.max_step_saves_to_keep=0"}), {});
+  EXPECT_EQ(step_saves("all"), 6);
+  fs::remove_all(dir);
+}
+
 // A save that cannot be written ends the run with SaveError naming the file; the previous save stays.
 TEST(Trainer, AFailedSaveNamesTheFileAndKeepsThePreviousSave) {
   const fs::path dir = testing::fresh_dir("train_save_fail");

@@ -493,7 +493,7 @@ struct SampleConfig {
   double guidance_scale = 7.0;
   int sample_steps = 20;
   double network_multiplier = 1.0;
-  std::string format = "png";  // AI Toolkit writes jpg by default; gclab writes PNG only
+  std::string format = "jpg";  // the previews' files: jpg (AI Toolkit's default, config_modules.py:93), png, webp
   // gclab: decode previews in overlapping tiles of vae_tile_size pixels, blended (diffusers' enable_tiling
   // and tiled_decode). diffusers' own default tile is the VAE's sample_size (1024 for FLUX.1's), which would
   // not tile a 1024² preview at all; gclab's default is 512.

@@ -41,5 +41,9 @@ torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw);
 inline int64_t to_rgb_uint8_bytes(int64_t height, int64_t width) { return 3 * height * width * (4 + 1); }
 // Writes uint8 [H, W, 3] as PNG, under a temporary name renamed into place. Throws ImageError.
 void write_png(const std::filesystem::path& path, const torch::Tensor& image);
+// uint8 [H, W, 3] written in the format its extension names, as PIL's Image.save writes it at its defaults
+// (what AI Toolkit's previews call): .png, .jpg / .jpeg (quality 75, 4:2:0), .webp (lossy, quality 80).
+// Atomic as write_png; throws ImageError for another extension or a failed write.
+void write_image(const std::filesystem::path& path, const torch::Tensor& image);
 
 }  // namespace gclab::data

@@ -66,10 +66,6 @@ struct TextEncoderQuantization {
 TextEncoderQuantization text_encoder_quantization(Family family);
 std::string supported_arch_list();  // "flux, flex1, ..." for messages
 
-// Bucket sides are multiples of this: FLUX.1/Flex, Qwen-Image, SD3 and Z-Image pack 2x2 patches of an 8x
-// latent and AI Toolkit rounds them to 32 (each model's get_bucket_divisibility); DiT (gclab's own) to 16.
-int divisibility(Family family);
-
 // How each family's preview pipeline (the one AI Toolkit's previews call) guides, with scale g:
 enum class Guidance {
   None,      // FLUX.1-schnell: distilled, no guidance

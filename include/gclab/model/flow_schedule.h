@@ -16,6 +16,10 @@ struct FlowSchedule {
   double base_seq_len = 256, max_seq_len = 4096;  // calculate_shift's two points
   double shift_terminal = 0;                      // > 0: stretch so the last sigma is this (diffusers)
   int64_t num_train_timesteps = 1000;
+  // The preview pipeline passes no sigmas (StableDiffusion3Pipeline): the scheduler's set_timesteps lays
+  // out linspace(t(sigma_max), t(sigma_min), steps) / 1000 and shifts it (a second time: its sigma range is
+  // already shifted). The FLUX, Qwen-Image and Z-Image pipelines pass linspace(1, 1/steps, steps).
+  bool preview_from_scheduler = false;
 
   // calculate_shift: mu for an image of `image_tokens` tokens (h w / patch^2 of the latent).
   double mu(int64_t image_tokens) const;
@@ -26,8 +30,8 @@ struct FlowSchedule {
   // dynamic): the ends set_train_timesteps spans for the shift types.
   double sigma_max() const;
   double sigma_min() const;
-  // A preview's `steps` + 1 sigmas, as the FLUX / Qwen-Image / SD3 / Z-Image pipelines build them:
-  // linspace(1, 1/steps, steps) shifted, then 0.
+  // A preview's `steps` + 1 sigmas, as the pipelines build them: linspace(1, 1/steps, steps) shifted (the
+  // FLUX / Qwen-Image / Z-Image pipelines), or the scheduler's own (preview_from_scheduler), then 0.
   torch::Tensor preview_sigmas(int steps, int64_t image_tokens) const;
 };
 
@@ -35,7 +39,10 @@ struct FlowSchedule {
 //   FLUX.1 / Flex   toolkit/sampler.py flux_config: dynamic, mu 0.5 at 256 tokens to 1.15 at 4096
 //   Qwen-Image(-Edit)  qwen_image.py scheduler_config: dynamic, mu 0.5 at 256 to 0.9 at 8192, shift_terminal 0.02
 //   Z-Image        z_image.py scheduler_config: static shift 3.0
-//   SD3, DiT       the legacy path, get_sampler("flowmatch", arch="sd"): its if/elif chain ends in flux_config
+//   SD3            the legacy path, get_sampler("flowmatch", arch="sd") (BaseSDTrainProcess.py:1773-1786 for
+//                  training, stable_diffusion_model.py:1212-1224 for previews): sd_flow_config, static
+//                  shift 3.0 (toolkit/sampler.py:90-100, 166-167); StableDiffusion3Pipeline passes no sigmas
+//   DiT            gclab's own (not in AI Toolkit): flux_config
 FlowSchedule flow_schedule(config::Family family);
 
 }  // namespace gclab::model

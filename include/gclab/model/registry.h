@@ -38,7 +38,7 @@ class ModelFamily {
   // The model.arch ids it answers, its own first and then its tiny ones (listed to users in that order,
   // family by family).
   virtual std::vector<ArchFacts> archs() const = 0;
-  // Its presets, full size and tiny (`family` set; the registry fills `divisibility`).
+  // Its presets, full size and tiny (`family`, `divisibility` and `preview_divisibility` set).
   virtual std::vector<ModelSpec> presets() const = 0;
 
   // Its transformer for `spec` (one of its presets, or a shape read from a user's files); `options` place
@@ -55,8 +55,6 @@ class ModelFamily {
   // Its blocks in words, for summaries ("19 double-stream + 38 single-stream").
   virtual std::string describe_blocks(const ModelSpec& spec) const = 0;
 
-  // Bucket sides are multiples of this, as AI Toolkit's model class rounds them (get_bucket_divisibility).
-  virtual int divisibility() const = 0;
   // The autoencoder and the text encoders its pipeline decodes and conditions with (text encoders in the
   // diffusers folder's order: text_encoder, text_encoder_2, text_encoder_3).
   virtual config::AutoencoderKind autoencoder() const = 0;

@@ -29,7 +29,8 @@ struct ModelSpec {
   int64_t out_channels = 16;     // predicted channels (dit: 8 = learned sigma)
   int64_t patch = 2;
   // flex2: packed input features beyond the latent's (inpaint latent 64 + mask 4 + control latent 64,
-  // x_embedder 196 wide); gclab feeds zeros there (no inpainting or control input).
+  // x_embedder 196 wide); without an inpainting or control input, a zero latent, a mask of ones and a zero
+  // control, as AI Toolkit feeds them (flex2.py:462-482).
   int64_t extra_input_features = 0;
   int64_t text_dim = 0;    // text-encoder width (0: no text, dit)
   int64_t pooled_dim = 0;  // pooled text vector width (flux: CLIP 768, sd3: 2048)
@@ -60,7 +61,15 @@ struct ModelSpec {
   // (QwenImageEditPipeline's and QwenImageEditPlusPipeline's calculate_dimensions(1024 * 1024, ratio) for the
   // VAE image); tiny presets 512², as their condition_area is scaled down.
   int64_t reference_area = 1024 * 1024;
-  int divisibility = 16;
+  // Bucket sides are multiples of this, as AI Toolkit's model class rounds them (get_bucket_divisibility):
+  // FLUX.1 / Flex.1, SD3 (StableDiffusion, stable_diffusion_model.py:289-297) and Qwen-Image
+  // (qwen_image.py:84-85) 32; Flex.2 (flex2.py:88-89) and Z-Image (z_image.py:81-82) 16; DiT (gclab's) 16.
+  int divisibility = 32;
+  // A preview's width and height are rounded down to a multiple of this: the pipeline's own rounding where
+  // AI Toolkit passes the sample size through (FluxPipeline, StableDiffusion3Pipeline: the VAE's 8 x the
+  // 2x2 packing, 16), the model class's divisibility where it rounds first (qwen_image.py:287-289 32,
+  // z_image.py:358-360 16).
+  int preview_divisibility = 16;
   bool tiny = false;
 
   int total_blocks() const { return double_blocks + single_blocks + 2 * refiner_blocks; }

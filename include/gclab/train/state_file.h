@@ -28,7 +28,8 @@ class RunSaves {
   RunSaves(std::filesystem::path dir, std::string name, int keep, bool diffusers_folder = false);
 
   // Writes the state and the weights for `step` (final: the weights as `<name>.safetensors`, no state).
-  // Rotates step saves beyond `keep`. Returns the weights file. Throws SaveError.
+  // Rotates step saves beyond `keep` (0 keeps them all, as AI Toolkit's slicing does). Returns the weights
+  // file. Throws SaveError.
   std::filesystem::path save(Session& session, int64_t step, bool final);
   // Restores the newest state into the session; returns its step, or nullopt when there is none.
   std::optional<int64_t> resume(Session& session);

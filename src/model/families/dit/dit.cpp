@@ -20,6 +20,7 @@ ModelSpec dit_xl2() {
   s.single_blocks = 28;
   s.latent_channels = 4, s.out_channels = 8, s.patch = 2;  // SD VAE latents; learned sigma doubles the output
   s.num_classes = 1000;
+  s.divisibility = 16, s.preview_divisibility = 16;  // gclab's own: 2x2 patches of an 8x latent
   return s;
 }
 
@@ -48,8 +49,6 @@ class Dit final : public ModelFamily {
     return {xl, tiny};
   }
 
-  // gclab's own: 2x2 patches of an 8x latent.
-  int divisibility() const override { return 16; }
   // The SD VAE; no text encoder (class labels).
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::sd; }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {}; }

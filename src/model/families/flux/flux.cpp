@@ -21,6 +21,9 @@ ModelSpec flux_preset(const std::string& preset, int double_blocks, bool guidanc
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
   s.text_dim = 4096, s.pooled_dim = 768, s.max_text_tokens = text_tokens, s.guidance_embed = guidance;
   s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
+  // StableDiffusion.get_bucket_divisibility (stable_diffusion_model.py:289-297): the VAE's 8, x2 for the
+  // packing, x2 again; previews go to FluxPipeline as given, which rounds them to 16.
+  s.divisibility = 32, s.preview_divisibility = 16;
   return s;
 }
 
@@ -29,6 +32,7 @@ ModelSpec flux_preset(const std::string& preset, int double_blocks, bool guidanc
 ModelSpec flex2() {
   ModelSpec s = flux_preset("flex2", 8, true, 512);
   s.extra_input_features = 196 - families_shared::packed_features(s);
+  s.divisibility = 16;  // flex2.py:88-89, its own get_bucket_divisibility (StableDiffusion's gives 32)
   return s;
 }
 
@@ -65,8 +69,6 @@ class Flux final : public ModelFamily {
     return {dev, flux_preset("flux-schnell", 19, false, 256), flux_preset("flex1", 8, true, 512), flex2(), tiny};
   }
 
-  // AI Toolkit's FLUX.1 / Flex model classes: 2x2 patches of an 8x latent, rounded to 32.
-  int divisibility() const override { return 32; }
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
   std::vector<config::TextEncoderKind> text_encoders() const override {
     return {config::TextEncoderKind::clip_l, config::TextEncoderKind::t5_xxl};

@@ -33,8 +33,7 @@ class FluxTransformer : public DiffusionTransformer {
   torch::Tensor forward(const ModelInputs& in) override {
     const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3);
     torch::Tensor img = patchify(in.latents, p, /*channels_last=*/false);
-    if (spec_.extra_input_features > 0)  // Flex.2: no inpainting or control input, zeros in their place
-      img = torch::cat({img, torch::zeros({img.size(0), img.size(1), spec_.extra_input_features}, img.options())}, 2);
+    if (spec_.extra_input_features > 0) img = torch::cat({img, extra_inputs(img)}, 2);
     img = x_embedder(img);
     torch::Tensor txt = context_embedder(in.text);
     // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text.
@@ -60,6 +59,17 @@ class FluxTransformer : public DiffusionTransformer {
   }
 
  private:
+  // Flex.2's features beyond the latent's, packed as the latent is (2x2 pieces of each channel): an
+  // inpainting latent, its one-channel mask and a control latent. Without an inpainting or control input
+  // AI Toolkit feeds a zero latent, a mask of ones ("we are technically inpainting everything") and a zero
+  // control (flex2.py:462-482). Another width (a user's config.json) gets zeros.
+  torch::Tensor extra_inputs(const torch::Tensor& img) const {
+    const int64_t latent = img.size(2), mask = spec_.patch * spec_.patch, extra = spec_.extra_input_features;
+    torch::Tensor out = torch::zeros({img.size(0), img.size(1), extra}, img.options());
+    if (extra == 2 * latent + mask) out.narrow(2, latent, mask).fill_(1);
+    return out;
+  }
+
   Linear x_embedder{nullptr}, context_embedder{nullptr}, norm_out_linear{nullptr}, proj_out{nullptr};
   TwoLayerMlp timestep_embedder, guidance_embedder, text_embedder;
 };

@@ -20,6 +20,9 @@ ModelSpec qwen_preset(const std::string& preset, bool edit) {
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
   s.text_dim = 3584, s.max_text_tokens = 1024;
   s.rope_axes = {16, 56, 56}, s.rope_theta = 10000;
+  // qwen_image.py:84-85 "16 for the VAE, 2 for patch size"; generate_single_image rounds previews to it
+  // (:287-289).
+  s.divisibility = 32, s.preview_divisibility = 32;
   s.edit = edit;
   if (edit) s.condition_area = 1024 * 1024, s.condition_text_rows = 1369 + 2;
   return s;
@@ -89,7 +92,6 @@ class QwenImage final : public ModelFamily {
             tiny_preset(edit, "tiny-qwen-image-edit")};
   }
 
-  int divisibility() const override { return 32; }
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::qwen_image; }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen25_vl}; }
   // qwen_image.py: the whole encoder, under quantize_te, as qtype_te.

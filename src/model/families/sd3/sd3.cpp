@@ -21,6 +21,9 @@ ModelSpec sd35_large() {
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
   s.text_dim = 4096, s.pooled_dim = 2048, s.max_text_tokens = 333;
   s.pos_embed_max = 192, s.sd3_base_size = 64;  // sample_size 128 / patch 2
+  // StableDiffusion.get_bucket_divisibility (stable_diffusion_model.py:289-297) 32; StableDiffusion3Pipeline
+  // takes multiples of 16 (its check_inputs).
+  s.divisibility = 32, s.preview_divisibility = 16;
   return s;
 }
 
@@ -52,7 +55,6 @@ class Sd3 final : public ModelFamily {
     return {large, tiny};
   }
 
-  int divisibility() const override { return 32; }
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::sd3; }
   // CLIP-L and bigG (projected) and T5-XXL.
   std::vector<config::TextEncoderKind> text_encoders() const override {
@@ -64,6 +66,15 @@ class Sd3 final : public ModelFamily {
     return {/*t5_only=*/true, /*under_quantize=*/true, /*as_qtype_te=*/false};
   }
   config::TextComposition text_composition() const override { return config::TextComposition::sd3; }
+  // AI Toolkit trains and previews SD3 through get_sampler("flowmatch", arch="sd") (BaseSDTrainProcess.py:
+  // 1773-1786, stable_diffusion_model.py:1212-1224): sd_flow_config, a static shift of 3.0
+  // (toolkit/sampler.py:90-100, 166-167); StableDiffusion3Pipeline passes no sigmas (stable_diffusion_model.py:
+  // 1581-1593 calls it without), so the scheduler lays out its own.
+  FlowSchedule flow_schedule() const override {
+    FlowSchedule s;
+    s.dynamic = false, s.shift = 3.0, s.preview_from_scheduler = true;
+    return s;
+  }
   Guidance preview_guidance(bool) const override { return Guidance::Cfg; }
 
   // 77 CLIP + 256 T5 rows, padded, whatever the prompt.

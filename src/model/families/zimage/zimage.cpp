@@ -26,6 +26,9 @@ ModelSpec zimage_preset(const std::string& preset) {
   s.text_dim = 2560, s.max_text_tokens = 512;
   s.rope_axes = {32, 48, 48}, s.rope_theta = 256;
   s.adaln_dim = adaln_dim(s.hidden), s.t_embed_mid = 1024;
+  // z_image.py:81-82 "8 for the VAE, 2 for patch size"; generate_single_image rounds previews to it
+  // (:358-360).
+  s.divisibility = 16, s.preview_divisibility = 16;
   return s;
 }
 
@@ -65,8 +68,6 @@ class ZImage final : public ModelFamily {
     return {base, zimage_preset("zimage-turbo"), tiny};
   }
 
-  // z_image.py get_bucket_divisibility: 16 * 2 ("16 for the VAE, 2 for patch size").
-  int divisibility() const override { return 32; }
   // FLUX.1's AutoencoderKL configuration.
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen3}; }
