@@ -198,7 +198,7 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
   try {
     const gclab::vae::CodecSpec plan = gclab::train::codec_plan(config, spec, f.weights);
     if (!plan.autoencoder) throw gclab::UserError("model.vae: dct has no autoencoder to run");
-    torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
+    torch::manual_seed(config.seed());
     auto built = gclab::vae::build_autoencoder(*plan.autoencoder, plan.weights);
     if (built.random)
       gclab::log::warn("no --weights and no vae/ folder in model.name_or_path: random autoencoder weights");
@@ -211,7 +211,7 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
     if (f.vae_tile > 0) vae.enable_tiling(f.vae_tile);
     vae.to(device, dtype);
     vae.eval();
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.training_seed.value_or(42)));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(config.seed());
     const bool encode = f.component == ForwardComponent::vae_encode;
     const auto file = gclab::io::SafetensorsFile::open(f.inputs);
     const std::string in_name = encode ? "images" : "latents", out_name = encode ? "latents" : "images";
@@ -256,7 +256,7 @@ int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardAr
     if (const auto local = gclab::model::local_model(config.model); local && slot < local->text_encoders.size())
       folder = local->text_encoders[slot];
   try {
-    torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
+    torch::manual_seed(config.seed());
     auto built = gclab::text::build_text_encoder(kinds[slot], spec.tiny, folder);
     if (built.random)
       gclab::log::warn("no --weights and no " + name + "/ folder in model.name_or_path: random weights");
@@ -379,7 +379,7 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
   if (f.component != ForwardComponent::transformer) return run_text_forward(config, f, dtype);
   const torch::Device device = gclab::train::resolve_device(config.device);
   try {
-    torch::manual_seed(static_cast<uint64_t>(config.training_seed.value_or(42)));
+    torch::manual_seed(config.seed());
     // Built in the compute dtype and quantized as a training run would be (model.quantize / qtype /
     // accuracy_recovery_adapter), before the weights load: a quantized Linear quantizes what it loads.
     auto model = gclab::model::build_transformer(spec, torch::TensorOptions().dtype(dtype));
@@ -400,8 +400,7 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
     if (!weights.empty()) {
       warn_unused(gclab::model::load_weights(*model, weights), weights);
     } else {
-      gclab::log::warn("no --weights: random weights (training_seed " +
-                       std::to_string(config.training_seed.value_or(42)) + ")");
+      gclab::log::warn("no --weights: random weights (training_seed " + std::to_string(config.seed()) + ")");
     }
     if (!f.lora.empty()) {
       const int merged = gclab::model::merge_lora_file(*model, f.lora, f.lora_scale);

@@ -204,15 +204,18 @@ std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::ve
       std::map<BucketResolution, std::vector<PlannedSample>> buckets;
       for (size_t i = 0; i < items.size(); ++i) {
         if (items[i].dataset != static_cast<int>(d)) continue;
-        for (int r = 0; r < std::max(ds.num_repeats, 1); ++r) {
-          PlannedSample s;
-          s.item = static_cast<int>(i);
-          s.placement = place_in_bucket(items[i].width, items[i].height, resolution, divisibility,
-                                        ds.random_crop ? &rng : nullptr);
-          s.flip_x = ds.flip_x && (rng() & 1);
-          s.flip_y = ds.flip_y && (rng() & 1);
-          buckets[s.placement.bucket].push_back(s);
-        }
+        // flip_x / flip_y add a flipped copy of every image (AI Toolkit's file list grows: x-flipped copies,
+        // then y-flipped copies of all of those, toolkit/data_loader.py:574-592), each its own sample.
+        for (int r = 0; r < std::max(ds.num_repeats, 1); ++r)
+          for (int fx = 0; fx <= (ds.flip_x ? 1 : 0); ++fx)
+            for (int fy = 0; fy <= (ds.flip_y ? 1 : 0); ++fy) {
+              PlannedSample s;
+              s.item = static_cast<int>(i);
+              s.placement = place_in_bucket(items[i].width, items[i].height, resolution, divisibility,
+                                            ds.random_crop ? &rng : nullptr);
+              s.flip_x = fx == 1, s.flip_y = fy == 1;
+              buckets[s.placement.bucket].push_back(s);
+            }
       }
       for (auto& [bucket, samples] : buckets) {
         std::shuffle(samples.begin(), samples.end(), rng);

@@ -37,6 +37,72 @@ std::vector<unsigned char> read_all(const fs::path& path, size_t limit = SIZE_MA
   return bytes;
 }
 
+bool is_jpeg(const fs::path& path) {
+  const std::string ext = lower_extension(path);
+  return ext == ".jpg" || ext == ".jpeg";
+}
+
+// A JPEG's EXIF orientation (tag 0x0112 of IFD0 in its APP1 "Exif" segment), 1 when it has none or the
+// segment is malformed: what PIL's ImageOps.exif_transpose reads.
+int jpeg_orientation(const fs::path& path) {
+  const auto b = read_all(path, 1 << 17);
+  auto u16 = [&](size_t at, bool big) {
+    return at + 2 > b.size() ? -1 : big ? (b[at] << 8 | b[at + 1]) : (b[at + 1] << 8 | b[at]);
+  };
+  auto u32 = [&](size_t at, bool big) -> int64_t {
+    if (at + 4 > b.size()) return -1;
+    return big ? (int64_t{b[at]} << 24 | b[at + 1] << 16 | b[at + 2] << 8 | b[at + 3])
+               : (int64_t{b[at + 3]} << 24 | b[at + 2] << 16 | b[at + 1] << 8 | b[at]);
+  };
+  if (b.size() < 4 || b[0] != 0xFF || b[1] != 0xD8) return 1;
+  size_t at = 2;
+  while (at + 4 <= b.size() && b[at] == 0xFF) {
+    const int marker = b[at + 1], length = u16(at + 2, true);
+    if (marker == 0xDA || marker == 0xD9 || length < 2) break;  // image data, or the end: no EXIF before
+    const size_t body = at + 4;
+    if (marker == 0xE1 && body + 14 <= b.size() && std::memcmp(&b[body], "Exif\0\0", 6) == 0) {
+      const size_t tiff = body + 6;
+      const bool big = b[tiff] == 'M';
+      const int64_t ifd = u32(tiff + 4, big);
+      if (ifd < 0) return 1;
+      const int count = u16(tiff + static_cast<size_t>(ifd), big);
+      for (int e = 0; e < count; ++e) {
+        const size_t entry = tiff + static_cast<size_t>(ifd) + 2 + 12 * static_cast<size_t>(e);
+        if (u16(entry, big) == 0x0112) {
+          const int value = u16(entry + 8, big);
+          return value >= 1 && value <= 8 ? value : 1;
+        }
+      }
+      return 1;
+    }
+    at = body - 2 + static_cast<size_t>(length);
+  }
+  return 1;
+}
+
+// The pixels as PIL's exif_transpose leaves them for `orientation`: 2 mirrored, 3 turned 180°, 4 flipped,
+// 5 transposed, 6 turned 90° clockwise, 7 transversed, 8 turned 90° counter-clockwise.
+torch::Tensor oriented(const torch::Tensor& hwc, int orientation) {
+  switch (orientation) {
+    case 2:
+      return hwc.flip({1}).contiguous();
+    case 3:
+      return hwc.flip({0, 1}).contiguous();
+    case 4:
+      return hwc.flip({0}).contiguous();
+    case 5:
+      return hwc.permute({1, 0, 2}).contiguous();
+    case 6:
+      return hwc.permute({1, 0, 2}).flip({1}).contiguous();
+    case 7:
+      return hwc.flip({0, 1}).permute({1, 0, 2}).contiguous();
+    case 8:
+      return hwc.permute({1, 0, 2}).flip({0}).contiguous();
+    default:
+      return hwc;
+  }
+}
+
 }  // namespace
 
 bool is_image_file(const fs::path& path) {
@@ -60,6 +126,9 @@ std::optional<ImageSize> read_image_size(const fs::path& path, std::string* erro
     int w = 0, h = 0, channels = 0;
     if (!stbi_info(path.c_str(), &w, &h, &channels)) return fail(stbi_failure_reason());
     if (w <= 0 || h <= 0) return fail("zero-sized image");
+    // A phone photo's EXIF orientation turns it: AI Toolkit sizes it after exif_transpose
+    // (toolkit/data_transfer_object/data_loader.py:158).
+    if (is_jpeg(path) && jpeg_orientation(path) >= 5) std::swap(w, h);
     return ImageSize{w, h};
   } catch (const ImageError& e) {
     return fail(e.what());
@@ -83,7 +152,8 @@ torch::Tensor decode_image_rgb(const fs::path& path) {
   torch::Tensor out = torch::empty({h, w, 3}, torch::kUInt8);
   std::memcpy(out.data_ptr(), rgb, static_cast<size_t>(w) * h * 3);
   stbi_image_free(rgb);
-  return out;
+  // Upright as AI Toolkit loads it (exif_transpose, toolkit/dataloader_mixins.py:896).
+  return is_jpeg(path) ? oriented(out, jpeg_orientation(path)) : out;
 }
 
 torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height) {

@@ -46,6 +46,11 @@ int apply_lora(DiffusionTransformer& model, const LoraOptions& options) {
   return count;
 }
 
+void set_lora_multiplier(DiffusionTransformer& model, double multiplier) {
+  for (auto& [path, linear] : target_linears(model))
+    if (linear->has_lora()) linear->set_lora_multiplier(multiplier);
+}
+
 int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage storage) {
   int64_t saved = 0;
   for (auto& [path, linear] : named_linears(model)) {

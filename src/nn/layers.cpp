@@ -430,12 +430,12 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     const torch::Tensor h = F::linear(x, for_input(recovery_A_, x));
     y = y + F::linear(h, for_input(recovery_B_, h)) * recovery_scale_;
   }
-  if (lora_A_.defined()) {
+  if (lora_A_.defined() && lora_multiplier_ != 0) {
     // Dropout on lora_A's rank-sized output, as AI Toolkit's LoRAModule.forward (lora_down, then dropout):
     // its mask is B x tokens x rank, not the input's size.
     torch::Tensor h = F::linear(x, for_input(lora_A_, x));
     if (lora_dropout_ > 0) h = torch::dropout(h, lora_dropout_, is_training());
-    y = y + F::linear(h, for_input(lora_B_, h)) * lora_scale_;
+    y = y + F::linear(h, for_input(lora_B_, h)) * (lora_scale_ * lora_multiplier_);
   }
   return y;
 }

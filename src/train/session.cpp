@@ -95,8 +95,7 @@ int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSp
   if (!config.model.layer_offloading || config.model.layer_offloading_transformer_percent <= 0) return 0;
   auto model = model::build_transformer(spec, torch::TensorOptions().device(torch::kMeta).dtype(base_dtype(config)));
   model::quantize_base(*model, config.model);
-  offload_layers(*model, config.model.layer_offloading_transformer_percent,
-                 static_cast<uint64_t>(config.training_seed.value_or(42)), torch::Device(torch::kMeta));
+  offload_layers(*model, config.model.layer_offloading_transformer_percent, config.seed(), torch::Device(torch::kMeta));
   return nn::offloaded_bytes(*model) - nn::offload_device_bytes(*model, config::dtype_bytes(config.train.dtype));
 }
 
@@ -255,7 +254,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   meter_.reset_peak();
   memory::MemoryMeter::reset_host_peak();
   const Residence built_in = load_.quantized_on_host ? Residence::host : Residence::device;
-  torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
+  torch::manual_seed(config_.seed());
   try {
     std::optional<memory::HostScope> host;
     if (load_.quantized_on_host && device_.is_cpu()) host.emplace();
@@ -289,7 +288,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   };
   if (!after_text_encoders) transformer_to_device();
 
-  torch::manual_seed(static_cast<uint64_t>(config_.training_seed.value_or(42)));
+  torch::manual_seed(config_.seed());
   std::unique_ptr<text::PromptEncoder> prompts;
   try {
     prompts = std::make_unique<text::PromptEncoder>(prompt_plan(
@@ -309,8 +308,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     for (size_t i = 0; i < prompts->slots(); ++i) {
       const Offloaded o = offload_within_host_cap(
           prompts->encoder(i), config_.model.layer_offloading_text_encoder_percent,
-          "model.layer_offloading_text_encoder_percent",
-          static_cast<uint64_t>(config_.training_seed.value_or(42)) + 1 + i, model::text_encoder_folder(i));
+          "model.layer_offloading_text_encoder_percent", config_.seed() + 1 + i, model::text_encoder_folder(i));
       load_.moved(Residence::host, o.host_bytes);
       log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of " + model::text_encoder_folder(i) +
                 "'s " + std::to_string(o.linears) + " Linears in host memory (" + config::format_bytes(o.host_bytes) +
@@ -321,7 +319,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   std::string encoders =
       config_.model.arch + "|" + config_.model.name_or_path.value_or("") + "|" + std::string(bf16() ? "bf16" : "fp32");
   for (size_t i = 0; i < prompts->slots(); ++i)
-    if (prompts->random_weights(i)) encoders += "|random " + std::to_string(config_.training_seed.value_or(42));
+    if (prompts->random_weights(i)) encoders += "|random " + std::to_string(config_.seed());
   for (const auto& storage : model::text_encoder_storage(config_.model, spec_.family))
     encoders += "|" + (storage ? nn::to_string(*storage) : std::string("-"));
   text_ = std::make_unique<data::TextEmbeddingCache>(
@@ -375,9 +373,9 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
               " preset with random weights");
   }
   if (config_.model.layer_offloading && config_.model.layer_offloading_transformer_percent > 0) {
-    const Offloaded o = offload_within_host_cap(
-        *model_, config_.model.layer_offloading_transformer_percent, "model.layer_offloading_transformer_percent",
-        static_cast<uint64_t>(config_.training_seed.value_or(42)), "the transformer");
+    const Offloaded o =
+        offload_within_host_cap(*model_, config_.model.layer_offloading_transformer_percent,
+                                "model.layer_offloading_transformer_percent", config_.seed(), "the transformer");
     log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of the transformer's " +
               std::to_string(o.linears) + " Linears keep their weights in host memory (" +
               config::format_bytes(o.host_bytes) + "), brought to the device for each call");
@@ -397,7 +395,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   caches_latents_ = run_caches_latents(config_);
   if (!options.meta) {
     try {
-      codec_ = vae::build_codec(codec_spec_, device_, static_cast<uint64_t>(config_.training_seed.value_or(42)));
+      codec_ = vae::build_codec(codec_spec_, device_, config_.seed());
     } catch (const std::runtime_error& e) {
       throw UserError(std::string("the autoencoder's weights do not fit its config.json: ") + e.what());
     }
@@ -736,7 +734,17 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     auto uncond = conditioning({data::Caption{item.neg.value_or(sc.neg), controls, {}, {}}});
     current_activity_ = Activity::model;
     cond.reference_latents = uncond.reference_latents = preview_references(controls);
-    const torch::Tensor z = sample::euler_sample(*model_, cond, uncond, so);
+    // The item's network_multiplier on every adapter while it denoises (stable_diffusion_model.py:1440-1441:
+    // network.multiplier = gen_config.network_multiplier), 1 again after, however the sampling ends.
+    torch::Tensor z;
+    {
+      struct Multiplier {
+        model::DiffusionTransformer& m;
+        ~Multiplier() { model::set_lora_multiplier(m, 1.0); }
+      } restore{*model_};
+      model::set_lora_multiplier(*model_, item.network_multiplier.value_or(sc.network_multiplier));
+      z = sample::euler_sample(*model_, cond, uncond, so);
+    }
     const torch::Tensor image = decode_preview(z);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
     // sample.format: AI Toolkit's ext (config_modules.py:93, jpg by default) on the file it saves.

@@ -164,7 +164,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   lo.batch_size = tc.batch_size;
   lo.divisibility = session.spec().divisibility;
   lo.reference_area = session.spec().reference_area;
-  lo.seed = static_cast<uint64_t>(config.training_seed.value_or(42));
+  lo.seed = config.seed();
   lo.trigger_word = config.trigger_word;
   std::optional<data::BatchLoader> loader;  // started after the budget probe: its thread allocates too
   auto next_batch = [&] {

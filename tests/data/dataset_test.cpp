@@ -4,7 +4,11 @@
 #include <webp/encode.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <tuple>
 
 #include "../support/test_util.h"
 #include "gclab/data/image.h"
@@ -213,4 +217,85 @@ TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) 
 }
 
 }  // namespace
+// flip_x / flip_y grow the dataset as AI Toolkit's file list grows (toolkit/data_loader.py:574-592): every
+// image once as it is and once flipped each way asked for — both: four copies, one flipped both ways — not
+// a coin per sample.
+TEST(Dataset, FlipsAddAFlippedCopyOfEveryImage) {
+  std::vector<ImageItem> items;
+  for (int i = 0; i < 3; ++i) items.push_back({"sq" + std::to_string(i), "", 512, 512, 0, {}});
+  config::DatasetConfig d;
+  d.resolution = {512};
+  d.batch_size = 1;
+  for (const auto& [fx, fy] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+    d.flip_x = fx, d.flip_y = fy;
+    std::map<std::tuple<int, bool, bool>, int> seen;
+    for (const auto& batch : plan_epoch(items, {d}, 1, 32, 3))
+      for (const auto& s : batch.samples) ++seen[{s.item, s.flip_x, s.flip_y}];
+    const int copies = (fx ? 2 : 1) * (fy ? 2 : 1);
+    EXPECT_EQ(seen.size(), static_cast<size_t>(3 * copies)) << fx << fy;
+    for (const auto& [key, n] : seen) {
+      EXPECT_EQ(n, 1);
+      EXPECT_TRUE(fx || !std::get<1>(key));
+      EXPECT_TRUE(fy || !std::get<2>(key));
+    }
+  }
+}
+
+// A phone photo's EXIF orientation turns it as AI Toolkit turns it (PIL's exif_transpose, for its size and
+// its pixels: toolkit/data_transfer_object/data_loader.py:157-159, toolkit/dataloader_mixins.py:895-896):
+// the size from the header alone is the upright one, and the pixels are what PIL gives (to its JPEG
+// decoder's rounding) and what gclab's own decode of the unmarked file turns to (exactly).
+TEST(Image, ExifOrientationTurnsJpegsAsPilDoes) {
+  const fs::path dir = testing::fresh_dir("image_exif");
+  // An asymmetric picture: a bright top-left corner on a gradient.
+  torch::Tensor image = torch::linspace(0, 200, 64).view({1, 64, 1}).expand({40, 64, 3}).clone();
+  image.narrow(0, 0, 10).narrow(1, 0, 16).fill_(255);
+  image = image.round().to(torch::kUInt8);
+  write_image(dir / "plain.jpg", image);
+  const torch::Tensor plain = decode_image_rgb(dir / "plain.jpg");
+  std::string bytes;
+  {
+    std::ifstream in(dir / "plain.jpg", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::string command =
+      std::string("\"") + GCLAB_PYTHON + "\" \"" + GCLAB_SOURCE_DIR + "/tests/reference/exif_transpose.py\"";
+  for (int o = 1; o <= 8; ++o) {
+    // APP1: "Exif\0\0", a little-endian TIFF header, IFD0 with one entry: Orientation (0x0112, SHORT) = o.
+    const std::string exif = std::string("Exif\0\0II*\0\x08\0\0\0\x01\0\x12\x01\x03\0\x01\0\0\0", 24) +
+                             std::string(1, static_cast<char>(o)) + std::string("\0\0\0\0\0\0\0", 7);
+    const int length = static_cast<int>(exif.size()) + 2;
+    const std::string app1 =
+        std::string("\xFF\xE1", 2) + static_cast<char>(length >> 8) + static_cast<char>(length & 255);
+    std::ofstream(dir / ("o" + std::to_string(o) + ".jpg"), std::ios::binary)
+        << bytes.substr(0, 2) + app1 + exif + bytes.substr(2);
+    command += " \"" + (dir / ("o" + std::to_string(o) + ".jpg")).string() + "\"";
+  }
+  const bool pil = std::system((command + " > /dev/null").c_str()) == 0;
+  for (int o = 1; o <= 8; ++o) {
+    const fs::path file = dir / ("o" + std::to_string(o) + ".jpg");
+    const torch::Tensor got = decode_image_rgb(file);
+    const auto size = read_image_size(file);
+    ASSERT_TRUE(size) << o;
+    EXPECT_EQ(size->width, got.size(1)) << o;
+    EXPECT_EQ(size->height, got.size(0)) << o;
+    EXPECT_EQ(got.size(1), o >= 5 ? 40 : 64) << o;
+    if (o == 1) {
+      EXPECT_TRUE(torch::equal(got, plain));
+    }
+    if (o == 6) {
+      EXPECT_TRUE(torch::equal(got, torch::rot90(plain, -1, {0, 1}))) << "90 degrees clockwise";
+    }
+    if (!pil) continue;
+    std::ifstream in(file.string() + ".rgb", std::ios::binary);
+    std::string raw((std::istreambuf_iterator<char>(in)), {});
+    ASSERT_EQ(raw.size(), static_cast<size_t>(got.numel())) << o;
+    const torch::Tensor want =
+        torch::from_blob(raw.data(), {got.size(0), got.size(1), 3}, torch::kUInt8).to(torch::kFloat);
+    EXPECT_LT((got.to(torch::kFloat) - want).abs().mean().item<double>(), 2.0) << "orientation " << o;
+  }
+  if (!pil) GTEST_SKIP() << "checked without PIL: the reference did not run";
+  fs::remove_all(dir);
+}
+
 }  // namespace gclab::data

@@ -168,6 +168,36 @@ TEST(Lora, DropoutActsOnTheRankSizedOutputAndOnlyInTraining) {
   EXPECT_TRUE(torch::allclose(t, want, 1e-5, 1e-5));
 }
 
+// A preview's network_multiplier (`--m`) scales the adapter's output as AI Toolkit's network.multiplier
+// does (toolkit/network_mixins.py:289-320): 0 is the base Linear alone, 2 twice the adapter's delta; the
+// model-wide setter reaches every adapter.
+TEST(Lora, AMultiplierScalesTheAdapterAndZeroIsTheBaseAlone) {
+  torch::manual_seed(0);
+  Linear l(16, 8, true);
+  l->add_lora(4, 4.0);
+  {
+    torch::NoGradGuard no_grad;
+    l->named_parameters()["lora_B.weight"].normal_(0, 0.5);
+  }
+  const torch::Tensor x = torch::randn({2, 5, 16});
+  const torch::Tensor one = l->forward(x);
+  const torch::Tensor base = torch::nn::functional::linear(x, l->weight, l->bias);
+  l->set_lora_multiplier(0);
+  EXPECT_TRUE(torch::equal(l->forward(x), base));
+  l->set_lora_multiplier(2);
+  EXPECT_TRUE(torch::allclose(l->forward(x), base + 2 * (one - base), 1e-5, 1e-5));
+  auto m = build_transformer(spec_by_preset("tiny-flux"));
+  apply_lora(*m, {4, 4.0, 0.0});
+  set_lora_multiplier(*m, 0.5);
+  int adapters = 0;
+  for (auto& [path, linear] : nn::named_linears(*m))
+    if (linear->has_lora()) {
+      EXPECT_EQ(linear->lora_multiplier(), 0.5) << path;
+      ++adapters;
+    }
+  EXPECT_GT(adapters, 0);
+}
+
 TEST(Quantize, QFloat8AndFloat8BaseWeightsQuarterFp32StorageAndStayClose) {
   torch::manual_seed(0);
   auto m = build_transformer(spec_by_preset("tiny-qwen-image"));

@@ -412,6 +412,46 @@ TEST(Session, GuidanceEmbeddingTrainsAtCfgScaleOrIsBypassed) {
 // Previews use the EMA weights when EMA is on (BaseSDTrainProcess.sample swaps them in), and the live
 // weights are back afterwards. With decay 0 the EMA is the live weights, so the preview is the one a run
 // without EMA draws; with decay 0.9 after two large steps it is not.
+// A preview item's network_multiplier (`--m`) scales the LoRA while it denoises, as AI Toolkit's
+// generate_images sets network.multiplier (stable_diffusion_model.py:1440-1441): --m 0 previews the base
+// alone — what zeroed adapters give —, --m 1 the adapted model; training's multiplier is 1 after.
+TEST(Session, APreviewsNetworkMultiplierScalesTheLora) {
+  const fs::path dir = testing::fresh_dir("session_preview_multiplier");
+  config::ProcessConfig c = tiny_config(dir, "m");
+  config::SampleConfig sc;
+  sc.width = sc.height = 64, sc.sample_steps = 2, sc.seed = 3, sc.format = "png";
+  sc.samples = {config::SampleItem{}, config::SampleItem{}};
+  sc.samples[0].prompt = sc.samples[1].prompt = "a photo";
+  sc.samples[0].network_multiplier = 0.0;
+  sc.samples[1].network_multiplier = 1.0;
+  c.sample = sc;
+  Session session(c);
+  auto set_lora_b = [&](bool zero) {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(1);
+    for (auto& p : session.model().named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) zero ? p.value().zero_() : p.value().normal_(0, 0.5);
+  };
+  set_lora_b(false);
+  auto images = [&](const std::string& sub) {
+    std::vector<torch::Tensor> out;
+    for (const auto& f : session.sample(0, dir / sub)) out.push_back(data::decode_image_rgb(f));
+    return out;
+  };
+  const auto adapted = images("adapted");
+  ASSERT_EQ(adapted.size(), 2u);
+  EXPECT_FALSE(torch::equal(adapted[0], adapted[1]));
+  for (auto& [path, linear] : nn::named_linears(session.model()))
+    if (linear->has_lora()) {
+      EXPECT_EQ(linear->lora_multiplier(), 1.0) << path;
+    }
+  set_lora_b(true);
+  const auto base = images("base");
+  EXPECT_TRUE(torch::equal(adapted[0], base[0]));  // --m 0 is the base alone
+  EXPECT_TRUE(torch::equal(base[0], base[1]));
+  fs::remove_all(dir);
+}
+
 TEST(Session, PreviewsUseTheEmaWeightsAndRestoreTheLiveOnes) {
   const fs::path dir = testing::fresh_dir("session_ema_preview");
   auto preview = [&](const std::string& name, std::vector<std::string> extra) {

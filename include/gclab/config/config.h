@@ -555,6 +555,9 @@ struct ProcessConfig {
   std::string device = "auto";  // AI Toolkit users write cuda:0; auto = CUDA when present, else CPU
   std::optional<std::string> trigger_word;
   std::optional<std::int64_t> training_seed;
+  // The seed a run draws from: training_seed, or gclab's fixed 42 where the config has none (AI Toolkit
+  // then leaves torch's and Python's generators unseeded, BaseTrainProcess.py:33-39; gclab's runs repeat).
+  std::uint64_t seed() const { return static_cast<std::uint64_t>(training_seed.value_or(42)); }
   ByteSize vram_cap;                     // gclab: emulated VRAM cap; may also stand at the file's top level
   ByteSize host_cap;                     // gclab: emulated host-memory cap (what layer offloading keeps there)
   std::optional<NetworkConfig> network;  // absent: the whole transformer is trained

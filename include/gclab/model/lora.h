@@ -27,6 +27,8 @@ LoraOptions lora_options(const config::NetworkConfig& network);
 // Freezes every parameter, then adds an adapter to each target Linear. Returns the number of adapted
 // modules. The adapters start as a no-op (lora_B = 0), so the model's output is unchanged.
 int apply_lora(DiffusionTransformer& model, const LoraOptions& options);
+// Sets every adapter's multiplier (nn::LinearImpl::set_lora_multiplier): a preview's network_multiplier.
+void set_lora_multiplier(DiffusionTransformer& model, double multiplier);
 
 // Stores every Linear's (frozen) weight as `storage` (model.quantize with model.qtype): the blocks' and the
 // ones outside them (embedders, norm_out, proj_out), as AI Toolkit quantizes the blocks one by one and then

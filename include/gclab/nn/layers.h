@@ -77,6 +77,10 @@ class LinearImpl : public torch::nn::Module {
   void add_lora(int64_t rank, double alpha, double dropout = 0.0);
   bool has_lora() const { return lora_A_.defined(); }
   double lora_scale() const { return lora_scale_; }  // alpha / rank
+  // Scales the adapter's output by `m` on top of lora_scale (AI Toolkit's network.multiplier, which a
+  // preview's `--m` / network_multiplier sets: toolkit/network_mixins.py:289-320); 0 skips the adapter.
+  void set_lora_multiplier(double m) { lora_multiplier_ = m; }
+  double lora_multiplier() const { return lora_multiplier_; }
   // A frozen LoRA beside the weight (AI Toolkit's accuracy-recovery adapter: trained to make up for what
   // the quantized weight lost): down [rank, in] and up [out, rank], kept in their dtype as the buffers
   // `recovery_A` / `recovery_B` — not parameters, so no optimizer, weight file or LoRA file sees them.
@@ -128,7 +132,7 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor recovery_A_, recovery_B_;
   double recovery_scale_ = 1.0;
   bool offloaded_ = false;
-  double lora_scale_ = 1.0, lora_dropout_ = 0.0;
+  double lora_scale_ = 1.0, lora_dropout_ = 0.0, lora_multiplier_ = 1.0;
 };
 TORCH_MODULE(Linear);
 
