@@ -1,7 +1,8 @@
-// The one table of family facts (DESIGN.md section 4): which `model.arch` names gclab models, the family
-// each belongs to, and what the family fixes (bucket divisibility, as AI Toolkit sets it per model).
-// The config checks that need these facts (arch modelled, resolutions divisible) are here too, and
-// load_config_file/text run them after the config part's own validation: every verb loads through them.
+// What generic code asks of the families, answered by the family registry (registry.h; each family's folder
+// under src/model/families/ holds its facts): which `model.arch` names gclab models, the family each belongs
+// to, how each loads, guides and conditions. The config checks that need these facts (arch modelled,
+// resolutions divisible by the arch's buckets) are here too, and load_config_file/text run them after the
+// config part's own validation: every verb loads through them.
 #pragma once
 
 #include <optional>
