@@ -46,10 +46,4 @@ torch::Tensor FlowSchedule::preview_sigmas(int steps, int64_t image_tokens) cons
 
 FlowSchedule flow_schedule(config::Family family) { return family_of(family).flow_schedule(); }
 
-FlowSchedule ModelFamily::flow_schedule() const {
-  FlowSchedule s;  // flux_config: shift 3 (unused), dynamic, 0.5 / 1.15 over 256 / 4096 tokens
-  s.dynamic = true;
-  return s;
-}
-
 }  // namespace gclab::model

@@ -1,7 +1,7 @@
 // The activation ledger's op rules and its block kinds (activations.h): the bytes one block keeps for its
 // backward, computed from the shapes, each entry named after a tensor the block's forward (blocks.cpp)
 // hands to autograd. Each family's folder says which blocks its transformer has (registry.h
-// ModelFamily::block_activations); tests/model/activations_test.cpp checks every tiny preset's against the
+// ModelFamily's block_activations); tests/model/activations_test.cpp checks every tiny preset's against the
 // tracking allocator, byte for byte.
 #pragma once
 
