@@ -201,6 +201,7 @@ void MemoryMeter::set_cap(std::int64_t cap_bytes) {
 }
 
 void MemoryMeter::set_host_cap(std::int64_t cap_bytes) { g_host_cap = cap_bytes; }
+std::int64_t MemoryMeter::host_cap() { return g_host_cap.load(); }
 void MemoryMeter::reset_host_peak() { g_host_peak = g_host_live.load(); }
 
 void MemoryMeter::release_cached() {

@@ -75,38 +75,36 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
   return fixes;
 }
 
-}  // namespace
-
-OomContext oom_context(const config::ProcessConfig& config, const c10::Device& device,
-                       const c10::OutOfMemoryError& error) {
-  OomContext ctx;
-  ctx.checkpoint_policy = config.train.policy().to_string();
-  ctx.message = error.what_without_backtrace();
-  ctx.device = device.str();
-  ctx.cpu = device.is_cpu();
-  ctx.cap_bytes = config.vram_cap.bytes;
-  ctx.cap_counts = memory::MemoryMeter::cap_counts(device);
-  return ctx;
-}
-
-std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
-                                    const model::ModelSpec& spec, const vae::CodecSpec& codec,
-                                    const model::ActivationOptions& activations) {
-  if (ctx.phase == Phase::setup) return load_fixes(config);
-  // The failing phase's own fixes come first (`first`), then the rest in the order practice recommends.
-  std::vector<OomFix> first, fixes;
-  const auto [bw, bh] = parse_bucket(ctx.bucket);
-  const ckpt::CheckpointPolicy& policy = config.train.policy();
-  const bool fully_checkpointed =
-      policy.kind == ckpt::CheckpointPolicy::Kind::Full || policy.kind == ckpt::CheckpointPolicy::Kind::Offload;
-  const int batch = std::max(ctx.batch, 1);
-  const bool cpu = ctx.cpu;
+// What every lever of a step's out-of-memory error is priced from.
+struct Levers {
+  Levers(const OomContext& c, const config::ProcessConfig& cfg, const model::ModelSpec& sp, const vae::CodecSpec& co,
+         const model::ActivationOptions& a)
+      : ctx(c), config(cfg), spec(sp), codec(co), activations(a) {}
+  const OomContext& ctx;
+  const config::ProcessConfig& config;
+  const model::ModelSpec& spec;
+  const vae::CodecSpec& codec;
+  const model::ActivationOptions& activations;
+  int bw = 0, bh = 0;  // the batch's bucket
+  int batch = 1;
+  bool cpu = false;
+  bool fully_checkpointed = false;
   // The training step's own levers (checkpointing, batch, buckets) do not apply to a preview, which runs
   // without gradients at its own size.
-  const bool in_step = ctx.phase != Phase::sample;
-  const std::string basis =
-      "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " + std::to_string(batch);
-  // 0. The autoencoder's encode ran out: cache the latents before training (it then leaves the device).
+  bool in_step = true;
+  std::string basis;
+  // The failing phase's own fixes (`first`), then the rest in the order practice recommends.
+  std::vector<OomFix> first, fixes;
+
+  void latent_cache_fix();
+  void step_fixes();
+  void preview_fixes();
+  void weight_fixes();
+  void text_fixes();
+};
+
+// 0. The autoencoder's encode ran out: cache the latents before training (it then leaves the device).
+void Levers::latent_cache_fix() {
   if (ctx.activity == Activity::vae_encode && codec.autoencoder && bw > 0) {
     std::string which;
     for (size_t d = 0; d < config.datasets.size(); ++d)
@@ -118,7 +116,13 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                        "the autoencoder's weights and its encode peak at " + ctx.bucket + ", batch " +
                            std::to_string(batch) + " (vae/memory.h), no longer on the device during steps"});
   }
-  // 1. Checkpointing off (or partial): the activations of every block, kept for backward.
+}
+
+// 1. Checkpointing off (or partial): the activations of every block, kept for backward. 2. Batch size: half
+// the batch, twice the accumulation, the same effective batch. 3. The largest bucket: drop the dataset's
+// largest resolution.
+void Levers::step_fixes() {
+  const ckpt::CheckpointPolicy& policy = config.train.policy();
   if (in_step && !fully_checkpointed && bw > 0) {
     const int64_t off = activation_bytes(spec, activations, batch, bw, bh, false);
     const int64_t full = activation_bytes(spec, activations, batch, bw, bh, true);
@@ -129,7 +133,6 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                               ? ""
                               : " (an upper bound: some blocks are already checkpointed)")});
   }
-  // 2. Batch size: half the batch, twice the accumulation, the same effective batch.
   if (in_step && batch > 1 && bw > 0) {
     const int64_t now = activation_bytes(spec, activations, batch, bw, bh, fully_checkpointed);
     const int64_t half = activation_bytes(spec, activations, batch / 2, bw, bh, fully_checkpointed);
@@ -139,7 +142,6 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                          std::to_string(accumulation * 2) + " (same effective batch)",
                      now - half, basis + " vs batch " + std::to_string(batch / 2)});
   }
-  // 3. The largest bucket: drop the dataset's largest resolution.
   for (size_t d = 0; d < config.datasets.size(); ++d) {
     auto res = config.datasets[d].resolution;
     std::sort(res.begin(), res.end());
@@ -154,8 +156,11 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                      "activation ledger at " + std::to_string(largest) + "² vs " + std::to_string(next) + "²"});
     break;
   }
-  // 4. Previews: the decode tiled, a smaller preview (half the side: a quarter of the tokens and of the
-  // decoder's activations), previews less often or none.
+}
+
+// 4. Previews: the decode tiled, a smaller preview (half the side: a quarter of the tokens and of the
+// decoder's activations), previews less often or none.
+void Levers::preview_fixes() {
   if (config.sample && !config.train.disable_sampling) {
     const auto& s = *config.sample;
     const bool in_preview = ctx.phase == Phase::sample;
@@ -216,9 +221,14 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     auto& to = in_preview ? first : fixes;
     to.insert(to.end(), preview_fixes.begin(), preview_fixes.end());
   }
-  // 5. The base weights' storage: quantized (qfloat8), or, for a fully checkpointed run, a step down in bits
-  // (with blocks that are not checkpointed a uint base keeps dequantized copies: no saving there). Each
-  // saving from the model built on the meta device with and without the change.
+}
+
+// 5. The base weights' storage: quantized (qfloat8), or, for a fully checkpointed run, a step down in bits
+// (with blocks that are not checkpointed a uint base keeps dequantized copies: no saving there). Each
+// saving from the model built on the meta device with and without the change. 5b. Layer offloading (a LoRA
+// base): the transformer's Linears in host memory, brought per call; the saving is their device bytes less
+// what bringing them holds (a meta build, offloaded as the run would).
+void Levers::weight_fixes() {
   {
     const auto now = config.model.quantize ? model::quantized_storage(config.model.qtype) : std::nullopt;
     const int bits = now ? nn::uintx_bits(*now) : 0;
@@ -242,8 +252,6 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                        saving, "the transformer's weights stored as " + *next + " (built on the meta device)"});
     }
   }
-  // 5b. Layer offloading (a LoRA base): the transformer's Linears in host memory, brought per call; the
-  // saving is their device bytes less what bringing them holds (a meta build, offloaded as the run would).
   if (config.network && !(config.model.layer_offloading && config.model.layer_offloading_transformer_percent >= 1.0)) {
     config::ProcessConfig changed = config;
     changed.model.layer_offloading = true;
@@ -255,9 +263,12 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                        "the transformer's frozen Linears kept in host RAM and brought to the device per call (a meta "
                        "build; steps get slower, host memory grows by as much)"});
   }
-  // 6. The text encoders: cached embeddings or unloaded encoders (they then leave the device), or float8
-  // weights. First when the encode ran out, or when they hold a quarter or more of what was live: then they
-  // are what crowds the step out.
+}
+
+// 6. The text encoders: cached embeddings or unloaded encoders (they then leave the device), or float8
+// weights. First when the encode ran out, or when they hold a quarter or more of what was live: then they
+// are what crowds the step out.
+void Levers::text_fixes() {
   std::vector<OomFix> text;
   const bool in_encode = ctx.phase == Phase::text || ctx.activity == Activity::text_encode;
   if (!text_encoder_leaves(config) && ctx.text_encoder_bytes > 0) {
@@ -296,8 +307,41 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   const bool text_crowds = in_encode || (ctx.live_bytes > 0 && ctx.text_encoder_bytes * 4 >= ctx.live_bytes);
   auto& text_to = text_crowds ? first : fixes;
   text_to.insert(text_crowds ? text_to.begin() : text_to.end(), text.begin(), text.end());
-  first.insert(first.end(), fixes.begin(), fixes.end());
-  return first;
+}
+
+}  // namespace
+
+OomContext oom_context(const config::ProcessConfig& config, const c10::Device& device,
+                       const c10::OutOfMemoryError& error) {
+  OomContext ctx;
+  ctx.checkpoint_policy = config.train.policy().to_string();
+  ctx.message = error.what_without_backtrace();
+  ctx.device = device.str();
+  ctx.cpu = device.is_cpu();
+  ctx.cap_bytes = config.vram_cap.bytes;
+  ctx.cap_counts = memory::MemoryMeter::cap_counts(device);
+  return ctx;
+}
+
+std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
+                                    const model::ModelSpec& spec, const vae::CodecSpec& codec,
+                                    const model::ActivationOptions& activations) {
+  if (ctx.phase == Phase::setup) return load_fixes(config);
+  Levers l(ctx, config, spec, codec, activations);
+  std::tie(l.bw, l.bh) = parse_bucket(ctx.bucket);
+  const ckpt::CheckpointPolicy::Kind kind = config.train.policy().kind;
+  l.fully_checkpointed = kind == ckpt::CheckpointPolicy::Kind::Full || kind == ckpt::CheckpointPolicy::Kind::Offload;
+  l.batch = std::max(ctx.batch, 1);
+  l.cpu = ctx.cpu;
+  l.in_step = ctx.phase != Phase::sample;
+  l.basis = "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " + std::to_string(l.batch);
+  l.latent_cache_fix();
+  l.step_fixes();
+  l.preview_fixes();
+  l.weight_fixes();
+  l.text_fixes();
+  l.first.insert(l.first.end(), l.fixes.begin(), l.fixes.end());
+  return l.first;
 }
 
 Session open_session(const config::ProcessConfig& config, const std::filesystem::path& output_dir) {

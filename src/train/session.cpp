@@ -17,21 +17,6 @@ namespace gclab::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// The largest batch and square resolution the run meets (512 when no dataset names one): what budget:BYTES
-// is resolved for and what the budget probe measures.
-std::pair<int, int> largest_step(const config::ProcessConfig& c) {
-  int largest = 0, batch = c.train.batch_size;
-  for (const auto& d : c.datasets) {
-    for (int r : d.resolution) largest = std::max(largest, r);
-    batch = std::max(batch, d.batch_size.value_or(c.train.batch_size));
-  }
-  return {batch, largest > 0 ? largest : 512};
-}
-
-}  // namespace
-
 const char* phase_name(Phase phase) {
   switch (phase) {
     case Phase::setup:
@@ -66,23 +51,6 @@ const char* activity_name(Activity activity) {
       return "text encode";
   }
   return "?";
-}
-
-bool run_caches_latents(const config::ProcessConfig& config) {
-  for (const auto& d : config.datasets)
-    if (d.cache_latents || d.cache_latents_to_disk) return true;
-  return false;
-}
-
-bool run_caches_text(const config::ProcessConfig& config) {
-  if (config.train.cache_text_embeddings) return true;
-  for (const auto& d : config.datasets)
-    if (d.cache_text_embeddings) return true;
-  return false;
-}
-
-torch::ScalarType base_dtype(const config::ProcessConfig& config) {
-  return config.network && config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
 }
 
 int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec) {
@@ -126,67 +94,11 @@ UserError host_load_refusal(const config::ProcessConfig& config) {
 
 }  // namespace
 
-text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
-                                       const torch::TensorOptions& options) {
-  text::PromptEncoderOptions o;
-  o.composition = model::family_of(spec.family).text_composition();
-  o.kinds = model::text_encoders(spec.family);
-  o.tiny = spec.tiny;
-  o.text_width = spec.text_dim;
-  o.pooled_width = spec.pooled_dim;
-  o.max_tokens = spec.max_text_tokens;
-  o.condition_area = spec.condition_area;
-  o.numbered_conditions = spec.edit_plus;
-  if (const auto local = model::local_model(config.model)) {
-    o.encoders = local->text_encoders;
-    o.tokenizers = local->tokenizers;
-  }
-  o.options = options;
-  o.linear_storage = model::text_encoder_storage(config.model, spec.family);
-  return o;
-}
-
 text::EncodePrediction predict_caption_encode(const text::PromptEncoder& prompts, const model::ModelSpec& spec,
                                               bool cpu) {
   text::EncodeMemoryOptions kernels;
   kernels.cpu = cpu, kernels.threads = at::get_num_threads();
   return prompts.predict_encode(model::kNominalCaptionTokens, spec.edit ? 1 : 0, kernels);
-}
-
-bool text_encoder_leaves(const config::ProcessConfig& config) {
-  return config.train.unload_text_encoder || run_caches_text(config);
-}
-
-fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path& weights) {
-  if (!weights.empty()) return weights;
-  std::error_code ec;
-  if (config.model.vae_path && fs::exists(*config.model.vae_path, ec)) return *config.model.vae_path;
-  if (const auto local = model::local_model(config.model)) return local->vae;
-  return {};
-}
-
-vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
-  vae::CodecSpec s;
-  s.latent_channels = spec.latent_channels;
-  if (config.model.vae == config::VaeChoice::dct) return s;
-  const config::AutoencoderKind kind = model::autoencoder_kind(spec.family);
-  s.weights = autoencoder_weights(config, weights);
-  vae::AutoencoderConfig preset;
-  if (kind == config::AutoencoderKind::qwen_image)
-    preset = spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
-  else
-    preset = spec.tiny ? vae::AutoencoderKLConfig::tiny(kind) : vae::AutoencoderKLConfig::preset(kind);
-  try {
-    s.autoencoder = vae::autoencoder_config(preset, s.weights);
-  } catch (const std::runtime_error& e) {
-    throw UserError(std::string("the autoencoder: ") + e.what());
-  }
-  s.dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
-  if (config.sample && config.sample->vae_tiling)
-    s.tile_sample_size = config.sample->vae_tile_size;
-  else if (config.model.low_vram && model::low_vram_tiles_previews(spec.family, spec.edit_plus))
-    s.tile_sample_size = vae::kQwenImageDefaultTile;  // AI Toolkit's enable_tiling(), at its default
-  return s;
 }
 
 std::string step_tag(int64_t step) {
@@ -195,41 +107,46 @@ std::string step_tag(int64_t step) {
   return buf;
 }
 
-torch::Device resolve_device(const std::string& name) {
-  if (name == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
-  torch::Device device(torch::kCPU);
-  try {
-    device = torch::Device(name);
-  } catch (const c10::Error&) {
-    throw UserError("device '" + name + "' is not a device name (auto, cpu, cuda, cuda:0, ...)");
-  }
-  if (device.is_cuda() && !torch::cuda::is_available())
-    throw UserError(
-        "device '" + name +
-        "' asks for CUDA, which this machine does not have; use device: cpu (or auto), or --set device=cpu");
-  if (device.is_cuda() && device.has_index() && device.index() >= static_cast<int>(torch::cuda::device_count()))
-    throw UserError("device '" + name + "': this machine has " + std::to_string(torch::cuda::device_count()) +
-                    " CUDA device(s)");
-  return device;
-}
-
-bool runs_on_cuda(const config::ProcessConfig& config) {
-  return config.device.rfind("cuda", 0) == 0 || (config.device == "auto" && torch::cuda::is_available());
-}
-
 Session::Session(const config::ProcessConfig& config, const SessionOptions& options)
-    : config_(config),
-      spec_(model::spec_for(config.model)),
-      device_(options.meta ? torch::Device(torch::kMeta) : resolve_device(config.device)),
+    : Session(plan_run(config, PlanOptions{options.meta})) {}
+
+Session::Session(RunPlan plan)
+    : plan_(std::move(plan)),
+      device_(plan_.device),
       // Exact accounting on the CPU (a meta session counts nothing but still has a meter to read).
       cpu_tracker_(!device_.is_cuda() && !memory::CpuMemoryTracker::installed()
-                       ? std::make_unique<memory::CpuMemoryTracker>(device_.is_cpu() ? config.vram_cap.bytes : 0)
+                       ? std::make_unique<memory::CpuMemoryTracker>(device_.is_cpu() ? config_.vram_cap.bytes : 0)
                        : nullptr),
       meter_(device_.is_meta() ? torch::Device(torch::kCPU) : device_),
       phases_(meter_),
-      timesteps_(model::flow_schedule(spec_.family), config.train) {
-  const config::TrainConfig& tc = config_.train;
-  // ---- memory: exact accounting on the CPU, the allocator's statistics on CUDA; the emulated cap ----
+      timesteps_(plan_.family->flow_schedule(), config_.train),
+      previous_host_cap_(memory::MemoryMeter::host_cap()) {
+  for (const auto& w : plan_.warnings) log::warn(w);
+  start_memory();
+  // The load, in the order AI Toolkit's loader for the arch takes: the transformer (on the device, or in
+  // host memory and moved after the text encoders), the text encoders; load_ walks the same steps on the
+  // modules' sizes. Random weights from the training seed, the transformer's drawn first.
+  const memory::MemoryStats before_load = meter_.stats();
+  meter_.reset_peak();
+  memory::MemoryMeter::reset_host_peak();
+  load_transformer();
+  if (!plan_.load.after_text_encoders) transformer_to_device();
+  load_text_encoders();
+  if (plan_.load.after_text_encoders) transformer_to_device();
+  if (!device_.is_meta()) record_load(before_load);
+  attach_network();
+  load_user_weights();
+  offload_transformer();
+  model_->train();
+  build_codec();
+  // Checkpointing, applied to the built model from outside; a budget resolved at the largest cell.
+  checkpointing_ = std::make_unique<ModelCheckpointing>(*model_);
+  apply_policy(plan_.policy, plan_.largest.batch, plan_.largest.resolution);
+  build_optimizer();
+}
+
+// Exact accounting on the CPU, the allocator's statistics on CUDA; the emulated caps.
+void Session::start_memory() {
   if (device_.is_cpu()) {
     try {
       model::check_fits_in_host_memory(spec_, "gclab");
@@ -240,33 +157,23 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     meter_.set_cap(config_.vram_cap.bytes);
   }
   if (device_.is_cpu()) memory::MemoryMeter::set_host_cap(config_.host_cap.bytes);
+}
 
-  // ---- the load, in the order AI Toolkit's loader for the arch takes (model::TransformerLoading): the
-  // transformer built in the dtype it trains in (with a LoRA network in bf16 the frozen base is bf16 and only
-  // the adapters are float32; without one every weight is a float32 master copy) and quantized — on the
-  // device, or in host memory under low_vram or block by block —, the text encoders built on the device and
-  // quantized there, the transformer on the device before them or after. load_ walks the same steps on the
-  // modules' sizes. Random weights from the training seed, the transformer's drawn first. ----
-  const bool after_text_encoders =
-      model::transformer_loading(config_.model.arch) == model::TransformerLoading::per_block;
-  load_.quantized_on_host = model::quantizes_in_host_memory(config_.model);
-  const memory::MemoryStats before_load = meter_.stats();
-  meter_.reset_peak();
-  memory::MemoryMeter::reset_host_peak();
+// The transformer built in the dtype it trains in (with a LoRA network in bf16 the frozen base is bf16 and
+// only the adapters are float32; without one every weight is a float32 master copy) and quantized — on the
+// device, or in host memory under low_vram or block by block.
+void Session::load_transformer() {
+  load_.quantized_on_host = plan_.load.quantized_on_host;
   const Residence built_in = load_.quantized_on_host ? Residence::host : Residence::device;
-  torch::manual_seed(config_.seed());
+  torch::manual_seed(plan_.seed);
   try {
     std::optional<memory::HostScope> host;
     if (load_.quantized_on_host && device_.is_cpu()) host.emplace();
-    // A GPU run's transformer built in host memory is drawn on the GPU, a parameter at a time (a meta
-    // session predicting for one walks the same).
-    const bool staged = load_.quantized_on_host && !device_.is_cpu() && runs_on_cuda(config_);
     std::optional<nn::DrawOnDevice> draw_on;
-    if (staged && device_.is_cuda()) draw_on.emplace(device_);
-    model_ = model::build_transformer(
-        spec_,
-        torch::TensorOptions().device(draw_on ? torch::Device(torch::kCPU) : device_).dtype(base_dtype(config_)));
-    if (staged) load_.staged(largest_parameter_bytes(*model_));
+    if (plan_.load.staged && device_.is_cuda()) draw_on.emplace(device_);
+    model_ = plan_.family->build_transformer(
+        spec_, torch::TensorOptions().device(draw_on ? torch::Device(torch::kCPU) : device_).dtype(plan_.base_dtype));
+    if (plan_.load.staged) load_.staged(largest_parameter_bytes(*model_));
     load_.built(built_in, nn::module_bytes(*model_));
     if (config_.model.quantize) {
       const model::BaseQuantization q = model::quantize_base(*model_, config_.model);
@@ -281,18 +188,21 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   // A GPU run's host memory is not the CPU tracker's: the walk's host peak is held against the cap.
   if (device_.is_cuda() && config_.host_cap.bytes > 0 && load_.host.peak() > config_.host_cap.bytes)
     throw host_load_refusal(config_);
-  auto transformer_to_device = [this] {
-    if (!load_.quantized_on_host) return;
-    load_.moved(Residence::device, nn::module_bytes(*model_));
-    move_module(*model_, Residence::device, device_);
-  };
-  if (!after_text_encoders) transformer_to_device();
+}
 
-  torch::manual_seed(config_.seed());
+void Session::transformer_to_device() {
+  if (!load_.quantized_on_host) return;
+  load_.moved(Residence::device, nn::module_bytes(*model_));
+  move_module(*model_, Residence::device, device_);
+}
+
+// The text encoders built on the device and quantized there (offloaded as the config says), and the
+// embedding cache in front of them.
+void Session::load_text_encoders() {
+  torch::manual_seed(plan_.seed);
   std::unique_ptr<text::PromptEncoder> prompts;
   try {
-    prompts = std::make_unique<text::PromptEncoder>(prompt_plan(
-        config_, spec_, torch::TensorOptions().device(device_).dtype(bf16() ? torch::kBFloat16 : torch::kFloat)));
+    prompts = std::make_unique<text::PromptEncoder>(plan_.prompts);
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("text encoders: ") + e.what());
   }
@@ -308,7 +218,7 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     for (size_t i = 0; i < prompts->slots(); ++i) {
       const Offloaded o = offload_within_host_cap(
           prompts->encoder(i), config_.model.layer_offloading_text_encoder_percent,
-          "model.layer_offloading_text_encoder_percent", config_.seed() + 1 + i, model::text_encoder_folder(i));
+          "model.layer_offloading_text_encoder_percent", plan_.seed + 1 + i, model::text_encoder_folder(i));
       load_.moved(Residence::host, o.host_bytes);
       log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of " + model::text_encoder_folder(i) +
                 "'s " + std::to_string(o.linears) + " Linears in host memory (" + config::format_bytes(o.host_bytes) +
@@ -319,44 +229,49 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
   std::string encoders =
       config_.model.arch + "|" + config_.model.name_or_path.value_or("") + "|" + std::string(bf16() ? "bf16" : "fp32");
   for (size_t i = 0; i < prompts->slots(); ++i)
-    if (prompts->random_weights(i)) encoders += "|random " + std::to_string(config_.seed());
-  for (const auto& storage : model::text_encoder_storage(config_.model, spec_.family))
+    if (prompts->random_weights(i)) encoders += "|random " + std::to_string(plan_.seed);
+  for (const auto& storage : plan_.prompts.linear_storage)
     encoders += "|" + (storage ? nn::to_string(*storage) : std::string("-"));
   text_ = std::make_unique<data::TextEmbeddingCache>(
       std::move(prompts), [this](int64_t n) { return model::sequence_rows(spec_, n); },
-      device_.is_meta() ? torch::Device(torch::kCPU) : device_, text_encoder_leaves(config_), encoders);
+      device_.is_meta() ? torch::Device(torch::kCPU) : device_, plan_.text_encoder_leaves, encoders);
+}
 
-  if (after_text_encoders) transformer_to_device();
-  if (!device_.is_meta()) {
-    const memory::MemoryStats loaded = meter_.stats();
-    load_.measured_device_peak_bytes = loaded.peak_bytes - before_load.live_bytes;
-    if (device_.is_cpu())  // the tracker measures host memory apart on a CPU run only
-      load_.measured_host_peak_bytes = loaded.host_peak_bytes - before_load.host_live_bytes;
-    log::info("loaded: the device held at most " + config::format_bytes(*load_.measured_device_peak_bytes) +
-              " (predicted " + config::format_bytes(load_.device.peak()) + ")" +
-              (load_.measured_host_peak_bytes && load_.host.peak() > 0
-                   ? ", host memory " + config::format_bytes(*load_.measured_host_peak_bytes) + " (predicted " +
-                         config::format_bytes(load_.host.peak()) + ")"
-                   : ""));
-  }
+// What loading held, measured beside the walk's prediction.
+void Session::record_load(const memory::MemoryStats& before_load) {
+  const memory::MemoryStats loaded = meter_.stats();
+  load_.measured_device_peak_bytes = loaded.peak_bytes - before_load.live_bytes;
+  if (device_.is_cpu())  // the tracker measures host memory apart on a CPU run only
+    load_.measured_host_peak_bytes = loaded.host_peak_bytes - before_load.host_live_bytes;
+  log::info("loaded: the device held at most " + config::format_bytes(*load_.measured_device_peak_bytes) +
+            " (predicted " + config::format_bytes(load_.device.peak()) + ")" +
+            (load_.measured_host_peak_bytes && load_.host.peak() > 0
+                 ? ", host memory " + config::format_bytes(*load_.measured_host_peak_bytes) + " (predicted " +
+                       config::format_bytes(load_.host.peak()) + ")"
+                 : ""));
+}
 
-  if (config_.network) {
-    lora_ = model::lora_options(*config_.network);
-    const config::NetworkConfig& n = *config_.network;
-    if (n.use_linear_alpha)
-      log::info("network.use_linear_alpha (gclab's): the adapters are scaled by linear_alpha / linear = " +
-                std::to_string(lora_.alpha / static_cast<double>(lora_.rank)) +
-                "; AI Toolkit would train them at scale 1 (alpha = rank)");
-    else if (n.linear_alpha && *n.linear_alpha != static_cast<double>(lora_.rank))
-      log::info(
-          "network.linear_alpha is not applied, as in AI Toolkit, which trains these models' LoRAs at "
-          "scale 1 (alpha = rank); network.use_linear_alpha: true applies it");
-    lora_modules_ = model::apply_lora(*model_, lora_);  // float32 adapters
-  }
-  // The user's weights when name_or_path is a local diffusers folder that has them: every tensor checked
-  // against the model built from its config.json, loaded into the storage the run uses.
-  const auto local = model::local_model(config_.model);
-  if (local && !local->weights.empty() && !options.meta) {
+// The LoRA network's float32 adapters on the built transformer.
+void Session::attach_network() {
+  if (!config_.network) return;
+  lora_ = model::lora_options(*config_.network);
+  const config::NetworkConfig& n = *config_.network;
+  if (n.use_linear_alpha)
+    log::info("network.use_linear_alpha (gclab's): the adapters are scaled by linear_alpha / linear = " +
+              std::to_string(lora_.alpha / static_cast<double>(lora_.rank)) +
+              "; AI Toolkit would train them at scale 1 (alpha = rank)");
+  else if (n.linear_alpha && *n.linear_alpha != static_cast<double>(lora_.rank))
+    log::info(
+        "network.linear_alpha is not applied, as in AI Toolkit, which trains these models' LoRAs at "
+        "scale 1 (alpha = rank); network.use_linear_alpha: true applies it");
+  lora_modules_ = model::apply_lora(*model_, lora_);
+}
+
+// The user's weights when name_or_path is a local diffusers folder that has them: every tensor checked
+// against the model built from its config.json, loaded into the storage the run uses.
+void Session::load_user_weights() {
+  const auto& local = plan_.local;
+  if (local && !local->weights.empty() && !device_.is_meta()) {
     try {
       const auto unused = model::load_weights(*model_, local->weights);
       log::info("loaded " + local->weights.string() +
@@ -372,71 +287,48 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
     log::info("model.name_or_path '" + *config_.model.name_or_path + "' is not a local folder: the " + spec_.preset +
               " preset with random weights");
   }
-  if (config_.model.layer_offloading && config_.model.layer_offloading_transformer_percent > 0) {
-    const Offloaded o =
-        offload_within_host_cap(*model_, config_.model.layer_offloading_transformer_percent,
-                                "model.layer_offloading_transformer_percent", config_.seed(), "the transformer");
-    log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of the transformer's " +
-              std::to_string(o.linears) + " Linears keep their weights in host memory (" +
-              config::format_bytes(o.host_bytes) + "), brought to the device for each call");
+}
+
+void Session::offload_transformer() {
+  if (!config_.model.layer_offloading || config_.model.layer_offloading_transformer_percent <= 0) return;
+  const Offloaded o =
+      offload_within_host_cap(*model_, config_.model.layer_offloading_transformer_percent,
+                              "model.layer_offloading_transformer_percent", plan_.seed, "the transformer");
+  log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of the transformer's " +
+            std::to_string(o.linears) + " Linears keep their weights in host memory (" +
+            config::format_bytes(o.host_bytes) + "), brought to the device for each call");
+}
+
+// The autoencoder: resident while it encodes on the fly; with cached latents it leaves the device once they
+// are encoded (cache_latents) and comes back for previews only. Not built on the meta device.
+void Session::build_codec() {
+  if (device_.is_meta()) return;
+  const vae::CodecSpec& spec = plan_.codec;
+  try {
+    codec_ = vae::build_codec(spec, device_, plan_.seed);
+  } catch (const std::runtime_error& e) {
+    throw UserError(std::string("the autoencoder's weights do not fit its config.json: ") + e.what());
   }
-  model_->train();
+  if (spec.autoencoder)
+    log::info("autoencoder: " + spec.describe() +
+              (spec.weights.empty()
+                   ? "; random weights: its memory is exact, its latents and previews are meaningless (model.vae: "
+                     "dct previews a tiny model trained from scratch)"
+                   : ""));
+  if (plan_.caches_latents) codec_->offload();
+}
 
-  // ---- the autoencoder: resident while it encodes on the fly; with cached latents it leaves the device
-  // once they are encoded (cache_latents) and comes back for previews only ----
-  codec_spec_ = codec_plan(config_, spec_);
-  if (config_.model.vae_path && codec_spec_.autoencoder && codec_spec_.weights != fs::path(*config_.model.vae_path))
-    log::warn("model.vae_path '" + *config_.model.vae_path +
-              "' is not a local folder or file (gclab downloads nothing): " + codec_spec_.describe());
-  if (codec_spec_.autoencoder && vae::latent_channels(*codec_spec_.autoencoder) != spec_.latent_channels)
-    throw UserError("the autoencoder in " + codec_spec_.weights.string() + " has " +
-                    std::to_string(vae::latent_channels(*codec_spec_.autoencoder)) +
-                    " latent channels; the transformer takes " + std::to_string(spec_.latent_channels));
-  caches_latents_ = run_caches_latents(config_);
-  if (!options.meta) {
-    try {
-      codec_ = vae::build_codec(codec_spec_, device_, config_.seed());
-    } catch (const std::runtime_error& e) {
-      throw UserError(std::string("the autoencoder's weights do not fit its config.json: ") + e.what());
-    }
-    if (codec_spec_.autoencoder)
-      log::info("autoencoder: " + codec_spec_.describe() +
-                (codec_spec_.weights.empty()
-                     ? "; random weights: its memory is exact, its latents and previews are meaningless (model.vae: "
-                       "dct previews a tiny model trained from scratch)"
-                     : ""));
-    if (caches_latents_) codec_->offload();
-  }
-
-  // ---- checkpointing, applied to the built model from outside ----
-  checkpointing_ = std::make_unique<ModelCheckpointing>(*model_);
-  const auto [batch_max, largest] = largest_step(config_);
-  apply_policy(tc.policy(), batch_max, largest);
-
-  // ---- what is trained, the optimizer, EMA ----
+// What is trained, the optimizer (its own defaults for what the config does not set: Lion's betas
+// 0.9/0.99, no decay), EMA.
+void Session::build_optimizer() {
+  const config::TrainConfig& tc = config_.train;
   for (const auto& p : model_->named_parameters())
     if (p.value().requires_grad()) trained_.emplace_back(p.key(), p.value());
-  // The optimizer's own defaults for what the config does not set (Lion: betas 0.9/0.99, no decay).
   optimizer_ =
       make_optimizer(tc.optimizer, trained_,
                      options_from(tc, [&](const char* key) { return config_.source.origin_by_path.count(key) > 0; }));
   if (tc.ema_config.use_ema)
     for (const auto& [n, p] : trained_) ema_[n] = p.detach().clone();
-
-  if (config_.sample && !tc.disable_sampling) prompts_ = config_.sample->samples;
-  // An edit model's previews read their control images; one that is not a file is left out, said once.
-  for (const auto& p : prompts_) {
-    std::vector<fs::path> files;
-    if (spec_.edit)
-      for (const std::string& f : p.control_images()) {
-        std::error_code ec;
-        if (fs::is_regular_file(f, ec))
-          files.emplace_back(f);
-        else
-          log::warn("sample: ctrl_img " + f + " is not a file; the prompt '" + p.prompt + "' is previewed without it");
-      }
-    prompt_controls_.push_back(std::move(files));
-  }
 }
 
 int64_t Session::resident_host_weights() {
@@ -465,8 +357,12 @@ Offloaded Session::offload_within_host_cap(torch::nn::Module& component, double 
   }
 }
 
-// The offloaded Linears' ring slots hold device memory until overwritten; the next run starts without them.
-Session::~Session() { nn::release_offload_buffers(); }
+// The process-wide state a Session sets goes back as it was: the offloaded Linears' ring slots (device
+// memory until overwritten) are released, the host cap restored.
+Session::~Session() {
+  nn::release_offload_buffers();
+  if (device_.is_cpu()) memory::MemoryMeter::set_host_cap(previous_host_cap_);
+}
 
 memory::PhaseMeter::Scope Session::phase(Phase p) {
   current_phase_ = p;
@@ -494,7 +390,7 @@ void Session::encode(data::LoadedBatch& lb) {
 }
 
 int64_t Session::cache_latents(data::BatchLoader& loader) {
-  if (!caches_latents_ || !codec_ || codec_->encodes_on_loader_thread()) return 0;
+  if (!plan_.caches_latents || !codec_ || codec_->encodes_on_loader_thread()) return 0;
   int64_t n = 0;
   {
     auto scope = phase(Phase::data);
@@ -549,7 +445,7 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int 
 }
 
 std::pair<int64_t, int64_t> Session::probe_block_activations() {
-  const auto [batch, largest] = largest_step(config_);
+  const int batch = plan_.largest.batch, largest = plan_.largest.resolution;
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   const torch::Tensor rng = cpu.get_state();  // the probe's random inputs leave no trace
   const auto probe = checkpointing_->resolve_budget(
@@ -626,7 +522,7 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   data::LoadedBatch lb;
   lb.bucket = {width, height};
   lb.resolution = std::max(width, height);
-  const bool images = codec_spec_.autoencoder && !caches_latents_;  // encoded in the step's data phase
+  const bool images = plan_.codec.autoencoder && !plan_.caches_latents;  // encoded in the step's data phase
   if (images)
     lb.images = torch::rand({batch, 3, height, width}) * 2 - 1;
   else
@@ -637,7 +533,7 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   if (spec_.edit) {  // one reference of the batch's aspect, as the loader makes it
     const data::BucketResolution ref = data::reference_size(lb.bucket, spec_.divisibility, spec_.reference_area);
     const torch::Tensor control = torch::rand({batch, 3, ref.height, ref.width});
-    if (codec_spec_.autoencoder)  // control images are encoded every step, cached latents or not
+    if (plan_.codec.autoencoder)  // control images are encoded every step, cached latents or not
       lb.reference_images.push_back(control * 2 - 1);
     else
       lb.references.push_back(torch::randn({batch, spec_.latent_channels, ref.height / 8, ref.width / 8}));
@@ -705,7 +601,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
 
 std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
   std::vector<fs::path> files;
-  if (prompts_.empty()) return files;
+  if (plan_.previews.empty()) return files;
   auto scope = phase(Phase::sample);
   // AI Toolkit previews with the EMA weights when EMA is on (BaseSDTrainProcess.sample: ema.eval() swaps
   // them in, ema.train() back).
@@ -718,8 +614,8 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
   const auto& sc = *config_.sample;
   const int d = spec_.preview_divisibility;
   const std::vector<int64_t> seeds = sc.seeds();
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    const auto& item = prompts_[i];
+  for (size_t i = 0; i < plan_.previews.size(); ++i) {
+    const auto& item = plan_.previews[i];
     sample::SampleOptions so;
     so.latent_height = item.height.value_or(sc.height) / d * d / 8;
     so.latent_width = item.width.value_or(sc.width) / d * d / 8;
@@ -727,7 +623,7 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
     so.seed = seeds.at(i);
     so.autocast_bf16 = bf16();
-    const std::vector<fs::path>& controls = prompt_controls_.at(i);
+    const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
     // Each prompt with its control images, as the edit pipelines encode it.
     if (text_->encoder()) current_activity_ = Activity::text_encode;  // not cached: encoded here
     auto cond = conditioning({data::Caption{item.prompt, controls, {}, {}}});
@@ -825,9 +721,9 @@ void Session::precompute_text(const std::vector<data::Caption>& captions) {
         ", not on the captions");
   }
   all.push_back({"", {}, {}, {}});
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    all.push_back({prompts_[i].prompt, prompt_controls_[i], {}, {}});
-    all.push_back({prompts_[i].neg.value_or(config_.sample->neg), prompt_controls_[i], {}, {}});
+  for (size_t i = 0; i < plan_.previews.size(); ++i) {
+    all.push_back({plan_.previews[i].prompt, plan_.preview_controls[i], {}, {}});
+    all.push_back({plan_.previews[i].neg.value_or(config_.sample->neg), plan_.preview_controls[i], {}, {}});
   }
   for (const auto& c : all) text_->encode(std::vector<data::Caption>{c});
   text_->unload();
@@ -854,7 +750,7 @@ ResidentBytes Session::resident() const {
     }
   r.offload_buffers = nn::offload_buffer_bytes();
   r.text_cache_host = text_->cache_bytes();
-  r.vae = codec_ ? codec_->resident_bytes() : caches_latents_ ? 0 : codec_spec_.weight_bytes();
+  r.vae = codec_ ? codec_->resident_bytes() : plan_.caches_latents ? 0 : plan_.codec.weight_bytes();
   return r;
 }
 

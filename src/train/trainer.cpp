@@ -13,6 +13,7 @@
 #include "gclab/data/dataset.h"
 #include "gclab/log/log.h"
 #include "gclab/train/oom_report.h"
+#include "gclab/train/run_log.h"
 #include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
 
@@ -25,42 +26,6 @@ using json = nlohmann::json;
 namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::string duration_text(double s) {
-  const long long t = static_cast<long long>(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, t / 60 % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
-  return buf;
-}
-
-// metrics.jsonl: one JSON object a line. A resumed run first drops the lines after the step it resumes
-// from (steps a killed run logged after its last save), so every step appears once.
-class MetricsLog {
- public:
-  MetricsLog(const fs::path& file, int64_t resumed_step) {
-    std::vector<std::string> kept;
-    if (std::ifstream in(file); in) {
-      for (std::string line; std::getline(in, line);) {
-        const json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (row.is_object() && row.value("step", int64_t{0}) <= resumed_step) kept.push_back(line);
-      }
-    }
-    std::ofstream(file, std::ios::trunc);  // rewritten below with what is kept
-    out_.open(file, std::ios::app);
-    for (const auto& line : kept) out_ << line << "\n";
-    out_.flush();
-  }
-  void write(const json& row) {
-    out_ << row.dump() << "\n";
-    out_.flush();
-  }
-
- private:
-  std::ofstream out_;
-};
 
 // The data the run trains on: every dataset's items, scanned once.
 std::vector<data::ImageItem> scan(std::vector<config::DatasetConfig>& datasets, bool cache_text_embeddings) {
@@ -96,20 +61,6 @@ std::vector<data::Caption> run_captions(const std::vector<data::ImageItem>& item
   return out;
 }
 
-void progress_line(const TrainOptions& o, int64_t step, int total, double loss, double per_s, int64_t live_bytes,
-                   int64_t peak_bytes, int64_t cap_bytes) {
-  char text[256];
-  const std::string cap = cap_bytes > 0 ? " / cap " + config::format_bytes(cap_bytes) : "";
-  std::snprintf(text, sizeof text, "step %lld/%d  loss %.4f  %.2f it/s  ETA %s  mem %s  peak %s%s",
-                static_cast<long long>(step), total, loss, per_s,
-                duration_text(static_cast<double>(total - step) / std::max(per_s, 1e-9)).c_str(),
-                config::format_bytes(live_bytes).c_str(), config::format_bytes(peak_bytes).c_str(), cap.c_str());
-  if (o.progress_in_place)
-    *o.progress << "\r" << text << "\033[K" << std::flush;
-  else
-    *o.progress << text << "\n" << std::flush;
-}
-
 }  // namespace
 
 std::string dry_run(const config::ProcessConfig& config) {
@@ -121,9 +72,227 @@ std::string dry_run(const config::ProcessConfig& config) {
          std::string(config::name_of(config.train.optimizer)) + "; nothing was trained";
 }
 
+namespace {
+
+// One `gclab train` run as it goes: the session, its saves and log, the loader, the step counters, and
+// what an out-of-memory error does.
+class Run {
+ public:
+  Run(const config::ProcessConfig& config, const TrainOptions& options, TrainSummary& summary)
+      : config_(config),
+        options_(options),
+        summary_(summary),
+        datasets_(config.datasets),
+        items_(scan(datasets_, config.train.cache_text_embeddings)),
+        session_(open_session(config, summary.output_dir)),
+        saves_(summary.output_dir, config.name, config.save.max_step_saves_to_keep,
+               !config.network && config.save.save_format == config::SaveFormat::diffusers) {}
+
+  // Before the first step: the captions' embeddings, resume, the budget probe, the loader and the latent
+  // cache, and AI Toolkit's baseline preview.
+  void prepare();
+  // The steps, until train.steps or a stop request.
+  void loop();
+  // The last preview, the saves, memory.json.
+  void finish();
+
+ private:
+  // Out of memory (real or under the cap): skip the batch (oom_policy: skip) and return, or save, report
+  // and throw OutOfMemoryStop.
+  void on_oom(const c10::OutOfMemoryError& e);
+  void stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::MemoryStats& live, const ResidentBytes& held);
+  template <class F>
+  void oom_guarded(F&& f) {
+    try {
+      f();
+    } catch (const c10::OutOfMemoryError& e) {
+      on_oom(e);
+    }
+  }
+  void take_samples(int64_t at);
+  // One optimizer step with the previews and saves it triggers, logged.
+  void train_one();
+
+  const config::ProcessConfig& config_;
+  const TrainOptions& options_;
+  TrainSummary& summary_;
+  std::vector<config::DatasetConfig> datasets_;
+  std::vector<data::ImageItem> items_;
+  Session session_;
+  RunSaves saves_;
+  std::optional<RunLog> log_;
+  std::optional<data::BatchLoader> loader_;  // started after the budget probe: its thread allocates too
+  int64_t step_ = 0;                         // steps done
+  int64_t last_good_step_ = 0;               // the parameters' step: what a save now would hold
+  int consecutive_ooms_ = 0;
+};
+
+void Run::prepare() {
+  const config::TrainConfig& tc = config_.train;
+  const Session& s = session_;
+  log::info(s.spec().preset + ": " + std::to_string(model::parameter_count(session_.model())) + " parameters, " +
+            std::to_string(model::trainable_parameter_count(session_.model())) + " trained" +
+            (s.lora_modules() ? " (LoRA rank " + std::to_string(s.lora().rank) + " on " +
+                                    std::to_string(s.lora_modules()) + " modules)"
+                              : "") +
+            "; checkpoint policy " + s.applied_policy().to_string() + "; " + s.device().str() +
+            (s.bf16() ? ", bf16 autocast" : ", fp32"));
+  session_.precompute_text(run_captions(items_, datasets_, config_.trigger_word));
+  if (options_.resume) {
+    if (const auto resumed = saves_.resume(session_))
+      step_ = *resumed;
+    else
+      log::warn("--resume: no saved state in " + summary_.output_dir.string() + "; starting at step 0");
+  }
+  summary_.start_step = summary_.end_step = last_good_step_ = step_;
+  log_.emplace(summary_.output_dir, step_, tc.steps, ProgressOptions{options_.progress, options_.progress_in_place});
+  if (tc.budget_probe && tc.policy().kind == ckpt::CheckpointPolicy::Kind::Budget)
+    oom_guarded([&] {
+      const auto [measured, ledger] = session_.probe_block_activations();
+      log::info("budget probe: the blocks keep " + config::format_bytes(measured) +
+                " without checkpointing at the largest batch and resolution; the ledger says " +
+                config::format_bytes(ledger));
+    });
+  data::LoaderOptions lo;
+  lo.batch_size = tc.batch_size;
+  lo.divisibility = s.spec().divisibility;
+  lo.reference_area = s.spec().reference_area;
+  lo.seed = s.plan().seed;
+  lo.trigger_word = config_.trigger_word;
+  loader_.emplace(items_, datasets_, session_.codec(), lo, step_ * s.accumulation());
+  oom_guarded([&] { session_.cache_latents(*loader_); });
+  session_.phases().clear();
+  // AI Toolkit's baseline: unless skip_first_sample, at the start of a fresh run, or at the step a run
+  // resumes from under force_first_sample (BaseSDTrainProcess.py:2477-2481).
+  if (session_.sampling() && !tc.skip_first_sample && (step_ == 0 || tc.force_first_sample))
+    oom_guarded([&] { take_samples(step_); });
+}
+
+void Run::take_samples(int64_t at) {
+  const fs::path dir = summary_.output_dir / "samples";
+  const auto files = session_.sample(at, dir);
+  summary_.samples.insert(summary_.samples.end(), files.begin(), files.end());
+  if (!files.empty())
+    log::info("step " + std::to_string(at) + ": " + std::to_string(files.size()) + " sample(s) in " + dir.string());
+}
+
+void Run::loop() {
+  for (; step_ < config_.train.steps; ++step_) {
+    if (options_.stop_requested && options_.stop_requested->load()) {
+      summary_.interrupted = true;
+      break;
+    }
+    try {
+      train_one();
+    } catch (const c10::OutOfMemoryError& e) {
+      on_oom(e);
+      --step_;  // skipped: the step is taken again with the next batch
+    } catch (const SaveError&) {
+      throw;  // the previous save is intact; nothing more can be written
+    } catch (const std::exception& e) {
+      // Anything else that ends the run (unusable data, a bug): the last good state first.
+      log::error(std::string("stopping at step ") + std::to_string(step_ + 1) + ": " + e.what());
+      if (last_good_step_ > summary_.start_step)
+        summary_.saves.push_back(saves_.save(session_, last_good_step_, false));
+      throw;
+    }
+  }
+  log_->end_progress();
+}
+
+void Run::train_one() {
+  const int64_t done = step_ + 1;
+  const auto t_step = Clock::now();
+  const StepResult r = session_.train_step(step_, [this] {
+    data::LoadedBatch b = loader_->next();
+    for (const auto& w : loader_->take_warnings()) log::warn(w);
+    return b;
+  });
+  last_good_step_ = done;
+  const double step_s = seconds_since(t_step);
+  summary_.losses.push_back(r.loss);
+  summary_.data_wait_s += r.data_wait_s;
+  summary_.step_s += step_s;
+  summary_.end_step = done;
+  // Previews and saves belong to this step: their phase peaks go in its metrics line.
+  const auto& sample = config_.sample;
+  if (session_.sampling() && done % sample->sample_every == 0 && done >= sample->sample_start_step) take_samples(done);
+  if (done < config_.train.steps && done % config_.save.save_every == 0)
+    summary_.saves.push_back(saves_.save(session_, done, false));
+  log_->step(done, r, step_s, session_, summary_.oom_skips);
+  consecutive_ooms_ = 0;
+}
+
+void Run::on_oom(const c10::OutOfMemoryError& e) {
+  const auto live = session_.meter().stats();
+  const ResidentBytes held = session_.resident();
+  session_.optimizer().zero_grad();
+  const Phase phase = session_.current_phase();
+  const bool in_step = phase != Phase::sample && phase != Phase::save;
+  session_.meter().release_cached();  // what the failed step held goes back before anything else runs
+  if (config_.train.oom_policy == config::OomPolicy::skip && in_step && ++consecutive_ooms_ < 3) {
+    ++summary_.oom_skips;
+    log::warn("out of memory at step " + std::to_string(step_ + 1) + " in " + phase_name(phase) + " (bucket " +
+              session_.current_bucket() + "); batch skipped (train.oom_policy: skip, " +
+              std::to_string(consecutive_ooms_) + " in a row)");
+    log_->oom_skip(step_ + 1, phase, session_.current_bucket(), summary_.oom_skips);
+    session_.phases().clear();
+    session_.meter().reset_peak();
+    return;
+  }
+  stop_out_of_memory(e, live, held);
+}
+
+void Run::stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::MemoryStats& live,
+                             const ResidentBytes& held) {
+  OomContext ctx = oom_context(config_, session_.device(), e);
+  ctx.step = step_ + 1;
+  ctx.phase = session_.current_phase();
+  ctx.activity = session_.current_activity();
+  ctx.bucket = session_.current_bucket();
+  ctx.batch = session_.current_batch();
+  if (ctx.phase == Phase::sample)
+    ctx.bucket = std::to_string(config_.sample->width) + "x" + std::to_string(config_.sample->height), ctx.batch = 1;
+  ctx.live_bytes = live.live_bytes;
+  ctx.peak_bytes = live.peak_bytes;
+  ctx.weight_bytes = held.weights;
+  ctx.gradient_bytes = held.gradients;
+  ctx.optimizer_bytes = held.optimizer;
+  ctx.text_encoder_bytes = held.text_encoder;
+  ctx.vae_bytes = held.vae;
+  ctx.last_step_phase_peaks = log_->last_step_peaks();
+  ctx.last_good_step = last_good_step_;
+  session_.lift_cap();  // nothing lost: the save is not part of the experiment
+  try {
+    ctx.saved_weights = saves_.save(session_, last_good_step_, false).string();
+  } catch (const std::exception& save_error) {
+    log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
+  }
+  const std::string brief = write_oom_report(
+      summary_.output_dir, ctx,
+      recommend_fixes(ctx, config_, session_.spec(), session_.codec_spec(), session_.activation_options()));
+  log_->end_progress();
+  throw OutOfMemoryStop(brief);
+}
+
+void Run::finish() {
+  // The last step's preview, as AI Toolkit ends a run, unless it was just taken.
+  const int sample_every = config_.sample ? config_.sample->sample_every : 0;
+  if (session_.sampling() && !summary_.interrupted && step_ > summary_.start_step && step_ % sample_every != 0)
+    take_samples(step_);
+  if (summary_.interrupted) log::info("stopped at step " + std::to_string(step_) + " (interrupted); saving");
+  summary_.saves.push_back(saves_.save(session_, step_, false));  // the state for --resume
+  if (!summary_.interrupted) summary_.saves.push_back(saves_.save(session_, step_, true));
+  summary_.unusable_images = loader_->unusable_files();
+  for (const auto& f : summary_.unusable_images) log::warn("not used (cannot be decoded): " + f);
+  summary_.peak_bytes = log_->peak_bytes();
+  log_->write_memory(session_);
+}
+
+}  // namespace
+
 TrainSummary train(const config::ProcessConfig& config, const TrainOptions& options) {
   const auto t_start = Clock::now();
-  const config::TrainConfig& tc = config.train;
   TrainSummary summary;
   summary.output_dir = fs::path(config.training_folder) / config.name;
   fs::create_directories(summary.output_dir / "samples");
@@ -133,243 +302,11 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     ~LogFileScope() { log::remove_files(); }
   } log_file_scope;
 
-  // ---- the session: device, memory meter and cap, model + policy, optimizer, text, previews ----
-  std::vector<config::DatasetConfig> datasets = config.datasets;
-  const std::vector<data::ImageItem> items = scan(datasets, tc.cache_text_embeddings);
-  Session session = open_session(config, summary.output_dir);
-  log::info(session.spec().preset + ": " + std::to_string(model::parameter_count(session.model())) + " parameters, " +
-            std::to_string(model::trainable_parameter_count(session.model())) + " trained" +
-            (session.lora_modules() ? " (LoRA rank " + std::to_string(session.lora().rank) + " on " +
-                                          std::to_string(session.lora_modules()) + " modules)"
-                                    : "") +
-            "; checkpoint policy " + session.applied_policy().to_string() + "; " + session.device().str() +
-            (session.bf16() ? ", bf16 autocast" : ", fp32"));
-  session.precompute_text(run_captions(items, datasets, config.trigger_word));
-
-  // ---- resume ----
-  RunSaves saves(summary.output_dir, config.name, config.save.max_step_saves_to_keep,
-                 !config.network && config.save.save_format == config::SaveFormat::diffusers);
-  int64_t step = 0;
-  if (options.resume) {
-    if (const auto resumed = saves.resume(session))
-      step = *resumed;
-    else
-      log::warn("--resume: no saved state in " + summary.output_dir.string() + "; starting at step 0");
-  }
-  summary.start_step = summary.end_step = step;
-  MetricsLog metrics(summary.output_dir / "metrics.jsonl", step);
-
-  // ---- the loop ----
-  data::LoaderOptions lo;
-  lo.batch_size = tc.batch_size;
-  lo.divisibility = session.spec().divisibility;
-  lo.reference_area = session.spec().reference_area;
-  lo.seed = config.seed();
-  lo.trigger_word = config.trigger_word;
-  std::optional<data::BatchLoader> loader;  // started after the budget probe: its thread allocates too
-  auto next_batch = [&] {
-    data::LoadedBatch b = loader->next();
-    for (const auto& w : loader->take_warnings()) log::warn(w);
-    return b;
-  };
-  const fs::path samples_dir = summary.output_dir / "samples";
-  auto take_samples = [&](int64_t at) {
-    const auto files = session.sample(at, samples_dir);
-    summary.samples.insert(summary.samples.end(), files.begin(), files.end());
-    if (!files.empty())
-      log::info("step " + std::to_string(at) + ": " + std::to_string(files.size()) + " sample(s) in " +
-                samples_dir.string());
-  };
-  const int sample_every = config.sample ? config.sample->sample_every : 0;
-  const int64_t report_every = options.progress_in_place ? 1 : std::max<int64_t>(1, tc.steps / 20);
-  std::map<std::string, int64_t> run_peaks, last_step_peaks;
-  int64_t last_good_step = step;  // the parameters' step: what a save now would hold
-  int consecutive_ooms = 0;
-  const auto loop_start = Clock::now();
-
-  // Out of memory (real or under the cap): skip the batch (oom_policy: skip), or save, report and stop.
-  auto on_oom = [&](const c10::OutOfMemoryError& e) {
-    const auto live = session.meter().stats();
-    const ResidentBytes held = session.resident();
-    session.optimizer().zero_grad();
-    const Phase phase = session.current_phase();
-    const bool in_step = phase != Phase::sample && phase != Phase::save;
-    session.meter().release_cached();  // what the failed step held goes back before anything else runs
-    if (tc.oom_policy == config::OomPolicy::skip && in_step && ++consecutive_ooms < 3) {
-      ++summary.oom_skips;
-      log::warn("out of memory at step " + std::to_string(step + 1) + " in " + phase_name(phase) + " (bucket " +
-                session.current_bucket() + "); batch skipped (train.oom_policy: skip, " +
-                std::to_string(consecutive_ooms) + " in a row)");
-      metrics.write({{"step", step + 1},
-                     {"oom_skip", true},
-                     {"phase", phase_name(phase)},
-                     {"bucket", session.current_bucket()},
-                     {"oom_skips", summary.oom_skips}});
-      session.phases().clear();
-      session.meter().reset_peak();
-      return;
-    }
-    OomContext ctx = oom_context(config, session.device(), e);
-    ctx.step = step + 1;
-    ctx.phase = phase;
-    ctx.activity = session.current_activity();
-    ctx.bucket = session.current_bucket();
-    ctx.batch = session.current_batch();
-    if (phase == Phase::sample)
-      ctx.bucket = std::to_string(config.sample->width) + "x" + std::to_string(config.sample->height), ctx.batch = 1;
-    ctx.live_bytes = live.live_bytes;
-    ctx.peak_bytes = live.peak_bytes;
-    ctx.weight_bytes = held.weights;
-    ctx.gradient_bytes = held.gradients;
-    ctx.optimizer_bytes = held.optimizer;
-    ctx.text_encoder_bytes = held.text_encoder;
-    ctx.vae_bytes = held.vae;
-    ctx.last_step_phase_peaks = last_step_peaks;
-    ctx.last_good_step = last_good_step;
-    session.lift_cap();  // nothing lost: the save is not part of the experiment
-    try {
-      ctx.saved_weights = saves.save(session, last_good_step, false).string();
-    } catch (const std::exception& save_error) {
-      log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
-    }
-    const std::string brief = write_oom_report(
-        summary.output_dir, ctx,
-        recommend_fixes(ctx, config, session.spec(), session.codec_spec(), session.activation_options()));
-    if (options.progress && options.progress_in_place) *options.progress << "\n";
-    throw OutOfMemoryStop(brief);
-  };
-
-  if (tc.budget_probe && tc.policy().kind == ckpt::CheckpointPolicy::Kind::Budget) {
-    try {
-      const auto [measured, ledger] = session.probe_block_activations();
-      log::info("budget probe: the blocks keep " + config::format_bytes(measured) +
-                " without checkpointing at the largest batch and resolution; the ledger says " +
-                config::format_bytes(ledger));
-    } catch (const c10::OutOfMemoryError& e) {
-      on_oom(e);
-    }
-  }
-  loader.emplace(items, datasets, session.codec(), lo, step * session.accumulation());
-  try {
-    session.cache_latents(*loader);
-  } catch (const c10::OutOfMemoryError& e) {
-    on_oom(e);
-  }
-  session.phases().clear();
-  // AI Toolkit's baseline: unless skip_first_sample, at the start of a fresh run, or at the step a run
-  // resumes from under force_first_sample (BaseSDTrainProcess.py:2477-2481).
-  if (session.sampling() && !tc.skip_first_sample && (step == 0 || tc.force_first_sample)) {
-    try {
-      take_samples(step);
-    } catch (const c10::OutOfMemoryError& e) {
-      on_oom(e);
-    }
-  }
-  for (; step < tc.steps; ++step) {
-    if (options.stop_requested && options.stop_requested->load()) {
-      summary.interrupted = true;
-      break;
-    }
-    StepResult r;
-    try {
-      const auto t_step = Clock::now();
-      r = session.train_step(step, next_batch);
-      last_good_step = step + 1;
-      const double step_s = seconds_since(t_step);
-      summary.losses.push_back(r.loss);
-      summary.data_wait_s += r.data_wait_s;
-      summary.step_s += step_s;
-      summary.end_step = step + 1;
-      // Previews and saves belong to this step: their phase peaks go in its metrics line.
-      if (session.sampling() && (step + 1) % sample_every == 0 && step + 1 >= config.sample->sample_start_step)
-        take_samples(step + 1);
-      if (step + 1 < tc.steps && (step + 1) % config.save.save_every == 0)
-        summary.saves.push_back(saves.save(session, step + 1, false));
-
-      auto stats = session.meter().stats();
-      for (const auto& [name, bytes] : session.phases().peaks()) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
-      summary.peak_bytes = std::max(summary.peak_bytes, stats.peak_bytes);
-      const ResidentBytes held = session.resident();
-      metrics.write({{"step", step + 1},
-                     {"loss", r.loss},
-                     {"lr", r.lr},
-                     {"grad_norm", r.grad_norm},
-                     {"step_time_s", step_s},
-                     {"data_wait_s", r.data_wait_s},
-                     {"bucket", r.bucket},
-                     {"batch", r.batch},
-                     {"peak_bytes", stats.peak_bytes},
-                     {"phases", session.phases().peaks()},
-                     {"weights_bytes", held.weights},
-                     {"gradient_bytes", r.gradient_bytes},
-                     {"optimizer_bytes", held.optimizer},
-                     {"live_bytes", stats.live_bytes},
-                     {"host_live_bytes", stats.host_live_bytes},
-                     {"reserved_bytes", stats.reserved_bytes},
-                     {"cap_bytes", config.vram_cap.bytes},
-                     {"cap_counts", session.meter().cap_counts()},
-                     {"oom_skips", summary.oom_skips}});
-      for (const auto& [name, bytes] : session.phases().peaks()) run_peaks[name] = std::max(run_peaks[name], bytes);
-      last_step_peaks = session.phases().peaks();
-      session.phases().clear();
-      session.meter().reset_peak();
-      const int64_t done = step + 1 - summary.start_step;
-      if (options.progress && (done % report_every == 0 || step + 1 == tc.steps))
-        progress_line(options, step + 1, tc.steps, r.loss,
-                      static_cast<double>(done) / std::max(seconds_since(loop_start), 1e-9), stats.live_bytes,
-                      summary.peak_bytes, config.vram_cap.bytes);
-      consecutive_ooms = 0;
-    } catch (const c10::OutOfMemoryError& e) {
-      on_oom(e);
-      --step;  // skipped: the step is taken again with the next batch
-    } catch (const SaveError&) {
-      throw;  // the previous save is intact; nothing more can be written
-    } catch (const std::exception& e) {
-      // Anything else that ends the run (unusable data, a bug): the last good state first.
-      log::error(std::string("stopping at step ") + std::to_string(step + 1) + ": " + e.what());
-      if (last_good_step > summary.start_step) summary.saves.push_back(saves.save(session, last_good_step, false));
-      throw;
-    }
-  }
-  if (options.progress && options.progress_in_place) *options.progress << "\n";
-  // The last step's preview, as AI Toolkit ends a run, unless it was just taken.
-  if (session.sampling() && !summary.interrupted && step > summary.start_step && step % sample_every != 0)
-    take_samples(step);
-  if (summary.interrupted) log::info("stopped at step " + std::to_string(step) + " (interrupted); saving");
-  summary.saves.push_back(saves.save(session, step, false));  // the state for --resume
-  if (!summary.interrupted) summary.saves.push_back(saves.save(session, step, true));
-  summary.unusable_images = loader->unusable_files();
-  for (const auto& f : summary.unusable_images) log::warn("not used (cannot be decoded): " + f);
+  Run run(config, options, summary);  // scans the data, builds the session
+  run.prepare();
+  run.loop();
+  run.finish();
   summary.total_s = seconds_since(t_start);
-
-  // memory.json: the run's peaks, for reports and other tools.
-  const ResidentBytes held = session.resident();
-  std::ofstream(summary.output_dir / "memory.json")
-      << json{{"device", session.device().str()},
-              {"cap_bytes", config.vram_cap.bytes},
-              {"cap_counts", session.meter().cap_counts()},
-              {"peak_bytes", summary.peak_bytes},
-              {"checkpoint_policy", tc.policy().to_string()},
-              {"weights_bytes", held.weights},
-              {"optimizer_bytes", held.optimizer},
-              {"text_encoder_bytes", held.text_encoder},
-              {"vae_bytes", held.vae},
-              {"offload_buffer_bytes", held.offload_buffers},
-              {"host",
-               {{"offloaded_weight_bytes", held.host_weights},
-                {"text_encoder_offloaded_bytes", held.text_encoder_host},
-                {"text_cache_bytes", held.text_cache_host},
-                {"measured_peak_bytes", session.meter().stats().host_peak_bytes},
-                {"cap_bytes", config.host_cap.bytes}}},
-              {"load",
-               {{"quantized_on_host", session.load_memory().quantized_on_host},
-                {"measured_peak_bytes", session.load_memory().measured_device_peak_bytes.value_or(0)},
-                {"predicted_peak_bytes", session.load_memory().device.peak()},
-                {"host_measured_peak_bytes", session.load_memory().measured_host_peak_bytes.value_or(0)},
-                {"host_predicted_peak_bytes", session.load_memory().host.peak()}}},
-              {"phase_peak_bytes", run_peaks}}
-             .dump(2)
-      << "\n";
   return summary;
 }
 

@@ -68,6 +68,7 @@ class MemoryMeter {
   void set_cap(std::int64_t cap_bytes);
   // The cap on host memory the CPU tracker measures (HostScope allocations), whatever the device; 0 lifts it.
   static void set_host_cap(std::int64_t cap_bytes);
+  static std::int64_t host_cap();
   // Starts the host peak (the CPU tracker's HostScope bytes) again from what is live now.
   static void reset_host_peak();
   // CUDA: returns the caching allocator's unused blocks to the device (emptyCache), after an

@@ -27,14 +27,12 @@
 #include "gclab/train/offload.h"
 #include "gclab/train/optimizer.h"
 #include "gclab/train/phase.h"
+#include "gclab/train/plan.h"
 #include "gclab/train/timesteps.h"
 #include "gclab/vae/codec.h"
 
 namespace gclab::train {
 
-// The dtype the transformer is built and stored in, as AI Toolkit loads it: bf16 under a LoRA network in
-// bf16 (the frozen base), else float32 (every weight a float32 master copy).
-torch::ScalarType base_dtype(const config::ProcessConfig& config);
 // The transformer's weight bytes (parameters and buffers: packed codes, scales, recovery adapters) in that
 // dtype, quantized as the config's model block asks (model::quantize_base), from a build on the meta device.
 int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec);
@@ -85,10 +83,13 @@ class Session {
   // Throws UserError for a setting this machine cannot run (a CUDA device without one, a full-size model
   // that cannot fit host memory).
   explicit Session(const config::ProcessConfig& config, const SessionOptions& options = {});
+  // Executes a plan (plan_run): the load in its order, the network, the autoencoder, the policy, the optimizer.
+  explicit Session(RunPlan plan);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
+  const RunPlan& plan() const { return plan_; }
   const config::ProcessConfig& config() const { return config_; }
   const model::ModelSpec& spec() const { return spec_; }
   torch::Device device() const { return device_; }
@@ -118,10 +119,10 @@ class Session {
   data::TextEmbeddingCache& text() { return *text_; }
   // The autoencoder (or the DCT stand-in); not built on the meta device. codec_spec() is always there.
   vae::ImageCodec& codec();
-  const vae::CodecSpec& codec_spec() const { return codec_spec_; }
+  const vae::CodecSpec& codec_spec() const { return plan_.codec; }
   // Whether the run caches latents (some dataset's cache_latents / cache_latents_to_disk): the autoencoder
   // then leaves the device once they are encoded, and comes back for previews only.
-  bool caches_latents() const { return caches_latents_; }
+  bool caches_latents() const { return plan_.caches_latents; }
 
   // The checkpoint policy applied to the model now, and switching it between steps (no rebuild). A
   // budget:BYTES policy is resolved to blocks:[...] from the activation ledger at this batch and square
@@ -159,7 +160,7 @@ class Session {
 
   // Previews (the sample block's prompts) at `step`, with the EMA weights when EMA is on, written as PNG
   // into dir; nothing when sampling is off.
-  bool sampling() const { return !prompts_.empty(); }
+  bool sampling() const { return !plan_.previews.empty(); }
   std::vector<std::filesystem::path> sample(int64_t step, const std::filesystem::path& dir);
   // Encodes every caption the run will ask for (cache_text_embeddings), then unloads the text encoder
   // when unload_text_encoder says so. unload_text_encoder without cache_text_embeddings is AI Toolkit's
@@ -179,6 +180,17 @@ class Session {
   void with_ema_weights(const std::function<void()>& fn);
 
  private:
+  // The constructor's steps, in order.
+  void start_memory();
+  void load_transformer();
+  void transformer_to_device();
+  void load_text_encoders();
+  void record_load(const memory::MemoryStats& before_load);
+  void attach_network();
+  void load_user_weights();
+  void offload_transformer();
+  void build_codec();
+  void build_optimizer();
   // offload_layers under the run's host_cap: a UserError naming the share to lower when it would not fit.
   // `share_key` names the config key of `share` (the advice), `what` the component.
   Offloaded offload_within_host_cap(torch::nn::Module& component, double share, const std::string& share_key,
@@ -189,8 +201,9 @@ class Session {
   std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir);
   torch::Tensor decode_preview(const torch::Tensor& latents);
 
-  config::ProcessConfig config_;
-  model::ModelSpec spec_;
+  RunPlan plan_;
+  const config::ProcessConfig& config_ = plan_.config;
+  const model::ModelSpec& spec_ = plan_.spec;
   LoadMemory load_;
   torch::Device device_;
   std::unique_ptr<memory::CpuMemoryTracker> cpu_tracker_;  // before meter_: the CPU meter reads it
@@ -210,52 +223,18 @@ class Session {
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, torch::Tensor> ema_;
   std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts
-  vae::CodecSpec codec_spec_;
   std::unique_ptr<vae::ImageCodec> codec_;
-  bool caches_latents_ = false;
-  std::vector<config::SampleItem> prompts_;
-  std::vector<std::vector<std::filesystem::path>> prompt_controls_;  // per prompt: its control files (edit models)
   std::optional<std::string> fixed_caption_;  // unload_text_encoder without cached captions: what trains
+  int64_t previous_host_cap_ = 0;             // process-wide: restored when the Session ends
 };
 
-// What a run encodes and decodes with: model.vae's choice, the family's autoencoder (tiny presets: its
-// CPU-test size), its weights from `weights` when given, else model.vae_path when it is local, else
-// name_or_path's vae/ folder, the run's dtype and sample.vae_tiling. Throws UserError for a config.json it
-// cannot use.
-vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
-                          const std::filesystem::path& weights = {});
-// What a run conditions on: the family's text encoders (model::text_encoders) from name_or_path's
-// text_encoder*/ and tokenizer*/ folders when it is a local diffusers folder, sized to the transformer's
-// text widths and length, placed by `options`.
-text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
-                                       const torch::TensorOptions& options);
 // One caption's encode through `prompts`, predicted (text/memory.h) for the nominal caption
 // (model::kNominalCaptionTokens tokens, an edit model's with one square control image) on the CPU's
 // kernels with this process's threads, or CUDA's: what estimate, check and the OOM report state.
 text::EncodePrediction predict_caption_encode(const text::PromptEncoder& prompts, const model::ModelSpec& spec,
                                               bool cpu);
-// Whether some dataset caches latents (cache_latents / cache_latents_to_disk): the autoencoder then encodes
-// before training and leaves the device.
-bool run_caches_latents(const config::ProcessConfig& config);
-// Whether the text encoder leaves the device before training. AI Toolkit (BaseSDTrainProcess.run): when
-// unload_text_encoder is set or any dataset caches text embeddings (train.cache_text_embeddings sets it on
-// every dataset), it encodes what it needs up front — the captions when caching, else the empty prompt and
-// the trigger word it then trains on — and the sample prompts, then unloads the encoder.
-bool text_encoder_leaves(const config::ProcessConfig& config);
-// Whether the run caches text embeddings (train.cache_text_embeddings, or any dataset's).
-bool run_caches_text(const config::ProcessConfig& config);
-// Where the autoencoder's weights come from: `weights` when given, else model.vae_path when it is a local
-// folder or file, else name_or_path's vae/ folder; empty: random weights.
-std::filesystem::path autoencoder_weights(const config::ProcessConfig& config, const std::filesystem::path& weights);
 
 // A step as file names carry it: 000000120 (sorts by name).
 std::string step_tag(int64_t step);
-
-// The device a config names: "auto" is CUDA when present, else the CPU. Throws UserError for a CUDA device
-// on a machine without one, or a name LibTorch does not know.
-torch::Device resolve_device(const std::string& name);
-// Whether `config` runs on CUDA (device cuda...; `auto` on a machine with a GPU) — what a meta-device Session
-// predicts for (CUDA's kernels, a load staged through the GPU) — or on the CPU.
-bool runs_on_cuda(const config::ProcessConfig& config);
 
 }  // namespace gclab::train

@@ -1,0 +1,124 @@
+// The plan of a run: everything a config resolves to before a tensor exists — the arch and its family, the
+// model's shape, the device and dtypes, the load's order, the text encoders and the autoencoder to build,
+// what is cached, the checkpoint policy, the (batch, resolution) cells the datasets ask for, the previews and
+// the seed. plan_run() resolves them once and checks what can be checked without building anything; a
+// Session executes a plan, and what-if advice re-plans a changed config rather than building one.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gclab/ckpt/policy.h"
+#include "gclab/config/config.h"
+#include "gclab/model/family.h"
+#include "gclab/model/registry.h"
+#include "gclab/model/spec.h"
+#include "gclab/text/prompt.h"
+#include "gclab/vae/codec.h"
+
+namespace gclab::train {
+
+// One (batch size, square resolution) a dataset trains at.
+struct StepCell {
+  int batch = 0;
+  int resolution = 0;
+  bool operator<(const StepCell& o) const {
+    return resolution != o.resolution ? resolution < o.resolution : batch < o.batch;
+  }
+  bool operator==(const StepCell& o) const { return batch == o.batch && resolution == o.resolution; }
+};
+
+// Every dataset's (batch_size or train.batch_size, resolution) cells, each once, by resolution then batch.
+std::vector<StepCell> step_cells(const config::ProcessConfig& config);
+// The largest batch and the largest square resolution the run meets (512 when no dataset names one): what a
+// budget:BYTES policy is resolved for and what the budget probe measures.
+StepCell largest_cell(const config::ProcessConfig& config);
+
+// How the transformer loads, in the order AI Toolkit's loader for the arch takes (model::TransformerLoading).
+struct LoadPlan {
+  model::TransformerLoading loading = model::TransformerLoading::on_device_unless_low_vram;
+  // Built and quantized in host memory (per_block always, on_device_unless_low_vram under low_vram), then
+  // moved to the device: before the text encoders are built, or after them (per_block).
+  bool quantized_on_host = false;
+  bool after_text_encoders = false;
+  // A GPU run's transformer built in host memory is drawn on the GPU, a parameter at a time (a meta plan
+  // predicting for one walks the same).
+  bool staged = false;
+};
+
+struct PlanOptions {
+  // Plan for the meta device: shapes and byte counts, no memory and no data (train --dry-run, estimate).
+  bool meta = false;
+};
+
+struct RunPlan {
+  config::ProcessConfig config;
+  const model::ArchFacts* arch = nullptr;             // model.arch's facts (nullptr: an arch gclab does not know)
+  const model::ModelFamily* family = nullptr;         // the registry's entry for the spec's family
+  model::ModelSpec spec;                              // the transformer's shape (preset or config.json)
+  std::optional<model::LocalModel> local;             // name_or_path when it is a local diffusers folder
+  torch::Device device = torch::Device(torch::kCPU);  // where the run lives (kMeta: counts only)
+  bool cuda = false;                                  // runs on CUDA, or (meta) predicts for CUDA's kernels
+  torch::ScalarType base_dtype = torch::kFloat;       // the transformer's stored dtype (base_dtype())
+  torch::ScalarType compute_dtype = torch::kFloat;    // the text encoders' and autocast's dtype
+  uint64_t seed = 42;                                 // training_seed (config.seed())
+  LoadPlan load;
+  text::PromptEncoderOptions prompts;  // the text encoders to build, on `device` in compute_dtype
+  vae::CodecSpec codec;                // the autoencoder (or the DCT stand-in)
+  bool caches_latents = false;         // run_caches_latents()
+  bool caches_text = false;            // run_caches_text()
+  bool text_encoder_leaves = false;    // text_encoder_leaves()
+  ckpt::CheckpointPolicy policy;       // train's policy as written (budget: resolved at `largest`)
+  std::vector<StepCell> cells;         // step_cells()
+  StepCell largest;                    // largest_cell()
+  // The previews (none when sampling is off) and, per prompt, its control images that are files (edit
+  // models).
+  std::vector<config::SampleItem> previews;
+  std::vector<std::vector<std::filesystem::path>> preview_controls;
+  std::vector<std::string> warnings;  // said once by the Session that executes the plan
+};
+
+// Resolves `config` (validated) into a plan. Builds no tensor; reads config.json files and looks for the
+// files the config names. Throws UserError for what cannot run: a CUDA device without one, an autoencoder
+// whose latent channels are not the transformer's, a config.json it cannot use.
+RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options = {});
+
+// The dtype the transformer is built and stored in, as AI Toolkit loads it: bf16 under a LoRA network in
+// bf16 (the frozen base), else float32 (every weight a float32 master copy).
+torch::ScalarType base_dtype(const config::ProcessConfig& config);
+
+// What a run encodes and decodes with: model.vae's choice, the family's autoencoder (tiny presets: its
+// CPU-test size), its weights from `weights` when given, else model.vae_path when it is local, else
+// name_or_path's vae/ folder, the run's dtype and sample.vae_tiling. Throws UserError for a config.json it
+// cannot use.
+vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                          const std::filesystem::path& weights = {});
+// What a run conditions on: the family's text encoders (model::text_encoders) from name_or_path's
+// text_encoder*/ and tokenizer*/ folders when it is a local diffusers folder, sized to the transformer's
+// text widths and length, placed by `options`.
+text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                                       const torch::TensorOptions& options);
+// Whether some dataset caches latents (cache_latents / cache_latents_to_disk): the autoencoder then encodes
+// before training and leaves the device.
+bool run_caches_latents(const config::ProcessConfig& config);
+// Whether the text encoder leaves the device before training. AI Toolkit (BaseSDTrainProcess.run): when
+// unload_text_encoder is set or any dataset caches text embeddings (train.cache_text_embeddings sets it on
+// every dataset), it encodes what it needs up front — the captions when caching, else the empty prompt and
+// the trigger word it then trains on — and the sample prompts, then unloads the encoder.
+bool text_encoder_leaves(const config::ProcessConfig& config);
+// Whether the run caches text embeddings (train.cache_text_embeddings, or any dataset's).
+bool run_caches_text(const config::ProcessConfig& config);
+// Where the autoencoder's weights come from: `weights` when given, else model.vae_path when it is a local
+// folder or file, else name_or_path's vae/ folder; empty: random weights.
+std::filesystem::path autoencoder_weights(const config::ProcessConfig& config, const std::filesystem::path& weights);
+
+// The device a config names: "auto" is CUDA when present, else the CPU. Throws UserError for a CUDA device
+// on a machine without one, or a name LibTorch does not know.
+torch::Device resolve_device(const std::string& name);
+// Whether `config` runs on CUDA (device cuda...; `auto` on a machine with a GPU) — what a meta-device plan
+// predicts for (CUDA's kernels, a load staged through the GPU) — or on the CPU.
+bool runs_on_cuda(const config::ProcessConfig& config);
+
+}  // namespace gclab::train

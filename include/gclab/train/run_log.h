@@ -1,0 +1,60 @@
+// What a training run writes as it goes, in one place: metrics.jsonl (a JSON object per optimizer step, and
+// one per batch skipped out of memory), the progress line, and memory.json at the end. It keeps the run's
+// memory bookkeeping — the peak, each phase's peak over the run and at the last step — and starts each
+// step's phase peaks afresh once it has written them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iosfwd>
+#include <map>
+#include <string>
+
+#include "gclab/train/phase.h"
+
+namespace gclab::train {
+
+class Session;
+struct StepResult;
+
+struct ProgressOptions {
+  std::ostream* out = nullptr;  // nullptr: no progress lines
+  bool in_place = false;        // a terminal: one line updated with \r
+};
+
+class RunLog {
+ public:
+  // metrics.jsonl in output_dir: a resumed run (start_step > 0) first drops the lines after the step it
+  // resumes from (steps a killed run logged after its last save), so every step appears once.
+  RunLog(const std::filesystem::path& output_dir, int64_t start_step, int total_steps, ProgressOptions progress);
+
+  // A finished optimizer step (previews and saves it triggered included): its metrics line, the progress
+  // line when due; then the session's phase peaks and the meter's peak start again.
+  void step(int64_t step, const StepResult& result, double step_s, Session& session, int oom_skips);
+  // A batch dropped out of memory (train.oom_policy: skip).
+  void oom_skip(int64_t step, Phase phase, const std::string& bucket, int oom_skips);
+  // Ends an in-place progress line.
+  void end_progress();
+  // memory.json: the run's peaks and what held memory at its end, for reports and other tools.
+  void write_memory(Session& session) const;
+
+  int64_t peak_bytes() const { return peak_bytes_; }
+  const std::map<std::string, int64_t>& last_step_peaks() const { return last_step_peaks_; }
+
+ private:
+  void progress_line(int64_t step, int total, double loss, int64_t live_bytes, int64_t cap_bytes);
+
+  std::filesystem::path dir_;
+  std::ofstream metrics_;
+  int64_t start_step_ = 0;
+  int total_steps_ = 0;
+  ProgressOptions progress_;
+  int64_t report_every_ = 1;
+  std::chrono::steady_clock::time_point loop_start_;
+  int64_t peak_bytes_ = 0;
+  std::map<std::string, int64_t> run_peaks_, last_step_peaks_;
+};
+
+}  // namespace gclab::train

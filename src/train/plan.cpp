@@ -1,0 +1,194 @@
+#include "gclab/train/plan.h"
+
+#include <algorithm>
+#include <set>
+
+#include "gclab/config/user_error.h"
+#include "gclab/model/quantize.h"
+#include "gclab/vae/autoencoder_kl.h"
+#include "gclab/vae/qwen_image_vae.h"
+
+namespace gclab::train {
+
+namespace fs = std::filesystem;
+
+std::vector<StepCell> step_cells(const config::ProcessConfig& config) {
+  std::set<StepCell> cells;
+  for (const auto& d : config.datasets)
+    for (int r : d.resolution) cells.insert({d.batch_size.value_or(config.train.batch_size), r});
+  return {cells.begin(), cells.end()};
+}
+
+StepCell largest_cell(const config::ProcessConfig& c) {
+  StepCell largest{c.train.batch_size, 0};
+  for (const auto& d : c.datasets) {
+    for (int r : d.resolution) largest.resolution = std::max(largest.resolution, r);
+    largest.batch = std::max(largest.batch, d.batch_size.value_or(c.train.batch_size));
+  }
+  if (largest.resolution <= 0) largest.resolution = 512;
+  return largest;
+}
+
+bool run_caches_latents(const config::ProcessConfig& config) {
+  for (const auto& d : config.datasets)
+    if (d.cache_latents || d.cache_latents_to_disk) return true;
+  return false;
+}
+
+bool run_caches_text(const config::ProcessConfig& config) {
+  if (config.train.cache_text_embeddings) return true;
+  for (const auto& d : config.datasets)
+    if (d.cache_text_embeddings) return true;
+  return false;
+}
+
+torch::ScalarType base_dtype(const config::ProcessConfig& config) {
+  return config.network && config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
+}
+
+text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
+                                       const torch::TensorOptions& options) {
+  text::PromptEncoderOptions o;
+  o.composition = model::family_of(spec.family).text_composition();
+  o.kinds = model::text_encoders(spec.family);
+  o.tiny = spec.tiny;
+  o.text_width = spec.text_dim;
+  o.pooled_width = spec.pooled_dim;
+  o.max_tokens = spec.max_text_tokens;
+  o.condition_area = spec.condition_area;
+  o.numbered_conditions = spec.edit_plus;
+  if (const auto local = model::local_model(config.model)) {
+    o.encoders = local->text_encoders;
+    o.tokenizers = local->tokenizers;
+  }
+  o.options = options;
+  o.linear_storage = model::text_encoder_storage(config.model, spec.family);
+  return o;
+}
+
+bool text_encoder_leaves(const config::ProcessConfig& config) {
+  return config.train.unload_text_encoder || run_caches_text(config);
+}
+
+fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path& weights) {
+  if (!weights.empty()) return weights;
+  std::error_code ec;
+  if (config.model.vae_path && fs::exists(*config.model.vae_path, ec)) return *config.model.vae_path;
+  if (const auto local = model::local_model(config.model)) return local->vae;
+  return {};
+}
+
+vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
+  vae::CodecSpec s;
+  s.latent_channels = spec.latent_channels;
+  if (config.model.vae == config::VaeChoice::dct) return s;
+  const config::AutoencoderKind kind = model::autoencoder_kind(spec.family);
+  s.weights = autoencoder_weights(config, weights);
+  vae::AutoencoderConfig preset;
+  if (kind == config::AutoencoderKind::qwen_image)
+    preset = spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
+  else
+    preset = spec.tiny ? vae::AutoencoderKLConfig::tiny(kind) : vae::AutoencoderKLConfig::preset(kind);
+  try {
+    s.autoencoder = vae::autoencoder_config(preset, s.weights);
+  } catch (const std::runtime_error& e) {
+    throw UserError(std::string("the autoencoder: ") + e.what());
+  }
+  s.dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
+  if (config.sample && config.sample->vae_tiling)
+    s.tile_sample_size = config.sample->vae_tile_size;
+  else if (config.model.low_vram && model::low_vram_tiles_previews(spec.family, spec.edit_plus))
+    s.tile_sample_size = vae::kQwenImageDefaultTile;  // AI Toolkit's enable_tiling(), at its default
+  return s;
+}
+
+torch::Device resolve_device(const std::string& name) {
+  if (name == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  torch::Device device(torch::kCPU);
+  try {
+    device = torch::Device(name);
+  } catch (const c10::Error&) {
+    throw UserError("device '" + name + "' is not a device name (auto, cpu, cuda, cuda:0, ...)");
+  }
+  if (device.is_cuda() && !torch::cuda::is_available())
+    throw UserError(
+        "device '" + name +
+        "' asks for CUDA, which this machine does not have; use device: cpu (or auto), or --set device=cpu");
+  if (device.is_cuda() && device.has_index() && device.index() >= static_cast<int>(torch::cuda::device_count()))
+    throw UserError("device '" + name + "': this machine has " + std::to_string(torch::cuda::device_count()) +
+                    " CUDA device(s)");
+  return device;
+}
+
+bool runs_on_cuda(const config::ProcessConfig& config) {
+  return config.device.rfind("cuda", 0) == 0 || (config.device == "auto" && torch::cuda::is_available());
+}
+
+namespace {
+
+// The previews and, per prompt, its control images that are files; a control that is not a file is left
+// out, with a warning.
+void plan_previews(RunPlan& plan) {
+  const config::ProcessConfig& c = plan.config;
+  if (c.sample && !c.train.disable_sampling) plan.previews = c.sample->samples;
+  for (const auto& p : plan.previews) {
+    std::vector<fs::path> files;
+    if (plan.spec.edit)
+      for (const std::string& f : p.control_images()) {
+        std::error_code ec;
+        if (fs::is_regular_file(f, ec))
+          files.emplace_back(f);
+        else
+          plan.warnings.push_back("sample: ctrl_img " + f + " is not a file; the prompt '" + p.prompt +
+                                  "' is previewed without it");
+      }
+    plan.preview_controls.push_back(std::move(files));
+  }
+}
+
+// The autoencoder, checked against the transformer.
+void plan_codec(RunPlan& plan) {
+  const config::ProcessConfig& c = plan.config;
+  plan.codec = codec_plan(c, plan.spec);
+  if (c.model.vae_path && plan.codec.autoencoder && plan.codec.weights != fs::path(*c.model.vae_path))
+    plan.warnings.push_back("model.vae_path '" + *c.model.vae_path +
+                            "' is not a local folder or file (gclab downloads nothing): " + plan.codec.describe());
+  if (plan.codec.autoencoder && vae::latent_channels(*plan.codec.autoencoder) != plan.spec.latent_channels)
+    throw UserError("the autoencoder in " + plan.codec.weights.string() + " has " +
+                    std::to_string(vae::latent_channels(*plan.codec.autoencoder)) +
+                    " latent channels; the transformer takes " + std::to_string(plan.spec.latent_channels));
+}
+
+}  // namespace
+
+RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options) {
+  RunPlan plan;
+  plan.config = config;
+  plan.arch = model::find_arch(config.model.arch);
+  plan.spec = model::spec_for(config.model);
+  plan.family = &model::family_of(plan.spec.family);
+  plan.local = model::local_model(config.model);
+  plan.device = options.meta ? torch::Device(torch::kMeta) : resolve_device(config.device);
+  plan.cuda = options.meta ? runs_on_cuda(config) : plan.device.is_cuda();
+  plan.base_dtype = base_dtype(config);
+  plan.compute_dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
+  plan.seed = config.seed();
+
+  plan.load.loading = model::transformer_loading(config.model.arch);
+  plan.load.after_text_encoders = plan.load.loading == model::TransformerLoading::per_block;
+  plan.load.quantized_on_host = model::quantizes_in_host_memory(config.model);
+  plan.load.staged = plan.load.quantized_on_host && !plan.device.is_cpu() && runs_on_cuda(config);
+
+  plan.prompts = prompt_plan(config, plan.spec, torch::TensorOptions().device(plan.device).dtype(plan.compute_dtype));
+  plan_codec(plan);
+  plan.caches_latents = run_caches_latents(config);
+  plan.caches_text = run_caches_text(config);
+  plan.text_encoder_leaves = text_encoder_leaves(config);
+  plan.policy = config.train.policy();
+  plan.cells = step_cells(config);
+  plan.largest = largest_cell(config);
+  plan_previews(plan);
+  return plan;
+}
+
+}  // namespace gclab::train

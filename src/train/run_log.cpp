@@ -1,0 +1,150 @@
+#include "gclab/train/run_log.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <vector>
+
+#include "gclab/config/byte_size.h"
+#include "gclab/train/session.h"
+
+namespace gclab::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string duration_text(double s) {
+  const long long t = static_cast<long long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, t / 60 % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  return buf;
+}
+
+}  // namespace
+
+RunLog::RunLog(const fs::path& output_dir, int64_t start_step, int total_steps, ProgressOptions progress)
+    : dir_(output_dir),
+      start_step_(start_step),
+      total_steps_(total_steps),
+      progress_(progress),
+      report_every_(progress.in_place ? 1 : std::max<int64_t>(1, total_steps / 20)),
+      loop_start_(std::chrono::steady_clock::now()) {
+  const fs::path file = output_dir / "metrics.jsonl";
+  std::vector<std::string> kept;
+  if (std::ifstream in(file); in) {
+    for (std::string line; std::getline(in, line);) {
+      const json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (row.is_object() && row.value("step", int64_t{0}) <= start_step) kept.push_back(line);
+    }
+  }
+  std::ofstream(file, std::ios::trunc);  // rewritten below with what is kept
+  metrics_.open(file, std::ios::app);
+  for (const auto& line : kept) metrics_ << line << "\n";
+  metrics_.flush();
+}
+
+void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& session, int oom_skips) {
+  const config::ProcessConfig& config = session.config();
+  auto stats = session.meter().stats();
+  const std::map<std::string, int64_t> peaks = session.phases().peaks();
+  for (const auto& [name, bytes] : peaks) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
+  peak_bytes_ = std::max(peak_bytes_, stats.peak_bytes);
+  const ResidentBytes held = session.resident();
+  metrics_ << json{{"step", step},
+                   {"loss", r.loss},
+                   {"lr", r.lr},
+                   {"grad_norm", r.grad_norm},
+                   {"step_time_s", step_s},
+                   {"data_wait_s", r.data_wait_s},
+                   {"bucket", r.bucket},
+                   {"batch", r.batch},
+                   {"peak_bytes", stats.peak_bytes},
+                   {"phases", peaks},
+                   {"weights_bytes", held.weights},
+                   {"gradient_bytes", r.gradient_bytes},
+                   {"optimizer_bytes", held.optimizer},
+                   {"live_bytes", stats.live_bytes},
+                   {"host_live_bytes", stats.host_live_bytes},
+                   {"reserved_bytes", stats.reserved_bytes},
+                   {"cap_bytes", config.vram_cap.bytes},
+                   {"cap_counts", session.meter().cap_counts()},
+                   {"oom_skips", oom_skips}}
+                  .dump()
+           << "\n";
+  metrics_.flush();
+  for (const auto& [name, bytes] : peaks) run_peaks_[name] = std::max(run_peaks_[name], bytes);
+  last_step_peaks_ = peaks;
+  session.phases().clear();
+  session.meter().reset_peak();
+  if (progress_.out && ((step - start_step_) % report_every_ == 0 || step == total_steps_))
+    progress_line(step, total_steps_, r.loss, stats.live_bytes, config.vram_cap.bytes);
+}
+
+void RunLog::oom_skip(int64_t step, Phase phase, const std::string& bucket, int oom_skips) {
+  metrics_ << json{{"step", step},
+                   {"oom_skip", true},
+                   {"phase", phase_name(phase)},
+                   {"bucket", bucket},
+                   {"oom_skips", oom_skips}}
+                  .dump()
+           << "\n";
+  metrics_.flush();
+}
+
+void RunLog::progress_line(int64_t step, int total, double loss, int64_t live_bytes, int64_t cap_bytes) {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start_).count();
+  const double per_s = static_cast<double>(step - start_step_) / std::max(elapsed, 1e-9);
+  char text[256];
+  const std::string cap = cap_bytes > 0 ? " / cap " + config::format_bytes(cap_bytes) : "";
+  std::snprintf(text, sizeof text, "step %lld/%d  loss %.4f  %.2f it/s  ETA %s  mem %s  peak %s%s",
+                static_cast<long long>(step), total, loss, per_s,
+                duration_text(static_cast<double>(total - step) / std::max(per_s, 1e-9)).c_str(),
+                config::format_bytes(live_bytes).c_str(), config::format_bytes(peak_bytes_).c_str(), cap.c_str());
+  if (progress_.in_place)
+    *progress_.out << "\r" << text << "\033[K" << std::flush;
+  else
+    *progress_.out << text << "\n" << std::flush;
+}
+
+void RunLog::end_progress() {
+  if (progress_.out && progress_.in_place) *progress_.out << "\n";
+}
+
+void RunLog::write_memory(Session& session) const {
+  const config::ProcessConfig& config = session.config();
+  const ResidentBytes held = session.resident();
+  const LoadMemory& load = session.load_memory();
+  std::ofstream(dir_ / "memory.json") << json{{"device", session.device().str()},
+                                              {"cap_bytes", config.vram_cap.bytes},
+                                              {"cap_counts", session.meter().cap_counts()},
+                                              {"peak_bytes", peak_bytes_},
+                                              {"checkpoint_policy", config.train.policy().to_string()},
+                                              {"weights_bytes", held.weights},
+                                              {"optimizer_bytes", held.optimizer},
+                                              {"text_encoder_bytes", held.text_encoder},
+                                              {"vae_bytes", held.vae},
+                                              {"offload_buffer_bytes", held.offload_buffers},
+                                              {"host",
+                                               {{"offloaded_weight_bytes", held.host_weights},
+                                                {"text_encoder_offloaded_bytes", held.text_encoder_host},
+                                                {"text_cache_bytes", held.text_cache_host},
+                                                {"measured_peak_bytes", session.meter().stats().host_peak_bytes},
+                                                {"cap_bytes", config.host_cap.bytes}}},
+                                              {"load",
+                                               {{"quantized_on_host", load.quantized_on_host},
+                                                {"measured_peak_bytes", load.measured_device_peak_bytes.value_or(0)},
+                                                {"predicted_peak_bytes", load.device.peak()},
+                                                {"host_measured_peak_bytes", load.measured_host_peak_bytes.value_or(0)},
+                                                {"host_predicted_peak_bytes", load.host.peak()}}},
+                                              {"phase_peak_bytes", run_peaks_}}
+                                             .dump(2)
+                                      << "\n";
+}
+
+}  // namespace gclab::train
