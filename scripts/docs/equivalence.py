@@ -125,6 +125,16 @@ def record_oom_lab(gclab):
 # Measured while the loader's thread decodes the next batches beside the step (the tracking allocator counts
 # every thread): two runs of the same commit differ here by up to 2%. The verdicts do not read them.
 UNSTABLE = {"last_step_phase_peaks"}
+# Scenarios whose failing allocation is a race with the loader's thread (docs/results/oom-cpu.md: the step's
+# backward or, sometimes, the text encode beside the decode): only the exit status and the first fix's
+# title are compared.
+RACY = {"cpu_text_encoder"}
+
+
+def racy_view(entry):
+    report = entry.get("report") or {}
+    return {"exit": entry.get("exit"), "first_fix": (report.get("fixes") or [{}])[0].get("title"),
+            "estimate": entry.get("estimate")}
 
 
 def compare(a, b):
@@ -142,6 +152,10 @@ def compare(a, b):
             differences += 1
             print(f"{where}: {json.dumps(x)[:200]} -> {json.dumps(y)[:200]}")
 
+    for record in (before, after):
+        for name in RACY:
+            if name in record.get("oom_lab", {}):
+                record["oom_lab"][name] = racy_view(record["oom_lab"][name])
     walk(before, after, "")
     print(f"{differences} difference(s)")
     return differences

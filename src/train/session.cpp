@@ -68,7 +68,7 @@ int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSp
 }
 
 int64_t predicted_load_peak(const config::ProcessConfig& config) {
-  return Session(config, SessionOptions{/*meta=*/true}).load_memory().device.peak();
+  return predict_load(plan_run(config, PlanOptions{/*meta=*/true})).device.peak();
 }
 
 namespace {
@@ -76,7 +76,7 @@ namespace {
 // The transformer held in host memory while it loads does not fit host_cap: what it needs there, and the
 // levers — quantizing it on the device instead where the arch's loader allows it.
 UserError host_load_refusal(const config::ProcessConfig& config) {
-  const int64_t needed = Session(config, SessionOptions{/*meta=*/true}).load_memory().host.peak();
+  const int64_t needed = predict_load(plan_run(config, PlanOptions{/*meta=*/true})).host.peak();
   std::string levers = "raise host_cap (a machine with more RAM)";
   if (model::low_vram_quantizes_in_host_memory(config.model.arch)) {
     config::ProcessConfig on_device = config;
@@ -124,8 +124,12 @@ Session::Session(RunPlan plan)
   for (const auto& w : plan_.warnings) log::warn(w);
   start_memory();
   // The load, in the order AI Toolkit's loader for the arch takes: the transformer (on the device, or in
-  // host memory and moved after the text encoders), the text encoders; load_ walks the same steps on the
-  // modules' sizes. Random weights from the training seed, the transformer's drawn first.
+  // host memory and moved after the text encoders), the text encoders; load_ is the same steps' walk on the
+  // modules' sizes (predict_load). Random weights from the training seed, the transformer's drawn first.
+  load_ = predict_load(plan_);
+  // A GPU run's host memory is not the CPU tracker's: the walk's host peak is held against the cap.
+  if (device_.is_cuda() && config_.host_cap.bytes > 0 && load_.host.peak() > config_.host_cap.bytes)
+    throw host_load_refusal(config_);
   const memory::MemoryStats before_load = meter_.stats();
   meter_.reset_peak();
   memory::MemoryMeter::reset_host_peak();
@@ -163,8 +167,6 @@ void Session::start_memory() {
 // only the adapters are float32; without one every weight is a float32 master copy) and quantized — on the
 // device, or in host memory under low_vram or block by block.
 void Session::load_transformer() {
-  load_.quantized_on_host = plan_.load.quantized_on_host;
-  const Residence built_in = load_.quantized_on_host ? Residence::host : Residence::device;
   torch::manual_seed(plan_.seed);
   try {
     std::optional<memory::HostScope> host;
@@ -173,11 +175,8 @@ void Session::load_transformer() {
     if (plan_.load.staged && device_.is_cuda()) draw_on.emplace(device_);
     model_ = plan_.family->build_transformer(
         spec_, torch::TensorOptions().device(draw_on ? torch::Device(torch::kCPU) : device_).dtype(plan_.base_dtype));
-    if (plan_.load.staged) load_.staged(largest_parameter_bytes(*model_));
-    load_.built(built_in, nn::module_bytes(*model_));
     if (config_.model.quantize) {
       const model::BaseQuantization q = model::quantize_base(*model_, config_.model);
-      load_.quantized(built_in, q.memory);
       log::info("model.quantize: " + model::describe(q, config_.model) +
                 (load_.quantized_on_host ? ", in host memory" : ", on the device"));
     }
@@ -185,14 +184,10 @@ void Session::load_transformer() {
     if (!load_.quantized_on_host) throw;  // the device's: the run's OOM report
     throw host_load_refusal(config_);     // the CPU tracker's host cap
   }
-  // A GPU run's host memory is not the CPU tracker's: the walk's host peak is held against the cap.
-  if (device_.is_cuda() && config_.host_cap.bytes > 0 && load_.host.peak() > config_.host_cap.bytes)
-    throw host_load_refusal(config_);
 }
 
 void Session::transformer_to_device() {
   if (!load_.quantized_on_host) return;
-  load_.moved(Residence::device, nn::module_bytes(*model_));
   move_module(*model_, Residence::device, device_);
 }
 
@@ -206,10 +201,6 @@ void Session::load_text_encoders() {
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("text encoders: ") + e.what());
   }
-  for (const auto& step : prompts->load_steps()) {
-    load_.built(Residence::device, step.built_bytes);
-    load_.quantized(Residence::device, step.quantized);
-  }
   for (size_t i = 0; i < prompts->slots(); ++i)
     log::info(model::text_encoder_folder(i) + ": " + std::string(config::name_of(prompts->encoder(i).kind())) + ", " +
               (prompts->random_weights(i) ? "random weights" : "weights loaded") + ", " +
@@ -219,7 +210,6 @@ void Session::load_text_encoders() {
       const Offloaded o = offload_within_host_cap(
           prompts->encoder(i), config_.model.layer_offloading_text_encoder_percent,
           "model.layer_offloading_text_encoder_percent", plan_.seed + 1 + i, model::text_encoder_folder(i));
-      load_.moved(Residence::host, o.host_bytes);
       log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of " + model::text_encoder_folder(i) +
                 "'s " + std::to_string(o.linears) + " Linears in host memory (" + config::format_bytes(o.host_bytes) +
                 ")");

@@ -1,4 +1,4 @@
-// The model's load as AI Toolkit's loaders do it, and what it holds. The Session builds the transformer,
+// The model's load as AI Toolkit's loaders do it, and what it holds. A Session builds the transformer,
 // quantizes it where the arch's loader does (model::TransformerLoading: on the device, or in host memory
 // under model.low_vram or block by block), builds the text encoders on the device and quantizes them there,
 // and moves the transformer to the device before them or after — walking the same steps on the modules'
@@ -14,6 +14,7 @@
 
 #include "gclab/memory/live_set.h"
 #include "gclab/nn/layers.h"
+#include "gclab/train/plan.h"
 
 namespace gclab::train {
 
@@ -51,5 +52,10 @@ struct LoadMemory {
  private:
   memory::LiveSet& side(Residence where) { return where == Residence::device ? device : host; }
 };
+
+// The load's walk for a plan: the transformer and the text encoders built on the meta device as the plan
+// loads them (dtype, quantization and where it happens, the text encoders' offloading, the order), their
+// sizes walked step by step. What a Session's load holds, predicted, and what what-if advice re-plans.
+LoadMemory predict_load(const RunPlan& plan);
 
 }  // namespace gclab::train
