@@ -54,24 +54,17 @@ StepEstimate step_estimate(const train::Session& session, const model::Activatio
   return s;
 }
 
-LoadEstimate load_of(const train::Session& session) {
+LoadEstimate load_of(const train::LoadMemory& load) {
   LoadEstimate l;
-  l.quantized_on_host = session.load_memory().quantized_on_host;
-  l.device_peak_bytes = session.load_memory().device.peak();
-  l.host_peak_bytes = session.load_memory().host.peak();
+  l.quantized_on_host = load.quantized_on_host;
+  l.device_peak_bytes = load.device.peak();
+  l.host_peak_bytes = load.host.peak();
   return l;
 }
 
-}  // namespace
-
-LoadEstimate estimate_load(const config::ProcessConfig& config) {
-  return load_of(train::Session(config, train::SessionOptions{/*meta=*/true}));
-}
-
-MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
-  train::Session session(config, train::SessionOptions{/*meta=*/true});
-  MemoryEstimate e;
-  e.spec = session.spec();
+// What stays on the device through the steps, and in host memory.
+void resident_estimate(train::Session& session, MemoryEstimate& e) {
+  const bool leaves = session.plan().text_encoder_leaves;
   const train::ResidentBytes r = session.resident();
   e.weight_bytes = r.weights;
   e.trained = model::trainable_parameter_count(session.model());
@@ -79,24 +72,22 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
   e.gradient_bytes = r.trained;  // one gradient per trained tensor, in its dtype
   e.optimizer_bytes = session.optimizer().expected_state_bytes();
   e.ema_bytes = r.ema;
-  e.text_encoder_bytes = train::text_encoder_leaves(config) ? 0 : r.text_encoder;
+  e.text_encoder_bytes = leaves ? 0 : r.text_encoder;
   e.vae = session.codec_spec().describe();
   e.vae_weight_bytes = session.codec_spec().weight_bytes();
   e.vae_bytes = r.vae;
   // Host memory: the offloaded weights, the text encoders' while they stay loaded.
-  e.host_weight_bytes = r.host_weights + (train::text_encoder_leaves(config) ? 0 : r.text_encoder_host);
+  e.host_weight_bytes = r.host_weights + (leaves ? 0 : r.text_encoder_host);
   e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), session.activation_options().element_bytes);
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
                      e.vae_bytes + e.offload_buffer_bytes;
-  e.load = load_of(session);
-  e.cap_bytes = config.vram_cap.bytes;
-  e.activation_dtype = std::string(config::name_of(config.train.dtype));
-  const bool cuda = train::runs_on_cuda(config);
-  e.device = cuda ? "cuda" : config.device;
-  const model::ActivationOptions o = session.activation_options(cuda);
-  text::EncodeMemoryOptions kernels;
-  kernels.cpu = !cuda, kernels.threads = at::get_num_threads();
+  e.load = load_of(session.load_memory());
+}
+
+// A nominal caption's encode, when the text encoders stay.
+void text_estimate(train::Session& session, MemoryEstimate& e, bool cuda) {
   const text::PromptEncoder* prompts = session.text().encoder();
+  const train::ResidentBytes r = session.resident();
   if (prompts && prompts->slots() > 0) {
     TextEncodeEstimate t;
     t.caption_tokens = model::kNominalCaptionTokens;
@@ -104,28 +95,20 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
     const text::EncodePrediction p = train::predict_caption_encode(*prompts, e.spec, !cuda);
     for (size_t i = 0; i < prompts->slots(); ++i) t.encoders.push_back(model::text_encoder_folder(i));
     t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes;
-    t.every_step = !train::text_encoder_leaves(config);
+    t.every_step = !session.plan().text_encoder_leaves;
     if (!t.every_step)
       t.total_bytes = e.resident_bytes - e.gradient_bytes - e.optimizer_bytes + r.text_encoder + t.encode_bytes;
     e.text = t;
   }
-  std::set<std::pair<int, int>> seen;
-  for (const auto& d : config.datasets)
-    for (int res : d.resolution) {
-      const int batch = d.batch_size.value_or(config.train.batch_size);
-      if (!seen.insert({res, batch}).second) continue;
-      const auto a = model::estimate_activations(e.spec, batch, res, res, 0, o);
-      ResolutionEstimate re;
-      re.resolution = res;
-      re.batch = batch;
-      re.image_tokens = a.image_tokens;
-      re.text_tokens = a.text_tokens;
-      re.gc_off = step_estimate(session, a, batch, res, false, e.resident_bytes, e.gradient_bytes, !cuda, e.text);
-      re.gc_full = step_estimate(session, a, batch, res, true, e.resident_bytes, e.gradient_bytes, !cuda, e.text);
-      e.resolutions.push_back(re);
-    }
-  std::sort(e.resolutions.begin(), e.resolutions.end(),
-            [](const ResolutionEstimate& a, const ResolutionEstimate& b) { return a.resolution < b.resolution; });
+}
+
+// The preview: its denoising passes, the decode, an edit model's reference encode, the prompts' encode.
+void preview_estimate(train::Session& session, MemoryEstimate& e, bool cuda) {
+  const config::ProcessConfig& config = session.config();
+  const model::ActivationOptions o = session.activation_options(cuda);
+  const text::PromptEncoder* prompts = session.text().encoder();
+  text::EncodeMemoryOptions kernels;
+  kernels.cpu = !cuda, kernels.threads = at::get_num_threads();
   if (config.sample && !config.train.disable_sampling && !config.sample->samples.empty()) {
     const auto& sc = *config.sample;
     PreviewEstimate p;
@@ -164,6 +147,9 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
                     std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes, p.text_encode_bytes});
     e.preview = p;
   }
+}
+
+void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
   e.not_modelled = {
       "the preview's denoising passes are approximate (a block's input, output and MLP hidden); its "
       "decode is not",
@@ -186,6 +172,41 @@ MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
     e.not_modelled.push_back(
         "low_vram: AI Toolkit's edit previews run with the VAE's tiling on, which tiles the ctrl_img's encode too; "
         "gclab encodes it whole (vae_encode_control is the untiled peak)");
+}
+
+}  // namespace
+
+LoadEstimate estimate_load(const config::ProcessConfig& config) {
+  return load_of(train::predict_load(train::plan_run(config, train::PlanOptions{/*meta=*/true})));
+}
+
+MemoryEstimate estimate_memory(const config::ProcessConfig& config) {
+  train::Session session(config, train::SessionOptions{/*meta=*/true});
+  MemoryEstimate e;
+  e.spec = session.spec();
+  resident_estimate(session, e);
+  e.cap_bytes = config.vram_cap.bytes;
+  e.activation_dtype = std::string(config::name_of(config.train.dtype));
+  const bool cuda = session.plan().cuda;
+  e.device = cuda ? "cuda" : config.device;
+  text_estimate(session, e, cuda);
+  // Each of the datasets' (batch, resolution) cells, checkpointing off and full.
+  const model::ActivationOptions o = session.activation_options(cuda);
+  for (const train::StepCell& c : session.plan().cells) {
+    const auto a = model::estimate_activations(e.spec, c.batch, c.resolution, c.resolution, 0, o);
+    ResolutionEstimate re;
+    re.resolution = c.resolution;
+    re.batch = c.batch;
+    re.image_tokens = a.image_tokens;
+    re.text_tokens = a.text_tokens;
+    re.gc_off =
+        step_estimate(session, a, c.batch, c.resolution, false, e.resident_bytes, e.gradient_bytes, !cuda, e.text);
+    re.gc_full =
+        step_estimate(session, a, c.batch, c.resolution, true, e.resident_bytes, e.gradient_bytes, !cuda, e.text);
+    e.resolutions.push_back(re);
+  }
+  preview_estimate(session, e, cuda);
+  not_modelled(config, e);
   return e;
 }
 

@@ -66,14 +66,13 @@ std::string format_autoencoder(const config::ProcessConfig& config) {
       << "\n";
   out << "  encode_peaks:" << (config.datasets.empty() ? " []" : "") << "\n";
   std::set<std::pair<int, int>> seen;
-  for (const auto& d : config.datasets)
-    for (int res : d.resolution) {
-      const int batch = cached ? 1 : d.batch_size.value_or(config.train.batch_size);  // caching: one at a time
-      if (!seen.insert({res, batch}).second) continue;
-      const int64_t b = c.encode_bytes(batch, res, res, cpu);
-      out << "    - {at: \"" << res << "x" << res << "\", batch: " << batch << ", bytes: " << b << "}  # "
-          << format_bytes(b) << "\n";
-    }
+  for (const train::StepCell& cell : train::step_cells(config)) {
+    const int res = cell.resolution, batch = cached ? 1 : cell.batch;  // caching: one at a time
+    if (!seen.insert({res, batch}).second) continue;
+    const int64_t b = c.encode_bytes(batch, res, res, cpu);
+    out << "    - {at: \"" << res << "x" << res << "\", batch: " << batch << ", bytes: " << b << "}  # "
+        << format_bytes(b) << "\n";
+  }
   if (config.sample && !config.train.disable_sampling) {
     const auto& s = *config.sample;
     const int64_t b = c.decode_bytes(1, s.height, s.width, cpu);

@@ -526,29 +526,28 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
   return kExitOk;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"gclab: gradient-checkpointing lab for diffusion transformers (AI Toolkit configs)"};
-  app.require_subcommand(1);
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
-
+// Every verb's arguments, filled by CLI11's parse.
+struct Verbs {
   ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args, tokenize_args;
-  auto* check = app.add_subcommand("check", "validate a config and print it resolved (YAML)");
-  add_config_args(check, check_args);
-  check->add_flag("--json", check_args.json, "print JSON instead of YAML");
-  auto* info = app.add_subcommand("info", "LibTorch build, CUDA and GPUs this binary sees");
-  auto* train = app.add_subcommand("train", "train as the config says");
-  add_config_args(train, train_args);
   bool resume = false, dry_run = false;
-  train->add_flag("--resume", resume, "continue from the newest save in the output folder");
-  train->add_flag("--dry-run", dry_run, "validate and build the session on the meta device; train nothing");
-  auto* bench = app.add_subcommand("bench", "GC on/off side by side: step time, peak memory");
+  BenchArgs bench_opts, fit_opts;
+  int fit_max_batch = 32;
+  TokenizeArgs tokenize_opts;
+  ForwardArgs forward_files;
+  SynthArgs synth_args;
+  CLI::App *check = nullptr, *info = nullptr, *train = nullptr, *bench = nullptr, *fit = nullptr, *estimate = nullptr,
+           *synth = nullptr, *tokenize = nullptr, *forward = nullptr;
+};
+
+void add_bench_and_fit(CLI::App& app, Verbs& v) {
+  auto& bench_args = v.bench_args;
+  auto& bench_opts = v.bench_opts;
+  auto& fit_args = v.fit_args;
+  auto& fit_opts = v.fit_opts;
+  auto& fit_max_batch = v.fit_max_batch;
+  auto* bench = v.bench = app.add_subcommand("bench", "GC on/off side by side: step time, peak memory");
   add_config_args(bench, bench_args);
   bench->add_flag("--json", bench_args.json, "print JSON instead of YAML");
-  BenchArgs bench_opts;
   bench->add_option("--gc", bench_opts.gc, "policies to compare, comma-separated (default off,full)");
   bench->add_option("--batch", bench_opts.batch, "batch sizes, comma-separated (default: train.batch_size)");
   bench->add_option("--resolution", bench_opts.resolution,
@@ -559,21 +558,20 @@ int main(int argc, char** argv) {
                    "the bf16 rate MFU is held against, TFLOP/s (a matmul measured on this machine; default: the "
                    "GPU's data-sheet peak)")
       ->check(CLI::NonNegativeNumber);
-  auto* fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
+  auto* fit = v.fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
   add_config_args(fit, fit_args);
   fit->add_flag("--json", fit_args.json, "print JSON instead of YAML");
-  BenchArgs fit_opts;
-  int fit_max_batch = 32;
   fit->add_option("--gc", fit_opts.gc, "policies, comma-separated (default off,full)");
   fit->add_option("--resolution", fit_opts.resolution, "square resolutions, comma-separated (default: the datasets')");
   fit->add_option("--max-batch", fit_max_batch, "largest batch to try (default 32)");
-  auto* estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
-  add_config_args(estimate, estimate_args);
-  estimate->add_flag("--json", estimate_args.json, "print JSON instead of YAML");
-  auto* synth = app.add_subcommand("synth", "write a captioned image folder to train on");
-  auto* tokenize = app.add_subcommand("tokenize", "a caption's token ids, as the family's tokenizer gives them");
+}
+
+void add_tokenize(CLI::App& app, Verbs& v) {
+  auto& tokenize_args = v.tokenize_args;
+  auto& tokenize_opts = v.tokenize_opts;
+  auto* tokenize = v.tokenize =
+      app.add_subcommand("tokenize", "a caption's token ids, as the family's tokenizer gives them");
   add_config_args(tokenize, tokenize_args);
-  TokenizeArgs tokenize_opts;
   tokenize
       ->add_option("--component", tokenize_opts.component,
                    "the text encoder whose tokenizer: text_encoder, text_encoder_2 or text_encoder_3")
@@ -583,9 +581,13 @@ int main(int argc, char** argv) {
   tokenize->add_option("--max-length", tokenize_opts.max_length,
                        "cut and pad to this many tokens (default: the pipeline's length)");
   tokenize->add_option("caption", tokenize_opts.captions, "captions")->required();
-  auto* forward = app.add_subcommand("forward", "one forward pass on named inputs, for numerics checks");
+}
+
+void add_forward(CLI::App& app, Verbs& v) {
+  auto& forward_args = v.forward_args;
+  auto& forward_files = v.forward_files;
+  auto* forward = v.forward = app.add_subcommand("forward", "one forward pass on named inputs, for numerics checks");
   add_config_args(forward, forward_args);
-  ForwardArgs forward_files;
   forward
       ->add_option("--weights", forward_files.weights,
                    "a diffusers model folder, .safetensors or *.index.json; default: model.name_or_path's "
@@ -627,12 +629,43 @@ int main(int argc, char** argv) {
           {"mean", gclab::vae::Posterior::mean}, {"sample", gclab::vae::Posterior::sample}}));
   forward->add_option("--dtype", forward_files.dtype, "fp32 (default), bf16, fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  SynthArgs synth_args;
+}
+
+void add_synth(CLI::App& app, Verbs& v) {
+  auto* synth = v.synth = app.add_subcommand("synth", "write a captioned image folder to train on");
+  auto& synth_args = v.synth_args;
   synth->add_option("--out", synth_args.out, "folder to write (created if needed)")->required();
   synth->add_option("--count", synth_args.count, "number of images (default 24)");
   synth->add_option("--sizes", synth_args.sizes,
                     "comma-separated WIDTHxHEIGHT, cycled (default 512x512,640x448,448x640)");
   synth->add_option("--seed", synth_args.seed, "random seed (default 1)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gclab: gradient-checkpointing lab for diffusion transformers (AI Toolkit configs)"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+
+  Verbs v;
+  v.check = app.add_subcommand("check", "validate a config and print it resolved (YAML)");
+  add_config_args(v.check, v.check_args);
+  v.check->add_flag("--json", v.check_args.json, "print JSON instead of YAML");
+  v.info = app.add_subcommand("info", "LibTorch build, CUDA and GPUs this binary sees");
+  v.train = app.add_subcommand("train", "train as the config says");
+  add_config_args(v.train, v.train_args);
+  v.train->add_flag("--resume", v.resume, "continue from the newest save in the output folder");
+  v.train->add_flag("--dry-run", v.dry_run, "validate and build the session on the meta device; train nothing");
+  add_bench_and_fit(app, v);
+  v.estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
+  add_config_args(v.estimate, v.estimate_args);
+  v.estimate->add_flag("--json", v.estimate_args.json, "print JSON instead of YAML");
+  add_synth(app, v);
+  add_tokenize(app, v);
+  add_forward(app, v);
 
   try {
     app.parse(argc, argv);
@@ -642,14 +675,14 @@ int main(int argc, char** argv) {
   }
   gclab::log::set_level(log_level);
 
-  if (*check) return run_verb([&] { return run_check(check_args); });
-  if (*info) return run_verb(run_info);
-  if (*train) return run_verb([&] { return run_train(train_args, resume, dry_run); });
-  if (*bench) return run_verb([&] { return run_bench(bench_args, bench_opts); });
-  if (*fit) return run_verb([&] { return run_fit(fit_args, fit_opts, fit_max_batch); });
-  if (*estimate) return run_verb([&] { return run_estimate(estimate_args); });
-  if (*synth) return run_verb([&] { return run_synth(synth_args); });
-  if (*forward) return run_verb([&] { return run_forward(forward_args, forward_files); });
-  if (*tokenize) return run_verb([&] { return run_tokenize(tokenize_args, tokenize_opts); });
+  if (*v.check) return run_verb([&] { return run_check(v.check_args); });
+  if (*v.info) return run_verb(run_info);
+  if (*v.train) return run_verb([&] { return run_train(v.train_args, v.resume, v.dry_run); });
+  if (*v.bench) return run_verb([&] { return run_bench(v.bench_args, v.bench_opts); });
+  if (*v.fit) return run_verb([&] { return run_fit(v.fit_args, v.fit_opts, v.fit_max_batch); });
+  if (*v.estimate) return run_verb([&] { return run_estimate(v.estimate_args); });
+  if (*v.synth) return run_verb([&] { return run_synth(v.synth_args); });
+  if (*v.forward) return run_verb([&] { return run_forward(v.forward_args, v.forward_files); });
+  if (*v.tokenize) return run_verb([&] { return run_tokenize(v.tokenize_args, v.tokenize_opts); });
   return kExitOther;
 }
