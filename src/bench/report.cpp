@@ -29,7 +29,7 @@ std::string format_model_summary(const model::ModelSummary& s) {
   std::ostringstream out;
   out << "# the model this config selects, counted on a meta-device build (no memory)\n";
   out << "model_summary:\n";
-  out << "  preset: " << spec.preset << "\n  family: " << config::name_of(spec.family) << "\n";
+  out << "  preset: " << spec.preset << "\n  family: " << spec.family.name() << "\n";
   out << "  blocks: " << spec.total_blocks() << "  # ";
   out << model::family_of(spec.family).describe_blocks(spec);
   out << ", width " << spec.hidden << " (" << spec.heads << " heads x " << spec.head_dim << ")\n";
@@ -91,7 +91,7 @@ std::string format_text_encoders(const config::ProcessConfig& config) {
                              .dtype(config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat));
   const text::PromptEncoder prompts(plan);
   std::ostringstream out;
-  out << "# the text encoders " << config::name_of(spec.family)
+  out << "# the text encoders " << spec.family.name()
       << "'s pipeline conditions on (text/), as the run builds them (on the meta device here): their weights as "
          "AI Toolkit holds them ("
       << model::describe_text_encoder_storage(config.model, spec.family) << ")\n";

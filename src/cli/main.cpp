@@ -249,8 +249,8 @@ int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardAr
   const size_t slot = f.text_slot;
   const std::string name = gclab::model::text_encoder_folder(slot);
   if (slot >= kinds.size())
-    throw gclab::UserError("--component " + name + ": " + std::string(gclab::config::name_of(spec.family)) + " has " +
-                           std::to_string(kinds.size()) + " text encoder(s)");
+    throw gclab::UserError("--component " + name + ": " + spec.family.name() + " has " + std::to_string(kinds.size()) +
+                           " text encoder(s)");
   std::filesystem::path folder = f.weights;
   if (folder.empty())
     if (const auto local = gclab::model::local_model(config.model); local && slot < local->text_encoders.size())
@@ -333,8 +333,8 @@ int run_tokenize(const ConfigArgs& args, const TokenizeArgs& t) {
     throw gclab::UserError("--component " + t.component + ": text_encoder, text_encoder_2 or text_encoder_3");
   const size_t slot = *parsed;
   if (slot >= kinds.size())
-    throw gclab::UserError("--component " + t.component + ": " + std::string(gclab::config::name_of(spec.family)) +
-                           " has " + std::to_string(kinds.size()) + " text encoder(s)");
+    throw gclab::UserError("--component " + t.component + ": " + spec.family.name() + " has " +
+                           std::to_string(kinds.size()) + " text encoder(s)");
   // The pipeline's own call (template, length, padding) from the run's prompt plan, built on the meta
   // device: only the tokenizers are real.
   auto plan = gclab::train::prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta));

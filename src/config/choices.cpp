@@ -71,16 +71,6 @@ const std::vector<Spelling<LrScheduler>>& spellings() {
 }
 
 template <>
-const std::vector<Spelling<Family>>& spellings() {
-  static const std::vector<Spelling<Family>> s = {{Family::flux, "flux", {}},
-                                                  {Family::qwen_image, "qwen_image", {}},
-                                                  {Family::zimage, "zimage", {}},
-                                                  {Family::sd3, "sd3", {}},
-                                                  {Family::dit, "dit", {}}};
-  return s;
-}
-
-template <>
 const std::vector<Spelling<AutoencoderKind>>& spellings() {
   static const std::vector<Spelling<AutoencoderKind>> s = {{AutoencoderKind::flux, "flux", {}},
                                                            {AutoencoderKind::sd3, "sd3", {}},

@@ -1,5 +1,7 @@
 #include "gclab/model/family.h"
 
+#include <deque>
+
 #include "gclab/config/arch.h"
 #include "gclab/config/user_error.h"
 #include "gclab/model/registry.h"
@@ -7,15 +9,19 @@
 namespace gclab::model {
 
 const std::vector<ArchFacts>& supported_archs() {
-  static const std::vector<ArchFacts> archs = [] {
+  // Listed again when a family registers; the earlier lists stay, so an ArchFacts* handed out stays valid.
+  static std::deque<std::vector<ArchFacts>> lists;
+  static size_t listed_families = 0;
+  if (lists.empty() || listed_families != families().size()) {
     std::vector<ArchFacts> out;
     for (const bool tiny : {false, true})  // every family's own archs, then the tiny ones
       for (const ModelFamily* f : families())
         for (const ArchFacts& a : f->archs())
           if (a.tiny == tiny) out.push_back(a);
-    return out;
-  }();
-  return archs;
+    lists.push_back(std::move(out));
+    listed_families = families().size();
+  }
+  return lists.back();
 }
 
 const ArchFacts* find_arch(const std::string& name) {

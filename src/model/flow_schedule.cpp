@@ -44,6 +44,6 @@ torch::Tensor FlowSchedule::preview_sigmas(int steps, int64_t image_tokens) cons
       {shift_sigmas(base, image_tokens).to(torch::kFloat).to(torch::kDouble), torch::zeros({1}, torch::kDouble)});
 }
 
-FlowSchedule flow_schedule(config::Family family) { return family_of(family).flow_schedule(); }
+FlowSchedule flow_schedule(const Family& family) { return family_of(family).flow_schedule(); }
 
 }  // namespace gclab::model

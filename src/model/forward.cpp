@@ -85,7 +85,7 @@ std::map<std::string, std::string> spec_metadata(const ModelSpec& s) {
   std::string axes;
   for (int64_t a : s.rope_axes) axes += (axes.empty() ? "" : ",") + std::to_string(a);
   return {{"preset", s.preset},
-          {"family", std::string(config::name_of(s.family))},
+          {"family", s.family.name()},
           {"hidden", std::to_string(s.hidden)},
           {"heads", std::to_string(s.heads)},
           {"double_blocks", std::to_string(s.double_blocks)},

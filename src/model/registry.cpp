@@ -1,6 +1,7 @@
 #include "gclab/model/registry.h"
 
 #include <stdexcept>
+#include <string>
 
 namespace gclab::model {
 
@@ -17,17 +18,30 @@ FlowSchedule ModelFamily::flow_schedule() const {
   return s;
 }
 
-const std::vector<const ModelFamily*>& families() {
-  static const std::vector<const ModelFamily*> all = {
+namespace {
+
+std::vector<const ModelFamily*>& registered() {
+  static std::vector<const ModelFamily*> all = {
       &flux_family(), &qwen_image_family(), &zimage_family(), &sd3_family(), &dit_family(),
   };
   return all;
 }
 
+}  // namespace
+
+const std::vector<const ModelFamily*>& families() { return registered(); }
+
+void register_family(const ModelFamily& family) {
+  for (const ModelFamily* f : registered())
+    if (f->id() == family.id())
+      throw std::logic_error("register_family: family '" + family.id().name() + "' is registered already");
+  registered().push_back(&family);
+}
+
 const ModelFamily& family_of(Family id) {
   for (const ModelFamily* f : families())
     if (f->id() == id) return *f;
-  throw std::logic_error("family_of: family " + std::to_string(static_cast<int>(id)) + " is not registered");
+  throw std::logic_error("family_of: family '" + id.name() + "' is not registered");
 }
 
 }  // namespace gclab::model

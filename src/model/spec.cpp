@@ -21,12 +21,14 @@ namespace {
 
 // Every family's presets by name (registry.h).
 const std::map<std::string, ModelSpec>& presets() {
-  static const std::map<std::string, ModelSpec> all = [] {
-    std::map<std::string, ModelSpec> m;
+  static std::map<std::string, ModelSpec> all;
+  static size_t listed_families = 0;
+  if (all.empty() || listed_families != families().size()) {  // again when a family registers
+    all.clear();
     for (const ModelFamily* f : families())
-      for (const ModelSpec& s : f->presets()) m[s.preset] = s;
-    return m;
-  }();
+      for (const ModelSpec& s : f->presets()) all[s.preset] = s;
+    listed_families = families().size();
+  }
   return all;
 }
 
@@ -71,8 +73,8 @@ void apply_diffusers_config(ModelSpec& s, const LocalModel& local) {
   const std::string cls = c.value("_class_name", "");
   const ModelFamily& family = family_of(s.family);
   if (cls != family.diffusers_class())
-    throw UserError(local.config.string() + ": _class_name '" + cls + "' is not the " +
-                    std::string(config::name_of(s.family)) + " transformer model.arch '" + s.arch + "' names");
+    throw UserError(local.config.string() + ": _class_name '" + cls + "' is not the " + s.family.name() +
+                    " transformer model.arch '" + s.arch + "' names");
   try {
     family.read_diffusers_config(s, c);
   } catch (const nlohmann::json::exception& e) {
@@ -92,7 +94,7 @@ class FileShapes final : public TensorShapes {
   bool contains(const std::string& name) const override { return f_.contains(name); }
   int64_t dim(const std::string& name, size_t d) const override {
     if (!f_.contains(name))
-      throw UserError(file_.string() + " has no tensor " + name + " (a " + std::string(config::name_of(family_)) +
+      throw UserError(file_.string() + " has no tensor " + name + " (a " + std::string(family_.name()) +
                       " transformer in diffusers naming has one)");
     const auto& shape = f_.entry(name).shape;
     if (d >= shape.size()) throw UserError(file_.string() + ": " + name + " has too few dimensions");

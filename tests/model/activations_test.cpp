@@ -18,7 +18,7 @@ void expect_ledger_matches(const ModelSpec& spec, bool lora, int batch, torch::S
   auto m = build_transformer(spec);
   if (lora) apply_lora(*m, {4, 4.0, dropout});
   m->to(dtype);
-  const int64_t text = spec.family == Family::zimage ? 32 : text_tokens(spec, 16);
+  const int64_t text = spec.family == model::Family("zimage") ? 32 : text_tokens(spec, 16);
   ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
   // Edit models: one square reference image of the spec's reference_area, as the ledger counts it (spec.h
   // reference_tokens).

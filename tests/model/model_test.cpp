@@ -124,7 +124,7 @@ TEST(Presets, ConfigSelectsThePresetAndRefusesUnmodelledArchs) {
   m.name_or_path = "Tongyi-MAI/Z-Image-Turbo";
   EXPECT_EQ(spec_for(m).preset, "zimage-turbo");
   m.arch = "tiny-qwen-image";
-  EXPECT_EQ(spec_for(m).family, Family::qwen_image);
+  EXPECT_EQ(spec_for(m).family, model::Family("qwen_image"));
   m.arch = "wan21";
   EXPECT_THROW(spec_for(m), std::invalid_argument);
 }
@@ -186,18 +186,18 @@ TEST(TextEncoderStorage, AsAiToolkitsLoadersQuantizeThem) {
   m.quantize = true;
   m.qtype = "uint4";
   m.qtype_te = "float8";
-  EXPECT_EQ(text_encoder_storage(m, Family::flux), (Slots{std::nullopt, S::UInt4}));  // CLIP-L, T5
+  EXPECT_EQ(text_encoder_storage(m, model::Family("flux")), (Slots{std::nullopt, S::UInt4}));  // CLIP-L, T5
   m.quantize_te = false;
-  EXPECT_EQ(text_encoder_storage(m, Family::flux), (Slots{std::nullopt, std::nullopt}));
-  EXPECT_EQ(text_encoder_storage(m, Family::sd3), (Slots{std::nullopt, std::nullopt, S::UInt4}));
-  EXPECT_EQ(text_encoder_storage(m, Family::qwen_image), (Slots{std::nullopt}));
+  EXPECT_EQ(text_encoder_storage(m, model::Family("flux")), (Slots{std::nullopt, std::nullopt}));
+  EXPECT_EQ(text_encoder_storage(m, model::Family("sd3")), (Slots{std::nullopt, std::nullopt, S::UInt4}));
+  EXPECT_EQ(text_encoder_storage(m, model::Family("qwen_image")), (Slots{std::nullopt}));
   m.quantize = false;
   m.quantize_te = true;
-  EXPECT_EQ(text_encoder_storage(m, Family::sd3), (Slots{std::nullopt, std::nullopt, std::nullopt}));
-  EXPECT_EQ(text_encoder_storage(m, Family::qwen_image), (Slots{S::Float8}));
-  EXPECT_EQ(text_encoder_storage(m, Family::zimage), (Slots{S::Float8}));
-  EXPECT_TRUE(text_encoder_storage(m, Family::dit).empty());
-  EXPECT_EQ(describe_text_encoder_storage(m, Family::zimage), "qwen3's Linears as float8");
+  EXPECT_EQ(text_encoder_storage(m, model::Family("sd3")), (Slots{std::nullopt, std::nullopt, std::nullopt}));
+  EXPECT_EQ(text_encoder_storage(m, model::Family("qwen_image")), (Slots{S::Float8}));
+  EXPECT_EQ(text_encoder_storage(m, model::Family("zimage")), (Slots{S::Float8}));
+  EXPECT_TRUE(text_encoder_storage(m, model::Family("dit")).empty());
+  EXPECT_EQ(describe_text_encoder_storage(m, model::Family("zimage")), "qwen3's Linears as float8");
 }
 
 }  // namespace

@@ -38,8 +38,10 @@ TEST_P(ReferenceParity, ForwardAndCheckpointedGradientsMatchThePythonReference) 
   torch::manual_seed(3);
   const ModelSpec spec = spec_by_preset(preset);
   auto model = build_transformer(spec);
-  ModelInputs in = model->example_inputs(2, 128, 96, spec.family == Family::zimage ? 20 : 0);  // Z-Image pads 20 to 32
-  if (spec.family == Family::qwen_image) in.reference_latents = {torch::randn({2, spec.latent_channels, 8, 8})};
+  ModelInputs in =
+      model->example_inputs(2, 128, 96, spec.family == model::Family("zimage") ? 20 : 0);  // Z-Image pads 20 to 32
+  if (spec.family == model::Family("qwen_image"))
+    in.reference_latents = {torch::randn({2, spec.latent_channels, 8, 8})};
   io::save_safetensors(dir / "weights.safetensors", weights_state(*model, torch::kFloat), spec_metadata(spec));
   io::save_safetensors(dir / "inputs.safetensors", model_inputs_state(in));
   std::ofstream(dir / "config.yaml") << "job: extension\nconfig:\n  name: parity\n  process:\n"

@@ -12,17 +12,17 @@
 
 namespace gclab::testing {
 
-using config::Family;
 using model::DiffusionTransformer;
+using model::Family;
 using model::ModelInputs;
 using model::Tensors;
 
-inline std::string kind_of(config::Family family, const std::string& name, bool last) {
-  if (family == Family::flux) return name.rfind("single", 0) == 0 ? "single" : "double";
-  if (family == Family::qwen_image) return "double";
-  if (family == Family::zimage)
+inline std::string kind_of(model::Family family, const std::string& name, bool last) {
+  if (family == model::Family("flux")) return name.rfind("single", 0) == 0 ? "single" : "double";
+  if (family == model::Family("qwen_image")) return "double";
+  if (family == model::Family("zimage"))
     return name.rfind("noise", 0) == 0 ? "noise refiner" : name.rfind("context", 0) == 0 ? "context refiner" : "single";
-  if (family == Family::sd3) return last ? "joint (last)" : "joint";
+  if (family == model::Family("sd3")) return last ? "joint (last)" : "joint";
   return "dit";
 }
 
@@ -40,13 +40,14 @@ inline std::map<std::string, int64_t> measure_saved_bytes(DiffusionTransformer& 
     m.forward(in);
   }
   m.set_block_caller({});
-  const config::Family family = m.spec().family;
+  const model::Family family = m.spec().family;
   std::map<std::string, int64_t> kept;
   memory::CpuMemoryTracker tracker;
   for (size_t i = 0; i < captured.size(); ++i) {
     const std::string& name = m.block_names()[i];
-    const size_t streams = family == Family::dit || family == Family::zimage || name.rfind("single", 0) == 0 ? 1 : 2;
-    const bool has_cond = !(family == Family::zimage && name.rfind("context", 0) == 0);
+    const size_t streams =
+        family == model::Family("dit") || family == model::Family("zimage") || name.rfind("single", 0) == 0 ? 1 : 2;
+    const bool has_cond = !(family == model::Family("zimage") && name.rfind("context", 0) == 0);
     Tensors x;
     for (size_t k = 0; k < captured[i].size(); ++k) {
       const bool needs_grad = k < streams || (has_cond && k == streams && !lora);

@@ -65,7 +65,7 @@ TEST(TextEncoders, EveryPresetsEncodersFitItsTransformer) {
     }
     EXPECT_EQ(widest, spec.text_dim) << preset;
     EXPECT_LE(clip_hidden, widest) << preset;
-    if (spec.family == config::Family::sd3) {
+    if (spec.family == model::Family("sd3")) {
       EXPECT_EQ(clip_hidden, spec.tiny ? spec.text_dim : 2048) << preset;
     }
     EXPECT_EQ(pooled, spec.pooled_dim) << preset;

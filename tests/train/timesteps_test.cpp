@@ -21,8 +21,8 @@
 namespace gclab::train {
 namespace {
 
-using config::Family;
 using config::TimestepType;
+using model::Family;
 
 config::TrainConfig train_with(TimestepType type) {
   config::TrainConfig t;
@@ -43,8 +43,9 @@ TEST(Timesteps, EachFamilysScheduleMatchesDiffusersWithAiToolkitsConfig) {
                               "/tests/reference/flow_schedules.py\" \"" + out.string() + "\"";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   const auto ref = io::SafetensorsFile::open(out);
-  for (const auto& [family, name] : {std::pair{Family::flux, "flux"}, std::pair{Family::qwen_image, "qwen_image"},
-                                     std::pair{Family::zimage, "zimage"}, std::pair{Family::sd3, "sd3"}}) {
+  for (const auto& [family, name] :
+       {std::pair{model::Family("flux"), "flux"}, std::pair{model::Family("qwen_image"), "qwen_image"},
+        std::pair{model::Family("zimage"), "zimage"}, std::pair{model::Family("sd3"), "sd3"}}) {
     const model::FlowSchedule schedule = model::flow_schedule(family);
     for (int64_t tokens : {256, 1024, 4096}) {
       const std::string key = std::string(name) + "." + std::to_string(tokens);
@@ -57,22 +58,22 @@ TEST(Timesteps, EachFamilysScheduleMatchesDiffusersWithAiToolkitsConfig) {
   }
   // SD3's 25-step preview at 1024² ends on 0.0089 (the scheduler's own range, shifted twice), not on the
   // 0.116 of linspace(1, 1/25, 25) shifted once.
-  const torch::Tensor sd3 = model::flow_schedule(Family::sd3).preview_sigmas(25, 4096);
+  const torch::Tensor sd3 = model::flow_schedule(model::Family("sd3")).preview_sigmas(25, 4096);
   EXPECT_LT(max_relative(sd3, ref.tensor("preview.sd3.25")), 1e-5);
   EXPECT_NEAR(sd3[-2].item<double>(), 0.0089, 1e-4);
   fs::remove(out);
   // SD3 takes the legacy path's sd_flow_config (static shift 3), Z-Image its own static 3; FLUX's shift
   // grows with the image.
-  EXPECT_FALSE(model::flow_schedule(Family::sd3).dynamic);
-  EXPECT_FALSE(model::flow_schedule(Family::zimage).dynamic);
-  EXPECT_TRUE(model::flow_schedule(Family::flux).dynamic);
+  EXPECT_FALSE(model::flow_schedule(model::Family("sd3")).dynamic);
+  EXPECT_FALSE(model::flow_schedule(model::Family("zimage")).dynamic);
+  EXPECT_TRUE(model::flow_schedule(model::Family("flux")).dynamic);
 }
 
 // FLUX at 512² (1024 tokens) and 1024² (4096): mu = 0.5 + (tokens - 256) 0.65 / 3840, and the grid's
 // median is e^mu / (e^mu + 1) on the 1000 scale.
 TEST(Timesteps, FluxShiftAt512And1024FollowsTheBucketsTokens) {
   const model::ModelSpec flux = model::spec_by_preset("flux-dev");
-  const model::FlowSchedule schedule = model::flow_schedule(Family::flux);
+  const model::FlowSchedule schedule = model::flow_schedule(model::Family("flux"));
   for (const auto& [side, mu] : {std::pair{512, 0.63}, std::pair{1024, 1.15}}) {
     const int64_t tokens = model::image_tokens(flux, side, side);
     EXPECT_NEAR(schedule.mu(tokens), mu, 1e-12) << side;
@@ -81,13 +82,13 @@ TEST(Timesteps, FluxShiftAt512And1024FollowsTheBucketsTokens) {
   }
   // Qwen-Image's stretch ends its grid at the terminal 0.02 (timestep 20), whatever the size.
   const torch::Tensor qwen =
-      TimestepSampler(model::flow_schedule(Family::qwen_image), train_with(TimestepType::shift)).grid(1024);
+      TimestepSampler(model::flow_schedule(model::Family("qwen_image")), train_with(TimestepType::shift)).grid(1024);
   EXPECT_NEAR(qwen[-1].item<double>(), 20.0, 1e-3);
 }
 
 TEST(Timesteps, IndicesFollowContentOrStyleWithinTheDenoisingRange) {
   torch::manual_seed(0);
-  const model::FlowSchedule schedule = model::flow_schedule(Family::zimage);
+  const model::FlowSchedule schedule = model::flow_schedule(model::Family("zimage"));
   config::TrainConfig t = train_with(TimestepType::linear);
   // balanced: randint(min, max), the max itself never drawn (AI Toolkit's flowmatch branch)
   TimestepDraw d = TimestepSampler(schedule, t).draw(20000, 1024);
@@ -115,7 +116,7 @@ TEST(Timesteps, IndicesFollowContentOrStyleWithinTheDenoisingRange) {
 }
 
 TEST(Timesteps, WeightedUsesAiToolkitsTableAndLinearTimestepsItsBell) {
-  const model::FlowSchedule schedule = model::flow_schedule(Family::flux);
+  const model::FlowSchedule schedule = model::flow_schedule(model::Family("flux"));
   const torch::Tensor all = torch::arange(1000, torch::kLong);
   // default_weighing_scheme: mean 1, peak 1.5227 at index 124 (t = 876), 0.9057 at pure noise, 0.4473 at t = 1
   const torch::Tensor table = TimestepSampler(schedule, train_with(TimestepType::weighted)).weights(all);
@@ -148,7 +149,7 @@ TEST(Timesteps, WeightedUsesAiToolkitsTableAndLinearTimestepsItsBell) {
 
 TEST(Timesteps, SigmoidAndLognormBlendDrawTheirGridEachBatch) {
   torch::manual_seed(1);
-  const model::FlowSchedule schedule = model::flow_schedule(Family::flux);
+  const model::FlowSchedule schedule = model::flow_schedule(model::Family("flux"));
   const torch::Tensor sig = TimestepSampler(schedule, train_with(TimestepType::sigmoid)).grid(1024);
   EXPECT_TRUE(torch::equal(sig, std::get<0>(torch::sort(sig, 0, true))));  // descending
   EXPECT_GT(sig.min().item<double>(), 0.0);
@@ -168,7 +169,7 @@ TEST(Timesteps, SigmoidAndLognormBlendDrawTheirGridEachBatch) {
 TEST(Timesteps, NextSampleStepsOnceWithoutGradAndTrainsAtTheNextPoint) {
   torch::manual_seed(2);
   config::TrainConfig t = train_with(TimestepType::next_sample);
-  const model::FlowSchedule schedule = model::flow_schedule(Family::flux);
+  const model::FlowSchedule schedule = model::flow_schedule(model::Family("flux"));
   const TimestepSampler sampler(schedule, t);
   const torch::Tensor grid = sampler.grid(1024);
   EXPECT_EQ(grid.size(0), 8);

@@ -33,8 +33,6 @@ enum class LossType { mse, mae };
 // save.save_format: one .safetensors file, or (a full fine-tune) a diffusers folder; a LoRA is one file either way.
 enum class SaveFormat { safetensors, diffusers };
 enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
-// The model families gclab models (DESIGN.md section 4); their facts are in model/family.h.
-enum class Family { flux, qwen_image, zimage, sd3, dit };
 // The autoencoders the families decode with (which family uses which is model/family.h's autoencoder_kind):
 // AutoencoderKL in FLUX.1's configuration (also Flex's and Z-Image's), SD3's, the SD VAE's (DiT)
 // (vae/autoencoder_kl.h); Qwen-Image's AutoencoderKLQwenImage, the Wan 2.1 VAE (vae/qwen_image_vae.h).

@@ -10,10 +10,9 @@
 #include <vector>
 
 #include "gclab/config/loader.h"
+#include "gclab/model/family_id.h"
 
 namespace gclab::model {
-
-using config::Family;
 
 // How AI Toolkit's loader for the arch quantizes the transformer and when it reaches the device (read in
 // ostris/ai-toolkit): what a load holds, and what model.low_vram changes there.

@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include "gclab/config/choices.h"
+#include "gclab/model/family_id.h"
 
 namespace gclab::model {
 
@@ -43,6 +44,6 @@ struct FlowSchedule {
 //                  training, stable_diffusion_model.py:1212-1224 for previews): sd_flow_config, static
 //                  shift 3.0 (toolkit/sampler.py:90-100, 166-167); StableDiffusion3Pipeline passes no sigmas
 //   DiT            gclab's own (not in AI Toolkit): flux_config
-FlowSchedule flow_schedule(config::Family family);
+FlowSchedule flow_schedule(const Family& family);
 
 }  // namespace gclab::model

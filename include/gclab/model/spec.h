@@ -9,15 +9,14 @@
 #include <vector>
 
 #include "gclab/config/config.h"
+#include "gclab/model/family_id.h"
 
 namespace gclab::model {
 
-using config::Family;
-
 struct ModelSpec {
-  std::string preset;       // "flux-dev", "tiny-flux", ...
-  config::Family family{};  // set by the family's presets (registry.h)
-  std::string arch;         // the config's model.arch
+  std::string preset;  // "flux-dev", "tiny-flux", ...
+  Family family;       // set by the family's presets (registry.h)
+  std::string arch;    // the config's model.arch
   int64_t hidden = 0;
   int64_t heads = 0;
   int64_t head_dim = 0;

@@ -12,10 +12,12 @@ std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, c
 
 namespace {
 
+const Family kDitId("dit");  // the registry's key: this folder's name
+
 ModelSpec dit_xl2() {
   ModelSpec s;
   s.preset = "dit-xl2";
-  s.family = Family::dit;
+  s.family = kDitId;
   s.hidden = 1152, s.heads = 16, s.head_dim = 72, s.mlp_hidden = 4 * 1152;
   s.single_blocks = 28;
   s.latent_channels = 4, s.out_channels = 8, s.patch = 2;  // SD VAE latents; learned sigma doubles the output
@@ -26,7 +28,7 @@ ModelSpec dit_xl2() {
 
 class Dit final : public ModelFamily {
  public:
-  Family id() const override { return Family::dit; }
+  Family id() const override { return kDitId; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return dit::build_transformer(spec, options);
@@ -39,7 +41,7 @@ class Dit final : public ModelFamily {
 
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;
-    return {{"dit", Family::dit, "dit-xl2", false, "", "", L}, {"tiny-dit", Family::dit, "tiny-dit", true, "", "", L}};
+    return {{"dit", kDitId, "dit-xl2", false, "", "", L}, {"tiny-dit", kDitId, "tiny-dit", true, "", "", L}};
   }
 
   std::vector<ModelSpec> presets() const override {

@@ -12,10 +12,12 @@ std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, c
 
 namespace {
 
+const Family kFluxId("flux");  // the registry's key: this folder's name
+
 ModelSpec flux_preset(const std::string& preset, int double_blocks, bool guidance, int64_t text_tokens) {
   ModelSpec s;
   s.preset = preset;
-  s.family = Family::flux;
+  s.family = kFluxId;
   s.hidden = 3072, s.heads = 24, s.head_dim = 128, s.mlp_hidden = 12288;
   s.double_blocks = double_blocks, s.single_blocks = 38;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
@@ -38,7 +40,7 @@ ModelSpec flex2() {
 
 class Flux final : public ModelFamily {
  public:
-  Family id() const override { return Family::flux; }
+  Family id() const override { return kFluxId; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return flux::build_transformer(spec, options);
@@ -55,11 +57,11 @@ class Flux final : public ModelFamily {
 
   std::vector<ArchFacts> archs() const override {
     using L = TransformerLoading;
-    return {{"flux", Family::flux, "flux-dev", false, "schnell", "flux-schnell", L::on_device_unless_low_vram},
-            {"flex1", Family::flux, "flex1", false, "", "", L::on_device_unless_low_vram},
-            {"flex2", Family::flux, "flex2", false, "", "", L::on_device},
+    return {{"flux", kFluxId, "flux-dev", false, "schnell", "flux-schnell", L::on_device_unless_low_vram},
+            {"flex1", kFluxId, "flex1", false, "", "", L::on_device_unless_low_vram},
+            {"flex2", kFluxId, "flex2", false, "", "", L::on_device},
             // The tiny preset loads as the family's main arch does.
-            {"tiny-flux", Family::flux, "tiny-flux", true, "", "", L::on_device_unless_low_vram}};
+            {"tiny-flux", kFluxId, "tiny-flux", true, "", "", L::on_device_unless_low_vram}};
   }
 
   std::vector<ModelSpec> presets() const override {

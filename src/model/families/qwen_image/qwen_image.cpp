@@ -11,10 +11,12 @@ std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, c
 
 namespace {
 
+const Family kQwenImageId("qwen_image");  // the registry's key: this folder's name
+
 ModelSpec qwen_preset(const std::string& preset, bool edit) {
   ModelSpec s;
   s.preset = preset;
-  s.family = Family::qwen_image;
+  s.family = kQwenImageId;
   s.hidden = 3072, s.heads = 24, s.head_dim = 128, s.mlp_hidden = 12288;
   s.double_blocks = 60;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
@@ -56,7 +58,7 @@ ModelSpec tiny_preset(const ModelSpec& full, const std::string& preset) {
 
 class QwenImage final : public ModelFamily {
  public:
-  Family id() const override { return Family::qwen_image; }
+  Family id() const override { return kQwenImageId; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return qwen_image::build_transformer(spec, options);
@@ -74,12 +76,11 @@ class QwenImage final : public ModelFamily {
   // encoders are loaded and quantized (qwen_image.py).
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::per_block;
-    return {
-        {"qwen_image", Family::qwen_image, "qwen-image", false, "", "", L},
-        {"qwen_image_edit", Family::qwen_image, "qwen-image-edit", false, "", "", L},
-        {"qwen_image_edit_plus", Family::qwen_image, "qwen-image-edit-2509", false, "2511", "qwen-image-edit-2511", L},
-        {"tiny-qwen-image", Family::qwen_image, "tiny-qwen-image", true, "", "", L},
-        {"tiny-qwen-image-edit", Family::qwen_image, "tiny-qwen-image-edit", true, "", "", L}};
+    return {{"qwen_image", kQwenImageId, "qwen-image", false, "", "", L},
+            {"qwen_image_edit", kQwenImageId, "qwen-image-edit", false, "", "", L},
+            {"qwen_image_edit_plus", kQwenImageId, "qwen-image-edit-2509", false, "2511", "qwen-image-edit-2511", L},
+            {"tiny-qwen-image", kQwenImageId, "tiny-qwen-image", true, "", "", L},
+            {"tiny-qwen-image-edit", kQwenImageId, "tiny-qwen-image-edit", true, "", "", L}};
   }
 
   std::vector<ModelSpec> presets() const override {

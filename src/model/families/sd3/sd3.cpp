@@ -12,10 +12,12 @@ std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, c
 
 namespace {
 
+const Family kSd3Id("sd3");  // the registry's key: this folder's name
+
 ModelSpec sd35_large() {
   ModelSpec s;
   s.preset = "sd35-large";
-  s.family = Family::sd3;
+  s.family = kSd3Id;
   s.hidden = 2432, s.heads = 38, s.head_dim = 64, s.mlp_hidden = 4 * 2432;
   s.double_blocks = 38;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
@@ -29,7 +31,7 @@ ModelSpec sd35_large() {
 
 class Sd3 final : public ModelFamily {
  public:
-  Family id() const override { return Family::sd3; }
+  Family id() const override { return kSd3Id; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return sd3::build_transformer(spec, options);
@@ -44,8 +46,7 @@ class Sd3 final : public ModelFamily {
 
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;
-    return {{"sd3", Family::sd3, "sd35-large", false, "", "", L},
-            {"tiny-sd3", Family::sd3, "tiny-sd3", true, "", "", L}};
+    return {{"sd3", kSd3Id, "sd35-large", false, "", "", L}, {"tiny-sd3", kSd3Id, "tiny-sd3", true, "", "", L}};
   }
 
   std::vector<ModelSpec> presets() const override {

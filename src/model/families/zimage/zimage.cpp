@@ -12,6 +12,8 @@ std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, c
 
 namespace {
 
+const Family kZImageId("zimage");  // the registry's key: this folder's name
+
 // Z-Image's adaLN input is min(width, 256) wide; the timestep MLP's middle is 1024 at every width
 // (diffusers ZImageTransformer2DModel: TimestepEmbedder(min(dim, 256), mid_size=1024)).
 int64_t adaln_dim(int64_t hidden) { return std::min<int64_t>(hidden, 256); }
@@ -19,7 +21,7 @@ int64_t adaln_dim(int64_t hidden) { return std::min<int64_t>(hidden, 256); }
 ModelSpec zimage_preset(const std::string& preset) {
   ModelSpec s;
   s.preset = preset;
-  s.family = Family::zimage;
+  s.family = kZImageId;
   s.hidden = 3840, s.heads = 30, s.head_dim = 128, s.mlp_hidden = 10240;  // int(3840 / 3 * 8)
   s.single_blocks = 30, s.refiner_blocks = 2;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2;
@@ -34,7 +36,7 @@ ModelSpec zimage_preset(const std::string& preset) {
 
 class ZImage final : public ModelFamily {
  public:
-  Family id() const override { return Family::zimage; }
+  Family id() const override { return kZImageId; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return zimage::build_transformer(spec, options);
@@ -56,8 +58,8 @@ class ZImage final : public ModelFamily {
   // z_image.py waits for its first use); the UI's `zimage:turbo` tag, or a Turbo name, picks Turbo.
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::per_block;
-    return {{"zimage", Family::zimage, "zimage", false, "turbo", "zimage-turbo", L},
-            {"tiny-zimage", Family::zimage, "tiny-zimage", true, "", "", L}};
+    return {{"zimage", kZImageId, "zimage", false, "turbo", "zimage-turbo", L},
+            {"tiny-zimage", kZImageId, "tiny-zimage", true, "", "", L}};
   }
 
   std::vector<ModelSpec> presets() const override {
