@@ -28,8 +28,8 @@ StepEstimate step_estimate(const train::Session& session, const model::Activatio
   const model::ModelSpec& spec = session.spec();
   StepEstimate s;
   // The flow-matching step's own float32 tensors: x0, noise, x_t, target, the prediction and the squared
-  // error (train/flow.cpp), each [B, C, H/8, W/8]; the text embeddings [B, T, D] (+ pooled).
-  const int64_t latent = int64_t{4} * batch * spec.latent_channels * (resolution / 8) * (resolution / 8);
+  // error (train/flow.cpp), each of the family's latent_shape; the text embeddings [B, T, D] (+ pooled).
+  const int64_t latent = int64_t{4} * c10::multiply_integers(model::latent_shape(spec, batch, resolution, resolution));
   s.batch_bytes = 6 * latent + int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
   s.activation_bytes = checkpointed ? a.full_with_recompute_bytes : a.total_off_bytes;
   // On top of what the blocks keep, the block being run (forward) or differentiated (backward, and its

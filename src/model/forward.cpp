@@ -27,11 +27,13 @@ ModelInputs read_model_inputs(const ModelSpec& spec, const std::filesystem::path
   auto to = [&](const torch::Tensor& t) { return t.defined() ? t.to(device, dtype) : t; };
   in.latents = to(find(file, {"latents", "hidden_states"}));
   expect(in.latents.defined(), path, "no 'latents' tensor");
-  expect(in.latents.dim() == 4 && in.latents.size(1) == spec.latent_channels, path,
-         "latents must be [B, " + std::to_string(spec.latent_channels) + ", H/8, W/8], got " +
-             c10::str(in.latents.sizes()));
+  const int64_t rank = static_cast<int64_t>(model::latent_shape(spec, 1, 0, 0).size());
+  const std::string s = std::to_string(spec.latent_spatial);
+  expect(in.latents.dim() == rank && in.latents.size(1) == spec.latent_channels, path,
+         "latents must be [B, " + std::to_string(spec.latent_channels) + (rank == 5 ? ", F'" : "") + ", H/" + s +
+             ", W/" + s + "], got " + c10::str(in.latents.sizes()));
   const int64_t cell = spec.patch;
-  expect(in.latents.size(2) % cell == 0 && in.latents.size(3) % cell == 0, path,
+  expect(in.latents.size(-2) % cell == 0 && in.latents.size(-1) % cell == 0, path,
          "latent height and width must be multiples of the patch size " + std::to_string(cell));
   const int64_t batch = in.latents.size(0);
   in.timestep = to(find(file, {"timestep", "timesteps"}));

@@ -200,9 +200,16 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
                   "' is a folder but has no transformer/config.json (a diffusers model folder has one)");
 }
 
-int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width) {
-  const int64_t cell = 8 * spec.patch;
-  return (height / cell) * (width / cell);
+std::vector<int64_t> latent_shape(const ModelSpec& spec, int64_t batch, int64_t height, int64_t width, int64_t frames) {
+  const int64_t s = spec.latent_spatial;
+  if (spec.latent_temporal <= 1) return {batch, spec.latent_channels, height / s, width / s};
+  return {batch, spec.latent_channels, 1 + (frames - 1) / spec.latent_temporal, height / s, width / s};
+}
+
+int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width, int64_t frames) {
+  const int64_t cell = spec.latent_spatial * spec.patch;
+  const int64_t latent_frames = spec.latent_temporal <= 1 ? 1 : 1 + (frames - 1) / spec.latent_temporal;
+  return (latent_frames / spec.patch_frames) * (height / cell) * (width / cell);
 }
 
 int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) {

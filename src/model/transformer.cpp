@@ -15,7 +15,7 @@ ModelInputs DiffusionTransformer::example_inputs(int64_t batch, int64_t height, 
                                                  const torch::TensorOptions& options) const {
   ModelInputs in;
   const torch::TensorOptions f = options.has_dtype() ? options : options.dtype(torch::kFloat);
-  in.latents = torch::randn({batch, spec_.latent_channels, height / 8, width / 8}, f);
+  in.latents = torch::randn(latent_shape(spec_, batch, height, width), f);
   in.timestep = torch::rand({batch}, f);
   if (spec_.text_dim) {
     const int64_t t = n_text > 0 ? n_text : encoder_tokens(spec_, 16);

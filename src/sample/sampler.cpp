@@ -33,7 +33,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
                                : cond.class_labels.defined() ? cond.class_labels.device()
                                                              : torch::Device(torch::kCPU);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
-  torch::Tensor x = at::normal(0.0, 1.0, {1, spec.latent_channels, o.latent_height, o.latent_width}, gen,
+  torch::Tensor x = at::normal(0.0, 1.0, model::latent_shape(spec, 1, o.height, o.width, o.frames), gen,
                                torch::TensorOptions().dtype(torch::kFloat))
                         .to(device);
   const Guidance mode = model::preview_guidance(spec.family, spec.guidance_embed);
@@ -62,8 +62,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   // The pipeline's sigmas: linspace(1, 1/steps, steps) shifted by the family's schedule (the dynamic mu of
   // this preview's image tokens for FLUX / Qwen-Image / SD3), then 0.
   const torch::Tensor sigmas =
-      model::flow_schedule(spec.family)
-          .preview_sigmas(o.steps, model::image_tokens(spec, 8 * o.latent_height, 8 * o.latent_width));
+      model::flow_schedule(spec.family).preview_sigmas(o.steps, model::image_tokens(spec, o.height, o.width, o.frames));
   const auto sigma = sigmas.accessor<double, 1>();
   for (int i = 0; i < o.steps; ++i) {
     const double t = sigma[i], t_next = sigma[i + 1];

@@ -4,9 +4,27 @@
 
 namespace gclab::train {
 
+namespace {
+
+// Per-sample values broadcast over a latent of any rank (the family's latent_shape: images 4-D, video 5-D).
+torch::Tensor per_sample(const torch::Tensor& t, const torch::Tensor& like) {
+  std::vector<int64_t> shape(static_cast<size_t>(like.dim()), 1);
+  shape[0] = -1;
+  return t.view(shape);
+}
+
+// Every dimension but the batch's.
+std::vector<int64_t> sample_dims(const torch::Tensor& x) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 1; d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+}  // namespace
+
 torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& b, const StepOptions& o) {
   model::ModelInputs in = b.conditioning;
-  const torch::Tensor t4 = b.t.view({-1, 1, 1, 1});
+  const torch::Tensor t4 = per_sample(b.t, b.x0);
   in.latents = (1 - t4) * b.x0 + t4 * b.noise;
   in.timestep = b.t;
   auto predict = [&](const model::ModelInputs& inputs) {
@@ -19,7 +37,7 @@ torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const Micro
   if (b.next_t.defined()) {
     torch::NoGradGuard no_grad;
     const torch::Tensor v = predict(in).narrow(1, 0, b.x0.size(1)).to(torch::kFloat);
-    const torch::Tensor next4 = b.next_t.view({-1, 1, 1, 1});
+    const torch::Tensor next4 = per_sample(b.next_t, b.x0);
     in.latents = in.latents + (next4 - t4) * v;  // the scheduler's Euler step
     in.timestep = b.next_t;
     target = (in.latents - (1 - next4) * b.x0) / next4 - b.x0;  // the stepped latents' noise, less x0
@@ -28,7 +46,8 @@ torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const Micro
   // DiT also predicts a variance: only the first channels are the velocity.
   pred = pred.narrow(1, 0, target.size(1)).to(torch::kFloat);
   const torch::Tensor diff = pred - target;
-  const torch::Tensor per_sample = (o.loss_type == config::LossType::mae ? diff.abs() : diff.square()).mean({1, 2, 3});
+  const torch::Tensor per_sample =
+      (o.loss_type == config::LossType::mae ? diff.abs() : diff.square()).mean(sample_dims(diff));
   return (b.weight.defined() ? per_sample * b.weight.to(per_sample.device()) : per_sample).mean();
 }
 

@@ -157,6 +157,10 @@ void plan_codec(RunPlan& plan) {
     throw UserError("the autoencoder in " + plan.codec.weights.string() + " has " +
                     std::to_string(vae::latent_channels(*plan.codec.autoencoder)) +
                     " latent channels; the transformer takes " + std::to_string(plan.spec.latent_channels));
+  if (plan.codec.autoencoder && vae::downsampling(*plan.codec.autoencoder) != plan.spec.latent_spatial)
+    throw UserError("the autoencoder in " + plan.codec.weights.string() + " down-samples " +
+                    std::to_string(vae::downsampling(*plan.codec.autoencoder)) + "x; the transformer's latents are " +
+                    std::to_string(plan.spec.latent_spatial) + "x");
 }
 
 }  // namespace

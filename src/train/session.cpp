@@ -516,7 +516,7 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   if (images)
     lb.images = torch::rand({batch, 3, height, width}) * 2 - 1;
   else
-    lb.latents = torch::randn({batch, spec_.latent_channels, height / 8, width / 8});
+    lb.latents = torch::randn(model::latent_shape(spec_, batch, height, width));
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
@@ -526,7 +526,7 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
     if (plan_.codec.autoencoder)  // control images are encoded every step, cached latents or not
       lb.reference_images.push_back(control * 2 - 1);
     else
-      lb.references.push_back(torch::randn({batch, spec_.latent_channels, ref.height / 8, ref.width / 8}));
+      lb.references.push_back(torch::randn(model::latent_shape(spec_, batch, ref.height, ref.width)));
     for (int i = 0; i < batch; ++i) lb.control_images.push_back({control[i]});  // the text encoder's too
   }
   return lb;
@@ -607,8 +607,8 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
   for (size_t i = 0; i < plan_.previews.size(); ++i) {
     const auto& item = plan_.previews[i];
     sample::SampleOptions so;
-    so.latent_height = item.height.value_or(sc.height) / d * d / 8;
-    so.latent_width = item.width.value_or(sc.width) / d * d / 8;
+    so.height = item.height.value_or(sc.height) / d * d;
+    so.width = item.width.value_or(sc.width) / d * d;
     so.steps = item.sample_steps.value_or(sc.sample_steps);
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
     so.seed = seeds.at(i);

@@ -104,6 +104,10 @@ int64_t latent_channels(const AutoencoderConfig& config) {
                     config);
 }
 
+int64_t downsampling(const AutoencoderConfig& config) {
+  return std::visit([](const auto& c) { return c.downsampling(); }, config);
+}
+
 const char* class_name(const AutoencoderConfig& config) {
   return std::holds_alternative<AutoencoderKLConfig>(config) ? "AutoencoderKL" : "AutoencoderKLQwenImage";
 }

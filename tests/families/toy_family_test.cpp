@@ -13,6 +13,9 @@
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/model/registry.h"
+#include "gclab/sample/sampler.h"
+#include "gclab/train/checkpointing.h"
+#include "gclab/train/flow.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -98,6 +101,40 @@ TEST(FamilyFolder, ItTakesALoraAndItsEstimateSeesItsBlocks) {
   const train::TrainSummary run = train::train(c, {});
   EXPECT_EQ(run.losses.size(), 4u);
   fs::remove_all(dir);
+}
+
+// Latent geometry is the family's data: a video preset's 5-D latents go through the flow loss (gradients
+// equal with and without checkpointing), the sampler and the token accounting with nothing generic changed.
+TEST(FamilyFolder, AVideoGeometryRunsThroughTheFlowLossSamplerAndTokens) {
+  const model::ModelSpec spec = model::spec_by_preset("tiny-toy-video");
+  EXPECT_EQ(model::latent_shape(spec, 2, 64, 48, 9), (std::vector<int64_t>{2, 16, 3, 8, 6}));
+  EXPECT_EQ(model::latent_shape(model::spec_by_preset("tiny-toy"), 2, 64, 48), (std::vector<int64_t>{2, 16, 8, 6}));
+  EXPECT_EQ(model::image_tokens(spec, 64, 48, 9), 3 * 4 * 3);  // 3 latent frames of 4 x 3 tokens
+  torch::manual_seed(1);
+  auto m = model::build_transformer(spec);
+  train::MicroBatch b;
+  b.x0 = torch::randn(model::latent_shape(spec, 2, 64, 48, 9));
+  b.noise = torch::randn_like(b.x0);
+  b.t = torch::rand({2});
+  b.conditioning.text = torch::randn({2, 5, spec.text_dim});
+  auto grads = [&](bool checkpointed) {
+    train::ModelCheckpointing gc(*m);
+    gc.apply(ckpt::CheckpointPolicy::parse(checkpointed ? "full" : "off"));
+    const double loss = train::flow_matching_step(*m, b, {});
+    std::vector<torch::Tensor> g;
+    for (auto& p : m->parameters()) g.push_back(p.grad().clone()), p.mutable_grad() = torch::Tensor();
+    EXPECT_TRUE(std::isfinite(loss));
+    return g;
+  };
+  const auto off = grads(false), full = grads(true);
+  ASSERT_EQ(off.size(), full.size());
+  for (size_t i = 0; i < off.size(); ++i) EXPECT_TRUE(torch::equal(off[i], full[i])) << i;
+  sample::SampleOptions o;
+  o.height = 64, o.width = 48, o.frames = 9, o.steps = 2, o.guidance_scale = 2;
+  model::ModelInputs cond, uncond;
+  cond.text = torch::randn({1, 5, spec.text_dim});
+  uncond.text = torch::zeros({1, 5, spec.text_dim});
+  EXPECT_EQ(sample::euler_sample(*m, cond, uncond, o).sizes(), torch::IntArrayRef({1, 16, 3, 8, 6}));
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ Conditioning conditioning(const model::DiffusionTransformer& m, int64_t cond_tok
 // x after one Euler step from t = 1 to 0 is noise - v(noise, 1): v from the given guidance rule.
 torch::Tensor one_step(model::DiffusionTransformer& m, const Conditioning& c, double g) {
   SampleOptions o;
-  o.latent_height = o.latent_width = 8, o.steps = 1, o.guidance_scale = g, o.seed = 3;
+  o.height = o.width = 64, o.steps = 1, o.guidance_scale = g, o.seed = 3;
   return euler_sample(m, c.cond, c.uncond, o);
 }
 

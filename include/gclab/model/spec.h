@@ -24,9 +24,16 @@ struct ModelSpec {
   int single_blocks = 0;   // flux: single-stream blocks; zimage: main layers; dit: blocks
   int refiner_blocks = 0;  // zimage: noise and context refiners, each
   int64_t mlp_hidden = 0;
-  int64_t latent_channels = 16;  // VAE latent channels (8x downsampling)
-  int64_t out_channels = 16;     // predicted channels (dit: 8 = learned sigma)
+  // The latent geometry (latent_shape, image_tokens): the autoencoder's channels, its spatial factor (pixels
+  // per latent cell along each side) and temporal factor (a video VAE's frames per latent frame after the
+  // first; 1: an image family, 4-D latents [B, C, H/s, W/s]; above 1: 5-D [B, C, 1 + (F-1)/t, H/s, W/s]), and
+  // the transformer's patch (latent cells per token along each side) and patch over frames.
+  int64_t latent_channels = 16;
+  int64_t latent_spatial = 8;
+  int64_t latent_temporal = 1;
+  int64_t out_channels = 16;  // predicted channels (dit: 8 = learned sigma)
   int64_t patch = 2;
+  int64_t patch_frames = 1;
   // flex2: packed input features beyond the latent's (inpaint latent 64 + mask 4 + control latent 64,
   // x_embedder 196 wide); without an inpainting or control input, a zero latent, a mask of ones and a zero
   // control, as AI Toolkit feeds them (flex2.py:462-482).
@@ -106,8 +113,13 @@ std::vector<std::string> preset_names();
 // The caption the predictions assume where a family's text length follows it (Qwen-Image, Z-Image, the
 // text encoders' encode): 77 tokenizer tokens, CLIP's window; an edit model's with one square control image.
 constexpr int64_t kNominalCaptionTokens = 77;
-// Image tokens of an H x W image: the 8x latent cut into patch x patch pieces, (H/16)(W/16).
-int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width);
+// The latents of `batch` images of height x width pixels (or videos of `frames` frames), as the family's
+// geometry shapes them: [B, C, H/s, W/s], or a video family's [B, C, 1 + (F-1)/t, H/s, W/s].
+std::vector<int64_t> latent_shape(const ModelSpec& spec, int64_t batch, int64_t height, int64_t width,
+                                  int64_t frames = 1);
+// Image tokens of an H x W image (F frames): the latent cut into patch x patch (x patch_frames) pieces —
+// (H/16)(W/16) for the 8x autoencoders and 2x2 patches.
+int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width, int64_t frames = 1);
 // Text tokens the text encoder hands the transformer for a prompt of `prompt_tokens` tokenizer tokens:
 // FLUX-dev 512 and schnell 256 (T5 padded to max length); SD3 333 (77 CLIP + 256 T5); Qwen-Image and
 // Z-Image the prompt's own length (the padding masked out), at most 1024 / 512, and an edit model's one

@@ -9,7 +9,8 @@
 namespace gclab::sample {
 
 struct SampleOptions {
-  int64_t latent_height = 32, latent_width = 32;
+  int64_t height = 256, width = 256;  // the preview's pixels (the latents: the family's latent_shape)
+  int64_t frames = 1;                 // a video family's frames
   int steps = 20;
   double guidance_scale = 4.0;
   int64_t seed = 42;           // noise from its own generator: sampling never moves the training RNG
@@ -17,7 +18,7 @@ struct SampleOptions {
 };
 
 // `cond` and `uncond` hold one sample's conditioning (text, pooled, class_labels); uncond is used for CFG.
-// Returns the final latents [1, C, h, w].
+// Returns the final latents, one sample of the family's latent_shape.
 torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::ModelInputs& cond,
                            const model::ModelInputs& uncond, const SampleOptions& options);
 

@@ -25,6 +25,7 @@ namespace gclab::vae {
 using AutoencoderConfig = std::variant<AutoencoderKLConfig, QwenImageVaeConfig>;
 
 int64_t latent_channels(const AutoencoderConfig& config);
+int64_t downsampling(const AutoencoderConfig& config);  // pixels per latent cell, each side
 // "AutoencoderKL", "AutoencoderKLQwenImage": diffusers' class name.
 const char* class_name(const AutoencoderConfig& config);
 // The configuration to build for `weights` (a diffusers vae/ folder, a .safetensors file, or nothing): the

@@ -1,5 +1,7 @@
 // A family that lives only in the test tree (issue 30): a text-conditioned DiT — DiT's blocks, adaLN on the
-// timestep and the caption's mean embedding, Z-Image's text encoder and pipeline, FLUX.1's autoencoder.
+// timestep and the caption's mean embedding, Z-Image's text encoder and pipeline, FLUX.1's autoencoder —
+// and a video variant (tiny-toy-video: a Wan-like 4x temporal factor, 5-D latents whose frames' tokens
+// join one sequence), whose geometry is data the flow loss, the sampler and the estimate read.
 // It is one folder and one registration line (the last line of this file); nothing in src/ names it, and
 // tests/families/toy_family_test.cpp trains, previews, checkpoints and estimates it like a shipped family.
 #include <nlohmann/json.hpp>
@@ -26,15 +28,22 @@ class ToyTransformer : public DiffusionTransformer {
     final_linear = register_at(*this, "final_layer.linear", Linear(d, p * p * s.out_channels, true, o));
   }
 
+  // Images [B, C, H, W]; videos [B, C, F, H, W], each frame patchified and the frames' tokens in one sequence.
   torch::Tensor forward(const ModelInputs& in) override {
-    const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3);
-    torch::Tensor x = x_embedder(patchify(in.latents, p, true));
+    const bool video = in.latents.dim() == 5;
+    const int64_t b = in.latents.size(0), f = video ? in.latents.size(2) : 1;
+    const torch::Tensor frames = video ? in.latents.transpose(1, 2).flatten(0, 1) : in.latents;  // [B*F, C, H, W]
+    const int64_t p = spec_.patch, h = frames.size(2), w = frames.size(3);
+    torch::Tensor x = x_embedder(patchify(frames, p, true));
     x = x + sincos_2d(h / p, w / p, spec_.hidden).to(x.device(), x.scalar_type()).unsqueeze(0);
+    x = x.reshape({b, -1, spec_.hidden});
     const torch::Tensor c = t_embedder(timestep_embedding(in.timestep * 1000, 256).to(x.scalar_type())) +
                             text_proj(in.text.to(x.scalar_type()).mean(1));
     for (size_t b = 0; b < blocks().size(); ++b) x = call_block(b, {x, c})[0];
     const auto ss = final_adaLN(torch::silu(c)).chunk(2, 1);  // shift, scale
-    return unpatchify(final_linear(modulate(layer_norm(x), ss[0], ss[1])), h, w, p, spec_.out_channels, true);
+    torch::Tensor out = final_linear(modulate(layer_norm(x), ss[0], ss[1]));
+    out = unpatchify(out.reshape({b * f, -1, out.size(-1)}), h, w, p, spec_.out_channels, true);
+    return video ? out.unflatten(0, {b, f}).transpose(1, 2) : out;
   }
 
  private:
@@ -69,9 +78,16 @@ class Toy final : public ModelFamily {
     return {{"toy", s.single_blocks, dit_block(L, n, s.mlp_hidden), L.B * n * s.hidden * L.e}};
   }
   std::vector<ArchFacts> archs() const override {
-    return {{"tiny-toy", kToyId, "tiny-toy", true, "", "", TransformerLoading::on_device_unless_low_vram}};
+    const auto L = TransformerLoading::on_device_unless_low_vram;
+    return {{"tiny-toy", kToyId, "tiny-toy", true, "", "", L},
+            {"tiny-toy-video", kToyId, "tiny-toy-video", true, "", "", L}};
   }
-  std::vector<ModelSpec> presets() const override { return {tiny_toy()}; }
+  std::vector<ModelSpec> presets() const override {
+    ModelSpec video = tiny_toy();
+    video.preset = "tiny-toy-video";
+    video.latent_temporal = 4;  // Wan 2.1's VAE: 1 + 4k frames to 1 + k latent frames
+    return {tiny_toy(), video};
+  }
 
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen3}; }
