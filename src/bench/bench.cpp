@@ -129,7 +129,7 @@ double step_flops(train::Session& session, int batch, int resolution) {
 std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& options) {
   using Kind = ckpt::CheckpointPolicy::Kind;
   std::vector<ckpt::CheckpointPolicy> policies = options.policies;
-  if (policies.empty()) policies = {ckpt::CheckpointPolicy::parse("off"), ckpt::CheckpointPolicy::parse("full")};
+  if (policies.empty()) policies = {ckpt::CheckpointPolicy::off(), ckpt::CheckpointPolicy::full()};
   std::vector<int> batches = options.batches;
   if (batches.empty()) batches = {session.config().train.batch_size};
   session.precompute_text(session.captions_of(session.synthetic_batch(1, 64, 64)));

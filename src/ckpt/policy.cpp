@@ -62,6 +62,14 @@ const char* to_string(BlockMode mode) {
   return "?";
 }
 
+CheckpointPolicy CheckpointPolicy::only_blocks(std::vector<int> blocks) {
+  std::sort(blocks.begin(), blocks.end());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  CheckpointPolicy p = blocks.empty() ? off() : of(Kind::Blocks);
+  p.blocks = std::move(blocks);
+  return p;
+}
+
 CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
   std::string s;
   for (char c : text)

@@ -76,9 +76,10 @@ struct ConfigArgs {
   bool json = false;  // check, estimate, bench, fit: the same content as JSON instead of YAML
 };
 
-// What a reporting verb prints: YAML, or with --json the same content as JSON.
-void print_report(const ConfigArgs& args, const std::string& yaml) {
-  std::cout << (args.json ? gclab::bench::yaml_to_json(yaml) : yaml);
+// What a reporting verb prints: YAML (after `yaml_head`, comment lines and the config as to_yaml writes it),
+// or with --json the same content as JSON.
+void print_report(const ConfigArgs& args, const gclab::bench::Document& report, const std::string& yaml_head = "") {
+  std::cout << (args.json ? report.json() : yaml_head + report.yaml());
 }
 
 void add_config_args(CLI::App* cmd, ConfigArgs& args) {
@@ -145,11 +146,19 @@ std::vector<gclab::ckpt::CheckpointPolicy> parse_policies(const std::string& tex
 
 int run_check(const ConfigArgs& args) {
   const auto config = load(args);
-  print_report(args, "# resolved by gclab from " + args.path + "\n" + gclab::config::to_yaml(config) +
-                         gclab::bench::format_model_summary(gclab::model::summarize_model(config)) +
-                         gclab::bench::format_autoencoder(config) + gclab::bench::format_text_encoders(config) +
-                         gclab::bench::format_load(gclab::bench::estimate_load(config), config.vram_cap.bytes) +
-                         gclab::bench::format_bucket_histograms(config));
+  namespace bench = gclab::bench;
+  bench::Document parts = bench::model_summary_report(gclab::model::summarize_model(config));
+  parts.append(bench::autoencoder_report(config));
+  parts.append(bench::text_encoders_report(config));
+  parts.append(bench::load_report(bench::estimate_load(config), config.vram_cap.bytes));
+  parts.append(bench::bucket_report(config));
+  if (args.json) {
+    bench::Document all = bench::config_report(config);
+    all.append(parts);
+    print_report(args, all);
+  } else {
+    print_report(args, parts, "# resolved by gclab from " + args.path + "\n" + gclab::config::to_yaml(config));
+  }
   return kExitOk;
 }
 
@@ -481,9 +490,8 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run) {
 
 int run_estimate(const ConfigArgs& args) {
   const auto config = load(args);
-  print_report(args, "# predicted training memory for " + args.path +
-                         ", counted from the run's own Session (no run)\n" +
-                         gclab::bench::format_estimate(gclab::bench::estimate_memory(config)));
+  print_report(args, gclab::bench::estimate_report(gclab::bench::estimate_memory(config)),
+               "# predicted training memory for " + args.path + ", counted from the run's own Session (no run)\n");
   return kExitOk;
 }
 
@@ -505,7 +513,7 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   std::filesystem::create_directories(dir);
   gclab::train::Session session = gclab::train::open_session(config, dir);
   const auto rows = gclab::bench::run_bench(session, o);
-  print_report(args, gclab::bench::format_bench(rows));
+  print_report(args, gclab::bench::bench_report(rows));
   gclab::bench::write_bench_csv(dir / "bench.csv", rows);
   gclab::log::info("written " + (dir / "bench.csv").string());
   return kExitOk;
@@ -522,7 +530,7 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
   const std::filesystem::path dir = std::filesystem::path(config.training_folder) / config.name;
   std::filesystem::create_directories(dir);
   gclab::train::Session session = gclab::train::open_session(config, dir);
-  print_report(args, gclab::bench::format_fit(gclab::bench::run_fit(session, policies, resolutions, max_batch)));
+  print_report(args, gclab::bench::fit_report(gclab::bench::run_fit(session, policies, resolutions, max_batch)));
   return kExitOk;
 }
 

@@ -806,7 +806,7 @@ class Validator {
     // AI Toolkit's switch maps onto gclab's policy; an explicit policy wins, and a contradiction is said.
     using Kind = ckpt::CheckpointPolicy::Kind;
     if (!t.checkpoint_policy) {
-      t.checkpoint_policy = ckpt::CheckpointPolicy::parse(t.gradient_checkpointing ? "full" : "off");
+      t.checkpoint_policy = t.gradient_checkpointing ? ckpt::CheckpointPolicy::full() : ckpt::CheckpointPolicy::off();
     } else if (given("train.gradient_checkpointing") && !t.gradient_checkpointing && t.policy().kind != Kind::Off) {
       warning("train.checkpoint_policy",
               "'" + t.policy().to_string() + "' overrides train.gradient_checkpointing: false");

@@ -66,11 +66,7 @@ ModelCheckpointing::BudgetProbe ModelCheckpointing::resolve_budget(const model::
   }
   model_.set_block_caller(
       [this](size_t index, const model::Tensors& inputs) { return wrappers_[index]->forward(inputs); });
-  const auto blocks = ckpt::select_blocks_for_budget(out.kept_bytes, out.input_bytes, budget_bytes);
-  std::string list;
-  for (int b : blocks) list += (list.empty() ? "" : ",") + std::to_string(b);
-  out.policy =
-      blocks.empty() ? ckpt::CheckpointPolicy::parse("off") : ckpt::CheckpointPolicy::parse("blocks:[" + list + "]");
+  out.policy = ckpt::CheckpointPolicy::only_blocks(ckpt::select_blocks_for_budget(out.kept_bytes, out.input_bytes, budget_bytes));
   return out;
 }
 

@@ -424,10 +424,7 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int 
   if (kept.size() != model_->blocks().size())
     throw std::logic_error("the activation ledger lists " + std::to_string(kept.size()) + " blocks, the model has " +
                            std::to_string(model_->blocks().size()));
-  const auto blocks = ckpt::select_blocks_for_budget(kept, inputs, policy.budget_bytes);
-  std::string list;
-  for (int b : blocks) list += (list.empty() ? "" : ",") + std::to_string(b);
-  applied_ = ckpt::CheckpointPolicy::parse(blocks.empty() ? "off" : "blocks:[" + list + "]");
+  applied_ = ckpt::CheckpointPolicy::only_blocks(ckpt::select_blocks_for_budget(kept, inputs, policy.budget_bytes));
   checkpointing_->apply(applied_);
   log::info("checkpoint policy " + policy.to_string() + " at " + std::to_string(resolution) + "², batch " +
             std::to_string(batch) + ": the ledger predicts " + std::to_string(est.total_off_bytes) +

@@ -369,32 +369,67 @@ TEST(Flops, StepFlopsMatchAHandCountOfDiT) {
   EXPECT_EQ(peak_bf16_flops("a mystery card"), 0);
 }
 
-// What check, estimate, bench and fit print parses as YAML, and --json gives the same content as JSON.
-TEST(Reports, EveryReportIsYamlAndConvertsToJson) {
+// YAML as a tool reads it (yaml-cpp), as JSON: quoted scalars stay text, plain ones typed.
+nlohmann::ordered_json yaml_as_json(const YAML::Node& node) {
+  if (node.IsNull()) return nullptr;
+  if (node.IsMap()) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const auto& kv : node) j[kv.first.Scalar()] = yaml_as_json(kv.second);
+    return j;
+  }
+  if (node.IsSequence()) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (const auto& item : node) j.push_back(yaml_as_json(item));
+    return j;
+  }
+  const std::string& s = node.Scalar();
+  if (node.Tag() == "!") return s;
+  if (s == "true" || s == "false") return s == "true";
+  char* end = nullptr;
+  const long long i = std::strtoll(s.c_str(), &end, 10);
+  if (!s.empty() && *end == '\0') return i;
+  const double d = std::strtod(s.c_str(), &end);
+  if (!s.empty() && *end == '\0') return d;
+  return s;
+}
+
+// What check, estimate, bench and fit print is built as data: the YAML print reads back (yaml-cpp) as
+// exactly the JSON print, comments and all, and the figures are typed.
+TEST(Reports, TheYamlPrintReadsBackAsTheJsonPrint) {
   const auto config = flux_24gb({"vram_cap=24GB"});
   BenchRow cell;
   cell.policy = "full", cell.resolution = 512, cell.batch = 2, cell.step_ms = 12.5, cell.peak_bytes = 1 << 20;
   BenchRow oom = cell;
   oom.policy = "off", oom.oom = true, oom.oom_phase = "forward";
   FitRow fit{"full", 512, 7, int64_t{57} << 20};
-  const std::string check =
-      config::to_yaml(config) + format_model_summary(model::summarize_model(config)) + format_bucket_histograms(config);
-  for (const std::string& yaml :
-       {check, format_estimate(estimate_memory(config)), format_bench({cell, oom}), format_fit({fit})}) {
-    ASSERT_NO_THROW(YAML::Load(yaml)) << yaml;
-    const auto j = nlohmann::json::parse(yaml_to_json(yaml));
-    EXPECT_TRUE(j.is_object());
+  Document check = config_report(config);
+  check.append(model_summary_report(model::summarize_model(config)));
+  check.append(autoencoder_report(config));
+  check.append(text_encoders_report(config));
+  check.append(load_report(estimate_load(config), config.vram_cap.bytes));
+  check.append(bucket_report(config));
+  const Document estimate = estimate_report(estimate_memory(config));
+  for (const Document* d : {static_cast<const Document*>(&check), &estimate}) {
+    const std::string yaml = d->yaml();
+    EXPECT_NE(yaml.find("  # "), std::string::npos) << "comments for people";
+    YAML::Node node;
+    ASSERT_NO_THROW(node = YAML::Load(yaml)) << yaml;
+    EXPECT_EQ(yaml_as_json(node), nlohmann::ordered_json::parse(d->json())) << yaml;
   }
-  const auto estimate = nlohmann::json::parse(yaml_to_json(format_estimate(estimate_memory(config))));
-  EXPECT_EQ(estimate["estimate"]["preset"], "flux-dev");
-  EXPECT_TRUE(estimate["estimate"]["weights"].is_number_integer());
-  EXPECT_EQ(estimate["estimate"]["per_resolution"].size(), 3u);
-  const auto bench = nlohmann::json::parse(yaml_to_json(format_bench({cell, oom})));
-  EXPECT_EQ(bench["bench"][1]["oom"], true);
-  EXPECT_EQ(bench["bench"][1]["policy"], "off");  // quoted: text, not YAML's boolean "off"
-  EXPECT_EQ(nlohmann::json::parse(yaml_to_json(format_fit({fit})))["fit"][0]["largest_batch"], 7);
-  const auto checked = nlohmann::json::parse(yaml_to_json(check));
-  EXPECT_EQ(checked["model_summary"]["parameters"], 11901408320);
+  for (const Document& d : {bench_report({cell, oom}), fit_report({fit})}) {
+    EXPECT_EQ(d.yaml().rfind("# |", 0), 0u) << "the table first, as comments";
+    EXPECT_EQ(yaml_as_json(YAML::Load(d.yaml())), nlohmann::ordered_json::parse(d.json())) << d.yaml();
+  }
+  EXPECT_EQ(estimate.value["estimate"]["preset"], "flux-dev");
+  EXPECT_TRUE(estimate.value["estimate"]["weights"].is_number_integer());
+  EXPECT_EQ(estimate.value["estimate"]["per_resolution"].size(), 3u);
+  EXPECT_TRUE(estimate.value["estimate"]["load"]["device_peak"].is_number_integer());
+  const Document bench = bench_report({cell, oom});
+  EXPECT_EQ(bench.value["bench"][1]["oom"], true);
+  EXPECT_EQ(yaml_as_json(YAML::Load(bench.yaml()))["bench"][1]["policy"], "off");  // quoted: not YAML's false
+  EXPECT_EQ(fit_report({fit}).value["fit"][0]["largest_batch"], 7);
+  EXPECT_EQ(check.value["model_summary"]["parameters"], 11901408320);
+  EXPECT_TRUE(check.value.contains("train") && check.value.contains("buckets"));
 }
 
 }  // namespace
@@ -410,22 +445,25 @@ TEST(Report, TheTextEncodersAreCountedAtTheirRealShapes) {
     EXPECT_TRUE(r.ok()) << r.diagnostics.all().front().format();
     return *r.config;
   };
-  const std::string plain = format_text_encoders(config_of(""));
-  EXPECT_NE(plain.find("kind: clip_l, parameters: 123060480, weight_bytes: 246120960"), std::string::npos) << plain;
-  EXPECT_NE(plain.find("kind: t5_xxl, parameters: 4762310656, weight_bytes: 9524621312"), std::string::npos) << plain;
-  EXPECT_NE(plain.find("on_the_device_during_steps: true"), std::string::npos) << plain;
-  const std::string cached = format_text_encoders(config_of(", cache_text_embeddings: true"));
-  EXPECT_NE(cached.find("on_the_device_during_steps: false"), std::string::npos) << cached;
+  auto encoder = [](const Document& d, size_t slot) {
+    const auto& e = d.value["text_encoders"][slot];
+    return e["kind"].get<std::string>() + " " + std::to_string(e["parameters"].get<int64_t>()) + " " +
+           std::to_string(e["weight_bytes"].get<int64_t>());
+  };
+  const Document plain = text_encoders_report(config_of(""));
+  EXPECT_EQ(encoder(plain, 0), "clip_l 123060480 246120960");
+  EXPECT_EQ(encoder(plain, 1), "t5_xxl 4762310656 9524621312");
+  EXPECT_EQ(plain.value["text_encoders_on_the_device_during_steps"], true);
+  const Document cached = text_encoders_report(config_of(", cache_text_embeddings: true"));
+  EXPECT_EQ(cached.value["text_encoders_on_the_device_during_steps"], false);
   auto quantized = config_of("");
   quantized.model.quantize_te = true;
-  const std::string q = format_text_encoders(quantized);
+  const Document q = text_encoders_report(quantized);
   // T5-XXL's Linear weights (all but the 32128 x 4096 embedding, the 32 x 64 position buckets and the norms)
   // in one byte each with quanto's bf16 scale per output row (24 blocks: q, k, v, o, wo of 4096 rows, wi_0,
   // wi_1 of 10240), the rest in bf16.
   const int64_t other = 32128 * 4096 + 32 * 64 + 49 * 4096 + 24 * (5 * 4096 + 2 * 10240) * 2;
-  EXPECT_NE(q.find("kind: t5_xxl, parameters: 4762310656, weight_bytes: " + std::to_string(4762310656 + other)),
-            std::string::npos)
-      << q;
+  EXPECT_EQ(encoder(q, 1), "t5_xxl 4762310656 " + std::to_string(4762310656 + other));
 }
 
 }  // namespace gclab::bench

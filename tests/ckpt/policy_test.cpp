@@ -19,6 +19,19 @@ TEST(CheckpointPolicy, ParsesEveryForm) {
     EXPECT_EQ(CheckpointPolicy::parse(s).to_string(), s);
 }
 
+// Policies built as values are the ones their text names: blocks sorted, each once; none is off.
+TEST(CheckpointPolicy, ValuesAreWhatTheirTextParsesTo) {
+  const CheckpointPolicy b = CheckpointPolicy::only_blocks({5, 2, 2, 0});
+  EXPECT_EQ(b.kind, CheckpointPolicy::Kind::Blocks);
+  EXPECT_EQ(b.blocks, (std::vector<int>{0, 2, 5}));
+  EXPECT_EQ(b.to_string(), "blocks:[0,2,5]");
+  EXPECT_EQ(CheckpointPolicy::parse(b.to_string()).blocks, b.blocks);
+  EXPECT_EQ(CheckpointPolicy::only_blocks({}).kind, CheckpointPolicy::Kind::Off);
+  EXPECT_EQ(CheckpointPolicy::off().to_string(), "off");
+  EXPECT_EQ(CheckpointPolicy::full().to_string(), "full");
+  EXPECT_EQ(CheckpointPolicy::full().mode_for(3, 4), CheckpointPolicy::parse("full").mode_for(3, 4));
+}
+
 TEST(CheckpointPolicy, RejectsWithTheGrammar) {
   for (const char* bad : {"", "sometimes", "every:0", "every:x", "every", "full:2", "blocks:1,2", "blocks:[a]",
                           "selective:norm", "budget:lots", "budget:-1GiB", "first:-1"}) {

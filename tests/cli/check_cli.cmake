@@ -10,7 +10,7 @@ expect_contains("${last_out}" "resolution: [512, 768, 1024]")
 expect_contains("${last_out}" "checkpoint_policy: \"full\"")
 expect_contains("${last_err}" "ignored")
 # The model the config selects, counted on a meta-device build.
-expect_contains("${last_out}" "preset: flux-dev")
+expect_contains("${last_out}" "preset: \"flux-dev\"")
 expect_contains("${last_out}" "parameters: 11901408320")
 expect_contains("${last_out}" "LoRA on 494 Linear modules")
 expect_contains("${last_out}" "{at: \"datasets[0] 1024x1024\", image: 4096, text: 512}")

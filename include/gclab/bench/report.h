@@ -1,37 +1,37 @@
-// What the CLI prints, as YAML a tool can parse (tables for people ride along as comments): the model a
-// config selects (`gclab check`), its datasets' buckets, the memory estimate (`gclab estimate`), bench's
-// and fit's rows. `--json` prints the same content as JSON, converted from that YAML (yaml_to_json).
+// What the CLI prints, built as data (bench/document.h) and printed as YAML a tool can parse (with comments
+// for people) or, with --json, as JSON: the model a config selects and its parts (`gclab check`), its
+// datasets' buckets, the memory estimate (`gclab estimate`), bench's and fit's rows.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "gclab/bench/bench.h"
+#include "gclab/bench/document.h"
 #include "gclab/bench/estimate.h"
 #include "gclab/model/summary.h"
 
 namespace gclab::bench {
 
-std::string format_model_summary(const model::ModelSummary& summary);
-// Where each dataset's images land, per resolution, from image headers alone (no decoding).
+Document model_summary_report(const model::ModelSummary& summary);
 // The autoencoder the config selects (train::codec_plan): its weights, whether it stays on the device, and
 // its predicted encode peak per training resolution and decode peak at the preview size.
-std::string format_autoencoder(const config::ProcessConfig& config);
+Document autoencoder_report(const config::ProcessConfig& config);
 // The text encoders the config's family conditions on (model::text_encoders), built on the meta device (the
 // shape from name_or_path's text_encoder*/ config.json when local): parameters and weight bytes in the
 // training dtype (or float8 Linear weights with quantize_te), and whether they stay on the device.
-std::string format_text_encoders(const config::ProcessConfig& config);
-std::string format_bucket_histograms(const config::ProcessConfig& config);
+Document text_encoders_report(const config::ProcessConfig& config);
+// Where each dataset's images land, per resolution, from image headers alone (no decoding).
+Document bucket_report(const config::ProcessConfig& config);
 // The load (LoadEstimate): where the transformer is quantized and the peaks on each side; `cap_bytes` > 0
 // adds the verdict. `check` prints it at the top level, `estimate` inside its document.
-std::string format_load(const LoadEstimate& load, int64_t cap_bytes, const std::string& indent = "");
-std::string format_estimate(const MemoryEstimate& estimate);
+Document load_report(const LoadEstimate& load, int64_t cap_bytes);
+Document estimate_report(const MemoryEstimate& estimate);
 // fit's rows: `fit:` a list of {resolution, policy, largest_batch, peak_bytes}, the table as comments.
-std::string format_fit(const std::vector<FitRow>& rows);
+Document fit_report(const std::vector<FitRow>& rows);
 // bench's rows: `bench:` a list of every cell's figures, bench_table() as comments.
-std::string format_bench(const std::vector<BenchRow>& rows);
-// The YAML documents above as JSON (numbers and booleans typed, comments dropped). Throws UserError when
-// the text is not YAML.
-std::string yaml_to_json(const std::string& yaml);
+Document bench_report(const std::vector<BenchRow>& rows);
+// The resolved config (config::to_yaml) as data, for `check --json`.
+Document config_report(const config::ProcessConfig& config);
 
 }  // namespace gclab::bench

@@ -30,10 +30,22 @@ struct CheckpointPolicy {
   // "offload" | "budget:24GiB". Throws std::invalid_argument with a message naming the grammar.
   static CheckpointPolicy parse(const std::string& text);
   std::string to_string() const;
+  // The policies as values (what code builds; parse() is for what people write).
+  static CheckpointPolicy off() { return of(Kind::Off); }
+  static CheckpointPolicy full() { return of(Kind::Full); }
+  // Exactly these blocks (sorted, each once); none: off.
+  static CheckpointPolicy only_blocks(std::vector<int> blocks);
 
   // The mode of block `index` of `num_blocks`. A budget policy has no fixed answer: it is decided
   // from measured activation sizes (select_blocks_for_budget) and applied as a blocks:[...] policy.
   BlockMode mode_for(int index, int num_blocks) const;
+
+ private:
+  static CheckpointPolicy of(Kind kind) {
+    CheckpointPolicy p;
+    p.kind = kind;
+    return p;
+  }
 };
 
 // Which blocks to checkpoint so that the activations kept during a step fit `budget_bytes`: block i
