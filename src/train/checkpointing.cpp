@@ -66,7 +66,8 @@ ModelCheckpointing::BudgetProbe ModelCheckpointing::resolve_budget(const model::
   }
   model_.set_block_caller(
       [this](size_t index, const model::Tensors& inputs) { return wrappers_[index]->forward(inputs); });
-  out.policy = ckpt::CheckpointPolicy::only_blocks(ckpt::select_blocks_for_budget(out.kept_bytes, out.input_bytes, budget_bytes));
+  out.policy = ckpt::CheckpointPolicy::only_blocks(
+      ckpt::select_blocks_for_budget(out.kept_bytes, out.input_bytes, budget_bytes));
   return out;
 }
 
