@@ -57,8 +57,8 @@ Document model_summary_report(const model::ModelSummary& s) {
   d.note("/model_summary/tokens", "per sample; text for a 77-token prompt");
   for (const auto& t : s.tokens) {
     ojson row = {{"at", t.what + " " + std::to_string(t.width) + "x" + std::to_string(t.height)},
-                {"image", t.image_tokens},
-                {"text", t.text_tokens}};
+                 {"image", t.image_tokens},
+                 {"text", t.text_tokens}};
     if (t.reference_tokens) row["reference"] = t.reference_tokens;
     m["tokens"].push_back(row);
   }
@@ -216,9 +216,9 @@ namespace {
 // The estimate's step figures at one cell, checkpointing off or full.
 ojson step_json(const StepEstimate& s, bool text_every_step) {
   ojson j = {{"batch_tensors", s.batch_bytes},
-            {"activations", s.activation_bytes},
-            {"workspace", s.workspace_bytes},
-            {"vae_encode", s.encode_bytes}};
+             {"activations", s.activation_bytes},
+             {"workspace", s.workspace_bytes},
+             {"vae_encode", s.encode_bytes}};
   if (text_every_step) j["text_encode"] = s.text_bytes;
   j["total"] = s.total_bytes;
   return j;
@@ -265,9 +265,9 @@ void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
             "after a step: resident without gradients, the autoencoder on the device, then the largest of "
             "denoising, decoding, (edit models) encoding the ctrl_img and (prompts not cached) encoding the prompts");
   ojson pj = {{"size", std::to_string(p.width) + "x" + std::to_string(p.height)},
-             {"image_tokens", p.image_tokens},
-             {"denoise", p.denoise_bytes},
-             {"vae_decode", p.decode_bytes}};
+              {"image_tokens", p.image_tokens},
+              {"denoise", p.denoise_bytes},
+              {"vae_decode", p.decode_bytes}};
   if (p.reference_encode_bytes > 0) pj["vae_encode_control"] = p.reference_encode_bytes;
   if (p.text_encode_bytes > 0) pj["text_encode"] = p.text_encode_bytes;
   pj["total"] = p.total_bytes;
@@ -369,13 +369,13 @@ Document bench_report(const std::vector<BenchRow>& rows) {
     ojson row = {{"resolution", r.resolution}, {"batch", r.batch}, {"policy", r.policy}, {"oom", r.oom}};
     if (r.oom) row["oom_phase"] = r.oom_phase;
     row.update(ojson{{"step_ms", r.step_ms},
-                    {"time_ratio", r.time_ratio},
-                    {"peak_bytes", r.peak_bytes},
-                    {"reserved_peak_bytes", r.reserved_peak_bytes},
-                    {"peak_ratio", r.peak_ratio},
-                    {"predicted_activation_bytes", r.predicted_activation_bytes},
-                    {"model_tflop", r.model_tflop},
-                    {"mfu", r.mfu}});
+                     {"time_ratio", r.time_ratio},
+                     {"peak_bytes", r.peak_bytes},
+                     {"reserved_peak_bytes", r.reserved_peak_bytes},
+                     {"peak_ratio", r.peak_ratio},
+                     {"predicted_activation_bytes", r.predicted_activation_bytes},
+                     {"model_tflop", r.model_tflop},
+                     {"mfu", r.mfu}});
     d.value["bench"].push_back(row);
   }
   return d;
