@@ -97,25 +97,25 @@ double step_flops(train::Session& session, int batch, int resolution) {
   const auto est = model::estimate_activations(spec, batch, resolution, resolution, 0, session.activation_options());
   const double n = static_cast<double>(est.image_tokens), t = static_cast<double>(est.text_tokens);
   const double e = static_cast<double>(session.activation_options().element_bytes);
-  std::vector<std::string> kinds;
   std::vector<double> tokens;  // per block: the tokens its single stream (or the joint sequence) holds
   for (const auto& b : est.blocks)
-    for (int i = 0; i < b.count; ++i) {
-      kinds.push_back(b.kind);
+    for (int i = 0; i < b.count; ++i)
       tokens.push_back(static_cast<double>(b.input_bytes) / (batch * static_cast<double>(spec.hidden) * e));
-    }
+  // Which rows each Linear runs on, as the block declares its Linears: modulation on one vector a sample, a
+  // two-stream block's text stream on the text tokens and the rest on the image tokens, a single-stream
+  // block's on its whole sequence.
+  auto in = [](const std::vector<model::Linear>& set, const model::LinearImpl* l) {
+    return std::any_of(set.begin(), set.end(), [&](const model::Linear& s) { return s.get() == l; });
+  };
   double forward = 0;
-  for (size_t i = 0; i < session.model().blocks().size() && i < kinds.size(); ++i) {
-    const bool two_streams = kinds[i].rfind("double", 0) == 0 || kinds[i].rfind("joint", 0) == 0;
-    for (const auto& item : session.model().blocks()[i]->named_modules()) {
+  for (size_t i = 0; i < session.model().blocks().size() && i < tokens.size(); ++i) {
+    model::TransformerBlock& block = *session.model().blocks()[i];
+    const std::vector<model::Linear> modulation = block.modulation_linears(), text = block.text_stream_linears();
+    const bool two_streams = !text.empty();
+    for (const auto& item : block.named_modules()) {
       const auto* linear = item.value()->as<model::LinearImpl>();
       if (!linear) continue;
-      const std::string& name = item.key();
-      const bool modulation = name.find("norm") != std::string::npos || name.find("_mod") != std::string::npos ||
-                              name.find("adaLN") != std::string::npos;
-      const bool text = name.find("add_") != std::string::npos || name.find("context") != std::string::npos ||
-                        name.find("txt") != std::string::npos;
-      const double rows = modulation ? 1 : two_streams ? (text ? t : n) : tokens[i];
+      const double rows = in(modulation, linear) ? 1 : two_streams ? (in(text, linear) ? t : n) : tokens[i];
       forward +=
           2.0 * batch * rows * static_cast<double>(linear->in_features()) * static_cast<double>(linear->out_features());
     }

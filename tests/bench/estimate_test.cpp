@@ -369,6 +369,25 @@ TEST(Flops, StepFlopsMatchAHandCountOfDiT) {
   EXPECT_EQ(peak_bf16_flops("a mystery card"), 0);
 }
 
+// The two streams of FLUX's double blocks: the image Linears on the image tokens, the text Linears (add_*
+// projections, to_add_out, the text MLP) on the text tokens, each stream's modulation on one vector, joint
+// attention over both; the single blocks on the joint sequence.
+TEST(Flops, StepFlopsMatchAHandCountOfFluxsTwoStreams) {
+  auto r = model::load_config_text(
+      "name: f\ndevice: cpu\ndatasets:\n  - folder_path: /tmp\n    resolution: [256]\n"
+      "train: {batch_size: 2}\nmodel: {arch: tiny-flux}\n",
+      "f.yaml");
+  ASSERT_TRUE(r.ok());
+  train::Session full(*r.config);
+  const auto est = model::estimate_activations(full.spec(), 2, 256, 256, 0, full.activation_options());
+  const double D = 128, M = 512, B = 2, n = static_cast<double>(est.image_tokens);
+  const double t = static_cast<double>(est.text_tokens), s = n + t;
+  const double stream = 3 * D * D + D * D + 2 * D * M;  // q, k, v, out; the MLP
+  const double dbl = 2 * B * (n * stream + t * stream + 2 * 6 * D * D) + 4 * B * s * s * D;
+  const double single = 2 * B * (3 * D * D + s * (3 * D * D + D * M + (D + M) * D)) + 4 * B * s * s * D;
+  EXPECT_NEAR(step_flops(full, 2, 256) / (3 * (2 * dbl + 2 * single)), 1.0, 1e-9);
+}
+
 // YAML as a tool reads it (yaml-cpp), as JSON: quoted scalars stay text, plain ones typed.
 nlohmann::ordered_json yaml_as_json(const YAML::Node& node) {
   if (node.IsNull()) return nullptr;

@@ -53,6 +53,10 @@ class TransformerBlock : public torch::nn::Module {
   // The Linears fed by the conditioning vector (adaLN modulation), whose input needs no gradient when only
   // LoRA adapters train.
   virtual std::vector<Linear> modulation_linears() = 0;
+  // A two-stream block's Linears that run on the text tokens only (the text stream's projections and MLP;
+  // its modulation is among modulation_linears()); empty for a block over one sequence. What FLOP counts
+  // and the like read instead of guessing from parameter names.
+  virtual std::vector<Linear> text_stream_linears() { return {}; }
 };
 
 // diffusers FeedForward(dim, activation_fn="gelu-approximate"): net.0.proj -> GELU(tanh) -> net.2.
@@ -60,6 +64,7 @@ class GeluFeedForwardImpl : public torch::nn::Module {
  public:
   GeluFeedForwardImpl(int64_t dim, int64_t inner, const torch::TensorOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  std::vector<Linear> linears() const { return {proj_, out_}; }
 
  private:
   Linear proj_{nullptr}, out_{nullptr};
@@ -76,6 +81,12 @@ class JointAttentionImpl : public torch::nn::Module {
   // [image, text] (SD3). cos/sin (rotary, over the joint sequence in that order) may be undefined.
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& img, const torch::Tensor& txt,
                                                   const torch::Tensor& cos, const torch::Tensor& sin, bool text_first);
+  // The text stream's projections: add_q/k/v_proj and to_add_out (when the text stream continues).
+  std::vector<Linear> text_linears() const {
+    std::vector<Linear> out = {add_q_proj, add_k_proj, add_v_proj};
+    if (to_add_out) out.push_back(to_add_out);
+    return out;
+  }
 
  private:
   int64_t heads_;
@@ -107,6 +118,11 @@ TORCH_MODULE(SelfAttention);
 class DoubleStreamBlock : public TransformerBlock {
  public:
   std::vector<Linear> modulation_linears() override { return {img_mod_, txt_mod_}; }
+  std::vector<Linear> text_stream_linears() override {
+    std::vector<Linear> out = attn_->text_linears();
+    for (const Linear& l : txt_mlp_->linears()) out.push_back(l);
+    return out;
+  }
   Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
 
  protected:
@@ -176,6 +192,12 @@ class ZImageBlock : public TransformerBlock {
 class SD3JointBlock : public TransformerBlock {
  public:
   std::vector<Linear> modulation_linears() override { return {norm1_linear, norm1_context_linear}; }
+  std::vector<Linear> text_stream_linears() override {
+    std::vector<Linear> out = attn->text_linears();
+    if (ff_context)
+      for (const Linear& l : ff_context->linears()) out.push_back(l);
+    return out;
+  }
   SD3JointBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, bool context_pre_only,
                 const torch::TensorOptions& options);
   Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
