@@ -556,7 +556,7 @@ void substitute(YAML::Node node, const std::string& name, const std::string& pat
 
 class Validator {
  public:
-  Validator(ProcessConfig& c, Diagnostics& d) : c_(c), d_(d) {}
+  Validator(ProcessConfig& c, Diagnostics& d, const LoadOptions& o) : c_(c), d_(d), options_(o) {}
 
   void error(const std::string& path, const std::string& message) { d_.error(path, c_.source.where(path), message); }
   void warning(const std::string& path, const std::string& message) {
@@ -597,7 +597,9 @@ class Validator {
       else if (m.is_lumina2)
         arch = "lumina2", reason = "model.is_lumina2";
       else if (m.name_or_path) {
-        if (auto guess = infer_arch_from_name(*m.name_or_path)) arch = guess->arch, reason = guess->reason;
+        const auto guess =
+            options_.infer_arch ? options_.infer_arch(*m.name_or_path) : infer_arch_from_name(*m.name_or_path);
+        if (guess) arch = guess->arch, reason = guess->reason;
       }
     }
     if (arch.empty()) {
@@ -920,6 +922,7 @@ class Validator {
 
   ProcessConfig& c_;
   Diagnostics& d_;
+  const LoadOptions& options_;
 };
 
 // When the YAML itself does not parse, the arch it names (if any) still tells the caller whether fixing
@@ -1145,7 +1148,7 @@ LoadResult load_config_text(const std::string& text, const std::string& source_n
     return result;
   }
 
-  Validator(cfg, diag).run();
+  Validator(cfg, diag, options).run();
   if (!diag.has_errors())
     result.config = std::move(cfg);
   else

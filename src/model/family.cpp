@@ -30,6 +30,16 @@ const ArchFacts* find_arch(const std::string& name) {
   return nullptr;
 }
 
+std::optional<config::ArchGuess> infer_arch_from_name(const std::string& name_or_path) {
+  const ArchFacts* best = nullptr;
+  size_t longest = 0;
+  for (const ArchFacts& a : supported_archs())
+    for (const std::string& name : a.names)
+      if (name.size() > longest && name_or_path.find(name) != std::string::npos) best = &a, longest = name.size();
+  if (best) return config::ArchGuess{best->name, "model.name_or_path"};
+  return config::infer_arch_from_name(name_or_path);
+}
+
 TransformerLoading transformer_loading(const std::string& arch) {
   const ArchFacts* a = find_arch(arch);
   return a ? a->loading : TransformerLoading::on_device_unless_low_vram;
@@ -93,7 +103,7 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   // A legacy switch names only the family (is_flux: "some FLUX"); AI Toolkit then loads whatever model
   // name_or_path holds — Flex.1 with 8 double blocks, Flex.2 — so the name picks the arch within the family.
   if (arch && c.arch_from_legacy_switch && c.model.name_or_path) {
-    const auto guess = config::infer_arch_from_name(*c.model.name_or_path);
+    const auto guess = infer_arch_from_name(*c.model.name_or_path);
     const ArchFacts* named = guess ? find_arch(guess->arch) : nullptr;
     if (named && named->family == arch->family && named != arch) {
       c.model.arch = named->name;
@@ -140,13 +150,22 @@ config::LoadResult checked(config::LoadResult r) {
 
 }  // namespace
 
+namespace {
+
+config::LoadOptions with_registry(config::LoadOptions options) {
+  if (!options.infer_arch) options.infer_arch = [](const std::string& name) { return infer_arch_from_name(name); };
+  return options;
+}
+
+}  // namespace
+
 config::LoadResult load_config_file(const std::string& path, const config::LoadOptions& options) {
-  return checked(config::load_config_file(path, options));
+  return checked(config::load_config_file(path, with_registry(options)));
 }
 
 config::LoadResult load_config_text(const std::string& text, const std::string& source_name,
                                     const config::LoadOptions& options) {
-  return checked(config::load_config_text(text, source_name, options));
+  return checked(config::load_config_text(text, source_name, with_registry(options)));
 }
 
 }  // namespace gclab::model

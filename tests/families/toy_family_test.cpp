@@ -60,6 +60,16 @@ TEST(FamilyFolder, TheTestTreesFamilyIsRegisteredBesideTheShippedOnes) {
   const model::ModelSpec spec = model::spec_by_preset("tiny-toy");
   EXPECT_EQ(spec.family, model::Family("toy"));
   EXPECT_EQ(model::family_of(spec.family).describe_blocks(spec), "3 toy");
+  // Its names in a name_or_path pick its arch, as the shipped families' do; AI Toolkit's unmodelled ones
+  // are still told apart.
+  EXPECT_EQ(model::infer_arch_from_name("someone/Toy-Video-1.0")->arch, "tiny-toy-video");
+  EXPECT_EQ(model::infer_arch_from_name("black-forest-labs/FLUX.1-dev")->arch, "flux");
+  EXPECT_EQ(model::infer_arch_from_name("Qwen/Qwen-Image-Edit-2509")->arch, "qwen_image_edit_plus");
+  EXPECT_EQ(model::infer_arch_from_name("Wan-AI/Wan2.1-T2V-1.3B")->arch, "wan21");
+  auto r = model::load_config_text(
+      "name: t\ndevice: cpu\ndatasets: [{folder_path: /tmp}]\nmodel: {name_or_path: someone/Toy-Image}\n", "t.yaml");
+  ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+  EXPECT_EQ(r.config->model.arch, "tiny-toy");
 }
 
 // The run's generic parts on the new family: a full fine-tune trains (checkpointing changes nothing, to

@@ -2,10 +2,12 @@
 // substitution, AI Toolkit's defaults and derived values, and validation that names the field and line.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "gclab/config/arch.h"
 #include "gclab/config/config.h"
 #include "gclab/config/diagnostics.h"
 
@@ -17,6 +19,10 @@ struct LoadOptions {
   std::vector<std::string> overrides;
   // Largest accepted input. Configs are a few KiB; this only stops a wrong file from being parsed.
   std::size_t max_bytes = 4u << 20;
+  // How a model.name_or_path names its arch when neither model.arch nor a legacy switch does: the model
+  // registry's names (model::load_config_* set it to model::infer_arch_from_name); unset, only the archs
+  // gclab does not model are known (config::infer_arch_from_name).
+  std::function<std::optional<ArchGuess>(const std::string&)> infer_arch;
 };
 
 struct LoadResult {

@@ -40,7 +40,14 @@ struct ArchFacts {
   // by the arch's tag (`zimage:turbo`, as AI Toolkit's UI writes it).
   std::string variant_keyword, variant_preset;
   TransformerLoading loading = TransformerLoading::on_device_unless_low_vram;
+  // Text in a model.name_or_path that names this arch when the config does not (a Hub id or a folder:
+  // "FLUX.1", "Qwen-Image-Edit"); the longest match wins.
+  std::vector<std::string> names = {};
 };
+
+// The arch a name_or_path names: the registered archs' names, the longest match first, else AI Toolkit's
+// archs gclab does not model (config::infer_arch_from_name).
+std::optional<config::ArchGuess> infer_arch_from_name(const std::string& name_or_path);
 
 // Every arch gclab accepts in `model.arch`, in the order they are listed to users.
 const std::vector<ArchFacts>& supported_archs();

@@ -79,8 +79,8 @@ class Toy final : public ModelFamily {
   }
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;
-    return {{"tiny-toy", kToyId, "tiny-toy", true, "", "", L},
-            {"tiny-toy-video", kToyId, "tiny-toy-video", true, "", "", L}};
+    return {{"tiny-toy", kToyId, "tiny-toy", true, "", "", L, {"Toy-Image"}},
+            {"tiny-toy-video", kToyId, "tiny-toy-video", true, "", "", L, {"Toy-Video"}}};
   }
   std::vector<ModelSpec> presets() const override {
     ModelSpec video = tiny_toy();

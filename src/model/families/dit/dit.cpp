@@ -41,7 +41,8 @@ class Dit final : public ModelFamily {
 
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;
-    return {{"dit", kDitId, "dit-xl2", false, "", "", L}, {"tiny-dit", kDitId, "tiny-dit", true, "", "", L}};
+    return {{"dit", kDitId, "dit-xl2", false, "", "", L, {"DiT-XL"}},
+            {"tiny-dit", kDitId, "tiny-dit", true, "", "", L, {}}};
   }
 
   std::vector<ModelSpec> presets() const override {

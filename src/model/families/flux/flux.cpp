@@ -57,11 +57,11 @@ class Flux final : public ModelFamily {
 
   std::vector<ArchFacts> archs() const override {
     using L = TransformerLoading;
-    return {{"flux", kFluxId, "flux-dev", false, "schnell", "flux-schnell", L::on_device_unless_low_vram},
-            {"flex1", kFluxId, "flex1", false, "", "", L::on_device_unless_low_vram},
-            {"flex2", kFluxId, "flex2", false, "", "", L::on_device},
+    return {{"flux", kFluxId, "flux-dev", false, "schnell", "flux-schnell", L::on_device_unless_low_vram, {"FLUX.1"}},
+            {"flex1", kFluxId, "flex1", false, "", "", L::on_device_unless_low_vram, {"Flex.1"}},
+            {"flex2", kFluxId, "flex2", false, "", "", L::on_device, {"Flex.2"}},
             // The tiny preset loads as the family's main arch does.
-            {"tiny-flux", kFluxId, "tiny-flux", true, "", "", L::on_device_unless_low_vram}};
+            {"tiny-flux", kFluxId, "tiny-flux", true, "", "", L::on_device_unless_low_vram, {}}};
   }
 
   std::vector<ModelSpec> presets() const override {

@@ -76,11 +76,18 @@ class QwenImage final : public ModelFamily {
   // encoders are loaded and quantized (qwen_image.py).
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::per_block;
-    return {{"qwen_image", kQwenImageId, "qwen-image", false, "", "", L},
-            {"qwen_image_edit", kQwenImageId, "qwen-image-edit", false, "", "", L},
-            {"qwen_image_edit_plus", kQwenImageId, "qwen-image-edit-2509", false, "2511", "qwen-image-edit-2511", L},
-            {"tiny-qwen-image", kQwenImageId, "tiny-qwen-image", true, "", "", L},
-            {"tiny-qwen-image-edit", kQwenImageId, "tiny-qwen-image-edit", true, "", "", L}};
+    return {{"qwen_image", kQwenImageId, "qwen-image", false, "", "", L, {"Qwen-Image"}},
+            {"qwen_image_edit", kQwenImageId, "qwen-image-edit", false, "", "", L, {"Qwen-Image-Edit"}},
+            {"qwen_image_edit_plus",
+             kQwenImageId,
+             "qwen-image-edit-2509",
+             false,
+             "2511",
+             "qwen-image-edit-2511",
+             L,
+             {"Qwen-Image-Edit-2509"}},
+            {"tiny-qwen-image", kQwenImageId, "tiny-qwen-image", true, "", "", L, {}},
+            {"tiny-qwen-image-edit", kQwenImageId, "tiny-qwen-image-edit", true, "", "", L, {}}};
   }
 
   std::vector<ModelSpec> presets() const override {

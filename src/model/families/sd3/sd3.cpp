@@ -46,7 +46,8 @@ class Sd3 final : public ModelFamily {
 
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;
-    return {{"sd3", kSd3Id, "sd35-large", false, "", "", L}, {"tiny-sd3", kSd3Id, "tiny-sd3", true, "", "", L}};
+    return {{"sd3", kSd3Id, "sd35-large", false, "", "", L, {"stable-diffusion-3"}},
+            {"tiny-sd3", kSd3Id, "tiny-sd3", true, "", "", L, {}}};
   }
 
   std::vector<ModelSpec> presets() const override {

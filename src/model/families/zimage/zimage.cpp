@@ -58,8 +58,8 @@ class ZImage final : public ModelFamily {
   // z_image.py waits for its first use); the UI's `zimage:turbo` tag, or a Turbo name, picks Turbo.
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::per_block;
-    return {{"zimage", kZImageId, "zimage", false, "turbo", "zimage-turbo", L},
-            {"tiny-zimage", kZImageId, "tiny-zimage", true, "", "", L}};
+    return {{"zimage", kZImageId, "zimage", false, "turbo", "zimage-turbo", L, {"Z-Image"}},
+            {"tiny-zimage", kZImageId, "tiny-zimage", true, "", "", L, {}}};
   }
 
   std::vector<ModelSpec> presets() const override {
