@@ -1,8 +1,9 @@
-// A training session: everything a run holds, built once from a validated config — the device, the
-// memory meter and its cap, the model (LoRA / quantized as configured) with its checkpoint policy, the
-// optimizer, EMA, the text encoder and its embedding cache, the autoencoder and the preview settings —
-// and the one training step. `gclab train`, `bench`, `fit` and `estimate` all build a Session, so they
-// run (or count) exactly the same step.
+// A training session: everything a run holds, built once by executing a plan (train/plan.h: plan_run
+// resolves the validated config first) — the device, the memory meter and its cap, the model (LoRA /
+// quantized as configured) with its checkpoint policy, the optimizer, EMA, the text encoder and its
+// embedding cache, the autoencoder and the preview settings — and the one training step. `gclab train`,
+// `bench`, `fit` and `estimate` all build a Session, so they run (or count) exactly the same step. What
+// it sets process-wide (the host cap, the offload rings) goes back when it ends.
 #pragma once
 
 #include <filesystem>
