@@ -323,30 +323,6 @@ std::string fit_table(const std::vector<FitRow>& rows) {
   return out.str();
 }
 
-nlohmann::ordered_json to_json(const YAML::Node& node) {
-  if (node.IsMap()) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::object();
-    for (const auto& kv : node) j[kv.first.Scalar()] = to_json(kv.second);
-    return j;
-  }
-  if (node.IsSequence()) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::array();
-    for (const auto& item : node) j.push_back(to_json(item));
-    return j;
-  }
-  if (!node.IsScalar()) return nullptr;
-  const std::string& s = node.Scalar();
-  if (node.Tag() == "!") return s;  // quoted in the YAML: text, whatever it looks like
-  if (s == "true" || s == "false") return s == "true";
-  if (s == "null" || s == "~") return nullptr;
-  char* end = nullptr;
-  const long long i = std::strtoll(s.c_str(), &end, 10);
-  if (!s.empty() && *end == '\0') return i;
-  const double d = std::strtod(s.c_str(), &end);
-  if (!s.empty() && *end == '\0') return d;
-  return s;
-}
-
 }  // namespace
 
 Document fit_report(const std::vector<FitRow>& rows) {
@@ -384,7 +360,7 @@ Document bench_report(const std::vector<BenchRow>& rows) {
 Document config_report(const config::ProcessConfig& config) {
   Document d;
   try {
-    d.value = to_json(YAML::Load(config::to_yaml(config)));
+    d.value = yaml_value(YAML::Load(config::to_yaml(config)));
   } catch (const YAML::Exception& e) {
     throw std::logic_error(std::string("the resolved config does not read back as YAML: ") + e.what());
   }

@@ -388,30 +388,6 @@ TEST(Flops, StepFlopsMatchAHandCountOfFluxsTwoStreams) {
   EXPECT_NEAR(step_flops(full, 2, 256) / (3 * (2 * dbl + 2 * single)), 1.0, 1e-9);
 }
 
-// YAML as a tool reads it (yaml-cpp), as JSON: quoted scalars stay text, plain ones typed.
-nlohmann::ordered_json yaml_as_json(const YAML::Node& node) {
-  if (node.IsNull()) return nullptr;
-  if (node.IsMap()) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::object();
-    for (const auto& kv : node) j[kv.first.Scalar()] = yaml_as_json(kv.second);
-    return j;
-  }
-  if (node.IsSequence()) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::array();
-    for (const auto& item : node) j.push_back(yaml_as_json(item));
-    return j;
-  }
-  const std::string& s = node.Scalar();
-  if (node.Tag() == "!") return s;
-  if (s == "true" || s == "false") return s == "true";
-  char* end = nullptr;
-  const long long i = std::strtoll(s.c_str(), &end, 10);
-  if (!s.empty() && *end == '\0') return i;
-  const double d = std::strtod(s.c_str(), &end);
-  if (!s.empty() && *end == '\0') return d;
-  return s;
-}
-
 // What check, estimate, bench and fit print is built as data: the YAML print reads back (yaml-cpp) as
 // exactly the JSON print, comments and all, and the figures are typed.
 TEST(Reports, TheYamlPrintReadsBackAsTheJsonPrint) {
@@ -433,11 +409,11 @@ TEST(Reports, TheYamlPrintReadsBackAsTheJsonPrint) {
     EXPECT_NE(yaml.find("  # "), std::string::npos) << "comments for people";
     YAML::Node node;
     ASSERT_NO_THROW(node = YAML::Load(yaml)) << yaml;
-    EXPECT_EQ(yaml_as_json(node), nlohmann::ordered_json::parse(d->json())) << yaml;
+    EXPECT_EQ(yaml_value(node), nlohmann::ordered_json::parse(d->json())) << yaml;
   }
   for (const Document& d : {bench_report({cell, oom}), fit_report({fit})}) {
     EXPECT_EQ(d.yaml().rfind("# |", 0), 0u) << "the table first, as comments";
-    EXPECT_EQ(yaml_as_json(YAML::Load(d.yaml())), nlohmann::ordered_json::parse(d.json())) << d.yaml();
+    EXPECT_EQ(yaml_value(YAML::Load(d.yaml())), nlohmann::ordered_json::parse(d.json())) << d.yaml();
   }
   EXPECT_EQ(estimate.value["estimate"]["preset"], "flux-dev");
   EXPECT_TRUE(estimate.value["estimate"]["weights"].is_number_integer());
@@ -445,7 +421,7 @@ TEST(Reports, TheYamlPrintReadsBackAsTheJsonPrint) {
   EXPECT_TRUE(estimate.value["estimate"]["load"]["device_peak"].is_number_integer());
   const Document bench = bench_report({cell, oom});
   EXPECT_EQ(bench.value["bench"][1]["oom"], true);
-  EXPECT_EQ(yaml_as_json(YAML::Load(bench.yaml()))["bench"][1]["policy"], "off");  // quoted: not YAML's false
+  EXPECT_EQ(yaml_value(YAML::Load(bench.yaml()))["bench"][1]["policy"], "off");  // quoted: not YAML's false
   EXPECT_EQ(fit_report({fit}).value["fit"][0]["largest_batch"], 7);
   EXPECT_EQ(check.value["model_summary"]["parameters"], 11901408320);
   EXPECT_TRUE(check.value.contains("train") && check.value.contains("buckets"));

@@ -9,7 +9,15 @@
 #include <string>
 #include <vector>
 
+namespace YAML {
+class Node;
+}
+
 namespace gclab::bench {
+
+// YAML as a tool reads it (yaml-cpp), as JSON: quoted scalars stay text, plain ones are typed (integers,
+// numbers, true / false), null is null.
+nlohmann::ordered_json yaml_value(const YAML::Node& node);
 
 class Document {
  public:
