@@ -22,6 +22,11 @@
 
 namespace gclab::bench {
 
+using train::LoadEstimate;
+using train::MemoryEstimate;
+using train::StepEstimate;
+using train::TextEncodeEstimate;
+
 using config::format_bytes;
 
 namespace {
@@ -211,6 +216,30 @@ Document load_report(const LoadEstimate& load, int64_t cap_bytes) {
   return d;
 }
 
+Document phases_report(const train::MemoryModel& model, const config::ProcessConfig& config) {
+  Document d;
+  const train::StepCell cell = train::largest_cell(config);
+  const ckpt::CheckpointPolicy& policy = config.train.policy();
+  const bool off = policy.kind == ckpt::CheckpointPolicy::Kind::Off;
+  ojson j = {{"batch", cell.batch}, {"resolution", cell.resolution}, {"policy", policy.to_string()}};
+  if (!off && policy.kind != ckpt::CheckpointPolicy::Kind::Full) {
+    j["predicted"] = nullptr;
+    d.value["phases"] = j;
+    d.note("/phases/predicted", "not predicted for this policy (off and full are; `estimate` shows both)");
+    return d;
+  }
+  const train::PhaseBytes phases = model.phases(model.step(cell.batch, cell.resolution, cell.resolution, !off));
+  j["predicted"] = memory::by_phase_name(phases);
+  d.value["phases"] = j;
+  d.heading("/phases",
+            "each phase's peak predicted for the largest batch at the largest resolution (a run's "
+            "memory.json records the same phases measured beside predicted)");
+  for (const auto& [phase, bytes] : phases)
+    d.note(std::string("/phases/predicted/") + memory::phase_name(phase),
+           format_bytes(bytes) + fits_cap(bytes, config.vram_cap.bytes));
+  return d;
+}
+
 namespace {
 
 // The estimate's step figures at one cell, checkpointing off or full.
@@ -220,6 +249,8 @@ ojson step_json(const StepEstimate& s, bool text_every_step) {
              {"workspace", s.workspace_bytes},
              {"vae_encode", s.encode_bytes}};
   if (text_every_step) j["text_encode"] = s.text_bytes;
+  if (s.reference_bytes > 0) j["control_latents"] = s.reference_bytes;
+  j["phases"] = memory::by_phase_name(s.phases);
   j["total"] = s.total_bytes;
   return j;
 }
@@ -245,8 +276,9 @@ void estimate_text(Document& d, ojson& est, const TextEncodeEstimate& t, int64_t
 void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
   const bool every_step = e.text && e.text->every_step;
   d.note("/estimate/per_resolution",
-         "total = resident + the largest of: batch tensors + block activations + the running block's MLP "
-         "transients; the data phase's encode; the text phase's encode");
+         "each phase's peak (train/predict.h), the run's meter records the same phases; total = the largest: "
+         "data (the encode), text (the captions' encode), forward and backward (resident + batch tensors + "
+         "block activations + the running block's MLP transients), optimizer (its update's temporaries)");
   est["per_resolution"] = ojson::array();
   for (const auto& r : e.resolutions) {
     const std::string at = "/estimate/per_resolution/" + std::to_string(est["per_resolution"].size());
@@ -300,6 +332,8 @@ Document estimate_report(const MemoryEstimate& e) {
     bytes("offload_buffers", e.offload_buffer_bytes);  // the rings' weights on the device, one being brought
   }
   bytes("resident", e.resident_bytes);
+  bytes("optimizer_step", e.optimizer_step_bytes);  // the optimizer phase's temporaries
+  bytes("save", e.save_bytes);                      // the save phase's peak
   est["activations_dtype"] = e.activation_dtype;
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
   d.value["estimate"] = est;

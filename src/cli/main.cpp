@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "gclab/bench/bench.h"
-#include "gclab/bench/estimate.h"
 #include "gclab/bench/report.h"
 #include "gclab/config/byte_size.h"
 #include "gclab/config/user_error.h"
@@ -31,6 +30,7 @@
 #include "gclab/text/encoder.h"
 #include "gclab/text/tokenizer.h"
 #include "gclab/train/oom_report.h"
+#include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
 #include "gclab/train/trainer.h"
@@ -150,7 +150,8 @@ int run_check(const ConfigArgs& args) {
   bench::Document parts = bench::model_summary_report(gclab::model::summarize_model(config));
   parts.append(bench::autoencoder_report(config));
   parts.append(bench::text_encoders_report(config));
-  parts.append(bench::load_report(bench::estimate_load(config), config.vram_cap.bytes));
+  parts.append(bench::load_report(gclab::train::estimate_load(config), config.vram_cap.bytes));
+  parts.append(bench::phases_report(gclab::train::MemoryModel(config), config));
   parts.append(bench::bucket_report(config));
   if (args.json) {
     bench::Document all = bench::config_report(config);
@@ -490,7 +491,7 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run) {
 
 int run_estimate(const ConfigArgs& args) {
   const auto config = load(args);
-  print_report(args, gclab::bench::estimate_report(gclab::bench::estimate_memory(config)),
+  print_report(args, gclab::bench::estimate_report(gclab::train::estimate_memory(config)),
                "# predicted training memory for " + args.path + ", counted from the run's own Session (no run)\n");
   return kExitOk;
 }

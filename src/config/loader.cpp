@@ -613,26 +613,9 @@ class Validator {
     c_.arch_from_legacy_switch = reason == "model.is_flux" || reason == "model.is_v3" || reason == "model.is_lumina2";
   }
 
-  // model.qtype / qtype_te: a storage gclab reproduces. "qtype|ADAPTER" sets the accuracy-recovery adapter
-  // (AI Toolkit's ModelConfig splits it the same way, over an accuracy_recovery_adapter key); AI Toolkit
-  // reads no adapter for the text encoders (its qtype_te goes to the quantizer whole).
+  // model.qtype / qtype_te were read as QTypes (split_qtype_adapter took any adapter off first).
   void quantization() {
     ModelConfig& m = c_.model;
-    if (const size_t bar = m.qtype.find('|'); bar != std::string::npos) {
-      m.accuracy_recovery_adapter = m.qtype.substr(bar + 1);
-      m.qtype = m.qtype.substr(0, bar);
-      if (m.accuracy_recovery_adapter->empty()) error("model.qtype", "names no adapter after '|'");
-    }
-    if (!parse_qtype(m.qtype))
-      error("model.qtype", "'" + m.qtype + "' is not a storage gclab reproduces yet; use one of: " +
-                               choice_list<QType>() + " (optionally |ADAPTER.safetensors)");
-    if (m.qtype_te.find('|') != std::string::npos)
-      error("model.qtype_te", "'" + m.qtype_te +
-                                  "': an accuracy-recovery adapter applies to the transformer only (model.qtype); "
-                                  "AI Toolkit would fail on this qtype");
-    else if (!parse_qtype(m.qtype_te))
-      error("model.qtype_te",
-            "'" + m.qtype_te + "' is not a storage gclab reproduces yet; use one of: " + choice_list<QType>());
     if (m.text_encoder_bits != 16 && m.text_encoder_bits != 8 && m.text_encoder_bits != 4)
       error("model.text_encoder_bits", "must be 16, 8 or 4 (AI Toolkit's choices)");
     else if (m.text_encoder_bits != 16)
@@ -1025,6 +1008,34 @@ void write_value(YAML::Emitter& out, const std::vector<T>& v) {
   out << YAML::EndSeq;
 }
 
+// model.qtype "qtype|ADAPTER": the accuracy-recovery adapter after the bar goes to
+// model.accuracy_recovery_adapter and the qtype before it is read as a QType (AI Toolkit's ModelConfig splits
+// it the same way). AI Toolkit reads no adapter for the text encoders: its qtype_te goes to the quantizer
+// whole, and fails there.
+void split_qtype_adapter(YAML::Node process, LoadContext& ctx) {
+  YAML::Node model = process["model"];
+  if (!model.IsMap()) return;
+  if (const YAML::Node te = model["qtype_te"]; te.IsScalar() && te.Scalar().find('|') != std::string::npos) {
+    ctx.error("model.qtype_te", te,
+              "'" + te.Scalar() +
+                  "': an accuracy-recovery adapter applies to the transformer only (model.qtype); AI Toolkit would "
+                  "fail on this qtype");
+    model.remove("qtype_te");
+  }
+  const YAML::Node qtype = model["qtype"];
+  if (!qtype.IsScalar()) return;
+  const std::string text = qtype.Scalar();
+  const size_t bar = text.find('|');
+  if (bar == std::string::npos) return;
+  if (bar + 1 == text.size()) {
+    ctx.error("model.qtype", qtype, "names no adapter after '|'");
+    model.remove("qtype");
+    return;
+  }
+  model["accuracy_recovery_adapter"] = text.substr(bar + 1);
+  model["qtype"] = text.substr(0, bar);
+}
+
 }  // namespace
 
 std::string SourceMap::where(const std::string& path) const {
@@ -1137,6 +1148,7 @@ LoadResult load_config_text(const std::string& text, const std::string& source_n
     substitute(process, name, "", ctx);
     if (meta.IsDefined()) substitute(meta, name, "meta", ctx);
 
+    split_qtype_adapter(process, ctx);
     read_value(process, cfg, "", ctx);
     if (meta.IsDefined() && !meta.IsNull()) {
       YAML::Emitter out;

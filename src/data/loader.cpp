@@ -8,6 +8,8 @@
 
 #include "gclab/data/image.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/placement.h"
+#include "gclab/memory/tracker.h"
 
 namespace gclab::data {
 
@@ -50,8 +52,9 @@ void remember_latents(const LoadedBatch& batch) {
   if (!batch.cache || !batch.latents.defined()) return;
   for (size_t i = 0; i < batch.slots.size(); ++i)
     if (batch.slots[i].cached())
-      batch.cache->store(batch.slots[i],
-                         batch.latents[static_cast<int64_t>(i)].detach().to(torch::kCPU, torch::kFloat).contiguous());
+      batch.cache->store(
+          batch.slots[i],
+          memory::to_host(batch.latents[static_cast<int64_t>(i)].detach().to(torch::kFloat).contiguous()));
 }
 
 BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::DatasetConfig> datasets,
@@ -107,7 +110,7 @@ int64_t BatchLoader::fill_caches(const std::function<torch::Tensor(const torch::
         continue;  // reported, and replaced, when a batch meets it
       }
       const torch::Tensor z = encode(image.unsqueeze(0), std::hash<std::string>{}(slot.key));
-      cache_->store(slot, z[0].detach().to(torch::kCPU, torch::kFloat).contiguous());
+      cache_->store(slot, memory::to_host(z[0].detach().to(torch::kFloat).contiguous()));
       ++encoded;
     }
   }
@@ -139,7 +142,10 @@ std::vector<std::string> BatchLoader::take_warnings() {
   return std::exchange(warnings_, {});
 }
 
+// The worker builds batches as a GPU run's loader does, in host memory (memory/placement.h): the step copies
+// what it uses to the device.
 void BatchLoader::work() {
+  memory::HostScope host;
   try {
     for (;;) {
       {

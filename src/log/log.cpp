@@ -54,6 +54,11 @@ bool set_level(const std::string& name) {
 void set_level(Level level) { logger().set_level(to_spdlog(level)); }
 bool enabled(Level level) { return logger().should_log(to_spdlog(level)); }
 
+QuietScope::QuietScope(Level level) : previous_(static_cast<int>(logger().level())) {
+  if (static_cast<int>(to_spdlog(level)) > previous_) logger().set_level(to_spdlog(level));
+}
+QuietScope::~QuietScope() { logger().set_level(static_cast<spdlog::level::level_enum>(previous_)); }
+
 void trace(const std::string& message) { logger().log(spdlog::level::trace, "{}", message); }
 void debug(const std::string& message) { logger().log(spdlog::level::debug, "{}", message); }
 void info(const std::string& message) { logger().log(spdlog::level::info, "{}", message); }

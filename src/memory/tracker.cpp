@@ -1,5 +1,7 @@
 #include "gclab/memory/tracker.h"
 
+#include "gclab/memory/placement.h"
+
 #include <ATen/Context.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -145,7 +147,8 @@ void CpuMemoryTracker::set_host_cap(std::int64_t cap_bytes) { g_host_cap = cap_b
 bool CpuMemoryTracker::installed() { return g_installed.load(); }
 
 MemoryMeter::MemoryMeter(c10::Device device) : device_(device) {
-  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "memory is measured on CPU or CUDA, not ", device);
+  TORCH_CHECK(device.is_cpu() || device.is_cuda() || device.is_meta(), "memory is measured on CPU or CUDA, not ",
+              device);
   TORCH_CHECK(!device.is_cpu() || CpuMemoryTracker::installed(),
               "measuring CPU memory needs a CpuMemoryTracker installed for the process");
   // The caching allocator's statistics and memory fraction assert "Allocator not initialized" until
@@ -159,6 +162,7 @@ c10::DeviceIndex cuda_index(c10::Device d) { return d.has_index() ? d.index() : 
 }  // namespace
 
 MemoryStats MemoryMeter::stats() const {
+  if (device_.is_meta()) return {};
   if (device_.is_cpu()) return cpu_stats();
   using c10::CachingDeviceAllocator::StatType;
   const auto index = cuda_index(device_);
@@ -179,6 +183,7 @@ MemoryStats MemoryMeter::stats() const {
 }
 
 void MemoryMeter::reset_peak() {
+  if (device_.is_meta()) return;
   if (device_.is_cpu()) {
     g_peak = g_live.load();
   } else {
@@ -187,6 +192,7 @@ void MemoryMeter::reset_peak() {
 }
 
 void MemoryMeter::set_cap(std::int64_t cap_bytes) {
+  if (device_.is_meta()) return;
   if (device_.is_cpu()) {
     g_cap = cap_bytes;
     return;
@@ -208,9 +214,44 @@ void MemoryMeter::release_cached() {
   if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 }
 
-PhaseMeter::Scope::Scope(PhaseMeter& owner, std::string phase) : owner_(owner), phase_(std::move(phase)) {
-  owner_.meter_.reset_peak();
+bool is_host_memory(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || !t.has_storage()) return false;
+  const c10::DataPtr& p = t.storage().data_ptr();
+  if (p.get_deleter() != &tracked_free || !p.get()) return false;
+  Header h{};
+  std::memcpy(&h, static_cast<const char*>(p.get()) - kHeaderBytes, sizeof h);
+  return h.host != 0;
 }
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::setup:
+      return "setup";
+    case Phase::data:
+      return "data";
+    case Phase::text:
+      return "text";
+    case Phase::forward:
+      return "forward";
+    case Phase::backward:
+      return "backward";
+    case Phase::optimizer:
+      return "optimizer";
+    case Phase::sample:
+      return "sample";
+    case Phase::save:
+      return "save";
+  }
+  return "?";
+}
+
+std::optional<Phase> parse_phase(std::string_view name) {
+  for (const Phase p : kPhases)
+    if (name == phase_name(p)) return p;
+  return std::nullopt;
+}
+
+PhaseMeter::Scope::Scope(PhaseMeter& owner, Phase phase) : owner_(owner), phase_(phase) { owner_.meter_.reset_peak(); }
 
 PhaseMeter::Scope::~Scope() {
   const std::int64_t peak = owner_.meter_.stats().peak_bytes;

@@ -11,10 +11,8 @@
 
 namespace gclab::model {
 
-std::optional<WeightStorage> quantized_storage(const std::string& qtype) {
-  const auto type = config::parse_qtype(qtype);
-  if (!type) throw std::runtime_error("qtype '" + qtype + "' is not a storage gclab reproduces");
-  switch (*type) {
+std::optional<WeightStorage> quantized_storage(config::QType qtype) {
+  switch (qtype) {
     case config::QType::qfloat8:
       return WeightStorage::QFloat8;
     case config::QType::float8:
@@ -24,7 +22,7 @@ std::optional<WeightStorage> quantized_storage(const std::string& qtype) {
     case config::QType::uint8:
       return std::nullopt;
     default:
-      return nn::parse_weight_storage(std::string(config::name_of(*type)));
+      return nn::parse_weight_storage(std::string(config::name_of(qtype)));
   }
 }
 
@@ -111,9 +109,10 @@ std::string describe_text_encoder_storage(const config::ModelConfig& config, Fam
 
 std::string describe(const BaseQuantization& q, const config::ModelConfig& config) {
   if (!config.quantize) return "base weights unquantized (model.quantize: false)";
-  std::string s = std::to_string(q.quantized) + " Linears stored as " + config.qtype;
+  std::string s = std::to_string(q.quantized) + " Linears stored as " + std::string(config::name_of(config.qtype));
   if (q.quantized == 0)
-    s = "no Linear quantized (" + config.qtype + " leaves weights in their dtype, as in AI Toolkit)";
+    s = "no Linear quantized (" + std::string(config::name_of(config.qtype)) +
+        " leaves weights in their dtype, as in AI Toolkit)";
   if (q.adapter.empty()) return s;
   s += "; accuracy-recovery adapter on " + std::to_string(q.adapters) + " of them, rank " +
        std::to_string(q.adapter_rank) + ", " + config::format_bytes(q.adapter_bytes) + " (" +

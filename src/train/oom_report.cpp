@@ -56,12 +56,12 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
     // loader quantizing helps the load only in host memory.
     priced("Quantize the base weights", "model.quantize: true (qtype qfloat8)",
            "the transformer reaches the device as float8 codes",
-           [](config::ProcessConfig& c) { c.model.quantize = true, c.model.qtype = "qfloat8"; });
+           [](config::ProcessConfig& c) { c.model.quantize = true, c.model.qtype = config::QType::qfloat8; });
     if (honours_low_vram)
       priced("Quantize the base weights in host memory", "model.quantize: true (qtype qfloat8), model.low_vram: true",
              "the transformer is quantized on the CPU and reaches the device as float8 codes",
              [](config::ProcessConfig& c) {
-               c.model.quantize = true, c.model.qtype = "qfloat8", c.model.low_vram = true;
+               c.model.quantize = true, c.model.qtype = config::QType::qfloat8, c.model.low_vram = true;
              });
   }
   if (!config.model.quantize_te.value_or(config.model.quantize))
@@ -165,12 +165,10 @@ void Levers::preview_fixes() {
     const auto& s = *config.sample;
     const bool in_preview = ctx.phase == Phase::sample;
     const bool in_decode = in_preview && ctx.activity == Activity::vae_decode;
-    const int64_t train_peak = std::max({ctx.last_step_phase_peaks.count(phase_name(Phase::backward))
-                                             ? ctx.last_step_phase_peaks.at(phase_name(Phase::backward))
-                                             : 0,
-                                         ctx.last_step_phase_peaks.count(phase_name(Phase::forward))
-                                             ? ctx.last_step_phase_peaks.at(phase_name(Phase::forward))
-                                             : 0});
+    int64_t train_peak = 0;
+    for (const Phase p : {Phase::forward, Phase::backward})
+      if (const auto it = ctx.last_step_phase_peaks.find(p); it != ctx.last_step_phase_peaks.end())
+        train_peak = std::max(train_peak, it->second);
     const int64_t preview_above_training = in_preview ? std::max<int64_t>(0, ctx.peak_bytes - train_peak) : 0;
     // Tiling helps only the decode: first when the decode ran out, after the other preview fixes otherwise.
     std::vector<OomFix> preview_fixes, tiling;
@@ -232,24 +230,25 @@ void Levers::weight_fixes() {
   {
     const auto now = config.model.quantize ? model::quantized_storage(config.model.qtype) : std::nullopt;
     const int bits = now ? nn::uintx_bits(*now) : 0;
-    std::optional<std::string> next;
+    std::optional<config::QType> next;
     if (!config.model.quantize)
-      next = "qfloat8";
+      next = config::QType::qfloat8;
     else if (config.model.accuracy_recovery_adapter)
       ;  // its adapter was trained on this qtype's rounding: a step down in bits would void it
     else if (fully_checkpointed && now && !bits)
-      next = "uint4";
+      next = config::QType::uint4;
     else if (fully_checkpointed && bits > 2)
-      next = "uint" + std::to_string(bits - 1);
+      next = config::parse_qtype("uint" + std::to_string(bits - 1));
     if (next) {
       config::ProcessConfig changed = config;
       changed.model.quantize = true;
       changed.model.qtype = *next;
       const int64_t saving = base_weight_bytes(config, spec) - base_weight_bytes(changed, spec);
+      const std::string to(config::name_of(*next)), from(config::name_of(config.model.qtype));
       fixes.push_back({config.model.quantize ? "Store the base in fewer bits" : "Quantize the base weights",
-                       config.model.quantize ? "model.qtype: " + *next + " (from " + config.model.qtype + ")"
+                       config.model.quantize ? "model.qtype: " + to + " (from " + from + ")"
                                              : "model.quantize: true (qtype qfloat8: float8 Linear weights)",
-                       saving, "the transformer's weights stored as " + *next + " (built on the meta device)"});
+                       saving, "the transformer's weights stored as " + to + " (built on the meta device)"});
     }
   }
   if (config.network && !(config.model.layer_offloading && config.model.layer_offloading_transformer_percent >= 1.0)) {
@@ -401,7 +400,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
       md << "Peaks of the last step that completed: ";
       bool first = true;
       for (const auto& [p, b] : c.last_step_phase_peaks)
-        md << (first ? "" : ", ") << p << " " << format_bytes(b), first = false;
+        md << (first ? "" : ", ") << phase_name(p) << " " << format_bytes(b), first = false;
       md << ".\n\n";
     }
   }
@@ -437,7 +436,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
                      {"activations_and_other", other},
                      {"total", c.live_bytes}};
   j["peak_bytes"] = c.peak_bytes;
-  j["last_step_phase_peaks"] = c.last_step_phase_peaks;
+  j["last_step_phase_peaks"] = memory::by_phase_name(c.last_step_phase_peaks);
   j["last_good_step"] = c.last_good_step;
   j["saved"] = c.saved_weights;
   j["fixes"] = nlohmann::ordered_json::array();

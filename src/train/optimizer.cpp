@@ -327,15 +327,27 @@ Optimizer::~Optimizer() = default;
 void Optimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
+  std::vector<std::pair<std::string, torch::Tensor>> with_grad;
+  for (auto& [name, param] : params_)
+    if (param.grad().defined()) with_grad.emplace_back(name, param);
+  if (with_grad.empty()) return;
+  // 8-bit moments are dequantized, updated and requantized one parameter at a time, as bitsandbytes' fused
+  // kernel updates each parameter in place: the dequantized float32 copies never exist for all at once.
+  if (eight_bit(kind_)) {
+    for (const auto& one : with_grad) update({one}, lr);
+  } else {
+    update(with_grad, lr);
+  }
+}
+
+void Optimizer::update(const std::vector<std::pair<std::string, torch::Tensor>>& params, double lr) {
   std::vector<std::string> names;
   std::vector<torch::Tensor> p, g;
   std::vector<std::vector<torch::Tensor>> m(moments_->count());
-  for (auto& [name, param] : params_) {
-    if (!param.grad().defined()) continue;
+  for (const auto& [name, param] : params) {
     names.push_back(name), p.push_back(param), g.push_back(param.grad());
     for (size_t k = 0; k < m.size(); ++k) m[k].push_back(moments_->get(name, k, param));
   }
-  if (p.empty()) return;
   // Multi-tensor (foreach) kernels: a handful of launches a step on CUDA, not a dozen per parameter.
   const double wd = o_.weight_decay, b1 = o_.beta1, b2 = o_.beta2;
   switch (rule_of(kind_)) {
@@ -491,6 +503,47 @@ int64_t Optimizer::expected_state_bytes() const {
   int64_t b = 0;
   for (const auto& [name, p] : params_) b += moments_->expected_bytes(p);
   return b;
+}
+
+int64_t Optimizer::expected_step_bytes() const {
+  const Rule rule = rule_of(kind_);
+  const bool q8 = eight_bit(kind_);
+  // One tensor per parameter in its dtype (the moments' dtype without 8-bit storage) and in float32 — 8-bit
+  // moments update one parameter at a time: the largest one's — and the largest parameter's numel; the 8-bit
+  // moments get() dequantizes, kept until put() requantizes them.
+  int64_t set = 0, largest = 0;
+  for (const auto& [name, p] : params_) {
+    set += p.numel() * static_cast<int64_t>(p.element_size());
+    largest = std::max(largest, p.numel());
+  }
+  const int64_t dequantized =
+      q8 && largest >= DynamicInt8Moments::kMin8bitSize ? static_cast<int64_t>(moments_->count()) * largest * 4 : 0;
+  const int64_t moment_set = q8 ? largest * 4 : set;
+  const bool l2 = o_.weight_decay != 0;
+  int64_t update = 0;
+  switch (rule) {
+    case Rule::AdamW:
+    case Rule::Adam:  // denom = _foreach_sqrt(exp_avg_sq); L2 Adam first adds the decay into new gradients
+      update = moment_set + (rule == Rule::Adam && !q8 && l2 ? set : 0);
+      break;
+    case Rule::Lion:  // update = _foreach_mul(exp_avg, beta1)
+      update = moment_set;
+      break;
+    case Rule::Prodigy:  // denom, and the decayed gradients unless decoupled
+      update = set + (l2 && !o_.decouple ? set : 0);
+      break;
+    case Rule::Sgd:
+      update = l2 ? set : 0;
+      break;
+    case Rule::Adafactor:  // per parameter: g^2 + eps, then the update built from it (float32)
+      update = 2 * largest * 4;
+      break;
+  }
+  // put() requantizing one moment: padded float32 values, their absolute values, the scaled values, the
+  // int64 bucket indices.
+  const int64_t requantize = q8 ? largest * (4 + 4 + 4 + 8) : 0;
+  const int64_t clip = 2 * largest * 8;  // clip_grad_norm, before: grad.to(kDouble), then its square
+  return std::max(dequantized + std::max(update, requantize), clip);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, std::vector<std::pair<std::string, torch::Tensor>> params,

@@ -42,6 +42,17 @@ bool run_caches_text(const config::ProcessConfig& config) {
   return false;
 }
 
+torch::ScalarType save_dtype(const config::ProcessConfig& config) {
+  switch (config.save.dtype) {
+    case config::DType::fp32:
+      return torch::kFloat;
+    case config::DType::bf16:
+      return torch::kBFloat16;
+    default:
+      return torch::kHalf;
+  }
+}
+
 torch::ScalarType base_dtype(const config::ProcessConfig& config) {
   return config.network && config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
 }
@@ -186,6 +197,7 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.prompts = prompt_plan(config, plan.spec, torch::TensorOptions().device(plan.device).dtype(plan.compute_dtype));
   plan_codec(plan);
   plan.caches_latents = run_caches_latents(config);
+  plan.vae_in_steps = !plan.caches_latents || (plan.spec.edit && plan.codec.autoencoder);
   plan.caches_text = run_caches_text(config);
   plan.text_encoder_leaves = text_encoder_leaves(config);
   plan.policy = config.train.policy();

@@ -28,13 +28,15 @@ std::string duration_text(double s) {
 
 }  // namespace
 
-RunLog::RunLog(const fs::path& output_dir, int64_t start_step, int total_steps, ProgressOptions progress)
+RunLog::RunLog(const fs::path& output_dir, int64_t start_step, int total_steps, ProgressOptions progress,
+               const MemoryModel* model)
     : dir_(output_dir),
       start_step_(start_step),
       total_steps_(total_steps),
       progress_(progress),
       report_every_(progress.in_place ? 1 : std::max<int64_t>(1, total_steps / 20)),
-      loop_start_(std::chrono::steady_clock::now()) {
+      loop_start_(std::chrono::steady_clock::now()),
+      model_(model) {
   const fs::path file = output_dir / "metrics.jsonl";
   std::vector<std::string> kept;
   if (std::ifstream in(file); in) {
@@ -52,10 +54,14 @@ RunLog::RunLog(const fs::path& output_dir, int64_t start_step, int total_steps, 
 void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& session, int oom_skips) {
   const config::ProcessConfig& config = session.config();
   auto stats = session.meter().stats();
-  const std::map<std::string, int64_t> peaks = session.phases().peaks();
+  const std::map<Phase, int64_t> peaks = session.phases().peaks();
   for (const auto& [name, bytes] : peaks) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
   peak_bytes_ = std::max(peak_bytes_, stats.peak_bytes);
   const ResidentBytes held = session.resident();
+  // The same step predicted: its cell under the run's policy, and the run's load, preview and save.
+  const std::optional<PhaseBytes> predicted = model_ ? model_->predict(r) : std::nullopt;
+  if (predicted)
+    for (const auto& [phase, bytes] : *predicted) run_predicted_[phase] = std::max(run_predicted_[phase], bytes);
   metrics_ << json{{"step", step},
                    {"loss", r.loss},
                    {"lr", r.lr},
@@ -65,7 +71,8 @@ void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& ses
                    {"bucket", r.bucket},
                    {"batch", r.batch},
                    {"peak_bytes", stats.peak_bytes},
-                   {"phases", peaks},
+                   {"phases", memory::by_phase_name(peaks)},
+                   {"predicted_phases", predicted ? json(memory::by_phase_name(*predicted)) : json(nullptr)},
                    {"weights_bytes", held.weights},
                    {"gradient_bytes", r.gradient_bytes},
                    {"optimizer_bytes", held.optimizer},
@@ -120,6 +127,11 @@ void RunLog::write_memory(Session& session) const {
   const config::ProcessConfig& config = session.config();
   const ResidentBytes held = session.resident();
   const LoadMemory& load = session.load_memory();
+  // Each phase's peak over the run: the steps', what ran after the last one (the final preview and save),
+  // and the load's (setup).
+  std::map<Phase, int64_t> measured = run_peaks_;
+  for (const auto& [phase, bytes] : session.phases().peaks()) measured[phase] = std::max(measured[phase], bytes);
+  if (load.measured_device_peak_bytes) measured[Phase::setup] = *load.measured_device_peak_bytes;
   std::ofstream(dir_ / "memory.json") << json{{"device", session.device().str()},
                                               {"cap_bytes", config.vram_cap.bytes},
                                               {"cap_counts", session.meter().cap_counts()},
@@ -142,7 +154,8 @@ void RunLog::write_memory(Session& session) const {
                                                 {"predicted_peak_bytes", load.device.peak()},
                                                 {"host_measured_peak_bytes", load.measured_host_peak_bytes.value_or(0)},
                                                 {"host_predicted_peak_bytes", load.host.peak()}}},
-                                              {"phase_peak_bytes", run_peaks_}}
+                                              {"phase_peak_bytes", memory::by_phase_name(measured)},
+                                              {"predicted_phase_peak_bytes", memory::by_phase_name(run_predicted_)}}
                                              .dump(2)
                                       << "\n";
 }

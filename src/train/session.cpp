@@ -5,6 +5,7 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/data/image.h"
 #include "gclab/log/log.h"
+#include "gclab/memory/placement.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 #include "gclab/model/registry.h"
@@ -16,28 +17,6 @@
 namespace gclab::train {
 
 namespace fs = std::filesystem;
-
-const char* phase_name(Phase phase) {
-  switch (phase) {
-    case Phase::setup:
-      return "setup";
-    case Phase::data:
-      return "data";
-    case Phase::text:
-      return "text";
-    case Phase::forward:
-      return "forward";
-    case Phase::backward:
-      return "backward";
-    case Phase::optimizer:
-      return "optimizer";
-    case Phase::sample:
-      return "sample";
-    case Phase::save:
-      return "save";
-  }
-  return "?";
-}
 
 const char* activity_name(Activity activity) {
   switch (activity) {
@@ -113,11 +92,12 @@ Session::Session(const config::ProcessConfig& config, const SessionOptions& opti
 Session::Session(RunPlan plan)
     : plan_(std::move(plan)),
       device_(plan_.device),
-      // Exact accounting on the CPU (a meta session counts nothing but still has a meter to read).
-      cpu_tracker_(!device_.is_cuda() && !memory::CpuMemoryTracker::installed()
-                       ? std::make_unique<memory::CpuMemoryTracker>(device_.is_cpu() ? config_.vram_cap.bytes : 0)
+      // Exact accounting on the CPU. A meta session counts nothing and installs no tracker: a run's memory
+      // model (train/predict.h) lives beside the run's own Session, whose tracker holds the cap.
+      cpu_tracker_(device_.is_cpu() && !memory::CpuMemoryTracker::installed()
+                       ? std::make_unique<memory::CpuMemoryTracker>(config_.vram_cap.bytes)
                        : nullptr),
-      meter_(device_.is_meta() ? torch::Device(torch::kCPU) : device_),
+      meter_(device_),
       phases_(meter_),
       timesteps_(plan_.family->flow_schedule(), config_.train),
       previous_host_cap_(memory::MemoryMeter::host_cap()) {
@@ -357,7 +337,7 @@ Session::~Session() {
 memory::PhaseMeter::Scope Session::phase(Phase p) {
   current_phase_ = p;
   current_activity_ = Activity::model;
-  return phases_.phase(phase_name(p));
+  return phases_.phase(p);
 }
 
 vae::ImageCodec& Session::codec() {
@@ -482,7 +462,7 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
     auto scope = phase(Phase::text);
     mb.conditioning = conditioning(captions_of(lb));
   }
-  mb.x0 = lb.latents.to(device_);
+  mb.x0 = memory::to_device(lb.latents, device_);  // the loader's are host memory
   // SDTrainer trains a guidance-distilled model at guidance_embedding_scale = train.cfg_scale (1.0 unless
   // set), or without the guidance embedder at all (bypass_guidance_embedding, as the Flex examples set).
   if (spec_.guidance_embed) {
@@ -492,7 +472,7 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
           torch::full({mb.x0.size(0)}, config_.train.cfg_scale, torch::TensorOptions().device(device_));
   }
   if (spec_.edit)
-    for (const auto& r : lb.references) mb.conditioning.reference_latents.push_back(r.to(device_));
+    for (const auto& r : lb.references) mb.conditioning.reference_latents.push_back(memory::to_device(r, device_));
   mb.noise = torch::randn_like(mb.x0);
   if (config_.train.noise_offset != 0)
     mb.noise =
@@ -552,8 +532,13 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     }
     epoch_start = epoch_start || lb.epoch_start;
     r.bucket = current_bucket_ = lb.bucket.key();
+    r.width = lb.bucket.width, r.height = lb.bucket.height;
     r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
+    r.captions = captions_of(lb);
+    for (auto& c : r.captions)
+      for (auto& image : c.control_images) image = torch::empty(image.sizes(), image.options().device(torch::kMeta));
     const MicroBatch mb = micro_batch(std::move(lb));
+    if (mb.conditioning.text.defined()) r.text_tokens = std::max<int64_t>(r.text_tokens, mb.conditioning.text.size(1));
     torch::Tensor loss;
     {
       auto scope = phase(Phase::forward);
@@ -737,7 +722,7 @@ ResidentBytes Session::resident() const {
     }
   r.offload_buffers = nn::offload_buffer_bytes();
   r.text_cache_host = text_->cache_bytes();
-  r.vae = codec_ ? codec_->resident_bytes() : plan_.caches_latents ? 0 : plan_.codec.weight_bytes();
+  r.vae = codec_ ? codec_->resident_bytes() : plan_.vae_in_steps ? plan_.codec.weight_bytes() : 0;
   return r;
 }
 

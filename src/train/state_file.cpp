@@ -121,9 +121,7 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
     });
     step_saves_.emplace_back(weights, state_file);
   }
-  const auto dtype = config.save.dtype == config::DType::fp32   ? torch::kFloat
-                     : config.save.dtype == config::DType::bf16 ? torch::kBFloat16
-                                                                : torch::kHalf;
+  const auto dtype = save_dtype(config);
   writing(weights, [&] {
     session.with_ema_weights([&] {
       const std::map<std::string, std::string> meta = {{"gclab_step", std::to_string(step)}};

@@ -61,6 +61,12 @@ std::vector<data::Caption> run_captions(const std::vector<data::ImageItem>& item
   return out;
 }
 
+// The run's memory model (train/predict.h), built on the meta device without logging.
+std::unique_ptr<MemoryModel> predict_quietly(const config::ProcessConfig& config) {
+  log::QuietScope quiet;
+  return std::make_unique<MemoryModel>(config);
+}
+
 }  // namespace
 
 std::string dry_run(const config::ProcessConfig& config) {
@@ -84,6 +90,7 @@ class Run {
         summary_(summary),
         datasets_(config.datasets),
         items_(scan(datasets_, config.train.cache_text_embeddings)),
+        predicted_(predict_quietly(config)),
         session_(open_session(config, summary.output_dir)),
         saves_(summary.output_dir, config.name, config.save.max_step_saves_to_keep,
                !config.network && config.save.save_format == config::SaveFormat::diffusers) {}
@@ -118,6 +125,9 @@ class Run {
   TrainSummary& summary_;
   std::vector<config::DatasetConfig> datasets_;
   std::vector<data::ImageItem> items_;
+  // The run's memory model, built before the run's Session (its meta build seeds the generator as a load
+  // does; the Session then seeds it again) and without a word (the Session says what it has to say).
+  std::unique_ptr<MemoryModel> predicted_;
   Session session_;
   RunSaves saves_;
   std::optional<RunLog> log_;
@@ -145,7 +155,8 @@ void Run::prepare() {
       log::warn("--resume: no saved state in " + summary_.output_dir.string() + "; starting at step 0");
   }
   summary_.start_step = summary_.end_step = last_good_step_ = step_;
-  log_.emplace(summary_.output_dir, step_, tc.steps, ProgressOptions{options_.progress, options_.progress_in_place});
+  log_.emplace(summary_.output_dir, step_, tc.steps, ProgressOptions{options_.progress, options_.progress_in_place},
+               predicted_.get());
   if (tc.budget_probe && tc.policy().kind == ckpt::CheckpointPolicy::Kind::Budget)
     oom_guarded([&] {
       const auto [measured, ledger] = session_.probe_block_activations();

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "gclab/memory/placement.h"
 #include "gclab/vae/dct_codec.h"
 #include "gclab/vae/memory.h"
 
@@ -45,7 +46,7 @@ class AutoencoderCodec : public ImageCodec {
     generator_.set_current_seed(seed_ ^ (draw * 0x9E3779B97F4A7C15ull));
     restore();  // AI Toolkit's encode_images brings an offloaded VAE back, and leaves it there
     torch::NoGradGuard no_grad;
-    return vae_->encode(images.to(device_, dtype_), Posterior::sample, generator_).to(torch::kFloat);
+    return vae_->encode(memory::to_device(images, device_, dtype_), Posterior::sample, generator_).to(torch::kFloat);
   }
   torch::Tensor decode(const torch::Tensor& latents) override {
     torch::NoGradGuard no_grad;

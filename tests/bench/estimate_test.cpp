@@ -1,4 +1,4 @@
-#include "gclab/bench/estimate.h"
+#include "gclab/train/predict.h"
 
 #include <gtest/gtest.h>
 
@@ -20,6 +20,9 @@
 
 namespace gclab::bench {
 namespace {
+
+using train::estimate_load;
+using train::estimate_memory;
 
 namespace fs = std::filesystem;
 
@@ -203,7 +206,7 @@ TEST(Estimate, WithinTenPercentOfAMeasuredStepForEveryTinyPreset) {
 // Two training steps of batches of two 256² synthetic images (the second with the optimizer's state), then a
 // preview: the second step's phase peaks and the preview's.
 struct MeasuredPhases {
-  std::map<std::string, int64_t> step;
+  std::map<train::Phase, int64_t> step;
   int64_t sample = 0;
 };
 MeasuredPhases two_steps_and_a_preview(train::Session& session, const fs::path& dir) {
@@ -215,7 +218,7 @@ MeasuredPhases two_steps_and_a_preview(train::Session& session, const fs::path& 
   out.step = session.phases().peaks();
   session.phases().clear();
   session.sample(1, dir);
-  out.sample = session.phases().peaks().at("sample");
+  out.sample = session.phases().peaks().at(train::Phase::sample);
   return out;
 }
 
@@ -239,7 +242,7 @@ TEST(Estimate, TheAutoencodersEncodeAndDecodeAreInTheEstimate) {
     train::Session session(*r.config);
     EXPECT_EQ(session.resident().vae, e.vae_bytes);
     const MeasuredPhases measured = two_steps_and_a_preview(session, dir);
-    const int64_t data_peak = measured.step.at("data"), sample_peak = measured.sample;
+    const int64_t data_peak = measured.step.at(train::Phase::data), sample_peak = measured.sample;
     const int64_t predicted_data = e.resident_bytes - e.gradient_bytes + e.resolutions[0].gc_off.encode_bytes;
     std::printf("%s: data phase predicted %lld measured %lld; preview predicted %lld (decode %lld) measured %lld\n",
                 network, (long long)predicted_data, (long long)data_peak, (long long)e.preview->total_bytes,
@@ -270,7 +273,7 @@ TEST(Estimate, TheTextEncodersEncodeIsInTheEstimate) {
   EXPECT_GT(e.text->encode_bytes, int64_t{4} << 20);  // the wide feed-forward: 3 x [32, 16384] floats
   train::Session session(*r.config);
   const MeasuredPhases measured = two_steps_and_a_preview(session, dir);
-  const int64_t text_peak = measured.step.at("text"), sample_peak = measured.sample;
+  const int64_t text_peak = measured.step.at(train::Phase::text), sample_peak = measured.sample;
   const int64_t predicted_text = e.resident_bytes - e.gradient_bytes + e.resolutions[0].gc_full.text_bytes;
   std::printf("text phase predicted %lld measured %lld; preview predicted %lld (text encode %lld) measured %lld\n",
               (long long)predicted_text, (long long)text_peak, (long long)e.preview->total_bytes,

@@ -32,15 +32,15 @@ TEST(MemoryTracker, PhasePeaksSeeTemporaries) {
   PhaseMeter phases{MemoryMeter(c10::Device(c10::kCPU))};
   const std::int64_t base = tracker.stats().live_bytes;
   {
-    auto scope = phases.phase("forward");
+    auto scope = phases.phase(Phase::forward);
     torch::Tensor t = torch::empty({4 * kMiB / 4}, torch::kFloat32);  // 4 MiB, freed inside the phase
   }
   {
-    auto scope = phases.phase("optimizer");
+    auto scope = phases.phase(Phase::optimizer);
     torch::Tensor t = torch::empty({kMiB / 4}, torch::kFloat32);  // 1 MiB
   }
-  EXPECT_EQ(phases.peaks().at("forward") - base, 4 * kMiB);
-  EXPECT_EQ(phases.peaks().at("optimizer") - base, kMiB);
+  EXPECT_EQ(phases.peaks().at(Phase::forward) - base, 4 * kMiB);
+  EXPECT_EQ(phases.peaks().at(Phase::optimizer) - base, kMiB);
 }
 
 TEST(MemoryTracker, CapRaisesTheGpuOutOfMemoryErrorAndTheProcessGoesOn) {

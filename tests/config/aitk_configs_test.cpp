@@ -110,7 +110,7 @@ TEST(AitkConfigs, QwenImageFamilies) {
   EXPECT_TRUE(qwen.model.low_vram);
   EXPECT_TRUE(qwen.model.quantize);
   // "uint3|ostris/...safetensors": AI Toolkit's ModelConfig splits the adapter off the qtype.
-  EXPECT_EQ(qwen.model.qtype, "uint3");
+  EXPECT_EQ(qwen.model.qtype, QType::uint3);
   EXPECT_EQ(qwen.model.accuracy_recovery_adapter.value_or(""),
             "ostris/accuracy_recovery_adapters/qwen_image_torchao_uint3.safetensors");
 
@@ -122,7 +122,7 @@ TEST(AitkConfigs, QwenImageFamilies) {
   EXPECT_TRUE(plus.train.cache_text_embeddings);
   EXPECT_EQ(plus.train.timestep_type, config::TimestepType::weighted);
   EXPECT_EQ(plus.datasets[0].control_path.size(), 3u);
-  EXPECT_EQ(plus.model.qtype_te, "qfloat8");
+  EXPECT_EQ(plus.model.qtype_te, QType::qfloat8);
   ASSERT_TRUE(plus.sample.has_value());
   ASSERT_EQ(plus.sample->samples.size(), 5u);
   EXPECT_EQ(*plus.sample->samples[0].ctrl_img_2, "/path/to/image2.png");

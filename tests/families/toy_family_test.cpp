@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/test_util.h"
-#include "gclab/bench/estimate.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
@@ -16,6 +15,7 @@
 #include "gclab/sample/sampler.h"
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
+#include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -104,7 +104,7 @@ TEST(FamilyFolder, ItTakesALoraAndItsEstimateSeesItsBlocks) {
     train::Session session(c, train::SessionOptions{/*meta=*/true});
     EXPECT_GT(session.lora_modules(), 3 * 4);  // qkv, proj, fc1, fc2 (and adaLN) in each of 3 blocks
   }
-  const bench::MemoryEstimate e = bench::estimate_memory(c);
+  const train::MemoryEstimate e = train::estimate_memory(c);
   ASSERT_EQ(e.resolutions.size(), 1u);
   EXPECT_EQ(e.resolutions[0].resolution, 64);
   EXPECT_GT(e.resolutions[0].gc_off.activation_bytes, e.resolutions[0].gc_full.activation_bytes);

@@ -184,8 +184,8 @@ TEST(TextEncoderStorage, AsAiToolkitsLoadersQuantizeThem) {
   using Slots = std::vector<std::optional<WeightStorage>>;
   config::ModelConfig m;
   m.quantize = true;
-  m.qtype = "uint4";
-  m.qtype_te = "float8";
+  m.qtype = config::QType::uint4;
+  m.qtype_te = config::QType::float8;
   EXPECT_EQ(text_encoder_storage(m, model::Family("flux")), (Slots{std::nullopt, S::UInt4}));  // CLIP-L, T5
   m.quantize_te = false;
   EXPECT_EQ(text_encoder_storage(m, model::Family("flux")), (Slots{std::nullopt, std::nullopt}));

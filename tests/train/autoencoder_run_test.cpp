@@ -73,7 +73,7 @@ TEST(SessionAutoencoder, WithoutCachedLatentsTheStepEncodesOnTheDeviceInItsDataP
   // The data phase held the images and the encode's peak above what was resident.
   const ResidentBytes held = session.resident();
   const int64_t predicted = images + session.codec_spec().encode_bytes(2, 64, 64, true);
-  EXPECT_GE(session.phases().peaks().at("data"), held.weights + held.vae + predicted - held.optimizer);
+  EXPECT_GE(session.phases().peaks().at(Phase::data), held.weights + held.vae + predicted - held.optimizer);
   fs::remove_all(dir);
 }
 
@@ -92,8 +92,8 @@ TEST(SessionAutoencoder, CachedLatentsAreEncodedOnceBeforeTrainingAndTheAutoenco
   // Every image, flipped and not (flip_x), once.
   EXPECT_EQ(session.cache_latents(loader), 2 * static_cast<int64_t>(items.size()));
   EXPECT_EQ(session.resident().vae, 0);
-  EXPECT_GE(session.phases().peaks().at("data"), live_before + weights);  // it was on the device to encode
-  EXPECT_EQ(session.cache_latents(loader), 0);                            // all cached already
+  EXPECT_GE(session.phases().peaks().at(Phase::data), live_before + weights);  // it was on the device to encode
+  EXPECT_EQ(session.cache_latents(loader), 0);                                 // all cached already
   for (int i = 0; i < 4; ++i) {
     const data::LoadedBatch b = loader.next();
     EXPECT_TRUE(b.latents.defined()) << i;
@@ -107,7 +107,8 @@ TEST(SessionAutoencoder, CachedLatentsAreEncodedOnceBeforeTrainingAndTheAutoenco
   const auto files = session.sample(1, dir / "samples");
   ASSERT_EQ(files.size(), 1u);
   EXPECT_TRUE(fs::exists(files[0]));
-  EXPECT_GE(session.phases().peaks().at("sample"), live + weights + session.codec_spec().decode_bytes(1, 64, 64, true));
+  EXPECT_GE(session.phases().peaks().at(Phase::sample),
+            live + weights + session.codec_spec().decode_bytes(1, 64, 64, true));
   EXPECT_EQ(session.resident().vae, 0);
   EXPECT_LE(session.meter().stats().live_bytes, live);
   fs::remove_all(dir);
@@ -133,7 +134,7 @@ TEST(SessionAutoencoder, QwenImageTrainsAndPreviewsWithItsOwnAutoencoder) {
   const StepResult r = session.train_step(0, [&] { return batch; });
   EXPECT_TRUE(std::isfinite(r.loss));
   const ResidentBytes held = session.resident();
-  EXPECT_GE(session.phases().peaks().at("data"),
+  EXPECT_GE(session.phases().peaks().at(Phase::data),
             held.weights + held.vae + images + session.codec_spec().encode_bytes(2, 64, 64, true) - held.optimizer);
   ASSERT_EQ(session.sample(0, dir / "samples").size(), 1u);  // the first also caches its prompts' embeddings
   session.phases().clear();
@@ -141,7 +142,7 @@ TEST(SessionAutoencoder, QwenImageTrainsAndPreviewsWithItsOwnAutoencoder) {
   const auto files = session.sample(1, dir / "samples");
   ASSERT_EQ(files.size(), 1u);
   EXPECT_TRUE(fs::exists(files[0]));
-  EXPECT_GE(session.phases().peaks().at("sample"), live + session.codec_spec().decode_bytes(1, 64, 64, true));
+  EXPECT_GE(session.phases().peaks().at(Phase::sample), live + session.codec_spec().decode_bytes(1, 64, 64, true));
   fs::remove_all(dir);
 }
 

@@ -8,12 +8,12 @@
 #include "../support/step_peak.h"
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
-#include "gclab/bench/estimate.h"
 #include "gclab/ckpt/autocast.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
 #include "gclab/nn/layers.h"
 #include "gclab/train/oom_report.h"
+#include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -96,7 +96,7 @@ TEST(LayerOffloading, TheEstimateMatchesTheMeasuredStep) {
           tiny_config(dir, "e" + policy + qtype,
                       {"model.layer_offloading=true", "model.quantize=true", "model.qtype=" + qtype, "model.vae=dct",
                        "train.checkpoint_policy=" + policy, "train.cache_text_embeddings=true"});
-      const auto e = bench::estimate_memory(config);
+      const auto e = train::estimate_memory(config);
       const auto& predicted = policy == "off" ? e.resolutions[0].gc_off : e.resolutions[0].gc_full;
       int64_t measured = 0, host = 0;
       {

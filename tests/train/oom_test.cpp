@@ -10,7 +10,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "gclab/bench/estimate.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/image.h"
 #include "gclab/data/synth.h"
@@ -18,6 +17,7 @@
 #include "gclab/model/activations.h"
 #include "gclab/model/family.h"
 #include "gclab/train/oom_report.h"
+#include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -99,7 +99,7 @@ TEST_F(OomScenario, AResidentTextEncoderRunsOutAndTheFixIsCachingTextEmbeddings)
   EXPECT_EQ(report["step"], 1);
   const int64_t encoder = report["live_bytes"]["text_encoder"].get<int64_t>();
   EXPECT_GT(encoder, int64_t{48} << 20);
-  const auto e = bench::estimate_memory(load("text_encoder", {folder}));
+  const auto e = train::estimate_memory(load("text_encoder", {folder}));
   ASSERT_TRUE(e.text);
   const int64_t encode = report["phase"] == "text" ? e.text->encode_bytes : 0;
   ASSERT_GE(report["fixes"].size(), 3u);
@@ -118,7 +118,7 @@ TEST_F(OomScenario, AResidentTextEncoderRunsOutAndTheFixIsCachingTextEmbeddings)
 TEST_F(OomScenario, RunningOutWhileEncodingPricesTheEncodeWithTheEncoders) {
   const std::string folder = "model.name_or_path=" + std::string(GCLAB_SOURCE_DIR) + "/configs/oom/models/flux_wide_t5";
   const auto config = load("text_encoder", {folder});
-  const auto e = bench::estimate_memory(config);
+  const auto e = train::estimate_memory(config);
   ASSERT_TRUE(e.text);
   const model::ModelSpec spec = model::spec_for(config.model);
   for (const auto& [phase, activity] :
@@ -200,9 +200,9 @@ TEST_F(OomScenario, TheFirstPreviewsDecodeRunsOutAndTheFixIsTiledDecoding) {
   EXPECT_EQ(report["fixes"][0]["title"], "Decode previews in tiles");
   EXPECT_EQ(report["fixes"][1]["title"], "Make previews cheaper");
   EXPECT_EQ(report["fixes"][2]["title"], "Preview less often, or not at all");
-  const auto broken = bench::estimate_memory(load("preview_decode"));
+  const auto broken = train::estimate_memory(load("preview_decode"));
   const auto fixed_config = load("preview_decode_fixed");
-  const auto fixed = bench::estimate_memory(fixed_config);
+  const auto fixed = train::estimate_memory(fixed_config);
   EXPECT_GT(broken.preview->total_bytes, broken.cap_bytes);
   EXPECT_LT(fixed.preview->total_bytes, fixed.cap_bytes);
   EXPECT_GT(report["fixes"][0]["predicted_saving_bytes"].get<int64_t>(),

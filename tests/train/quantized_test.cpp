@@ -118,7 +118,7 @@ TEST(QuantizedBase, ARecoveryAdapterFileIsAFrozenLoraBesideTheLinearsItNamesTheR
   }
   {
     const auto config = tiny_config(dir, "ara", ara);
-    EXPECT_EQ(config.model.qtype, "uint4");
+    EXPECT_EQ(config.model.qtype, config::QType::uint4);
     ASSERT_TRUE(config.model.accuracy_recovery_adapter);
     Session s(config);
     int64_t expected = plain, adapted = 0, quantized = 0;
@@ -197,7 +197,7 @@ TEST(QuantizedBase, TheOomAdviceOffersTheNextStorageStepWithItsExactSaving) {
   auto stored_as = [&](const std::string& qtype) {
     auto c = config;
     c.model.quantize = !qtype.empty();
-    if (!qtype.empty()) c.model.qtype = qtype;
+    if (!qtype.empty()) c.model.qtype = *config::parse_qtype(qtype);
     return base_weight_bytes(c, spec);
   };
   const int64_t fp32 = stored_as(""), f8 = stored_as("qfloat8"), u4 = stored_as("uint4"), u2 = stored_as("uint2"),

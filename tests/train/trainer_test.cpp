@@ -14,7 +14,6 @@
 #include <numeric>
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
-#include "gclab/bench/estimate.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/dataset.h"
 #include "gclab/data/image.h"
@@ -24,6 +23,7 @@
 #include "gclab/model/family.h"
 #include "gclab/model/lora.h"
 #include "gclab/train/flow.h"
+#include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
 
@@ -548,7 +548,7 @@ TEST(Session, CachingTextEmbeddingsUnloadsTheEncoderAsAiToolkit) {
     data::LoadedBatch a = session.synthetic_batch(1, 64, 64), b = a;
     a.captions = {"a red circle"}, b.captions = {"a blue square"};
     EXPECT_FALSE(torch::equal(session.micro_batch(a).conditioning.text, session.micro_batch(b).conditioning.text));
-    EXPECT_EQ(bench::estimate_memory(config).text_encoder_bytes, 0) << knob;
+    EXPECT_EQ(train::estimate_memory(config).text_encoder_bytes, 0) << knob;
   }
   EXPECT_FALSE(text_encoder_leaves(tiny_config(dir, "k", {"train.disable_sampling=true"})));
   fs::remove_all(dir);

@@ -8,8 +8,8 @@
 
 #include "gclab/bench/bench.h"
 #include "gclab/bench/document.h"
-#include "gclab/bench/estimate.h"
 #include "gclab/model/summary.h"
+#include "gclab/train/predict.h"
 
 namespace gclab::bench {
 
@@ -25,8 +25,11 @@ Document text_encoders_report(const config::ProcessConfig& config);
 Document bucket_report(const config::ProcessConfig& config);
 // The load (LoadEstimate): where the transformer is quantized and the peaks on each side; `cap_bytes` > 0
 // adds the verdict. `check` prints it at the top level, `estimate` inside its document.
-Document load_report(const LoadEstimate& load, int64_t cap_bytes);
-Document estimate_report(const MemoryEstimate& estimate);
+Document load_report(const train::LoadEstimate& load, int64_t cap_bytes);
+// Every phase of the run predicted (train/predict.h) for its largest cell under its policy, beside the cap:
+// the phases a run's memory.json records measured beside predicted. `check` prints it.
+Document phases_report(const train::MemoryModel& model, const config::ProcessConfig& config);
+Document estimate_report(const train::MemoryEstimate& estimate);
 // fit's rows: `fit:` a list of {resolution, policy, largest_batch, peak_bytes}, the table as comments.
 Document fit_report(const std::vector<FitRow>& rows);
 // bench's rows: `bench:` a list of every cell's figures, bench_table() as comments.

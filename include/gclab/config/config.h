@@ -365,10 +365,11 @@ struct ModelConfig {
   bool is_lumina2 = false;
   bool quantize = false;
   std::optional<bool> quantize_te;  // defaults to `quantize`
-  std::string qtype = "qfloat8";
-  std::string qtype_te = "qfloat8";
+  QType qtype = QType::qfloat8;
+  QType qtype_te = QType::qfloat8;
   // AI Toolkit's: a LoRA file applied, frozen, beside the quantized Linears it names (the Linears it does
-  // not name stay unquantized). A `qtype: "uint3|FILE"` sets it, as in AI Toolkit (the loader splits it).
+  // not name stay unquantized). A `qtype: "uint3|FILE"` sets it, as in AI Toolkit (the loader splits the
+  // text before the qtype is read as a QType).
   std::optional<std::string> accuracy_recovery_adapter;
   bool low_vram = false;
   // AI Toolkit's layer offloading (toolkit/memory_management): that share of the transformer's (and of the

@@ -23,6 +23,19 @@ void info(const std::string& message);
 void warn(const std::string& message);
 void error(const std::string& message);
 
+// Raises the level to at least `level` while it lives, then restores the one before (a meta-device build
+// that predicts a run says nothing the run will not say itself).
+class QuietScope {
+ public:
+  explicit QuietScope(Level level = Level::Error);
+  ~QuietScope();
+  QuietScope(const QuietScope&) = delete;
+  QuietScope& operator=(const QuietScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 // Also appends every message to `path` (a run's log.txt), with timestamps; false if it cannot be opened.
 bool add_file(const std::string& path);
 // Stops writing to every file added with add_file.

@@ -13,6 +13,8 @@
 #include <map>
 #include <string>
 
+#include "gclab/memory/phase.h"
+
 namespace gclab::memory {
 
 struct MemoryStats {
@@ -58,7 +60,8 @@ class CpuMemoryTracker {
   static bool installed();
 };
 
-// Live/peak/cap for one device, whatever its kind. CPU needs a CpuMemoryTracker to be installed.
+// Live/peak/cap for one device, whatever its kind. CPU needs a CpuMemoryTracker to be installed; the meta
+// device (a build that only counts) reads zeros and takes no cap.
 class MemoryMeter {
  public:
   explicit MemoryMeter(c10::Device device);
@@ -84,32 +87,32 @@ class MemoryMeter {
   c10::Device device_;
 };
 
-// Peak bytes of each named phase ("forward", "backward", ...). A phase's peak is the highest live
-// byte count while it ran, including what was already live when it started.
+// Peak bytes of each phase that ran. A phase's peak is the highest live byte count while it ran, including
+// what was already live when it started.
 class PhaseMeter {
  public:
   explicit PhaseMeter(MemoryMeter meter) : meter_(meter) {}
 
   class Scope {
    public:
-    Scope(PhaseMeter& owner, std::string phase);
+    Scope(PhaseMeter& owner, Phase phase);
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 
    private:
     PhaseMeter& owner_;
-    std::string phase_;
+    Phase phase_;
   };
-  Scope phase(std::string name) { return Scope(*this, std::move(name)); }
+  Scope phase(Phase phase) { return Scope(*this, phase); }
 
-  const std::map<std::string, std::int64_t>& peaks() const { return peaks_; }
+  const std::map<Phase, std::int64_t>& peaks() const { return peaks_; }
   void clear() { peaks_.clear(); }
   const MemoryMeter& meter() const { return meter_; }
 
  private:
   MemoryMeter meter_;
-  std::map<std::string, std::int64_t> peaks_;
+  std::map<Phase, std::int64_t> peaks_;
 };
 
 }  // namespace gclab::memory

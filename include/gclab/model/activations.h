@@ -41,6 +41,8 @@ struct BlockActivations {
   int count = 0;            // blocks of this kind
   int64_t saved_bytes = 0;  // per block, kept from forward to backward without checkpointing
   int64_t input_bytes = 0;  // per block, what a checkpointed block keeps instead: its hidden-stream inputs
+  // The most token rows (B x tokens) its MLP runs on at once: a two-stream block runs each stream's apart.
+  int64_t mlp_rows = 0;
 };
 
 struct ActivationEstimate {

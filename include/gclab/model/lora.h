@@ -46,6 +46,9 @@ int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage stora
 // ss_network_dim / ss_network_alpha (kohya, AI Toolkit) = rank / rank, and gclab_linear_alpha, the alpha
 // the adapters trained with.
 std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransformer& model, torch::ScalarType dtype);
+// The bytes lora_state allocates (its scaled lora_B copies, and the conversions to `dtype`): what a save
+// holds above the adapters themselves. From shapes: works on meta.
+int64_t lora_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype);
 void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, torch::ScalarType dtype,
                const LoraOptions& options, std::map<std::string, std::string> metadata = {});
 // Loads adapter weights saved by save_lora into a model with adapters applied (lora_B divided by the
@@ -80,5 +83,8 @@ int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& pa
 std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path);
 // Every parameter by name (float8 weights are stored dequantized in `dtype`).
 std::vector<std::pair<std::string, torch::Tensor>> weights_state(DiffusionTransformer& model, torch::ScalarType dtype);
+// The bytes weights_state allocates: each weight converted to `dtype` when stored in another (from
+// shapes: works on meta).
+int64_t weights_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype);
 
 }  // namespace gclab::model

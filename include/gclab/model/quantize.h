@@ -13,11 +13,11 @@
 
 namespace gclab::model {
 
-// How a qtype (model.qtype / qtype_te, validated by the config) stores a Linear weight: qfloat8, float8 and
+// How a qtype (model.qtype / qtype_te) stores a Linear weight: qfloat8, float8 and
 // int8 as their libraries do (quant/scaled.h); uint2 ... uint7 packed (quant/uintx.h); nullopt for uint8, which AI
 // Toolkit leaves unquantized (torchao 0.10's uint8 path raised before touching the module, and its own
 // reproduction keeps refusing it: toolkit/util/uintx_quant.py).
-std::optional<WeightStorage> quantized_storage(const std::string& qtype);
+std::optional<WeightStorage> quantized_storage(config::QType qtype);
 
 // The rank of a recovery adapter built at random: ostris/accuracy_recovery_adapters' README ("the sweet
 // spot ... for Qwen-Image is 3 bit quantization with a rank 16 adapter").

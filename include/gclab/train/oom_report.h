@@ -35,7 +35,7 @@ struct OomContext {
   int64_t cap_bytes = 0, live_bytes = 0, peak_bytes = 0;
   std::string cap_counts = "allocated";  // what the cap is held against: CUDA "reserved", CPU "allocated"
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, text_encoder_bytes = 0, vae_bytes = 0;
-  std::map<std::string, int64_t> last_step_phase_peaks;  // of the last step that completed
+  std::map<Phase, int64_t> last_step_phase_peaks;  // of the last step that completed
   int64_t last_good_step = 0;
   std::string saved_weights;  // what was saved before exiting
 };

@@ -81,9 +81,16 @@ class Optimizer {
   int64_t state_bytes() const;
   // What state_bytes() will be once every parameter has had an update (from shapes: works on meta).
   int64_t expected_state_bytes() const;
+  // The optimizer phase's temporaries on top of the parameters, gradients and state, at their peak (from
+  // shapes: works on meta): clip_grad_norm's float64 square of one gradient, or the update's — the foreach
+  // kernels' outputs for every parameter at once (Adam's denominators, Lion's update, L2's decayed
+  // gradients), 8-bit moments dequantized, Adafactor's per-parameter update. Beside step(), which it follows.
+  int64_t expected_step_bytes() const;
   int64_t steps() const { return steps_; }
 
  private:
+  // The update of `params` (each with a gradient) by the optimizer's rule, their moments stored after.
+  void update(const std::vector<std::pair<std::string, torch::Tensor>>& params, double lr);
   void adafactor_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
                       std::vector<std::vector<torch::Tensor>>& m, double lr);
   void prodigy_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,

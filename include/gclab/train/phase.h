@@ -1,13 +1,14 @@
-// The phases of a run whose memory peaks gclab records (DESIGN.md section 5), and what runs inside one
-// when it is one of the autoencoder's passes or a preview's prompt encode: the OOM report names both
-// ("sample", "vae decode").
+// The phases of a run (memory/phase.h: the meter's and the prediction's), and what runs inside one when it
+// is one of the autoencoder's passes or a preview's prompt encode: the OOM report names both ("sample",
+// "vae decode").
 #pragma once
+
+#include "gclab/memory/phase.h"
 
 namespace gclab::train {
 
-enum class Phase { setup, data, text, forward, backward, optimizer, sample, save };
-// "setup", "data", ... as the metrics and reports write them.
-const char* phase_name(Phase phase);
+using memory::Phase;
+using memory::phase_name;
 
 enum class Activity { model, vae_encode, vae_decode, text_encode };
 // "", "vae encode", "vae decode", "text encode" (a preview encoding its prompts)

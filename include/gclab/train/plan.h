@@ -68,11 +68,14 @@ struct RunPlan {
   text::PromptEncoderOptions prompts;  // the text encoders to build, on `device` in compute_dtype
   vae::CodecSpec codec;                // the autoencoder (or the DCT stand-in)
   bool caches_latents = false;         // run_caches_latents()
-  bool caches_text = false;            // run_caches_text()
-  bool text_encoder_leaves = false;    // text_encoder_leaves()
-  ckpt::CheckpointPolicy policy;       // train's policy as written (budget: resolved at `largest`)
-  std::vector<StepCell> cells;         // step_cells()
-  StepCell largest;                    // largest_cell()
+  // The autoencoder on the device through the steps: latents encoded on the fly, or an edit model's control
+  // images, encoded every step cached latents or not (encode brings an offloaded autoencoder back).
+  bool vae_in_steps = false;
+  bool caches_text = false;          // run_caches_text()
+  bool text_encoder_leaves = false;  // text_encoder_leaves()
+  ckpt::CheckpointPolicy policy;     // train's policy as written (budget: resolved at `largest`)
+  std::vector<StepCell> cells;       // step_cells()
+  StepCell largest;                  // largest_cell()
   // The previews (none when sampling is off) and, per prompt, its control images that are files (edit
   // models).
   std::vector<config::SampleItem> previews;
@@ -88,6 +91,8 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
 // The dtype the transformer is built and stored in, as AI Toolkit loads it: bf16 under a LoRA network in
 // bf16 (the frozen base), else float32 (every weight a float32 master copy).
 torch::ScalarType base_dtype(const config::ProcessConfig& config);
+// The dtype saves write (save.dtype).
+torch::ScalarType save_dtype(const config::ProcessConfig& config);
 
 // What a run encodes and decodes with: model.vae's choice, the family's autoencoder (tiny presets: its
 // CPU-test size), its weights from `weights` when given, else model.vae_path when it is local, else

@@ -1,7 +1,8 @@
 // What a training run writes as it goes, in one place: metrics.jsonl (a JSON object per optimizer step, and
 // one per batch skipped out of memory), the progress line, and memory.json at the end. It keeps the run's
-// memory bookkeeping — the peak, each phase's peak over the run and at the last step — and starts each
-// step's phase peaks afresh once it has written them.
+// memory bookkeeping — the peak, each phase's peak over the run and at the last step, measured and, from
+// the run's memory model (train/predict.h), predicted for the same step — and starts each step's phase
+// peaks afresh once it has written them.
 #pragma once
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "gclab/train/phase.h"
+#include "gclab/train/predict.h"
 
 namespace gclab::train {
 
@@ -28,7 +30,9 @@ class RunLog {
  public:
   // metrics.jsonl in output_dir: a resumed run (start_step > 0) first drops the lines after the step it
   // resumes from (steps a killed run logged after its last save), so every step appears once.
-  RunLog(const std::filesystem::path& output_dir, int64_t start_step, int total_steps, ProgressOptions progress);
+  // `model` (may be null: nothing predicted) outlives the log.
+  RunLog(const std::filesystem::path& output_dir, int64_t start_step, int total_steps, ProgressOptions progress,
+         const MemoryModel* model = nullptr);
 
   // A finished optimizer step (previews and saves it triggered included): its metrics line, the progress
   // line when due; then the session's phase peaks and the meter's peak start again.
@@ -41,7 +45,7 @@ class RunLog {
   void write_memory(Session& session) const;
 
   int64_t peak_bytes() const { return peak_bytes_; }
-  const std::map<std::string, int64_t>& last_step_peaks() const { return last_step_peaks_; }
+  const std::map<Phase, int64_t>& last_step_peaks() const { return last_step_peaks_; }
 
  private:
   void progress_line(int64_t step, int total, double loss, int64_t live_bytes, int64_t cap_bytes);
@@ -54,7 +58,9 @@ class RunLog {
   int64_t report_every_ = 1;
   std::chrono::steady_clock::time_point loop_start_;
   int64_t peak_bytes_ = 0;
-  std::map<std::string, int64_t> run_peaks_, last_step_peaks_;
+  std::map<Phase, int64_t> run_peaks_, last_step_peaks_;
+  const MemoryModel* model_ = nullptr;
+  PhaseBytes run_predicted_;  // per phase, the highest prediction of the steps logged
 };
 
 }  // namespace gclab::train

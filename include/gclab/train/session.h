@@ -75,6 +75,11 @@ struct StepResult {
   bool updated = true;  // false on a legacy gradient_accumulation_steps step that only accumulates
   std::string bucket;   // WxH of the step's batches
   int batch = 0;
+  int width = 0, height = 0;  // the bucket's, in pixels
+  int64_t text_tokens = 0;    // the conditioning's text sequence (the longest micro-batch's)
+  // The last micro-batch's captions as the text phase encodes them, their control images as shapes only
+  // (meta tensors): what the memory model predicts the step's text phase from.
+  std::vector<data::Caption> captions;
   double data_wait_s = 0;
   int64_t gradient_bytes = 0;  // held just before the update
 };
@@ -118,6 +123,8 @@ class Session {
   const std::vector<std::pair<std::string, torch::Tensor>>& trained() const { return trained_; }
   std::map<std::string, torch::Tensor>& ema() { return ema_; }
   data::TextEmbeddingCache& text() { return *text_; }
+  // The text encoders while they are loaded (nullptr after they left, or for a family without them).
+  const text::PromptEncoder* text_encoder() const { return text_->encoder(); }
   // The autoencoder (or the DCT stand-in); not built on the meta device. codec_spec() is always there.
   vae::ImageCodec& codec();
   const vae::CodecSpec& codec_spec() const { return plan_.codec; }

@@ -36,7 +36,7 @@ class Dit final : public ModelFamily {
   std::string describe_blocks(const ModelSpec& s) const override { return std::to_string(s.single_blocks) + " DiT"; }
   std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
                                                   int64_t) const override {
-    return {{"dit", s.single_blocks, dit_block(L, n, s.mlp_hidden), L.B * n * s.hidden * L.e}};
+    return {{"dit", s.single_blocks, dit_block(L, n, s.mlp_hidden), L.B * n * s.hidden * L.e, L.B * n}};
   }
 
   std::vector<ArchFacts> archs() const override {

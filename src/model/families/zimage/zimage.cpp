@@ -45,13 +45,15 @@ class ZImage final : public ModelFamily {
     return std::to_string(s.refiner_blocks) + " noise + " + std::to_string(s.refiner_blocks) + " context refiners + " +
            std::to_string(s.single_blocks) + " single-stream";
   }
-  // The image's tokens padded to a multiple of 32, as the transformer pads them.
+  // The image's and the caption's tokens each padded to a multiple of 32, as the transformer pads them.
   std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
                                                   int64_t t) const override {
-    const int64_t n_pad = (n + 31) / 32 * 32, m = s.mlp_hidden, row = L.B * s.hidden * L.e;
-    return {{"noise refiner", s.refiner_blocks, zimage_block(L, n_pad, m, true), n_pad * row},
-            {"context refiner", s.refiner_blocks, zimage_block(L, t, m, false), t * row},
-            {"single", s.single_blocks, zimage_block(L, n_pad + t, m, true), (n_pad + t) * row}};
+    const int64_t n_pad = (n + 31) / 32 * 32, t_pad = (t + 31) / 32 * 32, m = s.mlp_hidden;
+    const int64_t row = L.B * s.hidden * L.e;
+    return {{"noise refiner", s.refiner_blocks, zimage_block(L, n_pad, m, true), n_pad * row, L.B * n_pad},
+            {"context refiner", s.refiner_blocks, zimage_block(L, t_pad, m, false), t_pad * row, L.B * t_pad},
+            {"single", s.single_blocks, zimage_block(L, n_pad + t_pad, m, true), (n_pad + t_pad) * row,
+             L.B * (n_pad + t_pad)}};
   }
 
   // quantize_model per block, the transformer on the device after the text encoder (under low_vram

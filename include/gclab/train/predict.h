@@ -1,21 +1,32 @@
-// `gclab estimate`: the memory a config's training would take, counted from the same Session a run builds
-// (on the meta device: no memory) — weights in their real dtype, trained tensors and their gradients,
-// optimizer state, EMA, the text encoder, the autoencoder — plus, per training resolution and checkpoint
-// policy (off, full), the step's batch tensors, the blocks' activations (the activation ledger) and the MLP
-// transients of the block being run, the autoencoder's encode when latents are encoded on the fly, the text
-// encoders' encode, and the preview with its decode, beside the cap. What it does not model is listed in
-// `not_modelled`.
+// The memory a config's run takes, phase by phase (memory::Phase: the phases the meter records), predicted
+// from the same Session a run builds (on the meta device: no memory) — weights in their real dtype, trained
+// tensors and their gradients, optimizer state, EMA, the text encoder, the autoencoder — plus, per training
+// cell and checkpoint policy (off, full), the step's batch tensors, the blocks' activations (the activation
+// ledger) and the MLP transients of the block being run, the autoencoder's encode when latents are encoded
+// on the fly, the text encoders' encode, the preview with its decode, and the save. `gclab estimate` prints
+// it; every run writes it beside what it measured (metrics.jsonl, memory.json). What it does not model is
+// listed in `not_modelled`.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gclab/config/config.h"
+#include "gclab/data/conditioner.h"
+#include "gclab/memory/phase.h"
 #include "gclab/model/spec.h"
 
-namespace gclab::bench {
+namespace gclab::train {
+
+class Session;
+struct StepResult;
+
+// Bytes per phase of a run, predicted or measured.
+using PhaseBytes = std::map<memory::Phase, int64_t>;
 
 struct StepEstimate {
   int64_t batch_bytes = 0;       // latents, noise, x_t, target, prediction, text embeddings
@@ -24,10 +35,14 @@ struct StepEstimate {
   // The `data` phase when the autoencoder encodes on the fly: the batch's images and the encode's peak
   // (vae/memory.h), on top of the resident bytes (0 when latents are cached or the stand-in encodes).
   int64_t encode_bytes = 0;
-  // The `text` phase when the captions are encoded every step (the text encoders resident): the batch's
-  // latents and one caption's encode (TextEncodeEstimate), before the step's own tensors exist.
+  int64_t reference_bytes = 0;  // edit models: the control images' latents, beside the batch's
+  // The `text` phase above the resident bytes: the latents the data phase made on the device, and the
+  // captions' encode (the text encoders resident: TextEncodeEstimate) or their cached embeddings.
   int64_t text_bytes = 0;
   int64_t total_bytes = 0;  // the step's peak: resident + the largest of the data, text and training phases
+  // The step's phases as the meter records them, each one's highest live bytes with what was live when it
+  // began: data, text, forward, backward, optimizer.
+  PhaseBytes phases;
 };
 
 // The text encoders encoding one caption (text/memory.h: each encoder's walk, the slots before it kept):
@@ -86,6 +101,7 @@ struct MemoryEstimate {
   int64_t trained_bytes = 0;  // their storage (part of weight_bytes)
   int64_t gradient_bytes = 0;
   int64_t optimizer_bytes = 0;
+  int64_t optimizer_step_bytes = 0;  // the optimizer phase's temporaries (Optimizer::expected_step_bytes)
   int64_t ema_bytes = 0;
   int64_t text_encoder_bytes = 0;
   std::string vae;               // what encodes and decodes (vae::CodecSpec::describe)
@@ -102,11 +118,43 @@ struct MemoryEstimate {
   std::vector<ResolutionEstimate> resolutions;
   std::optional<TextEncodeEstimate> text;  // when the family has text encoders
   std::optional<PreviewEstimate> preview;  // when the config samples
+  // The save phase: what is resident between steps, and the trained tensors' copies in save.dtype when
+  // it is not their dtype.
+  int64_t save_bytes = 0;
   std::vector<std::string> not_modelled;
+};
+
+// The memory model of one config: its estimate, and any step's prediction (a cell of the datasets, or the
+// bucket a run's step trained) phase by phase.
+class MemoryModel {
+ public:
+  explicit MemoryModel(const config::ProcessConfig& config);
+  ~MemoryModel();
+  MemoryModel(const MemoryModel&) = delete;
+  MemoryModel& operator=(const MemoryModel&) = delete;
+
+  const MemoryEstimate& estimate() const { return estimate_; }
+  // A step of `batch` images of height x width, checkpointing off or full, with `text_tokens` text tokens
+  // (0: a 77-token caption's, model::kNominalCaptionTokens) and, when the captions are encoded every step,
+  // those captions (none: a 77-token caption's encode).
+  StepEstimate step(int batch, int height, int width, bool checkpointed, int64_t text_tokens = 0,
+                    const std::vector<data::Caption>& captions = {}) const;
+  // Every phase of a run whose steps are like `step`: the load (setup), the step's phases, the preview
+  // (sample, when the config samples) and the save.
+  PhaseBytes phases(const StepEstimate& step) const;
+  // The prediction for a step as a run logged it (its batch, bucket, text tokens and captions) under the
+  // run's policy; nullopt for a policy the model does not predict (partial ones: every:N, blocks,
+  // selective, offload).
+  std::optional<PhaseBytes> predict(const StepResult& step) const;
+
+ private:
+  std::unique_ptr<Session> session_;  // the run's Session on the meta device
+  MemoryEstimate estimate_;
+  bool cuda_ = false;
 };
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config);
 // The load alone (what `check` prints), from the same meta-device Session.
 LoadEstimate estimate_load(const config::ProcessConfig& config);
 
-}  // namespace gclab::bench
+}  // namespace gclab::train

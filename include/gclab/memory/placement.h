@@ -1,0 +1,24 @@
+// Where a GPU run keeps a tensor, emulated on the CPU. A GPU run's data loader builds its batches in host
+// memory and the step copies them to the device; the latent cache lives in host memory. On a CPU run both
+// sides are the same memory, and the tracker tells them apart by HostScope (tracker.h): these helpers make
+// the copies a GPU run makes, so the CPU's device bytes are the GPU's (the loader's prefetched batches and
+// the latent cache are host memory there too, not part of any phase's device peak).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+namespace gclab::memory {
+
+// Whether `t`'s memory is host memory as the CPU tracker counts it (allocated under a HostScope).
+bool is_host_memory(const at::Tensor& t);
+// `t` on `device` in `dtype`, as a GPU run holds it: on CUDA (or meta) t.to(device, dtype); on the CPU a copy
+// counted as device memory when `t` is host memory, else t.to(dtype).
+at::Tensor to_device(const at::Tensor& t, const c10::Device& device, c10::ScalarType dtype);
+at::Tensor to_device(const at::Tensor& t, const c10::Device& device);
+// `t` in host memory: a CPU copy of a device tensor; on the CPU a copy under HostScope unless `t` is host
+// memory already (or no tracker is installed, where the two are not told apart).
+at::Tensor to_host(const at::Tensor& t);
+
+}  // namespace gclab::memory

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Every phase predicted beside measured (issue 31): each tiny preset trained for two steps on the CPU (a
+LoRA, fp32, batch 2 at 64², a preview and a save at step 2), with latents cached or encoded on the fly, the
+text encoders resident or their embeddings cached, checkpointing off or full. It reads each run's
+memory.json (`phase_peak_bytes` measured, `predicted_phase_peak_bytes`) and prints a Markdown table of each
+phase's error, and with --json the rows.
+
+    scripts/docs/phase_sweep.py [--bin build/bin/gclab] [--work output/phase_sweep] [--presets a,b] [--json F]
+                                [--tolerance 0.05] [--activation-tolerance 0.10]
+
+With the tolerances it exits 1 when a phase's |error| exceeds them (ctest memory.phase_sweep): every phase
+within --tolerance, except the forward and backward passes (the block activations, the checkpointed forward
+a bound), held to --activation-tolerance until the walk prices them exactly.
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PRESETS = ["tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage", "tiny-sd3", "tiny-dit"]
+PHASES = ["setup", "data", "text", "forward", "backward", "optimizer", "sample", "save"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def run(cmd):
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
+
+
+def config(preset, cached_latents, cached_text, gc, work):
+    edit = preset.endswith("-edit")
+    name = f"{preset}-{'cached' if cached_latents else 'fly'}-{'te_cached' if cached_text else 'te'}-gc_{gc}"
+    dataset = {"folder_path": str(work / "data"), "resolution": [64], "cache_latents": cached_latents}
+    if edit:
+        dataset["control_path"] = [str(work / "controls")]
+    sample = {"sample_every": 2, "width": 64, "height": 64, "sample_steps": 2, "seed": 3, "guidance_scale": 2,
+              "prompts": ["a red circle"]}
+    if edit:
+        sample["prompts"] = [f"a red circle --ctrl_img {work / 'controls' / 'synth_0000.png'}"]
+    return name, {
+        "name": name, "device": "cpu", "training_folder": str(work / "runs"), "training_seed": 7,
+        "datasets": [dataset], "model": {"arch": preset},
+        "network": {"type": "lora", "linear": 4, "linear_alpha": 4},
+        "train": {"batch_size": 2, "steps": 2, "lr": 1e-3, "dtype": "fp32", "gradient_checkpointing": gc == "full",
+                  "skip_first_sample": True, "optimizer": "adamw", "cache_text_embeddings": cached_text},
+        "sample": sample, "save": {"dtype": "float32", "save_every": 2}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=str(ROOT / "build/bin/gclab"))
+    ap.add_argument("--work", default=str(ROOT / "output/phase_sweep"))
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--json")
+    ap.add_argument("--tolerance", type=float)
+    ap.add_argument("--activation-tolerance", type=float)
+    a = ap.parse_args()
+    work = pathlib.Path(a.work).resolve()
+    (work / "runs").mkdir(parents=True, exist_ok=True)
+    for folder, sizes, seed in [("data", "64x64", 1), ("controls", "64x64", 9)]:
+        if not (work / folder).is_dir():
+            r = run([a.bin, "synth", "--out", str(work / folder), "--count", "4", "--sizes", sizes, "--seed", str(seed)])
+            if r.returncode:
+                sys.exit(r.stderr)
+    rows, failed = [], []
+    for preset in a.presets.split(","):
+        for cached_latents in [False, True]:
+            for cached_text in [False, True]:
+                for gc in ["off", "full"]:
+                    name, c = config(preset, cached_latents, cached_text, gc, work)
+                    path = work / f"{name}.yaml"
+                    path.write_text(json.dumps(c))
+                    r = run([a.bin, "train", str(path)])
+                    if r.returncode:
+                        print(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}", file=sys.stderr)
+                        failed.append(f"{name}: exit {r.returncode}")
+                        continue
+                    run_dir = work / "runs" / name
+                    memory = json.loads((run_dir / "memory.json").read_text())
+                    measured = memory["phase_peak_bytes"]
+                    predicted = memory["predicted_phase_peak_bytes"]
+                    rows.append({"run": name, "measured": measured, "predicted": predicted})
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(rows, indent=1))
+    print("| run | " + " | ".join(PHASES) + " |")
+    print("|---|" + "---|" * len(PHASES))
+    worst = 0.0
+    for row in rows:
+        cells = []
+        for p in PHASES:
+            m, q = row["measured"].get(p), row["predicted"].get(p)
+            if m is None or q is None or m == 0:
+                cells.append("—")
+                continue
+            err = (q - m) / m
+            worst = max(worst, abs(err))
+            cells.append(f"{err:+.1%}")
+            bound = a.activation_tolerance if p in ("forward", "backward") else a.tolerance
+            if bound is not None and abs(err) > bound:
+                failed.append(f"{row['run']} {p}: predicted {q}, measured {m} ({err:+.1%}, bound {bound:.0%})")
+        print(f"| {row['run']} | " + " | ".join(cells) + " |")
+    print(f"\nworst |error|: {worst:.1%}")
+    if failed:
+        print("\n".join(["", "outside the bounds:"] + failed))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

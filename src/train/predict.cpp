@@ -1,0 +1,311 @@
+#include "gclab/train/predict.h"
+
+#include <algorithm>
+#include <set>
+
+#include "gclab/data/buckets.h"
+#include "gclab/data/image.h"
+#include "gclab/model/activations.h"
+#include "gclab/model/family.h"
+#include "gclab/model/lora.h"
+#include "gclab/nn/layers.h"
+#include "gclab/text/prompt.h"
+#include "gclab/train/session.h"
+
+namespace gclab::train {
+
+namespace {
+
+// The longest sequence a block sees (tokens), from the ledger's block inputs [B, S, hidden].
+int64_t longest_sequence(const model::ActivationEstimate& a, int64_t batch, int64_t hidden, int64_t element_bytes) {
+  int64_t longest = 0;
+  for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (batch * hidden * element_bytes));
+  return longest;
+}
+
+// Control images as the text encoders' prediction reads them: [3, H, W] meta tensors of the files' sizes
+// (a file that cannot be read is left out, as the run leaves it out).
+text::ConditionImages image_shapes(const std::vector<std::filesystem::path>& files) {
+  text::ConditionImages out;
+  for (const auto& f : files)
+    if (const auto size = data::read_image_size(f))
+      out.push_back(torch::empty({3, size->height, size->width}, torch::TensorOptions().device(torch::kMeta)));
+  return out;
+}
+
+// The text phase's encode for the step's captions (encoded one at a time), or a 77-token caption's.
+int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
+                             const std::vector<data::Caption>& captions, bool cpu) {
+  const text::PromptEncoder* prompts = session.text_encoder();
+  if (captions.empty() || !prompts) return e.text ? e.text->encode_bytes : 0;
+  text::EncodeMemoryOptions kernels;
+  kernels.cpu = cpu, kernels.threads = at::get_num_threads();
+  int64_t peak = 0;
+  for (const data::Caption& c : captions) {
+    const text::ConditionImages conditions =
+        c.control_images.empty() ? image_shapes(c.control_files) : c.control_images;
+    peak = std::max(peak, prompts->predict_encode(c.text, conditions, kernels).peak_bytes);
+  }
+  return peak;
+}
+
+StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, const model::ActivationEstimate& a,
+                           int batch, int height, int width, bool checkpointed, bool cpu,
+                           const std::vector<data::Caption>& captions) {
+  const model::ModelSpec& spec = session.spec();
+  StepEstimate s;
+  // The flow-matching step's own float32 tensors: x0, noise, x_t, target, the prediction and the squared
+  // error (train/flow.cpp), each of the family's latent_shape; the text embeddings [B, T, D] (+ pooled).
+  const int64_t latent = int64_t{4} * c10::multiply_integers(model::latent_shape(spec, batch, height, width));
+  s.batch_bytes = 6 * latent + int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
+  s.activation_bytes = checkpointed ? a.full_with_recompute_bytes : a.total_off_bytes;
+  // On top of what the blocks keep, the block being run (forward) or differentiated (backward, and its
+  // recompute) holds its MLP's transients: the hidden activation and its gradient, [B, S, mlp] each, B x S
+  // the most rows an MLP runs on (BlockActivations::mlp_rows: a two-stream block's streams apart). Measured
+  // on every tiny preset it is the step's remaining peak, GC off and full (docs/results/phase-sweep-cpu.md).
+  const int64_t el = session.activation_options().element_bytes;
+  int64_t mlp_rows = 0;  // the most rows an MLP runs on
+  for (const auto& b : a.blocks) mlp_rows = std::max(mlp_rows, b.mlp_rows);
+  s.workspace_bytes = 2 * mlp_rows * spec.mlp_hidden * el;
+  // Encoding on the fly (the autoencoder, latents not cached): the data phase holds the batch's float32
+  // images and the encode's peak, before the step's own tensors exist.
+  const vae::CodecSpec& codec = session.codec_spec();
+  if (codec.autoencoder && !session.caches_latents())
+    s.encode_bytes = int64_t{4} * batch * 3 * height * width + codec.encode_bytes(batch, height, width, cpu);
+  // Edit models: each step encodes the batch's control images (one per control folder, at the reference
+  // area of the bucket's aspect), cached latents or not, after the batch's own latents (kept beside them).
+  if (spec.edit && codec.autoencoder) {
+    const data::BucketResolution ref = data::reference_size({width, height}, spec.divisibility, spec.reference_area);
+    size_t references = 1;  // the most control folders a dataset has
+    for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
+    s.reference_bytes = static_cast<int64_t>(references) * 4 *
+                        c10::multiply_integers(model::latent_shape(spec, batch, ref.height, ref.width));
+    const int64_t own = codec.autoencoder && !session.caches_latents() ? latent : 0;
+    s.encode_bytes =
+        std::max(s.encode_bytes, own + s.reference_bytes + int64_t{4} * batch * 3 * ref.height * ref.width +
+                                     codec.encode_bytes(batch, ref.height, ref.width, cpu));
+  }
+  // The text phase holds what the data phase made on the device (latents encoded there, control latents)
+  // and either the captions' encode, one at a time with the earlier ones' embeddings beside it, or the
+  // batch's cached embeddings brought to the device.
+  const int64_t encoded_here = codec.autoencoder && !session.caches_latents() ? latent : 0;
+  const int64_t embeddings = int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
+  if (e.text && e.text->every_step)
+    s.text_bytes = encoded_here + s.reference_bytes + caption_encode_bytes(session, e, captions, cpu) +
+                   int64_t{4} * (batch - 1) * a.text_tokens * spec.text_dim;
+  else if (e.text)
+    s.text_bytes = encoded_here + s.reference_bytes + embeddings;
+  // Between steps the gradients are gone (zero_grad sets them to None); everything else resident stays.
+  const int64_t steady = e.resident_bytes - e.gradient_bytes;
+  const int64_t training = steady + s.batch_bytes + s.reference_bytes + s.activation_bytes + s.workspace_bytes;
+  s.phases[memory::Phase::data] = steady + s.encode_bytes;
+  s.phases[memory::Phase::text] = steady + s.text_bytes;
+  // A checkpointed forward keeps the blocks' inputs and runs each block without its graph: bounded by the
+  // inputs and the largest block's activations, had it kept them (full_with_recompute_bytes, without the
+  // backward's gradients of its MLP); the backward recomputes one block at a time.
+  s.phases[memory::Phase::forward] =
+      checkpointed ? steady + s.batch_bytes + s.reference_bytes + a.full_with_recompute_bytes : training;
+  s.phases[memory::Phase::backward] = std::max(training, e.resident_bytes);
+  s.phases[memory::Phase::optimizer] = e.resident_bytes + e.optimizer_step_bytes;
+  s.total_bytes = 0;
+  for (const auto& [phase, bytes] : s.phases) s.total_bytes = std::max(s.total_bytes, bytes);
+  return s;
+}
+
+LoadEstimate load_of(const LoadMemory& load) {
+  LoadEstimate l;
+  l.quantized_on_host = load.quantized_on_host;
+  l.device_peak_bytes = load.device.peak();
+  l.host_peak_bytes = load.host.peak();
+  return l;
+}
+
+// What stays on the device through the steps, and in host memory.
+void resident_estimate(Session& session, MemoryEstimate& e) {
+  const bool leaves = session.plan().text_encoder_leaves;
+  const ResidentBytes r = session.resident();
+  e.weight_bytes = r.weights;
+  e.trained = model::trainable_parameter_count(session.model());
+  e.trained_bytes = r.trained;
+  e.gradient_bytes = r.trained;  // one gradient per trained tensor, in its dtype
+  e.optimizer_bytes = session.optimizer().expected_state_bytes();
+  e.optimizer_step_bytes = session.optimizer().expected_step_bytes();
+  e.ema_bytes = r.ema;
+  e.text_encoder_bytes = leaves ? 0 : r.text_encoder;
+  e.vae = session.codec_spec().describe();
+  e.vae_weight_bytes = session.codec_spec().weight_bytes();
+  e.vae_bytes = r.vae;
+  // Host memory: the offloaded weights, the text encoders' while they stay loaded.
+  e.host_weight_bytes = r.host_weights + (leaves ? 0 : r.text_encoder_host);
+  e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), session.activation_options().element_bytes);
+  e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
+                     e.vae_bytes + e.offload_buffer_bytes;
+  e.load = load_of(session.load_memory());
+}
+
+// A nominal caption's encode, when the text encoders stay.
+void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
+  const text::PromptEncoder* prompts = session.text().encoder();
+  const ResidentBytes r = session.resident();
+  if (prompts && prompts->slots() > 0) {
+    TextEncodeEstimate t;
+    t.caption_tokens = model::kNominalCaptionTokens;
+    t.control_images = e.spec.edit ? 1 : 0;
+    const text::EncodePrediction p = predict_caption_encode(*prompts, e.spec, !cuda);
+    for (size_t i = 0; i < prompts->slots(); ++i) t.encoders.push_back(model::text_encoder_folder(i));
+    t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes;
+    t.every_step = !session.plan().text_encoder_leaves;
+    if (!t.every_step)
+      t.total_bytes = e.resident_bytes - e.gradient_bytes - e.optimizer_bytes + r.text_encoder + t.encode_bytes;
+    e.text = t;
+  }
+}
+
+// The preview: its denoising passes, the decode, an edit model's reference encode, the prompts' encode.
+void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
+  const config::ProcessConfig& config = session.config();
+  const model::ActivationOptions o = session.activation_options(cuda);
+  const text::PromptEncoder* prompts = session.text().encoder();
+  text::EncodeMemoryOptions kernels;
+  kernels.cpu = !cuda, kernels.threads = at::get_num_threads();
+  if (config.sample && !config.train.disable_sampling && !config.sample->samples.empty()) {
+    const auto& sc = *config.sample;
+    PreviewEstimate p;
+    const int d = e.spec.preview_divisibility;
+    p.width = sc.width / d * d, p.height = sc.height / d * d;
+    p.image_tokens = model::image_tokens(e.spec, p.height, p.width);
+    const auto a = model::estimate_activations(e.spec, 1, p.height, p.width, 0, o);
+    const int64_t el = session.activation_options().element_bytes;
+    const int64_t longest = longest_sequence(a, 1, e.spec.hidden, el);
+    const int64_t cfg =
+        model::preview_forward_batch(model::preview_guidance(e.spec.family, e.spec.guidance_embed), sc.guidance_scale);
+    p.denoise_bytes = cfg * longest * (e.spec.mlp_hidden + 3 * e.spec.hidden) * el;
+    // The decode's peak, or after it its float image and the PNG's conversion (one more float copy, the
+    // uint8 image), whichever is higher.
+    p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
+                              int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
+    // Edit models: each control image (a file) encoded at the reference area of its aspect, its image beside.
+    const auto& files = session.plan().preview_controls;
+    if (e.spec.edit)
+      for (const auto& item : files)
+        for (const auto& f : item)
+          if (const auto size = data::read_image_size(f)) {
+            const data::BucketResolution ref =
+                data::reference_size({size->width, size->height}, e.spec.divisibility, e.spec.reference_area);
+            p.reference_encode_bytes = std::max(p.reference_encode_bytes,
+                                                int64_t{4} * 3 * ref.height * ref.width +
+                                                    session.codec_spec().encode_bytes(1, ref.height, ref.width, !cuda));
+          }
+    // Without cached prompts the preview encodes each prompt (and its negative) with its control images.
+    if (prompts && e.text && e.text->every_step)
+      for (size_t i = 0; i < sc.samples.size(); ++i) {
+        const text::ConditionImages conditions = image_shapes(files.at(i));
+        for (const std::string& prompt : {sc.samples[i].prompt, sc.samples[i].neg.value_or(sc.neg)})
+          p.text_encode_bytes =
+              std::max(p.text_encode_bytes, prompts->predict_encode(prompt, conditions, kernels).peak_bytes);
+      }
+    p.total_bytes = e.resident_bytes - e.gradient_bytes + (e.vae_weight_bytes - e.vae_bytes) +
+                    std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes, p.text_encode_bytes});
+    e.preview = p;
+  }
+}
+
+// The save: the run's resident bytes between steps, the state the weights file is written from (a LoRA's
+// scaled adapters, conversions to save.dtype: model/lora.h), and with EMA the live trained tensors kept
+// aside while the EMA weights are saved (the safetensors bytes themselves are serialised in host memory).
+int64_t save_estimate(Session& session, const MemoryEstimate& e) {
+  const torch::ScalarType dtype = save_dtype(session.config());
+  const int64_t state = session.config().network ? model::lora_state_bytes(session.model(), dtype)
+                                                 : model::weights_state_bytes(session.model(), dtype);
+  return e.resident_bytes - e.gradient_bytes + state + (e.ema_bytes > 0 ? e.trained_bytes : 0);
+}
+
+void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
+  e.not_modelled = {
+      "the preview's denoising passes are approximate (a block's input, output and MLP hidden); its "
+      "decode is not",
+      "host memory: the data loader's prefetched batches and the latent cache (on a CPU run too: "
+      "memory/placement.h), the sample prompts' cached embeddings (the captions' are on disk in _t_e_cache/, as "
+      "AI Toolkit's: only a batch's reach the device), the process itself",
+      "the text phase is predicted for a " + std::to_string(model::kNominalCaptionTokens) +
+          "-token caption and the activations for its tokens (a run's own steps are predicted for their "
+          "captions: metrics.jsonl, memory.json); longer captions of Qwen-Image / Z-Image hold more",
+      "a checkpointed forward is bounded by the largest block's activations (it runs without keeping them: "
+      "within 10% above on the tiny presets, docs/results/phase-sweep-cpu.md)",
+      "allocator fragmentation and the CUDA context (CUDA)",
+      "partial checkpoint policies (every:N, blocks, selective, offload)",
+      "the load's host memory as AI Toolkit's from_pretrained holds it: it reads every transformer into host "
+      "memory first (load.host_peak counts only where the transformer is quantized there)"};
+  if (model::transformer_loading(config.model.arch) == model::TransformerLoading::per_block && config.model.quantize)
+    e.not_modelled.push_back(
+        "the load: quantize_model stages each block on the device to quantize it; gclab quantizes the blocks in "
+        "host memory (one block's weights less on the device meanwhile, below the text encoders' load)");
+  if (e.preview && e.preview->reference_encode_bytes > 0 && config.model.low_vram &&
+      model::low_vram_tiles_previews(e.spec.family, e.spec.edit_plus))
+    e.not_modelled.push_back(
+        "low_vram: AI Toolkit's edit previews run with the VAE's tiling on, which tiles the ctrl_img's encode too; "
+        "gclab encodes it whole (vae_encode_control is the untiled peak)");
+}
+
+}  // namespace
+
+LoadEstimate estimate_load(const config::ProcessConfig& config) {
+  return load_of(predict_load(plan_run(config, PlanOptions{/*meta=*/true})));
+}
+
+MemoryModel::MemoryModel(const config::ProcessConfig& config)
+    : session_(std::make_unique<Session>(config, SessionOptions{/*meta=*/true})) {
+  Session& session = *session_;
+  MemoryEstimate& e = estimate_;
+  e.spec = session.spec();
+  resident_estimate(session, e);
+  e.cap_bytes = config.vram_cap.bytes;
+  e.activation_dtype = std::string(config::name_of(config.train.dtype));
+  cuda_ = session.plan().cuda;
+  e.device = cuda_ ? "cuda" : config.device;
+  text_estimate(session, e, cuda_);
+  // Each of the datasets' (batch, resolution) cells, checkpointing off and full.
+  for (const StepCell& c : session.plan().cells) {
+    ResolutionEstimate re;
+    re.resolution = c.resolution;
+    re.batch = c.batch;
+    re.gc_off = step(c.batch, c.resolution, c.resolution, false);
+    re.gc_full = step(c.batch, c.resolution, c.resolution, true);
+    const auto a =
+        model::estimate_activations(e.spec, c.batch, c.resolution, c.resolution, 0, session.activation_options(cuda_));
+    re.image_tokens = a.image_tokens;
+    re.text_tokens = a.text_tokens;
+    e.resolutions.push_back(re);
+  }
+  preview_estimate(session, e, cuda_);
+  e.save_bytes = save_estimate(session, e);
+  not_modelled(config, e);
+}
+
+MemoryModel::~MemoryModel() = default;
+
+StepEstimate MemoryModel::step(int batch, int height, int width, bool checkpointed, int64_t text_tokens,
+                               const std::vector<data::Caption>& captions) const {
+  const auto a = model::estimate_activations(estimate_.spec, batch, height, width, text_tokens,
+                                             session_->activation_options(cuda_));
+  return step_estimate(*session_, estimate_, a, batch, height, width, checkpointed, !cuda_, captions);
+}
+
+PhaseBytes MemoryModel::phases(const StepEstimate& step) const {
+  PhaseBytes p = step.phases;
+  p[memory::Phase::setup] = estimate_.load.device_peak_bytes;
+  if (estimate_.preview) p[memory::Phase::sample] = estimate_.preview->total_bytes;
+  p[memory::Phase::save] = estimate_.save_bytes;
+  return p;
+}
+
+std::optional<PhaseBytes> MemoryModel::predict(const StepResult& r) const {
+  const auto kind = session_->config().train.policy().kind;
+  if (kind != ckpt::CheckpointPolicy::Kind::Off && kind != ckpt::CheckpointPolicy::Kind::Full) return std::nullopt;
+  return phases(
+      step(r.batch, r.height, r.width, kind == ckpt::CheckpointPolicy::Kind::Full, r.text_tokens, r.captions));
+}
+
+MemoryEstimate estimate_memory(const config::ProcessConfig& config) { return MemoryModel(config).estimate(); }
+
+}  // namespace gclab::train
