@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "gclab/io/safetensors.h"
+#include "gclab/model/registry.h"
 
 namespace gclab::model {
 
@@ -78,6 +79,7 @@ int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage stora
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransformer& model, torch::ScalarType dtype) {
+  const std::string prefix = family_of(model.spec().family).lora_key_prefix();
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& [path, linear] : target_linears(model)) {
     if (!linear->has_lora()) continue;
@@ -85,7 +87,7 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
       if (p.key().rfind("lora_", 0) != 0) continue;
       torch::Tensor t = p.value().detach();
       if (p.key().rfind("lora_B", 0) == 0) t = t * fold_scale(linear);
-      out.emplace_back("transformer." + path + "." + p.key(), t.to(dtype));
+      out.emplace_back(prefix + path + "." + p.key(), t.to(dtype));
     }
   }
   return out;
@@ -112,12 +114,16 @@ void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, t
 
 void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
   const auto file = io::SafetensorsFile::open(path);
+  const std::string prefix = family_of(model.spec().family).lora_key_prefix();
   torch::NoGradGuard no_grad;
   for (auto& [module_path, linear] : target_linears(model)) {
     if (!linear->has_lora()) continue;
     for (auto& p : linear->named_parameters()) {
       if (p.key().rfind("lora_", 0) != 0) continue;
-      const std::string name = "transformer." + module_path + "." + p.key();
+      // The family's prefix, or PEFT's (a file gclab wrote before it followed AI Toolkit's renaming).
+      std::string name = prefix + module_path + "." + p.key();
+      if (!file.contains(name) && file.contains("transformer." + module_path + "." + p.key()))
+        name = "transformer." + module_path + "." + p.key();
       if (!file.contains(name)) throw std::runtime_error(path.string() + ": no tensor " + name);
       const torch::Tensor t = file.tensor(name);
       if (t.sizes() != p.value().sizes())

@@ -7,6 +7,8 @@
 
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 
+#include <nlohmann/json.hpp>
+
 #include "gclab/io/safetensors.h"
 #include "gclab/log/log.h"
 #include "gclab/model/diffusers_config.h"
@@ -75,6 +77,25 @@ const std::vector<StateSection>& state_sections() {
   return sections;
 }
 
+// The weights file's metadata as AI Toolkit writes it (BaseSDTrainProcess.update_training_metadata,
+// BaseSDTrainProcess.py:388-409, then toolkit/metadata.py get_meta_for_safetensors: values that are not text
+// as JSON): training_info, ss_base_model_version (the family's get_base_model_version), ss_output_name (the
+// job's name), ss_tag_frequency with a trigger word (for AUTOMATIC1111), software — gclab's here, where AI
+// Toolkit names itself — and gclab_step. Not yet: the config's meta block, training_info's epoch, and
+// the sshs_* hashes network_mixins.py:654 adds.
+std::map<std::string, std::string> weights_metadata(const Session& session, int64_t step) {
+  const config::ProcessConfig& config = session.config();
+  const std::string trigger = config.trigger_word.value_or("");
+  std::map<std::string, std::string> meta = {
+      {"gclab_step", std::to_string(step)},
+      {"training_info", nlohmann::ordered_json{{"step", step}}.dump()},
+      {"ss_base_model_version", session.plan().family->base_model_version(config.model.arch)},
+      {"ss_output_name", config.name},
+      {"software", nlohmann::ordered_json{{"name", "gclab"}, {"version", GCLAB_VERSION}}.dump()}};
+  if (!trigger.empty()) meta["ss_tag_frequency"] = nlohmann::ordered_json{{"1_" + trigger, {{trigger, 1}}}}.dump();
+  return meta;
+}
+
 // Every failure to write ends as a SaveError that says which file, why, and what to do.
 template <class F>
 void writing(const fs::path& file, F&& write) {
@@ -124,7 +145,7 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
   const auto dtype = save_dtype(config);
   writing(weights, [&] {
     session.with_ema_weights([&] {
-      const std::map<std::string, std::string> meta = {{"gclab_step", std::to_string(step)}};
+      const std::map<std::string, std::string> meta = weights_metadata(session, step);
       if (config.network) {
         model::save_lora(session.model(), weights, dtype, session.lora(), meta);
       } else if (diffusers_folder_) {

@@ -221,7 +221,10 @@ def main():
     gclab(exe, "train", cfg)
     lora = os.path.join(work, "out", family, family + ".safetensors")
     ours = gclab_forward(exe, cfg, work, ("--lora", lora))
-    m.load_lora_adapter(lora, prefix="transformer", adapter_name="gclab")
+    # AI Toolkit renames Qwen-Image's and Z-Image's keys to "diffusion_model." before saving (qwen_image.py
+    # :418-423, z_image.py:467-472); gclab writes them so. diffusers' loader takes the prefix it is given.
+    prefix = "diffusion_model" if family.startswith(("qwen_image", "zimage")) else "transformer"
+    m.load_lora_adapter(lora, prefix=prefix, adapter_name="gclab")
     with_lora = velocity(family, m, d)
     delta = ((with_lora - ref).abs().max() / ref.abs().max()).item()
     print(f"{family} LoRA changes the output by {delta:.2e} (relative)")

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <fstream>
 #include <map>
@@ -883,6 +884,37 @@ TEST(Session, TheBudgetProbeMeasuresWhatTheLedgerSays) {
   EXPECT_NE(applied.find("blocks:"), std::string::npos) << applied;
   EXPECT_NO_THROW(train(
       tiny_config(dir, "t", {"train.checkpoint_policy=budget:2MiB", "train.budget_probe=true", "train.steps=2"}), {}));
+  fs::remove_all(dir);
+}
+
+// The LoRA file as AI Toolkit writes it (issue 32, row 20): Qwen-Image's and Z-Image's keys renamed to
+// "diffusion_model." (qwen_image.py:418-423, z_image.py:467-472), FLUX's PEFT "transformer."; the metadata
+// BaseSDTrainProcess.update_training_metadata adds (training_info, ss_base_model_version, ss_output_name,
+// ss_tag_frequency with a trigger word) and software. load_lora reads the renamed file back.
+TEST(Trainer, LoraFilesAreNamedAndDescribedAsAiToolkitWritesThem) {
+  const fs::path dir = testing::fresh_dir("lora_file_names");
+  for (const auto& [arch, prefix, version] :
+       std::vector<std::array<std::string, 3>>{{"tiny-zimage", "diffusion_model.", "zimage"},
+                                               {"tiny-qwen-image", "diffusion_model.", "qwen_image"},
+                                               {"tiny-flux", "transformer.", "flux.1"}}) {
+    const auto config = tiny_config(dir, arch, {"model.arch=" + arch, "train.steps=1", "trigger_word=sks"});
+    const auto summary = train(config, {});
+    ASSERT_FALSE(summary.saves.empty()) << arch;
+    const auto file = io::SafetensorsFile::open(summary.saves.back());
+    ASSERT_FALSE(file.entries().empty());
+    for (const auto& e : file.entries()) EXPECT_EQ(e.name.rfind(prefix, 0), 0u) << arch << " " << e.name;
+    const auto meta = file.metadata();
+    EXPECT_EQ(meta.at("ss_base_model_version"), version) << arch;
+    EXPECT_EQ(meta.at("ss_output_name"), arch);
+    EXPECT_EQ(nlohmann::json::parse(meta.at("training_info")).at("step"), 1);
+    EXPECT_EQ(nlohmann::json::parse(meta.at("ss_tag_frequency")).at("1_sks").at("sks"), 1);
+    EXPECT_EQ(nlohmann::json::parse(meta.at("software")).at("name"), "gclab");
+    // Back into a model with fresh adapters: the same adapters, from the renamed keys.
+    Session session(config, SessionOptions{});
+    model::load_lora(session.model(), summary.saves.back());
+    for (const auto& [name, t] : model::lora_state(session.model(), torch::kFloat))
+      EXPECT_TRUE(torch::equal(t, file.tensor(name))) << name;
+  }
   fs::remove_all(dir);
 }
 

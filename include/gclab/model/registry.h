@@ -68,6 +68,12 @@ class ModelFamily {
   // The flow-matching schedule AI Toolkit trains and previews it with (flow_schedule.h); by default its
   // flux_config: dynamic, mu 0.5 at 256 tokens to 1.15 at 4096.
   virtual FlowSchedule flow_schedule() const;
+  // The prefix of a LoRA file's keys as AI Toolkit saves them: the PEFT network's "transformer.", which the
+  // model classes whose convert_lora_weights_before_save renames it write as "diffusion_model." (ComfyUI's).
+  virtual std::string lora_key_prefix() const { return "transformer."; }
+  // AI Toolkit's get_base_model_version for one of the family's archs: a LoRA file's ss_base_model_version
+  // (BaseModel's default: the arch).
+  virtual std::string base_model_version(const std::string& arch) const { return arch; }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
   virtual bool low_vram_tiles_previews(bool /*edit_plus*/) const { return false; }
 

@@ -41,6 +41,11 @@ ModelSpec flex2() {
 class Flux final : public ModelFamily {
  public:
   Family id() const override { return kFluxId; }
+  // stable_diffusion_model.py:3168-3169 (is_flux: FLUX.1, Flex.1); Flex.2's own class keeps BaseModel's
+  // default, its arch (toolkit/models/base_model.py:1646-1648).
+  std::string base_model_version(const std::string& arch) const override {
+    return arch == "flex2" ? "flex2" : "flux.1";
+  }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return flux::build_transformer(spec, options);

@@ -59,6 +59,10 @@ ModelSpec tiny_preset(const ModelSpec& full, const std::string& preset) {
 class QwenImage final : public ModelFamily {
  public:
   Family id() const override { return kQwenImageId; }
+  // qwen_image.py:412-413 (the edit classes inherit it), and its LoRA keys renamed before saving
+  // (convert_lora_weights_before_save, qwen_image.py:418-423; back again before loading, :425-430).
+  std::string base_model_version(const std::string&) const override { return "qwen_image"; }
+  std::string lora_key_prefix() const override { return "diffusion_model."; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return qwen_image::build_transformer(spec, options);

@@ -32,6 +32,9 @@ ModelSpec sd35_large() {
 class Sd3 final : public ModelFamily {
  public:
   Family id() const override { return kSd3Id; }
+  std::string base_model_version(const std::string&) const override {
+    return "sd_3";  // stable_diffusion_model.py:3163-3164
+  }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return sd3::build_transformer(spec, options);

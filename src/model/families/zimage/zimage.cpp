@@ -37,6 +37,9 @@ ModelSpec zimage_preset(const std::string& preset) {
 class ZImage final : public ModelFamily {
  public:
   Family id() const override { return kZImageId; }
+  // z_image.py:461-462, and its LoRA keys renamed before saving (z_image.py:467-472).
+  std::string base_model_version(const std::string&) const override { return "zimage"; }
+  std::string lora_key_prefix() const override { return "diffusion_model."; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return zimage::build_transformer(spec, options);
