@@ -1,5 +1,6 @@
 #include "gclab/model/lora.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include <regex>
@@ -14,11 +15,18 @@ namespace gclab::model {
 namespace {
 
 // The Linears inside the blocks, with their full path in the model ("transformer_blocks.0.attn.to_q").
+// The Linears AI Toolkit puts adapters on: those of the blocks its model class names (registry.h
+// lora_block_names; every block when it names none).
 std::vector<std::pair<std::string, Linear>> target_linears(DiffusionTransformer& model) {
+  const std::vector<std::string> names = family_of(model.spec().family).lora_block_names();
   std::vector<std::pair<std::string, Linear>> out;
-  for (size_t b = 0; b < model.blocks().size(); ++b)
-    for (auto& [path, linear] : named_linears(*model.blocks()[b]))
-      out.emplace_back(model.block_names()[b] + "." + path, linear);
+  for (size_t b = 0; b < model.blocks().size(); ++b) {
+    const std::string& block = model.block_names()[b];
+    if (!names.empty() && std::none_of(names.begin(), names.end(),
+                                       [&](const std::string& n) { return block.find(n) != std::string::npos; }))
+      continue;
+    for (auto& [path, linear] : named_linears(*model.blocks()[b])) out.emplace_back(block + "." + path, linear);
+  }
   return out;
 }
 

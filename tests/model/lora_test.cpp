@@ -28,6 +28,22 @@ TEST(Lora, TargetsEveryBlockLinearAsAiToolkitDoes) {
   EXPECT_GT(expected, 0);
 }
 
+// Z-Image's adapters go on its main `layers` only (z_image.py:464-465 get_transformer_block_names, matched
+// by toolkit/lora_special.py:531-538 under transformer_only): not on the noise and context refiners.
+TEST(Lora, ZImageAdaptersAreOnItsLayersOnlyAsAiToolkitPutsThem) {
+  auto z = build_transformer(spec_by_preset("zimage"), torch::TensorOptions().device(torch::kMeta));
+  const int adapted = apply_lora(*z, {16, 16.0});
+  int in_layers = 0, in_refiners = 0;
+  for (size_t b = 0; b < z->blocks().size(); ++b)
+    for (auto& [path, linear] : nn::named_linears(*z->blocks()[b])) {
+      const bool layer = z->block_names()[b].rfind("layers.", 0) == 0;
+      (layer ? in_layers : in_refiners) += 1;
+      EXPECT_EQ(linear->has_lora(), layer) << z->block_names()[b] << "." << path;
+    }
+  EXPECT_EQ(adapted, in_layers);
+  EXPECT_GT(in_refiners, 0);
+}
+
 TEST(Lora, StartsAsANoOpTrainsOnlyAdaptersAndRoundTripsThroughAFile) {
   torch::manual_seed(0);
   auto m = build_transformer(spec_by_preset("tiny-flux"));

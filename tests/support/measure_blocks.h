@@ -9,6 +9,7 @@
 
 #include "gclab/memory/tracker.h"
 #include "gclab/model/transformer.h"
+#include "gclab/nn/layers.h"
 
 namespace gclab::testing {
 
@@ -48,9 +49,14 @@ inline std::map<std::string, int64_t> measure_saved_bytes(DiffusionTransformer& 
     const size_t streams =
         family == model::Family("dit") || family == model::Family("zimage") || name.rfind("single", 0) == 0 ? 1 : 2;
     const bool has_cond = !(family == model::Family("zimage") && name.rfind("context", 0) == 0);
+    // Under LoRA a block without adapters, fed by frozen modules only (Z-Image's refiners: AI Toolkit puts
+    // adapters on its `layers` alone), needs no gradient: it keeps nothing.
+    bool adapted = false;
+    for (auto& [path, linear] : nn::named_linears(*m.blocks()[i])) adapted = adapted || linear->has_lora();
+    const bool trained = !lora || adapted;
     Tensors x;
     for (size_t k = 0; k < captured[i].size(); ++k) {
-      const bool needs_grad = k < streams || (has_cond && k == streams && !lora);
+      const bool needs_grad = trained && (k < streams || (has_cond && k == streams && !lora));
       x.push_back(captured[i][k].detach().clone().requires_grad_(needs_grad));
     }
     const int64_t before = tracker.stats().live_bytes;

@@ -40,6 +40,8 @@ class ZImage final : public ModelFamily {
   // z_image.py:461-462, and its LoRA keys renamed before saving (z_image.py:467-472).
   std::string base_model_version(const std::string&) const override { return "zimage"; }
   std::string lora_key_prefix() const override { return "diffusion_model."; }
+  // z_image.py:464-465: adapters on the main `layers`, not on the noise and context refiners.
+  std::vector<std::string> lora_block_names() const override { return {"layers"}; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return zimage::build_transformer(spec, options);
@@ -53,8 +55,13 @@ class ZImage final : public ModelFamily {
                                                   int64_t t) const override {
     const int64_t n_pad = (n + 31) / 32 * 32, t_pad = (t + 31) / 32 * 32, m = s.mlp_hidden;
     const int64_t row = L.B * s.hidden * L.e;
-    return {{"noise refiner", s.refiner_blocks, zimage_block(L, n_pad, m, true), n_pad * row, L.B * n_pad},
-            {"context refiner", s.refiner_blocks, zimage_block(L, t_pad, m, false), t_pad * row, L.B * t_pad},
+    // A LoRA leaves the refiners without adapters (lora_block_names), fed by frozen embedders: they need
+    // no gradient and keep nothing, checkpointed or not.
+    const bool refiners_train = L.r == 0;
+    return {{"noise refiner", s.refiner_blocks, refiners_train ? zimage_block(L, n_pad, m, true) : 0,
+             refiners_train ? n_pad * row : 0, L.B * n_pad},
+            {"context refiner", s.refiner_blocks, refiners_train ? zimage_block(L, t_pad, m, false) : 0,
+             refiners_train ? t_pad * row : 0, L.B * t_pad},
             {"single", s.single_blocks, zimage_block(L, n_pad + t_pad, m, true), (n_pad + t_pad) * row,
              L.B * (n_pad + t_pad)}};
   }
