@@ -267,12 +267,22 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, torch
     dtype_to_safetensors(t.scalar_type());  // throws for a dtype safetensors cannot hold
     cpu.push_back(t.detach().to(torch::kCPU).contiguous());
   }
-  // Lay out larger elements first so every tensor starts aligned to its element size (the header is
-  // padded to 8 bytes), as the reference writer does.
+  // The reference writer's layout (safetensors' `prepare`: by dtype, the later of its Dtype enum first, then
+  // by name), which puts larger elements first so every tensor starts aligned to its element size (the
+  // header is padded to 8 bytes); the same bytes as its files, which hashes of the data (a LoRA's sshs_*)
+  // rely on.
+  static const std::vector<std::string> kDtypeOrder = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "I16", "U16", "F16",
+                                                       "BF16", "I32", "U32", "F32",     "F64",     "I64", "U64"};
+  auto rank = [&](size_t i) {
+    const std::string d = dtype_to_safetensors(cpu[i].scalar_type());
+    return std::find(kDtypeOrder.begin(), kDtypeOrder.end(), d) - kDtypeOrder.begin();
+  };
   std::vector<size_t> order(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return cpu[a].element_size() > cpu[b].element_size(); });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto ra = rank(a), rb = rank(b);
+    return ra != rb ? ra > rb : tensors[a].first < tensors[b].first;
+  });
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<uint64_t> begin(tensors.size());

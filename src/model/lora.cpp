@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "gclab/io/safetensors.h"
+#include "gclab/io/sha256.h"
 #include "gclab/model/registry.h"
 
 namespace gclab::model {
@@ -49,6 +50,19 @@ int64_t lora_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype) {
     }
   }
   return bytes;
+}
+
+void add_model_hashes(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      std::map<std::string, std::string>& metadata) {
+  std::map<std::string, std::string> ss;
+  for (const auto& [key, value] : metadata)
+    if (key.rfind("ss_", 0) == 0) ss[key] = value;
+  const std::string bytes = io::serialize_safetensors(tensors, ss);
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  metadata["sshs_model_hash"] = io::sha256_hex(std::string_view(bytes).substr(8 + header));
+  const std::string_view legacy = bytes.size() > 0x100000 ? std::string_view(bytes).substr(0x100000, 0x10000) : "";
+  metadata["sshs_legacy_hash"] = io::sha256_hex(legacy).substr(0, 8);
 }
 
 LoraOptions lora_options(const config::NetworkConfig& network) {
@@ -117,6 +131,7 @@ void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, t
   metadata["ss_network_alpha"] = std::to_string(options.rank);
   metadata["gclab_linear_alpha"] = std::to_string(options.alpha);
   metadata["gclab_preset"] = model.spec().preset;
+  add_model_hashes(tensors, metadata);
   io::save_safetensors(path, tensors, metadata);
 }
 

@@ -29,7 +29,7 @@ TEST(Lora, TargetsEveryBlockLinearAsAiToolkitDoes) {
 }
 
 // Z-Image's adapters go on its main `layers` only (z_image.py:464-465 get_transformer_block_names, matched
-// by toolkit/lora_special.py:531-538 under transformer_only): not on the noise and context refiners.
+// by toolkit/lora_special.py:531-541 under transformer_only): not on the noise and context refiners.
 TEST(Lora, ZImageAdaptersAreOnItsLayersOnlyAsAiToolkitPutsThem) {
   auto z = build_transformer(spec_by_preset("zimage"), torch::TensorOptions().device(torch::kMeta));
   const int adapted = apply_lora(*z, {16, 16.0});

@@ -51,6 +51,12 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
 // The bytes lora_state allocates (its scaled lora_B copies, and the conversions to `dtype`): what a save
 // holds above the adapters themselves. From shapes: works on meta.
 int64_t lora_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype);
+// AI Toolkit's add_model_hash_to_meta (toolkit/metadata.py:31-47, called at toolkit/network_mixins.py:654)
+// for sd-webui-additional-networks: the file serialised with its ss_* metadata alone; sshs_model_hash the
+// SHA-256 of its tensor bytes (after the header), sshs_legacy_hash the first 8 hex digits of the SHA-256 of
+// its 64 KiB at 1 MiB (toolkit/train_tools.py:162-185).
+void add_model_hashes(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      std::map<std::string, std::string>& metadata);
 void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, torch::ScalarType dtype,
                const LoraOptions& options, std::map<std::string, std::string> metadata = {});
 // Loads adapter weights saved by save_lora into a model with adapters applied (lora_B divided by the

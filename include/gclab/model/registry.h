@@ -69,7 +69,7 @@ class ModelFamily {
   // flux_config: dynamic, mu 0.5 at 256 tokens to 1.15 at 4096.
   virtual FlowSchedule flow_schedule() const;
   // AI Toolkit's get_transformer_block_names: with network.transformer_only (its default) LoRA goes on the
-  // Linears of the blocks whose name contains one of these (toolkit/lora_special.py:531-538); empty: every
+  // Linears of the blocks whose name contains one of these (toolkit/lora_special.py:531-541); empty: every
   // block (the families whose model classes name none, FLUX.1 / SD3, get every block there too).
   virtual std::vector<std::string> lora_block_names() const { return {}; }
   // The prefix of a LoRA file's keys as AI Toolkit saves them: the PEFT network's "transformer.", which the
