@@ -70,7 +70,9 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   // Encoding on the fly (the autoencoder, latents not cached): the data phase holds the batch's float32
   // images and the encode's peak, before the step's own tensors exist.
   const vae::CodecSpec& codec = session.codec_spec();
-  if (codec.autoencoder && !session.caches_latents())
+  const bool encodes_on_device = codec.autoencoder && !session.caches_latents();
+  const int64_t encoded_here = encodes_on_device ? latent : 0;  // the batch's latents, made on the device
+  if (encodes_on_device)
     s.encode_bytes = int64_t{4} * batch * 3 * height * width + codec.encode_bytes(batch, height, width, cpu);
   // Edit models: each step encodes the batch's control images (one per control folder, at the reference
   // area of the bucket's aspect), cached latents or not, after the batch's own latents (kept beside them).
@@ -80,15 +82,13 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
     for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
     s.reference_bytes = static_cast<int64_t>(references) * 4 *
                         c10::multiply_integers(model::latent_shape(spec, batch, ref.height, ref.width));
-    const int64_t own = codec.autoencoder && !session.caches_latents() ? latent : 0;
     s.encode_bytes =
-        std::max(s.encode_bytes, own + s.reference_bytes + int64_t{4} * batch * 3 * ref.height * ref.width +
+        std::max(s.encode_bytes, encoded_here + s.reference_bytes + int64_t{4} * batch * 3 * ref.height * ref.width +
                                      codec.encode_bytes(batch, ref.height, ref.width, cpu));
   }
   // The text phase holds what the data phase made on the device (latents encoded there, control latents)
   // and either the captions' encode, one at a time with the earlier ones' embeddings beside it, or the
   // batch's cached embeddings brought to the device.
-  const int64_t encoded_here = codec.autoencoder && !session.caches_latents() ? latent : 0;
   const int64_t embeddings = int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
   if (e.text && e.text->every_step)
     s.text_bytes = encoded_here + s.reference_bytes + caption_encode_bytes(session, e, captions, cpu) +
