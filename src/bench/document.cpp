@@ -60,29 +60,6 @@ std::string flow(const ojson& v) {
 
 }  // namespace
 
-nlohmann::ordered_json yaml_value(const YAML::Node& node) {
-  if (node.IsNull()) return nullptr;
-  if (node.IsMap()) {
-    ojson j = ojson::object();
-    for (const auto& kv : node) j[kv.first.Scalar()] = yaml_value(kv.second);
-    return j;
-  }
-  if (node.IsSequence()) {
-    ojson j = ojson::array();
-    for (const auto& item : node) j.push_back(yaml_value(item));
-    return j;
-  }
-  const std::string& s = node.Scalar();
-  if (node.Tag() == "!") return s;  // quoted in the YAML: text, whatever it looks like
-  if (s == "true" || s == "false") return s == "true";
-  char* end = nullptr;
-  const long long i = std::strtoll(s.c_str(), &end, 10);
-  if (!s.empty() && *end == '\0') return i;
-  const double d = std::strtod(s.c_str(), &end);
-  if (!s.empty() && *end == '\0') return d;
-  return s;
-}
-
 void Document::append(const Document& other) {
   for (auto it = other.value.begin(); it != other.value.end(); ++it) value[it.key()] = it.value();
   notes_.insert(other.notes_.begin(), other.notes_.end());

@@ -252,7 +252,18 @@ ojson step_json(const StepEstimate& s, bool text_every_step) {
   if (s.reference_bytes > 0) j["control_latents"] = s.reference_bytes;
   j["phases"] = memory::by_phase_name(s.phases);
   j["total"] = s.total_bytes;
+  j["first_step_total"] = s.first_total_bytes;
   return j;
+}
+
+// A cell's total, and which step is its peak: the first update makes the optimizer's state, so step 1's
+// forward and backward run without it.
+std::string step_note(const StepEstimate& s, int64_t cap_bytes) {
+  std::string note = format_bytes(s.total_bytes) + fits_cap(s.total_bytes, cap_bytes);
+  if (s.first_total_bytes < s.total_bytes)
+    note += "; step 1: " + format_bytes(s.first_total_bytes) + fits_cap(s.first_total_bytes, cap_bytes) +
+            " (no optimizer state before its update): the peak is step 2's";
+  return note;
 }
 
 void estimate_text(Document& d, ojson& est, const TextEncodeEstimate& t, int64_t cap_bytes) {
@@ -288,8 +299,8 @@ void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
                                      {"text_tokens", r.text_tokens},
                                      {"gc_off", step_json(r.gc_off, every_step)},
                                      {"gc_full", step_json(r.gc_full, every_step)}});
-    d.note(at + "/gc_off", format_bytes(r.gc_off.total_bytes) + fits_cap(r.gc_off.total_bytes, e.cap_bytes));
-    d.note(at + "/gc_full", format_bytes(r.gc_full.total_bytes) + fits_cap(r.gc_full.total_bytes, e.cap_bytes));
+    d.note(at + "/gc_off", step_note(r.gc_off, e.cap_bytes));
+    d.note(at + "/gc_full", step_note(r.gc_full, e.cap_bytes));
   }
   if (!e.preview) return;
   const auto& p = *e.preview;

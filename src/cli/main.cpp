@@ -538,7 +538,7 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
 // Every verb's arguments, filled by CLI11's parse.
 struct Verbs {
   ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args, tokenize_args;
-  bool resume = false, dry_run = false;
+  bool resume = false, from_scratch = false, dry_run = false;
   BenchArgs bench_opts, fit_opts;
   int fit_max_batch = 32;
   TokenizeArgs tokenize_opts;
@@ -666,7 +666,11 @@ int main(int argc, char** argv) {
   v.info = app.add_subcommand("info", "LibTorch build, CUDA and GPUs this binary sees");
   v.train = app.add_subcommand("train", "train as the config says");
   add_config_args(v.train, v.train_args);
-  v.train->add_flag("--resume", v.resume, "continue from the newest save in the output folder");
+  // AI Toolkit resumes whenever the output folder has a save (BaseSDTrainProcess.py:2048, 2191-2215): so does
+  // `gclab train`; --from-scratch starts at step 0 (later saves then rotate the earlier ones away).
+  v.train->add_flag("--resume", v.resume, "continue from the newest save in the output folder (the default)");
+  v.train->add_flag("--from-scratch", v.from_scratch,
+                    "start at step 0 even where the output folder has saves (they rotate away as new ones come)");
   v.train->add_flag("--dry-run", v.dry_run, "validate and build the session on the meta device; train nothing");
   add_bench_and_fit(app, v);
   v.estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
@@ -686,7 +690,13 @@ int main(int argc, char** argv) {
 
   if (*v.check) return run_verb([&] { return run_check(v.check_args); });
   if (*v.info) return run_verb(run_info);
-  if (*v.train) return run_verb([&] { return run_train(v.train_args, v.resume, v.dry_run); });
+  if (*v.train) {
+    if (v.resume && v.from_scratch) {
+      std::cerr << "error: --resume and --from-scratch contradict each other\n";
+      return kExitBadInput;
+    }
+    return run_verb([&] { return run_train(v.train_args, !v.from_scratch, v.dry_run); });
+  }
   if (*v.bench) return run_verb([&] { return run_bench(v.bench_args, v.bench_opts); });
   if (*v.fit) return run_verb([&] { return run_fit(v.fit_args, v.fit_opts, v.fit_max_batch); });
   if (*v.estimate) return run_verb([&] { return run_estimate(v.estimate_args); });

@@ -157,10 +157,7 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
 
 std::vector<std::string> disable_caption_randomness(config::DatasetConfig& dataset) {
   std::vector<std::string> warnings;
-  if (dataset.caption_dropout_rate > 0) {
-    warnings.push_back("caption_dropout_rate is ignored with cache_text_embeddings (as in AI Toolkit)");
-    dataset.caption_dropout_rate = 0;
-  }
+  dataset.cache_text_embeddings = true;  // what train.cache_text_embeddings sets on every dataset
   if (dataset.shuffle_tokens) {
     warnings.push_back("shuffle_tokens is ignored with cache_text_embeddings (as in AI Toolkit)");
     dataset.shuffle_tokens = false;
@@ -169,18 +166,24 @@ std::vector<std::string> disable_caption_randomness(config::DatasetConfig& datas
 }
 
 std::string process_caption(const std::string& raw, const config::DatasetConfig& dataset,
-                            const std::optional<std::string>& trigger_word, std::mt19937_64& rng) {
+                            const std::optional<std::string>& trigger_word, std::mt19937_64& rng, bool* dropped) {
   // A dataset without a trigger word of its own takes the job's (BaseSDTrainProcess.py:168-169).
   const std::optional<std::string> dataset_trigger = dataset.trigger_word ? dataset.trigger_word : trigger_word;
+  // A regularization dataset's captions get no trigger put in front: get_caption adds it only when the item
+  // is not is_reg (toolkit/dataloader_mixins.py:389-392), the training step likewise (BaseSDTrainProcess.py:
+  // 1075-1080); "[trigger]" tags are still replaced. Its dropout caption is '' (:2188-2193).
+  const bool add = !dataset.is_reg;
   // get_caption (toolkit/dataloader_mixins.py:403-455): a dropped caption is '' before anything else; a kept
   // one is split on ',' and joined with ', ' (shuffled before and after the trigger goes in, every token:
   // keep_tokens guards only token dropout there), its tags replaced and the trigger put in front if absent.
   std::string caption;
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  if (!(dataset.caption_dropout_rate > 0 && uniform(rng) < dataset.caption_dropout_rate)) {
+  const bool drop = dataset.caption_dropout_rate > 0 && uniform(rng) < dataset.caption_dropout_rate;
+  if (dropped) *dropped = drop;
+  if (!drop) {
     auto tokens = split_commas(raw);
     if (dataset.shuffle_tokens) std::shuffle(tokens.begin(), tokens.end(), rng);
-    caption = inject_trigger(join_commas(tokens), dataset_trigger, dataset_trigger.has_value());
+    caption = inject_trigger(join_commas(tokens), dataset_trigger, add && dataset_trigger.has_value());
     if (dataset.shuffle_tokens) {
       tokens = split_commas(caption);
       std::shuffle(tokens.begin(), tokens.end(), rng);
@@ -189,7 +192,7 @@ std::string process_caption(const std::string& raw, const config::DatasetConfig&
   }
   // Then the training step (BaseSDTrainProcess.py:1076-1081) puts the job's trigger word in front of every
   // caption that lacks it — a dropped one too: '' becomes "trigger ".
-  if (trigger_word) caption = inject_trigger(caption, trigger_word, true);
+  if (trigger_word) caption = inject_trigger(caption, trigger_word, add);
   return caption;
 }
 

@@ -76,7 +76,7 @@ BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::Datas
       }()),
       o_(options),
       next_to_load_(start_index) {
-  plans_[0] = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility, o_.seed);
+  plans_[0] = first_epoch_ = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility, o_.seed);
   epoch_size_ = static_cast<int64_t>(plans_[0].size());
   if (epoch_size_ == 0) throw DataError("the datasets give no batches");
 }
@@ -168,14 +168,20 @@ void BatchLoader::work() {
 LoadedBatch BatchLoader::load(int64_t index) {
   const int64_t epoch = index / epoch_size_;
   if (!plans_.count(epoch)) {
-    plans_[epoch] = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility,
-                                     o_.seed + static_cast<uint64_t>(epoch) * 1000003ull);
+    // AI Toolkit builds its buckets, crops and batches once, in epoch 0 (setup_buckets returns early after
+    // it, toolkit/dataloader_mixins.py:222-225); its DataLoader (shuffle=True, data_loader.py:749-753) only
+    // reorders those batches each epoch.
+    std::vector<Batch> batches = first_epoch_;
+    std::mt19937_64 rng(o_.seed + static_cast<uint64_t>(epoch) * 1000003ull);
+    std::shuffle(batches.begin(), batches.end(), rng);
+    plans_[epoch] = std::move(batches);
     while (plans_.size() > 2) plans_.erase(plans_.begin());
   }
   const Batch& plan = plans_.at(epoch)[static_cast<size_t>(index % epoch_size_)];
   LoadedBatch out;
   out.index = index;
   out.epoch_start = index > 0 && index % epoch_size_ == 0;
+  out.epoch = epoch;
   out.dataset = plan.dataset;
   out.resolution = plan.resolution;
   out.bucket = plan.bucket;
@@ -183,6 +189,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
   std::mt19937_64 rng(o_.seed ^ (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull));
   std::vector<Sample> loaded;
   std::vector<PlannedSample> used;  // after replacing images that cannot be decoded
+  std::vector<bool> text_only;      // per sample: its caption is the cached dropout caption
   for (const auto& planned : plan.samples) {
     PlannedSample s = planned;
     std::optional<Sample> sample;
@@ -204,8 +211,12 @@ LoadedBatch BatchLoader::load(int64_t index) {
     loaded.push_back(std::move(*sample));
     used.push_back(s);
     const auto& item = items_[static_cast<size_t>(s.item)];
-    out.captions.push_back(
-        data::process_caption(item.caption, datasets_[static_cast<size_t>(item.dataset)], o_.trigger_word, rng));
+    const config::DatasetConfig& dataset = datasets_[static_cast<size_t>(item.dataset)];
+    bool dropped = false;
+    out.captions.push_back(data::process_caption(item.caption, dataset, o_.trigger_word, rng, &dropped));
+    // A dropped caption of a dataset whose embeddings are cached is the cached dropout embedding: text only
+    // (get_blank_text_embedding_path(text_only=True), toolkit/dataloader_mixins.py:2226-2236).
+    text_only.push_back(dropped && dataset.cache_text_embeddings);
     out.image_files.push_back(item.image);
   }
   // Latents when every sample has them; else the images, all of them, for the session to encode.
@@ -223,7 +234,9 @@ LoadedBatch BatchLoader::load(int64_t index) {
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
-    for (const auto& s : used) out.control_files.push_back(items_[static_cast<size_t>(s.item)].controls);
+    for (size_t i = 0; i < used.size(); ++i)
+      out.control_files.push_back(text_only[i] ? std::vector<std::filesystem::path>{}
+                                               : items_[static_cast<size_t>(used[i].item)].controls);
     const BucketResolution ref = reference_size(plan.bucket, o_.divisibility, o_.reference_area);
     const int rw = ref.width, rh = ref.height;
     for (size_t c = 0; c < first.controls.size(); ++c) {

@@ -1,6 +1,7 @@
 #include "gclab/model/lora.h"
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include <regex>
@@ -15,19 +16,46 @@ namespace gclab::model {
 
 namespace {
 
-// The Linears inside the blocks, with their full path in the model ("transformer_blocks.0.attn.to_q").
-// The Linears AI Toolkit puts adapters on: those of the blocks its model class names (registry.h
-// lora_block_names; every block when it names none).
-std::vector<std::pair<std::string, Linear>> target_linears(DiffusionTransformer& model) {
+// The Linears AI Toolkit puts adapters on (LoRASpecialNetwork.create_modules, toolkit/lora_special.py:
+// 484-573), by their full path in the model ("transformer_blocks.0.attn.to_q"): with transformer_only (its
+// default) those of the blocks the model class names (registry.h lora_block_names; every block when it
+// names none), else every Linear; none whose name — "transformer.<path>", PEFT's prefix — contains an
+// ignore_if_contains word; with only_if_contains only those whose name (or that name with '.' as "$$",
+// lora_name) contains one of its words.
+std::vector<std::pair<std::string, Linear>> target_linears(DiffusionTransformer& model, const LoraOptions& o) {
   const std::vector<std::string> names = family_of(model.spec().family).lora_block_names();
-  std::vector<std::pair<std::string, Linear>> out;
-  for (size_t b = 0; b < model.blocks().size(); ++b) {
-    const std::string& block = model.block_names()[b];
-    if (!names.empty() && std::none_of(names.begin(), names.end(),
-                                       [&](const std::string& n) { return block.find(n) != std::string::npos; }))
-      continue;
-    for (auto& [path, linear] : named_linears(*model.blocks()[b])) out.emplace_back(block + "." + path, linear);
+  auto contains_any = [](const std::string& text, const std::vector<std::string>& words) {
+    return std::any_of(words.begin(), words.end(),
+                       [&](const std::string& w) { return text.find(w) != std::string::npos; });
+  };
+  std::vector<std::pair<std::string, Linear>> candidates;
+  if (o.transformer_only) {
+    for (size_t b = 0; b < model.blocks().size(); ++b) {
+      const std::string& block = model.block_names()[b];
+      if (!names.empty() && !contains_any(block, names)) continue;
+      for (auto& [path, linear] : named_linears(*model.blocks()[b]))
+        candidates.emplace_back(block + "." + path, linear);
+    }
+  } else {
+    candidates = named_linears(model);
   }
+  std::vector<std::pair<std::string, Linear>> out;
+  for (auto& [path, linear] : candidates) {
+    const std::string clean = "transformer." + path;
+    if (contains_any(clean, o.ignore_if_contains)) continue;
+    if (!o.only_if_contains.empty() && !contains_any(clean, o.only_if_contains) &&
+        !contains_any(std::regex_replace(clean, std::regex("\\."), "$$$$"), o.only_if_contains))
+      continue;
+    out.emplace_back(path, linear);
+  }
+  return out;
+}
+
+// The Linears that have an adapter, by their full path.
+std::vector<std::pair<std::string, Linear>> adapted_linears(DiffusionTransformer& model) {
+  std::vector<std::pair<std::string, Linear>> out;
+  for (auto& [path, linear] : named_linears(model))
+    if (linear->has_lora()) out.emplace_back(path, linear);
   return out;
 }
 
@@ -39,7 +67,7 @@ double fold_scale(const Linear& linear) { return linear->lora_scale(); }
 int64_t lora_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype) {
   int64_t bytes = 0;
   const auto size = static_cast<int64_t>(c10::elementSize(dtype));
-  for (auto& [path, linear] : target_linears(model)) {
+  for (auto& [path, linear] : adapted_linears(model)) {
     if (!linear->has_lora()) continue;
     for (const auto& p : linear->named_parameters()) {
       if (p.key().rfind("lora_", 0) != 0) continue;
@@ -72,13 +100,16 @@ LoraOptions lora_options(const config::NetworkConfig& network) {
   // (toolkit/lora_special.py, LoRASpecialNetwork.__init__). linear_alpha only with gclab's key.
   o.alpha = network.use_linear_alpha ? network.linear_alpha.value_or(network.alpha) : static_cast<double>(o.rank);
   o.dropout = network.dropout.value_or(0.0);
+  o.transformer_only = network.transformer_only;
+  o.only_if_contains = network.network_kwargs.only_if_contains;
+  o.ignore_if_contains = network.network_kwargs.ignore_if_contains;
   return o;
 }
 
 int apply_lora(DiffusionTransformer& model, const LoraOptions& options) {
   for (auto& p : model.parameters()) p.set_requires_grad(false);
   int count = 0;
-  for (auto& [path, linear] : target_linears(model)) {
+  for (auto& [path, linear] : target_linears(model, options)) {
     linear->add_lora(options.rank, options.alpha, options.dropout);
     ++count;
   }
@@ -86,7 +117,7 @@ int apply_lora(DiffusionTransformer& model, const LoraOptions& options) {
 }
 
 void set_lora_multiplier(DiffusionTransformer& model, double multiplier) {
-  for (auto& [path, linear] : target_linears(model))
+  for (auto& [path, linear] : adapted_linears(model))
     if (linear->has_lora()) linear->set_lora_multiplier(multiplier);
 }
 
@@ -103,7 +134,7 @@ int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage stora
 std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransformer& model, torch::ScalarType dtype) {
   const std::string prefix = family_of(model.spec().family).lora_key_prefix();
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (auto& [path, linear] : target_linears(model)) {
+  for (auto& [path, linear] : adapted_linears(model)) {
     if (!linear->has_lora()) continue;
     for (const auto& p : linear->named_parameters()) {
       if (p.key().rfind("lora_", 0) != 0) continue;
@@ -120,7 +151,7 @@ void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, t
   const auto tensors = lora_state(model, dtype);
   if (tensors.empty()) throw std::runtime_error("save_lora: the model has no LoRA adapters");
   std::vector<std::string> targets;
-  for (auto& [module_path, linear] : target_linears(model))
+  for (auto& [module_path, linear] : adapted_linears(model))
     if (linear->has_lora()) targets.push_back(module_path);
   const nlohmann::json peft = {{"transformer.r", options.rank},
                                {"transformer.lora_alpha", options.rank},  // alpha / rank is folded into lora_B
@@ -139,7 +170,7 @@ void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
   const auto file = io::SafetensorsFile::open(path);
   const std::string prefix = family_of(model.spec().family).lora_key_prefix();
   torch::NoGradGuard no_grad;
-  for (auto& [module_path, linear] : target_linears(model)) {
+  for (auto& [module_path, linear] : adapted_linears(model)) {
     if (!linear->has_lora()) continue;
     for (auto& p : linear->named_parameters()) {
       if (p.key().rfind("lora_", 0) != 0) continue;
@@ -234,19 +265,52 @@ LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path
   return out;
 }
 
-int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& path, double scale) {
-  const LoraFile file = read_lora_file(model, path);
+namespace {
+
+// A file module's scale: its alpha / rank, else the file's PEFT alpha / r, else 1.
+double module_scale(const LoraFile& file, const LoraFileModule& a) {
+  return a.alpha ? *a.alpha / static_cast<double>(a.down.size(0)) : file.file_scale.value_or(1.0);
+}
+
+// Adds each module's update, times `scale`, into its Linear's weight; calls `also` with it after.
+int merge_into_base(DiffusionTransformer& model, const LoraFile& file, double scale,
+                    const std::function<void(Linear&, const LoraFileModule&, double)>& also = {}) {
   std::map<std::string, Linear> by_path;
   for (auto& [module_path, linear] : named_linears(model)) by_path.emplace(module_path, linear);
   torch::NoGradGuard no_grad;
   for (const auto& [module_path, a] : file.modules) {
     Linear& linear = by_path.at(module_path);
-    const torch::Tensor w = linear->effective_weight(torch::kFloat);
-    const double module_scale =
-        a.alpha ? *a.alpha / static_cast<double>(a.down.size(0)) : file.file_scale.value_or(1.0);
-    linear->set_weight(w + scale * module_scale * torch::mm(a.up.to(torch::kFloat), a.down.to(torch::kFloat)));
+    const double s = module_scale(file, a);
+    if (!linear->weight.is_meta()) {
+      const torch::Tensor w = linear->effective_weight(torch::kFloat);
+      linear->set_weight(w + scale * s * torch::mm(a.up.to(torch::kFloat), a.down.to(torch::kFloat)));
+    }
+    if (also) also(linear, a, s);
   }
   return static_cast<int>(file.modules.size());
+}
+
+}  // namespace
+
+int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& path, double scale) {
+  return merge_into_base(model, read_lora_file(model, path), scale);
+}
+
+int attach_assistant_adapter(DiffusionTransformer& model, const std::filesystem::path& path, torch::ScalarType dtype) {
+  return merge_into_base(model, read_lora_file(model, path), 1.0,
+                         [&](Linear& linear, const LoraFileModule& a, double s) {
+                           const auto o = linear->weight.options().dtype(dtype);
+                           linear->add_assistant_adapter(a.down.to(o), a.up.to(o), s);
+                         });
+}
+
+void set_assistant_adapters(DiffusionTransformer& model, double multiplier,
+                            const std::function<torch::Tensor(const torch::Tensor&)>& place) {
+  for (auto& [path, linear] : named_linears(model))
+    if (linear->has_assistant_adapter()) {
+      linear->place_assistant_adapter(place);
+      linear->set_assistant_multiplier(multiplier);
+    }
 }
 
 std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path) {

@@ -1,5 +1,8 @@
 #include "gclab/model/quantize.h"
 
+#include <fnmatch.h>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -8,6 +11,7 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/model/family.h"
 #include "gclab/model/lora.h"
+#include "gclab/model/registry.h"
 
 namespace gclab::model {
 
@@ -26,11 +30,26 @@ std::optional<WeightStorage> quantized_storage(config::QType qtype) {
   }
 }
 
+bool quantized_by(const config::QuantizeKwargs& filter, const std::string& module) {
+  auto named = [&](const std::vector<std::string>& patterns) {
+    return std::any_of(patterns.begin(), patterns.end(),
+                       [&](const std::string& p) { return ::fnmatch(p.c_str(), module.c_str(), 0) == 0; });
+  };
+  return !named(filter.exclude) && (filter.include.empty() || named(filter.include));
+}
+
 BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelConfig& config) {
   BaseQuantization q;
   if (!config.quantize) return q;
   const std::optional<WeightStorage> storage = quantized_storage(config.qtype);
-  auto linears = named_linears(model);
+  const config::QuantizeKwargs filter = family_of(model.spec().family).quantization_filter(config);
+  std::vector<std::pair<std::string, Linear>> linears;
+  for (auto& [path, linear] : named_linears(model)) {
+    if (quantized_by(filter, path))
+      linears.emplace_back(path, linear);
+    else
+      ++q.kept;
+  }
   torch::NoGradGuard no_grad;
   if (!config.accuracy_recovery_adapter) {
     if (storage) {
@@ -110,6 +129,7 @@ std::string describe_text_encoder_storage(const config::ModelConfig& config, Fam
 std::string describe(const BaseQuantization& q, const config::ModelConfig& config) {
   if (!config.quantize) return "base weights unquantized (model.quantize: false)";
   std::string s = std::to_string(q.quantized) + " Linears stored as " + std::string(config::name_of(config.qtype));
+  if (q.kept > 0) s += " (" + std::to_string(q.kept) + " left in their dtype by the arch's exclusions)";
   if (q.quantized == 0)
     s = "no Linear quantized (" + std::string(config::name_of(config.qtype)) +
         " leaves weights in their dtype, as in AI Toolkit)";

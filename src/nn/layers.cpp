@@ -430,6 +430,10 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     const torch::Tensor h = F::linear(x, for_input(recovery_A_, x));
     y = y + F::linear(h, for_input(recovery_B_, h)) * recovery_scale_;
   }
+  if (assistant_A_.defined() && assistant_multiplier_ != 0) {
+    const torch::Tensor h = F::linear(x, for_input(assistant_A_, x));
+    y = y + F::linear(h, for_input(assistant_B_, h)) * (assistant_scale_ * assistant_multiplier_);
+  }
   if (lora_A_.defined() && lora_multiplier_ != 0) {
     // Dropout on lora_A's rank-sized output, as AI Toolkit's LoRAModule.forward (lora_down, then dropout):
     // its mask is B x tokens x rank, not the input's size.
@@ -440,15 +444,37 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return y;
 }
 
+namespace {
+
+// A frozen adapter's matrices for a Linear in -> out: down [rank, in], up [out, rank].
+void check_adapter(int64_t in, int64_t out, const torch::Tensor& down, const torch::Tensor& up) {
+  TORCH_CHECK(down.dim() == 2 && up.dim() == 2 && down.size(1) == in && up.size(0) == out && up.size(1) == down.size(0),
+              "an adapter for a Linear ", in, " -> ", out, " must be [rank, ", in, "] and [", out, ", rank]; got ",
+              down.sizes(), " and ", up.sizes());
+}
+
+}  // namespace
+
 void LinearImpl::add_recovery_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale) {
-  TORCH_CHECK(
-      down.dim() == 2 && up.dim() == 2 && down.size(1) == in_ && up.size(0) == out_ && up.size(1) == down.size(0),
-      "an adapter for a Linear ", in_, " -> ", out_, " must be [rank, ", in_, "] and [", out_, ", rank]; got ",
-      down.sizes(), " and ", up.sizes());
+  check_adapter(in_, out_, down, up);
   TORCH_CHECK(!recovery_A_.defined(), "the Linear already has an accuracy-recovery adapter");
   recovery_A_ = register_buffer("recovery_A", down.to(weight.device()));
   recovery_B_ = register_buffer("recovery_B", up.to(weight.device()));
   recovery_scale_ = scale;
+}
+
+void LinearImpl::add_assistant_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale) {
+  check_adapter(in_, out_, down, up);
+  TORCH_CHECK(!assistant_A_.defined(), "the Linear already has an assistant adapter");
+  assistant_A_ = register_buffer("assistant_A", down.to(weight.device()));
+  assistant_B_ = register_buffer("assistant_B", up.to(weight.device()));
+  assistant_scale_ = scale;
+}
+
+void LinearImpl::place_assistant_adapter(const std::function<torch::Tensor(const torch::Tensor&)>& place) {
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor* t : {&assistant_A_, &assistant_B_})
+    if (t->defined()) t->set_data(place(*t));
 }
 
 void LinearImpl::add_lora(int64_t rank, double alpha, double dropout) {

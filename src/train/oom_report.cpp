@@ -101,6 +101,7 @@ struct Levers {
   void preview_fixes();
   void weight_fixes();
   void text_fixes();
+  void optimizer_fixes();
 };
 
 // 0. The autoencoder's encode ran out: cache the latents before training (it then leaves the device).
@@ -264,6 +265,22 @@ void Levers::weight_fixes() {
   }
 }
 
+// 3b. The optimizer's state, from the step after the first update on beside every step's activations: the
+// same trained tensors' state under the 8-bit twin or Adafactor (what the Session's optimizer predicts),
+// after the step's own levers.
+void Levers::optimizer_fixes() {
+  for (const auto& [kind, bytes] : ctx.optimizer_alternatives) {
+    const int64_t saving = ctx.optimizer_bytes - bytes;
+    if (saving <= 0) continue;
+    const std::string name(config::name_of(kind));
+    fixes.push_back({kind == config::OptimizerKind::adafactor ? "Use Adafactor (factored second moments)"
+                                                              : "Keep the optimizer's state in 8 bits",
+                     "train.optimizer: " + name, saving,
+                     "the trained tensors' optimizer state as " + name + " holds it (train/optimizer.h), against the " +
+                         config::format_bytes(ctx.optimizer_bytes) + " live"});
+  }
+}
+
 // 6. The text encoders: cached embeddings or unloaded encoders (they then leave the device), or float8
 // weights. First when the encode ran out, or when they hold a quarter or more of what was live: then they
 // are what crowds the step out.
@@ -336,6 +353,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   l.basis = "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " + std::to_string(l.batch);
   l.latent_cache_fix();
   l.step_fixes();
+  l.optimizer_fixes();
   l.preview_fixes();
   l.weight_fixes();
   l.text_fixes();
@@ -358,6 +376,61 @@ Session open_session(const config::ProcessConfig& config, const std::filesystem:
     throw OutOfMemoryStop(brief);
   }
 }
+
+namespace {
+
+// Where the step right after the first update ran out in its forward or backward: the optimizer's state,
+// made by that update, is what that step holds and the one before did not.
+std::string why_this_step(const OomContext& c) {
+  if (!(c.first_update_step > 0 && c.step == c.first_update_step + 1 && c.optimizer_bytes > 0 &&
+        c.phase != Phase::optimizer && c.phase != Phase::sample && c.phase != Phase::save))
+    return "";
+  std::ostringstream md;
+  md << "## Why step " << c.step << " and not step " << c.first_update_step << "\n\nStep " << c.first_update_step
+     << " ran its forward and backward before the optimizer had any state: its update made it ("
+     << config::format_bytes(c.optimizer_bytes) << "). From step " << c.step
+     << " on that state sits beside every step's activations, so this step needed that much more than step "
+     << c.first_update_step << " did in the same phase. `gclab estimate` predicts both (each cell's "
+     << "`first_step_total` beside its `total`).\n\n";
+  return md.str();
+}
+
+// oom_report.json: the report's facts for tools.
+void write_oom_json(const std::filesystem::path& file, const OomContext& c, const std::vector<OomFix>& fixes,
+                    int64_t other) {
+  nlohmann::ordered_json j;
+  j["step"] = c.step;
+  j["phase"] = phase_name(c.phase);
+  j["activity"] = activity_name(c.activity);
+  j["bucket"] = c.bucket;
+  j["batch"] = c.batch;
+  j["checkpoint_policy"] = c.checkpoint_policy;
+  j["device"] = c.device;
+  j["cap_bytes"] = c.cap_bytes;
+  j["cap_counts"] = c.cap_counts;
+  j["message"] = c.message;
+  j["live_bytes"] = {{"weights", c.weight_bytes},
+                     {"gradients", c.gradient_bytes},
+                     {"optimizer", c.optimizer_bytes},
+                     {"text_encoder", c.text_encoder_bytes},
+                     {"vae", c.vae_bytes},
+                     {"activations_and_other", other},
+                     {"total", c.live_bytes}};
+  j["peak_bytes"] = c.peak_bytes;
+  j["last_step_phase_peaks"] = memory::by_phase_name(c.last_step_phase_peaks);
+  j["last_good_step"] = c.last_good_step;
+  j["first_update_step"] = c.first_update_step;
+  j["saved"] = c.saved_weights;
+  j["fixes"] = nlohmann::ordered_json::array();
+  for (const auto& f : fixes)
+    j["fixes"].push_back({{"title", f.title},
+                          {"change", f.change},
+                          {"predicted_saving_bytes", f.predicted_saving_bytes},
+                          {"basis", f.basis}});
+  std::ofstream(file) << j.dump(2) << "\n";
+}
+
+}  // namespace
 
 std::string write_oom_report(const std::filesystem::path& dir, const OomContext& c, const std::vector<OomFix>& fixes) {
   using config::format_bytes;
@@ -403,6 +476,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
         md << (first ? "" : ", ") << phase_name(p) << " " << format_bytes(b), first = false;
       md << ".\n\n";
     }
+    md << why_this_step(c);
   }
   md << "On CUDA the cap is the caching allocator's memory fraction; the CUDA context itself (a few hundred MiB) "
         "is outside it.\n\n";
@@ -414,38 +488,10 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
     md << "\nNothing was lost: nothing was trained yet.\n";
   else
     md << "\nNothing was lost: " << (c.saved_weights.empty() ? "nothing to save yet" : "saved " + c.saved_weights)
-       << " (state for `gclab train --resume`).\n";
+       << " (a rerun of `gclab train` resumes from it).\n";
   std::ofstream(dir / "oom_report.md") << md.str();
 
-  nlohmann::ordered_json j;
-  j["step"] = c.step;
-  j["phase"] = phase_name(c.phase);
-  j["activity"] = activity_name(c.activity);
-  j["bucket"] = c.bucket;
-  j["batch"] = c.batch;
-  j["checkpoint_policy"] = c.checkpoint_policy;
-  j["device"] = c.device;
-  j["cap_bytes"] = c.cap_bytes;
-  j["cap_counts"] = c.cap_counts;
-  j["message"] = c.message;
-  j["live_bytes"] = {{"weights", c.weight_bytes},
-                     {"gradients", c.gradient_bytes},
-                     {"optimizer", c.optimizer_bytes},
-                     {"text_encoder", c.text_encoder_bytes},
-                     {"vae", c.vae_bytes},
-                     {"activations_and_other", other},
-                     {"total", c.live_bytes}};
-  j["peak_bytes"] = c.peak_bytes;
-  j["last_step_phase_peaks"] = memory::by_phase_name(c.last_step_phase_peaks);
-  j["last_good_step"] = c.last_good_step;
-  j["saved"] = c.saved_weights;
-  j["fixes"] = nlohmann::ordered_json::array();
-  for (const auto& f : fixes)
-    j["fixes"].push_back({{"title", f.title},
-                          {"change", f.change},
-                          {"predicted_saving_bytes", f.predicted_saving_bytes},
-                          {"basis", f.basis}});
-  std::ofstream(dir / "oom_report.json") << j.dump(2) << "\n";
+  write_oom_json(dir / "oom_report.json", c, fixes, other);
 
   std::ostringstream brief;
   if (loading)

@@ -15,6 +15,10 @@ struct MomentSpec {
   const char* name;
   bool is_signed;
   MomentShape shape = MomentShape::param;
+  // float32 whatever the parameter's dtype (Adafactor's: it casts the gradient to float32 before its state
+  // is made from it, AI Toolkit's toolkit/optimizers/adafactor.py:264-265, 283-292); otherwise the
+  // parameter's dtype, as torch's optimizers make theirs (zeros_like(p)).
+  bool float32 = false;
 };
 
 namespace {
@@ -56,10 +60,10 @@ std::vector<MomentSpec> moments_of(Rule r, const OptimizerOptions& o) {
     case Rule::Lion:
       return {{"exp_avg", true}};
     case Rule::Adafactor: {
-      std::vector<MomentSpec> m = {{"exp_avg_sq_row", false, MomentShape::row},
-                                   {"exp_avg_sq_col", false, MomentShape::col},
-                                   {"exp_avg_sq", false, MomentShape::unfactored}};
-      if (o.adafactor_beta1) m.push_back({"exp_avg", true});
+      std::vector<MomentSpec> m = {{"exp_avg_sq_row", false, MomentShape::row, true},
+                                   {"exp_avg_sq_col", false, MomentShape::col, true},
+                                   {"exp_avg_sq", false, MomentShape::unfactored, true}};
+      if (o.adafactor_beta1) m.push_back({"exp_avg", true, MomentShape::param, true});
       return m;
     }
     case Rule::Prodigy:
@@ -112,7 +116,8 @@ torch::Tensor dynamic_quantization_map(bool is_signed) {
   return std::get<0>(torch::sort(torch::cat(parts)));
 }
 
-// Where the moments live between steps. get() gives float32 tensors the update may modify in place
+// Where the moments live between steps. get() gives tensors (the parameter's dtype, or float32 where the
+// rule keeps float32 moments or they are 8-bit) the update may modify in place
 // (zeros the first time, shaped as the moment is for that parameter); put() keeps them after the update.
 class MomentStorage {
  public:
@@ -121,14 +126,17 @@ class MomentStorage {
   // The moment for `param` (undefined when it has none of this kind: Adafactor's factored moments).
   torch::Tensor get(const std::string& param, size_t moment, const torch::Tensor& p) {
     const auto sizes = moment_sizes(specs_[moment].shape, p);
-    return sizes ? get_sized(param, moment, *sizes, p.options()) : torch::Tensor();
+    return sizes ? get_sized(param, moment, *sizes, p.options().dtype(dtype(moment, p))) : torch::Tensor();
   }
   int64_t expected_bytes(const torch::Tensor& p) const {
     int64_t b = 0;
     for (size_t m = 0; m < count(); ++m)
       if (const auto sizes = moment_sizes(specs_[m].shape, p))
-        b += expected_bytes_of(c10::multiply_integers(*sizes), static_cast<int64_t>(p.element_size()));
+        b += expected_bytes_of(c10::multiply_integers(*sizes), static_cast<int64_t>(c10::elementSize(dtype(m, p))));
     return b;
+  }
+  torch::ScalarType dtype(size_t moment, const torch::Tensor& p) const {
+    return specs_[moment].float32 ? torch::kFloat : p.scalar_type();
   }
   virtual torch::Tensor get_sized(const std::string& param, size_t moment, const std::vector<int64_t>& sizes,
                                   const torch::TensorOptions& options) = 0;
@@ -396,15 +404,21 @@ void Optimizer::update(const std::vector<std::pair<std::string, torch::Tensor>>&
       if (m[k][i].defined()) moments_->put(names[i], k, m[k][i]);
 }
 
-// AI Toolkit's Adafactor.step for float32 parameters, relative_step off (its setting): per parameter,
-// beta2_t = 1 - t^decay_rate; v <- beta2_t v + (1 - beta2_t)(g^2 + eps) (factored: row and column means,
-// recombined as row / mean(row) x col); u = g / sqrt(v), divided by max(1, RMS(u) / clip_threshold),
-// times lr (times max(eps2, RMS(p)) with scale_parameter); optional first moment of u; decay; p -= u.
+// AI Toolkit's Adafactor.step, relative_step off (its setting): per parameter, beta2_t = 1 - t^decay_rate;
+// v <- beta2_t v + (1 - beta2_t)(g^2 + eps) (factored: row and column means, recombined as row / mean(row) x
+// col); u = g / sqrt(v), divided by max(1, RMS(u) / clip_threshold), times lr (times max(eps2, RMS(p)) with
+// scale_parameter); optional first moment of u; decay; p -= u. A bfloat16 parameter is updated as a float32
+// copy (`p_data_fp32`), its gradient and moments in float32, and rounded back stochastically (adafactor.py:
+// 261-262, 301-305, 359-361, copy_stochastic).
 void Optimizer::adafactor_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
                                std::vector<std::vector<torch::Tensor>>& m, double lr) {
   const double beta2t = 1.0 - std::pow(static_cast<double>(steps_), o_.decay_rate);
   auto rms = [](const torch::Tensor& t) { return t.norm(2) / std::sqrt(static_cast<double>(t.numel())); };
   for (size_t i = 0; i < p.size(); ++i) {
+    const bool low_precision = p[i].scalar_type() != torch::kFloat;
+    torch::Tensor w = low_precision ? p[i].to(torch::kFloat) : p[i];
+    // As the reference holds them: the float32 gradient (a copy for a bfloat16 one), the update and the
+    // float32 weights live to the end of the parameter's turn.
     const torch::Tensor grad = g[i].to(torch::kFloat);
     torch::Tensor &row = m[0][i], &col = m[1][i], &full = m[2][i];
     torch::Tensor update = grad.square().add_(o_.eps);
@@ -420,15 +434,16 @@ void Optimizer::adafactor_step(std::vector<torch::Tensor>& p, const std::vector<
     update.div_((rms(update) / o_.clip_threshold).clamp_(1.0));
     // lr as a tensor when scaled by the parameter's RMS: no host synchronisation.
     const torch::Tensor step_lr =
-        o_.scale_parameter ? rms(p[i]).clamp_min(o_.eps2) * lr : torch::full({}, lr, update.options());
+        o_.scale_parameter ? rms(w).clamp_min(o_.eps2) * lr : torch::full({}, lr, update.options());
     update.mul_(step_lr);
     if (o_.adafactor_beta1) {
       torch::Tensor& exp_avg = m[3][i];
       exp_avg.mul_(*o_.adafactor_beta1).add_(update, 1.0 - *o_.adafactor_beta1);
       update = exp_avg;
     }
-    if (o_.weight_decay != 0) p[i].add_(p[i] * step_lr * -o_.weight_decay);
-    p[i].sub_(update);
+    if (o_.weight_decay != 0) w.add_(w * step_lr * -o_.weight_decay);
+    w.sub_(update);
+    if (low_precision) copy_stochastic(p[i], w);
   }
 }
 
@@ -505,6 +520,26 @@ int64_t Optimizer::expected_state_bytes() const {
   return b;
 }
 
+int64_t Optimizer::expected_state_bytes_under(OptimizerKind kind) const {
+  std::vector<std::pair<std::string, torch::Tensor>> shapes;
+  for (const auto& [name, p] : params_)
+    shapes.emplace_back(name, torch::empty(p.sizes(), p.options().device(torch::kMeta)));
+  return Optimizer(kind, std::move(shapes), default_options(kind)).expected_state_bytes();
+}
+
+std::optional<OptimizerKind> eight_bit_twin(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::adamw:
+      return OptimizerKind::adamw8bit;
+    case OptimizerKind::adam:
+      return OptimizerKind::adam8bit;
+    case OptimizerKind::lion:
+      return OptimizerKind::lion8bit;
+    default:
+      return std::nullopt;
+  }
+}
+
 int64_t Optimizer::expected_step_bytes() const {
   const Rule rule = rule_of(kind_);
   const bool q8 = eight_bit(kind_);
@@ -512,9 +547,11 @@ int64_t Optimizer::expected_step_bytes() const {
   // moments update one parameter at a time: the largest one's — and the largest parameter's numel; the 8-bit
   // moments get() dequantizes, kept until put() requantizes them.
   int64_t set = 0, largest = 0;
+  bool low_precision = false;
   for (const auto& [name, p] : params_) {
     set += p.numel() * static_cast<int64_t>(p.element_size());
     largest = std::max(largest, p.numel());
+    low_precision = low_precision || p.scalar_type() != torch::kFloat;
   }
   const int64_t dequantized =
       q8 && largest >= DynamicInt8Moments::kMin8bitSize ? static_cast<int64_t>(moments_->count()) * largest * 4 : 0;
@@ -535,8 +572,9 @@ int64_t Optimizer::expected_step_bytes() const {
     case Rule::Sgd:
       update = l2 ? set : 0;
       break;
-    case Rule::Adafactor:  // per parameter: g^2 + eps, then the update built from it (float32)
-      update = 2 * largest * 4;
+    case Rule::Adafactor:  // per parameter: g^2 + eps, then the update built from it (float32); a bfloat16
+      // parameter also has its float32 gradient and weights, and stochastic rounding's int32 bits at the end
+      update = (low_precision ? 4 : 2) * largest * 4;
       break;
   }
   // put() requantizing one moment: padded float32 values, their absolute values, the scaled values, the
@@ -544,6 +582,49 @@ int64_t Optimizer::expected_step_bytes() const {
   const int64_t requantize = q8 ? largest * (4 + 4 + 4 + 8) : 0;
   const int64_t clip = 2 * largest * 8;  // clip_grad_norm, before: grad.to(kDouble), then its square
   return std::max(dequantized + std::max(update, requantize), clip);
+}
+
+void copy_stochastic(torch::Tensor& target, const torch::Tensor& source) {
+  if (target.scalar_type() != torch::kBFloat16 || source.scalar_type() != torch::kFloat) {
+    target.copy_(source);
+    return;
+  }
+  // copy_stochastic_bf16: a random 16-bit integer added to the float32's bits, the low 16 bits masked off:
+  // the magnitude rounds up with the probability of the part bfloat16 cannot hold.
+  torch::Tensor bits = torch::randint_like(source, 0, 1 << 16, source.options().dtype(torch::kInt));
+  bits.add_(source.view(torch::kInt)).bitwise_and_(-65536);
+  target.copy_(bits.view(torch::kFloat));
+}
+
+bool Optimizer::accumulates_stochastically() const {
+  if (rule_of(kind_) != Rule::Adafactor) return false;
+  for (const auto& [name, p] : params_)
+    if (p.scalar_type() == torch::kBFloat16) return true;
+  return false;
+}
+
+std::vector<torch::Tensor> Optimizer::set_gradients_aside() {
+  std::vector<torch::Tensor> aside(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& p = params_[i].second;
+    if (p.scalar_type() != torch::kBFloat16 || !p.grad().defined()) continue;
+    aside[i] = p.grad();
+    p.mutable_grad() = torch::Tensor();
+  }
+  return aside;
+}
+
+void Optimizer::accumulate(std::vector<torch::Tensor> aside) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size() && i < aside.size(); ++i) {
+    if (!aside[i].defined()) continue;
+    torch::Tensor& p = params_[i].second;
+    if (p.grad().defined()) {
+      const torch::Tensor sum = aside[i].to(torch::kFloat).add_(p.grad().to(torch::kFloat));
+      copy_stochastic(aside[i], sum);
+    }
+    p.mutable_grad() = aside[i];
+  }
 }
 
 std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, std::vector<std::pair<std::string, torch::Tensor>> params,

@@ -54,7 +54,7 @@ torch::ScalarType save_dtype(const config::ProcessConfig& config) {
 }
 
 torch::ScalarType base_dtype(const config::ProcessConfig& config) {
-  return config.network && config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
+  return config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
 }
 
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
@@ -194,6 +194,20 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.load.quantized_on_host = model::quantizes_in_host_memory(config.model);
   plan.load.staged = plan.load.quantized_on_host && !plan.device.is_cpu() && runs_on_cuda(config);
 
+  if (const auto& assistant = config.model.assistant_lora_path) {
+    if (!plan.family->takes_assistant_adapter(config.model.arch))
+      throw UserError(
+          "model.assistant_lora_path: AI Toolkit loads an assistant adapter for FLUX.1 / Flex.1 and "
+          "Z-Image only (toolkit/assistant_lora.py, z_image.py); " +
+          config.model.arch + "'s model class would fail on it when it samples. Remove the key.");
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(*assistant, ec))
+      plan.assistant_adapter = *assistant;
+    else
+      plan.warnings.push_back("model.assistant_lora_path '" + *assistant +
+                              "' is not a local file (gclab fetches nothing; AI Toolkit would download it): "
+                              "training without it. Download the .safetensors and give its path.");
+  }
   plan.prompts = prompt_plan(config, plan.spec, torch::TensorOptions().device(plan.device).dtype(plan.compute_dtype));
   plan_codec(plan);
   plan.caches_latents = run_caches_latents(config);

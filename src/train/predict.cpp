@@ -107,8 +107,12 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
       checkpointed ? steady + s.batch_bytes + s.reference_bytes + a.full_with_recompute_bytes : training;
   s.phases[memory::Phase::backward] = std::max(training, e.resident_bytes);
   s.phases[memory::Phase::optimizer] = e.resident_bytes + e.optimizer_step_bytes;
-  s.total_bytes = 0;
+  s.first_phases = s.phases;
+  for (const memory::Phase p : {memory::Phase::data, memory::Phase::text, memory::Phase::forward})
+    s.first_phases[p] -= e.optimizer_bytes;
+  s.first_phases[memory::Phase::backward] = std::max(training, e.resident_bytes) - e.optimizer_bytes;
   for (const auto& [phase, bytes] : s.phases) s.total_bytes = std::max(s.total_bytes, bytes);
+  for (const auto& [phase, bytes] : s.first_phases) s.first_total_bytes = std::max(s.first_total_bytes, bytes);
   return s;
 }
 
@@ -302,8 +306,10 @@ PhaseBytes MemoryModel::phases(const StepEstimate& step) const {
 std::optional<PhaseBytes> MemoryModel::predict(const StepResult& r) const {
   const auto kind = session_->config().train.policy().kind;
   if (kind != ckpt::CheckpointPolicy::Kind::Off && kind != ckpt::CheckpointPolicy::Kind::Full) return std::nullopt;
-  return phases(
-      step(r.batch, r.height, r.width, kind == ckpt::CheckpointPolicy::Kind::Full, r.text_tokens, r.captions));
+  StepEstimate s =
+      step(r.batch, r.height, r.width, kind == ckpt::CheckpointPolicy::Kind::Full, r.text_tokens, r.captions);
+  if (r.before_first_update) s.phases = s.first_phases;
+  return phases(s);
 }
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config) { return MemoryModel(config).estimate(); }

@@ -1,5 +1,7 @@
 #include "gclab/train/session.h"
 
+#include <algorithm>
+
 #include <chrono>
 
 #include "gclab/config/byte_size.h"
@@ -120,6 +122,7 @@ Session::Session(RunPlan plan)
   if (!device_.is_meta()) record_load(before_load);
   attach_network();
   load_user_weights();
+  attach_assistant();
   offload_transformer();
   model_->train();
   build_codec();
@@ -143,8 +146,8 @@ void Session::start_memory() {
   if (device_.is_cpu()) memory::MemoryMeter::set_host_cap(config_.host_cap.bytes);
 }
 
-// The transformer built in the dtype it trains in (with a LoRA network in bf16 the frozen base is bf16 and
-// only the adapters are float32; without one every weight is a float32 master copy) and quantized — on the
+// The transformer built in the dtype it trains in (bf16: every weight bfloat16, the LoRA adapters float32;
+// a full fine-tune updates the bfloat16 weights themselves, as AI Toolkit does) and quantized — on the
 // device, or in host memory under low_vram or block by block.
 void Session::load_transformer() {
   torch::manual_seed(plan_.seed);
@@ -239,6 +242,21 @@ void Session::attach_network() {
 
 // The user's weights when name_or_path is a local diffusers folder that has them: every tensor checked
 // against the model built from its config.json, loaded into the storage the run uses.
+// model.assistant_lora_path: merged into the base after its weights are in (AI Toolkit merges before it
+// quantizes: on a quantized base gclab requantizes the merged weight), its matrices on the device in the
+// compute dtype until the first preview, host memory between previews (base_model.py:739-745).
+void Session::attach_assistant() {
+  if (plan_.assistant_adapter.empty()) return;
+  int adapted = 0;
+  try {
+    adapted = model::attach_assistant_adapter(*model_, plan_.assistant_adapter, plan_.compute_dtype);
+  } catch (const std::exception& e) {
+    throw UserError("model.assistant_lora_path: " + plan_.assistant_adapter.string() + ": " + e.what());
+  }
+  log::info("model.assistant_lora_path: merged into " + std::to_string(adapted) +
+            " Linears for training, taken back out while sampling (AI Toolkit's assistant adapter)");
+}
+
 void Session::load_user_weights() {
   const auto& local = plan_.local;
   if (local && !local->weights.empty() && !device_.is_meta()) {
@@ -292,8 +310,27 @@ void Session::build_codec() {
 // 0.9/0.99, no decay), EMA.
 void Session::build_optimizer() {
   const config::TrainConfig& tc = config_.train;
+  // A full fine-tune trains the parameters model.only_if_contains / ignore_if_contains leave, the rest
+  // frozen (named as "transformer.<name>": stable_diffusion_model.py:2704-2713, models/base_model.py:
+  // 1310-1318; BaseSDTrainProcess.py:1900 freezes all, ensure_params_requires_grad thaws the optimizer's).
+  const config::ModelConfig& mc = config_.model;
+  auto any_in = [](const std::string& name, const std::vector<std::string>& words) {
+    return std::any_of(words.begin(), words.end(),
+                       [&](const std::string& w) { return name.find(w) != std::string::npos; });
+  };
+  if (!config_.network && (!mc.only_if_contains.empty() || !mc.ignore_if_contains.empty()))
+    for (auto& p : model_->named_parameters()) {
+      const std::string name = "transformer." + p.key();
+      if (any_in(name, mc.ignore_if_contains) || (!mc.only_if_contains.empty() && !any_in(name, mc.only_if_contains)))
+        p.value().set_requires_grad(false);
+    }
   for (const auto& p : model_->named_parameters())
     if (p.value().requires_grad()) trained_.emplace_back(p.key(), p.value());
+  if (trained_.empty())
+    throw UserError(std::string("nothing to train: ") +
+                    (config_.network ? "network.transformer_only / network_kwargs leave no Linear to adapt"
+                                     : "model.only_if_contains / ignore_if_contains leave no parameter") +
+                    " (names are matched as \"transformer.<path>\", e.g. transformer.transformer_blocks.0.attn.to_q)");
   optimizer_ =
       make_optimizer(tc.optimizer, trained_,
                      options_from(tc, [&](const char* key) { return config_.source.origin_by_path.count(key) > 0; }));
@@ -520,6 +557,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   so.autocast_bf16 = bf16();
   bool epoch_start = false;
   StepResult r;
+  r.before_first_update = optimizer_->steps() == 0;
   std::vector<torch::Tensor> losses;
   for (int micro = 0; micro < accumulation(); ++micro) {
     const auto t_wait = std::chrono::steady_clock::now();
@@ -531,6 +569,10 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
       encode(lb);
     }
     epoch_start = epoch_start || lb.epoch_start;
+    r.epoch = epoch_ = lb.epoch;
+    // An is_reg dataset's loss weighs reg_weight (SDTrainer.py:1455-1459: loss_multiplier per item).
+    const auto d = static_cast<size_t>(lb.dataset);
+    const bool reg = d < config_.datasets.size() && config_.datasets[d].is_reg;
     r.bucket = current_bucket_ = lb.bucket.key();
     r.width = lb.bucket.width, r.height = lb.bucket.height;
     r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
@@ -543,10 +585,17 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     {
       auto scope = phase(Phase::forward);
       loss = flow_matching_loss(*model_, mb, so);
+      if (reg && tc.reg_weight != 1.0) loss = loss * tc.reg_weight;
     }
     {
       auto scope = phase(Phase::backward);
-      loss.backward();
+      if (micro > 0 && optimizer_->accumulates_stochastically()) {
+        std::vector<torch::Tensor> aside = optimizer_->set_gradients_aside();
+        loss.backward();
+        optimizer_->accumulate(std::move(aside));
+      } else {
+        loss.backward();
+      }
     }
     losses.push_back(loss.detach());
   }
@@ -577,7 +626,10 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
   auto scope = phase(Phase::sample);
   // AI Toolkit previews with the EMA weights when EMA is on (BaseSDTrainProcess.sample: ema.eval() swaps
   // them in, ema.train() back).
+  // The assistant adapter inverted while sampling: on the device, multiplier -1; off and in host memory after.
+  model::set_assistant_adapters(*model_, -1.0, [&](const torch::Tensor& t) { return memory::to_device(t, device_); });
   with_ema_weights([&] { files = sample_previews(step, dir); });
+  model::set_assistant_adapters(*model_, 0.0, [](const torch::Tensor& t) { return memory::to_host(t); });
   return files;
 }
 

@@ -1,5 +1,7 @@
 #include "gclab/train/state_file.h"
 
+#include "gclab/config/yaml_json.h"
+
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -81,18 +83,22 @@ const std::vector<StateSection>& state_sections() {
 // BaseSDTrainProcess.py:388-409, then toolkit/metadata.py get_meta_for_safetensors: values that are not text
 // as JSON): training_info, ss_base_model_version (the family's get_base_model_version), ss_output_name (the
 // job's name), ss_tag_frequency with a trigger word (for AUTOMATIC1111), software — gclab's here, where AI
-// Toolkit names itself — and gclab_step. Not yet: the config's meta block, training_info's epoch, and
-// the sshs_* hashes network_mixins.py:654 adds.
+// Toolkit names itself — and gclab_step, each JSON as Python's json.dumps writes it (the ss_ keys go into
+// the sshs hashes); under them the config's `meta` block (the job's meta,
+// BaseProcess.py:22, with "[name]" already the job's name as get_meta_for_safetensors makes it, its values
+// that are not text as JSON). The sshs_* hashes are added where the LoRA is written (model::add_model_hashes).
 std::map<std::string, std::string> weights_metadata(const Session& session, int64_t step) {
   const config::ProcessConfig& config = session.config();
   const std::string trigger = config.trigger_word.value_or("");
   std::map<std::string, std::string> meta = {
       {"gclab_step", std::to_string(step)},
-      {"training_info", nlohmann::ordered_json{{"step", step}}.dump()},
+      {"training_info", config::python_json({{"step", step}, {"epoch", session.epoch()}})},
       {"ss_base_model_version", session.plan().family->base_model_version(config.model.arch)},
       {"ss_output_name", config.name},
-      {"software", nlohmann::ordered_json{{"name", "gclab"}, {"version", GCLAB_VERSION}}.dump()}};
-  if (!trigger.empty()) meta["ss_tag_frequency"] = nlohmann::ordered_json{{"1_" + trigger, {{trigger, 1}}}}.dump();
+      {"software", config::python_json({{"name", "gclab"}, {"version", GCLAB_VERSION}})}};
+  if (!trigger.empty()) meta["ss_tag_frequency"] = config::python_json({{"1_" + trigger, {{trigger, 1}}}});
+  for (const auto& [key, value] : config::meta_entries(config))
+    meta.emplace(key, value);  // update_training_metadata's keys win over the block's (add_meta)
   return meta;
 }
 

@@ -47,7 +47,9 @@ std::vector<data::ImageItem> scan(std::vector<config::DatasetConfig>& datasets, 
   return items;
 }
 
-// Every caption the run will ask for, as the loader makes them without dropout (cache_text_embeddings).
+// Every caption the run will ask for (cache_text_embeddings): each item's as the loader makes it without
+// dropout, and where its dataset drops captions, its dropout caption, text only (AI Toolkit caches both
+// beside the image: get_text_embedding_path, get_blank_text_embedding_path).
 std::vector<data::Caption> run_captions(const std::vector<data::ImageItem>& items,
                                         const std::vector<config::DatasetConfig>& datasets,
                                         const std::optional<std::string>& trigger_word) {
@@ -55,8 +57,12 @@ std::vector<data::Caption> run_captions(const std::vector<data::ImageItem>& item
   for (const auto& item : items) {
     std::mt19937_64 unused(0);
     auto ds = datasets[static_cast<size_t>(item.dataset)];
+    const bool drops = ds.caption_dropout_rate > 0;
     ds.caption_dropout_rate = 0;
     out.push_back({data::process_caption(item.caption, ds, trigger_word, unused), item.controls, {}, item.image});
+    if (!drops) continue;
+    ds.caption_dropout_rate = 1;  // dropped for certain
+    out.push_back({data::process_caption(item.caption, ds, trigger_word, unused), {}, {}, item.image});
   }
   return out;
 }
@@ -132,8 +138,13 @@ class Run {
   RunSaves saves_;
   std::optional<RunLog> log_;
   std::optional<data::BatchLoader> loader_;  // started after the budget probe: its thread allocates too
-  int64_t step_ = 0;                         // steps done
-  int64_t last_good_step_ = 0;               // the parameters' step: what a save now would hold
+  // The is_reg datasets' own loader (AI Toolkit's data_loader_reg, BaseSDTrainProcess.py:173-176), when
+  // there are any: it gives the batches of the steps reg_step() names.
+  std::optional<data::BatchLoader> reg_loader_;
+  bool reg_step(int64_t step) const;
+  int64_t step_ = 0;               // steps done
+  int64_t last_good_step_ = 0;     // the parameters' step: what a save now would hold
+  int64_t first_update_step_ = 0;  // the step whose update made the optimizer's state
   int consecutive_ooms_ = 0;
 };
 
@@ -152,7 +163,7 @@ void Run::prepare() {
     if (const auto resumed = saves_.resume(session_))
       step_ = *resumed;
     else
-      log::warn("--resume: no saved state in " + summary_.output_dir.string() + "; starting at step 0");
+      log::info("no earlier save in " + summary_.output_dir.string() + ": starting at step 0");
   }
   summary_.start_step = summary_.end_step = last_good_step_ = step_;
   log_.emplace(summary_.output_dir, step_, tc.steps, ProgressOptions{options_.progress, options_.progress_in_place},
@@ -170,8 +181,20 @@ void Run::prepare() {
   lo.reference_area = s.spec().reference_area;
   lo.seed = s.plan().seed;
   lo.trigger_word = config_.trigger_word;
-  loader_.emplace(items_, datasets_, session_.codec(), lo, step_ * s.accumulation());
-  oom_guarded([&] { session_.cache_latents(*loader_); });
+  std::vector<data::ImageItem> items, reg_items;
+  for (const auto& item : items_)
+    (datasets_[static_cast<size_t>(item.dataset)].is_reg ? reg_items : items).push_back(item);
+  if (items.empty())
+    throw data::DataError("every dataset is is_reg: there are no images to train on between its steps");
+  // Where each loader starts: the micro-batches the earlier steps took from it.
+  int64_t start = 0, reg_start = 0;
+  for (int64_t k = 0; k < step_; ++k) (!reg_items.empty() && reg_step(k) ? reg_start : start) += s.accumulation();
+  loader_.emplace(std::move(items), datasets_, session_.codec(), lo, start);
+  if (!reg_items.empty()) reg_loader_.emplace(std::move(reg_items), datasets_, session_.codec(), lo, reg_start);
+  oom_guarded([&] {
+    session_.cache_latents(*loader_);
+    if (reg_loader_) session_.cache_latents(*reg_loader_);
+  });
   session_.phases().clear();
   // AI Toolkit's baseline: unless skip_first_sample, at the start of a fresh run, or at the step a run
   // resumes from under force_first_sample (BaseSDTrainProcess.py:2477-2481).
@@ -211,15 +234,28 @@ void Run::loop() {
   log_->end_progress();
 }
 
+// AI Toolkit's regularization steps (BaseSDTrainProcess.py:2550-2568): with an is_reg dataset, every even
+// step (0-based) takes its micro-batches from the reg loader, except the steps that save or sample.
+bool Run::reg_step(int64_t step) const {
+  if (step % 2 != 0) return false;
+  const int save_every = config_.save.save_every;
+  if (save_every > 0 && step % save_every == 0) return false;
+  const auto& sample = config_.sample;
+  const bool sampling = sample && !config_.train.disable_sampling && sample->sample_every > 0;
+  return !(sampling && step >= sample->sample_start_step && step % sample->sample_every == 0);
+}
+
 void Run::train_one() {
   const int64_t done = step_ + 1;
   const auto t_step = Clock::now();
-  const StepResult r = session_.train_step(step_, [this] {
-    data::LoadedBatch b = loader_->next();
-    for (const auto& w : loader_->take_warnings()) log::warn(w);
+  data::BatchLoader& loader = reg_loader_ && reg_step(step_) ? *reg_loader_ : *loader_;
+  const StepResult r = session_.train_step(step_, [&loader] {
+    data::LoadedBatch b = loader.next();
+    for (const auto& w : loader.take_warnings()) log::warn(w);
     return b;
   });
   last_good_step_ = done;
+  if (r.before_first_update && r.updated) first_update_step_ = done;
   const double step_s = seconds_since(t_step);
   summary_.losses.push_back(r.loss);
   summary_.data_wait_s += r.data_wait_s;
@@ -273,6 +309,13 @@ void Run::stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::Memor
   ctx.vae_bytes = held.vae;
   ctx.last_step_phase_peaks = log_->last_step_peaks();
   ctx.last_good_step = last_good_step_;
+  ctx.first_update_step = first_update_step_;
+  std::vector<config::OptimizerKind> alternatives;
+  if (const auto twin = eight_bit_twin(config_.train.optimizer)) alternatives.push_back(*twin);
+  if (!config_.network && config_.train.optimizer != config::OptimizerKind::adafactor)
+    alternatives.push_back(config::OptimizerKind::adafactor);
+  for (const auto kind : alternatives)
+    ctx.optimizer_alternatives.emplace_back(kind, session_.optimizer().expected_state_bytes_under(kind));
   session_.lift_cap();  // nothing lost: the save is not part of the experiment
   try {
     ctx.saved_weights = saves_.save(session_, last_good_step_, false).string();
@@ -295,6 +338,8 @@ void Run::finish() {
   summary_.saves.push_back(saves_.save(session_, step_, false));  // the state for --resume
   if (!summary_.interrupted) summary_.saves.push_back(saves_.save(session_, step_, true));
   summary_.unusable_images = loader_->unusable_files();
+  if (reg_loader_)
+    for (auto& f : reg_loader_->unusable_files()) summary_.unusable_images.push_back(f);
   for (const auto& f : summary_.unusable_images) log::warn("not used (cannot be decoded): " + f);
   summary_.peak_bytes = log_->peak_bytes();
   log_->write_memory(session_);

@@ -157,11 +157,25 @@ TEST(Estimate, EightBitStateIsAQuarterOfAdamWsAndQuantizeHalvesTheWeights) {
   EXPECT_NEAR(static_cast<double>(eight.weight_bytes) / static_cast<double>(bf16.weight_bytes), 0.5, 0.01);
 }
 
-// The weights are counted in the dtype the run holds them in: a full fine-tune keeps float32 masters.
+// The weights are counted in the dtype the run holds them in. A bf16 full fine-tune holds bf16 weights and
+// gradients, as AI Toolkit does (no float32 master copy), AdamW's two moments bf16 too, Adafactor's float32
+// factored ones far smaller; the first step's forward and backward run before the optimizer's state exists.
 TEST(Estimate, WeightsInTheirRealDtype) {
   const auto lora = estimate_memory(flux_24gb({"model.quantize=false"}));
   const auto fp32 = estimate_memory(flux_24gb({"model.quantize=false", "train.dtype=fp32"}));
   EXPECT_NEAR(static_cast<double>(fp32.weight_bytes) / static_cast<double>(lora.weight_bytes), 2.0, 0.02);
+  const auto full = estimate_memory(flux_24gb({"model.quantize=false", "network=null", "train.optimizer=adamw"}));
+  EXPECT_NEAR(static_cast<double>(full.weight_bytes) / static_cast<double>(lora.weight_bytes), 1.0, 0.02);
+  EXPECT_EQ(full.gradient_bytes, full.trained_bytes);
+  EXPECT_NEAR(static_cast<double>(full.trained_bytes) / static_cast<double>(full.weight_bytes), 1.0, 0.01);
+  EXPECT_EQ(full.optimizer_bytes, 2 * full.trained_bytes);
+  const auto adafactor =
+      estimate_memory(flux_24gb({"model.quantize=false", "network=null", "train.optimizer=adafactor"}));
+  EXPECT_LT(adafactor.optimizer_bytes * 50, full.optimizer_bytes);
+  const auto& cell = full.resolutions.back().gc_off;
+  EXPECT_EQ(cell.phases.at(memory::Phase::backward) - cell.first_phases.at(memory::Phase::backward),
+            full.optimizer_bytes);
+  EXPECT_EQ(cell.phases.at(memory::Phase::optimizer), cell.first_phases.at(memory::Phase::optimizer));
 }
 
 // The estimate against what a real step measures on the CPU (exact accounting): every tiny preset, LoRA

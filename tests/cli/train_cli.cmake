@@ -19,9 +19,17 @@ expect_contains("${last_err}" "done: steps 0-3")
 if(NOT EXISTS "${dir}/cli/cli.safetensors")
   message(FATAL_ERROR "no weights written")
 endif()
-# Resuming a finished run trains nothing more and says where it resumed.
+# Run again, a finished run resumes from its newest save, as AI Toolkit does (BaseSDTrainProcess.py:2048,
+# 2191-2215): it trains nothing more and says where it resumed; --resume says the same; --from-scratch
+# trains from step 0.
+expect_run(0 "${GCLAB}" train "${dir}/cfg.yaml")
+expect_contains("${last_err}" "resumed from")
+expect_contains("${last_err}" "done: steps 3-3")
 expect_run(0 "${GCLAB}" train "${dir}/cfg.yaml" --resume)
 expect_contains("${last_err}" "resumed from")
+expect_run(0 "${GCLAB}" train "${dir}/cfg.yaml" --from-scratch)
+expect_contains("${last_err}" "done: steps 0-3")
+expect_run(2 "${GCLAB}" train "${dir}/cfg.yaml" --from-scratch --resume)
 
 # Ctrl-C: the run saves at the next step boundary and exits 130, so a script can tell it from a finished run.
 expect_run(130 timeout --preserve-status -s INT 5 "${GCLAB}" train "${dir}/cfg.yaml" --set name=interrupted

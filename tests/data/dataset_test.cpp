@@ -174,15 +174,33 @@ TEST(Captions, TriggerDropoutAndShuffleAsAiToolkit) {
     first_moved = first_moved || c.rfind("first", 0) != 0;
   }
   EXPECT_TRUE(first_moved);
-  // With cached text embeddings get_caption neither drops nor shuffles: both settings go, each said.
+  // With cached text embeddings get_caption does not shuffle (the setting goes, said once), but
+  // load_prompt_embedding still drops captions at the dataset's rate, to the cached dropout caption: the
+  // trigger alone (dataloader_mixins.py:2188-2193, 2239-2253).
   d.caption_dropout_rate = 0.5;
   const auto warnings = disable_caption_randomness(d);
-  EXPECT_EQ(warnings.size(), 2u);
-  EXPECT_EQ(d.caption_dropout_rate, 0.0);
+  EXPECT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(d.caption_dropout_rate, 0.5);
+  EXPECT_TRUE(d.cache_text_embeddings);
   EXPECT_FALSE(d.shuffle_tokens);
-  for (int i = 0; i < 20; ++i)
-    EXPECT_EQ(process_caption("first, b, c", d, std::string("sks"), rng), "sks first,  b,  c");
+  int kept = 0, dropped = 0;
+  for (int i = 0; i < 200; ++i) {
+    bool was_dropped = false;
+    const std::string c = process_caption("first, b, c", d, std::string("sks"), rng, &was_dropped);
+    EXPECT_EQ(c, was_dropped ? "sks " : "sks first,  b,  c");
+    (was_dropped ? dropped : kept) += 1;
+  }
+  EXPECT_GT(dropped, 70);
+  EXPECT_GT(kept, 70);
   EXPECT_TRUE(disable_caption_randomness(d).empty());
+  // A regularization dataset gets no trigger put in front (get_caption's add_if_not_present only when not
+  // is_reg, dataloader_mixins.py:389-392; the step's likewise), its tags still replaced, its dropout ''.
+  config::DatasetConfig reg;
+  reg.is_reg = true;
+  EXPECT_EQ(process_caption("a photo", reg, std::string("sks"), rng), "a photo");
+  EXPECT_EQ(process_caption("a photo of [trigger]", reg, std::string("sks"), rng), "a photo of sks");
+  reg.caption_dropout_rate = 1.0;
+  EXPECT_EQ(process_caption("a photo", reg, std::string("sks"), rng), "");
 }
 
 TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) {

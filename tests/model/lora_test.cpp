@@ -1,12 +1,16 @@
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <functional>
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "gclab/io/safetensors.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/lora.h"
+#include "gclab/model/quantize.h"
 
 namespace fs = std::filesystem;
 
@@ -44,6 +48,112 @@ TEST(Lora, ZImageAdaptersAreOnItsLayersOnlyAsAiToolkitPutsThem) {
   EXPECT_GT(in_refiners, 0);
 }
 
+// network.network_kwargs and transformer_only as LoRASpecialNetwork.create_modules reads them
+// (toolkit/lora_special.py:524-525, 531-533, 570-573): names "transformer.<path>"; ignore_if_contains drops,
+// only_if_contains keeps (also matched with '.' as "$$"); transformer_only false adapts every Linear.
+TEST(Lora, KeySelectionAsAiToolkitsNetworkKwargsMakeIt) {
+  auto count = [](const LoraOptions& o, const std::function<bool(const std::string&)>& expect) {
+    auto m = build_transformer(spec_by_preset("tiny-flux"), torch::TensorOptions().device(torch::kMeta));
+    const int adapted = apply_lora(*m, o);
+    int seen = 0;
+    for (auto& [path, linear] : nn::named_linears(*m)) {
+      EXPECT_EQ(linear->has_lora(), expect(path)) << path;
+      seen += linear->has_lora() ? 1 : 0;
+    }
+    EXPECT_EQ(adapted, seen);
+    return adapted;
+  };
+  auto in_blocks = [](const std::string& p) { return p.find("transformer_blocks.") != std::string::npos; };
+  const int all_blocks = count({4, 4.0}, in_blocks);
+  LoraOptions o{4, 4.0};
+  o.ignore_if_contains = {"single_transformer_blocks"};
+  const int double_only = count(o, [](const std::string& p) { return p.rfind("transformer_blocks.", 0) == 0; });
+  EXPECT_LT(double_only, all_blocks);
+  o = {4, 4.0};
+  o.only_if_contains = {"to_q", "transformer$$transformer_blocks$$0$$"};
+  count(o, [](const std::string& p) {
+    return p.find("to_q") != std::string::npos || p.rfind("transformer_blocks.0.", 0) == 0;
+  });
+  o = {4, 4.0};
+  o.transformer_only = false;
+  const int every = count(o, [](const std::string&) { return true; });
+  EXPECT_GT(every, all_blocks);  // the embedders and the output projection too
+}
+
+// model.quantize leaves what the arch's AI Toolkit loader leaves: Z-Image's model class keeps its
+// embedders and final layer in their dtype (toolkit/models/v2/z_image.py:18-35); FLUX.1's StableDiffusion
+// loader passes model.quantize_kwargs (stable_diffusion_model.py:799: the Flex example excludes
+// "*time_text_embed*"); Qwen-Image's quantizes every Linear. fnmatch on each Linear's own name.
+TEST(Quantize, EachArchLeavesWhatItsAiToolkitLoaderLeaves) {
+  EXPECT_TRUE(quantized_by({}, "x_embedder"));
+  EXPECT_FALSE(quantized_by({{}, {"t_embedder*"}}, "t_embedder.mlp.0"));
+  EXPECT_TRUE(quantized_by({{}, {"t_embedder"}}, "t_embedder.mlp.0"));  // a parent's pattern is not its children's
+  EXPECT_FALSE(quantized_by({{"*attn*"}, {}}, "ff.net.0.proj"));
+  auto kept = [](const std::string& preset, std::vector<std::string> exclude) {
+    auto m = build_transformer(spec_by_preset(preset), torch::TensorOptions().device(torch::kMeta));
+    config::ModelConfig c;
+    c.quantize = true;
+    c.quantize_kwargs.exclude = std::move(exclude);
+    const BaseQuantization q = quantize_base(*m, c);
+    std::set<std::string> left;
+    for (auto& [path, linear] : nn::named_linears(*m))
+      if (linear->weight_storage() != WeightStorage::QFloat8) left.insert(path);
+    EXPECT_EQ(static_cast<int>(left.size()), q.kept) << preset;
+    EXPECT_EQ(static_cast<int>(nn::named_linears(*m).size()), q.kept + q.quantized) << preset;
+    return left;
+  };
+  const auto z = kept("tiny-zimage", {"*"});  // Z-Image's loader passes no quantize_kwargs: "*" is not read
+  ASSERT_FALSE(z.empty());
+  for (const auto& path : z)
+    EXPECT_TRUE(path.rfind("t_embedder", 0) == 0 || path.rfind("cap_embedder", 0) == 0 ||
+                path.rfind("all_x_embedder", 0) == 0 || path.rfind("all_final_layer", 0) == 0)
+        << path;
+  EXPECT_TRUE(kept("tiny-qwen-image", {"*"}).empty());
+  EXPECT_TRUE(kept("tiny-flux", {}).empty());
+  const auto flux = kept("tiny-flux", {"*time_text_embed*"});
+  ASSERT_FALSE(flux.empty());
+  for (const auto& path : flux) EXPECT_NE(path.find("time_text_embed"), std::string::npos) << path;
+}
+
+// Gives every adapter a lora_B of N(0, 0.05): adapters that change the output.
+void randomize_lora_b(DiffusionTransformer& m) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.named_parameters())
+    if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.05);
+}
+
+// model.assistant_lora_path as AI Toolkit keeps an assistant (training) adapter: merged into the base
+// for training (the model then computes what the adapted one does), its matrices beside the weights, and
+// at multiplier -1 — sampling — the merged update taken back out: the base model's output again.
+TEST(Lora, AnAssistantAdapterIsMergedForTrainingAndTakenBackOutForSampling) {
+  auto base = [] {
+    torch::manual_seed(0);
+    return build_transformer(spec_by_preset("tiny-flux"));
+  };
+  auto m = base();
+  const ModelInputs in = m->example_inputs(1, 128, 128);
+  const torch::Tensor plain = m->forward(in).detach();
+  apply_lora(*m, {4, 4.0});
+  randomize_lora_b(*m);
+  const torch::Tensor adapted = m->forward(in).detach();
+  const fs::path file = temp_file("assistant.safetensors");
+  save_lora(*m, file, torch::kFloat, {4, 4.0});
+
+  auto trained = base();
+  EXPECT_EQ(attach_assistant_adapter(*trained, file, torch::kFloat), 40);
+  EXPECT_FALSE(torch::allclose(plain, adapted, 1e-3, 1e-4));
+  EXPECT_TRUE(torch::allclose(trained->forward(in).detach(), adapted, 1e-5, 1e-6));  // training: merged
+  set_assistant_adapters(*trained, -1.0, [](const torch::Tensor& t) { return t; });
+  EXPECT_TRUE(torch::allclose(trained->forward(in).detach(), plain, 1e-5, 1e-6));  // sampling: taken out
+  set_assistant_adapters(*trained, 0.0, [](const torch::Tensor& t) { return t; });
+  EXPECT_TRUE(torch::allclose(trained->forward(in).detach(), adapted, 1e-5, 1e-6));
+  // Its matrices are buffers: no trained parameter, no LoRA key.
+  for (const auto& p : trained->named_parameters()) EXPECT_EQ(p.key().find("assistant"), std::string::npos);
+  int64_t buffers = 0;
+  for (const auto& b : trained->named_buffers()) buffers += b.key().find("assistant_") != std::string::npos;
+  EXPECT_EQ(buffers, 80);
+}
+
 TEST(Lora, StartsAsANoOpTrainsOnlyAdaptersAndRoundTripsThroughAFile) {
   torch::manual_seed(0);
   auto m = build_transformer(spec_by_preset("tiny-flux"));
@@ -54,11 +164,7 @@ TEST(Lora, StartsAsANoOpTrainsOnlyAdaptersAndRoundTripsThroughAFile) {
   EXPECT_TRUE(torch::equal(m->forward(in).detach(), base));
   for (const auto& p : m->named_parameters())
     EXPECT_EQ(p.value().requires_grad(), p.key().find("lora_") != std::string::npos) << p.key();
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : m->named_parameters())
-      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.05);
-  }
+  randomize_lora_b(*m);
   const torch::Tensor adapted_out = m->forward(in).detach();
   EXPECT_FALSE(torch::allclose(adapted_out, base));
 
@@ -89,11 +195,7 @@ TEST(Lora, AFileMergedIntoTheBaseGivesTheAdaptedOutputInEveryNaming) {
   auto m = build_transformer(spec_by_preset("tiny-flux"));
   const ModelInputs in = m->example_inputs(1, 128, 128);
   apply_lora(*m, {4, 8.0});  // scale 2
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : m->named_parameters())
-      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.05);
-  }
+  randomize_lora_b(*m);
   const torch::Tensor adapted = m->forward(in).detach();
   const fs::path file = temp_file("merge.safetensors");
   save_lora(*m, file, torch::kFloat, {4, 8.0});

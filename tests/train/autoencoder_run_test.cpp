@@ -4,8 +4,10 @@
 // as an explicit choice; Qwen-Image on its own AutoencoderKLQwenImage; a local vae/ folder's weights used.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <set>
 
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
@@ -50,6 +52,41 @@ TEST(SessionAutoencoder, LowVramTilesQwenImagePreviewsAsAiToolkitDoes) {
                   "sample={prompts: [a], vae_tiling: true, "
                   "vae_tile_size: 128}"}),
             128);
+  fs::remove_all(dir);
+}
+
+// AI Toolkit builds buckets, crops and batches once, in epoch 0 (dataloader_mixins.py:222-225), and its
+// DataLoader only reorders those batches: every later epoch has epoch 0's batches, the same members.
+TEST(Loader, LaterEpochsReorderTheFirstEpochsBatches) {
+  const fs::path dir = testing::fresh_dir("epoch_batches");
+  const auto config = tiny_config(dir, "e", {"model.vae=dct"});
+  Session session(config);
+  data::BatchLoader loader(items_of(config), config.datasets, session.codec(), loader_options(session), 0);
+  const int64_t per_epoch = loader.batches_per_epoch();
+  ASSERT_GE(per_epoch, 2);
+  auto members = [](const data::LoadedBatch& b) {
+    std::vector<std::string> m;
+    for (const auto& f : b.image_files) m.push_back(f.filename().string());
+    std::sort(m.begin(), m.end());
+    return b.bucket.key() + ":" + [&] {
+      std::string joined;
+      for (const auto& x : m) joined += x + ",";
+      return joined;
+    }();
+  };
+  std::multiset<std::string> first;
+  std::vector<std::string> first_order;
+  for (int64_t i = 0; i < per_epoch; ++i)
+    first_order.push_back(members(loader.next())), first.insert(first_order.back());
+  bool reordered = false;
+  for (int epoch = 1; epoch < 6; ++epoch) {
+    std::multiset<std::string> batches;
+    std::vector<std::string> order;
+    for (int64_t i = 0; i < per_epoch; ++i) order.push_back(members(loader.next())), batches.insert(order.back());
+    EXPECT_EQ(batches, first) << "epoch " << epoch;
+    reordered = reordered || order != first_order;
+  }
+  EXPECT_TRUE(reordered);
   fs::remove_all(dir);
 }
 

@@ -315,6 +315,81 @@ TEST(Optimizers, ProdigyMatchesItsReference) {
                                        "safeguard_warmup": true, "d_coef": 2.0})"}});
 }
 
+// copy_stochastic (AI Toolkit's copy_stochastic_bf16): a float32 value a quarter of the way from one
+// bfloat16 to the next rounds up a quarter of the time, down otherwise, never elsewhere; negatives by
+// magnitude; a value bfloat16 holds stays.
+TEST(Optimizers, StochasticRoundingToBfloat16IsUnbiased) {
+  torch::manual_seed(3);
+  const double ulp = std::ldexp(1.0, -7);  // bfloat16's spacing in [1, 2)
+  for (const double sign : {1.0, -1.0}) {
+    const torch::Tensor source = torch::full({40000}, sign * (1.0 + ulp / 4), torch::kFloat);
+    torch::Tensor target = torch::empty({40000}, torch::kBFloat16);
+    copy_stochastic(target, source);
+    const torch::Tensor up = target.to(torch::kFloat).abs().eq(1.0 + ulp),
+                        down = target.to(torch::kFloat).abs().eq(1.0);
+    EXPECT_TRUE(up.logical_or(down).all().item<bool>());
+    EXPECT_NEAR(up.to(torch::kFloat).mean().item<double>(), 0.25, 0.01) << sign;
+  }
+  const torch::Tensor exact = torch::tensor({1.0f, -3.5f, 0.0f});
+  torch::Tensor target = torch::empty({3}, torch::kBFloat16);
+  copy_stochastic(target, exact);
+  EXPECT_TRUE(torch::equal(target.to(torch::kFloat), exact));
+}
+
+// A bfloat16 full fine-tune under Adafactor, as AI Toolkit runs it (adafactor.py): float32 moments, the
+// update computed on a float32 copy and rounded back stochastically. An update far below bfloat16's
+// spacing still moves the weights on average (round to nearest would leave every one where it was), each
+// weight lands on a bfloat16 neighbour of the float32 result, and the moments are the float32 rule's.
+TEST(Optimizers, AdafactorUpdatesBfloat16WeightsInFloat32AndRoundsStochastically) {
+  torch::manual_seed(5);
+  const torch::Tensor start = torch::ones({400, 500});
+  const torch::Tensor grad = torch::randn({400, 500}).abs() + 0.5;  // every update downwards
+  torch::Tensor low = start.to(torch::kBFloat16).requires_grad_(true), high = start.clone().requires_grad_(true);
+  auto opt_low = make_optimizer(OptimizerKind::adafactor, {{"w", low}}, default_options(OptimizerKind::adafactor));
+  auto opt_high = make_optimizer(OptimizerKind::adafactor, {{"w", high}}, default_options(OptimizerKind::adafactor));
+  low.mutable_grad() = grad.to(torch::kBFloat16), high.mutable_grad() = grad.to(torch::kBFloat16).to(torch::kFloat);
+  opt_low->step(1e-4), opt_high->step(1e-4);
+  const torch::Tensor moved = low.detach().to(torch::kFloat) - start, want = high.detach() - start;
+  ASSERT_GT(want.abs().max().item<double>(), 0.0);
+  EXPECT_LT(want.abs().max().item<double>(), std::ldexp(1.0, -9));  // under half bfloat16's spacing below 1
+  EXPECT_GT(moved.ne(0).to(torch::kFloat).mean().item<double>(), 0.005);
+  EXPECT_NEAR(moved.mean().item<double>(), want.mean().item<double>(), 0.1 * want.abs().mean().item<double>());
+  EXPECT_LE((moved - want).abs().max().item<double>(), std::ldexp(1.0, -8));
+  std::map<std::string, torch::Tensor> low_state, high_state;
+  for (const auto& [k, v] : opt_low->state()) low_state[k] = v;
+  for (const auto& [k, v] : opt_high->state()) high_state[k] = v;
+  ASSERT_EQ(low_state.size(), high_state.size());
+  for (const auto& [k, v] : high_state) {
+    if (k != "step") {
+      EXPECT_EQ(low_state.at(k).scalar_type(), torch::kFloat) << k;
+    }
+    EXPECT_TRUE(torch::equal(low_state.at(k), v)) << k;
+  }
+  EXPECT_EQ(opt_low->expected_state_bytes(), (400 + 500) * 4);
+}
+
+// AI Toolkit's stochastic_grad_accummulation: with Adafactor, a bfloat16 weight's micro-batch gradients are
+// added in float32 and the sum rounded stochastically; other optimizers (and float32 weights) accumulate as
+// autograd does.
+TEST(Optimizers, AdafactorAccumulatesBfloat16GradientsStochastically) {
+  torch::manual_seed(6);
+  torch::Tensor w = torch::ones({20000}, torch::kBFloat16).requires_grad_(true);
+  auto opt = make_optimizer(OptimizerKind::adafactor, {{"w", w}}, default_options(OptimizerKind::adafactor));
+  ASSERT_TRUE(opt->accumulates_stochastically());
+  EXPECT_FALSE(make_optimizer(OptimizerKind::adamw, {{"w", w}}, default_options(OptimizerKind::adamw))
+                   ->accumulates_stochastically());
+  const double small = std::ldexp(1.0, -10);  // an eighth of bfloat16's spacing at 1
+  w.mutable_grad() = torch::ones({20000}, torch::kBFloat16);
+  std::vector<torch::Tensor> aside = opt->set_gradients_aside();
+  EXPECT_FALSE(w.grad().defined());
+  w.mutable_grad() = torch::full({20000}, small, torch::kBFloat16);  // what the next backward leaves
+  opt->accumulate(std::move(aside));
+  const torch::Tensor sum = w.grad().to(torch::kFloat);
+  const double spacing = std::ldexp(1.0, -7);
+  EXPECT_TRUE(sum.eq(1.0).logical_or(sum.eq(1.0 + spacing)).all().item<bool>());
+  EXPECT_NEAR(sum.mean().item<double>(), 1.0 + small, 0.1 * small);  // round to nearest: exactly 1
+}
+
 TEST(Optimizers, AdafactorStateIsFactoredAndProdigyKeepsFourCopies) {
   torch::Tensor w = torch::randn({64, 32}).requires_grad_(true), b = torch::randn({32}).requires_grad_(true);
   for (auto kind : {OptimizerKind::adafactor, OptimizerKind::prodigy}) {

@@ -24,6 +24,7 @@
 #include "gclab/model/family.h"
 #include "gclab/model/lora.h"
 #include "gclab/train/flow.h"
+#include "gclab/train/plan.h"
 #include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 #include "gclab/train/state_file.h"
@@ -711,7 +712,10 @@ TEST(Session, BuildsTheModelInItsTrainingDtypeWithoutAFloat32Copy) {
 // Every AI Toolkit example config gclab models, shrunk to its family's tiny preset (256², 2 steps, its own
 // sample block at 256² with 2 sample steps, the baseline sample included), trains end to end: its
 // prompts, negative prompt, guidance, optimizer, timestep type and dtype as written. One test per config
-// (ctest runs them side by side): AI Toolkit's examples, and jobs in the shape its web UI writes.
+// (ctest runs them side by side): AI Toolkit's examples, and jobs in the shape its web UI writes. The
+// latents come from the DCT stand-in: most examples train in bf16, and on a CPU without AVX-512 PyTorch
+// runs a bf16 3-D convolution on its slow path (about 30 s for one 256² Qwen-Image encode, 12 minutes a
+// test); the autoencoders' own runs are tested in autoencoder_run_test.cpp and against diffusers.
 std::vector<fs::path> example_configs() {
   std::vector<fs::path> configs;
   for (const auto& root : {fs::path(GCLAB_SHARED_DIR) / "aitk-configs", fs::path(GCLAB_SOURCE_DIR) / "configs/aitk-ui"})
@@ -741,6 +745,7 @@ TEST_P(AitkExample, TrainsEndToEndShrunkToItsTinyPreset) {
         (tiny.empty() || model::spec_for(as_written.config->model).edit == model::spec_by_preset(a.preset).edit))
       tiny = a.name;
   std::vector<std::string> shrink = {"model.arch=" + tiny,
+                                     "model.vae=dct",
                                      "training_folder=" + (dir / "out").string(),
                                      "device=cpu",
                                      "datasets.0.folder_path=" + (dir / "data").string(),
@@ -891,6 +896,100 @@ TEST(Session, TheBudgetProbeMeasuresWhatTheLedgerSays) {
 // "diffusion_model." (qwen_image.py:418-423, z_image.py:467-472), FLUX's PEFT "transformer."; the metadata
 // BaseSDTrainProcess.update_training_metadata adds (training_info, ss_base_model_version, ss_output_name,
 // ss_tag_frequency with a trigger word) and software. load_lora reads the renamed file back.
+// Caption dropout with cached text embeddings (AI Toolkit's load_prompt_embedding, dataloader_mixins.py:
+// 2239-2253): still drawn per item, to the dropout caption's embedding, cached beside the image with the
+// caption's own before training — two files an image — and the run trains with the encoders gone.
+TEST(Trainer, CachedTextStillDropsCaptionsToTheCachedDropoutEmbedding) {
+  const fs::path dir = testing::fresh_dir("cached_dropout");
+  const auto config = tiny_config(dir, "cached_dropout",
+                                  {"train.steps=4", "train.cache_text_embeddings=true", "trigger_word=sks",
+                                   "datasets[0].caption_dropout_rate=0.5"});
+  EXPECT_EQ(config.datasets[0].caption_dropout_rate, 0.5);
+  const auto summary = train(config, {});
+  EXPECT_EQ(summary.losses.size(), 4u);
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "data" / "_t_e_cache")) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 12u);  // six images: each one's caption and its dropout caption ("sks ")
+  fs::remove_all(dir);
+}
+
+// model.only_if_contains / ignore_if_contains choose what a full fine-tune trains (AI Toolkit's
+// named_parameters filters, stable_diffusion_model.py:2704-2713): the rest frozen, out of the optimizer;
+// filters that leave nothing are a clear error.
+TEST(Trainer, FullFineTuneTrainsWhatModelOnlyIfContainsLeaves) {
+  const fs::path dir = testing::fresh_dir("only_if_contains");
+  const auto config = tiny_config(
+      dir, "o",
+      {"network=null", "model.only_if_contains=[single_transformer_blocks]", "model.ignore_if_contains=[norm]"});
+  Session session(config, SessionOptions{/*meta=*/true});
+  ASSERT_FALSE(session.trained().empty());
+  for (const auto& [name, p] : session.trained()) {
+    EXPECT_EQ(name.rfind("single_transformer_blocks.", 0), 0u) << name;
+    EXPECT_EQ(name.find("norm"), std::string::npos) << name;
+  }
+  int64_t frozen = 0;
+  for (const auto& p : session.model().parameters()) frozen += p.requires_grad() ? 0 : 1;
+  EXPECT_GT(frozen, 0);
+  EXPECT_THROW(
+      Session(tiny_config(dir, "o", {"network=null", "model.only_if_contains=[no_such_module]"}), SessionOptions{true}),
+      UserError);
+  fs::remove_all(dir);
+}
+
+// model.assistant_lora_path: the archs whose AI Toolkit model class loads it take it; the others would fail
+// when they sample, so gclab refuses it before loading; a Hub name (not fetched) trains without it, said.
+TEST(Trainer, AssistantAdapterIsTakenWhereAiToolkitTakesIt) {
+  const fs::path dir = testing::fresh_dir("assistant");
+  EXPECT_THROW(
+      plan_run(tiny_config(dir, "a", {"model.arch=tiny-qwen-image", "model.assistant_lora_path=x.safetensors"})),
+      UserError);
+  const RunPlan hub = plan_run(
+      tiny_config(dir, "a", {"model.assistant_lora_path=ostris/FLUX.1-schnell-training-adapter/a.safetensors"}));
+  EXPECT_TRUE(hub.assistant_adapter.empty());
+  ASSERT_FALSE(hub.warnings.empty());
+  EXPECT_NE(hub.warnings.back().find("not a local file"), std::string::npos);
+  // A local file (a LoRA this run writes) is merged in: the run trains and its previews sample.
+  const auto first = train(tiny_config(dir, "a", {"train.steps=1"}), {});
+  ASSERT_FALSE(first.saves.empty());
+  const auto config = tiny_config(dir, "b",
+                                  {"train.steps=2", "model.assistant_lora_path=" + first.saves.back().string(),
+                                   "sample={prompts: [a red circle], sample_every: 2, sample_steps: 2, "
+                                   "width: 64, height: 64}"});
+  EXPECT_EQ(plan_run(config).assistant_adapter, first.saves.back());
+  const auto second = train(config, {});
+  EXPECT_EQ(second.end_step, 2);
+  EXPECT_FALSE(second.samples.empty());
+  fs::remove_all(dir);
+}
+
+// is_reg datasets (BaseSDTrainProcess.py:173-176, 2550-2568; SDTrainer.py:1455-1459): their own loader,
+// whose batches train the even steps (0-based) that neither save nor sample, the loss times reg_weight.
+// With reg_weight 0 those steps' losses are exactly 0, the others' not.
+TEST(Trainer, RegularizationDatasetsTrainEveryOtherStepAtRegWeight) {
+  const fs::path dir = testing::fresh_dir("is_reg");
+  data::SynthOptions o;
+  o.count = 4;
+  o.sizes = {{64, 64}};
+  data::write_synthetic_dataset(dir / "reg", o);
+  const auto config = tiny_config(
+      dir, "r",
+      {"train.steps=6", "train.reg_weight=0", "trigger_word=sks",
+       "datasets=[{folder_path: " + (dir / "data").string() +
+           ", resolution: [64]}, {folder_path: " + (dir / "reg").string() + ", resolution: [64], is_reg: true}]"});
+  ASSERT_EQ(config.datasets.size(), 2u);
+  const auto summary = train(config, {});
+  ASSERT_EQ(summary.losses.size(), 6u);
+  for (size_t step = 0; step < 6; ++step) {
+    const bool reg = step % 2 == 0 && step != 0;  // step 0 saves (save_every divides it): never a reg step
+    if (reg) {
+      EXPECT_EQ(summary.losses[step], 0.0) << "step " << step;
+    } else {
+      EXPECT_GT(summary.losses[step], 0.0) << "step " << step;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, LoraFilesAreNamedAndDescribedAsAiToolkitWritesThem) {
   const fs::path dir = testing::fresh_dir("lora_file_names");
   for (const auto& [arch, prefix, version] :
@@ -906,8 +1005,9 @@ TEST(Trainer, LoraFilesAreNamedAndDescribedAsAiToolkitWritesThem) {
     const auto meta = file.metadata();
     EXPECT_EQ(meta.at("ss_base_model_version"), version) << arch;
     EXPECT_EQ(meta.at("ss_output_name"), arch);
-    EXPECT_EQ(nlohmann::json::parse(meta.at("training_info")).at("step"), 1);
-    EXPECT_EQ(nlohmann::json::parse(meta.at("ss_tag_frequency")).at("1_sks").at("sks"), 1);
+    // As Python's json.dumps writes them (the ss_ keys are part of the sshs hashes' input).
+    EXPECT_EQ(meta.at("training_info"), R"({"step": 1, "epoch": 0})");
+    EXPECT_EQ(meta.at("ss_tag_frequency"), R"({"1_sks": {"sks": 1}})");
     EXPECT_EQ(nlohmann::json::parse(meta.at("software")).at("name"), "gclab");
     // Back into a model with fresh adapters: the same adapters, from the renamed keys.
     Session session(config, SessionOptions{});
@@ -915,6 +1015,21 @@ TEST(Trainer, LoraFilesAreNamedAndDescribedAsAiToolkitWritesThem) {
     for (const auto& [name, t] : model::lora_state(session.model(), torch::kFloat))
       EXPECT_TRUE(torch::equal(t, file.tensor(name))) << name;
   }
+  // The config's meta block under them, "[name]" already the job's name (the loader substitutes it), values
+  // that are not text as JSON; training_info's epoch counts the epochs begun after the first, as AI
+  // Toolkit's epoch_num: six images in batches of two make at most three batches an epoch, so seven steps
+  // are in the third epoch or later.
+  auto config = tiny_config(dir, "meta", {"train.steps=7"});
+  config.meta_yaml = "name: meta\nversion: '1.0'\ntags: [a, 2]\n";
+  const auto summary = train(config, {});
+  ASSERT_FALSE(summary.saves.empty());
+  const auto meta = io::SafetensorsFile::open(summary.saves.back()).metadata();
+  EXPECT_EQ(meta.at("name"), "meta");
+  EXPECT_EQ(meta.at("version"), "1.0");
+  EXPECT_EQ(meta.at("tags"), R"(["a", 2])");
+  const auto info = nlohmann::json::parse(meta.at("training_info"));
+  EXPECT_EQ(info.at("step"), 7);
+  EXPECT_GE(info.at("epoch").get<int>(), 2);
   fs::remove_all(dir);
 }
 

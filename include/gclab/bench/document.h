@@ -9,15 +9,11 @@
 #include <string>
 #include <vector>
 
-namespace YAML {
-class Node;
-}
+#include "gclab/config/yaml_json.h"
 
 namespace gclab::bench {
 
-// YAML as a tool reads it (yaml-cpp), as JSON: quoted scalars stay text, plain ones are typed (integers,
-// numbers, true / false), null is null.
-nlohmann::ordered_json yaml_value(const YAML::Node& node);
+using config::yaml_value;
 
 class Document {
  public:

@@ -18,6 +18,21 @@
 
 namespace gclab::config {
 
+// network.network_kwargs: what AI Toolkit hands LoRASpecialNetwork beside the config's own keys
+// (BaseSDTrainProcess.py:1928-1978); the two that choose the adapted Linears (lora_special.py:524-525,
+// 570-573): a Linear whose name ("transformer.<path>") contains an ignore_if_contains word gets none, and
+// with only_if_contains only one whose name contains one of its words gets one.
+struct NetworkKwargs {
+  std::vector<std::string> only_if_contains;  // empty: no restriction
+  std::vector<std::string> ignore_if_contains;
+
+  template <class V>
+  void fields(V& v) {
+    v("only_if_contains", only_if_contains);
+    v("ignore_if_contains", ignore_if_contains);
+  }
+};
+
 struct NetworkConfig {
   std::string type = "lora";
   std::optional<int> linear;  // LoRA rank; AI Toolkit's older spelling is `rank`
@@ -29,6 +44,10 @@ struct NetworkConfig {
   // format and sets alpha = rank (scale 1) whatever linear_alpha says (toolkit/lora_special.py); off,
   // gclab does the same.
   bool use_linear_alpha = false;
+  // AI Toolkit's default (config_modules.py:202): adapters only in the family's transformer blocks
+  // (get_transformer_block_names); false: on every Linear of the transformer.
+  bool transformer_only = true;
+  NetworkKwargs network_kwargs;
 
   template <class V>
   void fields(V& v) {
@@ -39,8 +58,9 @@ struct NetworkConfig {
     v("alpha", alpha);
     v("dropout", dropout);
     v("use_linear_alpha", use_linear_alpha);
-    v.ignore({"conv", "conv_alpha", "network_kwargs", "transformer_only", "lokr_full_rank", "lokr_factor",
-              "split_multistage_loras", "lorm", "normalize"});
+    v("transformer_only", transformer_only);
+    v("network_kwargs", network_kwargs);
+    v.ignore({"conv", "conv_alpha", "lokr_full_rank", "lokr_factor", "split_multistage_loras", "lorm", "normalize"});
   }
 };
 
@@ -233,6 +253,8 @@ struct TrainConfig {
   // training forward (toolkit/models/flux.py's bypass of time_text_embed); previews still guide.
   double cfg_scale = 1.0;
   bool bypass_guidance_embedding = false;
+  // The loss weight of an is_reg dataset's images (SDTrainer's loss_multiplier, SDTrainer.py:1455-1459).
+  double reg_weight = 1.0;
   // toolkit/train_tools.py apply_noise_offset: noise + noise_offset * N(0, 1) per sample and channel.
   double noise_offset = 0.0;
   LossType loss_type = LossType::mse;
@@ -293,6 +315,7 @@ struct TrainConfig {
     v("linear_timesteps", linear_timesteps);
     v("linear_timesteps2", linear_timesteps2);
     v("cfg_scale", cfg_scale);
+    v("reg_weight", reg_weight);
     v("bypass_guidance_embedding", bypass_guidance_embedding);
     v("noise_offset", noise_offset);
     v("loss_type", loss_type);
@@ -354,6 +377,21 @@ struct TrainConfig {
   }
 };
 
+// model.quantize_kwargs: what AI Toolkit's StableDiffusion loader (FLUX.1 / Flex.1, SD3) and Flex.2 hand
+// its quantize() (stable_diffusion_model.py:799, flex2.py:126): fnmatch patterns on module names ("*"
+// any text, dots included); a Linear named by an exclude pattern, or by no include pattern when include
+// is given, keeps its dtype (toolkit/util/quantize.py:165-175).
+struct QuantizeKwargs {
+  std::vector<std::string> include{};
+  std::vector<std::string> exclude{};
+
+  template <class V>
+  void fields(V& v) {
+    v("include", include);
+    v("exclude", exclude);
+  }
+};
+
 struct ModelConfig {
   std::optional<std::string> name_or_path;
   std::string arch;  // resolved: see arch.h (AI Toolkit's arch / is_* switches)
@@ -371,6 +409,10 @@ struct ModelConfig {
   // not name stay unquantized). A `qtype: "uint3|FILE"` sets it, as in AI Toolkit (the loader splits the
   // text before the qtype is read as a QType).
   std::optional<std::string> accuracy_recovery_adapter;
+  // AI Toolkit's assistant (training) adapter: a LoRA file merged into the base for training and taken
+  // back out while sampling (the FLUX.1 schnell example; the UI's zimage:turbo default). A local file.
+  std::optional<std::string> assistant_lora_path;
+  QuantizeKwargs quantize_kwargs;
   bool low_vram = false;
   // AI Toolkit's layer offloading (toolkit/memory_management): that share of the transformer's (and of the
   // text encoders') Linears keep their frozen weights in host memory and are brought to the device for
@@ -387,6 +429,11 @@ struct ModelConfig {
   // AI Toolkit's: the autoencoder's weights from elsewhere than name_or_path's vae/ — here a local diffusers
   // folder (config.json and weights) or a .safetensors file (the family's shape); a Hub id is not fetched.
   std::optional<std::string> vae_path;
+  // AI Toolkit's, for a full fine-tune: the parameters trained are those whose name ("transformer.<path>")
+  // contains none of ignore_if_contains and, when only_if_contains is given, one of its words
+  // (stable_diffusion_model.py:2704-2713, models/base_model.py:1310-1318); the rest stay frozen.
+  std::vector<std::string> only_if_contains;
+  std::vector<std::string> ignore_if_contains;
 
   template <class V>
   void fields(V& v) {
@@ -407,6 +454,10 @@ struct ModelConfig {
     v("text_encoder_bits", text_encoder_bits);
     v("vae", vae);
     v("vae_path", vae_path);
+    v("only_if_contains", only_if_contains);
+    v("ignore_if_contains", ignore_if_contains);
+    v("quantize_kwargs", quantize_kwargs);
+    v("assistant_lora_path", assistant_lora_path);
     v.ignore({"dtype",
               "is_v2",
               "is_xl",
@@ -419,11 +470,9 @@ struct ModelConfig {
               "use_flux_cfg",
               "refiner_name_or_path",
               "lora_path",
-              "assistant_lora_path",
               "inference_lora_path",
               "te_name_or_path",
               "extras_name_or_path",
-              "quantize_kwargs",
               "model_kwargs",
               "compile",
               "attn_masking",
@@ -432,8 +481,6 @@ struct ModelConfig {
               "vae_dtype",
               "te_device",
               "te_dtype",
-              "ignore_if_contains",
-              "only_if_contains",
               "latent_space_version"});
   }
 };

@@ -47,13 +47,18 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index);
 // (a dropped caption is ''), the parts between commas joined with ", " (shuffled with shuffle_tokens, every
 // part), "[trigger]" / "[name]" replaced and the trigger word put in front with a space when absent; then the
 // job's trigger_word in front of whatever lacks it, a dropped caption included ("sks ").
-// AI Toolkit's get_caption (toolkit/dataloader_mixins.py) neither drops nor shuffles the captions of a dataset
-// whose text embeddings are cached (train.cache_text_embeddings caches every dataset's): the settings that
-// would are turned off, and each is named in the returned warnings.
+// AI Toolkit's get_caption (toolkit/dataloader_mixins.py:403-415) neither drops nor shuffles the captions of
+// a dataset whose text embeddings are cached (train.cache_text_embeddings caches every dataset's): shuffling
+// is turned off, with a warning. Caption dropout is not: load_prompt_embedding (:2239-2253) still draws it
+// per item and loads the cached embedding of the dropout caption instead (get_dropout_caption, :2188-2193:
+// the trigger word alone, or ''; text only, without an edit model's control images).
 std::vector<std::string> disable_caption_randomness(config::DatasetConfig& dataset);
 
+// A dataset caption as the step trains on it (trigger, dropout, shuffling, as AI Toolkit's get_caption and
+// the training step make it); `dropped` (when given) says whether caption dropout dropped it.
 std::string process_caption(const std::string& raw, const config::DatasetConfig& dataset,
-                            const std::optional<std::string>& trigger_word, std::mt19937_64& rng);
+                            const std::optional<std::string>& trigger_word, std::mt19937_64& rng,
+                            bool* dropped = nullptr);
 
 // One sample of a batch: which item, where it goes, flipped or not.
 struct PlannedSample {

@@ -2,8 +2,10 @@
 // batch's images, takes their latents from the latent caches or (the DCT stand-in) encodes them, and
 // processes the captions, a few batches ahead of training. An autoencoder is not run on that thread: its
 // batches carry the images, and the session encodes them on the device in the step's `data` phase, as AI
-// Toolkit does when latents are not cached. Batches come in a fixed global order (epoch plans seeded by the
-// run's seed), so a resumed run sees exactly the batches it would have seen.
+// Toolkit does when latents are not cached. Batches come in a fixed global order (epoch 0's plan seeded by
+// the run's seed, every later epoch the same batches — the same crops, the same members — reordered by a
+// seed of its own, as AI Toolkit's buckets are built once), so a resumed run sees exactly the batches it
+// would have seen.
 #pragma once
 
 #include <condition_variable>
@@ -51,6 +53,7 @@ class LatentCache {
 struct LoadedBatch {
   int64_t index = 0;         // position in the run's sequence of batches
   bool epoch_start = false;  // the first batch of an epoch after the first
+  int64_t epoch = 0;         // its epoch (0 first): AI Toolkit's epoch_num once this batch is taken
   int dataset = 0, resolution = 0;
   BucketResolution bucket;
   // [B, C, h/8, w/8] float32: from the caches or the stand-in codec (CPU); undefined until the session
@@ -131,6 +134,7 @@ class BatchLoader {
   LoaderOptions o_;
   int64_t epoch_size_ = 0;
   int64_t next_to_load_ = 0;
+  std::vector<Batch> first_epoch_;               // every epoch's batches, reordered
   std::map<int64_t, std::vector<Batch>> plans_;  // by epoch (at most two kept)
   std::shared_ptr<LatentCache> cache_ = std::make_shared<LatentCache>();
 

@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gclab/config/config.h"
 #include "gclab/model/transformer.h"
@@ -19,21 +21,26 @@ struct LoraOptions {
   int64_t rank = 16;    // network.linear
   double alpha = 16.0;  // network.linear_alpha
   double dropout = 0.0;
+  // Which Linears get adapters (network.transformer_only, network.network_kwargs): see apply_lora.
+  bool transformer_only = true;
+  std::vector<std::string> only_if_contains{}, ignore_if_contains{};
 };
 // The adapters a config's `network` block asks for (the one place its defaults are applied): alpha = rank,
 // a scale of 1, as AI Toolkit trains these families; linear_alpha / linear with network.use_linear_alpha.
 LoraOptions lora_options(const config::NetworkConfig& network);
 
-// Freezes every parameter, then adds an adapter to each target Linear. Returns the number of adapted
-// modules. The adapters start as a no-op (lora_B = 0), so the model's output is unchanged.
+// Freezes every parameter, then adds an adapter to each Linear AI Toolkit's LoRASpecialNetwork adapts
+// (toolkit/lora_special.py:484-573): those of the family's LoRA blocks (every Linear without
+// transformer_only), less those whose "transformer.<path>" contains an ignore_if_contains word, and with
+// only_if_contains only those that contain one of its words. Returns the number of adapted modules. The adapters start
+// as a no-op (lora_B = 0), so the model's output is unchanged.
 int apply_lora(DiffusionTransformer& model, const LoraOptions& options);
 // Sets every adapter's multiplier (nn::LinearImpl::set_lora_multiplier): a preview's network_multiplier.
 void set_lora_multiplier(DiffusionTransformer& model, double multiplier);
 
-// Stores every Linear's (frozen) weight as `storage` (model.quantize with model.qtype): the blocks' and the
-// ones outside them (embedders, norm_out, proj_out), as AI Toolkit quantizes the blocks one by one and then
-// the whole transformer ("quantizing extras", optimum-quanto's quantize over every Linear). Returns the
-// bytes of weight storage saved.
+// Stores every Linear's (frozen) weight as `storage`, those outside the blocks too (a test's tool: a run
+// quantizes through quantize_base, which leaves the Linears its arch excludes). Returns the bytes of weight
+// storage saved.
 int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage storage);
 
 // The adapter weights in AI Toolkit's / diffusers' (PEFT) LoRA naming, as a file holds them:
@@ -83,6 +90,17 @@ LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path
 // Adds a LoRA file's update, times `scale`, into the base weights (W += scale * alpha / rank * B A) of
 // whichever Linears it names (read_lora_file; alpha = rank where the file has none), and returns how many.
 int merge_lora_file(DiffusionTransformer& model, const std::filesystem::path& path, double scale = 1.0);
+
+// model.assistant_lora_path (AI Toolkit's assistant / training adapter: load_assistant_lora_from_path,
+// toolkit/assistant_lora.py, fused in for FLUX at stable_diffusion_model.py:718-725; Z-Image's
+// load_training_adapter, z_image.py:84-165): the file's update merged into the base weights for training,
+// its matrices kept beside them in `dtype` (on the weights' device: AI Toolkit's force_to) to take it back
+// out while sampling. Returns the adapted Linears. On a meta model only the matrices' shapes are kept.
+int attach_assistant_adapter(DiffusionTransformer& model, const std::filesystem::path& path, torch::ScalarType dtype);
+// Runs every assistant adapter at `multiplier`, its matrices placed by `place`: -1 on the device while
+// sampling (base_model.py:407-415, the inverted adapter active), 0 in host memory after it (:739-745).
+void set_assistant_adapters(DiffusionTransformer& model, double multiplier,
+                            const std::function<torch::Tensor(const torch::Tensor&)>& place);
 
 // Loads base weights by diffusers name (a .safetensors file or a sharded *.index.json), converting dtype
 // (and quantizing where a Linear stores float8). Every model parameter must be present with its shape;

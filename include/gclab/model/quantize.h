@@ -25,6 +25,7 @@ constexpr int64_t kRecoveryAdapterRank = 16;
 
 struct BaseQuantization {
   int quantized = 0;         // Linears stored as model.qtype
+  int kept = 0;              // Linears left in their dtype by the arch's exclusions (quantization_filter)
   int adapters = 0;          // Linears with an accuracy-recovery adapter
   int64_t adapter_rank = 0;  // 0 without one
   int64_t adapter_bytes = 0;
@@ -35,9 +36,15 @@ struct BaseQuantization {
   nn::StorageChange memory;
 };
 
+// Whether a Linear of this module name is quantized under `filter` (ModelFamily::quantization_filter): named
+// by no exclude pattern and, when there are include patterns, by one of them (fnmatch, as
+// toolkit/util/quantize.py:165-175 matches them).
+bool quantized_by(const config::QuantizeKwargs& filter, const std::string& module);
+
 // Applies model.quantize to a built transformer (nothing when it is false), as AI Toolkit's quantize_model:
-//  - without an accuracy-recovery adapter, every Linear as model.qtype (the blocks one by one, then the
-//    extras: embedders, norm_out, proj_out);
+//  - without an accuracy-recovery adapter, every Linear the arch quantizes (quantized_by its
+//    quantization_filter: model.quantize_kwargs, or Z-Image's own exclusions) as model.qtype (the blocks
+//    one by one, then the extras: embedders, norm_out, proj_out);
 //  - with one, the adapter is a frozen LoRA (scale 1: AI Toolkit sets its alpha to its rank) beside each
 //    Linear it names, those Linears stored as model.qtype, every other Linear quantized as "uint8", which
 //    leaves it in its dtype. The adapter is the file when the path exists (PEFT / AI Toolkit naming, any

@@ -78,6 +78,17 @@ class ModelFamily {
   // AI Toolkit's get_base_model_version for one of the family's archs: a LoRA file's ss_base_model_version
   // (BaseModel's default: the arch).
   virtual std::string base_model_version(const std::string& arch) const { return arch; }
+  // Which of the transformer's Linears model.quantize leaves in their dtype, as the arch's AI Toolkit
+  // loader chooses them: fnmatch patterns on module names to exclude, and (empty: all) to include. The
+  // default is the StableDiffusion loader's and Flex.2's: model.quantize_kwargs (stable_diffusion_model.py:
+  // 799, flex2.py:126); a model class with its own list overrides it.
+  virtual config::QuantizeKwargs quantization_filter(const config::ModelConfig& model) const {
+    return model.quantize_kwargs;
+  }
+  // Whether the arch's AI Toolkit model class loads model.assistant_lora_path (merged for training, taken
+  // back out while sampling); the others fail on it when they sample (BaseModel.generate_images reads an
+  // assistant network they never built), so gclab refuses it up front.
+  virtual bool takes_assistant_adapter(const std::string& /*arch*/) const { return false; }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
   virtual bool low_vram_tiles_previews(bool /*edit_plus*/) const { return false; }
 

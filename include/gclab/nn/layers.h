@@ -86,6 +86,16 @@ class LinearImpl : public torch::nn::Module {
   // `recovery_A` / `recovery_B` — not parameters, so no optimizer, weight file or LoRA file sees them.
   void add_recovery_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale);
   bool has_recovery_adapter() const { return recovery_A_.defined(); }
+  // A frozen LoRA kept beside a weight it was merged into (AI Toolkit's assistant / training adapter, whose
+  // network stays attached inactive and runs at multiplier -1 while sampling: the merged update taken back
+  // out). down [rank, in], up [out, rank] as the buffers `assistant_A` / `assistant_B`; it adds
+  // multiplier * scale * up(down(x)) — nothing while the multiplier is 0, as it is until
+  // set_assistant_multiplier says otherwise.
+  void add_assistant_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale);
+  bool has_assistant_adapter() const { return assistant_A_.defined(); }
+  void set_assistant_multiplier(double m) { assistant_multiplier_ = m; }
+  // Moves the assistant adapter's matrices where `place` puts them (the device to sample, host memory after).
+  void place_assistant_adapter(const std::function<torch::Tensor(const torch::Tensor&)>& place);
   // Stores the weight as `storage`, frozen: the codes in `weight` (float8 / int8 / packed uint8), the
   // scales in buffers — `weight_scale` (+ `weight_zero_point` for int8), `uintx_scale` / `uintx_zero_point`
   // for uintN. Not for trained weights.
@@ -131,6 +141,8 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor lora_A_, lora_B_;                    // registered as lora_A.weight / lora_B.weight
   torch::Tensor recovery_A_, recovery_B_;
   double recovery_scale_ = 1.0;
+  torch::Tensor assistant_A_, assistant_B_;
+  double assistant_scale_ = 1.0, assistant_multiplier_ = 0.0;
   bool offloaded_ = false;
   double lora_scale_ = 1.0, lora_dropout_ = 0.0, lora_multiplier_ = 1.0;
 };

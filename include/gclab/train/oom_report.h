@@ -36,6 +36,12 @@ struct OomContext {
   std::string cap_counts = "allocated";  // what the cap is held against: CUDA "reserved", CPU "allocated"
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, text_encoder_bytes = 0, vae_bytes = 0;
   std::map<Phase, int64_t> last_step_phase_peaks;  // of the last step that completed
+  // The step whose update made the optimizer's state (0: no update yet): from the step after it on, the
+  // state sits beside every step's activations.
+  int64_t first_update_step = 0;
+  // The same trained tensors' state under other optimizers (Optimizer::expected_state_bytes_under): the
+  // 8-bit twin, and Adafactor for a full fine-tune.
+  std::vector<std::pair<config::OptimizerKind, int64_t>> optimizer_alternatives;
   int64_t last_good_step = 0;
   std::string saved_weights;  // what was saved before exiting
 };

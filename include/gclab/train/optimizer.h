@@ -8,7 +8,8 @@
 //   lion       lion-pytorch's Lion: p -= lr (sign(b1 m + (1 - b1) g) + wd p); m = b2 m + (1 - b2) g (4 bytes)
 //   adafactor  AI Toolkit's Adafactor (toolkit/optimizers/adafactor.py, from transformers'): second moments
 //              factored into a row and a column vector for matrices (full for vectors), update clipped to
-//              RMS 1, lr external (relative_step off, as AI Toolkit sets it); optional beta1 first moment
+//              RMS 1, lr external (relative_step off, as AI Toolkit sets it); optional beta1 first moment;
+//              float32 moments and stochastic rounding for bfloat16 weights
 //   prodigy    prodigyopt's Prodigy: Adam moments scaled by an estimated distance d, plus the initial
 //              weights p0 and the accumulator s (4 x 4 bytes a parameter); lr is a multiplier of d
 //              (AI Toolkit raises a configured lr below 0.1 to 1.0)
@@ -19,6 +20,8 @@
 //              (signed for m, unsigned for v) with a float32 absmax per block of 256; smaller parameters keep
 //              float32 moments. Every step dequantizes, updates in float32 and requantizes to the nearest
 //              code, with no host synchronisation.
+// The unquantized rules keep their moments in the parameter's dtype, as torch's optimizers do (bfloat16 in a
+// bfloat16 full fine-tune); Adafactor's are float32.
 #pragma once
 
 #include <torch/types.h>
@@ -81,12 +84,23 @@ class Optimizer {
   int64_t state_bytes() const;
   // What state_bytes() will be once every parameter has had an update (from shapes: works on meta).
   int64_t expected_state_bytes() const;
+  // The same for these parameters under another optimizer (at its defaults): what a switch would hold.
+  int64_t expected_state_bytes_under(config::OptimizerKind kind) const;
   // The optimizer phase's temporaries on top of the parameters, gradients and state, at their peak (from
   // shapes: works on meta): clip_grad_norm's float64 square of one gradient, or the update's — the foreach
   // kernels' outputs for every parameter at once (Adam's denominators, Lion's update, L2's decayed
   // gradients), 8-bit moments dequantized, Adafactor's per-parameter update. Beside step(), which it follows.
   int64_t expected_step_bytes() const;
   int64_t steps() const { return steps_; }
+
+  // AI Toolkit's Adafactor sums a bfloat16 parameter's micro-batch gradients in float32 and rounds the sum
+  // back stochastically (toolkit/optimizers/optimizer_utils.py, stochastic_grad_accummulation, a
+  // post-accumulate-grad hook): before a later micro-batch's backward set_gradients_aside() takes those
+  // gradients out, and accumulate() adds the new ones to them after it. Both hold the two sets at once, as
+  // the hook does.
+  bool accumulates_stochastically() const;
+  std::vector<torch::Tensor> set_gradients_aside();
+  void accumulate(std::vector<torch::Tensor> aside);
 
  private:
   // The update of `params` (each with a gradient) by the optimizer's rule, their moments stored after.
@@ -105,6 +119,9 @@ class Optimizer {
   double prodigy_d_ = 0, prodigy_d_max_ = 0, prodigy_d_numerator_ = 0;
 };
 
+// The 8-bit optimizer with the same rule (adamw8bit for adamw, ...); nullopt for one that has none.
+std::optional<config::OptimizerKind> eight_bit_twin(config::OptimizerKind kind);
+
 std::unique_ptr<Optimizer> make_optimizer(config::OptimizerKind kind,
                                           std::vector<std::pair<std::string, torch::Tensor>> params,
                                           const OptimizerOptions& options);
@@ -116,6 +133,11 @@ std::unique_ptr<Optimizer> make_optimizer(config::OptimizerKind kind,
 // cosine (warm-up, then half a cosine from lr to eta_min over cosine_decay_steps).
 double scheduled_lr(config::LrScheduler scheduler, const config::LrSchedulerParams& params, double base_lr,
                     int64_t step, int64_t total_steps);
+
+// AI Toolkit's copy_stochastic for a bfloat16 target (toolkit/optimizers/optimizer_utils.py,
+// copy_stochastic_bf16): the float32 source rounded to one of its two bfloat16 neighbours at random, up with
+// the probability of the dropped part (unbiased); any other pair of dtypes a plain copy.
+void copy_stochastic(torch::Tensor& target, const torch::Tensor& source);
 
 // Clips the global gradient norm to max_norm (<= 0: no clipping); returns the norm before clipping. One
 // host synchronisation whatever the number of tensors.

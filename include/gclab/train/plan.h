@@ -65,6 +65,9 @@ struct RunPlan {
   torch::ScalarType compute_dtype = torch::kFloat;    // the text encoders' and autocast's dtype
   uint64_t seed = 42;                                 // training_seed (config.seed())
   LoadPlan load;
+  // model.assistant_lora_path when it is a local file the arch takes (else empty: refused, or a Hub name
+  // gclab does not fetch, said in a warning).
+  std::filesystem::path assistant_adapter;
   text::PromptEncoderOptions prompts;  // the text encoders to build, on `device` in compute_dtype
   vae::CodecSpec codec;                // the autoencoder (or the DCT stand-in)
   bool caches_latents = false;         // run_caches_latents()
@@ -88,8 +91,8 @@ struct RunPlan {
 // whose latent channels are not the transformer's, a config.json it cannot use.
 RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options = {});
 
-// The dtype the transformer is built and stored in, as AI Toolkit loads it: bf16 under a LoRA network in
-// bf16 (the frozen base), else float32 (every weight a float32 master copy).
+// The dtype the transformer is built and stored in, as AI Toolkit loads it: train.dtype (BaseSDTrainProcess.py:
+// 1799), a full fine-tune's optimizer handed those weights themselves, no float32 master copy (:2146-2155).
 torch::ScalarType base_dtype(const config::ProcessConfig& config);
 // The dtype saves write (save.dtype).
 torch::ScalarType save_dtype(const config::ProcessConfig& config);

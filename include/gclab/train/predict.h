@@ -43,6 +43,11 @@ struct StepEstimate {
   // The step's phases as the meter records them, each one's highest live bytes with what was live when it
   // began: data, text, forward, backward, optimizer.
   PhaseBytes phases;
+  // The same for a run's first update: the optimizer's state is made in it, so the phases before it hold
+  // none. Where the state outweighs what the first update's temporaries add, step 2 is the run's peak, not
+  // step 1 (a full fine-tune with checkpointing off: AI Toolkit's "OOM at step 2").
+  PhaseBytes first_phases;
+  int64_t first_total_bytes = 0;
 };
 
 // The text encoders encoding one caption (text/memory.h: each encoder's walk, the slots before it kept):
@@ -142,9 +147,9 @@ class MemoryModel {
   // Every phase of a run whose steps are like `step`: the load (setup), the step's phases, the preview
   // (sample, when the config samples) and the save.
   PhaseBytes phases(const StepEstimate& step) const;
-  // The prediction for a step as a run logged it (its batch, bucket, text tokens and captions) under the
-  // run's policy; nullopt for a policy the model does not predict (partial ones: every:N, blocks,
-  // selective, offload).
+  // The prediction for a step as a run logged it (its batch, bucket, text tokens and captions, and whether
+  // the optimizer had state yet) under the run's policy; nullopt for a policy the model does not predict (partial ones:
+  // every:N, blocks, selective, offload).
   std::optional<PhaseBytes> predict(const StepResult& step) const;
 
  private:

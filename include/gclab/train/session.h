@@ -73,7 +73,10 @@ struct StepResult {
   double loss = 0, grad_norm = 0;
   double lr = 0;        // the learning rate the update used
   bool updated = true;  // false on a legacy gradient_accumulation_steps step that only accumulates
-  std::string bucket;   // WxH of the step's batches
+  // No update before this step: the optimizer's state did not exist yet during its forward and backward.
+  bool before_first_update = false;
+  int64_t epoch = 0;   // the last micro-batch's epoch (0 first)
+  std::string bucket;  // WxH of the step's batches
   int batch = 0;
   int width = 0, height = 0;  // the bucket's, in pixels
   int64_t text_tokens = 0;    // the conditioning's text sequence (the longest micro-batch's)
@@ -112,6 +115,8 @@ class Session {
   // The bucket (WxH) and batch size of the micro-batch being trained on (for the OOM report).
   const std::string& current_bucket() const { return current_bucket_; }
   int current_batch() const { return current_batch_; }
+  // The epoch of the last batch trained on (0 first; AI Toolkit's epoch_num), for the saves' training_info.
+  int64_t epoch() const { return epoch_; }
   // Lifts the emulated cap, CPU or CUDA, and returns CUDA's cached blocks (to save after an out-of-memory
   // error: the cap is the experiment, not the save).
   void lift_cap();
@@ -196,6 +201,7 @@ class Session {
   void record_load(const memory::MemoryStats& before_load);
   void attach_network();
   void load_user_weights();
+  void attach_assistant();
   void offload_transformer();
   void build_codec();
   void build_optimizer();
@@ -222,6 +228,7 @@ class Session {
   TimestepSampler timesteps_;
   std::string current_bucket_;
   int current_batch_ = 0;
+  int64_t epoch_ = 0;
   std::shared_ptr<model::DiffusionTransformer> model_;
   model::LoraOptions lora_;
   int lora_modules_ = 0;

@@ -22,7 +22,7 @@ class OutOfMemoryStop : public std::runtime_error {
 };
 
 struct TrainOptions {
-  bool resume = false;                                // continue from the newest save in the output folder
+  bool resume = false;  // continue from the newest save in the output folder (`gclab train` does unless --from-scratch)
   std::ostream* progress = nullptr;                   // progress lines (nullptr: none)
   bool progress_in_place = false;                     // a terminal: one line updated with \r
   const std::atomic<bool>* stop_requested = nullptr;  // Ctrl-C: save and stop at the next step boundary

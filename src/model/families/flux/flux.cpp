@@ -43,6 +43,10 @@ class Flux final : public ModelFamily {
   Family id() const override { return kFluxId; }
   // stable_diffusion_model.py:3168-3169 (is_flux: FLUX.1, Flex.1); Flex.2's own class keeps BaseModel's
   // default, its arch (toolkit/models/base_model.py:1646-1648).
+  // FLUX.1 / Flex.1: StableDiffusion.load_model fuses it in (stable_diffusion_model.py:718-725) and
+  // load_assistant_lora_from_path keeps it (toolkit/assistant_lora.py:10-11: "Only Flux models"); Flex.2's
+  // own model class does not.
+  bool takes_assistant_adapter(const std::string& arch) const override { return arch != "flex2"; }
   std::string base_model_version(const std::string& arch) const override {
     return arch == "flex2" ? "flex2" : "flux.1";
   }

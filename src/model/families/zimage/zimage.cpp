@@ -40,8 +40,16 @@ class ZImage final : public ModelFamily {
   // z_image.py:461-462, and its LoRA keys renamed before saving (z_image.py:467-472).
   std::string base_model_version(const std::string&) const override { return "zimage"; }
   std::string lora_key_prefix() const override { return "diffusion_model."; }
+  // load_training_adapter (z_image.py:84-165): merged in, inverted while sampling.
+  bool takes_assistant_adapter(const std::string&) const override { return true; }
   // z_image.py:464-465: adapters on the main `layers`, not on the noise and context refiners.
   std::vector<std::string> lora_block_names() const override { return {"layers"}; }
+  // ZImageTransformer2DModel.get_quantization_exclude_modules (toolkit/models/v2/z_image.py:18-35, read by
+  // OstrisModelMixin.quantize_, _mixin.py:236-266): the embedders and the final layer stay in their dtype;
+  // its loader passes no quantize_kwargs.
+  config::QuantizeKwargs quantization_filter(const config::ModelConfig&) const override {
+    return {{}, {"t_embedder*", "cap_embedder*", "all_x_embedder*", "all_final_layer*", "siglip_embedder*"}};
+  }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return zimage::build_transformer(spec, options);
