@@ -81,7 +81,7 @@ def record_presets(gclab, work):
             path.write_text(json.dumps(c))  # JSON is YAML
             run_dir = work / "runs" / c["name"]
             shutil.rmtree(run_dir, ignore_errors=True)
-            r = run([gclab, "train", str(path)])
+            r = run([gclab, "train", str(path), "--from-scratch"])
             entry = {"exit": r.returncode}
             if r.returncode == 0:
                 entry["losses"] = losses(run_dir)
@@ -103,7 +103,7 @@ def record_oom_lab(gclab):
     out = {}
     for cfg in sorted((ROOT / "configs/oom").glob("cpu_*.yaml")):
         name = cfg.stem
-        r = run([gclab, "train", str(cfg)])
+        r = run([gclab, "train", str(cfg), "--from-scratch"])
         entry = {"exit": r.returncode}
         report = None
         for d in (ROOT / "output/oom").iterdir():

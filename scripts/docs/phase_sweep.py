@@ -72,7 +72,7 @@ def main():
                     name, c = config(preset, cached_latents, cached_text, gc, work)
                     path = work / f"{name}.yaml"
                     path.write_text(json.dumps(c))
-                    r = run([a.bin, "train", str(path)])
+                    r = run([a.bin, "train", str(path), "--from-scratch"])
                     if r.returncode:
                         print(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}", file=sys.stderr)
                         failed.append(f"{name}: exit {r.returncode}")

@@ -143,18 +143,18 @@ OOM_OFF=$(cfg configs/oom/gpu_flux_gc_off_24gb.yaml configs/oom/cpu_gc_off.yaml)
 OOM_ON=$(cfg configs/oom/gpu_flux_gc_on_24gb.yaml configs/oom/cpu_gc_off_fixed.yaml)
 OOM_STEPS=$(cfg 3 4)
 stage_estimate() { "$BIN/gclab" estimate "$OOM_OFF" --json > "$WORK/estimate.json" && cat "$WORK/estimate.json"; }
-stage_oom_gc_off() { "$BIN/gclab" train "$OOM_OFF" --set train.steps="$OOM_STEPS"; }
-stage_oom_gc_on() { "$BIN/gclab" train "$OOM_ON" --set train.steps="$OOM_STEPS"; }
+stage_oom_gc_off() { "$BIN/gclab" train "$OOM_OFF" --from-scratch --set train.steps="$OOM_STEPS"; }
+stage_oom_gc_on() { "$BIN/gclab" train "$OOM_ON" --from-scratch --set train.steps="$OOM_STEPS"; }
 stage_bench() {
   "$BIN/gclab" bench "$OOM_ON" --gc off,full --resolution "$(cfg 512,1024 256,512)" --steps 2 \
     --peak-tflops "$RATE_TFLOPS" --set name=gpu_check_bench
 }
 stage_preview_decode() {
-  "$BIN/gclab" train "$(cfg configs/oom/gpu_flux_preview_decode.yaml configs/oom/cpu_preview_decode.yaml)" \
+  "$BIN/gclab" train "$(cfg configs/oom/gpu_flux_preview_decode.yaml configs/oom/cpu_preview_decode.yaml)" --from-scratch \
     $(gpu && echo --set datasets.0.folder_path=output/oom/data_1024)
 }
 stage_preview_tiled() {
-  "$BIN/gclab" train "$(cfg configs/oom/gpu_flux_preview_decode_fixed.yaml configs/oom/cpu_preview_decode_fixed.yaml)" \
+  "$BIN/gclab" train "$(cfg configs/oom/gpu_flux_preview_decode_fixed.yaml configs/oom/cpu_preview_decode_fixed.yaml)" --from-scratch \
     $(gpu && echo --set datasets.0.folder_path=output/oom/data_1024)
 }
 stage_fit() {
