@@ -36,8 +36,8 @@ struct BaseQuantization {
   nn::StorageChange memory;
 };
 
-// Whether a Linear of this module name is quantized under `filter` (the family's quantization_filter, registry.h): named
-// by no exclude pattern and, when there are include patterns, by one of them (fnmatch, as
+// Whether a Linear of this module name is quantized under `filter` (the family's quantization_filter, registry.h):
+// named by no exclude pattern and, when there are include patterns, by one of them (fnmatch, as
 // toolkit/util/quantize.py:165-175 matches them).
 bool quantized_by(const config::QuantizeKwargs& filter, const std::string& module);
 
