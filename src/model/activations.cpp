@@ -1,4 +1,5 @@
 #include "gclab/model/activations.h"
+#include "gclab/model/block_ledger.h"
 #include "gclab/model/lora.h"
 #include "gclab/model/registry.h"
 
@@ -25,7 +26,7 @@ ActivationOptions activation_options(const config::ProcessConfig& config, bool c
   o.element_bytes = config::dtype_bytes(config.train.dtype);
   o.lora_rank = config.network ? lora_options(*config.network).rank : 0;
   if (config.network && lora_options(*config.network).dropout > 0)
-    o.lora_dropout_mask_bytes = cuda ? 1 : o.element_bytes;
+    o.lora_dropout_mask_bytes = cuda ? 1 : BlockLedger::a;  // a bool mask, or a scaled one in the adapter's dtype
   o.conditioning_grad = !config.network;
   o.layer_norm_stats_bytes = cuda ? 4 : o.element_bytes;
   return o;

@@ -36,7 +36,10 @@ ModelInputs read_model_inputs(const ModelSpec& spec, const std::filesystem::path
   expect(in.latents.size(-2) % cell == 0 && in.latents.size(-1) % cell == 0, path,
          "latent height and width must be multiples of the patch size " + std::to_string(cell));
   const int64_t batch = in.latents.size(0);
-  in.timestep = to(find(file, {"timestep", "timesteps"}));
+  // The timestep and guidance stay float32 as the pipelines hand them over; each model casts them where its
+  // diffusers code does (FLUX rounds them to the latents' dtype first).
+  auto to_float = [&](const torch::Tensor& t) { return t.defined() ? t.to(device, torch::kFloat) : t; };
+  in.timestep = to_float(find(file, {"timestep", "timesteps"}));
   expect(in.timestep.defined() && in.timestep.numel() == batch, path, "needs 'timestep' with one value per sample");
   in.timestep = in.timestep.reshape({batch});
   if (spec.text_dim) {
@@ -50,7 +53,7 @@ ModelInputs read_model_inputs(const ModelSpec& spec, const std::filesystem::path
            "needs 'pooled' [B, " + std::to_string(spec.pooled_dim) + "]");
   }
   if (spec.guidance_embed) {
-    in.guidance = to(find(file, {"guidance"}));
+    in.guidance = to_float(find(file, {"guidance"}));
     expect(in.guidance.defined() && in.guidance.numel() == batch, path, "needs 'guidance' with one value per sample");
     in.guidance = in.guidance.reshape({batch});
   }

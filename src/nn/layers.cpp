@@ -435,11 +435,15 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     y = y + F::linear(h, for_input(assistant_B_, h)) * (assistant_scale_ * assistant_multiplier_);
   }
   if (lora_A_.defined() && lora_multiplier_ != 0) {
-    // Dropout on lora_A's rank-sized output, as AI Toolkit's LoRAModule.forward (lora_down, then dropout):
-    // its mask is B x tokens x rank, not the input's size.
-    torch::Tensor h = F::linear(x, for_input(lora_A_, x));
+    // AI Toolkit's LoRAModule.forward (toolkit/network_mixins.py:303-318, _call_forward :197-240): the input
+    // cast to the adapter's dtype ("always cast to float32": a bf16 model's input is copied to float32 for
+    // it, a copy lora_down keeps for its weight's gradient), lora_down, dropout on its rank-sized output
+    // (B x tokens x rank), lora_up, scale and multiplier, the result cast back to the base output's dtype.
+    // Under autocast (not AI Toolkit's: gclab runs none) autocast picks the dtype instead.
+    const torch::Tensor xa = at::autocast::is_autocast_enabled(x.device().type()) ? x : x.to(lora_A_.scalar_type());
+    torch::Tensor h = F::linear(xa, for_input(lora_A_, xa));
     if (lora_dropout_ > 0) h = torch::dropout(h, lora_dropout_, is_training());
-    y = y + F::linear(h, for_input(lora_B_, h)) * (lora_scale_ * lora_multiplier_);
+    y = y + (F::linear(h, for_input(lora_B_, h)) * (lora_scale_ * lora_multiplier_)).to(y.scalar_type());
   }
   return y;
 }

@@ -1,6 +1,5 @@
 #include "gclab/sample/sampler.h"
 
-#include "gclab/ckpt/autocast.h"
 #include "gclab/model/family.h"
 #include "gclab/model/flow_schedule.h"
 #include "gclab/model/spec.h"
@@ -33,9 +32,11 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
                                : cond.class_labels.defined() ? cond.class_labels.device()
                                                              : torch::Device(torch::kCPU);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
+  // The latents in the model's dtype between steps, as the pipelines keep them (prepare_latents in the
+  // prompt embeddings' dtype; FlowMatchEulerDiscreteScheduler.step adds in float32 and casts back).
   torch::Tensor x = at::normal(0.0, 1.0, model::latent_shape(spec, 1, o.height, o.width, o.frames), gen,
                                torch::TensorOptions().dtype(torch::kFloat))
-                        .to(device);
+                        .to(device, o.dtype);
   const Guidance mode = model::preview_guidance(spec.family, spec.guidance_embed);
   const double g = o.guidance_scale;
   const bool cfg = model::runs_cfg(mode, g);
@@ -49,10 +50,11 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
     in.timestep = torch::full({n}, t, torch::TensorOptions().device(device));
     if (mode == Guidance::Embedded)
       in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
-    const auto state = o.autocast_bf16 ? ckpt::AutocastState::enabled_for(device.type(), at::kBFloat16)
-                                       : ckpt::AutocastState::capture();
-    ckpt::AutocastScope autocast(state);  // restored on exit, also when forward throws
-    return model.forward(in).narrow(1, 0, spec.latent_channels).to(torch::kFloat);
+    // No autocast: the model computes in its weights' dtype on inputs cast to it, as AI Toolkit runs it.
+    for (torch::Tensor* t : {&in.text, &in.pooled})
+      if (t->defined()) *t = t->to(o.dtype);
+    for (auto& r : in.reference_latents) r = r.to(o.dtype);
+    return model.forward(in).narrow(1, 0, spec.latent_channels);
   };
   // CFG runs the conditional and unconditional prompts as one batch of two, as the SD3, DiT and Z-Image
   // pipelines do, when their text sequences have one length; otherwise, and always for Qwen-Image (whose
@@ -87,10 +89,10 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
         v = vu + g * (vc - vu);
       if (mode == Guidance::TrueCfg) v = rescale_to(v, vc, spec.patch);
     }
-    x = x + (t_next - t) * v;
+    x = (x.to(torch::kFloat) + (t_next - t) * v.to(torch::kFloat)).to(o.dtype);
   }
   if (training) model.train();
-  return x;
+  return x.to(torch::kFloat);
 }
 
 }  // namespace gclab::sample

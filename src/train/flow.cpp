@@ -1,7 +1,5 @@
 #include "gclab/train/flow.h"
 
-#include "gclab/ckpt/autocast.h"
-
 namespace gclab::train {
 
 namespace {
@@ -24,28 +22,31 @@ std::vector<int64_t> sample_dims(const torch::Tensor& x) {
 
 torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& b, const StepOptions& o) {
   model::ModelInputs in = b.conditioning;
+  for (torch::Tensor* t : {&in.text, &in.pooled})
+    if (t->defined()) *t = t->to(o.dtype);
+  for (auto& r : in.reference_latents) r = r.to(o.dtype);
+  // Latents and noise in the compute dtype; add_noise multiplies them by the float32 timesteps, which
+  // promotes to float32 (custom_flowmatch_sampler.py:97-99); the model's input is cast back.
+  const torch::Tensor x0 = b.x0.to(o.dtype), noise = b.noise.to(o.dtype);
   const torch::Tensor t4 = per_sample(b.t, b.x0);
-  in.latents = (1 - t4) * b.x0 + t4 * b.noise;
+  const torch::Tensor x0f = x0.to(torch::kFloat);
+  torch::Tensor noisy = (1 - t4) * x0f + t4 * noise.to(torch::kFloat);
+  in.latents = noisy.to(o.dtype);
   in.timestep = b.t;
-  auto predict = [&](const model::ModelInputs& inputs) {
-    const auto state = o.autocast_bf16 ? ckpt::AutocastState::enabled_for(b.x0.device().type(), at::kBFloat16)
-                                       : ckpt::AutocastState::capture();
-    ckpt::AutocastScope autocast(state);  // restored on exit, also when forward throws
-    return model.forward(inputs);
-  };
-  torch::Tensor target = b.noise - b.x0;
+  torch::Tensor target = noise - x0;  // in the compute dtype, as SDTrainer's (noise - batch.latents)
   if (b.next_t.defined()) {
     torch::NoGradGuard no_grad;
-    const torch::Tensor v = predict(in).narrow(1, 0, b.x0.size(1)).to(torch::kFloat);
+    const torch::Tensor v = model.forward(in).narrow(1, 0, b.x0.size(1)).to(torch::kFloat);
     const torch::Tensor next4 = per_sample(b.next_t, b.x0);
-    in.latents = in.latents + (next4 - t4) * v;  // the scheduler's Euler step
+    noisy = noisy + (next4 - t4) * v;  // the scheduler's Euler step
+    in.latents = noisy.to(o.dtype);
     in.timestep = b.next_t;
-    target = (in.latents - (1 - next4) * b.x0) / next4 - b.x0;  // the stepped latents' noise, less x0
+    target = (noisy - (1 - next4) * x0f) / next4 - x0f;  // the stepped latents' noise, less x0
   }
-  torch::Tensor pred = predict(in);
+  torch::Tensor pred = model.forward(in);
   // DiT also predicts a variance: only the first channels are the velocity.
   pred = pred.narrow(1, 0, target.size(1)).to(torch::kFloat);
-  const torch::Tensor diff = pred - target;
+  const torch::Tensor diff = pred - target.to(torch::kFloat);
   const torch::Tensor per_sample =
       (o.loss_type == config::LossType::mae ? diff.abs() : diff.square()).mean(sample_dims(diff));
   return (b.weight.defined() ? per_sample * b.weight.to(per_sample.device()) : per_sample).mean();

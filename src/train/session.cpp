@@ -554,7 +554,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   // gradient_accumulation_steps: only on its every-Nth steps, with that step's gradient).
   optimizer_->zero_grad();
   so.loss_type = tc.loss_type;
-  so.autocast_bf16 = bf16();
+  so.dtype = plan_.compute_dtype;
   bool epoch_start = false;
   StepResult r;
   r.before_first_update = optimizer_->steps() == 0;
@@ -646,7 +646,7 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     so.steps = item.sample_steps.value_or(sc.sample_steps);
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
     so.seed = seeds.at(i);
-    so.autocast_bf16 = bf16();
+    so.dtype = plan_.compute_dtype;
     const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
     // Each prompt with its control images, as the edit pipelines encode it.
     if (text_->encoder()) current_activity_ = Activity::text_encode;  // not cached: encoded here

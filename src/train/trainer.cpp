@@ -157,7 +157,7 @@ void Run::prepare() {
                                     std::to_string(s.lora_modules()) + " modules)"
                               : "") +
             "; checkpoint policy " + s.applied_policy().to_string() + "; " + s.device().str() +
-            (s.bf16() ? ", bf16 autocast" : ", fp32"));
+            (s.bf16() ? ", bf16 (no autocast; LoRA adapters float32)" : ", fp32"));
   session_.precompute_text(run_captions(items_, datasets_, config_.trigger_word));
   if (options_.resume) {
     if (const auto resumed = saves_.resume(session_))

@@ -16,8 +16,8 @@ void expect_ledger_matches(const ModelSpec& spec, bool lora, int batch, torch::S
   const std::string& preset = spec.preset;
   torch::manual_seed(0);
   auto m = build_transformer(spec);
-  if (lora) apply_lora(*m, {4, 4.0, dropout});
   m->to(dtype);
+  if (lora) apply_lora(*m, {4, 4.0, dropout});  // float32 adapters on the base, as a run attaches them
   const int64_t text = spec.family == model::Family("zimage") ? 32 : text_tokens(spec, 16);
   ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
   // Edit models: one square reference image of the spec's reference_area, as the ledger counts it (spec.h
@@ -32,7 +32,7 @@ void expect_ledger_matches(const ModelSpec& spec, bool lora, int batch, torch::S
   options.layer_norm_stats_bytes = dtype == torch::kFloat ? 4 : 2;  // CPU LayerNorm keeps bf16 statistics
   options.lora_rank = lora ? 4 : 0;
   options.conditioning_grad = !lora;
-  options.lora_dropout_mask_bytes = dropout > 0 ? options.element_bytes : 0;  // the CPU's scaled mask
+  options.lora_dropout_mask_bytes = dropout > 0 ? 4 : 0;  // the CPU's scaled mask, in the adapter's float32
   const ActivationEstimate est = estimate_activations(spec, batch, 128, 96, text, options);
   ASSERT_EQ(est.blocks.size(), measured.size());
   for (const auto& b : est.blocks) {
@@ -53,8 +53,9 @@ TEST_P(Ledger, ComputedBytesPerBlockEqualTheTrackingAllocatorsCount) {
   expect_ledger_matches(preset, lora, batch, torch::kFloat);
 }
 
-// A bf16 model (weights and activations in bf16, as AI Toolkit loads these models): the float32
-// internals (RMSNorm's copy, statistics, log-sum-exp) are where the bytes differ from half of fp32.
+// A bf16 model (weights and activations in bf16, as AI Toolkit loads these models, no autocast): the
+// float32 internals (RMSNorm's copy, statistics, log-sum-exp) are where the bytes differ from half of fp32;
+// with LoRA, the float32 adapters' own copies of their inputs (LoRAModule.forward casts x for each).
 TEST_P(Ledger, ComputedBytesPerBlockEqualTheTrackingAllocatorsCountInBf16) {
   const auto& [preset, lora, batch] = GetParam();
   expect_ledger_matches(preset, lora, batch, torch::kBFloat16);

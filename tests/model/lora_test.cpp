@@ -286,6 +286,38 @@ TEST(Lora, DropoutActsOnTheRankSizedOutputAndOnlyInTraining) {
   EXPECT_TRUE(torch::allclose(t, want, 1e-5, 1e-5));
 }
 
+// A LoRA on a bf16 base, as AI Toolkit runs it (toolkit/network_mixins.py:303-318, no autocast): the base
+// in bf16; the adapter in float32 on a float32 copy of the input, its output cast back to bf16 and added.
+// Fails if the adapter computed in bf16 (as under the bf16 autocast gclab ran before) or on the bf16 input.
+TEST(Lora, OnABf16BaseTheAdapterComputesInFloat32OnItsOwnCopyOfTheInput) {
+  torch::manual_seed(0);
+  Linear l(64, 32, true);
+  l->to(torch::kBFloat16);
+  l->add_lora(4, 4.0);
+  auto A = l->named_parameters()["lora_A.weight"], B = l->named_parameters()["lora_B.weight"];
+  ASSERT_EQ(A.scalar_type(), torch::kFloat);
+  {
+    torch::NoGradGuard no_grad;
+    B.normal_(0, 0.5);
+  }
+  const torch::Tensor x = torch::randn({3, 10, 64}).to(torch::kBFloat16);
+  namespace F = torch::nn::functional;
+  const torch::Tensor base = F::linear(x, l->weight, l->bias);
+  const torch::Tensor want = base + F::linear(F::linear(x.to(torch::kFloat), A), B).to(torch::kBFloat16);
+  const torch::Tensor y = l->forward(x);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(y, want));
+  const torch::Tensor in_bf16 = base + F::linear(F::linear(x, A.to(torch::kBFloat16)), B.to(torch::kBFloat16));
+  EXPECT_FALSE(torch::equal(y, in_bf16));
+  // lora_down keeps the float32 copy: 3 x 10 x 64 x 4 bytes more than the rank-sized intermediate.
+  memory::CpuMemoryTracker tracker;
+  const torch::Tensor x2 = x.clone();
+  const int64_t before = tracker.stats().live_bytes;
+  torch::Tensor kept = l->forward(x2);
+  const int64_t held = tracker.stats().live_bytes - before - static_cast<int64_t>(kept.nbytes());
+  EXPECT_EQ(held, 3 * 10 * 64 * 4 + 3 * 10 * 4 * 4);
+}
+
 // A preview's network_multiplier (`--m`) scales the adapter's output as AI Toolkit's network.multiplier
 // does (toolkit/network_mixins.py:289-320): 0 is the base Linear alone, 2 twice the adapter's delta; the
 // model-wide setter reaches every adapter.

@@ -13,6 +13,7 @@
 
 #include "gclab/io/safetensors.h"
 #include "gclab/model/flow_schedule.h"
+#include "gclab/model/lora.h"
 #include "gclab/model/spec.h"
 #include "gclab/model/transformer.h"
 #include "gclab/train/flow.h"
@@ -203,6 +204,44 @@ TEST(Timesteps, NextSampleStepsOnceWithoutGradAndTrainsAtTheNextPoint) {
     want = (model->forward(in) - (noise - mb.x0)).square().mean();
   }
   EXPECT_NEAR(flow_matching_loss(*model, mb, StepOptions{}).item<double>(), want.item<double>(), 1e-6);
+}
+
+// train.dtype bf16 as AI Toolkit trains (no autocast: BaseSDTrainProcess.py:1106, 1327; SDTrainer.py:646,
+// 916): latents and noise rounded to bf16, the noisy latents made in float32 from them and cast to bf16,
+// the text cast to bf16, the target noise - x0 in bf16, the loss in float32; a bf16 base with float32
+// adapters. Fails under bf16 autocast (the adapters would compute in bf16) or with float32 latents.
+TEST(FlowMatching, Bf16TrainsWithoutAutocastOnBf16InputsAsAiToolkit) {
+  torch::manual_seed(3);
+  auto model = model::build_transformer(model::spec_by_preset("tiny-flux"));
+  model->to(torch::kBFloat16);
+  model::apply_lora(*model, {4, 4.0, 0.0});
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.2);
+  }
+  model->eval();
+  MicroBatch mb;
+  mb.conditioning = model->example_inputs(2, 64, 64);  // float32 text and pooled, as the cache holds them
+  mb.x0 = torch::randn({2, 16, 8, 8});
+  mb.noise = torch::randn_like(mb.x0);
+  mb.t = torch::tensor({0.37f, 0.81f});
+  StepOptions o;
+  o.dtype = torch::kBFloat16;
+  torch::Tensor want;
+  {
+    torch::NoGradGuard no_grad;
+    model::ModelInputs in = mb.conditioning;
+    in.text = in.text.to(torch::kBFloat16), in.pooled = in.pooled.to(torch::kBFloat16);
+    const torch::Tensor x0 = mb.x0.to(torch::kBFloat16), noise = mb.noise.to(torch::kBFloat16);
+    const torch::Tensor t4 = mb.t.view({-1, 1, 1, 1});
+    in.latents = ((1 - t4) * x0.to(torch::kFloat) + t4 * noise.to(torch::kFloat)).to(torch::kBFloat16);
+    in.timestep = mb.t;
+    const torch::Tensor pred = model->forward(in);
+    ASSERT_EQ(pred.scalar_type(), torch::kBFloat16);
+    want = (pred.to(torch::kFloat) - (noise - x0).to(torch::kFloat)).square().mean();
+  }
+  EXPECT_EQ(flow_matching_loss(*model, mb, o).item<double>(), want.item<double>());
 }
 
 }  // namespace

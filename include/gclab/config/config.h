@@ -234,7 +234,7 @@ struct TrainConfig {
   OptimizerParams optimizer_params;
   LrScheduler lr_scheduler = LrScheduler::constant;
   LrSchedulerParams lr_scheduler_params;
-  DType dtype = DType::fp32;  // bf16: bf16 autocast over fp32 (LoRA: a bf16 frozen base); fp16 is refused
+  DType dtype = DType::fp32;  // bf16: bf16 weights and inputs, no autocast (LoRA: float32 adapters); fp16 refused
   std::string noise_scheduler = "ddpm";
   TimestepType timestep_type = TimestepType::sigmoid;
   // Which of the scheduler's num_train_timesteps a batch draws (BaseSDTrainProcess, prepare_timesteps_indices):

@@ -8,7 +8,7 @@
 // 1/rms, attention's log-sum-exp); attention by a fused kernel (flash / memory-efficient: q, k, v, output
 // and log-sum-exp are saved, never the score matrix); no dropout. With LoRA, frozen weights are not
 // saved and neither are tensors only a frozen weight's gradient would need (RMSNorm's normalised input),
-// while each adapter keeps its rank-r intermediate.
+// while each adapter keeps its rank-r intermediate and, in a bf16 model, its own float32 copy of its input.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ struct ActivationOptions {
   // them in bf16 (measured), so CPU figures pass 2 here for bf16.
   int64_t layer_norm_stats_bytes = 4;
   // LoRA dropout (network.dropout > 0), on lora_A's rank-sized output: its mask's bytes per element —
-  // CUDA's fused dropout keeps a bool mask (1), the CPU a scaled mask in the activations' dtype; 0: none.
+  // CUDA's fused dropout keeps a bool mask (1), the CPU a scaled mask in the adapter's float32 (4); 0: none.
   int64_t lora_dropout_mask_bytes = 0;
   // Per block, in the model's order: the weights its uint-stored Linears dequantize for each matmul, which
   // autograd keeps for the input's gradient (AI Toolkit's quantized forward is F.linear(x, dequantized W)),

@@ -13,12 +13,14 @@ struct SampleOptions {
   int64_t frames = 1;                 // a video family's frames
   int steps = 20;
   double guidance_scale = 4.0;
-  int64_t seed = 42;           // noise from its own generator: sampling never moves the training RNG
-  bool autocast_bf16 = false;  // run the model under bf16 autocast, as the training step does
+  int64_t seed = 42;  // noise from its own generator: sampling never moves the training RNG
+  // The model's compute dtype (train.dtype): the latents between steps and the model's inputs are in it, as
+  // AI Toolkit's pipelines keep them; no autocast.
+  torch::ScalarType dtype = torch::kFloat;
 };
 
 // `cond` and `uncond` hold one sample's conditioning (text, pooled, class_labels); uncond is used for CFG.
-// Returns the final latents, one sample of the family's latent_shape.
+// Returns the final latents (float32), one sample of the family's latent_shape.
 torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::ModelInputs& cond,
                            const model::ModelInputs& uncond, const SampleOptions& options);
 

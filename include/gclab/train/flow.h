@@ -25,7 +25,11 @@ struct MicroBatch {
 struct StepOptions {
   config::LossType loss_type = config::LossType::mse;
   double loss_scale = 1.0;  // applied to the loss before backward
-  bool autocast_bf16 = false;
+  // The model's compute dtype (train.dtype). AI Toolkit runs no autocast (its Accelerator has no
+  // mixed_precision): the latents and noise in this dtype, the noisy latents made in float32 and cast to it,
+  // the text embeddings cast to it, the loss in float32 (BaseSDTrainProcess.py:1106, 1327; SDTrainer.py:646,
+  // 916; stable_diffusion_model.py predict_noise).
+  torch::ScalarType dtype = torch::kFloat;
 };
 
 // The micro-batch's loss (forward only; call backward on it). loss_scale is not applied.

@@ -62,7 +62,7 @@ struct RunPlan {
   torch::Device device = torch::Device(torch::kCPU);  // where the run lives (kMeta: counts only)
   bool cuda = false;                                  // runs on CUDA, or (meta) predicts for CUDA's kernels
   torch::ScalarType base_dtype = torch::kFloat;       // the transformer's stored dtype (base_dtype())
-  torch::ScalarType compute_dtype = torch::kFloat;    // the text encoders' and autocast's dtype
+  torch::ScalarType compute_dtype = torch::kFloat;    // train.dtype: the model's inputs, the text encoders'
   uint64_t seed = 42;                                 // training_seed (config.seed())
   LoadPlan load;
   // model.assistant_lora_path when it is a local file the arch takes (else empty: refused, or a Hub name

@@ -36,11 +36,14 @@ class FluxTransformer : public DiffusionTransformer {
     if (spec_.extra_input_features > 0) img = torch::cat({img, extra_inputs(img)}, 2);
     img = x_embedder(img);
     torch::Tensor txt = context_embedder(in.text);
-    // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text.
-    torch::Tensor temb = timestep_embedder(timestep_embedding(in.timestep * 1000, 256).to(img.scalar_type()));
+    // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text. Each is cast
+    // to the latents' dtype before the x1000, as diffusers' FluxTransformer2DModel.forward does (in bf16 the
+    // timestep is rounded twice: 0.85 becomes 852).
+    const auto scaled = [&](const torch::Tensor& t) { return t.to(img.scalar_type()) * 1000; };
+    torch::Tensor temb = timestep_embedder(timestep_embedding(scaled(in.timestep), 256).to(img.scalar_type()));
     if (spec_.guidance_embed && !in.bypass_guidance) {
       TORCH_CHECK(in.guidance.defined(), spec_.preset, " needs a guidance value per sample");
-      temb = temb + guidance_embedder(timestep_embedding(in.guidance * 1000, 256).to(img.scalar_type()));
+      temb = temb + guidance_embedder(timestep_embedding(scaled(in.guidance), 256).to(img.scalar_type()));
     }
     temb = temb + text_embedder(in.pooled);
     // Rotary positions: text tokens at 0, image tokens at (0, row, column) of the patch grid.

@@ -7,6 +7,18 @@
 namespace gclab::model::qwen_image {
 namespace {
 
+// QwenTimestepProjEmbeddings' time_proj: transformer_qwenimage.py's own get_timestep_embedding (256
+// channels, cos first, shift 0, scale 1000), which rounds the frequencies to the timestep's dtype and
+// scales after the product, in float32 — in bf16 not the shared timestep_embedding's angles.
+torch::Tensor qwen_timestep_embedding(const torch::Tensor& t) {
+  const int64_t half = 128;
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(t.device());
+  const torch::Tensor freqs =
+      torch::exp(-std::log(10000.0) * torch::arange(half, f32) / half).to(t.scalar_type()).to(torch::kFloat);
+  const torch::Tensor args = 1000 * (t.to(torch::kFloat).unsqueeze(1) * freqs.unsqueeze(0));
+  return torch::cat({torch::cos(args), torch::sin(args)}, -1);
+}
+
 class QwenImageTransformer : public DiffusionTransformer {
  public:
   QwenImageTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
@@ -35,7 +47,8 @@ class QwenImageTransformer : public DiffusionTransformer {
     }
     torch::Tensor img = img_in(torch::cat(parts, 1));
     torch::Tensor txt = txt_in(txt_norm(in.text));
-    const torch::Tensor temb = timestep_embedder(timestep_embedding(in.timestep * 1000, 256).to(img.scalar_type()));
+    const torch::Tensor t = in.timestep.to(img.scalar_type());  // QwenImageTransformer2DModel.forward's cast
+    const torch::Tensor temb = timestep_embedder(qwen_timestep_embedding(t).to(img.scalar_type()));
     // QwenEmbedRope with scale_rope: rows and columns centred on 0; text continues after the largest
     // half-side, on all three axes.
     std::vector<std::array<int64_t, 3>> ids;
@@ -50,8 +63,8 @@ class QwenImageTransformer : public DiffusionTransformer {
     Tensors extra;  // zero_cond_t: which tokens are the references', and the embedding of t = 0
     if (spec_.zero_cond_t && img.size(1) > n) {
       const torch::Tensor ref = torch::arange(img.size(1), torch::TensorOptions().device(img.device())) >= n;
-      const torch::Tensor t0 = torch::zeros_like(in.timestep);
-      extra = {ref.view({1, -1, 1}), timestep_embedder(timestep_embedding(t0, 256).to(img.scalar_type()))};
+      const torch::Tensor t0 = torch::zeros_like(t);
+      extra = {ref.view({1, -1, 1}), timestep_embedder(qwen_timestep_embedding(t0).to(img.scalar_type()))};
     }
     for (size_t b = 0; b < blocks().size(); ++b) {
       Tensors block_in = {img, txt, temb, cos, sin};

@@ -66,11 +66,11 @@ class ZImage final : public ModelFamily {
     // A LoRA leaves the refiners without adapters (lora_block_names), fed by frozen embedders: they need
     // no gradient and keep nothing, checkpointed or not.
     const bool refiners_train = L.r == 0;
-    return {{"noise refiner", s.refiner_blocks, refiners_train ? zimage_block(L, n_pad, m, true) : 0,
+    return {{"noise refiner", s.refiner_blocks, refiners_train ? zimage_block(L, n_pad, m, s.adaln_dim, true) : 0,
              refiners_train ? n_pad * row : 0, L.B * n_pad},
-            {"context refiner", s.refiner_blocks, refiners_train ? zimage_block(L, t_pad, m, false) : 0,
+            {"context refiner", s.refiner_blocks, refiners_train ? zimage_block(L, t_pad, m, s.adaln_dim, false) : 0,
              refiners_train ? t_pad * row : 0, L.B * t_pad},
-            {"single", s.single_blocks, zimage_block(L, n_pad + t_pad, m, true), (n_pad + t_pad) * row,
+            {"single", s.single_blocks, zimage_block(L, n_pad + t_pad, m, s.adaln_dim, true), (n_pad + t_pad) * row,
              L.B * (n_pad + t_pad)}};
   }
 
