@@ -234,10 +234,11 @@ LoadedBatch BatchLoader::load(int64_t index) {
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
-    for (size_t i = 0; i < used.size(); ++i)
+    for (size_t i = 0; i < used.size() && !o_.controls_at_bucket; ++i)
       out.control_files.push_back(text_only[i] ? std::vector<std::filesystem::path>{}
                                                : items_[static_cast<size_t>(used[i].item)].controls);
-    const BucketResolution ref = reference_size(plan.bucket, o_.divisibility, o_.reference_area);
+    const BucketResolution ref =
+        o_.controls_at_bucket ? plan.bucket : reference_size(plan.bucket, o_.divisibility, o_.reference_area);
     const int rw = ref.width, rh = ref.height;
     for (size_t c = 0; c < first.controls.size(); ++c) {
       std::vector<torch::Tensor> refs;

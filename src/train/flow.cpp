@@ -22,7 +22,7 @@ std::vector<int64_t> sample_dims(const torch::Tensor& x) {
 
 torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& b, const StepOptions& o) {
   model::ModelInputs in = b.conditioning;
-  for (torch::Tensor* t : {&in.text, &in.pooled})
+  for (torch::Tensor* t : {&in.text, &in.pooled, &in.condition_channels})
     if (t->defined()) *t = t->to(o.dtype);
   for (auto& r : in.reference_latents) r = r.to(o.dtype);
   // Latents and noise in the compute dtype; add_noise multiplies them by the float32 timesteps, which

@@ -8,6 +8,7 @@
 #include "gclab/model/activations.h"
 #include "gclab/model/family.h"
 #include "gclab/model/lora.h"
+#include "gclab/model/registry.h"
 #include "gclab/nn/layers.h"
 #include "gclab/text/prompt.h"
 #include "gclab/train/session.h"
@@ -76,10 +77,14 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
     s.encode_bytes = int64_t{4} * batch * 3 * height * width + codec.encode_bytes(batch, height, width, cpu);
   // Edit models: each step encodes the batch's control images (one per control folder, at the reference
   // area of the bucket's aspect), cached latents or not, after the batch's own latents (kept beside them).
-  if (spec.edit && codec.autoencoder) {
-    const data::BucketResolution ref = data::reference_size({width, height}, spec.divisibility, spec.reference_area);
-    size_t references = 1;  // the most control folders a dataset has
-    for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
+  // Flex.2 likewise, its control images at the batch's own size, when a dataset has control folders.
+  size_t references = spec.edit ? 1 : 0;  // the most control folders a dataset has
+  for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
+  const bool channels = model::family_of(spec.family).controls_as_channels(spec);
+  if ((spec.edit || channels) && references > 0 && codec.autoencoder) {
+    const data::BucketResolution ref =
+        channels ? data::BucketResolution{width, height}
+                 : data::reference_size({width, height}, spec.divisibility, spec.reference_area);
     s.reference_bytes = static_cast<int64_t>(references) * 4 *
                         c10::multiply_integers(model::latent_shape(spec, batch, ref.height, ref.width));
     s.encode_bytes =

@@ -508,8 +508,12 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
       mb.conditioning.guidance =
           torch::full({mb.x0.size(0)}, config_.train.cfg_scale, torch::TensorOptions().device(device_));
   }
-  if (spec_.edit)
-    for (const auto& r : lb.references) mb.conditioning.reference_latents.push_back(memory::to_device(r, device_));
+  std::vector<torch::Tensor> controls;  // Flex.2: control latents for the channels beside the latents
+  for (const auto& r : lb.references)
+    (spec_.edit ? mb.conditioning.reference_latents : controls).push_back(memory::to_device(r, device_));
+  mb.conditioning.condition_channels =
+      model::family_of(spec_.family)
+          .training_condition(spec_, config_.model.model_kwargs, mb.x0.to(plan_.compute_dtype), controls);
   mb.noise = torch::randn_like(mb.x0);
   if (config_.train.noise_offset != 0)
     mb.noise =

@@ -1,4 +1,5 @@
 #include "gclab/train/trainer.h"
+#include "gclab/model/registry.h"
 
 #include <chrono>
 #include <cstdio>
@@ -179,6 +180,7 @@ void Run::prepare() {
   lo.batch_size = tc.batch_size;
   lo.divisibility = s.spec().divisibility;
   lo.reference_area = s.spec().reference_area;
+  lo.controls_at_bucket = model::family_of(s.spec().family).controls_as_channels(s.spec());
   lo.seed = s.plan().seed;
   lo.trigger_word = config_.trigger_word;
   std::vector<data::ImageItem> items, reg_items;

@@ -135,5 +135,84 @@ TEST(Registry, DivisibilityIsEachModelClasssOwn) {
   }
 }
 
+// Flex.2's training inputs (AI Toolkit's Flex2.condition_noisy_latents, flex2.py:376-527): an inpainting
+// latent, its mask and a control latent beside the latents. Without a control or random inpainting they are
+// the transformer's default (zeros, a mask of ones, zeros); a control folder's latents go in unless dropped
+// (control_dropout); do_random_inpainting zeroes the latents under a random blob mask and hands the model
+// that mask (1 where it inpaints), unless inpaint_dropout drops it; the packed layout is the default's.
+TEST(Flex2, TrainingInputsAsAiToolkitsConditionNoisyLatents) {
+  ModelSpec spec = spec_by_preset("tiny-flux");
+  const ModelFamily& family = family_of(spec.family);
+  EXPECT_FALSE(family.controls_as_channels(spec));
+  spec.extra_input_features = 2 * families_shared::packed_features(spec) + spec.patch * spec.patch;
+  ASSERT_TRUE(family.controls_as_channels(spec));
+  torch::manual_seed(0);
+  const torch::Tensor x0 = torch::randn({2, 16, 32, 32});
+  const torch::Tensor control = torch::randn({2, 16, 32, 32}), other = torch::randn({2, 16, 32, 32});
+  config::ModelKwargs k;
+  EXPECT_FALSE(family.training_condition(spec, k, x0, {}).defined());
+  torch::Tensor c = family.training_condition(spec, k, x0, {control});
+  ASSERT_EQ(c.sizes(), (std::vector<int64_t>{2, 33, 32, 32}));
+  EXPECT_TRUE(torch::equal(c.narrow(1, 0, 16), torch::zeros_like(x0)));
+  EXPECT_TRUE(torch::equal(c.narrow(1, 16, 1), torch::ones({2, 1, 32, 32})));
+  EXPECT_TRUE(torch::equal(c.narrow(1, 17, 16), control));
+  // The default inputs, given explicitly, are what the transformer feeds itself.
+  auto m = build_transformer(spec);
+  m->eval();
+  ModelInputs in = m->example_inputs(2, 256, 256);
+  const torch::Tensor plain = m->forward(in);
+  in.condition_channels =
+      torch::cat({torch::zeros_like(in.latents), torch::ones({2, 1, 32, 32}), torch::zeros_like(in.latents)}, 1);
+  EXPECT_TRUE(torch::allclose(m->forward(in), plain, 0, 0));
+  in.condition_channels = c;
+  EXPECT_FALSE(torch::allclose(m->forward(in), plain, 1e-3, 1e-3));
+  // control_dropout 1: zeros; several control folders: each chosen, one per batch.
+  k.control_dropout = 1.0;
+  EXPECT_TRUE(torch::equal(family.training_condition(spec, k, x0, {control}).narrow(1, 17, 16), torch::zeros_like(x0)));
+  k.control_dropout = 0.0;
+  std::set<int> chosen;
+  for (int i = 0; i < 20; ++i) {
+    const torch::Tensor ctl = family.training_condition(spec, k, x0, {control, other}).narrow(1, 17, 16);
+    chosen.insert(torch::equal(ctl, control) ? 0 : torch::equal(ctl, other) ? 1 : -1);
+  }
+  EXPECT_EQ(chosen, (std::set<int>{0, 1}));
+  // Random inpainting: a binary mask covering part of the image, the latents zeroed where it is 1.
+  k.do_random_inpainting = true;
+  c = family.training_condition(spec, k, x0, {});
+  const torch::Tensor mask = c.narrow(1, 16, 1);
+  EXPECT_TRUE(torch::equal(mask, mask.round()));
+  for (int b = 0; b < 2; ++b) {
+    const double coverage = mask[b].mean().item<double>();
+    EXPECT_GT(coverage, 0.02) << b;
+    EXPECT_LT(coverage, 0.98) << b;
+  }
+  EXPECT_TRUE(torch::equal(c.narrow(1, 0, 16), x0 * (1 - mask)));
+  EXPECT_TRUE(torch::equal(c.narrow(1, 17, 16), torch::zeros_like(x0)));
+  // invert_inpaint_mask_chance 1 (outpainting): the same draws give the complementary mask.
+  torch::manual_seed(5);
+  const torch::Tensor drawn = family.training_condition(spec, k, x0, {}).narrow(1, 16, 1);
+  k.invert_inpaint_mask_chance = 1.0;
+  torch::manual_seed(5);
+  c = family.training_condition(spec, k, x0, {});
+  EXPECT_TRUE(torch::equal(c.narrow(1, 16, 1), 1 - drawn));
+  EXPECT_TRUE(torch::equal(c.narrow(1, 0, 16), x0 * drawn));
+  // A blurred mask (half the time) weighs the latents by its values; dilation then moves the mask's edge.
+  k.invert_inpaint_mask_chance = 0.0;
+  k.random_blur_mask = true;
+  for (int i = 0; i < 4; ++i) {
+    c = family.training_condition(spec, k, x0, {});
+    const torch::Tensor m = c.narrow(1, 16, 1);
+    EXPECT_TRUE(torch::allclose(c.narrow(1, 0, 16), x0 * (1 - m), 1e-6, 1e-6));
+    EXPECT_GE(m.min().item<double>(), -1e-6);
+    EXPECT_LE(m.max().item<double>(), 1.0 + 1e-6);
+  }
+  k.random_dialate_mask = true;
+  c = family.training_condition(spec, k, x0, {});
+  EXPECT_GE(c.narrow(1, 16, 1).min().item<double>(), -1e-6);
+  k.inpaint_dropout = 1.0;
+  c = family.training_condition(spec, k, x0, {});
+  EXPECT_TRUE(torch::equal(c.narrow(1, 0, 17), torch::cat({torch::zeros_like(x0), torch::ones({2, 1, 32, 32})}, 1)));
+}
+
 }  // namespace
 }  // namespace gclab::model

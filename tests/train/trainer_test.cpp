@@ -827,6 +827,46 @@ TEST(Trainer, DiffusersSaveFormatWritesAFolderForAFullFineTuneAndOneFileForALora
 // model.name_or_path as a local diffusers folder: the shape from its config.json (any width and depth),
 // the weights loaded and checked; without weights, that shape with random ones; weights of another shape
 // are a UserError naming the first mismatch and how many there are.
+// A Flex.2 (its 196-feature input, from a config.json) trained with a control folder and AI Toolkit's
+// model_kwargs: each step encodes the batch's control images at the batch's size and hands the model the
+// inpainting and control channels (the conditioning itself: Flex2.TrainingInputsAsAiToolkitsConditionNoisyLatents).
+TEST(Trainer, Flex2TrainsWithItsControlImagesAndModelKwargs) {
+  const fs::path dir = testing::fresh_dir("flex2_controls");
+  data::SynthOptions o;
+  o.count = 6;
+  o.sizes = {{64, 64}, {96, 64}};
+  data::write_synthetic_dataset(dir / "controls", o);
+  fs::create_directories(dir / "flex2" / "transformer");
+  std::ofstream(dir / "flex2" / "transformer" / "config.json")
+      << R"({"_class_name": "FluxTransformer2DModel", "in_channels": 196, "out_channels": 64, "num_layers": 1,
+             "num_single_layers": 1, "num_attention_heads": 2, "attention_head_dim": 32, "joint_attention_dim": 64,
+             "pooled_projection_dim": 32, "guidance_embeds": true, "axes_dims_rope": [8, 12, 12]})";
+  const std::vector<std::string> flex2 = {"model.arch=flex2",
+                                          "model.name_or_path=" + (dir / "flex2").string(),
+                                          "model.vae=dct",
+                                          "train.steps=3",
+                                          "train.bypass_guidance_embedding=true",
+                                          "datasets.0.control_path=[" + (dir / "controls").string() + "]",
+                                          "model.model_kwargs.control_dropout=0.5",
+                                          "model.model_kwargs.do_random_inpainting=true",
+                                          "model.model_kwargs.random_blur_mask=true",
+                                          "model.model_kwargs.random_dialate_mask=true"};
+  TrainSummary s;
+  ASSERT_NO_THROW(s = train(tiny_config(dir, "flex2", flex2), {}));
+  EXPECT_EQ(s.end_step, 3);
+  for (const double loss : s.losses) EXPECT_TRUE(std::isfinite(loss));
+  // The same config for another arch: the keys are Flex.2's, said to do nothing there.
+  const auto other = model::load_config_text(
+      "name: x\nmodel: {arch: flux, model_kwargs: {control_dropout: 0.5}}\n"
+      "datasets: [{folder_path: /tmp}]\n",
+      "x.yaml");
+  ASSERT_TRUE(other.ok());
+  bool warned = false;
+  for (const auto& d : other.diagnostics.all()) warned = warned || d.path == "model.model_kwargs";
+  EXPECT_TRUE(warned);
+  fs::remove_all(dir);
+}
+
 TEST(Session, ALocalDiffusersFolderGivesTheShapeAndTheWeights) {
   const fs::path dir = testing::fresh_dir("local_folder");
   auto full = tiny_config(dir, "full", {"save.save_format=diffusers", "train.steps=2"});

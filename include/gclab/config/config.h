@@ -392,6 +392,29 @@ struct QuantizeKwargs {
   }
 };
 
+// model.model_kwargs: what AI Toolkit's model class reads from it — Flex.2's control and inpainting
+// training switches (extensions_built_in/flex2/flex2.py:75-81), each a chance per step (0 to 1) or on/off.
+struct ModelKwargs {
+  double invert_inpaint_mask_chance = 0.0;
+  double inpaint_dropout = 0.0;
+  double control_dropout = 0.0;
+  double inpaint_random_chance = 0.0;
+  bool random_blur_mask = false;
+  bool random_dialate_mask = false;
+  bool do_random_inpainting = false;
+
+  template <class V>
+  void fields(V& v) {
+    v("invert_inpaint_mask_chance", invert_inpaint_mask_chance);
+    v("inpaint_dropout", inpaint_dropout);
+    v("control_dropout", control_dropout);
+    v("inpaint_random_chance", inpaint_random_chance);
+    v("random_blur_mask", random_blur_mask);
+    v("random_dialate_mask", random_dialate_mask);
+    v("do_random_inpainting", do_random_inpainting);
+  }
+};
+
 struct ModelConfig {
   std::optional<std::string> name_or_path;
   std::string arch;  // resolved: see arch.h (AI Toolkit's arch / is_* switches)
@@ -413,6 +436,7 @@ struct ModelConfig {
   // back out while sampling (the FLUX.1 schnell example; the UI's zimage:turbo default). A local file.
   std::optional<std::string> assistant_lora_path;
   QuantizeKwargs quantize_kwargs;
+  ModelKwargs model_kwargs;
   bool low_vram = false;
   // AI Toolkit's layer offloading (toolkit/memory_management): that share of the transformer's (and of the
   // text encoders') Linears keep their frozen weights in host memory and are brought to the device for
@@ -457,6 +481,7 @@ struct ModelConfig {
     v("only_if_contains", only_if_contains);
     v("ignore_if_contains", ignore_if_contains);
     v("quantize_kwargs", quantize_kwargs);
+    v("model_kwargs", model_kwargs);
     v("assistant_lora_path", assistant_lora_path);
     v.ignore({"dtype",
               "is_v2",
@@ -473,7 +498,6 @@ struct ModelConfig {
               "inference_lora_path",
               "te_name_or_path",
               "extras_name_or_path",
-              "model_kwargs",
               "compile",
               "attn_masking",
               "split_model_over_gpus",

@@ -81,6 +81,9 @@ struct LoaderOptions {
   int batch_size = 1;
   int divisibility = 16;
   int64_t reference_area = 1024 * 1024;  // edit models' control images (reference_size)
+  // Control images at the batch's own size, for the channels beside the latents (Flex.2), not as an edit
+  // model's references: no reference_area, and the text encoder does not read them.
+  bool controls_at_bucket = false;
   uint64_t seed = 0;
   std::optional<std::string> trigger_word;  // the process's; a dataset's own wins
   int prefetch = 3;

@@ -89,6 +89,17 @@ class ModelFamily {
   // back out while sampling); the others fail on it when they sample (BaseModel.generate_images reads an
   // assistant network they never built), so gclab refuses it up front.
   virtual bool takes_assistant_adapter(const std::string& /*arch*/) const { return false; }
+  // Whether a dataset's control_path images enter as channels beside the latents (Flex.2: encoded at the
+  // training image's size every step, flex2.py:513-521) rather than as reference tokens (spec.edit).
+  virtual bool controls_as_channels(const ModelSpec& /*spec*/) const { return false; }
+  // The channels it concatenates on the noisy latents in training (AI Toolkit's condition_noisy_latents),
+  // from the clean latents `x0` (in the compute dtype) and the batch's encoded control latents (one per
+  // control folder; empty: none), drawing from torch's generator; undefined: none.
+  virtual torch::Tensor training_condition(const ModelSpec& /*spec*/, const config::ModelKwargs& /*kwargs*/,
+                                           const torch::Tensor& /*x0*/,
+                                           const std::vector<torch::Tensor>& /*controls*/) const {
+    return {};
+  }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
   virtual bool low_vram_tiles_previews(bool /*edit_plus*/) const { return false; }
 

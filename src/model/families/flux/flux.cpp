@@ -4,6 +4,7 @@
 
 #include "gclab/config/user_error.h"
 #include "gclab/model/registry.h"
+#include "model/families/flux/flex2_condition.h"
 
 namespace gclab::model {
 namespace flux {
@@ -47,6 +48,17 @@ class Flux final : public ModelFamily {
   // load_assistant_lora_from_path keeps it (toolkit/assistant_lora.py:10-11: "Only Flux models"); Flex.2's
   // own model class does not.
   bool takes_assistant_adapter(const std::string& arch) const override { return arch != "flex2"; }
+  // Flex.2: features beyond the latents' (an inpainting latent, its mask, a control latent).
+  bool controls_as_channels(const ModelSpec& spec) const override {
+    return spec.extra_input_features == 2 * families_shared::packed_features(spec) + spec.patch * spec.patch;
+  }
+  // Flex2.condition_noisy_latents (flex2_condition.cpp). With no control latents and no random inpainting
+  // its inputs are the transformer's default (zeros, a mask of ones, zeros): left to it.
+  torch::Tensor training_condition(const ModelSpec& spec, const config::ModelKwargs& k, const torch::Tensor& x0,
+                                   const std::vector<torch::Tensor>& controls) const override {
+    if (!controls_as_channels(spec) || (controls.empty() && !k.do_random_inpainting)) return {};
+    return flux::flex2_condition(k, x0, controls);
+  }
   std::string base_model_version(const std::string& arch) const override {
     return arch == "flex2" ? "flex2" : "flux.1";
   }

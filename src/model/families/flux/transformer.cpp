@@ -33,7 +33,15 @@ class FluxTransformer : public DiffusionTransformer {
   torch::Tensor forward(const ModelInputs& in) override {
     const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3);
     torch::Tensor img = patchify(in.latents, p, /*channels_last=*/false);
-    if (spec_.extra_input_features > 0) img = torch::cat({img, extra_inputs(img)}, 2);
+    if (in.condition_channels.defined()) {  // Flex.2's training inputs, packed as the latents are
+      const torch::Tensor extra = patchify(in.condition_channels, p, /*channels_last=*/false);
+      TORCH_CHECK(extra.size(2) == spec_.extra_input_features, spec_.preset, " takes ", spec_.extra_input_features,
+                  " features beside the latents', got ", extra.size(2), " from ", in.condition_channels.size(1),
+                  " condition channels");
+      img = torch::cat({img, extra}, 2);
+    } else if (spec_.extra_input_features > 0) {
+      img = torch::cat({img, extra_inputs(img)}, 2);
+    }
     img = x_embedder(img);
     torch::Tensor txt = context_embedder(in.text);
     // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text. Each is cast
