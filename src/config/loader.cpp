@@ -631,7 +631,10 @@ class Validator {
   // model.layer_offloading: shares in [0, 1]; the offloaded Linears must be frozen (a LoRA base): AI Toolkit
   // also streams a full fine-tune's gradients back to host memory, which gclab does not model.
   void offloading() {
-    const ModelConfig& m = c_.model;
+    ModelConfig& m = c_.model;
+    for (const std::string& path : offloading_qtypes(m))
+      if (m.quantize || m.quantize_te.value_or(m.quantize))
+        warning(path, "qfloat8 becomes float8 under model.layer_offloading, as AI Toolkit's ModelConfig makes it");
     for (const auto& [path, share] :
          {std::pair<std::string, double>{"model.layer_offloading_transformer_percent",
                                          m.layer_offloading_transformer_percent},
@@ -1058,6 +1061,17 @@ void split_qtype_adapter(YAML::Node process, LoadContext& ctx) {
 }
 
 }  // namespace
+
+std::vector<std::string> offloading_qtypes(ModelConfig& m) {
+  std::vector<std::string> changed;
+  if (!m.layer_offloading) return changed;
+  for (auto [path, qtype] : {std::pair<const char*, QType*>{"model.qtype", &m.qtype}, {"model.qtype_te", &m.qtype_te}})
+    if (*qtype == QType::qfloat8) {
+      *qtype = QType::float8;
+      changed.emplace_back(path);
+    }
+  return changed;
+}
 
 std::string SourceMap::where(const std::string& path) const {
   // A value that was never written (a missing required key) is reported where its block was written.

@@ -76,9 +76,7 @@ Guidance preview_guidance(Family family, bool guidance_embed) {
 
 config::AutoencoderKind autoencoder_kind(Family family) { return family_of(family).autoencoder(); }
 
-bool low_vram_tiles_previews(Family family, bool edit_plus) {
-  return family_of(family).low_vram_tiles_previews(edit_plus);
-}
+bool low_vram_tiles_previews(Family family) { return family_of(family).low_vram_tiles_previews(); }
 
 std::vector<config::TextEncoderKind> text_encoders(Family family) { return family_of(family).text_encoders(); }
 

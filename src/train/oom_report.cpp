@@ -256,6 +256,7 @@ void Levers::weight_fixes() {
     config::ProcessConfig changed = config;
     changed.model.layer_offloading = true;
     changed.model.layer_offloading_transformer_percent = 1.0;
+    config::offloading_qtypes(changed.model);
     const int64_t saving = offload_saving(changed, spec) - offload_saving(config, spec);
     if (saving > 0)
       fixes.push_back({"Offload the base's layers to host memory",

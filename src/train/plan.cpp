@@ -108,7 +108,7 @@ vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::Mode
   s.dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
   if (config.sample && config.sample->vae_tiling)
     s.tile_sample_size = config.sample->vae_tile_size;
-  else if (config.model.low_vram && model::low_vram_tiles_previews(spec.family, spec.edit_plus))
+  else if (config.model.low_vram && model::low_vram_tiles_previews(spec.family))
     s.tile_sample_size = vae::kQwenImageDefaultTile;  // AI Toolkit's enable_tiling(), at its default
   return s;
 }

@@ -228,6 +228,22 @@ TEST(ConfigLoader, TextEncoderBitsIsReadAndSaidToDoNothingHere) {
   EXPECT_TRUE(eight.diagnostics.mentions("PixArt")) << all_messages(eight);
 }
 
+// AI Toolkit's ModelConfig turns qfloat8 into float8 under layer_offloading (toolkit/config_modules.py:
+// 713-717), for the transformer and the text encoders alike; without offloading qfloat8 stays.
+TEST(ConfigLoader, LayerOffloadingTurnsQfloat8IntoFloat8AsAiToolkitsModelConfig) {
+  const std::vector<std::string> lora = {"network.type=lora", "network.linear=4", "model.quantize=true"};
+  const auto plain = load(kMinimal, lora);
+  ASSERT_TRUE(plain.ok()) << all_messages(plain);
+  EXPECT_EQ(plain.config->model.qtype, QType::qfloat8);
+  std::vector<std::string> offloaded = lora;
+  offloaded.push_back("model.layer_offloading=true");
+  const auto r = load(kMinimal, offloaded);
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->model.qtype, QType::float8);
+  EXPECT_EQ(r.config->model.qtype_te, QType::float8);
+  EXPECT_TRUE(r.diagnostics.mentions("becomes float8")) << all_messages(r);
+}
+
 struct BadValue {
   std::string override_text;
   std::string expected;  // text the diagnostic must contain

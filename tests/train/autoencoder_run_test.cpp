@@ -33,8 +33,8 @@ std::vector<data::ImageItem> items_of(const config::ProcessConfig& c) {
 }
 
 // AI Toolkit's Qwen-Image model decodes previews with the VAE tiled under model.low_vram (qwen_image.py:
-// pipeline.vae.enable_tiling(), diffusers' default 256-pixel tile), as its Qwen-Image-Edit model; the Plus
-// edit model and the other families do not; an explicit
+// pipeline.vae.enable_tiling(), diffusers' default 256-pixel tile), as its Qwen-Image-Edit and Plus edit
+// models; the other families do not; an explicit
 // sample.vae_tiling wins. The plan is what the run, estimate and the OOM report decode with.
 TEST(SessionAutoencoder, LowVramTilesQwenImagePreviewsAsAiToolkitDoes) {
   const fs::path dir = testing::fresh_dir("low_vram_tiling");
@@ -45,9 +45,10 @@ TEST(SessionAutoencoder, LowVramTilesQwenImagePreviewsAsAiToolkitDoes) {
   EXPECT_EQ(tile({"model.arch=tiny-qwen-image", "model.low_vram=true"}), 256);
   EXPECT_EQ(tile({"model.arch=tiny-qwen-image"}), 0);
   EXPECT_EQ(tile({"model.low_vram=true"}), 0);  // tiny-flux
-  // Qwen-Image-Edit's model class tiles too (qwen_image_edit.py); the Plus one (2509, 2511) does not.
+  // Qwen-Image-Edit's model class tiles too (qwen_image_edit.py:118-120), and so does the Plus one (2509,
+  // 2511: qwen_image_edit_plus.py:136-138), which gclab did not tile before 2026-12-03.
   EXPECT_EQ(tile({"model.arch=qwen_image_edit", "model.low_vram=true"}), 256);
-  EXPECT_EQ(tile({"model.arch=qwen_image_edit_plus", "model.low_vram=true"}), 0);
+  EXPECT_EQ(tile({"model.arch=qwen_image_edit_plus", "model.low_vram=true"}), 256);
   EXPECT_EQ(tile({"model.arch=tiny-qwen-image", "model.low_vram=true",
                   "sample={prompts: [a], vae_tiling: true, "
                   "vae_tile_size: 128}"}),

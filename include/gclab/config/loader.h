@@ -45,4 +45,9 @@ LoadResult load_config_text(const std::string& text, const std::string& source_n
 // ProcessConfig.
 std::string to_yaml(const ProcessConfig& config);
 
+// AI Toolkit's ModelConfig (toolkit/config_modules.py:713-717): under layer_offloading a qfloat8 qtype (and
+// qtype_te) becomes torchao's float8. Applied when a config is read and to any config changed to offload
+// (the OOM advice); returns the paths it changed.
+std::vector<std::string> offloading_qtypes(ModelConfig& model);
+
 }  // namespace gclab::config

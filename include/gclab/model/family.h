@@ -96,10 +96,10 @@ int preview_forward_batch(Guidance mode, double g);
 // SD3's, the SD VAE for DiT; Qwen-Image's AutoencoderKLQwenImage.
 config::AutoencoderKind autoencoder_kind(Family family);
 // Whether AI Toolkit's model class decodes previews with the autoencoder tiled when model.low_vram is set
-// (diffusers' enable_tiling() at its defaults): Qwen-Image's and Qwen-Image-Edit's (qwen_image.py,
-// qwen_image_edit.py generate_single_image: `if self.model_config.low_vram: pipeline.vae.enable_tiling()`);
-// not the Plus models' (`edit_plus`: qwen_image_edit_plus.py does not), nor the other families'.
-bool low_vram_tiles_previews(Family family, bool edit_plus);
+// (diffusers' enable_tiling() at its defaults): every Qwen-Image model class's (qwen_image.py,
+// qwen_image_edit.py, qwen_image_edit_plus.py generate_single_image: `if self.model_config.low_vram:
+// pipeline.vae.enable_tiling()`), not the other families'.
+bool low_vram_tiles_previews(Family family);
 // The text encoders a family's pipeline conditions on, in its folders' order (text_encoder, text_encoder_2,
 // text_encoder_3): FLUX.1 / Flex CLIP-L (pooled) and T5-XXL; SD3.5 CLIP-L and bigG (projected) and T5-XXL;
 // Qwen-Image Qwen2.5-VL; Z-Image Qwen3; DiT none (class labels).

@@ -101,7 +101,7 @@ class ModelFamily {
     return {};
   }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
-  virtual bool low_vram_tiles_previews(bool /*edit_plus*/) const { return false; }
+  virtual bool low_vram_tiles_previews() const { return false; }
 
   // Token accounting (spec.h): the rows the text encoder hands the transformer for a prompt of
   // `prompt_tokens` (>= 1) tokenizer tokens; the rows the transformer takes when the pipeline gave

@@ -120,9 +120,10 @@ class QwenImage final : public ModelFamily {
     s.dynamic = true, s.shift = 1.0, s.max_shift = 0.9, s.max_seq_len = 8192, s.shift_terminal = 0.02;
     return s;
   }
-  // qwen_image.py, qwen_image_edit.py generate_single_image: `if self.model_config.low_vram:
-  // pipeline.vae.enable_tiling()`; not the Plus models' (qwen_image_edit_plus.py does not).
-  bool low_vram_tiles_previews(bool edit_plus) const override { return !edit_plus; }
+  // generate_single_image of every Qwen-Image model class: `if self.model_config.low_vram:
+  // pipeline.vae.enable_tiling()` (qwen_image.py:291-293, qwen_image_edit.py:118-120,
+  // qwen_image_edit_plus.py:136-138).
+  bool low_vram_tiles_previews() const override { return true; }
 
   // The prompt's own length (the padding masked out), at most max_text_tokens, and an edit model's one
   // square control image's rows after it.
