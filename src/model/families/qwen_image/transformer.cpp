@@ -7,14 +7,14 @@
 namespace gclab::model::qwen_image {
 namespace {
 
-// QwenTimestepProjEmbeddings' time_proj: transformer_qwenimage.py's own get_timestep_embedding (256
-// channels, cos first, shift 0, scale 1000), which rounds the frequencies to the timestep's dtype and
-// scales after the product, in float32 — in bf16 not the shared timestep_embedding's angles.
+// QwenTimestepProjEmbeddings' time_proj: diffusers' Timesteps(256, flip_sin_to_cos, shift 0, scale 1000)
+// (embeddings.get_timestep_embedding; transformer_qwenimage.py's own copy of it, which would round the
+// frequencies to the timestep's dtype, is never called): the scale applied after t x frequencies, in
+// float32, on the timestep the model rounded to its dtype.
 torch::Tensor qwen_timestep_embedding(const torch::Tensor& t) {
   const int64_t half = 128;
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(t.device());
-  const torch::Tensor freqs =
-      torch::exp(-std::log(10000.0) * torch::arange(half, f32) / half).to(t.scalar_type()).to(torch::kFloat);
+  const torch::Tensor freqs = torch::exp(-std::log(10000.0) * torch::arange(half, f32) / half);
   const torch::Tensor args = 1000 * (t.to(torch::kFloat).unsqueeze(1) * freqs.unsqueeze(0));
   return torch::cat({torch::cos(args), torch::sin(args)}, -1);
 }
