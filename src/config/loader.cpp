@@ -646,10 +646,9 @@ class Validator {
             "gradients streamed to host memory)");
   }
 
-  // model.model_kwargs: chances in [0, 1]; read by Flex.2's model class only (flex2.py:75-81).
+  // model.model_kwargs: chances in [0, 1] (which arch reads them: model::check_config).
   void model_kwargs() {
     const ModelKwargs& k = c_.model.model_kwargs;
-    const ModelKwargs none;
     for (const auto& [key, chance] :
          {std::pair<const char*, double>{"invert_inpaint_mask_chance", k.invert_inpaint_mask_chance},
           {"inpaint_dropout", k.inpaint_dropout},
@@ -657,13 +656,6 @@ class Validator {
           {"inpaint_random_chance", k.inpaint_random_chance}})
       if (!(chance >= 0.0 && chance <= 1.0))
         error(std::string("model.model_kwargs.") + key, "must be a chance in [0, 1]");
-    const bool set = k.invert_inpaint_mask_chance != none.invert_inpaint_mask_chance ||
-                     k.inpaint_dropout != none.inpaint_dropout || k.control_dropout != none.control_dropout ||
-                     k.inpaint_random_chance != none.inpaint_random_chance || k.random_blur_mask ||
-                     k.random_dialate_mask || k.do_random_inpainting;
-    if (set && c_.model.arch != "flex2")
-      warning("model.model_kwargs", "has no effect for arch " + c_.model.arch +
-                                        ": AI Toolkit's Flex.2 model class is the one that reads these keys");
   }
 
   void network() {

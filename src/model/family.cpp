@@ -117,6 +117,18 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
     d.warning("model.arch", c.source.where("model.arch"),
               "the tag ':" + c.model.arch_tag + "' names no other shape of " + arch->name +
                   " (AI Toolkit drops it too); model.name_or_path and the " + arch->name + " preset decide");
+  // model.model_kwargs: Flex.2's model class reads them (flex2.py:75-81); the others ignore them.
+  const config::ModelKwargs& k = c.model.model_kwargs;
+  const config::ModelKwargs none;
+  const bool kwargs_set = k.invert_inpaint_mask_chance != none.invert_inpaint_mask_chance ||
+                          k.inpaint_dropout != none.inpaint_dropout || k.control_dropout != none.control_dropout ||
+                          k.inpaint_random_chance != none.inpaint_random_chance || k.random_blur_mask ||
+                          k.random_dialate_mask || k.do_random_inpainting;
+  const ModelSpec preset = spec_by_preset(arch->preset);
+  if (kwargs_set && !family_of(preset.family).controls_as_channels(preset))
+    d.warning(
+        "model.model_kwargs", c.source.where("model.model_kwargs"),
+        "has no effect for arch " + arch->name + ": AI Toolkit's Flex.2 model class is the one that reads these keys");
   if (!c.model.name_or_path && !arch->tiny)
     d.warning("model.name_or_path", c.source.where("model.name_or_path"),
               "not set; the " + arch->name + " preset starts from random weights");
