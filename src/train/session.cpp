@@ -511,9 +511,10 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   std::vector<torch::Tensor> controls;  // Flex.2: control latents for the channels beside the latents
   for (const auto& r : lb.references)
     (spec_.edit ? mb.conditioning.reference_latents : controls).push_back(memory::to_device(r, device_));
-  mb.conditioning.condition_channels =
-      model::family_of(spec_.family)
-          .training_condition(spec_, config_.model.model_kwargs, mb.x0.to(plan_.compute_dtype), controls);
+  const model::ModelFamily& family = model::family_of(spec_.family);
+  if (family.controls_as_channels(spec_))  // Flex.2: the x0 copy in the compute dtype only where it is used
+    mb.conditioning.condition_channels =
+        family.training_condition(spec_, config_.model.model_kwargs, mb.x0.to(plan_.compute_dtype), controls);
   mb.noise = torch::randn_like(mb.x0);
   if (config_.train.noise_offset != 0)
     mb.noise =

@@ -26,7 +26,7 @@ struct ModelInputs {
   torch::Tensor latents, timestep, text, pooled, guidance, class_labels;
   std::vector<torch::Tensor> reference_latents;
   // Channels concatenated on the latents before patchifying, [B, C', H', W'] (Flex.2's inpainting latent,
-  // its mask and a control latent: ModelFamily::training_condition); undefined: the model's default.
+  // its mask and a control latent: the family's training_condition, registry.h); undefined: the model's default.
   torch::Tensor condition_channels;
   // FLUX/Flex: leave the guidance embedder out of the conditioning (AI Toolkit's bypass_guidance_embedding,
   // which Flex trains with); `guidance` is then not needed.
