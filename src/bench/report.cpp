@@ -202,7 +202,10 @@ void add_load(Document& d, const LoadEstimate& load, int64_t cap_bytes, const st
   d.note(at, std::string("before training, as the arch's AI Toolkit loader (train/loading.h): the transformer in its "
                          "dtype, quantized ") +
                  (load.quantized_on_host ? "in host memory" : "on the device") +
-                 ", the text encoders built and quantized on the device");
+                 ", the text encoders built and quantized on the device" +
+                 (load.at_first_use ? "; under low_vram the transformer stays in host memory until its first forward "
+                                      "or preview, as AI Toolkit's loader for the arch leaves it"
+                                    : ""));
   d.value[ojson::json_pointer(at)] = {{"device_peak", load.device_peak_bytes}, {"host_peak", load.host_peak_bytes}};
   d.note(at + "/device_peak", format_bytes(load.device_peak_bytes) + fits_cap(load.device_peak_bytes, cap_bytes));
   d.note(at + "/host_peak", format_bytes(load.host_peak_bytes));

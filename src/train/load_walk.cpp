@@ -33,7 +33,8 @@ LoadMemory predict_load(const RunPlan& plan) {
       load.moved(Residence::host,
                  offload_layers(prompts.encoder(i), m.layer_offloading_text_encoder_percent, plan.seed + 1 + i, meta)
                      .host_bytes);
-  if (plan.load.after_text_encoders) transformer_to_device();
+  load.at_first_use = plan.load.at_first_use && load.quantized_on_host;
+  if (plan.load.after_text_encoders && !load.at_first_use) transformer_to_device();
   return load;
 }
 

@@ -51,6 +51,11 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
     priced("Quantize the transformer in host memory", "model.low_vram: true",
            "the transformer is quantized on the CPU and reaches the device quantized (AI Toolkit: slower to load)",
            [](config::ProcessConfig& c) { c.model.low_vram = true; });
+  if (!config.model.low_vram && !honours_low_vram)  // per_block: low_vram keeps it off the device while loading
+    priced("Keep the transformer in host memory until its first use", "model.low_vram: true",
+           "the loader leaves the transformer on the CPU and the first forward or preview brings it to the "
+           "device, after the text encoders' load (and, with cached embeddings, their unload)",
+           [](config::ProcessConfig& c) { c.model.low_vram = true; });
   if (!config.model.quantize) {
     // Quantized on the device, the transformer would still arrive in its dtype: under the StableDiffusion
     // loader quantizing helps the load only in host memory.

@@ -144,7 +144,7 @@ void plan_previews(RunPlan& plan) {
   if (c.sample && !c.train.disable_sampling) plan.previews = c.sample->samples;
   for (const auto& p : plan.previews) {
     std::vector<fs::path> files;
-    if (plan.spec.edit)
+    if (plan.spec.edit) {
       for (const std::string& f : p.control_images()) {
         std::error_code ec;
         if (fs::is_regular_file(f, ec))
@@ -153,6 +153,10 @@ void plan_previews(RunPlan& plan) {
           plan.warnings.push_back("sample: ctrl_img " + f + " is not a file; the prompt '" + p.prompt +
                                   "' is previewed without it");
       }
+    } else if (!p.control_images().empty()) {  // Qwen-Image's own generate_single_image raises on one
+      plan.warnings.push_back("sample: the prompt '" + p.prompt + "' names a ctrl_img; " + c.model.arch +
+                              "'s previews in gclab do not read one, and it is left out");
+    }
     plan.preview_controls.push_back(std::move(files));
   }
 }
@@ -192,6 +196,7 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.load.loading = model::transformer_loading(config.model.arch);
   plan.load.after_text_encoders = plan.load.loading == model::TransformerLoading::per_block;
   plan.load.quantized_on_host = model::quantizes_in_host_memory(config.model);
+  plan.load.at_first_use = plan.load.after_text_encoders && config.model.low_vram;
   plan.load.staged = plan.load.quantized_on_host && !plan.device.is_cpu() && runs_on_cuda(config);
 
   if (const auto& assistant = config.model.assistant_lora_path) {

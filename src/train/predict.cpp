@@ -115,6 +115,9 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   s.first_phases = s.phases;
   for (const memory::Phase p : {memory::Phase::data, memory::Phase::text, memory::Phase::forward})
     s.first_phases[p] -= e.optimizer_bytes;
+  const RunPlan& plan = session.plan();
+  if (plan.previews.empty() || plan.config.train.skip_first_sample)  // the first use is the step's forward
+    for (const memory::Phase p : {memory::Phase::data, memory::Phase::text}) s.first_phases[p] -= e.parked_bytes;
   s.first_phases[memory::Phase::backward] = std::max(training, e.resident_bytes) - e.optimizer_bytes;
   for (const auto& [phase, bytes] : s.phases) s.total_bytes = std::max(s.total_bytes, bytes);
   for (const auto& [phase, bytes] : s.first_phases) s.first_total_bytes = std::max(s.first_total_bytes, bytes);
@@ -124,6 +127,7 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
 LoadEstimate load_of(const LoadMemory& load) {
   LoadEstimate l;
   l.quantized_on_host = load.quantized_on_host;
+  l.at_first_use = load.at_first_use;
   l.device_peak_bytes = load.device.peak();
   l.host_peak_bytes = load.host.peak();
   return l;
@@ -150,6 +154,7 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
                      e.vae_bytes + e.offload_buffer_bytes;
   e.load = load_of(session.load_memory());
+  if (e.load.at_first_use) e.parked_bytes = e.weight_bytes - (session.config().network ? e.trained_bytes : 0);
 }
 
 // A nominal caption's encode, when the text encoders stay.
@@ -165,7 +170,8 @@ void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes;
     t.every_step = !session.plan().text_encoder_leaves;
     if (!t.every_step)
-      t.total_bytes = e.resident_bytes - e.gradient_bytes - e.optimizer_bytes + r.text_encoder + t.encode_bytes;
+      t.total_bytes =
+          e.resident_bytes - e.gradient_bytes - e.optimizer_bytes - e.parked_bytes + r.text_encoder + t.encode_bytes;
     e.text = t;
   }
 }

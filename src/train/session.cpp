@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <chrono>
+#include <set>
 
 #include "gclab/config/byte_size.h"
 #include "gclab/data/image.h"
@@ -118,7 +119,8 @@ Session::Session(RunPlan plan)
   load_transformer();
   if (!plan_.load.after_text_encoders) transformer_to_device();
   load_text_encoders();
-  if (plan_.load.after_text_encoders) transformer_to_device();
+  if (plan_.load.after_text_encoders && !load_.at_first_use) transformer_to_device();
+  transformer_parked_ = load_.at_first_use && !device_.is_meta();
   if (!device_.is_meta()) record_load(before_load);
   attach_network();
   load_user_weights();
@@ -172,6 +174,26 @@ void Session::load_transformer() {
 void Session::transformer_to_device() {
   if (!load_.quantized_on_host) return;
   move_module(*model_, Residence::device, device_);
+}
+
+void Session::transformer_at_first_use() {
+  if (!transformer_parked_) return;
+  transformer_parked_ = false;
+  std::set<const c10::TensorImpl*> offloaded;  // model.layer_offloading's: their weights stay in host memory
+  for (const auto& m : model_->modules())
+    if (const auto* l = m->as<nn::LinearImpl>(); l && l->offloaded()) {
+      for (const auto& p : l->parameters(/*recurse=*/false)) offloaded.insert(p.unsafeGetTensorImpl());
+      for (const auto& b : l->buffers(/*recurse=*/false)) offloaded.insert(b.unsafeGetTensorImpl());
+    }
+  torch::NoGradGuard no_grad;
+  auto to_device = [&](torch::Tensor& t) {
+    if (t.defined() && offloaded.count(t.unsafeGetTensorImpl()) == 0) t.set_data(memory::to_device(t, device_));
+  };
+  for (auto& p : model_->parameters()) to_device(p);
+  for (auto& b : model_->buffers()) to_device(b);
+  for (auto& [n, e] : ema_) e = memory::to_device(e, device_);
+  log::info("model.low_vram: the transformer reaches the device at its first use, as AI Toolkit's " +
+            config_.model.arch + " loader leaves it");
 }
 
 // The text encoders built on the device and quantized there (offloaded as the config says), and the
@@ -449,6 +471,7 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int 
 }
 
 std::pair<int64_t, int64_t> Session::probe_block_activations() {
+  transformer_at_first_use();
   const int batch = plan_.largest.batch, largest = plan_.largest.resolution;
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   const torch::Tensor rng = cpu.get_state();  // the probe's random inputs leave no trace
@@ -589,6 +612,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     torch::Tensor loss;
     {
       auto scope = phase(Phase::forward);
+      transformer_at_first_use();
       loss = flow_matching_loss(*model_, mb, so);
       if (reg && tc.reg_weight != 1.0) loss = loss * tc.reg_weight;
     }
@@ -629,6 +653,7 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
   std::vector<fs::path> files;
   if (plan_.previews.empty()) return files;
   auto scope = phase(Phase::sample);
+  transformer_at_first_use();
   // AI Toolkit previews with the EMA weights when EMA is on (BaseSDTrainProcess.sample: ema.eval() swaps
   // them in, ema.train() back).
   // The assistant adapter inverted while sampling: on the device, multiplier -1; off and in host memory after.

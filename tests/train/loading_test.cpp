@@ -69,6 +69,7 @@ TEST(Loading, ThePredictedLoadIsWhatTheAllocatorMeasures) {
       {"uint3_adapter", {"model.quantize=true", "model.qtype=uint3|ostris/adapters/tiny_uint3.safetensors"}, false},
       {"qwen_uint3", {"model.arch=tiny-qwen-image", "model.quantize=true", "model.qtype=uint3"}, true},
       {"qwen_plain", {"model.arch=tiny-qwen-image"}, true},
+      {"qwen_low_vram", {"model.arch=tiny-qwen-image", "model.quantize=true", "model.low_vram=true"}, true},
       {"zimage_float8_bf16",
        {"model.arch=tiny-zimage", "model.quantize=true", "model.qtype=float8", "train.dtype=bf16"},
        true},
@@ -174,10 +175,14 @@ TEST(Loading, TheLoadsAdviceOffersOnlyWhatLowersTheLoad) {
   EXPECT_EQ(flux.front(), "Quantize the base weights in host memory");
   EXPECT_EQ(std::count(flux.begin(), flux.end(), "Quantize the text encoders"), 0);
   EXPECT_EQ(titles({"model.quantize=true"}), (V{"Quantize the transformer in host memory"}));
-  // Qwen-Image: quantized in host memory whatever low_vram says, so no low_vram lever.
+  // Qwen-Image: quantized in host memory whatever low_vram says, so no lever to quantize there; low_vram
+  // keeps the transformer off the device through the load instead.
   const V qwen = titles({"model.arch=tiny-qwen-image"});
   EXPECT_EQ(std::count(qwen.begin(), qwen.end(), "Quantize the base weights"), 1);
   EXPECT_EQ(std::count(qwen.begin(), qwen.end(), "Quantize the transformer in host memory"), 0);
+  EXPECT_EQ(std::count(qwen.begin(), qwen.end(), "Keep the transformer in host memory until its first use"), 1);
+  const V qwen_low = titles({"model.arch=tiny-qwen-image", "model.low_vram=true"});
+  EXPECT_EQ(std::count(qwen_low.begin(), qwen_low.end(), "Keep the transformer in host memory until its first use"), 0);
   fs::remove_all(dir);
 }
 
@@ -198,6 +203,51 @@ TEST(Loading, ALoadThatRunsOutIsReportedByTheSessionEveryVerbOpens) {
 }
 
 // The arch's loader is a fact of the family table: Flex.2's quantizes on the device whatever low_vram says,
+nlohmann::json first_metrics_row(const fs::path& run) {
+  std::ifstream in(run / "metrics.jsonl");
+  std::string line;
+  std::getline(in, line);
+  return nlohmann::json::parse(line);
+}
+
+// Qwen-Image's and Z-Image's loaders under model.low_vram (qwen_image.py:141-143, :219-220): the transformer
+// stays in host memory through the load and reaches the device at its first use — here the first step's
+// forward (skip_first_sample) — so neither the load nor the first step's data and text phases hold it; the
+// memory model predicts both, and the training is the same.
+TEST(Loading, UnderLowVramQwenImagesTransformerReachesTheDeviceAtItsFirstUse) {
+  const fs::path dir = testing::fresh_dir("loading_first_use");
+  const std::vector<std::string> resident = {"model.arch=tiny-qwen-image", "model.quantize=true", "train.steps=2"};
+  auto parked = resident;
+  parked.push_back("model.low_vram=true");
+  int64_t base_bytes = 0;  // the transformer's own weights, quantized (the LoRA adapters apart)
+  {
+    Session s(tiny_config(dir, "bytes", resident));
+    base_bytes = s.resident().weights - s.resident().trained;
+  }
+  const Load with = load_of(dir, "resident", resident), without = load_of(dir, "parked", parked);
+  expect_predicted(without, "parked");
+  // The load's peak is the text encoder's own quantization on the tiny preset; the transformer beside it
+  // lifts it without low_vram.
+  EXPECT_LT(without.device_measured, with.device_measured);
+  const TrainSummary a = train(tiny_config(dir, "train_resident", resident), {});
+  const TrainSummary b = train(tiny_config(dir, "train_parked", parked), {});
+  testing::expect_same_losses(a.losses, b.losses, 2);
+  const nlohmann::json ra = first_metrics_row(dir / "train_resident"), rb = first_metrics_row(dir / "train_parked");
+  for (const char* phase : {"data", "text"}) {
+    const int64_t measured_with = ra["phases"][phase], measured_without = rb["phases"][phase];
+    EXPECT_NEAR(static_cast<double>(measured_with - measured_without), static_cast<double>(base_bytes),
+                0.02 * static_cast<double>(base_bytes))
+        << phase;
+    const int64_t predicted = rb["predicted_phases"][phase];
+    EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(measured_without),
+                0.05 * static_cast<double>(measured_without))
+        << phase;
+  }
+  // From the forward on, the device holds what it holds without low_vram.
+  EXPECT_EQ(ra["phases"]["backward"], rb["phases"]["backward"]);
+  fs::remove_all(dir);
+}
+
 // FLUX.1's and SD3's honour it, Qwen-Image's and Z-Image's quantize block by block (host memory).
 TEST(Loading, EachArchLoadsAsItsAiToolkitLoader) {
   using L = model::TransformerLoading;

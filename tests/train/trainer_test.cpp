@@ -1002,6 +1002,21 @@ TEST(Trainer, AssistantAdapterIsTakenWhereAiToolkitTakesIt) {
   fs::remove_all(dir);
 }
 
+// A preview's ctrl_img on an arch whose previews take none (Qwen-Image's generate_single_image raises
+// NotImplementedError on one, qwen_image.py:263-266): said, and the preview runs without it.
+TEST(Trainer, ACtrlImgWhereTheArchsPreviewsTakeNoneIsSaidAndLeftOut) {
+  const fs::path dir = testing::fresh_dir("ctrl_img_plain");
+  const RunPlan plan = plan_run(tiny_config(
+      dir, "c",
+      {"model.arch=tiny-qwen-image", "sample={samples: [{prompt: a red circle, ctrl_img: " + (dir / "c.png").string() +
+                                         "}], sample_every: 2, sample_steps: 2, width: 64, height: 64}"}));
+  ASSERT_EQ(plan.preview_controls.size(), 1u);
+  EXPECT_TRUE(plan.preview_controls[0].empty());
+  EXPECT_TRUE(std::any_of(plan.warnings.begin(), plan.warnings.end(),
+                          [](const std::string& w) { return w.find("do not read one") != std::string::npos; }));
+  fs::remove_all(dir);
+}
+
 // is_reg datasets (BaseSDTrainProcess.py:173-176, 2550-2568; SDTrainer.py:1455-1459): their own loader,
 // whose batches train the even steps (0-based) that neither save nor sample, the loss times reg_weight.
 // With reg_weight 0 those steps' losses are exactly 0, the others' not.

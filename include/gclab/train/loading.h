@@ -34,6 +34,7 @@ int64_t largest_parameter_bytes(const torch::nn::Module& module);
 struct LoadMemory {
   memory::LiveSet device, host;  // predicted
   bool quantized_on_host = false;
+  bool at_first_use = false;  // the transformer left in host memory at the load's end (LoadPlan::at_first_use)
   std::optional<int64_t> measured_device_peak_bytes, measured_host_peak_bytes;  // real runs
   // A module built in its dtype, quantized (its walk), or moved from one side to the other.
   void built(Residence where, int64_t bytes) { side(where).alloc(bytes); }

@@ -43,6 +43,12 @@ struct LoadPlan {
   // moved to the device: before the text encoders are built, or after them (per_block).
   bool quantized_on_host = false;
   bool after_text_encoders = false;
+  // per_block under model.low_vram: the transformer stays in host memory through the load, the captions'
+  // precompute and the latent cache, and reaches the device at its first use — the first preview or the
+  // first step's forward (qwen_image.py:141-143 and :219-220, z_image.py:251-253 and :313-314: moved to
+  // the CPU, `if not self.low_vram: pipe.transformer.to(device)`; get_noise_prediction and
+  // generate_single_image move it, qwen_image.py:327 and :261, z_image.py:385-386 and :355-356).
+  bool at_first_use = false;
   // A GPU run's transformer built in host memory is drawn on the GPU, a parameter at a time (a meta plan
   // predicting for one walks the same).
   bool staged = false;

@@ -94,6 +94,7 @@ struct PreviewEstimate {
 // block), the text encoders built on the device and quantized there; the highest either side held.
 struct LoadEstimate {
   bool quantized_on_host = false;
+  bool at_first_use = false;  // LoadMemory::at_first_use
   int64_t device_peak_bytes = 0;
   int64_t host_peak_bytes = 0;
 };
@@ -117,6 +118,10 @@ struct MemoryEstimate {
   int64_t host_weight_bytes = 0;
   int64_t offload_buffer_bytes = 0;
   int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text encoder + autoencoder + rings
+  // LoadPlan::at_first_use: the transformer's weights (not the LoRA's) in host memory until its first
+  // forward or preview — through the captions' precompute, and the first step's data and text phases when
+  // no baseline preview comes first.
+  int64_t parked_bytes = 0;
   int64_t cap_bytes = 0;
   std::string activation_dtype;
   LoadEstimate load;

@@ -197,6 +197,9 @@ class Session {
   void start_memory();
   void load_transformer();
   void transformer_to_device();
+  // LoadPlan::at_first_use: the transformer's host-resident tensors (not the offloaded Linears' own) to the
+  // device, once, at the first forward or preview; the EMA copy with them.
+  void transformer_at_first_use();
   void load_text_encoders();
   void record_load(const memory::MemoryStats& before_load);
   void attach_network();
@@ -230,6 +233,7 @@ class Session {
   int current_batch_ = 0;
   int64_t epoch_ = 0;
   std::shared_ptr<model::DiffusionTransformer> model_;
+  bool transformer_parked_ = false;  // LoadPlan::at_first_use, until transformer_at_first_use()
   model::LoraOptions lora_;
   int lora_modules_ = 0;
   std::unique_ptr<ModelCheckpointing> checkpointing_;
