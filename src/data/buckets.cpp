@@ -35,11 +35,11 @@ BucketResolution bucket_for(int width, int height, int resolution, int divisibil
   return *best;
 }
 
-BucketResolution reference_size(const BucketResolution& bucket, int divisibility, int64_t area) {
-  const double scale = std::sqrt(static_cast<double>(area) / (static_cast<double>(bucket.width) * bucket.height));
+BucketResolution reference_size(const BucketResolution& size, int divisibility, int64_t area) {
+  const double scale = std::sqrt(static_cast<double>(area) / (static_cast<double>(size.width) * size.height));
   const int d = divisibility;
-  return {std::max(d, static_cast<int>(bucket.width * scale) / d * d),
-          std::max(d, static_cast<int>(bucket.height * scale) / d * d)};
+  auto side = [&](int s) { return std::max(d, static_cast<int>(std::nearbyint(s * scale / d)) * d); };
+  return {side(size.width), side(size.height)};
 }
 
 BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility, std::mt19937_64* rng) {

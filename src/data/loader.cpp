@@ -234,7 +234,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
-    for (size_t i = 0; i < used.size() && !o_.controls_at_bucket; ++i)
+    for (size_t i = 0; i < used.size() && o_.text_reads_controls; ++i)
       out.control_files.push_back(text_only[i] ? std::vector<std::filesystem::path>{}
                                                : items_[static_cast<size_t>(used[i].item)].controls);
     const BucketResolution ref =

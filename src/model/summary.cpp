@@ -30,11 +30,11 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
   for (size_t d = 0; d < config.datasets.size(); ++d)
     for (int r : config.datasets[d].resolution)
       s.tokens.push_back({"datasets[" + std::to_string(d) + "]", r, r, image_tokens(s.spec, r, r),
-                          text_tokens(s.spec, prompt_tokens), reference_tokens(s.spec, controls)});
+                          text_tokens(s.spec, prompt_tokens), reference_tokens(s.spec, controls, r, r)});
   if (config.sample)
     s.tokens.push_back({"sample", config.sample->width, config.sample->height,
                         image_tokens(s.spec, config.sample->height, config.sample->width),
-                        text_tokens(s.spec, prompt_tokens), reference_tokens(s.spec, controls)});
+                        text_tokens(s.spec, prompt_tokens), preview_reference_tokens(s.spec, controls)});
   return s;
 }
 

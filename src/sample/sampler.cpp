@@ -87,7 +87,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
         v = vc + (g - 1) * (vc - vu);  // ZImagePipeline at AI Toolkit's g - 1
       else
         v = vu + g * (vc - vu);
-      if (mode == Guidance::TrueCfg) v = rescale_to(v, vc, spec.patch);
+      if (mode == Guidance::TrueCfg && o.cfg_norm) v = rescale_to(v, vc, spec.patch);
     }
     x = (x.to(torch::kFloat) + (t_next - t) * v.to(torch::kFloat)).to(o.dtype);
   }

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "gclab/config/user_error.h"
+#include "gclab/data/image.h"
 #include "gclab/model/quantize.h"
 #include "gclab/vae/autoencoder_kl.h"
 #include "gclab/vae/qwen_image_vae.h"
@@ -224,6 +225,21 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.largest = largest_cell(config);
   plan_previews(plan);
   return plan;
+}
+
+data::BucketResolution preview_reference_size(const model::ModelSpec& spec, data::BucketResolution image, int width,
+                                              int height) {
+  const data::BucketResolution aspect = spec.edit_plus ? image : data::BucketResolution{width, height};
+  return data::reference_size(aspect, spec.divisibility, spec.reference_area);
+}
+
+torch::Tensor load_preview_reference(const model::ModelSpec& spec, const std::filesystem::path& file, int width,
+                                     int height) {
+  torch::Tensor rgb = data::decode_image_rgb(file);  // [H, W, 3]
+  if (!spec.edit_plus) rgb = data::resize_rgb(rgb, width, height);
+  const data::BucketResolution ref =
+      preview_reference_size(spec, {static_cast<int>(rgb.size(1)), static_cast<int>(rgb.size(0))}, width, height);
+  return data::to_unit_range(data::resize_rgb(rgb, ref.width, ref.height));
 }
 
 }  // namespace gclab::train

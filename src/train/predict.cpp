@@ -83,8 +83,9 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   const bool channels = model::family_of(spec.family).controls_as_channels(spec);
   if ((spec.edit || channels) && references > 0 && codec.autoencoder) {
     const data::BucketResolution ref =
-        channels ? data::BucketResolution{width, height}
-                 : data::reference_size({width, height}, spec.divisibility, spec.reference_area);
+        channels || model::trains_references_at_image_size(spec)
+            ? data::BucketResolution{width, height}
+            : data::reference_size({width, height}, spec.divisibility, spec.reference_area);
     s.reference_bytes = static_cast<int64_t>(references) * 4 *
                         c10::multiply_integers(model::latent_shape(spec, batch, ref.height, ref.width));
     s.encode_bytes =
@@ -199,14 +200,17 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     // uint8 image), whichever is higher.
     p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
                               int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
-    // Edit models: each control image (a file) encoded at the reference area of its aspect, its image beside.
+    // Edit models: each control image (a file) encoded at the reference area (preview_reference_size), its
+    // image beside.
     const auto& files = session.plan().preview_controls;
+    const auto& items = session.plan().previews;
     if (e.spec.edit)
-      for (const auto& item : files)
-        for (const auto& f : item)
+      for (size_t i = 0; i < files.size(); ++i)
+        for (const auto& f : files[i])
           if (const auto size = data::read_image_size(f)) {
             const data::BucketResolution ref =
-                data::reference_size({size->width, size->height}, e.spec.divisibility, e.spec.reference_area);
+                preview_reference_size(e.spec, {size->width, size->height}, items[i].width.value_or(sc.width) / d * d,
+                                       items[i].height.value_or(sc.height) / d * d);
             p.reference_encode_bytes = std::max(p.reference_encode_bytes,
                                                 int64_t{4} * 3 * ref.height * ref.width +
                                                     session.codec_spec().encode_bytes(1, ref.height, ref.width, !cuda));

@@ -562,8 +562,10 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
-  if (spec_.edit) {  // one reference of the batch's aspect, as the loader makes it
-    const data::BucketResolution ref = data::reference_size(lb.bucket, spec_.divisibility, spec_.reference_area);
+  if (spec_.edit) {  // one reference as the loader makes it: the image's size, or reference_area of its aspect
+    const data::BucketResolution ref = model::trains_references_at_image_size(spec_)
+                                           ? lb.bucket
+                                           : data::reference_size(lb.bucket, spec_.divisibility, spec_.reference_area);
     const torch::Tensor control = torch::rand({batch, 3, ref.height, ref.width});
     if (plan_.codec.autoencoder)  // control images are encoded every step, cached latents or not
       lb.reference_images.push_back(control * 2 - 1);
@@ -677,13 +679,14 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
     so.seed = seeds.at(i);
     so.dtype = plan_.compute_dtype;
+    so.cfg_norm = plan_.family->preview_cfg_norm(spec_, sc.do_cfg_norm);
     const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
     // Each prompt with its control images, as the edit pipelines encode it.
     if (text_->encoder()) current_activity_ = Activity::text_encode;  // not cached: encoded here
     auto cond = conditioning({data::Caption{item.prompt, controls, {}, {}}});
     auto uncond = conditioning({data::Caption{item.neg.value_or(sc.neg), controls, {}, {}}});
     current_activity_ = Activity::model;
-    cond.reference_latents = uncond.reference_latents = preview_references(controls);
+    cond.reference_latents = uncond.reference_latents = preview_references(controls, so.width, so.height);
     // The item's network_multiplier on every adapter while it denoises (stable_diffusion_model.py:1440-1441:
     // network.multiplier = gen_config.network_multiplier), 1 again after, however the sampling ends.
     torch::Tensor z;
@@ -732,22 +735,19 @@ torch::Tensor Session::decode_preview(const torch::Tensor& z) {
   return image;
 }
 
-std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::path>& controls) {
+std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::path>& controls, int width, int height) {
   // An edit model's preview conditions on its control images as the pipelines do: each encoded at a
-  // 1024² area of its aspect (QwenImageEditPipeline's calculate_dimensions, the Plus pipeline's
-  // VAE_IMAGE_SIZE) and appended as reference tokens. The pipeline takes the posterior's mean; gclab's
-  // codec a sample of it (the same memory).
+  // 1024² area (QwenImageEditPipeline's calculate_dimensions, the Plus pipeline's VAE_IMAGE_SIZE) and
+  // appended as reference tokens. The pipeline takes the posterior's mean; gclab's codec a sample of it
+  // (the same memory).
   std::vector<torch::Tensor> out;
   if (!spec_.edit || controls.empty() || !codec_) return out;
   current_activity_ = Activity::vae_encode;
   CodecOnDevice on_device(codec());
   for (const auto& f : controls) {
-    const auto size = data::read_image_size(f);
-    if (!size) continue;  // checked when the session started; a file gone since is skipped
-    const data::BucketResolution ref =
-        data::reference_size({size->width, size->height}, spec_.divisibility, spec_.reference_area);
+    if (!fs::is_regular_file(f)) continue;  // checked when the session started; a file gone since is skipped
     torch::NoGradGuard no_grad;
-    out.push_back(codec().encode(data::load_image_cover(f, ref.width, ref.height).unsqueeze(0)).to(device_));
+    out.push_back(codec().encode(load_preview_reference(spec_, f, width, height).unsqueeze(0)).to(device_));
   }
   current_activity_ = Activity::model;
   return out;

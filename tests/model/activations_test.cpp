@@ -20,11 +20,13 @@ void expect_ledger_matches(const ModelSpec& spec, bool lora, int batch, torch::S
   if (lora) apply_lora(*m, {4, 4.0, dropout});  // float32 adapters on the base, as a run attaches them
   const int64_t text = spec.family == model::Family("zimage") ? 32 : text_tokens(spec, 16);
   ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
-  // Edit models: one square reference image of the spec's reference_area, as the ledger counts it (spec.h
-  // reference_tokens).
+  // Edit models: one reference latent as the ledger counts it (spec.h reference_tokens): Qwen-Image-Edit's
+  // the image's size, the Plus models' a square of the spec's reference_area.
   if (spec.edit) {
     const auto side = static_cast<int64_t>(std::sqrt(static_cast<double>(spec.reference_area))) / 8;
-    in.reference_latents.push_back(torch::randn({batch, spec.latent_channels, side, side}).to(dtype));
+    const bool at_image = trains_references_at_image_size(spec);
+    in.reference_latents.push_back(
+        torch::randn({batch, spec.latent_channels, at_image ? 128 / 8 : side, at_image ? 96 / 8 : side}).to(dtype));
   }
   const auto measured = testing::measure_saved_bytes(*m, in, lora);
   ActivationOptions options;

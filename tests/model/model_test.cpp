@@ -109,8 +109,12 @@ TEST(Tokens, ImageTextAndReferenceTokensPerFamily) {
   EXPECT_EQ(text_tokens(spec_by_preset("zimage"), 33), 64);
   EXPECT_EQ(text_tokens(spec_by_preset("sd35-large"), 5), 333);
   EXPECT_EQ(text_tokens(spec_by_preset("dit-xl2"), 5), 0);
-  EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image-edit-2509"), 2), 8192);
-  EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image"), 2), 0);
+  // The Plus models train two 1024² references; Qwen-Image-Edit two of the image's size (512²: 1024 each);
+  // every edit preview's reference is 1024².
+  EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image-edit-2509"), 2, 512, 512), 8192);
+  EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image-edit"), 2, 512, 512), 2048);
+  EXPECT_EQ(preview_reference_tokens(spec_by_preset("qwen-image-edit"), 1), 4096);
+  EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image"), 2, 512, 512), 0);
 }
 
 TEST(Presets, ConfigSelectsThePresetAndRefusesUnmodelledArchs) {

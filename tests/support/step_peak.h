@@ -1,5 +1,6 @@
 // The peak a session's training steps reach: the meter's peak or any phase's, whichever is higher, over
-// `steps` steps of synthetic batches (batch x side x side), the phases cleared after each.
+// `steps` steps of synthetic batches (batch x side x side), the phases cleared after each; `text_tokens`, when
+// given, receives the last step's text length (what a run's own prediction is made for).
 #pragma once
 
 #include <algorithm>
@@ -9,11 +10,13 @@
 
 namespace gclab::testing {
 
-inline int64_t synthetic_step_peak(train::Session& session, int steps, int batch, int side) {
+inline int64_t synthetic_step_peak(train::Session& session, int steps, int batch, int side,
+                                   int64_t* text_tokens = nullptr) {
   int64_t peak = 0;
   for (int step = 0; step < steps; ++step) {
     session.meter().reset_peak();
-    session.train_step(step, [&] { return session.synthetic_batch(batch, side, side); });
+    const train::StepResult r = session.train_step(step, [&] { return session.synthetic_batch(batch, side, side); });
+    if (text_tokens) *text_tokens = r.text_tokens;
     peak = std::max(peak, session.meter().stats().peak_bytes);
     for (const auto& [phase, bytes] : session.phases().peaks()) peak = std::max(peak, bytes);
     session.phases().clear();

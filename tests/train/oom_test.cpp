@@ -37,7 +37,7 @@ class OomScenario : public ::testing::Test {
     data::write_synthetic_dataset(dir_ / "data", o);
     data::SynthOptions edit;
     edit.count = 4;
-    edit.sizes = {{256, 256}};
+    edit.sizes = {{384, 384}};
     data::write_synthetic_dataset(dir_ / "edit_data", edit);
     edit.sizes = {{512, 512}};
     edit.seed = 9;

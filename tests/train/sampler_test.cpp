@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "gclab/memory/tracker.h"
+#include "gclab/model/registry.h"
 #include "gclab/model/transformer.h"
 #include "gclab/sample/sampler.h"
 
@@ -54,6 +55,15 @@ TEST(Sampler, QwenImageTrueCfgIsTwoForwardsRescaledPerToken) {
   EXPECT_TRUE(torch::allclose(one_step(*m, c, 3.0), x - want_v, 1e-5, 1e-5));
   EXPECT_FALSE(torch::allclose(one_step(*m, c, 3.0), x - guided, 1e-3, 1e-3));  // the rescale matters
   EXPECT_TRUE(torch::allclose(one_step(*m, c, 1.0), x - vc, 1e-5, 1e-5));       // g <= 1: no CFG
+  // The Plus models' pipeline (AI Toolkit's own) rescales only with sample.do_cfg_norm, off by default.
+  SampleOptions plain;
+  plain.height = plain.width = 64, plain.steps = 1, plain.guidance_scale = 3.0, plain.seed = 3;
+  plain.cfg_norm = false;
+  EXPECT_TRUE(torch::allclose(euler_sample(*m, c.cond, c.uncond, plain), x - guided, 1e-5, 1e-5));
+  const model::ModelFamily& qwen = model::family_of(m->spec().family);
+  EXPECT_TRUE(qwen.preview_cfg_norm(model::spec_by_preset("qwen-image-edit"), false));
+  EXPECT_FALSE(qwen.preview_cfg_norm(model::spec_by_preset("qwen-image-edit-2509"), false));
+  EXPECT_TRUE(qwen.preview_cfg_norm(model::spec_by_preset("qwen-image-edit-2511"), true));
 
   // Two forwards of one sample, not one of two: the guided preview's peak is the unguided one's.
   memory::CpuMemoryTracker tracker;

@@ -635,15 +635,21 @@ TEST(Session, EditPreviewsEncodeTheirControlImage) {
                    "sample.samples=[{prompt: 'make it blue', ctrl_img: '" + control.string() +
                        "'}, {prompt: 'a', ctrl_img: '" + (dir / "missing.png").string() + "'}]",
                    "train.disable_sampling=false"}));
-  const auto refs = session.preview_references({control});
+  const auto refs = session.preview_references({control}, 64, 48 * 2);
   ASSERT_EQ(refs.size(), 1u);
-  // The tiny preset's 512² area at 4:3 -> 576x416 (multiples of its divisibility, 32) -> latents / 8.
-  const data::BucketResolution ref =
-      data::reference_size({64, 48}, session.spec().divisibility, session.spec().reference_area);
-  EXPECT_EQ(ref.width, 576);
-  EXPECT_EQ(ref.height, 416);
+  // Qwen-Image-Edit resizes the control image to the preview's 64x96 first (qwen_image_edit.py:98-105): the
+  // tiny preset's 512² area at 2:3 -> 418x627 -> rounded to multiples of 32, 416x640 -> latents / 8.
+  const data::BucketResolution ref = preview_reference_size(session.spec(), {64, 48}, 64, 96);
+  EXPECT_EQ(ref.width, 416);
+  EXPECT_EQ(ref.height, 640);
   EXPECT_EQ(refs[0].sizes(), (std::vector<int64_t>{1, session.spec().latent_channels, ref.height / 8, ref.width / 8}));
-  EXPECT_TRUE(session.preview_references({}).empty());
+  // The Plus pipeline keeps the image's 4:3 and rounds as calculate_dimensions (1182.4 x 886.8 at 1024²:
+  // 1184 x 896, where flooring gave 1152 x 864).
+  const data::BucketResolution plus =
+      preview_reference_size(model::spec_by_preset("qwen-image-edit-2509"), {64, 48}, 64, 96);
+  EXPECT_EQ(plus.width, 1184);
+  EXPECT_EQ(plus.height, 896);
+  EXPECT_TRUE(session.preview_references({}, 64, 64).empty());
   const auto files = session.sample(0, dir / "samples");
   EXPECT_EQ(files.size(), 2u);
   for (const auto& f : files) EXPECT_TRUE(fs::exists(f)) << f;

@@ -571,6 +571,9 @@ struct SampleConfig {
   // not tile a 1024² preview at all; gclab's default is 512.
   bool vae_tiling = false;
   int vae_tile_size = 512;
+  // AI Toolkit's: the Plus edit models' true CFG rescaled to the conditional prediction's norm (off by
+  // default, config_modules.py:77; the other Qwen-Image pipelines always rescale).
+  bool do_cfg_norm = false;
 
   // Each sample's seed, as BaseSDTrainProcess.sample picks them: the current seed starts at `seed`, walks to
   // seed + i with walk_seed, and becomes an item's own `seed` for it and the items after; a prompt's --seed
@@ -604,6 +607,7 @@ struct SampleConfig {
     v("format", format);
     v("vae_tiling", vae_tiling);
     v("vae_tile_size", vae_tile_size);
+    v("do_cfg_norm", do_cfg_norm);
     v.ignore(
         {"guidance_rescale", "adapter_conditioning_scale", "refiner_start_at", "extra_values", "num_frames", "fps"});
   }

@@ -26,12 +26,13 @@ struct BucketPlacement {
 
 // The bucket for a width x height image at `resolution` with sides divisible by `divisibility`.
 BucketResolution bucket_for(int width, int height, int resolution, int divisibility);
+// The size an edit model's control image is brought to: an image of `area` pixels (the spec's
+// reference_area, the pipelines' 1024²) at the aspect of `size`, each side rounded to the nearest multiple
+// of the divisibility, ties to even — the pipelines' calculate_dimensions (`round(width / 32) * 32`), and
+// qwen_image_edit_plus.py:293-302 in training (one such latent per control image).
+BucketResolution reference_size(const BucketResolution& size, int divisibility, int64_t area);
 // The bucket and how to get there: scale to cover (rounded up), crop centred, or at a uniformly random
 // offset when `rng` is given (random_crop).
-// The size an edit model's control image is brought to for a bucket: an image of `area` pixels (the spec's
-// reference_area, the pipelines' 1024²) at the bucket's aspect, each side a multiple of the divisibility (one
-// such latent per control image, as the token accounting counts it).
-BucketResolution reference_size(const BucketResolution& bucket, int divisibility, int64_t area);
 
 BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility,
                                 std::mt19937_64* rng = nullptr);

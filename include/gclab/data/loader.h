@@ -60,10 +60,10 @@ struct LoadedBatch {
   // encodes `images` with the autoencoder.
   torch::Tensor latents;
   torch::Tensor images;  // [B, 3, H, W] in [-1, 1], CPU float32, when latents were not ready
-  // Edit models: one [B, C, h', w'] per control folder, each control scaled to a reference_area image of
-  // the batch's aspect (sides multiples of the divisibility), cover and centre-crop — one such latent per
-  // control image, as the token accounting counts it. As the latents: undefined until encoded, the
-  // images in reference_images meanwhile.
+  // Edit models: one [B, C, h', w'] per control folder, each control scaled to the batch's size
+  // (LoaderOptions::controls_at_bucket) or to a reference_area image of the batch's aspect (reference_size),
+  // cover and centre-crop — one such latent per control image, as the token accounting counts it. As the
+  // latents: undefined until encoded, the images in reference_images meanwhile.
   std::vector<torch::Tensor> references;
   std::vector<torch::Tensor> reference_images;
   std::vector<std::string> captions;               // processed (trigger, dropout, shuffle)
@@ -81,9 +81,12 @@ struct LoaderOptions {
   int batch_size = 1;
   int divisibility = 16;
   int64_t reference_area = 1024 * 1024;  // edit models' control images (reference_size)
-  // Control images at the batch's own size, for the channels beside the latents (Flex.2), not as an edit
-  // model's references: no reference_area, and the text encoder does not read them.
+  // Control images at the batch's own size — scaled and cropped as the images, for Flex.2's channels beside
+  // the latents and Qwen-Image-Edit's references (model::trains_references_at_image_size) — instead of at
+  // reference_area.
   bool controls_at_bucket = false;
+  // The text encoder reads each sample's control files too (edit models, through the vision tower).
+  bool text_reads_controls = false;
   uint64_t seed = 0;
   std::optional<std::string> trigger_word;  // the process's; a dataset's own wins
   int prefetch = 3;

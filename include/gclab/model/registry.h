@@ -65,6 +65,9 @@ class ModelFamily {
   virtual TextEncoderQuantization text_encoder_quantization() const { return {}; }
   // How its preview pipeline guides (family.h Guidance).
   virtual Guidance preview_guidance(bool guidance_embed) const = 0;
+  // Guidance::TrueCfg: whether the guided prediction is rescaled per token to the conditional one's norm
+  // (sample.do_cfg_norm: AI Toolkit's key, read by the pipelines that make the rescale optional).
+  virtual bool preview_cfg_norm(const ModelSpec&, bool /*do_cfg_norm*/) const { return true; }
   // The flow-matching schedule AI Toolkit trains and previews it with (flow_schedule.h); by default its
   // flux_config: dynamic, mu 0.5 at 256 tokens to 1.15 at 4096.
   virtual FlowSchedule flow_schedule() const;

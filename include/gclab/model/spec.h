@@ -52,8 +52,8 @@ struct ModelSpec {
   bool edit = false;          // qwen edit models: reference images' tokens are appended
   bool zero_cond_t = false;   // Qwen-Image-Edit-2511: reference tokens modulated by the embedding of t = 0
   // AI Toolkit's qwen_image_edit_plus model class (Qwen-Image-Edit-2509, -2511): the diffusers Plus
-  // pipeline (control images numbered "Picture i: " in the template, conditions at 384²), and previews not
-  // tiled under low_vram (its generate_single_image does not call enable_tiling).
+  // pipeline (control images numbered "Picture i: " in the template, conditions at 384²; references at
+  // reference_area of each control image's own aspect, in training and previews alike).
   bool edit_plus = false;
   // Edit models: the control image also goes through the text encoder's vision tower, resized to this area
   // first (AI Toolkit's get_prompt_embeds: Qwen-Image-Edit 1024², the Plus models 384²; tiny presets 112²).
@@ -62,10 +62,10 @@ struct ModelSpec {
   // PromptEncoder.EditPresetsConditionRowsFollowThePipelinesRule checks each preset's figure against it).
   int64_t condition_area = 0;
   int64_t condition_text_rows = 0;
-  // Edit models: each control image is also brought to this area (the batch's aspect, sides multiples of
-  // the divisibility) and encoded as reference latents beside the noisy ones: the pipelines' 1024²
-  // (QwenImageEditPipeline's and QwenImageEditPlusPipeline's calculate_dimensions(1024 * 1024, ratio) for the
-  // VAE image); tiny presets 512², as their condition_area is scaled down.
+  // Edit models: a control image is encoded as reference latents beside the noisy ones at this area (sides
+  // rounded to multiples of 32: the pipelines' calculate_dimensions(1024 * 1024, ratio)) — by the Plus models
+  // in training and previews, by Qwen-Image-Edit in previews only (it trains them at the image's size:
+  // trains_references_at_image_size); tiny presets 512², as their condition_area is scaled down.
   int64_t reference_area = 1024 * 1024;
   // Bucket sides are multiples of this, as AI Toolkit's model class rounds them (get_bucket_divisibility):
   // FLUX.1 / Flex.1, SD3 (StableDiffusion, stable_diffusion_model.py:289-297) and Qwen-Image
@@ -131,8 +131,16 @@ int64_t sequence_rows(const ModelSpec& spec, int64_t pipeline_rows);
 // Text tokens in the transformer's sequence: the encoder's, except Z-Image, which pads the caption to a
 // multiple of 32 with its learned cap_pad_token.
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);
-// Reference-image tokens of an edit model: one reference_area latent per control image (4096 tokens each at
-// the pipelines' 1024²).
-int64_t reference_tokens(const ModelSpec& spec, int control_images);
+// Qwen-Image-Edit (AI Toolkit's qwen_image_edit, not the Plus class) trains each control image scaled and
+// cropped as its image (dataloader_mixins.py:1174-1198) and encodes it at that size (qwen_image_edit.py:148-
+// 182, condition_noisy_latents): its reference latents are the noisy latents' size. The Plus class encodes
+// each raw control image at reference_area of its aspect (qwen_image_edit_plus.py:240-306).
+inline bool trains_references_at_image_size(const ModelSpec& spec) { return spec.edit && !spec.edit_plus; }
+// Reference-image tokens of an edit model training on (height, width) images: a latent of the image's size
+// per control image (trains_references_at_image_size), else one of reference_area (4096 tokens at the
+// pipelines' 1024², counted square).
+int64_t reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width);
+// A preview's: one reference_area latent per control image, for either class (the pipelines').
+int64_t preview_reference_tokens(const ModelSpec& spec, int control_images);
 
 }  // namespace gclab::model

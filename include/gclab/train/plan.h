@@ -12,6 +12,7 @@
 
 #include "gclab/ckpt/policy.h"
 #include "gclab/config/config.h"
+#include "gclab/data/buckets.h"
 #include "gclab/model/family.h"
 #include "gclab/model/registry.h"
 #include "gclab/model/spec.h"
@@ -134,5 +135,14 @@ torch::Device resolve_device(const std::string& name);
 // Whether `config` runs on CUDA (device cuda...; `auto` on a machine with a GPU) — what a meta-device plan
 // predicts for (CUDA's kernels, a load staged through the GPU) — or on the CPU.
 bool runs_on_cuda(const config::ProcessConfig& config);
+
+// An edit preview's control image as its pipeline encodes it, at reference_size of the spec's
+// reference_area: the Plus pipeline at the image's own aspect, the image stretched to it (its image
+// processor's resize); Qwen-Image-Edit's generate_single_image first resizes the image to the preview's
+// width x height (qwen_image_edit.py:98-105), so at the preview's aspect. [3, h, w] in [-1, 1].
+data::BucketResolution preview_reference_size(const model::ModelSpec& spec, data::BucketResolution image, int width,
+                                              int height);
+torch::Tensor load_preview_reference(const model::ModelSpec& spec, const std::filesystem::path& file, int width,
+                                     int height);
 
 }  // namespace gclab::train

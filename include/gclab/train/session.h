@@ -183,7 +183,10 @@ class Session {
   // The batch's captions with its control images (edit models' text encoders read them).
   std::vector<data::Caption> captions_of(const data::LoadedBatch& lb) const;
   // An edit model's preview: its control images' latents (reference tokens), encoded on the device.
-  std::vector<torch::Tensor> preview_references(const std::vector<std::filesystem::path>& controls);
+  // An edit preview's control images encoded as its pipeline does for a width x height preview
+  // (load_preview_reference).
+  std::vector<torch::Tensor> preview_references(const std::vector<std::filesystem::path>& controls, int width,
+                                                int height);
 
   ResidentBytes resident() const;
   // What loading the model held (train/loading.h): predicted from the steps AI Toolkit's loader takes, and

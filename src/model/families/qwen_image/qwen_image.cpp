@@ -114,6 +114,13 @@ class QwenImage final : public ModelFamily {
   // QwenImagePipeline's true CFG: two separate forwards, rescaled per token.
   config::TextComposition text_composition() const override { return config::TextComposition::qwen_image; }
   Guidance preview_guidance(bool) const override { return Guidance::TrueCfg; }
+  // QwenImagePipeline and QwenImageEditPipeline rescale always (diffusers' pipeline_qwenimage.py:668-672);
+  // the Plus models preview through AI Toolkit's QwenImageEditPlusCustomPipeline, which rescales only with
+  // sample.do_cfg_norm, off by default ("I find it hurts more often than it helps", qwen_image_pipelines.py:
+  // 278-284; qwen_image_edit_plus.py:157; config_modules.py:77).
+  bool preview_cfg_norm(const ModelSpec& spec, bool do_cfg_norm) const override {
+    return !spec.edit_plus || do_cfg_norm;
+  }
   // qwen_image.py scheduler_config: dynamic, mu 0.5 at 256 tokens to 0.9 at 8192, shift_terminal 0.02.
   FlowSchedule flow_schedule() const override {
     FlowSchedule s;
@@ -125,10 +132,13 @@ class QwenImage final : public ModelFamily {
   // qwen_image_edit_plus.py:136-138).
   bool low_vram_tiles_previews() const override { return true; }
 
-  // The prompt's own length (the padding masked out), at most max_text_tokens, and an edit model's one
-  // square control image's rows after it.
+  // The prompt's own length (the padding masked out), at most max_text_tokens — QwenImagePipeline's
+  // tokenizer truncates there; the edit pipelines' processor does not (pipeline_qwenimage_edit.py's
+  // _get_qwen_prompt_embeds takes no max_length, and encode_prompt never reads max_sequence_length) — and an
+  // edit model's one square control image's rows after it.
   int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) const override {
-    return std::min(prompt_tokens, spec.max_text_tokens) + (spec.edit ? spec.condition_text_rows : 0);
+    if (spec.edit) return prompt_tokens + spec.condition_text_rows;
+    return std::min(prompt_tokens, spec.max_text_tokens);
   }
   int64_t sequence_rows(const ModelSpec&, int64_t pipeline_rows) const override {
     return std::max<int64_t>(pipeline_rows, 1);
