@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -17,6 +18,7 @@
 
 #include "gclab/bench/bench.h"
 #include "gclab/bench/report.h"
+#include "gclab/bench/run_report.h"
 #include "gclab/config/byte_size.h"
 #include "gclab/config/user_error.h"
 #include "gclab/data/synth.h"
@@ -462,6 +464,25 @@ int run_synth(const SynthArgs& a) {
 std::atomic<bool> g_stop{false};
 extern "C" void on_interrupt(int) { g_stop.store(true); }
 
+// report.html beside the run's other outputs; a report that cannot be written never fails the run.
+void write_report_after_run(const std::filesystem::path& run_dir) {
+  try {
+    gclab::log::info("report: " + gclab::bench::write_run_report(run_dir).string());
+  } catch (const std::exception& e) {
+    gclab::log::warn(std::string("report.html not written: ") + e.what());
+  }
+}
+
+int run_report(const std::string& run_dir) {
+  if (!std::filesystem::is_directory(run_dir)) throw gclab::UserError(run_dir + " is not a folder");
+  try {
+    std::cout << gclab::bench::write_run_report(run_dir).string() << "\n";
+  } catch (const std::runtime_error& e) {
+    throw gclab::UserError(e.what());
+  }
+  return kExitOk;
+}
+
 int run_train(const ConfigArgs& args, bool resume, bool dry_run) {
   const auto config = load(args);
   if (dry_run) {
@@ -474,7 +495,15 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run) {
   options.progress = &std::cerr;
   options.progress_in_place = ::isatty(STDERR_FILENO) == 1;
   options.stop_requested = &g_stop;
-  const auto s = gclab::train::train(config, options);
+  const std::filesystem::path run_dir = std::filesystem::path(config.training_folder) / config.name;
+  gclab::train::TrainSummary s;
+  try {
+    s = gclab::train::train(config, options);
+  } catch (const gclab::train::OutOfMemoryStop&) {
+    write_report_after_run(run_dir);  // the page marks the step that ran out and the first fix
+    throw;
+  }
+  write_report_after_run(run_dir);
   const double wait_share = s.step_s > 0 ? 100.0 * s.data_wait_s / s.step_s : 0.0;
   char line[256];
   std::snprintf(line, sizeof line, "%s steps %lld-%lld in %.1f s (%.2f steps/s; %.1f%% of step time waiting for data)",
@@ -544,8 +573,9 @@ struct Verbs {
   TokenizeArgs tokenize_opts;
   ForwardArgs forward_files;
   SynthArgs synth_args;
-  CLI::App *check = nullptr, *info = nullptr, *train = nullptr, *bench = nullptr, *fit = nullptr, *estimate = nullptr,
-           *synth = nullptr, *tokenize = nullptr, *forward = nullptr;
+  std::string report_dir;
+  CLI::App *report = nullptr, *check = nullptr, *info = nullptr, *train = nullptr, *bench = nullptr, *fit = nullptr,
+           *estimate = nullptr, *synth = nullptr, *tokenize = nullptr, *forward = nullptr;
 };
 
 void add_bench_and_fit(CLI::App& app, Verbs& v) {
@@ -677,6 +707,8 @@ int main(int argc, char** argv) {
   add_config_args(v.estimate, v.estimate_args);
   v.estimate->add_flag("--json", v.estimate_args.json, "print JSON instead of YAML");
   add_synth(app, v);
+  v.report = app.add_subcommand("report", "write report.html for a run folder: loss, memory per phase, previews");
+  v.report->add_option("run_dir", v.report_dir, "the run's output folder (training_folder/name)")->required();
   add_tokenize(app, v);
   add_forward(app, v);
 
@@ -701,6 +733,7 @@ int main(int argc, char** argv) {
   if (*v.fit) return run_verb([&] { return run_fit(v.fit_args, v.fit_opts, v.fit_max_batch); });
   if (*v.estimate) return run_verb([&] { return run_estimate(v.estimate_args); });
   if (*v.synth) return run_verb([&] { return run_synth(v.synth_args); });
+  if (*v.report) return run_verb([&] { return run_report(v.report_dir); });
   if (*v.forward) return run_verb([&] { return run_forward(v.forward_args, v.forward_files); });
   if (*v.tokenize) return run_verb([&] { return run_tokenize(v.tokenize_args, v.tokenize_opts); });
   return kExitOther;

@@ -1,0 +1,48 @@
+// Charts as inline SVG text for gclab's HTML reports: line charts (series of (x, y) points, a horizontal
+// limit line such as the card's cap, a vertical marker such as the step that ran out of memory) and grouped
+// bar charts. No scripts, no external resources: the text is placed as-is inside an HTML page.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gclab::bench {
+
+struct Series {
+  std::string name;
+  std::vector<std::pair<double, double>> points;  // (x, y), drawn in order
+  std::string color = "#1f77b4";
+  bool dashed = false;  // predicted beside measured: the prediction dashed
+};
+
+struct LineChart {
+  std::string title, x_label, y_label;
+  std::vector<Series> series;
+  std::optional<double> limit;  // a horizontal line across the plot (the memory cap)
+  std::string limit_label;
+  std::optional<double> marker;  // a vertical line at this x (the step that ran out of memory)
+  std::string marker_label;
+  bool bytes = false;  // y values are bytes: the axis reads MiB / GiB
+  int width = 720, height = 280;
+};
+
+struct BarChart {
+  std::string title, y_label;
+  std::vector<std::string> groups;                        // one group of bars per label (a phase)
+  std::vector<std::pair<std::string, std::string>> bars;  // per bar of a group: its name and colour
+  std::vector<std::vector<double>> values;                // values[group][bar]
+  bool bytes = false;
+  int width = 720, height = 280;
+};
+
+std::string line_chart_svg(const LineChart& chart);
+std::string bar_chart_svg(const BarChart& chart);
+
+// Text made safe inside HTML and SVG (& < > " ').
+std::string escape_xml(const std::string& text);
+// A byte count as the reports print it ("12.3 MiB").
+std::string format_axis_bytes(double bytes);
+
+}  // namespace gclab::bench

@@ -1,0 +1,276 @@
+#include "gclab/bench/run_report.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gclab/bench/svg.h"
+
+namespace gclab::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The phases in the order a step runs them (memory/phase.h's names), each with its colour.
+const std::vector<std::pair<std::string, std::string>> kPhases = {
+    {"setup", "#7f7f7f"},    {"data", "#8c564b"},      {"text", "#e377c2"},   {"forward", "#1f77b4"},
+    {"backward", "#d62728"}, {"optimizer", "#2ca02c"}, {"sample", "#9467bd"}, {"save", "#bcbd22"}};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::optional<json> read_json(const fs::path& p) {
+  if (!fs::is_regular_file(p)) return std::nullopt;
+  try {
+    return json::parse(read_text(p));
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string base64(const std::string& bytes) {
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const auto b = [&](size_t k) { return k < bytes.size() ? static_cast<unsigned char>(bytes[k]) : 0u; };
+    const unsigned v = (b(i) << 16) | (b(i + 1) << 8) | b(i + 2);
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kAlphabet[v & 63] : '=';
+  }
+  return out;
+}
+
+struct Run {
+  std::string name;
+  std::vector<json> steps;  // metrics.jsonl, one object per step
+  std::optional<json> memory, oom;
+  std::string config;
+  std::vector<fs::path> samples;
+};
+
+Run read_run(const fs::path& dir) {
+  Run r;
+  r.name = dir.filename().string();
+  std::ifstream metrics(dir / "metrics.jsonl");
+  if (!metrics) throw std::runtime_error(dir.string() + " has no metrics.jsonl: not a gclab run folder");
+  for (std::string line; std::getline(metrics, line);) try {
+      if (!line.empty()) r.steps.push_back(json::parse(line));
+    } catch (const json::exception&) {  // a line cut short by a crash: the steps before it stand
+    }
+  r.memory = read_json(dir / "memory.json");
+  r.oom = read_json(dir / "oom_report.json");
+  if (fs::is_regular_file(dir / "config.resolved.yaml")) r.config = read_text(dir / "config.resolved.yaml");
+  if (fs::is_directory(dir / "samples"))
+    for (const auto& e : fs::directory_iterator(dir / "samples")) {
+      const std::string ext = e.path().extension().string();
+      if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp") r.samples.push_back(e.path());
+    }
+  std::sort(r.samples.begin(), r.samples.end());
+  return r;
+}
+
+double number_or(const json& j, const char* key, double fallback) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+}
+
+std::string loss_chart(const Run& r) {
+  LineChart c;
+  c.title = "Loss";
+  c.x_label = "step";
+  c.y_label = "loss";
+  Series raw{"loss", {}, "#9ecae1"}, smooth{"smoothed (EMA 0.9)", {}, "#08519c"};
+  double ema = 0;
+  bool first = true;
+  for (const auto& s : r.steps) {
+    if (!s.contains("loss") || !s["loss"].is_number()) continue;
+    const double step = number_or(s, "step", 0), loss = s["loss"].get<double>();
+    ema = first ? loss : 0.9 * ema + 0.1 * loss;
+    first = false;
+    raw.points.emplace_back(step, loss);
+    smooth.points.emplace_back(step, ema);
+  }
+  c.series = {raw, smooth};
+  return line_chart_svg(c);
+}
+
+std::string step_time_chart(const Run& r) {
+  LineChart c;
+  c.title = "Step time";
+  c.x_label = "step";
+  c.y_label = "seconds";
+  Series t{"step time", {}, "#ff7f0e"}, wait{"waiting for data", {}, "#8c564b"};
+  for (const auto& s : r.steps) {
+    const double step = number_or(s, "step", 0);
+    t.points.emplace_back(step, number_or(s, "step_time_s", 0));
+    wait.points.emplace_back(step, number_or(s, "data_wait_s", 0));
+  }
+  c.series = {t, wait};
+  return line_chart_svg(c);
+}
+
+double cap_of(const Run& r) {
+  if (r.memory) return number_or(*r.memory, "cap_bytes", 0);
+  if (r.oom) return number_or(*r.oom, "cap_bytes", 0);
+  return r.steps.empty() ? 0 : number_or(r.steps.back(), "cap_bytes", 0);
+}
+
+// Each phase's peak per step, measured (solid) beside the memory model's prediction (dashed); the cap as
+// a line, the step that ran out marked.
+std::string phases_chart(const Run& r) {
+  LineChart c;
+  c.title = "Peak memory per phase and step: measured (solid), predicted (dashed)";
+  c.x_label = "step";
+  c.y_label = "device memory";
+  c.bytes = true;
+  for (const auto& [phase, color] : kPhases) {
+    Series measured{phase, {}, color}, predicted{phase + " predicted", {}, color, true};
+    for (const auto& s : r.steps) {
+      const double step = number_or(s, "step", 0);
+      if (s.contains("phases") && s["phases"].contains(phase))
+        measured.points.emplace_back(step, s["phases"][phase].get<double>());
+      if (s.contains("predicted_phases") && s["predicted_phases"].is_object() && s["predicted_phases"].contains(phase))
+        predicted.points.emplace_back(step, s["predicted_phases"][phase].get<double>());
+    }
+    if (!measured.points.empty()) c.series.push_back(measured);
+    if (!predicted.points.empty()) c.series.push_back(predicted);
+  }
+  if (const double cap = cap_of(r); cap > 0) c.limit = cap, c.limit_label = "cap " + format_axis_bytes(cap);
+  if (r.oom) {
+    const double step = number_or(*r.oom, "step", 0);
+    c.marker = step, c.marker_label = "out of memory in " + r.oom->value("phase", std::string());
+    c.series.push_back({"live when it ran out", {{step, number_or(*r.oom, "live_bytes", 0)}}, "#000000"});
+  }
+  return line_chart_svg(c);
+}
+
+// The run's phases (memory.json), or the last step's, measured beside predicted.
+std::string last_phases_chart(const Run& r) {
+  const json* measured = nullptr;
+  const json* predicted = nullptr;
+  if (r.memory && r.memory->contains("phase_peak_bytes")) {
+    measured = &(*r.memory)["phase_peak_bytes"];
+    if (r.memory->contains("predicted_phase_peak_bytes")) predicted = &(*r.memory)["predicted_phase_peak_bytes"];
+  } else if (r.oom && r.oom->contains("last_step_phase_peaks")) {
+    measured = &(*r.oom)["last_step_phase_peaks"];
+  }
+  if (!measured || !measured->is_object()) return "";
+  BarChart c;
+  c.title = "The run's peak by phase";
+  c.y_label = "device memory";
+  c.bytes = true;
+  c.bars = {{"measured", "#1f77b4"}, {"predicted", "#aec7e8"}};
+  for (const auto& [phase, color] : kPhases) {
+    if (!measured->contains(phase)) continue;
+    c.groups.push_back(phase);
+    const double p =
+        predicted && predicted->is_object() && predicted->contains(phase) ? (*predicted)[phase].get<double>() : 0;
+    c.values.push_back({(*measured)[phase].get<double>(), p});
+  }
+  return bar_chart_svg(c);
+}
+
+std::string buckets_table(const Run& r) {
+  std::map<std::string, int> per;
+  for (const auto& s : r.steps)
+    if (s.contains("bucket")) ++per[s["bucket"].get<std::string>() + ", batch " + std::to_string(s.value("batch", 0))];
+  std::ostringstream h;
+  h << "<table><tr><th>bucket, batch</th><th>steps</th></tr>";
+  for (const auto& [key, n] : per) h << "<tr><td>" << escape_xml(key) << "</td><td>" << n << "</td></tr>";
+  h << "</table>";
+  return h.str();
+}
+
+std::string previews(const Run& r) {
+  if (r.samples.empty()) return "<p>No previews.</p>";
+  std::ostringstream h;
+  h << "<div class=\"previews\">";
+  for (const auto& f : r.samples) {
+    std::string ext = f.extension().string().substr(1);
+    if (ext == "jpg") ext = "jpeg";
+    h << "<figure><img alt=\"" << escape_xml(f.filename().string()) << "\" src=\"data:image/" << ext << ";base64,"
+      << base64(read_text(f)) << "\"><figcaption>" << escape_xml(f.filename().string()) << "</figcaption></figure>";
+  }
+  h << "</div>";
+  return h.str();
+}
+
+std::string oom_banner(const Run& r) {
+  if (!r.oom) return "";
+  const json& o = *r.oom;
+  std::ostringstream h;
+  h << "<div class=\"oom\"><strong>Out of memory</strong> at step " << o.value("step", 0) << " in <code>"
+    << escape_xml(o.value("phase", std::string())) << "</code> (bucket " << escape_xml(o.value("bucket", std::string()))
+    << ", batch " << o.value("batch", 0) << ")";
+  if (o.contains("fixes") && o["fixes"].is_array() && !o["fixes"].empty()) {
+    const json& f = o["fixes"][0];
+    h << "; first fix: <code>" << escape_xml(f.value("change", std::string())) << "</code> ("
+      << escape_xml(f.value("title", std::string())) << ", saves ~"
+      << escape_xml(format_axis_bytes(number_or(f, "predicted_saving_bytes", 0))) << ")";
+  }
+  h << ". The full report: oom_report.md.</div>";
+  return h.str();
+}
+
+std::string summary(const Run& r) {
+  std::ostringstream h;
+  h << "<table class=\"summary\">";
+  auto row = [&](const std::string& k, const std::string& v) {
+    h << "<tr><th>" << escape_xml(k) << "</th><td>" << escape_xml(v) << "</td></tr>";
+  };
+  row("steps recorded", std::to_string(r.steps.size()));
+  if (r.memory) {
+    row("device", r.memory->value("device", std::string()));
+    row("checkpoint policy", r.memory->value("checkpoint_policy", std::string()));
+    row("peak (measured)", format_axis_bytes(number_or(*r.memory, "peak_bytes", 0)));
+  }
+  if (const double cap = cap_of(r); cap > 0) row("cap", format_axis_bytes(cap));
+  h << "</table>";
+  return h.str();
+}
+
+const char* kStyle =
+    "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:980px}"
+    "h1{font-size:22px}h2{font-size:17px;margin-top:28px}"
+    "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+    ".chart{display:block;margin:8px 0;background:#fff}.axis{stroke:#444}.grid{stroke:#eee}"
+    ".chart-title{font-size:13px;font-weight:600}.tick{font-size:10px;fill:#444}.label{font-size:11px}"
+    ".limit{stroke:#d62728;stroke-width:1.5;stroke-dasharray:6 3}.marker{stroke:#000;stroke-width:1.5}"
+    ".oom{background:#fdecea;border:1px solid #d62728;padding:8px 12px}"
+    ".previews{display:flex;flex-wrap:wrap;gap:8px}figure{margin:0}img{max-width:220px;display:block}"
+    "figcaption{font-size:10px}pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:11px}";
+
+}  // namespace
+
+fs::path write_run_report(const fs::path& run_dir) {
+  const Run r = read_run(run_dir);
+  std::ostringstream h;
+  h << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>gclab run " << escape_xml(r.name)
+    << "</title><style>" << kStyle << "</style></head><body>";
+  h << "<h1>gclab run: " << escape_xml(r.name) << "</h1>" << oom_banner(r) << summary(r);
+  if (!r.steps.empty()) h << "<h2>Loss</h2>" << loss_chart(r) << "<h2>Step time</h2>" << step_time_chart(r);
+  if (!r.steps.empty() || r.oom) h << "<h2>Memory</h2>" << phases_chart(r);
+  h << last_phases_chart(r);
+  h << "<h2>Buckets and batches</h2>" << buckets_table(r);
+  h << "<h2>Previews</h2>" << previews(r);
+  h << "<h2>Resolved config</h2><pre>" << escape_xml(r.config) << "</pre>";
+  h << "</body></html>\n";
+  const fs::path out = run_dir / "report.html";
+  std::ofstream(out, std::ios::binary) << h.str();
+  return out;
+}
+
+}  // namespace gclab::bench

@@ -1,0 +1,193 @@
+#include "gclab/bench/svg.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+namespace gclab::bench {
+
+std::string escape_xml(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  return out;
+}
+
+std::string format_axis_bytes(double bytes) {
+  char buf[32];
+  const double mib = bytes / (1024.0 * 1024.0);
+  if (mib >= 1024.0)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", mib / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", mib);
+  return buf;
+}
+
+namespace {
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+std::string tick_label(double v, bool bytes) {
+  if (bytes) return format_axis_bytes(v);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+// The plot area inside the chart's box: room on the left for the y ticks, below for the x label.
+struct Frame {
+  double left = 72, right, top = 28, bottom;
+  double x0, x1, y0, y1;  // the data range shown
+  Frame(int width, int height, double xa, double xb, double ya, double yb)
+      : right(width - 16.0),
+        bottom(height - 40.0),
+        x0(xa),
+        x1(xb > xa ? xb : xa + 1),
+        y0(ya),
+        y1(yb > ya ? yb : ya + 1) {}
+  double x(double v) const { return left + (v - x0) / (x1 - x0) * (right - left); }
+  double y(double v) const { return bottom - (v - y0) / (y1 - y0) * (bottom - top); }
+};
+
+void axes(std::ostringstream& s, const Frame& f, const std::string& title, const std::string& x_label,
+          const std::string& y_label, bool bytes, bool x_ticks) {
+  s << "<text x=\"" << number(f.left) << "\" y=\"16\" class=\"chart-title\">" << escape_xml(title) << "</text>";
+  s << "<line x1=\"" << number(f.left) << "\" y1=\"" << number(f.bottom) << "\" x2=\"" << number(f.right) << "\" y2=\""
+    << number(f.bottom) << "\" class=\"axis\"/>";
+  s << "<line x1=\"" << number(f.left) << "\" y1=\"" << number(f.top) << "\" x2=\"" << number(f.left) << "\" y2=\""
+    << number(f.bottom) << "\" class=\"axis\"/>";
+  for (int i = 0; i <= 4; ++i) {
+    const double v = f.y0 + (f.y1 - f.y0) * i / 4.0;
+    s << "<line x1=\"" << number(f.left) << "\" y1=\"" << number(f.y(v)) << "\" x2=\"" << number(f.right) << "\" y2=\""
+      << number(f.y(v)) << "\" class=\"grid\"/>";
+    s << "<text x=\"" << number(f.left - 4) << "\" y=\"" << number(f.y(v) + 4)
+      << "\" class=\"tick\" text-anchor=\"end\">" << escape_xml(tick_label(v, bytes)) << "</text>";
+    if (x_ticks) {
+      const double xv = f.x0 + (f.x1 - f.x0) * i / 4.0;
+      s << "<text x=\"" << number(f.x(xv)) << "\" y=\"" << number(f.bottom + 14)
+        << "\" class=\"tick\" text-anchor=\"middle\">" << escape_xml(tick_label(xv, false)) << "</text>";
+    }
+  }
+  s << "<text x=\"" << number((f.left + f.right) / 2) << "\" y=\"" << number(f.bottom + 30)
+    << "\" class=\"label\" text-anchor=\"middle\">" << escape_xml(x_label) << "</text>";
+  s << "<text x=\"12\" y=\"" << number((f.top + f.bottom) / 2) << "\" class=\"label\" text-anchor=\"middle\" "
+    << "transform=\"rotate(-90 12 " << number((f.top + f.bottom) / 2) << ")\">" << escape_xml(y_label) << "</text>";
+}
+
+std::string open_svg(int width, int height, const std::string& title) {
+  std::ostringstream s;
+  s << "<svg class=\"chart\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width << "\" height=\""
+    << height << "\" role=\"img\" aria-label=\"" << escape_xml(title) << "\">";
+  return s.str();
+}
+
+}  // namespace
+
+std::string line_chart_svg(const LineChart& c) {
+  double xa = std::numeric_limits<double>::max(), xb = std::numeric_limits<double>::lowest();
+  double ya = 0, yb = std::numeric_limits<double>::lowest();
+  for (const auto& series : c.series)
+    for (const auto& [x, y] : series.points) {
+      xa = std::min(xa, x), xb = std::max(xb, x);
+      ya = std::min(ya, y), yb = std::max(yb, y);
+    }
+  if (c.limit) yb = std::max(yb, *c.limit), ya = std::min(ya, *c.limit);
+  if (xa > xb) xa = 0, xb = 1;
+  if (yb < ya) yb = ya + 1;
+  const Frame f(c.width, c.height, xa, xb, ya, yb + (yb - ya) * 0.05);
+  std::ostringstream s;
+  s << open_svg(c.width, c.height, c.title);
+  axes(s, f, c.title, c.x_label, c.y_label, c.bytes, true);
+  for (const auto& series : c.series) {
+    if (series.points.empty()) continue;
+    s << "<polyline class=\"series\" fill=\"none\" stroke=\"" << escape_xml(series.color) << "\" stroke-width=\"1.6\""
+      << (series.dashed ? " stroke-dasharray=\"5 3\"" : "") << " data-name=\"" << escape_xml(series.name)
+      << "\" points=\"";
+    for (size_t i = 0; i < series.points.size(); ++i)
+      s << (i ? " " : "") << number(f.x(series.points[i].first)) << "," << number(f.y(series.points[i].second));
+    s << "\"><title>" << escape_xml(series.name) << "</title></polyline>";
+    if (series.points.size() == 1)  // a lone point: a dot, since a one-point line draws nothing
+      s << "<circle cx=\"" << number(f.x(series.points[0].first)) << "\" cy=\"" << number(f.y(series.points[0].second))
+        << "\" r=\"4\" fill=\"" << escape_xml(series.color) << "\"/>";
+  }
+  if (c.limit)
+    s << "<line class=\"limit\" x1=\"" << number(f.left) << "\" y1=\"" << number(f.y(*c.limit)) << "\" x2=\""
+      << number(f.right) << "\" y2=\"" << number(f.y(*c.limit)) << "\"/><text x=\"" << number(f.right - 4) << "\" y=\""
+      << number(f.y(*c.limit) - 4) << "\" class=\"tick limit-label\" text-anchor=\"end\">" << escape_xml(c.limit_label)
+      << "</text>";
+  if (c.marker)
+    s << "<line class=\"marker\" x1=\"" << number(f.x(*c.marker)) << "\" y1=\"" << number(f.top) << "\" x2=\""
+      << number(f.x(*c.marker)) << "\" y2=\"" << number(f.bottom) << "\"/><text x=\"" << number(f.x(*c.marker) + 4)
+      << "\" y=\"" << number(f.top + 10) << "\" class=\"tick marker-label\">" << escape_xml(c.marker_label)
+      << "</text>";
+  // The legend, one entry per series.
+  double lx = f.left + 8;
+  for (const auto& series : c.series) {
+    s << "<line x1=\"" << number(lx) << "\" y1=\"" << number(f.top + 6) << "\" x2=\"" << number(lx + 18) << "\" y2=\""
+      << number(f.top + 6) << "\" stroke=\"" << escape_xml(series.color) << "\" stroke-width=\"2\""
+      << (series.dashed ? " stroke-dasharray=\"5 3\"" : "") << "/><text x=\"" << number(lx + 22) << "\" y=\""
+      << number(f.top + 10) << "\" class=\"tick\">" << escape_xml(series.name) << "</text>";
+    lx += 30 + 6.5 * static_cast<double>(series.name.size());
+  }
+  s << "</svg>";
+  return s.str();
+}
+
+std::string bar_chart_svg(const BarChart& c) {
+  double yb = 1;
+  for (const auto& group : c.values)
+    for (const double v : group) yb = std::max(yb, v);
+  const Frame f(c.width, c.height, 0, 1, 0, yb * 1.05);
+  std::ostringstream s;
+  s << open_svg(c.width, c.height, c.title);
+  axes(s, f, c.title, "", c.y_label, c.bytes, false);
+  const double slot = (f.right - f.left) / std::max<size_t>(1, c.groups.size());
+  const double bar = slot * 0.8 / std::max<size_t>(1, c.bars.size());
+  for (size_t g = 0; g < c.groups.size(); ++g) {
+    const double gx = f.left + slot * static_cast<double>(g) + slot * 0.1;
+    for (size_t b = 0; b < c.bars.size() && g < c.values.size() && b < c.values[g].size(); ++b) {
+      const double v = c.values[g][b];
+      s << "<rect class=\"bar\" x=\"" << number(gx + bar * static_cast<double>(b)) << "\" y=\"" << number(f.y(v))
+        << "\" width=\"" << number(bar * 0.92) << "\" height=\"" << number(f.bottom - f.y(v)) << "\" fill=\""
+        << escape_xml(c.bars[b].second) << "\"><title>" << escape_xml(c.groups[g] + ", " + c.bars[b].first + ": ")
+        << escape_xml(c.bytes ? format_axis_bytes(v) : tick_label(v, false)) << "</title></rect>";
+    }
+    s << "<text x=\"" << number(gx + slot * 0.4) << "\" y=\"" << number(f.bottom + 14)
+      << "\" class=\"tick\" text-anchor=\"middle\">" << escape_xml(c.groups[g]) << "</text>";
+  }
+  double lx = f.left + 8;
+  for (const auto& [name, color] : c.bars) {
+    s << "<rect x=\"" << number(lx) << "\" y=\"" << number(f.top) << "\" width=\"12\" height=\"10\" fill=\""
+      << escape_xml(color) << "\"/><text x=\"" << number(lx + 16) << "\" y=\"" << number(f.top + 9)
+      << "\" class=\"tick\">" << escape_xml(name) << "</text>";
+    lx += 28 + 6.5 * static_cast<double>(name.size());
+  }
+  s << "</svg>";
+  return s.str();
+}
+
+}  // namespace gclab::bench

@@ -1,0 +1,100 @@
+// report.html (bench/run_report.h) read back: the charts' SVG carries one point per step, predicted beside
+// measured per phase, the cap and the step that ran out; the previews are inside the page; nothing is
+// fetched from elsewhere.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "../support/test_util.h"
+#include "../support/tiny_run.h"
+#include "gclab/bench/run_report.h"
+#include "gclab/bench/svg.h"
+#include "gclab/train/trainer.h"
+
+namespace gclab::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The points of the polyline named `name` (data-name), as "x,y" pairs.
+size_t points_of(const std::string& html, const std::string& name) {
+  const std::regex re("data-name=\"" + name + "\" points=\"([^\"]*)\"");
+  std::smatch m;
+  if (!std::regex_search(html, m, re)) return 0;
+  std::istringstream pairs(m[1].str());
+  size_t n = 0;
+  for (std::string p; pairs >> p;) n += p.find(',') != std::string::npos;
+  return n;
+}
+
+TEST(Svg, ALineChartDrawsEachPointTheLimitAndTheMarkerAndEscapesText) {
+  LineChart c;
+  c.title = "a <b> & c";
+  c.series = {{"measured", {{1, 10}, {2, 30}, {3, 20}}}, {"predicted", {{1, 12}, {2, 28}}, "#f00", true}};
+  c.limit = 25, c.limit_label = "cap";
+  c.marker = 2, c.marker_label = "out of memory";
+  const std::string svg = line_chart_svg(c);
+  EXPECT_EQ(points_of(svg, "measured"), 3u);
+  EXPECT_EQ(points_of(svg, "predicted"), 2u);
+  EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);
+  EXPECT_NE(svg.find("class=\"limit\""), std::string::npos);
+  EXPECT_NE(svg.find("class=\"marker\""), std::string::npos);
+  EXPECT_NE(svg.find("a &lt;b&gt; &amp; c"), std::string::npos);
+  EXPECT_EQ(svg.find("<b>"), std::string::npos);
+  // The highest point sits above the lowest: y grows downwards in SVG.
+  BarChart b;
+  b.groups = {"forward", "backward"};
+  b.bars = {{"measured", "#00f"}, {"predicted", "#0ff"}};
+  b.values = {{10, 11}, {20, 19}};
+  const std::string bars = bar_chart_svg(b);
+  size_t rects = 0;
+  for (size_t at = bars.find("class=\"bar\""); at != std::string::npos; at = bars.find("class=\"bar\"", at + 1))
+    ++rects;
+  EXPECT_EQ(rects, 4u);
+}
+
+TEST(RunReport, ATrainingRunsPageHasItsStepsPhasesAndPreviewsInside) {
+  const fs::path dir = testing::fresh_dir("run_report");
+  const auto config = testing::tiny_config(
+      dir, "r",
+      {"train.steps=3", "sample={prompts: [a red circle], sample_every: 2, sample_steps: 1, width: 64, height: 64}"});
+  train::train(config, {});
+  const fs::path page = write_run_report(dir / "r");
+  ASSERT_TRUE(fs::exists(page));
+  const std::string html = read(page);
+  EXPECT_EQ(points_of(html, "loss"), 3u);
+  EXPECT_EQ(points_of(html, "forward"), 3u);
+  EXPECT_EQ(points_of(html, "forward predicted"), 3u);
+  EXPECT_NE(html.find("data:image/jpeg;base64,"), std::string::npos);  // the previews, inside the page
+  EXPECT_EQ(html.find("http://"), std::string::npos);
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_NE(html.find("64x64, batch 2"), std::string::npos);  // the buckets table
+  EXPECT_THROW(write_run_report(dir), std::runtime_error);    // not a run folder
+  fs::remove_all(dir);
+}
+
+TEST(RunReport, ARunThatRanOutMarksTheStepAndTheCap) {
+  const fs::path dir = testing::fresh_dir("run_report_oom");
+  const auto config =
+      testing::tiny_config(dir, "o", {"train.steps=3", "train.gradient_checkpointing=false", "vram_cap=12MiB"});
+  EXPECT_THROW(train::train(config, {}), train::OutOfMemoryStop);
+  const std::string html = read(write_run_report(dir / "o"));
+  EXPECT_NE(html.find("Out of memory"), std::string::npos);
+  EXPECT_NE(html.find("class=\"marker\""), std::string::npos);
+  EXPECT_NE(html.find("class=\"limit\""), std::string::npos);
+  EXPECT_NE(html.find("cap 12.0 MiB"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::bench
