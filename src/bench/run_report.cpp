@@ -242,24 +242,11 @@ std::string summary(const Run& r) {
   return h.str();
 }
 
-const char* kStyle =
-    "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:980px}"
-    "h1{font-size:22px}h2{font-size:17px;margin-top:28px}"
-    "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-    ".chart{display:block;margin:8px 0;background:#fff}.axis{stroke:#444}.grid{stroke:#eee}"
-    ".chart-title{font-size:13px;font-weight:600}.tick{font-size:10px;fill:#444}.label{font-size:11px}"
-    ".limit{stroke:#d62728;stroke-width:1.5;stroke-dasharray:6 3}.marker{stroke:#000;stroke-width:1.5}"
-    ".oom{background:#fdecea;border:1px solid #d62728;padding:8px 12px}"
-    ".previews{display:flex;flex-wrap:wrap;gap:8px}figure{margin:0}img{max-width:220px;display:block}"
-    "figcaption{font-size:10px}pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:11px}";
-
 }  // namespace
 
 fs::path write_run_report(const fs::path& run_dir) {
   const Run r = read_run(run_dir);
   std::ostringstream h;
-  h << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>gclab run " << escape_xml(r.name)
-    << "</title><style>" << kStyle << "</style></head><body>";
   h << "<h1>gclab run: " << escape_xml(r.name) << "</h1>" << oom_banner(r) << summary(r);
   if (!r.steps.empty()) h << "<h2>Loss</h2>" << loss_chart(r) << "<h2>Step time</h2>" << step_time_chart(r);
   if (!r.steps.empty() || r.oom) h << "<h2>Memory</h2>" << phases_chart(r);
@@ -267,9 +254,8 @@ fs::path write_run_report(const fs::path& run_dir) {
   h << "<h2>Buckets and batches</h2>" << buckets_table(r);
   h << "<h2>Previews</h2>" << previews(r);
   h << "<h2>Resolved config</h2><pre>" << escape_xml(r.config) << "</pre>";
-  h << "</body></html>\n";
   const fs::path out = run_dir / "report.html";
-  std::ofstream(out, std::ios::binary) << h.str();
+  write_html_page(out, "gclab run " + r.name, h.str());
   return out;
 }
 

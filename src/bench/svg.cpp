@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 
 namespace gclab::bench {
 
@@ -44,6 +46,17 @@ std::string format_axis_bytes(double bytes) {
 }
 
 namespace {
+
+const char* const kStyle =
+    "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:980px}"
+    "h1{font-size:22px}h2{font-size:17px;margin-top:28px}"
+    "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+    ".chart{display:block;margin:8px 0;background:#fff}.axis{stroke:#444}.grid{stroke:#eee}"
+    ".chart-title{font-size:13px;font-weight:600}.tick{font-size:10px;fill:#444}.label{font-size:11px}"
+    ".limit{stroke:#d62728;stroke-width:1.5;stroke-dasharray:6 3}.marker{stroke:#000;stroke-width:1.5}"
+    ".oom{background:#fdecea;border:1px solid #d62728;padding:8px 12px}"
+    ".previews{display:flex;flex-wrap:wrap;gap:8px}figure{margin:0}img{max-width:220px;display:block}"
+    "figcaption{font-size:10px}pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:11px}";
 
 std::string number(double v) {
   char buf[32];
@@ -124,6 +137,13 @@ std::string line_chart_svg(const LineChart& c) {
   axes(s, f, c.title, c.x_label, c.y_label, c.bytes, true);
   for (const auto& series : c.series) {
     if (series.points.empty()) continue;
+    if (series.scatter) {
+      for (const auto& [x, y] : series.points)
+        s << "<circle class=\"point\" data-name=\"" << escape_xml(series.name) << "\" cx=\"" << number(f.x(x))
+          << "\" cy=\"" << number(f.y(y)) << "\" r=\"4\" fill=\"" << escape_xml(series.color) << "\"><title>"
+          << escape_xml(series.name) << "</title></circle>";
+      continue;
+    }
     s << "<polyline class=\"series\" fill=\"none\" stroke=\"" << escape_xml(series.color) << "\" stroke-width=\"1.6\""
       << (series.dashed ? " stroke-dasharray=\"5 3\"" : "") << " data-name=\"" << escape_xml(series.name)
       << "\" points=\"";
@@ -188,6 +208,13 @@ std::string bar_chart_svg(const BarChart& c) {
   }
   s << "</svg>";
   return s.str();
+}
+
+void write_html_page(const std::filesystem::path& path, const std::string& title, const std::string& body) {
+  std::ofstream out(path, std::ios::binary);
+  out << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << escape_xml(title)
+      << "</title><style>" << kStyle << "</style></head><body>" << body << "</body></html>\n";
+  if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
 }  // namespace gclab::bench

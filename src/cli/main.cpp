@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gclab/bench/bench.h"
+#include "gclab/bench/bench_page.h"
 #include "gclab/bench/report.h"
 #include "gclab/bench/run_report.h"
 #include "gclab/config/byte_size.h"
@@ -545,7 +546,8 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   const auto rows = gclab::bench::run_bench(session, o);
   print_report(args, gclab::bench::bench_report(rows));
   gclab::bench::write_bench_csv(dir / "bench.csv", rows);
-  gclab::log::info("written " + (dir / "bench.csv").string());
+  gclab::bench::write_bench_page(dir / "bench_report.html", rows, config.vram_cap.bytes);
+  gclab::log::info("written " + (dir / "bench.csv").string() + " and " + (dir / "bench_report.html").string());
   return kExitOk;
 }
 
@@ -560,7 +562,10 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
   const std::filesystem::path dir = std::filesystem::path(config.training_folder) / config.name;
   std::filesystem::create_directories(dir);
   gclab::train::Session session = gclab::train::open_session(config, dir);
-  print_report(args, gclab::bench::fit_report(gclab::bench::run_fit(session, policies, resolutions, max_batch)));
+  const auto rows = gclab::bench::run_fit(session, policies, resolutions, max_batch);
+  print_report(args, gclab::bench::fit_report(rows));
+  gclab::bench::write_fit_page(dir / "fit_report.html", rows, config.vram_cap.bytes);
+  gclab::log::info("written " + (dir / "fit_report.html").string());
   return kExitOk;
 }
 

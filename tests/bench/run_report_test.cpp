@@ -9,6 +9,7 @@
 
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
+#include "gclab/bench/bench_page.h"
 #include "gclab/bench/run_report.h"
 #include "gclab/bench/svg.h"
 #include "gclab/train/trainer.h"
@@ -93,6 +94,40 @@ TEST(RunReport, ARunThatRanOutMarksTheStepAndTheCap) {
   EXPECT_NE(html.find("class=\"marker\""), std::string::npos);
   EXPECT_NE(html.find("class=\"limit\""), std::string::npos);
   EXPECT_NE(html.find("cap 12.0 MiB"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+BenchRow row(const std::string& policy, int batch, double ms, int64_t peak, bool oom = false) {
+  BenchRow r;
+  r.policy = policy, r.resolution = 256, r.batch = batch, r.step_ms = ms, r.peak_bytes = peak, r.oom = oom;
+  r.time_ratio = policy == "off" ? 1.0 : 1.3;
+  return r;
+}
+
+// The bench page: a memory line per policy under the cap, the time ratios, and the Pareto front — the cells
+// no other is both smaller and faster than (an OOM cell never on it).
+TEST(BenchPage, PoliciesSideBySideWithTheCapAndTheParetoFront) {
+  const std::vector<BenchRow> rows = {row("off", 1, 100, 900),  row("off", 2, 180, 1700),    row("full", 1, 130, 500),
+                                      row("full", 2, 240, 800), row("every:2", 1, 140, 700), row("off", 4, 0, 0, true)};
+  const auto front = pareto_front(rows);
+  std::vector<std::string> on;
+  for (const auto& r : front) on.push_back(r.policy + std::to_string(r.batch));
+  // Per sample: off b2 90 ms, off b1 100, full b2 120, full b1 130 (each the smallest at its speed); every:2 b1
+  // (140 ms, 700) is beaten by full b1 (130 ms, 500).
+  EXPECT_EQ(on, (std::vector<std::string>{"off1", "off2", "full1", "full2"}));
+  const fs::path dir = testing::fresh_dir("bench_page");
+  write_bench_page(dir / "bench_report.html", rows, 1000);
+  const std::string html = read(dir / "bench_report.html");
+  EXPECT_EQ(points_of(html, "off"), 2u);  // batch 4 ran out: not drawn
+  EXPECT_EQ(points_of(html, "full"), 2u);
+  EXPECT_EQ(points_of(html, "Pareto front"), 4u);
+  EXPECT_NE(html.find("cap 0.0 MiB"), std::string::npos);
+  EXPECT_NE(html.find("out of memory in"), std::string::npos);
+  write_fit_page(dir / "fit_report.html", {{"off", 256, 2, 900}, {"full", 256, 6, 950}, {"off", 512, 0, 0}}, 1 << 20);
+  const std::string fit = read(dir / "fit_report.html");
+  EXPECT_NE(fit.find("none fits"), std::string::npos);
+  EXPECT_NE(fit.find("under 1.0 MiB"), std::string::npos);
+  EXPECT_EQ(fit.find("<script"), std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -3,6 +3,7 @@
 // bar charts. No scripts, no external resources: the text is placed as-is inside an HTML page.
 #pragma once
 
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,7 +15,8 @@ struct Series {
   std::string name;
   std::vector<std::pair<double, double>> points;  // (x, y), drawn in order
   std::string color = "#1f77b4";
-  bool dashed = false;  // predicted beside measured: the prediction dashed
+  bool dashed = false;   // predicted beside measured: the prediction dashed
+  bool scatter = false;  // points as dots, not joined (a Pareto plot)
 };
 
 struct LineChart {
@@ -39,6 +41,9 @@ struct BarChart {
 
 std::string line_chart_svg(const LineChart& chart);
 std::string bar_chart_svg(const BarChart& chart);
+
+// A whole page around `body` (HTML): the reports' one stylesheet, inline; no scripts, nothing fetched.
+void write_html_page(const std::filesystem::path& path, const std::string& title, const std::string& body);
 
 // Text made safe inside HTML and SVG (& < > " ').
 std::string escape_xml(const std::string& text);
