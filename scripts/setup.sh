@@ -9,7 +9,8 @@ TORCH_VERSION="${GCLAB_TORCH_VERSION:-2.11.0}"
 PYTHON="${GCLAB_BASE_PYTHON:-python3}"
 APT_PACKAGES=(cmake ninja-build g++ make python3-venv ccache pkg-config
               libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev googletest libcli11-dev libstb-dev
-              nlohmann-json3-dev libwebp-dev libsentencepiece-dev libicu-dev clang-format)
+              nlohmann-json3-dev libwebp-dev libsentencepiece-dev libicu-dev clang-format
+              chromium-headless-shell)  # the HTML reports' browser test (ctest report.browser)
 
 did_something=0
 # pip installs with --no-compile: byte-compiling every module of torch, transformers and diffusers at install

@@ -92,6 +92,7 @@ std::string loss_chart(const Run& r) {
   c.title = "Loss";
   c.x_label = "step";
   c.y_label = "loss";
+  c.from_zero = false;
   Series raw{"loss", {}, "#9ecae1"}, smooth{"smoothed (EMA 0.9)", {}, "#08519c"};
   double ema = 0;
   bool first = true;

@@ -71,12 +71,15 @@ std::string tick_label(double v, bool bytes) {
   return buf;
 }
 
-// The plot area inside the chart's box: room on the left for the y ticks, below for the x label.
+// The plot area inside the chart's box: room on the left for the y ticks, above for the legend's rows,
+// below for the x label.
 struct Frame {
-  double left = 72, right, top = 28, bottom;
+  double left = 72, right, top, bottom;
   double x0, x1, y0, y1;  // the data range shown
-  Frame(int width, int height, double xa, double xb, double ya, double yb)
+  // legend_rows: rows of legend between the title and the plot.
+  Frame(int width, int height, double xa, double xb, double ya, double yb, int legend_rows = 0)
       : right(width - 16.0),
+        top(28.0 + 14.0 * legend_rows),
         bottom(height - 40.0),
         x0(xa),
         x1(xb > xa ? xb : xa + 1),
@@ -111,6 +114,23 @@ void axes(std::ostringstream& s, const Frame& f, const std::string& title, const
     << "transform=\"rotate(-90 12 " << number((f.top + f.bottom) / 2) << ")\">" << escape_xml(y_label) << "</text>";
 }
 
+// Legend entries laid out left to right, wrapping at the plot's right edge: each entry's (x, row).
+constexpr double kLegendLeft = 80;
+std::vector<std::pair<double, int>> legend_layout(const std::vector<std::string>& names, double right, double swatch) {
+  std::vector<std::pair<double, int>> at;
+  double x = kLegendLeft;
+  int row = 0;
+  for (const auto& n : names) {
+    const double w = swatch + 12 + 6.0 * static_cast<double>(n.size());
+    if (x + w > right && x > kLegendLeft) x = kLegendLeft, ++row;
+    at.emplace_back(x, row);
+    x += w;
+  }
+  return at;
+}
+
+int legend_rows(const std::vector<std::pair<double, int>>& at) { return at.empty() ? 0 : at.back().second + 1; }
+
 std::string open_svg(int width, int height, const std::string& title) {
   std::ostringstream s;
   s << "<svg class=\"chart\" viewBox=\"0 0 " << width << " " << height << "\" width=\"" << width << "\" height=\""
@@ -128,12 +148,23 @@ std::string line_chart_svg(const LineChart& c) {
       xa = std::min(xa, x), xb = std::max(xb, x);
       ya = std::min(ya, y), yb = std::max(yb, y);
     }
+  if (!c.from_zero) {
+    ya = std::numeric_limits<double>::max();
+    for (const auto& series : c.series)
+      for (const auto& p : series.points) ya = std::min(ya, p.second);
+    if (ya > yb) ya = 0;
+  }
   if (c.limit) yb = std::max(yb, *c.limit), ya = std::min(ya, *c.limit);
   if (xa > xb) xa = 0, xb = 1;
   if (yb < ya) yb = ya + 1;
-  const Frame f(c.width, c.height, xa, xb, ya, yb + (yb - ya) * 0.05);
+  std::vector<std::string> names;
+  for (const auto& series : c.series) names.push_back(series.name);
+  const auto legend = legend_layout(names, c.width - 16.0, 18);
+  const double pad = (yb - ya) * 0.05;
+  const Frame f(c.width, c.height + 14 * legend_rows(legend), xa, xb, c.from_zero ? ya : ya - pad, yb + pad,
+                legend_rows(legend));
   std::ostringstream s;
-  s << open_svg(c.width, c.height, c.title);
+  s << open_svg(c.width, c.height + 14 * legend_rows(legend), c.title);
   axes(s, f, c.title, c.x_label, c.y_label, c.bytes, true);
   for (const auto& series : c.series) {
     if (series.points.empty()) continue;
@@ -164,14 +195,14 @@ std::string line_chart_svg(const LineChart& c) {
       << number(f.x(*c.marker)) << "\" y2=\"" << number(f.bottom) << "\"/><text x=\"" << number(f.x(*c.marker) + 4)
       << "\" y=\"" << number(f.top + 10) << "\" class=\"tick marker-label\">" << escape_xml(c.marker_label)
       << "</text>";
-  // The legend, one entry per series.
-  double lx = f.left + 8;
-  for (const auto& series : c.series) {
-    s << "<line x1=\"" << number(lx) << "\" y1=\"" << number(f.top + 6) << "\" x2=\"" << number(lx + 18) << "\" y2=\""
-      << number(f.top + 6) << "\" stroke=\"" << escape_xml(series.color) << "\" stroke-width=\"2\""
+  // The legend above the plot, one entry per series.
+  for (size_t i = 0; i < c.series.size(); ++i) {
+    const auto& series = c.series[i];
+    const double lx = legend[i].first, ly = 24.0 + 14.0 * legend[i].second;
+    s << "<line x1=\"" << number(lx) << "\" y1=\"" << number(ly) << "\" x2=\"" << number(lx + 18) << "\" y2=\""
+      << number(ly) << "\" stroke=\"" << escape_xml(series.color) << "\" stroke-width=\"2\""
       << (series.dashed ? " stroke-dasharray=\"5 3\"" : "") << "/><text x=\"" << number(lx + 22) << "\" y=\""
-      << number(f.top + 10) << "\" class=\"tick\">" << escape_xml(series.name) << "</text>";
-    lx += 30 + 6.5 * static_cast<double>(series.name.size());
+      << number(ly + 4) << "\" class=\"tick\">" << escape_xml(series.name) << "</text>";
   }
   s << "</svg>";
   return s.str();
@@ -181,9 +212,13 @@ std::string bar_chart_svg(const BarChart& c) {
   double yb = 1;
   for (const auto& group : c.values)
     for (const double v : group) yb = std::max(yb, v);
-  const Frame f(c.width, c.height, 0, 1, 0, yb * 1.05);
+  std::vector<std::string> names;
+  for (const auto& bar : c.bars) names.push_back(bar.first);
+  const auto legend = legend_layout(names, c.width - 16.0, 12);
+  const int extra = 14 * legend_rows(legend);
+  const Frame f(c.width, c.height + extra, 0, 1, 0, yb * 1.05, legend_rows(legend));
   std::ostringstream s;
-  s << open_svg(c.width, c.height, c.title);
+  s << open_svg(c.width, c.height + extra, c.title);
   axes(s, f, c.title, "", c.y_label, c.bytes, false);
   const double slot = (f.right - f.left) / std::max<size_t>(1, c.groups.size());
   const double bar = slot * 0.8 / std::max<size_t>(1, c.bars.size());
@@ -199,12 +234,11 @@ std::string bar_chart_svg(const BarChart& c) {
     s << "<text x=\"" << number(gx + slot * 0.4) << "\" y=\"" << number(f.bottom + 14)
       << "\" class=\"tick\" text-anchor=\"middle\">" << escape_xml(c.groups[g]) << "</text>";
   }
-  double lx = f.left + 8;
-  for (const auto& [name, color] : c.bars) {
-    s << "<rect x=\"" << number(lx) << "\" y=\"" << number(f.top) << "\" width=\"12\" height=\"10\" fill=\""
-      << escape_xml(color) << "\"/><text x=\"" << number(lx + 16) << "\" y=\"" << number(f.top + 9)
-      << "\" class=\"tick\">" << escape_xml(name) << "</text>";
-    lx += 28 + 6.5 * static_cast<double>(name.size());
+  for (size_t i = 0; i < c.bars.size(); ++i) {
+    const double lx = legend[i].first, ly = 19.0 + 14.0 * legend[i].second;
+    s << "<rect x=\"" << number(lx) << "\" y=\"" << number(ly) << "\" width=\"12\" height=\"10\" fill=\""
+      << escape_xml(c.bars[i].second) << "\"/><text x=\"" << number(lx + 16) << "\" y=\"" << number(ly + 9)
+      << "\" class=\"tick\">" << escape_xml(c.bars[i].first) << "</text>";
   }
   s << "</svg>";
   return s.str();

@@ -26,7 +26,8 @@ struct LineChart {
   std::string limit_label;
   std::optional<double> marker;  // a vertical line at this x (the step that ran out of memory)
   std::string marker_label;
-  bool bytes = false;  // y values are bytes: the axis reads MiB / GiB
+  bool bytes = false;     // y values are bytes: the axis reads MiB / GiB
+  bool from_zero = true;  // the y axis starts at 0 (a loss reads better over its own range)
   int width = 720, height = 280;
 };
 
