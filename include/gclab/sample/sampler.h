@@ -17,7 +17,7 @@ struct SampleOptions {
   // The model's compute dtype (train.dtype): the latents between steps and the model's inputs are in it, as
   // AI Toolkit's pipelines keep them; no autocast.
   torch::ScalarType dtype = torch::kFloat;
-  // Guidance::TrueCfg's per-token rescale to the conditional prediction's norm (ModelFamily::preview_cfg_norm).
+  // Guidance::TrueCfg's per-token rescale to the conditional prediction's norm (the family's preview_cfg_norm).
   bool cfg_norm = true;
 };
 
