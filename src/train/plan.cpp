@@ -229,14 +229,15 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
 
 data::BucketResolution preview_reference_size(const model::ModelSpec& spec, data::BucketResolution image, int width,
                                               int height) {
-  const data::BucketResolution aspect = spec.edit_plus ? image : data::BucketResolution{width, height};
+  const data::BucketResolution aspect =
+      model::trains_references_at_image_size(spec) ? data::BucketResolution{width, height} : image;
   return data::reference_size(aspect, spec.divisibility, spec.reference_area);
 }
 
 torch::Tensor load_preview_reference(const model::ModelSpec& spec, const std::filesystem::path& file, int width,
                                      int height) {
   torch::Tensor rgb = data::decode_image_rgb(file);  // [H, W, 3]
-  if (!spec.edit_plus) rgb = data::resize_rgb(rgb, width, height);
+  if (model::trains_references_at_image_size(spec)) rgb = data::resize_rgb(rgb, width, height);
   const data::BucketResolution ref =
       preview_reference_size(spec, {static_cast<int>(rgb.size(1)), static_cast<int>(rgb.size(0))}, width, height);
   return data::to_unit_range(data::resize_rgb(rgb, ref.width, ref.height));

@@ -134,7 +134,9 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);
 // Qwen-Image-Edit (AI Toolkit's qwen_image_edit, not the Plus class) trains each control image scaled and
 // cropped as its image (dataloader_mixins.py:1174-1198) and encodes it at that size (qwen_image_edit.py:148-
 // 182, condition_noisy_latents): its reference latents are the noisy latents' size. The Plus class encodes
-// each raw control image at reference_area of its aspect (qwen_image_edit_plus.py:240-306).
+// each raw control image at reference_area of its aspect (qwen_image_edit_plus.py:240-306). The same class
+// difference sizes the previews' references: Qwen-Image-Edit resizes the control image to the preview first
+// (qwen_image_edit.py:98-105; train::preview_reference_size), the Plus pipeline keeps its aspect.
 inline bool trains_references_at_image_size(const ModelSpec& spec) { return spec.edit && !spec.edit_plus; }
 // Reference-image tokens of an edit model training on (height, width) images: a latent of the image's size
 // per control image (trains_references_at_image_size), else one of reference_area (4096 tokens at the
