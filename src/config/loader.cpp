@@ -691,6 +691,11 @@ class Validator {
       if (!d.caption_ext.empty() && d.caption_ext[0] != '.') d.caption_ext = "." + d.caption_ext;
       if (d.caption_dropout_rate < 0 || d.caption_dropout_rate > 1)
         error(p + ".caption_dropout_rate", "must be between 0 and 1, got " + std::to_string(d.caption_dropout_rate));
+      if (d.mask_min_value < 0 || d.mask_min_value > 1)
+        error(p + ".mask_min_value", "must be between 0 and 1, got " + std::to_string(d.mask_min_value));
+      for (const auto& [key, folder] : {std::pair{".inpaint_path", d.inpaint_path}, {".mask_path", d.mask_path}})
+        if (folder && !std::filesystem::is_directory(*folder))
+          warning(p + key, "'" + *folder + "' is not a folder here; no image will find its file in it");
       at_least(p + ".num_repeats", d.num_repeats, 1);
       at_least(p + ".keep_tokens", d.keep_tokens, 0);
       if (d.batch_size) at_least(p + ".batch_size", *d.batch_size, 1);

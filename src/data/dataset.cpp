@@ -146,8 +146,45 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
       controls.push_back(found);
     }
     if (!have_controls) continue;
-    result.items.push_back({path, caption, size->width, size->height, index, controls});
+    ImageItem item{path, caption, size->width, size->height, index, controls, {}, {}};
+    auto same_named = [&](const std::string& folder, std::initializer_list<const char*> extensions) {
+      for (const char* ext : extensions) {
+        const fs::path candidate = fs::path(folder) / (path.stem().string() + ext);
+        if (fs::exists(candidate, ec)) return candidate;
+      }
+      return fs::path();
+    };
+    if (dataset.inpaint_path) {
+      item.inpaint = same_named(*dataset.inpaint_path, {".png", ".webp"});
+      if (!item.inpaint.empty() && !opens_as_rgba(item.inpaint)) {  // load_inpaint_image returns without one
+        result.warnings.push_back(item.inpaint.string() + ": not an RGBA image, so no inpainting mask for " +
+                                  path.filename().string() + " (AI Toolkit reads none from it either)");
+        item.inpaint.clear();
+      }
+      if (item.inpaint.empty()) ++result.without_inpaint;
+    }
+    if (dataset.alpha_mask) {
+      if (!opens_as_rgba(path))
+        throw DataError(where + ".alpha_mask: " + path.string() +
+                        " has no alpha channel (AI Toolkit fails on it); give it one (RGBA .png / .webp) or turn "
+                        "alpha_mask off");
+      item.mask = path;
+    } else if (dataset.mask_path) {
+      item.mask = same_named(*dataset.mask_path, {".jpg", ".jpeg", ".png", ".webp"});
+      if (item.mask.empty()) ++result.without_mask;
+    }
+    result.items.push_back(std::move(item));
   }
+  // A batch stacks a zero tensor for an image without one when another image has one
+  // (toolkit/data_transfer_object/data_loader.py:358-373, 399-412).
+  if (result.without_inpaint)
+    result.warnings.push_back(where + ".inpaint_path: " + std::to_string(result.without_inpaint) +
+                              " images have no same-named .png / .webp there; batched with one that has, each gets "
+                              "a zero alpha (inpaint everything), as AI Toolkit does");
+  if (result.without_mask)
+    result.warnings.push_back(where + ".mask_path: " + std::to_string(result.without_mask) +
+                              " images have no same-named mask there; batched with one that has, each gets a zero "
+                              "loss mask (it does not train), as AI Toolkit does");
   if (result.items.empty())
     throw DataError(where + ".folder_path: '" + folder.string() + "' has no usable images (" +
                     std::to_string(images.size()) + " image files, " + std::to_string(result.skipped_images) +

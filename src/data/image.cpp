@@ -159,13 +159,132 @@ torch::Tensor decode_image_rgb(const fs::path& path) {
 torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height) {
   TORCH_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == torch::kUInt8,
               "resize_rgb needs uint8 [H, W, 3]");
+  return resize_pixels(image, width, height);
+}
+
+torch::Tensor resize_pixels(const torch::Tensor& image, int width, int height) {
+  TORCH_CHECK(image.dim() == 3 && image.size(2) >= 1 && image.size(2) <= 4 && image.scalar_type() == torch::kUInt8,
+              "resize_pixels needs uint8 [H, W, C] with 1 to 4 channels");
   const torch::Tensor src = image.contiguous();
   if (src.size(0) == height && src.size(1) == width) return src.clone();
-  torch::Tensor out = torch::empty({height, width, 3}, torch::kUInt8);
+  const int channels = static_cast<int>(src.size(2));
+  torch::Tensor out = torch::empty({height, width, channels}, torch::kUInt8);
   if (!stbir_resize_uint8(src.data_ptr<uint8_t>(), static_cast<int>(src.size(1)), static_cast<int>(src.size(0)), 0,
-                          out.data_ptr<uint8_t>(), width, height, 0, 3))
+                          out.data_ptr<uint8_t>(), width, height, 0, channels))
     throw ImageError("resize to " + std::to_string(width) + "x" + std::to_string(height) + " failed");
   return out;
+}
+
+bool opens_as_rgba(const fs::path& path) {
+  const std::string ext = lower_extension(path);
+  if (ext == ".webp") {
+    const auto head = read_all(path, 64);
+    WebPBitstreamFeatures features;
+    return WebPGetFeatures(head.data(), head.size(), &features) == VP8_STATUS_OK && features.has_alpha;
+  }
+  if (ext != ".png") return false;
+  // The IHDR chunk follows the 8-byte signature: length, "IHDR", width, height, bit depth, colour type.
+  const auto head = read_all(path, 26);
+  return head.size() == 26 && std::memcmp(head.data(), "\x89PNG", 4) == 0 && head[25] == 6;
+}
+
+torch::Tensor decode_image_rgba(const fs::path& path) {
+  if (!opens_as_rgba(path)) throw ImageError(path.string() + ": not an RGBA image (no alpha channel)");
+  int w = 0, h = 0;
+  uint8_t* pixels = nullptr;
+  const bool webp = lower_extension(path) == ".webp";
+  if (webp) {
+    const auto bytes = read_all(path);
+    pixels = WebPDecodeRGBA(bytes.data(), bytes.size(), &w, &h);
+  } else {
+    int channels = 0;
+    pixels = stbi_load(path.c_str(), &w, &h, &channels, 4);
+  }
+  if (!pixels) throw ImageError(path.string() + ": cannot decode");
+  torch::Tensor out = torch::empty({h, w, 4}, torch::kUInt8);
+  std::memcpy(out.data_ptr(), pixels, static_cast<size_t>(w) * h * 4);
+  if (webp)
+    WebPFree(pixels);
+  else
+    stbi_image_free(pixels);
+  return out;
+}
+
+namespace {
+
+// libImaging's _gaussian_blur_radius (BoxBlur.c): the box radius whose `passes` box blurs approximate a
+// Gaussian of `radius` (Gwosdek et al., "Theoretical foundations of Gaussian convolution by extended box
+// filtering"), in single precision as written there.
+float pil_box_radius(float radius, int passes) {
+  const float sigma2 = radius * radius / static_cast<float>(passes);
+  const auto L = static_cast<float>(std::sqrt(12.0 * sigma2 + 1.0));
+  const auto l = static_cast<float>(std::floor((L - 1.0) / 2.0));
+  float a = (2 * l + 1) * (l * (l + 1) - 3 * sigma2);
+  a /= 6 * (sigma2 - (l + 1) * (l + 1));
+  return l + a;
+}
+
+// One extended box blur of a line (ImagingLineBoxBlur8): a box of 2r + 1 pixels plus the fraction of the
+// two beyond it, the edges extended, in 8.24 fixed point.
+void pil_box_blur_line(uint8_t* out, const uint8_t* in, int n, float radius) {
+  const int r = static_cast<int>(radius);
+  const auto ww = static_cast<uint32_t>(static_cast<float>(1u << 24) / (radius * 2 + 1));
+  const uint32_t fw = ((1u << 24) - static_cast<uint32_t>(r * 2 + 1) * ww) / 2;
+  const int last = n - 1, edge_a = std::min(r + 1, n), edge_b = std::max(n - r - 1, 0);
+  uint32_t acc = in[0] * static_cast<uint32_t>(r + 1);
+  for (int x = 0; x < edge_a - 1; ++x) acc += in[x];
+  acc += in[last] * static_cast<uint32_t>(r - edge_a + 1);
+  auto step = [&](int x, int sub, int add, int left, int right) {
+    acc += static_cast<uint32_t>(in[add]) - static_cast<uint32_t>(in[sub]);
+    const uint32_t bulk = acc * ww + (static_cast<uint32_t>(in[left]) + in[right]) * fw;
+    out[x] = static_cast<uint8_t>((bulk + (1u << 23)) >> 24);
+  };
+  if (edge_a <= edge_b) {
+    for (int x = 0; x < edge_a; ++x) step(x, 0, x + r, 0, x + r + 1);
+    for (int x = edge_a; x < edge_b; ++x) step(x, x - r - 1, x + r, x - r - 1, x + r + 1);
+    for (int x = edge_b; x <= last; ++x) step(x, x - r - 1, last, x - r - 1, last);
+  } else {
+    for (int x = 0; x < edge_b; ++x) step(x, 0, x + r, 0, last);
+    for (int x = edge_b; x < edge_a; ++x) step(x, 0, last, 0, last);
+    for (int x = edge_a; x <= last; ++x) step(x, x - r - 1, last, x - r - 1, last);
+  }
+}
+
+}  // namespace
+
+torch::Tensor pil_gaussian_blur(const torch::Tensor& image, double radius) {
+  TORCH_CHECK(image.dim() == 3 && image.scalar_type() == torch::kUInt8, "pil_gaussian_blur needs uint8 [H, W, C]");
+  if (radius == 0) return image.clone();
+  constexpr int kPasses = 3;  // ImageFilter.GaussianBlur's
+  const float box = pil_box_radius(static_cast<float>(radius), kPasses);
+  // Channel planes; each pass reads the previous one's whole line.
+  torch::Tensor planes = image.permute({2, 0, 1}).contiguous();
+  const int channels = static_cast<int>(planes.size(0)), h = static_cast<int>(planes.size(1)),
+            w = static_cast<int>(planes.size(2));
+  std::vector<uint8_t> line(static_cast<size_t>(std::max(w, h))), blurred(line.size());
+  for (int c = 0; c < channels; ++c) {
+    uint8_t* p = planes[c].data_ptr<uint8_t>();
+    for (int pass = 0; pass < kPasses; ++pass)  // along the rows
+      for (int y = 0; y < h; ++y) {
+        std::copy(p + static_cast<ptrdiff_t>(y) * w, p + static_cast<ptrdiff_t>(y + 1) * w, line.begin());
+        pil_box_blur_line(p + static_cast<ptrdiff_t>(y) * w, line.data(), w, box);
+      }
+    for (int pass = 0; pass < kPasses; ++pass)  // then the columns (libImaging transposes)
+      for (int x = 0; x < w; ++x) {
+        for (int y = 0; y < h; ++y) line[static_cast<size_t>(y)] = p[static_cast<ptrdiff_t>(y) * w + x];
+        pil_box_blur_line(blurred.data(), line.data(), h, box);
+        for (int y = 0; y < h; ++y) p[static_cast<ptrdiff_t>(y) * w + x] = blurred[static_cast<size_t>(y)];
+      }
+  }
+  return planes.permute({1, 2, 0}).contiguous();
+}
+
+torch::Tensor pil_luminance(const torch::Tensor& rgb) {
+  TORCH_CHECK(rgb.dim() == 3 && rgb.size(2) == 3 && rgb.scalar_type() == torch::kUInt8,
+              "pil_luminance needs uint8 [H, W, 3]");
+  const torch::Tensor c = rgb.to(torch::kInt64);
+  const torch::Tensor l = c.select(2, 0) * 19595 + c.select(2, 1) * 38470 + c.select(2, 2) * 7471 + 32768;
+  return l.div(65536, "floor").to(torch::kUInt8).unsqueeze(2);
 }
 
 void write_png(const fs::path& path, const torch::Tensor& image) {

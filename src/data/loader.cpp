@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "gclab/data/image.h"
+#include "gclab/data/masks.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/memory/placement.h"
 #include "gclab/memory/tracker.h"
@@ -196,7 +197,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
     while (!sample) {
       if (!bad_items_.count(s.item)) {
         try {
-          sample = load_sample(s);
+          sample = load_sample(s, rng);
           continue;
         } catch (const ImageError& e) {
           std::lock_guard<std::mutex> lock(mutex_);
@@ -231,6 +232,15 @@ LoadedBatch BatchLoader::load(int64_t index) {
   }
   (all_latents ? out.latents : out.images) = torch::stack(parts);
   out.cache = cache_;
+  // Inpainting images and loss masks: stacked when any sample has one, zeros for the others.
+  for (auto [member, field] : {std::pair{&Sample::inpaint, &out.inpaint_alpha}, {&Sample::mask, &out.loss_mask}}) {
+    const auto with =
+        std::find_if(loaded.begin(), loaded.end(), [&](const Sample& x) { return (x.*member).defined(); });
+    if (with == loaded.end()) continue;
+    std::vector<torch::Tensor> each;
+    for (const auto& x : loaded) each.push_back((x.*member).defined() ? x.*member : torch::zeros_like((*with).*member));
+    *field = torch::stack(each);
+  }
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
@@ -301,17 +311,23 @@ LatentSlot BatchLoader::slot_for(const PlannedSample& s) const {
 }
 
 torch::Tensor BatchLoader::sample_image(const PlannedSample& s) const {
-  const auto& p = s.placement;
-  torch::Tensor rgb = data::decode_image_rgb(items_[static_cast<size_t>(s.item)].image);
-  rgb = data::resize_rgb(rgb, p.scale_to_width, p.scale_to_height);
-  rgb = rgb.narrow(0, p.crop_y, p.bucket.height).narrow(1, p.crop_x, p.bucket.width);
-  if (s.flip_x) rgb = rgb.flip({1});
-  if (s.flip_y) rgb = rgb.flip({0});
-  return data::to_unit_range(rgb).contiguous();
+  const torch::Tensor rgb = data::decode_image_rgb(items_[static_cast<size_t>(s.item)].image);
+  return data::to_unit_range(place_pixels(rgb, s.placement, s.flip_x, s.flip_y)).contiguous();
 }
 
-BatchLoader::Sample BatchLoader::load_sample(const PlannedSample& s) {
+BatchLoader::Sample BatchLoader::load_sample(const PlannedSample& s, std::mt19937_64& rng) {
   Sample out;
+  const ImageItem& item = items_[static_cast<size_t>(s.item)];
+  const config::DatasetConfig& dataset = datasets_[static_cast<size_t>(item.dataset)];
+  if (!item.mask.empty()) out.mask = load_loss_mask(item.mask, dataset, s.placement, s.flip_x, s.flip_y, rng);
+  if (o_.inpaint_images && !item.inpaint.empty()) {
+    try {
+      out.inpaint = load_inpaint_alpha(item.inpaint, s.placement, s.flip_x, s.flip_y);
+    } catch (const ImageError& e) {  // load_inpaint_image prints it and goes on without (:1017-1069)
+      std::lock_guard<std::mutex> lock(mutex_);
+      warnings_.push_back(std::string(e.what()) + "; the image trains without an inpainting image");
+    }
+  }
   out.slot = slot_for(s);
   if (out.slot.cached()) {
     out.latents = cache_->find(out.slot);

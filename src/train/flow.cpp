@@ -20,6 +20,18 @@ std::vector<int64_t> sample_dims(const torch::Tensor& x) {
 
 }  // namespace
 
+torch::Tensor loss_mask_multiplier(const torch::Tensor& masks, const torch::Tensor& x0, torch::ScalarType dtype) {
+  namespace F = torch::nn::functional;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor m =
+      F::interpolate(
+          masks.to(torch::kHalf),
+          F::InterpolateFuncOptions().size(std::vector<int64_t>{x0.size(-2), x0.size(-1)}).mode(torch::kNearest))
+          .expand({-1, x0.size(1), -1, -1})
+          .to(dtype);
+  return m / m.mean();
+}
+
 torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& b, const StepOptions& o) {
   model::ModelInputs in = b.conditioning;
   for (torch::Tensor* t : {&in.text, &in.pooled, &in.condition_channels})
@@ -47,8 +59,9 @@ torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const Micro
   // DiT also predicts a variance: only the first channels are the velocity.
   pred = pred.narrow(1, 0, target.size(1)).to(torch::kFloat);
   const torch::Tensor diff = pred - target.to(torch::kFloat);
-  const torch::Tensor per_sample =
-      (o.loss_type == config::LossType::mae ? diff.abs() : diff.square()).mean(sample_dims(diff));
+  torch::Tensor elementwise = o.loss_type == config::LossType::mae ? diff.abs() : diff.square();
+  if (b.loss_mask.defined()) elementwise = elementwise * b.loss_mask;  // SDTrainer.py:953-959
+  const torch::Tensor per_sample = elementwise.mean(sample_dims(diff));
   return (b.weight.defined() ? per_sample * b.weight.to(per_sample.device()) : per_sample).mean();
 }
 

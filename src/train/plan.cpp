@@ -224,6 +224,10 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.cells = step_cells(config);
   plan.largest = largest_cell(config);
   plan_previews(plan);
+  for (size_t i = 0; i < config.datasets.size(); ++i)  // AI Toolkit loads them and only Flex.2 reads them
+    if (config.datasets[i].inpaint_path && !plan.family->controls_as_channels(plan.spec))
+      plan.warnings.push_back("datasets[" + std::to_string(i) + "].inpaint_path: " + config.model.arch +
+                              " takes no inpainting input (only Flex.2 does); its images are not read");
   return plan;
 }
 

@@ -535,9 +535,15 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   for (const auto& r : lb.references)
     (spec_.edit ? mb.conditioning.reference_latents : controls).push_back(memory::to_device(r, device_));
   const model::ModelFamily& family = model::family_of(spec_.family);
-  if (family.controls_as_channels(spec_))  // Flex.2: the x0 copy in the compute dtype only where it is used
+  if (family.controls_as_channels(spec_)) {  // Flex.2: the x0 copy in the compute dtype only where it is used
+    // Its inpainting mask: the inpainting images' alpha, else the loss mask (flex2.py:385-388).
+    const torch::Tensor& keep = lb.inpaint_alpha.defined() ? lb.inpaint_alpha : lb.loss_mask;
     mb.conditioning.condition_channels =
-        family.training_condition(spec_, config_.model.model_kwargs, mb.x0.to(plan_.compute_dtype), controls);
+        family.training_condition(spec_, config_.model.model_kwargs, mb.x0.to(plan_.compute_dtype), controls,
+                                  keep.defined() ? memory::to_device(keep, device_) : keep);
+  }
+  if (lb.loss_mask.defined())
+    mb.loss_mask = loss_mask_multiplier(memory::to_device(lb.loss_mask, device_), mb.x0, plan_.compute_dtype);
   mb.noise = torch::randn_like(mb.x0);
   if (config_.train.noise_offset != 0)
     mb.noise =

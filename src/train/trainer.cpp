@@ -180,8 +180,9 @@ void Run::prepare() {
   lo.batch_size = tc.batch_size;
   lo.divisibility = s.spec().divisibility;
   lo.reference_area = s.spec().reference_area;
-  lo.controls_at_bucket = model::family_of(s.spec().family).controls_as_channels(s.spec()) ||
-                          model::trains_references_at_image_size(s.spec());
+  const bool channels = model::family_of(s.spec().family).controls_as_channels(s.spec());
+  lo.controls_at_bucket = channels || model::trains_references_at_image_size(s.spec());
+  lo.inpaint_images = channels;
   lo.text_reads_controls = s.spec().edit;
   lo.seed = s.plan().seed;
   lo.trigger_word = config_.trigger_word;

@@ -205,9 +205,9 @@ TEST(Captions, TriggerDropoutAndShuffleAsAiToolkit) {
 
 TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) {
   std::vector<ImageItem> items;
-  for (int i = 0; i < 5; ++i) items.push_back({"sq" + std::to_string(i), "", 1024, 1024, 0, {}});
-  for (int i = 0; i < 3; ++i) items.push_back({"wide" + std::to_string(i), "", 1536, 1024, 0, {}});
-  items.push_back({"other", "", 512, 512, 1, {}});
+  for (int i = 0; i < 5; ++i) items.push_back({"sq" + std::to_string(i), "", 1024, 1024, 0, {}, {}, {}});
+  for (int i = 0; i < 3; ++i) items.push_back({"wide" + std::to_string(i), "", 1536, 1024, 0, {}, {}, {}});
+  items.push_back({"other", "", 512, 512, 1, {}, {}, {}});
   config::DatasetConfig a, b;
   a.resolution = {512, 1024};
   a.num_repeats = 2;
@@ -240,7 +240,7 @@ TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) 
 // a coin per sample.
 TEST(Dataset, FlipsAddAFlippedCopyOfEveryImage) {
   std::vector<ImageItem> items;
-  for (int i = 0; i < 3; ++i) items.push_back({"sq" + std::to_string(i), "", 512, 512, 0, {}});
+  for (int i = 0; i < 3; ++i) items.push_back({"sq" + std::to_string(i), "", 512, 512, 0, {}, {}, {}});
   config::DatasetConfig d;
   d.resolution = {512};
   d.batch_size = 1;

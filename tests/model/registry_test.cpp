@@ -150,8 +150,8 @@ TEST(Flex2, TrainingInputsAsAiToolkitsConditionNoisyLatents) {
   const torch::Tensor x0 = torch::randn({2, 16, 32, 32});
   const torch::Tensor control = torch::randn({2, 16, 32, 32}), other = torch::randn({2, 16, 32, 32});
   config::ModelKwargs k;
-  EXPECT_FALSE(family.training_condition(spec, k, x0, {}).defined());
-  torch::Tensor c = family.training_condition(spec, k, x0, {control});
+  EXPECT_FALSE(family.training_condition(spec, k, x0, {}, {}).defined());
+  torch::Tensor c = family.training_condition(spec, k, x0, {control}, {});
   ASSERT_EQ(c.sizes(), (std::vector<int64_t>{2, 33, 32, 32}));
   EXPECT_TRUE(torch::equal(c.narrow(1, 0, 16), torch::zeros_like(x0)));
   EXPECT_TRUE(torch::equal(c.narrow(1, 16, 1), torch::ones({2, 1, 32, 32})));
@@ -168,17 +168,18 @@ TEST(Flex2, TrainingInputsAsAiToolkitsConditionNoisyLatents) {
   EXPECT_FALSE(torch::allclose(m->forward(in), plain, 1e-3, 1e-3));
   // control_dropout 1: zeros; several control folders: each chosen, one per batch.
   k.control_dropout = 1.0;
-  EXPECT_TRUE(torch::equal(family.training_condition(spec, k, x0, {control}).narrow(1, 17, 16), torch::zeros_like(x0)));
+  EXPECT_TRUE(
+      torch::equal(family.training_condition(spec, k, x0, {control}, {}).narrow(1, 17, 16), torch::zeros_like(x0)));
   k.control_dropout = 0.0;
   std::set<int> chosen;
   for (int i = 0; i < 20; ++i) {
-    const torch::Tensor ctl = family.training_condition(spec, k, x0, {control, other}).narrow(1, 17, 16);
+    const torch::Tensor ctl = family.training_condition(spec, k, x0, {control, other}, {}).narrow(1, 17, 16);
     chosen.insert(torch::equal(ctl, control) ? 0 : torch::equal(ctl, other) ? 1 : -1);
   }
   EXPECT_EQ(chosen, (std::set<int>{0, 1}));
   // Random inpainting: a binary mask covering part of the image, the latents zeroed where it is 1.
   k.do_random_inpainting = true;
-  c = family.training_condition(spec, k, x0, {});
+  c = family.training_condition(spec, k, x0, {}, {});
   const torch::Tensor mask = c.narrow(1, 16, 1);
   EXPECT_TRUE(torch::equal(mask, mask.round()));
   for (int b = 0; b < 2; ++b) {
@@ -190,28 +191,69 @@ TEST(Flex2, TrainingInputsAsAiToolkitsConditionNoisyLatents) {
   EXPECT_TRUE(torch::equal(c.narrow(1, 17, 16), torch::zeros_like(x0)));
   // invert_inpaint_mask_chance 1 (outpainting): the same draws give the complementary mask.
   torch::manual_seed(5);
-  const torch::Tensor drawn = family.training_condition(spec, k, x0, {}).narrow(1, 16, 1);
+  const torch::Tensor drawn = family.training_condition(spec, k, x0, {}, {}).narrow(1, 16, 1);
   k.invert_inpaint_mask_chance = 1.0;
   torch::manual_seed(5);
-  c = family.training_condition(spec, k, x0, {});
+  c = family.training_condition(spec, k, x0, {}, {});
   EXPECT_TRUE(torch::equal(c.narrow(1, 16, 1), 1 - drawn));
   EXPECT_TRUE(torch::equal(c.narrow(1, 0, 16), x0 * drawn));
   // A blurred mask (half the time) weighs the latents by its values; dilation then moves the mask's edge.
   k.invert_inpaint_mask_chance = 0.0;
   k.random_blur_mask = true;
   for (int i = 0; i < 4; ++i) {
-    c = family.training_condition(spec, k, x0, {});
+    c = family.training_condition(spec, k, x0, {}, {});
     const torch::Tensor m = c.narrow(1, 16, 1);
     EXPECT_TRUE(torch::allclose(c.narrow(1, 0, 16), x0 * (1 - m), 1e-6, 1e-6));
     EXPECT_GE(m.min().item<double>(), -1e-6);
     EXPECT_LE(m.max().item<double>(), 1.0 + 1e-6);
   }
   k.random_dialate_mask = true;
-  c = family.training_condition(spec, k, x0, {});
+  c = family.training_condition(spec, k, x0, {}, {});
   EXPECT_GE(c.narrow(1, 16, 1).min().item<double>(), -1e-6);
   k.inpaint_dropout = 1.0;
-  c = family.training_condition(spec, k, x0, {});
+  c = family.training_condition(spec, k, x0, {}, {});
   EXPECT_TRUE(torch::equal(c.narrow(1, 0, 17), torch::cat({torch::zeros_like(x0), torch::ones({2, 1, 32, 32})}, 1)));
+}
+
+// An inpainting mask from the data (an inpainting image's alpha, else the loss mask): brought to the latents'
+// size (bilinear), the clean latents zeroed where it is 0 and the model told 1 there (flex2.py:383-467); a
+// sample without one (zeros) is inpainted everywhere; inpaint_random_chance 1 replaces it with a random mask,
+// or, without do_random_inpainting, with the no-input default; inpaint_dropout drops it.
+TEST(Flex2, AnInpaintingImagesAlphaZeroesTheLatentsWhereTheModelInpaints) {
+  ModelSpec spec = spec_by_preset("tiny-flux");
+  const ModelFamily& family = family_of(spec.family);
+  spec.extra_input_features = 2 * families_shared::packed_features(spec) + spec.patch * spec.patch;
+  torch::manual_seed(0);
+  const torch::Tensor x0 = torch::randn({2, 16, 32, 32});
+  torch::Tensor keep = torch::ones({2, 1, 256, 256});
+  keep[0].narrow(2, 0, 128).zero_();  // the first inpaints its left half
+  keep[1].zero_();                    // the second has no inpainting image
+  config::ModelKwargs k;
+  torch::Tensor c = family.training_condition(spec, k, x0, {}, keep);
+  ASSERT_TRUE(c.defined());
+  torch::Tensor small = torch::ones({2, 1, 32, 32});
+  small[0].narrow(2, 0, 16).zero_();
+  small[1].zero_();
+  EXPECT_TRUE(torch::equal(c.narrow(1, 16, 1), 1 - small));
+  EXPECT_TRUE(torch::equal(c.narrow(1, 0, 16), x0 * small));
+  EXPECT_TRUE(torch::equal(c.narrow(1, 17, 16), torch::zeros_like(x0)));
+  // A soft edge keeps bilinear's values: half-covered pixels weigh the latents by half.
+  torch::Tensor soft = torch::ones({2, 1, 64, 64});
+  soft.narrow(3, 0, 3).zero_();  // 3 of the first 4 columns: a latent pixel's sample falls between
+  c = family.training_condition(spec, k, x0, {}, soft);
+  namespace F = torch::nn::functional;
+  const torch::Tensor expect = F::interpolate(
+      soft, F::InterpolateFuncOptions().size(std::vector<int64_t>{32, 32}).mode(torch::kBilinear).align_corners(false));
+  EXPECT_TRUE(torch::allclose(c.narrow(1, 16, 1), 1 - expect));
+  EXPECT_GT(expect.select(3, 1).min().item<double>(), 0.0);
+  EXPECT_LT(expect.select(3, 1).max().item<double>(), 1.0);
+  // Replaced: the default without random inpainting; dropped.
+  const torch::Tensor fallback = torch::cat({torch::zeros_like(x0), torch::ones({2, 1, 32, 32})}, 1);
+  k.inpaint_random_chance = 1.0;
+  EXPECT_TRUE(torch::equal(family.training_condition(spec, k, x0, {}, keep).narrow(1, 0, 17), fallback));
+  k.inpaint_random_chance = 0.0;
+  k.inpaint_dropout = 1.0;
+  EXPECT_TRUE(torch::equal(family.training_condition(spec, k, x0, {}, keep).narrow(1, 0, 17), fallback));
 }
 
 }  // namespace

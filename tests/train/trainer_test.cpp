@@ -3,6 +3,7 @@
 #include "gclab/train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <stb/stb_image_write.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -518,6 +519,43 @@ TEST(Session, LossTypeAndNoiseOffsetAsAiToolkit) {
   fs::remove_all(dir);
 }
 
+// A batch's loss masks weigh the loss as SDTrainer's mask_multiplier (SDTrainer.py:1484-1504, 953-959): each
+// brought to the latents' size (nearest), over every channel, divided by the batch's mean — a sample with a
+// zero mask (no mask file beside one that has) does not train.
+TEST(Session, LossMasksWeighTheLossAsAiToolkitsMaskMultiplier) {
+  const fs::path dir = testing::fresh_dir("session_loss_mask");
+  Session session(tiny_config(dir, "m"));
+  data::LoadedBatch lb = session.synthetic_batch(2, 64, 64);
+  lb.loss_mask = torch::zeros({2, 1, 64, 64});
+  lb.loss_mask[0].fill_(1.0);
+  lb.loss_mask[0].narrow(1, 32, 32).fill_(0.25);  // the bottom half at mask_min_value 0.25
+  torch::manual_seed(2);
+  const MicroBatch mb = session.micro_batch(lb);
+  ASSERT_TRUE(mb.loss_mask.defined());
+  ASSERT_EQ(mb.loss_mask.sizes(), mb.x0.sizes());
+  torch::Tensor m = torch::zeros_like(mb.x0);
+  const int64_t h = mb.x0.size(2);
+  m[0].fill_(1.0);
+  m[0].narrow(1, h / 2, h / 2).fill_(0.25);
+  m = m / m.mean();
+  EXPECT_TRUE(torch::allclose(mb.loss_mask, m));
+  torch::Tensor diff;
+  {
+    torch::NoGradGuard no_grad;
+    model::ModelInputs in = mb.conditioning;
+    const torch::Tensor t4 = mb.t.view({-1, 1, 1, 1});
+    in.latents = (1 - t4) * mb.x0 + t4 * mb.noise, in.timestep = mb.t;
+    diff = session.model().forward(in) - (mb.noise - mb.x0);
+  }
+  const StepOptions o;
+  const double masked = flow_matching_loss(session.model(), mb, o).item<double>();
+  EXPECT_NEAR(masked, (diff.square() * m).mean().item<double>(), 1e-6);
+  MicroBatch plain = mb;
+  plain.loss_mask = torch::Tensor();
+  EXPECT_GT(std::abs(flow_matching_loss(session.model(), plain, o).item<double>() - masked), 1e-4);
+  fs::remove_all(dir);
+}
+
 // unload_text_encoder without cached captions, as AI Toolkit runs it: the encoder is gone after the
 // precompute, and every step trains on the trigger word's embedding whatever the captions say.
 TEST(Session, UnloadingTheTextEncoderWithoutCachingTrainsOnTheTriggerWordAsAiToolkit) {
@@ -861,6 +899,34 @@ TEST(Trainer, Flex2TrainsWithItsControlImagesAndModelKwargs) {
   ASSERT_NO_THROW(s = train(tiny_config(dir, "flex2", flex2), {}));
   EXPECT_EQ(s.end_step, 3);
   for (const double loss : s.losses) EXPECT_TRUE(std::isfinite(loss));
+  // Inpainting images (alpha 0 on the left third) and loss masks (dark at the top) beside every image
+  // change what is trained: the same seed, other losses.
+  fs::create_directories(dir / "inpaint");
+  fs::create_directories(dir / "masks");
+  for (const auto& entry : fs::directory_iterator(dir / "data")) {
+    if (entry.path().extension() != ".png") continue;
+    const auto size = data::read_image_size(entry.path());
+    ASSERT_TRUE(size);
+    torch::Tensor rgba = torch::full({size->height, size->width, 4}, 255, torch::kUInt8);
+    rgba.narrow(1, 0, size->width / 3).select(2, 3).fill_(0);
+    const torch::Tensor c = rgba.contiguous();
+    ASSERT_TRUE(stbi_write_png((dir / "inpaint" / entry.path().filename()).c_str(), size->width, size->height, 4,
+                               c.data_ptr<uint8_t>(), size->width * 4));
+    torch::Tensor mask = torch::full({size->height, size->width, 3}, 255, torch::kUInt8);
+    mask.narrow(0, 0, size->height / 4).fill_(30);
+    data::write_png(dir / "masks" / entry.path().filename(), mask);
+  }
+  std::vector<std::string> with = flex2;
+  with.push_back("datasets.0.inpaint_path=" + (dir / "inpaint").string());
+  with.push_back("datasets.0.mask_path=" + (dir / "masks").string());
+  with.push_back("datasets.0.mask_min_value=0.1");
+  TrainSummary inpainted;
+  ASSERT_NO_THROW(inpainted = train(tiny_config(dir, "flex2_inpaint", with), {}));
+  ASSERT_EQ(inpainted.losses.size(), s.losses.size());
+  for (size_t i = 0; i < s.losses.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(inpainted.losses[i]));
+    EXPECT_NE(inpainted.losses[i], s.losses[i]) << "step " << i + 1;
+  }
   // The same config for another arch: the keys are Flex.2's, said to do nothing there.
   const auto other = model::load_config_text(
       "name: x\nmodel: {arch: flux, model_kwargs: {control_dropout: 0.5}}\n"

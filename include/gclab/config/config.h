@@ -98,6 +98,15 @@ struct DatasetConfig {
   bool cache_text_embeddings = false;
   std::optional<int> batch_size;  // gclab: per-dataset batch size override
   std::vector<std::string> control_path;
+  // Flex.2's inpainting images: the same-named RGBA .png / .webp, alpha 0 where the model learns to inpaint
+  // (toolkit/config_modules.py:986-988).
+  std::optional<std::string> inpaint_path;
+  // The loss mask: the same-named image in mask_path (white: the loss counts), or the image's own alpha
+  // (alpha_mask); invert_mask inverts it, mask_min_value is its floor (config_modules.py:989-997).
+  std::optional<std::string> mask_path;
+  bool alpha_mask = false;
+  bool invert_mask = false;
+  double mask_min_value = 0.0;
   bool is_reg = false;
 
   template <class V>
@@ -119,6 +128,11 @@ struct DatasetConfig {
     v("cache_text_embeddings", cache_text_embeddings);
     v("batch_size", batch_size);
     v("control_path", control_path);
+    v("inpaint_path", inpaint_path);
+    v("mask_path", mask_path);
+    v("alpha_mask", alpha_mask);
+    v("invert_mask", invert_mask);
+    v("mask_min_value", mask_min_value);
     v("is_reg", is_reg);
     v.ignore({"type",
               "dataset_path",
@@ -132,13 +146,8 @@ struct DatasetConfig {
               "token_dropout_rate",
               "augments",
               "control_transparent_color",
-              "inpaint_path",
               "full_size_control_images",
-              "alpha_mask",
-              "mask_path",
               "unconditional_path",
-              "invert_mask",
-              "mask_min_value",
               "poi",
               "use_short_captions",
               "cache_clip_vision_to_disk",

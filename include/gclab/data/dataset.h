@@ -27,18 +27,24 @@ struct ImageItem {
   int width = 0, height = 0;
   int dataset = 0;                              // index in the config's datasets
   std::vector<std::filesystem::path> controls;  // edit models: the same-named image in each control_path
+  std::filesystem::path inpaint;                // inpaint_path's same-named .png / .webp (empty: none)
+  std::filesystem::path mask;  // the loss mask: mask_path's same-named image, or the image (alpha_mask)
 };
 
 struct ScanResult {
   std::vector<ImageItem> items;
   std::vector<std::string> warnings;  // one per skipped or repaired file
   int skipped_images = 0;             // unreadable or corrupt
+  int without_inpaint = 0;            // inpaint_path given, no file for the image: zeros beside images that have one
+  int without_mask = 0;               // mask_path given, no file for the image: a zero mask beside images that have one
   int uncaptioned = 0;  // no caption file and no default_caption: trained on '' (+ the trigger), as AI Toolkit
 };
 
 // Lists the folder's images (sorted by name) and reads their sizes from headers and their captions; with
 // control_path, each image's same-named control image (any image extension) must exist in every
-// control folder, or the image is skipped with a warning.
+// control folder, or the image is skipped with a warning. The inpainting image and the loss mask are found as
+// AI Toolkit finds them (dataloader_mixins.py:1000-1013, 1566-1580): an image without one has none; with
+// alpha_mask an image without an alpha channel is a DataError (AI Toolkit fails on it when it loads).
 // A missing folder or one without usable images is a DataError; unreadable files are skipped with a
 // warning each.
 ScanResult scan_dataset(const config::DatasetConfig& dataset, int index);

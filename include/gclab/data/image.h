@@ -29,6 +29,20 @@ std::optional<ImageSize> read_image_size(const std::filesystem::path& path, std:
 torch::Tensor decode_image_rgb(const std::filesystem::path& path);
 // uint8 [H, W, 3] resized to width x height (stb_image_resize, a filter suited to downscaling).
 torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height);
+// The same for uint8 [H, W, C] of 1 to 4 channels, each resized on its own (masks, alpha).
+torch::Tensor resize_pixels(const torch::Tensor& image, int width, int height);
+
+// Whether PIL opens the file in mode RGBA (a PNG of colour type 6, a WebP with alpha; never a JPEG, a grey +
+// alpha or a palette PNG), from its header: AI Toolkit's inpainting images and alpha_mask need that mode.
+bool opens_as_rgba(const std::filesystem::path& path);
+// Such a file's pixels, uint8 [H, W, 4]. Throws ImageError for a file that does not decode or is not RGBA.
+torch::Tensor decode_image_rgba(const std::filesystem::path& path);
+// PIL's ImageFilter.GaussianBlur(radius) on uint8 [H, W, C]: three extended box blurs each way of the box
+// radius PIL derives from it (libImaging's ImagingGaussianBlur / ImagingBoxBlur), each channel on its own,
+// to the byte. radius 0 returns the image.
+torch::Tensor pil_gaussian_blur(const torch::Tensor& image, double radius);
+// PIL's convert('L') of uint8 [H, W, 3]: (19595 R + 38470 G + 7471 B + 2^15) >> 16, as uint8 [H, W, 1].
+torch::Tensor pil_luminance(const torch::Tensor& rgb);
 
 // uint8 [H, W, 3] <-> float [3, H, W] in [-1, 1] (what the autoencoders take and give); to_rgb_uint8 holds
 // one float copy of the image and the uint8 result (to_rgb_uint8_bytes) above its input.

@@ -72,6 +72,13 @@ struct LoadedBatch {
   // or for a synthetic batch the control images themselves ([3, H, W] in [0, 1]).
   std::vector<std::vector<std::filesystem::path>> control_files;
   std::vector<text::ConditionImages> control_images;
+  // Flex.2's inpainting images (LoaderOptions::inpaint_images): each sample's alpha, [B, 1, H, W] float32 in
+  // [0, 1], 0 where the model inpaints; zeros for a sample without one; undefined when no sample has one
+  // (DataLoaderBatchDTO's inpaint_tensor, toolkit/data_transfer_object/data_loader.py:358-373).
+  torch::Tensor inpaint_alpha;
+  // The loss masks (mask_path / alpha_mask): [B, 1, H, W] float32 in [mask_min_value, 1], zeros for a sample
+  // without one; undefined when no sample has one (its mask_tensor, data_loader.py:399-412).
+  torch::Tensor loss_mask;
   // Where the session puts the latents it encodes (one slot per sample), and the caches they go to.
   std::vector<LatentSlot> slots;
   std::shared_ptr<LatentCache> cache;
@@ -87,6 +94,8 @@ struct LoaderOptions {
   bool controls_at_bucket = false;
   // The text encoder reads each sample's control files too (edit models, through the vision tower).
   bool text_reads_controls = false;
+  // The datasets' inpaint_path images are read (Flex.2's: ModelFamily::controls_as_channels).
+  bool inpaint_images = false;
   uint64_t seed = 0;
   std::optional<std::string> trigger_word;  // the process's; a dataset's own wins
   int prefetch = 3;
@@ -125,9 +134,13 @@ class BatchLoader {
   struct Sample {
     torch::Tensor latents;  // [C, h, w] when cached or encoded here
     torch::Tensor image;    // [3, H, W] otherwise
+    torch::Tensor inpaint;  // [1, H, W] its inpainting image's alpha (undefined: none)
+    torch::Tensor mask;     // [1, H, W] its loss mask (undefined: none)
     LatentSlot slot;
   };
-  Sample load_sample(const PlannedSample& s);
+  // The sample's latents or image, and the images beside it; an unusable image or mask is an ImageError
+  // (an unusable inpainting image is a warning: the sample has none, as in AI Toolkit). `rng`: the mask's blur.
+  Sample load_sample(const PlannedSample& s, std::mt19937_64& rng);
   LatentSlot slot_for(const PlannedSample& s) const;
   torch::Tensor sample_image(const PlannedSample& s) const;
   PlannedSample replacement_for(int64_t epoch, const Batch& batch, const PlannedSample& bad) const;

@@ -96,11 +96,13 @@ class ModelFamily {
   // training image's size every step, flex2.py:513-521) rather than as reference tokens (spec.edit).
   virtual bool controls_as_channels(const ModelSpec& /*spec*/) const { return false; }
   // The channels it concatenates on the noisy latents in training (AI Toolkit's condition_noisy_latents),
-  // from the clean latents `x0` (in the compute dtype) and the batch's encoded control latents (one per
-  // control folder; empty: none), drawing from torch's generator; undefined: none.
+  // from the clean latents `x0` (in the compute dtype), the batch's encoded control latents (one per
+  // control folder; empty: none) and its inpainting mask `keep` ([B, 1, H, W] in pixels, 1 where the image
+  // is kept: the inpainting images' alpha, else the loss mask; undefined: none), drawing from torch's
+  // generator; undefined: none.
   virtual torch::Tensor training_condition(const ModelSpec& /*spec*/, const config::ModelKwargs& /*kwargs*/,
-                                           const torch::Tensor& /*x0*/,
-                                           const std::vector<torch::Tensor>& /*controls*/) const {
+                                           const torch::Tensor& /*x0*/, const std::vector<torch::Tensor>& /*controls*/,
+                                           const torch::Tensor& /*keep*/) const {
     return {};
   }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.

@@ -16,6 +16,8 @@ namespace gclab::train {
 struct MicroBatch {
   torch::Tensor x0, noise, t;
   torch::Tensor weight;  // per-sample loss weights (train/timesteps.h); undefined: all 1
+  // Per-element loss weights from the loss masks (loss_mask_multiplier), as x0; undefined: none.
+  torch::Tensor loss_mask;
   // timestep_type next_sample (SDTrainer's next_sample branch): a no-grad prediction at t steps x_t to next_t
   // (Euler), the noise that step implies becomes the target's, and the loss trains at next_t.
   torch::Tensor next_t;
@@ -31,6 +33,11 @@ struct StepOptions {
   // 916; stable_diffusion_model.py predict_noise).
   torch::ScalarType dtype = torch::kFloat;
 };
+
+// SDTrainer's mask_multiplier (SDTrainer.py:1484-1504) from the batch's loss masks ([B, 1, H, W] on the
+// device): in float16 brought to the latents' size (nearest), expanded over their channels, cast to `dtype`
+// and divided by its mean.
+torch::Tensor loss_mask_multiplier(const torch::Tensor& masks, const torch::Tensor& x0, torch::ScalarType dtype);
 
 // The micro-batch's loss (forward only; call backward on it). loss_scale is not applied.
 torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const MicroBatch& batch,

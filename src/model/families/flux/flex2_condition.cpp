@@ -123,17 +123,22 @@ torch::Tensor random_dilate(const torch::Tensor& mask) {
 }  // namespace
 
 torch::Tensor flex2_condition(const config::ModelKwargs& k, const torch::Tensor& x0,
-                              const std::vector<torch::Tensor>& controls) {
+                              const std::vector<torch::Tensor>& controls, const torch::Tensor& keep_image) {
   torch::NoGradGuard no_grad;
   const int64_t batch = x0.size(0), h = x0.size(2), w = x0.size(3);
-  // Inpainting (flex2.py:383-467). gclab reads no inpaint_path / mask_path images: the inpainting tensor is
-  // a random one or none.
+  // Inpainting (flex2.py:383-467): the batch's mask (its inpainting images' alpha, else its loss mask), none
+  // when inpaint_random_chance says so, a random one when there is none and do_random_inpainting asks.
   const bool inpaint_dropout = happens(k.inpaint_dropout);
-  if (k.inpaint_random_chance > 0.0) happens(k.inpaint_random_chance);  // "force a random tensor": none here
+  torch::Tensor keep;  // 1: keep, 0: inpaint, at the latents' size
+  if (keep_image.defined())
+    keep = F::interpolate(
+        keep_image.to(x0.device(), x0.scalar_type()),
+        F::InterpolateFuncOptions().size(std::vector<int64_t>{h, w}).mode(torch::kBilinear).align_corners(false));
+  if (happens(k.inpaint_random_chance)) keep = torch::Tensor();  // "force a random tensor"
+  if (!keep.defined() && !inpaint_dropout && k.do_random_inpainting)
+    keep = (1 - random_blob_mask(batch, h, w, x0.device())).to(x0.scalar_type());
   torch::Tensor inpaint;
-  if (!inpaint_dropout && k.do_random_inpainting) {
-    torch::Tensor keep = 1 - random_blob_mask(batch, h, w, x0.device());  // 1: keep, 0: inpaint
-    keep = keep.to(x0.scalar_type());
+  if (keep.defined() && !inpaint_dropout) {
     if (k.random_blur_mask) keep = random_blur(keep);
     if (happens(k.invert_inpaint_mask_chance)) keep = 1 - keep;
     const torch::Tensor masked = x0 * keep;  // the latents zeroed where the model inpaints

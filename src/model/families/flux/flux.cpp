@@ -52,12 +52,13 @@ class Flux final : public ModelFamily {
   bool controls_as_channels(const ModelSpec& spec) const override {
     return spec.extra_input_features == 2 * families_shared::packed_features(spec) + spec.patch * spec.patch;
   }
-  // Flex2.condition_noisy_latents (flex2_condition.cpp). With no control latents and no random inpainting
-  // its inputs are the transformer's default (zeros, a mask of ones, zeros): left to it.
+  // Flex2.condition_noisy_latents (flex2_condition.cpp). With no control latents, no inpainting mask and no
+  // random inpainting its inputs are the transformer's default (zeros, a mask of ones, zeros): left to it.
   torch::Tensor training_condition(const ModelSpec& spec, const config::ModelKwargs& k, const torch::Tensor& x0,
-                                   const std::vector<torch::Tensor>& controls) const override {
-    if (!controls_as_channels(spec) || (controls.empty() && !k.do_random_inpainting)) return {};
-    return flux::flex2_condition(k, x0, controls);
+                                   const std::vector<torch::Tensor>& controls,
+                                   const torch::Tensor& keep) const override {
+    if (!controls_as_channels(spec) || (controls.empty() && !keep.defined() && !k.do_random_inpainting)) return {};
+    return flux::flex2_condition(k, x0, controls, keep);
   }
   std::string base_model_version(const std::string& arch) const override {
     return arch == "flex2" ? "flex2" : "flux.1";
