@@ -869,9 +869,10 @@ class Validator {
         number(item.network_multiplier);
       } else if (flag == "ctrl_img") {
         item.ctrl_img = value;
+      } else if (flag == "ctrl_idx") {
+        number(item.ctrl_idx);
       } else if (flag == "p2" || flag == "n2" || flag == "gr" || flag == "a" || flag == "ref" || flag == "ev" ||
-                 flag == "extra_values" || flag == "frames" || flag == "num_frames" || flag == "fps" ||
-                 flag == "ctrl_idx") {
+                 flag == "extra_values" || flag == "frames" || flag == "num_frames" || flag == "fps") {
         warning(where, "--" + flag + " is an AI Toolkit prompt flag gclab does not act on (SDXL, adapters, video)");
       } else {
         warning(where, "--" + flag + " is not a prompt flag AI Toolkit knows; ignored, as AI Toolkit ignores it");

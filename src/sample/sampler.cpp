@@ -51,7 +51,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
     if (mode == Guidance::Embedded)
       in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
     // No autocast: the model computes in its weights' dtype on inputs cast to it, as AI Toolkit runs it.
-    for (torch::Tensor* t : {&in.text, &in.pooled})
+    for (torch::Tensor* t : {&in.text, &in.pooled, &in.condition_channels})
       if (t->defined()) *t = t->to(o.dtype);
     for (auto& r : in.reference_latents) r = r.to(o.dtype);
     return model.forward(in).narrow(1, 0, spec.latent_channels);
@@ -78,6 +78,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
         in.text = cat(cond.text, uncond.text);
         in.pooled = cat(cond.pooled, uncond.pooled);
         in.class_labels = cat(cond.class_labels, uncond.class_labels);
+        in.condition_channels = cat(cond.condition_channels, uncond.condition_channels);
         const torch::Tensor both = predict(in, torch::cat({x, x}, 0), t);
         vc = both[0].unsqueeze(0), vu = both[1].unsqueeze(0);
       } else {

@@ -154,6 +154,16 @@ void plan_previews(RunPlan& plan) {
           plan.warnings.push_back("sample: ctrl_img " + f + " is not a file; the prompt '" + p.prompt +
                                   "' is previewed without it");
       }
+    } else if (p.ctrl_img && plan.family->controls_as_channels(plan.spec)) {
+      // Flex.2's generate_single_image reads ctrl_img (flex2.py:231-251), not ctrl_img_1..3.
+      std::error_code ec;
+      if (fs::is_regular_file(*p.ctrl_img, ec)) {
+        plan.family->check_preview_control(plan.spec, *p.ctrl_img, p.ctrl_idx.value_or(0));
+        files.emplace_back(*p.ctrl_img);
+      } else {
+        plan.warnings.push_back("sample: ctrl_img " + *p.ctrl_img + " is not a file; the prompt '" + p.prompt +
+                                "' is previewed without it");
+      }
     } else if (!p.control_images().empty()) {  // Qwen-Image's own generate_single_image raises on one
       plan.warnings.push_back("sample: the prompt '" + p.prompt + "' names a ctrl_img; " + c.model.arch +
                               "'s previews in gclab do not read one, and it is left out");

@@ -200,25 +200,25 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     // uint8 image), whichever is higher.
     p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
                               int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
-    // Edit models: each control image (a file) encoded at the reference area (preview_reference_size), its
-    // image beside.
+    // Each control image (a file) encoded, its image beside: an edit model's at the reference area
+    // (preview_reference_size), Flex.2's at the preview's own size (its pipeline's prepare_image).
     const auto& files = session.plan().preview_controls;
     const auto& items = session.plan().previews;
-    if (e.spec.edit)
-      for (size_t i = 0; i < files.size(); ++i)
-        for (const auto& f : files[i])
-          if (const auto size = data::read_image_size(f)) {
-            const data::BucketResolution ref =
-                preview_reference_size(e.spec, {size->width, size->height}, items[i].width.value_or(sc.width) / d * d,
-                                       items[i].height.value_or(sc.height) / d * d);
-            p.reference_encode_bytes = std::max(p.reference_encode_bytes,
-                                                int64_t{4} * 3 * ref.height * ref.width +
-                                                    session.codec_spec().encode_bytes(1, ref.height, ref.width, !cuda));
-          }
+    for (size_t i = 0; i < files.size(); ++i)
+      for (const auto& f : files[i])
+        if (const auto size = data::read_image_size(f)) {
+          const int w = items[i].width.value_or(sc.width) / d * d, h = items[i].height.value_or(sc.height) / d * d;
+          const data::BucketResolution ref = e.spec.edit
+                                                 ? preview_reference_size(e.spec, {size->width, size->height}, w, h)
+                                                 : data::BucketResolution{w, h};
+          p.reference_encode_bytes = std::max(p.reference_encode_bytes,
+                                              int64_t{4} * 3 * ref.height * ref.width +
+                                                  session.codec_spec().encode_bytes(1, ref.height, ref.width, !cuda));
+        }
     // Without cached prompts the preview encodes each prompt (and its negative) with its control images.
     if (prompts && e.text && e.text->every_step)
       for (size_t i = 0; i < sc.samples.size(); ++i) {
-        const text::ConditionImages conditions = image_shapes(files.at(i));
+        const text::ConditionImages conditions = e.spec.edit ? image_shapes(files.at(i)) : text::ConditionImages{};
         for (const std::string& prompt : {sc.samples[i].prompt, sc.samples[i].neg.value_or(sc.neg)})
           p.text_encode_bytes =
               std::max(p.text_encode_bytes, prompts->predict_encode(prompt, conditions, kernels).peak_bytes);

@@ -688,11 +688,15 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     so.cfg_norm = plan_.family->preview_cfg_norm(spec_, sc.do_cfg_norm);
     const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
     // Each prompt with its control images, as the edit pipelines encode it.
+    const std::vector<fs::path> read = spec_.edit ? controls : std::vector<fs::path>{};
     if (text_->encoder()) current_activity_ = Activity::text_encode;  // not cached: encoded here
-    auto cond = conditioning({data::Caption{item.prompt, controls, {}, {}}});
-    auto uncond = conditioning({data::Caption{item.neg.value_or(sc.neg), controls, {}, {}}});
+    auto cond = conditioning({data::Caption{item.prompt, read, {}, {}}});
+    auto uncond = conditioning({data::Caption{item.neg.value_or(sc.neg), read, {}, {}}});
     current_activity_ = Activity::model;
     cond.reference_latents = uncond.reference_latents = preview_references(controls, so.width, so.height);
+    if (!spec_.edit && !controls.empty())  // Flex.2: its ctrl_img as the channels beside the latents
+      cond.condition_channels = uncond.condition_channels =
+          preview_condition(controls.front(), item.ctrl_idx.value_or(0), so.width, so.height);
     // The item's network_multiplier on every adapter while it denoises (stable_diffusion_model.py:1440-1441:
     // network.multiplier = gen_config.network_multiplier), 1 again after, however the sampling ends.
     torch::Tensor z;
@@ -755,6 +759,16 @@ std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::pat
     torch::NoGradGuard no_grad;
     out.push_back(codec().encode(load_preview_reference(spec_, f, width, height).unsqueeze(0)).to(device_));
   }
+  current_activity_ = Activity::model;
+  return out;
+}
+
+torch::Tensor Session::preview_condition(const fs::path& control, int index, int width, int height) {
+  if (!codec_) return {};
+  current_activity_ = Activity::vae_encode;
+  CodecOnDevice on_device(codec());
+  torch::Tensor out = plan_.family->preview_condition(
+      spec_, control, index, width, height, [&](const torch::Tensor& x) { return codec().encode(x).to(device_); });
   current_activity_ = Activity::model;
   return out;
 }

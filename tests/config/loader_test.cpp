@@ -129,7 +129,7 @@ TEST(ConfigLoader, AdafactorAndProdigyTakeTheirOwnParameters) {
 TEST(ConfigLoader, SamplePromptFlagsSetTheItemAsInAiToolkit) {
   const auto r = load(kMinimal, {R"(sample={width: 512, height: 512, sample_steps: 20, guidance_scale: 4, samples: [
       {prompt: "a cat on a mat --w 128 --h 192 --seed 7 --cfg 2.5 --steps 3 --n blurry, dark"},
-      {prompt: "a dog --d 11 --l 1.5 --s 4 --m 0.5 --frames 9"}, {prompt: "plain"}]})"});
+      {prompt: "a dog --d 11 --l 1.5 --s 4 --m 0.5 --frames 9 --ctrl_img pose.png --ctrl_idx 1"}, {prompt: "plain"}]})"});
   ASSERT_TRUE(r.ok()) << all_messages(r);
   const auto& items = r.config->sample->samples;
   ASSERT_EQ(items.size(), 3u);
@@ -148,6 +148,9 @@ TEST(ConfigLoader, SamplePromptFlagsSetTheItemAsInAiToolkit) {
   EXPECT_EQ(items[1].network_multiplier, 0.5);
   EXPECT_EQ(items[1].width, 512);  // the block's
   EXPECT_TRUE(r.diagnostics.mentions("--frames is an AI Toolkit prompt flag gclab does not act on"));
+  EXPECT_EQ(items[1].ctrl_img, "pose.png");
+  EXPECT_EQ(items[1].ctrl_idx, 1);
+  EXPECT_FALSE(items[0].ctrl_idx);
   EXPECT_EQ(items[2].prompt, "plain");
   EXPECT_TRUE(load(kMinimal, {R"(sample={samples: [{prompt: "x --w wide"}]})"})
                   .diagnostics.mentions("--w needs a number, got 'wide'"));

@@ -3,6 +3,7 @@
 #include "gclab/model/registry.h"
 
 #include <gtest/gtest.h>
+#include <stb/stb_image_write.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,9 @@
 #include <sstream>
 #include <tuple>
 
+#include "../support/test_util.h"
+#include "gclab/config/user_error.h"
+#include "gclab/data/image.h"
 #include "gclab/model/diffusers_config.h"
 
 namespace gclab::model {
@@ -254,6 +258,62 @@ TEST(Flex2, AnInpaintingImagesAlphaZeroesTheLatentsWhereTheModelInpaints) {
   k.inpaint_random_chance = 0.0;
   k.inpaint_dropout = 1.0;
   EXPECT_TRUE(torch::equal(family.training_condition(spec, k, x0, {}, keep).narrow(1, 0, 17), fallback));
+}
+
+// A Flex.2 preview's ctrl_img as its Flex2Pipeline takes it (flex2.py:231-251, pipeline.py:182-290): an RGB
+// (or RGBA, alpha dropped) image is the control, replacing slot 1's zeros with its latents; an RGBA image
+// named *.inpaint.* is the inpainting input, slot 0: its latents times the alpha at the latents' size and
+// 1 - alpha. Where AI Toolkit would fail at the preview (the wrong ctrl_idx for the image, an inpainting
+// name without alpha) the run is refused up front, the fix named.
+TEST(Flex2, PreviewControlImagesAsAiToolkitsFlex2Pipeline) {
+  ModelSpec spec = spec_by_preset("tiny-flux");
+  const ModelFamily& family = family_of(spec.family);
+  spec.extra_input_features = 2 * families_shared::packed_features(spec) + spec.patch * spec.patch;
+  const fs::path dir = testing::fresh_dir("flex2_preview_control");
+  torch::manual_seed(4);
+  const torch::Tensor rgb = torch::randint(0, 256, {48, 64, 3}).to(torch::kUInt8);
+  data::write_png(dir / "pose.png", rgb);
+  torch::Tensor rgba = torch::cat({rgb, torch::full({48, 64, 1}, 255, torch::kUInt8)}, 2);
+  rgba.narrow(1, 32, 32).select(2, 3).fill_(0);  // inpaint the right half
+  rgba = rgba.contiguous();
+  ASSERT_TRUE(stbi_write_png((dir / "photo.inpaint.png").c_str(), 64, 48, 4, rgba.data_ptr<uint8_t>(), 64 * 4));
+  data::write_png(dir / "flat.inpaint.png", rgb);
+  // The stand-in encoder: 8x8 means, the channels repeated (16 latent channels).
+  int encoded = 0;
+  const auto encode = [&](const torch::Tensor& x) {
+    ++encoded;
+    EXPECT_EQ(x.sizes(), (std::vector<int64_t>{1, 3, 48, 64}));
+    return torch::avg_pool2d(x, 8).repeat({1, 6, 1, 1}).narrow(1, 0, 16);
+  };
+  const torch::Tensor z = encode(data::to_unit_range(rgb).unsqueeze(0));
+  const torch::Tensor control = family.preview_condition(spec, dir / "pose.png", 1, 64, 48, encode);
+  ASSERT_EQ(control.sizes(), (std::vector<int64_t>{1, 33, 6, 8}));
+  EXPECT_TRUE(torch::equal(control.narrow(1, 0, 16), torch::zeros_like(z)));
+  EXPECT_TRUE(torch::equal(control.narrow(1, 16, 1), torch::ones({1, 1, 6, 8})));
+  EXPECT_TRUE(torch::allclose(control.narrow(1, 17, 16), z));
+  const torch::Tensor inpaint = family.preview_condition(spec, dir / "photo.inpaint.png", 0, 64, 48, encode);
+  torch::Tensor keep = torch::ones({1, 1, 6, 8});
+  keep.narrow(3, 4, 4).zero_();
+  EXPECT_TRUE(torch::allclose(inpaint.narrow(1, 0, 16), z * keep));
+  EXPECT_TRUE(torch::allclose(inpaint.narrow(1, 16, 1), 1 - keep));
+  EXPECT_TRUE(torch::equal(inpaint.narrow(1, 17, 16), torch::zeros_like(z)));
+  EXPECT_EQ(encoded, 3);
+  // What AI Toolkit fails on, refused by name with the fix.
+  auto refused = [&](const fs::path& f, int index, const std::string& says) {
+    try {
+      family.check_preview_control(spec, f, index);
+      ADD_FAILURE() << f << " at " << index;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused(dir / "pose.png", 0, "--ctrl_idx 1");
+  refused(dir / "photo.inpaint.png", 1, "--ctrl_idx 0");
+  refused(dir / "flat.inpaint.png", 0, "no alpha channel");
+  EXPECT_NO_THROW(family.check_preview_control(spec, dir / "pose.png", 1));
+  // Other archs take none.
+  EXPECT_FALSE(family.preview_condition(spec_by_preset("tiny-flux"), dir / "pose.png", 1, 64, 48, encode).defined());
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -916,6 +916,27 @@ TEST(Trainer, Flex2TrainsWithItsControlImagesAndModelKwargs) {
     mask.narrow(0, 0, size->height / 4).fill_(30);
     data::write_png(dir / "masks" / entry.path().filename(), mask);
   }
+  // Previews with a ctrl_img: a control (ctrl_idx 1) and an inpainting image (the default slot 0) each
+  // change the picture; a control at the default slot is refused before anything runs.
+  {
+    const fs::directory_entry first = *std::find_if(fs::directory_iterator(dir / "inpaint"), fs::directory_iterator(),
+                                                    [](const auto& e) { return e.path().extension() == ".png"; });
+    fs::copy_file(first.path(), dir / "subject.inpaint.png");
+    std::vector<std::string> previews = flex2;
+    const std::string control = (dir / "controls" / first.path().filename()).string();
+    previews.insert(previews.end(),
+                    {"sample.sample_steps=2", "sample.width=64", "sample.height=64", "train.disable_sampling=false",
+                     "sample.samples=[{prompt: 'a'}, {prompt: 'a', ctrl_img: '" + control +
+                         "', ctrl_idx: 1}, {prompt: 'a --ctrl_img " + (dir / "subject.inpaint.png").string() + "'}]"});
+    Session session(tiny_config(dir, "flex2_previews", previews));
+    const auto files = session.sample(0, dir / "previews");
+    ASSERT_EQ(files.size(), 3u);
+    const torch::Tensor plain = data::decode_image_rgb(files[0]);
+    EXPECT_FALSE(torch::equal(data::decode_image_rgb(files[1]), plain));
+    EXPECT_FALSE(torch::equal(data::decode_image_rgb(files[2]), plain));
+    previews.back() = "sample.samples=[{prompt: 'a', ctrl_img: '" + control + "'}]";
+    EXPECT_THROW(Session(tiny_config(dir, "flex2_refused", previews)), UserError);
+  }
   std::vector<std::string> with = flex2;
   with.push_back("datasets.0.inpaint_path=" + (dir / "inpaint").string());
   with.push_back("datasets.0.mask_path=" + (dir / "masks").string());

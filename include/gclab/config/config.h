@@ -532,6 +532,9 @@ struct SampleItem {
   std::optional<std::string> ctrl_img_2;
   std::optional<std::string> ctrl_img_3;
   std::optional<double> network_multiplier;
+  // Which of Flex.2's preview inputs ctrl_img replaces: 0 the inpainting latents and mask (AI Toolkit's
+  // default), 1 the control latents (config_modules.py:61; flex2.py:251).
+  std::optional<int> ctrl_idx;
 
   // The control images an edit model's preview reads, in AI Toolkit's order (qwen_image_edit_plus.py
   // generate_single_image): ctrl_img, else ctrl_img_1; then ctrl_img_2 and ctrl_img_3.
@@ -556,7 +559,8 @@ struct SampleItem {
     v("ctrl_img_2", ctrl_img_2);
     v("ctrl_img_3", ctrl_img_3);
     v("network_multiplier", network_multiplier);
-    v.ignore({"ctrl_idx", "fps", "num_frames"});
+    v("ctrl_idx", ctrl_idx);
+    v.ignore({"fps", "num_frames"});
   }
 };
 

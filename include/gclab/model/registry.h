@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -103,6 +105,18 @@ class ModelFamily {
   virtual torch::Tensor training_condition(const ModelSpec& /*spec*/, const config::ModelKwargs& /*kwargs*/,
                                            const torch::Tensor& /*x0*/, const std::vector<torch::Tensor>& /*controls*/,
                                            const torch::Tensor& /*keep*/) const {
+    return {};
+  }
+  // A preview's ctrl_img taken as channels beside the latents (Flex.2's pipeline): refuses, when the run is
+  // planned, what AI Toolkit's pipeline would fail on at the preview (a UserError naming the file and the
+  // fix); `index` is the prompt's ctrl_idx.
+  virtual void check_preview_control(const ModelSpec& /*spec*/, const std::filesystem::path& /*file*/,
+                                     int /*index*/) const {}
+  // Those channels for a preview of width x height from ctrl_img `file` at slot `index`, `encode` taking
+  // [1, 3, H, W] in [-1, 1] to latents on the device; undefined: the arch's previews take none.
+  virtual torch::Tensor preview_condition(const ModelSpec& /*spec*/, const std::filesystem::path& /*file*/,
+                                          int /*index*/, int /*width*/, int /*height*/,
+                                          const std::function<torch::Tensor(const torch::Tensor&)>& /*encode*/) const {
     return {};
   }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.

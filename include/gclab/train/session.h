@@ -187,6 +187,9 @@ class Session {
   // (load_preview_reference).
   std::vector<torch::Tensor> preview_references(const std::vector<std::filesystem::path>& controls, int width,
                                                 int height);
+  // Flex.2: a preview's ctrl_img encoded at the preview's size into the channels beside its latents (the
+  // family's preview_condition), at slot `index` (the prompt's ctrl_idx).
+  torch::Tensor preview_condition(const std::filesystem::path& control, int index, int width, int height);
 
   ResidentBytes resident() const;
   // What loading the model held (train/loading.h): predicted from the steps AI Toolkit's loader takes, and

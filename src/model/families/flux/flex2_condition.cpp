@@ -4,6 +4,9 @@
 // The draws come from torch's generator (the run's), where AI Toolkit draws from Python's and NumPy's.
 #include "model/families/flux/flex2_condition.h"
 
+#include "gclab/config/user_error.h"
+#include "gclab/data/image.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -156,6 +159,58 @@ torch::Tensor flex2_condition(const config::ModelKwargs& k, const torch::Tensor&
   else
     control = controls.at(static_cast<size_t>(randint(0, static_cast<int64_t>(controls.size())))).to(x0.options());
   return torch::cat({inpaint, control}, 1);
+}
+
+namespace {
+
+// generate_single_image's test (flex2.py:236): the file's name says it is an inpainting image.
+bool names_inpainting(const std::filesystem::path& file) {
+  return file.filename().string().find(".inpaint.") != std::string::npos;
+}
+
+}  // namespace
+
+void check_flex2_preview_control(const std::filesystem::path& file, int index) {
+  const bool inpaint = names_inpainting(file);
+  if (inpaint && !data::opens_as_rgba(file))
+    throw UserError("sample: ctrl_img " + file.string() +
+                    " is named as an inpainting image (.inpaint.) but has no alpha channel; Flex.2's preview "
+                    "refuses it (flex2.py:238-240). Give it an alpha (0 where the model inpaints) or rename it.");
+  const int slot = inpaint ? 0 : 1;  // the pipeline's control_image_list: [inpainting, control]
+  if (index != slot)
+    throw UserError("sample: ctrl_img " + file.string() + " is " +
+                    (inpaint ? "an inpainting image (slot 0)" : "a control image (slot 1)") + " but ctrl_idx is " +
+                    std::to_string(index) + (index == 0 ? " (the default)" : "") +
+                    ": Flex.2's pipeline would put it where its transformer takes " +
+                    (index == 0   ? "the inpainting latents and mask"
+                     : index == 1 ? "the control latents"
+                                  : "nothing") +
+                    " and fail at the first preview. Give the prompt --ctrl_idx " + std::to_string(slot) +
+                    " (or ctrl_idx: " + std::to_string(slot) + " in its sample item).");
+}
+
+torch::Tensor flex2_preview_condition(const std::filesystem::path& file, int index, int width, int height,
+                                      const std::function<torch::Tensor(const torch::Tensor&)>& encode) {
+  torch::NoGradGuard no_grad;
+  check_flex2_preview_control(file, index);
+  const bool inpaint = names_inpainting(file);
+  const torch::Tensor pixels = inpaint ? data::decode_image_rgba(file) : data::decode_image_rgb(file);
+  // prepare_image: resized to the preview's size, in [-1, 1] (diffusers' VaeImageProcessor.preprocess).
+  const torch::Tensor rgb = data::resize_rgb(pixels.narrow(2, 0, 3).contiguous(), width, height);
+  const torch::Tensor z = encode(data::to_unit_range(rgb).unsqueeze(0));
+  const int64_t h = z.size(2), w = z.size(3);
+  std::vector<torch::Tensor> slots = {torch::cat({torch::zeros_like(z), torch::ones({1, 1, h, w}, z.options())}, 1),
+                                      torch::zeros_like(z)};
+  torch::Tensor entry = z;
+  if (inpaint) {  // pipeline.py:184-223: the alpha / 255 at the image's size, bilinear to the latents'
+    const torch::Tensor alpha = pixels.narrow(2, 3, 1).permute({2, 0, 1}).unsqueeze(0).to(z.options()) / 255.0;
+    const torch::Tensor keep = F::interpolate(
+        alpha,
+        F::InterpolateFuncOptions().size(std::vector<int64_t>{h, w}).mode(torch::kBilinear).align_corners(false));
+    entry = torch::cat({z * keep, 1 - keep}, 1);
+  }
+  slots.at(static_cast<size_t>(index)) = entry;
+  return torch::cat(slots, 1);
 }
 
 }  // namespace gclab::model::flux

@@ -60,6 +60,15 @@ class Flux final : public ModelFamily {
     if (!controls_as_channels(spec) || (controls.empty() && !keep.defined() && !k.do_random_inpainting)) return {};
     return flux::flex2_condition(k, x0, controls, keep);
   }
+  void check_preview_control(const ModelSpec& spec, const std::filesystem::path& file, int index) const override {
+    if (controls_as_channels(spec)) flux::check_flex2_preview_control(file, index);
+  }
+  torch::Tensor preview_condition(const ModelSpec& spec, const std::filesystem::path& file, int index, int width,
+                                  int height,
+                                  const std::function<torch::Tensor(const torch::Tensor&)>& encode) const override {
+    if (!controls_as_channels(spec)) return {};
+    return flux::flex2_preview_condition(file, index, width, height, encode);
+  }
   std::string base_model_version(const std::string& arch) const override {
     return arch == "flex2" ? "flex2" : "flux.1";
   }
