@@ -66,6 +66,32 @@ CellResult run_cell(train::Session& session, int batch, int resolution, int step
   return out;
 }
 
+// The forward alone at the cell — the loss of one synthetic micro-batch, its graph dropped — timed as
+// run_cell times a step; the median of three after one to warm up.
+double forward_ms(train::Session& session, int batch, int resolution) {
+  const train::MicroBatch mb = session.micro_batch(session.synthetic_batch(batch, resolution, resolution));
+  train::StepOptions so;
+  so.dtype = session.plan().compute_dtype;
+  so.loss_type = session.config().train.loss_type;
+  const bool cuda = session.device().is_cuda();
+  std::vector<double> ms;
+  for (int i = 0; i < 4; ++i) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    if (cuda) start.record();
+    const auto t0 = std::chrono::steady_clock::now();
+    { const torch::Tensor loss = train::flow_matching_loss(session.model(), mb, so); }
+    if (cuda) {
+      stop.record();
+      stop.synchronize();
+      ms.push_back(static_cast<double>(start.elapsed_time(stop)));
+    } else {
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::sort(ms.begin() + 1, ms.end());
+  return ms[2];
+}
+
 }  // namespace
 
 std::vector<int> resolutions_for(const train::Session& session, std::vector<int> given) {
@@ -142,6 +168,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
       if (g.index == index) peak_flops = peak_bf16_flops(g.name);
   }
   std::vector<BenchRow> rows;
+  std::vector<std::optional<double>> shares;  // per row: the blocks its policy recomputes whole
   for (int resolution : resolutions_for(session, options.resolutions))
     for (int batch : batches) {
       const auto est =
@@ -156,6 +183,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
                                          : policy.kind == Kind::Full ? est.full_with_recompute_bytes
                                                                      : 0;
         session.apply_policy(policy, batch, resolution);
+        const std::optional<double> share = session.recomputed_block_share();
         const CellResult cell = run_cell(session, batch, resolution, options.steps + 1, false);
         if (cell.oom_phase) {
           row.oom = true;
@@ -169,15 +197,23 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
           row.model_tflop = step_flops(session, batch, resolution) / 1e12;
           if (peak_flops > 0 && session.device().is_cuda())
             row.mfu = row.model_tflop * 1e12 / (row.step_ms / 1e3 * peak_flops);
+          if (policy.kind == Kind::Off) try {
+              row.forward_ms = forward_ms(session, batch, resolution);
+            } catch (const c10::OutOfMemoryError&) {  // the step fit, its forward alone did not: no theory
+            }
         }
         if (policy.kind == Kind::Off) off = row;
         rows.push_back(row);
+        shares.push_back(share);
       }
-      for (auto it = rows.end() - static_cast<std::ptrdiff_t>(policies.size()); it != rows.end(); ++it)
-        if (off && !off->oom && !it->oom) {
-          it->time_ratio = it->step_ms / off->step_ms;
-          it->peak_ratio = static_cast<double>(it->peak_bytes) / static_cast<double>(off->peak_bytes);
-        }
+      for (size_t k = 0; k < policies.size(); ++k) {
+        BenchRow& r = rows[rows.size() - policies.size() + k];
+        if (!off || off->oom || r.oom) continue;
+        r.time_ratio = r.step_ms / off->step_ms;
+        r.peak_ratio = static_cast<double>(r.peak_bytes) / static_cast<double>(off->peak_bytes);
+        const std::optional<double>& share = shares[shares.size() - policies.size() + k];
+        if (share && off->forward_ms > 0) r.theory_ratio = 1 + *share * off->forward_ms / off->step_ms;
+      }
     }
   session.apply_policy(session.config().train.policy(), session.config().train.batch_size, 512);
   return rows;
@@ -226,28 +262,32 @@ std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::Che
 void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchRow>& rows) {
   std::ofstream out(path);
   out << "policy,resolution,batch,oom,oom_phase,step_ms,time_ratio,peak_bytes,reserved_peak_bytes,peak_ratio,"
-         "predicted_activation_bytes,model_tflop,mfu\n";
+         "predicted_activation_bytes,model_tflop,mfu,forward_ms,theory_ratio\n";
   for (const auto& r : rows)
     out << r.policy << "," << r.resolution << "," << r.batch << "," << (r.oom ? 1 : 0) << "," << r.oom_phase << ","
         << r.step_ms << "," << r.time_ratio << "," << r.peak_bytes << "," << r.reserved_peak_bytes << ","
-        << r.peak_ratio << "," << r.predicted_activation_bytes << "," << r.model_tflop << "," << r.mfu << "\n";
+        << r.peak_ratio << "," << r.predicted_activation_bytes << "," << r.model_tflop << "," << r.mfu << ","
+        << r.forward_ms << "," << r.theory_ratio << "\n";
 }
 
 std::string bench_table(const std::vector<BenchRow>& rows) {
   std::ostringstream s;
-  s << "| resolution | batch | policy | step ms | vs off | peak | reserved | vs off | ledger activations | model TFLOP "
-       "| MFU |\n";
-  s << "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  s << "| resolution | batch | policy | step ms | vs off | theory | peak | reserved | vs off | ledger activations | "
+       "model TFLOP | MFU |\n";
+  s << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   char buf[64];
   for (const auto& r : rows) {
     s << "| " << r.resolution << " | " << r.batch << " | " << r.policy << " | ";
     if (r.oom) {
-      s << "OOM (" << r.oom_phase << ") | | | | | " << config::format_bytes(r.predicted_activation_bytes) << " | | |\n";
+      s << "OOM (" << r.oom_phase << ") | | | | | | " << config::format_bytes(r.predicted_activation_bytes)
+        << " | | |\n";
       continue;
     }
     std::snprintf(buf, sizeof buf, "%.1f", r.step_ms);
     s << buf << " | ";
     if (r.time_ratio > 0) std::snprintf(buf, sizeof buf, "%.2fx", r.time_ratio), s << buf;
+    s << " | ";
+    if (r.theory_ratio > 0) std::snprintf(buf, sizeof buf, "%.2fx", r.theory_ratio), s << buf;
     s << " | " << config::format_bytes(r.peak_bytes) << " | " << config::format_bytes(r.reserved_peak_bytes) << " | ";
     if (r.peak_ratio > 0) std::snprintf(buf, sizeof buf, "%.2fx", r.peak_ratio), s << buf;
     s << " | " << (r.predicted_activation_bytes ? config::format_bytes(r.predicted_activation_bytes) : "-") << " | ";

@@ -64,13 +64,17 @@ std::string overhead_chart(const std::vector<BenchRow>& rows) {
   c.y_label = "x GC off";
   const auto policies = policies_of(rows);
   for (const auto& p : policies) c.bars.emplace_back(p, color_of(policies, p));
+  // Beside them the theory of recomputing every block once: 1 + t_fwd / t_step (GC off's times).
+  c.bars.emplace_back("theory, full: 1 + t_fwd / t_step", "#bbbbbb");
   std::map<std::string, std::vector<double>> groups;
   std::vector<std::string> order;
   for (const auto& r : rows) {
     const std::string key = std::to_string(r.resolution) + "² b" + std::to_string(r.batch);
-    if (!groups.count(key)) groups[key].assign(policies.size(), 0.0), order.push_back(key);
+    if (!groups.count(key)) groups[key].assign(policies.size() + 1, 0.0), order.push_back(key);
     const auto at = static_cast<size_t>(std::find(policies.begin(), policies.end(), r.policy) - policies.begin());
     groups[key][at] = r.oom ? 0.0 : r.time_ratio;
+    if (r.policy == "off" && !r.oom && r.forward_ms > 0 && r.step_ms > 0)
+      groups[key].back() = 1 + r.forward_ms / r.step_ms;
   }
   for (const auto& key : order) c.groups.push_back(key), c.values.push_back(groups[key]);
   return bar_chart_svg(c);
@@ -103,17 +107,19 @@ std::string bench_table_html(const std::vector<BenchRow>& rows) {
   const auto front = pareto_front(rows);
   std::ostringstream h;
   h << "<table><tr><th>policy</th><th>resolution</th><th>batch</th><th>step (ms)</th><th>peak</th>"
-       "<th>x GC off time</th><th>x GC off peak</th><th>on the front</th></tr>";
+       "<th>x GC off time</th><th>theory</th><th>x GC off peak</th><th>on the front</th></tr>";
   for (const auto& r : rows) {
     const bool on = std::any_of(front.begin(), front.end(), [&](const BenchRow& f) { return cell(f) == cell(r); });
-    char t[64], tr[32], pr[32];
+    char t[64], tr[32], th[32], pr[32];
     std::snprintf(t, sizeof t, "%.1f", r.step_ms);
     std::snprintf(tr, sizeof tr, "%.2f", r.time_ratio);
+    std::snprintf(th, sizeof th, "%.2f", r.theory_ratio);
     std::snprintf(pr, sizeof pr, "%.2f", r.peak_ratio);
     h << "<tr><td>" << escape_xml(r.policy) << "</td><td>" << r.resolution << "</td><td>" << r.batch << "</td><td>"
       << (r.oom ? "out of memory in " + escape_xml(r.oom_phase) : std::string(t)) << "</td><td>"
       << (r.oom ? "" : format_axis_bytes(static_cast<double>(r.peak_bytes))) << "</td><td>" << (r.oom ? "" : tr)
-      << "</td><td>" << (r.oom ? "" : pr) << "</td><td>" << (on ? "yes" : "") << "</td></tr>";
+      << "</td><td>" << (r.oom || r.theory_ratio <= 0 ? "" : th) << "</td><td>" << (r.oom ? "" : pr) << "</td><td>"
+      << (on ? "yes" : "") << "</td></tr>";
   }
   h << "</table>";
   return h.str();

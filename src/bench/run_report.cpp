@@ -10,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
 #include "gclab/bench/svg.h"
+#include "gclab/config/loader.h"
 
 namespace gclab::bench {
 namespace {
@@ -243,6 +246,91 @@ std::string summary(const Run& r) {
   return h.str();
 }
 
+// The defaults a key is compared with: a config with nothing set, one dataset and one sample item (the
+// defaults of a list's items). gclab's config structs carry AI Toolkit's defaults for its keys
+// (toolkit/config_modules.py; docs/aitk-semantics.md) and their own for the keys gclab adds.
+YAML::Node default_config() {
+  config::ProcessConfig d;
+  d.network.emplace();  // a network's keys against the network defaults
+  d.datasets.emplace_back();
+  d.sample.emplace();
+  d.sample->samples.emplace_back();
+  // gradient_checkpointing's default, resolved as the loader resolves it.
+  d.train.checkpoint_policy =
+      d.train.gradient_checkpointing ? ckpt::CheckpointPolicy::full() : ckpt::CheckpointPolicy::off();
+  return YAML::Load(config::to_yaml(d));
+}
+
+std::string flow_text(const YAML::Node& n) {
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  return e.c_str();
+}
+
+// A value drawn on its key's line: a scalar, or a list or map without blocks inside.
+bool on_one_line(const YAML::Node& n) {
+  if (n.IsMap()) return n.size() == 0;
+  if (n.IsSequence())
+    for (const auto& item : n)
+      if (item.IsMap()) return false;
+  return true;
+}
+
+// The map's keys as block YAML at `depth`, each line whose value differs from `def`'s (and from
+// `inherited`'s, the enclosing block's values a list item falls back to) marked; `dash`: the map is a list
+// item (its first key after "- ").
+void render_keys(std::ostringstream& h, const YAML::Node& map, const YAML::Node& def, int depth, bool dash, int& marked,
+                 const YAML::Node& inherited = YAML::Node()) {
+  bool first = true;
+  for (const auto& kv : map) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node value = kv.second;
+    const YAML::Node d = def.IsMap() ? def[key] : YAML::Node();
+    const std::string pad = dash && first ? std::string(static_cast<size_t>(2 * (depth - 1)), ' ') + "- "
+                                          : std::string(static_cast<size_t>(2 * depth), ' ');
+    first = false;
+    if (on_one_line(value)) {
+      const std::string text = flow_text(value);
+      const YAML::Node up = inherited.IsMap() ? inherited[key] : YAML::Node();
+      const bool differs = (!d.IsDefined() || flow_text(d) != text) && (!up.IsDefined() || flow_text(up) != text);
+      marked += differs ? 1 : 0;
+      h << (differs ? "<mark>" : "") << pad << escape_xml(key) << ": " << escape_xml(text) << (differs ? "</mark>" : "")
+        << "\n";
+    } else if (value.IsMap()) {
+      h << pad << escape_xml(key) << ":\n";
+      render_keys(h, value, d, depth + 1, false, marked);
+    } else {  // a list of blocks (datasets, sample items): each against the list's default item, whose
+              // keys the enclosing block also has take that block's values (a sample item inherits the
+              // sample block's width, steps, ...)
+      h << pad << escape_xml(key) << ":\n";
+      const YAML::Node item_default = d.IsSequence() && d.size() > 0 ? d[0] : YAML::Node();
+      for (const auto& item : value)
+        if (item.IsMap())
+          render_keys(h, item, item_default, depth + 2, true, marked, map);
+        else
+          h << std::string(static_cast<size_t>(2 * depth + 2), ' ') << "- " << escape_xml(flow_text(item)) << "\n";
+    }
+  }
+}
+
+// The resolved config with every key whose value differs from its default marked.
+std::string config_view(const std::string& yaml) {
+  YAML::Node resolved;
+  try {
+    resolved = YAML::Load(yaml);
+  } catch (const YAML::Exception&) {
+    return "<pre>" + escape_xml(yaml) + "</pre>";
+  }
+  if (!resolved.IsMap()) return "<pre>" + escape_xml(yaml) + "</pre>";
+  std::ostringstream lines;
+  int marked = 0;
+  render_keys(lines, resolved, default_config(), 0, false, marked);
+  return "<p>" + std::to_string(marked) +
+         " keys differ from their defaults (AI Toolkit's for its keys, gclab's for the keys it adds) and are "
+         "marked.</p><pre class=\"config\">" +
+         lines.str() + "</pre>";
+}
+
 }  // namespace
 
 fs::path write_run_report(const fs::path& run_dir) {
@@ -254,7 +342,7 @@ fs::path write_run_report(const fs::path& run_dir) {
   h << last_phases_chart(r);
   h << "<h2>Buckets and batches</h2>" << buckets_table(r);
   h << "<h2>Previews</h2>" << previews(r);
-  h << "<h2>Resolved config</h2><pre>" << escape_xml(r.config) << "</pre>";
+  h << "<h2>Resolved config</h2>" << config_view(r.config);
   const fs::path out = run_dir / "report.html";
   write_html_page(out, "gclab run " + r.name, h.str());
   return out;

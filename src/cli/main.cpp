@@ -484,7 +484,7 @@ int run_report(const std::string& run_dir) {
   return kExitOk;
 }
 
-int run_train(const ConfigArgs& args, bool resume, bool dry_run) {
+int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::string& memory_snapshot) {
   const auto config = load(args);
   if (dry_run) {
     gclab::log::info(gclab::train::dry_run(config));
@@ -496,6 +496,7 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run) {
   options.progress = &std::cerr;
   options.progress_in_place = ::isatty(STDERR_FILENO) == 1;
   options.stop_requested = &g_stop;
+  options.memory_snapshot = memory_snapshot;
   const std::filesystem::path run_dir = std::filesystem::path(config.training_folder) / config.name;
   gclab::train::TrainSummary s;
   try {
@@ -573,6 +574,7 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
 struct Verbs {
   ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args, tokenize_args;
   bool resume = false, from_scratch = false, dry_run = false;
+  std::string memory_snapshot;
   BenchArgs bench_opts, fit_opts;
   int fit_max_batch = 32;
   TokenizeArgs tokenize_opts;
@@ -707,6 +709,9 @@ int main(int argc, char** argv) {
   v.train->add_flag("--from-scratch", v.from_scratch,
                     "start at step 0 even where the output folder has saves (they rotate away as new ones come)");
   v.train->add_flag("--dry-run", v.dry_run, "validate and build the session on the meta device; train nothing");
+  v.train->add_option("--memory-snapshot", v.memory_snapshot,
+                      "record the allocator's history and write it to FILE when the run ends (out of memory too), "
+                      "as the pickle PyTorch's memory viewer opens (pytorch.org/memory_viz)");
   add_bench_and_fit(app, v);
   v.estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
   add_config_args(v.estimate, v.estimate_args);
@@ -732,7 +737,7 @@ int main(int argc, char** argv) {
       std::cerr << "error: --resume and --from-scratch contradict each other\n";
       return kExitBadInput;
     }
-    return run_verb([&] { return run_train(v.train_args, !v.from_scratch, v.dry_run); });
+    return run_verb([&] { return run_train(v.train_args, !v.from_scratch, v.dry_run, v.memory_snapshot); });
   }
   if (*v.bench) return run_verb([&] { return run_bench(v.bench_args, v.bench_opts); });
   if (*v.fit) return run_verb([&] { return run_fit(v.fit_args, v.fit_opts, v.fit_max_batch); });

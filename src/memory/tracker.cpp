@@ -1,5 +1,6 @@
 #include "gclab/memory/tracker.h"
 
+#include "gclab/memory/history.h"
 #include "gclab/memory/placement.h"
 
 #include <ATen/Context.h>
@@ -59,6 +60,7 @@ void tracked_free(void* data) {
   Header h{};
   std::memcpy(&h, block, sizeof h);
   (h.host ? g_host_live : g_live).fetch_sub(h.size, std::memory_order_relaxed);
+  if (!h.host && detail::g_cpu_history.load(std::memory_order_relaxed)) detail::record_free(data, h.size);
   std::free(block);
 }
 
@@ -72,6 +74,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
     const std::int64_t cap = (host ? g_host_cap : g_cap).load(std::memory_order_relaxed);
     if (cap > 0 && live > cap) {
       live_of.fetch_sub(size, std::memory_order_relaxed);
+      if (!host && detail::g_cpu_history.load(std::memory_order_relaxed)) detail::record_oom(size, cap - (live - size));
       TORCH_CHECK_WITH(OutOfMemoryError, false,
                        host ? "host memory exhausted under the emulated host cap: tried to allocate "
                             : "CPU out of memory under the emulated cap: tried to allocate ",
@@ -87,6 +90,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
     raise_peak(host ? g_host_peak : g_peak, live);
     g_allocations.fetch_add(1, std::memory_order_relaxed);
     void* data = static_cast<char*>(block) + kHeaderBytes;
+    if (!host && detail::g_cpu_history.load(std::memory_order_relaxed)) detail::record_alloc(data, size);
     return {data, data, &tracked_free, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &tracked_free; }
@@ -251,9 +255,13 @@ std::optional<Phase> parse_phase(std::string_view name) {
   return std::nullopt;
 }
 
-PhaseMeter::Scope::Scope(PhaseMeter& owner, Phase phase) : owner_(owner), phase_(phase) { owner_.meter_.reset_peak(); }
+PhaseMeter::Scope::Scope(PhaseMeter& owner, Phase phase)
+    : owner_(owner), phase_(phase), outer_frame_(set_history_frame(phase_name(phase))) {
+  owner_.meter_.reset_peak();
+}
 
 PhaseMeter::Scope::~Scope() {
+  set_history_frame(outer_frame_);
   const std::int64_t peak = owner_.meter_.stats().peak_bytes;
   auto& slot = owner_.peaks_[phase_];
   slot = std::max(slot, peak);

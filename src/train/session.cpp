@@ -448,6 +448,18 @@ model::ActivationOptions Session::activation_options(bool cuda) const {
   return o;
 }
 
+std::optional<double> Session::recomputed_block_share() const {
+  const auto& wrappers = checkpointing_->wrappers();
+  if (wrappers.empty()) return 0.0;
+  int whole = 0;
+  for (const auto& w : wrappers) {
+    const ckpt::BlockMode m = w->mode();
+    if (m == ckpt::BlockMode::SelectiveAttn || m == ckpt::BlockMode::SelectiveMlp) return std::nullopt;
+    whole += m == ckpt::BlockMode::None ? 0 : 1;
+  }
+  return static_cast<double>(whole) / static_cast<double>(wrappers.size());
+}
+
 void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution) {
   if (policy.kind != ckpt::CheckpointPolicy::Kind::Budget) {
     checkpointing_->apply(policy);

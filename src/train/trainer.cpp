@@ -13,6 +13,7 @@
 #include "gclab/config/loader.h"
 #include "gclab/data/dataset.h"
 #include "gclab/log/log.h"
+#include "gclab/memory/history.h"
 #include "gclab/train/oom_report.h"
 #include "gclab/train/run_log.h"
 #include "gclab/train/session.h"
@@ -363,7 +364,33 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     ~LogFileScope() { log::remove_files(); }
   } log_file_scope;
 
-  Run run(config, options, summary);  // scans the data, builds the session
+  // The allocator's history from before the load to the run's end, written however the run ends: while the
+  // run still holds its memory (the blocks live at its end, or when it ran out), else once the load failed.
+  struct Snapshot {
+    fs::path file;
+    c10::Device device;
+    bool written = false;
+    void write() noexcept {
+      if (file.empty() || written) return;
+      written = true;
+      try {
+        memory::write_memory_snapshot(file, device);
+        memory::stop_memory_history(device);
+        log::info("memory snapshot: " + file.string() + " (open it in pytorch.org/memory_viz)");
+      } catch (const std::exception& e) {
+        log::warn(std::string("memory snapshot not written: ") + e.what());
+      }
+    }
+    ~Snapshot() { write(); }
+  } snapshot{options.memory_snapshot, runs_on_cuda(config) ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU)};
+  if (!snapshot.file.empty()) memory::start_memory_history(snapshot.device);
+  const char* outer = memory::set_history_frame("setup");  // the history's frame for the load
+  Run run(config, options, summary);                       // scans the data, builds the session
+  memory::set_history_frame(outer);
+  struct WriteFirst {
+    Snapshot& s;
+    ~WriteFirst() { s.write(); }
+  } write_first{snapshot};
   run.prepare();
   run.loop();
   run.finish();

@@ -322,6 +322,16 @@ TEST(Bench, PoliciesSideBySideAndOomCellsUnderACap) {
     }
     EXPECT_LT(rows[4].peak_bytes, rows[3].peak_bytes);  // 512: full below off
     EXPECT_LT(rows[4].peak_ratio, 1.0);
+    // The theory beside the measure: GC off's forward alone is timed, shorter than its step; full recomputes
+    // every block (1 + t_fwd / t_step), every:2 some of them, off none.
+    for (const size_t off : {0u, 3u}) {
+      EXPECT_GT(rows[off].forward_ms, 0);
+      EXPECT_LT(rows[off].forward_ms, rows[off].step_ms);
+      EXPECT_DOUBLE_EQ(rows[off].theory_ratio, 1.0);
+      EXPECT_DOUBLE_EQ(rows[off + 1].theory_ratio, 1 + rows[off].forward_ms / rows[off].step_ms);
+      EXPECT_GT(rows[off + 2].theory_ratio, 1.0);
+      EXPECT_LT(rows[off + 2].theory_ratio, rows[off + 1].theory_ratio);
+    }
   }
   train::Session capped(
       load(std::string(GCLAB_SOURCE_DIR) + "/configs/quickstart.yaml", {"train.batch_size=2", "vram_cap=100MiB"}));

@@ -80,7 +80,15 @@ TEST(RunReport, ATrainingRunsPageHasItsStepsPhasesAndPreviewsInside) {
   EXPECT_EQ(html.find("https://"), std::string::npos);
   EXPECT_EQ(html.find("<script"), std::string::npos);
   EXPECT_NE(html.find("64x64, batch 2"), std::string::npos);  // the buckets table
-  EXPECT_THROW(write_run_report(dir), std::runtime_error);    // not a run folder
+  // The resolved config, the keys set away from their defaults marked (lr 1e-3, not AI Toolkit's 1e-6), the
+  // others not (noise_offset 0, the dataset's flip_x false).
+  EXPECT_NE(html.find("<mark>  lr: 0.001</mark>"), std::string::npos);
+  EXPECT_NE(html.find("\n  noise_offset: 0.0\n"), std::string::npos);
+  EXPECT_NE(html.find("\n    flip_x: false\n"), std::string::npos);
+  EXPECT_NE(html.find("<mark>    resolution: [64]</mark>"), std::string::npos);
+  EXPECT_NE(html.find("\n      width: 64\n"), std::string::npos);       // a sample item's, from its block: not marked
+  EXPECT_NE(html.find("<mark>  width: 64</mark>"), std::string::npos);  // the block's own: marked (512 by default)
+  EXPECT_THROW(write_run_report(dir), std::runtime_error);              // not a run folder
   fs::remove_all(dir);
 }
 

@@ -519,6 +519,40 @@ TEST(Session, LossTypeAndNoiseOffsetAsAiToolkit) {
   fs::remove_all(dir);
 }
 
+// --memory-snapshot: the allocator's history from the load to the out-of-memory stop, as a pickle PyTorch's
+// own tools read (torch/cuda/_memory_viz.py's segsum and trace, the viewer's alloc / free pairing): every
+// allocation's frame the phase it came from, the OOM with the bytes it asked for, the blocks still live at
+// the end the ones the trace leaves allocated.
+TEST(Trainer, AMemorySnapshotOpensInPyTorchsMemoryTools) {
+  const fs::path dir = testing::fresh_dir("memory_snapshot");
+  const auto config = tiny_config(dir, "s", {"train.steps=3", "train.gradient_checkpointing=false", "vram_cap=12MiB"});
+  TrainOptions options;
+  options.memory_snapshot = dir / "snapshot.pickle";
+  EXPECT_THROW(train(config, options), OutOfMemoryStop);
+  ASSERT_TRUE(fs::exists(options.memory_snapshot));
+  const std::string out = dir / "check.json";
+  const std::string command = std::string("\"") + GCLAB_PYTHON + "\" \"" + GCLAB_SOURCE_DIR +
+                              "/tests/reference/memory_snapshot_check.py\" \"" + options.memory_snapshot.string() +
+                              "\" > \"" + out + "\"";
+  if (std::system(command.c_str()) != 0) GTEST_SKIP() << "PyTorch's _memory_viz did not run";
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_GT(j["events"].get<int>(), 100);
+  const auto actions = j["actions"].get<std::vector<std::string>>();
+  EXPECT_EQ(actions, (std::vector<std::string>{"alloc", "free_completed", "free_requested", "oom"}));
+  const auto phases = j["phases"].get<std::vector<std::string>>();
+  for (const char* p : {"setup", "data", "text", "forward"})
+    EXPECT_NE(std::find(phases.begin(), phases.end(), p), phases.end()) << p << " not in " << j["phases"].dump();
+  ASSERT_EQ(j["oom_requested"].size(), 1u);
+  EXPECT_GT(j["oom_requested"][0].get<int64_t>(), 0);
+  EXPECT_GT(j["segments"].get<int>(), 0);
+  EXPECT_TRUE(j["replayed_live_in_segments"].get<bool>());
+  EXPECT_EQ(j["unpaired_frees"].get<int>(), 0);
+  EXPECT_TRUE(j["segsum_ok"].get<bool>());
+  EXPECT_TRUE(j["trace_ok"].get<bool>());
+  fs::remove_all(dir);
+}
+
 // A batch's loss masks weigh the loss as SDTrainer's mask_multiplier (SDTrainer.py:1484-1504, 953-959): each
 // brought to the latents' size (nearest), over every channel, divided by the batch's mean — a sample with a
 // zero mask (no mask file beside one that has) does not train.

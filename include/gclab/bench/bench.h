@@ -36,8 +36,13 @@ struct BenchRow {
   int64_t reserved_peak_bytes = 0;         // CUDA: the most the caching allocator held (>= peak); CPU: = peak
   int64_t predicted_activation_bytes = 0;  // the ledger's, for this policy (full: inputs + one block)
   double time_ratio = 0, peak_ratio = 0;   // to GC off at the same resolution and batch (0 when unknown)
-  double model_tflop = 0;                  // the step's model FLOPs (step_flops), in TFLOP: recompute not counted
-  double mfu = 0;  // model FLOPs / (step time x the bf16 rate: measured, else the data sheet's); CUDA only
+  // GC off's cells: the forward alone (its loss, the graph dropped), timed as the step is.
+  double forward_ms = 0;
+  // The recomputation's theory: 1 + s · t_fwd / t_step, t_fwd and t_step GC off's at the same cell, s the
+  // share of the blocks the policy recomputes whole (1 for full); 0 when unknown (a selective policy).
+  double theory_ratio = 0;
+  double model_tflop = 0;  // the step's model FLOPs (step_flops), in TFLOP: recompute not counted
+  double mfu = 0;          // model FLOPs / (step time x the bf16 rate: measured, else the data sheet's); CUDA only
 };
 
 // Model FLOPs of one training step at batch x resolution²: every block Linear's 2·tokens·in·out (each on

@@ -103,6 +103,7 @@ class PhaseMeter {
    private:
     PhaseMeter& owner_;
     Phase phase_;
+    const char* outer_frame_;  // the allocator history's frame before this phase (history.h)
   };
   Scope phase(Phase phase) { return Scope(*this, phase); }
 

@@ -141,6 +141,9 @@ class Session {
   // budget:BYTES policy is resolved to blocks:[...] from the activation ledger at this batch and square
   // resolution (the largest the run will meet).
   const ckpt::CheckpointPolicy& applied_policy() const { return applied_; }
+  // The share of the blocks the applied policy recomputes whole in backward (full, offload); nullopt when a
+  // block recomputes only a part (selective).
+  std::optional<double> recomputed_block_share() const;
   void apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution);
   // train.budget_probe: a probe forward at the largest batch and resolution with nothing checkpointed,
   // measuring what each block keeps; returns the measured total beside the ledger's (both bytes). Leaves

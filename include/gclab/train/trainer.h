@@ -26,6 +26,9 @@ struct TrainOptions {
   std::ostream* progress = nullptr;                   // progress lines (nullptr: none)
   bool progress_in_place = false;                     // a terminal: one line updated with \r
   const std::atomic<bool>* stop_requested = nullptr;  // Ctrl-C: save and stop at the next step boundary
+  // Records the allocator's history from the load on and writes it here when the run ends, however it ends
+  // (memory/history.h: the pickle PyTorch's memory viewer opens); empty: none.
+  std::filesystem::path memory_snapshot;
 };
 
 struct TrainSummary {
