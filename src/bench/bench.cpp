@@ -1,5 +1,7 @@
 #include "gclab/bench/bench.h"
 
+#include "bench/cell.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,13 +21,33 @@ namespace gclab::bench {
 
 namespace {
 
-// Runs `steps` training steps of `batch` x resolution² (and a preview with `preview`) under the session's
-// policy; returns the step times (ms) and the peak, or nullopt and the phase when memory ran out.
-struct CellResult {
-  std::vector<double> step_ms;
-  int64_t peak_bytes = 0, reserved_peak_bytes = 0;
-  std::optional<std::string> oom_phase;
-};
+// The forward alone at the cell — the loss of one synthetic micro-batch, its graph dropped — timed as
+// run_cell times a step; the median of three after one to warm up.
+double forward_ms(train::Session& session, int batch, int resolution) {
+  const train::MicroBatch mb = session.micro_batch(session.synthetic_batch(batch, resolution, resolution));
+  train::StepOptions so;
+  so.dtype = session.plan().compute_dtype;
+  so.loss_type = session.config().train.loss_type;
+  const bool cuda = session.device().is_cuda();
+  std::vector<double> ms;
+  for (int i = 0; i < 4; ++i) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    if (cuda) start.record();
+    const auto t0 = std::chrono::steady_clock::now();
+    { const torch::Tensor loss = train::flow_matching_loss(session.model(), mb, so); }
+    if (cuda) {
+      stop.record();
+      stop.synchronize();
+      ms.push_back(static_cast<double>(start.elapsed_time(stop)));
+    } else {
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::sort(ms.begin() + 1, ms.end());
+  return ms[2];
+}
+
+}  // namespace
 
 CellResult run_cell(train::Session& session, int batch, int resolution, int steps, bool preview) {
   CellResult out;
@@ -65,34 +87,6 @@ CellResult run_cell(train::Session& session, int batch, int resolution, int step
   session.phases().clear();
   return out;
 }
-
-// The forward alone at the cell — the loss of one synthetic micro-batch, its graph dropped — timed as
-// run_cell times a step; the median of three after one to warm up.
-double forward_ms(train::Session& session, int batch, int resolution) {
-  const train::MicroBatch mb = session.micro_batch(session.synthetic_batch(batch, resolution, resolution));
-  train::StepOptions so;
-  so.dtype = session.plan().compute_dtype;
-  so.loss_type = session.config().train.loss_type;
-  const bool cuda = session.device().is_cuda();
-  std::vector<double> ms;
-  for (int i = 0; i < 4; ++i) {
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    if (cuda) start.record();
-    const auto t0 = std::chrono::steady_clock::now();
-    { const torch::Tensor loss = train::flow_matching_loss(session.model(), mb, so); }
-    if (cuda) {
-      stop.record();
-      stop.synchronize();
-      ms.push_back(static_cast<double>(start.elapsed_time(stop)));
-    } else {
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-  }
-  std::sort(ms.begin() + 1, ms.end());
-  return ms[2];
-}
-
-}  // namespace
 
 std::vector<int> resolutions_for(const train::Session& session, std::vector<int> given) {
   if (given.empty())

@@ -12,6 +12,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "gclab/bench/advise.h"
 #include "gclab/bench/svg.h"
 #include "gclab/config/loader.h"
 
@@ -342,6 +343,11 @@ fs::path write_run_report(const fs::path& run_dir) {
   h << last_phases_chart(r);
   h << "<h2>Buckets and batches</h2>" << buckets_table(r);
   h << "<h2>Previews</h2>" << previews(r);
+  if (const auto advice = read_json(run_dir / "advise.json"))  // gclab advise on this config
+    try {
+      h << advice_html(*advice);
+    } catch (const nlohmann::json::exception&) {  // an advise.json of another shape: left out
+    }
   h << "<h2>Resolved config</h2>" << config_view(r.config);
   const fs::path out = run_dir / "report.html";
   write_html_page(out, "gclab run " + r.name, h.str());

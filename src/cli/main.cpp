@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gclab/bench/advise.h"
 #include "gclab/bench/bench.h"
 #include "gclab/bench/bench_page.h"
 #include "gclab/bench/report.h"
@@ -570,11 +571,29 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch) {
   return kExitOk;
 }
 
+int run_advise(const ConfigArgs& args, int64_t steps) {
+  const auto config = load(args);
+  const std::filesystem::path dir = std::filesystem::path(config.training_folder) / config.name;
+  std::filesystem::create_directories(dir);
+  gclab::train::Session session = gclab::train::open_session(config, dir);
+  gclab::bench::AdviseOptions o;
+  o.steps = steps;
+  const auto result = gclab::bench::run_advise(session, o);
+  std::cout << gclab::bench::advise_table(result);
+  gclab::bench::write_advice(dir, result);
+  // A run folder's report.html shows the advice too.
+  if (std::filesystem::exists(dir / "metrics.jsonl")) write_report_after_run(dir);
+  gclab::log::info("written " + (dir / "advise.json").string() + " and " + (dir / "advise.html").string());
+  return kExitOk;
+}
+
 // Every verb's arguments, filled by CLI11's parse.
 struct Verbs {
   ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args, tokenize_args;
   bool resume = false, from_scratch = false, dry_run = false;
   std::string memory_snapshot;
+  ConfigArgs advise_args;
+  int64_t advise_steps = 0;
   BenchArgs bench_opts, fit_opts;
   int fit_max_batch = 32;
   TokenizeArgs tokenize_opts;
@@ -582,7 +601,7 @@ struct Verbs {
   SynthArgs synth_args;
   std::string report_dir;
   CLI::App *report = nullptr, *check = nullptr, *info = nullptr, *train = nullptr, *bench = nullptr, *fit = nullptr,
-           *estimate = nullptr, *synth = nullptr, *tokenize = nullptr, *forward = nullptr;
+           *estimate = nullptr, *synth = nullptr, *tokenize = nullptr, *forward = nullptr, *advise = nullptr;
 };
 
 void add_bench_and_fit(CLI::App& app, Verbs& v) {
@@ -610,6 +629,11 @@ void add_bench_and_fit(CLI::App& app, Verbs& v) {
   fit->add_option("--gc", fit_opts.gc, "policies, comma-separated (default off,full)");
   fit->add_option("--resolution", fit_opts.resolution, "square resolutions, comma-separated (default: the datasets')");
   fit->add_option("--max-batch", fit_max_batch, "largest batch to try (default 32)");
+  auto* advise = v.advise = app.add_subcommand(
+      "advise", "I want speed: the alternatives to turning checkpointing off, measured on this config and ranked");
+  add_config_args(advise, v.advise_args);
+  advise->add_option("--steps", v.advise_steps, "the run length the previews are amortised over (default train.steps)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 void add_tokenize(CLI::App& app, Verbs& v) {
@@ -741,6 +765,7 @@ int main(int argc, char** argv) {
   }
   if (*v.bench) return run_verb([&] { return run_bench(v.bench_args, v.bench_opts); });
   if (*v.fit) return run_verb([&] { return run_fit(v.fit_args, v.fit_opts, v.fit_max_batch); });
+  if (*v.advise) return run_verb([&] { return run_advise(v.advise_args, v.advise_steps); });
   if (*v.estimate) return run_verb([&] { return run_estimate(v.estimate_args); });
   if (*v.synth) return run_verb([&] { return run_synth(v.synth_args); });
   if (*v.report) return run_verb([&] { return run_report(v.report_dir); });

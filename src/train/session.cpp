@@ -669,7 +669,9 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   return r;
 }
 
-std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
+std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) { return sample(step, dir, {}); }
+
+std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir, const PreviewSettings& settings) {
   std::vector<fs::path> files;
   if (plan_.previews.empty()) return files;
   auto scope = phase(Phase::sample);
@@ -678,12 +680,12 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) {
   // them in, ema.train() back).
   // The assistant adapter inverted while sampling: on the device, multiplier -1; off and in host memory after.
   model::set_assistant_adapters(*model_, -1.0, [&](const torch::Tensor& t) { return memory::to_device(t, device_); });
-  with_ema_weights([&] { files = sample_previews(step, dir); });
+  with_ema_weights([&] { files = sample_previews(step, dir, settings); });
   model::set_assistant_adapters(*model_, 0.0, [](const torch::Tensor& t) { return memory::to_host(t); });
   return files;
 }
 
-std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir) {
+std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir, const PreviewSettings& settings) {
   std::vector<fs::path> files;
   const auto& sc = *config_.sample;
   const int d = spec_.preview_divisibility;
@@ -691,9 +693,9 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
   for (size_t i = 0; i < plan_.previews.size(); ++i) {
     const auto& item = plan_.previews[i];
     sample::SampleOptions so;
-    so.height = item.height.value_or(sc.height) / d * d;
-    so.width = item.width.value_or(sc.width) / d * d;
-    so.steps = item.sample_steps.value_or(sc.sample_steps);
+    so.height = settings.height.value_or(item.height.value_or(sc.height)) / d * d;
+    so.width = settings.width.value_or(item.width.value_or(sc.width)) / d * d;
+    so.steps = settings.steps.value_or(item.sample_steps.value_or(sc.sample_steps));
     so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
     so.seed = seeds.at(i);
     so.dtype = plan_.compute_dtype;

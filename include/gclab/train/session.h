@@ -178,6 +178,12 @@ class Session {
   // into dir; nothing when sampling is off.
   bool sampling() const { return !plan_.previews.empty(); }
   std::vector<std::filesystem::path> sample(int64_t step, const std::filesystem::path& dir);
+  // What `gclab advise` tries on the previews: every item at this size and step count (unset: as configured).
+  struct PreviewSettings {
+    std::optional<int> width, height, steps;
+  };
+  std::vector<std::filesystem::path> sample(int64_t step, const std::filesystem::path& dir,
+                                            const PreviewSettings& settings);
   // Encodes every caption the run will ask for (cache_text_embeddings), then unloads the text encoder
   // when unload_text_encoder says so. unload_text_encoder without cache_text_embeddings is AI Toolkit's
   // other mode: the trigger word (or the empty prompt) is encoded once and every step trains on it.
@@ -224,7 +230,8 @@ class Session {
   int64_t resident_host_weights();  // the offloaded weights so far (the model's, the text encoders')
   model::ModelInputs conditioning(const std::vector<data::Caption>& captions);
 
-  std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir);
+  std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir,
+                                                     const PreviewSettings& settings);
   torch::Tensor decode_preview(const torch::Tensor& latents);
 
   RunPlan plan_;

@@ -1,0 +1,23 @@
+// One measured cell of bench, fit and advise (bench.cpp): training steps of a synthetic batch under the
+// session's applied policy, timed and their peak read, an out-of-memory error caught and named.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gclab/train/session.h"
+
+namespace gclab::bench {
+
+struct CellResult {
+  std::vector<double> step_ms;
+  int64_t peak_bytes = 0, reserved_peak_bytes = 0;
+  std::optional<std::string> oom_phase;
+};
+
+// Runs `steps` training steps of `batch` x resolution² (and a preview with `preview`) under the session's
+// policy; returns the step times (ms) and the peak, or the phase where memory ran out.
+CellResult run_cell(train::Session& session, int batch, int resolution, int steps, bool preview);
+
+}  // namespace gclab::bench
