@@ -13,7 +13,7 @@ echo "run: setup took ${t_setup} s; building the gclab executable (a cold build 
 echo "run: a warm one seconds; each [n/N] line below is one compiled file)"
 scripts/build.sh --target gclab
 echo "run: built in $((SECONDS - t0 - t_setup)) s; training with $config"
-if [ "$config" = "configs/quickstart.yaml" ] && [ ! -d output/quickstart/data ]; then
-  build/bin/gclab synth --out output/quickstart/data --count 24 --sizes 256x256,320x256,256x320
+if [ "$config" = "configs/quickstart.yaml" ] && [ ! -d output/quickstart/shapes ]; then
+  build/bin/gclab synth --out output/quickstart/shapes --count 24 --sizes 256x256 --simple
 fi
 exec build/bin/gclab train "$config" "$@"

@@ -286,13 +286,13 @@ void render_keys(std::ostringstream& h, const YAML::Node& map, const YAML::Node&
   for (const auto& kv : map) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node value = kv.second;
-    const YAML::Node d = def.IsMap() ? def[key] : YAML::Node();
+    const YAML::Node d = def.IsDefined() && def.IsMap() ? def[key] : YAML::Node();
     const std::string pad = dash && first ? std::string(static_cast<size_t>(2 * (depth - 1)), ' ') + "- "
                                           : std::string(static_cast<size_t>(2 * depth), ' ');
     first = false;
     if (on_one_line(value)) {
       const std::string text = flow_text(value);
-      const YAML::Node up = inherited.IsMap() ? inherited[key] : YAML::Node();
+      const YAML::Node up = inherited.IsDefined() && inherited.IsMap() ? inherited[key] : YAML::Node();
       const bool differs = (!d.IsDefined() || flow_text(d) != text) && (!up.IsDefined() || flow_text(up) != text);
       marked += differs ? 1 : 0;
       h << (differs ? "<mark>" : "") << pad << escape_xml(key) << ": " << escape_xml(text) << (differs ? "</mark>" : "")
@@ -304,7 +304,7 @@ void render_keys(std::ostringstream& h, const YAML::Node& map, const YAML::Node&
               // keys the enclosing block also has take that block's values (a sample item inherits the
               // sample block's width, steps, ...)
       h << pad << escape_xml(key) << ":\n";
-      const YAML::Node item_default = d.IsSequence() && d.size() > 0 ? d[0] : YAML::Node();
+      const YAML::Node item_default = d.IsDefined() && d.IsSequence() && d.size() > 0 ? d[0] : YAML::Node();
       for (const auto& item : value)
         if (item.IsMap())
           render_keys(h, item, item_default, depth + 2, true, marked, map);

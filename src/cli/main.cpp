@@ -443,12 +443,14 @@ struct SynthArgs {
   int count = 24;
   std::string sizes = "512x512,640x448,448x640";
   uint64_t seed = 1;
+  bool simple = false;
 };
 
 int run_synth(const SynthArgs& a) {
   gclab::data::SynthOptions o;
   o.count = a.count;
   o.seed = a.seed;
+  o.simple = a.simple;
   o.sizes = parse_list<gclab::data::ImageSize>("--sizes", a.sizes, [](const std::string& item) {
     int w = 0, h = 0;
     char x = 0;
@@ -466,12 +468,14 @@ int run_synth(const SynthArgs& a) {
 std::atomic<bool> g_stop{false};
 extern "C" void on_interrupt(int) { g_stop.store(true); }
 
-// report.html beside the run's other outputs; a report that cannot be written never fails the run.
-void write_report_after_run(const std::filesystem::path& run_dir) {
+// report.html beside the run's other outputs, its path returned ("" when it could not be written: that never
+// fails the run).
+std::string write_report_after_run(const std::filesystem::path& run_dir) {
   try {
-    gclab::log::info("report: " + gclab::bench::write_run_report(run_dir).string());
+    return gclab::bench::write_run_report(run_dir).string();
   } catch (const std::exception& e) {
     gclab::log::warn(std::string("report.html not written: ") + e.what());
+    return "";
   }
 }
 
@@ -503,10 +507,11 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::stri
   try {
     s = gclab::train::train(config, options);
   } catch (const gclab::train::OutOfMemoryStop&) {
-    write_report_after_run(run_dir);  // the page marks the step that ran out and the first fix
+    const std::string report = write_report_after_run(run_dir);  // marks the step that ran out and the first fix
+    if (!report.empty()) gclab::log::info("report: " + report);
     throw;
   }
-  write_report_after_run(run_dir);
+  const std::string report = write_report_after_run(run_dir);
   const double wait_share = s.step_s > 0 ? 100.0 * s.data_wait_s / s.step_s : 0.0;
   char line[256];
   std::snprintf(line, sizeof line, "%s steps %lld-%lld in %.1f s (%.2f steps/s; %.1f%% of step time waiting for data)",
@@ -518,6 +523,7 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::stri
     gclab::log::warn(std::to_string(s.unusable_images.size()) + " image(s) could not be decoded and were replaced: " +
                      s.unusable_images.front() + (s.unusable_images.size() > 1 ? ", ..." : ""));
   gclab::log::info("outputs in " + s.output_dir.string());
+  if (!report.empty()) gclab::log::info("report: " + report + " (open it in a browser)");
   return s.interrupted ? kExitInterrupted : kExitOk;
 }
 
@@ -582,7 +588,8 @@ int run_advise(const ConfigArgs& args, int64_t steps) {
   std::cout << gclab::bench::advise_table(result);
   gclab::bench::write_advice(dir, result);
   // A run folder's report.html shows the advice too.
-  if (std::filesystem::exists(dir / "metrics.jsonl")) write_report_after_run(dir);
+  if (std::filesystem::exists(dir / "metrics.jsonl") && !write_report_after_run(dir).empty())
+    gclab::log::info("report: " + (dir / "report.html").string() + " shows the advice too");
   gclab::log::info("written " + (dir / "advise.json").string() + " and " + (dir / "advise.html").string());
   return kExitOk;
 }
@@ -709,6 +716,9 @@ void add_synth(CLI::App& app, Verbs& v) {
   synth->add_option("--sizes", synth_args.sizes,
                     "comma-separated WIDTHxHEIGHT, cycled (default 512x512,640x448,448x640)");
   synth->add_option("--seed", synth_args.seed, "random seed (default 1)");
+  synth->add_flag("--simple", synth_args.simple,
+                  "one large shape in the middle, every shape / colour / background combination in turn (the "
+                  "quickstart's: learnable in minutes)");
 }
 
 }  // namespace

@@ -52,10 +52,16 @@ std::vector<fs::path> write_synthetic_dataset(const fs::path& dir, const SynthOp
   std::vector<fs::path> written;
   for (int i = 0; i < options.count; ++i) {
     const ImageSize size = options.sizes[static_cast<size_t>(i) % options.sizes.size()];
-    const int background = static_cast<int>(rng() % std::size(kColours));
+    int background = static_cast<int>(rng() % std::size(kColours));
     std::vector<Shape> shapes;
-    const int n = 1 + static_cast<int>(rng() % 2);
-    for (int k = 0; k < n; ++k) {
+    const int n = options.simple ? 1 : 1 + static_cast<int>(rng() % 2);
+    if (options.simple) {  // shape x colour (red, yellow, white, black) x background (blue, green), in turn
+      constexpr int kSimpleColours[] = {0, 3, 6, 7}, kSimpleBackgrounds[] = {2, 1};
+      const int combo = i % 24;
+      background = kSimpleBackgrounds[combo % 2];
+      shapes.push_back({combo / 8, kSimpleColours[(combo / 2) % 4], 0.5, 0.5, 0.3});
+    }
+    for (int k = 0; k < n && !options.simple; ++k) {
       Shape s;
       s.kind = static_cast<int>(rng() % std::size(kShapes));
       do s.colour = static_cast<int>(rng() % std::size(kColours));

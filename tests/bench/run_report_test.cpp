@@ -88,7 +88,11 @@ TEST(RunReport, ATrainingRunsPageHasItsStepsPhasesAndPreviewsInside) {
   EXPECT_NE(html.find("<mark>    resolution: [64]</mark>"), std::string::npos);
   EXPECT_NE(html.find("\n      width: 64\n"), std::string::npos);       // a sample item's, from its block: not marked
   EXPECT_NE(html.find("<mark>  width: 64</mark>"), std::string::npos);  // the block's own: marked (512 by default)
-  EXPECT_THROW(write_run_report(dir), std::runtime_error);              // not a run folder
+  // A block the defaults have no key for (the job's meta) is drawn, all of it marked.
+  std::ofstream(dir / "r" / "config.resolved.yaml", std::ios::app) << "meta:\n  name: \"[name]\"\n  version: '1.0'\n";
+  const std::string with_meta = read(write_run_report(dir / "r"));
+  EXPECT_NE(with_meta.find("<mark>  version: 1.0</mark>"), std::string::npos);
+  EXPECT_THROW(write_run_report(dir), std::runtime_error);  // not a run folder
   fs::remove_all(dir);
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "../support/test_util.h"
@@ -46,6 +47,33 @@ TEST(Synth, WritesCaptionedImagesThatReadBack) {
   const auto scan = scan_dataset(dataset_at(dir), 0);
   EXPECT_EQ(scan.items.size(), 6u);
   EXPECT_TRUE(scan.warnings.empty());
+  fs::remove_all(dir);
+}
+
+// --simple (the quickstart's set): 24 images, each shape x colour x background once, one large shape in the
+// middle whose caption says so — the quickstart's prompt among them, drawn as it says.
+TEST(Synth, TheSimpleSetHasEveryCombinationOnceTheQuickstartsPromptAmongThem) {
+  const fs::path dir = testing::fresh_dir("data_synth_simple");
+  SynthOptions o;
+  o.count = 24;
+  o.sizes = {{64, 64}};
+  o.simple = true;
+  const auto files = write_synthetic_dataset(dir, o);
+  std::set<std::string> captions;
+  for (int i = 0; i < 24; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "synth_%04d.txt", i);
+    std::ifstream in(dir / name);
+    std::string text;
+    std::getline(in, text);
+    captions.insert(text);
+  }
+  EXPECT_EQ(captions.size(), 24u);
+  ASSERT_TRUE(captions.count("a large red circle in the middle on a blue background"));
+  const torch::Tensor rgb = decode_image_rgb(files[0]);                                 // that one
+  EXPECT_TRUE(torch::equal(rgb[32][32], torch::tensor({220, 40, 40}, torch::kUInt8)));  // red in the middle
+  EXPECT_TRUE(torch::equal(rgb[1][1], torch::tensor({40, 70, 210}, torch::kUInt8)));    // blue in the corner
+  EXPECT_TRUE(torch::equal(rgb[9][9], rgb[1][1]));  // outside the circle (radius 0.3 of 64)
   fs::remove_all(dir);
 }
 
