@@ -39,6 +39,7 @@ PLAN=(
   "uint4|60|extra|the LoRA at 1024^2, GC full, the base as uint4 (dequantized per matmul)"
   "offload|60|extra|the same with layer offloading: the host-to-device cost per step"
   "text_cuda|60|extra|every text encoder at full size in bf16: the encode peak beside text/memory.h's prediction"
+  "memory_snapshot|30|extra|oom_gc_off's allocator history (LibTorch's recorder) read back by torch/cuda/_memory_viz.py"
 )
 field() { echo "$1" | cut -d'|' -f"$2"; }
 
@@ -143,12 +144,10 @@ OOM_OFF=$(cfg configs/oom/gpu_flux_gc_off_24gb.yaml configs/oom/cpu_gc_off.yaml)
 OOM_ON=$(cfg configs/oom/gpu_flux_gc_on_24gb.yaml configs/oom/cpu_gc_off_fixed.yaml)
 OOM_STEPS=$(cfg 3 4)
 stage_estimate() { "$BIN/gclab" estimate "$OOM_OFF" --json > "$WORK/estimate.json" && cat "$WORK/estimate.json"; }
-stage_oom_gc_off() {  # with the allocator's history (CUDA: LibTorch's recorder), read back by PyTorch's tools
+stage_oom_gc_off() {  # with the allocator's history (CUDA: LibTorch's recorder), read in stage memory_snapshot
   "$BIN/gclab" train "$OOM_OFF" --from-scratch --set train.steps="$OOM_STEPS" --memory-snapshot "$WORK/oom_gc_off.pickle"
-  local rc=$?
-  "$PY" "$ROOT/tests/reference/memory_snapshot_check.py" "$WORK/oom_gc_off.pickle" | sed 's/^/memory snapshot: /'
-  return $rc
 }
+stage_memory_snapshot() { "$PY" "$ROOT/tests/reference/memory_snapshot_check.py" "$WORK/oom_gc_off.pickle"; }
 stage_oom_gc_on() { "$BIN/gclab" train "$OOM_ON" --from-scratch --set train.steps="$OOM_STEPS"; }
 stage_bench() {
   "$BIN/gclab" bench "$OOM_ON" --gc off,full --resolution "$(cfg 512,1024 256,512)" --steps 2 \

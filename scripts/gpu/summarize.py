@@ -145,6 +145,9 @@ def main():
         print("; ".join(l.strip() for l in log.splitlines() if re.match(r"^# \| \d", l)))
     elif s == "text_cuda":
         print("; ".join(l.strip() for l in log.splitlines() if l.startswith("| ") and "---" not in l)[:1500])
+    elif s == "memory_snapshot":  # memory_snapshot_check.py's one JSON line
+        m = re.search(r"^\{.*\}$", log, re.M)
+        print(m.group(0)[:600] if m else "")
 
 
 if __name__ == "__main__":

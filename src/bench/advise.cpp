@@ -27,6 +27,10 @@ int64_t previews_in(const config::ProcessConfig& c, int64_t steps, int every) {
   return n;
 }
 
+bool same_policy(const Policy& a, const Policy& b) {
+  return a.kind == b.kind && a.n == b.n && a.blocks == b.blocks && a.budget_bytes == b.budget_bytes;
+}
+
 struct Measured {
   double ms = 0;
   int64_t peak = 0;
@@ -119,12 +123,15 @@ AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
   out.rows.push_back(row("the config as it is (" + configured.to_string() + ")", "", step, preview, per_step));
   std::vector<Advice> alternatives;
   // Checkpoint policies, GC off among them.
-  for (const char* p : {"off", "every:2", "selective:attn", "selective:mlp", "full"}) {
-    const Policy policy = Policy::parse(p);
-    if (policy.to_string() == configured.to_string()) continue;
-    const std::string set = policy.kind == Policy::Kind::Off ? "train.gradient_checkpointing=false"
-                                                             : std::string("train.checkpoint_policy=") + p;
-    alternatives.push_back(row(std::string("checkpoint policy ") + p, set,
+  Policy every2, attn, mlp;
+  every2.kind = Policy::Kind::EveryN, every2.n = 2;
+  attn.kind = Policy::Kind::SelectiveAttn, mlp.kind = Policy::Kind::SelectiveMlp;
+  for (const Policy& policy : {Policy::off(), every2, attn, mlp, Policy::full()}) {
+    if (same_policy(policy, configured)) continue;
+    const std::string name = policy.to_string();
+    const std::string set =
+        policy.kind == Policy::Kind::Off ? "train.gradient_checkpointing=false" : "train.checkpoint_policy=" + name;
+    alternatives.push_back(row("checkpoint policy " + name, set,
                                measure_step(session, policy, batch, accumulation, resolutions, timed), preview,
                                per_step));
   }
