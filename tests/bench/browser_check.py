@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""gclab's HTML reports in a real browser (issue 33): a tiny run's report.html, a bench's bench_report.html
-and a fit's fit_report.html, each loaded by headless Chromium from the file alone. Each page must load with
-no console message, and its screenshot must show every chart drawn: each series colour the page's charts
-use is found among the screenshot's pixels (a chart that failed to render leaves its area white).
+"""gclab's HTML reports in a real browser (issue 33): a tiny run's report.html, a bench's bench_report.html,
+a fit's fit_report.html and an advise's advise.html, each loaded by headless Chromium from the file alone.
+Each page must load with no console message, and its screenshot must show every chart drawn: each series
+colour the page's charts use is found among the screenshot's pixels (a chart that failed to render leaves
+its area white).
 
     tests/bench/browser_check.py GCLAB WORK_DIR
 
@@ -37,6 +38,7 @@ PAGES = {
                     "backward peaks": (0xD6, 0x27, 0x28), "predicted bars": (0xAE, 0xC7, 0xE8)},
     "bench_report.html": {"policy off": (0x1F, 0x77, 0xB4), "policy full": (0xD6, 0x27, 0x28)},
     "fit_report.html": {"policy off": (0x1F, 0x77, 0xB4), "policy full": (0xD6, 0x27, 0x28)},
+    "advise.html": {"step bars": (0x1F, 0x77, 0xB4), "preview bars": (0x94, 0x67, 0xBD)},
 }
 
 
@@ -85,6 +87,7 @@ def main():
     config = work / "run.yaml"
     config.write_text(CONFIG.format(name="browser", work=work))
     run([gclab, "train", config, "--from-scratch"])
+    run([gclab, "advise", config])  # advise.html, and the run's report.html with the advice in it
     run([gclab, "bench", config, "--gc", "off,full", "--batch", "1,2", "--resolution", "64", "--steps", "1"])
     run([gclab, "fit", config, "--gc", "off,full", "--resolution", "64", "--vram-cap", "40MiB", "--max-batch", "4"])
     for name, colours in PAGES.items():
