@@ -1,7 +1,6 @@
 #include "gclab/bench/advise.h"
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -49,9 +48,7 @@ Measured measure_step(train::Session& session, const Policy& policy, int batch, 
       m.oom_phase = cell.oom_phase;
       return m;
     }
-    std::vector<double> t(cell.step_ms.begin() + 1, cell.step_ms.end());
-    std::sort(t.begin(), t.end());
-    m.ms += t[t.size() / 2] * accumulation / static_cast<double>(resolutions.size());
+    m.ms += cell.median_ms() * accumulation / static_cast<double>(resolutions.size());
     m.peak = std::max(m.peak, cell.peak_bytes);
   }
   return m;
@@ -61,15 +58,12 @@ Measured measure_step(train::Session& session, const Policy& policy, int batch, 
 Measured measure_previews(train::Session& session, const train::Session::PreviewSettings& settings) {
   Measured m;
   session.meter().reset_peak();
-  const auto t0 = std::chrono::steady_clock::now();
   try {
-    session.sample(0, {}, settings);
-    if (session.device().is_cuda()) torch::cuda::synchronize();
+    m.ms = time_ms(session, [&] { session.sample(0, {}, settings); });
   } catch (const c10::OutOfMemoryError&) {
     m.oom_phase = "sample";
   }
   session.meter().release_cached();
-  m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.peak = session.meter().stats().peak_bytes;
   return m;
 }

@@ -28,47 +28,44 @@ double forward_ms(train::Session& session, int batch, int resolution) {
   train::StepOptions so;
   so.dtype = session.plan().compute_dtype;
   so.loss_type = session.config().train.loss_type;
-  const bool cuda = session.device().is_cuda();
-  std::vector<double> ms;
-  for (int i = 0; i < 4; ++i) {
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    if (cuda) start.record();
-    const auto t0 = std::chrono::steady_clock::now();
-    { const torch::Tensor loss = train::flow_matching_loss(session.model(), mb, so); }
-    if (cuda) {
-      stop.record();
-      stop.synchronize();
-      ms.push_back(static_cast<double>(start.elapsed_time(stop)));
-    } else {
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-  }
-  std::sort(ms.begin() + 1, ms.end());
-  return ms[2];
+  CellResult timed;
+  for (int i = 0; i < 4; ++i)
+    timed.step_ms.push_back(
+        time_ms(session, [&] { const torch::Tensor loss = train::flow_matching_loss(session.model(), mb, so); }));
+  return timed.median_ms();
 }
 
 }  // namespace
 
+double CellResult::median_ms() const {
+  std::vector<double> timed(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
+  if (timed.empty()) return 0.0;
+  std::sort(timed.begin(), timed.end());
+  return timed[timed.size() / 2];
+}
+
+double time_ms(const train::Session& session, const std::function<void()>& work) {
+  if (!session.device().is_cuda()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  start.record();
+  work();
+  stop.record();
+  stop.synchronize();
+  return static_cast<double>(start.elapsed_time(stop));
+}
+
 CellResult run_cell(train::Session& session, int batch, int resolution, int steps, bool preview) {
   CellResult out;
   auto next = [&] { return session.synthetic_batch(batch, resolution, resolution); };
-  const bool cuda = session.device().is_cuda();
   try {
     for (int s = 0; s < steps; ++s) {
       session.meter().reset_peak();
       session.phases().clear();
-      // On CUDA the step is timed by events on the stream (what the GPU spent), on the CPU by the clock.
-      at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-      if (cuda) start.record();
-      const auto t0 = std::chrono::steady_clock::now();
-      session.train_step(s, next);
-      if (cuda) {
-        stop.record();
-        stop.synchronize();
-        out.step_ms.push_back(static_cast<double>(start.elapsed_time(stop)));
-      } else {
-        out.step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
+      out.step_ms.push_back(time_ms(session, [&] { session.train_step(s, next); }));
       auto stats = session.meter().stats();
       for (const auto& [name, bytes] : session.phases().peaks()) stats.peak_bytes = std::max(stats.peak_bytes, bytes);
       out.peak_bytes = std::max(out.peak_bytes, stats.peak_bytes);
@@ -183,9 +180,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
           row.oom = true;
           row.oom_phase = *cell.oom_phase;
         } else {
-          std::vector<double> timed(cell.step_ms.begin() + 1, cell.step_ms.end());  // the first step warms up
-          std::sort(timed.begin(), timed.end());
-          row.step_ms = timed[timed.size() / 2];
+          row.step_ms = cell.median_ms();
           row.peak_bytes = cell.peak_bytes;
           row.reserved_peak_bytes = cell.reserved_peak_bytes;
           row.model_tflop = step_flops(session, batch, resolution) / 1e12;

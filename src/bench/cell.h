@@ -2,6 +2,7 @@
 // session's applied policy, timed and their peak read, an out-of-memory error caught and named.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,7 +15,12 @@ struct CellResult {
   std::vector<double> step_ms;
   int64_t peak_bytes = 0, reserved_peak_bytes = 0;
   std::optional<std::string> oom_phase;
+  // The median of the steps after the first (which warms up).
+  double median_ms() const;
 };
+
+// What `work` takes, ms: on CUDA by events on the stream (what the GPU spent), on the CPU by the clock.
+double time_ms(const train::Session& session, const std::function<void()>& work);
 
 // Runs `steps` training steps of `batch` x resolution² (and a preview with `preview`) under the session's
 // policy; returns the step times (ms) and the peak, or the phase where memory ran out.

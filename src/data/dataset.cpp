@@ -125,17 +125,18 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
                                 "with one), as AI Toolkit does");
       ++result.uncaptioned;
     }
+    // The same-named file in `folder` with the first of `extensions` that exists (empty: none).
+    auto same_named = [&](const std::string& folder, std::initializer_list<const char*> extensions) {
+      for (const char* ext : extensions) {
+        const fs::path candidate = fs::path(folder) / (path.stem().string() + ext);
+        if (fs::exists(candidate, ec)) return candidate;
+      }
+      return fs::path();
+    };
     std::vector<fs::path> controls;
     bool have_controls = true;
     for (const auto& folder : dataset.control_path) {
-      fs::path found;
-      for (const char* ext : {".png", ".jpg", ".jpeg", ".webp", ".PNG", ".JPG", ".JPEG", ".WEBP"}) {
-        const fs::path candidate = fs::path(folder) / (path.stem().string() + ext);
-        if (fs::exists(candidate, ec)) {
-          found = candidate;
-          break;
-        }
-      }
+      const fs::path found = same_named(folder, {".png", ".jpg", ".jpeg", ".webp", ".PNG", ".JPG", ".JPEG", ".WEBP"});
       if (found.empty()) {
         result.warnings.push_back(path.string() + ": skipped, no control image " + path.stem().string() + ".* in " +
                                   folder);
@@ -147,13 +148,6 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
     }
     if (!have_controls) continue;
     ImageItem item{path, caption, size->width, size->height, index, controls, {}, {}};
-    auto same_named = [&](const std::string& folder, std::initializer_list<const char*> extensions) {
-      for (const char* ext : extensions) {
-        const fs::path candidate = fs::path(folder) / (path.stem().string() + ext);
-        if (fs::exists(candidate, ec)) return candidate;
-      }
-      return fs::path();
-    };
     if (dataset.inpaint_path) {
       item.inpaint = same_named(*dataset.inpaint_path, {".png", ".webp"});
       if (!item.inpaint.empty() && !opens_as_rgba(item.inpaint)) {  // load_inpaint_image returns without one

@@ -135,23 +135,36 @@ std::optional<ImageSize> read_image_size(const fs::path& path, std::string* erro
   }
 }
 
-torch::Tensor decode_image_rgb(const fs::path& path) {
-  if (lower_extension(path) == ".webp") {
+namespace {
+
+// The file's pixels with `channels` (3: RGB, its alpha dropped; 4: RGBA), as stb_image / libwebp decode them.
+torch::Tensor decode_pixels(const fs::path& path, int channels) {
+  int w = 0, h = 0;
+  uint8_t* pixels = nullptr;
+  const bool webp = lower_extension(path) == ".webp";
+  if (webp) {
     const auto bytes = read_all(path);
-    int w = 0, h = 0;
-    uint8_t* rgb = WebPDecodeRGB(bytes.data(), bytes.size(), &w, &h);
-    if (!rgb) throw ImageError(path.string() + ": cannot decode WebP (corrupt or truncated?)");
-    torch::Tensor out = torch::empty({h, w, 3}, torch::kUInt8);
-    std::memcpy(out.data_ptr(), rgb, static_cast<size_t>(w) * h * 3);
-    WebPFree(rgb);
-    return out;
+    pixels = channels == 4 ? WebPDecodeRGBA(bytes.data(), bytes.size(), &w, &h)
+                           : WebPDecodeRGB(bytes.data(), bytes.size(), &w, &h);
+    if (!pixels) throw ImageError(path.string() + ": cannot decode WebP (corrupt or truncated?)");
+  } else {
+    int in_file = 0;
+    pixels = stbi_load(path.c_str(), &w, &h, &in_file, channels);
+    if (!pixels) throw ImageError(path.string() + ": cannot decode (" + stbi_failure_reason() + ")");
   }
-  int w = 0, h = 0, channels = 0;
-  unsigned char* rgb = stbi_load(path.c_str(), &w, &h, &channels, 3);
-  if (!rgb) throw ImageError(path.string() + ": cannot decode (" + stbi_failure_reason() + ")");
-  torch::Tensor out = torch::empty({h, w, 3}, torch::kUInt8);
-  std::memcpy(out.data_ptr(), rgb, static_cast<size_t>(w) * h * 3);
-  stbi_image_free(rgb);
+  torch::Tensor out = torch::empty({h, w, channels}, torch::kUInt8);
+  std::memcpy(out.data_ptr(), pixels, static_cast<size_t>(w) * h * static_cast<size_t>(channels));
+  if (webp)
+    WebPFree(pixels);
+  else
+    stbi_image_free(pixels);
+  return out;
+}
+
+}  // namespace
+
+torch::Tensor decode_image_rgb(const fs::path& path) {
+  const torch::Tensor out = decode_pixels(path, 3);
   // Upright as AI Toolkit loads it (exif_transpose, toolkit/dataloader_mixins.py:896).
   return is_jpeg(path) ? oriented(out, jpeg_orientation(path)) : out;
 }
@@ -190,24 +203,7 @@ bool opens_as_rgba(const fs::path& path) {
 
 torch::Tensor decode_image_rgba(const fs::path& path) {
   if (!opens_as_rgba(path)) throw ImageError(path.string() + ": not an RGBA image (no alpha channel)");
-  int w = 0, h = 0;
-  uint8_t* pixels = nullptr;
-  const bool webp = lower_extension(path) == ".webp";
-  if (webp) {
-    const auto bytes = read_all(path);
-    pixels = WebPDecodeRGBA(bytes.data(), bytes.size(), &w, &h);
-  } else {
-    int channels = 0;
-    pixels = stbi_load(path.c_str(), &w, &h, &channels, 4);
-  }
-  if (!pixels) throw ImageError(path.string() + ": cannot decode");
-  torch::Tensor out = torch::empty({h, w, 4}, torch::kUInt8);
-  std::memcpy(out.data_ptr(), pixels, static_cast<size_t>(w) * h * 4);
-  if (webp)
-    WebPFree(pixels);
-  else
-    stbi_image_free(pixels);
-  return out;
+  return decode_pixels(path, 4);
 }
 
 namespace {

@@ -489,6 +489,16 @@ TEST(Session, PreviewsUseTheEmaWeightsAndRestoreTheLiveOnes) {
   fs::remove_all(dir);
 }
 
+// The model's prediction less the flow-matching target (noise - x0) for a micro-batch, without gradients: the
+// loss tests' own reckoning of what flow_matching_loss reduces.
+torch::Tensor velocity_error(Session& session, const MicroBatch& mb) {
+  torch::NoGradGuard no_grad;
+  model::ModelInputs in = mb.conditioning;
+  const torch::Tensor t4 = mb.t.view({-1, 1, 1, 1});
+  in.latents = (1 - t4) * mb.x0 + t4 * mb.noise, in.timestep = mb.t;
+  return session.model().forward(in) - (mb.noise - mb.x0);
+}
+
 // loss_type mae is SDTrainer's l1_loss (mean absolute error), mse its default; noise_offset adds
 // noise_offset * N(0, 1) per sample and channel (toolkit/train_tools.py apply_noise_offset).
 TEST(Session, LossTypeAndNoiseOffsetAsAiToolkit) {
@@ -496,14 +506,7 @@ TEST(Session, LossTypeAndNoiseOffsetAsAiToolkit) {
   Session session(tiny_config(dir, "l"));
   torch::manual_seed(2);
   const MicroBatch mb = session.micro_batch(session.synthetic_batch(2, 64, 64));
-  torch::Tensor diff;
-  {
-    torch::NoGradGuard no_grad;
-    model::ModelInputs in = mb.conditioning;
-    const torch::Tensor t4 = mb.t.view({-1, 1, 1, 1});
-    in.latents = (1 - t4) * mb.x0 + t4 * mb.noise, in.timestep = mb.t;
-    diff = session.model().forward(in) - (mb.noise - mb.x0);
-  }
+  const torch::Tensor diff = velocity_error(session, mb);
   StepOptions o;
   EXPECT_NEAR(flow_matching_loss(session.model(), mb, o).item<double>(), diff.square().mean().item<double>(), 1e-6);
   o.loss_type = config::LossType::mae;
@@ -573,14 +576,7 @@ TEST(Session, LossMasksWeighTheLossAsAiToolkitsMaskMultiplier) {
   m[0].narrow(1, h / 2, h / 2).fill_(0.25);
   m = m / m.mean();
   EXPECT_TRUE(torch::allclose(mb.loss_mask, m));
-  torch::Tensor diff;
-  {
-    torch::NoGradGuard no_grad;
-    model::ModelInputs in = mb.conditioning;
-    const torch::Tensor t4 = mb.t.view({-1, 1, 1, 1});
-    in.latents = (1 - t4) * mb.x0 + t4 * mb.noise, in.timestep = mb.t;
-    diff = session.model().forward(in) - (mb.noise - mb.x0);
-  }
+  const torch::Tensor diff = velocity_error(session, mb);
   const StepOptions o;
   const double masked = flow_matching_loss(session.model(), mb, o).item<double>();
   EXPECT_NEAR(masked, (diff.square() * m).mean().item<double>(), 1e-6);

@@ -94,7 +94,7 @@ struct LoaderOptions {
   bool controls_at_bucket = false;
   // The text encoder reads each sample's control files too (edit models, through the vision tower).
   bool text_reads_controls = false;
-  // The datasets' inpaint_path images are read (Flex.2's: ModelFamily::controls_as_channels).
+  // The datasets' inpaint_path images are read (Flex.2: its family's controls_as_channels).
   bool inpaint_images = false;
   uint64_t seed = 0;
   std::optional<std::string> trigger_word;  // the process's; a dataset's own wins

@@ -192,8 +192,7 @@ void check_flex2_preview_control(const std::filesystem::path& file, int index) {
 torch::Tensor flex2_preview_condition(const std::filesystem::path& file, int index, int width, int height,
                                       const std::function<torch::Tensor(const torch::Tensor&)>& encode) {
   torch::NoGradGuard no_grad;
-  check_flex2_preview_control(file, index);
-  const bool inpaint = names_inpainting(file);
+  const bool inpaint = names_inpainting(file);  // checked when the run was planned (check_flex2_preview_control)
   const torch::Tensor pixels = inpaint ? data::decode_image_rgba(file) : data::decode_image_rgb(file);
   // prepare_image: resized to the preview's size, in [-1, 1] (diffusers' VaeImageProcessor.preprocess).
   const torch::Tensor rgb = data::resize_rgb(pixels.narrow(2, 0, 3).contiguous(), width, height);
