@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Every phase predicted beside measured (issue 31): each tiny preset trained for two steps on the CPU (a
 LoRA, fp32, batch 2 at 64², a preview and a save at step 2), with latents cached or encoded on the fly, the
-text encoders resident or their embeddings cached, checkpointing off or full. It reads each run's
+text encoders resident or their embeddings cached, checkpointing off or full; and with latents and captions
+cached, the partial policies every:2, first:1 and offload, and batch 1 with gradient_accumulation 2. It reads each run's
 memory.json (`phase_peak_bytes` measured, `predicted_phase_peak_bytes`) and prints a Markdown table of each
 phase's error, and with --json the rows.
 
@@ -21,6 +22,14 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PRESETS = ["tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage", "tiny-sd3", "tiny-dit"]
+# gc_<name>: the run's checkpoint policy and, for acc2, its batch and accumulation. The partial policies and
+# accumulation run in one data combination (latents and captions cached): what they change is the blocks'
+# activations and the gradients' lifetime, which the other combinations do not touch.
+VARIANTS = {"off": {"checkpoint_policy": "off"}, "full": {"checkpoint_policy": "full"},
+            "every2": {"checkpoint_policy": "every:2"}, "first1": {"checkpoint_policy": "first:1"},
+            "offload": {"checkpoint_policy": "offload"},
+            "off_acc2": {"checkpoint_policy": "off", "batch_size": 1, "gradient_accumulation": 2}}
+PARTIAL = ["every2", "first1", "offload", "off_acc2"]
 PHASES = ["setup", "data", "text", "forward", "backward", "optimizer", "sample", "save"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -43,8 +52,9 @@ def config(preset, cached_latents, cached_text, gc, work):
         "name": name, "device": "cpu", "training_folder": str(work / "runs"), "training_seed": 7,
         "datasets": [dataset], "model": {"arch": preset},
         "network": {"type": "lora", "linear": 4, "linear_alpha": 4},
-        "train": {"batch_size": 2, "steps": 2, "lr": 1e-3, "dtype": "fp32", "gradient_checkpointing": gc == "full",
-                  "skip_first_sample": True, "optimizer": "adamw", "cache_text_embeddings": cached_text},
+        "train": {"batch_size": 2, "steps": 2, "lr": 1e-3, "dtype": "fp32",
+                  "gradient_checkpointing": VARIANTS[gc]["checkpoint_policy"] != "off", "skip_first_sample": True,
+                  "optimizer": "adamw", "cache_text_embeddings": cached_text, **VARIANTS[gc]},
         "sample": sample, "save": {"dtype": "float32", "save_every": 2}}
 
 
@@ -68,7 +78,7 @@ def main():
     for preset in a.presets.split(","):
         for cached_latents in [False, True]:
             for cached_text in [False, True]:
-                for gc in ["off", "full"]:
+                for gc in ["off", "full"] + (PARTIAL if cached_latents and cached_text else []):
                     name, c = config(preset, cached_latents, cached_text, gc, work)
                     path = work / f"{name}.yaml"
                     path.write_text(json.dumps(c))

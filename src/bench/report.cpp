@@ -222,16 +222,16 @@ Document load_report(const LoadEstimate& load, int64_t cap_bytes) {
 Document phases_report(const train::MemoryModel& model, const config::ProcessConfig& config) {
   Document d;
   const train::StepCell cell = train::largest_cell(config);
-  const ckpt::CheckpointPolicy& policy = config.train.policy();
-  const bool off = policy.kind == ckpt::CheckpointPolicy::Kind::Off;
+  const ckpt::CheckpointPolicy& policy = model.policy();
   ojson j = {{"batch", cell.batch}, {"resolution", cell.resolution}, {"policy", policy.to_string()}};
-  if (!off && policy.kind != ckpt::CheckpointPolicy::Kind::Full) {
+  const std::optional<train::StepEstimate> step = model.step(cell.batch, cell.resolution, cell.resolution, policy);
+  if (!step) {
     j["predicted"] = nullptr;
     d.value["phases"] = j;
-    d.note("/phases/predicted", "not predicted for this policy (off and full are; `estimate` shows both)");
+    d.note("/phases/predicted", "not predicted for the selective policies (`estimate` shows off and full)");
     return d;
   }
-  const train::PhaseBytes phases = model.phases(model.step(cell.batch, cell.resolution, cell.resolution, !off));
+  const train::PhaseBytes phases = model.phases(*step);
   j["predicted"] = memory::by_phase_name(phases);
   d.value["phases"] = j;
   d.heading("/phases",

@@ -32,6 +32,35 @@ ActivationOptions activation_options(const config::ProcessConfig& config, bool c
   return o;
 }
 
+std::optional<PolicyActivations> activations_under(const ActivationEstimate& est,
+                                                   const ckpt::CheckpointPolicy& policy) {
+  PolicyActivations p;
+  p.all_checkpointed = true;
+  const int n = static_cast<int>(est.per_block.size());
+  for (int i = 0; i < n; ++i) {  // p.kept_bytes: the blocks before block i, in the model's order
+    const BlockBytes& b = est.per_block[static_cast<size_t>(i)];
+    int64_t kept = 0, own = b.saved;  // what block i keeps, and holds while its backward runs
+    switch (policy.mode_for(i, n)) {
+      case ckpt::BlockMode::None:
+        kept = b.saved, p.all_checkpointed = false;
+        break;
+      case ckpt::BlockMode::Full:
+        kept = b.input, own += b.input;
+        break;
+      case ckpt::BlockMode::Offload:
+        own += b.input;
+        break;
+      case ckpt::BlockMode::SelectiveAttn:
+      case ckpt::BlockMode::SelectiveMlp:
+        return std::nullopt;
+    }
+    p.peak_bytes = std::max(p.peak_bytes, p.kept_bytes + own);
+    p.kept_bytes += kept;
+  }
+  p.peak_bytes = std::max(p.peak_bytes, p.kept_bytes);
+  return p;
+}
+
 ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64_t height, int64_t width, int64_t text,
                                         const ActivationOptions& o) {
   const BlockLedger L{batch,
@@ -49,16 +78,17 @@ ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64
   est.text_tokens = t;
   for (BlockActivations& b : family_of(s.family).block_activations(s, L, n, t))
     if (b.count > 0) est.blocks.push_back(std::move(b));
-  int64_t largest_block = 0;
   size_t index = 0;  // the block's place in the model, for its dequantized weights
   for (const auto& b : est.blocks)
     for (int k = 0; k < b.count; ++k, ++index) {
       const int64_t weights = index < o.dequantized_weight_bytes.size() ? o.dequantized_weight_bytes[index] : 0;
-      est.total_off_bytes += b.saved_bytes + weights;
-      est.total_full_bytes += b.input_bytes;
-      largest_block = std::max(largest_block, b.saved_bytes + weights);
+      est.per_block.push_back({b.saved_bytes + weights, b.input_bytes});
     }
-  est.full_with_recompute_bytes = est.total_full_bytes + largest_block;
+  const PolicyActivations off = *activations_under(est, ckpt::CheckpointPolicy::off());
+  const PolicyActivations full = *activations_under(est, ckpt::CheckpointPolicy::full());
+  est.total_off_bytes = off.kept_bytes;
+  est.total_full_bytes = full.kept_bytes;
+  est.full_with_recompute_bytes = full.peak_bytes;
   return est;
 }
 

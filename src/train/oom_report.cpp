@@ -9,20 +9,15 @@
 
 #include "gclab/ckpt/policy.h"
 #include "gclab/config/byte_size.h"
-#include "gclab/model/activations.h"
+#include "gclab/log/log.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
+#include "gclab/train/predict.h"
 #include "gclab/train/trainer.h"
 
 namespace gclab::train {
 
 namespace {
-
-int64_t activation_bytes(const model::ModelSpec& spec, const model::ActivationOptions& o, int64_t batch, int side_w,
-                         int side_h, bool checkpointed) {
-  const auto est = model::estimate_activations(spec, batch, side_h, side_w, 0, o);
-  return checkpointed ? est.full_with_recompute_bytes : est.total_off_bytes;
-}
 
 std::pair<int, int> parse_bucket(const std::string& key) {
   int w = 0, h = 0;
@@ -80,26 +75,47 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
   return fixes;
 }
 
-// What every lever of a step's out-of-memory error is priced from.
+// What every lever of an out-of-memory error in a step or a preview is priced from: the peak the memory
+// model (train/predict.h) predicts for the run as it is and for the config re-planned with the change — the
+// step's (its highest phase, the optimizer's state made, at the failing cell) or the preview's. Not the
+// failing phase's alone: a change that moves the peak to another phase saves only down to that one.
 struct Levers {
-  Levers(const OomContext& c, const config::ProcessConfig& cfg, const model::ModelSpec& sp, const vae::CodecSpec& co,
-         const model::ActivationOptions& a)
-      : ctx(c), config(cfg), spec(sp), codec(co), activations(a) {}
+  Levers(const OomContext& c, const config::ProcessConfig& cfg, const vae::CodecSpec& co)
+      : ctx(c), config(cfg), codec(co) {}
   const OomContext& ctx;
   const config::ProcessConfig& config;
-  const model::ModelSpec& spec;
   const vae::CodecSpec& codec;
-  const model::ActivationOptions& activations;
-  int bw = 0, bh = 0;  // the batch's bucket
+  int bw = 0, bh = 0;  // the batch's bucket (the preview's size in the sample phase)
   int batch = 1;
   bool cpu = false;
   bool fully_checkpointed = false;
   // The training step's own levers (checkpointing, batch, buckets) do not apply to a preview, which runs
   // without gradients at its own size.
   bool in_step = true;
-  std::string basis;
+  Phase phase = Phase::forward;
+  int64_t now = 0;  // the step's (or the preview's) predicted peak as the run is
   // The failing phase's own fixes (`first`), then the rest in the order practice recommends.
   std::vector<OomFix> first, fixes;
+
+  // The predicted peak under `c` at a cell of `b` images of h x w: the policy the run's Session would apply
+  // (a selective one priced as off, an upper bound).
+  int64_t predicted(const config::ProcessConfig& c, int b, int h, int w) const;
+  int64_t predicted(const config::ProcessConfig& c) const { return predicted(c, batch, bh, bw); }
+  std::string what() const {
+    return phase == Phase::sample ? "the preview's peak"
+                                  : "the step's peak at " + ctx.bucket + ", batch " + std::to_string(batch);
+  }
+  std::string basis(const std::string& change) const {
+    return what() + ", the memory model's (train/predict.h) for the run as it is and re-planned " + change;
+  }
+  // A fix priced by re-planning with `apply`, offered when it saves something; into `to` (fixes by default).
+  void priced(const std::string& title, const std::string& change, const std::string& how,
+              const std::function<void(config::ProcessConfig&)>& apply, std::vector<OomFix>* to = nullptr) {
+    config::ProcessConfig c = config;
+    apply(c);
+    const int64_t saving = now - predicted(c);
+    if (saving > 0) (to ? *to : fixes).push_back({title, change, saving, basis(how)});
+  }
 
   void latent_cache_fix();
   void step_fixes();
@@ -109,181 +125,170 @@ struct Levers {
   void optimizer_fixes();
 };
 
-// 0. The autoencoder's encode ran out: cache the latents before training (it then leaves the device).
-void Levers::latent_cache_fix() {
-  if (ctx.activity == Activity::vae_encode && codec.autoencoder && bw > 0) {
-    std::string which;
-    for (size_t d = 0; d < config.datasets.size(); ++d)
-      if (!config.datasets[d].cache_latents && !config.datasets[d].cache_latents_to_disk)
-        which += (which.empty() ? "" : ", ") + std::string("datasets[") + std::to_string(d) + "].cache_latents: true";
-    if (!which.empty())
-      first.push_back({"Cache the latents before training", which,
-                       codec.weight_bytes() + codec.encode_bytes(batch, bh, bw, cpu),
-                       "the autoencoder's weights and its encode peak at " + ctx.bucket + ", batch " +
-                           std::to_string(batch) + " (vae/memory.h), no longer on the device during steps"});
-  }
+int64_t Levers::predicted(const config::ProcessConfig& c, int b, int h, int w) const {
+  log::QuietScope quiet;
+  const MemoryModel model(c);
+  std::optional<StepEstimate> s = model.step(b, h, w, model.policy());
+  if (!s) s = model.step(b, h, w, ckpt::CheckpointPolicy::off());
+  if (phase != Phase::sample) return s->total_bytes;
+  const PhaseBytes phases = model.phases(*s);
+  const auto it = phases.find(Phase::sample);
+  return it == phases.end() ? 0 : it->second;
 }
 
-// 1. Checkpointing off (or partial): the activations of every block, kept for backward. 2. Batch size: half
-// the batch, twice the accumulation, the same effective batch. 3. The largest bucket: drop the dataset's
-// largest resolution.
+// 0. The autoencoder's encode ran out: cache the latents before training (it then leaves the device).
+void Levers::latent_cache_fix() {
+  if (ctx.activity != Activity::vae_encode || !codec.autoencoder || bw <= 0) return;
+  std::string which;
+  for (size_t d = 0; d < config.datasets.size(); ++d)
+    if (!config.datasets[d].cache_latents && !config.datasets[d].cache_latents_to_disk)
+      which += (which.empty() ? "" : ", ") + std::string("datasets[") + std::to_string(d) + "].cache_latents: true";
+  if (!which.empty())
+    priced(
+        "Cache the latents before training", which, "with the latents cached (the autoencoder leaves the device)",
+        [](config::ProcessConfig& c) {
+          for (auto& d : c.datasets) d.cache_latents = true;
+        },
+        &first);
+}
+
+// 1. Checkpointing off (or partial): every block checkpointed. 2. Batch size: half the batch, twice the
+// accumulation, the same effective batch. 3. The largest bucket: the dataset's largest resolution dropped.
 void Levers::step_fixes() {
-  const ckpt::CheckpointPolicy& policy = config.train.policy();
-  if (in_step && !fully_checkpointed && bw > 0) {
-    const int64_t off = activation_bytes(spec, activations, batch, bw, bh, false);
-    const int64_t full = activation_bytes(spec, activations, batch, bw, bh, true);
-    fixes.push_back({"Turn gradient checkpointing on",
-                     "train.gradient_checkpointing: true (train.checkpoint_policy: full)", off - full,
-                     basis + ", GC off vs full" +
-                         (policy.kind == ckpt::CheckpointPolicy::Kind::Off
-                              ? ""
-                              : " (an upper bound: some blocks are already checkpointed)")});
-  }
-  if (in_step && batch > 1 && bw > 0) {
-    const int64_t now = activation_bytes(spec, activations, batch, bw, bh, fully_checkpointed);
-    const int64_t half = activation_bytes(spec, activations, batch / 2, bw, bh, fully_checkpointed);
+  if (!in_step || bw <= 0) return;
+  if (!fully_checkpointed)
+    priced("Turn gradient checkpointing on", "train.gradient_checkpointing: true (train.checkpoint_policy: full)",
+           "with checkpointing full", [](config::ProcessConfig& c) {
+             c.train.gradient_checkpointing = true, c.train.checkpoint_policy = ckpt::CheckpointPolicy::full();
+           });
+  if (batch > 1) {
+    config::ProcessConfig c = config;
     const int accumulation = config.train.accumulation();
-    fixes.push_back({"Lower the batch size and accumulate",
-                     "train.batch_size: " + std::to_string(batch / 2) + " with train.gradient_accumulation: " +
-                         std::to_string(accumulation * 2) + " (same effective batch)",
-                     now - half, basis + " vs batch " + std::to_string(batch / 2)});
+    c.train.batch_size = batch / 2, c.train.gradient_accumulation = accumulation * 2;
+    for (auto& d : c.datasets) d.batch_size.reset();
+    const int64_t saving = now - predicted(c, batch / 2, bh, bw);
+    if (saving > 0)
+      fixes.push_back({"Lower the batch size and accumulate",
+                       "train.batch_size: " + std::to_string(batch / 2) + " with train.gradient_accumulation: " +
+                           std::to_string(accumulation * 2) + " (same effective batch)",
+                       saving, basis("at batch " + std::to_string(batch / 2))});
   }
   for (size_t d = 0; d < config.datasets.size(); ++d) {
     auto res = config.datasets[d].resolution;
     std::sort(res.begin(), res.end());
-    if (!in_step || res.size() < 2 || bw <= 0) continue;
+    if (res.size() < 2) continue;
     const int largest = res.back(), next = res[res.size() - 2];
-    const int64_t big = activation_bytes(spec, activations, batch, largest, largest, fully_checkpointed);
-    const int64_t small = activation_bytes(spec, activations, batch, next, next, fully_checkpointed);
-    fixes.push_back({"Drop the largest bucket",
-                     "datasets[" + std::to_string(d) + "].resolution without " + std::to_string(largest) +
-                         " (largest left: " + std::to_string(next) + ")",
-                     big - small,
-                     "activation ledger at " + std::to_string(largest) + "² vs " + std::to_string(next) + "²"});
+    config::ProcessConfig c = config;
+    auto& kept = c.datasets[d].resolution;
+    kept.erase(std::find(kept.begin(), kept.end(), largest));
+    const int64_t saving = predicted(config, batch, largest, largest) - predicted(c, batch, next, next);
+    if (saving > 0)
+      fixes.push_back({"Drop the largest bucket",
+                       "datasets[" + std::to_string(d) + "].resolution without " + std::to_string(largest) +
+                           " (largest left: " + std::to_string(next) + ")",
+                       saving,
+                       "the step's peak the memory model (train/predict.h) predicts at " + std::to_string(largest) +
+                           "², and re-planned without it at " + std::to_string(next) + "², batch " +
+                           std::to_string(batch)});
     break;
   }
 }
 
-// 4. Previews: the decode tiled, a smaller preview (half the side: a quarter of the tokens and of the
-// decoder's activations), previews less often or none.
+// 4. Previews, when one ran out: the decode tiled, a smaller preview (half the side), previews less often
+// or none.
 void Levers::preview_fixes() {
-  if (config.sample && !config.train.disable_sampling) {
-    const auto& s = *config.sample;
-    const bool in_preview = ctx.phase == Phase::sample;
-    const bool in_decode = in_preview && ctx.activity == Activity::vae_decode;
-    int64_t train_peak = 0;
-    for (const Phase p : {Phase::forward, Phase::backward})
-      if (const auto it = ctx.last_step_phase_peaks.find(p); it != ctx.last_step_phase_peaks.end())
-        train_peak = std::max(train_peak, it->second);
-    const int64_t preview_above_training = in_preview ? std::max<int64_t>(0, ctx.peak_bytes - train_peak) : 0;
-    // Tiling helps only the decode: first when the decode ran out, after the other preview fixes otherwise.
-    std::vector<OomFix> preview_fixes, tiling;
-    if (codec.autoencoder &&
-        codec.tile_sample_size == 0) {  // not tiled already (vae_tiling, or low_vram for Qwen-Image)
-      // The largest tile (512, 256, 128 or 64 pixels, smaller than the preview) whose decode fits under the
-      // cap on top of what was live, the autoencoder's weights included; the smallest when none does.
-      vae::CodecSpec tiled = codec;
-      for (int tile : {512, 256, 128, 64}) {
-        if (tile >= std::max(s.width, s.height) && tile > 64) continue;
-        tiled.tile_sample_size = tile;
-        if (ctx.cap_bytes <= 0 ||
-            ctx.live_bytes + codec.weight_bytes() + tiled.decode_bytes(1, s.height, s.width, cpu) <= ctx.cap_bytes)
-          break;
-      }
-      const int64_t saving =
-          codec.decode_bytes(1, s.height, s.width, cpu) - tiled.decode_bytes(1, s.height, s.width, cpu);
-      tiling.push_back(
-          {"Decode previews in tiles",
-           "sample.vae_tiling: true" + (tiled.tile_sample_size == s.vae_tile_size
-                                            ? std::string()
-                                            : ", sample.vae_tile_size: " + std::to_string(tiled.tile_sample_size)),
-           saving,
-           "the autoencoder's decode peak at " + std::to_string(s.width) + "x" + std::to_string(s.height) +
-               " whole vs in " + std::to_string(tiled.tile_sample_size) + "-pixel tiles (vae/memory.h)"});
+  if (!config.sample || config.train.disable_sampling || phase != Phase::sample) return;
+  const auto& s = *config.sample;
+  const bool in_decode = ctx.activity == Activity::vae_decode;
+  int64_t train_peak = 0;
+  for (const Phase p : {Phase::forward, Phase::backward})
+    if (const auto it = ctx.last_step_phase_peaks.find(p); it != ctx.last_step_phase_peaks.end())
+      train_peak = std::max(train_peak, it->second);
+  const int64_t preview_above_training = std::max<int64_t>(0, ctx.peak_bytes - train_peak);
+  // Tiling helps only the decode: first when the decode ran out, after the other preview fixes otherwise.
+  std::vector<OomFix> previews, tiling;
+  if (codec.autoencoder && codec.tile_sample_size == 0) {  // not tiled already (vae_tiling, or Qwen-Image's low_vram)
+    // The largest tile (512, 256, 128 or 64 pixels, smaller than the preview) whose decode fits under the
+    // cap on top of what was live, the autoencoder's weights included; the smallest when none does.
+    vae::CodecSpec tiled = codec;
+    for (int tile : {512, 256, 128, 64}) {
+      if (tile >= std::max(s.width, s.height) && tile > 64) continue;
+      tiled.tile_sample_size = tile;
+      if (ctx.cap_bytes <= 0 ||
+          ctx.live_bytes + codec.weight_bytes() + tiled.decode_bytes(1, s.height, s.width, cpu) <= ctx.cap_bytes)
+        break;
     }
-    int64_t smaller = 0;
-    std::string smaller_basis = "previews did not fail here";
-    if (in_decode && codec.autoencoder) {
-      smaller = codec.decode_bytes(1, s.height, s.width, cpu) - codec.decode_bytes(1, s.height / 2, s.width / 2, cpu);
-      smaller_basis = "the autoencoder's decode peak at " + std::to_string(s.width) + "x" + std::to_string(s.height) +
-                      " vs " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) + " (vae/memory.h)";
-    } else if (in_preview) {
-      smaller = preview_above_training;
-      smaller_basis = "the preview's peak above the training step's, measured";
-    }
-    preview_fixes.push_back({"Make previews cheaper",
-                             "sample.width/height " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) +
-                                 " (from " + std::to_string(s.width) + "x" + std::to_string(s.height) +
-                                 "), fewer sample_steps",
-                             smaller, smaller_basis});
-    if (in_preview)
-      preview_fixes.push_back(
-          {"Preview less often, or not at all",
-           "train.disable_sampling: true (or a larger sample.sample_every, which only makes the peak rarer)",
-           preview_above_training, "the preview's peak above the training step's, measured"});
-    preview_fixes.insert(in_decode ? preview_fixes.begin() : preview_fixes.end(), tiling.begin(), tiling.end());
-    auto& to = in_preview ? first : fixes;
-    to.insert(to.end(), preview_fixes.begin(), preview_fixes.end());
+    const int tile = static_cast<int>(tiled.tile_sample_size);
+    priced(
+        "Decode previews in tiles",
+        "sample.vae_tiling: true" +
+            (tile == s.vae_tile_size ? std::string() : ", sample.vae_tile_size: " + std::to_string(tile)),
+        "with the decode in " + std::to_string(tile) + "-pixel tiles",
+        [tile](config::ProcessConfig& c) { c.sample->vae_tiling = true, c.sample->vae_tile_size = tile; }, &tiling);
   }
+  priced(
+      "Make previews cheaper",
+      "sample.width/height " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) + " (from " +
+          std::to_string(s.width) + "x" + std::to_string(s.height) + "), fewer sample_steps",
+      "at half the preview's side", [](config::ProcessConfig& c) { c.sample->width /= 2, c.sample->height /= 2; },
+      &previews);
+  if (preview_above_training > 0)
+    previews.push_back(
+        {"Preview less often, or not at all",
+         "train.disable_sampling: true (or a larger sample.sample_every, which only makes the peak rarer)",
+         preview_above_training, "the preview's peak above the training step's, measured"});
+  previews.insert(in_decode ? previews.begin() : previews.end(), tiling.begin(), tiling.end());
+  first.insert(first.end(), previews.begin(), previews.end());
 }
 
 // 5. The base weights' storage: quantized (qfloat8), or, for a fully checkpointed run, a step down in bits
-// (with blocks that are not checkpointed a uint base keeps dequantized copies: no saving there). Each
-// saving from the model built on the meta device with and without the change. 5b. Layer offloading (a LoRA
-// base): the transformer's Linears in host memory, brought per call; the saving is their device bytes less
-// what bringing them holds (a meta build, offloaded as the run would).
+// (where blocks keep their graph a uint base keeps dequantized copies, which re-planning prices). 5b.
+// Layer offloading (a LoRA base): the transformer's Linears in host memory, brought per call.
 void Levers::weight_fixes() {
-  {
-    const auto now = config.model.quantize ? model::quantized_storage(config.model.qtype) : std::nullopt;
-    const int bits = now ? nn::uintx_bits(*now) : 0;
-    std::optional<config::QType> next;
-    if (!config.model.quantize)
-      next = config::QType::qfloat8;
-    else if (config.model.accuracy_recovery_adapter)
-      ;  // its adapter was trained on this qtype's rounding: a step down in bits would void it
-    else if (fully_checkpointed && now && !bits)
-      next = config::QType::uint4;
-    else if (fully_checkpointed && bits > 2)
-      next = config::parse_qtype("uint" + std::to_string(bits - 1));
-    if (next) {
-      config::ProcessConfig changed = config;
-      changed.model.quantize = true;
-      changed.model.qtype = *next;
-      const int64_t saving = base_weight_bytes(config, spec) - base_weight_bytes(changed, spec);
-      const std::string to(config::name_of(*next)), from(config::name_of(config.model.qtype));
-      fixes.push_back({config.model.quantize ? "Store the base in fewer bits" : "Quantize the base weights",
-                       config.model.quantize ? "model.qtype: " + to + " (from " + from + ")"
-                                             : "model.quantize: true (qtype qfloat8: float8 Linear weights)",
-                       saving, "the transformer's weights stored as " + to + " (built on the meta device)"});
-    }
+  const auto stored = config.model.quantize ? model::quantized_storage(config.model.qtype) : std::nullopt;
+  const int bits = stored ? nn::uintx_bits(*stored) : 0;
+  std::optional<config::QType> next;
+  if (!config.model.quantize)
+    next = config::QType::qfloat8;
+  else if (config.model.accuracy_recovery_adapter)
+    ;  // its adapter was trained on this qtype's rounding: a step down in bits would void it
+  else if (fully_checkpointed && stored && !bits)
+    next = config::QType::uint4;
+  else if (fully_checkpointed && bits > 2)
+    next = config::parse_qtype("uint" + std::to_string(bits - 1));
+  if (next) {
+    const std::string to(config::name_of(*next)), from(config::name_of(config.model.qtype));
+    const config::QType q = *next;
+    priced(config.model.quantize ? "Store the base in fewer bits" : "Quantize the base weights",
+           config.model.quantize ? "model.qtype: " + to + " (from " + from + ")"
+                                 : "model.quantize: true (qtype qfloat8: float8 Linear weights)",
+           "with the transformer's weights stored as " + to,
+           [q](config::ProcessConfig& c) { c.model.quantize = true, c.model.qtype = q; });
   }
-  if (config.network && !(config.model.layer_offloading && config.model.layer_offloading_transformer_percent >= 1.0)) {
-    config::ProcessConfig changed = config;
-    changed.model.layer_offloading = true;
-    changed.model.layer_offloading_transformer_percent = 1.0;
-    config::offloading_qtypes(changed.model);
-    const int64_t saving = offload_saving(changed, spec) - offload_saving(config, spec);
-    if (saving > 0)
-      fixes.push_back({"Offload the base's layers to host memory",
-                       "model.layer_offloading: true (layer_offloading_transformer_percent: 1.0)", saving,
-                       "the transformer's frozen Linears kept in host RAM and brought to the device per call (a meta "
-                       "build; steps get slower, host memory grows by as much)"});
-  }
+  if (config.network && !(config.model.layer_offloading && config.model.layer_offloading_transformer_percent >= 1.0))
+    priced("Offload the base's layers to host memory",
+           "model.layer_offloading: true (layer_offloading_transformer_percent: 1.0)",
+           "with the transformer's frozen Linears in host RAM, brought to the device per call (steps get slower, "
+           "host memory grows by as much)",
+           [](config::ProcessConfig& c) {
+             c.model.layer_offloading = true, c.model.layer_offloading_transformer_percent = 1.0;
+             config::offloading_qtypes(c.model);
+           });
 }
 
 // 3b. The optimizer's state, from the step after the first update on beside every step's activations: the
-// same trained tensors' state under the 8-bit twin or Adafactor (what the Session's optimizer predicts),
-// after the step's own levers.
+// 8-bit twin, and Adafactor for a full fine-tune.
 void Levers::optimizer_fixes() {
-  for (const auto& [kind, bytes] : ctx.optimizer_alternatives) {
-    const int64_t saving = ctx.optimizer_bytes - bytes;
-    if (saving <= 0) continue;
+  std::vector<config::OptimizerKind> alternatives;
+  if (const auto twin = eight_bit_twin(config.train.optimizer)) alternatives.push_back(*twin);
+  if (!config.network && config.train.optimizer != config::OptimizerKind::adafactor)
+    alternatives.push_back(config::OptimizerKind::adafactor);
+  for (const config::OptimizerKind kind : alternatives) {
     const std::string name(config::name_of(kind));
-    fixes.push_back({kind == config::OptimizerKind::adafactor ? "Use Adafactor (factored second moments)"
-                                                              : "Keep the optimizer's state in 8 bits",
-                     "train.optimizer: " + name, saving,
-                     "the trained tensors' optimizer state as " + name + " holds it (train/optimizer.h), against the " +
-                         config::format_bytes(ctx.optimizer_bytes) + " live"});
+    priced(kind == config::OptimizerKind::adafactor ? "Use Adafactor (factored second moments)"
+                                                    : "Keep the optimizer's state in 8 bits",
+           "train.optimizer: " + name, "with " + name + "'s state (train/optimizer.h)",
+           [kind](config::ProcessConfig& c) { c.train.optimizer = kind; });
   }
 }
 
@@ -291,44 +296,36 @@ void Levers::optimizer_fixes() {
 // weights. First when the encode ran out, or when they hold a quarter or more of what was live: then they
 // are what crowds the step out.
 void Levers::text_fixes() {
+  if (text_encoder_leaves(config) || ctx.text_encoder_bytes <= 0) return;
   std::vector<OomFix> text;
+  priced(
+      "Cache text embeddings (the text encoders then leave the device)", "train.cache_text_embeddings: true",
+      "with the captions encoded once before training, the encoders then off the device",
+      [](config::ProcessConfig& c) { c.train.cache_text_embeddings = true; }, &text);
+  priced(
+      "Unload the text encoders",
+      "train.unload_text_encoder: true (without cache_text_embeddings every step then trains on the trigger "
+      "word, or the empty prompt, not the captions — as in AI Toolkit)",
+      "with the text encoders gone after the first encodes",
+      [](config::ProcessConfig& c) { c.train.unload_text_encoder = true; }, &text);
+  // On the encoders AI Toolkit quantizes (none for SD3, whose loader reads model.quantize instead).
+  if (!config.model.quantize_te.value_or(config.model.quantize))
+    priced(
+        "Quantize the text encoders", "model.quantize_te: true",
+        "with the text encoders' quantized Linears (" +
+            model::describe_text_encoder_storage(
+                [&] {
+                  config::ModelConfig m = config.model;
+                  m.quantize_te = true;
+                  return m;
+                }(),
+                model::spec_for(config.model).family) +
+            ")",
+        [](config::ProcessConfig& c) { c.model.quantize_te = true; }, &text);
   const bool in_encode = ctx.phase == Phase::text || ctx.activity == Activity::text_encode;
-  if (!text_encoder_leaves(config) && ctx.text_encoder_bytes > 0) {
-    // The same encoders built on the meta device as the run builds them; where the encode itself ran out,
-    // its predicted peak (the nominal caption's; text/memory.h) leaves the steps too.
-    const auto dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;
-    auto plan = prompt_plan(config, spec, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
-    const text::PromptEncoder meta(plan);
-    const int64_t encode = in_encode ? predict_caption_encode(meta, spec, cpu).peak_bytes : 0;
-    const std::string left =
-        in_encode ? "the text encoders' weights and their encode peak (" + config::format_bytes(encode) + " for a " +
-                        std::to_string(model::kNominalCaptionTokens) + "-token caption, text/memory.h)"
-                  : "the text encoders' weights";
-    text.push_back({"Cache text embeddings (the text encoders then leave the device)",
-                    "train.cache_text_embeddings: true", ctx.text_encoder_bytes + encode,
-                    left + ", no longer on the device during steps (captions encoded once before training)"});
-    text.push_back({"Unload the text encoders",
-                    "train.unload_text_encoder: true (without cache_text_embeddings every step then trains on the "
-                    "trigger word, or the empty prompt, not the captions — as in AI Toolkit)",
-                    ctx.text_encoder_bytes + encode, left + ", gone after the first encodes"});
-    // With and without quantize_te, on the encoders AI Toolkit quantizes (none for SD3, whose loader reads
-    // model.quantize instead).
-    config::ModelConfig quantized = config.model;
-    quantized.quantize_te = true;
-    const auto storage = model::text_encoder_storage(quantized, spec.family);
-    if (storage != plan.linear_storage) {
-      const int64_t before = meta.weight_bytes();
-      plan.linear_storage = storage;
-      const int64_t after = text::PromptEncoder(plan).weight_bytes();
-      text.push_back({"Quantize the text encoders", "model.quantize_te: true", before - after,
-                      "the text encoders' weights with " +
-                          model::describe_text_encoder_storage(quantized, spec.family) +
-                          " (built on the meta device)"});
-    }
-  }
   const bool text_crowds = in_encode || (ctx.live_bytes > 0 && ctx.text_encoder_bytes * 4 >= ctx.live_bytes);
-  auto& text_to = text_crowds ? first : fixes;
-  text_to.insert(text_crowds ? text_to.begin() : text_to.end(), text.begin(), text.end());
+  auto& to = text_crowds ? first : fixes;
+  to.insert(text_crowds ? to.begin() : to.end(), text.begin(), text.end());
 }
 
 }  // namespace
@@ -346,17 +343,18 @@ OomContext oom_context(const config::ProcessConfig& config, const c10::Device& d
 }
 
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
-                                    const model::ModelSpec& spec, const vae::CodecSpec& codec,
-                                    const model::ActivationOptions& activations) {
+                                    const vae::CodecSpec& codec) {
   if (ctx.phase == Phase::setup) return load_fixes(config);
-  Levers l(ctx, config, spec, codec, activations);
+  Levers l(ctx, config, codec);
   std::tie(l.bw, l.bh) = parse_bucket(ctx.bucket);
   const ckpt::CheckpointPolicy::Kind kind = config.train.policy().kind;
   l.fully_checkpointed = kind == ckpt::CheckpointPolicy::Kind::Full || kind == ckpt::CheckpointPolicy::Kind::Offload;
   l.batch = std::max(ctx.batch, 1);
   l.cpu = ctx.cpu;
   l.in_step = ctx.phase != Phase::sample;
-  l.basis = "activation ledger (src/model/activations.cpp) at " + ctx.bucket + ", batch " + std::to_string(l.batch);
+  l.phase = ctx.phase;
+  if (l.bw <= 0) l.bw = l.bh = largest_cell(config).resolution;
+  l.now = l.predicted(config);
   l.latent_cache_fix();
   l.step_fixes();
   l.optimizer_fixes();
@@ -377,8 +375,7 @@ Session open_session(const config::ProcessConfig& config, const std::filesystem:
     ctx.peak_bytes = predicted_load_peak(config);
     const model::ModelSpec spec = model::spec_for(config.model);
     std::filesystem::create_directories(output_dir);
-    const std::string brief =
-        write_oom_report(output_dir, ctx, recommend_fixes(ctx, config, spec, codec_plan(config, spec), {}));
+    const std::string brief = write_oom_report(output_dir, ctx, recommend_fixes(ctx, config, codec_plan(config, spec)));
     throw OutOfMemoryStop(brief);
   }
 }

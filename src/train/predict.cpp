@@ -51,7 +51,7 @@ int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
 }
 
 StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, const model::ActivationEstimate& a,
-                           int batch, int height, int width, bool checkpointed, bool cpu,
+                           const model::PolicyActivations& kept, int batch, int height, int width, bool cpu,
                            const std::vector<data::Caption>& captions) {
   const model::ModelSpec& spec = session.spec();
   StepEstimate s;
@@ -59,7 +59,7 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   // error (train/flow.cpp), each of the family's latent_shape; the text embeddings [B, T, D] (+ pooled).
   const int64_t latent = int64_t{4} * c10::multiply_integers(model::latent_shape(spec, batch, height, width));
   s.batch_bytes = 6 * latent + int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
-  s.activation_bytes = checkpointed ? a.full_with_recompute_bytes : a.total_off_bytes;
+  s.activation_bytes = kept.peak_bytes;
   // On top of what the blocks keep, the block being run (forward) or differentiated (backward, and its
   // recompute) holds its MLP's transients: the hidden activation and its gradient, [B, S, mlp] each, B x S
   // the most rows an MLP runs on (BlockActivations::mlp_rows: a two-stream block's streams apart). Measured
@@ -102,16 +102,22 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   else if (e.text)
     s.text_bytes = encoded_here + s.reference_bytes + embeddings;
   // Between steps the gradients are gone (zero_grad sets them to None); everything else resident stays.
-  const int64_t steady = e.resident_bytes - e.gradient_bytes;
+  // With gradient_accumulation the micro-batches after the first run beside the gradients the earlier ones
+  // left (summed into, not freed), and an optimizer that accumulates stochastically sets them aside through
+  // each later backward (one more set beside the new ones).
+  const bool accumulates = session.accumulation() > 1;
+  const int64_t steady = e.resident_bytes - (accumulates ? 0 : e.gradient_bytes);
+  const int64_t aside = accumulates && session.optimizer().accumulates_stochastically() ? e.gradient_bytes : 0;
   const int64_t training = steady + s.batch_bytes + s.reference_bytes + s.activation_bytes + s.workspace_bytes;
   s.phases[memory::Phase::data] = steady + s.encode_bytes;
   s.phases[memory::Phase::text] = steady + s.text_bytes;
-  // A checkpointed forward keeps the blocks' inputs and runs each block without its graph: bounded by the
-  // inputs and the largest block's activations, had it kept them (full_with_recompute_bytes, without the
-  // backward's gradients of its MLP); the backward recomputes one block at a time.
+  // A forward whose every block is checkpointed keeps their inputs and runs each block without its graph:
+  // bounded by the inputs and the largest block's activations, had it kept them (without the backward's
+  // gradients of its MLP); the backward recomputes one block at a time. A block that keeps its graph runs
+  // its MLP's transients in the forward too.
   s.phases[memory::Phase::forward] =
-      checkpointed ? steady + s.batch_bytes + s.reference_bytes + a.full_with_recompute_bytes : training;
-  s.phases[memory::Phase::backward] = std::max(training, e.resident_bytes);
+      kept.all_checkpointed ? steady + s.batch_bytes + s.reference_bytes + kept.peak_bytes : training;
+  s.phases[memory::Phase::backward] = std::max(training, e.resident_bytes) + aside;
   s.phases[memory::Phase::optimizer] = e.resident_bytes + e.optimizer_step_bytes;
   s.first_phases = s.phases;
   for (const memory::Phase p : {memory::Phase::data, memory::Phase::text, memory::Phase::forward})
@@ -119,7 +125,7 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   const RunPlan& plan = session.plan();
   if (plan.previews.empty() || plan.config.train.skip_first_sample)  // the first use is the step's forward
     for (const memory::Phase p : {memory::Phase::data, memory::Phase::text}) s.first_phases[p] -= e.parked_bytes;
-  s.first_phases[memory::Phase::backward] = std::max(training, e.resident_bytes) - e.optimizer_bytes;
+  s.first_phases[memory::Phase::backward] = std::max(training, e.resident_bytes) + aside - e.optimizer_bytes;
   for (const auto& [phase, bytes] : s.phases) s.total_bytes = std::max(s.total_bytes, bytes);
   for (const auto& [phase, bytes] : s.first_phases) s.first_total_bytes = std::max(s.first_total_bytes, bytes);
   return s;
@@ -252,7 +258,7 @@ void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
       "a checkpointed forward is bounded by the largest block's activations (it runs without keeping them: "
       "within 10% above on the tiny presets, docs/results/phase-sweep-cpu.md)",
       "allocator fragmentation and the CUDA context (CUDA)",
-      "partial checkpoint policies (every:N, blocks, selective, offload)",
+      "the selective checkpoint policies (selective:attn, selective:mlp: the ledger does not split a block)",
       "the load's host memory as AI Toolkit's from_pretrained holds it: it reads every transformer into host "
       "memory first (load.host_peak counts only where the transformer is quantized there)"};
   if (model::transformer_loading(config.model.arch) == model::TransformerLoading::per_block && config.model.quantize)
@@ -288,8 +294,8 @@ MemoryModel::MemoryModel(const config::ProcessConfig& config)
     ResolutionEstimate re;
     re.resolution = c.resolution;
     re.batch = c.batch;
-    re.gc_off = step(c.batch, c.resolution, c.resolution, false);
-    re.gc_full = step(c.batch, c.resolution, c.resolution, true);
+    re.gc_off = *step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::off());
+    re.gc_full = *step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::full());
     const auto a =
         model::estimate_activations(e.spec, c.batch, c.resolution, c.resolution, 0, session.activation_options(cuda_));
     re.image_tokens = a.image_tokens;
@@ -303,12 +309,16 @@ MemoryModel::MemoryModel(const config::ProcessConfig& config)
 
 MemoryModel::~MemoryModel() = default;
 
-StepEstimate MemoryModel::step(int batch, int height, int width, bool checkpointed, int64_t text_tokens,
-                               const std::vector<data::Caption>& captions) const {
+std::optional<StepEstimate> MemoryModel::step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy,
+                                              int64_t text_tokens, const std::vector<data::Caption>& captions) const {
   const auto a = model::estimate_activations(estimate_.spec, batch, height, width, text_tokens,
                                              session_->activation_options(cuda_));
-  return step_estimate(*session_, estimate_, a, batch, height, width, checkpointed, !cuda_, captions);
+  const std::optional<model::PolicyActivations> kept = model::activations_under(a, policy);
+  if (!kept) return std::nullopt;
+  return step_estimate(*session_, estimate_, a, *kept, batch, height, width, !cuda_, captions);
 }
+
+const ckpt::CheckpointPolicy& MemoryModel::policy() const { return session_->applied_policy(); }
 
 PhaseBytes MemoryModel::phases(const StepEstimate& step) const {
   PhaseBytes p = step.phases;
@@ -319,12 +329,10 @@ PhaseBytes MemoryModel::phases(const StepEstimate& step) const {
 }
 
 std::optional<PhaseBytes> MemoryModel::predict(const StepResult& r) const {
-  const auto kind = session_->config().train.policy().kind;
-  if (kind != ckpt::CheckpointPolicy::Kind::Off && kind != ckpt::CheckpointPolicy::Kind::Full) return std::nullopt;
-  StepEstimate s =
-      step(r.batch, r.height, r.width, kind == ckpt::CheckpointPolicy::Kind::Full, r.text_tokens, r.captions);
-  if (r.before_first_update) s.phases = s.first_phases;
-  return phases(s);
+  std::optional<StepEstimate> s = step(r.batch, r.height, r.width, policy(), r.text_tokens, r.captions);
+  if (!s) return std::nullopt;
+  if (r.before_first_update) s->phases = s->first_phases;
+  return phases(*s);
 }
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config) { return MemoryModel(config).estimate(); }

@@ -35,20 +35,6 @@ const char* activity_name(Activity activity) {
   return "?";
 }
 
-int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec) {
-  auto model = model::build_transformer(spec, torch::TensorOptions().device(torch::kMeta).dtype(base_dtype(config)));
-  model::quantize_base(*model, config.model);
-  return nn::module_bytes(*model);
-}
-
-int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSpec& spec) {
-  if (!config.model.layer_offloading || config.model.layer_offloading_transformer_percent <= 0) return 0;
-  auto model = model::build_transformer(spec, torch::TensorOptions().device(torch::kMeta).dtype(base_dtype(config)));
-  model::quantize_base(*model, config.model);
-  offload_layers(*model, config.model.layer_offloading_transformer_percent, config.seed(), torch::Device(torch::kMeta));
-  return nn::offloaded_bytes(*model) - nn::offload_device_bytes(*model, config::dtype_bytes(config.train.dtype));
-}
-
 int64_t predicted_load_peak(const config::ProcessConfig& config) {
   return predict_load(plan_run(config, PlanOptions{/*meta=*/true})).device.peak();
 }
@@ -467,11 +453,10 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int 
     return;
   }
   // budget:BYTES from the ledger (equal to the allocator, byte for byte, on every block kind): what each
-  // block keeps without and with checkpointing, in call order.
+  // block keeps without and with checkpointing (its dequantized weights included), in call order.
   const auto est = model::estimate_activations(spec_, batch, resolution, resolution, 0, activation_options());
   std::vector<int64_t> kept, inputs;
-  for (const auto& b : est.blocks)
-    for (int i = 0; i < b.count; ++i) kept.push_back(b.saved_bytes), inputs.push_back(b.input_bytes);
+  for (const model::BlockBytes& b : est.per_block) kept.push_back(b.saved), inputs.push_back(b.input);
   if (kept.size() != model_->blocks().size())
     throw std::logic_error("the activation ledger lists " + std::to_string(kept.size()) + " blocks, the model has " +
                            std::to_string(model_->blocks().size()));

@@ -316,21 +316,14 @@ void Run::stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::Memor
   ctx.last_step_phase_peaks = log_->last_step_peaks();
   ctx.last_good_step = last_good_step_;
   ctx.first_update_step = first_update_step_;
-  std::vector<config::OptimizerKind> alternatives;
-  if (const auto twin = eight_bit_twin(config_.train.optimizer)) alternatives.push_back(*twin);
-  if (!config_.network && config_.train.optimizer != config::OptimizerKind::adafactor)
-    alternatives.push_back(config::OptimizerKind::adafactor);
-  for (const auto kind : alternatives)
-    ctx.optimizer_alternatives.emplace_back(kind, session_.optimizer().expected_state_bytes_under(kind));
   session_.lift_cap();  // nothing lost: the save is not part of the experiment
   try {
     ctx.saved_weights = saves_.save(session_, last_good_step_, false).string();
   } catch (const std::exception& save_error) {
     log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
   }
-  const std::string brief = write_oom_report(
-      summary_.output_dir, ctx,
-      recommend_fixes(ctx, config_, session_.spec(), session_.codec_spec(), session_.activation_options()));
+  const std::string brief =
+      write_oom_report(summary_.output_dir, ctx, recommend_fixes(ctx, config_, session_.codec_spec()));
   log_->end_progress();
   throw OutOfMemoryStop(brief);
 }

@@ -209,9 +209,10 @@ TEST(Estimate, WithinTenPercentOfAMeasuredStepForEveryTinyPreset) {
         // a nominal 77-token caption, where the stand-in tokenizer makes 222 tokens of the 76 words — which the
         // edit pipelines keep whole (the others cut them at max_text_tokens: 64 for the tiny presets).
         const bool off = std::string(policy) == "off";
-        const auto predicted = model.step(2, 256, 256, !off, text_tokens);
+        const ckpt::CheckpointPolicy p = off ? ckpt::CheckpointPolicy::off() : ckpt::CheckpointPolicy::full();
+        const auto predicted = *model.step(2, 256, 256, p, text_tokens);
         EXPECT_EQ((off ? e.resolutions[0].gc_off : e.resolutions[0].gc_full).total_bytes,
-                  model.step(2, 256, 256, !off).total_bytes);
+                  model.step(2, 256, 256, p)->total_bytes);
         const double ratio = static_cast<double>(predicted.total_bytes) / static_cast<double>(measured);
         std::printf(
             "%-22s %-5s %-4s predicted %10lld measured %10lld ratio %.3f  (resident %lld batch %lld act %lld ws "

@@ -161,7 +161,7 @@ TEST(Loading, TheLoadsAdviceOffersOnlyWhatLowersTheLoad) {
     ctx.phase = Phase::setup;
     const model::ModelSpec spec = model::spec_for(config.model);
     std::vector<std::string> out;
-    for (const OomFix& f : recommend_fixes(ctx, config, spec, codec_plan(config, spec), {})) {
+    for (const OomFix& f : recommend_fixes(ctx, config, codec_plan(config, spec))) {
       EXPECT_GT(f.predicted_saving_bytes, 0) << f.title;
       out.push_back(f.title);
     }

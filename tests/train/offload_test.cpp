@@ -141,21 +141,25 @@ TEST(LayerOffloading, TheHostCapRefusesOffloadedWeightsThatDoNotFit) {
   fs::remove_all(dir);
 }
 
-// The OOM report offers offloading a LoRA base, priced from a meta build: the transformer's Linears' bytes
-// less what bringing them holds on the device; a run that offloads everything already is not offered it, nor
-// one where bringing would hold more than it saves (a tiny uint4 base: packed codes against float32 rings).
+// The OOM report offers offloading a LoRA base, priced by re-planning: in the optimizer's update (no
+// activations) exactly what a meta build of the changed config leaves on the device — the transformer's
+// Linears' bytes less what bringing them holds, and the text encoders' offloaded Linears; a run that offloads
+// everything already is not offered it, nor one where bringing would hold more than it saves (a tiny uint4
+// base without its text encoders: packed codes against float32 rings).
 TEST(LayerOffloading, TheOomAdviceOffersItWithItsSaving) {
   const fs::path dir = testing::fresh_dir("offload_advice");
   auto advice = [&](std::vector<std::string> extra) {
-    return testing::backward_oom_fix(dir, std::move(extra), {"Offload the base's layers to host memory"});
+    return testing::oom_fix(dir, std::move(extra), {"Offload the base's layers to host memory"}, Phase::optimizer);
   };
   const auto fix = advice({});
   ASSERT_TRUE(fix);
-  Session meta(tiny_config(dir, "m", {"model.layer_offloading=true"}), SessionOptions{/*meta=*/true});
-  EXPECT_EQ(fix->predicted_saving_bytes,
-            meta.resident().host_weights - nn::offload_device_bytes(meta.model(), /*element_bytes=*/4));
+  Session now(tiny_config(dir, "n"), SessionOptions{/*meta=*/true});
+  Session offloaded(tiny_config(dir, "m", {"model.layer_offloading=true"}), SessionOptions{/*meta=*/true});
+  EXPECT_EQ(fix->predicted_saving_bytes, now.resident().total() - offloaded.resident().total() -
+                                             nn::offload_device_bytes(offloaded.model(), /*element_bytes=*/4));
+  EXPECT_GT(offloaded.resident().host_weights, fix->predicted_saving_bytes / 2);
   EXPECT_FALSE(advice({"model.layer_offloading=true"}));
-  EXPECT_FALSE(advice({"model.quantize=true", "model.qtype=uint4"}));
+  EXPECT_FALSE(advice({"model.quantize=true", "model.qtype=uint4", "train.cache_text_embeddings=true"}));
   fs::remove_all(dir);
 }
 

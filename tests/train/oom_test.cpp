@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "gclab/config/loader.h"
@@ -80,6 +81,37 @@ TEST_F(OomScenario, CheckpointingOffRunsOutInTheFirstForwardAndTheFixIsCheckpoin
   EXPECT_NO_THROW(train(load("gc_off_fixed"), {}));
 }
 
+// The step's levers are priced by re-planning, and what the memory model predicts they save is what they
+// save: the checkpointing-off scenario's report against the same run without the cap, checkpointed, and at
+// half the batch with twice the accumulation — each one's step peak (its highest phase, measured by the
+// tracking allocator). Checkpointed, the peak moves from the forward to the backward.
+TEST_F(OomScenario, TheStepsLeversSaveWhatTheRunsMeasure) {
+  const auto report = expect_oom("gc_off", {"name=gc_off_priced"});
+  ASSERT_EQ(report["phase"], "forward");
+  std::map<std::string, int64_t> saving;
+  for (const auto& f : report["fixes"]) saving[f["title"]] = f["predicted_saving_bytes"].get<int64_t>();
+  auto step_peak = [&](const std::string& name, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"vram_cap=0", "train.steps=2", "name=" + name});
+    train(load("gc_off", extra), {});
+    std::ifstream in(dir_ / "out" / name / "memory.json");
+    const auto phases = nlohmann::json::parse(in)["phase_peak_bytes"];
+    int64_t peak = 0;
+    for (const char* p : {"data", "text", "forward", "backward", "optimizer"})
+      peak = std::max(peak, phases[p].get<int64_t>());
+    return peak;
+  };
+  const int64_t off = step_peak("gc_off_uncapped", {});
+  const int64_t full = step_peak("gc_off_full", {"train.gradient_checkpointing=true"});
+  const int64_t half = step_peak("gc_off_half", {"train.batch_size=1", "train.gradient_accumulation=2"});
+  for (const auto& [title, measured] : {std::pair<std::string, int64_t>{"Turn gradient checkpointing on", off - full},
+                                        {"Lower the batch size and accumulate", off - half}}) {
+    ASSERT_TRUE(saving.count(title)) << title;
+    std::printf("%s: predicted saving %lld, measured %lld\n", title.c_str(), static_cast<long long>(saving[title]),
+                static_cast<long long>(measured));
+    EXPECT_NEAR(static_cast<double>(saving[title]) / static_cast<double>(measured), 1.0, 0.05) << title;
+  }
+}
+
 TEST_F(OomScenario, TheFirstPreviewRunsOutInTheSamplePhaseAndTheFixIsCheaperPreviews) {
   const auto report = expect_oom("preview");
   EXPECT_EQ(report["phase"], "sample");
@@ -117,22 +149,33 @@ TEST_F(OomScenario, AResidentTextEncoderRunsOutAndTheFixIsCachingTextEmbeddings)
 // (text/memory.h, as `gclab estimate` predicts it) beside their weights.
 TEST_F(OomScenario, RunningOutWhileEncodingPricesTheEncodeWithTheEncoders) {
   const std::string folder = "model.name_or_path=" + std::string(GCLAB_SOURCE_DIR) + "/configs/oom/models/flux_wide_t5";
-  const auto config = load("text_encoder", {folder});
+  const auto config =
+      load("text_encoder", {folder, "sample.prompts=[a red circle]", "sample.width=256", "sample.height=256"});
   const auto e = train::estimate_memory(config);
-  ASSERT_TRUE(e.text);
-  const model::ModelSpec spec = model::spec_for(config.model);
-  for (const auto& [phase, activity] :
-       {std::pair{Phase::text, Activity::model}, {Phase::sample, Activity::text_encode}}) {
+  ASSERT_TRUE(e.text && e.preview);
+  // Re-planned with cached embeddings: the encoders leave the device and the encode in the step's text phase
+  // goes (the batch's cached embeddings come instead), which lowers the step's peak wherever it is; the
+  // preview's prompts are cached too, so its encode goes and the preview is bounded by its decode or
+  // denoising.
+  auto cached_config = config;
+  cached_config.train.cache_text_embeddings = true;
+  const auto cached = train::estimate_memory(cached_config);
+  ASSERT_TRUE(!cached.text->every_step && cached.preview);
+  const int64_t embeddings = cached.resolutions.at(0).gc_full.text_bytes;
+  EXPECT_GT(embeddings, 0);
+  EXPECT_EQ(cached.preview->text_encode_bytes, 0);
+  for (const auto& [phase, activity, saving] :
+       {std::tuple{Phase::text, Activity::model,
+                   e.resolutions.at(0).gc_full.total_bytes - cached.resolutions.at(0).gc_full.total_bytes},
+        {Phase::sample, Activity::text_encode, e.preview->total_bytes - cached.preview->total_bytes}}) {
     OomContext ctx;
     ctx.phase = phase, ctx.activity = activity, ctx.bucket = "512x512", ctx.batch = 1, ctx.cpu = true;
     ctx.text_encoder_bytes = e.text_encoder_bytes, ctx.live_bytes = int64_t{1} << 30;  // not crowding: a quarter
-    const auto fixes =
-        recommend_fixes(ctx, config, spec, codec_plan(config, spec), model::activation_options(config, false));
+    const auto fixes = recommend_fixes(ctx, config, codec_plan(config, model::spec_for(config.model)));
     ASSERT_GE(fixes.size(), 2u);
     EXPECT_EQ(fixes[0].title, "Cache text embeddings (the text encoders then leave the device)") << phase_name(phase);
-    EXPECT_EQ(fixes[0].predicted_saving_bytes, e.text_encoder_bytes + e.text->encode_bytes);
+    EXPECT_EQ(fixes[0].predicted_saving_bytes, saving) << phase_name(phase);
     EXPECT_EQ(fixes[1].title, "Unload the text encoders");
-    EXPECT_EQ(fixes[1].predicted_saving_bytes, e.text_encoder_bytes + e.text->encode_bytes);
   }
 }
 

@@ -12,9 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "gclab/ckpt/policy.h"
 #include "gclab/model/spec.h"
 #include "gclab/model/transformer.h"
 
@@ -45,8 +47,15 @@ struct BlockActivations {
   int64_t mlp_rows = 0;
 };
 
+// One block in the model's order: what it keeps without checkpointing (its dequantized weights included)
+// and with it (its hidden-stream inputs).
+struct BlockBytes {
+  int64_t saved = 0, input = 0;
+};
+
 struct ActivationEstimate {
   std::vector<BlockActivations> blocks;
+  std::vector<BlockBytes> per_block;  // each block in the model's order
   int64_t image_tokens = 0, text_tokens = 0;
   int64_t total_off_bytes = 0;   // all blocks, GC off
   int64_t total_full_bytes = 0;  // all blocks checkpointed: their inputs
@@ -54,6 +63,21 @@ struct ActivationEstimate {
   // recomputed (the largest one) — the figure to hold against a memory budget.
   int64_t full_with_recompute_bytes = 0;
 };
+
+// The blocks' activations under a checkpoint policy, block by block as its modes put them
+// (ckpt::CheckpointPolicy::mode_for; a budget policy resolved to blocks:[...] first). `kept_bytes`: what
+// the forward leaves for the backward — a block not checkpointed its saved bytes, a checkpointed one its
+// inputs, an offloaded one nothing on the device. `peak_bytes`: the most the blocks hold at once, the
+// backward going from the last block to the first — the blocks before the one being differentiated still
+// keeping theirs, that one its activations (recomputed beside its inputs when checkpointed, the inputs
+// brought back when offloaded). nullopt for the selective modes, whose sub-blocks the ledger does not split.
+struct PolicyActivations {
+  int64_t kept_bytes = 0;
+  int64_t peak_bytes = 0;
+  bool all_checkpointed = false;  // no block keeps its graph: the forward runs each without one
+};
+std::optional<PolicyActivations> activations_under(const ActivationEstimate& estimate,
+                                                   const ckpt::CheckpointPolicy& policy);
 
 // Per block of `model`, the bytes of the dequantized weights its Linears keep for backward (see above): a
 // Linear's only when its input needs a gradient — not the modulation Linears' unless `conditioning_grad`.

@@ -15,8 +15,6 @@
 #include <c10/util/Exception.h>
 
 #include "gclab/config/config.h"
-#include "gclab/model/activations.h"
-#include "gclab/model/spec.h"
 #include "gclab/train/phase.h"
 #include "gclab/vae/codec.h"
 
@@ -39,9 +37,6 @@ struct OomContext {
   // The step whose update made the optimizer's state (0: no update yet): from the step after it on, the
   // state sits beside every step's activations.
   int64_t first_update_step = 0;
-  // The same trained tensors' state under other optimizers (Optimizer::expected_state_bytes_under): the
-  // 8-bit twin, and Adafactor for a full fine-tune.
-  std::vector<std::pair<config::OptimizerKind, int64_t>> optimizer_alternatives;
   int64_t last_good_step = 0;
   std::string saved_weights;  // what was saved before exiting
 };
@@ -58,11 +53,12 @@ struct OomFix {
   std::string basis;  // how the saving was predicted
 };
 
-// `codec`: the run's autoencoder, whose encode / decode peaks the VAE levers are predicted from.
-// `activations`: the run's ledger options (Session::activation_options: dtype, LoRA, quantized Linears).
+// Each fix priced by re-planning: the failing phase's peak the memory model (train/predict.h) predicts for
+// the config as it is and changed, at the failing cell; a fix that saves nothing there is not offered. The
+// load's levers likewise from the load's predicted device peak (train/loading.h). `codec`: the run's
+// autoencoder, whose decode picks the preview's tile size under the cap.
 std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::ProcessConfig& config,
-                                    const model::ModelSpec& spec, const vae::CodecSpec& codec,
-                                    const model::ActivationOptions& activations);
+                                    const vae::CodecSpec& codec);
 // The Session a run (train, bench, fit) works in. Out of memory while it loads the model — nothing trained,
 // nothing to save — writes the report (phase setup, the load's levers) into output_dir and throws
 // OutOfMemoryStop with its short version.

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gclab/ckpt/policy.h"
 #include "gclab/config/config.h"
 #include "gclab/data/conditioner.h"
 #include "gclab/memory/phase.h"
@@ -144,17 +145,19 @@ class MemoryModel {
   MemoryModel& operator=(const MemoryModel&) = delete;
 
   const MemoryEstimate& estimate() const { return estimate_; }
-  // A step of `batch` images of height x width, checkpointing off or full, with `text_tokens` text tokens
-  // (0: a 77-token caption's, model::kNominalCaptionTokens) and, when the captions are encoded every step,
-  // those captions (none: a 77-token caption's encode).
-  StepEstimate step(int batch, int height, int width, bool checkpointed, int64_t text_tokens = 0,
-                    const std::vector<data::Caption>& captions = {}) const;
+  // A step of `batch` images of height x width under a checkpoint policy (off, full, every:N, first:K,
+  // blocks:[...], offload; a budget policy resolved to its blocks first: policy()), with `text_tokens` text
+  // tokens (0: a 77-token caption's, model::kNominalCaptionTokens) and, when the captions are encoded every
+  // step, those captions (none: a 77-token caption's encode). nullopt for the selective policies.
+  std::optional<StepEstimate> step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy,
+                                   int64_t text_tokens = 0, const std::vector<data::Caption>& captions = {}) const;
+  // The run's policy as its Session applies it (budget:BYTES resolved to blocks:[...] at the largest cell).
+  const ckpt::CheckpointPolicy& policy() const;
   // Every phase of a run whose steps are like `step`: the load (setup), the step's phases, the preview
   // (sample, when the config samples) and the save.
   PhaseBytes phases(const StepEstimate& step) const;
   // The prediction for a step as a run logged it (its batch, bucket, text tokens and captions, and whether
-  // the optimizer had state yet) under the run's policy; nullopt for a policy the model does not predict (partial ones:
-  // every:N, blocks, selective, offload).
+  // the optimizer had state yet) under the run's policy; nullopt for the selective policies.
   std::optional<PhaseBytes> predict(const StepResult& step) const;
 
  private:

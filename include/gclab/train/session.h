@@ -34,14 +34,6 @@
 
 namespace gclab::train {
 
-// The transformer's weight bytes (parameters and buffers: packed codes, scales, recovery adapters) in that
-// dtype, quantized as the config's model block asks (model::quantize_base), from a build on the meta device.
-int64_t base_weight_bytes(const config::ProcessConfig& config, const model::ModelSpec& spec);
-// The device bytes model.layer_offloading takes off the transformer as the config sets it (its offloaded
-// weights less what bringing them holds: nn::offload_device_bytes), from a build on the meta device; 0
-// without offloading.
-int64_t offload_saving(const config::ProcessConfig& config, const model::ModelSpec& spec);
-
 // The device's peak while the model loads as the config says (LoadMemory's walk), from a Session built on
 // the meta device.
 int64_t predicted_load_peak(const config::ProcessConfig& config);
@@ -125,6 +117,7 @@ class Session {
   const model::LoraOptions& lora() const { return lora_; }
   int lora_modules() const { return lora_modules_; }
   Optimizer& optimizer() { return *optimizer_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
   const std::vector<std::pair<std::string, torch::Tensor>>& trained() const { return trained_; }
   std::map<std::string, torch::Tensor>& ema() { return ema_; }
   data::TextEmbeddingCache& text() { return *text_; }
