@@ -7,15 +7,18 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 
 #include <ATen/cuda/CUDAEvent.h>
 
 #include "gclab/config/byte_size.h"
+#include "gclab/log/log.h"
 #include "gclab/memory/device.h"
 #include "gclab/model/activations.h"
 #include "gclab/nn/layers.h"
+#include "gclab/train/predict.h"
 
 namespace gclab::bench {
 
@@ -170,10 +173,10 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
         row.policy = policy.to_string();
         row.resolution = resolution;
         row.batch = batch;
-        row.predicted_activation_bytes = policy.kind == Kind::Off    ? est.total_off_bytes
-                                         : policy.kind == Kind::Full ? est.full_with_recompute_bytes
-                                                                     : 0;
         session.apply_policy(policy, batch, resolution);
+        // The ledger's blocks under the policy's modes (a budget resolved to its blocks): none for selective.
+        if (const auto kept = model::activations_under(est, session.applied_policy()))
+          row.predicted_activation_bytes = kept->peak_bytes;
         const std::optional<double> share = session.recomputed_block_share();
         const CellResult cell = run_cell(session, batch, resolution, options.steps + 1, false);
         if (cell.oom_phase) {
@@ -208,8 +211,36 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
   return rows;
 }
 
+namespace {
+
+// The largest batch the memory model predicts under the cap at resolution², up to max_batch: every step's
+// peak and, when the config samples, the preview's (what fit's attempts run); -1 for a policy it does not
+// predict (selective; budget, which fit resolves per batch) or without a cap.
+int predicted_largest_batch(const train::MemoryModel& model, const ckpt::CheckpointPolicy& policy, int resolution,
+                            int max_batch) {
+  const int64_t cap = model.estimate().cap_bytes;
+  if (cap <= 0 || policy.kind == ckpt::CheckpointPolicy::Kind::Budget) return -1;
+  int largest = 0;
+  for (int batch = 1; batch <= max_batch; ++batch) {
+    const std::optional<train::StepEstimate> s = model.step(batch, resolution, resolution, policy);
+    if (!s) return -1;
+    int64_t peak = std::max(s->total_bytes, s->first_total_bytes);
+    if (const auto p = model.estimate().preview) peak = std::max(peak, p->total_bytes);
+    if (peak > cap) break;
+    largest = batch;
+  }
+  return largest;
+}
+
+}  // namespace
+
 std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::CheckpointPolicy>& policies,
                             const std::vector<int>& resolutions, int max_batch) {
+  std::unique_ptr<train::MemoryModel> predicted;
+  {
+    log::QuietScope quiet;
+    predicted = std::make_unique<train::MemoryModel>(session.config());
+  }
   session.precompute_text(session.captions_of(session.synthetic_batch(1, 64, 64)));
   std::vector<FitRow> out;
   for (int resolution : resolutions_for(session, resolutions))
@@ -217,6 +248,7 @@ std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::Che
       FitRow row;
       row.policy = policy.to_string();
       row.resolution = resolution;
+      row.predicted_batch = predicted_largest_batch(*predicted, policy, resolution, max_batch);
       auto attempt = [&](int batch) -> std::optional<int64_t> {
         session.apply_policy(policy, batch, resolution);
         const CellResult cell = run_cell(session, batch, resolution, 2, true);

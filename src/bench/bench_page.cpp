@@ -168,11 +168,13 @@ void write_fit_page(const std::filesystem::path& path, const std::vector<FitRow>
   }
   std::ostringstream h;
   h << "<h1>gclab fit: the largest batch per resolution and policy</h1>" << bar_chart_svg(c);
-  h << "<table><tr><th>resolution</th><th>policy</th><th>largest batch</th><th>its peak</th></tr>";
+  h << "<table><tr><th>resolution</th><th>policy</th><th>largest batch</th><th>its peak</th>"
+       "<th>predicted largest batch</th></tr>";
   for (const auto& r : rows)
     h << "<tr><td>" << r.resolution << "</td><td>" << escape_xml(r.policy) << "</td><td>"
       << (r.largest_batch > 0 ? std::to_string(r.largest_batch) : std::string("none fits")) << "</td><td>"
-      << (r.largest_batch > 0 ? format_axis_bytes(static_cast<double>(r.peak_bytes)) : std::string()) << "</td></tr>";
+      << (r.largest_batch > 0 ? format_axis_bytes(static_cast<double>(r.peak_bytes)) : std::string()) << "</td><td>"
+      << (r.predicted_batch < 0 ? std::string("-") : std::to_string(r.predicted_batch)) << "</td></tr>";
   h << "</table>";
   write_html_page(path, "gclab fit", h.str());
 }

@@ -304,6 +304,12 @@ void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
                                      {"gc_full", step_json(r.gc_full, every_step)}});
     d.note(at + "/gc_off", step_note(r.gc_off, e.cap_bytes));
     d.note(at + "/gc_full", step_note(r.gc_full, e.cap_bytes));
+    if (r.gc_run) {  // the run's own policy, when it is neither
+      ojson run = step_json(*r.gc_run, every_step);
+      run["policy"] = e.policy;
+      est["per_resolution"].back()["gc_run"] = run;
+      d.note(at + "/gc_run", step_note(*r.gc_run, e.cap_bytes));
+    }
   }
   if (!e.preview) return;
   const auto& p = *e.preview;
@@ -363,11 +369,13 @@ namespace {
 
 std::string fit_table(const std::vector<FitRow>& rows) {
   std::ostringstream out;
-  out << "| resolution | policy | largest batch that fits | peak at that batch |\n|---|---|---|---|\n";
+  out << "| resolution | policy | largest batch that fits | peak at that batch | predicted largest batch |\n"
+         "|---|---|---|---|---|\n";
   for (const auto& r : rows)
     out << "| " << r.resolution << " | " << r.policy << " | "
         << (r.largest_batch ? std::to_string(r.largest_batch) : std::string("none (batch 1 runs out)")) << " | "
-        << (r.largest_batch ? format_bytes(r.peak_bytes) : std::string("-")) << " |\n";
+        << (r.largest_batch ? format_bytes(r.peak_bytes) : std::string("-")) << " | "
+        << (r.predicted_batch < 0 ? std::string("-") : std::to_string(r.predicted_batch)) << " |\n";
   return out.str();
 }
 
@@ -381,7 +389,8 @@ Document fit_report(const std::vector<FitRow>& rows) {
     d.value["fit"].push_back({{"resolution", r.resolution},
                               {"policy", r.policy},
                               {"largest_batch", r.largest_batch},
-                              {"peak_bytes", r.peak_bytes}});
+                              {"peak_bytes", r.peak_bytes},
+                              {"predicted_batch", r.predicted_batch < 0 ? ojson() : ojson(r.predicted_batch)}});
   return d;
 }
 

@@ -51,7 +51,7 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
            "the loader leaves the transformer on the CPU and the first forward or preview brings it to the "
            "device, after the text encoders' load (and, with cached embeddings, their unload)",
            [](config::ProcessConfig& c) { c.model.low_vram = true; });
-  if (!config.model.quantize) {
+  if (!config.model.quantize && config.network) {  // a full fine-tune trains the base: quantized, it would not
     // Quantized on the device, the transformer would still arrive in its dtype: under the StableDiffusion
     // loader quantizing helps the load only in host memory.
     priced("Quantize the base weights", "model.quantize: true (qtype qfloat8)",
@@ -241,10 +241,11 @@ void Levers::preview_fixes() {
   first.insert(first.end(), previews.begin(), previews.end());
 }
 
-// 5. The base weights' storage: quantized (qfloat8), or, for a fully checkpointed run, a step down in bits
+// 5. A LoRA's base weights' storage: quantized (qfloat8), or, for a fully checkpointed run, a step down in bits
 // (where blocks keep their graph a uint base keeps dequantized copies, which re-planning prices). 5b.
 // Layer offloading (a LoRA base): the transformer's Linears in host memory, brought per call.
 void Levers::weight_fixes() {
+  if (!config.network) return;  // a full fine-tune trains the base: quantized or offloaded, it would not
   const auto stored = config.model.quantize ? model::quantized_storage(config.model.qtype) : std::nullopt;
   const int bits = stored ? nn::uintx_bits(*stored) : 0;
   std::optional<config::QType> next;
@@ -265,7 +266,7 @@ void Levers::weight_fixes() {
            "with the transformer's weights stored as " + to,
            [q](config::ProcessConfig& c) { c.model.quantize = true, c.model.qtype = q; });
   }
-  if (config.network && !(config.model.layer_offloading && config.model.layer_offloading_transformer_percent >= 1.0))
+  if (!(config.model.layer_offloading && config.model.layer_offloading_transformer_percent >= 1.0))
     priced("Offload the base's layers to host memory",
            "model.layer_offloading: true (layer_offloading_transformer_percent: 1.0)",
            "with the transformer's frozen Linears in host RAM, brought to the device per call (steps get slower, "

@@ -255,8 +255,10 @@ void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
       "the text phase is predicted for a " + std::to_string(model::kNominalCaptionTokens) +
           "-token caption and the activations for its tokens (a run's own steps are predicted for their "
           "captions: metrics.jsonl, memory.json); longer captions of Qwen-Image / Z-Image hold more",
-      "a checkpointed forward is bounded by the largest block's activations (it runs without keeping them: "
-      "within 10% above on the tiny presets, docs/results/phase-sweep-cpu.md)",
+      "the forward of a run whose every block is checkpointed is bounded by each block's activations had it "
+      "kept them (it runs without keeping them: up to 7% above on the tiny presets' LoRA, "
+      "docs/results/phase-sweep-cpu.md; 17% above on a full fine-tune at 512²); the step's peak is then "
+      "its backward, which is not bounded but predicted",
       "allocator fragmentation and the CUDA context (CUDA)",
       "the selective checkpoint policies (selective:attn, selective:mlp: the ledger does not split a block)",
       "the load's host memory as AI Toolkit's from_pretrained holds it: it reads every transformer into host "
@@ -286,6 +288,7 @@ MemoryModel::MemoryModel(const config::ProcessConfig& config)
   resident_estimate(session, e);
   e.cap_bytes = config.vram_cap.bytes;
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
+  e.policy = policy().to_string();
   cuda_ = session.plan().cuda;
   e.device = cuda_ ? "cuda" : config.device;
   text_estimate(session, e, cuda_);
@@ -296,6 +299,9 @@ MemoryModel::MemoryModel(const config::ProcessConfig& config)
     re.batch = c.batch;
     re.gc_off = *step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::off());
     re.gc_full = *step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::full());
+    const auto kind = policy().kind;
+    if (kind != ckpt::CheckpointPolicy::Kind::Off && kind != ckpt::CheckpointPolicy::Kind::Full)
+      re.gc_run = step(c.batch, c.resolution, c.resolution, policy());
     const auto a =
         model::estimate_activations(e.spec, c.batch, c.resolution, c.resolution, 0, session.activation_options(cuda_));
     re.image_tokens = a.image_tokens;

@@ -60,6 +60,33 @@ TEST(Estimate, FluxLoraOn24GbFitsWithCheckpointingAndNotWithout) {
             e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes);
 }
 
+// A partial policy is predicted block by block: every other block keeps its activations (block 0 and each
+// second one checkpointed, the rest not), so at every resolution its step lies between GC full's and GC
+// off's, its activations the ledger's blocks under the policy's modes; the off and full cells stay as they
+// were.
+TEST(Estimate, EveryOtherBlockCheckpointedLiesBetweenFullAndOff) {
+  const auto plain = estimate_memory(flux_24gb());
+  const auto e = estimate_memory(flux_24gb({"train.checkpoint_policy=every:2"}));
+  EXPECT_EQ(e.policy, "every:2");
+  EXPECT_EQ(plain.policy, "full");
+  ASSERT_EQ(e.resolutions.size(), plain.resolutions.size());
+  for (size_t i = 0; i < e.resolutions.size(); ++i) {
+    const auto& r = e.resolutions[i];
+    EXPECT_FALSE(plain.resolutions[i].gc_run);
+    ASSERT_TRUE(r.gc_run) << r.resolution;
+    EXPECT_GT(r.gc_run->total_bytes, r.gc_full.total_bytes) << r.resolution;
+    EXPECT_LT(r.gc_run->total_bytes, r.gc_off.total_bytes) << r.resolution;
+    EXPECT_EQ(r.gc_off.total_bytes, plain.resolutions[i].gc_off.total_bytes);
+    // FLUX.1-dev: 19 double and 38 single blocks; every:2 keeps the activations of 9 double and 19 single.
+    const auto a = model::estimate_activations(e.spec, r.batch, r.resolution, r.resolution, 0,
+                                               model::activation_options(flux_24gb(), false));
+    int64_t kept = 0;
+    for (size_t b = 0; b < a.per_block.size(); ++b) kept += b % 2 == 0 ? a.per_block[b].input : a.per_block[b].saved;
+    EXPECT_GE(r.gc_run->activation_bytes, kept) << r.resolution;
+    EXPECT_LT(r.gc_run->activation_bytes, kept + a.per_block.front().saved + a.per_block.front().input) << r.resolution;
+  }
+}
+
 // The load of AI Toolkit's FLUX.1-dev config (train/loading.h): without low_vram the bf16 transformer is
 // quantized on the device (22.17 GiB and one Linear's quantization: fits a 24 GiB card, not the same card
 // with a display's couple of GiB taken); with it the quantized transformer sits beside T5-XXL loading in
@@ -372,6 +399,10 @@ TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
   EXPECT_GT(rows[1].largest_batch, rows[0].largest_batch);
   for (const auto& row : rows) {
     ASSERT_GE(row.largest_batch, 1) << row.policy;
+    // The memory model's largest batch beside the measured one.
+    std::printf("fit %s: largest batch %d measured, %d predicted\n", row.policy.c_str(), row.largest_batch,
+                row.predicted_batch);
+    EXPECT_NEAR(row.predicted_batch, row.largest_batch, 1) << row.policy;
     EXPECT_NO_THROW(train::train(config_for("fits_" + row.policy, row.policy, row.largest_batch), {})) << row.policy;
     EXPECT_THROW(train::train(config_for("over_" + row.policy, row.policy, row.largest_batch + 1), {}),
                  train::OutOfMemoryStop)

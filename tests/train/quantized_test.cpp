@@ -188,7 +188,8 @@ TEST(QuantizedBase, AnAdapterNotOnDiskIsBuiltAtRank16OnTheBlocksAndKeepsNoActiva
 // stored bytes it drops (a meta build's: the text encoders quantized with it, as model.quantize does by
 // default); a fully checkpointed qfloat8 run gets uint4 — but in the backward a uint base's recomputed block
 // also keeps its dequantized weights, so the step saves up to that much less, and where that is more than the
-// bits save (a tiny model's four blocks) it is not offered; with checkpointing off no bit step is offered.
+// bits save (a tiny model's four blocks) it is not offered; with checkpointing off no bit step is offered,
+// and to a full fine-tune no quantization (it trains the base).
 TEST(QuantizedBase, TheOomAdviceOffersTheNextStorageStepWithItsSaving) {
   const fs::path dir = testing::fresh_dir("quantized_advice");
   // tiny-flux's width with 4 + 12 blocks: enough for a bit step to pay for one block's dequantized copy.
@@ -222,6 +223,13 @@ TEST(QuantizedBase, TheOomAdviceOffersTheNextStorageStepWithItsSaving) {
     EXPECT_EQ(plain->title, "Quantize the base weights");
     EXPECT_EQ(plain->predicted_saving_bytes, fp32 - f8);
     EXPECT_FALSE(advice({"model.quantize=true", "train.gradient_checkpointing=false"}));
+    // A full fine-tune trains the base: quantized it would train nothing of it, so it is not offered.
+    auto full = tiny_config(dir, "a", with({}));
+    full.network.reset();
+    OomContext ctx;
+    ctx.phase = Phase::backward, ctx.bucket = "64x64", ctx.batch = 2, ctx.cpu = true, ctx.first_update_step = 1;
+    for (const OomFix& f : recommend_fixes(ctx, full, codec_plan(full, spec)))
+      EXPECT_TRUE(f.title.find("base") == std::string::npos) << f.title;
     // The largest block's dequantized uint4 weights (float32, kept for the LoRA run's input gradients).
     auto u4_model = model::build_transformer(spec, torch::TensorOptions().device(torch::kMeta));
     config::ModelConfig quantized = config.model;

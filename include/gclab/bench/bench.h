@@ -34,7 +34,7 @@ struct BenchRow {
   double step_ms = 0;                      // median of the timed steps
   int64_t peak_bytes = 0;                  // the highest live bytes during a step (absolute)
   int64_t reserved_peak_bytes = 0;         // CUDA: the most the caching allocator held (>= peak); CPU: = peak
-  int64_t predicted_activation_bytes = 0;  // the ledger's, for this policy (full: inputs + one block)
+  int64_t predicted_activation_bytes = 0;  // the ledger's blocks under this policy (model::activations_under)
   double time_ratio = 0, peak_ratio = 0;   // to GC off at the same resolution and batch (0 when unknown)
   // GC off's cells: the forward alone (its loss, the graph dropped), timed as the step is.
   double forward_ms = 0;
@@ -60,6 +60,10 @@ struct FitRow {
   int resolution = 0;
   int largest_batch = 0;   // 0: not even batch 1 fits
   int64_t peak_bytes = 0;  // at that batch
+  // The largest batch up to max_batch the memory model (train/predict.h) predicts under the cap: its steps'
+  // peak (the optimizer's state made) and the preview's; -1 where it does not predict the policy (selective,
+  // budget) or there is no cap.
+  int predicted_batch = -1;
 };
 // For each resolution and policy, the largest batch up to max_batch for which two training steps (and a
 // preview, when the config samples) run under the cap: doubling, then bisecting.

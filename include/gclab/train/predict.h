@@ -71,6 +71,9 @@ struct ResolutionEstimate {
   int batch = 0;
   int64_t image_tokens = 0, text_tokens = 0;
   StepEstimate gc_off, gc_full;
+  // The run's own policy when it is neither (every:N, first:K, blocks, offload, a budget resolved to its
+  // blocks; none for the selective ones).
+  std::optional<StepEstimate> gc_run;
 };
 
 // A preview at sample.width x height, after a step (gradients freed): the autoencoder back on the device
@@ -125,6 +128,7 @@ struct MemoryEstimate {
   int64_t parked_bytes = 0;
   int64_t cap_bytes = 0;
   std::string activation_dtype;
+  std::string policy;  // the run's checkpoint policy as its Session applies it (a budget resolved)
   LoadEstimate load;
   std::vector<ResolutionEstimate> resolutions;
   std::optional<TextEncodeEstimate> text;  // when the family has text encoders
