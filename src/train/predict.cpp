@@ -280,9 +280,21 @@ LoadEstimate estimate_load(const config::ProcessConfig& config) {
   return load_of(predict_load(plan_run(config, PlanOptions{/*meta=*/true})));
 }
 
-MemoryModel::MemoryModel(const config::ProcessConfig& config)
-    : session_(std::make_unique<Session>(config, SessionOptions{/*meta=*/true})) {
+namespace {
+
+RunPlan meta_plan(RunPlan plan) {
+  if (!plan.device.is_meta())
+    throw std::invalid_argument("the memory model executes a plan for the meta device (PlanOptions::meta)");
+  return plan;
+}
+
+}  // namespace
+
+MemoryModel::MemoryModel(const config::ProcessConfig& config) : MemoryModel(plan_run(config, PlanOptions{true})) {}
+
+MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta_plan(std::move(plan)))) {
   Session& session = *session_;
+  const config::ProcessConfig& config = session.config();
   MemoryEstimate& e = estimate_;
   e.spec = session.spec();
   resident_estimate(session, e);

@@ -60,6 +60,19 @@ TEST(Estimate, FluxLoraOn24GbFitsWithCheckpointingAndNotWithout) {
             e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes);
 }
 
+// The memory model executes a plan for the meta device — the same one a config gives — and nothing else: a
+// plan for a real device would build the model for real.
+TEST(Estimate, TheMemoryModelExecutesAMetaPlan) {
+  const auto config = flux_24gb({"train.checkpoint_policy=every:2"});
+  const train::MemoryModel from_plan(train::plan_run(config, train::PlanOptions{/*meta=*/true}));
+  const auto e = estimate_memory(config);
+  EXPECT_EQ(from_plan.estimate().resident_bytes, e.resident_bytes);
+  EXPECT_EQ(from_plan.estimate().resolutions.back().gc_run->total_bytes, e.resolutions.back().gc_run->total_bytes);
+  auto plan = train::plan_run(config, train::PlanOptions{/*meta=*/true});
+  plan.device = torch::Device(torch::kCPU);
+  EXPECT_THROW(train::MemoryModel{std::move(plan)}, std::invalid_argument);
+}
+
 // A partial policy is predicted block by block: every other block keeps its activations (block 0 and each
 // second one checkpointed, the rest not), so at every resolution its step lies between GC full's and GC
 // off's, its activations the ledger's blocks under the policy's modes; the off and full cells stay as they

@@ -1,11 +1,15 @@
-// The memory a config's run takes, phase by phase (memory::Phase: the phases the meter records), predicted
-// from the same Session a run builds (on the meta device: no memory) — weights in their real dtype, trained
-// tensors and their gradients, optimizer state, EMA, the text encoder, the autoencoder — plus, per training
-// cell and checkpoint policy (off, full), the step's batch tensors, the blocks' activations (the activation
-// ledger) and the MLP transients of the block being run, the autoencoder's encode when latents are encoded
-// on the fly, the text encoders' encode, the preview with its decode, and the save. `gclab estimate` prints
-// it; every run writes it beside what it measured (metrics.jsonl, memory.json). What it does not model is
-// listed in `not_modelled`.
+// The memory model: the memory a config's run takes, phase by phase (memory::Phase: the phases the meter
+// records), predicted from the run's plan (train/plan.h) executed on the meta device by the same Session
+// code a run uses (no memory, no data: the modules' sizes come from the modules themselves, never from a
+// second copy of their shapes) — weights in their real dtype, trained tensors and their gradients,
+// optimizer state, EMA, the text encoder, the autoencoder — plus, per training cell and checkpoint policy
+// (off, full, and the run's own: every block by its mode), the step's batch tensors, the blocks'
+// activations (the activation ledger) and the MLP transients of the block being run, the gradients an
+// accumulated step keeps between its micro-batches, the autoencoder's encode when latents are encoded on the
+// fly, the text encoders' encode, the preview with its decode, and the save. It is the one prediction:
+// `gclab estimate` and `check` print it, `fit` sets its largest batch beside the measured one, every run
+// writes it beside what it measured (metrics.jsonl, memory.json), and the OOM report prices each fix by
+// re-planning the changed config through it. What it does not model is listed in `not_modelled`.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,7 @@
 #include "gclab/data/conditioner.h"
 #include "gclab/memory/phase.h"
 #include "gclab/model/spec.h"
+#include "gclab/train/plan.h"
 
 namespace gclab::train {
 
@@ -143,6 +148,9 @@ struct MemoryEstimate {
 // bucket a run's step trained) phase by phase.
 class MemoryModel {
  public:
+  // From a plan for the meta device (plan_run with PlanOptions::meta; std::invalid_argument otherwise), or
+  // from a config planned so.
+  explicit MemoryModel(RunPlan plan);
   explicit MemoryModel(const config::ProcessConfig& config);
   ~MemoryModel();
   MemoryModel(const MemoryModel&) = delete;
