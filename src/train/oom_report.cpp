@@ -93,14 +93,20 @@ struct Levers {
   // without gradients at its own size.
   bool in_step = true;
   Phase phase = Phase::forward;
-  int64_t now = 0;  // the step's (or the preview's) predicted peak as the run is
+  std::optional<int64_t> now;  // the step's (or the preview's) predicted peak as the run is
   // The failing phase's own fixes (`first`), then the rest in the order practice recommends.
   std::vector<OomFix> first, fixes;
 
   // The predicted peak under `c` at a cell of `b` images of h x w: the policy the run's Session would apply
-  // (a selective one priced as off, an upper bound).
-  int64_t predicted(const config::ProcessConfig& c, int b, int h, int w) const;
-  int64_t predicted(const config::ProcessConfig& c) const { return predicted(c, batch, bh, bw); }
+  // (a selective one priced as off, an upper bound). nullopt, said in a warning, where the changed config
+  // cannot be planned: the report is written all the same, without that fix.
+  std::optional<int64_t> predicted(const config::ProcessConfig& c, int b, int h, int w) const;
+  std::optional<int64_t> predicted(const config::ProcessConfig& c) const { return predicted(c, batch, bh, bw); }
+  // now - changed, when both were predicted.
+  static std::optional<int64_t> saved(const std::optional<int64_t>& from, const std::optional<int64_t>& to) {
+    if (!from || !to) return std::nullopt;
+    return *from - *to;
+  }
   std::string what() const {
     return phase == Phase::sample ? "the preview's peak"
                                   : "the step's peak at " + ctx.bucket + ", batch " + std::to_string(batch);
@@ -113,8 +119,8 @@ struct Levers {
               const std::function<void(config::ProcessConfig&)>& apply, std::vector<OomFix>* to = nullptr) {
     config::ProcessConfig c = config;
     apply(c);
-    const int64_t saving = now - predicted(c);
-    if (saving > 0) (to ? *to : fixes).push_back({title, change, saving, basis(how)});
+    const std::optional<int64_t> saving = saved(now, predicted(c));
+    if (saving && *saving > 0) (to ? *to : fixes).push_back({title, change, *saving, basis(how)});
   }
 
   void latent_cache_fix();
@@ -125,15 +131,20 @@ struct Levers {
   void optimizer_fixes();
 };
 
-int64_t Levers::predicted(const config::ProcessConfig& c, int b, int h, int w) const {
-  log::QuietScope quiet;
-  const MemoryModel model(c);
-  std::optional<StepEstimate> s = model.step(b, h, w, model.policy());
-  if (!s) s = model.step(b, h, w, ckpt::CheckpointPolicy::off());
-  if (phase != Phase::sample) return s->total_bytes;
-  const PhaseBytes phases = model.phases(*s);
-  const auto it = phases.find(Phase::sample);
-  return it == phases.end() ? 0 : it->second;
+std::optional<int64_t> Levers::predicted(const config::ProcessConfig& c, int b, int h, int w) const {
+  try {
+    log::QuietScope quiet;
+    const MemoryModel model(c);
+    std::optional<StepEstimate> s = model.step(b, h, w, model.policy());
+    if (!s) s = model.step(b, h, w, ckpt::CheckpointPolicy::off());
+    if (phase != Phase::sample) return s->total_bytes;
+    const PhaseBytes phases = model.phases(*s);
+    const auto it = phases.find(Phase::sample);
+    return it == phases.end() ? 0 : it->second;
+  } catch (const std::exception& e) {
+    log::warn(std::string("the OOM report could not re-plan a fix (left out): ") + e.what());
+    return std::nullopt;
+  }
 }
 
 // 0. The autoencoder's encode ran out: cache the latents before training (it then leaves the device).
@@ -166,12 +177,12 @@ void Levers::step_fixes() {
     const int accumulation = config.train.accumulation();
     c.train.batch_size = batch / 2, c.train.gradient_accumulation = accumulation * 2;
     for (auto& d : c.datasets) d.batch_size.reset();
-    const int64_t saving = now - predicted(c, batch / 2, bh, bw);
-    if (saving > 0)
+    const std::optional<int64_t> saving = saved(now, predicted(c, batch / 2, bh, bw));
+    if (saving && *saving > 0)
       fixes.push_back({"Lower the batch size and accumulate",
                        "train.batch_size: " + std::to_string(batch / 2) + " with train.gradient_accumulation: " +
                            std::to_string(accumulation * 2) + " (same effective batch)",
-                       saving, basis("at batch " + std::to_string(batch / 2))});
+                       *saving, basis("at batch " + std::to_string(batch / 2))});
   }
   for (size_t d = 0; d < config.datasets.size(); ++d) {
     auto res = config.datasets[d].resolution;
@@ -181,12 +192,13 @@ void Levers::step_fixes() {
     config::ProcessConfig c = config;
     auto& kept = c.datasets[d].resolution;
     kept.erase(std::find(kept.begin(), kept.end(), largest));
-    const int64_t saving = predicted(config, batch, largest, largest) - predicted(c, batch, next, next);
-    if (saving > 0)
+    const std::optional<int64_t> saving =
+        saved(predicted(config, batch, largest, largest), predicted(c, batch, next, next));
+    if (saving && *saving > 0)
       fixes.push_back({"Drop the largest bucket",
                        "datasets[" + std::to_string(d) + "].resolution without " + std::to_string(largest) +
                            " (largest left: " + std::to_string(next) + ")",
-                       saving,
+                       *saving,
                        "the step's peak the memory model (train/predict.h) predicts at " + std::to_string(largest) +
                            "², and re-planned without it at " + std::to_string(next) + "², batch " +
                            std::to_string(batch)});
