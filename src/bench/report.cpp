@@ -306,7 +306,7 @@ void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
     d.note(at + "/gc_full", step_note(r.gc_full, e.cap_bytes));
     if (r.gc_run) {  // the run's own policy, when it is neither
       ojson run = step_json(*r.gc_run, every_step);
-      run["policy"] = e.policy;
+      run["policy"] = e.policy.to_string();
       est["per_resolution"].back()["gc_run"] = run;
       d.note(at + "/gc_run", step_note(*r.gc_run, e.cap_bytes));
     }

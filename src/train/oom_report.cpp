@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -93,7 +94,8 @@ struct Levers {
   // without gradients at its own size.
   bool in_step = true;
   Phase phase = Phase::forward;
-  std::optional<int64_t> now;  // the step's (or the preview's) predicted peak as the run is
+  std::unique_ptr<MemoryModel> current;  // the run as it is, planned once (nullptr: it could not be)
+  std::optional<int64_t> now;            // the step's (or the preview's) predicted peak as the run is
   // The failing phase's own fixes (`first`), then the rest in the order practice recommends.
   std::vector<OomFix> first, fixes;
 
@@ -102,6 +104,8 @@ struct Levers {
   // cannot be planned: the report is written all the same, without that fix.
   std::optional<int64_t> predicted(const config::ProcessConfig& c, int b, int h, int w) const;
   std::optional<int64_t> predicted(const config::ProcessConfig& c) const { return predicted(c, batch, bh, bw); }
+  // The same read from a model already planned.
+  int64_t peak(const MemoryModel& model, int b, int h, int w) const;
   // now - changed, when both were predicted.
   static std::optional<int64_t> saved(const std::optional<int64_t>& from, const std::optional<int64_t>& to) {
     if (!from || !to) return std::nullopt;
@@ -131,16 +135,19 @@ struct Levers {
   void optimizer_fixes();
 };
 
+int64_t Levers::peak(const MemoryModel& model, int b, int h, int w) const {
+  std::optional<StepEstimate> s = model.step(b, h, w, model.policy());
+  if (!s) s = model.step(b, h, w, ckpt::CheckpointPolicy::off());
+  if (phase != Phase::sample) return s->total_bytes;
+  const PhaseBytes phases = model.phases(*s);
+  const auto it = phases.find(Phase::sample);
+  return it == phases.end() ? 0 : it->second;
+}
+
 std::optional<int64_t> Levers::predicted(const config::ProcessConfig& c, int b, int h, int w) const {
   try {
     log::QuietScope quiet;
-    const MemoryModel model(c);
-    std::optional<StepEstimate> s = model.step(b, h, w, model.policy());
-    if (!s) s = model.step(b, h, w, ckpt::CheckpointPolicy::off());
-    if (phase != Phase::sample) return s->total_bytes;
-    const PhaseBytes phases = model.phases(*s);
-    const auto it = phases.find(Phase::sample);
-    return it == phases.end() ? 0 : it->second;
+    return peak(MemoryModel(c), b, h, w);
   } catch (const std::exception& e) {
     log::warn(std::string("the OOM report could not re-plan a fix (left out): ") + e.what());
     return std::nullopt;
@@ -193,7 +200,8 @@ void Levers::step_fixes() {
     auto& kept = c.datasets[d].resolution;
     kept.erase(std::find(kept.begin(), kept.end(), largest));
     const std::optional<int64_t> saving =
-        saved(predicted(config, batch, largest, largest), predicted(c, batch, next, next));
+        saved(current ? std::optional<int64_t>(peak(*current, batch, largest, largest)) : std::nullopt,
+              predicted(c, batch, next, next));
     if (saving && *saving > 0)
       fixes.push_back({"Drop the largest bucket",
                        "datasets[" + std::to_string(d) + "].resolution without " + std::to_string(largest) +
@@ -367,7 +375,14 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   l.in_step = ctx.phase != Phase::sample;
   l.phase = ctx.phase;
   if (l.bw <= 0) l.bw = l.bh = largest_cell(config).resolution;
-  l.now = l.predicted(config);
+  try {
+    log::QuietScope quiet;
+    l.current = std::make_unique<MemoryModel>(config);
+    l.now = l.peak(*l.current, l.batch, l.bh, l.bw);
+  } catch (const std::exception& e) {
+    log::warn(std::string("the OOM report could not plan the run as it is (its re-planned fixes left out): ") +
+              e.what());
+  }
   l.latent_cache_fix();
   l.step_fixes();
   l.optimizer_fixes();

@@ -300,7 +300,7 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
   resident_estimate(session, e);
   e.cap_bytes = config.vram_cap.bytes;
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
-  e.policy = policy().to_string();
+  e.policy = policy();
   cuda_ = session.plan().cuda;
   e.device = cuda_ ? "cuda" : config.device;
   text_estimate(session, e, cuda_);

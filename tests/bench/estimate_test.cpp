@@ -80,8 +80,9 @@ TEST(Estimate, TheMemoryModelExecutesAMetaPlan) {
 TEST(Estimate, EveryOtherBlockCheckpointedLiesBetweenFullAndOff) {
   const auto plain = estimate_memory(flux_24gb());
   const auto e = estimate_memory(flux_24gb({"train.checkpoint_policy=every:2"}));
-  EXPECT_EQ(e.policy, "every:2");
-  EXPECT_EQ(plain.policy, "full");
+  EXPECT_EQ(e.policy.kind, ckpt::CheckpointPolicy::Kind::EveryN);
+  EXPECT_EQ(e.policy.n, 2);
+  EXPECT_EQ(plain.policy.kind, ckpt::CheckpointPolicy::Kind::Full);
   ASSERT_EQ(e.resolutions.size(), plain.resolutions.size());
   for (size_t i = 0; i < e.resolutions.size(); ++i) {
     const auto& r = e.resolutions[i];

@@ -133,7 +133,7 @@ struct MemoryEstimate {
   int64_t parked_bytes = 0;
   int64_t cap_bytes = 0;
   std::string activation_dtype;
-  std::string policy;  // the run's checkpoint policy as its Session applies it (a budget resolved)
+  ckpt::CheckpointPolicy policy;  // the run's checkpoint policy as its Session applies it (a budget resolved)
   LoadEstimate load;
   std::vector<ResolutionEstimate> resolutions;
   std::optional<TextEncodeEstimate> text;  // when the family has text encoders
