@@ -2,16 +2,15 @@
 """Every phase predicted beside measured (issue 31): each tiny preset trained for two steps on the CPU (a
 LoRA, fp32, batch 2 at 64², a preview and a save at step 2), with latents cached or encoded on the fly, the
 text encoders resident or their embeddings cached, checkpointing off or full; and with latents and captions
-cached, the partial policies every:2, first:1 and offload, and batch 1 with gradient_accumulation 2. It reads each run's
+cached, the partial policies every:2, first:1, offload, selective:attn and selective:mlp, and batch 1 with
+gradient_accumulation 2. It reads each run's
 memory.json (`phase_peak_bytes` measured, `predicted_phase_peak_bytes`) and prints a Markdown table of each
 phase's error, and with --json the rows.
 
     scripts/docs/phase_sweep.py [--bin build/bin/gclab] [--work output/phase_sweep] [--presets a,b] [--json F]
-                                [--tolerance 0.05] [--activation-tolerance 0.10]
+                                [--tolerance 0.05]
 
-With the tolerances it exits 1 when a phase's |error| exceeds them (ctest memory.phase_sweep): every phase
-within --tolerance, except the forward and backward passes (the block activations, the checkpointed forward
-a bound), held to --activation-tolerance until the walk prices them exactly.
+With --tolerance it exits 1 when a phase's |error| exceeds it (ctest memory.phase_sweep: every phase within 5%).
 """
 import argparse
 import json
@@ -27,9 +26,10 @@ PRESETS = ["tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage"
 # activations and the gradients' lifetime, which the other combinations do not touch.
 VARIANTS = {"off": {"checkpoint_policy": "off"}, "full": {"checkpoint_policy": "full"},
             "every2": {"checkpoint_policy": "every:2"}, "first1": {"checkpoint_policy": "first:1"},
-            "offload": {"checkpoint_policy": "offload"},
+            "offload": {"checkpoint_policy": "offload"}, "sel_attn": {"checkpoint_policy": "selective:attn"},
+            "sel_mlp": {"checkpoint_policy": "selective:mlp"},
             "off_acc2": {"checkpoint_policy": "off", "batch_size": 1, "gradient_accumulation": 2}}
-PARTIAL = ["every2", "first1", "offload", "off_acc2"]
+PARTIAL = ["every2", "first1", "offload", "sel_attn", "sel_mlp", "off_acc2"]
 PHASES = ["setup", "data", "text", "forward", "backward", "optimizer", "sample", "save"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -65,7 +65,6 @@ def main():
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--json")
     ap.add_argument("--tolerance", type=float)
-    ap.add_argument("--activation-tolerance", type=float)
     a = ap.parse_args()
     work = pathlib.Path(a.work).resolve()
     (work / "runs").mkdir(parents=True, exist_ok=True)
@@ -107,7 +106,7 @@ def main():
             err = (q - m) / m
             worst = max(worst, abs(err))
             cells.append(f"{err:+.1%}")
-            bound = a.activation_tolerance if p in ("forward", "backward") else a.tolerance
+            bound = a.tolerance
             if bound is not None and abs(err) > bound:
                 failed.append(f"{row['run']} {p}: predicted {q}, measured {m} ({err:+.1%}, bound {bound:.0%})")
         print(f"| {row['run']} | " + " | ".join(cells) + " |")

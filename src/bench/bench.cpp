@@ -222,9 +222,8 @@ int predicted_largest_batch(const train::MemoryModel& model, const ckpt::Checkpo
   if (cap <= 0 || policy.kind == ckpt::CheckpointPolicy::Kind::Budget) return -1;
   int largest = 0;
   for (int batch = 1; batch <= max_batch; ++batch) {
-    const std::optional<train::StepEstimate> s = model.step(batch, resolution, resolution, policy);
-    if (!s) return -1;
-    int64_t peak = std::max(s->total_bytes, s->first_total_bytes);
+    const train::StepEstimate s = model.step(batch, resolution, resolution, policy);
+    int64_t peak = std::max(s.total_bytes, s.first_total_bytes);
     if (const auto p = model.estimate().preview) peak = std::max(peak, p->total_bytes);
     if (peak > cap) break;
     largest = batch;

@@ -224,14 +224,7 @@ Document phases_report(const train::MemoryModel& model, const config::ProcessCon
   const train::StepCell cell = train::largest_cell(config);
   const ckpt::CheckpointPolicy& policy = model.policy();
   ojson j = {{"batch", cell.batch}, {"resolution", cell.resolution}, {"policy", policy.to_string()}};
-  const std::optional<train::StepEstimate> step = model.step(cell.batch, cell.resolution, cell.resolution, policy);
-  if (!step) {
-    j["predicted"] = nullptr;
-    d.value["phases"] = j;
-    d.note("/phases/predicted", "not predicted for the selective policies (`estimate` shows off and full)");
-    return d;
-  }
-  const train::PhaseBytes phases = model.phases(*step);
+  const train::PhaseBytes phases = model.phases(model.step(cell.batch, cell.resolution, cell.resolution, policy));
   j["predicted"] = memory::by_phase_name(phases);
   d.value["phases"] = j;
   d.heading("/phases",
@@ -249,7 +242,8 @@ namespace {
 ojson step_json(const StepEstimate& s, bool text_every_step) {
   ojson j = {{"batch_tensors", s.batch_bytes},
              {"activations", s.activation_bytes},
-             {"workspace", s.workspace_bytes},
+             {"forward_walk", s.forward_bytes},
+             {"backward_walk", s.backward_bytes},
              {"vae_encode", s.encode_bytes}};
   if (text_every_step) j["text_encode"] = s.text_bytes;
   if (s.reference_bytes > 0) j["control_latents"] = s.reference_bytes;
@@ -291,8 +285,8 @@ void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
   const bool every_step = e.text && e.text->every_step;
   d.note("/estimate/per_resolution",
          "each phase's peak (train/predict.h), the run's meter records the same phases; total = the largest: "
-         "data (the encode), text (the captions' encode), forward and backward (resident + batch tensors + "
-         "block activations + the running block's MLP transients), optimizer (its update's temporaries)");
+         "data (the encode), text (the captions' encode), forward and backward (resident + the step walked op by "
+         "op on the meta model: forward_walk / backward_walk), optimizer (its update's temporaries)");
   est["per_resolution"] = ojson::array();
   for (const auto& r : e.resolutions) {
     const std::string at = "/estimate/per_resolution/" + std::to_string(est["per_resolution"].size());

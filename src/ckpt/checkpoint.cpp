@@ -1,6 +1,7 @@
 #include "gclab/ckpt/checkpoint.h"
 
 #include "gclab/ckpt/autocast.h"
+#include "gclab/memory/meta_count.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -105,9 +106,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     for (const auto& t : inputs) {
       state->input_requires_grad.push_back(t.defined() && t.requires_grad());
       state->input_devices.push_back(t.defined() ? t.device() : c10::Device(c10::kCPU));
-      if (state->options.offload_inputs && t.defined() && !t.is_cpu()) {
+      // On the meta device (the memory model's walk) as on the device it stands for: the CPU keeps them.
+      const bool on_host = t.defined() && (t.is_meta() ? memory::meta_target() == c10::kCPU : t.is_cpu());
+      if (state->options.offload_inputs && t.defined() && !on_host) {
         auto host = torch::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(t.is_cuda()));
-        host.copy_(t, /*non_blocking=*/true);
+        if (!t.is_meta()) host.copy_(t, /*non_blocking=*/true);
         kept.push_back(host);
       } else {
         kept.push_back(t);

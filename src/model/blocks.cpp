@@ -1,10 +1,13 @@
 #include "gclab/model/blocks.h"
 
+#include "gclab/nn/meta_kernels.h"
+
 namespace gclab::model {
 
 namespace {
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  if (q.is_meta()) return nn::meta_flash_attention(q, k, v);
   return at::scaled_dot_product_attention(q, k, v);
 }
 

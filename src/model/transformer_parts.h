@@ -36,10 +36,15 @@ struct PatchConv {
     weight = holder.register_parameter("weight", nn::uniform_parameter({out, in, p, p}, bound, options));
     bias = holder.register_parameter("bias", nn::uniform_parameter({out}, bound, options));
   }
-  torch::Tensor operator()(const torch::Tensor& latents) {  // [B, C, H, W] -> [B, (H/p)(W/p), D]
+  // [B, C, H, W] -> [B, (H/p)(W/p), D]: the convolution as the matmul it is at stride p, on the latents cut
+  // into patches (c, i, j order, the kernel's) — the same sums, and one path on every device (the meta
+  // device's included: LibTorch's C++ has no meta convolution, and the CPU's convolution allocates by
+  // backend and batch, mkldnn or im2col).
+  torch::Tensor operator()(const torch::Tensor& latents) {
     const torch::Tensor w = weight.scalar_type() == latents.scalar_type() ? weight : weight.to(latents.scalar_type());
     const torch::Tensor b = bias.scalar_type() == latents.scalar_type() ? bias : bias.to(latents.scalar_type());
-    return at::conv2d(latents, w, b, {patch, patch}).flatten(2).transpose(1, 2);
+    return torch::nn::functional::linear(nn::patchify(latents, patch, /*channels_last=*/false),
+                                         w.reshape({w.size(0), -1}), b);
   }
 };
 

@@ -1,4 +1,5 @@
 #include "gclab/nn/layers.h"
+#include "gclab/nn/meta_kernels.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -58,6 +59,9 @@ int uintx_bits(WeightStorage s) {
 }
 
 namespace {
+// Autocast for a device kind; the meta device has none (LibTorch throws when asked).
+bool autocast_on(c10::DeviceType type) { return type != c10::kMeta && at::autocast::is_autocast_enabled(type); }
+
 std::optional<quant::ScaledType> scaled_type(WeightStorage s) {
   switch (s) {
     case WeightStorage::QFloat8:
@@ -79,7 +83,7 @@ namespace {
 // Matches x's dtype unless autocast will cast the matmul's operands anyway.
 torch::Tensor for_input(const torch::Tensor& t, const torch::Tensor& x) {
   if (!t.defined() || t.scalar_type() == x.scalar_type()) return t;
-  if (at::autocast::is_autocast_enabled(x.device().type())) return t;
+  if (autocast_on(x.device().type())) return t;
   return t.to(x.scalar_type());
 }
 // A frozen weight as stored: its codes (or values), the scales that go with them, and how to rebuild it.
@@ -91,8 +95,6 @@ struct Stored {
 
   // The weight as the matmul takes it, in the dtype it was quantized from (a float weight as it is).
   torch::Tensor dequantize() const {
-    if (weight.is_meta() && is_quantized(storage))
-      return torch::empty({out, in}, weight.options().dtype(dequant_dtype));
     if (const int bits = uintx_bits(storage)) {
       quant::UIntXWeight q;
       q.bits = bits, q.out_features = out, q.in_features = in;
@@ -151,6 +153,7 @@ class QFloat8Linear : public torch::autograd::Function<QFloat8Linear> {
     Stored s;
     s.storage = WeightStorage::QFloat8, s.weight = kept(ctx, "data"), s.scale = kept(ctx, "scale");
     s.dequant_dtype = s.scale.scalar_type();
+    s.out = s.weight.size(0), s.in = s.weight.size(1);  // one code per element
     const torch::Tensor& g = grad[0];
     const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     return {torch::matmul(g, s.dequantize().to(g.scalar_type())).to(x_dtype), torch::Tensor()};
@@ -185,13 +188,15 @@ struct OffloadRing {
     return *transfer;
   }
 };
-OffloadRing& forward_ring() {
-  static OffloadRing ring;
-  return ring;
+// One pair of rings for the device a run trains on, one for the meta device (the memory model's walk: its
+// slots must not release the run's).
+OffloadRing& forward_ring(bool meta) {
+  static OffloadRing rings[2];
+  return rings[meta ? 1 : 0];
 }
-OffloadRing& backward_ring() {
-  static OffloadRing ring;
-  return ring;
+OffloadRing& backward_ring(bool meta) {
+  static OffloadRing rings[2];
+  return rings[meta ? 1 : 0];
 }
 
 // The weight (dequantized, in the dtype the matmul computes in) and bias brought from host memory into a ring slot; on
@@ -206,8 +211,7 @@ struct Brought {
 // input's.
 torch::ScalarType compute_dtype(const torch::Tensor& x) {
   const c10::DeviceType type = x.device().type();
-  if (at::isFloatingType(x.scalar_type()) && at::autocast::is_autocast_enabled(type))
-    return at::autocast::get_autocast_dtype(type);
+  if (at::isFloatingType(x.scalar_type()) && autocast_on(type)) return at::autocast::get_autocast_dtype(type);
   return x.scalar_type();
 }
 
@@ -260,9 +264,9 @@ class OffloadedLinear : public torch::autograd::Function<OffloadedLinear> {
     ctx->saved_data["out"] = f.stored.out;
     ctx->saved_data["in"] = f.stored.in;
     ctx->saved_data["recovery_scale"] = f.recovery_scale;
-    const Brought brought = bring(forward_ring(), f.stored, f.bias, x);
+    const Brought brought = bring(forward_ring(x.is_meta()), f.stored, f.bias, x);
     torch::Tensor y = F::linear(x, brought.weight, brought.bias);
-    release(forward_ring(), brought, x.device());
+    release(forward_ring(x.is_meta()), brought, x.device());
     if (f.recovery_a.defined()) {
       const torch::Tensor a = f.recovery_a.to(x.device(), x.scalar_type(), true, true);
       const torch::Tensor up = f.recovery_b.to(x.device(), x.scalar_type(), true, true);
@@ -280,9 +284,9 @@ class OffloadedLinear : public torch::autograd::Function<OffloadedLinear> {
                       static_cast<torch::ScalarType>(ctx->saved_data["dequant_dtype"].toInt()),
                       ctx->saved_data["out"].toInt(),
                       ctx->saved_data["in"].toInt()};
-    const Brought brought = bring(backward_ring(), host, torch::Tensor(), g);
+    const Brought brought = bring(backward_ring(g.is_meta()), host, torch::Tensor(), g);
     torch::Tensor dx = torch::matmul(g, brought.weight);
-    release(backward_ring(), brought, g.device());
+    release(backward_ring(g.is_meta()), brought, g.device());
     if (const torch::Tensor ra = kept(ctx, "recovery_a"); ra.defined()) {
       const torch::Tensor a = ra.to(g.device(), g.scalar_type(), true, true);
       const torch::Tensor up = kept(ctx, "recovery_b").to(g.device(), g.scalar_type(), true, true);
@@ -340,12 +344,12 @@ int64_t offload_device_bytes(torch::nn::Module& root, int64_t element_bytes) {
 }
 
 void release_offload_buffers() {
-  for (OffloadRing* ring : {&forward_ring(), &backward_ring()}) *ring = OffloadRing();
+  for (OffloadRing* ring : {&forward_ring(false), &backward_ring(false)}) *ring = OffloadRing();
 }
 
-int64_t offload_buffer_bytes() {
+int64_t offload_buffer_bytes(bool meta) {
   int64_t bytes = 0;
-  for (OffloadRing* ring : {&forward_ring(), &backward_ring()})
+  for (OffloadRing* ring : {&forward_ring(meta), &backward_ring(meta)})
     for (const auto& [w, b] : ring->slots)
       bytes +=
           (w.defined() ? static_cast<int64_t>(w.nbytes()) : 0) + (b.defined() ? static_cast<int64_t>(b.nbytes()) : 0);
@@ -416,10 +420,9 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
   if (offloaded_)
     y = OffloadedLinear::apply(x, FrozenAccess::of(*this));
-  else if (storage_ == WeightStorage::QFloat8 && torch::GradMode::is_enabled() && x.requires_grad() &&
-           !weight.is_meta())
+  else if (storage_ == WeightStorage::QFloat8 && torch::GradMode::is_enabled() && x.requires_grad())
     y = QFloat8Linear::apply(x, FrozenAccess::of(*this));
-  else if (storage_ == WeightStorage::Int8 && !weight.is_meta())
+  else if (storage_ == WeightStorage::Int8)
     y = bias.defined() ? quant::scaled_matmul(x, scaled()) + for_input(bias, x) : quant::scaled_matmul(x, scaled());
   else
     // The frozen weight dequantized without a graph (AI Toolkit's uintN; torchao's float8 fallback).
@@ -440,7 +443,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     // it, a copy lora_down keeps for its weight's gradient), lora_down, dropout on its rank-sized output
     // (B x tokens x rank), lora_up, scale and multiplier, the result cast back to the base output's dtype.
     // Under autocast (not AI Toolkit's: gclab runs none) autocast picks the dtype instead.
-    const torch::Tensor xa = at::autocast::is_autocast_enabled(x.device().type()) ? x : x.to(lora_A_.scalar_type());
+    const torch::Tensor xa = autocast_on(x.device().type()) ? x : x.to(lora_A_.scalar_type());
     torch::Tensor h = F::linear(xa, for_input(lora_A_, xa));
     if (lora_dropout_ > 0) h = torch::dropout(h, lora_dropout_, is_training());
     y = y + (F::linear(h, for_input(lora_B_, h)) * (lora_scale_ * lora_multiplier_)).to(y.scalar_type());
@@ -596,7 +599,10 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return h * weight;
 }
 
-torch::Tensor layer_norm(const torch::Tensor& x, double eps) { return at::layer_norm(x, {x.size(-1)}, {}, {}, eps); }
+torch::Tensor layer_norm(const torch::Tensor& x, double eps) {
+  if (x.is_meta()) return meta_layer_norm(x);
+  return at::layer_norm(x, {x.size(-1)}, {}, {}, eps);
+}
 
 torch::Tensor modulate(const torch::Tensor& x, const torch::Tensor& shift, const torch::Tensor& scale) {
   return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
@@ -654,17 +660,18 @@ torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {
 
 torch::Tensor merge_heads(const torch::Tensor& x) { return x.transpose(1, 2).flatten(2); }
 
-torch::Tensor sincos_2d(int64_t h, int64_t w, int64_t dim, double scale, int64_t h_offset, int64_t w_offset) {
+torch::Tensor sincos_2d(int64_t h, int64_t w, int64_t dim, const torch::Device& device, double scale, int64_t h_offset,
+                        int64_t w_offset) {
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(device);
   TORCH_CHECK(dim % 4 == 0, "2-D sin-cos position embedding needs a width divisible by 4, got ", dim);
   auto one_axis = [&](const torch::Tensor& pos) {  // [N] -> [N, dim/2] = [sin | cos]
     const int64_t quarter = dim / 4;
-    const torch::Tensor omega =
-        1.0 / torch::pow(10000.0, torch::arange(quarter, torch::kDouble) / static_cast<double>(quarter));
+    const torch::Tensor omega = 1.0 / torch::pow(10000.0, torch::arange(quarter, f64) / static_cast<double>(quarter));
     const torch::Tensor out = pos.unsqueeze(1) * omega.unsqueeze(0);
     return torch::cat({torch::sin(out), torch::cos(out)}, 1);
   };
-  const torch::Tensor ys = (torch::arange(h, torch::kDouble) + h_offset) / scale;
-  const torch::Tensor xs = (torch::arange(w, torch::kDouble) + w_offset) / scale;
+  const torch::Tensor ys = (torch::arange(h, f64) + h_offset) / scale;
+  const torch::Tensor xs = (torch::arange(w, f64) + w_offset) / scale;
   const torch::Tensor grid_y = ys.unsqueeze(1).expand({h, w}).reshape({-1});
   const torch::Tensor grid_x = xs.unsqueeze(0).expand({h, w}).reshape({-1});
   // get_2d_sincos_pos_embed puts the column (x) coordinate in the first half.

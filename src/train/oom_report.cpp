@@ -136,10 +136,9 @@ struct Levers {
 };
 
 int64_t Levers::peak(const MemoryModel& model, int b, int h, int w) const {
-  std::optional<StepEstimate> s = model.step(b, h, w, model.policy());
-  if (!s) s = model.step(b, h, w, ckpt::CheckpointPolicy::off());
-  if (phase != Phase::sample) return s->total_bytes;
-  const PhaseBytes phases = model.phases(*s);
+  const StepEstimate s = model.step(b, h, w, model.policy());
+  if (phase != Phase::sample) return s.total_bytes;
+  const PhaseBytes phases = model.phases(s);
   const auto it = phases.find(Phase::sample);
   return it == phases.end() ? 0 : it->second;
 }

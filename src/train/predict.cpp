@@ -5,6 +5,7 @@
 
 #include "gclab/data/buckets.h"
 #include "gclab/data/image.h"
+#include "gclab/memory/meta_count.h"
 #include "gclab/model/activations.h"
 #include "gclab/model/family.h"
 #include "gclab/model/lora.h"
@@ -50,9 +51,64 @@ int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
   return peak;
 }
 
-StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, const model::ActivationEstimate& a,
-                           const model::PolicyActivations& kept, int batch, int height, int width, bool cpu,
-                           const std::vector<data::Caption>& captions) {
+// The step's forward and backward, walked: the flow-matching step (train/flow.h) run on the Session's
+// meta model under `policy` (applied through the run's own checkpointing, restored after) and counted by a
+// memory::MetaCount standing for the run's device — every op's output and temporaries, what autograd and
+// the checkpoints keep, the recompute, the gradients as the backward makes them. Its inputs are the
+// micro-batch's device tensors: the latents, noise and timesteps in float32, the text embeddings in float32
+// (as the cache gives them), the control latents. Returns each phase's peak above what stays between steps
+// (the micro-batch included, made before the forward); with gradient accumulation the trained tensors'
+// gradients exist before the backward (the earlier micro-batches'), and are counted with what stays.
+// Offloaded layers (model.layer_offloading): their ring slots hold the Linears that ran last between steps;
+// the walk runs twice, the first to fill the meta rings as a run's are when a step begins, and `rings` is
+// what they hold then (the resident bytes' estimate of them is replaced by it).
+struct WalkedStep {
+  int64_t forward = 0, backward = 0, rings = 0;
+};
+
+WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, int batch, int height, int width,
+                     int64_t text_tokens, const std::vector<std::vector<int64_t>>& references, bool cuda) {
+  if (policy.kind == ckpt::CheckpointPolicy::Kind::Budget)
+    throw std::invalid_argument("the memory model walks a budget policy once it is resolved to blocks:[...]");
+  model::DiffusionTransformer& model = session.model();
+  const ckpt::CheckpointPolicy applied = session.applied_policy();
+  session.apply_policy(policy, batch, std::max(height, width));
+  const bool accumulates = session.accumulation() > 1;
+  const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat);
+  if (accumulates)
+    for (const auto& [name, p] : session.trained()) p.mutable_grad() = torch::empty_like(p);
+  WalkedStep walked;
+  const bool offloads = nn::offload_device_bytes(model, 1) > 0;
+  for (int pass = offloads ? 0 : 1; pass < 2; ++pass) {
+    if (pass == 1) walked.rings = nn::offload_buffer_bytes(/*meta=*/true);
+    memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
+    MicroBatch mb;
+    mb.conditioning = model.example_inputs(batch, height, width, text_tokens, meta);
+    mb.x0 = std::move(mb.conditioning.latents);
+    mb.t = std::move(mb.conditioning.timestep);
+    mb.noise = torch::empty_like(mb.x0);
+    mb.weight = torch::empty({batch}, meta);
+    mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
+    for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
+    StepOptions so;
+    so.loss_type = session.config().train.loss_type;
+    so.dtype = session.plan().compute_dtype;
+    torch::Tensor loss = flow_matching_loss(model, mb, so);
+    walked.forward = count.peak();
+    count.reset_peak();
+    loss.backward();
+    walked.backward = count.peak();
+    for (const auto& [name, p] : session.trained())
+      if (!accumulates) p.mutable_grad() = torch::Tensor();
+  }
+  for (const auto& [name, p] : session.trained()) p.mutable_grad() = torch::Tensor();
+  session.apply_policy(applied, batch, std::max(height, width));
+  return walked;
+}
+
+StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const model::ActivationEstimate& a,
+                           const model::PolicyActivations& kept, const ckpt::CheckpointPolicy& policy, int batch,
+                           int height, int width, bool cpu, const std::vector<data::Caption>& captions) {
   const model::ModelSpec& spec = session.spec();
   StepEstimate s;
   // The flow-matching step's own float32 tensors: x0, noise, x_t, target, the prediction and the squared
@@ -60,14 +116,6 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   const int64_t latent = int64_t{4} * c10::multiply_integers(model::latent_shape(spec, batch, height, width));
   s.batch_bytes = 6 * latent + int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
   s.activation_bytes = kept.peak_bytes;
-  // On top of what the blocks keep, the block being run (forward) or differentiated (backward, and its
-  // recompute) holds its MLP's transients: the hidden activation and its gradient, [B, S, mlp] each, B x S
-  // the most rows an MLP runs on (BlockActivations::mlp_rows: a two-stream block's streams apart). Measured
-  // on every tiny preset it is the step's remaining peak, GC off and full (docs/results/phase-sweep-cpu.md).
-  const int64_t el = session.activation_options().element_bytes;
-  int64_t mlp_rows = 0;  // the most rows an MLP runs on
-  for (const auto& b : a.blocks) mlp_rows = std::max(mlp_rows, b.mlp_rows);
-  s.workspace_bytes = 2 * mlp_rows * spec.mlp_hidden * el;
   // Encoding on the fly (the autoencoder, latents not cached): the data phase holds the batch's float32
   // images and the encode's peak, before the step's own tensors exist.
   const vae::CodecSpec& codec = session.codec_spec();
@@ -78,7 +126,15 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   // Edit models: each step encodes the batch's control images (one per control folder, at the reference
   // area of the bucket's aspect), cached latents or not, after the batch's own latents (kept beside them).
   // Flex.2 likewise, its control images at the batch's own size, when a dataset has control folders.
-  size_t references = spec.edit ? 1 : 0;  // the most control folders a dataset has
+  size_t references = spec.edit ? 1 : 0;               // the most control folders a dataset has
+  std::vector<std::vector<int64_t>> reference_shapes;  // an edit model's control latents, as the model reads them
+  if (spec.edit) {  // given by the loader or encoded in the data phase, at the reference size
+    const data::BucketResolution ref =
+        model::trains_references_at_image_size(spec)
+            ? data::BucketResolution{width, height}
+            : data::reference_size({width, height}, spec.divisibility, spec.reference_area);
+    reference_shapes.assign(references, model::latent_shape(spec, batch, ref.height, ref.width));
+  }
   for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
   const bool channels = model::family_of(spec.family).controls_as_channels(spec);
   if ((spec.edit || channels) && references > 0 && codec.autoencoder) {
@@ -88,6 +144,7 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
             : data::reference_size({width, height}, spec.divisibility, spec.reference_area);
     s.reference_bytes = static_cast<int64_t>(references) * 4 *
                         c10::multiply_integers(model::latent_shape(spec, batch, ref.height, ref.width));
+
     s.encode_bytes =
         std::max(s.encode_bytes, encoded_here + s.reference_bytes + int64_t{4} * batch * 3 * ref.height * ref.width +
                                      codec.encode_bytes(batch, ref.height, ref.width, cpu));
@@ -108,16 +165,15 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   const bool accumulates = session.accumulation() > 1;
   const int64_t steady = e.resident_bytes - (accumulates ? 0 : e.gradient_bytes);
   const int64_t aside = accumulates && session.optimizer().accumulates_stochastically() ? e.gradient_bytes : 0;
-  const int64_t training = steady + s.batch_bytes + s.reference_bytes + s.activation_bytes + s.workspace_bytes;
   s.phases[memory::Phase::data] = steady + s.encode_bytes;
   s.phases[memory::Phase::text] = steady + s.text_bytes;
-  // A forward whose every block is checkpointed keeps their inputs and runs each block without its graph:
-  // bounded by the inputs and the largest block's activations, had it kept them (without the backward's
-  // gradients of its MLP); the backward recomputes one block at a time. A block that keeps its graph runs
-  // its MLP's transients in the forward too.
-  s.phases[memory::Phase::forward] =
-      kept.all_checkpointed ? steady + s.batch_bytes + s.reference_bytes + kept.peak_bytes : training;
-  s.phases[memory::Phase::backward] = std::max(training, e.resident_bytes) + aside;
+  // The forward and the backward, walked op by op on the meta model (walk_step).
+  const WalkedStep walked = walk_step(session, policy, batch, height, width, a.text_tokens, reference_shapes, !cpu);
+  s.forward_bytes = walked.forward, s.backward_bytes = walked.backward;
+  const int64_t rings = steady - e.offload_buffer_bytes + walked.rings;  // what stays, the rings as walked
+  const int64_t backward = std::max(rings + walked.backward, e.resident_bytes) + aside;
+  s.phases[memory::Phase::forward] = rings + walked.forward;
+  s.phases[memory::Phase::backward] = backward;
   s.phases[memory::Phase::optimizer] = e.resident_bytes + e.optimizer_step_bytes;
   s.first_phases = s.phases;
   for (const memory::Phase p : {memory::Phase::data, memory::Phase::text, memory::Phase::forward})
@@ -125,7 +181,7 @@ StepEstimate step_estimate(const Session& session, const MemoryEstimate& e, cons
   const RunPlan& plan = session.plan();
   if (plan.previews.empty() || plan.config.train.skip_first_sample)  // the first use is the step's forward
     for (const memory::Phase p : {memory::Phase::data, memory::Phase::text}) s.first_phases[p] -= e.parked_bytes;
-  s.first_phases[memory::Phase::backward] = std::max(training, e.resident_bytes) + aside - e.optimizer_bytes;
+  s.first_phases[memory::Phase::backward] = backward - e.optimizer_bytes;
   for (const auto& [phase, bytes] : s.phases) s.total_bytes = std::max(s.total_bytes, bytes);
   for (const auto& [phase, bytes] : s.first_phases) s.first_total_bytes = std::max(s.first_total_bytes, bytes);
   return s;
@@ -255,14 +311,14 @@ void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
       "the text phase is predicted for a " + std::to_string(model::kNominalCaptionTokens) +
           "-token caption and the activations for its tokens (a run's own steps are predicted for their "
           "captions: metrics.jsonl, memory.json); longer captions of Qwen-Image / Z-Image hold more",
-      "the forward of a run whose every block is checkpointed is bounded by each block's activations had it "
-      "kept them (it runs without keeping them: up to 7% above on the tiny presets' LoRA, "
-      "docs/results/phase-sweep-cpu.md; 17% above on a full fine-tune at 512²); the step's peak is then "
-      "its backward, which is not bounded but predicted",
       "allocator fragmentation and the CUDA context (CUDA)",
-      "the selective checkpoint policies (selective:attn, selective:mlp: the ledger does not split a block)",
       "the load's host memory as AI Toolkit's from_pretrained holds it: it reads every transformer into host "
       "memory first (load.host_peak counts only where the transformer is quantized there)"};
+  if (e.device == "cuda")
+    e.not_modelled.push_back(
+        "the step's forward and backward are walked with the CUDA kernels' outputs (fused attention: its output "
+        "and log-sum-exp; LayerNorm's float32 statistics) but not their workspaces (cuBLAS, the attention "
+        "backward's accumulators), and are not yet checked against a GPU's allocator");
   if (model::transformer_loading(config.model.arch) == model::TransformerLoading::per_block && config.model.quantize)
     e.not_modelled.push_back(
         "the load: quantize_model stages each block on the device to quantize it; gclab quantizes the blocks in "
@@ -309,8 +365,8 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
     ResolutionEstimate re;
     re.resolution = c.resolution;
     re.batch = c.batch;
-    re.gc_off = *step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::off());
-    re.gc_full = *step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::full());
+    re.gc_off = step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::off());
+    re.gc_full = step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::full());
     const auto kind = policy().kind;
     if (kind != ckpt::CheckpointPolicy::Kind::Off && kind != ckpt::CheckpointPolicy::Kind::Full)
       re.gc_run = step(c.batch, c.resolution, c.resolution, policy());
@@ -327,13 +383,14 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
 
 MemoryModel::~MemoryModel() = default;
 
-std::optional<StepEstimate> MemoryModel::step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy,
-                                              int64_t text_tokens, const std::vector<data::Caption>& captions) const {
+StepEstimate MemoryModel::step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy,
+                               int64_t text_tokens, const std::vector<data::Caption>& captions) const {
   const auto a = model::estimate_activations(estimate_.spec, batch, height, width, text_tokens,
                                              session_->activation_options(cuda_));
-  const std::optional<model::PolicyActivations> kept = model::activations_under(a, policy);
-  if (!kept) return std::nullopt;
-  return step_estimate(*session_, estimate_, a, *kept, batch, height, width, !cuda_, captions);
+  // The ledger's sums describe the step (what the blocks keep); the selective modes split a block, which
+  // the ledger does not: the walk alone prices them.
+  const model::PolicyActivations kept = model::activations_under(a, policy).value_or(model::PolicyActivations{});
+  return step_estimate(*session_, estimate_, a, kept, policy, batch, height, width, !cuda_, captions);
 }
 
 const ckpt::CheckpointPolicy& MemoryModel::policy() const { return session_->applied_policy(); }
@@ -346,11 +403,10 @@ PhaseBytes MemoryModel::phases(const StepEstimate& step) const {
   return p;
 }
 
-std::optional<PhaseBytes> MemoryModel::predict(const StepResult& r) const {
-  std::optional<StepEstimate> s = step(r.batch, r.height, r.width, policy(), r.text_tokens, r.captions);
-  if (!s) return std::nullopt;
-  if (r.before_first_update) s->phases = s->first_phases;
-  return phases(*s);
+PhaseBytes MemoryModel::predict(const StepResult& r) const {
+  StepEstimate s = step(r.batch, r.height, r.width, policy(), r.text_tokens, r.captions);
+  if (r.before_first_update) s.phases = s.first_phases;
+  return phases(s);
 }
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config) { return MemoryModel(config).estimate(); }

@@ -59,7 +59,7 @@ void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& ses
   peak_bytes_ = std::max(peak_bytes_, stats.peak_bytes);
   const ResidentBytes held = session.resident();
   // The same step predicted: its cell under the run's policy, and the run's load, preview and save.
-  const std::optional<PhaseBytes> predicted = model_ ? model_->predict(r) : std::nullopt;
+  const std::optional<PhaseBytes> predicted = model_ ? std::optional<PhaseBytes>(model_->predict(r)) : std::nullopt;
   if (predicted)
     for (const auto& [phase, bytes] : *predicted) run_predicted_[phase] = std::max(run_predicted_[phase], bytes);
   metrics_ << json{{"step", step},

@@ -10,6 +10,16 @@
 
 namespace gclab::testing {
 
+// What a run does before training when its text encoders leave (cache_text_embeddings): the synthetic
+// batches' caption ("a photo", or the first sample prompt) encoded and the encoders unloaded.
+inline void cache_text_as_a_run_does(train::Session& session) {
+  if (!session.plan().text_encoder_leaves) return;
+  std::vector<std::string> captions = {"a photo"};
+  const auto& sample = session.config().sample;
+  if (sample && !sample->samples.empty()) captions.push_back(sample->samples.front().prompt);
+  session.precompute_text(captions);
+}
+
 inline int64_t synthetic_step_peak(train::Session& session, int steps, int batch, int side,
                                    int64_t* text_tokens = nullptr) {
   int64_t peak = 0;

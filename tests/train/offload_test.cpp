@@ -101,6 +101,7 @@ TEST(LayerOffloading, TheEstimateMatchesTheMeasuredStep) {
       int64_t measured = 0, host = 0;
       {
         Session session(config);
+        testing::cache_text_as_a_run_does(session);
         measured = testing::synthetic_step_peak(session, 2, 2, 64);
         host = session.resident().host_weights;
       }
@@ -141,11 +142,12 @@ TEST(LayerOffloading, TheHostCapRefusesOffloadedWeightsThatDoNotFit) {
   fs::remove_all(dir);
 }
 
-// The OOM report offers offloading a LoRA base, priced by re-planning: in the optimizer's update (no
-// activations) exactly what a meta build of the changed config leaves on the device — the transformer's
-// Linears' bytes less what bringing them holds, and the text encoders' offloaded Linears; a run that offloads
-// everything already is not offered it, nor one where bringing would hold more than it saves (a tiny uint4
-// base without its text encoders: packed codes against float32 rings).
+// The OOM report offers offloading a LoRA base, priced by re-planning: the step's peak walked for the
+// changed config, less than what leaves the device (the transformer's and the text encoders' offloaded
+// Linears: the rings bring them back one at a time); a run that offloads
+// everything already is not offered it; a tiny uint4 base without its text encoders (packed codes against
+// float32 rings) is offered it exactly when two measured steps say it saves (the walk found it does: the
+// ledger-era bound on the rings said it did not).
 TEST(LayerOffloading, TheOomAdviceOffersItWithItsSaving) {
   const fs::path dir = testing::fresh_dir("offload_advice");
   auto advice = [&](std::vector<std::string> extra) {
@@ -155,11 +157,38 @@ TEST(LayerOffloading, TheOomAdviceOffersItWithItsSaving) {
   ASSERT_TRUE(fix);
   Session now(tiny_config(dir, "n"), SessionOptions{/*meta=*/true});
   Session offloaded(tiny_config(dir, "m", {"model.layer_offloading=true"}), SessionOptions{/*meta=*/true});
-  EXPECT_EQ(fix->predicted_saving_bytes, now.resident().total() - offloaded.resident().total() -
-                                             nn::offload_device_bytes(offloaded.model(), /*element_bytes=*/4));
+  // Less than what leaves the device: the rings bring the weights back, one Linear at a time.
+  EXPECT_GT(fix->predicted_saving_bytes, 0);
+  EXPECT_LT(fix->predicted_saving_bytes, now.resident().total() - offloaded.resident().total());
   EXPECT_GT(offloaded.resident().host_weights, fix->predicted_saving_bytes / 2);
   EXPECT_FALSE(advice({"model.layer_offloading=true"}));
-  EXPECT_FALSE(advice({"model.quantize=true", "model.qtype=uint4", "train.cache_text_embeddings=true"}));
+  // A tiny uint4 base without its text encoders: packed codes against the rings' float32 weights. Offered
+  // or not, the verdict is the measured one: two steps' peak with and without offloading.
+  const std::vector<std::string> u4 = {"model.quantize=true", "model.qtype=uint4", "train.cache_text_embeddings=true"};
+  auto with_offload = u4;
+  with_offload.push_back("model.layer_offloading=true");
+  int64_t resident_peak = 0, offloaded_peak = 0;
+  {
+    Session s(tiny_config(dir, "u4", u4));
+    testing::cache_text_as_a_run_does(s);
+    resident_peak = testing::synthetic_step_peak(s, 2, 2, 64);
+  }
+  {
+    Session s(tiny_config(dir, "u4o", with_offload));
+    testing::cache_text_as_a_run_does(s);
+    offloaded_peak = testing::synthetic_step_peak(s, 2, 2, 64);
+  }
+  const int64_t measured_saving = resident_peak - offloaded_peak;
+  const auto u4_fix = advice(u4);
+  // The advice is priced for a 77-token caption, the synthetic steps train on "a photo": the saving's sign
+  // and its size within a factor of two.
+  if (u4_fix) {
+    EXPECT_GT(measured_saving, 0);
+    EXPECT_GT(u4_fix->predicted_saving_bytes, measured_saving / 2);
+    EXPECT_LT(u4_fix->predicted_saving_bytes, measured_saving * 2);
+  } else {
+    EXPECT_LE(measured_saving, 0);
+  }
   fs::remove_all(dir);
 }
 

@@ -150,7 +150,7 @@ TORCH_MODULE(Linear);
 
 // The offloaded Linears' ring slots (weights brought to the device, kept until overwritten): their bytes now,
 // and releasing them (a run's end, so that the next run starts without them).
-int64_t offload_buffer_bytes();
+int64_t offload_buffer_bytes(bool meta = false);  // meta: the rings of the memory model's meta walk
 void release_offload_buffers();
 // The bytes the offloaded Linears under `root` keep in host memory (their own tensors; not their LoRA).
 int64_t offloaded_bytes(torch::nn::Module& root);
@@ -221,9 +221,10 @@ torch::Tensor causal_additive_mask(int64_t length, const torch::Tensor& attentio
 torch::Tensor merge_heads(const torch::Tensor& x);
 
 // Fixed 2-D sine-cosine position embedding [h*w, dim] (MAE / DiT / SD3 PatchEmbed), grid positions
-// divided by `scale`, rows (h) on the second half of the channels as in get_2d_sincos_pos_embed.
-torch::Tensor sincos_2d(int64_t h, int64_t w, int64_t dim, double scale = 1.0, int64_t h_offset = 0,
-                        int64_t w_offset = 0);
+// divided by `scale`, rows (h) on the second half of the channels as in get_2d_sincos_pos_embed; computed
+// in float64 on `device` (the run's: its temporaries are the device's, as the meta walk counts them).
+torch::Tensor sincos_2d(int64_t h, int64_t w, int64_t dim, const torch::Device& device, double scale = 1.0,
+                        int64_t h_offset = 0, int64_t w_offset = 0);
 
 // Latent [B, C, H, W] <-> tokens [B, (H/p)(W/p), C p p], channels first within a patch (FLUX/Qwen pack
 // order: c, py, px) or last (Z-Image, DiT/SD3 unpatchify order: py, px, c).

@@ -3,9 +3,10 @@
 // code a run uses (no memory, no data: the modules' sizes come from the modules themselves, never from a
 // second copy of their shapes) — weights in their real dtype, trained tensors and their gradients,
 // optimizer state, EMA, the text encoder, the autoencoder — plus, per training cell and checkpoint policy
-// (off, full, and the run's own: every block by its mode), the step's batch tensors, the blocks'
-// activations (the activation ledger) and the MLP transients of the block being run, the gradients an
-// accumulated step keeps between its micro-batches, the autoencoder's encode when latents are encoded on the
+// (off, full, and the run's own), the step's forward and backward walked op by op on the meta model
+// (memory/meta_count.h: the micro-batch, every op's output and temporaries, what autograd and the
+// checkpoints keep, the recompute, the gradients as they are made), the gradients an accumulated step keeps
+// between its micro-batches, the autoencoder's encode when latents are encoded on the
 // fly, the text encoders' encode, the preview with its decode, and the save. It is the one prediction:
 // `gclab estimate` and `check` print it, `fit` sets its largest batch beside the measured one, every run
 // writes it beside what it measured (metrics.jsonl, memory.json), and the OOM report prices each fix by
@@ -37,7 +38,10 @@ using PhaseBytes = std::map<memory::Phase, int64_t>;
 struct StepEstimate {
   int64_t batch_bytes = 0;       // latents, noise, x_t, target, prediction, text embeddings
   int64_t activation_bytes = 0;  // what the blocks keep for backward (full: inputs + one block recomputed)
-  int64_t workspace_bytes = 0;   // the running block's MLP transients: its hidden and that hidden's gradient
+  // The forward's and the backward's peaks above what stays between steps, walked op by op on the meta
+  // model (the micro-batch, the blocks' activations as the policy keeps them, every op's temporaries, the
+  // recompute, the gradients as the backward makes them).
+  int64_t forward_bytes = 0, backward_bytes = 0;
   // The `data` phase when the autoencoder encodes on the fly: the batch's images and the encode's peak
   // (vae/memory.h), on top of the resident bytes (0 when latents are cached or the stand-in encodes).
   int64_t encode_bytes = 0;
@@ -76,8 +80,8 @@ struct ResolutionEstimate {
   int batch = 0;
   int64_t image_tokens = 0, text_tokens = 0;
   StepEstimate gc_off, gc_full;
-  // The run's own policy when it is neither (every:N, first:K, blocks, offload, a budget resolved to its
-  // blocks; none for the selective ones).
+  // The run's own policy when it is neither (every:N, first:K, blocks, selective, offload, a budget
+  // resolved to its blocks).
   std::optional<StepEstimate> gc_run;
 };
 
@@ -157,20 +161,20 @@ class MemoryModel {
   MemoryModel& operator=(const MemoryModel&) = delete;
 
   const MemoryEstimate& estimate() const { return estimate_; }
-  // A step of `batch` images of height x width under a checkpoint policy (off, full, every:N, first:K,
-  // blocks:[...], offload; a budget policy resolved to its blocks first: policy()), with `text_tokens` text
-  // tokens (0: a 77-token caption's, model::kNominalCaptionTokens) and, when the captions are encoded every
-  // step, those captions (none: a 77-token caption's encode). nullopt for the selective policies.
-  std::optional<StepEstimate> step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy,
-                                   int64_t text_tokens = 0, const std::vector<data::Caption>& captions = {}) const;
+  // A step of `batch` images of height x width under a checkpoint policy (any; a budget policy resolved to
+  // its blocks first: policy()), with `text_tokens` text tokens (0: a 77-token caption's,
+  // model::kNominalCaptionTokens) and, when the captions are encoded every step, those captions (none: a
+  // 77-token caption's encode).
+  StepEstimate step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy, int64_t text_tokens = 0,
+                    const std::vector<data::Caption>& captions = {}) const;
   // The run's policy as its Session applies it (budget:BYTES resolved to blocks:[...] at the largest cell).
   const ckpt::CheckpointPolicy& policy() const;
   // Every phase of a run whose steps are like `step`: the load (setup), the step's phases, the preview
   // (sample, when the config samples) and the save.
   PhaseBytes phases(const StepEstimate& step) const;
   // The prediction for a step as a run logged it (its batch, bucket, text tokens and captions, and whether
-  // the optimizer had state yet) under the run's policy; nullopt for the selective policies.
-  std::optional<PhaseBytes> predict(const StepResult& step) const;
+  // the optimizer had state yet) under the run's policy.
+  PhaseBytes predict(const StepResult& step) const;
 
  private:
   std::unique_ptr<Session> session_;  // the run's Session on the meta device

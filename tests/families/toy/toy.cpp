@@ -35,7 +35,7 @@ class ToyTransformer : public DiffusionTransformer {
     const torch::Tensor frames = video ? in.latents.transpose(1, 2).flatten(0, 1) : in.latents;  // [B*F, C, H, W]
     const int64_t p = spec_.patch, h = frames.size(2), w = frames.size(3);
     torch::Tensor x = x_embedder(patchify(frames, p, true));
-    x = x + sincos_2d(h / p, w / p, spec_.hidden).to(x.device(), x.scalar_type()).unsqueeze(0);
+    x = x + sincos_2d(h / p, w / p, spec_.hidden, x.device()).to(x.scalar_type()).unsqueeze(0);
     x = x.reshape({b, -1, spec_.hidden});
     const torch::Tensor c = t_embedder(timestep_embedding(in.timestep * 1000, 256).to(x.scalar_type())) +
                             text_proj(in.text.to(x.scalar_type()).mean(1));

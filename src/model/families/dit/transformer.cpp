@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 
+#include "gclab/nn/meta_kernels.h"
 #include "model/transformer_parts.h"
 
 namespace gclab::model::dit {
@@ -25,12 +26,12 @@ class DiTTransformer : public DiffusionTransformer {
   torch::Tensor forward(const ModelInputs& in) override {
     const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3);
     torch::Tensor x = x_embedder(in.latents);
-    x = x + sincos_2d(h / p, w / p, spec_.hidden).to(x.device(), x.scalar_type()).unsqueeze(0);
+    x = x + sincos_2d(h / p, w / p, spec_.hidden, x.device()).to(x.scalar_type()).unsqueeze(0);
     torch::Tensor labels = in.class_labels.defined() ? in.class_labels
                                                      : torch::full({x.size(0)}, spec_.num_classes,
                                                                    torch::dtype(torch::kLong).device(x.device()));
     const torch::Tensor c =
-        t_embedder(timestep_embedding(in.timestep * 1000, 256).to(x.scalar_type())) + y_table.index_select(0, labels);
+        t_embedder(timestep_embedding(in.timestep * 1000, 256).to(x.scalar_type())) + nn::index_rows(y_table, labels);
     for (size_t b = 0; b < blocks().size(); ++b) x = call_block(b, {x, c})[0];
     const auto ss = final_adaLN(torch::silu(c)).chunk(2, 1);  // shift, scale
     return unpatchify(final_linear(modulate(layer_norm(x), ss[0], ss[1])), h, w, p, spec_.out_channels, true);

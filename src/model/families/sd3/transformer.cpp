@@ -30,10 +30,11 @@ class SD3Transformer : public DiffusionTransformer {
                 " patch grid exceeds the position embedding's ", spec_.pos_embed_max);
     // PatchEmbed: the fixed sin-cos table of the largest grid, centre-cropped to this one.
     const double scale = static_cast<double>(spec_.pos_embed_max) / static_cast<double>(spec_.sd3_base_size);
-    const torch::Tensor pos =
-        sincos_2d(gh, gw, spec_.hidden, scale, (spec_.pos_embed_max - gh) / 2, (spec_.pos_embed_max - gw) / 2);
     torch::Tensor img = pos_embed(in.latents);
-    img = img + pos.to(img.device(), img.scalar_type()).unsqueeze(0);
+    img = img + sincos_2d(gh, gw, spec_.hidden, img.device(), scale, (spec_.pos_embed_max - gh) / 2,
+                          (spec_.pos_embed_max - gw) / 2)
+                    .to(img.scalar_type())
+                    .unsqueeze(0);  // the table is a temporary: nothing holds it through the blocks
     torch::Tensor txt = context_embedder(in.text);
     const torch::Tensor temb =
         timestep_embedder(timestep_embedding(in.timestep * 1000, 256).to(img.scalar_type())) + text_embedder(in.pooled);

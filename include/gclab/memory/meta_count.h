@@ -1,0 +1,43 @@
+// Counting the meta device: a network run on meta tensors allocates nothing, but every tensor it makes —
+// an op's output, a C++ expression's temporary, what autograd saves for the backward — still goes through
+// the meta device's allocator (c10::GetAllocator(kMeta)). A MetaCount installs a counting allocator there
+// (once per process; it hands out no memory, as the default one) and reads, like the tracking allocator on
+// a real device, the bytes live now and the highest count since it began: the network's own forward walked
+// op by op, on shapes alone.
+//
+// Ops without a meta kernel in LibTorch's C++ (no Python meta registrations here) are given one where the
+// networks use them: the fused attention (model/blocks.cpp) and the patch convolutions
+// (model/transformer_parts.h), each allocating what its device kernel allocates.
+#pragma once
+
+#include <c10/core/DeviceType.h>
+
+#include <cstdint>
+
+namespace gclab::memory {
+
+// `target`: the device kind whose kernels the walk stands for (the meta kernels allocate what that
+// device's would: nn/meta_kernels.h, the checkpoint's offload); one MetaCount at a time.
+class MetaCount {
+ public:
+  // Counts from now: live() and peak() are relative to the bytes live on meta at this point.
+  explicit MetaCount(c10::DeviceType target = c10::kCPU);
+  ~MetaCount();
+  MetaCount(const MetaCount&) = delete;
+  MetaCount& operator=(const MetaCount&) = delete;
+  int64_t live() const;
+  int64_t peak() const;  // the most live() has been since construction or reset_peak()
+  void reset_peak();
+
+ private:
+  int64_t base_ = 0;
+  c10::DeviceType previous_;
+};
+
+// The device kind a meta walk stands for (the innermost MetaCount's target; the CPU outside any).
+c10::DeviceType meta_target();
+
+// A kernel's own temporaries on the meta device: `bytes` allocated and freed at once (a counted spike).
+void meta_spike(int64_t bytes);
+
+}  // namespace gclab::memory

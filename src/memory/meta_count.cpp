@@ -1,0 +1,62 @@
+#include "gclab/memory/meta_count.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+
+#include <atomic>
+#include <mutex>
+
+namespace gclab::memory {
+
+namespace {
+
+std::atomic<int64_t> meta_live{0};
+std::atomic<int64_t> meta_peak{0};
+std::atomic<c10::DeviceType> target_kind{c10::kCPU};
+
+void raise_peak(int64_t live) {
+  int64_t seen = meta_peak.load();
+  while (live > seen && !meta_peak.compare_exchange_weak(seen, live)) {
+  }
+}
+
+// The allocation's size rides in the DataPtr's context, so its release subtracts exactly what it added.
+void release(void* context) { meta_live -= static_cast<int64_t>(reinterpret_cast<uintptr_t>(context)); }
+
+class CountingMetaAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    raise_peak(meta_live += static_cast<int64_t>(n));
+    return {nullptr, reinterpret_cast<void*>(static_cast<uintptr_t>(n)), &release, c10::Device(c10::kMeta)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+};
+
+void install() {
+  static CountingMetaAllocator allocator;
+  static std::once_flag once;
+  std::call_once(once, [] { c10::SetAllocator(c10::kMeta, &allocator, /*priority=*/100); });
+}
+
+}  // namespace
+
+MetaCount::MetaCount(c10::DeviceType target) : previous_(target_kind.exchange(target)) {
+  install();
+  base_ = meta_live.load();
+  meta_peak = base_;
+}
+
+MetaCount::~MetaCount() { target_kind = previous_; }
+
+c10::DeviceType meta_target() { return target_kind.load(); }
+
+int64_t MetaCount::live() const { return meta_live.load() - base_; }
+int64_t MetaCount::peak() const { return meta_peak.load() - base_; }
+void MetaCount::reset_peak() { meta_peak = meta_live.load(); }
+
+void meta_spike(int64_t bytes) {
+  if (bytes > 0) at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(at::kMeta));
+}
+
+}  // namespace gclab::memory

@@ -1,0 +1,82 @@
+#include "gclab/nn/meta_kernels.h"
+
+#include "gclab/memory/live_set.h"
+#include "gclab/memory/meta_count.h"
+
+namespace gclab::nn {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// aten/src/ATen/native/transformers/attention.cpp (_scaled_dot_product_flash_attention_cpu) and
+// native/cpu/FlashAttentionKernel.cpp: the output allocated like q (its strides kept: merging the heads
+// afterwards copies it when q was head-major, as a concatenated q is), the log-sum-exp [B, L, H] float32
+// returned as [B, H, L], both kept with q, k, v for the backward; the kernel's per-thread blocks beside
+// them while it runs (memory::cpu_flash_attention_temporaries). Checked op by op against the CPU's
+// allocations by tests/model/meta_walk_test.cpp.
+class FlashAttention : public torch::autograd::Function<FlashAttention> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v) {
+    const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3), S = k.size(2);
+    torch::Tensor out = torch::empty_like(q);  // q's layout (memory format preserved)
+    torch::Tensor lse = torch::empty({B, L, H}, q.options().dtype(torch::kFloat)).transpose(1, 2);
+    if (memory::meta_target() == c10::kCPU) {
+      const int64_t temporaries = memory::cpu_flash_attention_temporaries(B * H, L, S, d, at::get_num_threads(),
+                                                                          static_cast<int64_t>(q.element_size()));
+      memory::meta_spike(temporaries - 4 * B * H * L);  // the log-sum-exp is counted above
+    }
+    ctx->save_for_backward({q, k, v, out, lse});
+    return out;
+  }
+  static tensor_list backward(AutogradContext* ctx, const tensor_list& /*grads*/) {
+    const auto saved = ctx->get_saved_variables();
+    return {torch::empty_like(saved[0]), torch::empty_like(saved[1]), torch::empty_like(saved[2])};
+  }
+};
+
+// at::layer_norm (native_layer_norm's CPU kernel): the output, and the statistics [rows, 1] kept for the
+// backward with the input.
+class LayerNorm : public torch::autograd::Function<LayerNorm> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x) {
+    const int64_t rows = x.numel() / x.size(-1);
+    // The statistics: float32 on CUDA whatever the input, the input's dtype on the CPU (measured).
+    const auto stats = x.options().dtype(memory::meta_target() == c10::kCPU ? x.scalar_type() : torch::kFloat);
+    torch::Tensor mean = torch::empty({rows, 1}, stats), rstd = torch::empty({rows, 1}, stats);
+    ctx->save_for_backward({x, mean, rstd});
+    return torch::empty(x.sizes(), x.options());
+  }
+  static tensor_list backward(AutogradContext* ctx, const tensor_list& /*grads*/) {
+    return {torch::empty_like(ctx->get_saved_variables()[0])};
+  }
+};
+
+// index_select along rows: a new [n, D] tensor; the backward needs only the index.
+class IndexRows : public torch::autograd::Function<IndexRows> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& table, const torch::Tensor& index) {
+    ctx->saved_data["rows"] = table.size(0);
+    return torch::empty({index.size(0), table.size(1)}, table.options());
+  }
+  static tensor_list backward(AutogradContext* ctx, const tensor_list& grads) {
+    return {torch::zeros({ctx->saved_data["rows"].toInt(), grads[0].size(1)}, grads[0].options()), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor meta_layer_norm(const torch::Tensor& x) { return LayerNorm::apply(x); }
+
+torch::Tensor index_rows(const torch::Tensor& table, const torch::Tensor& index) {
+  if (table.is_meta()) return IndexRows::apply(table, index);
+  return table.index_select(0, index);
+}
+
+torch::Tensor meta_flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  return FlashAttention::apply(q, k, v);
+}
+
+}  // namespace gclab::nn
