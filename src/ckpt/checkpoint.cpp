@@ -96,6 +96,12 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, at::TensorList params,
                                std::shared_ptr<RecomputeState> state) {
     // Function::apply runs this with grad mode off: the block's intermediates are not kept.
+    // An output nothing downstream uses gets no gradient, not zeros: its recomputed graph is left out of the
+    // backward, and a parameter only it depends on gets no gradient (and no optimizer state), as under
+    // torch.utils.checkpoint's non-reentrant mode, which diffusers' gradient checkpointing uses
+    // (diffusers 0.42.1 models/modeling_utils.py:315-316, use_reentrant=False) — Qwen-Image's last block's
+    // text stream, whose output the model drops. (The reentrant mode's zeros would also give them decay.)
+    ctx->set_materialize_grads(false);
     state->num_inputs = inputs.size();
     state->num_params = params.size();
     state->autocast = AutocastState::capture();

@@ -514,9 +514,18 @@ void Optimizer::load_state(const std::map<std::string, torch::Tensor>& s) {
 
 int64_t Optimizer::state_bytes() const { return moments_->bytes(); }
 
-int64_t Optimizer::expected_state_bytes() const {
+std::set<std::string> Optimizer::names() const {
+  std::set<std::string> out;
+  for (const auto& [name, p] : params_) out.insert(name);
+  return out;
+}
+
+int64_t Optimizer::expected_state_bytes() const { return expected_state_bytes(names()); }
+
+int64_t Optimizer::expected_state_bytes(const std::set<std::string>& names) const {
   int64_t b = 0;
-  for (const auto& [name, p] : params_) b += moments_->expected_bytes(p);
+  for (const auto& [name, p] : params_)
+    if (names.count(name)) b += moments_->expected_bytes(p);
   return b;
 }
 
@@ -540,7 +549,9 @@ std::optional<OptimizerKind> eight_bit_twin(OptimizerKind kind) {
   }
 }
 
-int64_t Optimizer::expected_step_bytes() const {
+int64_t Optimizer::expected_step_bytes() const { return expected_step_bytes(names()); }
+
+int64_t Optimizer::expected_step_bytes(const std::set<std::string>& names) const {
   const Rule rule = rule_of(kind_);
   const bool q8 = eight_bit(kind_);
   // One tensor per parameter in its dtype (the moments' dtype without 8-bit storage) and in float32 — 8-bit
@@ -549,6 +560,7 @@ int64_t Optimizer::expected_step_bytes() const {
   int64_t set = 0, largest = 0;
   bool low_precision = false;
   for (const auto& [name, p] : params_) {
+    if (!names.count(name)) continue;
     set += p.numel() * static_cast<int64_t>(p.element_size());
     largest = std::max(largest, p.numel());
     low_precision = low_precision || p.scalar_type() != torch::kFloat;

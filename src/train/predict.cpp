@@ -64,6 +64,7 @@ int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
 // what they hold then (the resident bytes' estimate of them is replaced by it).
 struct WalkedStep {
   int64_t forward = 0, backward = 0, rings = 0;
+  std::set<std::string> reached;  // the trained tensors the backward gave a gradient
 };
 
 WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, int batch, int height, int width,
@@ -98,8 +99,10 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, int
     count.reset_peak();
     loss.backward();
     walked.backward = count.peak();
-    for (const auto& [name, p] : session.trained())
+    for (const auto& [name, p] : session.trained()) {
+      if (p.grad().defined()) walked.reached.insert(name);
       if (!accumulates) p.mutable_grad() = torch::Tensor();
+    }
   }
   for (const auto& [name, p] : session.trained()) p.mutable_grad() = torch::Tensor();
   session.apply_policy(applied, batch, std::max(height, width));
@@ -203,9 +206,23 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.weight_bytes = r.weights;
   e.trained = model::trainable_parameter_count(session.model());
   e.trained_bytes = r.trained;
-  e.gradient_bytes = r.trained;  // one gradient per trained tensor, in its dtype
-  e.optimizer_bytes = session.optimizer().expected_state_bytes();
-  e.optimizer_step_bytes = session.optimizer().expected_step_bytes();
+  // One gradient and the optimizer's state per trained tensor the step's backward reaches (walked once, at
+  // the first cell): a tensor no loss depends on — Qwen-Image's last block's text-stream output projection
+  // and MLP, whose output the model drops — gets neither, as in a run (torch.optim makes no state without a
+  // gradient).
+  const model::ModelSpec& spec = session.spec();
+  const StepCell first = session.plan().cells.empty() ? StepCell{1, 4 * static_cast<int>(spec.divisibility)}
+                                                      : session.plan().cells.front();
+  std::vector<std::vector<int64_t>> references;
+  if (spec.edit) references.push_back(model::latent_shape(spec, first.batch, first.resolution, first.resolution));
+  const std::set<std::string> reached = walk_step(session, ckpt::CheckpointPolicy::off(), first.batch, first.resolution,
+                                                  first.resolution, 0, references, session.plan().cuda)
+                                            .reached;
+  e.gradient_bytes = 0;
+  for (const auto& [name, p] : session.trained())
+    if (reached.count(name)) e.gradient_bytes += static_cast<int64_t>(p.nbytes());  // in its dtype
+  e.optimizer_bytes = session.optimizer().expected_state_bytes(reached);
+  e.optimizer_step_bytes = session.optimizer().expected_step_bytes(reached);
   e.ema_bytes = r.ema;
   e.text_encoder_bytes = leaves ? 0 : r.text_encoder;
   e.vae = session.codec_spec().describe();

@@ -155,6 +155,27 @@ TEST(Checkpoint, SeveralInputsAndOutputsWithNonTensorArgumentsAndAnOutputWithout
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(plain[i], ckpt[i])) << i;
 }
 
+// An output nothing downstream uses (Qwen-Image's last block's text stream): the parameters only it reads
+// get no gradient — as without checkpointing, and as torch.utils.checkpoint's non-reentrant mode (which
+// diffusers' gradient checkpointing uses) leaves them — so the optimizer makes them no state.
+TEST(Checkpoint, AParameterOnlyAnUnusedOutputReadsGetsNoGradient) {
+  torch::manual_seed(0);
+  const torch::Tensor used = torch::randn({8, 8}, torch::requires_grad());
+  const torch::Tensor unused = torch::randn({8, 8}, torch::requires_grad());
+  BlockFn fn = [&](const std::vector<torch::Tensor>& in) {
+    return std::vector<torch::Tensor>{torch::matmul(in[0], used), torch::matmul(in[0], unused)};
+  };
+  const torch::Tensor x0 = torch::randn({4, 8});
+  for (const bool use_ckpt : {false, true}) {
+    used.mutable_grad() = torch::Tensor(), unused.mutable_grad() = torch::Tensor();
+    const torch::Tensor x = x0.clone().requires_grad_(true);
+    const auto out = use_ckpt ? checkpoint(fn, {x}, {used, unused}) : fn({x});
+    out[0].pow(2).sum().backward();
+    EXPECT_TRUE(used.grad().defined()) << use_ckpt;
+    EXPECT_FALSE(unused.grad().defined()) << use_ckpt;
+  }
+}
+
 TEST(Checkpoint, GradModeOffIsAPlainCall) {
   const torch::Tensor w = torch::randn({4, 4}, torch::requires_grad());
   int calls = 0;

@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,9 @@ class Optimizer {
   int64_t state_bytes() const;
   // What state_bytes() will be once every parameter has had an update (from shapes: works on meta).
   int64_t expected_state_bytes() const;
+  // The same counting only the named parameters: those a step's backward reaches (a parameter that gets no
+  // gradient gets no state, as in torch.optim).
+  int64_t expected_state_bytes(const std::set<std::string>& names) const;
   // The same for these parameters under another optimizer (at its defaults): what a switch would hold.
   int64_t expected_state_bytes_under(config::OptimizerKind kind) const;
   // The optimizer phase's temporaries on top of the parameters, gradients and state, at their peak (from
@@ -91,7 +95,9 @@ class Optimizer {
   // kernels' outputs for every parameter at once (Adam's denominators, Lion's update, L2's decayed
   // gradients), 8-bit moments dequantized, Adafactor's per-parameter update. Beside step(), which it follows.
   int64_t expected_step_bytes() const;
+  int64_t expected_step_bytes(const std::set<std::string>& names) const;  // only the named parameters
   int64_t steps() const { return steps_; }
+  std::set<std::string> names() const;  // the parameters' names
 
   // AI Toolkit's Adafactor sums a bfloat16 parameter's micro-batch gradients in float32 and rounds the sum
   // back stochastically (toolkit/optimizers/optimizer_utils.py, stochastic_grad_accummulation, a
