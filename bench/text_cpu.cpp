@@ -40,7 +40,7 @@ int run_cuda() {
   gclab::memory::MemoryMeter meter(cuda);
   const auto options = torch::TensorOptions().device(cuda).dtype(torch::kBFloat16);
   gclab::text::EncodeMemoryOptions predict;
-  predict.cpu = false, predict.dtype_bytes = 2;
+  predict.cpu = false, predict.dtype = torch::kBFloat16;
   std::printf("| encoder | tokens | encode peak (CUDA, bf16) | predicted | ratio |\n|---|---:|---:|---:|---:|\n");
   auto row = [&](const std::string& name, int64_t tokens, int64_t measured, int64_t predicted) {
     std::printf("| %s | %lld | %s | %s | %.3f |\n", name.c_str(), static_cast<long long>(tokens),
@@ -108,7 +108,6 @@ int main(int argc, char** argv) {
       "allocator's highest live bytes during the encode, above the weights.\n\n",
       torch::get_num_threads());
   gclab::text::EncodeMemoryOptions predict;
-  predict.threads = torch::get_num_threads();
   std::printf(
       "| encoder | size | parameters | tokens | encode time | encode peak | predicted |\n"
       "|---|---|---:|---:|---:|---:|---:|\n");

@@ -4,12 +4,9 @@
 
 namespace gclab::model {
 
-namespace {
+using nn::attention;
 
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  if (q.is_meta()) return nn::meta_flash_attention(q, k, v);
-  return at::scaled_dot_product_attention(q, k, v);
-}
+namespace {
 
 // Chunks of an adaLN embedding [B, n*D].
 std::vector<torch::Tensor> chunks(const torch::Tensor& emb, int64_t n) { return emb.chunk(n, 1); }

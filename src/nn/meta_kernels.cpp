@@ -19,21 +19,21 @@ using torch::autograd::tensor_list;
 class FlashAttention : public torch::autograd::Function<FlashAttention> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v) {
+                               const torch::Tensor& v, int64_t mask_copy) {
     const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3), S = k.size(2);
     torch::Tensor out = torch::empty_like(q);  // q's layout (memory format preserved)
     torch::Tensor lse = torch::empty({B, L, H}, q.options().dtype(torch::kFloat)).transpose(1, 2);
     if (memory::meta_target() == c10::kCPU) {
       const int64_t temporaries = memory::cpu_flash_attention_temporaries(B * H, L, S, d, at::get_num_threads(),
                                                                           static_cast<int64_t>(q.element_size()));
-      memory::meta_spike(temporaries - 4 * B * H * L);  // the log-sum-exp is counted above
+      memory::meta_spike(temporaries - 4 * B * H * L + mask_copy);  // the log-sum-exp is counted above
     }
     ctx->save_for_backward({q, k, v, out, lse});
     return out;
   }
   static tensor_list backward(AutogradContext* ctx, const tensor_list& /*grads*/) {
     const auto saved = ctx->get_saved_variables();
-    return {torch::empty_like(saved[0]), torch::empty_like(saved[1]), torch::empty_like(saved[2])};
+    return {torch::empty_like(saved[0]), torch::empty_like(saved[1]), torch::empty_like(saved[2]), torch::Tensor()};
   }
 };
 
@@ -75,8 +75,39 @@ torch::Tensor index_rows(const torch::Tensor& table, const torch::Tensor& index)
   return table.index_select(0, index);
 }
 
-torch::Tensor meta_flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  return FlashAttention::apply(q, k, v);
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& mask, std::optional<double> scale) {
+  if (q.is_meta()) {
+    // A mask that is not contiguous is read from a contiguous copy (CPU).
+    const int64_t mask_copy =
+        mask.defined() && !mask.is_contiguous() ? mask.numel() * static_cast<int64_t>(mask.element_size()) : 0;
+    return FlashAttention::apply(q, k, v, mask_copy);
+  }
+  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt,
+                                          0.0, false, scale);
+}
+
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+  if (x.is_meta()) return meta_layer_norm(x);
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+}
+
+torch::Tensor where(const torch::Tensor& condition, const torch::Tensor& a, const torch::Tensor& b) {
+  if (!condition.is_meta()) return torch::where(condition, a, b);
+  const auto shape = at::infer_size(condition.sizes(), at::infer_size(a.sizes(), b.sizes()));
+  return torch::empty(shape, a.options().dtype(at::promote_types(a.scalar_type(), b.scalar_type())));
+}
+
+torch::Tensor masked_scatter(const torch::Tensor& x, const torch::Tensor& mask, const torch::Tensor& source) {
+  if (x.is_meta()) return torch::empty(x.sizes(), x.options());
+  return x.masked_scatter(mask, source);
+}
+
+torch::Tensor embedding(const torch::Tensor& table, const torch::Tensor& ids) {
+  if (!table.is_meta()) return torch::embedding(table, ids);
+  std::vector<int64_t> shape = ids.sizes().vec();
+  shape.push_back(table.size(1));
+  return IndexRows::apply(table, ids.reshape(-1)).view(shape);
 }
 
 }  // namespace gclab::nn

@@ -4,6 +4,7 @@
 
 #include "gclab/io/json_file.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/nn/meta_kernels.h"
 
 namespace gclab::text {
 
@@ -95,7 +96,7 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const 
   if (length > c.max_position_embeddings)
     throw std::invalid_argument("CLIP takes at most " + std::to_string(c.max_position_embeddings) + " tokens, got " +
                                 std::to_string(length));
-  torch::Tensor h = torch::embedding(token_embedding_, input_ids) + position_embedding_.slice(0, 0, length);
+  torch::Tensor h = nn::embedding(token_embedding_, input_ids) + position_embedding_.slice(0, 0, length);
   const torch::Tensor mask = nn::causal_additive_mask(length, attention_mask, h.options());
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.hidden_size / heads));
   auto act = [&](const torch::Tensor& x) {
@@ -105,19 +106,19 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const 
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = *layers_[i];
     {  // the attention's tensors are freed before the MLP runs, as in transformers' forward
-      const torch::Tensor n = torch::layer_norm(h, {c.hidden_size}, l.ln1_w, l.ln1_b, c.layer_norm_eps);
+      const torch::Tensor n = nn::layer_norm(h, l.ln1_w, l.ln1_b, c.layer_norm_eps);
       auto split = [&](nn::Linear& proj) { return proj->forward(n).view({batch, length, heads, -1}).transpose(1, 2); };
-      torch::Tensor a = at::scaled_dot_product_attention(split(l.q), split(l.k), split(l.v), mask, 0.0, false, scale);
+      torch::Tensor a = nn::attention(split(l.q), split(l.k), split(l.v), mask, scale);
       a = a.transpose(1, 2).reshape({batch, length, c.hidden_size});
       h = h + l.out->forward(a);
     }
-    torch::Tensor f = l.fc1->forward(torch::layer_norm(h, {c.hidden_size}, l.ln2_w, l.ln2_b, c.layer_norm_eps));
+    torch::Tensor f = l.fc1->forward(nn::layer_norm(h, l.ln2_w, l.ln2_b, c.layer_norm_eps));
     f = act(f);  // CLIPMLP: fc1's output replaced by its activation, then fc2
     h = h + l.fc2->forward(f);
     if (i + 2 == layers_.size()) out.penultimate = h;
   }
   if (layers_.size() < 2) out.penultimate = h;  // one layer: hidden_states[-2] is the embeddings' output
-  out.last_hidden_state = torch::layer_norm(h, {c.hidden_size}, final_norm_weight_, final_norm_bias_, c.layer_norm_eps);
+  out.last_hidden_state = nn::layer_norm(h, final_norm_weight_, final_norm_bias_, c.layer_norm_eps);
   // The end-of-text token: the largest id (configs whose eos_token_id is 2, as the published CLIP-L and
   // bigG ones: the tokenizer's end token has the largest id), else the first position holding eos_token_id.
   const torch::Tensor ids = input_ids.to(out.last_hidden_state.device());

@@ -91,17 +91,7 @@ class QwenEncoder : public TextEncoderBase {
   EncodedText encode_with_images(const torch::Tensor& ids, const torch::Tensor& mask,
                                  const QwenVisionInput& images) override {
     if (!takes_images()) return TextEncoderBase::encode_with_images(ids, mask, images);
-    torch::Tensor embeds = model_->embed(ids);
-    const torch::Tensor slots = (ids == model_->config().image_token_id).unsqueeze(-1);
-    const torch::Tensor tokens = visual_->forward(images).to(embeds.scalar_type());
-    const int64_t image_tokens = slots.sum().item<int64_t>();
-    if (image_tokens != tokens.size(0))
-      throw std::invalid_argument("the images give " + std::to_string(tokens.size(0)) + " tokens but input_ids has " +
-                                  std::to_string(image_tokens) + " image tokens");
-    embeds = embeds.masked_scatter(slots, tokens);
-    const torch::Tensor positions = qwen_mrope_positions(ids, mask, model_->config().image_token_id, images.grid_thw,
-                                                         visual_->config().spatial_merge_size);
-    return {pick(model_->forward_embeds(embeds, positions, mask)), {}};
+    return {pick(qwen_forward_with_images(*model_, *visual_, ids, mask, images)), {}};
   }
   Kind kind() const override { return kind_; }
   // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image: max_sequence_length 512.

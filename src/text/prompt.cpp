@@ -113,7 +113,7 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
 }
 
 PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text_width) {
-  memory_.dtype_bytes = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(o.options.dtype())));
+  memory_.dtype = c10::typeMetaToScalarType(o.options.dtype());
   const Composition c = o.composition;
   if (o.kinds.size() != slots_of(c))
     throw std::runtime_error("this pipeline composes " + std::to_string(slots_of(c)) + " text encoder(s), not " +
@@ -355,7 +355,8 @@ EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
                                         const std::vector<ConditionShape>& conditions,
                                         const EncodeMemoryOptions& device) const {
   EncodeMemoryOptions o = device;
-  o.dtype_bytes = memory_.dtype_bytes;
+  o.dtype = memory_.dtype;
+  const auto dtype_bytes = static_cast<int64_t>(c10::elementSize(o.dtype));
   EncodePrediction p;
   p.tokens = tokens;
   // An edit model's control images through encode()'s resize and the processor (float32, on the CPU), one
@@ -384,13 +385,13 @@ EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
     p.bytes.push_back(
         e.predicted_encode_bytes(1, tokens[i], slots_[i].call.mask, o, images ? grids : std::vector<VisionGrid>{}));
     p.peak_bytes = std::max(p.peak_bytes, kept + p.bytes.back());
-    kept += o.dtype_bytes * (tokens[i] * e.hidden_width() + e.pooled_width());
+    kept += dtype_bytes * (tokens[i] * e.hidden_width() + e.pooled_width());
   }
   if (slots_.size() == 3) {
     // SD3's composition: the CLIPs' states side by side, zero-padded to T5's width, then T5's rows after.
     const int64_t clip = tokens[0], widths = slots_[0].encoder->hidden_width() + slots_[1].encoder->hidden_width();
     p.peak_bytes = std::max(
-        p.peak_bytes, kept + o.dtype_bytes * (clip * widths + clip * text_width_ + (clip + tokens[2]) * text_width_));
+        p.peak_bytes, kept + dtype_bytes * (clip * widths + clip * text_width_ + (clip + tokens[2]) * text_width_));
   }
   return p;
 }

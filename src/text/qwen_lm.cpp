@@ -4,6 +4,7 @@
 
 #include "gclab/io/json_file.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/nn/meta_kernels.h"
 
 namespace gclab::text {
 
@@ -141,7 +142,7 @@ QwenLmImpl::QwenLmImpl(QwenLmConfig config, const torch::TensorOptions& options)
   norm_ = weight("norm", d);
 }
 
-torch::Tensor QwenLmImpl::embed(const torch::Tensor& input_ids) const { return torch::embedding(embed_, input_ids); }
+torch::Tensor QwenLmImpl::embed(const torch::Tensor& input_ids) const { return nn::embedding(embed_, input_ids); }
 
 QwenLmOutput QwenLmImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   // Positions 0..T-1 (Qwen2.5-VL's three rotary sections coincide for text: transformers' text-only forward
@@ -191,8 +192,7 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
       k = nn::apply_rope_half(k.transpose(1, 2), cos, sin).repeat_interleave(groups, 1);
       const torch::Tensor v =
           l.v->forward(n).view({batch, length, -1, hd}).transpose(1, 2).repeat_interleave(groups, 1);
-      const torch::Tensor a =
-          at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 1.0 / std::sqrt(static_cast<double>(hd)));
+      const torch::Tensor a = nn::attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(hd)));
       h = h + l.o->forward(a.transpose(1, 2).reshape({batch, length, -1}));
     }
     h = h + nn::swiglu(*l.gate, *l.up, *l.down, rms_norm(h, l.post_norm, c.rms_norm_eps));
@@ -201,6 +201,22 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
   if (layers_.size() < 2) out.penultimate = h;
   out.last_hidden_state = rms_norm(h, norm_, c.rms_norm_eps);
   return out;
+}
+
+QwenLmOutput qwen_forward_with_images(QwenLmImpl& model, QwenVisionTowerImpl& tower, const torch::Tensor& input_ids,
+                                      const torch::Tensor& attention_mask, const QwenVisionInput& images) {
+  const int64_t image_token = model.config().image_token_id;
+  torch::Tensor embeds = model.embed(input_ids);
+  const torch::Tensor is_image = input_ids == image_token;
+  const int64_t image_tokens = is_image.sum().item<int64_t>();
+  const torch::Tensor tokens = tower.forward(images).to(embeds.scalar_type());
+  if (image_tokens != tokens.size(0))
+    throw std::invalid_argument("the images give " + std::to_string(tokens.size(0)) + " tokens but input_ids has " +
+                                std::to_string(image_tokens) + " image tokens");
+  embeds = nn::masked_scatter(embeds, is_image.unsqueeze(-1).to(embeds.device()), tokens);
+  const torch::Tensor positions =
+      qwen_mrope_positions(input_ids, attention_mask, image_token, images.grid_thw, tower.config().spatial_merge_size);
+  return model.forward_embeds(embeds, positions, attention_mask);
 }
 
 torch::Tensor qwen_mrope_positions(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gclab/io/safetensors.h"
+#include "gclab/nn/meta_kernels.h"
 
 namespace gclab::text {
 
@@ -138,7 +139,7 @@ VisionLayout vision_layout(const torch::Tensor& grid_thw, const QwenVisionConfig
 // [patches, ...] reordered by merge unit: permute_input_for_window_attn.
 torch::Tensor by_window(const torch::Tensor& x, const torch::Tensor& window_index, int64_t unit) {
   const int64_t n = x.size(0);
-  return x.reshape({n / unit, unit, -1}).index_select(0, window_index.to(x.device())).reshape({n, -1});
+  return nn::index_rows(x.reshape({n / unit, -1}), window_index.to(x.device())).reshape({n, -1});
 }
 
 }  // namespace
@@ -187,11 +188,10 @@ torch::Tensor QwenVisionTowerImpl::forward(const QwenVisionInput& input) {
     throw std::invalid_argument("pixel_values must be [" + std::to_string(layout.frames.back()) + ", " +
                                 std::to_string(patch_dim) + "] for image_grid_thw " + c10::str(input.grid_thw.sizes()) +
                                 ", got " + c10::str(pv.sizes()));
-  // Qwen2_5_VisionPatchEmbed: a Conv3d whose stride is its kernel.
-  torch::Tensor h = torch::conv3d(
-      pv.to(patch_weight_.scalar_type()).view({-1, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size}),
-      patch_weight_, {}, {c.temporal_patch_size, c.patch_size, c.patch_size});
-  h = by_window(h.view({-1, c.hidden_size}), layout.window_index, unit);
+  // Qwen2_5_VisionPatchEmbed: a Conv3d whose stride is its kernel over the whole patch, which is a Linear
+  // on the patch's values (channel, frame, row, column: the weight's order).
+  torch::Tensor h = at::linear(pv.to(patch_weight_.scalar_type()), patch_weight_.view({c.hidden_size, -1}));
+  h = by_window(h, layout.window_index, unit);
   // Qwen2_5_VLVisionRotaryEmbedding: the row's frequencies then the column's, twice, in float32.
   const auto fopts = torch::TensorOptions().dtype(torch::kFloat).device(h.device());
   const int64_t spatial = hd / 2;
@@ -217,8 +217,7 @@ torch::Tensor QwenVisionTowerImpl::forward(const QwenVisionInput& input) {
         auto seg = [&](const torch::Tensor& x) {
           return x.slice(0, bounds[s], bounds[s + 1]).transpose(0, 1).unsqueeze(0);
         };
-        parts.push_back(at::scaled_dot_product_attention(seg(q), seg(k), seg(qkv[2]), {}, 0.0, false,
-                                                         1.0 / std::sqrt(static_cast<double>(hd)))
+        parts.push_back(nn::attention(seg(q), seg(k), seg(qkv[2]), {}, 1.0 / std::sqrt(static_cast<double>(hd)))
                             .squeeze(0)
                             .transpose(0, 1));
       }
@@ -229,7 +228,7 @@ torch::Tensor QwenVisionTowerImpl::forward(const QwenVisionInput& input) {
   // Qwen2_5_VLPatchMerger, then back from window order.
   torch::Tensor merged =
       merger_out_->forward(torch::gelu(merger_in_->forward(merger_norm_->forward(h).view({-1, c.hidden_size * unit}))));
-  return merged.index_select(0, torch::argsort(layout.window_index).to(merged.device()));
+  return nn::index_rows(merged, torch::argsort(layout.window_index).to(merged.device()));
 }
 
 std::vector<std::string> load_qwen_vision_weights(QwenVisionTowerImpl& tower, const std::filesystem::path& path) {

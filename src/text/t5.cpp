@@ -6,6 +6,7 @@
 #include "gclab/io/json_file.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/nn/layers.h"
+#include "gclab/nn/meta_kernels.h"
 
 namespace gclab::text {
 
@@ -63,7 +64,7 @@ torch::Tensor activation(const torch::Tensor& x, const std::string& name) {
 torch::Tensor relative_position_bucket(const torch::Tensor& relative, int64_t num_buckets, int64_t max_distance) {
   const int64_t half = num_buckets / 2;
   torch::Tensor buckets = (relative > 0).to(torch::kLong) * half;
-  const torch::Tensor distance = relative.abs();
+  const torch::Tensor distance = torch::maximum(relative, -relative);  // |relative| (abs has no meta kernel)
   const int64_t max_exact = half / 2;
   const torch::Tensor is_small = distance < max_exact;
   torch::Tensor large = max_exact + (torch::log(distance.to(torch::kFloat) / static_cast<double>(max_exact)) /
@@ -71,7 +72,7 @@ torch::Tensor relative_position_bucket(const torch::Tensor& relative, int64_t nu
                                      static_cast<double>(half - max_exact))
                                         .to(torch::kLong);
   large = torch::min(large, torch::full_like(large, half - 1));
-  return buckets + torch::where(is_small, distance, large);
+  return buckets + nn::where(is_small, distance, large);
 }
 
 }  // namespace
@@ -122,13 +123,13 @@ torch::Tensor T5EncoderImpl::position_bias(int64_t length, const torch::Device& 
   const torch::Tensor buckets = relative_position_bucket(memory - context, config_.relative_attention_num_buckets,
                                                          config_.relative_attention_max_distance);
   // [T, T, heads] -> [1, heads, T, T]
-  return torch::embedding(relative_attention_bias_, buckets).permute({2, 0, 1}).unsqueeze(0);
+  return nn::embedding(relative_attention_bias_, buckets).permute({2, 0, 1}).unsqueeze(0);
 }
 
 torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   const auto& c = config_;
   const int64_t batch = input_ids.size(0), length = input_ids.size(1);
-  torch::Tensor h = torch::embedding(shared_, input_ids);
+  torch::Tensor h = nn::embedding(shared_, input_ids);
   // The relative-position bias (computed once, by the first block), plus the padding mask as the
   // smallest finite value where a key is padding.
   torch::Tensor bias = position_bias(length, h.device()).to(h.scalar_type());
@@ -150,7 +151,7 @@ torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch
       };
       const torch::Tensor q = heads(b->q), k = heads(b->k), v = heads(b->v);
       // No scaling of the scores: T5 folds it into its initialisation.
-      torch::Tensor a = at::scaled_dot_product_attention(q, k, v, bias, 0.0, false, /*scale=*/1.0);
+      torch::Tensor a = nn::attention(q, k, v, bias, /*scale=*/1.0);
       a = a.transpose(1, 2).reshape({batch, length, c.num_heads * c.d_kv});
       h = clamp_fp16(h + b->o->forward(a));
     }

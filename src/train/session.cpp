@@ -65,7 +65,7 @@ UserError host_load_refusal(const config::ProcessConfig& config) {
 text::EncodePrediction predict_caption_encode(const text::PromptEncoder& prompts, const model::ModelSpec& spec,
                                               bool cpu) {
   text::EncodeMemoryOptions kernels;
-  kernels.cpu = cpu, kernels.threads = at::get_num_threads();
+  kernels.cpu = cpu;
   return prompts.predict_encode(model::kNominalCaptionTokens, spec.edit ? 1 : 0, kernels);
 }
 

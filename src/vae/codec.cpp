@@ -18,6 +18,7 @@ AutoencoderMemoryOptions memory_options(const CodecSpec& spec, bool cpu) {
   o.cpu = cpu;
   o.threads = cpu ? at::get_num_threads() : 1;
   o.channel_block = cpu_channel_block();
+  o.bf16_im2col = cpu_bf16_im2col();
   return o;
 }
 

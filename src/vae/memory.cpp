@@ -1,7 +1,5 @@
 #include "gclab/vae/memory.h"
 
-#include <ATen/cpu/Utils.h>
-
 #include <algorithm>
 #include <vector>
 
@@ -60,6 +58,10 @@ class Walk {
   // and a kernel of `volume` elements.
   void onednn_temporaries(const Shape& in, const Shape& out, int64_t volume) {
     if (volume == 1) return;
+    if (o_.dtype_bytes == 2 && o_.bf16_im2col) {  // slow_conv2d's columns for the whole batch
+      spike(batch_ * in.c * volume * out.t * out.h * out.w * o_.dtype_bytes);
+      return;
+    }
     const int64_t block = o_.channel_block;
     auto padded = [&](Shape s) {
       s.c = (s.c + block - 1) / block * block;
@@ -222,12 +224,10 @@ int64_t walk_decode(Walk& walk, const Shape& image, int64_t image_channels, int6
 
 }  // namespace
 
+bool cpu_bf16_im2col() { return !memory::cpu_onednn_bf16(); }
+
 int cpu_channel_block() {
-  static const int block = [] {
-    const auto caps = at::cpu::get_cpu_capabilities();  // cpuinfo's flags, as oneDNN sees the same CPU
-    const auto it = caps.find("avx512f");
-    return it != caps.end() && it->second.isBool() && it->second.toBool() ? 16 : 8;
-  }();
+  static const int block = memory::cpu_has("avx512_f") ? 16 : 8;
   return block;
 }
 

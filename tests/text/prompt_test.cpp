@@ -274,7 +274,6 @@ TEST(PromptEncoder, EditPresetsConditionRowsFollowThePipelinesRule) {
 TEST(PromptEncoder, ThePredictedEncodePeakIsWhatTheAllocatorMeasures) {
   memory::CpuMemoryTracker tracker;
   EncodeMemoryOptions kernels;
-  kernels.threads = at::get_num_threads();
   const std::string prompt = "a small red fox sitting in the snow, looking at the camera";
   for (const std::string preset : {"tiny-flux", "tiny-sd3", "tiny-qwen-image", "tiny-zimage", "tiny-qwen-image-edit"}) {
     PromptEncoder p(edit_options(preset));

@@ -55,6 +55,13 @@ void expect_close(int64_t predicted, int64_t measured, const std::string& what) 
       << what << ": predicted " << predicted << ", measured " << measured;
 }
 
+void expect_within(int64_t predicted, int64_t measured, const std::string& what) {
+  const double ratio = static_cast<double>(predicted) / static_cast<double>(measured);
+  std::printf("%s: predicted %.2f MiB, measured %.2f MiB (%.3f)\n", what.c_str(), predicted / 1048576.0,
+              measured / 1048576.0, ratio);
+  EXPECT_NEAR(ratio, 1.0, 0.10) << what << ": predicted " << predicted << ", measured " << measured;
+}
+
 AutoencoderMemoryOptions options() {
   AutoencoderMemoryOptions o;
   o.channel_block = cpu_channel_block();
@@ -88,6 +95,32 @@ TEST(AutoencoderMemory, PredictedDecodeAndEncodePeaksMatchTheAllocator) {
       expect_close(predicted_encode_bytes(k.config, 1, side, side, options()),
                    measured_peak(tracker, [&] { vae->encode(x); }), what + " encode");
     }
+  }
+}
+
+// In bf16 on this CPU (a bf16 run's encodes and previews): the tiny and small autoencoders' decode and
+// encode, the convolutions on the path the CPU takes for bf16 (vae/memory.h: bf16_im2col). Within 10%, not
+// 2%: measured 4-8% under (one activation of the widest stage more than the walk holds, not yet found);
+// without the im2col columns the walk was 40-50% under.
+TEST(AutoencoderMemory, PredictedBf16DecodeAndEncodePeaksAreWithinTenPercent) {
+  at::set_num_threads(1);
+  memory::CpuMemoryTracker tracker;
+  torch::NoGradGuard no_grad;
+  AutoencoderMemoryOptions o = options();
+  o.dtype_bytes = 2;
+  o.bf16_im2col = cpu_bf16_im2col();
+  for (const AutoencoderKLConfig& c : {AutoencoderKLConfig::tiny(config::AutoencoderKind::flux), small()}) {
+    torch::manual_seed(0);
+    AutoencoderKL vae(c);
+    vae->eval();
+    vae->to(torch::kBFloat16);
+    const std::string what = std::to_string(c.block_out_channels.back()) + "-channel VAE at 64² in bf16";
+    const torch::Tensor z = torch::randn({1, c.latent_channels, 8, 8}).to(torch::kBFloat16);
+    expect_within(predicted_decode_bytes(c, 1, 64, 64, o), measured_peak(tracker, [&] { vae->decode(z); }),
+                  what + " decode");
+    const torch::Tensor x = (torch::rand({1, 3, 64, 64}) * 2 - 1).to(torch::kBFloat16);
+    expect_within(predicted_encode_bytes(c, 1, 64, 64, o), measured_peak(tracker, [&] { vae->encode(x); }),
+                  what + " encode");
   }
 }
 

@@ -1,5 +1,5 @@
 // The live set of a memory walk: a network run statement by statement on shapes alone (the autoencoders'
-// vae/memory.h, the text encoders' text/memory.h), counting the bytes allocated now and the highest count
+// vae/memory.h), counting the bytes allocated now and the highest count
 // seen — what the tracking allocator measures when the network runs.
 #pragma once
 
@@ -32,5 +32,16 @@ class LiveSet {
 // rows from 768 queries, 64 from 192, else 32; the key split 512 (both at most the lengths).
 int64_t cpu_flash_attention_temporaries(int64_t batch_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
                                         int threads, int64_t dtype_bytes);
+
+// A flag of this CPU as PyTorch reads it (at::cpu::get_cpu_capabilities: "avx512_f", "avx512_bw", ...).
+bool cpu_has(const char* flag);
+
+// Whether this CPU runs bf16 matmuls and convolutions through oneDNN (PyTorch's mkldnn_bf16_device_check:
+// AVX-512 BW, VL and DQ). Where it does, a bf16 matmul allocates oneDNN's scratch for a moment beside its
+// output — measured at one thread for a Linear: 128 bytes per contraction element, 256 per output row (of
+// at most 256 rows) and 1 KiB, more for a transposed operand, about twice at two threads — which the walks
+// do not hold (listed in the estimate's not_modelled). Where it does not, a bf16 convolution runs
+// slow_conv2d with its im2col columns (vae/memory.h).
+bool cpu_onednn_bf16();
 
 }  // namespace gclab::memory

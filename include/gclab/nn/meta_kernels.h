@@ -6,16 +6,32 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+
 namespace gclab::nn {
 
-// scaled_dot_product_attention(q, k, v) as the CPU's fused kernel runs it (no mask, no dropout).
-torch::Tensor meta_flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+// scaled_dot_product_attention(q, k, v, mask, scale) on any device (no dropout): the device's kernel, or on
+// meta what the fused kernel of the device the walk stands for allocates (memory::meta_target()): on the CPU
+// its output, log-sum-exp and per-thread blocks, and a contiguous copy of a mask that is not contiguous
+// (T5's bias, a permuted view); on CUDA its output and log-sum-exp. `mask`: additive, broadcast to the scores.
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& mask = {}, std::optional<double> scale = std::nullopt);
 
 // LayerNorm over the last dimension, no affine: the output like x, and the mean and 1/std the CPU's kernel
 // returns (and autograd keeps), one per row, in x's dtype (the CPU keeps a bf16 input's statistics in bf16).
 torch::Tensor meta_layer_norm(const torch::Tensor& x);
+// at::layer_norm over the last dimension with an affine weight and bias (CLIP's), on any device.
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps);
 
 // table.index_select(0, index) on any device (an embedding lookup): [n, D] rows of `table`.
 torch::Tensor index_rows(const torch::Tensor& table, const torch::Tensor& index);
+// torch::embedding(table, ids) on any device: [ids..., D] (on meta, `ids` may be the CPU's).
+torch::Tensor embedding(const torch::Tensor& table, const torch::Tensor& ids);
+
+// torch::where(condition, a, b) on any device.
+torch::Tensor where(const torch::Tensor& condition, const torch::Tensor& a, const torch::Tensor& b);
+
+// x.masked_scatter(mask, source) on any device: a contiguous copy of x, filled.
+torch::Tensor masked_scatter(const torch::Tensor& x, const torch::Tensor& mask, const torch::Tensor& source);
 
 }  // namespace gclab::nn

@@ -82,6 +82,12 @@ TORCH_MODULE(QwenLm);
 torch::Tensor qwen_mrope_positions(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                    int64_t image_token_id, const torch::Tensor& grid_thw, int64_t spatial_merge_size);
 
+// Qwen2_5_VLModel.forward with pixel_values: the tower's tokens scattered into the embeddings where the
+// image tokens are, and the multimodal positions. `input_ids` may sit on the CPU while the model is elsewhere
+// (the memory walk's meta model: the positions are made from the ids' values on the CPU in any case).
+QwenLmOutput qwen_forward_with_images(QwenLmImpl& model, QwenVisionTowerImpl& tower, const torch::Tensor& input_ids,
+                                      const torch::Tensor& attention_mask, const QwenVisionInput& images);
+
 // Loads the weights by transformers' names, with or without the `model.` prefix (and Qwen2.5-VL's
 // `model.language_model.` layout); the vision tower and the LM head in the same files are reported unused.
 std::vector<std::string> load_qwen_lm_weights(QwenLmImpl& model, const std::filesystem::path& path);

@@ -26,10 +26,16 @@ struct AutoencoderMemoryOptions {
   bool cpu = true;          // the CPU's convolution copies and attention buffers (false: CUDA)
   int threads = 1;          // CPU threads (the attention kernel's buffers are per thread)
   int channel_block = 16;   // oneDNN's blocked layout: cpu_channel_block()
+  // A bf16 convolution on the CPU without oneDNN's bf16 support (no AVX-512 BW/VL/DQ: PyTorch's
+  // mkldnn_bf16_device_check) runs slow_conv2d: the whole batch's im2col columns, B x C_in x k^2 x the
+  // output's pixels, beside its output (measured: 16 and 32 channels, batch 1 and 2, 1x1 none).
+  bool bf16_im2col = false;
 };
 
 // oneDNN's channel block on this CPU: 16 with AVX-512, else 8.
 int cpu_channel_block();
+// Whether this CPU's bf16 convolutions take the im2col path (AutoencoderMemoryOptions::bf16_im2col).
+bool cpu_bf16_im2col();
 
 // Peak bytes above the live set while decoding scaled latents of an image of height x width (pixels) for
 // batch B: the scaled latents' unscaled copy, the decoder's activations, the image. With tiling on
