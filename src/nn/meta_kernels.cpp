@@ -1,5 +1,7 @@
 #include "gclab/nn/meta_kernels.h"
 
+#include <algorithm>
+
 #include "gclab/memory/live_set.h"
 #include "gclab/memory/meta_count.h"
 
@@ -27,6 +29,8 @@ class FlashAttention : public torch::autograd::Function<FlashAttention> {
       const int64_t temporaries = memory::cpu_flash_attention_temporaries(B * H, L, S, d, at::get_num_threads(),
                                                                           static_cast<int64_t>(q.element_size()));
       memory::meta_spike(temporaries - 4 * B * H * L + mask_copy);  // the log-sum-exp is counted above
+    } else {
+      memory::meta_spike(mask_copy);
     }
     ctx->save_for_backward({q, k, v, out, lse});
     return out;
@@ -75,13 +79,29 @@ torch::Tensor index_rows(const torch::Tensor& table, const torch::Tensor& index)
   return table.index_select(0, index);
 }
 
+namespace {
+
+// The copy the device's attention makes of an additive mask it cannot read as it is, held while the kernel
+// runs: on the CPU a contiguous copy of one that is not contiguous (measured: T5's bias, a permuted view of
+// [T, T, heads]); on CUDA (aten/src/ATen/native/transformers/attention.cpp, preprocess_mask) a padded copy
+// of one whose last dimension is not unit-stride or whose other strides are not multiples of 8 (pad_bias:
+// its last dimension rounded up to 8).
+int64_t attention_mask_copy_bytes(const torch::Tensor& mask) {
+  const int64_t element = static_cast<int64_t>(mask.element_size());
+  if (memory::meta_target() == c10::kCPU) return mask.is_contiguous() ? 0 : mask.numel() * element;
+  bool aligned = mask.stride(-1) == 1;
+  for (int64_t i = 0; i + 1 < mask.dim(); ++i) aligned = aligned && mask.stride(i) % 8 == 0;
+  if (aligned) return 0;
+  const int64_t last = mask.size(-1);
+  return mask.numel() / std::max<int64_t>(last, 1) * ((last + 7) / 8 * 8) * element;
+}
+
+}  // namespace
+
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& mask, std::optional<double> scale) {
   if (q.is_meta()) {
-    // A mask that is not contiguous is read from a contiguous copy (CPU).
-    const int64_t mask_copy =
-        mask.defined() && !mask.is_contiguous() ? mask.numel() * static_cast<int64_t>(mask.element_size()) : 0;
-    return FlashAttention::apply(q, k, v, mask_copy);
+    return FlashAttention::apply(q, k, v, mask.defined() ? attention_mask_copy_bytes(mask) : 0);
   }
   return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt,
                                           0.0, false, scale);

@@ -42,18 +42,15 @@ int64_t walk(const EncodeMemoryOptions& o, Run&& run) {
   return count.peak();
 }
 
-// The patches of `images` as the processor gives them (float32, on the walk's device) and their grid_thw
-// (on the CPU: the layout is read from its values).
-QwenVisionInput meta_patches(const QwenVisionConfig& v, const std::vector<VisionGrid>& images) {
-  int64_t patches = 0;
-  torch::Tensor grid = torch::empty({static_cast<int64_t>(images.size()), 3}, torch::kLong);
-  for (size_t i = 0; i < images.size(); ++i) {
-    patches += images[i].rows * images[i].columns;
-    grid[static_cast<int64_t>(i)][0] = 1, grid[static_cast<int64_t>(i)][1] = images[i].rows;
-    grid[static_cast<int64_t>(i)][2] = images[i].columns;
-  }
+// Each image's patches as the processor gives them (float32) with its grid_thw (on the CPU: the layout is
+// read from its values), on meta.
+std::vector<QwenVisionInput> meta_processed(const QwenVisionConfig& v, const std::vector<VisionGrid>& images) {
   const int64_t patch = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
-  return {torch::empty({patches, patch}, torch::TensorOptions().device(torch::kMeta)), grid};
+  std::vector<QwenVisionInput> out;
+  for (const VisionGrid& g : images)
+    out.push_back({torch::empty({g.rows * g.columns, patch}, torch::TensorOptions().device(torch::kMeta)),
+                   torch::tensor({int64_t{1}, g.rows, g.columns}, torch::kLong).view({1, 3})});
+  return out;
 }
 
 }  // namespace
@@ -75,7 +72,7 @@ int64_t predicted_encode_bytes(const T5Config& c, int64_t batch, int64_t tokens,
 int64_t predicted_vision_bytes(const QwenVisionConfig& v, const std::vector<VisionGrid>& images,
                                const EncodeMemoryOptions& o) {
   QwenVisionTower tower(v, meta_options(o));
-  const QwenVisionInput in = meta_patches(v, images);
+  const QwenVisionInput in = qwen_vl_batch(meta_processed(v, images), torch::kMeta, torch::kFloat);
   return walk(o, [&] { tower->forward(in); });
 }
 
@@ -104,9 +101,13 @@ int64_t predicted_encode_bytes(const QwenLmConfig& c, int64_t batch, int64_t tok
     at += n + 1;
   }
   const torch::Tensor mask = masked ? torch::ones({batch, tokens}, torch::kLong) : torch::Tensor();
+  // The processor's patches are the host's (the device's on a CPU run, made inside the encode), batched onto
+  // the device in the encoder's dtype (on CUDA a float32 concatenation there for a moment, not on the GPU).
+  std::vector<QwenVisionInput> host = o.cpu ? std::vector<QwenVisionInput>{} : meta_processed(v, images);
   return walk(o, [&] {
-    const QwenVisionInput patches = meta_patches(v, images);
-    qwen_forward_with_images(*model, *tower, ids, mask, patches);
+    if (o.cpu) host = meta_processed(v, images);
+    const QwenVisionInput batched = qwen_vl_batch(host, torch::kMeta, o.dtype);
+    qwen_forward_with_images(*model, *tower, ids, mask, batched);
   });
 }
 

@@ -272,19 +272,16 @@ PromptEmbedding PromptEncoder::encode(const std::string& prompt, const Condition
     if (s.call.condition_area > 0 && !conditions.empty()) {
       // Each control image resized to its condition size (bilinear, as AI Toolkit's F.interpolate), then the
       // processor; the images' patches side by side, as the processor batches them.
-      std::vector<torch::Tensor> pixels, grids;
+      std::vector<QwenVisionInput> images;
       for (const torch::Tensor& image : conditions) {
         const auto [h, w] = condition_size(image, s.call);
         const torch::Tensor resized =
             at::upsample_bilinear2d(image.to(torch::kCPU, torch::kFloat).unsqueeze(0), {h, w}, /*align_corners=*/false)
                 .squeeze(0)
                 .clamp(0, 1);
-        const QwenVisionInput in = qwen_vl_image_input(resized, *s.encoder->vision_config());
-        pixels.push_back(in.pixel_values);
-        grids.push_back(in.grid_thw);
+        images.push_back(qwen_vl_image_input(resized, *s.encoder->vision_config()));
       }
-      const QwenVisionInput all{torch::cat(pixels).to(device, s.encoder->parameters().front().scalar_type()),
-                                torch::cat(grids)};
+      const QwenVisionInput all = qwen_vl_batch(images, device, s.encoder->parameters().front().scalar_type());
       e.push_back(s.encoder->encode_with_images(ids, mask, all));
     } else {
       e.push_back(s.encoder->encode(ids, mask));

@@ -231,6 +231,13 @@ torch::Tensor QwenVisionTowerImpl::forward(const QwenVisionInput& input) {
   return nn::index_rows(merged, torch::argsort(layout.window_index).to(merged.device()));
 }
 
+QwenVisionInput qwen_vl_batch(const std::vector<QwenVisionInput>& images, const torch::Device& device,
+                              torch::ScalarType dtype) {
+  std::vector<torch::Tensor> pixels, grids;
+  for (const QwenVisionInput& in : images) pixels.push_back(in.pixel_values), grids.push_back(in.grid_thw);
+  return {torch::cat(pixels).to(device, dtype), torch::cat(grids)};
+}
+
 std::vector<std::string> load_qwen_vision_weights(QwenVisionTowerImpl& tower, const std::filesystem::path& path) {
   return io::load_module_weights(tower, path, io::transformers_weight_files(), [](const std::string& name) {
     return std::vector<std::string>{"visual." + name, "model.visual." + name};

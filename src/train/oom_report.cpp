@@ -249,7 +249,15 @@ void Levers::preview_fixes() {
       "Make previews cheaper",
       "sample.width/height " + std::to_string(s.width / 2) + "x" + std::to_string(s.height / 2) + " (from " +
           std::to_string(s.width) + "x" + std::to_string(s.height) + "), fewer sample_steps",
-      "at half the preview's side", [](config::ProcessConfig& c) { c.sample->width /= 2, c.sample->height /= 2; },
+      "at half the preview's side",
+      [](config::ProcessConfig& c) {
+        // Each preview item took the sample's size when the config was loaded (its own --w / --h aside).
+        c.sample->width /= 2, c.sample->height /= 2;
+        for (config::SampleItem& item : c.sample->samples) {
+          if (item.width) *item.width /= 2;
+          if (item.height) *item.height /= 2;
+        }
+      },
       &previews);
   if (preview_above_training > 0)
     previews.push_back(

@@ -12,19 +12,13 @@
 #include "gclab/model/lora.h"
 #include "gclab/model/registry.h"
 #include "gclab/nn/layers.h"
+#include "gclab/sample/sampler.h"
 #include "gclab/text/prompt.h"
 #include "gclab/train/session.h"
 
 namespace gclab::train {
 
 namespace {
-
-// The longest sequence a block sees (tokens), from the ledger's block inputs [B, S, hidden].
-int64_t longest_sequence(const model::ActivationEstimate& a, int64_t batch, int64_t hidden, int64_t element_bytes) {
-  int64_t longest = 0;
-  for (const auto& b : a.blocks) longest = std::max(longest, b.input_bytes / (batch * hidden * element_bytes));
-  return longest;
-}
 
 // Control images as the text encoders' prediction reads them: [3, H, W] meta tensors of the files' sizes
 // (a file that cannot be read is left out, as the run leaves it out).
@@ -258,9 +252,63 @@ void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
 }
 
 // The preview: its denoising passes, the decode, an edit model's reference encode, the prompts' encode.
+// The preview's denoising, walked: one step of the sampler (sample::euler_sample, the code a preview runs)
+// on the meta model for each preview's prompt and negative prompt — their text rows as the pipeline gives
+// them (PromptEncoder::rows; so CFG runs the two as one batch only when their lengths agree, as the sampler
+// decides), an edit model's reference latents — counted above what was live before, the conditioning
+// included. Without the text encoders in the session (cached prompts) a prompt has the family's nominal
+// caption's rows.
+int64_t walk_preview_denoise(Session& session, bool cuda) {
+  const config::ProcessConfig& config = session.config();
+  const auto& sc = *config.sample;
+  const model::ModelSpec& spec = session.spec();
+  const text::PromptEncoder* prompts = session.text().encoder();
+  const auto& items = session.plan().previews;
+  const auto& files = session.plan().preview_controls;
+  const int d = spec.preview_divisibility;
+  const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat);
+  auto rows = [&](const std::string& prompt, const text::ConditionImages& conditions) -> int64_t {
+    if (!spec.text_dim) return 0;
+    const int64_t n =
+        prompts ? prompts->rows(prompt, conditions) : model::encoder_tokens(spec, model::kNominalCaptionTokens);
+    return model::sequence_rows(spec, n);
+  };
+  std::set<std::vector<int64_t>> walked;  // (height, width, guidance x 1000, rows, rows, references...)
+  int64_t peak = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& item = items[i];
+    sample::SampleOptions so;
+    so.height = item.height.value_or(sc.height) / d * d, so.width = item.width.value_or(sc.width) / d * d;
+    so.steps = 1;
+    so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
+    so.dtype = session.plan().compute_dtype;
+    so.cfg_norm = session.plan().family->preview_cfg_norm(spec, sc.do_cfg_norm);
+    const text::ConditionImages conditions = spec.edit ? image_shapes(files.at(i)) : text::ConditionImages{};
+    std::vector<int64_t> key{so.height, so.width, static_cast<int64_t>(so.guidance_scale * 1000),
+                             rows(item.prompt, conditions), rows(item.neg.value_or(sc.neg), conditions)};
+    std::vector<std::vector<int64_t>> references;
+    if (spec.edit)
+      for (const auto& f : files.at(i))
+        if (const auto size = data::read_image_size(f)) {
+          const data::BucketResolution ref = preview_reference_size(
+              spec, {size->width, size->height}, static_cast<int>(so.width), static_cast<int>(so.height));
+          references.push_back(model::latent_shape(spec, 1, ref.height, ref.width));
+          key.insert(key.end(), {ref.height, ref.width});
+        }
+    if (!walked.insert(key).second) continue;
+    memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
+    model::ModelInputs cond = session.model().example_inputs(1, so.height, so.width, key[3], meta);
+    model::ModelInputs uncond = session.model().example_inputs(1, so.height, so.width, key[4], meta);
+    for (const auto& shape : references) cond.reference_latents.push_back(torch::empty(shape, meta.dtype(so.dtype)));
+    uncond.reference_latents = cond.reference_latents;
+    sample::euler_sample(session.model(), cond, uncond, so);
+    peak = std::max(peak, count.peak());
+  }
+  return peak;
+}
+
 void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
   const config::ProcessConfig& config = session.config();
-  const model::ActivationOptions o = session.activation_options(cuda);
   const text::PromptEncoder* prompts = session.text().encoder();
   text::EncodeMemoryOptions kernels;
   kernels.cpu = !cuda;
@@ -270,12 +318,7 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     const int d = e.spec.preview_divisibility;
     p.width = sc.width / d * d, p.height = sc.height / d * d;
     p.image_tokens = model::image_tokens(e.spec, p.height, p.width);
-    const auto a = model::estimate_activations(e.spec, 1, p.height, p.width, 0, o);
-    const int64_t el = session.activation_options().element_bytes;
-    const int64_t longest = longest_sequence(a, 1, e.spec.hidden, el);
-    const int64_t cfg =
-        model::preview_forward_batch(model::preview_guidance(e.spec.family, e.spec.guidance_embed), sc.guidance_scale);
-    p.denoise_bytes = cfg * longest * (e.spec.mlp_hidden + 3 * e.spec.hidden) * el;
+    p.denoise_bytes = walk_preview_denoise(session, cuda);
     // The decode's peak, or after it its float image and the PNG's conversion (one more float copy, the
     // uint8 image), whichever is higher.
     p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
@@ -321,8 +364,6 @@ int64_t save_estimate(Session& session, const MemoryEstimate& e) {
 
 void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
   e.not_modelled = {
-      "the preview's denoising passes are approximate (a block's input, output and MLP hidden); its "
-      "decode is not",
       "host memory: the data loader's prefetched batches and the latent cache (on a CPU run too: "
       "memory/placement.h), the sample prompts' cached embeddings (the captions' are on disk in _t_e_cache/, as "
       "AI Toolkit's: only a batch's reach the device), the process itself",

@@ -319,6 +319,36 @@ TEST(Estimate, TheAutoencodersEncodeAndDecodeAreInTheEstimate) {
   fs::remove_all(dir);
 }
 
+// A preview whose denoising makes its peak (the DCT stand-in decodes almost nothing): the sampler's step
+// walked on the meta model (train/predict.cpp walk_preview_denoise) against the tracking allocator, for each
+// family with guidance (CFG where the family runs it: the prompt and its empty negative differ in length, so
+// the sampler runs them as two passes; Qwen-Image always does).
+TEST(Estimate, ThePreviewsDenoisingIsWalked) {
+  const fs::path dir = testing::fresh_dir("estimate_denoise");
+  for (const char* arch : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
+    const std::string yaml = std::string("name: d\ntraining_folder: ") + dir.string() +
+                             "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
+                             "\n    resolution: [256]\ntrain: {batch_size: 2, steps: 2, dtype: fp32}\n"
+                             "model: {arch: " +
+                             arch +
+                             ", vae: dct}\nsample: {width: 256, height: 256, "
+                             "sample_steps: 2, guidance_scale: 4, prompts: [\"a red circle on a blue square\"]}\n";
+    auto r = model::load_config_text(yaml, "d.yaml");
+    ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+    const auto e = estimate_memory(*r.config);
+    ASSERT_TRUE(e.preview);
+    train::Session session(*r.config);
+    const MeasuredPhases measured = two_steps_and_a_preview(session, dir);
+    std::printf("%-16s preview predicted %lld (denoise %lld, decode %lld, text %lld) measured %lld (%.4f)\n", arch,
+                (long long)e.preview->total_bytes, (long long)e.preview->denoise_bytes,
+                (long long)e.preview->decode_bytes, (long long)e.preview->text_encode_bytes, (long long)measured.sample,
+                static_cast<double>(e.preview->total_bytes) / static_cast<double>(measured.sample));
+    EXPECT_GT(e.preview->denoise_bytes, std::max(e.preview->decode_bytes, e.preview->text_encode_bytes)) << arch;
+    EXPECT_NEAR(static_cast<double>(e.preview->total_bytes) / static_cast<double>(measured.sample), 1.0, 0.02) << arch;
+  }
+  fs::remove_all(dir);
+}
+
 // With the text encoders resident (captions encoded every step), the step's `text` phase holds the batch's
 // latents and one caption's encode (text/memory.h) beside the resident weights, and a preview encodes its
 // prompts in the `sample` phase: both as estimate_memory predicts them, against the tracking allocator. A

@@ -130,8 +130,7 @@ TEST(TextMemory, VisionTowerAndImageEncodePeaksArePredicted) {
     ids.slice(1, 20, 20 + image_tokens).fill_(encoder.image_token_id());
     const torch::Tensor mask = torch::ones({1, tokens}, torch::kLong);
     const int64_t measured = measured_peak(tracker, [&] {
-      const QwenVisionInput made = qwen_vl_image_input(image, v);
-      encoder.encode_with_images(ids, mask, made);
+      encoder.encode_with_images(ids, mask, qwen_vl_batch({qwen_vl_image_input(image, v)}, torch::kCPU, torch::kFloat));
     });
     expect_close(encoder.predicted_encode_bytes(1, tokens, true, {}, grids), measured,
                  "Qwen2.5-VL with a " + std::to_string(side) + "² image");

@@ -12,8 +12,9 @@ namespace gclab::nn {
 
 // scaled_dot_product_attention(q, k, v, mask, scale) on any device (no dropout): the device's kernel, or on
 // meta what the fused kernel of the device the walk stands for allocates (memory::meta_target()): on the CPU
-// its output, log-sum-exp and per-thread blocks, and a contiguous copy of a mask that is not contiguous
-// (T5's bias, a permuted view); on CUDA its output and log-sum-exp. `mask`: additive, broadcast to the scores.
+// its output, log-sum-exp and per-thread blocks; on CUDA its output and log-sum-exp; on both the copy the
+// kernel makes of a mask it cannot read in place (T5's bias, a permuted view). `mask`: additive, broadcast
+// to the scores.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& mask = {}, std::optional<double> scale = std::nullopt);
 

@@ -61,6 +61,11 @@ std::pair<int64_t, int64_t> qwen_vl_smart_resize(int64_t height, int64_t width, 
 QwenVisionInput qwen_vl_image_input(const torch::Tensor& image, const QwenVisionConfig& config,
                                     int64_t min_pixels = kQwenVlMinPixels, int64_t max_pixels = kQwenVlMaxPixels);
 
+// The processor's images side by side, as the processor batches them: their patches concatenated, then on
+// `device` in `dtype` (the encoder's), with their grids.
+QwenVisionInput qwen_vl_batch(const std::vector<QwenVisionInput>& images, const torch::Device& device,
+                              torch::ScalarType dtype);
+
 // The size AI Toolkit resizes an edit model's control image ([.., H, W]) to before the processor
 // (qwen_image_edit.py / qwen_image_edit_plus.py get_prompt_embeds: `area` at the image's aspect, sides
 // rounded to multiples of 32 as the diffusers pipelines' calculate_dimensions, bilinear). The Plus model's

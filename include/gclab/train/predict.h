@@ -90,7 +90,9 @@ struct ResolutionEstimate {
 struct PreviewEstimate {
   int width = 0, height = 0;
   int64_t image_tokens = 0;
-  int64_t denoise_bytes = 0;  // one no-grad forward, CFG batch included: a block's input, output and MLP hidden
+  // One step of the sampler walked on the meta model (its conditioning, latents and no-grad forwards, CFG
+  // batched as the sampler does it for the prompts' text rows), the most of the previews'.
+  int64_t denoise_bytes = 0;
   // The autoencoder's decode peak (vae/memory.h: within 1% of the CPU allocator), its image kept while the
   // PNG's uint8 image is made.
   int64_t decode_bytes = 0;
