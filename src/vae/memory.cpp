@@ -42,12 +42,7 @@ class Walk {
   void spike(int64_t b) { live_.spike(b); }
   int64_t peak() const { return live_.peak(); }
 
-  // A convolution's output, allocated, after oneDNN's temporaries on the CPU (measured with the tracking
-  // allocator): a 1x1 kernel needs none; an input of fewer channels than a block is read as it is, and the
-  // output is computed in the blocked layout (channels padded to the block) and reordered; a wider input
-  // is copied into the blocked layout (padded) beside a copy of the weight, and the output is computed in
-  // place when its channels fill whole blocks, else in a padded buffer (the weight's copy padded too)
-  // that is then reordered.
+  // A convolution's output, allocated, after its temporaries on the CPU (memory::cpu_conv_temporaries).
   Shape conv(const Shape& in, int64_t out_channels, int64_t kernel, int64_t stride = 1) {
     const Shape out{out_channels, in.h / stride, in.w / stride};
     if (o_.cpu) onednn_temporaries(in, out, kernel * kernel);
@@ -55,26 +50,10 @@ class Walk {
     return out;
   }
   // The temporaries above for an input of `in` (already padded for a 3-D convolution), an output of `out`
-  // and a kernel of `volume` elements.
+  // and a kernel of `volume` elements (memory::cpu_conv_temporaries).
   void onednn_temporaries(const Shape& in, const Shape& out, int64_t volume) {
-    if (volume == 1) return;
-    if (o_.dtype_bytes == 2 && o_.bf16_im2col) {  // slow_conv2d's columns for the whole batch
-      spike(batch_ * in.c * volume * out.t * out.h * out.w * o_.dtype_bytes);
-      return;
-    }
-    const int64_t block = o_.channel_block;
-    auto padded = [&](Shape s) {
-      s.c = (s.c + block - 1) / block * block;
-      return bytes(s);
-    };
-    if (in.c < block) {
-      spike(padded(out) + bytes(out));
-      return;
-    }
-    const bool whole = out.c % block == 0;
-    const int64_t weight_out = whole ? out.c : (out.c + block - 1) / block * block;
-    spike(padded(in) + in.c * weight_out * volume * o_.dtype_bytes + (whole ? bytes(out) : padded(out)));
-    if (!whole) spike(padded(out) + bytes(out));
+    spike(memory::cpu_conv_temporaries(batch_, in.c, out.c, in.t * in.h * in.w, out.t * out.h * out.w, volume,
+                                       o_.dtype_bytes, o_.channel_block, o_.bf16_im2col));
   }
 
   // ResnetBlock2D as ResnetImpl::forward runs it; the input stays alive (the caller's), the result is
@@ -226,10 +205,7 @@ int64_t walk_decode(Walk& walk, const Shape& image, int64_t image_channels, int6
 
 bool cpu_bf16_im2col() { return !memory::cpu_onednn_bf16(); }
 
-int cpu_channel_block() {
-  static const int block = memory::cpu_has("avx512_f") ? 16 : 8;
-  return block;
-}
+int cpu_channel_block() { return memory::cpu_channel_block(); }
 
 int64_t autoencoder_weight_bytes(const AutoencoderKLConfig& c, int64_t dtype_bytes) {
   const auto& ch = c.block_out_channels;

@@ -33,6 +33,21 @@ class LiveSet {
 int64_t cpu_flash_attention_temporaries(int64_t batch_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
                                         int threads, int64_t dtype_bytes);
 
+// What a CPU convolution allocates beside its output for a moment (measured with the tracking allocator),
+// for `batch` inputs of `in_c` channels over `in_spatial` positions (a 3-D input already padded) to `out_c`
+// channels over `out_spatial`, a kernel of `volume` elements, in a dtype of `dtype_bytes`: oneDNN's blocked
+// layout (`channel_block`: cpu_channel_block) — a 1x1 kernel needs none; an input of fewer channels than a
+// block is read as it is and the output computed in the blocked layout (padded) and reordered; a wider input
+// is copied into the blocked layout (padded) beside a copy of the weight, and the output is computed in
+// place when its channels fill whole blocks, else in a padded buffer (the weight's copy padded too) that is
+// then reordered. With `im2col` (a bf16 convolution on a CPU without oneDNN's bf16: slow_conv2d) the whole
+// batch's im2col columns instead.
+int64_t cpu_conv_temporaries(int64_t batch, int64_t in_c, int64_t out_c, int64_t in_spatial, int64_t out_spatial,
+                             int64_t volume, int64_t dtype_bytes, int64_t channel_block, bool im2col);
+
+// oneDNN's channel block on this CPU: 16 with AVX-512, else 8.
+int cpu_channel_block();
+
 // A flag of this CPU as PyTorch reads it (at::cpu::get_cpu_capabilities: "avx512_f", "avx512_bw", ...).
 bool cpu_has(const char* flag);
 
