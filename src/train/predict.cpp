@@ -265,7 +265,6 @@ int64_t walk_preview_denoise(Session& session, bool cuda) {
   const text::PromptEncoder* prompts = session.text().encoder();
   const auto& items = session.plan().previews;
   const auto& files = session.plan().preview_controls;
-  const int d = spec.preview_divisibility;
   const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat);
   auto rows = [&](const std::string& prompt, const text::ConditionImages& conditions) -> int64_t {
     if (!spec.text_dim) return 0;
@@ -277,12 +276,7 @@ int64_t walk_preview_denoise(Session& session, bool cuda) {
   int64_t peak = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& item = items[i];
-    sample::SampleOptions so;
-    so.height = item.height.value_or(sc.height) / d * d, so.width = item.width.value_or(sc.width) / d * d;
-    so.steps = 1;
-    so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
-    so.dtype = session.plan().compute_dtype;
-    so.cfg_norm = session.plan().family->preview_cfg_norm(spec, sc.do_cfg_norm);
+    const sample::SampleOptions so = session.preview_options(i, {std::nullopt, std::nullopt, 1});
     const text::ConditionImages conditions = spec.edit ? image_shapes(files.at(i)) : text::ConditionImages{};
     std::vector<int64_t> key{so.height, so.width, static_cast<int64_t>(so.guidance_scale * 1000),
                              rows(item.prompt, conditions), rows(item.neg.value_or(sc.neg), conditions)};

@@ -670,21 +670,27 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir, const P
   return files;
 }
 
+sample::SampleOptions Session::preview_options(size_t i, const PreviewSettings& settings) const {
+  const auto& sc = *config_.sample;
+  const auto& item = plan_.previews.at(i);
+  const int d = spec_.preview_divisibility;
+  sample::SampleOptions so;
+  so.height = settings.height.value_or(item.height.value_or(sc.height)) / d * d;
+  so.width = settings.width.value_or(item.width.value_or(sc.width)) / d * d;
+  so.steps = settings.steps.value_or(item.sample_steps.value_or(sc.sample_steps));
+  so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
+  so.seed = sc.seeds().at(i);
+  so.dtype = plan_.compute_dtype;
+  so.cfg_norm = plan_.family->preview_cfg_norm(spec_, sc.do_cfg_norm);
+  return so;
+}
+
 std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir, const PreviewSettings& settings) {
   std::vector<fs::path> files;
   const auto& sc = *config_.sample;
-  const int d = spec_.preview_divisibility;
-  const std::vector<int64_t> seeds = sc.seeds();
   for (size_t i = 0; i < plan_.previews.size(); ++i) {
     const auto& item = plan_.previews[i];
-    sample::SampleOptions so;
-    so.height = settings.height.value_or(item.height.value_or(sc.height)) / d * d;
-    so.width = settings.width.value_or(item.width.value_or(sc.width)) / d * d;
-    so.steps = settings.steps.value_or(item.sample_steps.value_or(sc.sample_steps));
-    so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
-    so.seed = seeds.at(i);
-    so.dtype = plan_.compute_dtype;
-    so.cfg_norm = plan_.family->preview_cfg_norm(spec_, sc.do_cfg_norm);
+    const sample::SampleOptions so = preview_options(i, settings);
     const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
     // Each prompt with its control images, as the edit pipelines encode it.
     const std::vector<fs::path> read = spec_.edit ? controls : std::vector<fs::path>{};

@@ -22,6 +22,7 @@
 #include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
 #include "gclab/model/lora.h"
+#include "gclab/sample/sampler.h"
 #include "gclab/train/checkpointing.h"
 #include "gclab/train/flow.h"
 #include "gclab/train/loading.h"
@@ -177,6 +178,9 @@ class Session {
   };
   std::vector<std::filesystem::path> sample(int64_t step, const std::filesystem::path& dir,
                                             const PreviewSettings& settings);
+  // The sampler's options for preview `i` (the plan's previews) as sample() runs it: its size (cut to the
+  // family's divisibility), steps, guidance, seed, the compute dtype and the family's CFG rescale.
+  sample::SampleOptions preview_options(size_t i, const PreviewSettings& settings = {}) const;
   // Encodes every caption the run will ask for (cache_text_embeddings), then unloads the text encoder
   // when unload_text_encoder says so. unload_text_encoder without cache_text_embeddings is AI Toolkit's
   // other mode: the trigger word (or the empty prompt) is encoded once and every step trains on it.
