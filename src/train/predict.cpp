@@ -252,6 +252,21 @@ void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
 }
 
 // The preview: its denoising passes, the decode, an edit model's reference encode, the prompts' encode.
+// The sizes preview `i`'s control images (files) are encoded at: an edit model's at the reference area of
+// the image's aspect (preview_reference_size), Flex.2's at the preview's own size (its pipeline's
+// prepare_image).
+std::vector<data::BucketResolution> preview_control_sizes(const Session& session, size_t i) {
+  const model::ModelSpec& spec = session.spec();
+  const sample::SampleOptions so = session.preview_options(i);
+  const int w = static_cast<int>(so.width), h = static_cast<int>(so.height);
+  std::vector<data::BucketResolution> out;
+  for (const auto& f : session.plan().preview_controls.at(i))
+    if (const auto size = data::read_image_size(f))
+      out.push_back(spec.edit ? preview_reference_size(spec, {size->width, size->height}, w, h)
+                              : data::BucketResolution{w, h});
+  return out;
+}
+
 // The preview's denoising, walked: one step of the sampler (sample::euler_sample, the code a preview runs)
 // on the meta model for each preview's prompt and negative prompt — their text rows as the pipeline gives
 // them (PromptEncoder::rows; so CFG runs the two as one batch only when their lengths agree, as the sampler
@@ -282,13 +297,10 @@ int64_t walk_preview_denoise(Session& session, bool cuda) {
                              rows(item.prompt, conditions), rows(item.neg.value_or(sc.neg), conditions)};
     std::vector<std::vector<int64_t>> references;
     if (spec.edit)
-      for (const auto& f : files.at(i))
-        if (const auto size = data::read_image_size(f)) {
-          const data::BucketResolution ref = preview_reference_size(
-              spec, {size->width, size->height}, static_cast<int>(so.width), static_cast<int>(so.height));
-          references.push_back(model::latent_shape(spec, 1, ref.height, ref.width));
-          key.insert(key.end(), {ref.height, ref.width});
-        }
+      for (const data::BucketResolution& ref : preview_control_sizes(session, i)) {
+        references.push_back(model::latent_shape(spec, 1, ref.height, ref.width));
+        key.insert(key.end(), {ref.height, ref.width});
+      }
     if (!walked.insert(key).second) continue;
     memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
     model::ModelInputs cond = session.model().example_inputs(1, so.height, so.width, key[3], meta);
@@ -317,21 +329,13 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     // uint8 image), whichever is higher.
     p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
                               int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
-    // Each control image (a file) encoded, its image beside: an edit model's at the reference area
-    // (preview_reference_size), Flex.2's at the preview's own size (its pipeline's prepare_image).
+    // Each control image (a file) encoded, its image beside.
     const auto& files = session.plan().preview_controls;
-    const auto& items = session.plan().previews;
     for (size_t i = 0; i < files.size(); ++i)
-      for (const auto& f : files[i])
-        if (const auto size = data::read_image_size(f)) {
-          const int w = items[i].width.value_or(sc.width) / d * d, h = items[i].height.value_or(sc.height) / d * d;
-          const data::BucketResolution ref = e.spec.edit
-                                                 ? preview_reference_size(e.spec, {size->width, size->height}, w, h)
-                                                 : data::BucketResolution{w, h};
-          p.reference_encode_bytes = std::max(p.reference_encode_bytes,
-                                              int64_t{4} * 3 * ref.height * ref.width +
-                                                  session.codec_spec().encode_bytes(1, ref.height, ref.width, !cuda));
-        }
+      for (const data::BucketResolution& ref : preview_control_sizes(session, i))
+        p.reference_encode_bytes =
+            std::max(p.reference_encode_bytes, int64_t{4} * 3 * ref.height * ref.width +
+                                                   session.codec_spec().encode_bytes(1, ref.height, ref.width, !cuda));
     // Without cached prompts the preview encodes each prompt (and its negative) with its control images.
     if (prompts && e.text && e.text->every_step)
       for (size_t i = 0; i < sc.samples.size(); ++i) {
