@@ -15,19 +15,49 @@ int64_t cpu_flash_attention_temporaries(int64_t batch_heads, int64_t q_len, int6
   return threads * (4 * per_thread + reduced) + 4 * batch_heads * q_len;
 }
 
-int64_t cpu_conv_temporaries(int64_t batch, int64_t in_c, int64_t out_c, int64_t in_spatial, int64_t out_spatial,
-                             int64_t volume, int64_t dtype_bytes, int64_t channel_block, bool im2col) {
-  if (volume == 1) return 0;
-  if (dtype_bytes == 2 && im2col) return batch * in_c * volume * out_spatial * dtype_bytes;
-  const int64_t block = channel_block;
-  auto padded = [&](int64_t c) { return (c + block - 1) / block * block; };
-  const int64_t out_bytes = batch * out_c * out_spatial * dtype_bytes;
-  const int64_t out_padded = batch * padded(out_c) * out_spatial * dtype_bytes;
-  if (in_c < block) return out_padded + out_bytes;
-  const bool whole = out_c % block == 0;
-  const int64_t in_padded = batch * padded(in_c) * in_spatial * dtype_bytes;
-  const int64_t weight = in_c * (whole ? out_c : padded(out_c)) * volume * dtype_bytes;
-  return std::max(in_padded + weight + (whole ? out_bytes : out_padded), whole ? 0 : out_padded + out_bytes);
+namespace {
+
+int64_t product(const std::vector<int64_t>& v) {
+  int64_t n = 1;
+  for (int64_t x : v) n *= x;
+  return n;
+}
+
+// oneDNN's blocked copies beside the output (cpu_convolution_temporaries).
+int64_t onednn_temporaries(const CpuConvolution& c, int64_t volume, int threads) {
+  const int64_t block = cpu_channel_block(), d = c.dtype_bytes;
+  const int64_t in_spatial = product(c.in_sizes), out_spatial = product(c.out_sizes);
+  auto padded = [&](int64_t channels) { return (channels + block - 1) / block * block; };
+  const int64_t out_bytes = c.batch * c.out_c * out_spatial * d;
+  const int64_t out_padded = c.batch * padded(c.out_c) * out_spatial * d;
+  const int64_t in_padded = c.batch * padded(c.in_c) * in_spatial * d;
+  if (volume == 1) {  // even a narrow input is copied; see the header for the rest
+    if (d == 4 && c.out_c > c.in_c) return out_padded;
+    const int64_t accumulators = d == 2 ? std::min<int64_t>(threads, std::max<int64_t>(1, out_spatial / 512)) : 0;
+    return in_padded + out_padded + accumulators * padded(c.out_c) * out_spatial * 4 +
+           padded(c.in_c) * padded(c.out_c) * d - out_bytes;
+  }
+  if (c.in_c < block) return out_padded;
+  if (c.out_c % block == 0) return in_padded + padded(c.in_c) * c.out_c * volume * d;
+  const int64_t weight = padded(c.in_c) * padded(c.out_c) * volume * d;
+  return std::max(in_padded + weight + out_padded - out_bytes, out_padded);
+}
+
+}  // namespace
+
+int64_t cpu_convolution_temporaries(const CpuConvolution& c, int threads) {
+  const int64_t volume = product(c.kernel);
+  const int64_t kw = c.kernel.back(), kh = c.kernel[c.kernel.size() - 2];
+  bool onednn = false;
+  if (c.dtype_bytes == 2) {
+    onednn = cpu_onednn_bf16();
+  } else {
+    const bool worth = c.strided || c.batch >= 16 || kw != 1 || kh != 1 || threads > 1;
+    const bool faster = (kw > 3 && kh > 3) || c.batch > 1 || c.batch * c.in_c * c.in_sizes[0] * c.in_sizes[1] > 20480;
+    onednn = worth && faster;
+  }
+  if (onednn) return onednn_temporaries(c, volume, threads);
+  return volume == 1 ? 0 : c.batch * c.in_c * volume * product(c.out_sizes) * c.dtype_bytes;
 }
 
 int cpu_channel_block() {

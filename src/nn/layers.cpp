@@ -599,6 +599,39 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return h * weight;
 }
 
+ConvImpl::ConvImpl(int64_t in, int64_t out, std::vector<int64_t> kernel, std::vector<int64_t> stride_,
+                   std::vector<int64_t> padding_, const torch::TensorOptions& options)
+    : stride(std::move(stride_)), padding(std::move(padding_)) {
+  // nn.Conv*d's reset_parameters: kaiming_uniform_(a=sqrt(5)) and the bias, both U(-1/sqrt(fan_in), ...).
+  int64_t fan_in = in;
+  for (int64_t k : kernel) fan_in *= k;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  std::vector<int64_t> shape = {out, in};
+  shape.insert(shape.end(), kernel.begin(), kernel.end());
+  weight = register_parameter("weight", uniform_parameter(shape, bound, options));
+  bias = register_parameter("bias", uniform_parameter({out}, bound, options));
+}
+
+torch::Tensor ConvImpl::forward(const torch::Tensor& x) {
+  return gclab::nn::convolution(x, weight, bias, stride, padding);
+}
+
+Conv square_conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding,
+                 const torch::TensorOptions& options) {
+  return Conv(in, out, std::vector<int64_t>{kernel, kernel}, std::vector<int64_t>{stride},
+              std::vector<int64_t>{padding}, options);
+}
+
+GroupNormImpl::GroupNormImpl(int64_t groups_, int64_t channels, double eps_, const torch::TensorOptions& options)
+    : groups(groups_), eps(eps_) {
+  weight = register_parameter("weight", torch::ones({channels}, options));
+  bias = register_parameter("bias", torch::zeros({channels}, options));
+}
+
+torch::Tensor GroupNormImpl::forward(const torch::Tensor& x) {
+  return gclab::nn::group_norm(x, groups, weight, bias, eps);
+}
+
 torch::Tensor layer_norm(const torch::Tensor& x, double eps) {
   if (x.is_meta()) return meta_layer_norm(x);
   return at::layer_norm(x, {x.size(-1)}, {}, {}, eps);

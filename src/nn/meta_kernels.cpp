@@ -112,6 +112,36 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }
 
+torch::Tensor convolution(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                          at::IntArrayRef stride, at::IntArrayRef padding) {
+  if (!x.is_meta()) return at::convolution(x, weight, bias, stride, padding, {1}, false, {0}, 1);
+  const int64_t axes = weight.dim() - 2;
+  memory::CpuConvolution c;
+  c.batch = x.size(0), c.in_c = x.size(1), c.out_c = weight.size(0), c.dtype_bytes = x.element_size();
+  for (int64_t i = 0; i < axes; ++i) {
+    const int64_t s = stride.size() == 1 ? stride[0] : stride[i], p = padding.size() == 1 ? padding[0] : padding[i];
+    c.in_sizes.push_back(x.size(2 + i));
+    c.kernel.push_back(weight.size(2 + i));
+    c.out_sizes.push_back((x.size(2 + i) + 2 * p - weight.size(2 + i)) / s + 1);
+    c.strided = c.strided || s != 1;
+  }
+  std::vector<int64_t> shape = {c.batch, c.out_c};
+  shape.insert(shape.end(), c.out_sizes.begin(), c.out_sizes.end());
+  torch::Tensor out = torch::empty(shape, x.options());
+  if (memory::meta_target() == c10::kCPU)
+    memory::meta_spike(memory::cpu_convolution_temporaries(c, at::get_num_threads()));
+  return out;
+}
+
+torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight, const torch::Tensor& bias,
+                         double eps) {
+  if (!x.is_meta()) return at::group_norm(x, groups, weight, bias, eps);
+  const int64_t stats = memory::meta_target() == c10::kCPU ? x.element_size() : 4;
+  torch::Tensor out = torch::empty(x.sizes(), x.options());
+  memory::meta_spike(2 * x.size(0) * groups * stats);
+  return out;
+}
+
 torch::Tensor where(const torch::Tensor& condition, const torch::Tensor& a, const torch::Tensor& b) {
   if (!condition.is_meta()) return torch::where(condition, a, b);
   const auto shape = at::infer_size(condition.sizes(), at::infer_size(a.sizes(), b.sizes()));

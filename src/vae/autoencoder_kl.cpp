@@ -7,32 +7,39 @@
 
 #include "config_json.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/nn/layers.h"
+#include "gclab/nn/meta_kernels.h"
 #include "tiling.h"
 
 namespace gclab::vae {
 
 namespace nn = torch::nn;
+using gclab::nn::Conv;
+using gclab::nn::GroupNorm;
 
 namespace {
 
 constexpr double kEps = 1e-6;  // every GroupNorm of the encoder and decoder (resnet_eps)
 
-nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = -1) {
-  return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding < 0 ? kernel / 2 : padding));
+// Every layer is built with the autoencoder's TensorOptions (torch::kMeta: the memory model walks this
+// code on shapes alone, vae/memory.h).
+Conv conv(const torch::TensorOptions& o, int64_t in, int64_t out, int64_t kernel, int64_t stride = 1,
+          int64_t padding = -1) {
+  return gclab::nn::square_conv(in, out, kernel, stride, padding < 0 ? kernel / 2 : padding, o);
 }
-nn::GroupNorm group_norm(int64_t groups, int64_t channels) {
-  return nn::GroupNorm(nn::GroupNormOptions(groups, channels).eps(kEps));
+GroupNorm group_norm(const torch::TensorOptions& o, int64_t groups, int64_t channels) {
+  return GroupNorm(groups, channels, kEps, o);
 }
 
 // ResnetBlock2D without a time embedding: GroupNorm, SiLU, 3x3 conv, twice; a 1x1 conv_shortcut when the
 // channel count changes.
 struct ResnetImpl : nn::Module {
-  ResnetImpl(int64_t in, int64_t out, int64_t groups)
-      : norm1(register_module("norm1", group_norm(groups, in))),
-        conv1(register_module("conv1", conv(in, out, 3))),
-        norm2(register_module("norm2", group_norm(groups, out))),
-        conv2(register_module("conv2", conv(out, out, 3))) {
-    if (in != out) conv_shortcut = register_module("conv_shortcut", conv(in, out, 1));
+  ResnetImpl(const torch::TensorOptions& o, int64_t in, int64_t out, int64_t groups)
+      : norm1(register_module("norm1", group_norm(o, groups, in))),
+        conv1(register_module("conv1", conv(o, in, out, 3))),
+        norm2(register_module("norm2", group_norm(o, groups, out))),
+        conv2(register_module("conv2", conv(o, out, out, 3))) {
+    if (in != out) conv_shortcut = register_module("conv_shortcut", conv(o, in, out, 1));
   }
   // Statement by statement as diffusers' ResnetBlock2D.forward, so the same tensors are alive at once:
   // each result replaces the last, the block's input stays for the residual, and the sum is divided by
@@ -47,22 +54,22 @@ struct ResnetImpl : nn::Module {
     const torch::Tensor shortcut = conv_shortcut ? conv_shortcut(input) : input;
     return (shortcut + h) / 1.0;
   }
-  nn::GroupNorm norm1;
-  nn::Conv2d conv1;
-  nn::GroupNorm norm2;
-  nn::Conv2d conv2, conv_shortcut{nullptr};
+  GroupNorm norm1;
+  Conv conv1;
+  GroupNorm norm2;
+  Conv conv2, conv_shortcut{nullptr};
 };
 TORCH_MODULE(Resnet);
 
 // The mid block's Attention (one head as wide as the channels, GroupNorm first, a residual connection).
 struct AttentionImpl : nn::Module {
-  AttentionImpl(int64_t channels, int64_t groups)
-      : group_norm(register_module("group_norm", vae::group_norm(groups, channels))),
-        to_q(register_module("to_q", nn::Linear(channels, channels))),
-        to_k(register_module("to_k", nn::Linear(channels, channels))),
-        to_v(register_module("to_v", nn::Linear(channels, channels))),
+  AttentionImpl(const torch::TensorOptions& o, int64_t channels, int64_t groups)
+      : group_norm(register_module("group_norm", vae::group_norm(o, groups, channels))),
+        to_q(register_module("to_q", gclab::nn::Linear(channels, channels, true, o))),
+        to_k(register_module("to_k", gclab::nn::Linear(channels, channels, true, o))),
+        to_v(register_module("to_v", gclab::nn::Linear(channels, channels, true, o))),
         to_out(register_module("to_out", nn::ModuleList())) {
-    out = nn::Linear(channels, channels);
+    out = gclab::nn::Linear(channels, channels, true, o);
     to_out->push_back(out);
   }
   // As diffusers' AttnProcessor2_0 with one head: the query, key and value stay alive to the end, as the
@@ -74,27 +81,27 @@ struct AttentionImpl : nn::Module {
     const torch::Tensor q = to_q(h).view({b, -1, 1, c}).transpose(1, 2);
     const torch::Tensor k = to_k(h).view({b, -1, 1, c}).transpose(1, 2);
     const torch::Tensor v = to_v(h).view({b, -1, 1, c}).transpose(1, 2);
-    h = at::scaled_dot_product_attention(q, k, v);
+    h = gclab::nn::attention(q, k, v);
     h = h.transpose(1, 2).reshape({b, -1, c});
     h = out(h);
     h = h.transpose(-1, -2).reshape({b, c, height, width});
     h = h + residual;
     return h / 1.0;
   }
-  nn::GroupNorm group_norm;
-  nn::Linear to_q, to_k, to_v, out{nullptr};
+  GroupNorm group_norm;
+  gclab::nn::Linear to_q, to_k, to_v, out{nullptr};
   nn::ModuleList to_out;
 };
 TORCH_MODULE(Attention);
 
 // UNetMidBlock2D: resnet, attention, resnet.
 struct MidBlockImpl : nn::Module {
-  MidBlockImpl(int64_t channels, int64_t groups, bool attention)
+  MidBlockImpl(const torch::TensorOptions& o, int64_t channels, int64_t groups, bool attention)
       : resnets(register_module("resnets", nn::ModuleList())) {
-    for (int i = 0; i < 2; ++i) resnets->push_back(Resnet(channels, channels, groups));
+    for (int i = 0; i < 2; ++i) resnets->push_back(Resnet(o, channels, channels, groups));
     if (attention) {
       attentions = register_module("attentions", nn::ModuleList());
-      attentions->push_back(Attention(channels, groups));
+      attentions->push_back(Attention(o, channels, groups));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -108,8 +115,8 @@ TORCH_MODULE(MidBlock);
 
 // A `conv` child, as diffusers' Downsample2D / Upsample2D name theirs.
 struct ResampleImpl : nn::Module {
-  ResampleImpl(int64_t channels, bool down)
-      : down(down), conv(register_module("conv", vae::conv(channels, channels, 3, down ? 2 : 1, down ? 0 : 1))) {}
+  ResampleImpl(const torch::TensorOptions& o, int64_t channels, bool down)
+      : down(down), conv(register_module("conv", vae::conv(o, channels, channels, 3, down ? 2 : 1, down ? 0 : 1))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     namespace F = torch::nn::functional;
     torch::Tensor h =
@@ -119,18 +126,19 @@ struct ResampleImpl : nn::Module {
     return conv(h);
   }
   bool down;
-  nn::Conv2d conv;
+  Conv conv;
 };
 TORCH_MODULE(Resample);
 
 // DownEncoderBlock2D / UpDecoderBlock2D: resnets, then the resampler (not in the last block).
 struct StageImpl : nn::Module {
-  StageImpl(int64_t in, int64_t out, int64_t layers, int64_t groups, bool down, bool resample)
+  StageImpl(const torch::TensorOptions& o, int64_t in, int64_t out, int64_t layers, int64_t groups, bool down,
+            bool resample)
       : resnets(register_module("resnets", nn::ModuleList())) {
-    for (int64_t i = 0; i < layers; ++i) resnets->push_back(Resnet(i == 0 ? in : out, out, groups));
+    for (int64_t i = 0; i < layers; ++i) resnets->push_back(Resnet(o, i == 0 ? in : out, out, groups));
     if (resample) {
       samplers = register_module(down ? "downsamplers" : "upsamplers", nn::ModuleList());
-      samplers->push_back(Resample(out, down));
+      samplers->push_back(Resample(o, out, down));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -148,23 +156,23 @@ struct CoderImpl : nn::Module {
     x = torch::silu(x);
     return conv_out(x);
   }
-  nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  Conv conv_in{nullptr}, conv_out{nullptr};
   MidBlock mid_block{nullptr};
-  nn::GroupNorm conv_norm_out{nullptr};
+  GroupNorm conv_norm_out{nullptr};
 };
 
 struct EncoderImpl : CoderImpl {
-  explicit EncoderImpl(const AutoencoderKLConfig& c) {
+  EncoderImpl(const AutoencoderKLConfig& c, const torch::TensorOptions& o) {
     const auto& ch = c.block_out_channels;
     const int64_t g = c.norm_num_groups;
-    conv_in = register_module("conv_in", conv(c.in_channels, ch.front(), 3));
+    conv_in = register_module("conv_in", conv(o, c.in_channels, ch.front(), 3));
     down_blocks = register_module("down_blocks", nn::ModuleList());
     for (size_t i = 0; i < ch.size(); ++i)
       down_blocks->push_back(
-          Stage(i == 0 ? ch.front() : ch[i - 1], ch[i], c.layers_per_block, g, true, i + 1 < ch.size()));
-    mid_block = register_module("mid_block", MidBlock(ch.back(), g, c.mid_block_add_attention));
-    conv_norm_out = register_module("conv_norm_out", group_norm(g, ch.back()));
-    conv_out = register_module("conv_out", conv(ch.back(), 2 * c.latent_channels, 3));  // double_z
+          Stage(o, i == 0 ? ch.front() : ch[i - 1], ch[i], c.layers_per_block, g, true, i + 1 < ch.size()));
+    mid_block = register_module("mid_block", MidBlock(o, ch.back(), g, c.mid_block_add_attention));
+    conv_norm_out = register_module("conv_norm_out", group_norm(o, g, ch.back()));
+    conv_out = register_module("conv_out", conv(o, ch.back(), 2 * c.latent_channels, 3));  // double_z
   }
   torch::Tensor forward(const torch::Tensor& images) {
     torch::Tensor x = conv_in(images);
@@ -175,17 +183,17 @@ struct EncoderImpl : CoderImpl {
 };
 
 struct DecoderImpl : CoderImpl {
-  explicit DecoderImpl(const AutoencoderKLConfig& c) {
+  DecoderImpl(const AutoencoderKLConfig& c, const torch::TensorOptions& o) {
     const std::vector<int64_t> ch(c.block_out_channels.rbegin(), c.block_out_channels.rend());
     const int64_t g = c.norm_num_groups;
-    conv_in = register_module("conv_in", conv(c.latent_channels, ch.front(), 3));
-    mid_block = register_module("mid_block", MidBlock(ch.front(), g, c.mid_block_add_attention));
+    conv_in = register_module("conv_in", conv(o, c.latent_channels, ch.front(), 3));
+    mid_block = register_module("mid_block", MidBlock(o, ch.front(), g, c.mid_block_add_attention));
     up_blocks = register_module("up_blocks", nn::ModuleList());
     for (size_t i = 0; i < ch.size(); ++i)
       up_blocks->push_back(
-          Stage(i == 0 ? ch.front() : ch[i - 1], ch[i], c.layers_per_block + 1, g, false, i + 1 < ch.size()));
-    conv_norm_out = register_module("conv_norm_out", group_norm(g, ch.back()));
-    conv_out = register_module("conv_out", conv(ch.back(), c.out_channels, 3));
+          Stage(o, i == 0 ? ch.front() : ch[i - 1], ch[i], c.layers_per_block + 1, g, false, i + 1 < ch.size()));
+    conv_norm_out = register_module("conv_norm_out", group_norm(o, g, ch.back()));
+    conv_out = register_module("conv_out", conv(o, ch.back(), c.out_channels, 3));
   }
   torch::Tensor forward(const torch::Tensor& z) {
     torch::Tensor x = conv_in(z);
@@ -249,12 +257,13 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::p
   });
 }
 
-AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config) : config_(std::move(config)) {
-  encoder_ = register_module("encoder", std::make_shared<EncoderImpl>(config_));
-  decoder_ = register_module("decoder", std::make_shared<DecoderImpl>(config_));
+AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config, const torch::TensorOptions& options)
+    : config_(std::move(config)) {
+  encoder_ = register_module("encoder", std::make_shared<EncoderImpl>(config_, options));
+  decoder_ = register_module("decoder", std::make_shared<DecoderImpl>(config_, options));
   const int64_t z = config_.latent_channels;
-  if (config_.use_quant_conv) quant_conv_ = register_module("quant_conv", conv(2 * z, 2 * z, 1));
-  if (config_.use_post_quant_conv) post_quant_conv_ = register_module("post_quant_conv", conv(z, z, 1));
+  if (config_.use_quant_conv) quant_conv_ = register_module("quant_conv", conv(options, 2 * z, 2 * z, 1));
+  if (config_.use_post_quant_conv) post_quant_conv_ = register_module("post_quant_conv", conv(options, z, z, 1));
 }
 
 torch::Tensor AutoencoderKLImpl::moments(const torch::Tensor& images) {

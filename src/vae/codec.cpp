@@ -12,15 +12,9 @@ namespace gclab::vae {
 
 namespace {
 
-AutoencoderMemoryOptions memory_options(const CodecSpec& spec, bool cpu) {
-  AutoencoderMemoryOptions o;
-  o.dtype_bytes = spec.dtype_bytes;
-  o.cpu = cpu;
-  o.threads = cpu ? at::get_num_threads() : 1;
-  o.channel_block = cpu_channel_block();
-  o.bf16_im2col = cpu_bf16_im2col();
-  return o;
-}
+c10::ScalarType dtype_of(const CodecSpec& spec) { return spec.dtype_bytes == 2 ? torch::kBFloat16 : torch::kFloat; }
+
+AutoencoderMemoryOptions memory_options(const CodecSpec& spec, bool cpu) { return {dtype_of(spec), cpu}; }
 
 template <class... F>
 struct Overloaded : F... {
@@ -36,7 +30,7 @@ class AutoencoderCodec : public ImageCodec {
       : ImageCodec(spec), device_(device), seed_(seed), generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
     const auto built = build_autoencoder(*spec.autoencoder, spec.weights);
     vae_ = built.vae;
-    dtype_ = spec.dtype_bytes == 2 ? torch::kBFloat16 : torch::kFloat;
+    dtype_ = dtype_of(spec);
     vae_->to(device_, dtype_);
     vae_->eval();
     for (auto& p : vae_->parameters()) p.set_requires_grad(false);
@@ -140,8 +134,9 @@ LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::
 }
 
 int64_t CodecSpec::weight_bytes() const {
-  return autoencoder ? std::visit([&](const auto& c) { return autoencoder_weight_bytes(c, dtype_bytes); }, *autoencoder)
-                     : 0;
+  return autoencoder
+             ? std::visit([&](const auto& c) { return autoencoder_weight_bytes(c, dtype_of(*this)); }, *autoencoder)
+             : 0;
 }
 
 int64_t CodecSpec::decode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {

@@ -3,6 +3,8 @@
 #include <stdexcept>
 
 #include "config_json.h"
+#include "gclab/nn/layers.h"
+#include "gclab/nn/meta_kernels.h"
 #include "tiling.h"
 
 namespace gclab::vae {
@@ -42,13 +44,14 @@ torch::Tensor frames_to_keep(const torch::Tensor& x, const FeatCache::Entry& ent
 
 // QwenImageCausalConv3d: an nn.Conv3d (its weight and bias by those names) whose time axis is padded with
 // 2 * padding_t frames in front (the cached frames first) and none behind.
+// Built with the autoencoder's TensorOptions, as every layer here (torch::kMeta: vae/memory.h's walk).
 struct CausalConv3dImpl : nn::Module {
-  CausalConv3dImpl(int64_t in, int64_t out, std::vector<int64_t> kernel, std::vector<int64_t> stride = {1, 1, 1},
-                   std::vector<int64_t> padding = {0, 0, 0})
+  CausalConv3dImpl(const torch::TensorOptions& o, int64_t in, int64_t out, std::vector<int64_t> kernel,
+                   std::vector<int64_t> stride = {1, 1, 1}, std::vector<int64_t> padding = {0, 0, 0})
       : stride(std::move(stride)), pad{padding[2], padding[2], padding[1], padding[1], 2 * padding[0], 0} {
-    nn::Conv3d init(nn::Conv3dOptions(in, out, kernel));  // PyTorch's initialisation of the same shapes
-    weight = register_parameter("weight", init->weight.detach().clone());
-    bias = register_parameter("bias", init->bias.detach().clone());
+    gclab::nn::ConvImpl init(in, out, std::move(kernel), {1}, {0}, o);  // nn.Conv3d's initialisation
+    weight = register_parameter("weight", init.weight);
+    bias = register_parameter("bias", init.bias);
   }
   torch::Tensor forward(torch::Tensor x, const torch::Tensor& cache = {}) {
     std::vector<int64_t> padding = pad;
@@ -57,7 +60,7 @@ struct CausalConv3dImpl : nn::Module {
       padding[4] -= cache.size(2);
     }
     x = F::pad(x, F::PadFuncOptions(padding));
-    return torch::conv3d(x, weight, bias, stride);
+    return gclab::nn::convolution(x, weight, bias, stride, {0});
   }
   // With the chunk cache (as the reference's layers call their convolutions): keeps this chunk's last
   // frames for the next one.
@@ -75,17 +78,17 @@ struct CausalConv3dImpl : nn::Module {
 };
 TORCH_MODULE(CausalConv3d);
 
-CausalConv3d causal_conv(int64_t in, int64_t out, std::vector<int64_t> kernel, std::vector<int64_t> stride = {1, 1, 1},
-                         std::vector<int64_t> padding = {0, 0, 0}) {
+CausalConv3d causal_conv(const torch::TensorOptions& o, int64_t in, int64_t out, std::vector<int64_t> kernel,
+                         std::vector<int64_t> stride = {1, 1, 1}, std::vector<int64_t> padding = {0, 0, 0}) {
   return CausalConv3d(
-      std::make_shared<CausalConv3dImpl>(in, out, std::move(kernel), std::move(stride), std::move(padding)));
+      std::make_shared<CausalConv3dImpl>(o, in, out, std::move(kernel), std::move(stride), std::move(padding)));
 }
 
 // QwenImageRMS_norm: x / ||x|| over the channels (in float32 for half types), * sqrt(dim) * gamma (+ 0.0,
 // the absent bias: still a new tensor).
 struct RmsNormImpl : nn::Module {
-  RmsNormImpl(int64_t dim, bool images) : scale(std::sqrt(static_cast<double>(dim))) {
-    gamma = register_parameter("gamma", images ? torch::ones({dim, 1, 1}) : torch::ones({dim, 1, 1, 1}));
+  RmsNormImpl(const torch::TensorOptions& o, int64_t dim, bool images) : scale(std::sqrt(static_cast<double>(dim))) {
+    gamma = register_parameter("gamma", images ? torch::ones({dim, 1, 1}, o) : torch::ones({dim, 1, 1, 1}, o));
   }
   // Each intermediate released as soon as the next exists, as Python releases them.
   torch::Tensor forward(const torch::Tensor& x) {
@@ -103,12 +106,12 @@ TORCH_MODULE(RmsNorm);
 
 // QwenImageResidualBlock.
 struct ResidualImpl : nn::Module {
-  ResidualImpl(int64_t in, int64_t out)
-      : norm1(register_module("norm1", RmsNorm(in, false))),
-        conv1(register_module("conv1", causal_conv(in, out, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}))),
-        norm2(register_module("norm2", RmsNorm(out, false))),
-        conv2(register_module("conv2", causal_conv(out, out, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}))) {
-    if (in != out) conv_shortcut = register_module("conv_shortcut", causal_conv(in, out, {1, 1, 1}));
+  ResidualImpl(const torch::TensorOptions& o, int64_t in, int64_t out)
+      : norm1(register_module("norm1", RmsNorm(o, in, false))),
+        conv1(register_module("conv1", causal_conv(o, in, out, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}))),
+        norm2(register_module("norm2", RmsNorm(o, out, false))),
+        conv2(register_module("conv2", causal_conv(o, out, out, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}))) {
+    if (in != out) conv_shortcut = register_module("conv_shortcut", causal_conv(o, in, out, {1, 1, 1}));
   }
   torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
     const torch::Tensor h = conv_shortcut ? conv_shortcut(x) : x;
@@ -129,10 +132,10 @@ TORCH_MODULE(Residual);
 
 // QwenImageAttentionBlock: one head as wide as the channels, per frame.
 struct AttentionImpl : nn::Module {
-  explicit AttentionImpl(int64_t dim)
-      : norm(register_module("norm", RmsNorm(dim, true))),
-        to_qkv(register_module("to_qkv", nn::Conv2d(nn::Conv2dOptions(dim, 3 * dim, 1)))),
-        proj(register_module("proj", nn::Conv2d(nn::Conv2dOptions(dim, dim, 1)))) {}
+  AttentionImpl(const torch::TensorOptions& o, int64_t dim)
+      : norm(register_module("norm", RmsNorm(o, dim, true))),
+        to_qkv(register_module("to_qkv", gclab::nn::square_conv(dim, 3 * dim, 1, 1, 0, o))),
+        proj(register_module("proj", gclab::nn::square_conv(dim, dim, 1, 1, 0, o))) {}
   torch::Tensor forward(const torch::Tensor& identity) {
     const int64_t b = identity.size(0), c = identity.size(1), t = identity.size(2), h = identity.size(3),
                   w = identity.size(4);
@@ -142,7 +145,7 @@ struct AttentionImpl : nn::Module {
     qkv = qkv.reshape({b * t, 1, c * 3, -1});
     qkv = qkv.permute({0, 1, 3, 2}).contiguous();
     const auto parts = qkv.chunk(3, -1);
-    x = at::scaled_dot_product_attention(parts[0], parts[1], parts[2]);
+    x = gclab::nn::attention(parts[0], parts[1], parts[2]);
     x = x.squeeze(1).permute({0, 2, 1}).reshape({b * t, c, h, w});
     x = proj(x);
     x = x.view({b, t, c, h, w});
@@ -150,7 +153,7 @@ struct AttentionImpl : nn::Module {
     return x + identity;
   }
   RmsNorm norm;
-  nn::Conv2d to_qkv, proj;
+  gclab::nn::Conv to_qkv, proj;
 };
 TORCH_MODULE(Attention);
 
@@ -159,17 +162,17 @@ TORCH_MODULE(Attention);
 enum class ResampleMode { up2d, up3d, down2d, down3d };
 
 struct ResampleImpl : nn::Module {
-  ResampleImpl(int64_t dim, ResampleMode mode) : mode(mode) {
+  ResampleImpl(const torch::TensorOptions& o, int64_t dim, ResampleMode mode) : mode(mode) {
     const bool up = mode == ResampleMode::up2d || mode == ResampleMode::up3d;
     resample = register_module("resample", nn::Sequential());
     resample->push_back(nn::Identity());  // index 0: the up-sampler / the zero pad (no parameters)
-    resample->push_back(up ? nn::Conv2d(nn::Conv2dOptions(dim, dim / 2, 3).padding(1))
-                           : nn::Conv2d(nn::Conv2dOptions(dim, dim, 3).stride(2)));
-    conv = resample->ptr<nn::Conv2dImpl>(1);
+    resample->push_back(up ? gclab::nn::square_conv(dim, dim / 2, 3, 1, 1, o)
+                           : gclab::nn::square_conv(dim, dim, 3, 2, 0, o));
+    conv = resample->ptr<gclab::nn::ConvImpl>(1);
     if (mode == ResampleMode::up3d)
-      time_conv = register_module("time_conv", causal_conv(dim, dim * 2, {3, 1, 1}, {1, 1, 1}, {1, 0, 0}));
+      time_conv = register_module("time_conv", causal_conv(o, dim, dim * 2, {3, 1, 1}, {1, 1, 1}, {1, 0, 0}));
     if (mode == ResampleMode::down3d)
-      time_conv = register_module("time_conv", causal_conv(dim, dim, {3, 1, 1}, {2, 1, 1}, {0, 0, 0}));
+      time_conv = register_module("time_conv", causal_conv(o, dim, dim, {3, 1, 1}, {2, 1, 1}, {0, 0, 0}));
   }
   torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
     const int64_t b = x.size(0), c = x.size(1), h = x.size(3), w = x.size(4);
@@ -215,19 +218,19 @@ struct ResampleImpl : nn::Module {
   }
   ResampleMode mode;
   nn::Sequential resample{nullptr};
-  std::shared_ptr<nn::Conv2dImpl> conv;
+  std::shared_ptr<gclab::nn::ConvImpl> conv;
   CausalConv3d time_conv{nullptr};
 };
 TORCH_MODULE(Resample);
 
 // QwenImageMidBlock: resnet, attention, resnet.
 struct MidBlockImpl : nn::Module {
-  explicit MidBlockImpl(int64_t dim)
+  MidBlockImpl(const torch::TensorOptions& o, int64_t dim)
       : attentions(register_module("attentions", nn::ModuleList())),
         resnets(register_module("resnets", nn::ModuleList())) {
-    resnets->push_back(Residual(dim, dim));
-    attentions->push_back(Attention(dim));
-    resnets->push_back(Residual(dim, dim));
+    resnets->push_back(Residual(o, dim, dim));
+    attentions->push_back(Attention(o, dim));
+    resnets->push_back(Residual(o, dim, dim));
   }
   torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
     x = resnets[0]->as<ResidualImpl>()->forward(x, cache);
@@ -247,24 +250,24 @@ torch::Tensor head(RmsNorm& norm, CausalConv3d& conv, torch::Tensor x, FeatCache
 
 // QwenImageEncoder3d: down_blocks is one flat list of residual blocks and resamplers.
 struct EncoderImpl : nn::Module {
-  explicit EncoderImpl(const QwenImageVaeConfig& c) {
+  EncoderImpl(const QwenImageVaeConfig& c, const torch::TensorOptions& o) {
     std::vector<int64_t> dims = {c.base_dim};
     for (int64_t m : c.dim_mult) dims.push_back(c.base_dim * m);
-    conv_in = register_module("conv_in", causal_conv(c.input_channels, dims[0], {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
+    conv_in = register_module("conv_in", causal_conv(o, c.input_channels, dims[0], {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
     down_blocks = register_module("down_blocks", nn::ModuleList());
     for (size_t i = 0; i + 1 < dims.size(); ++i) {
       int64_t in = dims[i];
       for (int64_t r = 0; r < c.num_res_blocks; ++r) {
-        down_blocks->push_back(Residual(in, dims[i + 1]));
+        down_blocks->push_back(Residual(o, in, dims[i + 1]));
         in = dims[i + 1];
       }
       if (i + 1 != c.dim_mult.size())
         down_blocks->push_back(
-            Resample(dims[i + 1], c.temperal_downsample.at(i) ? ResampleMode::down3d : ResampleMode::down2d));
+            Resample(o, dims[i + 1], c.temperal_downsample.at(i) ? ResampleMode::down3d : ResampleMode::down2d));
     }
-    mid_block = register_module("mid_block", MidBlock(dims.back()));
-    norm_out = register_module("norm_out", RmsNorm(dims.back(), false));
-    conv_out = register_module("conv_out", causal_conv(dims.back(), 2 * c.z_dim, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
+    mid_block = register_module("mid_block", MidBlock(o, dims.back()));
+    norm_out = register_module("norm_out", RmsNorm(o, dims.back(), false));
+    conv_out = register_module("conv_out", causal_conv(o, dims.back(), 2 * c.z_dim, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
   }
   torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
     x = conv_in->forward_cached(x, cache);
@@ -285,12 +288,13 @@ struct EncoderImpl : nn::Module {
 
 // QwenImageUpBlock: num_res_blocks + 1 residual blocks, then the up-sampler.
 struct UpBlockImpl : nn::Module {
-  UpBlockImpl(int64_t in, int64_t out, int64_t res_blocks, std::optional<ResampleMode> mode)
+  UpBlockImpl(const torch::TensorOptions& o, int64_t in, int64_t out, int64_t res_blocks,
+              std::optional<ResampleMode> mode)
       : resnets(register_module("resnets", nn::ModuleList())) {
-    for (int64_t r = 0; r <= res_blocks; ++r) resnets->push_back(Residual(r == 0 ? in : out, out));
+    for (int64_t r = 0; r <= res_blocks; ++r) resnets->push_back(Residual(o, r == 0 ? in : out, out));
     if (mode) {
       upsamplers = register_module("upsamplers", nn::ModuleList());
-      upsamplers->push_back(Resample(out, *mode));
+      upsamplers->push_back(Resample(o, out, *mode));
     }
   }
   torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
@@ -303,21 +307,22 @@ TORCH_MODULE(UpBlock);
 
 // QwenImageDecoder3d.
 struct DecoderImpl : nn::Module {
-  explicit DecoderImpl(const QwenImageVaeConfig& c) {
+  DecoderImpl(const QwenImageVaeConfig& c, const torch::TensorOptions& o) {
     std::vector<int64_t> dims = {c.base_dim * c.dim_mult.back()};
     for (auto it = c.dim_mult.rbegin(); it != c.dim_mult.rend(); ++it) dims.push_back(c.base_dim * *it);
     const std::vector<bool> temperal_upsample(c.temperal_downsample.rbegin(), c.temperal_downsample.rend());
-    conv_in = register_module("conv_in", causal_conv(c.z_dim, dims[0], {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
-    mid_block = register_module("mid_block", MidBlock(dims[0]));
+    conv_in = register_module("conv_in", causal_conv(o, c.z_dim, dims[0], {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
+    mid_block = register_module("mid_block", MidBlock(o, dims[0]));
     up_blocks = register_module("up_blocks", nn::ModuleList());
     for (size_t i = 0; i + 1 < dims.size(); ++i) {
       const int64_t in = i > 0 ? dims[i] / 2 : dims[i];  // the up-sampler before halved the channels
       std::optional<ResampleMode> mode;
       if (i + 1 != c.dim_mult.size()) mode = temperal_upsample.at(i) ? ResampleMode::up3d : ResampleMode::up2d;
-      up_blocks->push_back(UpBlock(in, dims[i + 1], c.num_res_blocks, mode));
+      up_blocks->push_back(UpBlock(o, in, dims[i + 1], c.num_res_blocks, mode));
     }
-    norm_out = register_module("norm_out", RmsNorm(dims.back(), false));
-    conv_out = register_module("conv_out", causal_conv(dims.back(), c.input_channels, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
+    norm_out = register_module("norm_out", RmsNorm(o, dims.back(), false));
+    conv_out =
+        register_module("conv_out", causal_conv(o, dims.back(), c.input_channels, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
   }
   torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
     x = conv_in->forward_cached(x, cache);
@@ -371,12 +376,13 @@ QwenImageVaeConfig QwenImageVaeConfig::from_json_file(const std::filesystem::pat
   });
 }
 
-QwenImageVaeImpl::QwenImageVaeImpl(QwenImageVaeConfig config) : config_(std::move(config)) {
-  encoder_ = register_module("encoder", std::make_shared<qwen::EncoderImpl>(config_));
-  quant_conv_ = register_module("quant_conv", qwen::causal_conv(2 * config_.z_dim, 2 * config_.z_dim, {1, 1, 1}).ptr());
-  post_quant_conv_ =
-      register_module("post_quant_conv", qwen::causal_conv(config_.z_dim, config_.z_dim, {1, 1, 1}).ptr());
-  decoder_ = register_module("decoder", std::make_shared<qwen::DecoderImpl>(config_));
+QwenImageVaeImpl::QwenImageVaeImpl(QwenImageVaeConfig config, const torch::TensorOptions& options)
+    : config_(std::move(config)) {
+  const int64_t z = config_.z_dim;
+  encoder_ = register_module("encoder", std::make_shared<qwen::EncoderImpl>(config_, options));
+  quant_conv_ = register_module("quant_conv", qwen::causal_conv(options, 2 * z, 2 * z, {1, 1, 1}).ptr());
+  post_quant_conv_ = register_module("post_quant_conv", qwen::causal_conv(options, z, z, {1, 1, 1}).ptr());
+  decoder_ = register_module("decoder", std::make_shared<qwen::DecoderImpl>(config_, options));
 }
 
 torch::Tensor QwenImageVaeImpl::moments(const torch::Tensor& video) {

@@ -1,10 +1,11 @@
-// The live set of a memory walk: a network run statement by statement on shapes alone (the autoencoders'
-// vae/memory.h), counting the bytes allocated now and the highest count
-// seen — what the tracking allocator measures when the network runs.
+// The live set of a memory walk written as bookkeeping (the loading plan, the quantization's temporaries),
+// counting the bytes allocated now and the highest count seen — what the tracking allocator measures when
+// the code runs — and the CPU kernels' own temporaries the meta kernels (nn/meta_kernels.h) allocate.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace gclab::memory {
 
@@ -33,17 +34,34 @@ class LiveSet {
 int64_t cpu_flash_attention_temporaries(int64_t batch_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
                                         int threads, int64_t dtype_bytes);
 
-// What a CPU convolution allocates beside its output for a moment (measured with the tracking allocator),
-// for `batch` inputs of `in_c` channels over `in_spatial` positions (a 3-D input already padded) to `out_c`
-// channels over `out_spatial`, a kernel of `volume` elements, in a dtype of `dtype_bytes`: oneDNN's blocked
-// layout (`channel_block`: cpu_channel_block) — a 1x1 kernel needs none; an input of fewer channels than a
-// block is read as it is and the output computed in the blocked layout (padded) and reordered; a wider input
-// is copied into the blocked layout (padded) beside a copy of the weight, and the output is computed in
-// place when its channels fill whole blocks, else in a padded buffer (the weight's copy padded too) that is
-// then reordered. With `im2col` (a bf16 convolution on a CPU without oneDNN's bf16: slow_conv2d) the whole
-// batch's im2col columns instead.
-int64_t cpu_conv_temporaries(int64_t batch, int64_t in_c, int64_t out_c, int64_t in_spatial, int64_t out_spatial,
-                             int64_t volume, int64_t dtype_bytes, int64_t channel_block, bool im2col);
+// A convolution as the CPU runs it: `batch` inputs of `in_c` channels over `in_sizes` (the input as the
+// kernel gets it: a causal 3-D convolution's input already padded) to `out_c` channels over `out_sizes`,
+// a kernel of `kernel` (2 or 3 axes), in a dtype of `dtype_bytes`, strided or not.
+struct CpuConvolution {
+  int64_t batch = 1, in_c = 0, out_c = 0;
+  std::vector<int64_t> in_sizes, out_sizes, kernel;
+  bool strided = false;
+  int64_t dtype_bytes = 4;
+};
+
+// What that convolution allocates for a moment beside its output (allocated first) (measured with the tracking
+// allocator), on the kernel PyTorch picks (aten/src/ATen/native/Convolution.cpp, ConvParams::use_mkldnn): oneDNN for
+// bf16 where the CPU runs bf16 through it (cpu_onednn_bf16), and for float32 when (strided, a batch of 16 or
+// more, a kernel wider than 1x1, or more than one thread) and (a kernel above 3x3, a batch above one, or
+// N x C x the first two spatial sizes above 20480); otherwise slow_conv2d / slow_conv3d.
+//   - oneDNN works in a blocked layout of cpu_channel_block() channels: an input of fewer channels than a
+//     block is read as it is and the output computed blocked (padded) and reordered; a wider input is
+//     copied into the blocked layout (padded) beside a copy of the weight, and the output is computed in
+//     place when its channels fill whole blocks, else in a padded buffer (the weight's copy padded, in its
+//     input channels too) that is then reordered (3x3: measured for 3 to 512 channels, 32² to 256²). A 1x1
+//     kernel copies even a narrow input and its weight, and in bf16 accumulates in float32: a padded output
+//     for each thread with at least 512 positions; a float32 one that widens the channels holds a second
+//     output instead (1x1: measured on AVX-512 for 3 to 256 channels, 16² to 64², batch 1 and 2, one and
+//     two threads);
+//   - slow_conv2d and slow_conv3d hold the whole batch's im2col columns, batch x in_c x kernel volume x
+//     output positions (measured exact on Qwen-Image's autoencoder and the AutoencoderKL in bf16); a 1x1
+//     kernel needs none.
+int64_t cpu_convolution_temporaries(const CpuConvolution& conv, int threads);
 
 // oneDNN's channel block on this CPU: 16 with AVX-512, else 8.
 int cpu_channel_block();
@@ -56,7 +74,7 @@ bool cpu_has(const char* flag);
 // output — measured at one thread for a Linear: 128 bytes per contraction element, 256 per output row (of
 // at most 256 rows) and 1 KiB, more for a transposed operand, about twice at two threads — which the walks
 // do not hold (listed in the estimate's not_modelled). Where it does not, a bf16 convolution runs
-// slow_conv2d with its im2col columns (vae/memory.h).
+// slow_conv2d with its im2col columns (cpu_convolution_temporaries).
 bool cpu_onednn_bf16();
 
 }  // namespace gclab::memory

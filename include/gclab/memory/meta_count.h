@@ -6,8 +6,8 @@
 // op by op, on shapes alone.
 //
 // Ops without a meta kernel in LibTorch's C++ (no Python meta registrations here) are given one where the
-// networks use them: the fused attention (model/blocks.cpp) and the patch convolutions
-// (model/transformer_parts.h), each allocating what its device kernel allocates.
+// networks use them (nn/meta_kernels.h: the fused attention, LayerNorm, GroupNorm, the convolution, ...),
+// each allocating what its device kernel allocates.
 #pragma once
 
 #include <c10/core/DeviceType.h>

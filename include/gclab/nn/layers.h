@@ -187,6 +187,33 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// nn.Conv2d / nn.Conv3d (one group, no dilation): `weight` [out, in, kernel...] and `bias` [out], drawn as
+// PyTorch initialises them, placed by `options` (torch::kMeta: a walk on shapes alone); forward through
+// convolution (nn/meta_kernels.h). The axes are the kernel's; a single stride or padding applies to each.
+class ConvImpl : public torch::nn::Module {
+ public:
+  ConvImpl(int64_t in, int64_t out, std::vector<int64_t> kernel, std::vector<int64_t> stride = {1},
+           std::vector<int64_t> padding = {0}, const torch::TensorOptions& options = {});
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+  std::vector<int64_t> stride, padding;
+};
+TORCH_MODULE(Conv);
+// A 2-D Conv with a square kernel, stride and padding.
+Conv square_conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding,
+                 const torch::TensorOptions& options);
+
+// nn.GroupNorm with its affine `weight` (ones) and `bias` (zeros), placed by `options`.
+class GroupNormImpl : public torch::nn::Module {
+ public:
+  GroupNormImpl(int64_t groups, int64_t channels, double eps, const torch::TensorOptions& options = {});
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+  int64_t groups;
+  double eps;
+};
+TORCH_MODULE(GroupNorm);
+
 // LayerNorm over the last dimension without affine parameters (the adaLN blocks' norm).
 torch::Tensor layer_norm(const torch::Tensor& x, double eps = 1e-6);
 

@@ -29,6 +29,19 @@ torch::Tensor index_rows(const torch::Tensor& table, const torch::Tensor& index)
 // torch::embedding(table, ids) on any device: [ids..., D] (on meta, `ids` may be the CPU's).
 torch::Tensor embedding(const torch::Tensor& table, const torch::Tensor& ids);
 
+// A convolution (2-D or 3-D, by the weight's axes; one group, no dilation) on any device: on meta its output,
+// contiguous, with the temporaries the kernel the walk's device picks holds beside it for a moment — on the
+// CPU memory::cpu_convolution_temporaries (oneDNN's blocked copies, or the slow kernels' im2col columns), on
+// CUDA none (cuDNN's workspace is not modelled). For inference: on meta it records no backward.
+torch::Tensor convolution(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                          at::IntArrayRef stride, at::IntArrayRef padding);
+
+// at::group_norm(x, groups, weight, bias, eps) on any device: on meta its output like x, and the per-group
+// mean and 1/std ([N, groups]; the input's dtype on the CPU, float32 on CUDA) for a moment beside it.
+// For inference, as convolution.
+torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight, const torch::Tensor& bias,
+                         double eps);
+
 // torch::where(condition, a, b) on any device.
 torch::Tensor where(const torch::Tensor& condition, const torch::Tensor& a, const torch::Tensor& b);
 

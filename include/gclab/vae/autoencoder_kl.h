@@ -9,7 +9,6 @@
 #pragma once
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/conv.h>
 #include <torch/nn/pimpl.h>
 
 #include <filesystem>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "gclab/config/choices.h"
+#include "gclab/nn/layers.h"
 #include "gclab/vae/autoencoder.h"
 
 namespace gclab::vae {
@@ -45,7 +45,8 @@ struct AutoencoderKLConfig {
 
 class AutoencoderKLImpl : public AutoencoderBase {
  public:
-  explicit AutoencoderKLImpl(AutoencoderKLConfig config);
+  // `options` places the weights (torch::kMeta: the memory model's walk, vae/memory.h).
+  explicit AutoencoderKLImpl(AutoencoderKLConfig config, const torch::TensorOptions& options = {});
 
   // [B, 3, H, W] in [-1, 1] -> scaled latents [B, C, H/f, W/f]. `generator` draws the sample (default: the
   // global one).
@@ -74,7 +75,7 @@ class AutoencoderKLImpl : public AutoencoderBase {
  private:
   AutoencoderKLConfig config_;
   std::shared_ptr<torch::nn::Module> encoder_, decoder_;  // diffusers' Encoder and Decoder (the .cpp)
-  torch::nn::Conv2d quant_conv_{nullptr}, post_quant_conv_{nullptr};
+  gclab::nn::Conv quant_conv_{nullptr}, post_quant_conv_{nullptr};
   int64_t tile_sample_size_ = 0;  // 0: tiling off
 };
 TORCH_MODULE(AutoencoderKL);

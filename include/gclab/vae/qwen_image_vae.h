@@ -51,7 +51,8 @@ struct QwenImageVaeConfig {
 
 class QwenImageVaeImpl : public AutoencoderBase {
  public:
-  explicit QwenImageVaeImpl(QwenImageVaeConfig config);
+  // `options` places the weights (torch::kMeta: the memory model's walk, vae/memory.h).
+  explicit QwenImageVaeImpl(QwenImageVaeConfig config, const torch::TensorOptions& options = {});
 
   // Videos [B, 3, T, H, W] (or images [B, 3, H, W], one frame) in [-1, 1] -> normalised latents
   // [B, z, 1 + (T-1)/4, H/8, W/8] ([B, z, H/8, W/8] for images).
