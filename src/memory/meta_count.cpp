@@ -43,11 +43,16 @@ void install() {
 
 MetaCount::MetaCount(c10::DeviceType target) : previous_(target_kind.exchange(target)) {
   install();
+  outer_peak_ = meta_peak.load();
   base_ = meta_live.load();
   meta_peak = base_;
 }
 
-MetaCount::~MetaCount() { target_kind = previous_; }
+// An enclosing count's peak is the higher of what it had seen and what this one saw.
+MetaCount::~MetaCount() {
+  target_kind = previous_;
+  raise_peak(outer_peak_);
+}
 
 c10::DeviceType meta_target() { return target_kind.load(); }
 

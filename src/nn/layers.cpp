@@ -557,7 +557,7 @@ void LinearImpl::set_weight_storage(WeightStorage storage) {
 
 int64_t LinearImpl::storage_peak_bytes(WeightStorage storage) const {
   if (storage == storage_ && is_quantized(storage)) return 0;
-  const int64_t d = static_cast<int64_t>(weight.element_size());
+  const auto d = weight.scalar_type();
   if (const int bits = uintx_bits(storage))
     return quant::uintx_quantizes(bits, in_) ? quant::quantize_uintx_peak_bytes(out_, in_, bits, d) : 0;
   if (const auto type = scaled_type(storage)) return quant::quantize_scaled_peak_bytes(out_, in_, *type, d);

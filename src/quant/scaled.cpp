@@ -1,14 +1,20 @@
 #include "gclab/quant/scaled.h"
 
-#include "gclab/memory/live_set.h"
+#include "gclab/memory/meta_count.h"
 
 #include <limits>
 
 namespace gclab::quant {
 
 namespace {
+
 constexpr double kE4m3Max = 448.0;  // torch.finfo(torch.float8_e4m3fn).max
-}
+
+// |w|: LibTorch's C++ has no meta kernel for abs, whose output is w's shape (quantize_scaled_peak_bytes
+// walks this function on meta).
+torch::Tensor magnitude(const torch::Tensor& w) { return w.is_meta() ? torch::empty_like(w) : w.abs(); }
+
+}  // namespace
 
 int64_t ScaledWeight::bytes() const {
   int64_t b = static_cast<int64_t>(data.nbytes() + scale.nbytes());
@@ -24,12 +30,12 @@ ScaledWeight quantize_scaled(const torch::Tensor& w, ScaledType type) {
   q.dtype = w.scalar_type();
   switch (type) {
     case ScaledType::qfloat8: {
-      q.scale = w.abs().amax({1}, /*keepdim=*/true) / kE4m3Max;
+      q.scale = magnitude(w).amax({1}, /*keepdim=*/true) / kE4m3Max;
       q.data = torch::clamp(w / q.scale, -kE4m3Max, kE4m3Max).to(torch::kFloat8_e4m3fn);
       break;
     }
     case ScaledType::float8: {
-      q.scale = (w.abs().amax({1}, /*keepdim=*/true) / kE4m3Max).to(torch::kFloat);
+      q.scale = (magnitude(w).amax({1}, /*keepdim=*/true) / kE4m3Max).to(torch::kFloat);
       q.data = torch::clamp(w.to(torch::kFloat) / q.scale, -kE4m3Max, kE4m3Max).to(torch::kFloat8_e4m3fn);
       break;
     }
@@ -77,40 +83,11 @@ torch::Tensor scaled_matmul(const torch::Tensor& x, const ScaledWeight& q) {
   return (m * q.scale.view({1, -1}).to(m.scalar_type())).reshape(shape);
 }
 
-int64_t quantize_scaled_peak_bytes(int64_t out, int64_t in, ScaledType type, int64_t dtype_bytes) {
-  // quantize_scaled's statements on shapes, n elements of d bytes, o rows; each expression's temporaries
-  // are alive until its end. The input is not counted; the result (data, scale, zero point) is.
-  const int64_t n = out * in, d = dtype_bytes, o = out;
-  memory::LiveSet m;
-  switch (type) {
-    case ScaledType::qfloat8:
-      // scale = |w| -> amax -> / 448
-      m.alloc(n * d), m.alloc(o * d), m.alloc(o * d), m.free(n * d + o * d);
-      // data = clamp(w / scale) -> float8
-      m.alloc(n * d), m.alloc(n * d), m.alloc(n), m.free(2 * n * d);
-      break;
-    case ScaledType::float8:
-      // scale = (|w| -> amax -> / 448) -> float32 (the same tensor when w is float32)
-      m.alloc(n * d), m.alloc(o * d), m.alloc(o * d);
-      if (d != 4) m.alloc(o * 4), m.free(o * d);
-      m.free(n * d + o * d);
-      // data = clamp(float32(w) / scale) -> float8
-      if (d != 4) m.alloc(n * 4);
-      m.alloc(n * 4), m.alloc(n * 4), m.alloc(n), m.free(2 * n * 4 + (d != 4 ? n * 4 : 0));
-      break;
-    case ScaledType::int8:
-      // lo = min(amin(w), zeros(1)); hi = max(amax(w), zeros(1))
-      for (int i = 0; i < 2; ++i) m.alloc(o * d), m.alloc(d), m.alloc(o * d), m.free(o * d + d);
-      m.alloc(o * d), m.alloc(o * d), m.free(o * d);  // top = max(-lo, hi)
-      m.alloc(o * d), m.alloc(o * d), m.free(o * d);  // scale = clamp(top / 127.5, eps)
-      m.alloc(o * 8);                                 // zero_point, int64
-      // data = clamp(round(w * (1 / scale)) + zero_point) -> int8; ATen's 1 / scale is reciprocal(scale) * 1,
-      // the reciprocal gone when it returns
-      m.spike(2 * o * d), m.alloc(o * d + 4 * n * d + n), m.free(o * d + 4 * n * d);
-      m.free(3 * o * d);  // lo, hi, top: the function's locals
-      break;
-  }
-  return m.peak();
+int64_t quantize_scaled_peak_bytes(int64_t out, int64_t in, ScaledType type, c10::ScalarType dtype) {
+  const torch::Tensor w = torch::empty({out, in}, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
+  memory::MetaCount count(memory::meta_target());
+  const ScaledWeight q = quantize_scaled(w, type);
+  return count.peak();
 }
 
 }  // namespace gclab::quant

@@ -1,6 +1,6 @@
 #include "gclab/quant/uintx.h"
 
-#include "gclab/memory/live_set.h"
+#include "gclab/memory/meta_count.h"
 
 #include <limits>
 #include <vector>
@@ -127,36 +127,13 @@ int64_t UIntXWeight::bytes() const {
   return static_cast<int64_t>(packed.nbytes() + scale.nbytes() + zero_point.nbytes());
 }
 
-int64_t quantize_uintx_peak_bytes(int64_t out_features, int64_t in_features, int bits, int64_t dtype_bytes,
+int64_t quantize_uintx_peak_bytes(int64_t out_features, int64_t in_features, int bits, c10::ScalarType dtype,
                                   int64_t group_size) {
-  // quantize_uintx's statements on shapes: n codes, g = out x groups per-group values, d bytes each.
-  const int64_t n = out_features * in_features, g = out_features * (in_features / group_size), d = dtype_bytes;
-  memory::LiveSet m;
-  for (int i = 0; i < 2; ++i) m.alloc(g * d), m.alloc(d), m.alloc(g * d), m.free(g * d + d);  // min_neg, max_pos
-  m.alloc(g * d), m.alloc(g * d), m.free(g * d);      // scale = (max_pos - min_neg) / qmax
-  m.alloc(g * d), m.free(g * d);                      // scale = clamp_min(scale, eps)
-  m.alloc(3 * g * d), m.free(2 * g * d);              // zero_point = rsub(round(min_neg / scale), 0)
-  m.alloc(g * d), m.alloc(g * 4), m.free(2 * g * d);  // zero_point = clamp(zero_point).to(int)
-  m.alloc(g * d), m.alloc(g * d), m.free(g * d);      // inverse = reciprocal(scale) * 1
-  m.alloc(4 * n * d), m.alloc(n), m.free(4 * n * d);  // codes = clamp(round(w * inverse) + zp) -> uint8
-  // pack_uintx(codes): each shard's values (the codes themselves for a one-shard width, else a shift and a
-  // mask), padded to whole bytes, its first chunk copied and each further chunk shifted into it; then the
-  // shards concatenated.
-  const auto shards = shards_of(bits);
-  int64_t packed = 0;
-  for (int k : shards) {
-    const int64_t per_byte = 8 / k, bytes = shard_bytes(n, k), pad = bytes * per_byte - n;
-    if (k != bits) m.alloc(2 * n);
-    if (pad) m.alloc(pad), m.alloc(n + pad), m.free(pad);
-    m.alloc(bytes);
-    if (per_byte > 1) m.spike(bytes);
-    if (pad) m.free(n + pad);
-    if (k != bits) m.free(2 * n);
-    packed += bytes;
-  }
-  if (shards.size() > 1) m.alloc(packed), m.free(packed);
-  m.alloc(g);  // zero_point -> uint8
-  return m.peak();
+  const torch::Tensor w =
+      torch::empty({out_features, in_features}, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
+  memory::MetaCount count(memory::meta_target());
+  const UIntXWeight q = quantize_uintx(w, bits, group_size);
+  return count.peak();
 }
 
 }  // namespace gclab::quant

@@ -1,5 +1,6 @@
 // What quantizing one weight holds at its highest (quant::quantize_scaled_peak_bytes,
-// quantize_uintx_peak_bytes: the statements walked on shapes) against the tracking allocator, for every
+// quantize_uintx_peak_bytes: the functions themselves walked on the meta device) against the tracking
+// allocator, for every
 // storage, bf16 and float32, shapes with and without padding in the packed shards. A model's load adds this
 // on top of its weights, one Linear at a time.
 #include <gtest/gtest.h>
@@ -31,7 +32,7 @@ TEST(QuantizeMemory, ScaledPeakIsWhatTheAllocatorMeasures) {
       for (ScaledType t : {ScaledType::qfloat8, ScaledType::float8, ScaledType::int8}) {
         const torch::Tensor w = torch::randn({out, in}).to(dtype);
         const int64_t measured = measured_peak(tracker, [&] { return quantize_scaled(w, t); });
-        const int64_t predicted = quantize_scaled_peak_bytes(out, in, t, w.element_size());
+        const int64_t predicted = quantize_scaled_peak_bytes(out, in, t, dtype);
         EXPECT_LE(predicted, measured) << static_cast<int>(t) << " " << dtype << " " << out << "x" << in;
         EXPECT_LE(measured, predicted + kScalarSlack) << static_cast<int>(t) << " " << dtype << " " << out << "x" << in;
       }
@@ -44,7 +45,7 @@ TEST(QuantizeMemory, UIntXPeakIsWhatTheAllocatorMeasures) {
       for (int bits = 2; bits <= 7; ++bits) {
         const torch::Tensor w = torch::randn({out, in}).to(dtype);
         const int64_t measured = measured_peak(tracker, [&] { return quantize_uintx(w, bits); });
-        const int64_t predicted = quantize_uintx_peak_bytes(out, in, bits, w.element_size());
+        const int64_t predicted = quantize_uintx_peak_bytes(out, in, bits, dtype);
         EXPECT_LE(predicted, measured) << "uint" << bits << " " << dtype << " " << out << "x" << in;
         EXPECT_LE(measured, predicted + kScalarSlack) << "uint" << bits << " " << dtype << " " << out << "x" << in;
       }

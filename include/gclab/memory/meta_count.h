@@ -17,7 +17,9 @@
 namespace gclab::memory {
 
 // `target`: the device kind whose kernels the walk stands for (the meta kernels allocate what that
-// device's would: nn/meta_kernels.h, the checkpoint's offload); one MetaCount at a time.
+// device's would: nn/meta_kernels.h, the checkpoint's offload). Counts nest (a walk inside a walk: the
+// quantization's peak priced while a meta model loads): the inner one counts from where it starts, and the
+// outer one's peak still sees everything. One thread at a time.
 class MetaCount {
  public:
   // Counts from now: live() and peak() are relative to the bytes live on meta at this point.
@@ -30,7 +32,7 @@ class MetaCount {
   void reset_peak();
 
  private:
-  int64_t base_ = 0;
+  int64_t base_ = 0, outer_peak_ = 0;
   c10::DeviceType previous_;
 };
 

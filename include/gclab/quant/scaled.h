@@ -43,9 +43,9 @@ torch::Tensor dequantize_scaled(const ScaledWeight& q);
 // y = x W^T as the library's linear computes it for a weight-only quantized weight (no bias).
 torch::Tensor scaled_matmul(const torch::Tensor& x, const ScaledWeight& q);
 
-// The most quantize_scaled holds at once beyond its input, for a [out, in] weight of dtype_bytes: its
-// statements walked on the shapes alone (each expression's temporaries alive to its end), the result
-// included. What quantizing a model's Linears one at a time adds on top of the weights (a load's peak).
-int64_t quantize_scaled_peak_bytes(int64_t out, int64_t in, ScaledType type, int64_t dtype_bytes);
+// The most quantize_scaled holds at once beyond its input, for a [out, in] weight of `dtype`: the function
+// itself run on a meta weight under a memory::MetaCount, the result included. What quantizing a model's
+// Linears one at a time adds on top of the weights (a load's peak).
+int64_t quantize_scaled_peak_bytes(int64_t out, int64_t in, ScaledType type, c10::ScalarType dtype);
 
 }  // namespace gclab::quant

@@ -44,9 +44,9 @@ int64_t uintx_packed_bytes(int64_t numel, int bits);
 // The bytes an [out, in] weight takes as uint`bits` with a `dtype_bytes`-byte scale per group.
 int64_t uintx_bytes(int64_t out_features, int64_t in_features, int bits, int64_t dtype_bytes,
                     int64_t group_size = kUIntXGroupSize);
-// The most quantize_uintx holds at once beyond its input (its statements walked on the shapes, each
-// expression's temporaries alive to its end; the packing's shards included), the result included.
-int64_t quantize_uintx_peak_bytes(int64_t out_features, int64_t in_features, int bits, int64_t dtype_bytes,
+// The most quantize_uintx holds at once beyond its input (the function itself run on a meta weight under a
+// memory::MetaCount: the packing's shards included), the result included.
+int64_t quantize_uintx_peak_bytes(int64_t out_features, int64_t in_features, int bits, c10::ScalarType dtype,
                                   int64_t group_size = kUIntXGroupSize);
 
 }  // namespace gclab::quant
