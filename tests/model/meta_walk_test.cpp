@@ -121,5 +121,27 @@ TEST(MetaCount, TargetsNest) {
   EXPECT_EQ(memory::meta_target(), c10::kCPU);
 }
 
+// A count inside a count (the quantization's peak priced while a meta model loads) counts from where it
+// starts, and the outer count's peak still sees what happened inside, and before.
+TEST(MetaCount, CountsNest) {
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  memory::MetaCount outer(c10::kCPU);
+  torch::Tensor held = torch::empty({1024}, meta);  // 4 KiB, kept
+  memory::meta_spike(16384);                        // the outer peak: 20 KiB
+  {
+    memory::MetaCount inner(c10::kCPU);
+    EXPECT_EQ(inner.live(), 0);
+    memory::meta_spike(8192);
+    EXPECT_EQ(inner.peak(), 8192);
+  }
+  EXPECT_EQ(outer.peak(), 20480);  // the inner count did not lower it
+  {
+    memory::MetaCount inner(c10::kCPU);
+    memory::meta_spike(32768);
+  }
+  EXPECT_EQ(outer.peak(), 4096 + 32768);  // nor hide what it saw
+  EXPECT_EQ(outer.live(), 4096);
+}
+
 }  // namespace
 }  // namespace gclab::model
