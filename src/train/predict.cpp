@@ -375,7 +375,8 @@ void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
     e.not_modelled.push_back(
         "the step's forward and backward are walked with the CUDA kernels' outputs (fused attention: its output "
         "and log-sum-exp; LayerNorm's float32 statistics) but not their workspaces (cuBLAS, the attention "
-        "backward's accumulators), and are not yet checked against a GPU's allocator");
+        "backward's accumulators), and are not yet checked against a GPU's allocator; the autoencoder's encode "
+        "and decode likewise hold no cuDNN workspace");
   if (e.device == "cpu" && config.train.dtype == config::DType::bf16 && memory::cpu_onednn_bf16())
     e.not_modelled.push_back(
         "oneDNN's scratch beside each bf16 matmul on this CPU (AVX-512 BW/VL/DQ: memory/live_set.h), held for a "
