@@ -121,6 +121,44 @@ TEST(AutoencoderMemory, PredictedBf16DecodeAndEncodePeaksMatchTheAllocator) {
   }
 }
 
+// On two threads, where the CPU's kernels change: oneDNN takes the 1x1 convolutions (one thread leaves them
+// to the slow kernel) and the attention keeps a block per thread. The small AutoencoderKL (64 -> 32 and
+// 32 -> 64 shortcuts) and the tiny Qwen-Image one (its attention's 1x1 qkv widens 32 channels to 96) at 128²,
+// float32 and, where the CPU runs bf16 through oneDNN, bf16. Checked on AVX-512 CPUs, where the two-thread
+// 1x1 rules were measured.
+TEST(AutoencoderMemory, PredictedPeaksOnTwoThreadsMatchTheAllocator) {
+  if (memory::cpu_channel_block() != 16) GTEST_SKIP() << "the two-thread 1x1 rules were measured on AVX-512";
+  at::set_num_threads(2);
+  memory::CpuMemoryTracker tracker;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::ScalarType> dtypes = {torch::kFloat};
+  if (memory::cpu_onednn_bf16()) dtypes.push_back(torch::kBFloat16);
+  for (auto dtype : dtypes) {
+    torch::manual_seed(0);
+    AutoencoderKL vae(small());
+    vae->eval();
+    vae->to(dtype);
+    AutoencoderMemoryOptions o = options();
+    o.dtype = dtype;
+    const std::string how = std::string(" at 128² on 2 threads in ") + (dtype == torch::kFloat ? "float32" : "bf16");
+    const std::string what = "64-channel VAE" + how;
+    const torch::Tensor z = torch::randn({1, 16, 16, 16}).to(dtype);
+    expect_close(predicted_decode_bytes(small(), 1, 128, 128, o), measured_peak(tracker, [&] { vae->decode(z); }),
+                 what + " decode");
+    const torch::Tensor x = (torch::rand({1, 3, 128, 128}) * 2 - 1).to(dtype);
+    expect_close(predicted_encode_bytes(small(), 1, 128, 128, o), measured_peak(tracker, [&] { vae->encode(x); }),
+                 what + " encode");
+    QwenImageVae qwen(QwenImageVaeConfig::tiny());  // its attention's 1x1 qkv widens the channels
+    qwen->eval();
+    qwen->to(dtype);
+    expect_close(predicted_decode_bytes(QwenImageVaeConfig::tiny(), 1, 128, 128, o),
+                 measured_peak(tracker, [&] { qwen->decode(z); }), "tiny Qwen-Image VAE" + how + " decode");
+    expect_close(predicted_encode_bytes(QwenImageVaeConfig::tiny(), 1, 128, 128, o),
+                 measured_peak(tracker, [&] { qwen->encode(x); }), "tiny Qwen-Image VAE" + how + " encode");
+  }
+  at::set_num_threads(1);
+}
+
 TEST(AutoencoderMemory, PredictedTiledDecodePeakMatchesTheAllocator) {
   at::set_num_threads(1);
   memory::CpuMemoryTracker tracker;
