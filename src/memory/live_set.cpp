@@ -76,4 +76,9 @@ bool cpu_onednn_bf16() {
   return onednn;
 }
 
+int64_t cpu_onednn_matmul_scratch(int64_t rows, int64_t contraction, int threads) {
+  const int64_t blocks = (rows + 255) / 256, block_rows = blocks > 0 ? (rows + blocks - 1) / blocks : 0;
+  return threads * (128 * std::min<int64_t>(contraction, 512) + 256 * block_rows + 640) + 384;
+}
+
 }  // namespace gclab::memory

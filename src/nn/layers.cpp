@@ -426,16 +426,17 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     y = bias.defined() ? quant::scaled_matmul(x, scaled()) + for_input(bias, x) : quant::scaled_matmul(x, scaled());
   else
     // The frozen weight dequantized without a graph (AI Toolkit's uintN; torchao's float8 fallback).
-    y = F::linear(x, is_quantized(storage_) ? for_input(effective_weight(dequant_dtype_), x) : for_input(weight, x),
-                  for_input(bias, x));
+    y = gclab::nn::linear(
+        x, is_quantized(storage_) ? for_input(effective_weight(dequant_dtype_), x) : for_input(weight, x),
+        for_input(bias, x));
   if (recovery_A_.defined() && !offloaded_) {
     // AI Toolkit's LoRAModule.forward for the adapter: org_forward(x) + up(down(x)) * multiplier * scale.
-    const torch::Tensor h = F::linear(x, for_input(recovery_A_, x));
-    y = y + F::linear(h, for_input(recovery_B_, h)) * recovery_scale_;
+    const torch::Tensor h = gclab::nn::linear(x, for_input(recovery_A_, x));
+    y = y + gclab::nn::linear(h, for_input(recovery_B_, h)) * recovery_scale_;
   }
   if (assistant_A_.defined() && assistant_multiplier_ != 0) {
-    const torch::Tensor h = F::linear(x, for_input(assistant_A_, x));
-    y = y + F::linear(h, for_input(assistant_B_, h)) * (assistant_scale_ * assistant_multiplier_);
+    const torch::Tensor h = gclab::nn::linear(x, for_input(assistant_A_, x));
+    y = y + gclab::nn::linear(h, for_input(assistant_B_, h)) * (assistant_scale_ * assistant_multiplier_);
   }
   if (lora_A_.defined() && lora_multiplier_ != 0) {
     // AI Toolkit's LoRAModule.forward (toolkit/network_mixins.py:303-318, _call_forward :197-240): the input
@@ -444,9 +445,9 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     // (B x tokens x rank), lora_up, scale and multiplier, the result cast back to the base output's dtype.
     // Under autocast (not AI Toolkit's: gclab runs none) autocast picks the dtype instead.
     const torch::Tensor xa = autocast_on(x.device().type()) ? x : x.to(lora_A_.scalar_type());
-    torch::Tensor h = F::linear(xa, for_input(lora_A_, xa));
+    torch::Tensor h = gclab::nn::linear(xa, for_input(lora_A_, xa));
     if (lora_dropout_ > 0) h = torch::dropout(h, lora_dropout_, is_training());
-    y = y + (F::linear(h, for_input(lora_B_, h)) * (lora_scale_ * lora_multiplier_)).to(y.scalar_type());
+    y = y + (gclab::nn::linear(h, for_input(lora_B_, h)) * (lora_scale_ * lora_multiplier_)).to(y.scalar_type());
   }
   return y;
 }

@@ -112,6 +112,15 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }
 
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  if (x.is_meta() && memory::meta_target() == c10::kCPU && x.scalar_type() == torch::kBFloat16 &&
+      weight.scalar_type() == torch::kBFloat16 && memory::cpu_onednn_bf16())
+    memory::meta_spike(memory::cpu_onednn_matmul_scratch(x.numel() / std::max<int64_t>(x.size(-1), 1), x.size(-1),
+                                                         at::get_num_threads()));
+  return y;
+}
+
 torch::Tensor convolution(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                           at::IntArrayRef stride, at::IntArrayRef padding) {
   if (!x.is_meta()) return at::convolution(x, weight, bias, stride, padding, {1}, false, {0}, 1);

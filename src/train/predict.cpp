@@ -379,9 +379,10 @@ void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
         "and decode likewise hold no cuDNN workspace");
   if (e.device == "cpu" && config.train.dtype == config::DType::bf16 && memory::cpu_onednn_bf16())
     e.not_modelled.push_back(
-        "oneDNN's scratch beside each bf16 matmul on this CPU (AVX-512 BW/VL/DQ: memory/live_set.h), held for a "
-        "moment: about 128 bytes per contraction element and 256 per output row (up to 256 rows) per thread; "
-        "the tiny presets' bf16 forwards measure up to 11% above their walk, their backwards up to 18%");
+        "oneDNN's scratch beside each bf16 matmul of the backward on this CPU (AVX-512 BW/VL/DQ: "
+        "memory/live_set.h; the forwards' is walked), held for a moment: per thread about 128 bytes per "
+        "contraction element (up to 512) and 256 per row (up to 256 rows), more for a transposed operand; the tiny "
+        "presets' bf16 backwards measure up to 18% above their walk");
   if (model::transformer_loading(config.model.arch) == model::TransformerLoading::per_block && config.model.quantize)
     e.not_modelled.push_back(
         "the load: quantize_model stages each block on the device to quantize it; gclab quantizes the blocks in "

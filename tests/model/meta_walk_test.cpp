@@ -1,7 +1,7 @@
 // The meta walk (memory/meta_count.h, nn/meta_kernels.h): a transformer's forward and backward run on meta
 // tensors under a MetaCount count what the same network allocates on the CPU under the tracking allocator,
 // byte for byte — every tiny preset, full training and LoRA, float32 and bf16, with and without a graph (in
-// bf16 on a CPU whose bf16 matmuls are oneDNN's, up to their scratch: memory/live_set.h).
+// bf16 on a CPU whose bf16 matmuls are oneDNN's, up to their scratch in the backward: memory/live_set.h).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -69,14 +69,14 @@ TEST_P(MetaWalk, CountsWhatTheCpuAllocates) {
         EXPECT_GT(cpu.forward, 0) << what;
         EXPECT_EQ(meta.live, cpu.live) << what;
         if (dtype == torch::kBFloat16 && memory::cpu_onednn_bf16()) {
-          // oneDNN's scratch beside each bf16 matmul on this CPU (memory/live_set.h), which the walk does not
-          // hold: the CPU above the walk by it, no more (measured on an AVX-512 EPYC: forwards at least 0.899 of
-          // the CPU's, backwards 0.850; LoRA's exact — its matmuls are below oneDNN's size).
+          // oneDNN's scratch beside each bf16 matmul on this CPU (memory/live_set.h): the walk holds the
+          // Linears' forwards' (nn::linear), not the backward's matmuls', so the CPU is above the walk's backward
+          // by it, no more (measured on an AVX-512 EPYC, one thread: forwards 0.966-1.011 of the CPU's — they
+          // were 0.899-1.000 without it —, backwards 0.850; LoRA's exact — its matmuls are float32).
           std::printf("%s: forward %.3f, backward %.3f of the CPU's\n", what.c_str(),
                       static_cast<double>(meta.forward) / static_cast<double>(cpu.forward),
                       grad ? static_cast<double>(meta.backward) / static_cast<double>(cpu.backward) : 1.0);
-          EXPECT_LE(meta.forward, cpu.forward + 16) << what;
-          EXPECT_NEAR(static_cast<double>(meta.forward) / static_cast<double>(cpu.forward), 1.0, 0.12) << what;
+          EXPECT_NEAR(static_cast<double>(meta.forward) / static_cast<double>(cpu.forward), 1.0, 0.04) << what;
           EXPECT_LE(meta.backward, cpu.backward) << what;
           if (grad) {
             EXPECT_NEAR(static_cast<double>(meta.backward) / static_cast<double>(cpu.backward), 1.0, 0.2) << what;

@@ -71,10 +71,16 @@ bool cpu_has(const char* flag);
 
 // Whether this CPU runs bf16 matmuls and convolutions through oneDNN (PyTorch's mkldnn_bf16_device_check:
 // AVX-512 BW, VL and DQ). Where it does, a bf16 matmul allocates oneDNN's scratch for a moment beside its
-// output — measured at one thread for a Linear: 128 bytes per contraction element, 256 per output row (of
-// at most 256 rows) and 1 KiB, more for a transposed operand, about twice at two threads — which the walks
-// do not hold (listed in the estimate's not_modelled). Where it does not, a bf16 convolution runs
-// slow_conv2d with its im2col columns (cpu_convolution_temporaries).
+// output (cpu_onednn_matmul_scratch), which the walks hold for the Linears' forwards (nn::linear) but not
+// yet for the backward's matmuls (more for a transposed operand; listed in the estimate's not_modelled).
+// Where it does not, a bf16 convolution runs slow_conv2d with its im2col columns
+// (cpu_convolution_temporaries).
 bool cpu_onednn_bf16();
+
+// oneDNN's scratch beside a bf16 matmul of `rows` x `contraction` elements on such a CPU, held for a moment
+// (measured for at::linear's forward, 1 to 4096 rows, 64 to 768 contraction elements, one and two threads):
+// per thread 128 bytes per contraction element (at most 512 of them), 256 per row of a row block (the rows
+// split evenly into blocks of at most 256) and 640, and 384 once.
+int64_t cpu_onednn_matmul_scratch(int64_t rows, int64_t contraction, int threads);
 
 }  // namespace gclab::memory

@@ -29,6 +29,11 @@ torch::Tensor index_rows(const torch::Tensor& table, const torch::Tensor& index)
 // torch::embedding(table, ids) on any device: [ids..., D] (on meta, `ids` may be the CPU's).
 torch::Tensor embedding(const torch::Tensor& table, const torch::Tensor& ids);
 
+// F::linear(x, weight, bias) on any device; on meta, for a CPU walk whose bf16 matmuls run through oneDNN
+// (memory::cpu_onednn_bf16), oneDNN's scratch beside the output for a moment
+// (memory::cpu_onednn_matmul_scratch; the backward's matmuls are autograd's, without it).
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {});
+
 // A convolution (2-D or 3-D, by the weight's axes; one group, no dilation) on any device: on meta its output,
 // contiguous, with the temporaries the kernel the walk's device picks holds beside it for a moment — on the
 // CPU memory::cpu_convolution_temporaries (oneDNN's blocked copies, or the slow kernels' im2col columns), on
