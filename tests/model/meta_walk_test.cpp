@@ -71,12 +71,14 @@ TEST_P(MetaWalk, CountsWhatTheCpuAllocates) {
         if (dtype == torch::kBFloat16 && memory::cpu_onednn_bf16()) {
           // oneDNN's scratch beside each bf16 matmul on this CPU (memory/live_set.h): the walk holds the
           // Linears' forwards' (nn::linear), not the backward's matmuls', so the CPU is above the walk's backward
-          // by it, no more (measured on an AVX-512 EPYC, one thread: forwards 0.966-1.011 of the CPU's — they
-          // were 0.899-1.000 without it —, backwards 0.850; LoRA's exact — its matmuls are float32).
+          // by it, no more (measured on an AVX-512 EPYC with AVX-512 BF16, one thread: forwards 0.966-1.011 of
+          // the CPU's — they were 0.899-1.000 without it —, backwards 0.850; LoRA's exact — its matmuls are
+          // float32). The forward's bound stays 12%: the scratch was measured on that CPU only, and oneDNN's
+          // bf16 kernels differ on AVX-512 CPUs without BF16 instructions.
           std::printf("%s: forward %.3f, backward %.3f of the CPU's\n", what.c_str(),
                       static_cast<double>(meta.forward) / static_cast<double>(cpu.forward),
                       grad ? static_cast<double>(meta.backward) / static_cast<double>(cpu.backward) : 1.0);
-          EXPECT_NEAR(static_cast<double>(meta.forward) / static_cast<double>(cpu.forward), 1.0, 0.04) << what;
+          EXPECT_NEAR(static_cast<double>(meta.forward) / static_cast<double>(cpu.forward), 1.0, 0.12) << what;
           EXPECT_LE(meta.backward, cpu.backward) << what;
           if (grad) {
             EXPECT_NEAR(static_cast<double>(meta.backward) / static_cast<double>(cpu.backward), 1.0, 0.2) << what;
