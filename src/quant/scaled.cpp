@@ -85,9 +85,7 @@ torch::Tensor scaled_matmul(const torch::Tensor& x, const ScaledWeight& q) {
 
 int64_t quantize_scaled_peak_bytes(int64_t out, int64_t in, ScaledType type, c10::ScalarType dtype) {
   const torch::Tensor w = torch::empty({out, in}, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
-  memory::MetaCount count(memory::meta_target());
-  const ScaledWeight q = quantize_scaled(w, type);
-  return count.peak();
+  return memory::inference_peak(memory::meta_target(), [&] { quantize_scaled(w, type); });
 }
 
 }  // namespace gclab::quant

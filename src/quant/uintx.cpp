@@ -131,9 +131,7 @@ int64_t quantize_uintx_peak_bytes(int64_t out_features, int64_t in_features, int
                                   int64_t group_size) {
   const torch::Tensor w =
       torch::empty({out_features, in_features}, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
-  memory::MetaCount count(memory::meta_target());
-  const UIntXWeight q = quantize_uintx(w, bits, group_size);
-  return count.peak();
+  return memory::inference_peak(memory::meta_target(), [&] { quantize_uintx(w, bits, group_size); });
 }
 
 }  // namespace gclab::quant

@@ -36,10 +36,7 @@ struct MetaInputs {
 // The peak of `run` above what was live when it started, walked on meta for the options' device.
 template <class Run>
 int64_t walk(const EncodeMemoryOptions& o, Run&& run) {
-  torch::NoGradGuard no_grad;
-  memory::MetaCount count(o.cpu ? c10::kCPU : c10::kCUDA);
-  run();
-  return count.peak();
+  return memory::inference_peak(o.cpu ? c10::kCPU : c10::kCUDA, std::forward<Run>(run));
 }
 
 // Each image's patches as the processor gives them (float32) with its grid_thw (on the CPU: the layout is

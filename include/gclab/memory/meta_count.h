@@ -10,6 +10,7 @@
 // each allocating what its device kernel allocates.
 #pragma once
 
+#include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceType.h>
 
 #include <cstdint>
@@ -41,5 +42,15 @@ c10::DeviceType meta_target();
 
 // A kernel's own temporaries on the meta device: `bytes` allocated and freed at once (a counted spike).
 void meta_spike(int64_t bytes);
+
+// The peak of `run` — code run on meta tensors made before it, without a graph (an inference: an encode, a
+// decode, a quantization) — above what was live when it started, walked for `target`'s kernels.
+template <class Run>
+int64_t inference_peak(c10::DeviceType target, Run&& run) {
+  at::NoGradGuard no_grad;
+  MetaCount count(target);
+  run();
+  return count.peak();
+}
 
 }  // namespace gclab::memory
