@@ -1,5 +1,5 @@
 // The `gclab` executable: parses the command line, hands each verb to its part, and turns every failure
-// into a message and an exit code (DESIGN.md section 1): 0 done, 2 bad config or input, 3 out of
+// into a message and an exit code (docs/usage.md, "Exit codes"): 0 done, 2 bad config or input, 3 out of
 // memory, 1 anything else. No exception escapes main.
 #include <unistd.h>
 #include <CLI/CLI.hpp>

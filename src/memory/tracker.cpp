@@ -23,7 +23,7 @@ namespace {
 
 // Each block carries its size in a header in front of the data, so the deleter needs no lookup table
 // and the DataPtr's context can be the data pointer itself (some kernels call raw_allocate, which
-// requires that; see DESIGN.md section 8).
+// requires that; see docs/checkpointing.md).
 constexpr std::size_t kHeaderBytes = 64;  // keeps the data 64-byte aligned, as c10's allocator does
 
 std::atomic<std::int64_t> g_live{0};

@@ -18,7 +18,7 @@ int64_t meta_params(const std::string& preset) {
 }
 
 // Parameter counts of the full-size presets, built on the meta device (no memory). Exact figures are the
-// published / computed ones in DESIGN.md section 4; DiT-XL/2's paper figure is "675M".
+// published / computed ones in docs/models.md; DiT-XL/2's paper figure is "675M".
 TEST(Presets, FullSizeParameterCountsMatchThePublishedFigures) {
   EXPECT_EQ(meta_params("flux-dev"), 11901408320);
   EXPECT_EQ(meta_params("flex1"), 8163264064);

@@ -1,4 +1,4 @@
-// The phases of a run whose memory peaks gclab records and predicts (DESIGN.md section 5): the meter keys
+// The phases of a run whose memory peaks gclab records and predicts (docs/memory-model.md): the meter keys
 // its peaks by them, and a prediction names the same values, so predicted and measured stand side by side.
 #pragma once
 

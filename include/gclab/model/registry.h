@@ -1,4 +1,4 @@
-// The family registry (DESIGN.md section 2): each model family is one folder, src/model/families/<name>/,
+// The family registry (docs/architecture.md): each model family is one folder, src/model/families/<name>/,
 // whose ModelFamily answers everything generic code asks of a family — its archs and presets, what its
 // pipeline decodes and conditions with, how it guides previews, its token accounting, and how a diffusers
 // config.json or a weights file gives its shape. registry.cpp lists the families, one line each; the free

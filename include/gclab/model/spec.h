@@ -1,4 +1,4 @@
-// The shapes of each model family's transformer (DESIGN.md section 4), the presets that name them, and
+// The shapes of each model family's transformer (docs/models.md), the presets that name them, and
 // the token accounting shared by the model, the estimator and the reports.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The flow-matching objective (DESIGN.md section 6): x_t = (1 - t) x0 + t noise, the model predicts the
+// The flow-matching objective (docs/training.md): x_t = (1 - t) x0 + t noise, the model predicts the
 // velocity noise - x0, mean squared (or absolute: loss_type mae) error, weighted per sample (timesteps and weights:
 // train/timesteps.h).
 #pragma once

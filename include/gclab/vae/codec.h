@@ -1,4 +1,4 @@
-// What a run turns images into latents with and decodes its previews with (DESIGN.md section 6): the
+// What a run turns images into latents with and decodes its previews with (docs/training.md): the
 // family's autoencoder (AutoencoderKL, or Qwen-Image's AutoencoderKLQwenImage), or the DCT stand-in when the
 // config asks for it (model.vae: dct).
 //
