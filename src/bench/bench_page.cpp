@@ -84,6 +84,7 @@ std::string pareto_chart(const std::vector<BenchRow>& rows) {
   LineChart c;
   c.title = "Memory against time per sample, every cell that ran (the front: none both smaller and faster)";
   c.x_label = "step time per sample (ms)";
+  c.integer_x = false;
   c.y_label = "peak device memory";
   c.bytes = true;
   const auto policies = policies_of(rows);

@@ -137,10 +137,11 @@ double cap_of(const Run& r) {
 // a line, the step that ran out marked.
 std::string phases_chart(const Run& r) {
   LineChart c;
-  c.title = "Peak memory per phase and step: measured (solid), predicted (dashed)";
+  c.title = "Peak memory per phase and step";
   c.x_label = "step";
   c.y_label = "device memory";
   c.bytes = true;
+  bool any_predicted = false;
   for (const auto& [phase, color] : kPhases) {
     Series measured{phase, {}, color}, predicted{phase + " predicted", {}, color, true};
     for (const auto& s : r.steps) {
@@ -150,14 +151,19 @@ std::string phases_chart(const Run& r) {
       if (s.contains("predicted_phases") && s["predicted_phases"].is_object() && s["predicted_phases"].contains(phase))
         predicted.points.emplace_back(step, s["predicted_phases"][phase].get<double>());
     }
+    if (!measured.points.empty() || !predicted.points.empty()) c.legend.push_back({phase, color});
     if (!measured.points.empty()) c.series.push_back(measured);
-    if (!predicted.points.empty()) c.series.push_back(predicted);
+    if (!predicted.points.empty()) c.series.push_back(predicted), any_predicted = true;
   }
+  // The phases by colour, then the two kinds of line, each named once.
+  c.legend.push_back({"measured", "#444444"});
+  if (any_predicted) c.legend.push_back({"predicted", "#444444", true});
   if (const double cap = cap_of(r); cap > 0) c.limit = cap, c.limit_label = "cap " + format_axis_bytes(cap);
   if (r.oom) {
     const double step = number_or(*r.oom, "step", 0);
     c.marker = step, c.marker_label = "out of memory in " + r.oom->value("phase", std::string());
     c.series.push_back({"live when it ran out", {{step, number_or(*r.oom, "live_bytes", 0)}}, "#000000"});
+    c.legend.push_back({"live when it ran out", "#000000"});
   }
   return line_chart_svg(c);
 }

@@ -47,11 +47,56 @@ std::string format_axis_bytes(double bytes) {
 
 namespace {
 
+// The binary unit a range of bytes reads in: the largest of B, KiB, MiB, GiB, TiB not above `bytes`.
+double byte_unit(double bytes) {
+  double unit = 1;
+  while (unit < 1099511627776.0 && bytes >= 1024 * unit) unit *= 1024;
+  return unit;
+}
+
+const char* const kUnitNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+
+}  // namespace
+
+std::vector<double> axis_ticks(double lo, double hi, bool bytes, bool integer) {
+  if (!(hi > lo)) hi = lo + 1;
+  const double unit = bytes ? byte_unit(std::max(std::abs(lo), std::abs(hi))) : 1;
+  const double raw = (hi - lo) / unit / 5;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = magnitude;
+  for (const double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * magnitude >= raw) {
+      step = m * magnitude;
+      break;
+    }
+  if (integer) step = std::max(1.0, std::round(step));
+  step *= unit;
+  const double first = std::floor(lo / step + 1e-9) * step, last = std::ceil(hi / step - 1e-9) * step;
+  std::vector<double> ticks;
+  for (double v = first; v <= last + step * 0.5; v += step) ticks.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  return ticks;
+}
+
+std::string tick_label(double v, bool bytes) {
+  char buf[32];
+  if (!bytes) {
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    return buf;
+  }
+  const double unit = byte_unit(std::abs(v));
+  int u = 0;
+  for (double x = unit; x > 1; x /= 1024) ++u;
+  std::snprintf(buf, sizeof buf, "%.4g %s", v / unit, kUnitNames[u]);
+  return buf;
+}
+
+namespace {
+
 const char* const kStyle =
     "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:980px}"
     "h1{font-size:22px}h2{font-size:17px;margin-top:28px}"
     "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-    ".chart{display:block;margin:8px 0;background:#fff}.axis{stroke:#444}.grid{stroke:#eee}"
+    ".chart{display:block;margin:8px 0;background:#fff;width:100%;height:auto}.axis{stroke:#444}.grid{stroke:#eee}"
     ".chart-title{font-size:13px;font-weight:600}.tick{font-size:10px;fill:#444}.label{font-size:11px}"
     ".limit{stroke:#d62728;stroke-width:1.5;stroke-dasharray:6 3}.marker{stroke:#000;stroke-width:1.5}"
     ".oom{background:#fdecea;border:1px solid #d62728;padding:8px 12px}"
@@ -61,13 +106,6 @@ const char* const kStyle =
 std::string number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
-}
-
-std::string tick_label(double v, bool bytes) {
-  if (bytes) return format_axis_bytes(v);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", v);
   return buf;
 }
 
@@ -90,24 +128,22 @@ struct Frame {
 };
 
 void axes(std::ostringstream& s, const Frame& f, const std::string& title, const std::string& x_label,
-          const std::string& y_label, bool bytes, bool x_ticks) {
+          const std::string& y_label, const std::vector<double>& y_ticks, bool bytes,
+          const std::vector<double>& x_ticks) {
   s << "<text x=\"" << number(f.left) << "\" y=\"16\" class=\"chart-title\">" << escape_xml(title) << "</text>";
   s << "<line x1=\"" << number(f.left) << "\" y1=\"" << number(f.bottom) << "\" x2=\"" << number(f.right) << "\" y2=\""
     << number(f.bottom) << "\" class=\"axis\"/>";
   s << "<line x1=\"" << number(f.left) << "\" y1=\"" << number(f.top) << "\" x2=\"" << number(f.left) << "\" y2=\""
     << number(f.bottom) << "\" class=\"axis\"/>";
-  for (int i = 0; i <= 4; ++i) {
-    const double v = f.y0 + (f.y1 - f.y0) * i / 4.0;
+  for (const double v : y_ticks) {
     s << "<line x1=\"" << number(f.left) << "\" y1=\"" << number(f.y(v)) << "\" x2=\"" << number(f.right) << "\" y2=\""
       << number(f.y(v)) << "\" class=\"grid\"/>";
     s << "<text x=\"" << number(f.left - 4) << "\" y=\"" << number(f.y(v) + 4)
-      << "\" class=\"tick\" text-anchor=\"end\">" << escape_xml(tick_label(v, bytes)) << "</text>";
-    if (x_ticks) {
-      const double xv = f.x0 + (f.x1 - f.x0) * i / 4.0;
-      s << "<text x=\"" << number(f.x(xv)) << "\" y=\"" << number(f.bottom + 14)
-        << "\" class=\"tick\" text-anchor=\"middle\">" << escape_xml(tick_label(xv, false)) << "</text>";
-    }
+      << "\" class=\"tick y-tick\" text-anchor=\"end\">" << escape_xml(tick_label(v, bytes)) << "</text>";
   }
+  for (const double xv : x_ticks)
+    s << "<text x=\"" << number(f.x(xv)) << "\" y=\"" << number(f.bottom + 14)
+      << "\" class=\"tick x-tick\" text-anchor=\"middle\">" << escape_xml(tick_label(xv, false)) << "</text>";
   s << "<text x=\"" << number((f.left + f.right) / 2) << "\" y=\"" << number(f.bottom + 30)
     << "\" class=\"label\" text-anchor=\"middle\">" << escape_xml(x_label) << "</text>";
   s << "<text x=\"12\" y=\"" << number((f.top + f.bottom) / 2) << "\" class=\"label\" text-anchor=\"middle\" "
@@ -157,15 +193,21 @@ std::string line_chart_svg(const LineChart& c) {
   if (c.limit) yb = std::max(yb, *c.limit), ya = std::min(ya, *c.limit);
   if (xa > xb) xa = 0, xb = 1;
   if (yb < ya) yb = ya + 1;
+  if (yb == ya) yb = ya + (c.bytes ? 1024 : 1);
+  if (xb == xa) xb = xa + 1;
+  std::vector<LegendEntry> entries = c.legend;
+  if (entries.empty())
+    for (const auto& series : c.series) entries.push_back({series.name, series.color, series.dashed});
   std::vector<std::string> names;
-  for (const auto& series : c.series) names.push_back(series.name);
+  for (const auto& e : entries) names.push_back(e.name);
   const auto legend = legend_layout(names, c.width - 16.0, 18);
-  const double pad = (yb - ya) * 0.05;
-  const Frame f(c.width, c.height + 14 * legend_rows(legend), xa, xb, c.from_zero ? ya : ya - pad, yb + pad,
-                legend_rows(legend));
+  const std::vector<double> y_ticks = axis_ticks(ya, yb, c.bytes, false);
+  const std::vector<double> x_ticks = axis_ticks(xa, xb, false, c.integer_x);
+  const Frame f(c.width, c.height + 14 * legend_rows(legend), x_ticks.front(), x_ticks.back(), y_ticks.front(),
+                y_ticks.back(), legend_rows(legend));
   std::ostringstream s;
   s << open_svg(c.width, c.height + 14 * legend_rows(legend), c.title);
-  axes(s, f, c.title, c.x_label, c.y_label, c.bytes, true);
+  axes(s, f, c.title, c.x_label, c.y_label, y_ticks, c.bytes, x_ticks);
   for (const auto& series : c.series) {
     if (series.points.empty()) continue;
     if (series.scatter) {
@@ -195,14 +237,14 @@ std::string line_chart_svg(const LineChart& c) {
       << number(f.x(*c.marker)) << "\" y2=\"" << number(f.bottom) << "\"/><text x=\"" << number(f.x(*c.marker) + 4)
       << "\" y=\"" << number(f.top + 10) << "\" class=\"tick marker-label\">" << escape_xml(c.marker_label)
       << "</text>";
-  // The legend above the plot, one entry per series.
-  for (size_t i = 0; i < c.series.size(); ++i) {
-    const auto& series = c.series[i];
+  // The legend above the plot: the chart's own entries, else one per series.
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const LegendEntry& e = entries[i];
     const double lx = legend[i].first, ly = 24.0 + 14.0 * legend[i].second;
     s << "<line x1=\"" << number(lx) << "\" y1=\"" << number(ly) << "\" x2=\"" << number(lx + 18) << "\" y2=\""
-      << number(ly) << "\" stroke=\"" << escape_xml(series.color) << "\" stroke-width=\"2\""
-      << (series.dashed ? " stroke-dasharray=\"5 3\"" : "") << "/><text x=\"" << number(lx + 22) << "\" y=\""
-      << number(ly + 4) << "\" class=\"tick\">" << escape_xml(series.name) << "</text>";
+      << number(ly) << "\" stroke=\"" << escape_xml(e.color) << "\" stroke-width=\"2\""
+      << (e.dashed ? " stroke-dasharray=\"5 3\"" : "") << "/><text x=\"" << number(lx + 22) << "\" y=\""
+      << number(ly + 4) << "\" class=\"tick legend\">" << escape_xml(e.name) << "</text>";
   }
   s << "</svg>";
   return s.str();
@@ -216,10 +258,11 @@ std::string bar_chart_svg(const BarChart& c) {
   for (const auto& bar : c.bars) names.push_back(bar.first);
   const auto legend = legend_layout(names, c.width - 16.0, 12);
   const int extra = 14 * legend_rows(legend);
-  const Frame f(c.width, c.height + extra, 0, 1, 0, yb * 1.05, legend_rows(legend));
+  const std::vector<double> y_ticks = axis_ticks(0, yb, c.bytes, false);
+  const Frame f(c.width, c.height + extra, 0, 1, 0, y_ticks.back(), legend_rows(legend));
   std::ostringstream s;
   s << open_svg(c.width, c.height + extra, c.title);
-  axes(s, f, c.title, "", c.y_label, c.bytes, false);
+  axes(s, f, c.title, "", c.y_label, y_ticks, c.bytes, {});
   const double slot = (f.right - f.left) / std::max<size_t>(1, c.groups.size());
   const double bar = slot * 0.8 / std::max<size_t>(1, c.bars.size());
   for (size_t g = 0; g < c.groups.size(); ++g) {

@@ -3,7 +3,9 @@
 // fetched from elsewhere.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -63,6 +65,50 @@ TEST(Svg, ALineChartDrawsEachPointTheLimitAndTheMarkerAndEscapesText) {
   EXPECT_EQ(rects, 4u);
 }
 
+// Every tick a round number: 1, 2 or 5 x 10^n apart (bytes in their binary unit), the range covered.
+bool round_step(double step) {
+  const double m = step / std::pow(10.0, std::floor(std::log10(step) + 1e-9));
+  return std::abs(m - 1) < 1e-6 || std::abs(m - 2) < 1e-6 || std::abs(m - 5) < 1e-6;
+}
+
+TEST(Svg, AxisTicksAreRoundAndStepsWhole) {
+  struct Case {
+    double lo, hi;
+    bool bytes, integer;
+  };
+  for (const Case& c : {Case{0, 1.37, false, false}, Case{0.81, 2.93, false, false}, Case{1, 7, false, true},
+                        Case{1, 1600, false, true}, Case{0, 3, false, true}, Case{0, 93.7 * 1048576, true, false},
+                        Case{0, 22.4 * 1073741824.0, true, false}, Case{0, 700, true, false}}) {
+    const std::vector<double> ticks = axis_ticks(c.lo, c.hi, c.bytes, c.integer);
+    ASSERT_GE(ticks.size(), 3u) << c.hi;
+    EXPECT_LE(ticks.size(), 12u) << c.hi;
+    EXPECT_LE(ticks.front(), c.lo);
+    EXPECT_GE(ticks.back(), c.hi);
+    const double step = ticks[1] - ticks[0];
+    double unit = 1;
+    if (c.bytes)
+      while (c.hi >= 1024 * unit) unit *= 1024;
+    EXPECT_TRUE(round_step(step / unit)) << "step " << step << " over [" << c.lo << ", " << c.hi << "]";
+    if (c.integer) {
+      EXPECT_EQ(step, std::round(step));
+    }
+    for (const double t : ticks) EXPECT_NEAR(std::remainder(t, step), 0.0, step * 1e-9);
+  }
+  EXPECT_EQ(tick_label(512.0 * 1048576, true), "512 MiB");
+  EXPECT_EQ(tick_label(1.5 * 1073741824.0, true), "1.5 GiB");
+  EXPECT_EQ(tick_label(0.2, false), "0.2");
+  EXPECT_EQ(tick_label(1200, false), "1200");
+  // A chart of 7 steps labels whole steps only, and fills the page's width.
+  LineChart c;
+  c.series = {{"loss", {{1, 0.4}, {7, 0.31}}}};
+  const std::string svg = line_chart_svg(c);
+  const std::regex x_tick("class=\"tick x-tick\"[^>]*>([^<]*)<");
+  size_t labels = 0;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), x_tick); it != std::sregex_iterator(); ++it, ++labels)
+    EXPECT_EQ((*it)[1].str().find('.'), std::string::npos) << (*it)[1].str();
+  EXPECT_GE(labels, 3u);
+}
+
 TEST(RunReport, ATrainingRunsPageHasItsStepsPhasesAndPreviewsInside) {
   const fs::path dir = testing::fresh_dir("run_report");
   const auto config = testing::tiny_config(
@@ -75,6 +121,16 @@ TEST(RunReport, ATrainingRunsPageHasItsStepsPhasesAndPreviewsInside) {
   EXPECT_EQ(points_of(html, "loss"), 3u);
   EXPECT_EQ(points_of(html, "forward"), 3u);
   EXPECT_EQ(points_of(html, "forward predicted"), 3u);
+  // The phase chart's legend names each phase once and "measured" / "predicted" once each, not per phase.
+  const std::regex legend("class=\"tick legend\">([^<]*)<");
+  std::map<std::string, int> named;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), legend); it != std::sregex_iterator(); ++it)
+    ++named[(*it)[1].str()];
+  EXPECT_EQ(named["measured"], 1);
+  EXPECT_EQ(named["predicted"], 1);
+  EXPECT_EQ(named["forward"], 1);
+  EXPECT_EQ(named.count("forward predicted"), 0u);
+  EXPECT_NE(html.find(".chart{display:block;margin:8px 0;background:#fff;width:100%"), std::string::npos);
   EXPECT_NE(html.find("data:image/jpeg;base64,"), std::string::npos);  // the previews, inside the page
   EXPECT_EQ(html.find("http://"), std::string::npos);
   EXPECT_EQ(html.find("https://"), std::string::npos);
