@@ -174,6 +174,8 @@ int run_info() {
   if (info.cuda_compiled) std::cout << "cuda_version: \"" << info.cuda_version << "\"\n";
   std::cout << "cuda_available: " << (info.cuda_available ? "true" : "false") << "\n";
   std::cout << "cpu_threads: " << info.cpu_threads << "\n";
+  std::cout << "cpu_isa: " << info.cpu_isa << "  # oneDNN's, as the CPU memory rules read it"
+            << (info.cpu_rules_measured ? "" : " (bf16 rules not measured on it: docs/results/cpu-isa.md)") << "\n";
   std::cout << "gpus:" << (info.gpus.empty() ? " []" : "") << "\n";
   for (const auto& g : info.gpus) {
     std::cout << "  - index: " << g.index << "\n    name: \"" << g.name << "\"\n    total_bytes: " << g.total_bytes

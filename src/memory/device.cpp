@@ -1,5 +1,7 @@
 #include "gclab/memory/device.h"
 
+#include "gclab/memory/cpu_isa.h"
+
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -13,6 +15,8 @@ DeviceInfo describe_devices() {
   DeviceInfo info;
   info.torch_version = TORCH_VERSION;
   info.cpu_threads = at::get_num_threads();
+  info.cpu_isa = name_of(onednn_isa());
+  info.cpu_rules_measured = cpu_rules_measured(2) && cpu_rules_measured(4);
 #ifdef CUDA_VERSION
   info.cuda_compiled = true;
   info.cuda_version = std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10);

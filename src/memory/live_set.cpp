@@ -1,7 +1,5 @@
 #include "gclab/memory/live_set.h"
 
-#include <ATen/cpu/Utils.h>
-
 #include <algorithm>
 
 namespace gclab::memory {
@@ -38,7 +36,7 @@ int64_t onednn_temporaries(const CpuConvolution& c, int64_t volume, int threads)
            padded(c.in_c) * padded(c.out_c) * d - out_bytes;
   }
   if (c.in_c < block) return out_padded;
-  if (c.out_c % block == 0) return in_padded + padded(c.in_c) * c.out_c * volume * d;
+  if (c.out_c % block == 0) return std::max(in_padded + padded(c.in_c) * c.out_c * volume * d, out_bytes);
   const int64_t weight = padded(c.in_c) * padded(c.out_c) * volume * d;
   return std::max(in_padded + weight + out_padded - out_bytes, out_padded);
 }
@@ -58,22 +56,6 @@ int64_t cpu_convolution_temporaries(const CpuConvolution& c, int threads) {
   }
   if (onednn) return onednn_temporaries(c, volume, threads);
   return volume == 1 ? 0 : c.batch * c.in_c * volume * product(c.out_sizes) * c.dtype_bytes;
-}
-
-int cpu_channel_block() {
-  static const int block = cpu_has("avx512_f") ? 16 : 8;
-  return block;
-}
-
-bool cpu_has(const char* flag) {
-  static const auto caps = at::cpu::get_cpu_capabilities();
-  const auto it = caps.find(flag);
-  return it != caps.end() && it->second.isBool() && it->second.toBool();
-}
-
-bool cpu_onednn_bf16() {
-  static const bool onednn = cpu_has("avx512_bw") && cpu_has("avx512_vl") && cpu_has("avx512_dq");
-  return onednn;
 }
 
 int64_t cpu_onednn_matmul_scratch(int64_t rows, int64_t contraction, int threads) {

@@ -377,6 +377,10 @@ void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
         "and log-sum-exp; LayerNorm's float32 statistics) but not their workspaces (cuBLAS, the attention "
         "backward's accumulators), and are not yet checked against a GPU's allocator; the autoencoder's encode "
         "and decode likewise hold no cuDNN workspace");
+  if (e.device == "cpu") {
+    const int64_t dtype_bytes = config.train.dtype == config::DType::bf16 ? 2 : 4;
+    if (!memory::cpu_rules_measured(dtype_bytes)) e.not_modelled.push_back(memory::cpu_rules_caveat(dtype_bytes));
+  }
   if (e.device == "cpu" && config.train.dtype == config::DType::bf16 && memory::cpu_onednn_bf16())
     e.not_modelled.push_back(
         "oneDNN's scratch beside each bf16 matmul of the backward on this CPU (AVX-512 BW/VL/DQ: "

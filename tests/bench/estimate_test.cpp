@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include <yaml-cpp/yaml.h>
@@ -12,6 +14,7 @@
 #include "gclab/bench/report.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/synth.h"
+#include "gclab/memory/cpu_isa.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 #include "gclab/model/summary.h"
@@ -74,6 +77,33 @@ TEST(Estimate, TheMemoryModelExecutesAMetaPlan) {
   auto plan = train::plan_run(config, train::PlanOptions{/*meta=*/true});
   plan.device = torch::Device(torch::kCPU);
   EXPECT_THROW(train::MemoryModel{std::move(plan)}, std::invalid_argument);
+}
+
+// On a CPU whose kernels the bf16 rules were not measured exact on (memory::cpu_bf16_bound: AVX-512 without
+// BF16, AMX), a bf16 CPU estimate says so in not_modelled, with the bounds measured there; float32's never
+// does from AVX2 up. Run under ONEDNN_MAX_CPU_ISA=AVX2 and =AVX512_CORE too (ctest's isa.* entries).
+TEST(Estimate, SaysWhereTheCpuRulesAreNotExact) {
+  const fs::path dir = testing::fresh_dir("estimate_isa");
+  for (const char* dtype : {"bf16", "fp32"}) {
+    const std::string yaml = "name: e\ntraining_folder: " + dir.string() +
+                             "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
+                             "\n    resolution: [256]\ntrain: {batch_size: 1, steps: 1, dtype: " + dtype +
+                             "}\nmodel: {arch: tiny-flux, vae: dct}\n";
+    auto r = model::load_config_text(yaml, "e.yaml");
+    ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+    const auto e = estimate_memory(*r.config);
+    const int64_t bytes = std::string(dtype) == "bf16" ? 2 : 4;
+    const bool said = std::any_of(e.not_modelled.begin(), e.not_modelled.end(), [](const std::string& s) {
+      return s.find("docs/results/cpu-isa.md") != std::string::npos;
+    });
+    std::printf("%s on %s: rules %s\n", dtype, memory::name_of(memory::onednn_isa()).c_str(),
+                memory::cpu_rules_measured(bytes) ? "exact" : "bounded");
+    EXPECT_EQ(said, !memory::cpu_rules_measured(bytes)) << dtype;
+    if (said) {
+      const std::string caveat = memory::cpu_rules_caveat(bytes);
+      EXPECT_NE(caveat.find(memory::name_of(memory::onednn_isa())), std::string::npos) << caveat;
+    }
+  }
 }
 
 // A partial policy is predicted block by block: every other block keeps its activations (block 0 and each

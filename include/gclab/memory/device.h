@@ -23,7 +23,9 @@ struct DeviceInfo {
   std::string cuda_version;     // CUDA runtime the build uses, e.g. "13.0"; empty without CUDA
   bool cuda_available = false;  // a driver and at least one GPU are present right now
   std::vector<GpuInfo> gpus;
-  int cpu_threads = 0;  // intra-op threads LibTorch uses on the CPU
+  int cpu_threads = 0;              // intra-op threads LibTorch uses on the CPU
+  std::string cpu_isa;              // the ISA oneDNN dispatches for (memory/cpu_isa.h)
+  bool cpu_rules_measured = false;  // the CPU kernels' memory rules measured on it, bf16 included
 };
 
 DeviceInfo describe_devices();

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "gclab/memory/cpu_isa.h"
+
 namespace gclab::memory {
 
 class LiveSet {
@@ -52,8 +54,10 @@ struct CpuConvolution {
 //   - oneDNN works in a blocked layout of cpu_channel_block() channels: an input of fewer channels than a
 //     block is read as it is and the output computed blocked (padded) and reordered; a wider input is
 //     copied into the blocked layout (padded) beside a copy of the weight, and the output is computed in
-//     place when its channels fill whole blocks, else in a padded buffer (the weight's copy padded, in its
-//     input channels too) that is then reordered (3x3: measured for 3 to 512 channels, 32² to 256²). A 1x1
+//     place when its channels fill whole blocks (then a buffer of the output's size is held once those
+//     copies are gone: the larger of the two counts, which is the output when it widens the channels enough,
+//     e.g. 24 -> 64 at 32²), else in a padded buffer (the weight's copy padded, in its input channels too)
+//     that is then reordered (3x3: measured for 3 to 512 channels, 16² to 256², on AVX2 and AVX-512). A 1x1
 //     kernel copies even a narrow input and its weight, and in bf16 accumulates in float32: a padded output
 //     for each thread with at least 512 positions; a float32 one that widens the channels holds a second
 //     output instead (1x1: measured on AVX-512 for 3 to 256 channels, 16² to 64², batch 1 and 2, one and
@@ -62,20 +66,6 @@ struct CpuConvolution {
 //     output positions (measured exact on Qwen-Image's autoencoder and the AutoencoderKL in bf16); a 1x1
 //     kernel needs none.
 int64_t cpu_convolution_temporaries(const CpuConvolution& conv, int threads);
-
-// oneDNN's channel block on this CPU: 16 with AVX-512, else 8.
-int cpu_channel_block();
-
-// A flag of this CPU as PyTorch reads it (at::cpu::get_cpu_capabilities: "avx512_f", "avx512_bw", ...).
-bool cpu_has(const char* flag);
-
-// Whether this CPU runs bf16 matmuls and convolutions through oneDNN (PyTorch's mkldnn_bf16_device_check:
-// AVX-512 BW, VL and DQ). Where it does, a bf16 matmul allocates oneDNN's scratch for a moment beside its
-// output (cpu_onednn_matmul_scratch), which the walks hold for the Linears' forwards (nn::linear) but not
-// yet for the backward's matmuls (more for a transposed operand; listed in the estimate's not_modelled).
-// Where it does not, a bf16 convolution runs slow_conv2d with its im2col columns
-// (cpu_convolution_temporaries).
-bool cpu_onednn_bf16();
 
 // oneDNN's scratch beside a bf16 matmul of `rows` x `contraction` elements on such a CPU, held for a moment
 // (measured for at::linear's forward, 1 to 4096 rows, 64 to 768 contraction elements, one and two threads):
