@@ -249,6 +249,10 @@ std::string summary(const Run& r) {
     row("peak (measured)", format_axis_bytes(number_or(*r.memory, "peak_bytes", 0)));
   }
   if (const double cap = cap_of(r); cap > 0) row("cap", format_axis_bytes(cap));
+  // Steps whose every loss was not finite: no update (AI Toolkit's "loss is nan"), counted by the run.
+  if (!r.steps.empty())
+    if (const double n = number_or(r.steps.back(), "nonfinite_steps", 0); n > 0)
+      row("steps skipped: loss not finite", std::to_string(static_cast<int64_t>(n)));
   h << "</table>";
   return h.str();
 }

@@ -66,6 +66,9 @@ int run_verb(const std::function<int()>& verb) {
   } catch (const gclab::train::SaveError& e) {
     gclab::log::error(e.what());
     return kExitSaveFailed;
+  } catch (const gclab::train::NonFiniteStop& e) {
+    gclab::log::error(e.what());
+    return kExitOther;
   } catch (const std::exception& e) {
     gclab::log::error(std::string("internal error: ") + e.what());
     return kExitOther;

@@ -681,6 +681,21 @@ class Validator {
 
   void datasets() {
     if (c_.datasets.empty()) warning("datasets", "no dataset given; `gclab train` needs at least one");
+    // AI Toolkit caches every dataset's text or none (toolkit/config_modules.py:1494-1500: a ValueError);
+    // train.cache_text_embeddings sets every dataset's flag first (jobs/process/BaseSDTrainProcess.py:153-155).
+    if (c_.train.cache_text_embeddings)
+      for (DatasetConfig& d : c_.datasets) d.cache_text_embeddings = true;
+    else
+      for (std::size_t i = 0; i < c_.datasets.size(); ++i)
+        if (c_.datasets[i].cache_text_embeddings)
+          for (std::size_t j = 0; j < c_.datasets.size(); ++j)
+            if (!c_.datasets[j].cache_text_embeddings) {
+              error("datasets[" + std::to_string(j) + "].cache_text_embeddings",
+                    "is false while datasets[" + std::to_string(i) +
+                        "] caches its text embeddings: AI Toolkit requires every dataset to cache them when one "
+                        "does (a ValueError there); set it on every dataset, or train.cache_text_embeddings: true");
+              return;
+            }
     for (std::size_t i = 0; i < c_.datasets.size(); ++i) {
       DatasetConfig& d = c_.datasets[i];
       const std::string p = "datasets[" + std::to_string(i) + "]";
@@ -792,6 +807,15 @@ class Validator {
       error("train.lr_scheduler_params.end_factor", "must be in [0, 1]");
     if (lp.cosine_decay_steps && *lp.cosine_decay_steps <= 0)
       error("train.lr_scheduler_params.cosine_decay_steps", "must be positive");
+    // AI Toolkit hands lr_scheduler_params to torch's CosineAnnealingLR as keywords (toolkit/scheduler.py:
+    // 11-15), which takes neither: its run stops with a TypeError before the first step.
+    if (t.lr_scheduler == LrScheduler::cosine)
+      for (const auto& [key, set] : {std::pair<const char*, bool>{"num_warmup_steps", lp.num_warmup_steps.has_value()},
+                                     {"cosine_decay_steps", lp.cosine_decay_steps.has_value()}})
+        if (set)
+          error(std::string("train.lr_scheduler_params.") + key,
+                "is not a keyword of torch's CosineAnnealingLR, which AI Toolkit's cosine schedule is (its run fails "
+                "with a TypeError); remove it, or use lr_scheduler: constant_with_warmup for a warm-up");
     if (given("train.noise_scheduler") && t.noise_scheduler != "flowmatch")
       warning("train.noise_scheduler",
               "gclab trains every model with flow matching; '" + t.noise_scheduler + "' is ignored");
@@ -806,7 +830,11 @@ class Validator {
     if (t.gradient_accumulation > 1 && t.gradient_accumulation_steps != 1)
       error("train.gradient_accumulation",
             "and train.gradient_accumulation_steps are mutually exclusive (as in AI Toolkit); keep one");
-    if (t.max_grad_norm < 0) error("train.max_grad_norm", "must not be negative (0 turns clipping off)");
+    if (t.max_grad_norm < 0) error("train.max_grad_norm", "must not be negative");
+    if (t.max_grad_norm == 0 && t.optimizer != config::OptimizerKind::adafactor)
+      warning("train.max_grad_norm",
+              "is 0: every gradient is clipped to zero, as AI Toolkit's clip_grad_norm_ does (SDTrainer.py:2276-2283); "
+              "nothing trains but weight decay. For no clipping, set a large value");
     if (t.ema_config.ema_decay < 0 || t.ema_config.ema_decay >= 1)
       error("train.ema_config.ema_decay", "must be in [0, 1)");
     // AI Toolkit's switch maps onto gclab's policy; an explicit policy wins, and a contradiction is said.

@@ -89,9 +89,21 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
   std::error_code ec;
   if (!fs::is_directory(folder, ec))
     throw DataError(where + ".folder_path: '" + folder.string() + "' does not exist or is not a folder");
+  // The folder and every folder below it, as AI Toolkit's os.walk (toolkit/data_loader.py:438-450): hidden
+  // folders and files (a leading '.') left out, and the images of any `_controls` folder.
   std::vector<fs::path> images;
-  for (const auto& entry : fs::directory_iterator(folder, ec))
-    if (entry.is_regular_file() && is_image_file(entry.path())) images.push_back(entry.path());
+  for (auto it = fs::recursive_directory_iterator(folder, fs::directory_options::skip_permission_denied, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const std::string name = it->path().filename().string();
+    if (it->is_directory(ec)) {
+      if (!name.empty() && name[0] == '.') it.disable_recursion_pending();
+      continue;
+    }
+    if (!name.empty() && name[0] != '.' && it->is_regular_file(ec) && is_image_file(it->path()) &&
+        it->path().parent_path().filename() != "_controls")
+      images.push_back(it->path());
+  }
   std::sort(images.begin(), images.end());
   ScanResult result;
   for (const auto& path : images) {
@@ -194,6 +206,13 @@ std::vector<std::string> disable_caption_randomness(config::DatasetConfig& datas
     dataset.shuffle_tokens = false;
   }
   return warnings;
+}
+
+std::string cached_dropout_caption(const config::DatasetConfig& dataset,
+                                   const std::optional<std::string>& trigger_word) {
+  const std::optional<std::string> item_trigger = dataset.trigger_word ? dataset.trigger_word : trigger_word;
+  if (!item_trigger || dataset.is_reg) return "";
+  return inject_trigger("", item_trigger, true);
 }
 
 std::string process_caption(const std::string& raw, const config::DatasetConfig& dataset,

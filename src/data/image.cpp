@@ -37,15 +37,9 @@ std::vector<unsigned char> read_all(const fs::path& path, size_t limit = SIZE_MA
   return bytes;
 }
 
-bool is_jpeg(const fs::path& path) {
-  const std::string ext = lower_extension(path);
-  return ext == ".jpg" || ext == ".jpeg";
-}
-
-// A JPEG's EXIF orientation (tag 0x0112 of IFD0 in its APP1 "Exif" segment), 1 when it has none or the
-// segment is malformed: what PIL's ImageOps.exif_transpose reads.
-int jpeg_orientation(const fs::path& path) {
-  const auto b = read_all(path, 1 << 17);
+// EXIF's orientation (tag 0x0112 of IFD0) in the TIFF structure at b[tiff...], 1 when it has none or it is
+// malformed: what PIL's ImageOps.exif_transpose reads.
+int tiff_orientation(const std::vector<unsigned char>& b, size_t tiff) {
   auto u16 = [&](size_t at, bool big) {
     return at + 2 > b.size() ? -1 : big ? (b[at] << 8 | b[at + 1]) : (b[at + 1] << 8 | b[at]);
   };
@@ -54,28 +48,72 @@ int jpeg_orientation(const fs::path& path) {
     return big ? (int64_t{b[at]} << 24 | b[at + 1] << 16 | b[at + 2] << 8 | b[at + 3])
                : (int64_t{b[at + 3]} << 24 | b[at + 2] << 16 | b[at + 1] << 8 | b[at]);
   };
-  if (b.size() < 4 || b[0] != 0xFF || b[1] != 0xD8) return 1;
-  size_t at = 2;
-  while (at + 4 <= b.size() && b[at] == 0xFF) {
-    const int marker = b[at + 1], length = u16(at + 2, true);
-    if (marker == 0xDA || marker == 0xD9 || length < 2) break;  // image data, or the end: no EXIF before
-    const size_t body = at + 4;
-    if (marker == 0xE1 && body + 14 <= b.size() && std::memcmp(&b[body], "Exif\0\0", 6) == 0) {
-      const size_t tiff = body + 6;
-      const bool big = b[tiff] == 'M';
-      const int64_t ifd = u32(tiff + 4, big);
-      if (ifd < 0) return 1;
-      const int count = u16(tiff + static_cast<size_t>(ifd), big);
-      for (int e = 0; e < count; ++e) {
-        const size_t entry = tiff + static_cast<size_t>(ifd) + 2 + 12 * static_cast<size_t>(e);
-        if (u16(entry, big) == 0x0112) {
-          const int value = u16(entry + 8, big);
-          return value >= 1 && value <= 8 ? value : 1;
-        }
-      }
-      return 1;
+  if (tiff + 8 > b.size()) return 1;
+  const bool big = b[tiff] == 'M';
+  const int64_t ifd = u32(tiff + 4, big);
+  if (ifd < 0) return 1;
+  const int count = u16(tiff + static_cast<size_t>(ifd), big);
+  for (int e = 0; e < count; ++e) {
+    const size_t entry = tiff + static_cast<size_t>(ifd) + 2 + 12 * static_cast<size_t>(e);
+    if (u16(entry, big) == 0x0112) {
+      const int value = u16(entry + 8, big);
+      return value >= 1 && value <= 8 ? value : 1;
     }
-    at = body - 2 + static_cast<size_t>(length);
+  }
+  return 1;
+}
+
+// The EXIF orientation of a JPEG (its APP1 "Exif" segment), a PNG (its eXIf chunk, before or after the image
+// data) or a WebP (its EXIF chunk, after the image data in the extended format; with or without the
+// "Exif\0\0" prefix): PIL reads each (ImageOps.exif_transpose of any format), as AI Toolkit loads every image
+// through it. 1 when there is none. PNG and WebP chunks are walked by their headers, their data skipped.
+int exif_orientation(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<unsigned char> head(12);
+  if (!in.read(reinterpret_cast<char*>(head.data()), 12)) return 1;
+  auto is = [](const unsigned char* p, const char* text, size_t n) { return std::memcmp(p, text, n) == 0; };
+  // The chunk at `at` of `size` bytes, read (at most 64 KiB: EXIF's own limit), its orientation.
+  auto orientation_at = [&](std::streamoff at, uint32_t size) {
+    std::vector<unsigned char> b(std::min<uint32_t>(size, 1 << 16));
+    in.clear();
+    in.seekg(at);
+    if (!in.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(b.size()))) return 1;
+    return tiff_orientation(b, b.size() >= 6 && is(b.data(), "Exif\0\0", 6) ? 6 : 0);
+  };
+  if (head[0] == 0xFF && head[1] == 0xD8) {  // JPEG: the segments before the image data
+    const auto b = read_all(path, 1 << 17);
+    size_t at = 2;
+    while (at + 4 <= b.size() && b[at] == 0xFF) {
+      const int marker = b[at + 1], length = b[at + 2] << 8 | b[at + 3];
+      if (marker == 0xDA || marker == 0xD9 || length < 2) break;
+      const size_t body = at + 4;
+      if (marker == 0xE1 && body + 6 <= b.size() && is(&b[body], "Exif\0\0", 6)) return tiff_orientation(b, body + 6);
+      at = body - 2 + static_cast<size_t>(length);
+    }
+    return 1;
+  }
+  unsigned char chunk[8];
+  if (is(head.data(), "\x89PNG\r\n\x1a\n", 8)) {  // PNG: [big-endian length][type][data][crc]
+    for (std::streamoff at = 8;;) {
+      in.clear();
+      in.seekg(at);
+      if (!in.read(reinterpret_cast<char*>(chunk), 8)) return 1;
+      const uint32_t length = uint32_t{chunk[0]} << 24 | uint32_t{chunk[1]} << 16 | uint32_t{chunk[2]} << 8 | chunk[3];
+      if (is(chunk + 4, "eXIf", 4)) return orientation_at(at + 8, length);
+      if (is(chunk + 4, "IEND", 4)) return 1;
+      at += 12 + static_cast<std::streamoff>(length);
+    }
+  }
+  if (is(head.data(), "RIFF", 4) && is(head.data() + 8, "WEBP", 4)) {  // WebP: [type][little-endian size][data]
+    for (std::streamoff at = 12;;) {
+      in.clear();
+      in.seekg(at);
+      if (!in.read(reinterpret_cast<char*>(chunk), 8)) return 1;
+      const uint32_t size =
+          uint32_t{chunk[4]} | uint32_t{chunk[5]} << 8 | uint32_t{chunk[6]} << 16 | uint32_t{chunk[7]} << 24;
+      if (is(chunk, "EXIF", 4)) return orientation_at(at + 8, size);
+      at += 8 + static_cast<std::streamoff>(size) + (size & 1);
+    }
   }
   return 1;
 }
@@ -121,6 +159,7 @@ std::optional<ImageSize> read_image_size(const fs::path& path, std::string* erro
       const auto head = read_all(path, 64);
       int w = 0, h = 0;
       if (!WebPGetInfo(head.data(), head.size(), &w, &h)) return fail("not a readable WebP header");
+      if (exif_orientation(path) >= 5) std::swap(w, h);
       return ImageSize{w, h};
     }
     int w = 0, h = 0, channels = 0;
@@ -128,7 +167,7 @@ std::optional<ImageSize> read_image_size(const fs::path& path, std::string* erro
     if (w <= 0 || h <= 0) return fail("zero-sized image");
     // A phone photo's EXIF orientation turns it: AI Toolkit sizes it after exif_transpose
     // (toolkit/data_transfer_object/data_loader.py:158).
-    if (is_jpeg(path) && jpeg_orientation(path) >= 5) std::swap(w, h);
+    if (exif_orientation(path) >= 5) std::swap(w, h);
     return ImageSize{w, h};
   } catch (const ImageError& e) {
     return fail(e.what());
@@ -166,7 +205,7 @@ torch::Tensor decode_pixels(const fs::path& path, int channels) {
 torch::Tensor decode_image_rgb(const fs::path& path) {
   const torch::Tensor out = decode_pixels(path, 3);
   // Upright as AI Toolkit loads it (exif_transpose, toolkit/dataloader_mixins.py:896).
-  return is_jpeg(path) ? oriented(out, jpeg_orientation(path)) : out;
+  return oriented(out, exif_orientation(path));
 }
 
 torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height) {

@@ -216,7 +216,10 @@ LoadedBatch BatchLoader::load(int64_t index) {
     bool dropped = false;
     out.captions.push_back(data::process_caption(item.caption, dataset, o_.trigger_word, rng, &dropped));
     // A dropped caption of a dataset whose embeddings are cached is the cached dropout embedding: text only
-    // (get_blank_text_embedding_path(text_only=True), toolkit/dataloader_mixins.py:2226-2236).
+    // (get_blank_text_embedding_path(text_only=True), toolkit/dataloader_mixins.py:2226-2236), of the item's
+    // own trigger word (get_dropout_caption, :2188-2193), not the job's the live path puts in.
+    if (dropped && dataset.cache_text_embeddings)
+      out.captions.back() = cached_dropout_caption(dataset, o_.trigger_word);
     text_only.push_back(dropped && dataset.cache_text_embeddings);
     out.image_files.push_back(item.image);
   }

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -307,27 +309,62 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, torch
   return out;
 }
 
+namespace {
+
+// Fault injection for the tests that kill a run inside a save: GCLAB_FAULT_KILL_IN_SAVE=N sends this
+// process SIGKILL halfway through the Nth file it writes (tests/cli/never_lose_work.cmake).
+void maybe_killed_midway(int fd, const std::string& bytes) {
+  static const char* const at = std::getenv("GCLAB_FAULT_KILL_IN_SAVE");
+  static int written = 0;
+  if (at == nullptr || ++written != std::atoi(at)) return;
+  if (::write(fd, bytes.data(), bytes.size() / 2) < 0) {
+  }
+  ::raise(SIGKILL);
+}
+
+// Writes all of `bytes` to fd; false on an error (errno set).
+bool write_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
 void save_safetensors(const std::filesystem::path& path,
                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   const std::string bytes = serialize_safetensors(tensors, metadata);
   std::error_code ec;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  // Written to a temporary name, flushed to the disk (fsync), then renamed over the old file and the folder
+  // flushed: a crash at any point leaves either the previous file or the new one whole, never a part.
   const std::filesystem::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw SafetensorsError(tmp.string() + ": cannot create: " + std::strerror(errno));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(tmp, ec);
-      throw SafetensorsError(path.string() + ": write failed (disk full?); the previous file, if any, is untouched");
-    }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw SafetensorsError(tmp.string() + ": cannot create: " + std::strerror(errno));
+  maybe_killed_midway(fd, bytes);
+  const bool ok = write_all(fd, bytes) && ::fsync(fd) == 0;
+  const int error = errno;
+  ::close(fd);
+  if (!ok) {
+    std::filesystem::remove(tmp, ec);
+    throw SafetensorsError(path.string() + ": write failed (" + std::strerror(error) +
+                           "; disk full?); the previous file, if any, is untouched");
   }
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);
     throw SafetensorsError(path.string() + ": cannot rename the finished file into place: " + ec.message());
+  }
+  const std::filesystem::path folder = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  if (const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+    ::fsync(dir);  // the rename itself reaches the disk
+    ::close(dir);
   }
 }
 

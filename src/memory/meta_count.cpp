@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <set>
 
 namespace gclab::memory {
 
@@ -62,6 +64,29 @@ void MetaCount::reset_peak() { meta_peak = meta_live.load(); }
 
 void meta_spike(int64_t bytes) {
   if (bytes > 0) at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(at::kMeta));
+}
+
+namespace {
+
+std::mutex gaps_mutex;
+std::set<std::string> gaps;
+
+}  // namespace
+
+void record_meta_gap(const c10::NotImplementedError& e) {
+  // The meta fallback's message starts with the operator's name: "aten::where.self: attempted to run ...".
+  std::string name = e.msg();
+  const size_t end = name.find(": ");
+  name = name.substr(0, std::min(end, name.find('\n')));
+  const std::lock_guard<std::mutex> lock(gaps_mutex);
+  gaps.insert(name);
+}
+
+std::vector<std::string> take_meta_gaps() {
+  const std::lock_guard<std::mutex> lock(gaps_mutex);
+  std::vector<std::string> out(gaps.begin(), gaps.end());
+  gaps.clear();
+  return out;
 }
 
 }  // namespace gclab::memory

@@ -124,7 +124,7 @@ Tensors DoubleStreamBlock::forward_block(const Tensors& in, const SubBlockRunner
     std::array<torch::Tensor, 3> out;
     for (size_t k = 0; k < 3; ++k) {
       out[k] = m[first + k].unsqueeze(1);
-      if (zero_cond) out[k] = torch::where(t[zero_at + 1], chunks(t[zero_at], 6)[first + k].unsqueeze(1), out[k]);
+      if (zero_cond) out[k] = nn::where(t[zero_at + 1], chunks(t[zero_at], 6)[first + k].unsqueeze(1), out[k]);
     }
     return out;
   };

@@ -125,6 +125,8 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
                           k.inpaint_random_chance != none.inpaint_random_chance || k.random_blur_mask ||
                           k.random_dialate_mask || k.do_random_inpainting;
   const ModelSpec preset = spec_by_preset(arch->preset);
+  if (const std::string changed = family_of(preset.family).resolve_model_config(c.model); !changed.empty())
+    if (c.model.quantize) d.warning("model.qtype", c.source.where("model.qtype"), changed);
   if (kwargs_set && !family_of(preset.family).controls_as_channels(preset))
     d.warning(
         "model.model_kwargs", c.source.where("model.model_kwargs"),

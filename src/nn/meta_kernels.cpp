@@ -151,10 +151,35 @@ torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Te
   return out;
 }
 
+namespace {
+
+// where.self on meta with its backward as autograd's (WhereBackward0 saves only the condition): each input's
+// gradient is where(condition, grad, 0) — a tensor of the output's shape — summed to the input's shape
+// where it was broadcast.
+class MetaWhere : public torch::autograd::Function<MetaWhere> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& condition, const torch::Tensor& a,
+                               const torch::Tensor& b) {
+    ctx->saved_data["a"] = a.sizes().vec();
+    ctx->saved_data["b"] = b.sizes().vec();
+    const auto shape = at::infer_size(condition.sizes(), at::infer_size(a.sizes(), b.sizes()));
+    return torch::empty(shape, a.options().dtype(at::promote_types(a.scalar_type(), b.scalar_type())));
+  }
+  static tensor_list backward(AutogradContext* ctx, const tensor_list& grads) {
+    const torch::Tensor& g = grads[0];
+    auto input_grad = [&](const char* which, bool needed) {
+      if (!needed) return torch::Tensor();
+      return torch::empty(g.sizes(), g.options()).sum_to_size(ctx->saved_data[which].toIntVector());
+    };
+    return {torch::Tensor(), input_grad("a", ctx->needs_input_grad(1)), input_grad("b", ctx->needs_input_grad(2))};
+  }
+};
+
+}  // namespace
+
 torch::Tensor where(const torch::Tensor& condition, const torch::Tensor& a, const torch::Tensor& b) {
-  if (!condition.is_meta()) return torch::where(condition, a, b);
-  const auto shape = at::infer_size(condition.sizes(), at::infer_size(a.sizes(), b.sizes()));
-  return torch::empty(shape, a.options().dtype(at::promote_types(a.scalar_type(), b.scalar_type())));
+  if (!condition.is_meta() && !a.is_meta()) return torch::where(condition, a, b);
+  return MetaWhere::apply(condition, a, b);
 }
 
 torch::Tensor masked_scatter(const torch::Tensor& x, const torch::Tensor& mask, const torch::Tensor& source) {

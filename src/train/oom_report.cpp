@@ -447,6 +447,10 @@ void write_oom_json(const std::filesystem::path& file, const OomContext& c, cons
   j["cap_bytes"] = c.cap_bytes;
   j["cap_counts"] = c.cap_counts;
   j["message"] = c.message;
+  j["skipped"] = nlohmann::ordered_json::array();
+  for (const auto& s : c.skipped)
+    j["skipped"].push_back(
+        {{"step", s.step}, {"phase", phase_name(s.phase)}, {"bucket", s.bucket}, {"batch", s.batch}});
   j["live_bytes"] = {{"weights", c.weight_bytes},
                      {"gradients", c.gradient_bytes},
                      {"optimizer", c.optimizer_bytes},
@@ -515,6 +519,13 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
       md << ".\n\n";
     }
     md << why_this_step(c);
+  }
+  if (!c.skipped.empty()) {
+    md << "## Skipped before it\n\nOut of memory earlier too; each of these steps was skipped (no update), as AI "
+          "Toolkit skips them, until the 4th in a row:\n\n| step | phase | bucket | batch |\n|---|---|---|---|\n";
+    for (const auto& s : c.skipped)
+      md << "| " << s.step << " | " << phase_name(s.phase) << " | " << s.bucket << " | " << s.batch << " |\n";
+    md << "\n";
   }
   md << "On CUDA the cap is the caching allocator's memory fraction; the CUDA context itself (a few hundred MiB) "
         "is outside it.\n\n";

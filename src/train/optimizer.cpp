@@ -659,31 +659,25 @@ double scheduled_lr(config::LrScheduler scheduler, const config::LrSchedulerPara
       const double start = params.start_factor.value_or(1.0 / 3.0), end = params.end_factor.value_or(1.0);
       return base_lr * (start + (end - start) * std::min(k, total) / total);
     }
-    case LrScheduler::cosine: {
-      const double warmup = params.num_warmup_steps.value_or(0);
-      const double decay = std::min<double>(params.cosine_decay_steps.value_or(total_steps), total);
-      const double min_ratio = params.eta_min.value_or(0.0) / std::max(1e-8, base_lr);
-      if (k < warmup) return base_lr * k / std::max(1.0, warmup);
-      if (k >= warmup + decay) return base_lr * min_ratio;
-      const double progress = std::clamp((k - warmup) / std::max(1.0, decay), 0.0, 1.0);
-      return base_lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(std::acos(-1.0) * progress)));
+    case LrScheduler::cosine: {  // torch CosineAnnealingLR(T_max = steps, eta_min): no warm-up
+      const double eta_min = params.eta_min.value_or(0.0);
+      return eta_min + (base_lr - eta_min) * 0.5 * (1.0 + std::cos(std::acos(-1.0) * std::min(k, total) / total));
     }
   }
   return base_lr;
 }
 
-double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+double clip_grad_norm(const std::vector<torch::Tensor>& params, std::optional<double> max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> squares;
   for (const auto& p : params)
     if (p.grad().defined()) squares.push_back(p.grad().to(torch::kDouble).pow(2).sum());
   if (squares.empty()) return 0.0;
   const double norm = std::sqrt(torch::stack(squares).sum().item<double>());
-  if (max_norm > 0 && norm > max_norm) {
-    const double factor = max_norm / (norm + 1e-6);
+  // torch's clip_coef = max_norm / (norm + 1e-6), clamped to 1: a no-op below the norm.
+  if (const double factor = max_norm ? *max_norm / (norm + 1e-6) : 1.0; factor < 1.0)
     for (const auto& p : params)
       if (p.grad().defined()) p.grad().mul_(factor);
-  }
   return norm;
 }
 

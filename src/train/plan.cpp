@@ -197,6 +197,9 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.arch = model::find_arch(config.model.arch);
   plan.spec = model::spec_for(config.model);
   plan.family = &model::family_of(plan.spec.family);
+  // What the arch's model class changes as it loads (the config loader applied it too; a config changed in
+  // code — an OOM report's lever — gets it here).
+  plan.family->resolve_model_config(plan.config.model);
   plan.local = model::local_model(config.model);
   plan.device = options.meta ? torch::Device(torch::kMeta) : resolve_device(config.device);
   plan.cuda = options.meta ? runs_on_cuda(config) : plan.device.is_cuda();

@@ -89,10 +89,13 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, int
     StepOptions so;
     so.loss_type = session.config().train.loss_type;
     so.dtype = session.plan().compute_dtype;
-    torch::Tensor loss = flow_matching_loss(model, mb, so);
+    // An op without a meta kernel ends the walk (memory::run_walk): the peaks counted before it stand, lower
+    // bounds, and the op is named in not_modelled.
+    torch::Tensor loss;
+    const bool forward_ran = memory::run_walk([&] { loss = flow_matching_loss(model, mb, so); });
     walked.forward = count.peak();
     count.reset_peak();
-    loss.backward();
+    if (forward_ran) memory::run_walk([&] { loss.backward(); });
     walked.backward = count.peak();
     for (const auto& [name, p] : session.trained()) {
       if (p.grad().defined()) walked.reached.insert(name);
@@ -218,6 +221,11 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
     if (reached.count(name)) e.gradient_bytes += static_cast<int64_t>(p.nbytes());  // in its dtype
   e.optimizer_bytes = session.optimizer().expected_state_bytes(reached);
   e.optimizer_step_bytes = session.optimizer().expected_step_bytes(reached);
+  // The EMA's update runs after the optimizer's, in the same phase: its float32 copies walked.
+  if (r.ema > 0)
+    e.optimizer_step_bytes =
+        std::max(e.optimizer_step_bytes,
+                 memory::inference_peak(session.plan().cuda ? c10::kCUDA : c10::kCPU, [&] { session.update_ema(); }));
   e.ema_bytes = r.ema;
   e.text_encoder_bytes = leaves ? 0 : r.text_encoder;
   e.vae = session.codec_spec().describe();
@@ -307,7 +315,7 @@ int64_t walk_preview_denoise(Session& session, bool cuda) {
     model::ModelInputs uncond = session.model().example_inputs(1, so.height, so.width, key[4], meta);
     for (const auto& shape : references) cond.reference_latents.push_back(torch::empty(shape, meta.dtype(so.dtype)));
     uncond.reference_latents = cond.reference_latents;
-    sample::euler_sample(session.model(), cond, uncond, so);
+    memory::run_walk([&] { sample::euler_sample(session.model(), cond, uncond, so); });
     peak = std::max(peak, count.peak());
   }
   return peak;
@@ -409,6 +417,7 @@ namespace {
 RunPlan meta_plan(RunPlan plan) {
   if (!plan.device.is_meta())
     throw std::invalid_argument("the memory model executes a plan for the meta device (PlanOptions::meta)");
+  memory::take_meta_gaps();  // from here on, the gaps of this model's walks (its load's included)
   return plan;
 }
 
@@ -447,6 +456,10 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
   preview_estimate(session, e, cuda_);
   e.save_bytes = save_estimate(session, e);
   not_modelled(config, e);
+  for (const std::string& op : memory::take_meta_gaps())
+    e.not_modelled.push_back("the walk met " + op +
+                             ", which has no meta kernel here: the phases walked through it are lower bounds (the "
+                             "peak counted before it)");
 }
 
 MemoryModel::~MemoryModel() = default;

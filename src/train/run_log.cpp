@@ -51,7 +51,8 @@ RunLog::RunLog(const fs::path& output_dir, int64_t start_step, int total_steps, 
   metrics_.flush();
 }
 
-void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& session, int oom_skips) {
+void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& session, int oom_skips,
+                  int nonfinite_steps) {
   const config::ProcessConfig& config = session.config();
   auto stats = session.meter().stats();
   const std::map<Phase, int64_t> peaks = session.phases().peaks();
@@ -81,7 +82,9 @@ void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& ses
                    {"reserved_bytes", stats.reserved_bytes},
                    {"cap_bytes", config.vram_cap.bytes},
                    {"cap_counts", session.meter().cap_counts()},
-                   {"oom_skips", oom_skips}}
+                   {"oom_skips", oom_skips},
+                   {"nonfinite_loss", r.nonfinite},
+                   {"nonfinite_steps", nonfinite_steps}}
                   .dump()
            << "\n";
   metrics_.flush();
@@ -93,12 +96,9 @@ void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& ses
     progress_line(step, total_steps_, r.loss, stats.live_bytes, config.vram_cap.bytes);
 }
 
-void RunLog::oom_skip(int64_t step, Phase phase, const std::string& bucket, int oom_skips) {
-  metrics_ << json{{"step", step},
-                   {"oom_skip", true},
-                   {"phase", phase_name(phase)},
-                   {"bucket", bucket},
-                   {"oom_skips", oom_skips}}
+void RunLog::oom_skip(int64_t step, Phase phase, const std::string& bucket, int batch, int oom_skips) {
+  metrics_ << json{{"step", step},     {"oom_skip", true}, {"phase", phase_name(phase)},
+                   {"bucket", bucket}, {"batch", batch},   {"oom_skips", oom_skips}}
                   .dump()
            << "\n";
   metrics_.flush();

@@ -619,7 +619,17 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
       auto scope = phase(Phase::forward);
       transformer_at_first_use();
       loss = flow_matching_loss(*model_, mb, so);
+      // The dataset's loss_multiplier weighs each item's loss before the batch's mean (SDTrainer.py:544,
+      // 994); a batch is one dataset's, so it weighs the mean.
+      if (d < config_.datasets.size() && config_.datasets[d].loss_multiplier != 1.0)
+        loss = loss * config_.datasets[d].loss_multiplier;
       if (reg && tc.reg_weight != 1.0) loss = loss * tc.reg_weight;
+    }
+    // A non-finite loss gives this micro-batch no gradient (SDTrainer.py:2221-2224: the loss replaced by a
+    // zero leaf, so its backward reaches no parameter).
+    if (!torch::isfinite(loss).all().item<bool>()) {
+      ++r.nonfinite;
+      continue;
     }
     {
       auto scope = phase(Phase::backward);
@@ -633,7 +643,8 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     }
     losses.push_back(loss.detach());
   }
-  r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr), step, tc.steps);
+  r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr),
+                      step - skipped_scheduler_steps_, tc.steps);
   r.updated = tc.optimizer_steps_at(step, epoch_start);
   for (const auto& [n, p] : trained_)
     if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
@@ -641,16 +652,19 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     auto scope = phase(Phase::optimizer);
     std::vector<torch::Tensor> params;
     for (const auto& [n, p] : trained_) params.push_back(p);
-    // hook_train_loop clips for every optimizer but Adafactor (the norm is still measured for the log).
-    r.grad_norm = clip_grad_norm(params, tc.optimizer == config::OptimizerKind::adafactor ? 0.0 : tc.max_grad_norm);
-    optimizer_->step(r.lr);
-    optimizer_->zero_grad();
-    if (!ema_.empty()) {
-      torch::NoGradGuard no_grad;
-      for (auto& [n, p] : trained_) ema_[n].mul_(tc.ema_config.ema_decay).add_(p, 1 - tc.ema_config.ema_decay);
+    // Without a gradient (every micro-batch's loss non-finite) the optimizer updates nothing: torch's
+    // optimizers skip parameters whose .grad is None. The EMA is still updated, as hook_train_loop does.
+    if (static_cast<int>(losses.size()) > 0) {
+      // hook_train_loop clips for every optimizer but Adafactor (the norm is still measured for the log).
+      r.grad_norm = clip_grad_norm(params, tc.optimizer == config::OptimizerKind::adafactor
+                                               ? std::nullopt
+                                               : std::optional<double>(tc.max_grad_norm));
+      optimizer_->step(r.lr);
     }
+    optimizer_->zero_grad();
+    update_ema();
   }
-  r.loss = torch::stack(losses).mean().item<double>();
+  r.loss = losses.empty() ? std::nan("") : torch::stack(losses).mean().item<double>();
   return r;
 }
 
@@ -850,6 +864,25 @@ void Session::with_ema_weights(const std::function<void()>& fn) {
     }
   } restore{trained_, live};
   fn();
+}
+
+void Session::update_ema() {
+  if (ema_.empty()) return;
+  torch::NoGradGuard no_grad;
+  const config::EmaConfig& ec = config_.train.ema_config;
+  const double one_minus_decay = 1.0 - ec.ema_decay;
+  for (auto& [n, p] : trained_) {
+    torch::Tensor& shadow = ema_.at(n);
+    // .to(kFloat) is the tensor itself when it is float32, as .float() is there: updated in place.
+    torch::Tensor s = shadow.to(torch::kFloat), param = p.to(torch::kFloat);
+    const torch::Tensor tmp = (s - param).mul_(one_minus_decay);
+    s.sub_(tmp);
+    bool update_param = false;
+    if (ec.use_feedback) param.add_(tmp * 10), update_param = true;
+    if (ec.param_multiplier != 1.0) param.mul_(ec.param_multiplier), update_param = true;
+    if (shadow.scalar_type() != torch::kFloat) copy_stochastic(shadow, s);
+    if (update_param && p.scalar_type() != torch::kFloat) copy_stochastic(p, param);
+  }
 }
 
 }  // namespace gclab::train

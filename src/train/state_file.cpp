@@ -2,8 +2,16 @@
 
 #include "gclab/config/yaml_json.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <regex>
 
@@ -11,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gclab/config/user_error.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/log/log.h"
 #include "gclab/model/diffusers_config.h"
@@ -125,6 +134,12 @@ RunSaves::RunSaves(fs::path dir, std::string name, int keep, bool diffusers_fold
     if (f.size() > suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0 &&
         f.rfind(name_ + "_", 0) == 0)
       step_saves_.emplace_back(weights_path(f.substr(0, f.size() - suffix.size())), entry.path());
+    // A save a killed run left half-written (io::save_safetensors' temporary name): the folder is this run's
+    // alone (RunFolderLock), so nothing writes it now.
+    if (f.rfind(name_, 0) == 0 && f.find(".safetensors.tmp-") != std::string::npos) {
+      log::info("removing " + entry.path().string() + ", a save an earlier run did not finish");
+      fs::remove(entry.path(), ec);
+    }
   }
   std::sort(step_saves_.begin(), step_saves_.end());
 }
@@ -136,6 +151,28 @@ fs::path RunSaves::weights_path(const std::string& stem) const {
 fs::path RunSaves::save(Session& session, int64_t step, bool final) {
   auto scope = session.phase(Phase::save);
   const config::ProcessConfig& config = session.config();
+  // Nothing is written (and no good save rotated away) where the weights would not be finite as saved: NaN,
+  // inf, or beyond save.dtype's range (a float16 save of weights an exploding update left above 65504).
+  // (aminmax: two scalars per tensor, no copy of it; a NaN anywhere makes both NaN.)
+  const torch::ScalarType dtype_saved = save_dtype(config);
+  const double largest = dtype_saved == torch::kHalf ? 65504.0
+                         : dtype_saved == torch::kBFloat16
+                             ? static_cast<double>(std::numeric_limits<c10::BFloat16>::max())
+                             : static_cast<double>(std::numeric_limits<float>::max());
+  session.with_ema_weights([&] {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, p] : session.trained()) {
+      const auto [lo, hi] = torch::aminmax(p);
+      const double low = lo.item<double>(), high = hi.item<double>();
+      if (std::isfinite(low) && std::isfinite(high) && -low <= largest && high <= largest) continue;
+      const auto newest = newest_state();
+      throw NonFiniteStop("the trained weights are not finite in save.dtype " +
+                          std::string(c10::toString(save_dtype(config))) + " at step " + std::to_string(step) + " (" +
+                          name + "): not saved; the saves made before are intact" +
+                          (newest ? " (the newest: " + newest->string() + ")" : "") +
+                          ". Lower train.lr, or check the data and the dtype");
+    }
+  });
   const fs::path weights = weights_path(final ? name_ : name_ + "_" + step_tag(step));
   if (!final) {
     Named state;
@@ -175,26 +212,46 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
   return weights;
 }
 
-std::optional<fs::path> RunSaves::newest_state() const {
+std::vector<fs::path> RunSaves::states() const {
   std::error_code ec;
-  if (!fs::is_directory(dir_, ec)) return std::nullopt;
+  std::vector<fs::path> out;
+  if (!fs::is_directory(dir_, ec)) return out;
   const std::regex pattern(std::regex_replace(name_, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") +
                            R"(_(\d{9})\.state\.safetensors)");
-  std::optional<fs::path> best;
-  std::string best_step;
-  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (std::regex_match(file, m, pattern) && m[1].str() > best_step) best_step = m[1].str(), best = entry.path();
-  }
-  return best;
+  for (const auto& entry : fs::directory_iterator(dir_, ec))
+    if (std::regex_match(entry.path().filename().string(), pattern)) out.push_back(entry.path());
+  std::sort(out.begin(), out.end());  // the step's nine digits: oldest first
+  return out;
+}
+
+std::optional<fs::path> RunSaves::newest_state() const {
+  const auto all = states();
+  if (all.empty()) return std::nullopt;
+  return all.back();
 }
 
 std::optional<int64_t> RunSaves::resume(Session& session) {
-  const auto found = newest_state();
-  if (!found) return std::nullopt;
-  const auto file = io::SafetensorsFile::open(*found);
-  const ByName all = file.tensors();
+  // The newest state whose every tensor reads; a damaged newer one is named and passed over (nothing of it
+  // reaches the session: it is read whole before any section is restored).
+  const std::vector<fs::path> all_states = states();
+  std::optional<fs::path> found;
+  ByName all;
+  for (auto it = all_states.rbegin(); it != all_states.rend() && !found; ++it) {
+    try {
+      const auto file = io::SafetensorsFile::open(*it);
+      all = file.tensors();
+      if (!all.count("step")) throw std::runtime_error("no `step` tensor");
+      found = *it;
+    } catch (const std::exception& e) {
+      log::warn("not resuming from " + it->string() + ": it does not read (" + e.what() +
+                "); trying the save before it. Move that file away to silence this");
+    }
+  }
+  if (!found) {
+    if (!all_states.empty())
+      log::warn("no save in " + dir_.string() + " reads whole: starting at step 0 (the damaged files are kept)");
+    return std::nullopt;
+  }
   for (const auto& section : state_sections()) {
     const std::string prefix = section.prefix;
     ByName part;
@@ -205,6 +262,31 @@ std::optional<int64_t> RunSaves::resume(Session& session) {
   const int64_t step = all.at("step").item<int64_t>();
   log::info("resumed from " + found->string() + " at step " + std::to_string(step));
   return step;
+}
+
+RunFolderLock::RunFolderLock(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path file = dir / ".gclab.lock";
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw UserError("cannot open " + file.string() + ": " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder(32, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    ::close(fd_);
+    fd_ = -1;
+    throw UserError(dir.string() + " is in use by another gclab train" +
+                    (holder.empty() ? std::string() : " (pid " + holder + ")") +
+                    ": wait for it to end, or give this run another `name` or `training_folder`");
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // the pid is only for the message a second run prints
+  }
+}
+
+RunFolderLock::~RunFolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
 }  // namespace gclab::train

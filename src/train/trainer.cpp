@@ -63,8 +63,7 @@ std::vector<data::Caption> run_captions(const std::vector<data::ImageItem>& item
     ds.caption_dropout_rate = 0;
     out.push_back({data::process_caption(item.caption, ds, trigger_word, unused), item.controls, {}, item.image});
     if (!drops) continue;
-    ds.caption_dropout_rate = 1;  // dropped for certain
-    out.push_back({data::process_caption(item.caption, ds, trigger_word, unused), {}, {}, item.image});
+    out.push_back({data::cached_dropout_caption(ds, trigger_word), {}, {}, item.image});
   }
   return out;
 }
@@ -127,6 +126,11 @@ class Run {
   void take_samples(int64_t at);
   // One optimizer step with the previews and saves it triggers, logged.
   void train_one();
+  void note_nonfinite(int64_t done, const StepResult& r);
+  void after_step(int64_t done);
+  // A save of the run's state and weights at `step` (RunSaves::save: refused, NonFiniteStop, where a
+  // trained tensor would not be finite in it).
+  fs::path save(int64_t step, bool final);
 
   const config::ProcessConfig& config_;
   const TrainOptions& options_;
@@ -148,6 +152,8 @@ class Run {
   int64_t last_good_step_ = 0;     // the parameters' step: what a save now would hold
   int64_t first_update_step_ = 0;  // the step whose update made the optimizer's state
   int consecutive_ooms_ = 0;
+  std::vector<OomContext::Skipped> skipped_;  // the batches skipped out of memory, for the report
+  int consecutive_nonfinite_ = 0;             // steps in a row whose every loss was not finite
 };
 
 void Run::prepare() {
@@ -225,15 +231,17 @@ void Run::loop() {
     try {
       train_one();
     } catch (const c10::OutOfMemoryError& e) {
-      on_oom(e);
-      --step_;  // skipped: the step is taken again with the next batch
+      on_oom(e);  // abort: throws; skip: the step counts, with no update (AI Toolkit's step loop)
+      summary_.end_step = last_good_step_ = step_ + 1;  // the last update's parameters, at this step's index
+      oom_guarded([&] { after_step(step_ + 1); });
     } catch (const SaveError&) {
       throw;  // the previous save is intact; nothing more can be written
+    } catch (const NonFiniteStop&) {
+      throw;  // the saves before are the good ones: nothing is saved over them
     } catch (const std::exception& e) {
       // Anything else that ends the run (unusable data, a bug): the last good state first.
       log::error(std::string("stopping at step ") + std::to_string(step_ + 1) + ": " + e.what());
-      if (last_good_step_ > summary_.start_step)
-        summary_.saves.push_back(saves_.save(session_, last_good_step_, false));
+      if (last_good_step_ > summary_.start_step) summary_.saves.push_back(save(last_good_step_, false));
       throw;
     }
   }
@@ -262,18 +270,62 @@ void Run::train_one() {
   });
   last_good_step_ = done;
   if (r.before_first_update && r.updated) first_update_step_ = done;
+  note_nonfinite(done, r);
   const double step_s = seconds_since(t_step);
   summary_.losses.push_back(r.loss);
   summary_.data_wait_s += r.data_wait_s;
   summary_.step_s += step_s;
   summary_.end_step = done;
   // Previews and saves belong to this step: their phase peaks go in its metrics line.
+  after_step(done);
+  log_->step(done, r, step_s, session_, summary_.oom_skips, summary_.nonfinite_steps);
+  consecutive_ooms_ = 0;
+  const int limit = config_.train.max_nonfinite_steps;
+  if (limit > 0 && consecutive_nonfinite_ >= limit) {
+    log_->end_progress();
+    const auto newest = saves_.newest_state();
+    throw NonFiniteStop(std::to_string(consecutive_nonfinite_) + " steps in a row had a loss that was not finite (" +
+                        "the last at step " + std::to_string(done) +
+                        "): stopped (train.max_nonfinite_steps: " + std::to_string(limit) +
+                        "). The saves made before are intact" + (newest ? "; the newest is " + newest->string() : "") +
+                        ". Lower train.lr, or check the data and the dtype");
+  }
+}
+
+// A step's previews and saves, when due: after its update, and after a step skipped out of memory, as AI
+// Toolkit's step loop samples and saves at a skipped step too.
+void Run::after_step(int64_t done) {
   const auto& sample = config_.sample;
   if (session_.sampling() && done % sample->sample_every == 0 && done >= sample->sample_start_step) take_samples(done);
-  if (done < config_.train.steps && done % config_.save.save_every == 0)
-    summary_.saves.push_back(saves_.save(session_, done, false));
-  log_->step(done, r, step_s, session_, summary_.oom_skips);
-  consecutive_ooms_ = 0;
+  if (done < config_.train.steps && done % config_.save.save_every == 0) {
+    if (consecutive_nonfinite_ > 0)  // the good saves before it are not rotated away
+      log::warn("step " + std::to_string(done) + ": save deferred: the loss was not finite");
+    else
+      summary_.saves.push_back(save(done, false));
+  }
+}
+
+fs::path Run::save(int64_t step, bool final) { return saves_.save(session_, step, final); }
+
+// AI Toolkit prints "loss is nan" and trains on (SDTrainer.py:2221-2224); gclab says which step, counts it
+// for metrics.jsonl and report.html, and stops after train.max_nonfinite_steps of them in a row.
+void Run::note_nonfinite(int64_t done, const StepResult& r) {
+  if (r.nonfinite == 0) {
+    consecutive_nonfinite_ = 0;
+    return;
+  }
+  if (!r.all_nonfinite()) {
+    consecutive_nonfinite_ = 0;
+    log::warn("step " + std::to_string(done) + ": " + std::to_string(r.nonfinite) + " of " +
+              std::to_string(session_.accumulation()) +
+              " micro-batches' losses were not finite; left out of the update");
+    return;
+  }
+  ++consecutive_nonfinite_;
+  ++summary_.nonfinite_steps;
+  log::warn("step " + std::to_string(done) +
+            ": the loss is not finite; no gradient and no update, as AI Toolkit skips it (" +
+            std::to_string(consecutive_nonfinite_) + " in a row)");
 }
 
 void Run::on_oom(const c10::OutOfMemoryError& e) {
@@ -283,12 +335,17 @@ void Run::on_oom(const c10::OutOfMemoryError& e) {
   const Phase phase = session_.current_phase();
   const bool in_step = phase != Phase::sample && phase != Phase::save;
   session_.meter().release_cached();  // what the failed step held goes back before anything else runs
-  if (config_.train.oom_policy == config::OomPolicy::skip && in_step && ++consecutive_ooms_ < 3) {
+  // AI Toolkit's step loop (BaseSDTrainProcess.py:2624-2647): an OOM in the step zeroes the gradients and
+  // skips the batch — the step counts, with no update and no LR step — and the 4th in a row raises. An OOM
+  // while sampling or saving is not caught there; here it stops with the report.
+  if (config_.train.oom_policy == config::OomPolicy::skip && in_step && ++consecutive_ooms_ <= 3) {
     ++summary_.oom_skips;
+    skipped_.push_back({step_ + 1, phase, session_.current_bucket(), session_.current_batch()});
     log::warn("out of memory at step " + std::to_string(step_ + 1) + " in " + phase_name(phase) + " (bucket " +
-              session_.current_bucket() + "); batch skipped (train.oom_policy: skip, " +
-              std::to_string(consecutive_ooms_) + " in a row)");
-    log_->oom_skip(step_ + 1, phase, session_.current_bucket(), summary_.oom_skips);
+              session_.current_bucket() + ", batch " + std::to_string(session_.current_batch()) + "); skipping batch " +
+              std::to_string(consecutive_ooms_) + "/3 (train.oom_policy: skip)");
+    log_->oom_skip(step_ + 1, phase, session_.current_bucket(), session_.current_batch(), summary_.oom_skips);
+    session_.skip_scheduler_step();
     session_.phases().clear();
     session_.meter().reset_peak();
     return;
@@ -316,9 +373,10 @@ void Run::stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::Memor
   ctx.last_step_phase_peaks = log_->last_step_peaks();
   ctx.last_good_step = last_good_step_;
   ctx.first_update_step = first_update_step_;
+  ctx.skipped = skipped_;
   session_.lift_cap();  // nothing lost: the save is not part of the experiment
   try {
-    ctx.saved_weights = saves_.save(session_, last_good_step_, false).string();
+    ctx.saved_weights = save(last_good_step_, false).string();
   } catch (const std::exception& save_error) {
     log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
   }
@@ -334,8 +392,11 @@ void Run::finish() {
   if (session_.sampling() && !summary_.interrupted && step_ > summary_.start_step && step_ % sample_every != 0)
     take_samples(step_);
   if (summary_.interrupted) log::info("stopped at step " + std::to_string(step_) + " (interrupted); saving");
-  summary_.saves.push_back(saves_.save(session_, step_, false));  // the state for --resume
-  if (!summary_.interrupted) summary_.saves.push_back(saves_.save(session_, step_, true));
+  if (consecutive_nonfinite_ > 0)
+    log::warn("the last " + std::to_string(consecutive_nonfinite_) +
+              " steps' losses were not finite: the weights saved now are those of the last update before them");
+  summary_.saves.push_back(save(step_, false));  // the state for --resume
+  if (!summary_.interrupted) summary_.saves.push_back(save(step_, true));
   summary_.unusable_images = loader_->unusable_files();
   if (reg_loader_)
     for (auto& f : reg_loader_->unusable_files()) summary_.unusable_images.push_back(f);
@@ -350,6 +411,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   const auto t_start = Clock::now();
   TrainSummary summary;
   summary.output_dir = fs::path(config.training_folder) / config.name;
+  const RunFolderLock lock(summary.output_dir);  // before anything in the folder is written
   fs::create_directories(summary.output_dir / "samples");
   std::ofstream(summary.output_dir / "config.resolved.yaml") << config::to_yaml(config);
   log::add_file((summary.output_dir / "log.txt").string());

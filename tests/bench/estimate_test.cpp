@@ -79,6 +79,29 @@ TEST(Estimate, TheMemoryModelExecutesAMetaPlan) {
   EXPECT_THROW(train::MemoryModel{std::move(plan)}, std::invalid_argument);
 }
 
+// Every config shape AI Toolkit's UI writes for a modelled arch (configs/aitk-ui/: resolution lists, empty
+// `controls`, the text encoder resident and quantized) plans at full size on meta, also with the text
+// embeddings cached, the text encoder unquantized and low_vram: no internal error, and the walk runs every op
+// it meets (no "the walk met" entry in not_modelled). Qwen-Image-Edit-2511's per-token modulation
+// (torch::where on meta) ended `check` with exit 1 before.
+TEST(Estimate, EveryUiConfigPlansAtFullSize) {
+  const std::vector<std::vector<std::string>> variants = {
+      {}, {"train.cache_text_embeddings=true"}, {"model.quantize_te=false", "model.low_vram=true"}};
+  int planned = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(GCLAB_SOURCE_DIR) / "configs" / "aitk-ui")) {
+    for (const auto& overrides : variants) {
+      const std::string what = entry.path().filename().string() + (overrides.empty() ? "" : " " + overrides.front());
+      train::MemoryEstimate e;
+      ASSERT_NO_THROW(e = estimate_memory(load(entry.path().string(), overrides))) << what;
+      ASSERT_FALSE(e.resolutions.empty()) << what;
+      for (const std::string& gap : e.not_modelled)
+        EXPECT_EQ(gap.find("the walk met"), std::string::npos) << what << ": " << gap;
+      ++planned;
+    }
+  }
+  EXPECT_GE(planned, 8 * 3);
+}
+
 // On a CPU whose kernels the bf16 rules were not measured exact on (memory::cpu_bf16_bound: AVX-512 without
 // BF16, AMX), a bf16 CPU estimate says so in not_modelled, with the bounds measured there; float32's never
 // does from AVX2 up. Run under ONEDNN_MAX_CPU_ISA=AVX2 and =AVX512_CORE too (ctest's isa.* entries).
@@ -456,13 +479,14 @@ TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
   so.sizes = {{256, 256}};
   data::write_synthetic_dataset(dir / "data", so);
   auto config_for = [&](const std::string& name, const std::string& policy, int batch) {
-    const std::string yaml =
-        "name: " + name + "\ntraining_folder: " + dir.string() +
-        "\ndevice: cpu\nvram_cap: 60MiB\nnetwork: {type: lora, linear: 8}\n"
-        "save: {dtype: float32, save_every: 1000}\n"
-        "datasets:\n  - folder_path: " +
-        (dir / "data").string() + "\n    resolution: [256]\ntrain: {batch_size: " + std::to_string(batch) +
-        ", steps: 2, dtype: fp32, lr: 1e-4, checkpoint_policy: " + policy + "}\nmodel: {arch: tiny-flux, vae: dct}\n";
+    const std::string yaml = "name: " + name + "\ntraining_folder: " + dir.string() +
+                             "\ndevice: cpu\nvram_cap: 60MiB\nnetwork: {type: lora, linear: 8}\n"
+                             "save: {dtype: float32, save_every: 1000}\n"
+                             "datasets:\n  - folder_path: " +
+                             (dir / "data").string() +
+                             "\n    resolution: [256]\ntrain: {batch_size: " + std::to_string(batch) +
+                             ", steps: 2, dtype: fp32, lr: 1e-4, oom_policy: abort, checkpoint_policy: " + policy +
+                             "}\nmodel: {arch: tiny-flux, vae: dct}\n";
     auto r = model::load_config_text(yaml, "fit.yaml");
     if (!r.ok()) throw std::runtime_error(r.diagnostics.all().front().format());
     return *r.config;

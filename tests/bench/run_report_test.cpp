@@ -154,8 +154,8 @@ TEST(RunReport, ATrainingRunsPageHasItsStepsPhasesAndPreviewsInside) {
 
 TEST(RunReport, ARunThatRanOutMarksTheStepAndTheCap) {
   const fs::path dir = testing::fresh_dir("run_report_oom");
-  const auto config =
-      testing::tiny_config(dir, "o", {"train.steps=3", "train.gradient_checkpointing=false", "vram_cap=12MiB"});
+  const auto config = testing::tiny_config(
+      dir, "o", {"train.steps=3", "train.gradient_checkpointing=false", "vram_cap=12MiB", "train.oom_policy=abort"});
   EXPECT_THROW(train::train(config, {}), train::OutOfMemoryStop);
   const std::string html = read(write_run_report(dir / "o"));
   EXPECT_NE(html.find("Out of memory"), std::string::npos);

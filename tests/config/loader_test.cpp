@@ -247,6 +247,51 @@ TEST(ConfigLoader, LayerOffloadingTurnsQfloat8IntoFloat8AsAiToolkitsModelConfig)
   EXPECT_TRUE(r.diagnostics.mentions("becomes float8")) << all_messages(r);
 }
 
+// AI Toolkit's cosine is torch's CosineAnnealingLR with lr_scheduler_params as its keywords
+// (toolkit/scheduler.py:11-15): a warm-up there is a TypeError before the first step, so it is refused
+// here; constant_with_warmup takes it.
+TEST(ConfigLoader, CosineTakesNoWarmUpAsTorchsCosineAnnealingLr) {
+  for (const char* key : {"num_warmup_steps=10", "cosine_decay_steps=100"}) {
+    const auto r = load(kMinimal, {"train.lr_scheduler=cosine", std::string("train.lr_scheduler_params.") + key});
+    EXPECT_FALSE(r.ok()) << key;
+    EXPECT_TRUE(r.diagnostics.mentions("CosineAnnealingLR")) << all_messages(r);
+  }
+  EXPECT_TRUE(load(kMinimal, {"train.lr_scheduler=cosine", "train.lr_scheduler_params.eta_min=1e-6"}).ok());
+  EXPECT_TRUE(
+      load(kMinimal, {"train.lr_scheduler=constant_with_warmup", "train.lr_scheduler_params.num_warmup_steps=10"})
+          .ok());
+}
+
+// One dataset caching its text embeddings and another not is AI Toolkit's ValueError
+// (toolkit/config_modules.py:1494-1500); every one, or train.cache_text_embeddings, is fine.
+TEST(ConfigLoader, MixedTextEmbeddingCachingAcrossDatasetsIsRefusedAsAiToolkitRefusesIt) {
+  const std::string two = "datasets.1={folder_path: /tmp, resolution: [256]}";
+  const auto mixed = load(kMinimal, {two, "datasets.1.cache_text_embeddings=true"});
+  EXPECT_FALSE(mixed.ok());
+  EXPECT_TRUE(mixed.diagnostics.mentions("datasets[0].cache_text_embeddings")) << all_messages(mixed);
+  EXPECT_TRUE(
+      load(kMinimal, {two, "datasets.0.cache_text_embeddings=true", "datasets.1.cache_text_embeddings=true"}).ok());
+  EXPECT_TRUE(load(kMinimal, {two, "datasets.1.cache_text_embeddings=true", "train.cache_text_embeddings=true"}).ok());
+}
+
+// Z-Image with an assistant adapter: its model class merges the adapter into the full-precision weights and
+// quantizes after, turning qfloat8 into float8 first (extensions_built_in/diffusion_models/z_image/
+// z_image.py:224-228); FLUX.1 (toolkit/assistant_lora.py) keeps qfloat8; so does Z-Image without one.
+TEST(ConfigLoader, ZImagesAssistantAdapterTurnsQfloat8IntoFloat8) {
+  const std::vector<std::string> quantized = {"network.type=lora", "network.linear=4", "model.quantize=true"};
+  auto qtype = [&](const std::string& arch, bool assistant) {
+    std::vector<std::string> o = quantized;
+    o.push_back("model.arch=" + arch);
+    if (assistant) o.push_back("model.assistant_lora_path=/nowhere/adapter.safetensors");
+    const auto r = load(kMinimal, o);
+    EXPECT_TRUE(r.ok()) << all_messages(r);
+    return r.ok() ? r.config->model.qtype : QType::uint8;
+  };
+  EXPECT_EQ(qtype("tiny-zimage", true), QType::float8);
+  EXPECT_EQ(qtype("tiny-zimage", false), QType::qfloat8);
+  EXPECT_EQ(qtype("tiny-flux", true), QType::qfloat8);
+}
+
 struct BadValue {
   std::string override_text;
   std::string expected;  // text the diagnostic must contain

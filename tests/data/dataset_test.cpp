@@ -149,6 +149,22 @@ TEST(Dataset, MissingAndEmptyFoldersAreClearErrors) {
   fs::remove_all(dir);
 }
 
+// The scan walks the folder as AI Toolkit's os.walk does (toolkit/data_loader.py:438-450): images in
+// subfolders train too; hidden folders and files, and `_controls` folders, are left out.
+TEST(Dataset, SubfoldersAreScannedAndHiddenAndControlsFoldersLeftOut) {
+  const fs::path dir = testing::fresh_dir("data_walk");
+  SynthOptions o;
+  o.count = 1;
+  o.sizes = {{64, 64}};
+  for (const char* sub : {"", "a", "a/b", ".hidden", "_controls"}) write_synthetic_dataset(dir / sub, o);
+  fs::copy_file(dir / "synth_0000.png", dir / ".dot.png");
+  const ScanResult r = scan_dataset(dataset_at(dir), 0);
+  std::set<std::string> found;
+  for (const auto& item : r.items) found.insert(fs::relative(item.image, dir).string());
+  EXPECT_EQ(found, (std::set<std::string>{"synth_0000.png", "a/synth_0000.png", "a/b/synth_0000.png"}));
+  fs::remove_all(dir);
+}
+
 TEST(Dataset, WebpSizeFromTheHeaderAndDecoding) {
   const fs::path dir = testing::fresh_dir("data_webp");
   std::vector<uint8_t> rgb(40 * 24 * 3, 128);
@@ -341,6 +357,87 @@ TEST(Image, ExifOrientationTurnsJpegsAsPilDoes) {
     EXPECT_LT((got.to(torch::kFloat) - want).abs().mean().item<double>(), 2.0) << "orientation " << o;
   }
   if (!pil) GTEST_SKIP() << "checked without PIL: the reference did not run";
+  fs::remove_all(dir);
+}
+
+// PIL's exif_transpose turns PNGs (an eXIf chunk) and WebPs (an EXIF chunk, the extended VP8X format) too,
+// and AI Toolkit loads every format through it: the same eight orientations as for JPEG, the size from the
+// headers and the pixels as PIL gives them (PNG exactly; WebP to its decoders' rounding), and gclab's own
+// decode of the unmarked file turned.
+uint32_t crc32_of(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (const unsigned char c : bytes) {
+    crc ^= c;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+std::string le32(uint32_t v) {
+  return {static_cast<char>(v & 255), static_cast<char>(v >> 8 & 255), static_cast<char>(v >> 16 & 255),
+          static_cast<char>(v >> 24)};
+}
+
+TEST(Image, ExifOrientationTurnsPngsAndWebpsAsPilDoes) {
+  const fs::path dir = testing::fresh_dir("image_exif_png_webp");
+  torch::Tensor image = torch::linspace(0, 200, 64).view({1, 64, 1}).expand({40, 64, 3}).clone();
+  image.narrow(0, 0, 10).narrow(1, 0, 16).fill_(255);
+  image = image.round().to(torch::kUInt8);
+  const std::string command =
+      std::string("\"") + GCLAB_PYTHON + "\" \"" + GCLAB_SOURCE_DIR + "/tests/reference/exif_transpose.py\"";
+  for (const std::string ext : {".png", ".webp"}) {
+    write_image(dir / ("plain" + ext), image);
+    const torch::Tensor plain = decode_image_rgb(dir / ("plain" + ext));
+    std::string bytes;
+    {
+      std::ifstream in(dir / ("plain" + ext), std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    std::string files;
+    for (int o = 1; o <= 8; ++o) {
+      // A little-endian TIFF header, IFD0 with one entry: Orientation (0x0112, SHORT) = o.
+      const std::string tiff = std::string("II*\0\x08\0\0\0\x01\0\x12\x01\x03\0\x01\0\0\0", 18) +
+                               std::string(1, static_cast<char>(o)) + std::string(7, '\0');
+      std::string marked;
+      if (ext == ".png") {  // eXIf after IHDR (8 + 25 bytes): [length][type][data][crc of type and data]
+        const std::string type_data = "eXIf" + tiff;
+        std::string length = le32(static_cast<uint32_t>(tiff.size())), crc = le32(crc32_of(type_data));
+        std::reverse(length.begin(), length.end());
+        std::reverse(crc.begin(), crc.end());
+        marked = bytes.substr(0, 33) + length + type_data + crc + bytes.substr(33);
+      } else {  // VP8X (EXIF flag, canvas 64 x 40), the image's chunk, then EXIF
+        std::string vp8x =
+            "VP8X" + le32(10) + std::string("\x08\0\0\0", 4) + le32(63).substr(0, 3) + le32(39).substr(0, 3);
+        const std::string body =
+            "WEBP" + vp8x + bytes.substr(12) + "EXIF" + le32(static_cast<uint32_t>(tiff.size())) + tiff;
+        marked = "RIFF" + le32(static_cast<uint32_t>(body.size())) + body;
+      }
+      const fs::path file = dir / ("o" + std::to_string(o) + ext);
+      std::ofstream(file, std::ios::binary) << marked;
+      files += " \"" + file.string() + "\"";
+    }
+    const bool pil = std::system((command + files + " > /dev/null").c_str()) == 0;
+    for (int o = 1; o <= 8; ++o) {
+      const fs::path file = dir / ("o" + std::to_string(o) + ext);
+      const torch::Tensor got = decode_image_rgb(file);
+      const auto size = read_image_size(file);
+      ASSERT_TRUE(size) << ext << " " << o;
+      EXPECT_EQ(size->width, got.size(1)) << ext << " " << o;
+      EXPECT_EQ(got.size(1), o >= 5 ? 40 : 64) << ext << " " << o;
+      if (o == 6) {
+        EXPECT_TRUE(torch::equal(got, torch::rot90(plain, -1, {0, 1}))) << ext << ": 90 degrees clockwise";
+      }
+      if (!pil) continue;
+      std::ifstream in(file.string() + ".rgb", std::ios::binary);
+      std::string raw((std::istreambuf_iterator<char>(in)), {});
+      ASSERT_EQ(raw.size(), static_cast<size_t>(got.numel())) << ext << " " << o;
+      const torch::Tensor want =
+          torch::from_blob(raw.data(), {got.size(0), got.size(1), 3}, torch::kUInt8).to(torch::kFloat);
+      const double diff = (got.to(torch::kFloat) - want).abs().mean().item<double>();
+      EXPECT_LE(diff, ext == ".png" ? 0.0 : 2.0) << ext << " orientation " << o;
+    }
+    if (!pil) GTEST_SKIP() << "checked without PIL: the reference did not run";
+  }
   fs::remove_all(dir);
 }
 

@@ -109,6 +109,9 @@ TEST(Quantize, EachArchLeavesWhatItsAiToolkitLoaderLeaves) {
                 path.rfind("all_x_embedder", 0) == 0 || path.rfind("all_final_layer", 0) == 0)
         << path;
   EXPECT_TRUE(kept("tiny-qwen-image", {"*"}).empty());
+  // SD3's own branch of the StableDiffusion loader calls quantize(transformer, weights=...) without
+  // quantize_kwargs (stable_diffusion_model.py:425-429): every Linear.
+  EXPECT_TRUE(kept("tiny-sd3", {"*"}).empty());
   EXPECT_TRUE(kept("tiny-flux", {}).empty());
   const auto flux = kept("tiny-flux", {"*time_text_embed*"});
   ASSERT_FALSE(flux.empty());

@@ -7,6 +7,8 @@
 
 #include <cstdio>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "gclab/memory/cpu_isa.h"
 #include "gclab/memory/live_set.h"
@@ -15,6 +17,7 @@
 #include "gclab/model/lora.h"
 #include "gclab/model/registry.h"
 #include "gclab/model/transformer.h"
+#include "gclab/nn/meta_kernels.h"
 
 namespace gclab::model {
 namespace {
@@ -106,6 +109,24 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, MetaWalk,
                              if (c == '-') c = '_';
                            return n;
                          });
+
+// An op without a meta kernel ends a walk, not the program: run_walk names it and the count so far stands.
+TEST(MetaCount, AnOpWithoutAMetaKernelEndsTheWalkAndIsNamed) {
+  memory::take_meta_gaps();
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  memory::MetaCount count(c10::kCPU);
+  torch::Tensor kept;
+  const bool ran = memory::run_walk([&] {
+    kept = torch::empty({256}, meta);  // counted before the op
+    const torch::Tensor cond = torch::empty({256}, meta.dtype(torch::kBool));
+    torch::where(cond, kept, kept);  // aten::where.self has no C++ meta kernel in LibTorch 2.11
+  });
+  EXPECT_FALSE(ran);
+  EXPECT_GE(count.peak(), 256 * 4);
+  EXPECT_EQ(memory::take_meta_gaps(), std::vector<std::string>{"aten::where.self"});
+  EXPECT_TRUE(memory::take_meta_gaps().empty());
+  EXPECT_TRUE(memory::run_walk([&] { nn::where(torch::empty({256}, meta.dtype(torch::kBool)), kept, kept); }));
+}
 
 // A MetaCount stands for its target device while it lives and restores the one before.
 TEST(MetaCount, TargetsNest) {

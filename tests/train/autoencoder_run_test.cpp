@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "../support/test_util.h"
@@ -57,10 +58,16 @@ TEST(SessionAutoencoder, LowVramTilesQwenImagePreviewsAsAiToolkitDoes) {
 }
 
 // AI Toolkit builds buckets, crops and batches once, in epoch 0 (dataloader_mixins.py:222-225), and its
-// DataLoader only reorders those batches: every later epoch has epoch 0's batches, the same members.
+// DataLoader only reorders those batches: every later epoch has epoch 0's batches, the same members — and,
+// under random_crop, the same crops (each file's pixels equal in every epoch; the images' aspects leave the
+// crop a few pixels of freedom in its bucket).
 TEST(Loader, LaterEpochsReorderTheFirstEpochsBatches) {
   const fs::path dir = testing::fresh_dir("epoch_batches");
-  const auto config = tiny_config(dir, "e", {"model.vae=dct"});
+  data::SynthOptions o;
+  o.count = 6;
+  o.sizes = {{100, 64}, {64, 100}, {90, 70}};
+  data::write_synthetic_dataset(dir / "data", o);
+  const auto config = tiny_config(dir, "e", {"model.vae=dct", "datasets.0.random_crop=true"});
   Session session(config);
   data::BatchLoader loader(items_of(config), config.datasets, session.codec(), loader_options(session), 0);
   const int64_t per_epoch = loader.batches_per_epoch();
@@ -75,19 +82,59 @@ TEST(Loader, LaterEpochsReorderTheFirstEpochsBatches) {
       return joined;
     }();
   };
+  // Each file's latent (its crop, encoded by the deterministic stand-in) as epoch 0 gave it.
+  std::map<std::string, torch::Tensor> pixels;
+  auto same_crops = [&](const data::LoadedBatch& b) {
+    const torch::Tensor& x = b.latents.defined() ? b.latents : b.images;
+    bool same = true;
+    for (size_t j = 0; j < b.image_files.size(); ++j) {
+      const auto [it, fresh] = pixels.emplace(b.image_files[j].filename().string(), x[static_cast<int64_t>(j)]);
+      same = same && (fresh || torch::equal(it->second, x[static_cast<int64_t>(j)]));
+    }
+    return same;
+  };
   std::multiset<std::string> first;
   std::vector<std::string> first_order;
-  for (int64_t i = 0; i < per_epoch; ++i)
-    first_order.push_back(members(loader.next())), first.insert(first_order.back());
+  for (int64_t i = 0; i < per_epoch; ++i) {
+    const data::LoadedBatch b = loader.next();
+    first_order.push_back(members(b)), first.insert(first_order.back());
+    same_crops(b);
+  }
   bool reordered = false;
   for (int epoch = 1; epoch < 6; ++epoch) {
     std::multiset<std::string> batches;
     std::vector<std::string> order;
-    for (int64_t i = 0; i < per_epoch; ++i) order.push_back(members(loader.next())), batches.insert(order.back());
+    for (int64_t i = 0; i < per_epoch; ++i) {
+      const data::LoadedBatch b = loader.next();
+      order.push_back(members(b)), batches.insert(order.back());
+      EXPECT_TRUE(same_crops(b)) << "epoch " << epoch << ": a crop was drawn again";
+    }
     EXPECT_EQ(batches, first) << "epoch " << epoch;
     reordered = reordered || order != first_order;
   }
   EXPECT_TRUE(reordered);
+  fs::remove_all(dir);
+}
+
+// A dropped caption is the job's trigger word when encoded live (the training step puts it in,
+// BaseSDTrainProcess.py:1076-1081), but the item's own — its dataset's — when the text embeddings are cached:
+// AI Toolkit caches get_dropout_caption() of the file item (toolkit/dataloader_mixins.py:2188-2193, 2288-2301).
+// train.cache_text_embeddings sets every dataset's flag (BaseSDTrainProcess.py:153-155).
+TEST(Loader, ACachedDropoutCaptionCarriesTheDatasetsTriggerWord) {
+  const fs::path dir = testing::fresh_dir("cached_dropout_caption");
+  auto first_caption = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"model.vae=dct", "trigger_word=job", "datasets.0.trigger_word=dsw",
+                               "datasets.0.caption_dropout_rate=1"});
+    const auto config = tiny_config(dir, "d", extra);
+    Session session(config);
+    data::LoaderOptions lo = loader_options(session);
+    lo.trigger_word = config.trigger_word;
+    data::BatchLoader loader(items_of(config), config.datasets, session.codec(), lo, 0);
+    return loader.next().captions.at(0);
+  };
+  EXPECT_EQ(first_caption({}), "job ");
+  EXPECT_EQ(first_caption({"train.cache_text_embeddings=true"}), "dsw ");
+  EXPECT_EQ(first_caption({"datasets.0.cache_text_embeddings=true"}), "dsw ");
   fs::remove_all(dir);
 }
 

@@ -20,6 +20,7 @@
 #include "gclab/train/oom_report.h"
 #include "gclab/train/predict.h"
 #include "gclab/train/session.h"
+#include "gclab/train/state_file.h"
 #include "gclab/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -306,14 +307,30 @@ TEST_F(OomScenario, AnEditModelsReferenceTokensRunOutWithCheckpointingOffAndTheF
   EXPECT_NO_THROW(train(load("edit", {"datasets.0.control_path=[]", "name=edit_without_controls"}), {}));
 }
 
-// oom_policy: skip drops the batch and goes on, and gives up after 3 in a row, as AI Toolkit does.
-TEST_F(OomScenario, SkipPolicyDropsBatchesAndAbortsAfterThreeInARow) {
-  const auto config = load("gc_off", {"train.oom_policy=skip", "name=gc_off_skip"});
+// oom_policy: skip (the default) drops the batch as AI Toolkit's step loop does (BaseSDTrainProcess.py:
+// 2624-2647): the step counts with no update, and the 4th in a row stops the run — with the state saved and
+// every skipped batch (step, phase, bucket, batch) in the report, which AI Toolkit does not write.
+TEST_F(OomScenario, SkipPolicyDropsBatchesAndStopsAtTheFourthInARow) {
+  const auto config = load("gc_off", {"train.oom_policy=skip", "name=gc_off_skip", "train.steps=6"});
   EXPECT_THROW(train(config, {}), OutOfMemoryStop);
   std::ifstream metrics(dir_ / "out" / "gc_off_skip" / "metrics.jsonl");
-  int skips = 0;
-  for (std::string line; std::getline(metrics, line);) skips += nlohmann::json::parse(line).value("oom_skip", false);
-  EXPECT_EQ(skips, 2);  // the third in a row stops the run
+  std::vector<int64_t> skipped;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("oom_skip", false)) {
+      skipped.push_back(j["step"].get<int64_t>());
+      EXPECT_EQ(j["batch"], 2);
+      EXPECT_EQ(j["phase"], "forward");
+    }
+  }
+  EXPECT_EQ(skipped, (std::vector<int64_t>{1, 2, 3}));  // each skipped step counts: the 4th stops the run
+  std::ifstream in(dir_ / "out" / "gc_off_skip" / "oom_report.json");
+  const auto report = nlohmann::json::parse(in);
+  EXPECT_EQ(report["step"], 4);
+  ASSERT_EQ(report["skipped"].size(), 3u);
+  EXPECT_EQ(report["skipped"][2]["step"], 3);
+  EXPECT_FALSE(report["skipped"][2]["bucket"].get<std::string>().empty());
+  EXPECT_FALSE(RunSaves(dir_ / "out" / "gc_off_skip", "gc_off_skip", 0).newest_state() == std::nullopt);
 }
 
 }  // namespace

@@ -430,8 +430,11 @@ TEST(LrSchedulers, EachGivesAiToolkitsRate) {
   p.num_warmup_steps = 10, p.start_factor = 0.5, p.eta_min = 1e-5;
   EXPECT_DOUBLE_EQ(lr(LrScheduler::constant_with_warmup, 5, p), 0.5e-4);
   EXPECT_DOUBLE_EQ(lr(LrScheduler::linear, 0, p), 0.5e-4);
-  EXPECT_DOUBLE_EQ(lr(LrScheduler::cosine, 5, p), 0.5e-4);     // warm-up
-  EXPECT_NEAR(lr(LrScheduler::cosine, 2010, p), 1e-5, 1e-15);  // the floor after the decay
+  // cosine: torch's CosineAnnealingLR(T_max = steps, eta_min), closed form; no warm-up (toolkit/scheduler.py:11-15)
+  EXPECT_DOUBLE_EQ(lr(LrScheduler::cosine, 0, p), 1e-4);
+  EXPECT_NEAR(lr(LrScheduler::cosine, 1000, p), 1e-5 + 0.5 * (1e-4 - 1e-5), 1e-15);
+  EXPECT_NEAR(lr(LrScheduler::cosine, 500, p), 1e-5 + (1e-4 - 1e-5) * 0.5 * (1 + std::cos(std::acos(-1.0) / 4)), 1e-15);
+  EXPECT_NEAR(lr(LrScheduler::cosine, 2000, p), 1e-5, 1e-15);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 
@@ -304,7 +306,7 @@ TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
   // gradient_accumulation: 2 micro-batches in one step, their gradients summed into one update.
   double summed = 0;
   {
-    Session session(tiny_config(dir, "a", {"train.gradient_accumulation=2", "train.max_grad_norm=0"}));
+    Session session(tiny_config(dir, "a", {"train.gradient_accumulation=2", "train.max_grad_norm=1e30"}));
     torch::manual_seed(5);
     summed = session.train_step(0, next(session)).grad_norm;
   }
@@ -312,7 +314,7 @@ TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
   // gradients, and of the second one's alone.
   double by_hand = 0, second = 0;
   {
-    Session session(tiny_config(dir, "o", {"train.max_grad_norm=0"}));
+    Session session(tiny_config(dir, "o", {"train.max_grad_norm=1e30"}));
     auto norm = [&] {
       double sq = 0;
       for (const auto& p : session.model().parameters())
@@ -334,7 +336,7 @@ TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
   // The legacy gradient_accumulation_steps: 2 trains one micro-batch a step and updates on every second
   // step (is_grad_accumulation_step); hook_train_loop zeroes the gradients at the start of every step, so
   // the update at step 1 carries step 1's gradient only, and the weights stay as they were at step 0.
-  Session session(tiny_config(dir, "l", {"train.gradient_accumulation_steps=2", "train.max_grad_norm=0"}));
+  Session session(tiny_config(dir, "l", {"train.gradient_accumulation_steps=2", "train.max_grad_norm=1e30"}));
   torch::manual_seed(5);
   const auto before = snapshot(session);
   const StepResult r0 = session.train_step(0, next(session));
@@ -377,8 +379,46 @@ TEST(Session, AdafactorGradientsAreNotClippedAsInAiToolkit) {
       if (!torch::allclose(a[i], b[i], 1e-6, 1e-7)) return false;
     return true;
   };
-  EXPECT_TRUE(same(weights_after_a_step("adafactor", "1e-9"), weights_after_a_step("adafactor", "0")));
-  EXPECT_FALSE(same(weights_after_a_step("adamw", "1e-9"), weights_after_a_step("adamw", "0")));
+  EXPECT_TRUE(same(weights_after_a_step("adafactor", "1e-9"), weights_after_a_step("adafactor", "1e30")));
+  EXPECT_FALSE(same(weights_after_a_step("adamw", "1e-9"), weights_after_a_step("adamw", "1e30")));
+  fs::remove_all(dir);
+}
+
+// max_grad_norm: 0 clips every gradient to zero, as torch's clip_grad_norm_ does in AI Toolkit
+// (SDTrainer.py:2276-2283): without weight decay AdamW then moves nothing; a large norm trains.
+TEST(Session, MaxGradNormZeroClipsEveryGradientToZeroAsAiToolkit) {
+  const fs::path dir = testing::fresh_dir("session_clip_zero");
+  auto moved = [&](const std::string& max_norm) {
+    Session session(tiny_config(
+        dir, "c" + max_norm,
+        {"train.optimizer=adamw", "train.optimizer_params.weight_decay=0", "train.max_grad_norm=" + max_norm}));
+    std::vector<torch::Tensor> before;
+    for (const auto& p : session.model().parameters()) before.push_back(p.detach().clone());
+    torch::manual_seed(5);
+    const StepResult r = session.train_step(0, [&] { return session.synthetic_batch(1, 64, 64); });
+    EXPECT_GT(r.grad_norm, 0) << max_norm;  // the norm measured before clipping
+    bool any = false;
+    size_t i = 0;
+    for (const auto& p : session.model().parameters()) any = any || !torch::equal(p, before[i++]);
+    return any;
+  };
+  EXPECT_FALSE(moved("0"));
+  EXPECT_TRUE(moved("1e30"));
+  fs::remove_all(dir);
+}
+
+// A dataset's loss_multiplier weighs its items' losses (SDTrainer.py:544, 994): twice the multiplier, twice
+// the loss and the gradient norm of the same step.
+TEST(Session, ADatasetsLossMultiplierWeighsItsLoss) {
+  const fs::path dir = testing::fresh_dir("session_loss_multiplier");
+  auto step = [&](const std::string& m) {
+    Session session(tiny_config(dir, "m" + m, {"datasets.0.loss_multiplier=" + m, "train.max_grad_norm=1e30"}));
+    torch::manual_seed(5);
+    return session.train_step(0, [&] { return session.synthetic_batch(1, 64, 64); });
+  };
+  const StepResult one = step("1"), two = step("2");
+  EXPECT_NEAR(two.loss, 2 * one.loss, 1e-6 * one.loss);
+  EXPECT_NEAR(two.grad_norm, 2 * one.grad_norm, 1e-5 * one.grad_norm);
   fs::remove_all(dir);
 }
 
@@ -489,6 +529,40 @@ TEST(Session, PreviewsUseTheEmaWeightsAndRestoreTheLiveOnes) {
   fs::remove_all(dir);
 }
 
+// AI Toolkit's EMA (toolkit/ema.py:100-153) in a bf16 full fine-tune: the update in float32, written back to
+// the bf16 shadow by stochastic rounding. With round-to-nearest a 0.998 EMA of bf16 weights never moves
+// (each step, 0.001 here, is below half a bf16 spacing near 1); here, 500 updates toward weights moved by 0.5
+// move the EMA 1 - 0.998^500 = 63.2% of the way on average, as in float32.
+TEST(Session, EmaOfBf16WeightsMovesAsInFloat32) {
+  const fs::path dir = testing::fresh_dir("session_ema_bf16");
+  Session session(tiny_config(
+      dir, "e",
+      {"network=null", "train.dtype=bf16", "train.ema_config.use_ema=true", "train.ema_config.ema_decay=0.998"}));
+  std::vector<torch::Tensor> start;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [n, p] : session.trained()) {
+      ASSERT_EQ(p.scalar_type(), torch::kBFloat16) << n;
+      start.push_back(p.to(torch::kFloat));
+      p.add_(0.5);
+    }
+  }
+  torch::manual_seed(1);
+  for (int i = 0; i < 500; ++i) session.update_ema();
+  double moved = 0, elements = 0;
+  session.with_ema_weights([&] {
+    size_t i = 0;
+    for (auto& [n, p] : session.trained()) {
+      moved += (p.to(torch::kFloat) - start[i++]).sum().item<double>() / 0.5;
+      elements += static_cast<double>(p.numel());
+    }
+  });
+  const double expected = 1 - std::pow(0.998, 500);
+  std::printf("the bf16 EMA moved %.4f of the way (float32: %.4f)\n", moved / elements, expected);
+  EXPECT_NEAR(moved / elements, expected, 0.01);
+  fs::remove_all(dir);
+}
+
 // The model's prediction less the flow-matching target (noise - x0) for a micro-batch, without gradients: the
 // loss tests' own reckoning of what flow_matching_loss reduces.
 torch::Tensor velocity_error(Session& session, const MicroBatch& mb) {
@@ -528,7 +602,8 @@ TEST(Session, LossTypeAndNoiseOffsetAsAiToolkit) {
 // the end the ones the trace leaves allocated.
 TEST(Trainer, AMemorySnapshotOpensInPyTorchsMemoryTools) {
   const fs::path dir = testing::fresh_dir("memory_snapshot");
-  const auto config = tiny_config(dir, "s", {"train.steps=3", "train.gradient_checkpointing=false", "vram_cap=12MiB"});
+  const auto config = tiny_config(
+      dir, "s", {"train.steps=3", "train.gradient_checkpointing=false", "vram_cap=12MiB", "train.oom_policy=abort"});
   TrainOptions options;
   options.memory_snapshot = dir / "snapshot.pickle";
   EXPECT_THROW(train(config, options), OutOfMemoryStop);

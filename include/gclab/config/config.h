@@ -108,6 +108,9 @@ struct DatasetConfig {
   bool invert_mask = false;
   double mask_min_value = 0.0;
   bool is_reg = false;
+  // Each item's loss times this (toolkit/config_modules.py:1042; SDTrainer.calculate_loss, SDTrainer.py:544,
+  // 994: per item, before the batch's mean).
+  double loss_multiplier = 1.0;
 
   template <class V>
   void fields(V& v) {
@@ -134,6 +137,7 @@ struct DatasetConfig {
     v("invert_mask", invert_mask);
     v("mask_min_value", mask_min_value);
     v("is_reg", is_reg);
+    v("loss_multiplier", loss_multiplier);
     v.ignore({"type",
               "dataset_path",
               "random_triggers",
@@ -157,7 +161,6 @@ struct DatasetConfig {
               "caption_type",
               "clip_image_path",
               "replacements",
-              "loss_multiplier",
               "num_workers",
               "prefetch_factor",
               "square_crop",
@@ -173,11 +176,11 @@ struct DatasetConfig {
 // train.lr_scheduler_params: what AI Toolkit passes to its scheduler (toolkit/scheduler.py); each unset
 // value is the scheduler's own default.
 struct LrSchedulerParams {
-  std::optional<int> num_warmup_steps;    // constant_with_warmup (default 1000), cosine (default 0)
+  std::optional<int> num_warmup_steps;    // constant_with_warmup (default 1000); refused under cosine
   std::optional<double> start_factor;     // linear: torch LinearLR (default 1/3)
   std::optional<double> end_factor;       // linear (default 1)
   std::optional<double> eta_min;          // cosine's floor (default 0)
-  std::optional<int> cosine_decay_steps;  // cosine: steps of decay after the warm-up (default train.steps)
+  std::optional<int> cosine_decay_steps;  // read only to refuse it: CosineAnnealingLR takes no such keyword
 
   template <class V>
   void fields(V& v) {
@@ -192,12 +195,16 @@ struct LrSchedulerParams {
 struct EmaConfig {
   bool use_ema = false;
   double ema_decay = 0.999;
+  // toolkit/ema.py: push the trained weights away from the EMA by 10x its step, and scale them each update.
+  bool use_feedback = false;
+  double param_multiplier = 1.0;
 
   template <class V>
   void fields(V& v) {
     v("use_ema", use_ema);
     v("ema_decay", ema_decay);
-    v.ignore({"use_feedback", "param_multiplier"});
+    v("use_feedback", use_feedback);
+    v("param_multiplier", param_multiplier);
   }
 };
 
@@ -283,9 +290,14 @@ struct TrainConfig {
   // Absent from the file means "follow gradient_checkpointing" (true -> full, false -> off); always set
   // after loading.
   std::optional<ckpt::CheckpointPolicy> checkpoint_policy;
-  // gclab: on out of memory, `abort` (save the last good state, write the report, exit 3) or `skip` the
-  // batch and go on, aborting after 3 OOMs in a row (AI Toolkit's behaviour).
-  OomPolicy oom_policy = OomPolicy::abort;
+  // gclab: on out of memory in a step, `skip` the batch as AI Toolkit does (the step counts with no update;
+  // the 4th in a row stops the run: state saved, report written, exit 3) or `abort` at the first (the
+  // same stop; configs/oom/ reproduce a scenario with it).
+  OomPolicy oom_policy = OomPolicy::skip;
+  // gclab: a step whose every micro-batch had a non-finite loss is skipped as AI Toolkit skips it (no
+  // gradient, no update: SDTrainer.py:2221-2224); this many such steps in a row stop the run (exit 1) with
+  // the saves it made before kept. AI Toolkit has no limit; 0 means none here too.
+  int max_nonfinite_steps = 10;
   // gclab: with checkpoint_policy budget:BYTES, also measure the blocks' activations on a probe forward at
   // the largest batch and resolution (nothing checkpointed) and log them beside the ledger's. The policy
   // comes from the ledger either way; the probe runs under the out-of-memory handler.
@@ -341,6 +353,7 @@ struct TrainConfig {
     v("ema_config", ema_config);
     v("checkpoint_policy", checkpoint_policy);
     v("oom_policy", oom_policy);
+    v("max_nonfinite_steps", max_nonfinite_steps);
     v("budget_probe", budget_probe);
     v.ignore({"train_unet",
               "unet_lr",

@@ -60,6 +60,13 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index);
 // the trigger word alone, or ''; text only, without an edit model's control images).
 std::vector<std::string> disable_caption_randomness(config::DatasetConfig& dataset);
 
+// The dropout caption AI Toolkit caches for an item (FileItemDTO.get_dropout_caption,
+// toolkit/dataloader_mixins.py:2188-2193): its own trigger word — the dataset's, else the job's — put into
+// '' ("dsw "), '' for an is_reg item or without a trigger word. What a dropped caption is when the dataset's
+// text embeddings are cached; encoded live, it is the job's trigger word (process_caption).
+std::string cached_dropout_caption(const config::DatasetConfig& dataset,
+                                   const std::optional<std::string>& trigger_word);
+
 // A dataset caption as the step trains on it (trigger, dropout, shuffling, as AI Toolkit's get_caption and
 // the training step make it); `dropped` (when given) says whether caption dropout dropped it.
 std::string process_caption(const std::string& raw, const config::DatasetConfig& dataset,

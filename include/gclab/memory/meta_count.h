@@ -12,8 +12,12 @@
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace gclab::memory {
 
@@ -43,13 +47,33 @@ c10::DeviceType meta_target();
 // A kernel's own temporaries on the meta device: `bytes` allocated and freed at once (a counted spike).
 void meta_spike(int64_t bytes);
 
+// An op the walk met that has no meta kernel (its name, "aten::where.self"): recorded by run_walk.
+void record_meta_gap(const c10::NotImplementedError& e);
+// The ops recorded since the last call (each once), and forgets them.
+std::vector<std::string> take_meta_gaps();
+
+// Runs `walk`, code on meta tensors. An op with no meta kernel (LibTorch's meta fallback raises
+// c10::NotImplementedError) ends the walk, not the program: the op is recorded (take_meta_gaps) and what the
+// counts saw before it stands, a lower bound of the walk's peak. Returns whether the walk ran to its end.
+template <class Walk>
+bool run_walk(Walk&& walk) {
+  try {
+    walk();
+    return true;
+  } catch (const c10::NotImplementedError& e) {
+    record_meta_gap(e);
+    return false;
+  }
+}
+
 // The peak of `run` — code run on meta tensors made before it, without a graph (an inference: an encode, a
-// decode, a quantization) — above what was live when it started, walked for `target`'s kernels.
+// decode, a quantization) — above what was live when it started, walked for `target`'s kernels (run_walk:
+// up to an op without a meta kernel).
 template <class Run>
 int64_t inference_peak(c10::DeviceType target, Run&& run) {
   at::NoGradGuard no_grad;
   MetaCount count(target);
-  run();
+  run_walk(std::forward<Run>(run));
   return count.peak();
 }
 

@@ -94,6 +94,10 @@ class ModelFamily {
   // back out while sampling); the others fail on it when they sample (BaseModel.generate_images reads an
   // assistant network they never built), so gclab refuses it up front.
   virtual bool takes_assistant_adapter(const std::string& /*arch*/) const { return false; }
+  // What the arch's model class changes in model's settings as it loads (run once, after the config is read;
+  // returns what to tell the user, empty when nothing changed). Z-Image: an assistant adapter turns qfloat8
+  // into float8.
+  virtual std::string resolve_model_config(config::ModelConfig& /*model*/) const { return {}; }
   // Whether a dataset's control_path images enter as channels beside the latents (Flex.2: encoded at the
   // training image's size every step, flex2.py:513-521) rather than as reference tokens (spec.edit).
   virtual bool controls_as_channels(const ModelSpec& /*spec*/) const { return false; }

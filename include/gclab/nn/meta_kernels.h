@@ -47,7 +47,8 @@ torch::Tensor convolution(const torch::Tensor& x, const torch::Tensor& weight, c
 torch::Tensor group_norm(const torch::Tensor& x, int64_t groups, const torch::Tensor& weight, const torch::Tensor& bias,
                          double eps);
 
-// torch::where(condition, a, b) on any device.
+// torch::where(condition, a, b) on any device; on meta with its backward (each input's gradient a tensor of
+// the output's shape, summed to the input's where it was broadcast).
 torch::Tensor where(const torch::Tensor& condition, const torch::Tensor& a, const torch::Tensor& b);
 
 // x.masked_scatter(mask, source) on any device: a contiguous copy of x, filled.

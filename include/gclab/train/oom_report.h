@@ -39,6 +39,14 @@ struct OomContext {
   int64_t first_update_step = 0;
   int64_t last_good_step = 0;
   std::string saved_weights;  // what was saved before exiting
+  // The batches skipped out of memory before this one (train.oom_policy: skip), oldest first.
+  struct Skipped {
+    int64_t step = 0;
+    Phase phase = Phase::forward;
+    std::string bucket;
+    int batch = 0;
+  };
+  std::vector<Skipped> skipped;
 };
 
 // What every out-of-memory error's context starts from: the config's checkpoint policy and cap, the device

@@ -145,8 +145,9 @@ double scheduled_lr(config::LrScheduler scheduler, const config::LrSchedulerPara
 // the probability of the dropped part (unbiased); any other pair of dtypes a plain copy.
 void copy_stochastic(torch::Tensor& target, const torch::Tensor& source);
 
-// Clips the global gradient norm to max_norm (<= 0: no clipping); returns the norm before clipping. One
-// host synchronisation whatever the number of tensors.
-double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
+// Clips the global gradient norm to max_norm as torch.nn.utils.clip_grad_norm_ does: every gradient times
+// min(1, max_norm / (norm + 1e-6)), so max_norm 0 zeroes them (AI Toolkit's max_grad_norm: 0); nullopt only
+// measures. Returns the norm before clipping. One host synchronisation whatever the number of tensors.
+double clip_grad_norm(const std::vector<torch::Tensor>& params, std::optional<double> max_norm);
 
 }  // namespace gclab::train

@@ -36,9 +36,11 @@ class RunLog {
 
   // A finished optimizer step (previews and saves it triggered included): its metrics line, the progress
   // line when due; then the session's phase peaks and the meter's peak start again.
-  void step(int64_t step, const StepResult& result, double step_s, Session& session, int oom_skips);
+  // `oom_skips` and `nonfinite_steps`: the run's counts so far.
+  void step(int64_t step, const StepResult& result, double step_s, Session& session, int oom_skips,
+            int nonfinite_steps);
   // A batch dropped out of memory (train.oom_policy: skip).
-  void oom_skip(int64_t step, Phase phase, const std::string& bucket, int oom_skips);
+  void oom_skip(int64_t step, Phase phase, const std::string& bucket, int batch, int oom_skips);
   // Ends an in-place progress line.
   void end_progress();
   // memory.json: the run's peaks and what held memory at its end, for reports and other tools.

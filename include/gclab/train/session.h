@@ -78,6 +78,10 @@ struct StepResult {
   std::vector<data::Caption> captions;
   double data_wait_s = 0;
   int64_t gradient_bytes = 0;  // held just before the update
+  // Micro-batches whose loss was not finite: no backward, no gradient (AI Toolkit's zero leaf); when every
+  // micro-batch's was, no update either (`loss` is then NaN).
+  int nonfinite = 0;
+  bool all_nonfinite() const { return nonfinite > 0 && loss != loss; }
 };
 
 class Session {
@@ -97,6 +101,10 @@ class Session {
   torch::Device device() const { return device_; }
   bool bf16() const { return config_.train.dtype == config::DType::bf16; }
   int accumulation() const { return config_.train.accumulation(); }
+  // A step skipped out of memory: AI Toolkit's LR scheduler did not step for it (hook_train_loop raised
+  // before lr_scheduler.step()), so the later steps' learning rates lag by one (not kept in the state: AI
+  // Toolkit's resume fast-forwards the scheduler to the step, forgetting the lag too).
+  void skip_scheduler_step() { ++skipped_scheduler_steps_; }
 
   // Memory: the meter, the per-phase peaks of the current step, and the phase now running.
   memory::MemoryMeter& meter() { return meter_; }
@@ -203,8 +211,14 @@ class Session {
   const LoadMemory& load_memory() const { return load_; }
   // The trained tensors replaced by their EMA for the duration of fn (saving), when EMA is on.
   void with_ema_weights(const std::function<void()>& fn);
+  // AI Toolkit's EMA update after an optimizer step (toolkit/ema.py:100-153), when EMA is on: per tensor, in
+  // float32 whatever the shadow's dtype — s -= (s - p)(1 - decay) — then written back to a bf16 shadow by
+  // stochastic rounding (copy_stochastic), so that a slow EMA moves at all; use_feedback and
+  // param_multiplier as there. On a meta session it is walked for its temporaries (the optimizer phase).
+  void update_ema();
 
  private:
+  int64_t skipped_scheduler_steps_ = 0;
   // The constructor's steps, in order.
   void start_memory();
   void load_transformer();

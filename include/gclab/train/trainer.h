@@ -40,7 +40,8 @@ struct TrainSummary {
   std::vector<std::string> unusable_images;  // could not be decoded; replaced, not used again
   double total_s = 0, data_wait_s = 0, step_s = 0;
   int64_t peak_bytes = 0;
-  int oom_skips = 0;  // batches dropped under train.oom_policy: skip
+  int oom_skips = 0;        // batches dropped under train.oom_policy: skip
+  int nonfinite_steps = 0;  // steps whose every micro-batch's loss was not finite: no update
 };
 
 // Runs the config's training. Throws UserError (data::DataError among them) for an unusable setting or

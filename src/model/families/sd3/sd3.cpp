@@ -61,6 +61,9 @@ class Sd3 final : public ModelFamily {
   }
 
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::sd3; }
+  // The StableDiffusion loader's SD3 branch quantizes with `quantize(transformer, weights=qtype)` and no
+  // model.quantize_kwargs (toolkit/stable_diffusion_model.py:425-429): every Linear.
+  config::QuantizeKwargs quantization_filter(const config::ModelConfig&) const override { return {}; }
   // CLIP-L and bigG (projected) and T5-XXL.
   std::vector<config::TextEncoderKind> text_encoders() const override {
     using K = config::TextEncoderKind;

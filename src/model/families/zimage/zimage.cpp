@@ -42,6 +42,14 @@ class ZImage final : public ModelFamily {
   std::string lora_key_prefix() const override { return "diffusion_model."; }
   // load_training_adapter (z_image.py:84-165): merged in, inverted while sampling.
   bool takes_assistant_adapter(const std::string&) const override { return true; }
+  // ZImageModel.load_model (extensions_built_in/diffusion_models/z_image/z_image.py:224-228): with an assistant
+  // adapter the transformer is quantized after the merge, and a qtype of qfloat8 becomes float8 first.
+  std::string resolve_model_config(config::ModelConfig& model) const override {
+    if (!model.assistant_lora_path || model.qtype != config::QType::qfloat8) return {};
+    model.qtype = config::QType::float8;
+    return "qfloat8 becomes float8 with an assistant adapter, as AI Toolkit's Z-Image model class makes it "
+           "(the transformer is quantized after the adapter is merged)";
+  }
   // z_image.py:464-465: adapters on the main `layers`, not on the noise and context refiners.
   std::vector<std::string> lora_block_names() const override { return {"layers"}; }
   // ZImageTransformer2DModel.get_quantization_exclude_modules (toolkit/models/v2/z_image.py:18-35, read by
