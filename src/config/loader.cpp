@@ -807,15 +807,35 @@ class Validator {
       error("train.lr_scheduler_params.end_factor", "must be in [0, 1]");
     if (lp.cosine_decay_steps && *lp.cosine_decay_steps <= 0)
       error("train.lr_scheduler_params.cosine_decay_steps", "must be positive");
-    // AI Toolkit hands lr_scheduler_params to torch's CosineAnnealingLR as keywords (toolkit/scheduler.py:
-    // 11-15), which takes neither: its run stops with a TypeError before the first step.
-    if (t.lr_scheduler == LrScheduler::cosine)
-      for (const auto& [key, set] : {std::pair<const char*, bool>{"num_warmup_steps", lp.num_warmup_steps.has_value()},
-                                     {"cosine_decay_steps", lp.cosine_decay_steps.has_value()}})
-        if (set)
-          error(std::string("train.lr_scheduler_params.") + key,
-                "is not a keyword of torch's CosineAnnealingLR, which AI Toolkit's cosine schedule is (its run fails "
-                "with a TypeError); remove it, or use lr_scheduler: constant_with_warmup for a warm-up");
+    // AI Toolkit hands lr_scheduler_params to the scheduler as keywords (toolkit/scheduler.py:11-49): cosine
+    // is torch's CosineAnnealingLR (eta_min), linear LinearLR (start_factor, end_factor), constant ConstantLR,
+    // constant_with_warmup diffusers' (num_warmup_steps). A key the scheduler does not take is a TypeError there
+    // before the first step.
+    const auto takes = [&](const char* key) {
+      const std::string k = key;
+      switch (t.lr_scheduler) {
+        case LrScheduler::cosine:
+          return k == "eta_min";
+        case LrScheduler::linear:
+          return k == "start_factor" || k == "end_factor";
+        case LrScheduler::constant_with_warmup:
+          return k == "num_warmup_steps";
+        case LrScheduler::constant:
+          return false;
+      }
+      return false;
+    };
+    for (const auto& [key, set] : {std::pair<const char*, bool>{"num_warmup_steps", lp.num_warmup_steps.has_value()},
+                                   {"start_factor", lp.start_factor.has_value()},
+                                   {"end_factor", lp.end_factor.has_value()},
+                                   {"eta_min", lp.eta_min.has_value()},
+                                   {"cosine_decay_steps", lp.cosine_decay_steps.has_value()}})
+      if (set && !takes(key))
+        error(std::string("train.lr_scheduler_params.") + key,
+              std::string("is not a keyword of AI Toolkit's ") + std::string(name_of(t.lr_scheduler)) +
+                  " schedule (torch's CosineAnnealingLR for cosine, LinearLR for linear, ConstantLR for constant: "
+                  "its run fails with a TypeError); remove it" +
+                  (std::string(key) == "num_warmup_steps" ? ", or use lr_scheduler: constant_with_warmup" : ""));
     if (given("train.noise_scheduler") && t.noise_scheduler != "flowmatch")
       warning("train.noise_scheduler",
               "gclab trains every model with flow matching; '" + t.noise_scheduler + "' is ignored");

@@ -260,6 +260,11 @@ TEST(ConfigLoader, CosineTakesNoWarmUpAsTorchsCosineAnnealingLr) {
   EXPECT_TRUE(
       load(kMinimal, {"train.lr_scheduler=constant_with_warmup", "train.lr_scheduler_params.num_warmup_steps=10"})
           .ok());
+  EXPECT_TRUE(load(kMinimal, {"train.lr_scheduler=linear", "train.lr_scheduler_params.start_factor=0.5"}).ok());
+  // Any other key is a TypeError of that scheduler there.
+  EXPECT_FALSE(load(kMinimal, {"train.lr_scheduler=cosine", "train.lr_scheduler_params.start_factor=0.5"}).ok());
+  EXPECT_FALSE(load(kMinimal, {"train.lr_scheduler=linear", "train.lr_scheduler_params.eta_min=0"}).ok());
+  EXPECT_FALSE(load(kMinimal, {"train.lr_scheduler_params.num_warmup_steps=10"}).ok());  // constant
 }
 
 // One dataset caching its text embeddings and another not is AI Toolkit's ValueError
@@ -272,6 +277,13 @@ TEST(ConfigLoader, MixedTextEmbeddingCachingAcrossDatasetsIsRefusedAsAiToolkitRe
   EXPECT_TRUE(
       load(kMinimal, {two, "datasets.0.cache_text_embeddings=true", "datasets.1.cache_text_embeddings=true"}).ok());
   EXPECT_TRUE(load(kMinimal, {two, "datasets.1.cache_text_embeddings=true", "train.cache_text_embeddings=true"}).ok());
+}
+
+// On out of memory AI Toolkit skips the batch (BaseSDTrainProcess.py:2619-2647): skip is the default.
+TEST(ConfigLoader, OutOfMemorySkipsTheBatchByDefaultAsAiToolkit) {
+  const auto r = load(kMinimal);
+  ASSERT_TRUE(r.ok()) << all_messages(r);
+  EXPECT_EQ(r.config->train.oom_policy, OomPolicy::skip);
 }
 
 // Z-Image with an assistant adapter: its model class merges the adapter into the full-precision weights and
