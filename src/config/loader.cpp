@@ -685,17 +685,14 @@ class Validator {
     // train.cache_text_embeddings sets every dataset's flag first (jobs/process/BaseSDTrainProcess.py:153-155).
     if (c_.train.cache_text_embeddings)
       for (DatasetConfig& d : c_.datasets) d.cache_text_embeddings = true;
-    else
-      for (std::size_t i = 0; i < c_.datasets.size(); ++i)
-        if (c_.datasets[i].cache_text_embeddings)
-          for (std::size_t j = 0; j < c_.datasets.size(); ++j)
-            if (!c_.datasets[j].cache_text_embeddings) {
-              error("datasets[" + std::to_string(j) + "].cache_text_embeddings",
-                    "is false while datasets[" + std::to_string(i) +
-                        "] caches its text embeddings: AI Toolkit requires every dataset to cache them when one "
-                        "does (a ValueError there); set it on every dataset, or train.cache_text_embeddings: true");
-              return;
-            }
+    const auto caches = [](const DatasetConfig& d) { return d.cache_text_embeddings; };
+    const auto one = std::find_if(c_.datasets.begin(), c_.datasets.end(), caches);
+    const auto other = std::find_if_not(c_.datasets.begin(), c_.datasets.end(), caches);
+    if (one != c_.datasets.end() && other != c_.datasets.end())
+      error("datasets[" + std::to_string(other - c_.datasets.begin()) + "].cache_text_embeddings",
+            "is false while datasets[" + std::to_string(one - c_.datasets.begin()) +
+                "] caches its text embeddings: AI Toolkit requires every dataset to cache them when one does (a "
+                "ValueError there); set it on every dataset, or train.cache_text_embeddings: true");
     for (std::size_t i = 0; i < c_.datasets.size(); ++i) {
       DatasetConfig& d = c_.datasets[i];
       const std::string p = "datasets[" + std::to_string(i) + "]";

@@ -159,9 +159,12 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
                          : dtype_saved == torch::kBFloat16
                              ? static_cast<double>(std::numeric_limits<c10::BFloat16>::max())
                              : static_cast<double>(std::numeric_limits<float>::max());
-  session.with_ema_weights([&] {
+  // The trained tensors (the state) and, with EMA, the EMA's (the weights file): read where they are.
+  std::vector<std::pair<std::string, torch::Tensor>> written = session.trained();
+  for (const auto& [name, e] : session.ema()) written.emplace_back(name + " (EMA)", e);
+  {
     torch::NoGradGuard no_grad;
-    for (const auto& [name, p] : session.trained()) {
+    for (const auto& [name, p] : written) {
       const auto [lo, hi] = torch::aminmax(p);
       const double low = lo.item<double>(), high = hi.item<double>();
       if (std::isfinite(low) && std::isfinite(high) && -low <= largest && high <= largest) continue;
@@ -172,7 +175,7 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
                           (newest ? " (the newest: " + newest->string() + ")" : "") +
                           ". Lower train.lr, or check the data and the dtype");
     }
-  });
+  }
   const fs::path weights = weights_path(final ? name_ : name_ + "_" + step_tag(step));
   if (!final) {
     Named state;

@@ -128,9 +128,6 @@ class Run {
   void train_one();
   void note_nonfinite(int64_t done, const StepResult& r);
   void after_step(int64_t done);
-  // A save of the run's state and weights at `step` (RunSaves::save: refused, NonFiniteStop, where a
-  // trained tensor would not be finite in it).
-  fs::path save(int64_t step, bool final);
 
   const config::ProcessConfig& config_;
   const TrainOptions& options_;
@@ -241,7 +238,8 @@ void Run::loop() {
     } catch (const std::exception& e) {
       // Anything else that ends the run (unusable data, a bug): the last good state first.
       log::error(std::string("stopping at step ") + std::to_string(step_ + 1) + ": " + e.what());
-      if (last_good_step_ > summary_.start_step) summary_.saves.push_back(save(last_good_step_, false));
+      if (last_good_step_ > summary_.start_step)
+        summary_.saves.push_back(saves_.save(session_, last_good_step_, false));
       throw;
     }
   }
@@ -301,11 +299,9 @@ void Run::after_step(int64_t done) {
     if (consecutive_nonfinite_ > 0)  // the good saves before it are not rotated away
       log::warn("step " + std::to_string(done) + ": save deferred: the loss was not finite");
     else
-      summary_.saves.push_back(save(done, false));
+      summary_.saves.push_back(saves_.save(session_, done, false));
   }
 }
-
-fs::path Run::save(int64_t step, bool final) { return saves_.save(session_, step, final); }
 
 // AI Toolkit prints "loss is nan" and trains on (SDTrainer.py:2221-2224); gclab says which step, counts it
 // for metrics.jsonl and report.html, and stops after train.max_nonfinite_steps of them in a row.
@@ -376,7 +372,7 @@ void Run::stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::Memor
   ctx.skipped = skipped_;
   session_.lift_cap();  // nothing lost: the save is not part of the experiment
   try {
-    ctx.saved_weights = save(last_good_step_, false).string();
+    ctx.saved_weights = saves_.save(session_, last_good_step_, false).string();
   } catch (const std::exception& save_error) {
     log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
   }
@@ -395,8 +391,8 @@ void Run::finish() {
   if (consecutive_nonfinite_ > 0)
     log::warn("the last " + std::to_string(consecutive_nonfinite_) +
               " steps' losses were not finite: the weights saved now are those of the last update before them");
-  summary_.saves.push_back(save(step_, false));  // the state for --resume
-  if (!summary_.interrupted) summary_.saves.push_back(save(step_, true));
+  summary_.saves.push_back(saves_.save(session_, step_, false));  // the state for --resume
+  if (!summary_.interrupted) summary_.saves.push_back(saves_.save(session_, step_, true));
   summary_.unusable_images = loader_->unusable_files();
   if (reg_loader_)
     for (auto& f : reg_loader_->unusable_files()) summary_.unusable_images.push_back(f);
