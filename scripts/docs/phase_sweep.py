@@ -30,7 +30,7 @@ VARIANTS = {"off": {"checkpoint_policy": "off"}, "full": {"checkpoint_policy": "
             "sel_mlp": {"checkpoint_policy": "selective:mlp"},
             "off_acc2": {"checkpoint_policy": "off", "batch_size": 1, "gradient_accumulation": 2}}
 PARTIAL = ["every2", "first1", "offload", "sel_attn", "sel_mlp", "off_acc2"]
-PHASES = ["setup", "data", "text", "forward", "backward", "optimizer", "sample", "save"]
+PHASES = ["setup", "cache", "data", "text", "forward", "backward", "optimizer", "sample", "save"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 

@@ -268,7 +268,8 @@ void estimate_text(Document& d, ojson& est, const TextEncodeEstimate& t, int64_t
          "one " + std::to_string(t.caption_tokens) + "-token caption" +
              (t.control_images ? " with a square control image" : "") + " through the text encoders (text/memory.h), " +
              (t.every_step ? "in every step's text phase (text_encode in per_resolution)"
-                           : "once before training, beside the weights (then they leave the device)"));
+                           : "once before training (then they leave the device): total is the cache phase's "
+                             "text fill under cache_text_embeddings, else beside the weights"));
   ojson te = {{"encoders", ojson::array()}};
   for (size_t i = 0; i < t.encoders.size(); ++i)
     te["encoders"].push_back({{"slot", t.encoders[i]}, {"tokens", t.tokens[i]}, {"peak", t.bytes[i]}});
@@ -279,6 +280,26 @@ void estimate_text(Document& d, ojson& est, const TextEncodeEstimate& t, int64_t
     d.note("/estimate/text_encode/total", format_bytes(t.total_bytes) + fits_cap(t.total_bytes, cap_bytes));
   }
   est["text_encode"] = te;
+}
+
+void estimate_cache(Document& d, ojson& est, const train::CacheEstimate& c, int64_t cap_bytes) {
+  d.note("/estimate/cache",
+         "the caches filled before the first step (the cache phase), as AI Toolkit fills them: the latents one "
+         "image at a time with only the autoencoder on the device, then the captions with only the text "
+         "encoders; the transformer (not a LoRA) off the device for both");
+  ojson j;
+  if (c.latents_bytes > 0) {
+    j["latents"] = c.latents_bytes;
+    j["resolution"] = c.resolution;
+    d.note("/estimate/cache/latents", format_bytes(c.latents_bytes) + fits_cap(c.latents_bytes, cap_bytes) +
+                                          " (an image of " + std::to_string(c.resolution) + "²)");
+  }
+  if (c.text_bytes > 0) {
+    j["text"] = c.text_bytes;
+    d.note("/estimate/cache/text", format_bytes(c.text_bytes) + fits_cap(c.text_bytes, cap_bytes));
+  }
+  j["total"] = c.total_bytes;
+  est["cache"] = j;
 }
 
 void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
@@ -354,6 +375,7 @@ Document estimate_report(const MemoryEstimate& e) {
   add_load(d, e.load, e.cap_bytes, "/estimate/load");
   ojson& at = d.value["estimate"];
   if (e.text) estimate_text(d, at, *e.text, e.cap_bytes);
+  if (e.cache) estimate_cache(d, at, *e.cache, e.cap_bytes);
   estimate_steps(d, at, e);
   at["not_modelled"] = e.not_modelled;
   return d;

@@ -24,8 +24,9 @@ using json = nlohmann::json;
 
 // The phases in the order a step runs them (memory/phase.h's names), each with its colour.
 const std::vector<std::pair<std::string, std::string>> kPhases = {
-    {"setup", "#7f7f7f"},    {"data", "#8c564b"},      {"text", "#e377c2"},   {"forward", "#1f77b4"},
-    {"backward", "#d62728"}, {"optimizer", "#2ca02c"}, {"sample", "#9467bd"}, {"save", "#bcbd22"}};
+    {"setup", "#7f7f7f"},     {"cache", "#17becf"},   {"data", "#8c564b"},
+    {"text", "#e377c2"},      {"forward", "#1f77b4"}, {"backward", "#d62728"},
+    {"optimizer", "#2ca02c"}, {"sample", "#9467bd"},  {"save", "#bcbd22"}};
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "gclab/config/user_error.h"
 #include "gclab/data/image.h"
@@ -155,6 +156,7 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
   if (!encoder_)
     throw UserError("unload_text_encoder: the caption '" + caption.text +
                     "' was not precomputed (use cache_text_embeddings without shuffle_tokens)");
+  if (before_encode_) std::exchange(before_encode_, nullptr)();
   const text::PromptEmbedding p = encoder_->encode(caption.text, images_of(caption));
   TextEmbedding e{p.text.slice(1, 0, length), p.pooled};
   if (e.text.size(1) < length) e.text = torch::constant_pad_nd(e.text, {0, 0, 0, length - e.text.size(1)});

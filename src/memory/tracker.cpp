@@ -231,6 +231,8 @@ const char* phase_name(Phase phase) {
   switch (phase) {
     case Phase::setup:
       return "setup";
+    case Phase::cache:
+      return "cache";
     case Phase::data:
       return "data";
     case Phase::text:

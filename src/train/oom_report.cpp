@@ -112,6 +112,7 @@ struct Levers {
     return *from - *to;
   }
   std::string what() const {
+    if (phase == Phase::cache) return "the cache fill's peak";
     return phase == Phase::sample ? "the preview's peak"
                                   : "the step's peak at " + ctx.bucket + ", batch " + std::to_string(batch);
   }
@@ -136,6 +137,10 @@ struct Levers {
 };
 
 int64_t Levers::peak(const MemoryModel& model, int b, int h, int w) const {
+  if (phase == Phase::cache) {  // the fill that ran out, at the largest cell (its figures are the model's)
+    const std::optional<CacheEstimate>& c = model.estimate().cache;
+    return !c ? 0 : ctx.activity == Activity::text_encode ? c->text_bytes : c->latents_bytes;
+  }
   const StepEstimate s = model.step(b, h, w, model.policy());
   if (phase != Phase::sample) return s.total_bytes;
   const PhaseBytes phases = model.phases(s);
@@ -172,13 +177,14 @@ void Levers::latent_cache_fix() {
 // 1. Checkpointing off (or partial): every block checkpointed. 2. Batch size: half the batch, twice the
 // accumulation, the same effective batch. 3. The largest bucket: the dataset's largest resolution dropped.
 void Levers::step_fixes() {
-  if (!in_step || bw <= 0) return;
-  if (!fully_checkpointed)
+  // Filling the latent cache: one image at a time at each bucket, so only the largest bucket is a lever.
+  if ((!in_step && phase != Phase::cache) || bw <= 0) return;
+  if (in_step && !fully_checkpointed)
     priced("Turn gradient checkpointing on", "train.gradient_checkpointing: true (train.checkpoint_policy: full)",
            "with checkpointing full", [](config::ProcessConfig& c) {
              c.train.gradient_checkpointing = true, c.train.checkpoint_policy = ckpt::CheckpointPolicy::full();
            });
-  if (batch > 1) {
+  if (in_step && batch > 1) {
     config::ProcessConfig c = config;
     const int accumulation = config.train.accumulation();
     c.train.batch_size = batch / 2, c.train.gradient_accumulation = accumulation * 2;
@@ -324,7 +330,8 @@ void Levers::optimizer_fixes() {
 // weights. First when the encode ran out, or when they hold a quarter or more of what was live: then they
 // are what crowds the step out.
 void Levers::text_fixes() {
-  if (text_encoder_leaves(config) || ctx.text_encoder_bytes <= 0) return;
+  const bool caching_text = phase == Phase::cache && ctx.activity == Activity::text_encode;
+  if ((text_encoder_leaves(config) && !caching_text) || ctx.text_encoder_bytes <= 0) return;
   std::vector<OomFix> text;
   priced(
       "Cache text embeddings (the text encoders then leave the device)", "train.cache_text_embeddings: true",
@@ -379,7 +386,7 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   l.fully_checkpointed = kind == ckpt::CheckpointPolicy::Kind::Full || kind == ckpt::CheckpointPolicy::Kind::Offload;
   l.batch = std::max(ctx.batch, 1);
   l.cpu = ctx.cpu;
-  l.in_step = ctx.phase != Phase::sample;
+  l.in_step = ctx.phase != Phase::sample && ctx.phase != Phase::cache;
   l.phase = ctx.phase;
   if (l.bw <= 0) l.bw = l.bh = largest_cell(config).resolution;
   try {
@@ -518,7 +525,16 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
         md << (first ? "" : ", ") << phase_name(p) << " " << format_bytes(b), first = false;
       md << ".\n\n";
     }
-    md << why_this_step(c);
+    if (c.phase == Phase::cache)
+      md << "## The cache fill\n\nThe caches were being filled before the first step, as AI Toolkit fills them: "
+         << (c.activity == Activity::text_encode
+                 ? "the captions through the text encoders, the transformer and the autoencoder off the device "
+                   "(its 'cache_text_encoder' device state)"
+                 : "the latents, one image at a time through the autoencoder, the transformer and the text "
+                   "encoders off the device (its 'cache_latents' device state)")
+         << ". `gclab check` prints this phase's predicted peak (`cache`).\n\n";
+    else
+      md << why_this_step(c);
   }
   if (!c.skipped.empty()) {
     md << "## Skipped before it\n\nOut of memory earlier too; each of these steps was skipped (no update), as AI "

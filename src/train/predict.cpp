@@ -30,6 +30,12 @@ text::ConditionImages image_shapes(const std::vector<std::filesystem::path>& fil
   return out;
 }
 
+// Encoding `batch` images of height x width with the autoencoder: the float32 images on the device and the
+// encode's peak above them (vae/memory.h).
+int64_t image_encode_bytes(const vae::CodecSpec& codec, int batch, int height, int width, bool cpu) {
+  return int64_t{4} * batch * 3 * height * width + codec.encode_bytes(batch, height, width, cpu);
+}
+
 // The text phase's encode for the step's captions (encoded one at a time), or a 77-token caption's.
 int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
                              const std::vector<data::Caption>& captions, bool cpu) {
@@ -122,8 +128,7 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   const vae::CodecSpec& codec = session.codec_spec();
   const bool encodes_on_device = codec.autoencoder && !session.caches_latents();
   const int64_t encoded_here = encodes_on_device ? latent : 0;  // the batch's latents, made on the device
-  if (encodes_on_device)
-    s.encode_bytes = int64_t{4} * batch * 3 * height * width + codec.encode_bytes(batch, height, width, cpu);
+  if (encodes_on_device) s.encode_bytes = image_encode_bytes(codec, batch, height, width, cpu);
   // Edit models: each step encodes the batch's control images (one per control folder, at the reference
   // area of the bucket's aspect), cached latents or not, after the batch's own latents (kept beside them).
   // Flex.2 likewise, its control images at the batch's own size, when a dataset has control folders.
@@ -146,9 +151,8 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
     s.reference_bytes = static_cast<int64_t>(references) * 4 *
                         c10::multiply_integers(model::latent_shape(spec, batch, ref.height, ref.width));
 
-    s.encode_bytes =
-        std::max(s.encode_bytes, encoded_here + s.reference_bytes + int64_t{4} * batch * 3 * ref.height * ref.width +
-                                     codec.encode_bytes(batch, ref.height, ref.width, cpu));
+    s.encode_bytes = std::max(s.encode_bytes, encoded_here + s.reference_bytes +
+                                                  image_encode_bytes(codec, batch, ref.height, ref.width, cpu));
   }
   // The text phase holds what the data phase made on the device (latents encoded there, control latents)
   // and either the captions' encode, one at a time with the earlier ones' embeddings beside it, or the
@@ -257,6 +261,35 @@ void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
           e.resident_bytes - e.gradient_bytes - e.optimizer_bytes - e.parked_bytes + r.text_encoder + t.encode_bytes;
     e.text = t;
   }
+}
+
+// One cache fill (Session::CacheFill) before the first step: what is resident then, less what the fill takes
+// off the device (the Session's own rule), plus the fill's work.
+int64_t cache_fill_bytes(Session& session, const MemoryEstimate& e, CacheFill fill,
+                         const std::vector<data::Caption>& captions, bool cpu) {
+  const ResidentBytes r = session.resident();
+  const int64_t before =
+      r.weights - e.parked_bytes + r.ema + r.text_encoder + e.offload_buffer_bytes - session.cache_parked_bytes(fill);
+  if (fill == CacheFill::text) return before + caption_encode_bytes(session, e, captions, cpu);
+  const vae::CodecSpec& codec = session.codec_spec();
+  int resolution = 0;
+  for (const StepCell& c : session.plan().cells) resolution = std::max(resolution, c.resolution);
+  return before + codec.weight_bytes() + image_encode_bytes(codec, 1, resolution, resolution, cpu);
+}
+
+// The fills the run makes: latents when a dataset caches them and the autoencoder encodes (the stand-in
+// encodes on the loader's thread), captions under cache_text_embeddings.
+void cache_estimate(Session& session, MemoryEstimate& e, bool cuda) {
+  const bool latents = session.caches_latents() && session.codec_spec().autoencoder.has_value();
+  const bool text = session.plan().caches_text && session.text_encoder() != nullptr;
+  if (!latents && !text) return;
+  CacheEstimate c;
+  for (const StepCell& cell : session.plan().cells) c.resolution = std::max(c.resolution, cell.resolution);
+  if (latents) c.latents_bytes = cache_fill_bytes(session, e, CacheFill::latents, {}, !cuda);
+  if (text) c.text_bytes = cache_fill_bytes(session, e, CacheFill::text, {}, !cuda);
+  c.total_bytes = std::max(c.latents_bytes, c.text_bytes);
+  e.cache = c;
+  if (text && e.text) e.text->total_bytes = c.text_bytes;  // the captions' encode before training is this fill
 }
 
 // The preview: its denoising passes, the decode, an edit model's reference encode, the prompts' encode.
@@ -437,6 +470,7 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
   cuda_ = session.plan().cuda;
   e.device = cuda_ ? "cuda" : config.device;
   text_estimate(session, e, cuda_);
+  cache_estimate(session, e, cuda_);
   // Each of the datasets' (batch, resolution) cells, checkpointing off and full.
   for (const StepCell& c : session.plan().cells) {
     ResolutionEstimate re;
@@ -479,15 +513,32 @@ const ckpt::CheckpointPolicy& MemoryModel::policy() const { return session_->app
 PhaseBytes MemoryModel::phases(const StepEstimate& step) const {
   PhaseBytes p = step.phases;
   p[memory::Phase::setup] = estimate_.load.device_peak_bytes;
+  if (estimate_.cache) p[memory::Phase::cache] = estimate_.cache->total_bytes;
   if (estimate_.preview) p[memory::Phase::sample] = estimate_.preview->total_bytes;
   p[memory::Phase::save] = estimate_.save_bytes;
   return p;
 }
 
+int64_t MemoryModel::cache(const std::set<CacheFill>& fills, const std::vector<data::Caption>& captions) const {
+  std::vector<data::Caption> distinct;  // one encode per caption text and control images
+  std::set<std::string> seen;
+  for (const auto& c : captions) {
+    std::string key = c.text;
+    for (const auto& f : c.control_files) key += "|" + f.string();
+    if (seen.insert(key).second) distinct.push_back(c);
+  }
+  int64_t peak = 0;
+  for (const CacheFill fill : fills)
+    peak = std::max(peak, cache_fill_bytes(*session_, estimate_, fill, distinct, !cuda_));
+  return peak;
+}
+
 PhaseBytes MemoryModel::predict(const StepResult& r) const {
   StepEstimate s = step(r.batch, r.height, r.width, policy(), r.text_tokens, r.captions);
   if (r.before_first_update) s.phases = s.first_phases;
-  return phases(s);
+  PhaseBytes p = phases(s);
+  p.erase(memory::Phase::cache);  // before the steps: RunLog::caches predicts it for the fills the run made
+  return p;
 }
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config) { return MemoryModel(config).estimate(); }

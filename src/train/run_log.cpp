@@ -104,6 +104,14 @@ void RunLog::oom_skip(int64_t step, Phase phase, const std::string& bucket, int 
   metrics_.flush();
 }
 
+void RunLog::caches(Session& session, const std::vector<data::Caption>& captions) {
+  if (session.filled().empty()) return;
+  const auto& peaks = session.phases().peaks();
+  if (const auto it = peaks.find(Phase::cache); it != peaks.end()) run_peaks_[Phase::cache] = it->second;
+  if (model_) run_predicted_[Phase::cache] = model_->cache(session.filled(), captions);
+  peak_bytes_ = std::max(peak_bytes_, run_peaks_[Phase::cache]);
+}
+
 void RunLog::progress_line(int64_t step, int total, double loss, int64_t live_bytes, int64_t cap_bytes) {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start_).count();
   const double per_s = static_cast<double>(step - start_step_) / std::max(elapsed, 1e-9);

@@ -162,21 +162,32 @@ void Session::transformer_to_device() {
   move_module(*model_, Residence::device, device_);
 }
 
-void Session::transformer_at_first_use() {
-  if (!transformer_parked_) return;
-  transformer_parked_ = false;
-  std::set<const c10::TensorImpl*> offloaded;  // model.layer_offloading's: their weights stay in host memory
-  for (const auto& m : model_->modules())
+namespace {
+
+// The tensors of `module` that live on the device: its parameters and buffers but an offloaded Linear's own
+// (model.layer_offloading keeps those in host memory).
+std::vector<torch::Tensor> device_tensors(const torch::nn::Module& module) {
+  std::set<const c10::TensorImpl*> offloaded;
+  for (const auto& m : module.modules())
     if (const auto* l = m->as<nn::LinearImpl>(); l && l->offloaded()) {
       for (const auto& p : l->parameters(/*recurse=*/false)) offloaded.insert(p.unsafeGetTensorImpl());
       for (const auto& b : l->buffers(/*recurse=*/false)) offloaded.insert(b.unsafeGetTensorImpl());
     }
+  std::vector<torch::Tensor> out;
+  for (const auto& p : module.parameters())
+    if (p.defined() && offloaded.count(p.unsafeGetTensorImpl()) == 0) out.push_back(p);
+  for (const auto& b : module.buffers())
+    if (b.defined() && offloaded.count(b.unsafeGetTensorImpl()) == 0) out.push_back(b);
+  return out;
+}
+
+}  // namespace
+
+void Session::transformer_at_first_use() {
+  if (!transformer_parked_) return;
+  transformer_parked_ = false;
   torch::NoGradGuard no_grad;
-  auto to_device = [&](torch::Tensor& t) {
-    if (t.defined() && offloaded.count(t.unsafeGetTensorImpl()) == 0) t.set_data(memory::to_device(t, device_));
-  };
-  for (auto& p : model_->parameters()) to_device(p);
-  for (auto& b : model_->buffers()) to_device(b);
+  for (auto& t : device_tensors(*model_)) t.set_data(memory::to_device(t, device_));
   for (auto& [n, e] : ema_) e = memory::to_device(e, device_);
   log::info("model.low_vram: the transformer reaches the device at its first use, as AI Toolkit's " +
             config_.model.arch + " loader leaves it");
@@ -404,19 +415,83 @@ void Session::encode(data::LoadedBatch& lb) {
   current_activity_ = Activity::model;
 }
 
+Session::Parked Session::parked_while_caching(CacheFill fill) const {
+  Parked out;
+  // The transformer, unless it is in host memory already (LoadPlan::at_first_use: until its first use, which
+  // comes after the caches; the meta Session keeps no flag for it); a LoRA's adapters stay.
+  if (!transformer_parked_ && !(device_.is_meta() && load_.at_first_use)) {
+    std::set<const c10::TensorImpl*> stays;
+    if (config_.network)
+      for (const auto& [n, p] : trained_) stays.insert(p.unsafeGetTensorImpl());
+    for (auto& t : device_tensors(*model_))
+      if (stays.count(t.unsafeGetTensorImpl()) == 0) out.transformer.push_back(t);
+  }
+  if (fill == CacheFill::latents)
+    if (const text::PromptEncoder* prompts = text_->encoder())
+      for (size_t i = 0; i < prompts->slots(); ++i)
+        for (auto& t : device_tensors(prompts->encoder(i))) out.text_encoders.push_back(t);
+  return out;
+}
+
+int64_t Session::Parked::bytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+int64_t Session::cache_parked_bytes(CacheFill fill) const {
+  const Parked p = parked_while_caching(fill);
+  return Parked::bytes(p.transformer) + Parked::bytes(p.text_encoders);
+}
+
+void Session::park_for(CacheFill fill) {
+  if (parked_) return;
+  torch::NoGradGuard no_grad;
+  parked_ = parked_while_caching(fill);
+  for (auto* tensors : {&parked_->transformer, &parked_->text_encoders})
+    for (auto& t : *tensors) t.set_data(memory::to_host(t));
+  // The autoencoder too while the captions are encoded ('cache_text_encoder' keeps only the text encoders).
+  if (fill == CacheFill::text && codec_ && !codec_->offloaded()) {
+    codec_->offload();
+    parked_->autoencoder = true;
+  }
+  filled_.insert(fill);
+}
+
+void Session::unpark() {
+  if (!parked_) return;
+  torch::NoGradGuard no_grad;
+  for (auto* tensors : {&parked_->transformer, &parked_->text_encoders})
+    for (auto& t : *tensors) t.set_data(memory::to_device(t, device_));
+  if (parked_->autoencoder) codec_->restore();
+  parked_.reset();
+}
+
+void Session::start_fill(CacheFill fill, std::optional<memory::PhaseMeter::Scope>& scope) {
+  current_phase_ = Phase::cache;
+  current_activity_ = fill == CacheFill::latents ? Activity::vae_encode : Activity::text_encode;
+  park_for(fill);
+  scope.emplace(phases_, Phase::cache);  // its peak from what stays on the device
+}
+
 int64_t Session::cache_latents(data::BatchLoader& loader) {
   if (!plan_.caches_latents || !codec_ || codec_->encodes_on_loader_thread()) return 0;
-  int64_t n = 0;
-  {
-    auto scope = phase(Phase::data);
-    current_activity_ = Activity::vae_encode;
-    n = loader.fill_caches([this](const torch::Tensor& images, uint64_t key) { return codec_->encode(images, key); });
-    codec_->offload();
-    current_activity_ = Activity::model;
-  }
+  // The cache phase: from the first encode (AI Toolkit moves only when one is needed) to the fill's end.
+  std::optional<memory::PhaseMeter::Scope> scope;
+  const int64_t n = loader.fill_caches([&](const torch::Tensor& images, uint64_t key) {
+    if (!scope) start_fill(CacheFill::latents, scope);
+    return codec_->encode(images, key);
+  });
+  codec_->offload();
+  scope.reset();
+  current_activity_ = Activity::model;
+  // After the phase: its peak is the fill's. (An out-of-memory error above leaves them in host memory: the
+  // run stops there, the caches being filled before the step loop, where AI Toolkit catches none.)
+  unpark();
   if (n > 0)
     log::info("cached the latents of " + std::to_string(n) +
-              " image placements (cache_latents); the autoencoder left the device");
+              " image placements (cache_latents), the transformer and text encoders off the device meanwhile; "
+              "the autoencoder left the device");
   return n;
 }
 
@@ -800,25 +875,37 @@ void Session::precompute_text(const std::vector<std::string>& captions) {
 
 void Session::precompute_text(const std::vector<data::Caption>& captions) {
   if (!text_encoder_leaves(config_)) return;
-  std::vector<data::Caption> all = captions;
-  if (!run_caches_text(config_)) {
+  std::vector<data::Caption> rest;
+  if (run_caches_text(config_)) {
+    // The captions in the cache phase, from the first one the encoder runs on (a caption already in
+    // _t_e_cache/ needs no move) to the last, the transformer off the device.
+    std::optional<memory::PhaseMeter::Scope> scope;
+    text_->before_first_encode([&] { start_fill(CacheFill::text, scope); });
+    for (const auto& c : captions) text_->encode(std::vector<data::Caption>{c});
+    text_->before_first_encode(nullptr);
+    scope.reset();
+    current_activity_ = Activity::model;
+    unpark();
+  } else {
     // AI Toolkit (BaseSDTrainProcess.run): without cached captions, unload_text_encoder encodes the empty
     // prompt and the trigger word once, unloads the encoder, and trains every step on the trigger word's
     // embedding (the empty prompt's without one) — "This will train only with a blank prompt or trigger
     // word, if set".
     fixed_caption_ = config_.trigger_word.value_or("");
-    all = {{*fixed_caption_, {}, {}, {}}};
+    rest = {{*fixed_caption_, {}, {}, {}}};
     log::warn(
         "train.unload_text_encoder without cache_text_embeddings: as in AI Toolkit, every step trains on " +
         (config_.trigger_word ? "the trigger word '" + *config_.trigger_word + "'" : std::string("the empty prompt")) +
         ", not on the captions");
   }
-  all.push_back({"", {}, {}, {}});
+  // The empty prompt and the previews' prompts with the transformer back, as SDTrainer.hook_before_train_loop
+  // encodes the blank and trigger prompts once the caches are filled.
+  rest.push_back({"", {}, {}, {}});
   for (size_t i = 0; i < plan_.previews.size(); ++i) {
-    all.push_back({plan_.previews[i].prompt, plan_.preview_controls[i], {}, {}});
-    all.push_back({plan_.previews[i].neg.value_or(config_.sample->neg), plan_.preview_controls[i], {}, {}});
+    rest.push_back({plan_.previews[i].prompt, plan_.preview_controls[i], {}, {}});
+    rest.push_back({plan_.previews[i].neg.value_or(config_.sample->neg), plan_.preview_controls[i], {}, {}});
   }
-  for (const auto& c : all) text_->encode(std::vector<data::Caption>{c});
+  for (const auto& c : rest) text_->encode(std::vector<data::Caption>{c});
   text_->unload();
 }
 
@@ -828,13 +915,15 @@ ResidentBytes Session::resident() const {
   // Offloaded Linears keep their weights in host memory.
   r.host_weights = nn::offloaded_bytes(*model_);
   r.weights -= r.host_weights;
+  // While a cache fills, what it took off the device.
+  if (parked_) r.weights -= Parked::bytes(parked_->transformer);
   for (const auto& [n, p] : trained_) {
     r.trained += static_cast<int64_t>(p.nbytes());
     if (p.grad().defined()) r.gradients += static_cast<int64_t>(p.grad().nbytes());
   }
   r.optimizer = optimizer_->state_bytes();
   for (const auto& [n, e] : ema_) r.ema += static_cast<int64_t>(e.nbytes());
-  r.text_encoder = text_->encoder_bytes();
+  r.text_encoder = text_->encoder_bytes() - (parked_ ? Parked::bytes(parked_->text_encoders) : 0);
   if (text::PromptEncoder* prompts = text_->encoder())
     for (size_t i = 0; i < prompts->slots(); ++i) {
       const int64_t host = nn::offloaded_bytes(prompts->encoder(i));

@@ -102,8 +102,8 @@ class Run {
         saves_(summary.output_dir, config.name, config.save.max_step_saves_to_keep,
                !config.network && config.save.save_format == config::SaveFormat::diffusers) {}
 
-  // Before the first step: the captions' embeddings, resume, the budget probe, the loader and the latent
-  // cache, and AI Toolkit's baseline preview.
+  // Before the first step: resume, the loader, the latent and text caches, the budget probe, and AI
+  // Toolkit's baseline preview.
   void prepare();
   // The steps, until train.steps or a stop request.
   void loop();
@@ -140,7 +140,7 @@ class Run {
   Session session_;
   RunSaves saves_;
   std::optional<RunLog> log_;
-  std::optional<data::BatchLoader> loader_;  // started after the budget probe: its thread allocates too
+  std::optional<data::BatchLoader> loader_;  // its thread starts at the first batch, after the budget probe
   // The is_reg datasets' own loader (AI Toolkit's data_loader_reg, BaseSDTrainProcess.py:173-176), when
   // there are any: it gives the batches of the steps reg_step() names.
   std::optional<data::BatchLoader> reg_loader_;
@@ -163,7 +163,6 @@ void Run::prepare() {
                               : "") +
             "; checkpoint policy " + s.applied_policy().to_string() + "; " + s.device().str() +
             (s.bf16() ? ", bf16 (no autocast; LoRA adapters float32)" : ", fp32"));
-  session_.precompute_text(run_captions(items_, datasets_, config_.trigger_word));
   if (options_.resume) {
     if (const auto resumed = saves_.resume(session_))
       step_ = *resumed;
@@ -173,13 +172,6 @@ void Run::prepare() {
   summary_.start_step = summary_.end_step = last_good_step_ = step_;
   log_.emplace(summary_.output_dir, step_, tc.steps, ProgressOptions{options_.progress, options_.progress_in_place},
                predicted_.get());
-  if (tc.budget_probe && tc.policy().kind == ckpt::CheckpointPolicy::Kind::Budget)
-    oom_guarded([&] {
-      const auto [measured, ledger] = session_.probe_block_activations();
-      log::info("budget probe: the blocks keep " + config::format_bytes(measured) +
-                " without checkpointing at the largest batch and resolution; the ledger says " +
-                config::format_bytes(ledger));
-    });
   data::LoaderOptions lo;
   lo.batch_size = tc.batch_size;
   lo.divisibility = s.spec().divisibility;
@@ -200,10 +192,23 @@ void Run::prepare() {
   for (int64_t k = 0; k < step_; ++k) (!reg_items.empty() && reg_step(k) ? reg_start : start) += s.accumulation();
   loader_.emplace(std::move(items), datasets_, session_.codec(), lo, start);
   if (!reg_items.empty()) reg_loader_.emplace(std::move(reg_items), datasets_, session_.codec(), lo, reg_start);
+  // AI Toolkit's order (the datasets' setup_epoch, toolkit/data_loader.py:609-614, once the model, the
+  // network and the optimizer's state are loaded): the latents, then the captions, each fill in the `cache`
+  // phase with the transformer off the device (Session::CacheFill).
+  const std::vector<data::Caption> captions = run_captions(items_, datasets_, config_.trigger_word);
   oom_guarded([&] {
     session_.cache_latents(*loader_);
     if (reg_loader_) session_.cache_latents(*reg_loader_);
+    session_.precompute_text(captions);
   });
+  log_->caches(session_, captions);
+  if (tc.budget_probe && tc.policy().kind == ckpt::CheckpointPolicy::Kind::Budget)
+    oom_guarded([&] {
+      const auto [measured, ledger] = session_.probe_block_activations();
+      log::info("budget probe: the blocks keep " + config::format_bytes(measured) +
+                " without checkpointing at the largest batch and resolution; the ledger says " +
+                config::format_bytes(ledger));
+    });
   session_.phases().clear();
   // AI Toolkit's baseline: unless skip_first_sample, at the start of a fresh run, or at the step a run
   // resumes from under force_first_sample (BaseSDTrainProcess.py:2477-2481).
@@ -329,7 +334,8 @@ void Run::on_oom(const c10::OutOfMemoryError& e) {
   const ResidentBytes held = session_.resident();
   session_.optimizer().zero_grad();
   const Phase phase = session_.current_phase();
-  const bool in_step = phase != Phase::sample && phase != Phase::save;
+  // The caches are filled before the step loop (AI Toolkit catches no OOM there), as the model is loaded.
+  const bool in_step = phase != Phase::sample && phase != Phase::save && phase != Phase::cache && phase != Phase::setup;
   session_.meter().release_cached();  // what the failed step held goes back before anything else runs
   // AI Toolkit's step loop (BaseSDTrainProcess.py:2624-2647): an OOM in the step zeroes the gradients and
   // skips the batch — the step counts, with no update and no LR step — and the 4th in a row raises. An OOM

@@ -174,11 +174,17 @@ TEST(SessionAutoencoder, CachedLatentsAreEncodedOnceBeforeTrainingAndTheAutoenco
   const auto items = items_of(config);
   data::BatchLoader loader(items, config.datasets, session.codec(), loader_options(session), 0);
   const int64_t live_before = session.meter().stats().live_bytes;
+  // The transformer (but the LoRA's adapters) and the text encoders leave the device while it encodes.
+  const int64_t parked = session.cache_parked_bytes(CacheFill::latents);
+  EXPECT_GT(parked, session.resident().text_encoder);
   // Every image, flipped and not (flip_x), once.
   EXPECT_EQ(session.cache_latents(loader), 2 * static_cast<int64_t>(items.size()));
   EXPECT_EQ(session.resident().vae, 0);
-  EXPECT_GE(session.phases().peaks().at(Phase::data), live_before + weights);  // it was on the device to encode
-  EXPECT_EQ(session.cache_latents(loader), 0);                                 // all cached already
+  const int64_t peak = session.phases().peaks().at(Phase::cache);
+  EXPECT_GE(peak, live_before - parked + weights);             // it was on the device to encode
+  EXPECT_LT(peak, live_before + weights);                      // the transformer was not
+  EXPECT_EQ(session.meter().stats().live_bytes, live_before);  // everything back; the latents in host memory
+  EXPECT_EQ(session.cache_latents(loader), 0);                 // all cached already
   for (int i = 0; i < 4; ++i) {
     const data::LoadedBatch b = loader.next();
     EXPECT_TRUE(b.latents.defined()) << i;

@@ -180,6 +180,46 @@ TEST_F(OomScenario, RunningOutWhileEncodingPricesTheEncodeWithTheEncoders) {
   }
 }
 
+// Running out while the caches fill (the `cache` phase, the transformer off the device): the report prices
+// the fill's own levers from the memory model's cache estimate — the largest bucket for the latents' encode
+// (one image at a time, so not the batch), the text encoders' quantization for the captions' — and none of
+// the step's (checkpointing, batch).
+TEST_F(OomScenario, RunningOutWhileCachingPricesTheFillsOwnLevers) {
+  const std::string folder = "model.name_or_path=" + std::string(GCLAB_SOURCE_DIR) + "/configs/oom/models/flux_wide_t5";
+  const auto config = load(
+      "text_encoder", {folder, "model.vae=autoencoder", "datasets.0.cache_latents=true",
+                       "train.cache_text_embeddings=true", "datasets.0.resolution=[256,512]", "train.batch_size=2"});
+  const auto e = train::estimate_memory(config);
+  ASSERT_TRUE(e.cache && e.text);
+  EXPECT_EQ(e.cache->resolution, 512);
+  EXPECT_GT(e.cache->latents_bytes, 0);
+  EXPECT_GT(e.cache->text_bytes, 0);
+  EXPECT_EQ(e.text->total_bytes, e.cache->text_bytes);  // the captions' encode before training is the fill
+  auto smaller = config;
+  smaller.datasets[0].resolution = {256};
+  auto quantized = config;
+  quantized.model.quantize_te = true;
+  const int64_t latents_saving = e.cache->latents_bytes - train::estimate_memory(smaller).cache->latents_bytes;
+  const int64_t text_saving = e.cache->text_bytes - train::estimate_memory(quantized).cache->text_bytes;
+  ASSERT_GT(latents_saving, 0);
+  ASSERT_GT(text_saving, 0);
+  for (const auto& [activity, title, saving] :
+       {std::tuple{Activity::vae_encode, std::string("Drop the largest bucket"), latents_saving},
+        {Activity::text_encode, std::string("Quantize the text encoders"), text_saving}}) {
+    OomContext ctx;
+    ctx.phase = Phase::cache, ctx.activity = activity, ctx.batch = 1, ctx.cpu = true;
+    ctx.text_encoder_bytes = activity == Activity::text_encode ? int64_t{48} << 20 : 0;
+    const auto fixes = recommend_fixes(ctx, config, codec_plan(config, model::spec_for(config.model)));
+    const auto it = std::find_if(fixes.begin(), fixes.end(), [&](const OomFix& f) { return f.title == title; });
+    ASSERT_NE(it, fixes.end()) << title;
+    EXPECT_EQ(it->predicted_saving_bytes, saving) << title;
+    for (const OomFix& f : fixes) {
+      EXPECT_NE(f.title, "Turn gradient checkpointing on");
+      EXPECT_NE(f.title, "Lower the batch size and accumulate");
+    }
+  }
+}
+
 // A LoRA base whose frozen weights crowd the card, at CPU scale (a width-512 FLUX shape: 109 MiB of
 // weights, a local folder of shapes): the first step runs out; the report offers quantizing and then
 // offloading the base, each priced; the twin offloads its Linears to host memory (as AI Toolkit's

@@ -1286,5 +1286,42 @@ TEST(Trainer, LoraFilesAreNamedAndDescribedAsAiToolkitWritesThem) {
   fs::remove_all(dir);
 }
 
+// AI Toolkit fills its caches before training in the datasets' setup_epoch (toolkit/data_loader.py:609-614):
+// the latents first, then the captions, each under the device state set_device_state_preset gives it
+// (toolkit/models/base_model.py:1554-1615, toolkit/dataloader_mixins.py:1963-1976, 2311-2315): the
+// transformer off the device. gclab's `cache` phase: its measured peak well below the transformer's weights,
+// the memory model's prediction of it within 1%, the latent files written before the text embeddings', and
+// everything back on the device for the steps.
+TEST(Trainer, FillsTheCachesLatentsFirstWithTheTransformerOffTheDevice) {
+  const fs::path dir = testing::fresh_dir("cache_fill");
+  const auto config = tiny_config(
+      dir, "c", {"train.steps=2", "datasets.0.cache_latents_to_disk=true", "train.cache_text_embeddings=true"});
+  const auto summary = train(config, {});
+  EXPECT_EQ(summary.end_step, 2);
+  std::ifstream in(dir / "c" / "memory.json");
+  const auto memory = nlohmann::json::parse(in);
+  const auto& measured = memory["phase_peak_bytes"];
+  const auto& predicted = memory["predicted_phase_peak_bytes"];
+  ASSERT_TRUE(measured.contains("cache")) << measured.dump();
+  ASSERT_TRUE(predicted.contains("cache")) << predicted.dump();
+  const double m = measured["cache"].get<double>(), q = predicted["cache"].get<double>();
+  EXPECT_NEAR(q / m, 1.0, 0.01) << "predicted " << q << ", measured " << m;
+  const auto weights = memory["weights_bytes"].get<int64_t>();  // the transformer and its LoRA, back for the steps
+  EXPECT_LT(m, 0.5 * static_cast<double>(weights)) << "the transformer stayed on the device while caching";
+  EXPECT_GT(measured["forward"].get<int64_t>(), weights);
+  // Latents first: every latent file is older than every text embedding file.
+  fs::file_time_type newest_latent = fs::file_time_type::min(), oldest_text = fs::file_time_type::max();
+  int latents = 0, texts = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir / "data")) {
+    const std::string folder = e.path().parent_path().filename().string();
+    if (folder == "_latent_cache") newest_latent = std::max(newest_latent, fs::last_write_time(e.path())), ++latents;
+    if (folder == "_t_e_cache") oldest_text = std::min(oldest_text, fs::last_write_time(e.path())), ++texts;
+  }
+  ASSERT_GT(latents, 0);
+  ASSERT_GT(texts, 0);
+  EXPECT_LT(newest_latent, oldest_text);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace gclab::train

@@ -46,6 +46,8 @@ class TextEmbeddingCache {
 
   // [B, T, D] text (and [B, P] pooled) for the captions, padded to one length.
   TextEmbedding encode(const std::vector<Caption>& captions);
+  // Called once, right before the encoder next runs (a caption neither in memory nor on disk); null clears it.
+  void before_first_encode(std::function<void()> f) { before_encode_ = std::move(f); }
   // unload_text_encoder: everything needed was precomputed; the encoder's memory is returned.
   void unload() { encoder_.reset(); }
   int64_t encoder_bytes() const { return encoder_ ? encoder_->weight_bytes() : 0; }
@@ -74,6 +76,7 @@ class TextEmbeddingCache {
   std::map<std::string, TextEmbedding> cached_;
   std::map<std::string, int64_t> token_counts_;  // each caption's row count, kept past unloading
   TextEmbedding scratch_;
+  std::function<void()> before_encode_;
 };
 
 // DiT is class-conditional: a caption picks a class by hash; an empty caption is the null class.

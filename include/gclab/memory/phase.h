@@ -11,9 +11,12 @@
 
 namespace gclab::memory {
 
-enum class Phase { setup, data, text, forward, backward, optimizer, sample, save };
-inline constexpr std::array<Phase, 8> kPhases = {Phase::setup,    Phase::data,      Phase::text,   Phase::forward,
-                                                 Phase::backward, Phase::optimizer, Phase::sample, Phase::save};
+// `cache`: filling the latent and text caches before the first step (AI Toolkit's device states while it
+// caches: the transformer off the device).
+enum class Phase { setup, cache, data, text, forward, backward, optimizer, sample, save };
+inline constexpr std::array<Phase, 9> kPhases = {Phase::setup,     Phase::cache,   Phase::data,
+                                                 Phase::text,      Phase::forward, Phase::backward,
+                                                 Phase::optimizer, Phase::sample,  Phase::save};
 // "setup", "data", ... as the metrics and reports write them.
 const char* phase_name(Phase phase);
 std::optional<Phase> parse_phase(std::string_view name);

@@ -11,6 +11,8 @@ using memory::Phase;
 using memory::phase_name;
 
 enum class Activity { model, vae_encode, vae_decode, text_encode };
+// The caches filled before the first step, in the `cache` phase: the latents, then the captions' embeddings.
+enum class CacheFill { latents, text };
 // "", "vae encode", "vae decode", "text encode" (a preview encoding its prompts)
 const char* activity_name(Activity activity);
 

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "gclab/data/conditioner.h"
 #include "gclab/memory/phase.h"
 #include "gclab/model/spec.h"
+#include "gclab/train/phase.h"
 #include "gclab/train/plan.h"
 
 namespace gclab::train {
@@ -85,6 +87,21 @@ struct ResolutionEstimate {
   std::optional<StepEstimate> gc_run;
 };
 
+// Filling the caches before the first step (the `cache` phase, Session::CacheFill): what is resident then —
+// the weights, the text encoders (loaded until the captions are cached), the EMA, the offload rings; no
+// gradients, no optimizer state — less what the fill takes off the device (Session::cache_parked_bytes),
+// plus the fill's own work.
+struct CacheEstimate {
+  // The latents (some dataset caches them, the autoencoder encodes): its weights, one image of the largest
+  // cell (AI Toolkit encodes them one at a time) and its encode. 0 when nothing is cached so.
+  int64_t latents_bytes = 0;
+  int resolution = 0;  // the image's (square) side
+  // The captions (cache_text_embeddings): the text encoders and a caption's encode, the run's largest (a
+  // 77-token caption's in an estimate). 0 when they are not cached.
+  int64_t text_bytes = 0;
+  int64_t total_bytes = 0;  // the larger
+};
+
 // A preview at sample.width x height, after a step (gradients freed): the autoencoder back on the device
 // when it had left it, the denoising passes (without gradients), then the decode.
 struct PreviewEstimate {
@@ -143,6 +160,7 @@ struct MemoryEstimate {
   LoadEstimate load;
   std::vector<ResolutionEstimate> resolutions;
   std::optional<TextEncodeEstimate> text;  // when the family has text encoders
+  std::optional<CacheEstimate> cache;      // when the run fills a cache before the first step
   std::optional<PreviewEstimate> preview;  // when the config samples
   // The save phase: what is resident between steps, and the trained tensors' copies in save.dtype when
   // it is not their dtype.
@@ -174,6 +192,9 @@ class MemoryModel {
   // Every phase of a run whose steps are like `step`: the load (setup), the step's phases, the preview
   // (sample, when the config samples) and the save.
   PhaseBytes phases(const StepEstimate& step) const;
+  // The `cache` phase as a run filled it: the fills that moved the transformer (Session::filled), the run's
+  // captions (each distinct one's encode predicted; none: a 77-token caption's).
+  int64_t cache(const std::set<CacheFill>& fills, const std::vector<data::Caption>& captions) const;
   // The prediction for a step as a run logged it (its batch, bucket, text tokens and captions, and whether
   // the optimizer had state yet) under the run's policy.
   PhaseBytes predict(const StepResult& step) const;

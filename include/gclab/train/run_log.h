@@ -39,6 +39,9 @@ class RunLog {
   // `oom_skips` and `nonfinite_steps`: the run's counts so far.
   void step(int64_t step, const StepResult& result, double step_s, Session& session, int oom_skips,
             int nonfinite_steps);
+  // The caches filled before the first step (Session::filled): the `cache` phase's peak, measured and
+  // predicted for the fills that ran with the run's captions.
+  void caches(Session& session, const std::vector<data::Caption>& captions);
   // A batch dropped out of memory (train.oom_policy: skip).
   void oom_skip(int64_t step, Phase phase, const std::string& bucket, int batch, int oom_skips);
   // Ends an in-place progress line.

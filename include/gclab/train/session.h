@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,15 @@ class Session {
   // autoencoder on the device), then the autoencoder leaves the device. Nothing when the run caches
   // nothing or the stand-in encodes on the loader's thread. Returns how many were encoded.
   int64_t cache_latents(data::BatchLoader& loader);
+  // The device states AI Toolkit sets while it fills a cache (set_device_state_preset,
+  // toolkit/models/base_model.py:1554-1615, toolkit/dataloader_mixins.py:1963-1976, 2311-2315): for the
+  // latents only the autoencoder stays on the device — the transformer and the text encoders go to host
+  // memory —, for the captions only the text encoders (the autoencoder leaves too); the LoRA network (a module of its
+  // own there) and the optimizer's state stay. Everything comes back once the cache is filled (restore_device_state);
+  // nothing moves when nothing is encoded (did_move). cache_parked_bytes: what a fill takes off the device (works on
+  // meta: the memory model's `cache` phase); filled(): the fills that moved it in this run.
+  int64_t cache_parked_bytes(CacheFill fill) const;
+  const std::set<CacheFill>& filled() const { return filled_; }
   // A batch of this size with the config's first caption (bench and fit): random latents, or, when the
   // autoencoder encodes on the fly, random images it encodes in the step's `data` phase.
   data::LoadedBatch synthetic_batch(int batch, int width, int height) const;
@@ -189,8 +199,9 @@ class Session {
   // The sampler's options for preview `i` (the plan's previews) as sample() runs it: its size (cut to the
   // family's divisibility), steps, guidance, seed, the compute dtype and the family's CFG rescale.
   sample::SampleOptions preview_options(size_t i, const PreviewSettings& settings = {}) const;
-  // Encodes every caption the run will ask for (cache_text_embeddings), then unloads the text encoder
-  // when unload_text_encoder says so. unload_text_encoder without cache_text_embeddings is AI Toolkit's
+  // Encodes every caption the run will ask for (cache_text_embeddings: in the `cache` phase, the transformer
+  // off the device, after the latents as AI Toolkit's setup_epoch caches them), then the empty prompt and the
+  // previews' prompts, and unloads the text encoder. unload_text_encoder without cache_text_embeddings is AI Toolkit's
   // other mode: the trigger word (or the empty prompt) is encoded once and every step trains on it.
   void precompute_text(const std::vector<data::Caption>& captions);
   void precompute_text(const std::vector<std::string>& captions);
@@ -260,7 +271,20 @@ class Session {
   int current_batch_ = 0;
   int64_t epoch_ = 0;
   std::shared_ptr<model::DiffusionTransformer> model_;
-  bool transformer_parked_ = false;  // LoadPlan::at_first_use, until transformer_at_first_use()
+  bool transformer_parked_ = false;
+  // What a cache fill took off the device (CacheFill), until it is filled.
+  struct Parked {
+    std::vector<torch::Tensor> transformer, text_encoders;
+    bool autoencoder = false;  // offloaded for the fill
+    static int64_t bytes(const std::vector<torch::Tensor>& tensors);
+  };
+  Parked parked_while_caching(CacheFill fill) const;
+  void park_for(CacheFill fill);
+  // A fill's first encode: the cache phase begins (its peak from here), the device state set.
+  void start_fill(CacheFill fill, std::optional<memory::PhaseMeter::Scope>& scope);
+  void unpark();
+  std::optional<Parked> parked_;
+  std::set<CacheFill> filled_;  // LoadPlan::at_first_use, until transformer_at_first_use()
   model::LoraOptions lora_;
   int lora_modules_ = 0;
   std::unique_ptr<ModelCheckpointing> checkpointing_;
