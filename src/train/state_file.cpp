@@ -24,6 +24,7 @@
 #include "gclab/log/log.h"
 #include "gclab/model/diffusers_config.h"
 #include "gclab/model/lora.h"
+#include "gclab/train/aitk_resume.h"
 
 #include <fstream>
 
@@ -251,6 +252,9 @@ std::optional<int64_t> RunSaves::resume(Session& session) {
     }
   }
   if (!found) {
+    // No gclab state: the folder may be one AI Toolkit wrote (its newest LoRA save, training_info's step,
+    // optimizer.pt), resumed as AI Toolkit resumes it.
+    if (const auto step = resume_from_aitk(session, dir_, name_)) return step;
     if (!all_states.empty())
       log::warn("no save in " + dir_.string() + " reads whole: starting at step 0 (the damaged files are kept)");
     return std::nullopt;

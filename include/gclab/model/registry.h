@@ -80,6 +80,11 @@ class ModelFamily {
   // The prefix of a LoRA file's keys as AI Toolkit saves them: the PEFT network's "transformer.", which the
   // model classes whose convert_lora_weights_before_save renames it write as "diffusion_model." (ComfyUI's).
   virtual std::string lora_key_prefix() const { return "transformer."; }
+  // The diffusers model class's Linears in its named_modules order, a block's index written "*" (the first
+  // ".<N>." of a path), each listed once: the order AI Toolkit's LoRA network creates its modules in, and so
+  // the order of its optimizer's parameters (toolkit/lora_special.py:484-486, toolkit/kohya_lora.py:1030-
+  // 1075). Empty: not known, and an AI Toolkit optimizer.pt is not mapped onto this family's adapters.
+  virtual std::vector<std::string> diffusers_linear_order() const { return {}; }
   // AI Toolkit's get_base_model_version for one of the family's archs: a LoRA file's ss_base_model_version
   // (BaseModel's default: the arch).
   virtual std::string base_model_version(const std::string& arch) const { return arch; }

@@ -55,7 +55,9 @@ class RunSaves {
   // what is saved — is not finite in save.dtype.
   std::filesystem::path save(Session& session, int64_t step, bool final);
   // Restores the newest state that reads whole into the session; returns its step, or nullopt when there is
-  // none. A newer state that does not read (truncated, damaged) is skipped with a warning naming it.
+  // none. A newer state that does not read (truncated, damaged) is skipped with a warning naming it. With no
+  // gclab state that reads, a folder AI Toolkit wrote is resumed as AI Toolkit resumes it (resume_from_aitk,
+  // train/aitk_resume.h).
   std::optional<int64_t> resume(Session& session);
 
   // The newest "<name>_<step>.state.safetensors" in dir, if any.

@@ -145,6 +145,29 @@ class QwenImage final : public ModelFamily {
   }
 
   std::string diffusers_class() const override { return "QwenImageTransformer2DModel"; }
+  // diffusers' QwenImageTransformer2DModel.named_modules() order of its Linears (as diffusers 0.42 builds it).
+  std::vector<std::string> diffusers_linear_order() const override {
+    return {"time_text_embed.timestep_embedder.linear_1",
+            "time_text_embed.timestep_embedder.linear_2",
+            "img_in",
+            "txt_in",
+            "transformer_blocks.*.img_mod.1",
+            "transformer_blocks.*.attn.to_q",
+            "transformer_blocks.*.attn.to_k",
+            "transformer_blocks.*.attn.to_v",
+            "transformer_blocks.*.attn.add_k_proj",
+            "transformer_blocks.*.attn.add_v_proj",
+            "transformer_blocks.*.attn.add_q_proj",
+            "transformer_blocks.*.attn.to_out.0",
+            "transformer_blocks.*.attn.to_add_out",
+            "transformer_blocks.*.img_mlp.net.0.proj",
+            "transformer_blocks.*.img_mlp.net.2",
+            "transformer_blocks.*.txt_mod.1",
+            "transformer_blocks.*.txt_mlp.net.0.proj",
+            "transformer_blocks.*.txt_mlp.net.2",
+            "norm_out.linear",
+            "proj_out"};
+  }
   nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
     return {{"_class_name", "QwenImageTransformer2DModel"},
             {"attention_head_dim", s.head_dim},

@@ -90,6 +90,30 @@ class Sd3 final : public ModelFamily {
   int64_t sequence_rows(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
 
   std::string diffusers_class() const override { return "SD3Transformer2DModel"; }
+  // diffusers' SD3Transformer2DModel.named_modules() order of its Linears (as diffusers 0.42 builds it).
+  std::vector<std::string> diffusers_linear_order() const override {
+    return {"time_text_embed.timestep_embedder.linear_1",
+            "time_text_embed.timestep_embedder.linear_2",
+            "time_text_embed.text_embedder.linear_1",
+            "time_text_embed.text_embedder.linear_2",
+            "context_embedder",
+            "transformer_blocks.*.norm1.linear",
+            "transformer_blocks.*.norm1_context.linear",
+            "transformer_blocks.*.attn.to_q",
+            "transformer_blocks.*.attn.to_k",
+            "transformer_blocks.*.attn.to_v",
+            "transformer_blocks.*.attn.add_k_proj",
+            "transformer_blocks.*.attn.add_v_proj",
+            "transformer_blocks.*.attn.add_q_proj",
+            "transformer_blocks.*.attn.to_out.0",
+            "transformer_blocks.*.attn.to_add_out",
+            "transformer_blocks.*.ff.net.0.proj",
+            "transformer_blocks.*.ff.net.2",
+            "transformer_blocks.*.ff_context.net.0.proj",
+            "transformer_blocks.*.ff_context.net.2",
+            "norm_out.linear",
+            "proj_out"};
+  }
   nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
     return {{"_class_name", "SD3Transformer2DModel"},
             {"sample_size", s.sd3_base_size * s.patch},

@@ -123,6 +123,38 @@ class ZImage final : public ModelFamily {
   int64_t text_tokens(const ModelSpec&, int64_t encoder_rows) const override { return (encoder_rows + 31) / 32 * 32; }
 
   std::string diffusers_class() const override { return "ZImageTransformer2DModel"; }
+  // diffusers' ZImageTransformer2DModel.named_modules() order of its Linears (as diffusers 0.42 builds it).
+  std::vector<std::string> diffusers_linear_order() const override {
+    return {"all_x_embedder.2-1",
+            "all_final_layer.2-1.linear",
+            "all_final_layer.2-1.adaLN_modulation.1",
+            "noise_refiner.*.attention.to_q",
+            "noise_refiner.*.attention.to_k",
+            "noise_refiner.*.attention.to_v",
+            "noise_refiner.*.attention.to_out.0",
+            "noise_refiner.*.feed_forward.w1",
+            "noise_refiner.*.feed_forward.w2",
+            "noise_refiner.*.feed_forward.w3",
+            "noise_refiner.*.adaLN_modulation.0",
+            "context_refiner.*.attention.to_q",
+            "context_refiner.*.attention.to_k",
+            "context_refiner.*.attention.to_v",
+            "context_refiner.*.attention.to_out.0",
+            "context_refiner.*.feed_forward.w1",
+            "context_refiner.*.feed_forward.w2",
+            "context_refiner.*.feed_forward.w3",
+            "t_embedder.mlp.0",
+            "t_embedder.mlp.2",
+            "cap_embedder.1",
+            "layers.*.attention.to_q",
+            "layers.*.attention.to_k",
+            "layers.*.attention.to_v",
+            "layers.*.attention.to_out.0",
+            "layers.*.feed_forward.w1",
+            "layers.*.feed_forward.w2",
+            "layers.*.feed_forward.w3",
+            "layers.*.adaLN_modulation.0"};
+  }
   nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
     return {{"_class_name", "ZImageTransformer2DModel"},
             {"all_patch_size", {s.patch}},
