@@ -18,6 +18,7 @@
 #include <numeric>
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
+#include "gclab/bench/report.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/dataset.h"
 #include "gclab/data/image.h"
@@ -1309,6 +1310,13 @@ TEST(Trainer, FillsTheCachesLatentsFirstWithTheTransformerOffTheDevice) {
   const auto weights = memory["weights_bytes"].get<int64_t>();  // the transformer and its LoRA, back for the steps
   EXPECT_LT(m, 0.5 * static_cast<double>(weights)) << "the transformer stayed on the device while caching";
   EXPECT_GT(measured["forward"].get<int64_t>(), weights);
+  // `gclab check` and `estimate` print the same phase (the estimate with a 77-token caption's encode).
+  const MemoryModel model(config);
+  ASSERT_TRUE(model.estimate().cache);
+  EXPECT_EQ(bench::phases_report(model, config).value["phases"]["predicted"]["cache"].get<int64_t>(),
+            model.estimate().cache->total_bytes);
+  EXPECT_EQ(bench::estimate_report(model.estimate()).value["estimate"]["cache"]["latents"].get<int64_t>(),
+            model.estimate().cache->latents_bytes);
   // Latents first: every latent file is older than every text embedding file.
   fs::file_time_type newest_latent = fs::file_time_type::min(), oldest_text = fs::file_time_type::max();
   int latents = 0, texts = 0;
