@@ -261,42 +261,17 @@ class BlockReader {
 };
 
 template <class T>
-bool read_value(const YAML::Node& node, T& out, const std::string& path, LoadContext& ctx) {
-  if constexpr (is_optional<T>::value) {
-    if (node.IsNull()) {
-      out.reset();
-      return true;
-    }
-    typename T::value_type inner{};
-    if (!read_value(node, inner, path, ctx)) return false;
-    out = std::move(inner);
-    return true;
-  } else if constexpr (is_vector<T>::value) {
-    using Item = typename T::value_type;
-    T items;
-    if (node.IsNull()) {
-      out = items;
-      return true;
-    }
-    if (!node.IsSequence()) {  // AI Toolkit accepts `resolution: 512` for `[512]`
-      Item item{};
-      if (!read_value(node, item, path, ctx)) return false;
-      items.push_back(std::move(item));
-      out = std::move(items);
-      return true;
-    }
-    bool ok = true;
-    std::size_t index = 0;
-    for (const auto& child : node) {
-      Item item{};
-      const std::string item_path = path + "[" + std::to_string(index++) + "]";
-      ctx.source.origin_by_path[item_path] = ctx.origin(item_path, child);
-      ok = read_value(child, item, item_path, ctx) && ok;
-      items.push_back(std::move(item));
-    }
-    out = std::move(items);
-    return ok;
-  } else if constexpr (std::is_same_v<T, bool>) {
+bool read_value(const YAML::Node& node, T& out, const std::string& path, LoadContext& ctx);
+
+// The field types a YAML scalar gives.
+template <class T>
+inline constexpr bool is_scalar_field =
+    std::is_same_v<T, bool> || std::is_integral_v<T> || std::is_floating_point_v<T> || std::is_enum_v<T> ||
+    std::is_same_v<T, ckpt::CheckpointPolicy> || std::is_same_v<T, std::string> || std::is_same_v<T, ByteSize>;
+
+template <class T>
+bool read_scalar(const YAML::Node& node, T& out, const std::string& path, LoadContext& ctx) {
+  if constexpr (std::is_same_v<T, bool>) {
     const auto v = node.IsScalar() ? to_bool(node.Scalar()) : std::nullopt;
     if (!v) {
       ctx.error(path, node, "expected true or false, got " + describe(node));
@@ -348,7 +323,8 @@ bool read_value(const YAML::Node& node, T& out, const std::string& path, LoadCon
     }
     out = node.Scalar();
     return true;
-  } else if constexpr (std::is_same_v<T, ByteSize>) {
+  } else {
+    static_assert(std::is_same_v<T, ByteSize>);
     if (node.IsNull()) {
       out.bytes = 0;
       return true;
@@ -362,6 +338,53 @@ bool read_value(const YAML::Node& node, T& out, const std::string& path, LoadCon
     }
     out.bytes = *v;
     return true;
+  }
+}
+
+// A list; AI Toolkit also accepts one value for a list of one (`resolution: 512` for `[512]`).
+template <class T>
+bool read_sequence(const YAML::Node& node, T& out, const std::string& path, LoadContext& ctx) {
+  using Item = typename T::value_type;
+  T items;
+  if (node.IsNull()) {
+    out = items;
+    return true;
+  }
+  if (!node.IsSequence()) {  // AI Toolkit accepts `resolution: 512` for `[512]`
+    Item item{};
+    if (!read_value(node, item, path, ctx)) return false;
+    items.push_back(std::move(item));
+    out = std::move(items);
+    return true;
+  }
+  bool ok = true;
+  std::size_t index = 0;
+  for (const auto& child : node) {
+    Item item{};
+    const std::string item_path = path + "[" + std::to_string(index++) + "]";
+    ctx.source.origin_by_path[item_path] = ctx.origin(item_path, child);
+    ok = read_value(child, item, item_path, ctx) && ok;
+    items.push_back(std::move(item));
+  }
+  out = std::move(items);
+  return ok;
+}
+
+template <class T>
+bool read_value(const YAML::Node& node, T& out, const std::string& path, LoadContext& ctx) {
+  if constexpr (is_optional<T>::value) {
+    if (node.IsNull()) {
+      out.reset();
+      return true;
+    }
+    typename T::value_type inner{};
+    if (!read_value(node, inner, path, ctx)) return false;
+    out = std::move(inner);
+    return true;
+  } else if constexpr (is_vector<T>::value) {
+    return read_sequence(node, out, path, ctx);
+  } else if constexpr (is_scalar_field<T>) {
+    return read_scalar(node, out, path, ctx);
   } else {                           // a block with its own field list
     if (node.IsNull()) return true;  // `sample:` with nothing under it keeps the defaults
     if (!node.IsMap()) {
@@ -1127,24 +1150,28 @@ std::string SourceMap::where(const std::string& path) const {
   return "";
 }
 
-LoadResult load_config_text(const std::string& text, const std::string& source_name, const LoadOptions& options) {
-  LoadResult result;
+namespace {
+
+// The text's YAML root, a mapping; nothing where it is not one (the reason in result's diagnostics): its size,
+// NUL bytes, its nesting, the YAML itself, what its aliases expand to.
+std::optional<YAML::Node> parse_root(const std::string& text, const std::string& source_name,
+                                     const LoadOptions& options, LoadResult& result) {
   Diagnostics& diag = result.diagnostics;
   if (text.size() > options.max_bytes) {
     diag.error("", source_name,
                "is " + std::to_string(text.size()) + " bytes; a config is at most " +
                    std::to_string(options.max_bytes) + " (is this the right file?)");
-    return result;
+    return std::nullopt;
   }
   if (text.find('\0') != std::string::npos) {
     diag.error("", source_name, "contains NUL bytes; it is not a YAML text file");
-    return result;
+    return std::nullopt;
   }
   if (raw_nesting_depth(text) > kMaxNestingDepth) {
     diag.error(
         "", source_name,
         "nests deeper than " + std::to_string(kMaxNestingDepth) + " levels; a training config is a few levels deep");
-    return result;
+    return std::nullopt;
   }
 
   YAML::Node root;
@@ -1154,71 +1181,87 @@ LoadResult load_config_text(const std::string& text, const std::string& source_n
     const std::string where = source_name + (e.mark.is_null() ? "" : ":" + std::to_string(e.mark.line + 1));
     diag.error("", where, "is not valid YAML: " + e.msg);
     result.arch_in_text = arch_named_in_text(text);
-    return result;
+    return std::nullopt;
   } catch (const std::exception& e) {
     diag.error("", source_name, std::string("could not be read as YAML: ") + e.what());
-    return result;
+    return std::nullopt;
   }
   std::size_t visited = 0;
   if (!within_node_budget(root, visited)) {
     diag.error("", source_name,
                "expands to more than " + std::to_string(kMaxNodesVisited) +
                    " values (deeply nested or aliases that multiply); refusing to read it");
-    return result;
+    return std::nullopt;
   }
   if (!root.IsMap()) {
     diag.error("", source_name,
                "must be a YAML mapping with AI Toolkit's `job`/`config` keys or the "
                "blocks (`train`, `model`, `datasets`, ...) at the top level; got " +
                    describe(root));
-    return result;
+    return std::nullopt;
   }
+  return root;
+}
 
+// The process block: in AI Toolkit's shape (job / config {name, process: [...]} / meta) its first process,
+// given the config's name and a vram_cap written beside `job`; else the root itself without `meta` and `job`.
+// Nothing where config.process is not a list of blocks (said in diag).
+std::optional<YAML::Node> process_block(const YAML::Node& root, Diagnostics& diag) {
+  YAML::Node process;
+  const YAML::Node config_block = root["config"];
+  const bool aitk_shape = config_block.IsDefined() && config_block.IsMap() && config_block["process"].IsDefined();
+  if (!aitk_shape) {
+    process.reset(root);
+    process.remove("meta");
+    if (process["job"].IsDefined()) process.remove("job");
+    return process;
+  }
+  for (const auto& kv : root) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    if (key == "job") {
+      if (!kv.second.IsScalar() || kv.second.Scalar() != "extension")
+        diag.warning("job", line_of(kv.second),
+                     "gclab runs the `extension` job's first process; got " + describe(kv.second));
+    } else if (key != "config" && key != "meta" && key != "vram_cap") {
+      diag.warning(key, line_of(kv.first), "unknown top-level key, ignored");
+    }
+  }
+  for (const auto& kv : config_block) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    if (key != "name" && key != "process") diag.warning("config." + key, line_of(kv.first), "unknown key, ignored");
+  }
+  const YAML::Node processes = config_block["process"];
+  if (!processes.IsSequence() || processes.size() == 0 || !processes[0].IsMap()) {
+    diag.error("config.process", line_of(processes), "must be a list with at least one process block");
+    return std::nullopt;
+  }
+  if (processes.size() > 1)
+    diag.warning("config.process", line_of(processes),
+                 "has " + std::to_string(processes.size()) + " processes; gclab runs the first");
+  process.reset(processes[0]);  // edited in place: a clone would lose the line numbers
+  const YAML::Node name_node = config_block["name"];
+  if (!process["name"].IsDefined() && name_node.IsDefined()) process["name"] = name_node;
+  // vram_cap may stand beside `job` at the top of the file: it belongs to the whole run.
+  if (root["vram_cap"].IsDefined() && !process["vram_cap"].IsDefined()) process["vram_cap"] = root["vram_cap"];
+  return process;
+}
+
+}  // namespace
+
+LoadResult load_config_text(const std::string& text, const std::string& source_name, const LoadOptions& options) {
+  LoadResult result;
+  Diagnostics& diag = result.diagnostics;
+  const std::optional<YAML::Node> root = parse_root(text, source_name, options, result);
+  if (!root) return result;
   ProcessConfig cfg;
   LoadContext ctx{diag, result.ignored, cfg.source, {}};
   try {
-    // The AI Toolkit shape: job / config {name, process: [ ... ]} / meta. Else the plain shape.
-    YAML::Node process;
     YAML::Node meta;
-    if (root["meta"].IsDefined()) meta.reset(root["meta"]);
+    if ((*root)["meta"].IsDefined()) meta.reset((*root)["meta"]);
+    const std::optional<YAML::Node> found = process_block(*root, diag);
+    if (!found) return result;
+    YAML::Node process = *found;
     std::string name;
-    YAML::Node name_node;
-    const YAML::Node config_block = root["config"];
-    const bool aitk_shape = config_block.IsDefined() && config_block.IsMap() && config_block["process"].IsDefined();
-    if (aitk_shape) {
-      for (const auto& kv : root) {
-        const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
-        if (key == "job") {
-          if (!kv.second.IsScalar() || kv.second.Scalar() != "extension")
-            diag.warning("job", line_of(kv.second),
-                         "gclab runs the `extension` job's first process; got " + describe(kv.second));
-        } else if (key != "config" && key != "meta" && key != "vram_cap") {
-          diag.warning(key, line_of(kv.first), "unknown top-level key, ignored");
-        }
-      }
-      for (const auto& kv : config_block) {
-        const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
-        if (key != "name" && key != "process") diag.warning("config." + key, line_of(kv.first), "unknown key, ignored");
-      }
-      const YAML::Node processes = config_block["process"];
-      if (!processes.IsSequence() || processes.size() == 0 || !processes[0].IsMap()) {
-        diag.error("config.process", line_of(processes), "must be a list with at least one process block");
-        return result;
-      }
-      if (processes.size() > 1)
-        diag.warning("config.process", line_of(processes),
-                     "has " + std::to_string(processes.size()) + " processes; gclab runs the first");
-      process.reset(processes[0]);  // edited in place: a clone would lose the line numbers
-      name_node.reset(config_block["name"]);
-      if (!process["name"].IsDefined() && name_node.IsDefined()) process["name"] = name_node;
-      // vram_cap may stand beside `job` at the top of the file: it belongs to the whole run.
-      if (root["vram_cap"].IsDefined() && !process["vram_cap"].IsDefined()) process["vram_cap"] = root["vram_cap"];
-    } else {
-      process.reset(root);
-      process.remove("meta");
-      if (process["job"].IsDefined()) process.remove("job");
-    }
-
     for (const auto& o : options.overrides) apply_override(process, o, ctx);
     if (diag.has_errors()) return result;
 

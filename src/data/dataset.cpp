@@ -80,17 +80,10 @@ std::string universal_newlines(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
-  const std::string where = "datasets[" + std::to_string(index) + "]";
-  if (!dataset.folder_path) throw DataError(where + ": no folder_path");
-  const fs::path folder = *dataset.folder_path;
+// The folder and every folder below it, as AI Toolkit's os.walk (toolkit/data_loader.py:438-450): hidden
+// folders and files (a leading '.') left out, and the images of any `_controls` folder; sorted.
+std::vector<fs::path> image_files_below(const fs::path& folder) {
   std::error_code ec;
-  if (!fs::is_directory(folder, ec))
-    throw DataError(where + ".folder_path: '" + folder.string() + "' does not exist or is not a folder");
-  // The folder and every folder below it, as AI Toolkit's os.walk (toolkit/data_loader.py:438-450): hidden
-  // folders and files (a leading '.') left out, and the images of any `_controls` folder.
   std::vector<fs::path> images;
   for (auto it = fs::recursive_directory_iterator(folder, fs::directory_options::skip_permission_denied, ec);
        it != fs::recursive_directory_iterator(); it.increment(ec)) {
@@ -105,6 +98,44 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
       images.push_back(it->path());
   }
   std::sort(images.begin(), images.end());
+  return images;
+}
+
+// The caption as AI Toolkit's load_caption reads it (toolkit/dataloader_mixins.py:344-364): the file's text
+// as it is (clean_caption changes nothing; no strip), default_caption when it is blank or missing, and ''
+// for an image without one — which still trains, on the trigger word alone if there is one. What it finds
+// wrong goes into `result`'s warnings and counts.
+std::string read_caption(const config::DatasetConfig& dataset, const fs::path& image, ScanResult& result) {
+  fs::path caption_path = image;
+  caption_path.replace_extension(dataset.caption_ext);
+  if (std::ifstream in{caption_path, std::ios::binary}) {
+    std::stringstream text;
+    text << in.rdbuf();
+    bool repaired = false;
+    std::string caption = universal_newlines(valid_utf8(text.str(), &repaired));
+    if (repaired)
+      result.warnings.push_back(caption_path.string() + ": invalid or truncated UTF-8; the broken bytes were dropped");
+    if (trim(caption).empty() && dataset.default_caption) caption = *dataset.default_caption;
+    return caption;
+  }
+  if (dataset.default_caption) return *dataset.default_caption;
+  result.warnings.push_back(image.string() + ": no caption file " + caption_path.filename().string() +
+                            " and no default_caption: trained on the empty caption (the trigger word alone, "
+                            "with one), as AI Toolkit does");
+  ++result.uncaptioned;
+  return "";
+}
+
+}  // namespace
+
+ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
+  const std::string where = "datasets[" + std::to_string(index) + "]";
+  if (!dataset.folder_path) throw DataError(where + ": no folder_path");
+  const fs::path folder = *dataset.folder_path;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec))
+    throw DataError(where + ".folder_path: '" + folder.string() + "' does not exist or is not a folder");
+  const std::vector<fs::path> images = image_files_below(folder);
   ScanResult result;
   for (const auto& path : images) {
     std::string why;
@@ -114,29 +145,7 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
       ++result.skipped_images;
       continue;
     }
-    fs::path caption_path = path;
-    caption_path.replace_extension(dataset.caption_ext);
-    // The caption as AI Toolkit's load_caption reads it (toolkit/dataloader_mixins.py:344-364): the file's
-    // text as it is (clean_caption changes nothing; no strip), default_caption when it is blank or missing,
-    // and '' for an image without one — which still trains, on the trigger word alone if there is one.
-    std::string caption;
-    if (std::ifstream in{caption_path, std::ios::binary}) {
-      std::stringstream text;
-      text << in.rdbuf();
-      bool repaired = false;
-      caption = universal_newlines(valid_utf8(text.str(), &repaired));
-      if (repaired)
-        result.warnings.push_back(caption_path.string() +
-                                  ": invalid or truncated UTF-8; the broken bytes were dropped");
-      if (trim(caption).empty() && dataset.default_caption) caption = *dataset.default_caption;
-    } else if (dataset.default_caption) {
-      caption = *dataset.default_caption;
-    } else {
-      result.warnings.push_back(path.string() + ": no caption file " + caption_path.filename().string() +
-                                " and no default_caption: trained on the empty caption (the trigger word alone, "
-                                "with one), as AI Toolkit does");
-      ++result.uncaptioned;
-    }
+    const std::string caption = read_caption(dataset, path, result);
     // The same-named file in `folder` with the first of `extensions` that exists (empty: none).
     auto same_named = [&](const std::string& folder, std::initializer_list<const char*> extensions) {
       for (const char* ext : extensions) {

@@ -35,16 +35,30 @@ class CountingMetaAllocator final : public c10::Allocator {
   void copy_data(void*, const void*, std::size_t) const override {}
 };
 
-void install() {
-  static CountingMetaAllocator allocator;
-  static std::once_flag once;
-  std::call_once(once, [] { c10::SetAllocator(c10::kMeta, &allocator, /*priority=*/100); });
-}
+CountingMetaAllocator counting_allocator;
+std::mutex install_mutex;
+int installs = 0;                            // the MetaAllocatorScopes alive
+c10::Allocator* allocator_before = nullptr;  // what the outermost one found
+constexpr uint8_t kMetaPriority = 100;       // above LibTorch's own registration
 
 }  // namespace
 
+MetaAllocatorScope::MetaAllocatorScope() {
+  const std::lock_guard<std::mutex> lock(install_mutex);
+  if (installs++ > 0) return;
+  allocator_before = c10::GetAllocator(c10::kMeta);
+  c10::SetAllocator(c10::kMeta, &counting_allocator, kMetaPriority);
+}
+
+// Tensors the counter allocated and freed later still subtract what they added (their DataPtr's deleter),
+// so an uninstalled counter only drifts outside any count, where nothing reads it.
+MetaAllocatorScope::~MetaAllocatorScope() {
+  const std::lock_guard<std::mutex> lock(install_mutex);
+  if (--installs > 0) return;
+  c10::SetAllocator(c10::kMeta, allocator_before, kMetaPriority);
+}
+
 MetaCount::MetaCount(c10::DeviceType target) : previous_(target_kind.exchange(target)) {
-  install();
   outer_peak_ = meta_peak.load();
   base_ = meta_live.load();
   meta_peak = base_;

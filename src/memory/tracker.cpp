@@ -210,6 +210,16 @@ void MemoryMeter::set_cap(std::int64_t cap_bytes) {
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
 }
 
+double MemoryMeter::memory_fraction() const {
+  if (!device_.is_cuda()) return 1.0;
+  return c10::cuda::CUDACachingAllocator::getMemoryFraction(cuda_index(device_));
+}
+
+void MemoryMeter::set_memory_fraction(double fraction) {
+  if (!device_.is_cuda()) return;
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, cuda_index(device_));
+}
+
 void MemoryMeter::set_host_cap(std::int64_t cap_bytes) { g_host_cap = cap_bytes; }
 std::int64_t MemoryMeter::host_cap() { return g_host_cap.load(); }
 void MemoryMeter::reset_host_peak() { g_host_peak = g_host_live.load(); }

@@ -64,16 +64,6 @@ std::string supported_arch_list() {
   return out;
 }
 
-bool runs_cfg(Guidance mode, double g) {
-  return (mode == Guidance::Cfg || mode == Guidance::TrueCfg || mode == Guidance::ZImageCfg) && g > 1;
-}
-
-int preview_forward_batch(Guidance mode, double g) { return runs_cfg(mode, g) && mode != Guidance::TrueCfg ? 2 : 1; }
-
-Guidance preview_guidance(Family family, bool guidance_embed) {
-  return family_of(family).preview_guidance(guidance_embed);
-}
-
 config::AutoencoderKind autoencoder_kind(Family family) { return family_of(family).autoencoder(); }
 
 bool low_vram_tiles_previews(Family family) { return family_of(family).low_vram_tiles_previews(); }

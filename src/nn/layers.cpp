@@ -124,6 +124,7 @@ struct Frozen {
   Stored stored;
   torch::Tensor bias, recovery_a, recovery_b;
   double recovery_scale = 1.0;
+  OffloadRings* rings = nullptr;  // an offloaded Linear's: its Session's
 };
 
 // Keeps a frozen tensor for the backward (an undefined one is simply not kept).
@@ -160,6 +161,8 @@ class QFloat8Linear : public torch::autograd::Function<QFloat8Linear> {
   }
 };
 
+}  // namespace
+
 // AI Toolkit's layer offloading (toolkit/memory_management/manager_modules.py, after RamTorch): the last
 // kOffloadDepth weights brought to the device for a forward, and for a backward, stay in ring slots
 // until overwritten (its PIPELINE_DEPTH, 4 by default).
@@ -188,16 +191,12 @@ struct OffloadRing {
     return *transfer;
   }
 };
-// One pair of rings for the device a run trains on, one for the meta device (the memory model's walk: its
-// slots must not release the run's).
-OffloadRing& forward_ring(bool meta) {
-  static OffloadRing rings[2];
-  return rings[meta ? 1 : 0];
-}
-OffloadRing& backward_ring(bool meta) {
-  static OffloadRing rings[2];
-  return rings[meta ? 1 : 0];
-}
+// One pair of rings (forward, backward) per Session, for the device it runs on.
+struct OffloadRings {
+  OffloadRing forward, backward;
+};
+
+namespace {
 
 // The weight (dequantized, in the dtype the matmul computes in) and bias brought from host memory into a ring slot; on
 // CUDA staged on the ring's transfer stream (above). The caller computes with it, then calls release().
@@ -264,9 +263,11 @@ class OffloadedLinear : public torch::autograd::Function<OffloadedLinear> {
     ctx->saved_data["out"] = f.stored.out;
     ctx->saved_data["in"] = f.stored.in;
     ctx->saved_data["recovery_scale"] = f.recovery_scale;
-    const Brought brought = bring(forward_ring(x.is_meta()), f.stored, f.bias, x);
+    // The Linear's rings outlive its graph (the Linear holds them), so the backward may find them by address.
+    ctx->saved_data["rings"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(f.rings));
+    const Brought brought = bring(f.rings->forward, f.stored, f.bias, x);
     torch::Tensor y = F::linear(x, brought.weight, brought.bias);
-    release(forward_ring(x.is_meta()), brought, x.device());
+    release(f.rings->forward, brought, x.device());
     if (f.recovery_a.defined()) {
       const torch::Tensor a = f.recovery_a.to(x.device(), x.scalar_type(), true, true);
       const torch::Tensor up = f.recovery_b.to(x.device(), x.scalar_type(), true, true);
@@ -284,9 +285,11 @@ class OffloadedLinear : public torch::autograd::Function<OffloadedLinear> {
                       static_cast<torch::ScalarType>(ctx->saved_data["dequant_dtype"].toInt()),
                       ctx->saved_data["out"].toInt(),
                       ctx->saved_data["in"].toInt()};
-    const Brought brought = bring(backward_ring(g.is_meta()), host, torch::Tensor(), g);
+    OffloadRing& ring =
+        reinterpret_cast<OffloadRings*>(static_cast<intptr_t>(ctx->saved_data["rings"].toInt()))->backward;
+    const Brought brought = bring(ring, host, torch::Tensor(), g);
     torch::Tensor dx = torch::matmul(g, brought.weight);
-    release(backward_ring(g.is_meta()), brought, g.device());
+    release(ring, brought, g.device());
     if (const torch::Tensor ra = kept(ctx, "recovery_a"); ra.defined()) {
       const torch::Tensor a = ra.to(g.device(), g.scalar_type(), true, true);
       const torch::Tensor up = kept(ctx, "recovery_b").to(g.device(), g.scalar_type(), true, true);
@@ -311,6 +314,7 @@ struct FrozenAccess {
                       l.out_,
                       l.in_};
     f.bias = l.bias, f.recovery_a = l.recovery_A_, f.recovery_b = l.recovery_B_, f.recovery_scale = l.recovery_scale_;
+    f.rings = l.rings_.get();
     return f;
   }
 };
@@ -343,13 +347,13 @@ int64_t offload_device_bytes(torch::nn::Module& root, int64_t element_bytes) {
   return n == 0 ? 0 : 2 * static_cast<int64_t>(kOffloadDepth) * total / n + bringing;
 }
 
-void release_offload_buffers() {
-  for (OffloadRing* ring : {&forward_ring(false), &backward_ring(false)}) *ring = OffloadRing();
-}
+std::shared_ptr<OffloadRings> make_offload_rings() { return std::make_shared<OffloadRings>(); }
 
-int64_t offload_buffer_bytes(bool meta) {
+void release_offload_buffers(OffloadRings& rings) { rings.forward = OffloadRing(), rings.backward = OffloadRing(); }
+
+int64_t offload_buffer_bytes(const OffloadRings& rings) {
   int64_t bytes = 0;
-  for (OffloadRing* ring : {&forward_ring(meta), &backward_ring(meta)})
+  for (const OffloadRing* ring : {&rings.forward, &rings.backward})
     for (const auto& [w, b] : ring->slots)
       bytes +=
           (w.defined() ? static_cast<int64_t>(w.nbytes()) : 0) + (b.defined() ? static_cast<int64_t>(b.nbytes()) : 0);
@@ -404,7 +408,10 @@ torch::Tensor LinearImpl::effective_weight(torch::ScalarType dtype) const {
   return w.scalar_type() == dtype ? w : w.to(dtype);
 }
 
-void LinearImpl::offload(const std::function<torch::Tensor(const torch::Tensor&)>& to_host) {
+void LinearImpl::offload(const std::function<torch::Tensor(const torch::Tensor&)>& to_host,
+                         std::shared_ptr<OffloadRings> rings) {
+  if (!rings) throw std::invalid_argument("an offloaded Linear needs its Session's rings");
+  rings_ = std::move(rings);
   torch::NoGradGuard no_grad;
   // Frozen from here on (a LoRA base, a text encoder): the backward brings the weight for the input's
   // gradient only.

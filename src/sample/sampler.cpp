@@ -2,25 +2,10 @@
 
 #include "gclab/model/family.h"
 #include "gclab/model/flow_schedule.h"
+#include "gclab/model/registry.h"
 #include "gclab/model/spec.h"
 
 namespace gclab::sample {
-
-using model::Guidance;
-
-namespace {
-
-// QwenImagePipeline's rescale: the guided prediction scaled, token by token, to the norm of the
-// conditional one; a token is a 2x2 patch of all channels (the packed vector its norm is taken over).
-torch::Tensor rescale_to(const torch::Tensor& guided, const torch::Tensor& cond, int64_t patch) {
-  const int64_t b = guided.size(0), c = guided.size(1), h = guided.size(2), w = guided.size(3);
-  auto tokens = [&](const torch::Tensor& x) { return x.reshape({b, c, h / patch, patch, w / patch, patch}); };
-  const torch::Tensor cond_norm = tokens(cond).pow(2).sum({1, 3, 5}, true).sqrt();
-  const torch::Tensor guided_norm = tokens(guided).pow(2).sum({1, 3, 5}, true).sqrt();
-  return (tokens(guided) * (cond_norm / guided_norm)).reshape({b, c, h, w});
-}
-
-}  // namespace
 
 torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::ModelInputs& cond,
                            const model::ModelInputs& uncond, const SampleOptions& o) {
@@ -37,9 +22,10 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   torch::Tensor x = at::normal(0.0, 1.0, model::latent_shape(spec, 1, o.height, o.width, o.frames), gen,
                                torch::TensorOptions().dtype(torch::kFloat))
                         .to(device, o.dtype);
-  const Guidance mode = model::preview_guidance(spec.family, spec.guidance_embed);
+  const std::shared_ptr<const model::Guidance> rule =
+      o.guidance ? o.guidance : model::family_of(spec.family).preview_guidance(spec, /*do_cfg_norm=*/true);
   const double g = o.guidance_scale;
-  const bool cfg = model::runs_cfg(mode, g);
+  const bool cfg = rule->runs_cfg(g);
   auto cat = [](const torch::Tensor& a, const torch::Tensor& b) {
     return a.defined() ? torch::cat({a, b}, 0) : torch::Tensor();
   };
@@ -48,19 +34,17 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
     const int64_t n = latents.size(0);
     in.latents = latents;
     in.timestep = torch::full({n}, t, torch::TensorOptions().device(device));
-    if (mode == Guidance::Embedded)
-      in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
+    if (rule->embeds_scale()) in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
     // No autocast: the model computes in its weights' dtype on inputs cast to it, as AI Toolkit runs it.
     for (torch::Tensor* t : {&in.text, &in.pooled, &in.condition_channels})
       if (t->defined()) *t = t->to(o.dtype);
     for (auto& r : in.reference_latents) r = r.to(o.dtype);
     return model.forward(in).narrow(1, 0, spec.latent_channels);
   };
-  // CFG runs the conditional and unconditional prompts as one batch of two, as the SD3, DiT and Z-Image
-  // pipelines do, when their text sequences have one length; otherwise, and always for Qwen-Image (whose
-  // pipeline runs them as two forwards), as two passes: half the activations' peak of a batch of two.
+  // CFG runs the conditional and unconditional prompts as one batch of two where the family's pipeline does
+  // and their text sequences have one length; otherwise as two passes: half the activations' peak.
   const bool one_batch =
-      model::preview_forward_batch(mode, g) == 2 && (!cond.text.defined() || cond.text.size(1) == uncond.text.size(1));
+      rule->forward_batch(g) == 2 && (!cond.text.defined() || cond.text.size(1) == uncond.text.size(1));
   // The pipeline's sigmas: linspace(1, 1/steps, steps) shifted by the family's schedule (the dynamic mu of
   // this preview's image tokens for FLUX / Qwen-Image / SD3), then 0.
   const torch::Tensor sigmas =
@@ -84,11 +68,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
       } else {
         vc = predict(cond, x, t), vu = predict(uncond, x, t);
       }
-      if (mode == Guidance::ZImageCfg)
-        v = vc + (g - 1) * (vc - vu);  // ZImagePipeline at AI Toolkit's g - 1
-      else
-        v = vu + g * (vc - vu);
-      if (mode == Guidance::TrueCfg && o.cfg_norm) v = rescale_to(v, vc, spec.patch);
+      v = rule->combine(vc, vu, g);
     }
     x = (x.to(torch::kFloat) + (t_next - t) * v.to(torch::kFloat)).to(o.dtype);
   }

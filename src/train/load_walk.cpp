@@ -30,9 +30,9 @@ LoadMemory predict_load(const RunPlan& plan) {
   }
   if (m.layer_offloading && m.layer_offloading_text_encoder_percent > 0)
     for (size_t i = 0; i < prompts.slots(); ++i)
-      load.moved(Residence::host,
-                 offload_layers(prompts.encoder(i), m.layer_offloading_text_encoder_percent, plan.seed + 1 + i, meta)
-                     .host_bytes);
+      load.moved(Residence::host, offload_layers(prompts.encoder(i), m.layer_offloading_text_encoder_percent,
+                                                 plan.seed + 1 + i, meta, nn::make_offload_rings())
+                                      .host_bytes);
   load.at_first_use = plan.load.at_first_use && load.quantized_on_host;
   if (plan.load.after_text_encoders && !load.at_first_use) transformer_to_device();
   return load;

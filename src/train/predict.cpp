@@ -82,7 +82,7 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, int
   WalkedStep walked;
   const bool offloads = nn::offload_device_bytes(model, 1) > 0;
   for (int pass = offloads ? 0 : 1; pass < 2; ++pass) {
-    if (pass == 1) walked.rings = nn::offload_buffer_bytes(/*meta=*/true);
+    if (pass == 1) walked.rings = nn::offload_buffer_bytes(session.offload_rings());
     memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
     MicroBatch mb;
     mb.conditioning = model.example_inputs(batch, height, width, text_tokens, meta);
@@ -167,19 +167,20 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   // With gradient_accumulation the micro-batches after the first run beside the gradients the earlier ones
   // left (summed into, not freed), and an optimizer that accumulates stochastically sets them aside through
   // each later backward (one more set beside the new ones).
+  // The forward and the backward, walked op by op on the meta model (walk_step); model.layer_offloading's
+  // rings as the walk leaves them between steps (walked.rings), in every phase a step holds them.
+  const WalkedStep walked = walk_step(session, policy, batch, height, width, a.text_tokens, reference_shapes, !cpu);
+  s.forward_bytes = walked.forward, s.backward_bytes = walked.backward;
+  const int64_t held = e.resident_bytes - e.offload_buffer_bytes + walked.rings;
   const bool accumulates = session.accumulation() > 1;
-  const int64_t steady = e.resident_bytes - (accumulates ? 0 : e.gradient_bytes);
+  const int64_t steady = held - (accumulates ? 0 : e.gradient_bytes);
   const int64_t aside = accumulates && session.optimizer().accumulates_stochastically() ? e.gradient_bytes : 0;
   s.phases[memory::Phase::data] = steady + s.encode_bytes;
   s.phases[memory::Phase::text] = steady + s.text_bytes;
-  // The forward and the backward, walked op by op on the meta model (walk_step).
-  const WalkedStep walked = walk_step(session, policy, batch, height, width, a.text_tokens, reference_shapes, !cpu);
-  s.forward_bytes = walked.forward, s.backward_bytes = walked.backward;
-  const int64_t rings = steady - e.offload_buffer_bytes + walked.rings;  // what stays, the rings as walked
-  const int64_t backward = std::max(rings + walked.backward, e.resident_bytes) + aside;
-  s.phases[memory::Phase::forward] = rings + walked.forward;
+  const int64_t backward = std::max(steady + walked.backward, held) + aside;
+  s.phases[memory::Phase::forward] = steady + walked.forward;
   s.phases[memory::Phase::backward] = backward;
-  s.phases[memory::Phase::optimizer] = e.resident_bytes + e.optimizer_step_bytes;
+  s.phases[memory::Phase::optimizer] = held + e.optimizer_step_bytes;
   s.first_phases = s.phases;
   for (const memory::Phase p : {memory::Phase::data, memory::Phase::text, memory::Phase::forward})
     s.first_phases[p] -= e.optimizer_bytes;

@@ -90,6 +90,7 @@ Session::Session(RunPlan plan)
       phases_(meter_),
       timesteps_(plan_.family->flow_schedule(), config_.train),
       previous_host_cap_(memory::MemoryMeter::host_cap()) {
+  if (device_.is_meta()) meta_allocator_.emplace();
   for (const auto& w : plan_.warnings) log::warn(w);
   start_memory();
   // The load, in the order AI Toolkit's loader for the arch takes: the transformer (on the device, or in
@@ -129,6 +130,7 @@ void Session::start_memory() {
       throw UserError(e.what());
     }
   } else if (device_.is_cuda() && config_.vram_cap.bytes > 0) {
+    previous_fraction_ = meter_.memory_fraction();
     meter_.set_cap(config_.vram_cap.bytes);
   }
   if (device_.is_cpu()) memory::MemoryMeter::set_host_cap(config_.host_cap.bytes);
@@ -374,7 +376,7 @@ Offloaded Session::offload_within_host_cap(torch::nn::Module& component, double 
                      ", quantize the weights (model.qtype / qtype_te), or raise the cap");
   };
   try {
-    const Offloaded o = offload_layers(component, share, seed, device_);
+    const Offloaded o = offload_layers(component, share, seed, device_, rings_);
     // A GPU run's pinned host memory is not the CPU tracker's: held against the cap from the ledger.
     if (device_.is_cuda() && cap > 0 && resident_host_weights() > cap) throw refuse(resident_host_weights());
     return o;
@@ -386,8 +388,9 @@ Offloaded Session::offload_within_host_cap(torch::nn::Module& component, double 
 // The process-wide state a Session sets goes back as it was: the offloaded Linears' ring slots (device
 // memory until overwritten) are released, the host cap restored.
 Session::~Session() {
-  nn::release_offload_buffers();
+  nn::release_offload_buffers(*rings_);  // its own: another Session's (a run's, a memory model's) are untouched
   if (device_.is_cpu()) memory::MemoryMeter::set_host_cap(previous_host_cap_);
+  if (previous_fraction_) meter_.set_memory_fraction(*previous_fraction_);
 }
 
 memory::PhaseMeter::Scope Session::phase(Phase p) {
@@ -770,7 +773,7 @@ sample::SampleOptions Session::preview_options(size_t i, const PreviewSettings& 
   so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
   so.seed = sc.seeds().at(i);
   so.dtype = plan_.compute_dtype;
-  so.cfg_norm = plan_.family->preview_cfg_norm(spec_, sc.do_cfg_norm);
+  so.guidance = plan_.family->preview_guidance(spec_, sc.do_cfg_norm);
   return so;
 }
 
@@ -930,7 +933,7 @@ ResidentBytes Session::resident() const {
       r.text_encoder -= host;
       r.text_encoder_host += host;
     }
-  r.offload_buffers = nn::offload_buffer_bytes();
+  r.offload_buffers = nn::offload_buffer_bytes(*rings_);
   r.text_cache_host = text_->cache_bytes();
   r.vae = codec_ ? codec_->resident_bytes() : plan_.vae_in_steps ? plan_.codec.weight_bytes() : 0;
   return r;

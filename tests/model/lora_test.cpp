@@ -485,7 +485,7 @@ TEST(Quantize, AnOffloadedLinearComputesAsTheResidentOne) {
       (*l)->add_recovery_adapter(torch::randn({4, 128}) * 0.1, torch::randn({64, 4}) * 0.1, 1.0);
       (*l)->add_lora(4, 4.0);
     }
-    offloaded->offload([](const torch::Tensor& t) { return t.clone(); });
+    offloaded->offload([](const torch::Tensor& t) { return t.clone(); }, nn::make_offload_rings());
     ASSERT_TRUE(offloaded->offloaded());
     EXPECT_EQ(offloaded->dequantized_bytes(), 0);
     const torch::Tensor x0 = torch::randn({2, 5, 128});
@@ -496,7 +496,6 @@ TEST(Quantize, AnOffloadedLinearComputesAsTheResidentOne) {
     yb.square().sum().backward();
     EXPECT_TRUE(torch::allclose(xa.grad(), xb.grad(), 1e-5, 1e-6)) << uint4;
   }
-  nn::release_offload_buffers();
 }
 
 }  // namespace

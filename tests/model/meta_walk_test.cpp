@@ -129,6 +129,23 @@ TEST(MetaCount, AnOpWithoutAMetaKernelEndsTheWalkAndIsNamed) {
 }
 
 // A MetaCount stands for its target device while it lives and restores the one before.
+// The counting allocator is the meta device's only while a count (or a meta Session) lives: a process that
+// estimated once keeps LibTorch's own meta allocator afterwards.
+TEST(MetaCount, TheCountingAllocatorIsInstalledOnlyWhileAWalkRuns) {
+  c10::Allocator* const before = c10::GetAllocator(c10::kMeta);
+  {
+    memory::MetaCount outer;
+    c10::Allocator* const counting = c10::GetAllocator(c10::kMeta);
+    EXPECT_NE(counting, before);
+    {
+      memory::MetaCount inner;
+      EXPECT_EQ(c10::GetAllocator(c10::kMeta), counting);
+    }
+    EXPECT_EQ(c10::GetAllocator(c10::kMeta), counting);  // the outer count still runs
+  }
+  EXPECT_EQ(c10::GetAllocator(c10::kMeta), before);  // a memory model's meta Session: LayerOffloading.*Rings*
+}
+
 TEST(MetaCount, TargetsNest) {
   EXPECT_EQ(memory::meta_target(), c10::kCPU);
   {

@@ -46,6 +46,22 @@ TEST(CudaMeter, TheCapCanBeTheFirstCudaCallOfTheProcess) {
   meter.set_cap(0);
 }
 
+// vram_cap sets the caching allocator's memory fraction, process-wide: the Session puts back the one it
+// found when it ends, so a later Session (or the caller) does not inherit the cap.
+TEST(CudaMeter, ASessionPutsBackTheMemoryFractionItSet) {
+  GCLAB_REQUIRE_CUDA();
+  const fs::path dir = testing::fresh_dir("cuda_fraction");
+  memory::MemoryMeter meter(torch::Device(torch::kCUDA, 0));
+  meter.set_memory_fraction(0.9);
+  {
+    Session capped(cuda_config(dir, "f", {"vram_cap=2GiB"}));
+    EXPECT_LT(meter.memory_fraction(), 0.9);
+  }
+  EXPECT_DOUBLE_EQ(meter.memory_fraction(), 0.9);
+  meter.set_memory_fraction(1.0);
+  fs::remove_all(dir);
+}
+
 TEST(CudaTrain, TrainAndBenchRunATinyModel) {
   GCLAB_REQUIRE_CUDA();
   const fs::path dir = testing::fresh_dir("cuda_train");

@@ -192,22 +192,43 @@ TEST(LayerOffloading, TheOomAdviceOffersItWithItsSaving) {
   fs::remove_all(dir);
 }
 
+// A Session owns its offload rings: another one ending — the memory model's meta Session, which a run's
+// OOM report or `fit` builds beside the run — leaves the run's slots as they are.
+TEST(LayerOffloading, AnotherSessionsEndLeavesARunsRingsAlone) {
+  const fs::path dir = testing::fresh_dir("offload_rings_owned");
+  const auto config = tiny_config(dir, "r", {"model.layer_offloading=true"});
+  Session run(config);
+  testing::synthetic_step_peak(run, 1, 2, 64);
+  const int64_t rings = run.resident().offload_buffers;
+  ASSERT_GT(rings, 0);
+  c10::Allocator* const meta_allocator = c10::GetAllocator(c10::kMeta);
+  {
+    const MemoryModel model(config);  // a meta Session, walked and gone
+    EXPECT_GT(model.estimate().offload_buffer_bytes, 0);
+    EXPECT_NE(c10::GetAllocator(c10::kMeta), meta_allocator);  // its model lives on the counting allocator
+  }
+  EXPECT_EQ(c10::GetAllocator(c10::kMeta), meta_allocator);  // and it is gone with it
+  { Session other(tiny_config(dir, "o", {"model.layer_offloading=true"})); }
+  EXPECT_EQ(run.resident().offload_buffers, rings);
+  fs::remove_all(dir);
+}
+
 // Under bf16 autocast the matmul computes in bf16 whatever the input's dtype (a float32 input reaches an
 // offloaded Linear when its caller, a norm or an adapter, computed in float32): the ring slot holds the
 // weight in bf16, not in the input's float32 — twice the bytes, for a weight autocast casts back anyway.
 TEST(LayerOffloading, RingSlotsHoldTheWeightInTheDtypeAutocastComputesIn) {
-  nn::release_offload_buffers();
   nn::Linear linear(64, 32, /*bias=*/true, torch::TensorOptions().dtype(torch::kBFloat16));
   linear->set_weight_storage(nn::WeightStorage::UInt4);
-  linear->offload([](const torch::Tensor& t) { return t.clone(); });
+  const auto rings = nn::make_offload_rings();
+  linear->offload([](const torch::Tensor& t) { return t.clone(); }, rings);
   const torch::Tensor x = torch::randn({3, 64});  // float32
   torch::Tensor y, resident_y;
   {
     ckpt::AutocastScope bf16(ckpt::AutocastState::enabled_for(torch::kCPU, torch::kBFloat16));
     y = linear->forward(x);
   }
-  EXPECT_EQ(nn::offload_buffer_bytes(), (32 * 64 + 32) * 2);  // one slot: weight and bias in bf16
-  nn::release_offload_buffers();
+  EXPECT_EQ(nn::offload_buffer_bytes(*rings), (32 * 64 + 32) * 2);  // one slot: weight and bias in bf16
+  nn::release_offload_buffers(*rings);
   // The same values as autocast casting a float32 slot back to bf16 would give.
   {
     ckpt::AutocastScope bf16(ckpt::AutocastState::enabled_for(torch::kCPU, torch::kBFloat16));
@@ -215,7 +236,6 @@ TEST(LayerOffloading, RingSlotsHoldTheWeightInTheDtypeAutocastComputesIn) {
         torch::nn::functional::linear(x, linear->effective_weight(torch::kFloat), linear->bias.to(torch::kFloat));
   }
   EXPECT_TRUE(torch::equal(y, resident_y));
-  nn::release_offload_buffers();
 }
 
 // The run-level consequence (tiny-flux, bf16, checkpointing on, a uint4 base): offloading lowers the step's

@@ -240,13 +240,17 @@ TEST(QuantizedBase, TheOomAdviceOffersTheNextStorageStepWithItsSaving) {
     const int64_t largest_copy = *std::max_element(copies.begin(), copies.end());
     const auto from_f8 = advice({"model.quantize=true"});
     EXPECT_EQ(deep, f8 - u4 > largest_copy) << f8 - u4 << " saved, " << largest_copy << " dequantized";
-    if (f8 - u4 > largest_copy) {
+    // Offered where the step's predicted peak drops: where the bit step pays for a block's dequantized copy
+    // (deep), and where the peak is a phase that holds no copy (tiny-flux's: the data phase, its autoencoder
+    // encoding on the fly). Never more than the weights it saves; at least that less one block's copy.
+    if (deep) {
       ASSERT_TRUE(from_f8);
+    }
+    if (from_f8) {
       EXPECT_EQ(from_f8->change, "model.qtype: uint4 (from qfloat8)");
+      EXPECT_GT(from_f8->predicted_saving_bytes, 0);
       EXPECT_LE(from_f8->predicted_saving_bytes, f8 - u4);
       EXPECT_GE(from_f8->predicted_saving_bytes, f8 - u4 - largest_copy);
-    } else {
-      EXPECT_FALSE(from_f8);
     }
   }
   fs::remove_all(dir);

@@ -56,14 +56,18 @@ TEST(Sampler, QwenImageTrueCfgIsTwoForwardsRescaledPerToken) {
   EXPECT_FALSE(torch::allclose(one_step(*m, c, 3.0), x - guided, 1e-3, 1e-3));  // the rescale matters
   EXPECT_TRUE(torch::allclose(one_step(*m, c, 1.0), x - vc, 1e-5, 1e-5));       // g <= 1: no CFG
   // The Plus models' pipeline (AI Toolkit's own) rescales only with sample.do_cfg_norm, off by default.
-  SampleOptions plain;
-  plain.height = plain.width = 64, plain.steps = 1, plain.guidance_scale = 3.0, plain.seed = 3;
-  plain.cfg_norm = false;
-  EXPECT_TRUE(torch::allclose(euler_sample(*m, c.cond, c.uncond, plain), x - guided, 1e-5, 1e-5));
   const model::ModelFamily& qwen = model::family_of(m->spec().family);
-  EXPECT_TRUE(qwen.preview_cfg_norm(model::spec_by_preset("qwen-image-edit"), false));
-  EXPECT_FALSE(qwen.preview_cfg_norm(model::spec_by_preset("qwen-image-edit-2509"), false));
-  EXPECT_TRUE(qwen.preview_cfg_norm(model::spec_by_preset("qwen-image-edit-2511"), true));
+  auto sample_with = [&](const std::string& preset, bool do_cfg_norm) {
+    SampleOptions o;
+    o.height = o.width = 64, o.steps = 1, o.guidance_scale = 3.0, o.seed = 3;
+    model::ModelSpec spec = model::spec_by_preset(preset);
+    spec.patch = m->spec().patch;
+    o.guidance = qwen.preview_guidance(spec, do_cfg_norm);
+    return euler_sample(*m, c.cond, c.uncond, o);
+  };
+  EXPECT_TRUE(torch::allclose(sample_with("qwen-image-edit-2509", false), x - guided, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(sample_with("qwen-image-edit", false), x - want_v, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(sample_with("qwen-image-edit-2511", true), x - want_v, 1e-5, 1e-5));
 
   // Two forwards of one sample, not one of two: the guided preview's peak is the unguided one's.
   memory::CpuMemoryTracker tracker;

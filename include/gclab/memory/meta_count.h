@@ -1,8 +1,8 @@
 // Counting the meta device: a network run on meta tensors allocates nothing, but every tensor it makes —
 // an op's output, a C++ expression's temporary, what autograd saves for the backward — still goes through
 // the meta device's allocator (c10::GetAllocator(kMeta)). A MetaCount installs a counting allocator there
-// (once per process; it hands out no memory, as the default one) and reads, like the tracking allocator on
-// a real device, the bytes live now and the highest count since it began: the network's own forward walked
+// while it lives (MetaAllocatorScope; it hands out no memory, as the default one) and reads, like the tracking
+// allocator on a real device, the bytes live now and the highest count since it began: the network's own forward walked
 // op by op, on shapes alone.
 //
 // Ops without a meta kernel in LibTorch's C++ (no Python meta registrations here) are given one where the
@@ -21,6 +21,18 @@
 
 namespace gclab::memory {
 
+// The counting allocator on the meta device while one of these lives (nested: the outermost installs it,
+// and its end puts back the allocator that was there), so that a process holds it only while a walk runs.
+// Every MetaCount holds one; so does a meta-device Session (train/session.h) for its life, its model's
+// tensors being allocated — and freed inside its walks — through the counter.
+class MetaAllocatorScope {
+ public:
+  MetaAllocatorScope();
+  ~MetaAllocatorScope();
+  MetaAllocatorScope(const MetaAllocatorScope&) = delete;
+  MetaAllocatorScope& operator=(const MetaAllocatorScope&) = delete;
+};
+
 // `target`: the device kind whose kernels the walk stands for (the meta kernels allocate what that
 // device's would: nn/meta_kernels.h, the checkpoint's offload). Counts nest (a walk inside a walk: the
 // quantization's peak priced while a meta model loads): the inner one counts from where it starts, and the
@@ -37,6 +49,7 @@ class MetaCount {
   void reset_peak();
 
  private:
+  MetaAllocatorScope installed_;
   int64_t base_ = 0, outer_peak_ = 0;
   c10::DeviceType previous_;
 };

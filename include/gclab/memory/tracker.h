@@ -69,6 +69,10 @@ class MemoryMeter {
   void reset_peak();
   // CPU: the tracker's cap. CUDA: the caching allocator's memory fraction, cap / total device memory.
   void set_cap(std::int64_t cap_bytes);
+  // CUDA: the caching allocator's memory fraction for the device (process-wide: what set_cap sets), and
+  // putting one back; 1.0 and nothing elsewhere.
+  double memory_fraction() const;
+  void set_memory_fraction(double fraction);
   // The cap on host memory the CPU tracker measures (HostScope allocations), whatever the device; 0 lifts it.
   static void set_host_cap(std::int64_t cap_bytes);
   static std::int64_t host_cap();

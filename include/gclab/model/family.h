@@ -73,25 +73,6 @@ struct TextEncoderQuantization {
 TextEncoderQuantization text_encoder_quantization(Family family);
 std::string supported_arch_list();  // "flux, flex1, ..." for messages
 
-// How each family's preview pipeline (the one AI Toolkit's previews call) guides, with scale g:
-enum class Guidance {
-  None,      // FLUX.1-schnell: distilled, no guidance
-  Embedded,  // FLUX.1-dev / Flex: g is a model input (distilled CFG)
-  Cfg,       // SD3, DiT: u + g (c - u) when g > 1, conditional and unconditional in one batch
-  TrueCfg,   // Qwen-Image (QwenImagePipeline's true CFG): when g > 1, two separate forwards, u + g (c - u)
-             // rescaled per token to the conditional prediction's norm
-  ZImageCfg  // Z-Image: AI Toolkit passes g' = max(0, g - 1) to ZImagePipeline ("CFG is 0 normalized for this
-             // model", z_image.py generate_single_image), which guides c + g' (c - u) when g' > 0: so only
-             // when g > 1, conditional and unconditional in one batch
-};
-Guidance preview_guidance(Family family, bool guidance_embed);
-// Whether a preview at guidance scale g adds the unconditional prediction (classifier-free guidance).
-bool runs_cfg(Guidance mode, double g);
-// The samples each forward of a preview step carries: 2 where the conditional and unconditional predictions
-// run as one batch (SD3, DiT, Z-Image with CFG), else 1 (no CFG; Qwen-Image's two forwards; FLUX's
-// embedded guidance).
-int preview_forward_batch(Guidance mode, double g);
-
 // The autoencoder a family's pipeline decodes with: AutoencoderKL as FLUX.1's for FLUX.1, Flex and Z-Image,
 // SD3's, the SD VAE for DiT; Qwen-Image's AutoencoderKLQwenImage.
 config::AutoencoderKind autoencoder_kind(Family family);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "gclab/model/block_ledger.h"
 #include "gclab/model/family.h"
 #include "gclab/model/flow_schedule.h"
+#include "gclab/model/guidance.h"
 #include "gclab/model/spec.h"
 #include "gclab/model/transformer.h"
 
@@ -65,11 +67,9 @@ class ModelFamily {
   virtual config::TextComposition text_composition() const = 0;
   // Which text encoders AI Toolkit's loader quantizes, under which switch, as which qtype.
   virtual TextEncoderQuantization text_encoder_quantization() const { return {}; }
-  // How its preview pipeline guides (family.h Guidance).
-  virtual Guidance preview_guidance(bool guidance_embed) const = 0;
-  // Guidance::TrueCfg: whether the guided prediction is rescaled per token to the conditional one's norm
-  // (sample.do_cfg_norm: AI Toolkit's key, read by the pipelines that make the rescale optional).
-  virtual bool preview_cfg_norm(const ModelSpec&, bool /*do_cfg_norm*/) const { return true; }
+  // How its preview pipeline guides (model/guidance.h), for this shape; `do_cfg_norm` is sample.do_cfg_norm,
+  // AI Toolkit's key, read by the pipelines whose rescale is optional.
+  virtual std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool do_cfg_norm) const = 0;
   // The flow-matching schedule AI Toolkit trains and previews it with (flow_schedule.h); by default its
   // flux_config: dynamic, mu 0.5 at 256 tokens to 1.15 at 4096.
   virtual FlowSchedule flow_schedule() const;

@@ -8,6 +8,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,6 +66,13 @@ torch::Tensor normal_parameter(at::IntArrayRef shape, double std, const torch::T
 // nn.Linear with an optional LoRA adapter, an optional frozen accuracy-recovery adapter and an optional
 // low-precision frozen weight.
 //   y = x W^T + b + s_r * R_B(R_A(x)) + (alpha / rank) * B(A(dropout(x)))
+// AI Toolkit's offload rings (toolkit/memory_management/manager_modules.py:20-67: one set per device, shared
+// by every offloaded module): the last kOffloadDepth weights brought for forwards, and for backwards. A
+// Session makes the set for its device and hands it to the Linears it offloads, so its rings — the memory
+// model's meta Session's included — are its own, and go with it.
+struct OffloadRings;
+std::shared_ptr<OffloadRings> make_offload_rings();
+
 class LinearImpl : public torch::nn::Module {
  public:
   // `options` places the tensors: torch::kMeta builds a full-size model without memory.
@@ -116,7 +124,8 @@ class LinearImpl : public torch::nn::Module {
   // offloading does (toolkit/memory_management, after RamTorch): autograd keeps the host tensors, and the
   // last kOffloadDepth (4) weights brought for forwards, and for backwards, stay in ring slots. The weight
   // is frozen from then on; the LoRA adapter stays on the device.
-  void offload(const std::function<torch::Tensor(const torch::Tensor&)>& to_host);
+  // `rings`: the Session's (make_offload_rings), shared by every Linear it offloads.
+  void offload(const std::function<torch::Tensor(const torch::Tensor&)>& to_host, std::shared_ptr<OffloadRings> rings);
   bool offloaded() const { return offloaded_; }
   // The bytes of the weight-sized copy the quantized matmul builds and autograd keeps for the input's
   // gradient (float8, int8, uintN: the library's F.linear / mm takes a dequantized or cast weight); 0 for
@@ -144,14 +153,15 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor assistant_A_, assistant_B_;
   double assistant_scale_ = 1.0, assistant_multiplier_ = 0.0;
   bool offloaded_ = false;
+  std::shared_ptr<OffloadRings> rings_;  // offloaded: where the weights brought stay
   double lora_scale_ = 1.0, lora_dropout_ = 0.0, lora_multiplier_ = 1.0;
 };
 TORCH_MODULE(Linear);
 
 // The offloaded Linears' ring slots (weights brought to the device, kept until overwritten): their bytes now,
-// and releasing them (a run's end, so that the next run starts without them).
-int64_t offload_buffer_bytes(bool meta = false);  // meta: the rings of the memory model's meta walk
-void release_offload_buffers();
+// and releasing them (a Session's end).
+int64_t offload_buffer_bytes(const OffloadRings& rings);
+void release_offload_buffers(OffloadRings& rings);
 // The bytes the offloaded Linears under `root` keep in host memory (their own tensors; not their LoRA).
 int64_t offloaded_bytes(torch::nn::Module& root);
 // What offloading holds on the device for them, as predicted: both rings full of weights (and biases) in

@@ -4,6 +4,9 @@
 
 #include <torch/types.h>
 
+#include <memory>
+
+#include "gclab/model/guidance.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::sample {
@@ -17,8 +20,9 @@ struct SampleOptions {
   // The model's compute dtype (train.dtype): the latents between steps and the model's inputs are in it, as
   // AI Toolkit's pipelines keep them; no autocast.
   torch::ScalarType dtype = torch::kFloat;
-  // Guidance::TrueCfg's per-token rescale to the conditional prediction's norm (the family's preview_cfg_norm).
-  bool cfg_norm = true;
+  // The family's guidance rule (ModelFamily::preview_guidance with sample.do_cfg_norm); unset: the family's
+  // with do_cfg_norm on.
+  std::shared_ptr<const model::Guidance> guidance;
 };
 
 // `cond` and `uncond` hold one sample's conditioning (text, pooled, class_labels); uncond is used for CFG.

@@ -11,6 +11,9 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
+
+#include "gclab/nn/layers.h"
 
 namespace gclab::train {
 
@@ -20,6 +23,8 @@ struct Offloaded {
   int64_t host_bytes = 0;  // what they keep in host memory
 };
 
-Offloaded offload_layers(torch::nn::Module& root, double share, uint64_t seed, const torch::Device& device);
+// `rings`: the Session's, where the weights brought stay.
+Offloaded offload_layers(torch::nn::Module& root, double share, uint64_t seed, const torch::Device& device,
+                         const std::shared_ptr<nn::OffloadRings>& rings);
 
 }  // namespace gclab::train

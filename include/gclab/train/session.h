@@ -20,6 +20,7 @@
 #include "gclab/config/user_error.h"
 #include "gclab/data/conditioner.h"
 #include "gclab/data/loader.h"
+#include "gclab/memory/meta_count.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
 #include "gclab/model/lora.h"
@@ -217,6 +218,8 @@ class Session {
   torch::Tensor preview_condition(const std::filesystem::path& control, int index, int width, int height);
 
   ResidentBytes resident() const;
+  // The offload rings of this Session's device (model.layer_offloading's Linears share them).
+  const nn::OffloadRings& offload_rings() const { return *rings_; }
   // What loading the model held (train/loading.h): predicted from the steps AI Toolkit's loader takes, and
   // measured on a real run.
   const LoadMemory& load_memory() const { return load_; }
@@ -261,7 +264,10 @@ class Session {
   const model::ModelSpec& spec_ = plan_.spec;
   LoadMemory load_;
   torch::Device device_;
+  // A meta Session: the meta device's counting allocator for its life (its model built and walked through it).
+  std::optional<memory::MetaAllocatorScope> meta_allocator_;
   std::unique_ptr<memory::CpuMemoryTracker> cpu_tracker_;  // before meter_: the CPU meter reads it
+  std::shared_ptr<nn::OffloadRings> rings_ = nn::make_offload_rings();
   memory::MemoryMeter meter_;
   memory::PhaseMeter phases_;
   Phase current_phase_ = Phase::setup;
@@ -296,6 +302,7 @@ class Session {
   std::unique_ptr<vae::ImageCodec> codec_;
   std::optional<std::string> fixed_caption_;  // unload_text_encoder without cached captions: what trains
   int64_t previous_host_cap_ = 0;             // process-wide: restored when the Session ends
+  std::optional<double> previous_fraction_;   // CUDA's memory fraction before vram_cap set it: restored too
 };
 
 // One caption's encode through `prompts`, predicted (text/memory.h) for the nominal caption

@@ -92,7 +92,9 @@ class Toy final : public ModelFamily {
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen3}; }
   config::TextComposition text_composition() const override { return config::TextComposition::zimage; }
-  Guidance preview_guidance(bool) const override { return Guidance::Cfg; }
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
+    return std::make_shared<Guidance>();
+  }
 
   int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) const override {
     return std::min(prompt_tokens, spec.max_text_tokens);

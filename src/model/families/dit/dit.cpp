@@ -56,7 +56,10 @@ class Dit final : public ModelFamily {
   config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::sd; }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {}; }
   config::TextComposition text_composition() const override { return config::TextComposition::none; }
-  Guidance preview_guidance(bool) const override { return Guidance::Cfg; }
+  // DiTPipeline's CFG on the class label: both in one batch.
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
+    return std::make_shared<Guidance>();
+  }
 
   // A class label, no text sequence.
   int64_t encoder_tokens(const ModelSpec&, int64_t) const override { return 0; }

@@ -112,8 +112,9 @@ class Flux final : public ModelFamily {
     return {/*t5_only=*/true, /*under_quantize=*/false, /*as_qtype_te=*/false};
   }
   config::TextComposition text_composition() const override { return config::TextComposition::flux; }
-  Guidance preview_guidance(bool guidance_embed) const override {
-    return guidance_embed ? Guidance::Embedded : Guidance::None;
+  // FLUX.1-dev / Flex: the scale is a model input (distilled CFG); FLUX.1-schnell: none.
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool) const override {
+    return std::make_shared<NoGuidance>(/*embeds_scale=*/spec.guidance_embed);
   }
 
   // T5 padded to its max length (dev 512, schnell 256) whatever the prompt.

@@ -13,6 +13,28 @@ namespace {
 
 const Family kQwenImageId("qwen_image");  // the registry's key: this folder's name
 
+// QwenImagePipeline's true CFG: when g > 1, two separate forwards (half a batch of two's activations), u +
+// g (c - u), rescaled token by token to the conditional prediction's norm where the pipeline does; a token
+// is a patch x patch square of all channels (the packed vector its norm is taken over).
+class TrueCfg final : public Guidance {
+ public:
+  TrueCfg(int64_t patch, bool rescale) : patch_(patch), rescale_(rescale) {}
+  bool one_batch() const override { return false; }
+  torch::Tensor combine(const torch::Tensor& cond, const torch::Tensor& uncond, double g) const override {
+    const torch::Tensor guided = Guidance::combine(cond, uncond, g);
+    if (!rescale_) return guided;
+    const int64_t b = guided.size(0), c = guided.size(1), h = guided.size(2), w = guided.size(3), p = patch_;
+    auto tokens = [&](const torch::Tensor& x) { return x.reshape({b, c, h / p, p, w / p, p}); };
+    const torch::Tensor cond_norm = tokens(cond).pow(2).sum({1, 3, 5}, true).sqrt();
+    const torch::Tensor guided_norm = tokens(guided).pow(2).sum({1, 3, 5}, true).sqrt();
+    return (tokens(guided) * (cond_norm / guided_norm)).reshape({b, c, h, w});
+  }
+
+ private:
+  int64_t patch_;
+  bool rescale_;
+};
+
 ModelSpec qwen_preset(const std::string& preset, bool edit) {
   ModelSpec s;
   s.preset = preset;
@@ -113,13 +135,12 @@ class QwenImage final : public ModelFamily {
   TextEncoderQuantization text_encoder_quantization() const override { return {}; }
   // QwenImagePipeline's true CFG: two separate forwards, rescaled per token.
   config::TextComposition text_composition() const override { return config::TextComposition::qwen_image; }
-  Guidance preview_guidance(bool) const override { return Guidance::TrueCfg; }
   // QwenImagePipeline and QwenImageEditPipeline rescale always (diffusers' pipeline_qwenimage.py:668-672);
   // the Plus models preview through AI Toolkit's QwenImageEditPlusCustomPipeline, which rescales only with
   // sample.do_cfg_norm, off by default ("I find it hurts more often than it helps", qwen_image_pipelines.py:
   // 278-284; qwen_image_edit_plus.py:157; config_modules.py:77).
-  bool preview_cfg_norm(const ModelSpec& spec, bool do_cfg_norm) const override {
-    return !spec.edit_plus || do_cfg_norm;
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool do_cfg_norm) const override {
+    return std::make_shared<TrueCfg>(spec.patch, !spec.edit_plus || do_cfg_norm);
   }
   // qwen_image.py scheduler_config: dynamic, mu 0.5 at 256 tokens to 0.9 at 8192, shift_terminal 0.02.
   FlowSchedule flow_schedule() const override {

@@ -83,7 +83,10 @@ class Sd3 final : public ModelFamily {
     s.dynamic = false, s.shift = 3.0, s.preview_from_scheduler = true;
     return s;
   }
-  Guidance preview_guidance(bool) const override { return Guidance::Cfg; }
+  // StableDiffusion3Pipeline's CFG: both prompts in one batch.
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
+    return std::make_shared<Guidance>();
+  }
 
   // 77 CLIP + 256 T5 rows, padded, whatever the prompt.
   int64_t encoder_tokens(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }

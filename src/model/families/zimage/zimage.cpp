@@ -12,6 +12,16 @@ std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, c
 
 namespace {
 
+// AI Toolkit passes g' = max(0, g - 1) to ZImagePipeline ("CFG is 0 normalized for this model", z_image.py
+// generate_single_image), which guides c + g' (c - u) when g' > 0: so only when g > 1, both prompts in one
+// batch.
+class ZImageCfg final : public Guidance {
+ public:
+  torch::Tensor combine(const torch::Tensor& cond, const torch::Tensor& uncond, double g) const override {
+    return cond + (g - 1) * (cond - uncond);
+  }
+};
+
 const Family kZImageId("zimage");  // the registry's key: this folder's name
 
 // Z-Image's adaLN input is min(width, 256) wide; the timestep MLP's middle is 1024 at every width
@@ -110,7 +120,9 @@ class ZImage final : public ModelFamily {
     s.dynamic = false, s.shift = 3.0;
     return s;
   }
-  Guidance preview_guidance(bool) const override { return Guidance::ZImageCfg; }
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
+    return std::make_shared<ZImageCfg>();
+  }
 
   // The prompt's own length, at most max_text_tokens; the transformer pads the caption to a multiple of 32
   // with its learned cap_pad_token.
