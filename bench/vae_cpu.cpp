@@ -59,8 +59,7 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   const gclab::vae::AutoencoderConfig config =
       qwen ? gclab::vae::AutoencoderConfig(gclab::vae::QwenImageVaeConfig::preset())
-           : gclab::vae::AutoencoderConfig(
-                 gclab::vae::AutoencoderKLConfig::preset(gclab::config::AutoencoderKind::flux));
+           : gclab::vae::AutoencoderConfig(gclab::vae::AutoencoderKLConfig{} /* FLUX.1's */);
   const gclab::vae::LoadedAutoencoder built = gclab::vae::build_autoencoder(config, {});
   gclab::vae::AutoencoderBase& vae = *built.vae;
   vae.eval();

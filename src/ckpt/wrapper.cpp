@@ -17,7 +17,7 @@ std::vector<torch::Tensor> CheckpointWrapperImpl::trainable_parameters() const {
 }
 
 std::vector<torch::Tensor> CheckpointWrapperImpl::forward(const std::vector<torch::Tensor>& inputs) {
-  static const SubBlockRunner plain = [](const std::string&, const BlockFn& fn, const std::vector<torch::Tensor>& in) {
+  static const SubBlockRunner plain = [](SubBlock, const BlockFn& fn, const std::vector<torch::Tensor>& in) {
     return fn(in);
   };
   switch (mode_) {
@@ -33,12 +33,11 @@ std::vector<torch::Tensor> CheckpointWrapperImpl::forward(const std::vector<torc
     }
     case BlockMode::SelectiveAttn:
     case BlockMode::SelectiveMlp: {
-      const std::string target = mode_ == BlockMode::SelectiveAttn ? "attn" : "mlp";
+      const SubBlock target = mode_ == BlockMode::SelectiveAttn ? SubBlock::attn : SubBlock::mlp;
       const std::vector<torch::Tensor> params = trainable_parameters();
       CheckpointOptions options = options_;
-      options.name = options_.name + "." + target;
-      const SubBlockRunner selective = [&](const std::string& kind, const BlockFn& fn,
-                                           const std::vector<torch::Tensor>& in) {
+      options.name = options_.name + "." + name_of(target);
+      const SubBlockRunner selective = [&](SubBlock kind, const BlockFn& fn, const std::vector<torch::Tensor>& in) {
         return kind == target ? checkpoint(fn, in, params, options) : fn(in);
       };
       return block_->forward_block(inputs, selective);

@@ -71,15 +71,6 @@ const std::vector<Spelling<LrScheduler>>& spellings() {
 }
 
 template <>
-const std::vector<Spelling<AutoencoderKind>>& spellings() {
-  static const std::vector<Spelling<AutoencoderKind>> s = {{AutoencoderKind::flux, "flux", {}},
-                                                           {AutoencoderKind::sd3, "sd3", {}},
-                                                           {AutoencoderKind::sd, "sd", {}},
-                                                           {AutoencoderKind::qwen_image, "qwen_image", {}}};
-  return s;
-}
-
-template <>
 const std::vector<Spelling<TextEncoderKind>>& spellings() {
   static const std::vector<Spelling<TextEncoderKind>> s = {{TextEncoderKind::clip_l, "clip_l", {}},
                                                            {TextEncoderKind::clip_l_projected, "clip_l_projected", {}},

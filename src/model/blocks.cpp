@@ -16,9 +16,7 @@ torch::Tensor gelu_tanh(const torch::Tensor& x) { return torch::gelu(x, "tanh");
 }  // namespace
 
 const SubBlockRunner& plain_runner() {
-  static const SubBlockRunner plain = [](const std::string&, const SubBlockFn& fn, const Tensors& in) {
-    return fn(in);
-  };
+  static const SubBlockRunner plain = [](SubBlock, const SubBlockFn& fn, const Tensors& in) { return fn(in); };
   return plain;
 }
 
@@ -129,7 +127,7 @@ Tensors DoubleStreamBlock::forward_block(const Tensors& in, const SubBlockRunner
     return out;
   };
   const Tensors after_attn = run(
-      "attn",
+      SubBlock::attn,
       [this, img_params](const Tensors& t) {
         const auto m = img_params(t, 0, 6);
         const auto c = chunks(t[3], 6);
@@ -142,7 +140,7 @@ Tensors DoubleStreamBlock::forward_block(const Tensors& in, const SubBlockRunner
   Tensors mlp_in = {after_attn[0], after_attn[1], emb, cemb};
   if (zero_cond) mlp_in.push_back(attn_in[6]), mlp_in.push_back(attn_in[7]);
   return run(
-      "mlp",
+      SubBlock::mlp,
       [this, img_params](const Tensors& t) {
         const auto m = img_params(t, 3, 4);
         const auto c = chunks(t[3], 6);
@@ -165,9 +163,10 @@ Tensors FluxSingleBlock::forward_block(const Tensors& in, const SubBlockRunner& 
   const auto m = chunks(norm_linear(torch::silu(in.at(1))), 3);  // AdaLayerNormZeroSingle: shift, scale, gate
   const torch::Tensor norm_x = modulate(layer_norm(x), m[0], m[1]);
   const torch::Tensor mlp_h =
-      run("mlp", [this](const Tensors& t) { return Tensors{gelu_tanh(proj_mlp(t[0]))}; }, {norm_x})[0];
-  const torch::Tensor attn_out = run("attn", [this](const Tensors& t) { return Tensors{attn(t[0], t[1], t[2])}; },
-                                     {norm_x, in.at(2), in.at(3)})[0];
+      run(SubBlock::mlp, [this](const Tensors& t) { return Tensors{gelu_tanh(proj_mlp(t[0]))}; }, {norm_x})[0];
+  const torch::Tensor attn_out =
+      run(SubBlock::attn, [this](const Tensors& t) { return Tensors{attn(t[0], t[1], t[2])}; },
+          {norm_x, in.at(2), in.at(3)})[0];
   return {x + m[2].unsqueeze(1) * proj_out(torch::cat({attn_out, mlp_h}, 2))};
 }
 
@@ -201,11 +200,12 @@ Tensors ZImageBlock::forward_block(const Tensors& in, const SubBlockRunner& run)
   auto gated = [](const torch::Tensor& h, const torch::Tensor& g) { return g.defined() ? g * h : h; };
   const torch::Tensor attn_in = scaled(attention_norm1(x), scale_msa);
   const torch::Tensor attn_out =
-      run("attn", [this](const Tensors& t) { return Tensors{attention(t[0], t[1], t[2])}; }, {attn_in, cos, sin})[0];
+      run(SubBlock::attn, [this](const Tensors& t) { return Tensors{attention(t[0], t[1], t[2])}; },
+          {attn_in, cos, sin})[0];
   const torch::Tensor h = x + gated(attention_norm2(attn_out), gate_msa);
   const torch::Tensor ffn_in = scaled(ffn_norm1(h), scale_mlp);
-  const torch::Tensor ffn_out =
-      run("mlp", [this](const Tensors& t) { return Tensors{w2(torch::silu(w1(t[0])) * w3(t[0]))}; }, {ffn_in})[0];
+  const torch::Tensor ffn_out = run(
+      SubBlock::mlp, [this](const Tensors& t) { return Tensors{w2(torch::silu(w1(t[0])) * w3(t[0]))}; }, {ffn_in})[0];
   return {h + gated(ffn_norm2(ffn_out), gate_mlp)};
 }
 
@@ -227,7 +227,7 @@ Tensors SD3JointBlock::forward_block(const Tensors& in, const SubBlockRunner& ru
   const torch::Tensor& temb = in.at(2);
   const torch::Tensor emb = norm1_linear(torch::silu(temb));
   const torch::Tensor cemb = norm1_context_linear(torch::silu(temb));
-  const Tensors after_attn = run("attn",
+  const Tensors after_attn = run(SubBlock::attn,
                                  [this](const Tensors& t) {
                                    const auto m = chunks(t[2], 6);
                                    const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
@@ -247,7 +247,7 @@ Tensors SD3JointBlock::forward_block(const Tensors& in, const SubBlockRunner& ru
                                    return Tensors{img, txt};
                                  },
                                  {in.at(0), in.at(1), emb, cemb});
-  return run("mlp",
+  return run(SubBlock::mlp,
              [this](const Tensors& t) {
                const auto m = chunks(t[2], 6);
                const torch::Tensor img = t[0] + m[5].unsqueeze(1) * ff(modulate(layer_norm(t[0]), m[3], m[4]));
@@ -274,7 +274,7 @@ Tensors DiTBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
   const torch::Tensor& x = in.at(0);
   const torch::Tensor emb = adaLN(torch::silu(in.at(1)));
   const torch::Tensor h = run(
-      "attn",
+      SubBlock::attn,
       [this](const Tensors& t) {
         const auto m = chunks(t[1], 6);
         const torch::Tensor a = modulate(layer_norm(t[0]), m[0], m[1]);
@@ -284,7 +284,7 @@ Tensors DiTBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
         return Tensors{t[0] + m[2].unsqueeze(1) * proj(o)};
       },
       {x, emb})[0];
-  return run("mlp",
+  return run(SubBlock::mlp,
              [this](const Tensors& t) {
                const auto m = chunks(t[1], 6);
                return Tensors{t[0] + m[5].unsqueeze(1) * fc2(gelu_tanh(fc1(modulate(layer_norm(t[0]), m[3], m[4]))))};

@@ -64,8 +64,6 @@ std::string supported_arch_list() {
   return out;
 }
 
-config::AutoencoderKind autoencoder_kind(Family family) { return family_of(family).autoencoder(); }
-
 bool low_vram_tiles_previews(Family family) { return family_of(family).low_vram_tiles_previews(); }
 
 std::vector<config::TextEncoderKind> text_encoders(Family family) { return family_of(family).text_encoders(); }

@@ -17,7 +17,7 @@ ClipTextConfig ClipTextConfig::clip_l(bool with_projection) {
 ClipTextConfig ClipTextConfig::clip_g() {
   ClipTextConfig c;
   c.hidden_size = 1280, c.intermediate_size = 5120, c.num_hidden_layers = 32, c.num_attention_heads = 20;
-  c.projection_dim = 1280, c.hidden_act = "gelu", c.with_projection = true;
+  c.projection_dim = 1280, c.hidden_act = nn::Activation::gelu, c.with_projection = true;
   return c;
 }
 
@@ -43,12 +43,14 @@ ClipTextConfig ClipTextConfig::from_json_file(const std::filesystem::path& path)
     c.max_position_embeddings = j.value("max_position_embeddings", c.max_position_embeddings);
     c.projection_dim = j.value("projection_dim", int64_t{512});
     c.eos_token_id = j.value("eos_token_id", c.eos_token_id);
-    c.hidden_act = j.value("hidden_act", c.hidden_act);
+    const std::string act = j.value("hidden_act", std::string(nn::name_of(c.hidden_act)));
+    const auto parsed = nn::parse_activation(act);
+    if (!parsed || (*parsed != nn::Activation::quick_gelu && *parsed != nn::Activation::gelu))
+      throw std::runtime_error("hidden_act " + act + " is not one gclab builds");
+    c.hidden_act = *parsed;
     c.layer_norm_eps = j.value("layer_norm_eps", c.layer_norm_eps);
     for (const auto& a : j.value("architectures", nlohmann::json::array()))
       if (a == "CLIPTextModelWithProjection") c.with_projection = true;
-    if (c.hidden_act != "quick_gelu" && c.hidden_act != "gelu")
-      throw std::runtime_error("hidden_act " + c.hidden_act + " is not one gclab builds");
     return c;
   });
 }
@@ -99,9 +101,7 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const 
   torch::Tensor h = nn::embedding(token_embedding_, input_ids) + position_embedding_.slice(0, 0, length);
   const torch::Tensor mask = nn::causal_additive_mask(length, attention_mask, h.options());
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.hidden_size / heads));
-  auto act = [&](const torch::Tensor& x) {
-    return c.hidden_act == "quick_gelu" ? x * torch::sigmoid(1.702 * x) : torch::gelu(x);
-  };
+  auto act = [&](const torch::Tensor& x) { return nn::activate(c.hidden_act, x); };
   ClipTextOutput out;
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = *layers_[i];

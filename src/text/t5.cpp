@@ -33,11 +33,12 @@ T5Config T5Config::from_json_file(const std::filesystem::path& path) {
     // feed_forward_proj: "relu", "gelu", "gated-gelu", "gated-silu"...; "gated-gelu" means gelu_new.
     const std::string proj = j.value("feed_forward_proj", std::string("relu"));
     c.gated = proj.rfind("gated-", 0) == 0;
-    c.dense_act_fn = c.gated ? proj.substr(6) : proj;
-    if (c.dense_act_fn == "gelu" && c.gated) c.dense_act_fn = "gelu_new";
-    if (c.dense_act_fn != "gelu_new" && c.dense_act_fn != "gelu" && c.dense_act_fn != "relu" &&
-        c.dense_act_fn != "silu")
+    std::string act = c.gated ? proj.substr(6) : proj;
+    if (act == "gelu" && c.gated) act = "gelu_new";
+    const auto parsed = nn::parse_activation(act);
+    if (!parsed || *parsed == nn::Activation::quick_gelu)
       throw std::runtime_error("feed_forward_proj " + proj + " is not one gclab builds");
+    c.dense_act_fn = *parsed;
     return c;
   });
 }
@@ -50,13 +51,6 @@ torch::Tensor t5_norm(const torch::Tensor& x, const torch::Tensor& weight, doubl
   torch::Tensor y = x * torch::rsqrt(variance + eps);
   if (weight.scalar_type() == torch::kHalf || weight.scalar_type() == torch::kBFloat16) y = y.to(weight.scalar_type());
   return weight * y;
-}
-
-torch::Tensor activation(const torch::Tensor& x, const std::string& name) {
-  if (name == "gelu_new") return torch::gelu(x, "tanh");
-  if (name == "gelu") return torch::gelu(x);
-  if (name == "silu") return torch::silu(x);
-  return torch::relu(x);
 }
 
 // _relative_position_bucket, bidirectional (the encoder): half the buckets for keys after the query, and
@@ -156,7 +150,7 @@ torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch
       h = clamp_fp16(h + b->o->forward(a));
     }
     const torch::Tensor n = t5_norm(h, b->ff_norm, c.layer_norm_epsilon);
-    torch::Tensor f = activation(b->wi_0->forward(n), c.dense_act_fn);
+    torch::Tensor f = nn::activate(c.dense_act_fn, b->wi_0->forward(n));
     if (c.gated) f = f * b->wi_1->forward(n);
     h = clamp_fp16(h + b->wo->forward(f));
   }

@@ -94,13 +94,8 @@ vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::Mode
   vae::CodecSpec s;
   s.latent_channels = spec.latent_channels;
   if (config.model.vae == config::VaeChoice::dct) return s;
-  const config::AutoencoderKind kind = model::autoencoder_kind(spec.family);
   s.weights = autoencoder_weights(config, weights);
-  vae::AutoencoderConfig preset;
-  if (kind == config::AutoencoderKind::qwen_image)
-    preset = spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
-  else
-    preset = spec.tiny ? vae::AutoencoderKLConfig::tiny(kind) : vae::AutoencoderKLConfig::preset(kind);
+  const vae::AutoencoderConfig preset = model::family_of(spec.family).autoencoder(spec);
   try {
     s.autoencoder = vae::autoencoder_config(preset, s.weights);
   } catch (const std::runtime_error& e) {

@@ -402,7 +402,7 @@ int64_t save_estimate(Session& session, const MemoryEstimate& e) {
   return e.resident_bytes - e.gradient_bytes + state + (e.ema_bytes > 0 ? e.trained_bytes : 0);
 }
 
-void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
+void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e, bool cuda) {
   e.not_modelled = {
       "host memory: the data loader's prefetched batches and the latent cache (on a CPU run too: "
       "memory/placement.h), the sample prompts' cached embeddings (the captions' are on disk in _t_e_cache/, as "
@@ -413,17 +413,17 @@ void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e) {
       "allocator fragmentation and the CUDA context (CUDA)",
       "the load's host memory as AI Toolkit's from_pretrained holds it: it reads every transformer into host "
       "memory first (load.host_peak counts only where the transformer is quantized there)"};
-  if (e.device == "cuda")
+  if (cuda)
     e.not_modelled.push_back(
         "the step's forward and backward are walked with the CUDA kernels' outputs (fused attention: its output "
         "and log-sum-exp; LayerNorm's float32 statistics) but not their workspaces (cuBLAS, the attention "
         "backward's accumulators), and are not yet checked against a GPU's allocator; the autoencoder's encode "
         "and decode likewise hold no cuDNN workspace");
-  if (e.device == "cpu") {
+  if (!cuda) {
     const int64_t dtype_bytes = config.train.dtype == config::DType::bf16 ? 2 : 4;
     if (!memory::cpu_rules_measured(dtype_bytes)) e.not_modelled.push_back(memory::cpu_rules_caveat(dtype_bytes));
   }
-  if (e.device == "cpu" && config.train.dtype == config::DType::bf16 && memory::cpu_onednn_bf16())
+  if (!cuda && config.train.dtype == config::DType::bf16 && memory::cpu_onednn_bf16())
     e.not_modelled.push_back(
         "oneDNN's scratch beside each bf16 matmul of the backward on this CPU (AVX-512 BW/VL/DQ: "
         "memory/live_set.h; the forwards' is walked), held for a moment: per thread about 128 bytes per "
@@ -469,7 +469,7 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
   e.policy = policy();
   cuda_ = session.plan().cuda;
-  e.device = cuda_ ? "cuda" : config.device;
+  e.device = cuda_ ? "cuda" : "cpu";  // the kind of device predicted for ("auto" resolved as the plan did)
   text_estimate(session, e, cuda_);
   cache_estimate(session, e, cuda_);
   // Each of the datasets' (batch, resolution) cells, checkpointing off and full.
@@ -490,7 +490,7 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
   }
   preview_estimate(session, e, cuda_);
   e.save_bytes = save_estimate(session, e);
-  not_modelled(config, e);
+  not_modelled(config, e, cuda_);
   for (const std::string& op : memory::take_meta_gaps())
     e.not_modelled.push_back("the walk met " + op +
                              ", which has no meta kernel here: the phases walked through it are lower bounds (the "

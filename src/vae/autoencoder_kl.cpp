@@ -206,26 +206,8 @@ struct DecoderImpl : CoderImpl {
 
 }  // namespace
 
-AutoencoderKLConfig AutoencoderKLConfig::preset(config::AutoencoderKind kind) {
-  AutoencoderKLConfig c;  // FLUX.1's (also Flex's and Z-Image's)
-  switch (kind) {
-    case config::AutoencoderKind::flux:
-      break;
-    case config::AutoencoderKind::sd3:
-      c.scaling_factor = 1.5305, c.shift_factor = 0.0609;
-      break;
-    case config::AutoencoderKind::sd:
-      c.latent_channels = 4, c.use_quant_conv = c.use_post_quant_conv = true;
-      c.scaling_factor = 0.18215, c.shift_factor = 0, c.sample_size = 256;
-      break;
-    case config::AutoencoderKind::qwen_image:
-      throw std::invalid_argument("Qwen-Image's autoencoder is an AutoencoderKLQwenImage (vae/qwen_image_vae.h)");
-  }
-  return c;
-}
-
-AutoencoderKLConfig AutoencoderKLConfig::tiny(config::AutoencoderKind kind) {
-  AutoencoderKLConfig c = preset(kind);
+AutoencoderKLConfig AutoencoderKLConfig::shrunk() const {
+  AutoencoderKLConfig c = *this;
   c.block_out_channels = {16, 16, 16, 16};
   c.layers_per_block = 1;
   c.norm_num_groups = 4;

@@ -1,6 +1,7 @@
 #include "gclab/train/predict.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -107,14 +108,17 @@ TEST(Estimate, EveryUiConfigPlansAtFullSize) {
 // does from AVX2 up. Run under ONEDNN_MAX_CPU_ISA=AVX2 and =AVX512_CORE too (ctest's isa.* entries).
 TEST(Estimate, SaysWhereTheCpuRulesAreNotExact) {
   const fs::path dir = testing::fresh_dir("estimate_isa");
+  // device: auto resolves to the CPU here as the plan resolves it (the caveats said for it too).
+  const char* device = torch::cuda::is_available() ? "cpu" : "auto";
   for (const char* dtype : {"bf16", "fp32"}) {
-    const std::string yaml = "name: e\ntraining_folder: " + dir.string() +
-                             "\ndevice: cpu\ndatasets:\n  - folder_path: " + dir.string() +
+    const std::string yaml = "name: e\ntraining_folder: " + dir.string() + "\ndevice: " + device +
+                             "\ndatasets:\n  - folder_path: " + dir.string() +
                              "\n    resolution: [256]\ntrain: {batch_size: 1, steps: 1, dtype: " + dtype +
                              "}\nmodel: {arch: tiny-flux, vae: dct}\n";
     auto r = model::load_config_text(yaml, "e.yaml");
     ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
     const auto e = estimate_memory(*r.config);
+    EXPECT_EQ(e.device, "cpu");
     const int64_t bytes = std::string(dtype) == "bf16" ? 2 : 4;
     const bool said = std::any_of(e.not_modelled.begin(), e.not_modelled.end(), [](const std::string& s) {
       return s.find("docs/results/cpu-isa.md") != std::string::npos;

@@ -53,6 +53,35 @@ TEST(Registry, NoFamilyTestsOutsideTheFamilyFolders) {
   EXPECT_TRUE(offenders.empty()) << all.str();
 }
 
+// Nor an enumerator named after a family (`Something::qwen_image`, `TrueCfg`-like guidance kinds, an
+// autoencoder kind) outside the folders: what a family does is its objects' (its guidance rule, its
+// autoencoder config). A ratchet: text/prompt.cpp's TextComposition is the one left (issue 47, item 1), and
+// no other file may start one.
+TEST(Registry, NoFamilyNamedEnumeratorsOutsideTheFamilyFolders) {
+  const fs::path root = GCLAB_SOURCE_DIR;
+  const std::set<std::string> allowed = {"src/text/prompt.cpp"};
+  const std::regex named(
+      R"(\b[A-Z]\w*::(flux|flex1|flex2|qwen_image|qwen_image_edit|zimage|sd3|sd|dit|wan21|wan22|flux2)\b|)"
+      R"(\b(ZImageCfg|TrueCfg|AutoencoderKind)\b)");
+  std::vector<std::string> offenders;
+  for (const char* part : {"src", "include"})
+    for (const auto& e : fs::recursive_directory_iterator(root / part)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".inc")) continue;
+      const std::string rel = fs::relative(e.path(), root).generic_string();
+      if (allowed.count(rel) || rel.rfind("src/model/families/", 0) == 0) continue;
+      std::ifstream in(e.path());
+      int line_no = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++line_no;
+        if (std::regex_search(line, named)) offenders.push_back(rel + ":" + std::to_string(line_no) + ": " + line);
+      }
+    }
+  std::ostringstream all;
+  for (const auto& o : offenders) all << o << "\n";
+  EXPECT_TRUE(offenders.empty()) << all.str();
+}
+
 // Every family registered once, every arch it answers naming one of its presets, every preset once.
 TEST(Registry, EveryArchNamesAPresetOfItsOwnFamily) {
   std::set<Family> ids;

@@ -48,11 +48,12 @@ class ToyBlock : public gclab::ckpt::Block {
                                            const gclab::ckpt::SubBlockRunner& run) override {
     torch::Tensor x = inputs.at(0);
     const auto attn =
-        run("attn",
+        run(gclab::ckpt::SubBlock::attn,
             [this](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{attention(in[0])}; }, {x});
     torch::Tensor y = x + attn[0];
-    const auto mlp_out = run(
-        "mlp", [this](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{mlp(in[0])}; }, {y});
+    const auto mlp_out =
+        run(gclab::ckpt::SubBlock::mlp,
+            [this](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{mlp(in[0])}; }, {y});
     return {y + mlp_out[0]};
   }
 

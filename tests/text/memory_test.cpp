@@ -76,12 +76,12 @@ TEST(TextMemory, ClipEncodePeakIsPredicted) {
   torch::NoGradGuard no_grad;
   ClipTextConfig c = ClipTextConfig::tiny(ClipTextConfig::clip_l());
   c.hidden_size = 256, c.intermediate_size = 1024, c.num_attention_heads = 4, c.max_position_embeddings = 77;
-  for (const std::string act : {"quick_gelu", "gelu"})
+  for (const nn::Activation act : {nn::Activation::quick_gelu, nn::Activation::gelu})
     for (int64_t e : {4, 2})
       for (int64_t tokens : {40, 77})
         for (bool masked : {false, true}) {
           c.hidden_act = act;
-          check_encode<ClipTextModel>(tracker, c, 2, tokens, masked, e, false, "CLIP " + act);
+          check_encode<ClipTextModel>(tracker, c, 2, tokens, masked, e, false, std::string("CLIP ") + nn::name_of(act));
         }
 }
 

@@ -4,6 +4,8 @@
 // autoencoder and a small one, untiled and tiled (float32, 1 thread; bf16); the same for Qwen-Image's
 // AutoencoderKLQwenImage, full size and tiny; and the convolution's meta kernel alone, shape by shape.
 #include "gclab/vae/memory.h"
+#include "gclab/model/registry.h"
+#include "gclab/model/spec.h"
 
 #include <gtest/gtest.h>
 
@@ -43,9 +45,10 @@ int64_t measured_peak(memory::CpuMemoryTracker& tracker, F&& fn) {
 }
 
 TEST(AutoencoderMemory, WeightBytesEqualTheBuiltNetworks) {
-  for (auto kind : {config::AutoencoderKind::flux, config::AutoencoderKind::sd}) {
-    AutoencoderKL vae(AutoencoderKLConfig::preset(kind));
-    EXPECT_EQ(autoencoder_weight_bytes(vae->config(), torch::kFloat), weight_bytes(*vae)) << config::name_of(kind);
+  for (const char* preset : {"flux-dev", "dit-xl2"}) {  // FLUX.1's and the SD VAE
+    const model::ModelSpec spec = model::spec_by_preset(preset);
+    AutoencoderKL vae(std::get<AutoencoderKLConfig>(model::family_of(spec.family).autoencoder(spec)));
+    EXPECT_EQ(autoencoder_weight_bytes(vae->config(), torch::kFloat), weight_bytes(*vae)) << preset;
     EXPECT_EQ(autoencoder_weight_bytes(vae->config(), torch::kBFloat16), weight_bytes(*vae) / 2);
   }
   AutoencoderKL vae(small());
@@ -84,9 +87,8 @@ TEST(AutoencoderMemory, PredictedDecodeAndEncodePeaksMatchTheAllocator) {
     AutoencoderKLConfig config;
     std::vector<int64_t> sides;
   };
-  for (const Case& k :
-       {Case{AutoencoderKLConfig::preset(config::AutoencoderKind::flux), {128}}, Case{small(), {128, 256}},
-        Case{AutoencoderKLConfig::tiny(config::AutoencoderKind::flux), {64, 256}}}) {
+  for (const Case& k : {Case{AutoencoderKLConfig{}, {128}}, Case{small(), {128, 256}},
+                        Case{AutoencoderKLConfig{}.shrunk(), {64, 256}}}) {
     torch::manual_seed(0);
     AutoencoderKL vae(k.config);
     vae->eval();
@@ -112,7 +114,7 @@ TEST(AutoencoderMemory, PredictedBf16DecodeAndEncodePeaksMatchTheAllocator) {
   torch::NoGradGuard no_grad;
   AutoencoderMemoryOptions o = options();
   o.dtype = torch::kBFloat16;
-  for (const AutoencoderKLConfig& c : {AutoencoderKLConfig::tiny(config::AutoencoderKind::flux), small()}) {
+  for (const AutoencoderKLConfig& c : {AutoencoderKLConfig{}.shrunk(), small()}) {
     torch::manual_seed(0);
     AutoencoderKL vae(c);
     vae->eval();

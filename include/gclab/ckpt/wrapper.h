@@ -12,12 +12,13 @@
 
 #include "gclab/ckpt/checkpoint.h"
 #include "gclab/ckpt/policy.h"
+#include "gclab/ckpt/sub_block.h"
 
 namespace gclab::ckpt {
 
-// Runs one named sub-block ("attn", "mlp") of a block. A block's forward calls its sub-blocks through
+// Runs one sub-block (SubBlock::attn, ::mlp) of a block. A block's forward calls its sub-blocks through
 // this, so selective policies can checkpoint one of them. The plain runner just calls fn(inputs).
-using SubBlockRunner = std::function<std::vector<torch::Tensor>(const std::string& kind, const BlockFn& fn,
+using SubBlockRunner = std::function<std::vector<torch::Tensor>(SubBlock kind, const BlockFn& fn,
                                                                 const std::vector<torch::Tensor>& inputs)>;
 
 // What a model block provides to be wrapped: its forward over tensors, sub-blocks through `run`.

@@ -36,7 +36,6 @@ enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
 // The autoencoders the families decode with (which family uses which is model/family.h's autoencoder_kind):
 // AutoencoderKL in FLUX.1's configuration (also Flex's and Z-Image's), SD3's, the SD VAE's (DiT)
 // (vae/autoencoder_kl.h); Qwen-Image's AutoencoderKLQwenImage, the Wan 2.1 VAE (vae/qwen_image_vae.h).
-enum class AutoencoderKind { flux, sd3, sd, qwen_image };
 // The text encoders the families condition on, each as its pipeline uses it (which family uses which is
 // model/family.h's text_encoders; the networks are text/): CLIP ViT-L/14's pooled output (FLUX.1); CLIP-L
 // and OpenCLIP bigG with their projections, penultimate hidden states and projected pooled outputs (SD3.5);

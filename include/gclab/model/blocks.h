@@ -3,7 +3,7 @@
 // transformer_z_image.py, transformer_sd3.py / attention.py JointTransformerBlock, facebookresearch/DiT
 // models.py). Parameter names are the reference state dicts'.
 //
-// Every block takes and returns tensors only and calls its two sub-blocks, "attn" and "mlp", through a
+// Every block takes and returns tensors only and calls its two sub-blocks, SubBlock::attn and ::mlp, through a
 // SubBlockRunner: the model knows nothing of checkpointing, and a selective policy applied from outside
 // can recompute just one sub-block. (The runner's type is the same std::function as gclab::ckpt's.)
 #pragma once
@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "gclab/ckpt/sub_block.h"
 #include "gclab/nn/layers.h"
 
 namespace gclab::model {
@@ -42,7 +43,8 @@ using nn::unpatchify;
 using nn::WeightStorage;
 
 using SubBlockFn = std::function<Tensors(const Tensors&)>;
-using SubBlockRunner = std::function<Tensors(const std::string& kind, const SubBlockFn& fn, const Tensors& inputs)>;
+using ckpt::SubBlock;
+using SubBlockRunner = std::function<Tensors(SubBlock kind, const SubBlockFn& fn, const Tensors& inputs)>;
 // Calls fn(inputs): what runs a sub-block when nothing is applied from outside.
 const SubBlockRunner& plain_runner();
 

@@ -75,7 +75,6 @@ std::string supported_arch_list();  // "flux, flex1, ..." for messages
 
 // The autoencoder a family's pipeline decodes with: AutoencoderKL as FLUX.1's for FLUX.1, Flex and Z-Image,
 // SD3's, the SD VAE for DiT; Qwen-Image's AutoencoderKLQwenImage.
-config::AutoencoderKind autoencoder_kind(Family family);
 // Whether AI Toolkit's model class decodes previews with the autoencoder tiled when model.low_vram is set
 // (diffusers' enable_tiling() at its defaults): every Qwen-Image model class's (qwen_image.py,
 // qwen_image_edit.py, qwen_image_edit_plus.py generate_single_image: `if self.model_config.low_vram:

@@ -20,6 +20,7 @@
 #include "gclab/model/guidance.h"
 #include "gclab/model/spec.h"
 #include "gclab/model/transformer.h"
+#include "gclab/vae/codec.h"
 
 namespace gclab::model {
 
@@ -61,7 +62,7 @@ class ModelFamily {
 
   // The autoencoder and the text encoders its pipeline decodes and conditions with (text encoders in the
   // diffusers folder's order: text_encoder, text_encoder_2, text_encoder_3).
-  virtual config::AutoencoderKind autoencoder() const = 0;
+  virtual vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const = 0;
   virtual std::vector<config::TextEncoderKind> text_encoders() const = 0;
   // How its pipeline composes them into the transformer's conditioning (text/prompt.h).
   virtual config::TextComposition text_composition() const = 0;

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "gclab/nn/activation.h"
+
 #include "gclab/nn/layers.h"
 
 namespace gclab::text {
@@ -21,7 +23,7 @@ namespace gclab::text {
 struct ClipTextConfig {
   int64_t vocab_size = 49408, hidden_size = 768, intermediate_size = 3072, num_hidden_layers = 12;
   int64_t num_attention_heads = 12, max_position_embeddings = 77, projection_dim = 768, eos_token_id = 2;
-  std::string hidden_act = "quick_gelu";
+  nn::Activation hidden_act = nn::Activation::quick_gelu;
   double layer_norm_eps = 1e-5;
   bool with_projection = false;  // CLIPTextModelWithProjection: text_projection (no bias) on the pooled output
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "gclab/nn/activation.h"
+
 namespace gclab::text {
 
 struct T5Config {
@@ -21,7 +23,7 @@ struct T5Config {
   int64_t relative_attention_num_buckets = 32, relative_attention_max_distance = 128;
   double layer_norm_epsilon = 1e-6;
   bool gated = true;  // feed_forward_proj "gated-gelu" (v1.1) vs "relu" (the original T5)
-  std::string dense_act_fn = "gelu_new";
+  nn::Activation dense_act_fn = nn::Activation::gelu_tanh;  // "gelu_new"
 
   // google/t5-v1_1-xxl's encoder, as FLUX.1 and SD3.5 ship it: 4,762,310,656 parameters.
   static T5Config xxl() { return {}; }

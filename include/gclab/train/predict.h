@@ -133,7 +133,7 @@ struct LoadEstimate {
 
 struct MemoryEstimate {
   model::ModelSpec spec;
-  std::string device;
+  std::string device;         // "cpu" or "cuda": the kind of device predicted for (for reports)
   int64_t weight_bytes = 0;   // every parameter and buffer as stored (frozen base + trained tensors)
   int64_t trained = 0;        // parameters trained
   int64_t trained_bytes = 0;  // their storage (part of weight_bytes)

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "gclab/config/choices.h"
 #include "gclab/nn/layers.h"
 #include "gclab/vae/autoencoder.h"
 
@@ -30,14 +29,12 @@ struct AutoencoderKLConfig {
   double scaling_factor = 0.3611, shift_factor = 0.1159;
   int64_t sample_size = 1024;  // the tile size tiled decoding uses unless told another
 
-  // The three configurations users train on (their diffusers config.json):
-  //   flux   FLUX.1 / Flex / Z-Image: 16 channels, scaling 0.3611, shift 0.1159, no quant convs (83,819,683)
-  //   sd3    SD3 / SD3.5: 16 channels, scaling 1.5305, shift 0.0609, no quant convs
-  //   sd     the SD VAE (sd-vae-ft-ema) DiT decodes with: 4 channels, scaling 0.18215, quant convs (83,653,863)
-  static AutoencoderKLConfig preset(config::AutoencoderKind kind);
-  // The same code at CPU-test size, for the tiny-* transformer presets: kind's latent channels, scaling and
-  // 8x down-sampling, with 16 channels (a whole oneDNN block), one resnet per block, GroupNorms of 4 groups.
-  static AutoencoderKLConfig tiny(config::AutoencoderKind kind);
+  // The defaults are FLUX.1's config.json (also Flex's and Z-Image's: 83,819,683 parameters); each family
+  // that decodes with another AutoencoderKL sets its own in its folder (ModelFamily::autoencoder).
+  // The same code at CPU-test size, for the tiny-* transformer presets: this config's latent channels,
+  // scaling and 8x down-sampling, with 16 channels (a whole oneDNN block), one resnet per block, GroupNorms
+  // of 4 groups.
+  AutoencoderKLConfig shrunk() const;
   // A diffusers config.json (AutoencoderKL); throws std::runtime_error naming what it cannot use.
   static AutoencoderKLConfig from_json_file(const std::filesystem::path& path);
   int64_t downsampling() const { return int64_t{1} << (block_out_channels.size() - 1); }

@@ -89,7 +89,7 @@ class Toy final : public ModelFamily {
     return {tiny_toy(), video};
   }
 
-  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
+  vae::AutoencoderConfig autoencoder(const ModelSpec&) const override { return vae::AutoencoderKLConfig{}.shrunk(); }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen3}; }
   config::TextComposition text_composition() const override { return config::TextComposition::zimage; }
   std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {

@@ -53,7 +53,14 @@ class Dit final : public ModelFamily {
   }
 
   // The SD VAE; no text encoder (class labels).
-  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::sd; }
+  // The SD VAE DiTPipeline decodes with (sd-vae-ft-ema): 4 channels, quant convs, scaling 0.18215, no
+  // shift, 256-pixel tiles (83,653,863 parameters).
+  vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
+    vae::AutoencoderKLConfig c;
+    c.latent_channels = 4, c.use_quant_conv = c.use_post_quant_conv = true;
+    c.scaling_factor = 0.18215, c.shift_factor = 0, c.sample_size = 256;
+    return spec.tiny ? c.shrunk() : c;
+  }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {}; }
   config::TextComposition text_composition() const override { return config::TextComposition::none; }
   // DiTPipeline's CFG on the class label: both in one batch.

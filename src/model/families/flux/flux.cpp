@@ -102,7 +102,10 @@ class Flux final : public ModelFamily {
     return {dev, flux_preset("flux-schnell", 19, false, 256), flux_preset("flex1", 8, true, 512), flex2(), tiny};
   }
 
-  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
+  // FLUX.1's AutoencoderKL (vae::AutoencoderKLConfig's defaults), Flex's too.
+  vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
+    return spec.tiny ? vae::AutoencoderKLConfig{}.shrunk() : vae::AutoencoderKLConfig{};
+  }
   std::vector<config::TextEncoderKind> text_encoders() const override {
     return {config::TextEncoderKind::clip_l, config::TextEncoderKind::t5_xxl};
   }

@@ -129,7 +129,10 @@ class QwenImage final : public ModelFamily {
             tiny_preset(edit, "tiny-qwen-image-edit")};
   }
 
-  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::qwen_image; }
+  // AutoencoderKLQwenImage (vae/qwen_image_vae.h).
+  vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
+    return spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
+  }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen25_vl}; }
   // qwen_image.py: the whole encoder, under quantize_te, as qtype_te.
   TextEncoderQuantization text_encoder_quantization() const override { return {}; }

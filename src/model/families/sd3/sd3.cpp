@@ -60,7 +60,12 @@ class Sd3 final : public ModelFamily {
     return {large, tiny};
   }
 
-  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::sd3; }
+  // SD3 / SD3.5's AutoencoderKL: FLUX's shape (16 channels, no quant convs), scaling 1.5305, shift 0.0609.
+  vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
+    vae::AutoencoderKLConfig c;
+    c.scaling_factor = 1.5305, c.shift_factor = 0.0609;
+    return spec.tiny ? c.shrunk() : c;
+  }
   // The StableDiffusion loader's SD3 branch quantizes with `quantize(transformer, weights=qtype)` and no
   // model.quantize_kwargs (toolkit/stable_diffusion_model.py:425-429): every Linear.
   config::QuantizeKwargs quantization_filter(const config::ModelConfig&) const override { return {}; }

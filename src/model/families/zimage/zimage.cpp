@@ -109,7 +109,10 @@ class ZImage final : public ModelFamily {
   }
 
   // FLUX.1's AutoencoderKL configuration.
-  config::AutoencoderKind autoencoder() const override { return config::AutoencoderKind::flux; }
+  // FLUX.1's AutoencoderKL (its vae/ config.json is FLUX's).
+  vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
+    return spec.tiny ? vae::AutoencoderKLConfig{}.shrunk() : vae::AutoencoderKLConfig{};
+  }
   std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen3}; }
   // z_image.py: the whole encoder, under quantize_te, as qtype_te.
   TextEncoderQuantization text_encoder_quantization() const override { return {}; }
