@@ -876,40 +876,47 @@ void Session::precompute_text(const std::vector<std::string>& captions) {
   precompute_text(c);
 }
 
+std::vector<data::Caption> Session::precomputed_captions(const std::vector<data::Caption>& captions) const {
+  if (!text_encoder_leaves(config_)) return {};
+  // Without cached captions, unload_text_encoder trains every step on the trigger word's embedding.
+  std::vector<data::Caption> all =
+      run_caches_text(config_) ? captions : std::vector<data::Caption>{{config_.trigger_word.value_or(""), {}, {}, {}}};
+  all.push_back({"", {}, {}, {}});
+  for (size_t i = 0; i < plan_.previews.size(); ++i) {
+    all.push_back({plan_.previews[i].prompt, plan_.preview_controls[i], {}, {}});
+    all.push_back({plan_.previews[i].neg.value_or(config_.sample->neg), plan_.preview_controls[i], {}, {}});
+  }
+  return all;
+}
+
 void Session::precompute_text(const std::vector<data::Caption>& captions) {
   if (!text_encoder_leaves(config_)) return;
-  std::vector<data::Caption> rest;
-  if (run_caches_text(config_)) {
-    // The captions in the cache phase, from the first one the encoder runs on (a caption already in
-    // _t_e_cache/ needs no move) to the last, the transformer off the device.
-    std::optional<memory::PhaseMeter::Scope> scope;
-    text_->before_first_encode([&] { start_fill(CacheFill::text, scope); });
-    for (const auto& c : captions) text_->encode(std::vector<data::Caption>{c});
-    text_->before_first_encode(nullptr);
-    scope.reset();
-    current_activity_ = Activity::model;
-    unpark();
-  } else {
+  const bool caching = run_caches_text(config_);
+  if (!caching) {
     // AI Toolkit (BaseSDTrainProcess.run): without cached captions, unload_text_encoder encodes the empty
     // prompt and the trigger word once, unloads the encoder, and trains every step on the trigger word's
     // embedding (the empty prompt's without one) — "This will train only with a blank prompt or trigger
     // word, if set".
     fixed_caption_ = config_.trigger_word.value_or("");
-    rest = {{*fixed_caption_, {}, {}, {}}};
     log::warn(
         "train.unload_text_encoder without cache_text_embeddings: as in AI Toolkit, every step trains on " +
         (config_.trigger_word ? "the trigger word '" + *config_.trigger_word + "'" : std::string("the empty prompt")) +
         ", not on the captions");
   }
-  // The empty prompt and the previews' prompts with the transformer back, as SDTrainer.hook_before_train_loop
-  // encodes the blank and trigger prompts once the caches are filled.
-  rest.push_back({"", {}, {}, {}});
-  for (size_t i = 0; i < plan_.previews.size(); ++i) {
-    rest.push_back({plan_.previews[i].prompt, plan_.preview_controls[i], {}, {}});
-    rest.push_back({plan_.previews[i].neg.value_or(config_.sample->neg), plan_.preview_controls[i], {}, {}});
-  }
-  for (const auto& c : rest) text_->encode(std::vector<data::Caption>{c});
+  // Cached captions: the cache phase from the first encode the encoder runs (a caption already in
+  // _t_e_cache/ needs none) — the captions (dataloader_mixins.py:2311-2315, whose restore is commented out:
+  // 2407-2409), then the blank, trigger and sample prompts SDTrainer.hook_before_train_loop encodes with the
+  // transformer still off (SDTrainer.py:296-298, 357-378) — and the encoder unloaded; the transformer comes
+  // back for the steps (BaseSDTrainProcess.py:2514). Without caching, the trigger word and the prompts are
+  // encoded with everything where it is.
+  std::optional<memory::PhaseMeter::Scope> scope;
+  if (caching) text_->before_first_encode([&] { start_fill(CacheFill::text, scope); });
+  for (const auto& c : precomputed_captions(captions)) text_->encode(std::vector<data::Caption>{c});
+  text_->before_first_encode(nullptr);
   text_->unload();
+  scope.reset();
+  current_activity_ = Activity::model;
+  unpark();
 }
 
 ResidentBytes Session::resident() const {

@@ -201,7 +201,7 @@ void Run::prepare() {
     if (reg_loader_) session_.cache_latents(*reg_loader_);
     session_.precompute_text(captions);
   });
-  log_->caches(session_, captions);
+  log_->caches(session_, session_.precomputed_captions(captions));
   if (tc.budget_probe && tc.policy().kind == ckpt::CheckpointPolicy::Kind::Budget)
     oom_guarded([&] {
       const auto [measured, ledger] = session_.probe_block_activations();

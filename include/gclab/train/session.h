@@ -200,12 +200,16 @@ class Session {
   // The sampler's options for preview `i` (the plan's previews) as sample() runs it: its size (cut to the
   // family's divisibility), steps, guidance, seed, the compute dtype and the family's CFG rescale.
   sample::SampleOptions preview_options(size_t i, const PreviewSettings& settings = {}) const;
-  // Encodes every caption the run will ask for (cache_text_embeddings: in the `cache` phase, the transformer
-  // off the device, after the latents as AI Toolkit's setup_epoch caches them), then the empty prompt and the
-  // previews' prompts, and unloads the text encoder. unload_text_encoder without cache_text_embeddings is AI Toolkit's
-  // other mode: the trigger word (or the empty prompt) is encoded once and every step trains on it.
+  // Encodes every caption the run will ask for, then the empty prompt and the previews' prompts, and unloads
+  // the text encoder; with cache_text_embeddings all of it in the `cache` phase with the transformer off the
+  // device, after the latents, as AI Toolkit's setup_epoch and hook_before_train_loop do it. unload_text_encoder
+  // without cache_text_embeddings is AI Toolkit's other mode: the trigger word (or the empty prompt) is encoded once
+  // and every step trains on it.
   void precompute_text(const std::vector<data::Caption>& captions);
   void precompute_text(const std::vector<std::string>& captions);
+  // What precompute_text encodes, in order: the captions (cache_text_embeddings) or the trigger word, then
+  // the empty prompt and each preview's prompt and negative; none when the text encoders stay.
+  std::vector<data::Caption> precomputed_captions(const std::vector<data::Caption>& captions) const;
   // The batch's captions with its control images (edit models' text encoders read them).
   std::vector<data::Caption> captions_of(const data::LoadedBatch& lb) const;
   // An edit model's preview: its control images' latents (reference tokens), encoded on the device.
