@@ -1201,6 +1201,42 @@ TEST(Trainer, AssistantAdapterIsTakenWhereAiToolkitTakesIt) {
   fs::remove_all(dir);
 }
 
+// Z-Image with an assistant adapter (z_image.py:224-228): qfloat8 becomes float8, in the plan every verb
+// reads (estimate, check, the OOM report's re-planning) and in the run. float8's matmul keeps a dequantized
+// copy for the backward where qfloat8 keeps none, so the two predict different backwards; the run's measured
+// phases stand within 5% of the float8 prediction (the phase sweep's bound).
+TEST(Trainer, ZImagesAssistantAdapterRunsAndIsPredictedInFloat8) {
+  const fs::path dir = testing::fresh_dir("zimage_float8");
+  const std::vector<std::string> zimage = {"model.arch=tiny-zimage", "model.quantize=true", "model.qtype=qfloat8"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), zimage.begin(), zimage.end());
+    return extra;
+  };
+  const auto first = train(tiny_config(dir, "a", {"model.arch=tiny-zimage", "train.steps=1"}), {});
+  ASSERT_FALSE(first.saves.empty());
+  const auto config =
+      tiny_config(dir, "b", with({"train.steps=2", "model.assistant_lora_path=" + first.saves.back().string()}));
+  EXPECT_EQ(config.model.qtype, config::QType::float8);
+  EXPECT_EQ(plan_run(config).config.model.qtype, config::QType::float8);
+  const MemoryModel as_float8(config);
+  auto kept_qfloat8 = config;  // what a run that ignored AI Toolkit's rule would hold
+  kept_qfloat8.model.qtype = config::QType::qfloat8;
+  kept_qfloat8.model.assistant_lora_path.reset();
+  const MemoryModel as_qfloat8(kept_qfloat8);
+  const ckpt::CheckpointPolicy off = ckpt::CheckpointPolicy::off();
+  EXPECT_GT(as_float8.step(2, 64, 64, off).backward_bytes, as_qfloat8.step(2, 64, 64, off).backward_bytes);
+  const auto run = train(config, {});
+  EXPECT_EQ(run.end_step, 2);
+  std::ifstream in(dir / "b" / "memory.json");
+  const auto memory = nlohmann::json::parse(in);
+  for (const char* phase : {"forward", "backward", "optimizer"}) {
+    const double m = memory["phase_peak_bytes"][phase].get<double>();
+    const double q = memory["predicted_phase_peak_bytes"][phase].get<double>();
+    EXPECT_NEAR(q / m, 1.0, 0.05) << phase << ": predicted " << q << ", measured " << m;
+  }
+  fs::remove_all(dir);
+}
+
 // A preview's ctrl_img on an arch whose previews take none (Qwen-Image's generate_single_image raises
 // NotImplementedError on one, qwen_image.py:263-266): said, and the preview runs without it.
 TEST(Trainer, ACtrlImgWhereTheArchsPreviewsTakeNoneIsSaidAndLeftOut) {
