@@ -1,4 +1,5 @@
 #include "gclab/model/blocks.h"
+#include "gclab/nn/activation.h"
 
 #include "gclab/nn/meta_kernels.h"
 
@@ -10,8 +11,6 @@ namespace {
 
 // Chunks of an adaLN embedding [B, n*D].
 std::vector<torch::Tensor> chunks(const torch::Tensor& emb, int64_t n) { return emb.chunk(n, 1); }
-
-torch::Tensor gelu_tanh(const torch::Tensor& x) { return torch::gelu(x, "tanh"); }
 
 }  // namespace
 
@@ -25,7 +24,9 @@ GeluFeedForwardImpl::GeluFeedForwardImpl(int64_t dim, int64_t inner, const torch
   out_ = register_at(*this, "net.2", Linear(inner, dim, true, options));
 }
 
-torch::Tensor GeluFeedForwardImpl::forward(const torch::Tensor& x) { return out_(gelu_tanh(proj_(x))); }
+torch::Tensor GeluFeedForwardImpl::forward(const torch::Tensor& x) {
+  return out_(nn::activate(nn::Activation::gelu_tanh, proj_(x)));
+}
 
 JointAttentionImpl::JointAttentionImpl(int64_t dim, int64_t heads, bool context_out, double eps,
                                        const torch::TensorOptions& options)
@@ -163,7 +164,9 @@ Tensors FluxSingleBlock::forward_block(const Tensors& in, const SubBlockRunner& 
   const auto m = chunks(norm_linear(torch::silu(in.at(1))), 3);  // AdaLayerNormZeroSingle: shift, scale, gate
   const torch::Tensor norm_x = modulate(layer_norm(x), m[0], m[1]);
   const torch::Tensor mlp_h =
-      run(SubBlock::mlp, [this](const Tensors& t) { return Tensors{gelu_tanh(proj_mlp(t[0]))}; }, {norm_x})[0];
+      run(SubBlock::mlp,
+          [this](const Tensors& t) { return Tensors{nn::activate(nn::Activation::gelu_tanh, proj_mlp(t[0]))}; },
+          {norm_x})[0];
   const torch::Tensor attn_out =
       run(SubBlock::attn, [this](const Tensors& t) { return Tensors{attn(t[0], t[1], t[2])}; },
           {norm_x, in.at(2), in.at(3)})[0];
@@ -284,12 +287,14 @@ Tensors DiTBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
         return Tensors{t[0] + m[2].unsqueeze(1) * proj(o)};
       },
       {x, emb})[0];
-  return run(SubBlock::mlp,
-             [this](const Tensors& t) {
-               const auto m = chunks(t[1], 6);
-               return Tensors{t[0] + m[5].unsqueeze(1) * fc2(gelu_tanh(fc1(modulate(layer_norm(t[0]), m[3], m[4]))))};
-             },
-             {h, emb});
+  return run(
+      SubBlock::mlp,
+      [this](const Tensors& t) {
+        const auto m = chunks(t[1], 6);
+        return Tensors{t[0] + m[5].unsqueeze(1) * fc2(nn::activate(nn::Activation::gelu_tanh,
+                                                                   fc1(modulate(layer_norm(t[0]), m[3], m[4]))))};
+      },
+      {h, emb});
 }
 
 }  // namespace gclab::model
