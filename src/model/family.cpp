@@ -66,7 +66,20 @@ std::string supported_arch_list() {
 
 bool low_vram_tiles_previews(Family family) { return family_of(family).low_vram_tiles_previews(); }
 
-std::vector<config::TextEncoderKind> text_encoders(Family family) { return family_of(family).text_encoders(); }
+std::vector<config::TextEncoderKind> text_encoders(Family family) {
+  const auto pipeline = family_of(family).text_pipeline();
+  return pipeline ? pipeline->encoders() : std::vector<config::TextEncoderKind>{};
+}
+
+text::PipelineTarget text_target(const ModelSpec& spec) {
+  text::PipelineTarget t;
+  t.text_width = spec.text_dim;
+  t.pooled_width = spec.pooled_dim;
+  t.max_tokens = spec.max_text_tokens;
+  t.condition_area = spec.condition_area;
+  t.numbered_conditions = spec.edit_plus;
+  return t;
+}
 
 std::string text_encoder_folder(size_t slot) {
   return slot == 0 ? "text_encoder" : "text_encoder_" + std::to_string(slot + 1);

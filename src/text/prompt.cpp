@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "gclab/memory/meta_count.h"
 #include "gclab/text/bpe.h"
 #include "gclab/text/qwen_vision.h"
 
@@ -13,80 +14,24 @@ namespace {
 
 using Kind = config::TextEncoderKind;
 
-// The encoders each composition takes, in slot order (which kinds they are is the family's,
-// model::text_encoders; the options carry them).
-size_t slots_of(Composition c) {
-  switch (c) {
-    case Composition::flux:
-      return 2;
-    case Composition::sd3:
-      return 3;
-    case Composition::qwen_image:
-    case Composition::zimage:
-      return 1;
-    case Composition::none:
-      break;
-  }
-  return 0;
-}
-
-// QwenImagePipeline.prompt_template_encode; the pipeline drops its first prompt_template_encode_start_idx = 34
-// rows, the prefix's tokens under Qwen's tokenizer (and under the hashing stand-in's split).
-constexpr int64_t kQwenImageDrop = 34;
-constexpr const char* kQwenImagePrefix =
-    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
-    "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n";
-// QwenImageEditPipeline's / QwenImageEditPlusPipeline's prompt_template_encode up to the user's turn (its
-// prompt_template_encode_start_idx = 64 tokens, dropped); then each control image — "Picture i: " in the
-// Plus template — as <|vision_start|>, its run of <|image_pad|>, <|vision_end|>; then the prompt.
-constexpr int64_t kQwenEditDrop = 64;
-constexpr const char* kQwenEditPrefix =
-    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
-    "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
-    "image that meets the user's requirements while maintaining consistency with the original input where "
-    "appropriate.<|im_end|>\n<|im_start|>user\n";
+// Qwen2.5-VL's markers around an image's tokens (the edit templates' control images).
 constexpr const char* kVisionStart = "<|vision_start|>";
 constexpr const char* kVisionEnd = "<|vision_end|>";
 constexpr const char* kImagePad = "<|image_pad|>";
-// Qwen's chat template for one user turn with add_generation_prompt (Z-Image: enable_thinking=True adds
-// nothing after it).
-constexpr const char* kQwenUserPrefix = "<|im_start|>user\n";
-constexpr const char* kQwenAssistantSuffix = "<|im_end|>\n<|im_start|>assistant\n";
 
-// The widths each slot's CPU-test encoder is built at so the composition gives the transformer's widths.
-std::vector<TinyWidths> tiny_widths(Composition c, int64_t text_width, int64_t pooled_width) {
-  switch (c) {
-    case Composition::flux:
-      return {{pooled_width, 0}, {text_width, 0}};
-    case Composition::sd3: {
-      int64_t clip = std::min<int64_t>(32, text_width / 2);
-      if (clip >= 4) clip -= clip % 4;
-      return {{clip, pooled_width / 2}, {clip, pooled_width - pooled_width / 2}, {text_width, 0}};
-    }
-    case Composition::qwen_image:
-    case Composition::zimage:
-      return {{text_width, 0}};
-    case Composition::none:
-      break;
-  }
-  return {};
-}
+bool is_clip(Kind k) { return k == Kind::clip_l || k == Kind::clip_l_projected || k == Kind::clip_g_projected; }
 
-// Whether encoders of these widths (hidden, pooled per slot) give what the transformer takes.
-bool composes(Composition c, const std::vector<TinyWidths>& w, int64_t text_width, int64_t pooled_width) {
-  switch (c) {
-    case Composition::flux:
-      return w[1].hidden == text_width && w[0].projection == pooled_width;
-    case Composition::sd3:
-      return w[2].hidden == text_width && w[0].hidden + w[1].hidden <= text_width &&
-             w[0].projection + w[1].projection == pooled_width;
-    case Composition::qwen_image:
-    case Composition::zimage:
-      return w[0].hidden == text_width;
-    case Composition::none:
-      break;
-  }
-  return true;
+// The tokenizer slot `kind` reads from `folder`: T5's SentencePiece model, CLIP's or Qwen's BPE files; null:
+// none there (the hashing stand-in then).
+std::unique_ptr<Tokenizer> folder_tokenizer(Kind kind, const std::filesystem::path& folder) {
+  std::error_code ec;
+  if (kind == Kind::t5_xxl)
+    return !folder.empty() && std::filesystem::is_regular_file(folder / "spiece.model", ec)
+               ? std::make_unique<T5Tokenizer>(folder)
+               : nullptr;
+  if (!has_bpe_files(folder)) return nullptr;
+  if (is_clip(kind)) return std::make_unique<ClipTokenizer>(folder);
+  return std::make_unique<QwenTokenizer>(folder);
 }
 
 }  // namespace
@@ -112,23 +57,20 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
   return {0, end, -1, -1, std::max<int64_t>(v - 1, 0), true};
 }
 
-PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text_width) {
+PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : pipeline_(o.pipeline), target_(o.target) {
   memory_.dtype = c10::typeMetaToScalarType(o.options.dtype());
-  const Composition c = o.composition;
-  if (o.kinds.size() != slots_of(c))
-    throw std::runtime_error("this pipeline composes " + std::to_string(slots_of(c)) + " text encoder(s), not " +
-                             std::to_string(o.kinds.size()));
-  if (c == Composition::none) return;
+  if (!pipeline_) return;
+  const std::vector<Kind> kinds = pipeline_->encoders();
   std::vector<TinyWidths> presets;
-  for (Kind k : o.kinds) presets.push_back(preset_widths(k));
-  const bool full = !o.tiny && composes(c, presets, o.text_width, o.pooled_width);
-  const std::vector<TinyWidths> tiny = tiny_widths(c, o.text_width, o.pooled_width);
+  for (Kind k : kinds) presets.push_back(preset_widths(k));
+  const bool full = !o.tiny && pipeline_->composes(presets, target_);
+  const std::vector<TinyWidths> tiny = pipeline_->tiny_widths(target_);
   std::vector<TinyWidths> built;
-  for (size_t i = 0; i < o.kinds.size(); ++i) {
+  for (size_t i = 0; i < kinds.size(); ++i) {
     const std::filesystem::path folder = i < o.encoders.size() ? o.encoders[i] : std::filesystem::path();
     // The vision tower only where the pipeline reads control images through it (the edit models).
-    LoadedTextEncoder e = build_text_encoder(o.kinds[i], !full, folder, o.options, !o.options.device().is_meta(),
-                                             full ? TinyWidths{} : tiny[i], o.condition_area > 0);
+    LoadedTextEncoder e = build_text_encoder(kinds[i], !full, folder, o.options, !o.options.device().is_meta(),
+                                             full ? TinyWidths{} : tiny.at(i), target_.condition_area > 0);
     LoadStep step;
     step.built_bytes = nn::module_bytes(*e.encoder);
     const std::optional<nn::WeightStorage> storage = i < o.linear_storage.size() ? o.linear_storage[i] : std::nullopt;
@@ -139,71 +81,42 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : text_width_(o.text
     s.encoder = e.encoder;
     s.random = e.random;
     built.push_back({s.encoder->hidden_width(), s.encoder->pooled_width()});
-    const std::filesystem::path tok = i < o.tokenizers.size() ? o.tokenizers[i] : std::filesystem::path();
-    std::error_code ec;
-    if (o.kinds[i] == Kind::t5_xxl && !tok.empty() && std::filesystem::is_regular_file(tok / "spiece.model", ec)) {
-      s.tokenizer = std::make_unique<T5Tokenizer>(tok);
-      s.hashing = false;
-    } else if (o.kinds[i] != Kind::t5_xxl && has_bpe_files(tok)) {
-      if (c == Composition::flux || c == Composition::sd3)  // FLUX's and SD3's BPE slots are CLIPs
-        s.tokenizer = std::make_unique<ClipTokenizer>(tok);
-      else
-        s.tokenizer = std::make_unique<QwenTokenizer>(tok);
-      s.hashing = false;
-    } else {
-      s.tokenizer = std::make_unique<HashingTokenizer>(hashing_vocabulary(*s.encoder));
-    }
+    s.tokenizer = folder_tokenizer(kinds[i], i < o.tokenizers.size() ? o.tokenizers[i] : std::filesystem::path());
+    s.hashing = !s.tokenizer;
+    if (!s.tokenizer) s.tokenizer = std::make_unique<HashingTokenizer>(hashing_vocabulary(*s.encoder));
     slots_.push_back(std::move(s));
   }
-  if (!composes(c, built, o.text_width, o.pooled_width)) {
+  if (!pipeline_->composes(built, target_)) {
     std::string each;
     for (size_t i = 0; i < built.size(); ++i) {
       const std::filesystem::path folder = i < o.encoders.size() ? o.encoders[i] : std::filesystem::path();
-      each += std::string(i ? "; " : "") + std::string(config::name_of(o.kinds[i])) +
+      each += std::string(i ? "; " : "") + std::string(config::name_of(kinds[i])) +
               (folder.empty() ? "" : " (" + folder.string() + ")") + ": hidden " + std::to_string(built[i].hidden) +
               ", pooled " + std::to_string(built[i].projection);
     }
     throw std::runtime_error("the text encoders' widths do not give the transformer's text width " +
-                             std::to_string(o.text_width) + " and pooled width " + std::to_string(o.pooled_width) +
-                             " (" + each + ")");
+                             std::to_string(target_.text_width) + " and pooled width " +
+                             std::to_string(target_.pooled_width) + " (" + each + ")");
   }
-  switch (c) {
-    case Composition::flux:
-      slots_[0].call = {"", "", slots_[0].encoder->max_positions(), true, false, 0};
-      slots_[1].call = {"", "", o.max_tokens, true, false, 0};
-      fixed_rows_ = o.max_tokens;
-      break;
-    case Composition::sd3: {
-      const int64_t clip = slots_[0].encoder->max_positions();
-      if (o.max_tokens <= clip)
-        throw std::runtime_error("the transformer takes " + std::to_string(o.max_tokens) +
-                                 " text rows, not more than "
-                                 "CLIP's " +
-                                 std::to_string(clip) + ": no room for T5's");
-      slots_[0].call = {"", "", clip, true, false, 0};
-      slots_[1].call = {"", "", slots_[1].encoder->max_positions(), true, false, 0};
-      slots_[2].call = {"", "", o.max_tokens - clip, true, false, 0};
-      fixed_rows_ = o.max_tokens;
-      break;
-    }
-    case Composition::qwen_image:
-      if (o.condition_area > 0) {
-        if (!slots_[0].encoder->takes_images())
-          throw std::runtime_error("an edit model's text encoder needs Qwen2.5-VL's vision tower (vision_config)");
-        // The edit pipelines do not cut the prompt (the processor pads, it does not truncate).
-        slots_[0].call = {kQwenEditPrefix,  kQwenAssistantSuffix, 0, false, true, kQwenEditDrop,
-                          o.condition_area, o.numbered_conditions};
-      } else {
-        slots_[0].call = {kQwenImagePrefix, kQwenAssistantSuffix, o.max_tokens + kQwenImageDrop, false, true,
-                          kQwenImageDrop};
-      }
-      break;
-    case Composition::zimage:
-      slots_[0].call = {kQwenUserPrefix, kQwenAssistantSuffix, o.max_tokens, true, true, 0};
-      break;
-    case Composition::none:
-      break;
-  }
+  std::vector<const TextEncoderBase*> encoders;
+  for (const Slot& s : slots_) encoders.push_back(s.encoder.get());
+  const std::vector<PipelineCall> calls = pipeline_->calls(encoders, target_);
+  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].call = calls.at(i);
+  fixed_rows_ = pipeline_->fixed_rows(target_);
+}
+
+PromptEmbedding TextPipeline::compose(const std::vector<EncodedText>& e, const std::vector<int64_t>& valid,
+                                      const std::vector<PipelineCall>& calls, const PipelineTarget&) const {
+  PromptEmbedding out;
+  std::vector<torch::Tensor> pooled;
+  for (const auto& x : e)
+    if (x.pooled.defined()) pooled.push_back(x.pooled);
+  if (!pooled.empty()) out.pooled = pooled.size() == 1 ? pooled[0] : torch::cat(pooled, -1);
+  const PipelineCall& call = calls.back();
+  torch::Tensor h = e.back().hidden_states;
+  if (call.mask && call.pad) h = h.slice(1, 0, valid.back());  // a masked, padded call: the real tokens' rows
+  out.text = h.slice(1, call.drop);
+  return out;
 }
 
 namespace {
@@ -288,22 +201,12 @@ PromptEmbedding PromptEncoder::encode(const std::string& prompt, const Condition
     }
     valid.push_back(t.attention_mask.sum().item<int64_t>());
   }
-  std::vector<torch::Tensor> pooled;
-  for (const auto& x : e)
-    if (x.pooled.defined()) pooled.push_back(x.pooled);
-  if (!pooled.empty()) out.pooled = pooled.size() == 1 ? pooled[0] : torch::cat(pooled, -1);
-  if (slots_.size() == 3) {
-    // SD3: the CLIPs' states side by side, zero-padded to T5's width, then T5's rows.
-    torch::Tensor clip = torch::cat({e[0].hidden_states, e[1].hidden_states}, -1);
-    clip = torch::constant_pad_nd(clip, {0, text_width_ - clip.size(-1)});
-    out.text = torch::cat({clip, e[2].hidden_states}, 1);
-  } else {
-    const Slot& s = slots_.back();
-    torch::Tensor h = e.back().hidden_states;
-    // A masked, padded call keeps only the real tokens' rows (Z-Image); Qwen-Image drops the template.
-    if (s.call.mask && s.call.pad) h = h.slice(1, 0, valid.back());
-    out.text = h.slice(1, s.call.drop);
-  }
+  return pipeline_->compose(e, valid, calls(), target_);
+}
+
+std::vector<PipelineCall> PromptEncoder::calls() const {
+  std::vector<PipelineCall> out;
+  for (const Slot& s : slots_) out.push_back(s.call);
   return out;
 }
 
@@ -384,11 +287,18 @@ EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
     p.peak_bytes = std::max(p.peak_bytes, kept + p.bytes.back());
     kept += dtype_bytes * (tokens[i] * e.hidden_width() + e.pooled_width());
   }
-  if (slots_.size() == 3) {
-    // SD3's composition: the CLIPs' states side by side, zero-padded to T5's width, then T5's rows after.
-    const int64_t clip = tokens[0], widths = slots_[0].encoder->hidden_width() + slots_[1].encoder->hidden_width();
-    p.peak_bytes = std::max(
-        p.peak_bytes, kept + dtype_bytes * (clip * widths + clip * text_width_ + (clip + tokens[2]) * text_width_));
+  // The composition, walked on the meta device beside what every slot returned (kept).
+  if (!slots_.empty()) {
+    memory::MetaCount count;
+    const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(o.dtype);
+    std::vector<EncodedText> returned;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const TextEncoderBase& e = *slots_[i].encoder;
+      returned.push_back({torch::empty({1, tokens[i], e.hidden_width()}, meta),
+                          e.pooled_width() > 0 ? torch::empty({1, e.pooled_width()}, meta) : torch::Tensor()});
+    }
+    memory::run_walk([&] { pipeline_->compose(returned, tokens, calls(), target_); });
+    p.peak_bytes = std::max(p.peak_bytes, count.peak());
   }
   return p;
 }

@@ -61,14 +61,9 @@ torch::ScalarType base_dtype(const config::ProcessConfig& config) {
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                                        const torch::TensorOptions& options) {
   text::PromptEncoderOptions o;
-  o.composition = model::family_of(spec.family).text_composition();
-  o.kinds = model::text_encoders(spec.family);
+  o.pipeline = model::family_of(spec.family).text_pipeline();
+  o.target = model::text_target(spec);
   o.tiny = spec.tiny;
-  o.text_width = spec.text_dim;
-  o.pooled_width = spec.pooled_dim;
-  o.max_tokens = spec.max_text_tokens;
-  o.condition_area = spec.condition_area;
-  o.numbered_conditions = spec.edit_plus;
   if (const auto local = model::local_model(config.model)) {
     o.encoders = local->text_encoders;
     o.tokenizers = local->tokenizers;

@@ -24,12 +24,10 @@ namespace fs = std::filesystem;
 PromptEncoderOptions options_for(const std::string& preset, const torch::TensorOptions& where = {}) {
   const model::ModelSpec spec = model::spec_by_preset(preset);
   PromptEncoderOptions o;
-  o.composition = model::family_of(spec.family).text_composition();
-  o.kinds = model::text_encoders(spec.family);
+  o.pipeline = model::family_of(spec.family).text_pipeline();
+  o.target = model::text_target(spec);
+  o.target.condition_area = 0, o.target.numbered_conditions = false;  // text only (edit_options: the edit template)
   o.tiny = spec.tiny;
-  o.text_width = spec.text_dim;
-  o.pooled_width = spec.pooled_dim;
-  o.max_tokens = spec.max_text_tokens;
   o.options = where;
   return o;
 }
@@ -60,7 +58,7 @@ TEST(PromptEncoder, FluxTakesT5sPaddedRowsAndClipsPooledOutput) {
 TEST(PromptEncoder, Sd3PutsBothClipsSideBySidePaddedToT5sWidthThenT5sRows) {
   torch::manual_seed(2);
   auto o = options_for("tiny-sd3");
-  o.text_width = 96;  // wider than the two CLIPs: the zero padding shows
+  o.target.text_width = 96;  // wider than the two CLIPs: the zero padding shows
   PromptEncoder p(o);
   torch::NoGradGuard g;
   const std::string prompt = "a photo of a cat";
@@ -141,14 +139,14 @@ TEST(PromptEncoder, FullSizePresetsGiveTheirTransformersRowsAndWidths) {
 TEST(PromptEncoder, EncodersAreSizedToATransformerOfAnyWidth) {
   torch::manual_seed(5);
   auto o = options_for("flux-dev");
-  o.text_width = 48, o.pooled_width = 24, o.max_tokens = 20;
+  o.target.text_width = 48, o.target.pooled_width = 24, o.target.max_tokens = 20;
   PromptEncoder p(o);
   torch::NoGradGuard g;
   const auto e = p.encode("x");
   EXPECT_EQ(e.text.sizes(), (std::vector<int64_t>{1, 20, 48}));
   EXPECT_EQ(e.pooled.sizes(), (std::vector<int64_t>{1, 24}));
   auto sd3 = options_for("sd35-large", torch::TensorOptions().device(torch::kMeta));
-  sd3.max_tokens = 77;  // no room for T5 after CLIP's 77
+  sd3.target.max_tokens = 77;  // no room for T5 after CLIP's 77
   EXPECT_THROW(PromptEncoder{sd3}, std::runtime_error);
   // A folder's encoder of another width is named in the error.
   const fs::path dir = gclab::testing::fresh_dir("prompt_widths");
@@ -213,8 +211,8 @@ TEST(HashingTokenizer, SplitsAsByteLevelTokenizersDoAndKeepsItsSpecialTokens) {
 PromptEncoderOptions edit_options(const std::string& preset, const torch::TensorOptions& where = {}) {
   PromptEncoderOptions o = options_for(preset, where);
   const model::ModelSpec spec = model::spec_by_preset(preset);
-  o.condition_area = spec.condition_area;
-  o.numbered_conditions = spec.edit_plus;
+  o.target.condition_area = spec.condition_area;
+  o.target.numbered_conditions = spec.edit_plus;
   return o;
 }
 

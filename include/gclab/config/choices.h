@@ -41,11 +41,6 @@ enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
 // and OpenCLIP bigG with their projections, penultimate hidden states and projected pooled outputs (SD3.5);
 // T5 v1.1 XXL's encoder (FLUX.1, SD3.5); Qwen2.5-VL-7B (Qwen-Image); Qwen3-4B (Z-Image).
 enum class TextEncoderKind { clip_l, clip_l_projected, clip_g_projected, t5_xxl, qwen25_vl, qwen3 };
-// How a family's pipeline composes its text encoders into the transformer's conditioning (which family
-// composes how is model/registry.h's; text/prompt.cpp does it): FLUX.1's CLIP-L pooled + T5 rows; SD3's
-// CLIP-L and bigG (pooled, and their rows beside T5's); QwenImagePipeline's chat template (the edit
-// pipelines' with control images); Z-Image's Qwen3 chat template; none (DiT's class labels).
-enum class TextComposition { none, flux, sd3, qwen_image, zimage };
 // model.vae (gclab's): what turns images into latents and previews back into images — the family's
 // autoencoder (the default), or the deterministic DCT stand-in (an explicit choice for random-weight CPU
 // runs, where a random autoencoder's previews would be noise).

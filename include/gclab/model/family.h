@@ -11,8 +11,11 @@
 
 #include "gclab/config/loader.h"
 #include "gclab/model/family_id.h"
+#include "gclab/text/pipeline.h"
 
 namespace gclab::model {
+
+struct ModelSpec;  // spec.h
 
 // How AI Toolkit's loader for the arch quantizes the transformer and when it reaches the device (read in
 // ostris/ai-toolkit): what a load holds, and what model.low_vram changes there.
@@ -84,6 +87,9 @@ bool low_vram_tiles_previews(Family family);
 // text_encoder_3): FLUX.1 / Flex CLIP-L (pooled) and T5-XXL; SD3.5 CLIP-L and bigG (projected) and T5-XXL;
 // Qwen-Image Qwen2.5-VL; Z-Image Qwen3; DiT none (class labels).
 std::vector<config::TextEncoderKind> text_encoders(Family family);
+// What the transformer of `spec` takes from its family's text pipeline: its text and pooled widths, its
+// text length, an edit model's conditions.
+text::PipelineTarget text_target(const ModelSpec& spec);
 // The diffusers folder names of slot 0, 1, 2: text_encoder / text_encoder_2 / text_encoder_3 and
 // tokenizer / tokenizer_2 / tokenizer_3 (also the names `--component` takes); the slot a name names.
 inline constexpr size_t kTextEncoderSlots = 3;

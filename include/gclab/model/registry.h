@@ -20,6 +20,7 @@
 #include "gclab/model/guidance.h"
 #include "gclab/model/spec.h"
 #include "gclab/model/transformer.h"
+#include "gclab/text/pipeline.h"
 #include "gclab/vae/codec.h"
 
 namespace gclab::model {
@@ -60,12 +61,12 @@ class ModelFamily {
   // Its blocks in words, for summaries ("19 double-stream + 38 single-stream").
   virtual std::string describe_blocks(const ModelSpec& spec) const = 0;
 
-  // The autoencoder and the text encoders its pipeline decodes and conditions with (text encoders in the
-  // diffusers folder's order: text_encoder, text_encoder_2, text_encoder_3).
+  // The autoencoder its pipeline encodes and decodes with.
   virtual vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const = 0;
-  virtual std::vector<config::TextEncoderKind> text_encoders() const = 0;
-  // How its pipeline composes them into the transformer's conditioning (text/prompt.h).
-  virtual config::TextComposition text_composition() const = 0;
+  // Its text pipeline (text/pipeline.h): which text encoders, in the diffusers folder's order (text_encoder,
+  // text_encoder_2, text_encoder_3), how the pipeline calls them and composes what they return; null: no text
+  // (DiT's class labels).
+  virtual std::shared_ptr<const text::TextPipeline> text_pipeline() const = 0;
   // Which text encoders AI Toolkit's loader quantizes, under which switch, as which qtype.
   virtual TextEncoderQuantization text_encoder_quantization() const { return {}; }
   // How its preview pipeline guides (model/guidance.h), for this shape; `do_cfg_norm` is sample.do_cfg_norm,

@@ -1,17 +1,11 @@
-// A family's prompt encoding as its diffusers pipeline does it: the family's text encoders (in slot order:
-// text_encoder, text_encoder_2, ...), their tokenizers called as the pipeline calls them, and how the
-// pipeline composes what they return —
-//   FLUX.1 / Flex (CLIP-L, T5): T5's last hidden states over max_sequence_length padded tokens (512 for dev;
-//     no attention mask), CLIP-L's pooled output over 77;
-//   SD3.5 (CLIP-L, bigG, T5): both CLIPs' penultimate states side by side, zero-padded to T5's width, then
-//     T5's rows (77 + 256); pooled = both projected pooled outputs side by side;
-//   Qwen-Image (Qwen2.5-VL): the prompt in its chat template, the last hidden states with the template's 34
-//     prefix tokens dropped (up to 1024 rows after them);
-//   Z-Image (Qwen3): the prompt in Qwen3's chat template padded to 512 with a mask, hidden_states[-2] at
-//     the real tokens only.
+// A family's prompt encoding as its diffusers pipeline does it: the family's text pipeline (text/pipeline.h,
+// an object in its folder: which encoders, how the pipeline calls their tokenizers and encoders, how it
+// composes what they return — FLUX.1's T5 rows and CLIP-L's pooled vector, SD3.5's two CLIPs beside T5,
+// Qwen-Image's and Z-Image's chat templates), run over encoders built here.
 // Encoders come from local transformers folders when given, else random at the real shape — or, for a tiny
 // preset or a transformer whose widths the real encoders do not give, at CPU-test size sized to its widths.
-// Tokenizers: T5's SentencePiece model when its folder has one; otherwise the hashing stand-in.
+// Tokenizers: T5's SentencePiece model when its folder has one, CLIP's or Qwen's BPE files when given;
+// otherwise the hashing stand-in.
 #pragma once
 
 #include <torch/types.h>
@@ -25,19 +19,15 @@
 #include "gclab/config/choices.h"
 #include "gclab/nn/layers.h"
 #include "gclab/text/encoder.h"
+#include "gclab/text/pipeline.h"
 #include "gclab/text/tokenizer.h"
 
 namespace gclab::text {
 
-using Composition = config::TextComposition;
-
 struct PromptEncoderOptions {
-  Composition composition = Composition::none;    // how the family's pipeline composes the encoders
-  std::vector<config::TextEncoderKind> kinds;     // the family's encoders, in slot order (empty: no text)
+  std::shared_ptr<const TextPipeline> pipeline;   // the family's (null: no text, DiT's class labels)
+  PipelineTarget target;                          // what the transformer takes from it
   bool tiny = false;                              // a tiny preset: CPU-test encoders
-  int64_t text_width = 0;                         // the width of the hidden states the transformer takes
-  int64_t pooled_width = 0;                       // and of its pooled vector (0: none)
-  int64_t max_tokens = 0;                         // the most text rows it takes (FLUX.1-dev 512, SD3.5 333, ...)
   std::vector<std::filesystem::path> encoders;    // per slot: a local transformers folder, or empty: random
   std::vector<std::filesystem::path> tokenizers;  // per slot: a local tokenizer folder, or empty: hashing
   torch::TensorOptions options;                   // where the encoders live, in what dtype (kMeta: count only,
@@ -45,26 +35,6 @@ struct PromptEncoderOptions {
   // quantize_te, per slot: how the encoder's Linear weights are stored (model::text_encoder_storage: which
   // encoders AI Toolkit quantizes); missing or nullopt: the encoder's dtype.
   std::vector<std::optional<nn::WeightStorage>> linear_storage;
-  // Edit models (model::ModelSpec's facts): the control images go through Qwen2.5-VL's vision tower at this
-  // area (0: a text-only pipeline), numbered "Picture i: " in the Plus template.
-  int64_t condition_area = 0;
-  bool numbered_conditions = false;
-};
-
-struct PromptEmbedding {
-  torch::Tensor text;    // [1, rows, text_width]
-  torch::Tensor pooled;  // [1, pooled_width] or undefined
-};
-
-// How the pipeline calls one slot's tokenizer and encoder.
-struct PipelineCall {
-  std::string prefix, suffix;  // the chat template around the prompt
-  int64_t max_length = 0;      // truncation (and padding when `pad`)
-  bool pad = false;            // padding="max_length"
-  bool mask = false;           // the attention mask is passed to the encoder
-  int64_t drop = 0;            // leading rows the pipeline drops (Qwen-Image: the template's prefix)
-  int64_t condition_area = 0;  // edit models: control images read through the vision tower at this area
-  bool numbered = false;       // ... each after "Picture i: " (the Plus template)
 };
 
 // A control image as the edit pipelines condition on it: [3, H, W] with values in [0, 1].
@@ -140,15 +110,17 @@ class PromptEncoder {
   struct ConditionShape {
     int64_t height = 0, width = 0, condition_height = 0, condition_width = 0, processed_height = 0, processed_width = 0;
   };
+  std::vector<PipelineCall> calls() const;
   std::vector<ConditionShape> condition_shapes(const ConditionImages& conditions) const;
   EncodePrediction predict(const std::vector<int64_t>& tokens, const std::vector<ConditionShape>& conditions,
                            const EncodeMemoryOptions& device) const;
   std::vector<Slot> slots_;
   std::vector<LoadStep> load_steps_;
-  int64_t text_width_ = 0;
+  std::shared_ptr<const TextPipeline> pipeline_;
+  PipelineTarget target_;
   EncodeMemoryOptions memory_;   // the encoders' dtype, for the predictions
   std::vector<bool> quantized_;  // per slot: its Linears dequantize per call (quantize_te)
-  int64_t fixed_rows_ = 0;       // FLUX, SD3: every prompt gives the padded rows; 0: as many as its tokens
+  int64_t fixed_rows_ = 0;       // the pipeline's fixed_rows: every prompt gives the padded rows; 0: its tokens
 };
 
 // The hashing stand-in for `encoder`'s tokenizer: its vocabulary and special tokens.

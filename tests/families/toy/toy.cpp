@@ -51,6 +51,23 @@ class ToyTransformer : public DiffusionTransformer {
   TwoLayerMlp t_embedder;
 };
 
+// Its own text pipeline: Qwen3 on the bare caption, cut and padded to the text length with the mask passed,
+// the real tokens' last hidden states.
+class ToyText final : public text::TextPipeline {
+ public:
+  std::vector<config::TextEncoderKind> encoders() const override { return {config::TextEncoderKind::qwen3}; }
+  std::vector<text::TinyWidths> tiny_widths(const text::PipelineTarget& t) const override {
+    return {{t.text_width, 0}};
+  }
+  bool composes(const std::vector<text::TinyWidths>& w, const text::PipelineTarget& t) const override {
+    return w[0].hidden == t.text_width;
+  }
+  std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>&,
+                                        const text::PipelineTarget& t) const override {
+    return {{"", "", t.max_tokens, true, true, 0}};
+  }
+};
+
 ModelSpec tiny_toy() {
   ModelSpec s;
   s.preset = "tiny-toy";
@@ -90,8 +107,7 @@ class Toy final : public ModelFamily {
   }
 
   vae::AutoencoderConfig autoencoder(const ModelSpec&) const override { return vae::AutoencoderKLConfig{}.shrunk(); }
-  std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen3}; }
-  config::TextComposition text_composition() const override { return config::TextComposition::zimage; }
+  std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return std::make_shared<ToyText>(); }
   std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
     return std::make_shared<Guidance>();
   }

@@ -61,8 +61,7 @@ class Dit final : public ModelFamily {
     c.scaling_factor = 0.18215, c.shift_factor = 0, c.sample_size = 256;
     return spec.tiny ? c.shrunk() : c;
   }
-  std::vector<config::TextEncoderKind> text_encoders() const override { return {}; }
-  config::TextComposition text_composition() const override { return config::TextComposition::none; }
+  std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return nullptr; }
   // DiTPipeline's CFG on the class label: both in one batch.
   std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
     return std::make_shared<Guidance>();

@@ -9,6 +9,7 @@
 namespace gclab::model {
 namespace flux {
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+std::shared_ptr<const text::TextPipeline> text_pipeline();
 }  // namespace flux
 
 namespace {
@@ -106,15 +107,12 @@ class Flux final : public ModelFamily {
   vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
     return spec.tiny ? vae::AutoencoderKLConfig{}.shrunk() : vae::AutoencoderKLConfig{};
   }
-  std::vector<config::TextEncoderKind> text_encoders() const override {
-    return {config::TextEncoderKind::clip_l, config::TextEncoderKind::t5_xxl};
-  }
+  std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return flux::text_pipeline(); }
   // stable_diffusion_model.py, flex2.py: T5 only, under quantize_te (which defaults to quantize), as
   // model.qtype; CLIP-L never.
   TextEncoderQuantization text_encoder_quantization() const override {
     return {/*t5_only=*/true, /*under_quantize=*/false, /*as_qtype_te=*/false};
   }
-  config::TextComposition text_composition() const override { return config::TextComposition::flux; }
   // FLUX.1-dev / Flex: the scale is a model input (distilled CFG); FLUX.1-schnell: none.
   std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool) const override {
     return std::make_shared<NoGuidance>(/*embeds_scale=*/spec.guidance_embed);

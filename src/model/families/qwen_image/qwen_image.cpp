@@ -7,6 +7,7 @@
 namespace gclab::model {
 namespace qwen_image {
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+std::shared_ptr<const text::TextPipeline> text_pipeline();
 }  // namespace qwen_image
 
 namespace {
@@ -133,11 +134,9 @@ class QwenImage final : public ModelFamily {
   vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
     return spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
   }
-  std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen25_vl}; }
+  std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return qwen_image::text_pipeline(); }
   // qwen_image.py: the whole encoder, under quantize_te, as qtype_te.
   TextEncoderQuantization text_encoder_quantization() const override { return {}; }
-  // QwenImagePipeline's true CFG: two separate forwards, rescaled per token.
-  config::TextComposition text_composition() const override { return config::TextComposition::qwen_image; }
   // QwenImagePipeline and QwenImageEditPipeline rescale always (diffusers' pipeline_qwenimage.py:668-672);
   // the Plus models preview through AI Toolkit's QwenImageEditPlusCustomPipeline, which rescales only with
   // sample.do_cfg_norm, off by default ("I find it hurts more often than it helps", qwen_image_pipelines.py:

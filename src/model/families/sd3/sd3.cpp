@@ -8,6 +8,7 @@
 namespace gclab::model {
 namespace sd3 {
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+std::shared_ptr<const text::TextPipeline> text_pipeline();
 }  // namespace sd3
 
 namespace {
@@ -69,16 +70,12 @@ class Sd3 final : public ModelFamily {
   // The StableDiffusion loader's SD3 branch quantizes with `quantize(transformer, weights=qtype)` and no
   // model.quantize_kwargs (toolkit/stable_diffusion_model.py:425-429): every Linear.
   config::QuantizeKwargs quantization_filter(const config::ModelConfig&) const override { return {}; }
-  // CLIP-L and bigG (projected) and T5-XXL.
-  std::vector<config::TextEncoderKind> text_encoders() const override {
-    using K = config::TextEncoderKind;
-    return {K::clip_l_projected, K::clip_g_projected, K::t5_xxl};
-  }
+  // CLIP-L and bigG (projected) and T5-XXL (text_pipeline.cpp).
+  std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return sd3::text_pipeline(); }
   // stable_diffusion_model.py: T5 only, under model.quantize (quantize_te is not read), as model.qtype.
   TextEncoderQuantization text_encoder_quantization() const override {
     return {/*t5_only=*/true, /*under_quantize=*/true, /*as_qtype_te=*/false};
   }
-  config::TextComposition text_composition() const override { return config::TextComposition::sd3; }
   // AI Toolkit trains and previews SD3 through get_sampler("flowmatch", arch="sd") (BaseSDTrainProcess.py:
   // 1773-1786, stable_diffusion_model.py:1212-1224): sd_flow_config, a static shift of 3.0
   // (toolkit/sampler.py:90-100, 166-167); StableDiffusion3Pipeline passes no sigmas (stable_diffusion_model.py:

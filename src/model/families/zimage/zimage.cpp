@@ -8,6 +8,7 @@
 namespace gclab::model {
 namespace zimage {
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+std::shared_ptr<const text::TextPipeline> text_pipeline();
 }  // namespace zimage
 
 namespace {
@@ -113,10 +114,9 @@ class ZImage final : public ModelFamily {
   vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
     return spec.tiny ? vae::AutoencoderKLConfig{}.shrunk() : vae::AutoencoderKLConfig{};
   }
-  std::vector<config::TextEncoderKind> text_encoders() const override { return {config::TextEncoderKind::qwen3}; }
+  std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return zimage::text_pipeline(); }
   // z_image.py: the whole encoder, under quantize_te, as qtype_te.
   TextEncoderQuantization text_encoder_quantization() const override { return {}; }
-  config::TextComposition text_composition() const override { return config::TextComposition::zimage; }
   // z_image.py scheduler_config: static shift 3.0.
   FlowSchedule flow_schedule() const override {
     FlowSchedule s;

@@ -1,0 +1,72 @@
+// A family's text pipeline as its diffusers pipeline runs it: which encoders (in the diffusers folder's slot
+// order: text_encoder, text_encoder_2, ...), how it calls each one's tokenizer and encoder (template, cut,
+// padding, mask, leading rows dropped) and how it composes what they return into the transformer's
+// conditioning. Each family's is an object in its folder (model::ModelFamily::text_pipeline); the shared
+// PromptEncoder (text/prompt.h) builds the encoders and runs it, and predicts its memory by walking it.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gclab/config/choices.h"
+#include "gclab/text/encoder.h"
+
+namespace gclab::text {
+
+// How the pipeline calls one slot's tokenizer and encoder.
+struct PipelineCall {
+  std::string prefix, suffix;  // the chat template around the prompt
+  int64_t max_length = 0;      // truncation (and padding when `pad`)
+  bool pad = false;            // padding="max_length"
+  bool mask = false;           // the attention mask is passed to the encoder
+  int64_t drop = 0;            // leading rows the pipeline drops (a template's prefix)
+  int64_t condition_area = 0;  // edit models: control images read through the vision tower at this area
+  bool numbered = false;       // ... each after "Picture i: " (the Plus template)
+};
+
+struct PromptEmbedding {
+  torch::Tensor text;    // [1, rows, text_width]
+  torch::Tensor pooled;  // [1, pooled_width] or undefined
+};
+
+// What the pipeline is asked to serve: the transformer's widths and text length, an edit model's conditions.
+struct PipelineTarget {
+  int64_t text_width = 0;           // the width of the hidden states the transformer takes
+  int64_t pooled_width = 0;         // and of its pooled vector (0: none)
+  int64_t max_tokens = 0;           // the most text rows it takes (FLUX.1-dev 512, SD3.5 333, ...)
+  int64_t condition_area = 0;       // edit models: control images through the vision tower at this area
+  bool numbered_conditions = false; // ... numbered "Picture i: " (the Plus template)
+};
+
+// Qwen's chat template around one user turn with add_generation_prompt (the Qwen tokenizers' own, which the
+// Qwen-Image and Z-Image pipelines wrap prompts in).
+constexpr const char* kQwenChatUser = "<|im_start|>user\n";
+constexpr const char* kQwenChatAssistant = "<|im_end|>\n<|im_start|>assistant\n";
+
+class TextPipeline {
+ public:
+  virtual ~TextPipeline() = default;
+  // Its encoders, in slot order.
+  virtual std::vector<config::TextEncoderKind> encoders() const = 0;
+  // The widths (hidden, pooled) each slot's CPU-test encoder is built at so that the composition gives the
+  // target's widths.
+  virtual std::vector<TinyWidths> tiny_widths(const PipelineTarget& target) const = 0;
+  // Whether encoders of these widths compose to the target's.
+  virtual bool composes(const std::vector<TinyWidths>& built, const PipelineTarget& target) const = 0;
+  // How it calls each slot of these built encoders; throws std::runtime_error where they cannot serve the
+  // target (an edit template without a vision tower, no room for a slot's rows).
+  virtual std::vector<PipelineCall> calls(const std::vector<const TextEncoderBase*>& encoders,
+                                          const PipelineTarget& target) const = 0;
+  // The rows every prompt gives (padded to a fixed length); 0: as many as its tokens.
+  virtual int64_t fixed_rows(const PipelineTarget& /*target*/) const { return 0; }
+  // What it hands the transformer from what each slot returned (`valid`: each slot's real tokens). By
+  // default the last slot's hidden states — only the real tokens' rows where its call masks padding, less
+  // the rows the call drops — and the slots' pooled vectors side by side.
+  virtual PromptEmbedding compose(const std::vector<EncodedText>& encoded, const std::vector<int64_t>& valid,
+                                  const std::vector<PipelineCall>& calls, const PipelineTarget& target) const;
+};
+
+}  // namespace gclab::text

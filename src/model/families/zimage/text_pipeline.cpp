@@ -1,0 +1,28 @@
+// ZImagePipeline's prompt encoding (diffusers pipeline_z_image.py _encode_prompt): the prompt in Qwen3's chat
+// template (one user turn, add_generation_prompt, enable_thinking adding nothing after it), padded to
+// max_sequence_length (512) with the mask passed, hidden_states[-2] at the real tokens only.
+#include "gclab/text/pipeline.h"
+
+namespace gclab::model::zimage {
+namespace {
+
+class ZImageText final : public text::TextPipeline {
+ public:
+  std::vector<config::TextEncoderKind> encoders() const override { return {config::TextEncoderKind::qwen3}; }
+  std::vector<text::TinyWidths> tiny_widths(const text::PipelineTarget& t) const override {
+    return {{t.text_width, 0}};
+  }
+  bool composes(const std::vector<text::TinyWidths>& w, const text::PipelineTarget& t) const override {
+    return w[0].hidden == t.text_width;
+  }
+  std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>&,
+                                        const text::PipelineTarget& t) const override {
+    return {{text::kQwenChatUser, text::kQwenChatAssistant, t.max_tokens, true, true, 0}};
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const text::TextPipeline> text_pipeline() { return std::make_shared<ZImageText>(); }
+
+}  // namespace gclab::model::zimage
