@@ -147,8 +147,8 @@ Document text_encoders_report(const config::ProcessConfig& config) {
   const bool cpu = !train::runs_on_cuda(config);
   const text::EncodePrediction p = train::predict_caption_encode(prompts, spec, cpu);
   d.note("/text_encode_peak", "a " + std::to_string(model::kNominalCaptionTokens) + "-token caption" +
-                                  (spec.edit ? " with a square control image" : "") + ", predicted (text/memory.h, " +
-                                  (cpu ? "CPU" : "CUDA") + " kernels)");
+                                  (spec.reference_tokens ? " with a square control image" : "") +
+                                  ", predicted (text/memory.h, " + (cpu ? "CPU" : "CUDA") + " kernels)");
   ojson peak = {{"encoders", ojson::array()}};
   for (size_t i = 0; i < prompts.slots(); ++i) {
     peak["encoders"].push_back(

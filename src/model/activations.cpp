@@ -72,7 +72,7 @@ ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64
                       o.layer_norm_stats_bytes,
                       o.lora_rank > 0 ? o.lora_dropout_mask_bytes : 0};
   ActivationEstimate est;
-  const int64_t n = image_tokens(s, height, width) + reference_tokens(s, s.edit ? 1 : 0, height, width);
+  const int64_t n = image_tokens(s, height, width) + reference_tokens(s, s.reference_tokens ? 1 : 0, height, width);
   const int64_t t = text > 0 ? text : text_tokens(s, kNominalCaptionTokens);
   est.image_tokens = n;
   est.text_tokens = t;

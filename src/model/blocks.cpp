@@ -7,13 +7,6 @@ namespace gclab::model {
 
 using nn::attention;
 
-namespace {
-
-// Chunks of an adaLN embedding [B, n*D].
-std::vector<torch::Tensor> chunks(const torch::Tensor& emb, int64_t n) { return emb.chunk(n, 1); }
-
-}  // namespace
-
 const SubBlockRunner& plain_runner() {
   static const SubBlockRunner plain = [](SubBlock, const SubBlockFn& fn, const Tensors& in) { return fn(in); };
   return plain;
@@ -95,7 +88,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   return to_out ? to_out(out) : out;
 }
 
-// ---- FLUX ------------------------------------------------------------------------------------------
+// ---- The double-stream block FLUX and Qwen-Image share --------------------------------------------
 
 DoubleStreamBlock::DoubleStreamBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const Names& names,
                                      const torch::TensorOptions& options) {
@@ -150,151 +143,6 @@ Tensors DoubleStreamBlock::forward_block(const Tensors& in, const SubBlockRunner
         return Tensors{img, txt};
       },
       mlp_in);
-}
-
-FluxSingleBlock::FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options) {
-  norm_linear = register_at(*this, "norm.linear", Linear(dim, 3 * dim, true, options));
-  proj_mlp = register_module("proj_mlp", Linear(dim, mlp_hidden, true, options));
-  proj_out = register_module("proj_out", Linear(dim + mlp_hidden, dim, true, options));
-  attn = register_module("attn", SelfAttention(dim, heads, /*bias=*/true, /*out_proj=*/false, 1e-6, options));
-}
-
-Tensors FluxSingleBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
-  const torch::Tensor& x = in.at(0);
-  const auto m = chunks(norm_linear(torch::silu(in.at(1))), 3);  // AdaLayerNormZeroSingle: shift, scale, gate
-  const torch::Tensor norm_x = modulate(layer_norm(x), m[0], m[1]);
-  const torch::Tensor mlp_h =
-      run(SubBlock::mlp,
-          [this](const Tensors& t) { return Tensors{nn::activate(nn::Activation::gelu_tanh, proj_mlp(t[0]))}; },
-          {norm_x})[0];
-  const torch::Tensor attn_out =
-      run(SubBlock::attn, [this](const Tensors& t) { return Tensors{attn(t[0], t[1], t[2])}; },
-          {norm_x, in.at(2), in.at(3)})[0];
-  return {x + m[2].unsqueeze(1) * proj_out(torch::cat({attn_out, mlp_h}, 2))};
-}
-
-// ---- Z-Image ---------------------------------------------------------------------------------------
-
-ZImageBlock::ZImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, int64_t adaln_dim, bool modulation,
-                         const torch::TensorOptions& options)
-    : modulation_(modulation) {
-  const double eps = 1e-5;  // Z-Image's norm_eps
-  attention = register_module("attention", SelfAttention(dim, heads, /*bias=*/false, /*out_proj=*/true, eps, options));
-  w1 = register_at(*this, "feed_forward.w1", Linear(dim, mlp_hidden, false, options));
-  w2 = register_at(*this, "feed_forward.w2", Linear(mlp_hidden, dim, false, options));
-  w3 = register_at(*this, "feed_forward.w3", Linear(dim, mlp_hidden, false, options));
-  attention_norm1 = register_module("attention_norm1", RMSNorm(dim, eps, true, options));
-  ffn_norm1 = register_module("ffn_norm1", RMSNorm(dim, eps, true, options));
-  attention_norm2 = register_module("attention_norm2", RMSNorm(dim, eps, true, options));
-  ffn_norm2 = register_module("ffn_norm2", RMSNorm(dim, eps, true, options));
-  if (modulation) adaLN = register_at(*this, "adaLN_modulation.0", Linear(adaln_dim, 4 * dim, true, options));
-}
-
-Tensors ZImageBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
-  const torch::Tensor& x = in.at(0);
-  const torch::Tensor cos = in.at(modulation_ ? 2 : 1), sin = in.at(modulation_ ? 3 : 2);
-  // Modulation: scale (1 + s) before attention and MLP, tanh gates after; none in the context refiner.
-  torch::Tensor scale_msa, gate_msa, scale_mlp, gate_mlp;
-  if (modulation_) {
-    const auto m = adaLN(in.at(1)).unsqueeze(1).chunk(4, 2);
-    scale_msa = 1.0 + m[0], gate_msa = m[1].tanh(), scale_mlp = 1.0 + m[2], gate_mlp = m[3].tanh();
-  }
-  auto scaled = [](const torch::Tensor& h, const torch::Tensor& s) { return s.defined() ? h * s : h; };
-  auto gated = [](const torch::Tensor& h, const torch::Tensor& g) { return g.defined() ? g * h : h; };
-  const torch::Tensor attn_in = scaled(attention_norm1(x), scale_msa);
-  const torch::Tensor attn_out =
-      run(SubBlock::attn, [this](const Tensors& t) { return Tensors{attention(t[0], t[1], t[2])}; },
-          {attn_in, cos, sin})[0];
-  const torch::Tensor h = x + gated(attention_norm2(attn_out), gate_msa);
-  const torch::Tensor ffn_in = scaled(ffn_norm1(h), scale_mlp);
-  const torch::Tensor ffn_out = run(
-      SubBlock::mlp, [this](const Tensors& t) { return Tensors{w2(torch::silu(w1(t[0])) * w3(t[0]))}; }, {ffn_in})[0];
-  return {h + gated(ffn_norm2(ffn_out), gate_mlp)};
-}
-
-// ---- SD3 -------------------------------------------------------------------------------------------
-
-SD3JointBlock::SD3JointBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, bool context_pre_only,
-                             const torch::TensorOptions& options)
-    : context_pre_only_(context_pre_only) {
-  norm1_linear = register_at(*this, "norm1.linear", Linear(dim, 6 * dim, true, options));
-  // The last block's text stream only feeds this block's attention: AdaLayerNormContinuous (scale, shift).
-  norm1_context_linear =
-      register_at(*this, "norm1_context.linear", Linear(dim, (context_pre_only ? 2 : 6) * dim, true, options));
-  attn = register_module("attn", JointAttention(dim, heads, /*context_out=*/!context_pre_only, 1e-6, options));
-  ff = register_module("ff", GeluFeedForward(dim, mlp_hidden, options));
-  if (!context_pre_only) ff_context = register_module("ff_context", GeluFeedForward(dim, mlp_hidden, options));
-}
-
-Tensors SD3JointBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
-  const torch::Tensor& temb = in.at(2);
-  const torch::Tensor emb = norm1_linear(torch::silu(temb));
-  const torch::Tensor cemb = norm1_context_linear(torch::silu(temb));
-  const Tensors after_attn = run(SubBlock::attn,
-                                 [this](const Tensors& t) {
-                                   const auto m = chunks(t[2], 6);
-                                   const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
-                                   torch::Tensor norm_txt;
-                                   if (context_pre_only_) {
-                                     const auto c = chunks(t[3], 2);  // AdaLayerNormContinuous: scale first, then shift
-                                     norm_txt = modulate(layer_norm(t[1]), c[1], c[0]);
-                                   } else {
-                                     const auto c = chunks(t[3], 6);
-                                     norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
-                                   }
-                                   const auto [attn_out, ctx_out] =
-                                       attn(norm_img, norm_txt, torch::Tensor(), torch::Tensor(), /*text_first=*/false);
-                                   const torch::Tensor img = t[0] + m[2].unsqueeze(1) * attn_out;
-                                   const torch::Tensor txt =
-                                       context_pre_only_ ? t[1] : t[1] + chunks(t[3], 6)[2].unsqueeze(1) * ctx_out;
-                                   return Tensors{img, txt};
-                                 },
-                                 {in.at(0), in.at(1), emb, cemb});
-  return run(SubBlock::mlp,
-             [this](const Tensors& t) {
-               const auto m = chunks(t[2], 6);
-               const torch::Tensor img = t[0] + m[5].unsqueeze(1) * ff(modulate(layer_norm(t[0]), m[3], m[4]));
-               if (context_pre_only_) return Tensors{img, t[1]};
-               const auto c = chunks(t[3], 6);
-               const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * ff_context(modulate(layer_norm(t[1]), c[3], c[4]));
-               return Tensors{img, txt};
-             },
-             {after_attn[0], after_attn[1], emb, cemb});
-}
-
-// ---- DiT -------------------------------------------------------------------------------------------
-
-DiTBlock::DiTBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
-    : heads_(heads) {
-  qkv = register_at(*this, "attn.qkv", Linear(dim, 3 * dim, true, options));
-  proj = register_at(*this, "attn.proj", Linear(dim, dim, true, options));
-  fc1 = register_at(*this, "mlp.fc1", Linear(dim, mlp_hidden, true, options));
-  fc2 = register_at(*this, "mlp.fc2", Linear(mlp_hidden, dim, true, options));
-  adaLN = register_at(*this, "adaLN_modulation.1", Linear(dim, 6 * dim, true, options));
-}
-
-Tensors DiTBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
-  const torch::Tensor& x = in.at(0);
-  const torch::Tensor emb = adaLN(torch::silu(in.at(1)));
-  const torch::Tensor h = run(
-      SubBlock::attn,
-      [this](const Tensors& t) {
-        const auto m = chunks(t[1], 6);
-        const torch::Tensor a = modulate(layer_norm(t[0]), m[0], m[1]);
-        const int64_t b = a.size(0), n = a.size(1), c = a.size(2);
-        const torch::Tensor qkv_heads = qkv(a).reshape({b, n, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
-        const torch::Tensor o = attention(qkv_heads[0], qkv_heads[1], qkv_heads[2]).transpose(1, 2).reshape({b, n, c});
-        return Tensors{t[0] + m[2].unsqueeze(1) * proj(o)};
-      },
-      {x, emb})[0];
-  return run(
-      SubBlock::mlp,
-      [this](const Tensors& t) {
-        const auto m = chunks(t[1], 6);
-        return Tensors{t[0] + m[5].unsqueeze(1) * fc2(nn::activate(nn::Activation::gelu_tanh,
-                                                                   fc1(modulate(layer_norm(t[0]), m[3], m[4]))))};
-      },
-      {h, emb});
 }
 
 }  // namespace gclab::model

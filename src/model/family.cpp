@@ -71,13 +71,14 @@ std::vector<config::TextEncoderKind> text_encoders(Family family) {
   return pipeline ? pipeline->encoders() : std::vector<config::TextEncoderKind>{};
 }
 
-text::PipelineTarget text_target(const ModelSpec& spec) {
+text::PipelineTarget text_target(const ModelSpec& spec) { return family_of(spec.family).text_target(spec); }
+
+text::PipelineTarget ModelFamily::text_target(const ModelSpec& spec) const {
   text::PipelineTarget t;
   t.text_width = spec.text_dim;
   t.pooled_width = spec.pooled_dim;
   t.max_tokens = spec.max_text_tokens;
   t.condition_area = spec.condition_area;
-  t.numbered_conditions = spec.edit_plus;
   return t;
 }
 

@@ -225,13 +225,13 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
 }
 
 int64_t preview_reference_tokens(const ModelSpec& spec, int control_images) {
-  if (!spec.edit || control_images <= 0) return 0;
+  if (!spec.reference_tokens || control_images <= 0) return 0;
   const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(spec.reference_area))));
   return control_images * image_tokens(spec, side, side);
 }
 
 int64_t reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width) {
-  if (spec.edit && control_images > 0 && trains_references_at_image_size(spec))
+  if (spec.reference_tokens && control_images > 0 && trains_references_at_image_size(spec))
     return control_images * image_tokens(spec, height, width);
   return preview_reference_tokens(spec, control_images);
 }

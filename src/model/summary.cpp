@@ -26,7 +26,7 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
     s.trainable_parameters = s.parameters;
   }
   const int64_t prompt_tokens = kNominalCaptionTokens;
-  const int controls = s.spec.edit ? 1 : 0;
+  const int controls = s.spec.reference_tokens ? 1 : 0;
   for (size_t d = 0; d < config.datasets.size(); ++d)
     for (int r : config.datasets[d].resolution)
       s.tokens.push_back({"datasets[" + std::to_string(d) + "]", r, r, image_tokens(s.spec, r, r),

@@ -135,7 +135,7 @@ void plan_previews(RunPlan& plan) {
   if (c.sample && !c.train.disable_sampling) plan.previews = c.sample->samples;
   for (const auto& p : plan.previews) {
     std::vector<fs::path> files;
-    if (plan.spec.edit) {
+    if (plan.spec.reference_tokens) {
       for (const std::string& f : p.control_images()) {
         std::error_code ec;
         if (fs::is_regular_file(f, ec))
@@ -220,7 +220,7 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.prompts = prompt_plan(config, plan.spec, torch::TensorOptions().device(plan.device).dtype(plan.compute_dtype));
   plan_codec(plan);
   plan.caches_latents = run_caches_latents(config);
-  plan.vae_in_steps = !plan.caches_latents || (plan.spec.edit && plan.codec.autoencoder);
+  plan.vae_in_steps = !plan.caches_latents || (plan.spec.reference_tokens && plan.codec.autoencoder);
   plan.caches_text = run_caches_text(config);
   plan.text_encoder_leaves = text_encoder_leaves(config);
   plan.policy = config.train.policy();

@@ -132,9 +132,9 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   // Edit models: each step encodes the batch's control images (one per control folder, at the reference
   // area of the bucket's aspect), cached latents or not, after the batch's own latents (kept beside them).
   // Flex.2 likewise, its control images at the batch's own size, when a dataset has control folders.
-  size_t references = spec.edit ? 1 : 0;               // the most control folders a dataset has
+  size_t references = spec.reference_tokens ? 1 : 0;   // the most control folders a dataset has
   std::vector<std::vector<int64_t>> reference_shapes;  // an edit model's control latents, as the model reads them
-  if (spec.edit) {  // given by the loader or encoded in the data phase, at the reference size
+  if (spec.reference_tokens) {  // given by the loader or encoded in the data phase, at the reference size
     const data::BucketResolution ref =
         model::trains_references_at_image_size(spec)
             ? data::BucketResolution{width, height}
@@ -143,7 +143,7 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   }
   for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
   const bool channels = model::family_of(spec.family).controls_as_channels(spec);
-  if ((spec.edit || channels) && references > 0 && codec.autoencoder) {
+  if ((spec.reference_tokens || channels) && references > 0 && codec.autoencoder) {
     const data::BucketResolution ref =
         channels || model::trains_references_at_image_size(spec)
             ? data::BucketResolution{width, height}
@@ -217,7 +217,8 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   const StepCell first = session.plan().cells.empty() ? StepCell{1, 4 * static_cast<int>(spec.divisibility)}
                                                       : session.plan().cells.front();
   std::vector<std::vector<int64_t>> references;
-  if (spec.edit) references.push_back(model::latent_shape(spec, first.batch, first.resolution, first.resolution));
+  if (spec.reference_tokens)
+    references.push_back(model::latent_shape(spec, first.batch, first.resolution, first.resolution));
   const std::set<std::string> reached = walk_step(session, ckpt::CheckpointPolicy::off(), first.batch, first.resolution,
                                                   first.resolution, 0, references, session.plan().cuda)
                                             .reached;
@@ -252,7 +253,7 @@ void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
   if (prompts && prompts->slots() > 0) {
     TextEncodeEstimate t;
     t.caption_tokens = model::kNominalCaptionTokens;
-    t.control_images = e.spec.edit ? 1 : 0;
+    t.control_images = e.spec.reference_tokens ? 1 : 0;
     const text::EncodePrediction p = predict_caption_encode(*prompts, e.spec, !cuda);
     for (size_t i = 0; i < prompts->slots(); ++i) t.encoders.push_back(model::text_encoder_folder(i));
     t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes;
@@ -304,8 +305,8 @@ std::vector<data::BucketResolution> preview_control_sizes(const Session& session
   std::vector<data::BucketResolution> out;
   for (const auto& f : session.plan().preview_controls.at(i))
     if (const auto size = data::read_image_size(f))
-      out.push_back(spec.edit ? preview_reference_size(spec, {size->width, size->height}, w, h)
-                              : data::BucketResolution{w, h});
+      out.push_back(spec.reference_tokens ? preview_reference_size(spec, {size->width, size->height}, w, h)
+                                          : data::BucketResolution{w, h});
   return out;
 }
 
@@ -334,11 +335,12 @@ int64_t walk_preview_denoise(Session& session, bool cuda) {
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& item = items[i];
     const sample::SampleOptions so = session.preview_options(i, {std::nullopt, std::nullopt, 1});
-    const text::ConditionImages conditions = spec.edit ? image_shapes(files.at(i)) : text::ConditionImages{};
+    const text::ConditionImages conditions =
+        spec.reference_tokens ? image_shapes(files.at(i)) : text::ConditionImages{};
     std::vector<int64_t> key{so.height, so.width, static_cast<int64_t>(so.guidance_scale * 1000),
                              rows(item.prompt, conditions), rows(item.neg.value_or(sc.neg), conditions)};
     std::vector<std::vector<int64_t>> references;
-    if (spec.edit)
+    if (spec.reference_tokens)
       for (const data::BucketResolution& ref : preview_control_sizes(session, i)) {
         references.push_back(model::latent_shape(spec, 1, ref.height, ref.width));
         key.insert(key.end(), {ref.height, ref.width});
@@ -381,7 +383,8 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     // Without cached prompts the preview encodes each prompt (and its negative) with its control images.
     if (prompts && e.text && e.text->every_step)
       for (size_t i = 0; i < sc.samples.size(); ++i) {
-        const text::ConditionImages conditions = e.spec.edit ? image_shapes(files.at(i)) : text::ConditionImages{};
+        const text::ConditionImages conditions =
+            e.spec.reference_tokens ? image_shapes(files.at(i)) : text::ConditionImages{};
         for (const std::string& prompt : {sc.samples[i].prompt, sc.samples[i].neg.value_or(sc.neg)})
           p.text_encode_bytes =
               std::max(p.text_encode_bytes, prompts->predict_encode(prompt, conditions, kernels).peak_bytes);

@@ -66,7 +66,7 @@ text::EncodePrediction predict_caption_encode(const text::PromptEncoder& prompts
                                               bool cpu) {
   text::EncodeMemoryOptions kernels;
   kernels.cpu = cpu;
-  return prompts.predict_encode(model::kNominalCaptionTokens, spec.edit ? 1 : 0, kernels);
+  return prompts.predict_encode(model::kNominalCaptionTokens, spec.reference_tokens ? 1 : 0, kernels);
 }
 
 std::string step_tag(int64_t step) {
@@ -608,7 +608,7 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   }
   std::vector<torch::Tensor> controls;  // Flex.2: control latents for the channels beside the latents
   for (const auto& r : lb.references)
-    (spec_.edit ? mb.conditioning.reference_latents : controls).push_back(memory::to_device(r, device_));
+    (spec_.reference_tokens ? mb.conditioning.reference_latents : controls).push_back(memory::to_device(r, device_));
   const model::ModelFamily& family = model::family_of(spec_.family);
   if (family.controls_as_channels(spec_)) {  // Flex.2: the x0 copy in the compute dtype only where it is used
     // Its inpainting mask: the inpainting images' alpha, else the loss mask (flex2.py:385-388).
@@ -643,7 +643,8 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
-  if (spec_.edit) {  // one reference as the loader makes it: the image's size, or reference_area of its aspect
+  if (spec_.reference_tokens) {  // one reference as the loader makes it: the image's size, or reference_area of its
+                                 // aspect
     const data::BucketResolution ref = model::trains_references_at_image_size(spec_)
                                            ? lb.bucket
                                            : data::reference_size(lb.bucket, spec_.divisibility, spec_.reference_area);
@@ -785,13 +786,13 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     const sample::SampleOptions so = preview_options(i, settings);
     const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
     // Each prompt with its control images, as the edit pipelines encode it.
-    const std::vector<fs::path> read = spec_.edit ? controls : std::vector<fs::path>{};
+    const std::vector<fs::path> read = spec_.reference_tokens ? controls : std::vector<fs::path>{};
     if (text_->encoder()) current_activity_ = Activity::text_encode;  // not cached: encoded here
     auto cond = conditioning({data::Caption{item.prompt, read, {}, {}}});
     auto uncond = conditioning({data::Caption{item.neg.value_or(sc.neg), read, {}, {}}});
     current_activity_ = Activity::model;
     cond.reference_latents = uncond.reference_latents = preview_references(controls, so.width, so.height);
-    if (!spec_.edit && !controls.empty())  // Flex.2: its ctrl_img as the channels beside the latents
+    if (!spec_.reference_tokens && !controls.empty())  // Flex.2: its ctrl_img as the channels beside the latents
       cond.condition_channels = uncond.condition_channels =
           preview_condition(controls.front(), item.ctrl_idx.value_or(0), so.width, so.height);
     // The item's network_multiplier on every adapter while it denoises (stable_diffusion_model.py:1440-1441:
@@ -848,7 +849,7 @@ std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::pat
   // appended as reference tokens. The pipeline takes the posterior's mean; gclab's codec a sample of it
   // (the same memory).
   std::vector<torch::Tensor> out;
-  if (!spec_.edit || controls.empty() || !codec_) return out;
+  if (!spec_.reference_tokens || controls.empty() || !codec_) return out;
   current_activity_ = Activity::vae_encode;
   CodecOnDevice on_device(codec());
   for (const auto& f : controls) {

@@ -87,7 +87,7 @@ TEST(FamilyFolder, ItTrainsPreviewsAndSavesWithCheckpointingExact) {
   EXPECT_GT(fs::file_size(on.samples[0]), 100u);
   const auto saved = io::SafetensorsFile::open(dir / "on" / "on.safetensors");
   EXPECT_TRUE(saved.contains("text_proj.weight"));
-  EXPECT_TRUE(saved.contains("blocks.2.mlp.fc2.weight"));
+  EXPECT_TRUE(saved.contains("blocks.2.ff.net.2.weight"));
   // Trained: the saved weights moved from the seed's.
   torch::manual_seed(5);
   const auto fresh = model::build_transformer(model::spec_by_preset("tiny-toy"));
@@ -102,7 +102,14 @@ TEST(FamilyFolder, ItTakesALoraAndItsEstimateSeesItsBlocks) {
   const config::ProcessConfig c = toy_config(dir, "lora", {"network.type=lora", "network.linear=4"});
   {
     train::Session session(c, train::SessionOptions{/*meta=*/true});
-    EXPECT_GT(session.lora_modules(), 3 * 4);  // qkv, proj, fc1, fc2 (and adaLN) in each of 3 blocks
+    EXPECT_GT(session.lora_modules(), 3 * 6);  // to_q/k/v/out, net.0, net.2 (and adaLN) in each of 3 blocks
+  }
+  {
+    // The ledger of its own block is what its forward keeps, measured (a probe forward, nothing checkpointed;
+    // a full fine-tune, whose first block's input needs a gradient as every other's does).
+    train::Session session(toy_config(dir, "full"));
+    const auto [measured, ledger] = session.probe_block_activations();
+    EXPECT_EQ(ledger, measured);
   }
   const train::MemoryEstimate e = train::estimate_memory(c);
   ASSERT_EQ(e.resolutions.size(), 1u);

@@ -22,7 +22,7 @@ void expect_ledger_matches(const ModelSpec& spec, bool lora, int batch, torch::S
   ModelInputs in = m->example_inputs(batch, 128, 96, text, torch::TensorOptions().dtype(dtype));
   // Edit models: one reference latent as the ledger counts it (spec.h reference_tokens): Qwen-Image-Edit's
   // the image's size, the Plus models' a square of the spec's reference_area.
-  if (spec.edit) {
+  if (spec.reference_tokens) {
     const auto side = static_cast<int64_t>(std::sqrt(static_cast<double>(spec.reference_area))) / 8;
     const bool at_image = trains_references_at_image_size(spec);
     in.reference_latents.push_back(

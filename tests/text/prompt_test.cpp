@@ -211,8 +211,7 @@ TEST(HashingTokenizer, SplitsAsByteLevelTokenizersDoAndKeepsItsSpecialTokens) {
 PromptEncoderOptions edit_options(const std::string& preset, const torch::TensorOptions& where = {}) {
   PromptEncoderOptions o = options_for(preset, where);
   const model::ModelSpec spec = model::spec_by_preset(preset);
-  o.target.condition_area = spec.condition_area;
-  o.target.numbered_conditions = spec.edit_plus;
+  o.target = model::text_target(spec);  // the edit template: its condition area, its numbering
   return o;
 }
 
@@ -249,14 +248,14 @@ TEST(PromptEncoder, EditPresetsConditionRowsFollowThePipelinesRule) {
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   for (const std::string& preset : model::preset_names()) {
     const model::ModelSpec spec = model::spec_by_preset(preset);
-    if (!spec.edit) {
+    if (!spec.reference_tokens) {
       EXPECT_EQ(spec.condition_text_rows, 0) << preset;
       continue;
     }
     PromptEncoder p(edit_options(preset, meta));
     const torch::Tensor square = torch::empty({3, 1024, 1024}, meta);
     // Without an image the Qwen-Image-Edit template keeps its three literal tokens.
-    const int64_t literal = spec.edit_plus ? 0 : 3;
+    const int64_t literal = model::text_target(spec).numbered_conditions ? 0 : 3;
     EXPECT_EQ(p.rows("a cat", {square}) - p.rows("a cat") + literal, spec.condition_text_rows) << preset;
     EXPECT_EQ(model::encoder_tokens(spec, 7), 7 + spec.condition_text_rows) << preset;
   }

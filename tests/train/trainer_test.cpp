@@ -892,7 +892,8 @@ TEST_P(AitkExample, TrainsEndToEndShrunkToItsTinyPreset) {
   std::string tiny;
   for (const auto& a : model::supported_archs())
     if (a.tiny && a.family == model::find_arch(as_written.config->model.arch)->family &&
-        (tiny.empty() || model::spec_for(as_written.config->model).edit == model::spec_by_preset(a.preset).edit))
+        (tiny.empty() || model::spec_for(as_written.config->model).reference_tokens ==
+                             model::spec_by_preset(a.preset).reference_tokens))
       tiny = a.name;
   std::vector<std::string> shrink = {"model.arch=" + tiny,
                                      "model.vae=dct",

@@ -1,7 +1,8 @@
-// The transformer blocks of the five families, one class per block type, each forward in the order of
-// its reference implementation (diffusers transformer_flux.py, transformer_qwenimage.py,
-// transformer_z_image.py, transformer_sd3.py / attention.py JointTransformerBlock, facebookresearch/DiT
-// models.py). Parameter names are the reference state dicts'.
+// What the families' transformer blocks are built from: the block interface, the attention and feed-forward
+// modules diffusers' transformers share, and the double-stream block FLUX.1 and Qwen-Image share (diffusers
+// transformer_flux.py, transformer_qwenimage.py). A block one family alone has lives in its folder
+// (src/model/families/<name>/transformer.cpp), forward in the order of its reference implementation.
+// Parameter names are the reference state dicts'.
 //
 // Every block takes and returns tensors only and calls its two sub-blocks, SubBlock::attn and ::mlp, through a
 // SubBlockRunner: the model knows nothing of checkpointing, and a selective policy applied from outside
@@ -47,6 +48,8 @@ using ckpt::SubBlock;
 using SubBlockRunner = std::function<Tensors(SubBlock kind, const SubBlockFn& fn, const Tensors& inputs)>;
 // Calls fn(inputs): what runs a sub-block when nothing is applied from outside.
 const SubBlockRunner& plain_runner();
+// The n chunks of an adaLN embedding [B, n*D] (shift, scale, gate, ...).
+inline std::vector<torch::Tensor> chunks(const torch::Tensor& emb, int64_t n) { return emb.chunk(n, 1); }
 
 class TransformerBlock : public torch::nn::Module {
  public:
@@ -138,89 +141,6 @@ class DoubleStreamBlock : public TransformerBlock {
   Linear img_mod_{nullptr}, txt_mod_{nullptr};
   JointAttention attn_{nullptr};
   GeluFeedForward img_mlp_{nullptr}, txt_mlp_{nullptr};
-};
-
-// FLUX double-stream block (FluxTransformerBlock): norm1.linear / norm1_context.linear, ff / ff_context.
-class FluxDoubleBlock : public DoubleStreamBlock {
- public:
-  FluxDoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
-      : DoubleStreamBlock(dim, heads, mlp_hidden, {"norm1.linear", "norm1_context.linear", "ff", "ff_context"},
-                          options) {}
-};
-
-// FLUX single-stream block (FluxSingleTransformerBlock): attention and MLP in parallel on the joint
-// sequence, proj_out over their concatenation. Inputs {x, temb, cos, sin} -> {x}.
-class FluxSingleBlock : public TransformerBlock {
- public:
-  std::vector<Linear> modulation_linears() override { return {norm_linear}; }
-  FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
-  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
-
- private:
-  Linear norm_linear{nullptr}, proj_mlp{nullptr}, proj_out{nullptr};
-  SelfAttention attn{nullptr};
-};
-
-// Qwen-Image double-stream block (QwenImageTransformerBlock): img_mod.1 / txt_mod.1 (a Linear after a
-// SiLU), img_mlp / txt_mlp.
-class QwenImageBlock : public DoubleStreamBlock {
- public:
-  QwenImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
-      : DoubleStreamBlock(dim, heads, mlp_hidden, {"img_mod.1", "txt_mod.1", "img_mlp", "txt_mlp"}, options) {}
-};
-
-// Z-Image single-stream block (ZImageTransformerBlock): sandwich RMSNorms around attention and the SwiGLU
-// MLP, tanh gates; without modulation (the context refiner) no adaLN input.
-// Inputs {x, adaln, cos, sin} (modulated) or {x, cos, sin} -> {x}.
-class ZImageBlock : public TransformerBlock {
- public:
-  std::vector<Linear> modulation_linears() override {
-    return adaLN ? std::vector<Linear>{adaLN} : std::vector<Linear>{};
-  }
-  ZImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, int64_t adaln_dim, bool modulation,
-              const torch::TensorOptions& options);
-  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
-
- private:
-  bool modulation_;
-  SelfAttention attention{nullptr};
-  Linear w1{nullptr}, w2{nullptr}, w3{nullptr};  // feed_forward.w1/w2/w3: w2(silu(w1 x) * w3 x)
-  RMSNorm attention_norm1{nullptr}, attention_norm2{nullptr}, ffn_norm1{nullptr}, ffn_norm2{nullptr};
-  Linear adaLN{nullptr};  // adaLN_modulation.0
-};
-
-// SD3 / SD3.5 joint block (JointTransformerBlock); the last block's text stream is pre-only (its output is
-// not used). Inputs {img, txt, temb} -> {img, txt}.
-class SD3JointBlock : public TransformerBlock {
- public:
-  std::vector<Linear> modulation_linears() override { return {norm1_linear, norm1_context_linear}; }
-  std::vector<Linear> text_stream_linears() override {
-    std::vector<Linear> out = attn->text_linears();
-    if (ff_context)
-      for (const Linear& l : ff_context->linears()) out.push_back(l);
-    return out;
-  }
-  SD3JointBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, bool context_pre_only,
-                const torch::TensorOptions& options);
-  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
-
- private:
-  bool context_pre_only_;
-  Linear norm1_linear{nullptr}, norm1_context_linear{nullptr};
-  JointAttention attn{nullptr};
-  GeluFeedForward ff{nullptr}, ff_context{nullptr};
-};
-
-// DiT block with adaLN-Zero conditioning (DiTBlock). Inputs {x, c} -> {x}.
-class DiTBlock : public TransformerBlock {
- public:
-  std::vector<Linear> modulation_linears() override { return {adaLN}; }
-  DiTBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
-  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
-
- private:
-  int64_t heads_;
-  Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr}, adaLN{nullptr};
 };
 
 }  // namespace gclab::model

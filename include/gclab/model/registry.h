@@ -67,6 +67,9 @@ class ModelFamily {
   // text_encoder_2, text_encoder_3), how the pipeline calls them and composes what they return; null: no text
   // (DiT's class labels).
   virtual std::shared_ptr<const text::TextPipeline> text_pipeline() const = 0;
+  // What the transformer of `spec` takes from that pipeline: by default its text and pooled widths, its
+  // text length and its condition_area.
+  virtual text::PipelineTarget text_target(const ModelSpec& spec) const;
   // Which text encoders AI Toolkit's loader quantizes, under which switch, as which qtype.
   virtual TextEncoderQuantization text_encoder_quantization() const { return {}; }
   // How its preview pipeline guides (model/guidance.h), for this shape; `do_cfg_norm` is sample.do_cfg_norm,
@@ -106,7 +109,7 @@ class ModelFamily {
   // into float8.
   virtual std::string resolve_model_config(config::ModelConfig& /*model*/) const { return {}; }
   // Whether a dataset's control_path images enter as channels beside the latents (Flex.2: encoded at the
-  // training image's size every step, flex2.py:513-521) rather than as reference tokens (spec.edit).
+  // training image's size every step, flex2.py:513-521) rather than as reference tokens (spec.reference_tokens).
   virtual bool controls_as_channels(const ModelSpec& /*spec*/) const { return false; }
   // The channels it concatenates on the noisy latents in training (AI Toolkit's condition_noisy_latents),
   // from the clean latents `x0` (in the compute dtype), the batch's encoded control latents (one per

@@ -49,12 +49,16 @@ struct ModelSpec {
   int64_t num_classes = 0;    // dit
   int64_t pos_embed_max = 0;  // sd3: side of the fixed position-embedding grid
   int64_t sd3_base_size = 0;  // sd3: sample_size / patch
-  bool edit = false;          // qwen edit models: reference images' tokens are appended
-  bool zero_cond_t = false;   // Qwen-Image-Edit-2511: reference tokens modulated by the embedding of t = 0
-  // AI Toolkit's qwen_image_edit_plus model class (Qwen-Image-Edit-2509, -2511): the diffusers Plus
-  // pipeline (control images numbered "Picture i: " in the template, conditions at 384²; references at
-  // reference_area of each control image's own aspect, in training and previews alike).
-  bool edit_plus = false;
+  // How a dataset's control images (control_path) and a preview's ctrl_img enter the transformer: as
+  // reference latents whose tokens join the image sequence (the edit models), and then — in training, each
+  // at the training image's size, and in previews, each resized to the preview's size first — or else at
+  // reference_area of its own aspect (the reference-token accounting below, the loader, the previews).
+  bool reference_tokens = false;
+  bool references_at_image_size = false;
+  bool zero_cond_t = false;  // Qwen-Image-Edit-2511: reference tokens modulated by the embedding of t = 0
+  // Which of its model classes a family's preset is, in the family's own words (the Qwen-Image folder names
+  // AI Toolkit's qwen_image_edit_plus class); read by the family's folder only.
+  std::string variant;
   // Edit models: the control image also goes through the text encoder's vision tower, resized to this area
   // first (AI Toolkit's get_prompt_embeds: Qwen-Image-Edit 1024², the Plus models 384²; tiny presets 112²).
   // The rows one square control image adds to the text sequence: its Qwen2.5-VL tokens and their markers
@@ -131,13 +135,15 @@ int64_t sequence_rows(const ModelSpec& spec, int64_t pipeline_rows);
 // Text tokens in the transformer's sequence: the encoder's, except Z-Image, which pads the caption to a
 // multiple of 32 with its learned cap_pad_token.
 int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);
-// Qwen-Image-Edit (AI Toolkit's qwen_image_edit, not the Plus class) trains each control image scaled and
-// cropped as its image (dataloader_mixins.py:1174-1198) and encodes it at that size (qwen_image_edit.py:148-
-// 182, condition_noisy_latents): its reference latents are the noisy latents' size. The Plus class encodes
-// each raw control image at reference_area of its aspect (qwen_image_edit_plus.py:240-306). The same class
-// difference sizes the previews' references: Qwen-Image-Edit resizes the control image to the preview first
+// references_at_image_size: Qwen-Image-Edit (AI Toolkit's qwen_image_edit, not the Plus class) trains each control
+// image scaled and cropped as its image (dataloader_mixins.py:1174-1198) and encodes it at that size
+// (qwen_image_edit.py:148- 182, condition_noisy_latents): its reference latents are the noisy latents' size. The Plus
+// class encodes each raw control image at reference_area of its aspect (qwen_image_edit_plus.py:240-306). The same
+// class difference sizes the previews' references: Qwen-Image-Edit resizes the control image to the preview first
 // (qwen_image_edit.py:98-105; train::preview_reference_size), the Plus pipeline keeps its aspect.
-inline bool trains_references_at_image_size(const ModelSpec& spec) { return spec.edit && !spec.edit_plus; }
+inline bool trains_references_at_image_size(const ModelSpec& spec) {
+  return spec.reference_tokens && spec.references_at_image_size;
+}
 // Reference-image tokens of an edit model training on (height, width) images: a latent of the image's size
 // per control image (trains_references_at_image_size), else one of reference_area (4096 tokens at the
 // pipelines' 1024², counted square).

@@ -34,11 +34,11 @@ struct PromptEmbedding {
 
 // What the pipeline is asked to serve: the transformer's widths and text length, an edit model's conditions.
 struct PipelineTarget {
-  int64_t text_width = 0;           // the width of the hidden states the transformer takes
-  int64_t pooled_width = 0;         // and of its pooled vector (0: none)
-  int64_t max_tokens = 0;           // the most text rows it takes (FLUX.1-dev 512, SD3.5 333, ...)
-  int64_t condition_area = 0;       // edit models: control images through the vision tower at this area
-  bool numbered_conditions = false; // ... numbered "Picture i: " (the Plus template)
+  int64_t text_width = 0;            // the width of the hidden states the transformer takes
+  int64_t pooled_width = 0;          // and of its pooled vector (0: none)
+  int64_t max_tokens = 0;            // the most text rows it takes (FLUX.1-dev 512, SD3.5 333, ...)
+  int64_t condition_area = 0;        // edit models: control images through the vision tower at this area
+  bool numbered_conditions = false;  // ... numbered "Picture i: " (the Plus template)
 };
 
 // Qwen's chat template around one user turn with add_generation_prompt (the Qwen tokenizers' own, which the

@@ -1,5 +1,6 @@
-// A family that lives only in the test tree (issue 30): a text-conditioned DiT — DiT's blocks, adaLN on the
-// timestep and the caption's mean embedding, Z-Image's text encoder and pipeline, FLUX.1's autoencoder —
+// A family that lives only in the test tree (issue 30): a text-conditioned DiT — its own blocks (adaLN-Zero
+// around the shared self-attention and GELU MLP), adaLN on the timestep and the caption's mean embedding,
+// its own text pipeline over Qwen3, FLUX.1's autoencoder —
 // and a video variant (tiny-toy-video: a Wan-like 4x temporal factor, 5-D latents whose frames' tokens
 // join one sequence), whose geometry is data the flow loss, the sampler and the estimate read.
 // It is one folder and one registration line (the last line of this file); nothing in src/ names it, and
@@ -15,6 +16,58 @@ namespace {
 
 const Family kToyId("toy");
 
+// Its block: adaLN-Zero modulation (shift, scale, gate for each sub-block from SiLU(c)) of the shared
+// self-attention (q/k/v, RMS QK-norms, to_out.0; no rotary) and GELU(tanh) MLP over the image tokens.
+// Inputs {x, c} -> {x}.
+class ToyBlock : public TransformerBlock {
+ public:
+  ToyBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& o) {
+    adaLN = register_at(*this, "adaLN_modulation.1", Linear(dim, 6 * dim, true, o));
+    attn = register_module("attn", SelfAttention(dim, heads, /*bias=*/true, /*out_proj=*/true, 1e-6, o));
+    ff = register_module("ff", GeluFeedForward(dim, mlp_hidden, o));
+  }
+  std::vector<Linear> modulation_linears() override { return {adaLN}; }
+  Tensors forward_block(const Tensors& in, const SubBlockRunner& run) override {
+    const torch::Tensor emb = adaLN(torch::silu(in.at(1)));
+    const torch::Tensor h = run(SubBlock::attn,
+                                [this](const Tensors& t) {
+                                  const auto m = chunks(t[1], 6);
+                                  const torch::Tensor a =
+                                      attn(modulate(layer_norm(t[0]), m[0], m[1]), torch::Tensor(), torch::Tensor());
+                                  return Tensors{t[0] + m[2].unsqueeze(1) * a};
+                                },
+                                {in.at(0), emb})[0];
+    return run(SubBlock::mlp,
+               [this](const Tensors& t) {
+                 const auto m = chunks(t[1], 6);
+                 return Tensors{t[0] + m[5].unsqueeze(1) * ff(modulate(layer_norm(t[0]), m[3], m[4]))};
+               },
+               {h, emb});
+  }
+
+ private:
+  Linear adaLN{nullptr};
+  SelfAttention attn{nullptr};
+  GeluFeedForward ff{nullptr};
+};
+
+// What one ToyBlock keeps for its backward over `n` image tokens (the ledger's rules, block_ledger.h), each
+// entry a tensor its forward hands to autograd.
+int64_t toy_block(const BlockLedger& L, int64_t n, int64_t m) {
+  const int64_t B = L.B, D = L.D, H = L.H, ni = B * n, x = ni * D;
+  int64_t bytes = L.linear_input(B, D) + L.lora(B) + L.act(B * 6 * D);  // silu(c), emb
+  // attention: LN, its output, 1 + scale, the modulated input (q/k/v's); q, k: projections and their norms;
+  // v; the fused attention (its output is to_out's input); to_out's output (the gate's); h after it
+  bytes += L.layer_norm_stats(ni) + L.act(x) + L.act(B * D) + L.linear_input(ni, D, 3);
+  bytes += 2 * (L.act(x) + L.rms_norm(x, B * H * n) + L.act(x)) + L.act(x);
+  bytes += L.attention(ni) + L.lora_copies(ni, D) + L.act(x) + L.act(x);
+  // MLP: LN, its output, 1 + scale, the modulated input (net.0's); GELU's input and output; net.2's output
+  bytes += L.layer_norm_stats(ni) + L.act(x) + L.act(B * D) + L.linear_input(ni, D);
+  bytes += L.act(ni * m) + L.linear_input(ni, m) + L.act(x);
+  bytes += L.lora(ni) * 6;  // to_q/k/v/out, net.0, net.2
+  return bytes;
+}
+
 class ToyTransformer : public DiffusionTransformer {
  public:
   ToyTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
@@ -23,7 +76,7 @@ class ToyTransformer : public DiffusionTransformer {
     t_embedder = TwoLayerMlp(*this, "t_embedder.linear_1", "t_embedder.linear_2", 256, d, d, o);
     text_proj = register_at(*this, "text_proj", Linear(s.text_dim, d, true, o));
     for (int i = 0; i < s.single_blocks; ++i)
-      add_block("blocks." + std::to_string(i), std::make_shared<DiTBlock>(d, s.heads, s.mlp_hidden, o));
+      add_block("blocks." + std::to_string(i), std::make_shared<ToyBlock>(d, s.heads, s.mlp_hidden, o));
     final_adaLN = register_at(*this, "final_layer.adaLN", Linear(d, 2 * d, true, o));
     final_linear = register_at(*this, "final_layer.linear", Linear(d, p * p * s.out_channels, true, o));
   }
@@ -89,10 +142,10 @@ class Toy final : public ModelFamily {
     return std::make_shared<ToyTransformer>(spec, options);
   }
   std::string describe_blocks(const ModelSpec& s) const override { return std::to_string(s.single_blocks) + " toy"; }
-  // DiT's blocks over the image tokens; the caption enters through the conditioning vector, not the sequence.
+  // Its blocks over the image tokens; the caption enters through the conditioning vector, not the sequence.
   std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
                                                   int64_t) const override {
-    return {{"toy", s.single_blocks, dit_block(L, n, s.mlp_hidden), L.B * n * s.hidden * L.e}};
+    return {{"toy", s.single_blocks, toy_block(L, n, s.mlp_hidden), L.B * n * s.hidden * L.e}};
   }
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;

@@ -6,7 +6,54 @@
 #include "model/transformer_parts.h"
 
 namespace gclab::model::dit {
+
+using nn::attention;
 namespace {
+
+// DiT block with adaLN-Zero conditioning (DiTBlock). Inputs {x, c} -> {x}.
+class DiTBlock : public TransformerBlock {
+ public:
+  std::vector<Linear> modulation_linears() override { return {adaLN}; }
+  DiTBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  int64_t heads_;
+  Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr}, adaLN{nullptr};
+};
+
+DiTBlock::DiTBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
+    : heads_(heads) {
+  qkv = register_at(*this, "attn.qkv", Linear(dim, 3 * dim, true, options));
+  proj = register_at(*this, "attn.proj", Linear(dim, dim, true, options));
+  fc1 = register_at(*this, "mlp.fc1", Linear(dim, mlp_hidden, true, options));
+  fc2 = register_at(*this, "mlp.fc2", Linear(mlp_hidden, dim, true, options));
+  adaLN = register_at(*this, "adaLN_modulation.1", Linear(dim, 6 * dim, true, options));
+}
+
+Tensors DiTBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
+  const torch::Tensor& x = in.at(0);
+  const torch::Tensor emb = adaLN(torch::silu(in.at(1)));
+  const torch::Tensor h = run(
+      SubBlock::attn,
+      [this](const Tensors& t) {
+        const auto m = chunks(t[1], 6);
+        const torch::Tensor a = modulate(layer_norm(t[0]), m[0], m[1]);
+        const int64_t b = a.size(0), n = a.size(1), c = a.size(2);
+        const torch::Tensor qkv_heads = qkv(a).reshape({b, n, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
+        const torch::Tensor o = attention(qkv_heads[0], qkv_heads[1], qkv_heads[2]).transpose(1, 2).reshape({b, n, c});
+        return Tensors{t[0] + m[2].unsqueeze(1) * proj(o)};
+      },
+      {x, emb})[0];
+  return run(
+      SubBlock::mlp,
+      [this](const Tensors& t) {
+        const auto m = chunks(t[1], 6);
+        return Tensors{t[0] + m[5].unsqueeze(1) * fc2(nn::activate(nn::Activation::gelu_tanh,
+                                                                   fc1(modulate(layer_norm(t[0]), m[3], m[4]))))};
+      },
+      {h, emb});
+}
 
 class DiTTransformer : public DiffusionTransformer {
  public:

@@ -7,6 +7,48 @@
 namespace gclab::model::flux {
 namespace {
 
+// FLUX double-stream block (FluxTransformerBlock): norm1.linear / norm1_context.linear, ff / ff_context.
+class FluxDoubleBlock : public DoubleStreamBlock {
+ public:
+  FluxDoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
+      : DoubleStreamBlock(dim, heads, mlp_hidden, {"norm1.linear", "norm1_context.linear", "ff", "ff_context"},
+                          options) {}
+};
+
+// FLUX single-stream block (FluxSingleTransformerBlock): attention and MLP in parallel on the joint
+// sequence, proj_out over their concatenation. Inputs {x, temb, cos, sin} -> {x}.
+class FluxSingleBlock : public TransformerBlock {
+ public:
+  std::vector<Linear> modulation_linears() override { return {norm_linear}; }
+  FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  Linear norm_linear{nullptr}, proj_mlp{nullptr}, proj_out{nullptr};
+  SelfAttention attn{nullptr};
+};
+
+FluxSingleBlock::FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options) {
+  norm_linear = register_at(*this, "norm.linear", Linear(dim, 3 * dim, true, options));
+  proj_mlp = register_module("proj_mlp", Linear(dim, mlp_hidden, true, options));
+  proj_out = register_module("proj_out", Linear(dim + mlp_hidden, dim, true, options));
+  attn = register_module("attn", SelfAttention(dim, heads, /*bias=*/true, /*out_proj=*/false, 1e-6, options));
+}
+
+Tensors FluxSingleBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
+  const torch::Tensor& x = in.at(0);
+  const auto m = chunks(norm_linear(torch::silu(in.at(1))), 3);  // AdaLayerNormZeroSingle: shift, scale, gate
+  const torch::Tensor norm_x = modulate(layer_norm(x), m[0], m[1]);
+  const torch::Tensor mlp_h =
+      run(SubBlock::mlp,
+          [this](const Tensors& t) { return Tensors{nn::activate(nn::Activation::gelu_tanh, proj_mlp(t[0]))}; },
+          {norm_x})[0];
+  const torch::Tensor attn_out =
+      run(SubBlock::attn, [this](const Tensors& t) { return Tensors{attn(t[0], t[1], t[2])}; },
+          {norm_x, in.at(2), in.at(3)})[0];
+  return {x + m[2].unsqueeze(1) * proj_out(torch::cat({attn_out, mlp_h}, 2))};
+}
+
 class FluxTransformer : public DiffusionTransformer {
  public:
   FluxTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {

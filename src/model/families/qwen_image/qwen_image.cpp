@@ -13,6 +13,10 @@ std::shared_ptr<const text::TextPipeline> text_pipeline();
 namespace {
 
 const Family kQwenImageId("qwen_image");  // the registry's key: this folder's name
+// AI Toolkit's qwen_image_edit_plus model class (Qwen-Image-Edit-2509, -2511): the diffusers Plus pipeline
+// (control images numbered "Picture i: " in the template, conditions at 384²; references at reference_area
+// of each control image's own aspect, in training and previews alike; cfg norm only with do_cfg_norm).
+constexpr const char* kEditPlus = "edit_plus";
 
 // QwenImagePipeline's true CFG: when g > 1, two separate forwards (half a batch of two's activations), u +
 // g (c - u), rescaled token by token to the conditional prediction's norm where the pipeline does; a token
@@ -48,7 +52,8 @@ ModelSpec qwen_preset(const std::string& preset, bool edit) {
   // qwen_image.py:84-85 "16 for the VAE, 2 for patch size"; generate_single_image rounds previews to it
   // (:287-289).
   s.divisibility = 32, s.preview_divisibility = 32;
-  s.edit = edit;
+  // qwen_image_edit.py trains each control image at the image's size (references_at_image_size).
+  s.reference_tokens = s.references_at_image_size = edit;
   if (edit) s.condition_area = 1024 * 1024, s.condition_text_rows = 1369 + 2;
   return s;
 }
@@ -57,7 +62,8 @@ ModelSpec qwen_preset(const std::string& preset, bool edit) {
 // CONDITION_IMAGE_SIZE, each control image numbered in the template).
 ModelSpec qwen_edit_plus(const std::string& preset) {
   ModelSpec s = qwen_preset(preset, true);
-  s.condition_area = 384 * 384, s.edit_plus = true, s.condition_text_rows = 196 + 2 + 5;
+  s.condition_area = 384 * 384, s.condition_text_rows = 196 + 2 + 5;
+  s.variant = kEditPlus, s.references_at_image_size = false;
   return s;
 }
 
@@ -74,8 +80,9 @@ ModelSpec tiny_preset(const ModelSpec& full, const std::string& preset) {
   s.double_blocks = 2, s.max_text_tokens = 64;
   // A 112²-area control image: 128² -> the processor's 140² -> 25 tokens (+ 2 markers, + 5 numbered); its
   // reference latent from a 512²-area image (1024 tokens, four times a 256² bucket's, as 4096 are to 1024²).
-  if (s.edit)
-    s.condition_area = 112 * 112, s.condition_text_rows = 25 + 2 + (s.edit_plus ? 5 : 0), s.reference_area = 512 * 512;
+  if (s.reference_tokens)
+    s.condition_area = 112 * 112, s.condition_text_rows = 25 + 2 + (s.variant == kEditPlus ? 5 : 0),
+    s.reference_area = 512 * 512;
   return s;
 }
 
@@ -135,6 +142,12 @@ class QwenImage final : public ModelFamily {
     return spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
   }
   std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return qwen_image::text_pipeline(); }
+  // The Plus template numbers the control images ("Picture i: ").
+  text::PipelineTarget text_target(const ModelSpec& spec) const override {
+    text::PipelineTarget t = ModelFamily::text_target(spec);
+    t.numbered_conditions = spec.variant == kEditPlus;
+    return t;
+  }
   // qwen_image.py: the whole encoder, under quantize_te, as qtype_te.
   TextEncoderQuantization text_encoder_quantization() const override { return {}; }
   // QwenImagePipeline and QwenImageEditPipeline rescale always (diffusers' pipeline_qwenimage.py:668-672);
@@ -142,7 +155,7 @@ class QwenImage final : public ModelFamily {
   // sample.do_cfg_norm, off by default ("I find it hurts more often than it helps", qwen_image_pipelines.py:
   // 278-284; qwen_image_edit_plus.py:157; config_modules.py:77).
   std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool do_cfg_norm) const override {
-    return std::make_shared<TrueCfg>(spec.patch, !spec.edit_plus || do_cfg_norm);
+    return std::make_shared<TrueCfg>(spec.patch, spec.variant != kEditPlus || do_cfg_norm);
   }
   // qwen_image.py scheduler_config: dynamic, mu 0.5 at 256 tokens to 0.9 at 8192, shift_terminal 0.02.
   FlowSchedule flow_schedule() const override {
@@ -160,7 +173,7 @@ class QwenImage final : public ModelFamily {
   // _get_qwen_prompt_embeds takes no max_length, and encode_prompt never reads max_sequence_length) — and an
   // edit model's one square control image's rows after it.
   int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) const override {
-    if (spec.edit) return prompt_tokens + spec.condition_text_rows;
+    if (spec.reference_tokens) return prompt_tokens + spec.condition_text_rows;
     return std::min(prompt_tokens, spec.max_text_tokens);
   }
   int64_t sequence_rows(const ModelSpec&, int64_t pipeline_rows) const override {

@@ -41,8 +41,8 @@ class QwenImageText final : public text::TextPipeline {
     if (!e[0]->takes_images())
       throw std::runtime_error("an edit model's text encoder needs Qwen2.5-VL's vision tower (vision_config)");
     // The edit pipelines do not cut the prompt (the processor pads, it does not truncate).
-    return {{kEditPrefix, text::kQwenChatAssistant, 0, false, true, kEditDrop, t.condition_area,
-             t.numbered_conditions}};
+    return {
+        {kEditPrefix, text::kQwenChatAssistant, 0, false, true, kEditDrop, t.condition_area, t.numbered_conditions}};
   }
 };
 

@@ -7,6 +7,14 @@
 namespace gclab::model::qwen_image {
 namespace {
 
+// Qwen-Image double-stream block (QwenImageTransformerBlock): img_mod.1 / txt_mod.1 (a Linear after a
+// SiLU), img_mlp / txt_mlp.
+class QwenImageBlock : public DoubleStreamBlock {
+ public:
+  QwenImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
+      : DoubleStreamBlock(dim, heads, mlp_hidden, {"img_mod.1", "txt_mod.1", "img_mlp", "txt_mlp"}, options) {}
+};
+
 // QwenTimestepProjEmbeddings' time_proj: diffusers' Timesteps(256, flip_sin_to_cos, shift 0, scale 1000)
 // (embeddings.get_timestep_embedding; transformer_qwenimage.py's own copy of it, which would round the
 // frequencies to the timestep's dtype, is never called): the scale applied after t x frequencies, in

@@ -36,8 +36,7 @@ class Sd3Text final : public text::TextPipeline {
   }
   int64_t fixed_rows(const text::PipelineTarget& t) const override { return t.max_tokens; }
   text::PromptEmbedding compose(const std::vector<text::EncodedText>& e, const std::vector<int64_t>&,
-                                const std::vector<text::PipelineCall>&,
-                                const text::PipelineTarget& t) const override {
+                                const std::vector<text::PipelineCall>&, const text::PipelineTarget& t) const override {
     text::PromptEmbedding out;
     out.pooled = torch::cat({e[0].pooled, e[1].pooled}, -1);
     torch::Tensor clip = torch::cat({e[0].hidden_states, e[1].hidden_states}, -1);

@@ -7,6 +7,76 @@
 namespace gclab::model::sd3 {
 namespace {
 
+// SD3 / SD3.5 joint block (JointTransformerBlock); the last block's text stream is pre-only (its output is
+// not used). Inputs {img, txt, temb} -> {img, txt}.
+class SD3JointBlock : public TransformerBlock {
+ public:
+  std::vector<Linear> modulation_linears() override { return {norm1_linear, norm1_context_linear}; }
+  std::vector<Linear> text_stream_linears() override {
+    std::vector<Linear> out = attn->text_linears();
+    if (ff_context)
+      for (const Linear& l : ff_context->linears()) out.push_back(l);
+    return out;
+  }
+  SD3JointBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, bool context_pre_only,
+                const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  bool context_pre_only_;
+  Linear norm1_linear{nullptr}, norm1_context_linear{nullptr};
+  JointAttention attn{nullptr};
+  GeluFeedForward ff{nullptr}, ff_context{nullptr};
+};
+
+SD3JointBlock::SD3JointBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, bool context_pre_only,
+                             const torch::TensorOptions& options)
+    : context_pre_only_(context_pre_only) {
+  norm1_linear = register_at(*this, "norm1.linear", Linear(dim, 6 * dim, true, options));
+  // The last block's text stream only feeds this block's attention: AdaLayerNormContinuous (scale, shift).
+  norm1_context_linear =
+      register_at(*this, "norm1_context.linear", Linear(dim, (context_pre_only ? 2 : 6) * dim, true, options));
+  attn = register_module("attn", JointAttention(dim, heads, /*context_out=*/!context_pre_only, 1e-6, options));
+  ff = register_module("ff", GeluFeedForward(dim, mlp_hidden, options));
+  if (!context_pre_only) ff_context = register_module("ff_context", GeluFeedForward(dim, mlp_hidden, options));
+}
+
+Tensors SD3JointBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
+  const torch::Tensor& temb = in.at(2);
+  const torch::Tensor emb = norm1_linear(torch::silu(temb));
+  const torch::Tensor cemb = norm1_context_linear(torch::silu(temb));
+  const Tensors after_attn = run(SubBlock::attn,
+                                 [this](const Tensors& t) {
+                                   const auto m = chunks(t[2], 6);
+                                   const torch::Tensor norm_img = modulate(layer_norm(t[0]), m[0], m[1]);
+                                   torch::Tensor norm_txt;
+                                   if (context_pre_only_) {
+                                     const auto c = chunks(t[3], 2);  // AdaLayerNormContinuous: scale first, then shift
+                                     norm_txt = modulate(layer_norm(t[1]), c[1], c[0]);
+                                   } else {
+                                     const auto c = chunks(t[3], 6);
+                                     norm_txt = modulate(layer_norm(t[1]), c[0], c[1]);
+                                   }
+                                   const auto [attn_out, ctx_out] =
+                                       attn(norm_img, norm_txt, torch::Tensor(), torch::Tensor(), /*text_first=*/false);
+                                   const torch::Tensor img = t[0] + m[2].unsqueeze(1) * attn_out;
+                                   const torch::Tensor txt =
+                                       context_pre_only_ ? t[1] : t[1] + chunks(t[3], 6)[2].unsqueeze(1) * ctx_out;
+                                   return Tensors{img, txt};
+                                 },
+                                 {in.at(0), in.at(1), emb, cemb});
+  return run(SubBlock::mlp,
+             [this](const Tensors& t) {
+               const auto m = chunks(t[2], 6);
+               const torch::Tensor img = t[0] + m[5].unsqueeze(1) * ff(modulate(layer_norm(t[0]), m[3], m[4]));
+               if (context_pre_only_) return Tensors{img, t[1]};
+               const auto c = chunks(t[3], 6);
+               const torch::Tensor txt = t[1] + c[5].unsqueeze(1) * ff_context(modulate(layer_norm(t[1]), c[3], c[4]));
+               return Tensors{img, txt};
+             },
+             {after_attn[0], after_attn[1], emb, cemb});
+}
+
 class SD3Transformer : public DiffusionTransformer {
  public:
   SD3Transformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {

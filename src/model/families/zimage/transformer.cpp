@@ -7,6 +7,63 @@
 namespace gclab::model::zimage {
 namespace {
 
+// Z-Image single-stream block (ZImageTransformerBlock): sandwich RMSNorms around attention and the SwiGLU
+// MLP, tanh gates; without modulation (the context refiner) no adaLN input.
+// Inputs {x, adaln, cos, sin} (modulated) or {x, cos, sin} -> {x}.
+class ZImageBlock : public TransformerBlock {
+ public:
+  std::vector<Linear> modulation_linears() override {
+    return adaLN ? std::vector<Linear>{adaLN} : std::vector<Linear>{};
+  }
+  ZImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, int64_t adaln_dim, bool modulation,
+              const torch::TensorOptions& options);
+  Tensors forward_block(const Tensors& inputs, const SubBlockRunner& run) override;
+
+ private:
+  bool modulation_;
+  SelfAttention attention{nullptr};
+  Linear w1{nullptr}, w2{nullptr}, w3{nullptr};  // feed_forward.w1/w2/w3: w2(silu(w1 x) * w3 x)
+  RMSNorm attention_norm1{nullptr}, attention_norm2{nullptr}, ffn_norm1{nullptr}, ffn_norm2{nullptr};
+  Linear adaLN{nullptr};  // adaLN_modulation.0
+};
+
+ZImageBlock::ZImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, int64_t adaln_dim, bool modulation,
+                         const torch::TensorOptions& options)
+    : modulation_(modulation) {
+  const double eps = 1e-5;  // Z-Image's norm_eps
+  attention = register_module("attention", SelfAttention(dim, heads, /*bias=*/false, /*out_proj=*/true, eps, options));
+  w1 = register_at(*this, "feed_forward.w1", Linear(dim, mlp_hidden, false, options));
+  w2 = register_at(*this, "feed_forward.w2", Linear(mlp_hidden, dim, false, options));
+  w3 = register_at(*this, "feed_forward.w3", Linear(dim, mlp_hidden, false, options));
+  attention_norm1 = register_module("attention_norm1", RMSNorm(dim, eps, true, options));
+  ffn_norm1 = register_module("ffn_norm1", RMSNorm(dim, eps, true, options));
+  attention_norm2 = register_module("attention_norm2", RMSNorm(dim, eps, true, options));
+  ffn_norm2 = register_module("ffn_norm2", RMSNorm(dim, eps, true, options));
+  if (modulation) adaLN = register_at(*this, "adaLN_modulation.0", Linear(adaln_dim, 4 * dim, true, options));
+}
+
+Tensors ZImageBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
+  const torch::Tensor& x = in.at(0);
+  const torch::Tensor cos = in.at(modulation_ ? 2 : 1), sin = in.at(modulation_ ? 3 : 2);
+  // Modulation: scale (1 + s) before attention and MLP, tanh gates after; none in the context refiner.
+  torch::Tensor scale_msa, gate_msa, scale_mlp, gate_mlp;
+  if (modulation_) {
+    const auto m = adaLN(in.at(1)).unsqueeze(1).chunk(4, 2);
+    scale_msa = 1.0 + m[0], gate_msa = m[1].tanh(), scale_mlp = 1.0 + m[2], gate_mlp = m[3].tanh();
+  }
+  auto scaled = [](const torch::Tensor& h, const torch::Tensor& s) { return s.defined() ? h * s : h; };
+  auto gated = [](const torch::Tensor& h, const torch::Tensor& g) { return g.defined() ? g * h : h; };
+  const torch::Tensor attn_in = scaled(attention_norm1(x), scale_msa);
+  const torch::Tensor attn_out =
+      run(SubBlock::attn, [this](const Tensors& t) { return Tensors{attention(t[0], t[1], t[2])}; },
+          {attn_in, cos, sin})[0];
+  const torch::Tensor h = x + gated(attention_norm2(attn_out), gate_msa);
+  const torch::Tensor ffn_in = scaled(ffn_norm1(h), scale_mlp);
+  const torch::Tensor ffn_out = run(
+      SubBlock::mlp, [this](const Tensors& t) { return Tensors{w2(torch::silu(w1(t[0])) * w3(t[0]))}; }, {ffn_in})[0];
+  return {h + gated(ffn_norm2(ffn_out), gate_mlp)};
+}
+
 class ZImageTransformer : public DiffusionTransformer {
  public:
   ZImageTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
