@@ -112,15 +112,14 @@ double peak_bf16_flops(const std::string& name) {
   return 0;
 }
 
-double step_flops(train::Session& session, int batch, int resolution) {
+// `est`: the walked blocks of this step (Session::block_activations).
+double step_flops(train::Session& session, const model::ActivationEstimate& est, int batch) {
   const model::ModelSpec& spec = session.spec();
-  const auto est = model::estimate_activations(spec, batch, resolution, resolution, 0, session.activation_options());
   const double n = static_cast<double>(est.image_tokens), t = static_cast<double>(est.text_tokens);
-  const double e = static_cast<double>(session.activation_options().element_bytes);
-  std::vector<double> tokens;  // per block: the tokens its single stream (or the joint sequence) holds
-  for (const auto& b : est.blocks)
-    for (int i = 0; i < b.count; ++i)
-      tokens.push_back(static_cast<double>(b.input_bytes) / (batch * static_cast<double>(spec.hidden) * e));
+  const double e = static_cast<double>(c10::elementSize(session.plan().compute_dtype));
+  std::vector<double> tokens;  // per block: the tokens its hidden streams hold (a single stream's sequence)
+  for (const model::BlockBytes& b : est.per_block)
+    tokens.push_back(static_cast<double>(b.input) / (batch * static_cast<double>(spec.hidden) * e));
   // Which rows each Linear runs on, as the block declares its Linears: modulation on one vector a sample, a
   // two-stream block's text stream on the text tokens and the rest on the image tokens, a single-stream
   // block's on its whole sequence.
@@ -162,11 +161,11 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
       if (g.index == index) peak_flops = peak_bf16_flops(g.name);
   }
   std::vector<BenchRow> rows;
-  std::vector<std::optional<double>> shares;  // per row: the blocks its policy recomputes whole
+  std::vector<std::optional<double>> shares;                         // per row: the blocks its policy recomputes whole
+  const std::unique_ptr<train::Session> walk = session.walk_twin();  // the run on the meta device
   for (int resolution : resolutions_for(session, options.resolutions))
     for (int batch : batches) {
-      const auto est =
-          model::estimate_activations(session.spec(), batch, resolution, resolution, 0, session.activation_options());
+      const model::ActivationEstimate est = walk->block_activations(batch, resolution, resolution);
       std::optional<BenchRow> off;
       for (const auto& policy : policies) {
         BenchRow row;
@@ -174,7 +173,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
         row.resolution = resolution;
         row.batch = batch;
         session.apply_policy(policy, batch, resolution);
-        // The ledger's blocks under the policy's modes (a budget resolved to its blocks): none for selective.
+        // The walked blocks under the policy's modes (a budget resolved to its blocks): none for selective.
         if (const auto kept = model::activations_under(est, session.applied_policy()))
           row.predicted_activation_bytes = kept->peak_bytes;
         const std::optional<double> share = session.recomputed_block_share();
@@ -186,7 +185,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
           row.step_ms = cell.median_ms();
           row.peak_bytes = cell.peak_bytes;
           row.reserved_peak_bytes = cell.reserved_peak_bytes;
-          row.model_tflop = step_flops(session, batch, resolution) / 1e12;
+          row.model_tflop = step_flops(session, est, batch) / 1e12;
           if (peak_flops > 0 && session.device().is_cuda())
             row.mfu = row.model_tflop * 1e12 / (row.step_ms / 1e3 * peak_flops);
           if (policy.kind == Kind::Off) try {
@@ -292,7 +291,7 @@ void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchR
 
 std::string bench_table(const std::vector<BenchRow>& rows) {
   std::ostringstream s;
-  s << "| resolution | batch | policy | step ms | vs off | theory | peak | reserved | vs off | ledger activations | "
+  s << "| resolution | batch | policy | step ms | vs off | theory | peak | reserved | vs off | walked activations | "
        "model TFLOP | MFU |\n";
   s << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   char buf[64];

@@ -1,7 +1,4 @@
 #include "gclab/model/activations.h"
-#include "gclab/model/block_ledger.h"
-#include "gclab/model/lora.h"
-#include "gclab/model/registry.h"
 
 #include <algorithm>
 
@@ -19,17 +16,6 @@ std::vector<int64_t> dequantized_weight_bytes(const DiffusionTransformer& model,
     out.push_back(bytes);
   }
   return any ? out : std::vector<int64_t>{};
-}
-
-ActivationOptions activation_options(const config::ProcessConfig& config, bool cuda) {
-  ActivationOptions o;
-  o.element_bytes = config::dtype_bytes(config.train.dtype);
-  o.lora_rank = config.network ? lora_options(*config.network).rank : 0;
-  if (config.network && lora_options(*config.network).dropout > 0)
-    o.lora_dropout_mask_bytes = cuda ? 1 : BlockLedger::a;  // a bool mask, or a scaled one in the adapter's dtype
-  o.conditioning_grad = !config.network;
-  o.layer_norm_stats_bytes = cuda ? 4 : o.element_bytes;
-  return o;
 }
 
 std::optional<PolicyActivations> activations_under(const ActivationEstimate& est,
@@ -61,29 +47,11 @@ std::optional<PolicyActivations> activations_under(const ActivationEstimate& est
   return p;
 }
 
-ActivationEstimate estimate_activations(const ModelSpec& s, int64_t batch, int64_t height, int64_t width, int64_t text,
-                                        const ActivationOptions& o) {
-  const BlockLedger L{batch,
-                      s.hidden,
-                      s.heads,
-                      o.element_bytes,
-                      o.lora_rank,
-                      o.lora_rank == 0,
-                      o.layer_norm_stats_bytes,
-                      o.lora_rank > 0 ? o.lora_dropout_mask_bytes : 0};
+ActivationEstimate activation_estimate(std::vector<BlockBytes> per_block, const StepTokens& tokens) {
   ActivationEstimate est;
-  const int64_t n = image_tokens(s, height, width) + reference_tokens(s, s.reference_tokens ? 1 : 0, height, width);
-  const int64_t t = text > 0 ? text : text_tokens(s, kNominalCaptionTokens);
-  est.image_tokens = n;
-  est.text_tokens = t;
-  for (BlockActivations& b : family_of(s.family).block_activations(s, L, n, t))
-    if (b.count > 0) est.blocks.push_back(std::move(b));
-  size_t index = 0;  // the block's place in the model, for its dequantized weights
-  for (const auto& b : est.blocks)
-    for (int k = 0; k < b.count; ++k, ++index) {
-      const int64_t weights = index < o.dequantized_weight_bytes.size() ? o.dequantized_weight_bytes[index] : 0;
-      est.per_block.push_back({b.saved_bytes + weights, b.input_bytes});
-    }
+  est.per_block = std::move(per_block);
+  est.image_tokens = tokens.image;
+  est.text_tokens = tokens.text;
   const PolicyActivations off = *activations_under(est, ckpt::CheckpointPolicy::off());
   const PolicyActivations full = *activations_under(est, ckpt::CheckpointPolicy::full());
   est.total_off_bytes = off.kept_bytes;

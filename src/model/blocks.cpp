@@ -13,8 +13,8 @@ const SubBlockRunner& plain_runner() {
 }
 
 GeluFeedForwardImpl::GeluFeedForwardImpl(int64_t dim, int64_t inner, const torch::TensorOptions& options) {
-  proj_ = register_at(*this, "net.0.proj", Linear(dim, inner, true, options));
-  out_ = register_at(*this, "net.2", Linear(inner, dim, true, options));
+  proj_ = register_at(*this, "net.0.proj", Linear(LinearOptions(dim, inner).tensor_options(options)));
+  out_ = register_at(*this, "net.2", Linear(LinearOptions(inner, dim).tensor_options(options)));
 }
 
 torch::Tensor GeluFeedForwardImpl::forward(const torch::Tensor& x) {
@@ -25,18 +25,18 @@ JointAttentionImpl::JointAttentionImpl(int64_t dim, int64_t heads, bool context_
                                        const torch::TensorOptions& options)
     : heads_(heads) {
   const int64_t head_dim = dim / heads;
-  to_q = register_module("to_q", Linear(dim, dim, true, options));
-  to_k = register_module("to_k", Linear(dim, dim, true, options));
-  to_v = register_module("to_v", Linear(dim, dim, true, options));
+  to_q = register_module("to_q", Linear(LinearOptions(dim, dim).tensor_options(options)));
+  to_k = register_module("to_k", Linear(LinearOptions(dim, dim).tensor_options(options)));
+  to_v = register_module("to_v", Linear(LinearOptions(dim, dim).tensor_options(options)));
   norm_q = register_module("norm_q", RMSNorm(head_dim, eps, true, options));
   norm_k = register_module("norm_k", RMSNorm(head_dim, eps, true, options));
-  add_q_proj = register_module("add_q_proj", Linear(dim, dim, true, options));
-  add_k_proj = register_module("add_k_proj", Linear(dim, dim, true, options));
-  add_v_proj = register_module("add_v_proj", Linear(dim, dim, true, options));
+  add_q_proj = register_module("add_q_proj", Linear(LinearOptions(dim, dim).tensor_options(options)));
+  add_k_proj = register_module("add_k_proj", Linear(LinearOptions(dim, dim).tensor_options(options)));
+  add_v_proj = register_module("add_v_proj", Linear(LinearOptions(dim, dim).tensor_options(options)));
   norm_added_q = register_module("norm_added_q", RMSNorm(head_dim, eps, true, options));
   norm_added_k = register_module("norm_added_k", RMSNorm(head_dim, eps, true, options));
-  to_out = register_at(*this, "to_out.0", Linear(dim, dim, true, options));
-  if (context_out) to_add_out = register_module("to_add_out", Linear(dim, dim, true, options));
+  to_out = register_at(*this, "to_out.0", Linear(LinearOptions(dim, dim).tensor_options(options)));
+  if (context_out) to_add_out = register_module("to_add_out", Linear(LinearOptions(dim, dim).tensor_options(options)));
 }
 
 std::pair<torch::Tensor, torch::Tensor> JointAttentionImpl::forward(const torch::Tensor& img, const torch::Tensor& txt,
@@ -68,12 +68,13 @@ std::pair<torch::Tensor, torch::Tensor> JointAttentionImpl::forward(const torch:
 SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads, bool bias, bool out_proj, double eps,
                                      const torch::TensorOptions& options)
     : heads_(heads) {
-  to_q = register_module("to_q", Linear(dim, dim, bias, options));
-  to_k = register_module("to_k", Linear(dim, dim, bias, options));
-  to_v = register_module("to_v", Linear(dim, dim, bias, options));
+  to_q = register_module("to_q", Linear(LinearOptions(dim, dim).bias(bias).tensor_options(options)));
+  to_k = register_module("to_k", Linear(LinearOptions(dim, dim).bias(bias).tensor_options(options)));
+  to_v = register_module("to_v", Linear(LinearOptions(dim, dim).bias(bias).tensor_options(options)));
   norm_q = register_module("norm_q", RMSNorm(dim / heads, eps, true, options));
   norm_k = register_module("norm_k", RMSNorm(dim / heads, eps, true, options));
-  if (out_proj) to_out = register_at(*this, "to_out.0", Linear(dim, dim, bias, options));
+  if (out_proj)
+    to_out = register_at(*this, "to_out.0", Linear(LinearOptions(dim, dim).bias(bias).tensor_options(options)));
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -92,8 +93,8 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
 
 DoubleStreamBlock::DoubleStreamBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const Names& names,
                                      const torch::TensorOptions& options) {
-  img_mod_ = register_at(*this, names.img_mod, Linear(dim, 6 * dim, true, options));
-  txt_mod_ = register_at(*this, names.txt_mod, Linear(dim, 6 * dim, true, options));
+  img_mod_ = register_at(*this, names.img_mod, Linear(LinearOptions(dim, 6 * dim).tensor_options(options)));
+  txt_mod_ = register_at(*this, names.txt_mod, Linear(LinearOptions(dim, 6 * dim).tensor_options(options)));
   attn_ = register_module("attn", JointAttention(dim, heads, /*context_out=*/true, 1e-6, options));
   img_mlp_ = register_module(names.img_mlp, GeluFeedForward(dim, mlp_hidden, options));
   txt_mlp_ = register_module(names.txt_mlp, GeluFeedForward(dim, mlp_hidden, options));

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "gclab/data/buckets.h"
 #include "gclab/model/family.h"
 #include "gclab/model/registry.h"
 
@@ -228,6 +229,19 @@ int64_t preview_reference_tokens(const ModelSpec& spec, int control_images) {
   if (!spec.reference_tokens || control_images <= 0) return 0;
   const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(spec.reference_area))));
   return control_images * image_tokens(spec, side, side);
+}
+
+std::pair<int64_t, int64_t> training_reference_size(const ModelSpec& spec, int64_t width, int64_t height,
+                                                    bool at_image_size) {
+  if (at_image_size || trains_references_at_image_size(spec)) return {width, height};
+  const data::BucketResolution r =
+      data::reference_size({static_cast<int>(width), static_cast<int>(height)}, spec.divisibility, spec.reference_area);
+  return {r.width, r.height};
+}
+
+StepTokens step_tokens(const ModelSpec& spec, int64_t height, int64_t width, int64_t text) {
+  return {image_tokens(spec, height, width) + reference_tokens(spec, spec.reference_tokens ? 1 : 0, height, width),
+          text > 0 ? text : text_tokens(spec, kNominalCaptionTokens)};
 }
 
 int64_t reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width) {

@@ -18,8 +18,8 @@ struct TwoLayerMlp {
   TwoLayerMlp() = default;
   TwoLayerMlp(torch::nn::Module& owner, const std::string& first_path, const std::string& second_path, int64_t in,
               int64_t mid, int64_t out, const torch::TensorOptions& options)
-      : first(register_at(owner, first_path, Linear(in, mid, true, options))),
-        second(register_at(owner, second_path, Linear(mid, out, true, options))) {}
+      : first(register_at(owner, first_path, Linear(LinearOptions(in, mid).tensor_options(options)))),
+        second(register_at(owner, second_path, Linear(LinearOptions(mid, out).tensor_options(options)))) {}
   torch::Tensor operator()(const torch::Tensor& x) { return second(torch::silu(first(x))); }
 };
 

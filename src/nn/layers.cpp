@@ -304,17 +304,17 @@ class OffloadedLinear : public torch::autograd::Function<OffloadedLinear> {
 // The Linear's frozen parts as the autograd functions above take them.
 struct FrozenAccess {
   static Frozen of(const LinearImpl& l) {
-    const bool uint = uintx_bits(l.storage_) != 0;
+    const bool uint = uintx_bits(l.storage_.kind) != 0;
     Frozen f;
-    f.stored = Stored{l.storage_,
+    f.stored = Stored{l.storage_.kind,
                       l.weight,
-                      uint ? l.uintx_scale_ : l.weight_scale_,
-                      uint ? l.uintx_zero_point_ : l.weight_zero_point_,
-                      l.dequant_dtype_,
+                      uint ? l.storage_.uintx_scale : l.storage_.scale,
+                      uint ? l.storage_.uintx_zero_point : l.storage_.zero_point,
+                      l.storage_.dequant_dtype,
                       l.out_,
                       l.in_};
-    f.bias = l.bias, f.recovery_a = l.recovery_A_, f.recovery_b = l.recovery_B_, f.recovery_scale = l.recovery_scale_;
-    f.rings = l.rings_.get();
+    f.bias = l.bias, f.recovery_a = l.recovery_.A, f.recovery_b = l.recovery_.B, f.recovery_scale = l.recovery_.scale;
+    f.rings = l.offload_.rings.get();
     return f;
   }
 };
@@ -382,24 +382,24 @@ torch::Tensor normal_parameter(at::IntArrayRef shape, double std, const torch::T
   return drawn(shape, options, [std](torch::Tensor& t) { t.normal_(0, std); });
 }
 
-LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias, const torch::TensorOptions& options)
-    : in_(in_features), out_(out_features) {
+LinearImpl::LinearImpl(const LinearOptions& o) : in_(o.in_features()), out_(o.out_features()) {
   // nn.Linear's default initialisation: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
-  weight = register_parameter("weight", uniform_parameter({out_features, in_features}, bound, options));
-  if (with_bias) bias = register_parameter("bias", uniform_parameter({out_features}, bound, options));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
+  weight = register_parameter("weight", uniform_parameter({out_, in_}, bound, o.tensor_options()));
+  if (o.bias()) bias = register_parameter("bias", uniform_parameter({out_}, bound, o.tensor_options()));
 }
 
 int64_t LinearImpl::dequantized_bytes() const {
-  if (offloaded_) return 0;  // autograd keeps the host tensors
-  const bool copies = uintx_bits(storage_) || storage_ == WeightStorage::Float8 || storage_ == WeightStorage::Int8;
-  return copies ? out_ * in_ * static_cast<int64_t>(c10::elementSize(dequant_dtype_)) : 0;
+  if (offload_.on) return 0;  // autograd keeps the host tensors
+  const bool copies =
+      uintx_bits(storage_.kind) || storage_.kind == WeightStorage::Float8 || storage_.kind == WeightStorage::Int8;
+  return copies ? out_ * in_ * static_cast<int64_t>(c10::elementSize(storage_.dequant_dtype)) : 0;
 }
 
 quant::ScaledWeight LinearImpl::scaled() const {
   quant::ScaledWeight q;
-  q.type = *scaled_type(storage_);
-  q.data = weight, q.scale = weight_scale_, q.zero_point = weight_zero_point_, q.dtype = dequant_dtype_;
+  q.type = *scaled_type(storage_.kind);
+  q.data = weight, q.scale = storage_.scale, q.zero_point = storage_.zero_point, q.dtype = storage_.dequant_dtype;
   return q;
 }
 
@@ -411,50 +411,50 @@ torch::Tensor LinearImpl::effective_weight(torch::ScalarType dtype) const {
 void LinearImpl::offload(const std::function<torch::Tensor(const torch::Tensor&)>& to_host,
                          std::shared_ptr<OffloadRings> rings) {
   if (!rings) throw std::invalid_argument("an offloaded Linear needs its Session's rings");
-  rings_ = std::move(rings);
+  offload_.rings = std::move(rings);
   torch::NoGradGuard no_grad;
   // Frozen from here on (a LoRA base, a text encoder): the backward brings the weight for the input's
   // gradient only.
   weight.set_requires_grad(false);
   if (bias.defined()) bias.set_requires_grad(false);
-  for (torch::Tensor* t : {&weight, &bias, &weight_scale_, &weight_zero_point_, &uintx_scale_, &uintx_zero_point_,
-                           &recovery_A_, &recovery_B_})
+  for (torch::Tensor* t : {&weight, &bias, &storage_.scale, &storage_.zero_point, &storage_.uintx_scale,
+                           &storage_.uintx_zero_point, &recovery_.A, &recovery_.B})
     if (t->defined()) t->set_data(to_host(*t));
-  offloaded_ = true;
+  offload_.on = true;
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
-  if (offloaded_)
+  if (offload_.on)
     y = OffloadedLinear::apply(x, FrozenAccess::of(*this));
-  else if (storage_ == WeightStorage::QFloat8 && torch::GradMode::is_enabled() && x.requires_grad())
+  else if (storage_.kind == WeightStorage::QFloat8 && torch::GradMode::is_enabled() && x.requires_grad())
     y = QFloat8Linear::apply(x, FrozenAccess::of(*this));
-  else if (storage_ == WeightStorage::Int8)
+  else if (storage_.kind == WeightStorage::Int8)
     y = bias.defined() ? quant::scaled_matmul(x, scaled()) + for_input(bias, x) : quant::scaled_matmul(x, scaled());
   else
     // The frozen weight dequantized without a graph (AI Toolkit's uintN; torchao's float8 fallback).
     y = gclab::nn::linear(
-        x, is_quantized(storage_) ? for_input(effective_weight(dequant_dtype_), x) : for_input(weight, x),
+        x, is_quantized(storage_.kind) ? for_input(effective_weight(storage_.dequant_dtype), x) : for_input(weight, x),
         for_input(bias, x));
-  if (recovery_A_.defined() && !offloaded_) {
+  if (recovery_.A.defined() && !offload_.on) {
     // AI Toolkit's LoRAModule.forward for the adapter: org_forward(x) + up(down(x)) * multiplier * scale.
-    const torch::Tensor h = gclab::nn::linear(x, for_input(recovery_A_, x));
-    y = y + gclab::nn::linear(h, for_input(recovery_B_, h)) * recovery_scale_;
+    const torch::Tensor h = gclab::nn::linear(x, for_input(recovery_.A, x));
+    y = y + gclab::nn::linear(h, for_input(recovery_.B, h)) * recovery_.scale;
   }
-  if (assistant_A_.defined() && assistant_multiplier_ != 0) {
-    const torch::Tensor h = gclab::nn::linear(x, for_input(assistant_A_, x));
-    y = y + gclab::nn::linear(h, for_input(assistant_B_, h)) * (assistant_scale_ * assistant_multiplier_);
+  if (assistant_.A.defined() && assistant_.multiplier != 0) {
+    const torch::Tensor h = gclab::nn::linear(x, for_input(assistant_.A, x));
+    y = y + gclab::nn::linear(h, for_input(assistant_.B, h)) * (assistant_.scale * assistant_.multiplier);
   }
-  if (lora_A_.defined() && lora_multiplier_ != 0) {
+  if (lora_.A.defined() && lora_.multiplier != 0) {
     // AI Toolkit's LoRAModule.forward (toolkit/network_mixins.py:303-318, _call_forward :197-240): the input
     // cast to the adapter's dtype ("always cast to float32": a bf16 model's input is copied to float32 for
     // it, a copy lora_down keeps for its weight's gradient), lora_down, dropout on its rank-sized output
     // (B x tokens x rank), lora_up, scale and multiplier, the result cast back to the base output's dtype.
     // Under autocast (not AI Toolkit's: gclab runs none) autocast picks the dtype instead.
-    const torch::Tensor xa = autocast_on(x.device().type()) ? x : x.to(lora_A_.scalar_type());
-    torch::Tensor h = gclab::nn::linear(xa, for_input(lora_A_, xa));
-    if (lora_dropout_ > 0) h = torch::dropout(h, lora_dropout_, is_training());
-    y = y + (gclab::nn::linear(h, for_input(lora_B_, h)) * (lora_scale_ * lora_multiplier_)).to(y.scalar_type());
+    const torch::Tensor xa = autocast_on(x.device().type()) ? x : x.to(lora_.A.scalar_type());
+    torch::Tensor h = gclab::nn::linear(xa, for_input(lora_.A, xa));
+    if (lora_.dropout > 0) h = torch::dropout(h, lora_.dropout, is_training());
+    y = y + (gclab::nn::linear(h, for_input(lora_.B, h)) * (lora_.scale * lora_.multiplier)).to(y.scalar_type());
   }
   return y;
 }
@@ -472,23 +472,23 @@ void check_adapter(int64_t in, int64_t out, const torch::Tensor& down, const tor
 
 void LinearImpl::add_recovery_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale) {
   check_adapter(in_, out_, down, up);
-  TORCH_CHECK(!recovery_A_.defined(), "the Linear already has an accuracy-recovery adapter");
-  recovery_A_ = register_buffer("recovery_A", down.to(weight.device()));
-  recovery_B_ = register_buffer("recovery_B", up.to(weight.device()));
-  recovery_scale_ = scale;
+  TORCH_CHECK(!recovery_.A.defined(), "the Linear already has an accuracy-recovery adapter");
+  recovery_.A = register_buffer("recovery_A", down.to(weight.device()));
+  recovery_.B = register_buffer("recovery_B", up.to(weight.device()));
+  recovery_.scale = scale;
 }
 
 void LinearImpl::add_assistant_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale) {
   check_adapter(in_, out_, down, up);
-  TORCH_CHECK(!assistant_A_.defined(), "the Linear already has an assistant adapter");
-  assistant_A_ = register_buffer("assistant_A", down.to(weight.device()));
-  assistant_B_ = register_buffer("assistant_B", up.to(weight.device()));
-  assistant_scale_ = scale;
+  TORCH_CHECK(!assistant_.A.defined(), "the Linear already has an assistant adapter");
+  assistant_.A = register_buffer("assistant_A", down.to(weight.device()));
+  assistant_.B = register_buffer("assistant_B", up.to(weight.device()));
+  assistant_.scale = scale;
 }
 
 void LinearImpl::place_assistant_adapter(const std::function<torch::Tensor(const torch::Tensor&)>& place) {
   torch::NoGradGuard no_grad;
-  for (torch::Tensor* t : {&assistant_A_, &assistant_B_})
+  for (torch::Tensor* t : {&assistant_.A, &assistant_.B})
     if (t->defined()) t->set_data(place(*t));
 }
 
@@ -499,8 +499,8 @@ void LinearImpl::add_lora(int64_t rank, double alpha, double dropout) {
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
   auto a = std::make_shared<torch::nn::Module>();
   auto b = std::make_shared<torch::nn::Module>();
-  lora_A_ = a->register_parameter("weight", torch::empty({rank, in_}, options).uniform_(-bound, bound));
-  lora_B_ = b->register_parameter("weight", torch::zeros({out_, rank}, options));
+  lora_.A = a->register_parameter("weight", torch::empty({rank, in_}, options).uniform_(-bound, bound));
+  lora_.B = b->register_parameter("weight", torch::zeros({out_, rank}, options));
   if (named_children().contains("lora_A")) {
     replace_module("lora_A", a);
     replace_module("lora_B", b);
@@ -508,17 +508,17 @@ void LinearImpl::add_lora(int64_t rank, double alpha, double dropout) {
     register_module("lora_A", a);
     register_module("lora_B", b);
   }
-  lora_scale_ = alpha / static_cast<double>(rank);
-  lora_dropout_ = dropout;
+  lora_.scale = alpha / static_cast<double>(rank);
+  lora_.dropout = dropout;
   weight.set_requires_grad(false);
   if (bias.defined()) bias.set_requires_grad(false);
 }
 
 void LinearImpl::set_weight_storage(WeightStorage storage) {
   torch::NoGradGuard no_grad;
-  if (storage == storage_ && is_quantized(storage)) return;
-  TORCH_CHECK(!is_quantized(storage_), "a ", to_string(storage_), "-stored Linear weight cannot be stored again as ",
-              to_string(storage));
+  if (storage == storage_.kind && is_quantized(storage)) return;
+  TORCH_CHECK(!is_quantized(storage_.kind), "a ", to_string(storage_.kind),
+              "-stored Linear weight cannot be stored again as ", to_string(storage));
   // A buffer registered on first use, replaced in place after (set_weight re-quantizes what it loads).
   auto put = [this](const char* name, torch::Tensor& member, const torch::Tensor& t) {
     if (member.defined())
@@ -541,16 +541,16 @@ void LinearImpl::set_weight_storage(WeightStorage storage) {
       quant::UIntXWeight q = quant::quantize_uintx(weight, bits);
       stored = q.packed, scale = q.scale, zero_point = q.zero_point;
     }
-    put("uintx_scale", uintx_scale_, scale);
-    put("uintx_zero_point", uintx_zero_point_, zero_point);
-    dequant_dtype_ = weight.scalar_type();
+    put("uintx_scale", storage_.uintx_scale, scale);
+    put("uintx_zero_point", storage_.uintx_zero_point, zero_point);
+    storage_.dequant_dtype = weight.scalar_type();
   } else if (const auto type = scaled_type(storage)) {
     const quant::ScaledWeight q = weight.is_meta() ? quant::empty_scaled(out_, in_, *type, weight.options())
                                                    : quant::quantize_scaled(weight, *type);
-    put("weight_scale", weight_scale_, q.scale);
-    if (q.zero_point.defined()) put("weight_zero_point", weight_zero_point_, q.zero_point);
+    put("weight_scale", storage_.scale, q.scale);
+    if (q.zero_point.defined()) put("weight_zero_point", storage_.zero_point, q.zero_point);
     stored = q.data;
-    dequant_dtype_ = weight.scalar_type();
+    storage_.dequant_dtype = weight.scalar_type();
   } else {
     const auto dtype = storage == WeightStorage::BFloat16  ? torch::kBFloat16
                        : storage == WeightStorage::Float16 ? torch::kHalf
@@ -559,12 +559,12 @@ void LinearImpl::set_weight_storage(WeightStorage storage) {
   }
   weight.set_requires_grad(false);
   weight.set_data(stored);  // the same registered parameter, now in the storage's dtype
-  storage_ = storage;
+  storage_.kind = storage;
   if (bias.defined()) bias.set_requires_grad(false);
 }
 
 int64_t LinearImpl::storage_peak_bytes(WeightStorage storage) const {
-  if (storage == storage_ && is_quantized(storage)) return 0;
+  if (storage == storage_.kind && is_quantized(storage)) return 0;
   const auto d = weight.scalar_type();
   if (const int bits = uintx_bits(storage))
     return quant::uintx_quantizes(bits, in_) ? quant::quantize_uintx_peak_bytes(out_, in_, bits, d) : 0;
@@ -579,14 +579,14 @@ void LinearImpl::set_weight(const torch::Tensor& values) {
   TORCH_CHECK(values.sizes() == c10::IntArrayRef(weight_shape()), "Linear weight of shape ", weight_shape(),
               " cannot take ", values.sizes());
   torch::NoGradGuard no_grad;
-  const WeightStorage storage = storage_;
+  const WeightStorage storage = storage_.kind;
   const bool requires_grad = weight.requires_grad();
   // A quantized weight quantizes the values in the dtype it was quantized from (AI Toolkit: the loaded
   // dtype); any other keeps its dtype.
   const bool quantized = is_quantized(storage);
-  weight.set_data(values.to(weight.device(), quantized ? dequant_dtype_ : weight.scalar_type()).clone());
+  weight.set_data(values.to(weight.device(), quantized ? storage_.dequant_dtype : weight.scalar_type()).clone());
   if (quantized) {
-    storage_ = WeightStorage::Float32;
+    storage_.kind = WeightStorage::Float32;
     set_weight_storage(storage);
   } else {
     weight.set_requires_grad(requires_grad);

@@ -77,19 +77,24 @@ ClipTextModelImpl::ClipTextModelImpl(ClipTextConfig config, const torch::TensorO
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     auto l = std::make_shared<Layer>();
     const std::string p = "text_model.encoder.layers." + std::to_string(i) + ".";
-    l->q = nn::register_at(*this, p + "self_attn.q_proj", nn::Linear(d, d, true, options));
-    l->k = nn::register_at(*this, p + "self_attn.k_proj", nn::Linear(d, d, true, options));
-    l->v = nn::register_at(*this, p + "self_attn.v_proj", nn::Linear(d, d, true, options));
-    l->out = nn::register_at(*this, p + "self_attn.out_proj", nn::Linear(d, d, true, options));
+    l->q = nn::register_at(*this, p + "self_attn.q_proj", nn::Linear(nn::LinearOptions(d, d).tensor_options(options)));
+    l->k = nn::register_at(*this, p + "self_attn.k_proj", nn::Linear(nn::LinearOptions(d, d).tensor_options(options)));
+    l->v = nn::register_at(*this, p + "self_attn.v_proj", nn::Linear(nn::LinearOptions(d, d).tensor_options(options)));
+    l->out =
+        nn::register_at(*this, p + "self_attn.out_proj", nn::Linear(nn::LinearOptions(d, d).tensor_options(options)));
     norm(p + "layer_norm1", l->ln1_w, l->ln1_b);
-    l->fc1 = nn::register_at(*this, p + "mlp.fc1", nn::Linear(d, c.intermediate_size, true, options));
-    l->fc2 = nn::register_at(*this, p + "mlp.fc2", nn::Linear(c.intermediate_size, d, true, options));
+    l->fc1 = nn::register_at(*this, p + "mlp.fc1",
+                             nn::Linear(nn::LinearOptions(d, c.intermediate_size).tensor_options(options)));
+    l->fc2 = nn::register_at(*this, p + "mlp.fc2",
+                             nn::Linear(nn::LinearOptions(c.intermediate_size, d).tensor_options(options)));
     norm(p + "layer_norm2", l->ln2_w, l->ln2_b);
     layers_.push_back(l);
   }
   norm("text_model.final_layer_norm", final_norm_weight_, final_norm_bias_);
   if (c.with_projection)
-    text_projection_ = nn::register_at(*this, "text_projection", nn::Linear(d, c.projection_dim, false, options));
+    text_projection_ =
+        nn::register_at(*this, "text_projection",
+                        nn::Linear(nn::LinearOptions(d, c.projection_dim).bias(false).tensor_options(options)));
 }
 
 ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {

@@ -78,7 +78,9 @@ class QwenEncoder : public TextEncoderBase {
       v.out_hidden_size = c.hidden_size;
       visual_ = register_module("visual", QwenVisionTower(v, options));
     }
-    if (c.lm_head) register_module("lm_head", nn::Linear(c.hidden_size, c.vocab_size, false, options));
+    if (c.lm_head)
+      register_module("lm_head",
+                      nn::Linear(nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false).tensor_options(options)));
   }
   EncodedText encode(const torch::Tensor& ids, const torch::Tensor& mask) override {
     return {pick(model_->forward(ids, mask)), {}};

@@ -114,8 +114,8 @@ PromptEmbedding TextPipeline::compose(const std::vector<EncodedText>& e, const s
   if (!pooled.empty()) out.pooled = pooled.size() == 1 ? pooled[0] : torch::cat(pooled, -1);
   const PipelineCall& call = calls.back();
   torch::Tensor h = e.back().hidden_states;
-  if (call.mask && call.pad) h = h.slice(1, 0, valid.back());  // a masked, padded call: the real tokens' rows
-  out.text = h.slice(1, call.drop);
+  if (call.mask() && call.pad()) h = h.slice(1, 0, valid.back());  // a masked, padded call: the real tokens' rows
+  out.text = h.slice(1, call.drop());
   return out;
 }
 
@@ -126,7 +126,7 @@ namespace {
 std::pair<int64_t, int64_t> condition_size(const torch::Tensor& image, const PipelineCall& call) {
   if (image.dim() != 3 || image.size(0) != 3)
     throw std::invalid_argument("a control image is [3, H, W], got " + c10::str(image.sizes()));
-  return qwen_edit_condition_size(image.size(1), image.size(2), call.condition_area, call.numbered);
+  return qwen_edit_condition_size(image.size(1), image.size(2), call.condition_area(), call.numbered());
 }
 
 }  // namespace
@@ -134,30 +134,30 @@ std::pair<int64_t, int64_t> condition_size(const torch::Tensor& image, const Pip
 TokenizedBatch PromptEncoder::tokenize(size_t slot, const std::string& prompt,
                                        const ConditionImages& conditions) const {
   const Slot& s = slots_.at(slot);
-  if (s.call.condition_area > 0) {
+  if (s.call.condition_area() > 0) {
     // The edit templates, piece by piece at the special tokens (where the tokenizer splits them anyway), the
     // processor's runs of <|image_pad|> at each image's token count.
-    std::vector<int64_t> ids = s.tokenizer->encode(s.call.prefix);
+    std::vector<int64_t> ids = s.tokenizer->encode(s.call.prefix());
     auto append = [&](const std::string& text) {
       const auto more = s.tokenizer->encode(text);
       ids.insert(ids.end(), more.begin(), more.end());
     };
-    if (conditions.empty() && !s.call.numbered) append(std::string(kVisionStart) + kImagePad + kVisionEnd);
+    if (conditions.empty() && !s.call.numbered()) append(std::string(kVisionStart) + kImagePad + kVisionEnd);
     for (size_t i = 0; i < conditions.size(); ++i) {
-      if (s.call.numbered) append("Picture " + std::to_string(i + 1) + ": ");
+      if (s.call.numbered()) append("Picture " + std::to_string(i + 1) + ": ");
       append(kVisionStart);
       const auto [h, w] = condition_size(conditions[i], s.call);
       ids.insert(ids.end(), static_cast<size_t>(qwen_vl_image_tokens(h, w, *s.encoder->vision_config())),
                  s.encoder->image_token_id());
       append(kVisionEnd);
     }
-    append(prompt + s.call.suffix);
+    append(prompt + s.call.suffix());
     const auto n = static_cast<int64_t>(ids.size());
     return {torch::tensor(ids, torch::kLong).view({1, n}), torch::ones({1, n}, torch::kLong)};
   }
-  const std::string text = s.call.prefix + prompt + s.call.suffix;
-  if (s.call.pad) return s.tokenizer->encode_batch({text}, s.call.max_length);
-  const auto ids = s.tokenizer->encode(text, s.call.max_length);
+  const std::string text = s.call.prefix() + prompt + s.call.suffix();
+  if (s.call.pad()) return s.tokenizer->encode_batch({text}, s.call.max_length());
+  const auto ids = s.tokenizer->encode(text, s.call.max_length());
   const auto n = static_cast<int64_t>(ids.size());
   return {torch::tensor(ids, torch::kLong).view({1, n}), torch::ones({1, n}, torch::kLong)};
 }
@@ -167,7 +167,7 @@ int64_t PromptEncoder::rows(const std::string& prompt, const ConditionImages& co
   if (fixed_rows_ > 0) return fixed_rows_;
   const Slot& s = slots_.back();
   const int64_t tokens = tokenize(slots_.size() - 1, prompt, conditions).attention_mask.sum().item<int64_t>();
-  return std::max<int64_t>(tokens - s.call.drop, 0);
+  return std::max<int64_t>(tokens - s.call.drop(), 0);
 }
 
 PromptEmbedding PromptEncoder::encode(const std::string& prompt, const ConditionImages& conditions) {
@@ -181,8 +181,8 @@ PromptEmbedding PromptEncoder::encode(const std::string& prompt, const Condition
     const TokenizedBatch t = tokenize(i, prompt, conditions);
     const torch::Device device = s.encoder->parameters().front().device();
     const torch::Tensor ids = t.input_ids.to(device);
-    const torch::Tensor mask = s.call.mask ? t.attention_mask.to(device) : torch::Tensor();
-    if (s.call.condition_area > 0 && !conditions.empty()) {
+    const torch::Tensor mask = s.call.mask() ? t.attention_mask.to(device) : torch::Tensor();
+    if (s.call.condition_area() > 0 && !conditions.empty()) {
       // Each control image resized to its condition size (bilinear, as AI Toolkit's F.interpolate), then the
       // processor; the images' patches side by side, as the processor batches them.
       std::vector<QwenVisionInput> images;
@@ -243,9 +243,9 @@ EncodePrediction PromptEncoder::predict_encode(int64_t prompt_tokens, int square
   std::vector<int64_t> tokens;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const PipelineCall& call = slots_[i].call;
-    int64_t n = call.pad ? call.max_length
-                         : tokenize(i, "", conditions).input_ids.size(1) + std::max<int64_t>(prompt_tokens, 0);
-    if (call.max_length > 0) n = std::min(n, call.max_length);
+    int64_t n = call.pad() ? call.max_length()
+                           : tokenize(i, "", conditions).input_ids.size(1) + std::max<int64_t>(prompt_tokens, 0);
+    if (call.max_length() > 0) n = std::min(n, call.max_length());
     tokens.push_back(n);
   }
   return predict(tokens, condition_shapes(conditions), device);
@@ -280,10 +280,10 @@ EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
   int64_t kept = 0;  // what the slots before returned (EncodedText), alive while the next one encodes
   for (size_t i = 0; i < slots_.size(); ++i) {
     const TextEncoderBase& e = *slots_[i].encoder;
-    const bool images = slots_[i].call.condition_area > 0;
+    const bool images = slots_[i].call.condition_area() > 0;
     o.quantized_linears = quantized_[i];
     p.bytes.push_back(
-        e.predicted_encode_bytes(1, tokens[i], slots_[i].call.mask, o, images ? grids : std::vector<VisionGrid>{}));
+        e.predicted_encode_bytes(1, tokens[i], slots_[i].call.mask(), o, images ? grids : std::vector<VisionGrid>{}));
     p.peak_bytes = std::max(p.peak_bytes, kept + p.bytes.back());
     kept += dtype_bytes * (tokens[i] * e.hidden_width() + e.pooled_width());
   }

@@ -122,7 +122,8 @@ QwenLmImpl::QwenLmImpl(QwenLmConfig config, const torch::TensorOptions& options)
     auto l = std::make_shared<Layer>();
     const std::string p = "layers." + std::to_string(i) + ".";
     auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
-      return nn::register_at(*this, c.prefix + p + name, nn::Linear(in, out, bias, options));
+      return nn::register_at(*this, c.prefix + p + name,
+                             nn::Linear(nn::LinearOptions(in, out).bias(bias).tensor_options(options)));
     };
     l->q = linear("self_attn.q_proj", d, c.num_attention_heads * hd, c.attention_bias);
     l->k = linear("self_attn.k_proj", d, c.num_key_value_heads * hd, c.attention_bias);

@@ -163,17 +163,22 @@ QwenVisionTowerImpl::QwenVisionTowerImpl(const QwenVisionConfig& c, const torch:
     const std::string p = "blocks." + std::to_string(i) + ".";
     b->norm1 = nn::register_at(*this, p + "norm1", nn::RMSNorm(d, 1e-6, true, options));
     b->norm2 = nn::register_at(*this, p + "norm2", nn::RMSNorm(d, 1e-6, true, options));
-    b->qkv = nn::register_at(*this, p + "attn.qkv", nn::Linear(d, 3 * d, true, options));
-    b->proj = nn::register_at(*this, p + "attn.proj", nn::Linear(d, d, true, options));
-    b->gate = nn::register_at(*this, p + "mlp.gate_proj", nn::Linear(d, c.intermediate_size, true, options));
-    b->up = nn::register_at(*this, p + "mlp.up_proj", nn::Linear(d, c.intermediate_size, true, options));
-    b->down = nn::register_at(*this, p + "mlp.down_proj", nn::Linear(c.intermediate_size, d, true, options));
+    b->qkv = nn::register_at(*this, p + "attn.qkv", nn::Linear(nn::LinearOptions(d, 3 * d).tensor_options(options)));
+    b->proj = nn::register_at(*this, p + "attn.proj", nn::Linear(nn::LinearOptions(d, d).tensor_options(options)));
+    b->gate = nn::register_at(*this, p + "mlp.gate_proj",
+                              nn::Linear(nn::LinearOptions(d, c.intermediate_size).tensor_options(options)));
+    b->up = nn::register_at(*this, p + "mlp.up_proj",
+                            nn::Linear(nn::LinearOptions(d, c.intermediate_size).tensor_options(options)));
+    b->down = nn::register_at(*this, p + "mlp.down_proj",
+                              nn::Linear(nn::LinearOptions(c.intermediate_size, d).tensor_options(options)));
     blocks_.push_back(b);
   }
   const int64_t merged = d * c.spatial_merge_size * c.spatial_merge_size;
   merger_norm_ = nn::register_at(*this, "merger.ln_q", nn::RMSNorm(d, 1e-6, true, options));
-  merger_in_ = nn::register_at(*this, "merger.mlp.0", nn::Linear(merged, merged, true, options));
-  merger_out_ = nn::register_at(*this, "merger.mlp.2", nn::Linear(merged, c.out_hidden_size, true, options));
+  merger_in_ =
+      nn::register_at(*this, "merger.mlp.0", nn::Linear(nn::LinearOptions(merged, merged).tensor_options(options)));
+  merger_out_ = nn::register_at(*this, "merger.mlp.2",
+                                nn::Linear(nn::LinearOptions(merged, c.out_hidden_size).tensor_options(options)));
   for (auto& p : parameters()) p.set_requires_grad(false);
 }
 

@@ -85,10 +85,14 @@ T5EncoderImpl::T5EncoderImpl(T5Config config, const torch::TensorOptions& option
   for (int64_t i = 0; i < c.num_layers; ++i) {
     auto b = std::make_shared<Block>();
     const std::string p = "encoder.block." + std::to_string(i) + ".layer.";
-    b->q = nn::register_at(*this, p + "0.SelfAttention.q", nn::Linear(c.d_model, inner, false, options));
-    b->k = nn::register_at(*this, p + "0.SelfAttention.k", nn::Linear(c.d_model, inner, false, options));
-    b->v = nn::register_at(*this, p + "0.SelfAttention.v", nn::Linear(c.d_model, inner, false, options));
-    b->o = nn::register_at(*this, p + "0.SelfAttention.o", nn::Linear(inner, c.d_model, false, options));
+    b->q = nn::register_at(*this, p + "0.SelfAttention.q",
+                           nn::Linear(nn::LinearOptions(c.d_model, inner).bias(false).tensor_options(options)));
+    b->k = nn::register_at(*this, p + "0.SelfAttention.k",
+                           nn::Linear(nn::LinearOptions(c.d_model, inner).bias(false).tensor_options(options)));
+    b->v = nn::register_at(*this, p + "0.SelfAttention.v",
+                           nn::Linear(nn::LinearOptions(c.d_model, inner).bias(false).tensor_options(options)));
+    b->o = nn::register_at(*this, p + "0.SelfAttention.o",
+                           nn::Linear(nn::LinearOptions(inner, c.d_model).bias(false).tensor_options(options)));
     if (i == 0)
       relative_attention_bias_ =
           nn::holder_at(*this, p + "0.SelfAttention.relative_attention_bias")
@@ -96,12 +100,16 @@ T5EncoderImpl::T5EncoderImpl(T5Config config, const torch::TensorOptions& option
     b->attention_norm =
         nn::holder_at(*this, p + "0.layer_norm").register_parameter("weight", torch::ones({c.d_model}, options));
     if (c.gated) {
-      b->wi_0 = nn::register_at(*this, p + "1.DenseReluDense.wi_0", nn::Linear(c.d_model, c.d_ff, false, options));
-      b->wi_1 = nn::register_at(*this, p + "1.DenseReluDense.wi_1", nn::Linear(c.d_model, c.d_ff, false, options));
+      b->wi_0 = nn::register_at(*this, p + "1.DenseReluDense.wi_0",
+                                nn::Linear(nn::LinearOptions(c.d_model, c.d_ff).bias(false).tensor_options(options)));
+      b->wi_1 = nn::register_at(*this, p + "1.DenseReluDense.wi_1",
+                                nn::Linear(nn::LinearOptions(c.d_model, c.d_ff).bias(false).tensor_options(options)));
     } else {
-      b->wi_0 = nn::register_at(*this, p + "1.DenseReluDense.wi", nn::Linear(c.d_model, c.d_ff, false, options));
+      b->wi_0 = nn::register_at(*this, p + "1.DenseReluDense.wi",
+                                nn::Linear(nn::LinearOptions(c.d_model, c.d_ff).bias(false).tensor_options(options)));
     }
-    b->wo = nn::register_at(*this, p + "1.DenseReluDense.wo", nn::Linear(c.d_ff, c.d_model, false, options));
+    b->wo = nn::register_at(*this, p + "1.DenseReluDense.wo",
+                            nn::Linear(nn::LinearOptions(c.d_ff, c.d_model).bias(false).tensor_options(options)));
     b->ff_norm =
         nn::holder_at(*this, p + "1.layer_norm").register_parameter("weight", torch::ones({c.d_model}, options));
     blocks_.push_back(b);

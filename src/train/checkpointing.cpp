@@ -38,16 +38,26 @@ void ModelCheckpointing::apply(const ckpt::CheckpointPolicy& policy) {
   ckpt::apply_checkpoint_policy(wrappers_, policy);
 }
 
-ModelCheckpointing::BudgetProbe ModelCheckpointing::resolve_budget(const model::ModelInputs& probe,
-                                                                   int64_t budget_bytes,
-                                                                   const memory::MemoryMeter& meter) {
-  BudgetProbe out;
+ModelCheckpointing::BlockProbe ModelCheckpointing::probe_blocks(const model::ModelInputs& probe,
+                                                                const std::function<int64_t()>& live) {
+  BlockProbe out;
   const size_t n = wrappers_.size();
   out.kept_bytes.assign(n, 0);
   out.input_bytes.assign(n, 0);
-  for (auto& w : wrappers_) w->set_mode(ckpt::BlockMode::None);
+  // The block calls and modes as they were, put back however the forward ends (an out-of-memory error, an op
+  // the meta device cannot run).
+  struct Restore {
+    ModelCheckpointing& self;
+    std::vector<ckpt::BlockMode> modes;
+    ~Restore() {
+      self.model_.set_block_caller(
+          [s = &self](size_t index, const model::Tensors& inputs) { return s->wrappers_[index]->forward(inputs); });
+      for (size_t i = 0; i < modes.size(); ++i) self.wrappers_[i]->set_mode(modes[i]);
+    }
+  } restore{*this, {}};
+  for (auto& w : wrappers_) restore.modes.push_back(w->mode()), w->set_mode(ckpt::BlockMode::None);
   model_.set_block_caller([&](size_t i, const model::Tensors& inputs) {
-    const int64_t before = meter.stats().live_bytes;
+    const int64_t before = live();
     model::Tensors outputs = wrappers_[i]->forward(inputs);
     int64_t fresh_output = 0;
     for (const auto& o : outputs) {
@@ -55,19 +65,18 @@ ModelCheckpointing::BudgetProbe ModelCheckpointing::resolve_budget(const model::
       for (const auto& x : inputs) is_input = is_input || o.is_same(x);
       if (!is_input) fresh_output += static_cast<int64_t>(o.nbytes());
     }
-    out.kept_bytes[i] = meter.stats().live_bytes - before - fresh_output;
-    // Hidden streams are the token-sized inputs ([B, S, D]); tables and vectors are shared by all blocks.
-    for (const auto& x : inputs)
-      if (x.dim() >= 3) out.input_bytes[i] += static_cast<int64_t>(x.nbytes());
+    out.kept_bytes[i] = live() - before - fresh_output;
+    // A block's hidden streams are its first inputs, one per output ({img, txt, temb, ...} -> {img, txt}); the
+    // rest (the conditioning vector, rotary tables) are the same tensors for every block. A block that keeps
+    // nothing (nothing in it needs a gradient: Z-Image's refiners under LoRA) keeps nothing checkpointed.
+    if (out.kept_bytes[i] > 0)
+      for (size_t k = 0; k < outputs.size() && k < inputs.size(); ++k)
+        out.input_bytes[i] += static_cast<int64_t>(inputs[k].nbytes());
     return outputs;
   });
   {
     torch::Tensor prediction = model_.forward(probe);  // the graph (and what it keeps) is freed on return
   }
-  model_.set_block_caller(
-      [this](size_t index, const model::Tensors& inputs) { return wrappers_[index]->forward(inputs); });
-  out.policy = ckpt::CheckpointPolicy::only_blocks(
-      ckpt::select_blocks_for_budget(out.kept_bytes, out.input_bytes, budget_bytes));
   return out;
 }
 

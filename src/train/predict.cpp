@@ -135,24 +135,18 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   size_t references = spec.reference_tokens ? 1 : 0;   // the most control folders a dataset has
   std::vector<std::vector<int64_t>> reference_shapes;  // an edit model's control latents, as the model reads them
   if (spec.reference_tokens) {  // given by the loader or encoded in the data phase, at the reference size
-    const data::BucketResolution ref =
-        model::trains_references_at_image_size(spec)
-            ? data::BucketResolution{width, height}
-            : data::reference_size({width, height}, spec.divisibility, spec.reference_area);
-    reference_shapes.assign(references, model::latent_shape(spec, batch, ref.height, ref.width));
+    const auto [ref_width, ref_height] = model::training_reference_size(spec, width, height);
+    reference_shapes.assign(references, model::latent_shape(spec, batch, ref_height, ref_width));
   }
   for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
   const bool channels = model::family_of(spec.family).controls_as_channels(spec);
   if ((spec.reference_tokens || channels) && references > 0 && codec.autoencoder) {
-    const data::BucketResolution ref =
-        channels || model::trains_references_at_image_size(spec)
-            ? data::BucketResolution{width, height}
-            : data::reference_size({width, height}, spec.divisibility, spec.reference_area);
+    const auto [ref_width, ref_height] = model::training_reference_size(spec, width, height, channels);
     s.reference_bytes = static_cast<int64_t>(references) * 4 *
-                        c10::multiply_integers(model::latent_shape(spec, batch, ref.height, ref.width));
+                        c10::multiply_integers(model::latent_shape(spec, batch, ref_height, ref_width));
 
     s.encode_bytes = std::max(s.encode_bytes, encoded_here + s.reference_bytes +
-                                                  image_encode_bytes(codec, batch, ref.height, ref.width, cpu));
+                                                  image_encode_bytes(codec, batch, ref_height, ref_width, cpu));
   }
   // The text phase holds what the data phase made on the device (latents encoded there, control latents)
   // and either the captions' encode, one at a time with the earlier ones' embeddings beside it, or the
@@ -239,7 +233,7 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.vae_bytes = r.vae;
   // Host memory: the offloaded weights, the text encoders' while they stay loaded.
   e.host_weight_bytes = r.host_weights + (leaves ? 0 : r.text_encoder_host);
-  e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), session.activation_options().element_bytes);
+  e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), config::dtype_bytes(session.config().train.dtype));
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
                      e.vae_bytes + e.offload_buffer_bytes;
   e.load = load_of(session.load_memory());
@@ -405,7 +399,8 @@ int64_t save_estimate(Session& session, const MemoryEstimate& e) {
   return e.resident_bytes - e.gradient_bytes + state + (e.ema_bytes > 0 ? e.trained_bytes : 0);
 }
 
-void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e, bool cuda) {
+void not_modelled(const RunPlan& plan, MemoryEstimate& e, bool cuda) {
+  const config::ProcessConfig& config = plan.config;
   e.not_modelled = {
       "host memory: the data loader's prefetched batches and the latent cache (on a CPU run too: "
       "memory/placement.h), the sample prompts' cached embeddings (the captions' are on disk in _t_e_cache/, as "
@@ -432,7 +427,7 @@ void not_modelled(const config::ProcessConfig& config, MemoryEstimate& e, bool c
         "memory/live_set.h; the forwards' is walked), held for a moment: per thread about 128 bytes per "
         "contraction element (up to 512) and 256 per row (up to 256 rows), more for a transposed operand; the tiny "
         "presets' bf16 backwards measure up to 18% above their walk");
-  if (model::transformer_loading(config.model.arch) == model::TransformerLoading::per_block && config.model.quantize)
+  if (plan.load.loading == model::TransformerLoading::per_block && config.model.quantize)
     e.not_modelled.push_back(
         "the load: quantize_model stages each block on the device to quantize it; gclab quantizes the blocks in "
         "host memory (one block's weights less on the device meanwhile, below the text encoders' load)");
@@ -485,15 +480,14 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
     const auto kind = policy().kind;
     if (kind != ckpt::CheckpointPolicy::Kind::Off && kind != ckpt::CheckpointPolicy::Kind::Full)
       re.gc_run = step(c.batch, c.resolution, c.resolution, policy());
-    const auto a =
-        model::estimate_activations(e.spec, c.batch, c.resolution, c.resolution, 0, session.activation_options(cuda_));
-    re.image_tokens = a.image_tokens;
-    re.text_tokens = a.text_tokens;
+    const model::StepTokens tokens = model::step_tokens(e.spec, c.resolution, c.resolution);
+    re.image_tokens = tokens.image;
+    re.text_tokens = tokens.text;
     e.resolutions.push_back(re);
   }
   preview_estimate(session, e, cuda_);
   e.save_bytes = save_estimate(session, e);
-  not_modelled(config, e, cuda_);
+  not_modelled(session.plan(), e, cuda_);
   for (const std::string& op : memory::take_meta_gaps())
     e.not_modelled.push_back("the walk met " + op +
                              ", which has no meta kernel here: the phases walked through it are lower bounds (the "
@@ -504,10 +498,9 @@ MemoryModel::~MemoryModel() = default;
 
 StepEstimate MemoryModel::step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy,
                                int64_t text_tokens, const std::vector<data::Caption>& captions) const {
-  const auto a = model::estimate_activations(estimate_.spec, batch, height, width, text_tokens,
-                                             session_->activation_options(cuda_));
-  // The ledger's sums describe the step (what the blocks keep); the selective modes split a block, which
-  // the ledger does not: the walk alone prices them.
+  const model::ActivationEstimate a = session_->block_activations(batch, height, width, text_tokens);
+  // The walked blocks' sums describe the step (what the blocks keep); the selective modes split a block:
+  // the step's walk alone prices them.
   const model::PolicyActivations kept = model::activations_under(a, policy).value_or(model::PolicyActivations{});
   return step_estimate(*session_, estimate_, a, kept, policy, batch, height, width, !cuda_, captions);
 }

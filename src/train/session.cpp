@@ -43,10 +43,11 @@ namespace {
 
 // The transformer held in host memory while it loads does not fit host_cap: what it needs there, and the
 // levers — quantizing it on the device instead where the arch's loader allows it.
-UserError host_load_refusal(const config::ProcessConfig& config) {
+UserError host_load_refusal(const RunPlan& plan) {
+  const config::ProcessConfig& config = plan.config;
   const int64_t needed = predict_load(plan_run(config, PlanOptions{/*meta=*/true})).host.peak();
   std::string levers = "raise host_cap (a machine with more RAM)";
-  if (model::low_vram_quantizes_in_host_memory(config.model.arch)) {
+  if (plan.load.loading == model::TransformerLoading::on_device_unless_low_vram) {
     config::ProcessConfig on_device = config;
     on_device.model.low_vram = false;
     levers = "set model.low_vram: false (quantized on the device instead, which then holds " +
@@ -99,7 +100,7 @@ Session::Session(RunPlan plan)
   load_ = predict_load(plan_);
   // A GPU run's host memory is not the CPU tracker's: the walk's host peak is held against the cap.
   if (device_.is_cuda() && config_.host_cap.bytes > 0 && load_.host.peak() > config_.host_cap.bytes)
-    throw host_load_refusal(config_);
+    throw host_load_refusal(plan_);
   const memory::MemoryStats before_load = meter_.stats();
   meter_.reset_peak();
   memory::MemoryMeter::reset_host_peak();
@@ -155,7 +156,7 @@ void Session::load_transformer() {
     }
   } catch (const c10::OutOfMemoryError&) {
     if (!load_.quantized_on_host) throw;  // the device's: the run's OOM report
-    throw host_load_refusal(config_);     // the CPU tracker's host cap
+    throw host_load_refusal(plan_);       // the CPU tracker's host cap
   }
 }
 
@@ -377,7 +378,7 @@ Offloaded Session::offload_within_host_cap(torch::nn::Module& component, double 
   };
   try {
     const Offloaded o = offload_layers(component, share, seed, device_, rings_);
-    // A GPU run's pinned host memory is not the CPU tracker's: held against the cap from the ledger.
+    // A GPU run's pinned host memory is not the CPU tracker's: held against the cap from the prediction.
     if (device_.is_cuda() && cap > 0 && resident_host_weights() > cap) throw refuse(resident_host_weights());
     return o;
   } catch (const c10::OutOfMemoryError&) {  // the CPU tracker's host cap
@@ -506,12 +507,6 @@ void Session::lift_cap() {
   }
 }
 
-model::ActivationOptions Session::activation_options(bool cuda) const {
-  model::ActivationOptions o = model::activation_options(config_, cuda);
-  o.dequantized_weight_bytes = model::dequantized_weight_bytes(*model_, o.conditioning_grad);
-  return o;
-}
-
 std::optional<double> Session::recomputed_block_share() const {
   const auto& wrappers = checkpointing_->wrappers();
   if (wrappers.empty()) return 0.0;
@@ -530,35 +525,64 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int 
     applied_ = policy;
     return;
   }
-  // budget:BYTES from the ledger (equal to the allocator, byte for byte, on every block kind): what each
-  // block keeps without and with checkpointing (its dequantized weights included), in call order.
-  const auto est = model::estimate_activations(spec_, batch, resolution, resolution, 0, activation_options());
+  // budget:BYTES from the walk: what each block keeps without and with checkpointing (its dequantized
+  // weights included), in call order.
+  const model::ActivationEstimate est = block_activations(batch, resolution, resolution);
   std::vector<int64_t> kept, inputs;
   for (const model::BlockBytes& b : est.per_block) kept.push_back(b.saved), inputs.push_back(b.input);
-  if (kept.size() != model_->blocks().size())
-    throw std::logic_error("the activation ledger lists " + std::to_string(kept.size()) + " blocks, the model has " +
-                           std::to_string(model_->blocks().size()));
   applied_ = ckpt::CheckpointPolicy::only_blocks(ckpt::select_blocks_for_budget(kept, inputs, policy.budget_bytes));
   checkpointing_->apply(applied_);
   log::info("checkpoint policy " + policy.to_string() + " at " + std::to_string(resolution) + "², batch " +
-            std::to_string(batch) + ": the ledger predicts " + std::to_string(est.total_off_bytes) +
+            std::to_string(batch) + ": the walk finds " + std::to_string(est.total_off_bytes) +
             " bytes of block activations without checkpointing; applying " + applied_.to_string());
 }
 
-std::pair<int64_t, int64_t> Session::probe_block_activations() {
+std::unique_ptr<Session> Session::walk_twin() const {
+  log::QuietScope quiet;
+  return std::make_unique<Session>(config_, SessionOptions{/*meta=*/true});
+}
+
+model::ActivationEstimate Session::block_activations(int batch, int height, int width, int64_t text_tokens) {
+  if (!device_.is_meta()) return walk_twin()->block_activations(batch, height, width, text_tokens);
+  const model::StepTokens tokens = model::step_tokens(spec_, height, width, text_tokens);
+  const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(plan_.compute_dtype);
+  memory::MetaCount count(plan_.cuda ? c10::kCUDA : c10::kCPU);
+  model::ModelInputs in = model_->example_inputs(batch, height, width, tokens.text, meta);
+  if (spec_.reference_tokens) {  // one control image, as the step's walk and the token count take it
+    const auto [w, h] = model::training_reference_size(spec_, width, height);
+    in.reference_latents.push_back(torch::empty(model::latent_shape(spec_, batch, h, w), meta));
+  }
+  in.bypass_guidance = config_.train.bypass_guidance_embedding;
+  ModelCheckpointing::BlockProbe probe;
+  // Offloaded Linears' ring slots fill as the blocks run: the rings' bytes, the step's walk's (walked.rings),
+  // are not a block's.
+  memory::run_walk([&] {
+    probe = checkpointing_->probe_blocks(in, [&] { return count.live() - nn::offload_buffer_bytes(*rings_); });
+  });
+  std::vector<model::BlockBytes> per_block;
+  for (size_t i = 0; i < probe.kept_bytes.size(); ++i) per_block.push_back({probe.kept_bytes[i], probe.input_bytes[i]});
+  return model::activation_estimate(std::move(per_block), tokens);
+}
+
+Session::BlockProbes Session::probe_block_activations() {
   transformer_at_first_use();
   const int batch = plan_.largest.batch, largest = plan_.largest.resolution;
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   const torch::Tensor rng = cpu.get_state();  // the probe's random inputs leave no trace
-  const auto probe = checkpointing_->resolve_budget(
-      model_->example_inputs(batch, largest, largest, 0, torch::TensorOptions().device(device_)),
-      applied_.kind == ckpt::CheckpointPolicy::Kind::Budget ? applied_.budget_bytes : 0, meter_);
+  const model::StepTokens tokens = model::step_tokens(spec_, largest, largest);
+  const auto on_device = torch::TensorOptions().device(device_).dtype(plan_.compute_dtype);
+  model::ModelInputs in = model_->example_inputs(batch, largest, largest, tokens.text, on_device);
+  if (spec_.reference_tokens) {
+    const auto [w, h] = model::training_reference_size(spec_, largest, largest);
+    in.reference_latents.push_back(torch::randn(model::latent_shape(spec_, batch, h, w), on_device));
+  }
+  in.bypass_guidance = config_.train.bypass_guidance_embedding;
+  const auto probe =
+      checkpointing_->probe_blocks(in, [&] { return meter_.stats().live_bytes - nn::offload_buffer_bytes(*rings_); });
   cpu.set_state(rng);
-  checkpointing_->apply(applied_);  // the probe ran with nothing checkpointed
-  int64_t measured = 0;
-  for (int64_t b : probe.kept_bytes) measured += b;
-  const auto est = model::estimate_activations(spec_, batch, largest, largest, 0, activation_options());
-  return {measured, est.total_off_bytes};
+  std::vector<model::BlockBytes> per_block;
+  for (size_t i = 0; i < probe.kept_bytes.size(); ++i) per_block.push_back({probe.kept_bytes[i], probe.input_bytes[i]});
+  return {model::activation_estimate(std::move(per_block), tokens), block_activations(batch, largest, largest)};
 }
 
 model::ModelInputs Session::conditioning(const std::vector<data::Caption>& captions) {
@@ -645,14 +669,12 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
   lb.captions.assign(static_cast<size_t>(batch), caption);
   if (spec_.reference_tokens) {  // one reference as the loader makes it: the image's size, or reference_area of its
                                  // aspect
-    const data::BucketResolution ref = model::trains_references_at_image_size(spec_)
-                                           ? lb.bucket
-                                           : data::reference_size(lb.bucket, spec_.divisibility, spec_.reference_area);
-    const torch::Tensor control = torch::rand({batch, 3, ref.height, ref.width});
+    const auto [ref_width, ref_height] = model::training_reference_size(spec_, width, height);
+    const torch::Tensor control = torch::rand({batch, 3, ref_height, ref_width});
     if (plan_.codec.autoencoder)  // control images are encoded every step, cached latents or not
       lb.reference_images.push_back(control * 2 - 1);
     else
-      lb.references.push_back(torch::randn(model::latent_shape(spec_, batch, ref.height, ref.width)));
+      lb.references.push_back(torch::randn(model::latent_shape(spec_, batch, ref_height, ref_width)));
     for (int i = 0; i < batch; ++i) lb.control_images.push_back({control[i]});  // the text encoder's too
   }
   return lb;

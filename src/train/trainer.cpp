@@ -204,10 +204,10 @@ void Run::prepare() {
   log_->caches(session_, session_.precomputed_captions(captions));
   if (tc.budget_probe && tc.policy().kind == ckpt::CheckpointPolicy::Kind::Budget)
     oom_guarded([&] {
-      const auto [measured, ledger] = session_.probe_block_activations();
-      log::info("budget probe: the blocks keep " + config::format_bytes(measured) +
-                " without checkpointing at the largest batch and resolution; the ledger says " +
-                config::format_bytes(ledger));
+      const auto [measured, walked] = session_.probe_block_activations();
+      log::info("budget probe: the blocks keep " + config::format_bytes(measured.total_off_bytes) +
+                " without checkpointing at the largest batch and resolution; the walk says " +
+                config::format_bytes(walked.total_off_bytes));
     });
   session_.phases().clear();
   // AI Toolkit's baseline: unless skip_first_sample, at the start of a fresh run, or at the step a run

@@ -65,11 +65,14 @@ TORCH_MODULE(Resnet);
 struct AttentionImpl : nn::Module {
   AttentionImpl(const torch::TensorOptions& o, int64_t channels, int64_t groups)
       : group_norm(register_module("group_norm", vae::group_norm(o, groups, channels))),
-        to_q(register_module("to_q", gclab::nn::Linear(channels, channels, true, o))),
-        to_k(register_module("to_k", gclab::nn::Linear(channels, channels, true, o))),
-        to_v(register_module("to_v", gclab::nn::Linear(channels, channels, true, o))),
+        to_q(
+            register_module("to_q", gclab::nn::Linear(gclab::nn::LinearOptions(channels, channels).tensor_options(o)))),
+        to_k(
+            register_module("to_k", gclab::nn::Linear(gclab::nn::LinearOptions(channels, channels).tensor_options(o)))),
+        to_v(
+            register_module("to_v", gclab::nn::Linear(gclab::nn::LinearOptions(channels, channels).tensor_options(o)))),
         to_out(register_module("to_out", nn::ModuleList())) {
-    out = gclab::nn::Linear(channels, channels, true, o);
+    out = gclab::nn::Linear(gclab::nn::LinearOptions(channels, channels).tensor_options(o));
     to_out->push_back(out);
   }
   // As diffusers' AttnProcessor2_0 with one head: the query, key and value stay alive to the end, as the

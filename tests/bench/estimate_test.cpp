@@ -144,6 +144,7 @@ TEST(Estimate, EveryOtherBlockCheckpointedLiesBetweenFullAndOff) {
   EXPECT_EQ(e.policy.n, 2);
   EXPECT_EQ(plain.policy.kind, ckpt::CheckpointPolicy::Kind::Full);
   ASSERT_EQ(e.resolutions.size(), plain.resolutions.size());
+  train::Session meta(flux_24gb(), train::SessionOptions{/*meta=*/true});
   for (size_t i = 0; i < e.resolutions.size(); ++i) {
     const auto& r = e.resolutions[i];
     EXPECT_FALSE(plain.resolutions[i].gc_run);
@@ -152,8 +153,7 @@ TEST(Estimate, EveryOtherBlockCheckpointedLiesBetweenFullAndOff) {
     EXPECT_LT(r.gc_run->total_bytes, r.gc_off.total_bytes) << r.resolution;
     EXPECT_EQ(r.gc_off.total_bytes, plain.resolutions[i].gc_off.total_bytes);
     // FLUX.1-dev: 19 double and 38 single blocks; every:2 keeps the activations of 9 double and 19 single.
-    const auto a = model::estimate_activations(e.spec, r.batch, r.resolution, r.resolution, 0,
-                                               model::activation_options(flux_24gb(), false));
+    const auto a = meta.block_activations(r.batch, r.resolution, r.resolution);
     int64_t kept = 0;
     for (size_t b = 0; b < a.per_block.size(); ++b) kept += b % 2 == 0 ? a.per_block[b].input : a.per_block[b].saved;
     EXPECT_GE(r.gc_run->activation_bytes, kept) << r.resolution;
@@ -533,9 +533,9 @@ TEST(Flops, StepFlopsMatchAHandCountOfDiT) {
   const double D = 128, N = 256, B = 2, blocks = 2;
   const double forward =
       blocks * (2 * B * N * (3 * D * D + D * D + 4 * D * D + 4 * D * D) + 2 * B * 6 * D * D + 4 * B * N * N * D);
-  EXPECT_NEAR(step_flops(full, 2, 256) / (3 * forward), 1.0, 1e-9);
+  EXPECT_NEAR(step_flops(full, full.block_activations(2, 256, 256), 2) / (3 * forward), 1.0, 1e-9);
   train::Session lora(config_for("network: {type: lora, linear: 4}\n"));
-  EXPECT_NEAR(step_flops(lora, 2, 256) / (2 * forward), 1.0, 1e-9);
+  EXPECT_NEAR(step_flops(lora, lora.block_activations(2, 256, 256), 2) / (2 * forward), 1.0, 1e-9);
   EXPECT_EQ(peak_bf16_flops("NVIDIA H200"), 989.4e12);
   EXPECT_EQ(peak_bf16_flops("a mystery card"), 0);
 }
@@ -550,13 +550,13 @@ TEST(Flops, StepFlopsMatchAHandCountOfFluxsTwoStreams) {
       "f.yaml");
   ASSERT_TRUE(r.ok());
   train::Session full(*r.config);
-  const auto est = model::estimate_activations(full.spec(), 2, 256, 256, 0, full.activation_options());
+  const auto est = full.block_activations(2, 256, 256);
   const double D = 128, M = 512, B = 2, n = static_cast<double>(est.image_tokens);
   const double t = static_cast<double>(est.text_tokens), s = n + t;
   const double stream = 3 * D * D + D * D + 2 * D * M;  // q, k, v, out; the MLP
   const double dbl = 2 * B * (n * stream + t * stream + 2 * 6 * D * D) + 4 * B * s * s * D;
   const double single = 2 * B * (3 * D * D + s * (3 * D * D + D * M + (D + M) * D)) + 4 * B * s * s * D;
-  EXPECT_NEAR(step_flops(full, 2, 256) / (3 * (2 * dbl + 2 * single)), 1.0, 1e-9);
+  EXPECT_NEAR(step_flops(full, est, 2) / (3 * (2 * dbl + 2 * single)), 1.0, 1e-9);
 }
 
 // What check, estimate, bench and fit print is built as data: the YAML print reads back (yaml-cpp) as

@@ -267,7 +267,7 @@ TEST(Lora, TheScaleIsOneAsInAiToolkitUnlessUseLinearAlphaAsksForIt) {
 // adapter's contribution is zero or hugely scaled per rank component, and in eval mode it is off.
 TEST(Lora, DropoutActsOnTheRankSizedOutputAndOnlyInTraining) {
   torch::manual_seed(0);
-  Linear l(64, 32, true);
+  Linear l(LinearOptions(64, 32));
   l->add_lora(4, 4.0, 0.5);
   {
     torch::NoGradGuard no_grad;
@@ -294,7 +294,7 @@ TEST(Lora, DropoutActsOnTheRankSizedOutputAndOnlyInTraining) {
 // Fails if the adapter computed in bf16 (as under the bf16 autocast gclab ran before) or on the bf16 input.
 TEST(Lora, OnABf16BaseTheAdapterComputesInFloat32OnItsOwnCopyOfTheInput) {
   torch::manual_seed(0);
-  Linear l(64, 32, true);
+  Linear l(LinearOptions(64, 32));
   l->to(torch::kBFloat16);
   l->add_lora(4, 4.0);
   auto A = l->named_parameters()["lora_A.weight"], B = l->named_parameters()["lora_B.weight"];
@@ -326,7 +326,7 @@ TEST(Lora, OnABf16BaseTheAdapterComputesInFloat32OnItsOwnCopyOfTheInput) {
 // model-wide setter reaches every adapter.
 TEST(Lora, AMultiplierScalesTheAdapterAndZeroIsTheBaseAlone) {
   torch::manual_seed(0);
-  Linear l(16, 8, true);
+  Linear l(LinearOptions(16, 8));
   l->add_lora(4, 4.0);
   {
     torch::NoGradGuard no_grad;
@@ -433,7 +433,7 @@ namespace {
 TEST(Quantize, WhatEachQuantizedLinearKeepsForBackwardIsMeasured) {
   for (const WeightStorage storage : {WeightStorage::QFloat8, WeightStorage::Float8, WeightStorage::Int8}) {
     torch::manual_seed(5);
-    Linear q(256, 512);
+    Linear q(LinearOptions(256, 512));
     q->set_weight_storage(storage);
     const torch::Tensor x0 = torch::randn({4, 32, 256});
     int64_t kept = 0;
@@ -473,7 +473,7 @@ namespace {
 TEST(Quantize, AnOffloadedLinearComputesAsTheResidentOne) {
   for (const bool uint4 : {false, true}) {
     torch::manual_seed(9);
-    Linear resident(128, 64), offloaded(128, 64);
+    Linear resident(LinearOptions(128, 64)), offloaded(LinearOptions(128, 64));
     {
       torch::NoGradGuard g;
       offloaded->weight.copy_(resident->weight);
@@ -510,7 +510,7 @@ TEST(Quantize, ABiasFreeQuantizedLinearTrains) {
   for (const WeightStorage storage :
        {WeightStorage::QFloat8, WeightStorage::Float8, WeightStorage::Int8, WeightStorage::UInt4}) {
     torch::manual_seed(4);
-    Linear q(128, 64, /*bias=*/false);
+    Linear q(LinearOptions(128, 64).bias(false));
     q->set_weight_storage(storage);
     torch::Tensor x = torch::randn({3, 128}).requires_grad_(true);
     q->forward(x).square().sum().backward();

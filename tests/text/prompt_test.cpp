@@ -34,7 +34,7 @@ PromptEncoderOptions options_for(const std::string& preset, const torch::TensorO
 
 EncodedText by_hand(PromptEncoder& p, size_t slot, const std::string& prompt) {
   const TokenizedBatch t = p.tokenize(slot, prompt);
-  return p.encoder(slot).encode(t.input_ids, p.call(slot).mask ? t.attention_mask : torch::Tensor());
+  return p.encoder(slot).encode(t.input_ids, p.call(slot).mask() ? t.attention_mask : torch::Tensor());
 }
 
 TEST(PromptEncoder, FluxTakesT5sPaddedRowsAndClipsPooledOutput) {
@@ -64,7 +64,7 @@ TEST(PromptEncoder, Sd3PutsBothClipsSideBySidePaddedToT5sWidthThenT5sRows) {
   const std::string prompt = "a photo of a cat";
   const auto e = p.encode(prompt);
   EXPECT_EQ(e.text.sizes(), (std::vector<int64_t>{1, 48, 96}));
-  EXPECT_EQ(p.call(2).max_length, 48 - 16);
+  EXPECT_EQ(p.call(2).max_length(), 48 - 16);
   const auto l = by_hand(p, 0, prompt), gg = by_hand(p, 1, prompt), t5 = by_hand(p, 2, prompt);
   EXPECT_TRUE(torch::equal(e.text.slice(1, 0, 16).slice(2, 0, 32), l.hidden_states));
   EXPECT_TRUE(torch::equal(e.text.slice(1, 0, 16).slice(2, 32, 64), gg.hidden_states));
@@ -78,7 +78,7 @@ TEST(PromptEncoder, QwenImageDropsItsTemplatesThirtyFourPrefixTokens) {
   torch::manual_seed(3);
   PromptEncoder p(options_for("tiny-qwen-image"));
   torch::NoGradGuard g;
-  EXPECT_EQ(p.call(0).drop, 34);  // diffusers' prompt_template_encode_start_idx
+  EXPECT_EQ(p.call(0).drop(), 34);  // diffusers' prompt_template_encode_start_idx
   const std::string prompt = "a small red house, by the sea";
   const auto t = p.tokenize(0, prompt);
   const auto e = p.encode(prompt);
@@ -121,14 +121,14 @@ TEST(PromptEncoder, FullSizePresetsGiveTheirTransformersRowsAndWidths) {
     EXPECT_EQ(p.encoder(0).vocab_size(), 49408) << c.preset;  // CLIP-L at its real shape
   }
   PromptEncoder sd3(options_for("sd35-large", meta));
-  EXPECT_EQ(sd3.call(0).max_length, 77);
-  EXPECT_EQ(sd3.call(2).max_length, 256);
+  EXPECT_EQ(sd3.call(0).max_length(), 77);
+  EXPECT_EQ(sd3.call(2).max_length(), 256);
   PromptEncoder qwen(options_for("qwen-image", meta));
   EXPECT_EQ(qwen.encoder(0).hidden_width(), 3584);
-  EXPECT_EQ(qwen.call(0).max_length, 1024 + 34);
+  EXPECT_EQ(qwen.call(0).max_length(), 1024 + 34);
   PromptEncoder z(options_for("zimage", meta));
   EXPECT_EQ(z.encoder(0).hidden_width(), 2560);
-  EXPECT_EQ(z.call(0).max_length, 512);
+  EXPECT_EQ(z.call(0).max_length(), 512);
   // The weights as the run holds them: T5-XXL + CLIP-L in bf16.
   PromptEncoder flux(options_for("flux-dev", meta.dtype(torch::kBFloat16)));
   EXPECT_EQ(flux.weight_bytes(), int64_t{2} * (123060480 + 4762310656));

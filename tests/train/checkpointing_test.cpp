@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "gclab/memory/meta_count.h"
+#include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
 #include "gclab/model/lora.h"
 
@@ -73,31 +75,41 @@ INSTANTIATE_TEST_SUITE_P(
       return gclab::testing::test_name(std::get<0>(info.param) + (std::get<1>(info.param) ? "_lora" : "_full"));
     });
 
-// budget:BYTES resolved by a probe step: what each block keeps is measured (it equals the activation
-// ledger here), and the fewest blocks that bring the total under the budget are checkpointed.
-TEST(ModelCheckpointing, BudgetIsResolvedFromAProbeStepToTheFewestBlocks) {
+// What each block keeps, probed on the CPU (the tracking allocator) and walked on the meta device (a
+// MetaCount) — the walk budget:BYTES is resolved from — is the same to the byte, block by block; the fewest
+// blocks that bring the total under the budget are then checkpointed.
+TEST(ModelCheckpointing, TheBlocksProbedOnTheCpuAreTheWalksAndABudgetTakesTheFewest) {
   torch::manual_seed(0);
-  auto m = model::build_transformer(model::spec_by_preset("tiny-dit"));
+  const model::ModelSpec spec = model::spec_by_preset("tiny-dit");
   memory::CpuMemoryTracker tracker;
   memory::MemoryMeter meter(torch::kCPU);
-  const auto in = m->example_inputs(2, 64, 64);
+  auto m = model::build_transformer(spec);
   ModelCheckpointing ckpt(*m);
-  const auto everything = ckpt.resolve_budget(in, 0, meter);
+  ckpt.apply(ckpt::CheckpointPolicy::full());
+  const auto everything = ckpt.probe_blocks(m->example_inputs(2, 64, 64), [&] { return meter.stats().live_bytes; });
+  EXPECT_EQ(ckpt.wrappers()[0]->mode(), ckpt::BlockMode::Full);  // the modes applied before, again
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  auto walked_model = model::build_transformer(spec, meta);
+  ModelCheckpointing walked_ckpt(*walked_model);
+  memory::MetaCount count;
+  const auto walked =
+      walked_ckpt.probe_blocks(walked_model->example_inputs(2, 64, 64, 0, meta), [&] { return count.live(); });
+  EXPECT_EQ(walked.kept_bytes, everything.kept_bytes);
+  EXPECT_EQ(walked.input_bytes, everything.input_bytes);
   int64_t total = 0;
   for (auto b : everything.kept_bytes) {
     EXPECT_GT(b, 0);
     total += b;
   }
-  EXPECT_EQ(everything.policy.to_string(), "blocks:[0,1]");
-  EXPECT_EQ(ckpt.resolve_budget(in, total, meter).policy.to_string(), "off");
-  const auto one = ckpt.resolve_budget(in, total - everything.kept_bytes[0] + everything.input_bytes[0], meter);
-  EXPECT_EQ(one.policy.kind, ckpt::CheckpointPolicy::Kind::Blocks);
-  EXPECT_EQ(one.policy.blocks.size(), 1u);
-  // The measurement is the ledger's figure for a DiT block at this shape (fp32, full training).
-  model::ActivationOptions o;
-  o.element_bytes = 4;
-  const auto est = model::estimate_activations(m->spec(), 2, 64, 64, 0, o);
-  EXPECT_EQ(everything.kept_bytes[1], est.blocks[0].saved_bytes);
+  const auto pick = [&](int64_t budget) {
+    return ckpt::CheckpointPolicy::only_blocks(
+        ckpt::select_blocks_for_budget(everything.kept_bytes, everything.input_bytes, budget));
+  };
+  EXPECT_EQ(pick(0).to_string(), "blocks:[0,1]");
+  EXPECT_EQ(pick(total).to_string(), "off");
+  const auto one = pick(total - everything.kept_bytes[0] + everything.input_bytes[0]);
+  EXPECT_EQ(one.kind, ckpt::CheckpointPolicy::Kind::Blocks);
+  EXPECT_EQ(one.blocks.size(), 1u);
 }
 
 TEST(ModelCheckpointing, BudgetPolicyMustBeResolvedFirstAndTheModelIsPlainAfterwards) {

@@ -217,7 +217,7 @@ TEST(LayerOffloading, AnotherSessionsEndLeavesARunsRingsAlone) {
 // offloaded Linear when its caller, a norm or an adapter, computed in float32): the ring slot holds the
 // weight in bf16, not in the input's float32 — twice the bytes, for a weight autocast casts back anyway.
 TEST(LayerOffloading, RingSlotsHoldTheWeightInTheDtypeAutocastComputesIn) {
-  nn::Linear linear(64, 32, /*bias=*/true, torch::TensorOptions().dtype(torch::kBFloat16));
+  nn::Linear linear(nn::LinearOptions(64, 32).tensor_options(torch::TensorOptions().dtype(torch::kBFloat16)));
   linear->set_weight_storage(nn::WeightStorage::UInt4);
   const auto rings = nn::make_offload_rings();
   linear->offload([](const torch::Tensor& t) { return t.clone(); }, rings);

@@ -63,11 +63,13 @@ TEST(QuantizedBase, Uint4WeightsAreThePackedBytesAndTheLoraTrainsAlikeWithCheckp
 
 // uintN (AI Toolkit's dequantize-then-F.linear), float8 (torchao's dequantizing fallback) and int8
 // (torchao's mm on the codes cast to the compute dtype) each leave a weight-sized copy with autograd; quanto's
-// qfloat8 does not. The ledger counts exactly those, and equals the tracking allocator's measurement.
-TEST(QuantizedBase, TheLedgerCountsTheWeightCopiesAutogradKeepsForEachQtype) {
+// qfloat8 does not. The walk counts exactly those, and equals the tracking allocator's measurement.
+TEST(QuantizedBase, TheWalkCountsTheWeightCopiesAutogradKeepsForEachQtype) {
   const fs::path dir = testing::fresh_dir("quantized_ledger");
   Session plain(tiny_config(dir, "plain"));
-  const auto [measured_plain, ledger_plain] = plain.probe_block_activations();
+  const Session::BlockProbes plain_probe = plain.probe_block_activations();
+  const int64_t measured_plain = plain_probe.measured.total_off_bytes,
+                walked_plain = plain_probe.walked.total_off_bytes;
   for (const std::string qtype : {"uint3", "float8", "int8", "qfloat8"}) {
     Session q(tiny_config(dir, qtype, {"model.quantize=true", "model.qtype=" + qtype}));
     const auto weights = model::dequantized_weight_bytes(q.model(), /*conditioning_grad=*/false);
@@ -77,12 +79,13 @@ TEST(QuantizedBase, TheLedgerCountsTheWeightCopiesAutogradKeepsForEachQtype) {
     if (qtype != "qfloat8") {
       EXPECT_GT(dequantized, 0) << qtype;
     }
-    const auto [measured, ledger] = q.probe_block_activations();
-    EXPECT_EQ(ledger - ledger_plain, dequantized) << qtype;
+    const Session::BlockProbes probe = q.probe_block_activations();
+    const int64_t measured = probe.measured.total_off_bytes, walked = probe.walked.total_off_bytes;
+    EXPECT_EQ(walked - walked_plain, dequantized) << qtype;
     // Measured with nothing checkpointed: the blocks keep the copies beside their activations.
     EXPECT_GE(measured - measured_plain, dequantized * 9 / 10) << qtype;
-    EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(ledger), 1.0, 1e-3)
-        << qtype << ": " << measured << " " << ledger;
+    EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(walked), 1.0, 1e-3)
+        << qtype << ": " << measured << " " << walked;
   }
   fs::remove_all(dir);
 }
@@ -179,8 +182,9 @@ TEST(QuantizedBase, AnAdapterNotOnDiskIsBuiltAtRank16OnTheBlocksAndKeepsNoActiva
     EXPECT_EQ(up.sizes(), (std::vector<int64_t>{linear->out_features(), model::kRecoveryAdapterRank}));
     EXPECT_EQ(up.abs().sum().item<double>(), 0.0);
   }
-  const auto [measured, ledger] = q.probe_block_activations();
-  EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(ledger), 1.0, 1e-3) << measured << " " << ledger;
+  const Session::BlockProbes probe = q.probe_block_activations();
+  const int64_t measured = probe.measured.total_off_bytes, walked = probe.walked.total_off_bytes;
+  EXPECT_NEAR(static_cast<double>(measured) / static_cast<double>(walked), 1.0, 1e-3) << measured << " " << walked;
   fs::remove_all(dir);
 }
 

@@ -1,7 +1,7 @@
 // `gclab bench` and `gclab fit` on one Session: the step the config describes (its dtype, optimizer, lr,
 // timestep type, accumulation, and everything a run keeps resident), on synthetic batches of each size.
 // bench: for each resolution, batch and checkpoint policy, a few real steps — median step time and its
-// ratio to GC off, peak memory and its ratio, the ledger's activations beside it, OOM where the cap (or the
+// ratio to GC off, peak memory and its ratio, the walked blocks' activations beside it, OOM where the cap (or the
 // device) runs out. fit: the largest batch whose steps (and previews, when sampling is on) fit.
 // Policies are switched and sizes changed between cells on the one built model.
 #pragma once
@@ -34,7 +34,7 @@ struct BenchRow {
   double step_ms = 0;                      // median of the timed steps
   int64_t peak_bytes = 0;                  // the highest live bytes during a step (absolute)
   int64_t reserved_peak_bytes = 0;         // CUDA: the most the caching allocator held (>= peak); CPU: = peak
-  int64_t predicted_activation_bytes = 0;  // the ledger's blocks under this policy (model::activations_under)
+  int64_t predicted_activation_bytes = 0;  // the walked blocks under this policy (model::activations_under)
   double time_ratio = 0, peak_ratio = 0;   // to GC off at the same resolution and batch (0 when unknown)
   // GC off's cells: the forward alone (its loss, the graph dropped), timed as the step is.
   double forward_ms = 0;
@@ -45,11 +45,12 @@ struct BenchRow {
   double mfu = 0;          // model FLOPs / (step time x the bf16 rate: measured, else the data sheet's); CUDA only
 };
 
-// Model FLOPs of one training step at batch x resolution²: every block Linear's 2·tokens·in·out (each on
+// Model FLOPs of one training step of `batch` whose blocks `est` walked (Session::block_activations: the
+// tokens each block's streams hold): every block Linear's 2·tokens·in·out (each on
 // the tokens of its own stream; modulation on one vector a sample) and attention's 4·S²·width, forward
 // once, backward once for the inputs and once more for the trained weights when every weight is trained
 // (LoRA trains almost nothing). Recomputation is not counted: it is the cost MFU should show.
-double step_flops(train::Session& session, int batch, int resolution);
+double step_flops(train::Session& session, const model::ActivationEstimate& est, int batch);
 // Dense bf16 tensor-core peak of a GPU by name (H100/H200 989 TFLOP/s, A100 312, ...); 0 when unknown.
 double peak_bf16_flops(const std::string& gpu_name);
 

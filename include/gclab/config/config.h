@@ -299,8 +299,8 @@ struct TrainConfig {
   // the saves it made before kept. AI Toolkit has no limit; 0 means none here too.
   int max_nonfinite_steps = 10;
   // gclab: with checkpoint_policy budget:BYTES, also measure the blocks' activations on a probe forward at
-  // the largest batch and resolution (nothing checkpointed) and log them beside the ledger's. The policy
-  // comes from the ledger either way; the probe runs under the out-of-memory handler.
+  // the largest batch and resolution (nothing checkpointed) and log them beside the walk's. The policy
+  // comes from the walk either way; the probe runs under the out-of-memory handler.
   bool budget_probe = false;
 
   // The resolved policy (the loader always sets it).

@@ -26,6 +26,7 @@ using nn::holder_at;
 using nn::layer_norm;
 using nn::Linear;
 using nn::LinearImpl;
+using nn::LinearOptions;
 using nn::merge_heads;
 using nn::modulate;
 using nn::named_linears;

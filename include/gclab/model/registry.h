@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "gclab/model/activations.h"
-#include "gclab/model/block_ledger.h"
 #include "gclab/model/family.h"
 #include "gclab/model/flow_schedule.h"
 #include "gclab/model/guidance.h"
@@ -51,12 +50,6 @@ class ModelFamily {
   // and type the weights (kMeta: no memory).
   virtual std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                                   const torch::TensorOptions& options) const = 0;
-
-  // The activation ledger of its blocks (activations.h): each kind of block its transformer has, how many,
-  // the bytes one keeps for its backward and its hidden-stream inputs' (what a checkpointed one keeps), for
-  // `n` image tokens (references included) and `t` text tokens in a batch of L.B.
-  virtual std::vector<BlockActivations> block_activations(const ModelSpec& spec, const BlockLedger& L, int64_t n,
-                                                          int64_t t) const = 0;
 
   // Its blocks in words, for summaries ("19 double-stream + 38 single-stream").
   virtual std::string describe_blocks(const ModelSpec& spec) const = 0;

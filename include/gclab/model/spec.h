@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gclab/config/config.h"
@@ -148,6 +149,17 @@ inline bool trains_references_at_image_size(const ModelSpec& spec) {
 // per control image (trains_references_at_image_size), else one of reference_area (4096 tokens at the
 // pipelines' 1024², counted square).
 int64_t reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width);
+// The size one control image's reference latent is made at in training, for a width x height image: the
+// image's own (references_at_image_size, and `at_image_size` callers that say so: Flex.2's control channels)
+// or reference_area of its aspect, sides multiples of the divisibility (data::reference_size). {width, height}.
+std::pair<int64_t, int64_t> training_reference_size(const ModelSpec& spec, int64_t width, int64_t height,
+                                                    bool at_image_size = false);
+// The tokens a training step's blocks see for a height x width image: the image's with an edit model's one
+// control image's reference tokens, and the text's (`text_tokens`; 0: a 77-token caption's).
+struct StepTokens {
+  int64_t image = 0, text = 0;
+};
+StepTokens step_tokens(const ModelSpec& spec, int64_t height, int64_t width, int64_t text_tokens = 0);
 // A preview's: one reference_area latent per control image, for either class (the pipelines').
 int64_t preview_reference_tokens(const ModelSpec& spec, int control_images);
 

@@ -4,6 +4,7 @@
 // `lora_B.weight`, as PEFT and AI Toolkit save them).
 #pragma once
 
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -73,42 +74,52 @@ torch::Tensor normal_parameter(at::IntArrayRef shape, double std, const torch::T
 struct OffloadRings;
 std::shared_ptr<OffloadRings> make_offload_rings();
 
+// nn.Linear's arguments, chained as torch::nn::LinearOptions chains them:
+// Linear(LinearOptions(in, out).bias(false).tensor_options(o)).
+struct LinearOptions {
+  LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  TORCH_ARG(int64_t, in_features);
+  TORCH_ARG(int64_t, out_features);
+  TORCH_ARG(bool, bias) = true;
+  // Where the tensors are placed, in what dtype: torch::kMeta builds a full-size model without memory.
+  TORCH_ARG(torch::TensorOptions, tensor_options) = {};
+};
+
 class LinearImpl : public torch::nn::Module {
  public:
-  // `options` places the tensors: torch::kMeta builds a full-size model without memory.
-  LinearImpl(int64_t in_features, int64_t out_features, bool bias = true, const torch::TensorOptions& options = {});
+  explicit LinearImpl(const LinearOptions& options);
 
   torch::Tensor forward(const torch::Tensor& x);
 
   // Adds lora_A (rank x in, Kaiming-uniform like PEFT) and lora_B (out x rank, zeros: the adapter starts
   // as a no-op), freezes weight and bias. Calling it twice replaces the adapter.
   void add_lora(int64_t rank, double alpha, double dropout = 0.0);
-  bool has_lora() const { return lora_A_.defined(); }
-  double lora_scale() const { return lora_scale_; }  // alpha / rank
+  bool has_lora() const { return lora_.A.defined(); }
+  double lora_scale() const { return lora_.scale; }  // alpha / rank
   // Scales the adapter's output by `m` on top of lora_scale (AI Toolkit's network.multiplier, which a
   // preview's `--m` / network_multiplier sets: toolkit/network_mixins.py:289-320); 0 skips the adapter.
-  void set_lora_multiplier(double m) { lora_multiplier_ = m; }
-  double lora_multiplier() const { return lora_multiplier_; }
+  void set_lora_multiplier(double m) { lora_.multiplier = m; }
+  double lora_multiplier() const { return lora_.multiplier; }
   // A frozen LoRA beside the weight (AI Toolkit's accuracy-recovery adapter: trained to make up for what
   // the quantized weight lost): down [rank, in] and up [out, rank], kept in their dtype as the buffers
   // `recovery_A` / `recovery_B` — not parameters, so no optimizer, weight file or LoRA file sees them.
   void add_recovery_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale);
-  bool has_recovery_adapter() const { return recovery_A_.defined(); }
+  bool has_recovery_adapter() const { return recovery_.A.defined(); }
   // A frozen LoRA kept beside a weight it was merged into (AI Toolkit's assistant / training adapter, whose
   // network stays attached inactive and runs at multiplier -1 while sampling: the merged update taken back
   // out). down [rank, in], up [out, rank] as the buffers `assistant_A` / `assistant_B`; it adds
   // multiplier * scale * up(down(x)) — nothing while the multiplier is 0, as it is until
   // set_assistant_multiplier says otherwise.
   void add_assistant_adapter(const torch::Tensor& down, const torch::Tensor& up, double scale);
-  bool has_assistant_adapter() const { return assistant_A_.defined(); }
-  void set_assistant_multiplier(double m) { assistant_multiplier_ = m; }
+  bool has_assistant_adapter() const { return assistant_.A.defined(); }
+  void set_assistant_multiplier(double m) { assistant_.multiplier = m; }
   // Moves the assistant adapter's matrices where `place` puts them (the device to sample, host memory after).
   void place_assistant_adapter(const std::function<torch::Tensor(const torch::Tensor&)>& place);
   // Stores the weight as `storage`, frozen: the codes in `weight` (float8 / int8 / packed uint8), the
   // scales in buffers — `weight_scale` (+ `weight_zero_point` for int8), `uintx_scale` / `uintx_zero_point`
   // for uintN. Not for trained weights.
   void set_weight_storage(WeightStorage storage);
-  WeightStorage weight_storage() const { return storage_; }
+  WeightStorage weight_storage() const { return storage_.kind; }
   // The most set_weight_storage(storage) holds at once above what this Linear held before it: the
   // quantization's temporaries and its result (quant's walks), or the converted copy; the old weight goes
   // only after. 0 when it would change nothing.
@@ -126,7 +137,7 @@ class LinearImpl : public torch::nn::Module {
   // is frozen from then on; the LoRA adapter stays on the device.
   // `rings`: the Session's (make_offload_rings), shared by every Linear it offloads.
   void offload(const std::function<torch::Tensor(const torch::Tensor&)>& to_host, std::shared_ptr<OffloadRings> rings);
-  bool offloaded() const { return offloaded_; }
+  bool offloaded() const { return offload_.on; }
   // The bytes of the weight-sized copy the quantized matmul builds and autograd keeps for the input's
   // gradient (float8, int8, uintN: the library's F.linear / mm takes a dequantized or cast weight); 0 for
   // a float weight, and for qfloat8, whose autograd function keeps only the quantized weight.
@@ -142,19 +153,32 @@ class LinearImpl : public torch::nn::Module {
   quant::ScaledWeight scaled() const;  // the qfloat8 / float8 / int8 weight as quant/scaled.h takes it
   friend struct FrozenAccess;          // layers.cpp: the frozen parts, for its autograd functions
 
+  // Its parts: how the weight is stored, the trained adapter, the frozen adapters beside the weight, and
+  // whether (and through which rings) the weight is offloaded.
+  struct Storage {
+    WeightStorage kind = WeightStorage::Float32;
+    torch::Tensor scale, zero_point;                  // qfloat8, float8, int8
+    torch::Tensor uintx_scale, uintx_zero_point;      // uint2..uint7
+    torch::ScalarType dequant_dtype = torch::kFloat;  // what a quantized weight dequantizes to
+  };
+  struct Lora {
+    torch::Tensor A, B;  // registered as lora_A.weight / lora_B.weight
+    double scale = 1.0, dropout = 0.0, multiplier = 1.0;
+  };
+  struct FrozenAdapter {  // buffers, not parameters: the accuracy-recovery adapter, the assistant adapter
+    torch::Tensor A, B;
+    double scale = 1.0, multiplier = 1.0;
+  };
+  struct Offload {
+    bool on = false;
+    std::shared_ptr<OffloadRings> rings;  // where the weights brought stay
+  };
   int64_t in_, out_;
-  WeightStorage storage_ = WeightStorage::Float32;
-  torch::Tensor weight_scale_, weight_zero_point_;  // qfloat8, float8, int8
-  torch::Tensor uintx_scale_, uintx_zero_point_;
-  torch::ScalarType dequant_dtype_ = torch::kFloat;  // what a quantized weight dequantizes to
-  torch::Tensor lora_A_, lora_B_;                    // registered as lora_A.weight / lora_B.weight
-  torch::Tensor recovery_A_, recovery_B_;
-  double recovery_scale_ = 1.0;
-  torch::Tensor assistant_A_, assistant_B_;
-  double assistant_scale_ = 1.0, assistant_multiplier_ = 0.0;
-  bool offloaded_ = false;
-  std::shared_ptr<OffloadRings> rings_;  // offloaded: where the weights brought stay
-  double lora_scale_ = 1.0, lora_dropout_ = 0.0, lora_multiplier_ = 1.0;
+  Storage storage_;
+  Lora lora_;
+  FrozenAdapter recovery_;
+  FrozenAdapter assistant_{{}, {}, 1.0, /*multiplier=*/0.0};  // inactive until sampling sets it
+  Offload offload_;
 };
 TORCH_MODULE(Linear);
 

@@ -5,6 +5,7 @@
 // PromptEncoder (text/prompt.h) builds the encoders and runs it, and predicts its memory by walking it.
 #pragma once
 
+#include <torch/arg.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -16,15 +17,23 @@
 
 namespace gclab::text {
 
-// How the pipeline calls one slot's tokenizer and encoder.
+// How the pipeline calls one slot's tokenizer and encoder, chained as LibTorch's options are:
+// PipelineCall().template_around(prefix, suffix).max_length(512).pad(true).mask(true).
 struct PipelineCall {
-  std::string prefix, suffix;  // the chat template around the prompt
-  int64_t max_length = 0;      // truncation (and padding when `pad`)
-  bool pad = false;            // padding="max_length"
-  bool mask = false;           // the attention mask is passed to the encoder
-  int64_t drop = 0;            // leading rows the pipeline drops (a template's prefix)
-  int64_t condition_area = 0;  // edit models: control images read through the vision tower at this area
-  bool numbered = false;       // ... each after "Picture i: " (the Plus template)
+  TORCH_ARG(std::string, prefix);          // the chat template before the prompt
+  TORCH_ARG(std::string, suffix);          // and after it
+  TORCH_ARG(int64_t, max_length) = 0;      // truncation (and padding when `pad`; 0: none)
+  TORCH_ARG(bool, pad) = false;            // padding="max_length"
+  TORCH_ARG(bool, mask) = false;           // the attention mask is passed to the encoder
+  TORCH_ARG(int64_t, drop) = 0;            // leading rows the pipeline drops (a template's prefix)
+  TORCH_ARG(int64_t, condition_area) = 0;  // edit models: control images read through the vision tower here
+  TORCH_ARG(bool, numbered) = false;       // ... each after "Picture i: " (the Plus template)
+
+ public:
+  PipelineCall& template_around(std::string before, std::string after) {
+    prefix_ = std::move(before), suffix_ = std::move(after);
+    return *this;
+  }
 };
 
 struct PromptEmbedding {

@@ -74,7 +74,7 @@ class PromptEncoder {
   EncodePrediction predict_encode(int64_t prompt_tokens, int square_conditions,
                                   const EncodeMemoryOptions& device) const;
   // Whether the control images change the embedding (an edit model's vision tower).
-  bool reads_conditions() const { return !slots_.empty() && slots_.back().call.condition_area > 0; }
+  bool reads_conditions() const { return !slots_.empty() && slots_.back().call.condition_area() > 0; }
 
   size_t slots() const { return slots_.size(); }
   TextEncoderBase& encoder(size_t slot) { return *slots_.at(slot).encoder; }

@@ -3,11 +3,11 @@
 // site is routed through the wrappers. The model code knows nothing of it.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "gclab/ckpt/policy.h"
 #include "gclab/ckpt/wrapper.h"
-#include "gclab/memory/tracker.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::train {
@@ -21,18 +21,19 @@ class ModelCheckpointing {
   ModelCheckpointing& operator=(const ModelCheckpointing&) = delete;
 
   // Switches every block's mode from the policy; may be called again between steps. A budget policy
-  // must be resolved to blocks:[...] first (select_blocks_for_budget on measured block footprints).
+  // must be resolved to blocks:[...] first (select_blocks_for_budget on the walked block footprints).
   void apply(const ckpt::CheckpointPolicy& policy);
   std::vector<ckpt::CheckpointWrapper>& wrappers() { return wrappers_; }
 
-  // budget:BYTES made concrete: a probe forward (grad on, nothing checkpointed) on `probe` measures what
-  // each block keeps for backward and what its hidden-stream inputs take (live bytes from `meter`), then
-  // select_blocks_for_budget picks the fewest blocks to checkpoint. Returns the blocks:[...] policy.
-  struct BudgetProbe {
+  // What each block keeps for its backward and what its hidden-stream inputs take (what a checkpointed block
+  // keeps instead: a block's first inputs, one per output — TransformerBlock's convention; nothing for a
+  // block that keeps nothing), from one forward on `probe` with grad on and nothing checkpointed, `live` reading the
+  // bytes live on the model's device — the tracking allocator's on a CPU or GPU, a MetaCount's on the meta
+  // device (the walk: Session::block_activations). The modes applied before are applied again after.
+  struct BlockProbe {
     std::vector<int64_t> kept_bytes, input_bytes;
-    ckpt::CheckpointPolicy policy;
   };
-  BudgetProbe resolve_budget(const model::ModelInputs& probe, int64_t budget_bytes, const memory::MemoryMeter& meter);
+  BlockProbe probe_blocks(const model::ModelInputs& probe, const std::function<int64_t()>& live);
 
  private:
   model::DiffusionTransformer& model_;

@@ -142,21 +142,29 @@ class Session {
   bool caches_latents() const { return plan_.caches_latents; }
 
   // The checkpoint policy applied to the model now, and switching it between steps (no rebuild). A
-  // budget:BYTES policy is resolved to blocks:[...] from the activation ledger at this batch and square
-  // resolution (the largest the run will meet).
+  // budget:BYTES policy is resolved to blocks:[...] from the walked block activations (block_activations) at
+  // this batch and square resolution (the largest the run will meet).
   const ckpt::CheckpointPolicy& applied_policy() const { return applied_; }
   // The share of the blocks the applied policy recomputes whole in backward (full, offload); nullopt when a
   // block recomputes only a part (selective).
   std::optional<double> recomputed_block_share() const;
   void apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution);
+  // What each block keeps for its backward with nothing checkpointed, and what a checkpointed one keeps (its
+  // hidden-stream inputs), for a step of `batch` x height x width with `text_tokens` (0: a 77-token
+  // caption's) and an edit model's one control image: walked on the meta device (model/activations.h) — a
+  // meta Session walks its own model, any other a meta twin of its run (walk_twin). The applied policy is
+  // left as it was.
+  model::ActivationEstimate block_activations(int batch, int height, int width, int64_t text_tokens = 0);
+  // A Session of this run's config on the meta device (built quietly), to walk what this one holds; the
+  // meta allocator is installed while it lives.
+  std::unique_ptr<Session> walk_twin() const;
   // train.budget_probe: a probe forward at the largest batch and resolution with nothing checkpointed,
-  // measuring what each block keeps; returns the measured total beside the ledger's (both bytes). Leaves
-  // the applied policy and the random generators as they were.
-  std::pair<int64_t, int64_t> probe_block_activations();
-  // The ledger's options for this session's dtype, LoRA rank, quantized Linears and device (or, for an
-  // estimate built on the meta device, the device kind it predicts for).
-  model::ActivationOptions activation_options() const { return activation_options(device_.is_cuda()); }
-  model::ActivationOptions activation_options(bool cuda) const;
+  // measuring what each block keeps (the tracking allocator's bytes), beside the walk's figures for the same
+  // step. Leaves the applied policy and the random generators as they were.
+  struct BlockProbes {
+    model::ActivationEstimate measured, walked;
+  };
+  BlockProbes probe_block_activations();
 
   // The micro-batch a step trains on: conditioning for the captions, latents (and references) on the
   // device, fresh noise and timesteps from the global generator (the batch encoded first if it is not).

@@ -22,7 +22,7 @@ const Family kToyId("toy");
 class ToyBlock : public TransformerBlock {
  public:
   ToyBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& o) {
-    adaLN = register_at(*this, "adaLN_modulation.1", Linear(dim, 6 * dim, true, o));
+    adaLN = register_at(*this, "adaLN_modulation.1", Linear(LinearOptions(dim, 6 * dim).tensor_options(o)));
     attn = register_module("attn", SelfAttention(dim, heads, /*bias=*/true, /*out_proj=*/true, 1e-6, o));
     ff = register_module("ff", GeluFeedForward(dim, mlp_hidden, o));
   }
@@ -51,34 +51,19 @@ class ToyBlock : public TransformerBlock {
   GeluFeedForward ff{nullptr};
 };
 
-// What one ToyBlock keeps for its backward over `n` image tokens (the ledger's rules, block_ledger.h), each
-// entry a tensor its forward hands to autograd.
-int64_t toy_block(const BlockLedger& L, int64_t n, int64_t m) {
-  const int64_t B = L.B, D = L.D, H = L.H, ni = B * n, x = ni * D;
-  int64_t bytes = L.linear_input(B, D) + L.lora(B) + L.act(B * 6 * D);  // silu(c), emb
-  // attention: LN, its output, 1 + scale, the modulated input (q/k/v's); q, k: projections and their norms;
-  // v; the fused attention (its output is to_out's input); to_out's output (the gate's); h after it
-  bytes += L.layer_norm_stats(ni) + L.act(x) + L.act(B * D) + L.linear_input(ni, D, 3);
-  bytes += 2 * (L.act(x) + L.rms_norm(x, B * H * n) + L.act(x)) + L.act(x);
-  bytes += L.attention(ni) + L.lora_copies(ni, D) + L.act(x) + L.act(x);
-  // MLP: LN, its output, 1 + scale, the modulated input (net.0's); GELU's input and output; net.2's output
-  bytes += L.layer_norm_stats(ni) + L.act(x) + L.act(B * D) + L.linear_input(ni, D);
-  bytes += L.act(ni * m) + L.linear_input(ni, m) + L.act(x);
-  bytes += L.lora(ni) * 6;  // to_q/k/v/out, net.0, net.2
-  return bytes;
-}
-
 class ToyTransformer : public DiffusionTransformer {
  public:
   ToyTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
     const int64_t d = s.hidden, p = s.patch;
-    x_embedder = register_at(*this, "x_embedder", Linear(p * p * s.latent_channels, d, true, o));
+    x_embedder =
+        register_at(*this, "x_embedder", Linear(LinearOptions(p * p * s.latent_channels, d).tensor_options(o)));
     t_embedder = TwoLayerMlp(*this, "t_embedder.linear_1", "t_embedder.linear_2", 256, d, d, o);
-    text_proj = register_at(*this, "text_proj", Linear(s.text_dim, d, true, o));
+    text_proj = register_at(*this, "text_proj", Linear(LinearOptions(s.text_dim, d).tensor_options(o)));
     for (int i = 0; i < s.single_blocks; ++i)
       add_block("blocks." + std::to_string(i), std::make_shared<ToyBlock>(d, s.heads, s.mlp_hidden, o));
-    final_adaLN = register_at(*this, "final_layer.adaLN", Linear(d, 2 * d, true, o));
-    final_linear = register_at(*this, "final_layer.linear", Linear(d, p * p * s.out_channels, true, o));
+    final_adaLN = register_at(*this, "final_layer.adaLN", Linear(LinearOptions(d, 2 * d).tensor_options(o)));
+    final_linear =
+        register_at(*this, "final_layer.linear", Linear(LinearOptions(d, p * p * s.out_channels).tensor_options(o)));
   }
 
   // Images [B, C, H, W]; videos [B, C, F, H, W], each frame patchified and the frames' tokens in one sequence.
@@ -117,7 +102,7 @@ class ToyText final : public text::TextPipeline {
   }
   std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>&,
                                         const text::PipelineTarget& t) const override {
-    return {{"", "", t.max_tokens, true, true, 0}};
+    return {text::PipelineCall().max_length(t.max_tokens).pad(true).mask(true)};
   }
 };
 
@@ -142,11 +127,6 @@ class Toy final : public ModelFamily {
     return std::make_shared<ToyTransformer>(spec, options);
   }
   std::string describe_blocks(const ModelSpec& s) const override { return std::to_string(s.single_blocks) + " toy"; }
-  // Its blocks over the image tokens; the caption enters through the conditioning vector, not the sequence.
-  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
-                                                  int64_t) const override {
-    return {{"toy", s.single_blocks, toy_block(L, n, s.mlp_hidden), L.B * n * s.hidden * L.e}};
-  }
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;
     return {{"tiny-toy", kToyId, "tiny-toy", true, "", "", L, {"Toy-Image"}},

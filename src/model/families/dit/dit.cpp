@@ -34,10 +34,6 @@ class Dit final : public ModelFamily {
     return dit::build_transformer(spec, options);
   }
   std::string describe_blocks(const ModelSpec& s) const override { return std::to_string(s.single_blocks) + " DiT"; }
-  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
-                                                  int64_t) const override {
-    return {{"dit", s.single_blocks, dit_block(L, n, s.mlp_hidden), L.B * n * s.hidden * L.e, L.B * n}};
-  }
 
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;

@@ -24,11 +24,11 @@ class DiTBlock : public TransformerBlock {
 
 DiTBlock::DiTBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options)
     : heads_(heads) {
-  qkv = register_at(*this, "attn.qkv", Linear(dim, 3 * dim, true, options));
-  proj = register_at(*this, "attn.proj", Linear(dim, dim, true, options));
-  fc1 = register_at(*this, "mlp.fc1", Linear(dim, mlp_hidden, true, options));
-  fc2 = register_at(*this, "mlp.fc2", Linear(mlp_hidden, dim, true, options));
-  adaLN = register_at(*this, "adaLN_modulation.1", Linear(dim, 6 * dim, true, options));
+  qkv = register_at(*this, "attn.qkv", Linear(LinearOptions(dim, 3 * dim).tensor_options(options)));
+  proj = register_at(*this, "attn.proj", Linear(LinearOptions(dim, dim).tensor_options(options)));
+  fc1 = register_at(*this, "mlp.fc1", Linear(LinearOptions(dim, mlp_hidden).tensor_options(options)));
+  fc2 = register_at(*this, "mlp.fc2", Linear(LinearOptions(mlp_hidden, dim).tensor_options(options)));
+  adaLN = register_at(*this, "adaLN_modulation.1", Linear(LinearOptions(dim, 6 * dim).tensor_options(options)));
 }
 
 Tensors DiTBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
@@ -66,8 +66,10 @@ class DiTTransformer : public DiffusionTransformer {
                   .register_parameter("embedding_table", nn::normal_parameter({s.num_classes + 1, d}, 0.02, o));
     for (int i = 0; i < s.single_blocks; ++i)
       add_block("blocks." + std::to_string(i), std::make_shared<DiTBlock>(d, s.heads, s.mlp_hidden, o));
-    final_linear = register_at(*this, "final_layer.linear", Linear(d, s.patch * s.patch * s.out_channels, true, o));
-    final_adaLN = register_at(*this, "final_layer.adaLN_modulation.1", Linear(d, 2 * d, true, o));
+    final_linear = register_at(*this, "final_layer.linear",
+                               Linear(LinearOptions(d, s.patch * s.patch * s.out_channels).tensor_options(o)));
+    final_adaLN =
+        register_at(*this, "final_layer.adaLN_modulation.1", Linear(LinearOptions(d, 2 * d).tensor_options(o)));
   }
 
   torch::Tensor forward(const ModelInputs& in) override {

@@ -80,12 +80,6 @@ class Flux final : public ModelFamily {
   std::string describe_blocks(const ModelSpec& s) const override {
     return std::to_string(s.double_blocks) + " double-stream + " + std::to_string(s.single_blocks) + " single-stream";
   }
-  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
-                                                  int64_t t) const override {
-    const int64_t input = L.B * (n + t) * s.hidden * L.e;
-    return {{"double", s.double_blocks, double_stream(L, n, t, s.mlp_hidden), input, L.B * std::max(n, t)},
-            {"single", s.single_blocks, flux_single(L, n + t, s.mlp_hidden), input, L.B * (n + t)}};
-  }
 
   std::vector<ArchFacts> archs() const override {
     using L = TransformerLoading;

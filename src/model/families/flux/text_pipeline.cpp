@@ -19,7 +19,8 @@ class FluxText final : public text::TextPipeline {
   }
   std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>& e,
                                         const text::PipelineTarget& t) const override {
-    return {{"", "", e[0]->max_positions(), true, false, 0}, {"", "", t.max_tokens, true, false, 0}};
+    return {text::PipelineCall().max_length(e[0]->max_positions()).pad(true),
+            text::PipelineCall().max_length(t.max_tokens).pad(true)};
   }
   int64_t fixed_rows(const text::PipelineTarget& t) const override { return t.max_tokens; }
 };

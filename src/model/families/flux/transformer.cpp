@@ -29,9 +29,9 @@ class FluxSingleBlock : public TransformerBlock {
 };
 
 FluxSingleBlock::FluxSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& options) {
-  norm_linear = register_at(*this, "norm.linear", Linear(dim, 3 * dim, true, options));
-  proj_mlp = register_module("proj_mlp", Linear(dim, mlp_hidden, true, options));
-  proj_out = register_module("proj_out", Linear(dim + mlp_hidden, dim, true, options));
+  norm_linear = register_at(*this, "norm.linear", Linear(LinearOptions(dim, 3 * dim).tensor_options(options)));
+  proj_mlp = register_module("proj_mlp", Linear(LinearOptions(dim, mlp_hidden).tensor_options(options)));
+  proj_out = register_module("proj_out", Linear(LinearOptions(dim + mlp_hidden, dim).tensor_options(options)));
   attn = register_module("attn", SelfAttention(dim, heads, /*bias=*/true, /*out_proj=*/false, 1e-6, options));
 }
 
@@ -53,7 +53,7 @@ class FluxTransformer : public DiffusionTransformer {
  public:
   FluxTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
     const int64_t d = s.hidden, in = s.latent_channels * s.patch * s.patch + s.extra_input_features;
-    x_embedder = register_module("x_embedder", Linear(in, d, true, o));
+    x_embedder = register_module("x_embedder", Linear(LinearOptions(in, d).tensor_options(o)));
     timestep_embedder = TwoLayerMlp(*this, "time_text_embed.timestep_embedder.linear_1",
                                     "time_text_embed.timestep_embedder.linear_2", 256, d, d, o);
     if (s.guidance_embed)
@@ -61,15 +61,16 @@ class FluxTransformer : public DiffusionTransformer {
                                       "time_text_embed.guidance_embedder.linear_2", 256, d, d, o);
     text_embedder = TwoLayerMlp(*this, "time_text_embed.text_embedder.linear_1",
                                 "time_text_embed.text_embedder.linear_2", s.pooled_dim, d, d, o);
-    context_embedder = register_module("context_embedder", Linear(s.text_dim, d, true, o));
+    context_embedder = register_module("context_embedder", Linear(LinearOptions(s.text_dim, d).tensor_options(o)));
     for (int i = 0; i < s.double_blocks; ++i)
       add_block("transformer_blocks." + std::to_string(i),
                 std::make_shared<FluxDoubleBlock>(d, s.heads, s.mlp_hidden, o));
     for (int i = 0; i < s.single_blocks; ++i)
       add_block("single_transformer_blocks." + std::to_string(i),
                 std::make_shared<FluxSingleBlock>(d, s.heads, s.mlp_hidden, o));
-    norm_out_linear = register_at(*this, "norm_out.linear", Linear(d, 2 * d, true, o));
-    proj_out = register_module("proj_out", Linear(d, s.patch * s.patch * s.out_channels, true, o));
+    norm_out_linear = register_at(*this, "norm_out.linear", Linear(LinearOptions(d, 2 * d).tensor_options(o)));
+    proj_out =
+        register_module("proj_out", Linear(LinearOptions(d, s.patch * s.patch * s.out_channels).tensor_options(o)));
   }
 
   torch::Tensor forward(const ModelInputs& in) override {

@@ -103,11 +103,6 @@ class QwenImage final : public ModelFamily {
   std::string describe_blocks(const ModelSpec& s) const override {
     return std::to_string(s.double_blocks) + " double-stream";
   }
-  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
-                                                  int64_t t) const override {
-    return {{"double", s.double_blocks, double_stream(L, n, t, s.mlp_hidden, s.zero_cond_t),
-             L.B * (n + t) * s.hidden * L.e, L.B * std::max(n, t)}};
-  }
 
   // quantize_model (toolkit/util/quantize.py) per block; the transformer reaches the device after the text
   // encoders are loaded and quantized (qwen_image.py).

@@ -37,12 +37,20 @@ class QwenImageText final : public text::TextPipeline {
   std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>& e,
                                         const text::PipelineTarget& t) const override {
     if (t.condition_area <= 0)
-      return {{kImagePrefix, text::kQwenChatAssistant, t.max_tokens + kImageDrop, false, true, kImageDrop}};
+      return {text::PipelineCall()
+                  .template_around(kImagePrefix, text::kQwenChatAssistant)
+                  .max_length(t.max_tokens + kImageDrop)
+                  .mask(true)
+                  .drop(kImageDrop)};
     if (!e[0]->takes_images())
       throw std::runtime_error("an edit model's text encoder needs Qwen2.5-VL's vision tower (vision_config)");
     // The edit pipelines do not cut the prompt (the processor pads, it does not truncate).
-    return {
-        {kEditPrefix, text::kQwenChatAssistant, 0, false, true, kEditDrop, t.condition_area, t.numbered_conditions}};
+    return {text::PipelineCall()
+                .template_around(kEditPrefix, text::kQwenChatAssistant)
+                .mask(true)
+                .drop(kEditDrop)
+                .condition_area(t.condition_area)
+                .numbered(t.numbered_conditions)};
   }
 };
 

@@ -31,16 +31,18 @@ class QwenImageTransformer : public DiffusionTransformer {
  public:
   QwenImageTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
     const int64_t d = s.hidden;
-    img_in = register_module("img_in", Linear(s.latent_channels * s.patch * s.patch, d, true, o));
+    img_in =
+        register_module("img_in", Linear(LinearOptions(s.latent_channels * s.patch * s.patch, d).tensor_options(o)));
     txt_norm = register_module("txt_norm", RMSNorm(s.text_dim, 1e-6, true, o));
-    txt_in = register_module("txt_in", Linear(s.text_dim, d, true, o));
+    txt_in = register_module("txt_in", Linear(LinearOptions(s.text_dim, d).tensor_options(o)));
     timestep_embedder = TwoLayerMlp(*this, "time_text_embed.timestep_embedder.linear_1",
                                     "time_text_embed.timestep_embedder.linear_2", 256, d, d, o);
     for (int i = 0; i < s.double_blocks; ++i)
       add_block("transformer_blocks." + std::to_string(i),
                 std::make_shared<QwenImageBlock>(d, s.heads, s.mlp_hidden, o));
-    norm_out_linear = register_at(*this, "norm_out.linear", Linear(d, 2 * d, true, o));
-    proj_out = register_module("proj_out", Linear(d, s.patch * s.patch * s.out_channels, true, o));
+    norm_out_linear = register_at(*this, "norm_out.linear", Linear(LinearOptions(d, 2 * d).tensor_options(o)));
+    proj_out =
+        register_module("proj_out", Linear(LinearOptions(d, s.patch * s.patch * s.out_channels).tensor_options(o)));
   }
 
   torch::Tensor forward(const ModelInputs& in) override {

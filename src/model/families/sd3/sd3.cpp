@@ -41,12 +41,6 @@ class Sd3 final : public ModelFamily {
     return sd3::build_transformer(spec, options);
   }
   std::string describe_blocks(const ModelSpec& s) const override { return std::to_string(s.double_blocks) + " joint"; }
-  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
-                                                  int64_t t) const override {
-    const int64_t input = L.B * (n + t) * s.hidden * L.e;
-    return {{"joint", s.double_blocks - 1, sd3_joint(L, n, t, s.mlp_hidden, false), input, L.B * std::max(n, t)},
-            {"joint (last)", 1, sd3_joint(L, n, t, s.mlp_hidden, true), input, L.B * n}};
-  }
 
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;

@@ -30,9 +30,9 @@ class Sd3Text final : public text::TextPipeline {
     if (t.max_tokens <= clip)
       throw std::runtime_error("the transformer takes " + std::to_string(t.max_tokens) +
                                " text rows, not more than CLIP's " + std::to_string(clip) + ": no room for T5's");
-    return {{"", "", clip, true, false, 0},
-            {"", "", e[1]->max_positions(), true, false, 0},
-            {"", "", t.max_tokens - clip, true, false, 0}};
+    return {text::PipelineCall().max_length(clip).pad(true),
+            text::PipelineCall().max_length(e[1]->max_positions()).pad(true),
+            text::PipelineCall().max_length(t.max_tokens - clip).pad(true)};
   }
   int64_t fixed_rows(const text::PipelineTarget& t) const override { return t.max_tokens; }
   text::PromptEmbedding compose(const std::vector<text::EncodedText>& e, const std::vector<int64_t>&,

@@ -32,10 +32,11 @@ class SD3JointBlock : public TransformerBlock {
 SD3JointBlock::SD3JointBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, bool context_pre_only,
                              const torch::TensorOptions& options)
     : context_pre_only_(context_pre_only) {
-  norm1_linear = register_at(*this, "norm1.linear", Linear(dim, 6 * dim, true, options));
+  norm1_linear = register_at(*this, "norm1.linear", Linear(LinearOptions(dim, 6 * dim).tensor_options(options)));
   // The last block's text stream only feeds this block's attention: AdaLayerNormContinuous (scale, shift).
   norm1_context_linear =
-      register_at(*this, "norm1_context.linear", Linear(dim, (context_pre_only ? 2 : 6) * dim, true, options));
+      register_at(*this, "norm1_context.linear",
+                  Linear(LinearOptions(dim, (context_pre_only ? 2 : 6) * dim).tensor_options(options)));
   attn = register_module("attn", JointAttention(dim, heads, /*context_out=*/!context_pre_only, 1e-6, options));
   ff = register_module("ff", GeluFeedForward(dim, mlp_hidden, options));
   if (!context_pre_only) ff_context = register_module("ff_context", GeluFeedForward(dim, mlp_hidden, options));
@@ -86,12 +87,13 @@ class SD3Transformer : public DiffusionTransformer {
                                     "time_text_embed.timestep_embedder.linear_2", 256, d, d, o);
     text_embedder = TwoLayerMlp(*this, "time_text_embed.text_embedder.linear_1",
                                 "time_text_embed.text_embedder.linear_2", s.pooled_dim, d, d, o);
-    context_embedder = register_module("context_embedder", Linear(s.text_dim, d, true, o));
+    context_embedder = register_module("context_embedder", Linear(LinearOptions(s.text_dim, d).tensor_options(o)));
     for (int i = 0; i < s.double_blocks; ++i)
       add_block("transformer_blocks." + std::to_string(i),
                 std::make_shared<SD3JointBlock>(d, s.heads, s.mlp_hidden, i == s.double_blocks - 1, o));
-    norm_out_linear = register_at(*this, "norm_out.linear", Linear(d, 2 * d, true, o));
-    proj_out = register_module("proj_out", Linear(d, s.patch * s.patch * s.out_channels, true, o));
+    norm_out_linear = register_at(*this, "norm_out.linear", Linear(LinearOptions(d, 2 * d).tensor_options(o)));
+    proj_out =
+        register_module("proj_out", Linear(LinearOptions(d, s.patch * s.patch * s.out_channels).tensor_options(o)));
   }
 
   torch::Tensor forward(const ModelInputs& in) override {

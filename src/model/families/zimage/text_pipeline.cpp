@@ -17,7 +17,11 @@ class ZImageText final : public text::TextPipeline {
   }
   std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>&,
                                         const text::PipelineTarget& t) const override {
-    return {{text::kQwenChatUser, text::kQwenChatAssistant, t.max_tokens, true, true, 0}};
+    return {text::PipelineCall()
+                .template_around(text::kQwenChatUser, text::kQwenChatAssistant)
+                .max_length(t.max_tokens)
+                .pad(true)
+                .mask(true)};
   }
 };
 

@@ -32,14 +32,18 @@ ZImageBlock::ZImageBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, int64_t
     : modulation_(modulation) {
   const double eps = 1e-5;  // Z-Image's norm_eps
   attention = register_module("attention", SelfAttention(dim, heads, /*bias=*/false, /*out_proj=*/true, eps, options));
-  w1 = register_at(*this, "feed_forward.w1", Linear(dim, mlp_hidden, false, options));
-  w2 = register_at(*this, "feed_forward.w2", Linear(mlp_hidden, dim, false, options));
-  w3 = register_at(*this, "feed_forward.w3", Linear(dim, mlp_hidden, false, options));
+  w1 =
+      register_at(*this, "feed_forward.w1", Linear(LinearOptions(dim, mlp_hidden).bias(false).tensor_options(options)));
+  w2 =
+      register_at(*this, "feed_forward.w2", Linear(LinearOptions(mlp_hidden, dim).bias(false).tensor_options(options)));
+  w3 =
+      register_at(*this, "feed_forward.w3", Linear(LinearOptions(dim, mlp_hidden).bias(false).tensor_options(options)));
   attention_norm1 = register_module("attention_norm1", RMSNorm(dim, eps, true, options));
   ffn_norm1 = register_module("ffn_norm1", RMSNorm(dim, eps, true, options));
   attention_norm2 = register_module("attention_norm2", RMSNorm(dim, eps, true, options));
   ffn_norm2 = register_module("ffn_norm2", RMSNorm(dim, eps, true, options));
-  if (modulation) adaLN = register_at(*this, "adaLN_modulation.0", Linear(adaln_dim, 4 * dim, true, options));
+  if (modulation)
+    adaLN = register_at(*this, "adaLN_modulation.0", Linear(LinearOptions(adaln_dim, 4 * dim).tensor_options(options)));
 }
 
 Tensors ZImageBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
@@ -68,12 +72,14 @@ class ZImageTransformer : public DiffusionTransformer {
  public:
   ZImageTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
     const int64_t d = s.hidden, patch_dim = s.latent_channels * s.patch * s.patch;
-    x_embedder = register_at(*this, "all_x_embedder.2-1", Linear(patch_dim, d, true, o));
-    final_linear = register_at(*this, "all_final_layer.2-1.linear", Linear(d, patch_dim, true, o));
-    final_adaLN = register_at(*this, "all_final_layer.2-1.adaLN_modulation.1", Linear(s.adaln_dim, d, true, o));
+    x_embedder = register_at(*this, "all_x_embedder.2-1", Linear(LinearOptions(patch_dim, d).tensor_options(o)));
+    final_linear =
+        register_at(*this, "all_final_layer.2-1.linear", Linear(LinearOptions(d, patch_dim).tensor_options(o)));
+    final_adaLN = register_at(*this, "all_final_layer.2-1.adaLN_modulation.1",
+                              Linear(LinearOptions(s.adaln_dim, d).tensor_options(o)));
     t_embedder = TwoLayerMlp(*this, "t_embedder.mlp.0", "t_embedder.mlp.2", 256, s.t_embed_mid, s.adaln_dim, o);
     cap_norm = register_at(*this, "cap_embedder.0", RMSNorm(s.text_dim, 1e-5, true, o));
-    cap_linear = register_at(*this, "cap_embedder.1", Linear(s.text_dim, d, true, o));
+    cap_linear = register_at(*this, "cap_embedder.1", Linear(LinearOptions(s.text_dim, d).tensor_options(o)));
     x_pad_token = register_parameter("x_pad_token", nn::normal_parameter({1, d}, 0.02, o));
     cap_pad_token = register_parameter("cap_pad_token", nn::normal_parameter({1, d}, 0.02, o));
     for (int i = 0; i < s.refiner_blocks; ++i)

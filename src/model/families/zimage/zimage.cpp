@@ -77,21 +77,6 @@ class ZImage final : public ModelFamily {
     return std::to_string(s.refiner_blocks) + " noise + " + std::to_string(s.refiner_blocks) + " context refiners + " +
            std::to_string(s.single_blocks) + " single-stream";
   }
-  // The image's and the caption's tokens each padded to a multiple of 32, as the transformer pads them.
-  std::vector<BlockActivations> block_activations(const ModelSpec& s, const BlockLedger& L, int64_t n,
-                                                  int64_t t) const override {
-    const int64_t n_pad = (n + 31) / 32 * 32, t_pad = (t + 31) / 32 * 32, m = s.mlp_hidden;
-    const int64_t row = L.B * s.hidden * L.e;
-    // A LoRA leaves the refiners without adapters (lora_block_names), fed by frozen embedders: they need
-    // no gradient and keep nothing, checkpointed or not.
-    const bool refiners_train = L.r == 0;
-    return {{"noise refiner", s.refiner_blocks, refiners_train ? zimage_block(L, n_pad, m, s.adaln_dim, true) : 0,
-             refiners_train ? n_pad * row : 0, L.B * n_pad},
-            {"context refiner", s.refiner_blocks, refiners_train ? zimage_block(L, t_pad, m, s.adaln_dim, false) : 0,
-             refiners_train ? t_pad * row : 0, L.B * t_pad},
-            {"single", s.single_blocks, zimage_block(L, n_pad + t_pad, m, s.adaln_dim, true), (n_pad + t_pad) * row,
-             L.B * (n_pad + t_pad)}};
-  }
 
   // quantize_model per block, the transformer on the device after the text encoder (under low_vram
   // z_image.py waits for its first use); the UI's `zimage:turbo` tag, or a Turbo name, picks Turbo.
