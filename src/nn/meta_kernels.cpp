@@ -79,6 +79,23 @@ torch::Tensor index_rows(const torch::Tensor& table, const torch::Tensor& index)
   return table.index_select(0, index);
 }
 
+torch::Tensor lookup(const torch::Tensor& values, const torch::Tensor& index) {
+  if (values.is_meta() || index.is_meta()) return torch::empty(index.sizes(), index.options().dtype(values.dtype()));
+  return values.index_select(0, index);
+}
+
+torch::Tensor abs(const torch::Tensor& x) { return x.is_meta() ? torch::empty_like(x) : x.abs(); }
+
+torch::Tensor dot(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.is_meta() || b.is_meta()) return torch::empty({}, a.options());
+  return torch::dot(a, b);
+}
+
+torch::Tensor bucketize(const torch::Tensor& x, const torch::Tensor& boundaries) {
+  if (x.is_meta() || boundaries.is_meta()) return torch::empty(x.sizes(), x.options().dtype(torch::kLong));
+  return torch::bucketize(x, boundaries);
+}
+
 namespace {
 
 // The copy the device's attention makes of an additive mask it cannot read as it is, held while the kernel

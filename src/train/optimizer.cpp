@@ -1,5 +1,8 @@
 #include "gclab/train/optimizer.h"
 
+#include "gclab/memory/meta_count.h"
+#include "gclab/nn/meta_kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -128,13 +131,6 @@ class MomentStorage {
     const auto sizes = moment_sizes(specs_[moment].shape, p);
     return sizes ? get_sized(param, moment, *sizes, p.options().dtype(dtype(moment, p))) : torch::Tensor();
   }
-  int64_t expected_bytes(const torch::Tensor& p) const {
-    int64_t b = 0;
-    for (size_t m = 0; m < count(); ++m)
-      if (const auto sizes = moment_sizes(specs_[m].shape, p))
-        b += expected_bytes_of(c10::multiply_integers(*sizes), static_cast<int64_t>(c10::elementSize(dtype(m, p))));
-    return b;
-  }
   torch::ScalarType dtype(size_t moment, const torch::Tensor& p) const {
     return specs_[moment].float32 ? torch::kFloat : p.scalar_type();
   }
@@ -145,7 +141,6 @@ class MomentStorage {
   virtual void load(const std::map<std::string, torch::Tensor>& state, const std::string& param,
                     const torch::Tensor& like) = 0;
   virtual int64_t bytes() const = 0;
-  virtual int64_t expected_bytes_of(int64_t numel, int64_t element_bytes) const = 0;
   size_t count() const { return specs_.size(); }
 
  protected:
@@ -179,7 +174,6 @@ class Float32Moments : public MomentStorage {
     for (const auto& [k, t] : tensors_) b += static_cast<int64_t>(t.nbytes());
     return b;
   }
-  int64_t expected_bytes_of(int64_t numel, int64_t element_bytes) const override { return numel * element_bytes; }
 
  private:
   std::map<std::string, torch::Tensor> tensors_;
@@ -202,8 +196,8 @@ class DynamicInt8Moments : public MomentStorage {
     const auto it = stored_.find(key(param, moment));
     if (it == stored_.end()) return torch::zeros(sizes, options.dtype(torch::kFloat));
     const int64_t n = it->second.codes.numel();
-    torch::Tensor values = code(specs_[moment].is_signed, options.device())
-                               .values.index_select(0, it->second.codes.reshape({-1}).to(torch::kLong));
+    torch::Tensor values = nn::lookup(code(specs_[moment].is_signed, options.device()).values,
+                                      it->second.codes.reshape({-1}).to(torch::kLong));
     values = torch::constant_pad_nd(values, {0, blocks(n) * kBlock - n}).reshape({-1, kBlock});
     return (values * it->second.absmax.unsqueeze(1)).reshape({-1}).narrow(0, 0, n).reshape(sizes);
   }
@@ -213,12 +207,11 @@ class DynamicInt8Moments : public MomentStorage {
     const torch::Tensor padded =
         torch::constant_pad_nd(value.reshape({-1}).to(torch::kFloat), {0, blocks(n) * kBlock - n})
             .reshape({-1, kBlock});
-    const torch::Tensor absmax = padded.abs().amax(1);
+    const torch::Tensor absmax = nn::abs(padded).amax(1);
     const torch::Tensor scaled = (padded * (1.0 / absmax.clamp_min(1e-38)).unsqueeze(1)).clamp(-1, 1).reshape({-1});
     // The nearest code: the sorted map's midpoints bound each code's interval (a tie goes to the lower).
     const torch::Tensor codes =
-        torch::bucketize(scaled.narrow(0, 0, n), code(specs_[moment].is_signed, value.device()).bounds)
-            .to(torch::kByte);
+        nn::bucketize(scaled.narrow(0, 0, n), code(specs_[moment].is_signed, value.device()).bounds).to(torch::kByte);
     stored_[key(param, moment)] = {codes.reshape(value.sizes()), absmax};
   }
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
@@ -240,10 +233,6 @@ class DynamicInt8Moments : public MomentStorage {
     int64_t b = small_.bytes();
     for (const auto& [k, q] : stored_) b += static_cast<int64_t>(q.codes.nbytes() + q.absmax.nbytes());
     return b;
-  }
-  int64_t expected_bytes_of(int64_t numel, int64_t) const override {
-    return numel < kMin8bitSize ? small_.expected_bytes_of(numel, 4)
-                                : numel + blocks(numel) * 4;  // a byte a value, a float32 a block
   }
 
  private:
@@ -268,6 +257,10 @@ class DynamicInt8Moments : public MomentStorage {
   std::map<std::string, Quantized> stored_;
   std::map<std::pair<bool, std::string>, Code> codes_;
 };
+
+// A scalar the update reads on the host; on the meta device, where values do not exist, 1 (the walk's
+// memory does not depend on it: Optimizer::walk).
+double host_value(const torch::Tensor& t) { return t.is_meta() ? 1.0 : t.item<double>(); }
 
 }  // namespace
 
@@ -462,8 +455,7 @@ void Optimizer::prodigy_step(std::vector<torch::Tensor>& p, const std::vector<to
   std::vector<torch::Tensor> numerators, denominators;
   for (size_t i = 0; i < p.size(); ++i) {
     if (steps_ == 1) p0[i].copy_(p[i]);  // state initialisation: the weights it started from
-    numerators.push_back(
-        torch::dot(grads[i].flatten().to(torch::kDouble), (p0[i] - p[i]).flatten().to(torch::kDouble)));
+    numerators.push_back(nn::dot(grads[i].flatten().to(torch::kDouble), (p0[i] - p[i]).flatten().to(torch::kDouble)));
   }
   at::_foreach_mul_(exp_avg, b1);
   at::_foreach_add_(exp_avg, grads, d * (1 - b1));
@@ -471,11 +463,12 @@ void Optimizer::prodigy_step(std::vector<torch::Tensor>& p, const std::vector<to
   at::_foreach_addcmul_(exp_avg_sq, grads, grads, d * d * (1 - b2));
   at::_foreach_mul_(s, b3);
   at::_foreach_add_(s, grads, o_.safeguard_warmup ? (d / o_.d0) * d : (d / o_.d0) * dlr);
-  for (const auto& si : s) denominators.push_back(si.abs().sum().to(torch::kDouble));
+  for (const auto& si : s) denominators.push_back(nn::abs(si).sum().to(torch::kDouble));
   // One read of the two sums for the whole step.
-  const torch::Tensor sums = torch::stack({torch::stack(numerators).sum(), torch::stack(denominators).sum()}).cpu();
-  const double d_numerator = prodigy_d_numerator_ * b3 + (d / o_.d0) * dlr * sums[0].item<double>();
-  const double d_denom = sums[1].item<double>();
+  torch::Tensor sums = torch::stack({torch::stack(numerators).sum(), torch::stack(denominators).sum()});
+  if (!sums.is_meta()) sums = sums.cpu();
+  const double d_numerator = prodigy_d_numerator_ * b3 + (d / o_.d0) * dlr * host_value(sums[0]);
+  const double d_denom = host_value(sums[1]);
   if (d_denom == 0) return;  // prodigyopt: nothing to learn from yet
   if (lr > 0) {
     const double d_hat = o_.d_coef * d_numerator / d_denom;
@@ -520,22 +513,6 @@ std::set<std::string> Optimizer::names() const {
   return out;
 }
 
-int64_t Optimizer::expected_state_bytes() const { return expected_state_bytes(names()); }
-
-int64_t Optimizer::expected_state_bytes(const std::set<std::string>& names) const {
-  int64_t b = 0;
-  for (const auto& [name, p] : params_)
-    if (names.count(name)) b += moments_->expected_bytes(p);
-  return b;
-}
-
-int64_t Optimizer::expected_state_bytes_under(OptimizerKind kind) const {
-  std::vector<std::pair<std::string, torch::Tensor>> shapes;
-  for (const auto& [name, p] : params_)
-    shapes.emplace_back(name, torch::empty(p.sizes(), p.options().device(torch::kMeta)));
-  return Optimizer(kind, std::move(shapes), default_options(kind)).expected_state_bytes();
-}
-
 std::optional<OptimizerKind> eight_bit_twin(OptimizerKind kind) {
   switch (kind) {
     case OptimizerKind::adamw:
@@ -549,51 +526,30 @@ std::optional<OptimizerKind> eight_bit_twin(OptimizerKind kind) {
   }
 }
 
-int64_t Optimizer::expected_step_bytes() const { return expected_step_bytes(names()); }
-
-int64_t Optimizer::expected_step_bytes(const std::set<std::string>& names) const {
-  const Rule rule = rule_of(kind_);
-  const bool q8 = eight_bit(kind_);
-  // One tensor per parameter in its dtype (the moments' dtype without 8-bit storage) and in float32 — 8-bit
-  // moments update one parameter at a time: the largest one's — and the largest parameter's numel; the 8-bit
-  // moments get() dequantizes, kept until put() requantizes them.
-  int64_t set = 0, largest = 0;
-  bool low_precision = false;
+Optimizer::Walk Optimizer::walk(const std::set<std::string>& names, std::optional<OptimizerKind> kind,
+                                c10::DeviceType target) const {
+  memory::MetaCount count(target);
+  std::vector<std::pair<std::string, torch::Tensor>> copies;
+  std::vector<torch::Tensor> params;
   for (const auto& [name, p] : params_) {
     if (!names.count(name)) continue;
-    set += p.numel() * static_cast<int64_t>(p.element_size());
-    largest = std::max(largest, p.numel());
-    low_precision = low_precision || p.scalar_type() != torch::kFloat;
+    torch::Tensor copy = torch::empty(p.sizes(), p.options().device(torch::kMeta));
+    copy.mutable_grad() = torch::empty_like(copy);
+    copies.emplace_back(name, copy), params.push_back(copy);
   }
-  const int64_t dequantized =
-      q8 && largest >= DynamicInt8Moments::kMin8bitSize ? static_cast<int64_t>(moments_->count()) * largest * 4 : 0;
-  const int64_t moment_set = q8 ? largest * 4 : set;
-  const bool l2 = o_.weight_decay != 0;
-  int64_t update = 0;
-  switch (rule) {
-    case Rule::AdamW:
-    case Rule::Adam:  // denom = _foreach_sqrt(exp_avg_sq); L2 Adam first adds the decay into new gradients
-      update = moment_set + (rule == Rule::Adam && !q8 && l2 ? set : 0);
-      break;
-    case Rule::Lion:  // update = _foreach_mul(exp_avg, beta1)
-      update = moment_set;
-      break;
-    case Rule::Prodigy:  // denom, and the decayed gradients unless decoupled
-      update = set + (l2 && !o_.decouple ? set : 0);
-      break;
-    case Rule::Sgd:
-      update = l2 ? set : 0;
-      break;
-    case Rule::Adafactor:  // per parameter: g^2 + eps, then the update built from it (float32); a bfloat16
-      // parameter also has its float32 gradient and weights, and stochastic rounding's int32 bits at the end
-      update = (low_precision ? 4 : 2) * largest * 4;
-      break;
-  }
-  // put() requantizing one moment: padded float32 values, their absolute values, the scaled values, the
-  // int64 bucket indices.
-  const int64_t requantize = q8 ? largest * (4 + 4 + 4 + 8) : 0;
-  const int64_t clip = 2 * largest * 8;  // clip_grad_norm, before: grad.to(kDouble), then its square
-  return std::max(dequantized + std::max(update, requantize), clip);
+  Optimizer fresh(kind.value_or(kind_), std::move(copies), kind ? default_options(*kind) : o_);
+  const int64_t held = count.live();  // the parameters and their gradients
+  Walk w;
+  memory::run_walk([&] { fresh.step(1e-4); });
+  w.state_bytes = count.live() - held;
+  const int64_t before = count.live();
+  count.reset_peak();
+  memory::run_walk([&] {
+    clip_grad_norm(params, 1.0);
+    fresh.step(1e-4);
+  });
+  w.step_bytes = count.peak() - before;
+  return w;
 }
 
 void copy_stochastic(torch::Tensor& target, const torch::Tensor& source) {
@@ -673,7 +629,7 @@ double clip_grad_norm(const std::vector<torch::Tensor>& params, std::optional<do
   for (const auto& p : params)
     if (p.grad().defined()) squares.push_back(p.grad().to(torch::kDouble).pow(2).sum());
   if (squares.empty()) return 0.0;
-  const double norm = std::sqrt(torch::stack(squares).sum().item<double>());
+  const double norm = std::sqrt(host_value(torch::stack(squares).sum()));
   // torch's clip_coef = max_norm / (norm + 1e-6), clamped to 1: a no-op below the norm.
   if (const double factor = max_norm ? *max_norm / (norm + 1e-6) : 1.0; factor < 1.0)
     for (const auto& p : params)

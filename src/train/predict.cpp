@@ -219,8 +219,11 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.gradient_bytes = 0;
   for (const auto& [name, p] : session.trained())
     if (reached.count(name)) e.gradient_bytes += static_cast<int64_t>(p.nbytes());  // in its dtype
-  e.optimizer_bytes = session.optimizer().expected_state_bytes(reached);
-  e.optimizer_step_bytes = session.optimizer().expected_step_bytes(reached);
+  // The optimizer's state and its step's temporaries: its own step walked twice on meta copies of them.
+  const Optimizer::Walk optimizer =
+      session.optimizer().walk(reached, std::nullopt, session.plan().cuda ? c10::kCUDA : c10::kCPU);
+  e.optimizer_bytes = optimizer.state_bytes;
+  e.optimizer_step_bytes = optimizer.step_bytes;
   // The EMA's update runs after the optimizer's, in the same phase: its float32 copies walked.
   if (r.ema > 0)
     e.optimizer_step_bytes =

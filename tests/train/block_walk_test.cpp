@@ -31,7 +31,8 @@ Probed probe(const model::ModelSpec& spec, bool lora, int batch, torch::ScalarTy
   auto m = model::build_transformer(spec, options);
   m->to(dtype);
   if (lora) model::apply_lora(*m, {4, 4.0, dropout});
-  model::ModelInputs in = m->example_inputs(batch, 128, 96, model::step_tokens(spec, 128, 96).text, options.dtype(dtype));
+  model::ModelInputs in =
+      m->example_inputs(batch, 128, 96, model::step_tokens(spec, 128, 96).text, options.dtype(dtype));
   if (spec.reference_tokens) {
     const auto [w, h] = model::training_reference_size(spec, 96, 128);
     in.reference_latents.push_back(torch::randn(model::latent_shape(spec, batch, h, w), options.dtype(dtype)));

@@ -13,6 +13,8 @@
 #include <map>
 
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/meta_count.h"
+#include "gclab/memory/tracker.h"
 
 namespace gclab::train {
 namespace {
@@ -365,7 +367,7 @@ TEST(Optimizers, AdafactorUpdatesBfloat16WeightsInFloat32AndRoundsStochastically
     }
     EXPECT_TRUE(torch::equal(low_state.at(k), v)) << k;
   }
-  EXPECT_EQ(opt_low->expected_state_bytes(), (400 + 500) * 4);
+  EXPECT_EQ(opt_low->walk(opt_low->names()).state_bytes, (400 + 500) * 4);
 }
 
 // AI Toolkit's stochastic_grad_accummulation: with Adafactor, a bfloat16 weight's micro-batch gradients are
@@ -399,11 +401,47 @@ TEST(Optimizers, AdafactorStateIsFactoredAndProdigyKeepsFourCopies) {
     // Adafactor: a row (64) and a column (32) vector for the matrix, a full second moment for the vector.
     const int64_t want = kind == OptimizerKind::adafactor ? (64 + 32 + 32) * 4 : 4 * (64 * 32 + 32) * 4;
     EXPECT_EQ(opt->state_bytes(), want) << config::name_of(kind);
-    EXPECT_EQ(opt->expected_state_bytes(), want) << config::name_of(kind);
+    EXPECT_EQ(opt->walk(opt->names()).state_bytes, want) << config::name_of(kind);
   }
   EXPECT_DOUBLE_EQ(optimizer_lr(OptimizerKind::prodigy, 1e-4), 1.0);  // AI Toolkit: lr < 0.1 becomes 1.0
   EXPECT_DOUBLE_EQ(optimizer_lr(OptimizerKind::prodigy, 0.5), 0.5);
   EXPECT_DOUBLE_EQ(optimizer_lr(OptimizerKind::adamw, 1e-4), 1e-4);
+}
+
+// What an optimizer holds — its state, and its step's temporaries with clip_grad_norm before it — walked on
+// the meta device (Optimizer::walk: what the estimate's optimizer phase reads) is what the same optimizer
+// allocates on the CPU under the tracking allocator, for every kind AI Toolkit's configs name, float32 and
+// bfloat16 weights, a matrix large enough for bitsandbytes' 8-bit blocks and a vector under them.
+TEST(Optimizers, TheWalkedStateAndStepAreWhatTheCpuAllocates) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16})
+    for (const auto kind : {OptimizerKind::adamw, OptimizerKind::adamw8bit, OptimizerKind::adam,
+                            OptimizerKind::adam8bit, OptimizerKind::lion, OptimizerKind::lion8bit,
+                            OptimizerKind::adafactor, OptimizerKind::prodigy, OptimizerKind::sgd}) {
+      torch::manual_seed(3);
+      memory::CpuMemoryTracker tracker;
+      torch::Tensor w = torch::randn({96, 64}).to(dtype).requires_grad_(true);
+      torch::Tensor b = torch::randn({32}).to(dtype).requires_grad_(true);
+      OptimizerOptions o = default_options(kind);
+      o.weight_decay = 0.01;  // the decay's temporaries too
+      auto opt = make_optimizer(kind, {{"w", w}, {"b", b}}, o);
+      w.mutable_grad() = torch::randn_like(w), b.mutable_grad() = torch::randn_like(b);
+      const int64_t held = tracker.stats().live_bytes;
+      opt->step(1e-4);
+      const int64_t state = tracker.stats().live_bytes - held;
+      const int64_t before = tracker.stats().live_bytes;
+      tracker.reset_peak();
+      clip_grad_norm({w, b}, 1.0);
+      opt->step(1e-4);
+      const int64_t step = tracker.stats().peak_bytes - before;
+      const Optimizer::Walk walked = opt->walk(opt->names());
+      const std::string what = std::string(config::name_of(kind)) + " " + c10::toString(dtype);
+      if (kind != OptimizerKind::sgd) {
+        EXPECT_GT(state, 0) << what;
+      }
+      EXPECT_EQ(walked.state_bytes, state) << what;
+      // Within a few bytes: a 0-dim scalar of the CPU run (Prodigy's sums) is a CPU tensor on meta too.
+      EXPECT_NEAR(walked.step_bytes, step, 16) << what;
+    }
 }
 
 // The learning rate at steps 0, 1 and 1000 of a 2000-step run, as AI Toolkit's schedulers give it

@@ -26,6 +26,14 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
 
 // table.index_select(0, index) on any device (an embedding lookup): [n, D] rows of `table`.
 torch::Tensor index_rows(const torch::Tensor& table, const torch::Tensor& index);
+// values.index_select(0, index) for a 1-D table, without autograd (a code book's lookup: the 8-bit optimizer
+// moments'), on any device: on meta its output, like `index`, in the values' dtype.
+torch::Tensor lookup(const torch::Tensor& values, const torch::Tensor& index);
+// x.abs() and torch::dot(a, b) on any device (the optimizers' updates): on meta their outputs.
+torch::Tensor abs(const torch::Tensor& x);
+torch::Tensor dot(const torch::Tensor& a, const torch::Tensor& b);
+// torch::bucketize(x, boundaries) on any device: on meta its output, int64 indices like x.
+torch::Tensor bucketize(const torch::Tensor& x, const torch::Tensor& boundaries);
 // torch::embedding(table, ids) on any device: [ids..., D] (on meta, `ids` may be the CPU's).
 torch::Tensor embedding(const torch::Tensor& table, const torch::Tensor& ids);
 

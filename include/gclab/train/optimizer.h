@@ -83,19 +83,18 @@ class Optimizer {
   std::vector<std::pair<std::string, torch::Tensor>> state() const;
   void load_state(const std::map<std::string, torch::Tensor>& state);
   int64_t state_bytes() const;
-  // What state_bytes() will be once every parameter has had an update (from shapes: works on meta).
-  int64_t expected_state_bytes() const;
-  // The same counting only the named parameters: those a step's backward reaches (a parameter that gets no
-  // gradient gets no state, as in torch.optim).
-  int64_t expected_state_bytes(const std::set<std::string>& names) const;
-  // The same for these parameters under another optimizer (at its defaults): what a switch would hold.
-  int64_t expected_state_bytes_under(config::OptimizerKind kind) const;
-  // The optimizer phase's temporaries on top of the parameters, gradients and state, at their peak (from
-  // shapes: works on meta): clip_grad_norm's float64 square of one gradient, or the update's — the foreach
-  // kernels' outputs for every parameter at once (Adam's denominators, Lion's update, L2's decayed
-  // gradients), 8-bit moments dequantized, Adafactor's per-parameter update. Beside step(), which it follows.
-  int64_t expected_step_bytes() const;
-  int64_t expected_step_bytes(const std::set<std::string>& names) const;  // only the named parameters
+  // What the optimizer holds, walked on the meta device (memory/meta_count.h) rather than written down: a
+  // fresh optimizer of this kind and options — or of `kind` at its defaults, what a switch would hold — on
+  // meta copies of the named parameters (those a step's backward reaches: a parameter without a gradient
+  // gets no state, as in torch.optim), with meta gradients, runs step() twice, the first making its state.
+  // `state_bytes`: the state after them; `step_bytes`: the most clip_grad_norm and the second step (as every
+  // step after the first) hold above the parameters, gradients and state. `target`: the device kind the
+  // walk stands for.
+  struct Walk {
+    int64_t state_bytes = 0, step_bytes = 0;
+  };
+  Walk walk(const std::set<std::string>& names, std::optional<config::OptimizerKind> kind = std::nullopt,
+            c10::DeviceType target = c10::kCPU) const;
   int64_t steps() const { return steps_; }
   std::set<std::string> names() const;  // the parameters' names
 

@@ -139,7 +139,7 @@ struct MemoryEstimate {
   int64_t trained_bytes = 0;  // their storage (part of weight_bytes)
   int64_t gradient_bytes = 0;
   int64_t optimizer_bytes = 0;
-  int64_t optimizer_step_bytes = 0;  // the optimizer phase's temporaries (Optimizer::expected_step_bytes)
+  int64_t optimizer_step_bytes = 0;  // the optimizer phase's temporaries (walked: Optimizer::walk)
   int64_t ema_bytes = 0;
   int64_t text_encoder_bytes = 0;
   std::string vae;               // what encodes and decodes (vae::CodecSpec::describe)
