@@ -77,9 +77,9 @@ std::string step_tag(int64_t step) {
 }
 
 Session::Session(const config::ProcessConfig& config, const SessionOptions& options)
-    : Session(plan_run(config, PlanOptions{options.meta})) {}
+    : Session(plan_run(config, PlanOptions{options.meta}), options) {}
 
-Session::Session(RunPlan plan)
+Session::Session(RunPlan plan, const SessionOptions& options)
     : plan_(std::move(plan)),
       device_(plan_.device),
       // Exact accounting on the CPU. A meta session counts nothing and installs no tracker: a run's memory
@@ -95,12 +95,19 @@ Session::Session(RunPlan plan)
   for (const auto& w : plan_.warnings) log::warn(w);
   start_memory();
   // The load, in the order AI Toolkit's loader for the arch takes: the transformer (on the device, or in
-  // host memory and moved after the text encoders), the text encoders; load_ is the same steps' walk on the
-  // modules' sizes (predict_load). Random weights from the training seed, the transformer's drawn first.
-  load_ = predict_load(plan_);
-  // A GPU run's host memory is not the CPU tracker's: the walk's host peak is held against the cap.
-  if (device_.is_cuda() && config_.host_cap.bytes > 0 && load_.host.peak() > config_.host_cap.bytes)
-    throw host_load_refusal(plan_);
+  // host memory and moved after the text encoders), the text encoders. Each step records its modules' sizes
+  // in load_ as it runs: a meta Session's record is the prediction (predict_load); a run's load_ is that
+  // prediction, made before it loads, and what it measured. Random weights from the training seed, the
+  // transformer's drawn first.
+  load_.quantized_on_host = plan_.load.quantized_on_host;
+  load_.at_first_use = plan_.load.at_first_use && plan_.load.quantized_on_host;
+  LoadMemory predicted;
+  if (!device_.is_meta()) {
+    predicted = predict_load(plan_);
+    // A GPU run's host memory is not the CPU tracker's: the walk's host peak is held against the cap.
+    if (device_.is_cuda() && config_.host_cap.bytes > 0 && predicted.host.peak() > config_.host_cap.bytes)
+      throw host_load_refusal(plan_);
+  }
   const memory::MemoryStats before_load = meter_.stats();
   meter_.reset_peak();
   memory::MemoryMeter::reset_host_peak();
@@ -109,7 +116,11 @@ Session::Session(RunPlan plan)
   load_text_encoders();
   if (plan_.load.after_text_encoders && !load_.at_first_use) transformer_to_device();
   transformer_parked_ = load_.at_first_use && !device_.is_meta();
-  if (!device_.is_meta()) record_load(before_load);
+  if (!device_.is_meta()) {
+    load_ = std::move(predicted);
+    record_load(before_load);
+  }
+  if (options.load_only) return;
   attach_network();
   load_user_weights();
   attach_assistant();
@@ -149,8 +160,12 @@ void Session::load_transformer() {
     if (plan_.load.staged && device_.is_cuda()) draw_on.emplace(device_);
     model_ = plan_.family->build_transformer(
         spec_, torch::TensorOptions().device(draw_on ? torch::Device(torch::kCPU) : device_).dtype(plan_.base_dtype));
+    const Residence built_in = load_.quantized_on_host ? Residence::host : Residence::device;
+    if (plan_.load.staged) load_.staged(largest_parameter_bytes(*model_));
+    load_.built(built_in, nn::module_bytes(*model_));
     if (config_.model.quantize) {
       const model::BaseQuantization q = model::quantize_base(*model_, config_.model);
+      load_.quantized(built_in, q.memory);
       log::info("model.quantize: " + model::describe(q, config_.model) +
                 (load_.quantized_on_host ? ", in host memory" : ", on the device"));
     }
@@ -162,6 +177,7 @@ void Session::load_transformer() {
 
 void Session::transformer_to_device() {
   if (!load_.quantized_on_host) return;
+  load_.moved(Residence::device, nn::module_bytes(*model_));
   move_module(*model_, Residence::device, device_);
 }
 
@@ -206,6 +222,10 @@ void Session::load_text_encoders() {
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("text encoders: ") + e.what());
   }
+  for (const auto& step : prompts->load_steps()) {
+    load_.built(Residence::device, step.built_bytes);
+    load_.quantized(Residence::device, step.quantized);
+  }
   for (size_t i = 0; i < prompts->slots(); ++i)
     log::info(model::text_encoder_folder(i) + ": " + std::string(config::name_of(prompts->encoder(i).kind())) + ", " +
               (prompts->random_weights(i) ? "random weights" : "weights loaded") + ", " +
@@ -215,6 +235,7 @@ void Session::load_text_encoders() {
       const Offloaded o = offload_within_host_cap(
           prompts->encoder(i), config_.model.layer_offloading_text_encoder_percent,
           "model.layer_offloading_text_encoder_percent", plan_.seed + 1 + i, model::text_encoder_folder(i));
+      load_.moved(Residence::host, o.host_bytes);
       log::info("model.layer_offloading: " + std::to_string(o.offloaded) + " of " + model::text_encoder_folder(i) +
                 "'s " + std::to_string(o.linears) + " Linears in host memory (" + config::format_bytes(o.host_bytes) +
                 ")");

@@ -54,9 +54,10 @@ struct LoadMemory {
   memory::LiveSet& side(Residence where) { return where == Residence::device ? device : host; }
 };
 
-// The load's walk for a plan: the transformer and the text encoders built on the meta device as the plan
-// loads them (dtype, quantization and where it happens, the text encoders' offloading, the order), their
-// sizes walked step by step. What a Session's load holds, predicted, and what what-if advice re-plans.
+// The load's walk for a plan: the load's own steps run on the meta device (a Session of the plan stopped
+// after its load: the transformer and the text encoders built as the plan loads them — dtype, quantization
+// and where it happens, the text encoders' offloading, the order), each recording its modules' sizes as it
+// runs. What a Session's load holds, predicted, and what what-if advice re-plans.
 LoadMemory predict_load(const RunPlan& plan);
 
 }  // namespace gclab::train

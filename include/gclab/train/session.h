@@ -44,6 +44,9 @@ int64_t predicted_load_peak(const config::ProcessConfig& config);
 struct SessionOptions {
   // Build on the meta device: shapes and byte counts, no memory and no data (train --dry-run, estimate).
   bool meta = false;
+  // Stop after the load (the transformer and the text encoders, as the arch's loader takes them): what
+  // predict_load walks.
+  bool load_only = false;
 };
 
 // Bytes held outside the step's activations, by what holds them.
@@ -92,7 +95,7 @@ class Session {
   // that cannot fit host memory).
   explicit Session(const config::ProcessConfig& config, const SessionOptions& options = {});
   // Executes a plan (plan_run): the load in its order, the network, the autoencoder, the policy, the optimizer.
-  explicit Session(RunPlan plan);
+  explicit Session(RunPlan plan, const SessionOptions& options = {});
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
