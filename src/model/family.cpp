@@ -73,15 +73,6 @@ std::vector<config::TextEncoderKind> text_encoders(Family family) {
 
 text::PipelineTarget text_target(const ModelSpec& spec) { return family_of(spec.family).text_target(spec); }
 
-text::PipelineTarget ModelFamily::text_target(const ModelSpec& spec) const {
-  text::PipelineTarget t;
-  t.text_width = spec.text_dim;
-  t.pooled_width = spec.pooled_dim;
-  t.max_tokens = spec.max_text_tokens;
-  t.condition_area = spec.condition_area;
-  return t;
-}
-
 std::string text_encoder_folder(size_t slot) {
   return slot == 0 ? "text_encoder" : "text_encoder_" + std::to_string(slot + 1);
 }

@@ -12,12 +12,6 @@ const ModelFamily& zimage_family();
 const ModelFamily& sd3_family();
 const ModelFamily& dit_family();
 
-FlowSchedule ModelFamily::flow_schedule() const {
-  FlowSchedule s;  // flux_config: shift 3 (unused), dynamic, 0.5 / 1.15 over 256 / 4096 tokens
-  s.dynamic = true;
-  return s;
-}
-
 namespace {
 
 std::vector<const ModelFamily*>& registered() {

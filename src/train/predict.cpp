@@ -534,7 +534,12 @@ int64_t MemoryModel::cache(const std::set<CacheFill>& fills, const std::vector<d
 }
 
 PhaseBytes MemoryModel::predict(const StepResult& r) const {
-  StepEstimate s = step(r.batch, r.height, r.width, policy(), r.text_tokens, r.captions);
+  // Every logged step: the phases alone, without the blocks' own walk (the `activations` figure, no phase's).
+  const model::StepTokens tokens = model::step_tokens(estimate_.spec, r.height, r.width, r.text_tokens);
+  model::ActivationEstimate counted;
+  counted.image_tokens = tokens.image, counted.text_tokens = tokens.text;
+  StepEstimate s =
+      step_estimate(*session_, estimate_, counted, {}, policy(), r.batch, r.height, r.width, !cuda_, r.captions);
   if (r.before_first_update) s.phases = s.first_phases;
   PhaseBytes p = phases(s);
   p.erase(memory::Phase::cache);  // before the steps: RunLog::caches predicts it for the fills the run made

@@ -563,26 +563,30 @@ std::unique_ptr<Session> Session::walk_twin() const {
   return std::make_unique<Session>(config_, SessionOptions{/*meta=*/true});
 }
 
-model::ActivationEstimate Session::block_activations(int batch, int height, int width, int64_t text_tokens) {
-  if (!device_.is_meta()) return walk_twin()->block_activations(batch, height, width, text_tokens);
+model::ActivationEstimate Session::probe_blocks(int batch, int height, int width, int64_t text_tokens,
+                                                const std::function<int64_t()>& live) {
   const model::StepTokens tokens = model::step_tokens(spec_, height, width, text_tokens);
-  const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(plan_.compute_dtype);
-  memory::MetaCount count(plan_.cuda ? c10::kCUDA : c10::kCPU);
-  model::ModelInputs in = model_->example_inputs(batch, height, width, tokens.text, meta);
+  const auto options = torch::TensorOptions().device(device_).dtype(plan_.compute_dtype);
+  model::ModelInputs in = model_->example_inputs(batch, height, width, tokens.text, options);
   if (spec_.reference_tokens) {  // one control image, as the step's walk and the token count take it
     const auto [w, h] = model::training_reference_size(spec_, width, height);
-    in.reference_latents.push_back(torch::empty(model::latent_shape(spec_, batch, h, w), meta));
+    in.reference_latents.push_back(torch::randn(model::latent_shape(spec_, batch, h, w), options));
   }
   in.bypass_guidance = config_.train.bypass_guidance_embedding;
-  ModelCheckpointing::BlockProbe probe;
   // Offloaded Linears' ring slots fill as the blocks run: the rings' bytes, the step's walk's (walked.rings),
   // are not a block's.
-  memory::run_walk([&] {
-    probe = checkpointing_->probe_blocks(in, [&] { return count.live() - nn::offload_buffer_bytes(*rings_); });
-  });
+  const auto probe = checkpointing_->probe_blocks(in, [&] { return live() - nn::offload_buffer_bytes(*rings_); });
   std::vector<model::BlockBytes> per_block;
   for (size_t i = 0; i < probe.kept_bytes.size(); ++i) per_block.push_back({probe.kept_bytes[i], probe.input_bytes[i]});
   return model::activation_estimate(std::move(per_block), tokens);
+}
+
+model::ActivationEstimate Session::block_activations(int batch, int height, int width, int64_t text_tokens) {
+  if (!device_.is_meta()) return walk_twin()->block_activations(batch, height, width, text_tokens);
+  memory::MetaCount count(plan_.cuda ? c10::kCUDA : c10::kCPU);
+  model::ActivationEstimate est;
+  memory::run_walk([&] { est = probe_blocks(batch, height, width, text_tokens, [&] { return count.live(); }); });
+  return est;
 }
 
 Session::BlockProbes Session::probe_block_activations() {
@@ -590,20 +594,10 @@ Session::BlockProbes Session::probe_block_activations() {
   const int batch = plan_.largest.batch, largest = plan_.largest.resolution;
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   const torch::Tensor rng = cpu.get_state();  // the probe's random inputs leave no trace
-  const model::StepTokens tokens = model::step_tokens(spec_, largest, largest);
-  const auto on_device = torch::TensorOptions().device(device_).dtype(plan_.compute_dtype);
-  model::ModelInputs in = model_->example_inputs(batch, largest, largest, tokens.text, on_device);
-  if (spec_.reference_tokens) {
-    const auto [w, h] = model::training_reference_size(spec_, largest, largest);
-    in.reference_latents.push_back(torch::randn(model::latent_shape(spec_, batch, h, w), on_device));
-  }
-  in.bypass_guidance = config_.train.bypass_guidance_embedding;
-  const auto probe =
-      checkpointing_->probe_blocks(in, [&] { return meter_.stats().live_bytes - nn::offload_buffer_bytes(*rings_); });
+  model::ActivationEstimate measured =
+      probe_blocks(batch, largest, largest, 0, [&] { return meter_.stats().live_bytes; });
   cpu.set_state(rng);
-  std::vector<model::BlockBytes> per_block;
-  for (size_t i = 0; i < probe.kept_bytes.size(); ++i) per_block.push_back({probe.kept_bytes[i], probe.input_bytes[i]});
-  return {model::activation_estimate(std::move(per_block), tokens), block_activations(batch, largest, largest)};
+  return {std::move(measured), block_activations(batch, largest, largest)};
 }
 
 model::ModelInputs Session::conditioning(const std::vector<data::Caption>& captions) {

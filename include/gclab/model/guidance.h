@@ -1,5 +1,5 @@
-// How a family's preview pipeline guides with scale g (ModelFamily::preview_guidance): the sampler asks the
-// rule whether to run the unconditional prompt, whether the two prompts share one forward, whether g is a
+// How a family's preview pipeline guides with scale g (the family's preview_guidance in model/registry.h): the sampler
+// asks the rule whether to run the unconditional prompt, whether the two prompts share one forward, whether g is a
 // model input, and how the two predictions combine. The base is classifier-free guidance as the SD3 and DiT
 // pipelines do it: when g > 1, u + g (c - u), the prompts one batch of two. A family's own rule lives in its
 // folder.

@@ -62,7 +62,14 @@ class ModelFamily {
   virtual std::shared_ptr<const text::TextPipeline> text_pipeline() const = 0;
   // What the transformer of `spec` takes from that pipeline: by default its text and pooled widths, its
   // text length and its condition_area.
-  virtual text::PipelineTarget text_target(const ModelSpec& spec) const;
+  virtual text::PipelineTarget text_target(const ModelSpec& spec) const {
+    text::PipelineTarget t;
+    t.text_width = spec.text_dim;
+    t.pooled_width = spec.pooled_dim;
+    t.max_tokens = spec.max_text_tokens;
+    t.condition_area = spec.condition_area;
+    return t;
+  }
   // Which text encoders AI Toolkit's loader quantizes, under which switch, as which qtype.
   virtual TextEncoderQuantization text_encoder_quantization() const { return {}; }
   // How its preview pipeline guides (model/guidance.h), for this shape; `do_cfg_norm` is sample.do_cfg_norm,
@@ -70,7 +77,11 @@ class ModelFamily {
   virtual std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool do_cfg_norm) const = 0;
   // The flow-matching schedule AI Toolkit trains and previews it with (flow_schedule.h); by default its
   // flux_config: dynamic, mu 0.5 at 256 tokens to 1.15 at 4096.
-  virtual FlowSchedule flow_schedule() const;
+  virtual FlowSchedule flow_schedule() const {
+    FlowSchedule s;  // flux_config: shift 3 (unused), dynamic, 0.5 / 1.15 over 256 / 4096 tokens
+    s.dynamic = true;
+    return s;
+  }
   // AI Toolkit's get_transformer_block_names: with network.transformer_only (its default) LoRA goes on the
   // Linears of the blocks whose name contains one of these (toolkit/lora_special.py:531-541); empty: every
   // block (the families whose model classes name none, FLUX.1 / SD3, get every block there too).

@@ -20,8 +20,8 @@ struct SampleOptions {
   // The model's compute dtype (train.dtype): the latents between steps and the model's inputs are in it, as
   // AI Toolkit's pipelines keep them; no autocast.
   torch::ScalarType dtype = torch::kFloat;
-  // The family's guidance rule (ModelFamily::preview_guidance with sample.do_cfg_norm); unset: the family's
-  // with do_cfg_norm on.
+  // The family's guidance rule (the family's preview_guidance in model/registry.h with sample.do_cfg_norm); unset: the
+  // family's with do_cfg_norm on.
   std::shared_ptr<const model::Guidance> guidance;
 };
 

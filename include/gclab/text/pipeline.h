@@ -1,7 +1,7 @@
 // A family's text pipeline as its diffusers pipeline runs it: which encoders (in the diffusers folder's slot
 // order: text_encoder, text_encoder_2, ...), how it calls each one's tokenizer and encoder (template, cut,
 // padding, mask, leading rows dropped) and how it composes what they return into the transformer's
-// conditioning. Each family's is an object in its folder (model::ModelFamily::text_pipeline); the shared
+// conditioning. Each family's is an object in its folder (the family's text_pipeline in model/registry.h); the shared
 // PromptEncoder (text/prompt.h) builds the encoders and runs it, and predicts its memory by walking it.
 #pragma once
 
@@ -76,6 +76,21 @@ class TextPipeline {
   // the rows the call drops — and the slots' pooled vectors side by side.
   virtual PromptEmbedding compose(const std::vector<EncodedText>& encoded, const std::vector<int64_t>& valid,
                                   const std::vector<PipelineCall>& calls, const PipelineTarget& target) const;
+};
+
+// A pipeline of one encoder whose hidden states are the transformer's text (Qwen-Image's, Z-Image's): its
+// kind, the CPU-test encoder at the text width, and the default composition; a family gives its calls.
+class OneEncoderPipeline : public TextPipeline {
+ public:
+  explicit OneEncoderPipeline(config::TextEncoderKind kind) : kind_(kind) {}
+  std::vector<config::TextEncoderKind> encoders() const override { return {kind_}; }
+  std::vector<TinyWidths> tiny_widths(const PipelineTarget& target) const override { return {{target.text_width, 0}}; }
+  bool composes(const std::vector<TinyWidths>& built, const PipelineTarget& target) const override {
+    return built[0].hidden == target.text_width;
+  }
+
+ private:
+  config::TextEncoderKind kind_;
 };
 
 }  // namespace gclab::text

@@ -27,8 +27,8 @@ class Session;
 std::optional<std::filesystem::path> newest_aitk_save(const std::filesystem::path& dir, const std::string& name);
 
 // The trained LoRA parameters in AI Toolkit's optimizer order: the adapted Linears in the diffusers model's
-// named_modules order (ModelFamily::diffusers_linear_order), each lora_A (lora_down) then lora_B (lora_up)
-// (toolkit/kohya_lora.py:1030-1075). Throws std::runtime_error when the family's order is not known or a
+// named_modules order (the family's diffusers_linear_order in model/registry.h), each lora_A (lora_down) then lora_B
+// (lora_up) (toolkit/kohya_lora.py:1030-1075). Throws std::runtime_error when the family's order is not known or a
 // Linear is not in it.
 std::vector<std::pair<std::string, torch::Tensor>> aitk_parameter_order(Session& session);
 

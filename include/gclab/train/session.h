@@ -250,6 +250,11 @@ class Session {
   int64_t skipped_scheduler_steps_ = 0;
   // The constructor's steps, in order.
   void start_memory();
+  // One forward with nothing checkpointed on this Session's device, at `batch` x height x width with
+  // `text_tokens` and an edit model's one control image: what each block keeps, `live` reading the device's
+  // bytes (the offload rings' left out). block_activations (meta) and probe_block_activations (measured).
+  model::ActivationEstimate probe_blocks(int batch, int height, int width, int64_t text_tokens,
+                                         const std::function<int64_t()>& live);
   void load_transformer();
   void transformer_to_device();
   // LoadPlan::at_first_use: the transformer's host-resident tensors (not the offloaded Linears' own) to the

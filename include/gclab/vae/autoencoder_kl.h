@@ -30,7 +30,7 @@ struct AutoencoderKLConfig {
   int64_t sample_size = 1024;  // the tile size tiled decoding uses unless told another
 
   // The defaults are FLUX.1's config.json (also Flex's and Z-Image's: 83,819,683 parameters); each family
-  // that decodes with another AutoencoderKL sets its own in its folder (ModelFamily::autoencoder).
+  // that decodes with another AutoencoderKL sets its own in its folder (the family's autoencoder in model/registry.h).
   // The same code at CPU-test size, for the tiny-* transformer presets: this config's latent channels,
   // scaling and 8x down-sampling, with 16 channels (a whole oneDNN block), one resnet per block, GroupNorms
   // of 4 groups.

@@ -91,15 +91,9 @@ class ToyTransformer : public DiffusionTransformer {
 
 // Its own text pipeline: Qwen3 on the bare caption, cut and padded to the text length with the mask passed,
 // the real tokens' last hidden states.
-class ToyText final : public text::TextPipeline {
+class ToyText final : public text::OneEncoderPipeline {
  public:
-  std::vector<config::TextEncoderKind> encoders() const override { return {config::TextEncoderKind::qwen3}; }
-  std::vector<text::TinyWidths> tiny_widths(const text::PipelineTarget& t) const override {
-    return {{t.text_width, 0}};
-  }
-  bool composes(const std::vector<text::TinyWidths>& w, const text::PipelineTarget& t) const override {
-    return w[0].hidden == t.text_width;
-  }
+  ToyText() : OneEncoderPipeline(config::TextEncoderKind::qwen3) {}
   std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>&,
                                         const text::PipelineTarget& t) const override {
     return {text::PipelineCall().max_length(t.max_tokens).pad(true).mask(true)};

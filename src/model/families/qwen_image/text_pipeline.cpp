@@ -25,15 +25,9 @@ constexpr const char* kEditPrefix =
     "image that meets the user's requirements while maintaining consistency with the original input where "
     "appropriate.<|im_end|>\n<|im_start|>user\n";
 
-class QwenImageText final : public text::TextPipeline {
+class QwenImageText final : public text::OneEncoderPipeline {
  public:
-  std::vector<config::TextEncoderKind> encoders() const override { return {config::TextEncoderKind::qwen25_vl}; }
-  std::vector<text::TinyWidths> tiny_widths(const text::PipelineTarget& t) const override {
-    return {{t.text_width, 0}};
-  }
-  bool composes(const std::vector<text::TinyWidths>& w, const text::PipelineTarget& t) const override {
-    return w[0].hidden == t.text_width;
-  }
+  QwenImageText() : OneEncoderPipeline(config::TextEncoderKind::qwen25_vl) {}
   std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>& e,
                                         const text::PipelineTarget& t) const override {
     if (t.condition_area <= 0)

@@ -6,15 +6,9 @@
 namespace gclab::model::zimage {
 namespace {
 
-class ZImageText final : public text::TextPipeline {
+class ZImageText final : public text::OneEncoderPipeline {
  public:
-  std::vector<config::TextEncoderKind> encoders() const override { return {config::TextEncoderKind::qwen3}; }
-  std::vector<text::TinyWidths> tiny_widths(const text::PipelineTarget& t) const override {
-    return {{t.text_width, 0}};
-  }
-  bool composes(const std::vector<text::TinyWidths>& w, const text::PipelineTarget& t) const override {
-    return w[0].hidden == t.text_width;
-  }
+  ZImageText() : OneEncoderPipeline(config::TextEncoderKind::qwen3) {}
   std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>&,
                                         const text::PipelineTarget& t) const override {
     return {text::PipelineCall()
