@@ -41,10 +41,10 @@ gclab::train::ModelCheckpointing::BlockProbe probe(const ModelSpec& s, int64_t h
   auto m = build_transformer(s, o);
   m->to(dtype);
   if (rank > 0) apply_lora(*m, {rank, static_cast<double>(rank), 0.0});
-  ModelInputs in = m->example_inputs(1, height, width, step_tokens(s, height, width).text, o.dtype(dtype));
+  ModelInputs in = m->example_inputs({1, 1, height, width}, step_tokens(s, {1, 1, height, width}).text, o.dtype(dtype));
   if (s.reference_tokens) {
     const auto [w, h] = training_reference_size(s, width, height);
-    in.reference_latents.push_back(torch::randn(latent_shape(s, 1, h, w), o.dtype(dtype)));
+    in.reference_latents.push_back(torch::randn(latent_shape(s, {1, 1, h, w}), o.dtype(dtype)));
   }
   gclab::train::ModelCheckpointing checkpointing(*m);
   if (device.is_meta()) {
@@ -95,9 +95,11 @@ int main() {
     for (const auto& p : m->parameters()) bytes += static_cast<int64_t>(p.nbytes());
     std::printf("| %s | %lld | %s | %lld / %lld / %lld / %lld | %lld |\n", name.c_str(),
                 static_cast<long long>(parameter_count(*m)), human(bytes).c_str(),
-                static_cast<long long>(image_tokens(s, 512, 512)), static_cast<long long>(image_tokens(s, 768, 768)),
-                static_cast<long long>(image_tokens(s, 1024, 1024)),
-                static_cast<long long>(image_tokens(s, 1536, 1536)), static_cast<long long>(text_tokens(s, 77)));
+                static_cast<long long>(image_tokens(s, {1, 1, 512, 512})),
+                static_cast<long long>(image_tokens(s, {1, 1, 768, 768})),
+                static_cast<long long>(image_tokens(s, {1, 1, 1024, 1024})),
+                static_cast<long long>(image_tokens(s, {1, 1, 1536, 1536})),
+                static_cast<long long>(text_tokens(s, 77)));
   }
   std::printf(
       "\nQwen-Image-Edit-2509's image tokens include one 1024² reference image (+4096) where it is trained "
@@ -124,7 +126,7 @@ int main() {
     const auto lora = probe(s, 1024, 1024, torch::kBFloat16, 16, torch::kMeta, c10::kCUDA);
     std::vector<BlockBytes> per_block;
     for (size_t i = 0; i < off.kept_bytes.size(); ++i) per_block.push_back({off.kept_bytes[i], off.input_bytes[i]});
-    const ActivationEstimate a = activation_estimate(per_block, step_tokens(s, 1024, 1024));
+    const ActivationEstimate a = activation_estimate(per_block, step_tokens(s, {1, 1, 1024, 1024}));
     const std::vector<Kind> ks = kinds(names, off.kept_bytes);
     for (size_t k = 0; k < ks.size(); ++k) {
       const size_t i = ks[k].first;
@@ -164,7 +166,7 @@ int main() {
   for (const std::string name : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
     torch::manual_seed(0);
     auto m = build_transformer(spec_by_preset(name));
-    const ModelInputs in = m->example_inputs(1, 256, 256);
+    const ModelInputs in = m->example_inputs({1, 1, 256, 256});
     std::vector<double> ms;
     for (int i = 0; i < 6; ++i) {
       const auto t0 = std::chrono::steady_clock::now();

@@ -92,10 +92,10 @@ int main(int argc, char** argv) {
     const Cost tiled = measure(tracker, runs, [&] { vae.decode(z); });
     vae.disable_tiling();
     spec.tile_sample_size = 0;
-    const int64_t enc_predicted = spec.encode_bytes(1, side, side, true);
-    const int64_t dec_predicted = spec.decode_bytes(1, side, side, true);
+    const int64_t enc_predicted = spec.encode_bytes({1, 1, side, side}, true);
+    const int64_t dec_predicted = spec.decode_bytes({1, 1, side, side}, true);
     spec.tile_sample_size = 256;
-    const int64_t tiled_predicted = spec.decode_bytes(1, side, side, true);
+    const int64_t tiled_predicted = spec.decode_bytes({1, 1, side, side}, true);
     const bool tiles = side > 256;  // no larger than a tile: decoded whole
     std::printf("| %lld² | %.2f s | %s | %.2f s | %s | %s | %s |\n", static_cast<long long>(side), enc.seconds,
                 both(enc.peak, enc_predicted).c_str(), dec.seconds, both(dec.peak, dec_predicted).c_str(),

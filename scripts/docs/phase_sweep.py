@@ -8,7 +8,10 @@ memory.json (`phase_peak_bytes` measured, `predicted_phase_peak_bytes`) and prin
 phase's error, and with --json the rows.
 
     scripts/docs/phase_sweep.py [--bin build/bin/gclab] [--work output/phase_sweep] [--presets a,b] [--json F]
-                                [--tolerance 0.05]
+                                [--tolerance 0.05] [--frames N]
+
+--frames N (a video family's presets, with a --bin that has them registered): the data are clips of N
+frames (`gclab synth --frames N`), the dataset's and the preview's num_frames N.
 
 With --tolerance it exits 1 when a phase's |error| exceeds it (ctest memory.phase_sweep: every phase within 5%).
 """
@@ -38,14 +41,15 @@ def run(cmd):
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
 
 
-def config(preset, cached_latents, cached_text, gc, work):
+def config(preset, cached_latents, cached_text, gc, work, frames=1):
     edit = preset.endswith("-edit")
     name = f"{preset}-{'cached' if cached_latents else 'fly'}-{'te_cached' if cached_text else 'te'}-gc_{gc}"
-    dataset = {"folder_path": str(work / "data"), "resolution": [64], "cache_latents": cached_latents}
+    dataset = {"folder_path": str(work / "data"), "resolution": [64], "cache_latents": cached_latents,
+               "num_frames": frames}
     if edit:
         dataset["control_path"] = [str(work / "controls")]
     sample = {"sample_every": 2, "width": 64, "height": 64, "sample_steps": 2, "seed": 3, "guidance_scale": 2,
-              "prompts": ["a red circle"]}
+              "prompts": ["a red circle"], "num_frames": frames}
     if edit:
         sample["prompts"] = [f"a red circle --ctrl_img {work / 'controls' / 'synth_0000.png'}"]
     return name, {
@@ -65,12 +69,14 @@ def main():
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--json")
     ap.add_argument("--tolerance", type=float)
+    ap.add_argument("--frames", type=int, default=1)
     a = ap.parse_args()
     work = pathlib.Path(a.work).resolve()
     (work / "runs").mkdir(parents=True, exist_ok=True)
     for folder, sizes, seed in [("data", "64x64", 1), ("controls", "64x64", 9)]:
         if not (work / folder).is_dir():
-            r = run([a.bin, "synth", "--out", str(work / folder), "--count", "4", "--sizes", sizes, "--seed", str(seed)])
+            r = run([a.bin, "synth", "--out", str(work / folder), "--count", "4", "--sizes", sizes, "--seed", str(seed),
+                     "--frames", str(a.frames if folder == "data" else 1)])
             if r.returncode:
                 sys.exit(r.stderr)
     rows, failed = [], []
@@ -78,7 +84,7 @@ def main():
         for cached_latents in [False, True]:
             for cached_text in [False, True]:
                 for gc in ["off", "full"] + (PARTIAL if cached_latents and cached_text else []):
-                    name, c = config(preset, cached_latents, cached_text, gc, work)
+                    name, c = config(preset, cached_latents, cached_text, gc, work, a.frames)
                     path = work / f"{name}.yaml"
                     path.write_text(json.dumps(c))
                     r = run([a.bin, "train", str(path), "--from-scratch"])

@@ -36,14 +36,15 @@ struct Measured {
   std::optional<std::string> oom_phase;
 };
 
-// One optimizer step under `policy`: `accumulation` micro-batches of `batch`, averaged over `resolutions`
-// (each dataset resolution is a copy of the data: a run's steps are spread evenly over them).
-Measured measure_step(train::Session& session, const Policy& policy, int batch, int accumulation,
+// One optimizer step under `policy`: `accumulation` micro-batches of `batch` samples of `frames`, averaged
+// over `resolutions` (each dataset resolution is a copy of the data: a run's steps are spread evenly over them).
+Measured measure_step(train::Session& session, const Policy& policy, int batch, int frames, int accumulation,
                       const std::vector<int>& resolutions, int timed) {
   Measured m;
   for (const int r : resolutions) {
-    session.apply_policy(policy, batch, r);
-    const CellResult cell = run_cell(session, batch, r, timed + 1, false);
+    const model::SampleShape shape{batch, frames, r, r};
+    session.apply_policy(policy, shape);
+    const CellResult cell = run_cell(session, shape, timed + 1, false);
     if (cell.oom_phase) {
       m.oom_phase = cell.oom_phase;
       return m;
@@ -87,6 +88,32 @@ std::string ms_text(double ms) {
   return b;
 }
 
+// The cheaper previews: half as often, half the steps, half the size, none — each with the step as measured.
+void cheaper_previews(train::Session& session, int run_steps, const Measured& step, const Measured& preview,
+                      double per_step, std::vector<Advice>& alternatives) {
+  const config::ProcessConfig& c = session.config();
+  const auto& sc = *c.sample;
+  const int every = sc.sample_every, d = session.spec().preview_divisibility;
+  Advice a = row("sample_every " + std::to_string(2 * every), "sample.sample_every=" + std::to_string(2 * every), step,
+                 preview, static_cast<double>(previews_in(c, run_steps, 2 * every)) / run_steps);
+  a.note = "half as many previews to look at";
+  alternatives.push_back(a);
+  const int steps = std::max(1, sc.sample_steps / 2);
+  a = row("sample_steps " + std::to_string(steps), "sample.sample_steps=" + std::to_string(steps), step,
+          measure_previews(session, {std::nullopt, std::nullopt, steps}), per_step);
+  a.note = "rougher previews";
+  alternatives.push_back(a);
+  const int w = std::max(d, sc.width / 2 / d * d), h = std::max(d, sc.height / 2 / d * d);
+  a = row("previews at " + std::to_string(w) + "x" + std::to_string(h),
+          "sample.width=" + std::to_string(w) + " sample.height=" + std::to_string(h), step,
+          measure_previews(session, {w, h, std::nullopt}), per_step);
+  a.note = "smaller previews";
+  alternatives.push_back(a);
+  a = row("disable_sampling", "train.disable_sampling=true", step, Measured{}, per_step);
+  a.note = "no previews";
+  alternatives.push_back(a);
+}
+
 }  // namespace
 
 AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
@@ -100,17 +127,18 @@ AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
   const std::vector<int> resolutions = resolutions_for(session, {});
   const Policy configured = c.train.policy();
   const int batch = c.train.batch_size, accumulation = c.train.accumulation();
+  const int frames = session.plan().largest.frames;  // a video run's num_frames (1: images)
   const int timed = std::max(1, options.timed_steps);
-  session.precompute_text(session.captions_of(session.synthetic_batch(1, 64, 64)));
+  session.precompute_text(session.captions_of(session.synthetic_batch({1, 1, 64, 64})));
   log::info("advise: " + std::to_string(resolutions.size()) + " resolution(s), batch " + std::to_string(batch) + ", " +
             std::to_string(out.previews_per_run) + " preview pass(es) over " + std::to_string(out.run_steps) +
             " steps");
 
   // The config as it is.
-  const Measured step = measure_step(session, configured, batch, accumulation, resolutions, timed);
+  const Measured step = measure_step(session, configured, batch, frames, accumulation, resolutions, timed);
   Measured preview;
   if (out.previews_per_run > 0) {
-    session.apply_policy(configured, batch, resolutions.back());
+    session.apply_policy(configured, square_cell(session, batch, resolutions.back()));
     measure_previews(session, {});  // a warm-up pass
     preview = measure_previews(session, {});
   }
@@ -126,50 +154,42 @@ AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
     const std::string set =
         policy.kind == Policy::Kind::Off ? "train.gradient_checkpointing=false" : "train.checkpoint_policy=" + name;
     alternatives.push_back(row("checkpoint policy " + name, set,
-                               measure_step(session, policy, batch, accumulation, resolutions, timed), preview,
+                               measure_step(session, policy, batch, frames, accumulation, resolutions, timed), preview,
                                per_step));
   }
   // Half the batch, twice the accumulation: the same samples per update, half the activations.
   if (batch >= 2 && batch % 2 == 0)
-    alternatives.push_back(
-        row("batch " + std::to_string(batch / 2) + " with gradient_accumulation " + std::to_string(2 * accumulation),
-            "train.batch_size=" + std::to_string(batch / 2) +
-                " train.gradient_accumulation=" + std::to_string(2 * accumulation),
-            measure_step(session, configured, batch / 2, 2 * accumulation, resolutions, timed), preview, per_step));
+    alternatives.push_back(row(
+        "batch " + std::to_string(batch / 2) + " with gradient_accumulation " + std::to_string(2 * accumulation),
+        "train.batch_size=" + std::to_string(batch / 2) +
+            " train.gradient_accumulation=" + std::to_string(2 * accumulation),
+        measure_step(session, configured, batch / 2, frames, 2 * accumulation, resolutions, timed), preview, per_step));
+  // A video run: half the latent frames a clip (num_frames 1 + t·k to 1 + t·(k/2)), the lever a video model
+  // reaches for first once checkpointing is on.
+  const int t = static_cast<int>(session.spec().latent_temporal);
+  if (frames > 1 && (frames - 1) / t >= 1) {
+    const int fewer = 1 + t * ((frames - 1) / t / 2);
+    Advice a =
+        row("num_frames " + std::to_string(fewer), "datasets[*].num_frames: " + std::to_string(fewer),
+            measure_step(session, configured, batch, fewer, accumulation, resolutions, timed), preview, per_step);
+    a.changes_training = true;
+    a.note = "trains on shorter clips";
+    alternatives.push_back(a);
+  }
   // The top resolution dropped.
   if (resolutions.size() > 1) {
     const std::vector<int> lower(resolutions.begin(), resolutions.end() - 1);
     Advice a = row("drop resolution " + std::to_string(resolutions.back()) + " from the datasets", "",
-                   measure_step(session, configured, batch, accumulation, lower, timed), preview, per_step);
+                   measure_step(session, configured, batch, frames, accumulation, lower, timed), preview, per_step);
     a.changes_training = true;
     a.note = "trains without the top resolution";
     alternatives.push_back(a);
   }
-  // Cheaper previews.
   if (out.previews_per_run > 0) {
-    const auto& sc = *c.sample;
-    session.apply_policy(configured, batch, resolutions.back());
-    const int d = session.spec().preview_divisibility;
-    Advice a = row("sample_every " + std::to_string(2 * every), "sample.sample_every=" + std::to_string(2 * every),
-                   step, preview, static_cast<double>(previews_in(c, out.run_steps, 2 * every)) / out.run_steps);
-    a.note = "half as many previews to look at";
-    alternatives.push_back(a);
-    const int steps = std::max(1, sc.sample_steps / 2);
-    a = row("sample_steps " + std::to_string(steps), "sample.sample_steps=" + std::to_string(steps), step,
-            measure_previews(session, {std::nullopt, std::nullopt, steps}), per_step);
-    a.note = "rougher previews";
-    alternatives.push_back(a);
-    const int w = std::max(d, sc.width / 2 / d * d), h = std::max(d, sc.height / 2 / d * d);
-    a = row("previews at " + std::to_string(w) + "x" + std::to_string(h),
-            "sample.width=" + std::to_string(w) + " sample.height=" + std::to_string(h), step,
-            measure_previews(session, {w, h, std::nullopt}), per_step);
-    a.note = "smaller previews";
-    alternatives.push_back(a);
-    a = row("disable_sampling", "train.disable_sampling=true", step, Measured{}, per_step);
-    a.note = "no previews";
-    alternatives.push_back(a);
+    session.apply_policy(configured, square_cell(session, batch, resolutions.back()));
+    cheaper_previews(session, out.run_steps, step, preview, per_step, alternatives);
   }
-  session.apply_policy(configured, batch, resolutions.back());
+  session.apply_policy(configured, square_cell(session, batch, resolutions.back()));
   const double base = out.rows.front().total_ms;
   for (auto& a : alternatives) a.saved_ms = a.fits ? base - a.total_ms : 0.0;
   std::stable_sort(alternatives.begin(), alternatives.end(), [](const Advice& x, const Advice& y) {

@@ -26,8 +26,8 @@ namespace {
 
 // The forward alone at the cell — the loss of one synthetic micro-batch, its graph dropped — timed as
 // run_cell times a step; the median of three after one to warm up.
-double forward_ms(train::Session& session, int batch, int resolution) {
-  const train::MicroBatch mb = session.micro_batch(session.synthetic_batch(batch, resolution, resolution));
+double forward_ms(train::Session& session, const model::SampleShape& shape) {
+  const train::MicroBatch mb = session.micro_batch(session.synthetic_batch(shape));
   train::StepOptions so;
   so.dtype = session.plan().compute_dtype;
   so.loss_type = session.config().train.loss_type;
@@ -61,9 +61,9 @@ double time_ms(const train::Session& session, const std::function<void()>& work)
   return static_cast<double>(start.elapsed_time(stop));
 }
 
-CellResult run_cell(train::Session& session, int batch, int resolution, int steps, bool preview) {
+CellResult run_cell(train::Session& session, const model::SampleShape& shape, int steps, bool preview) {
   CellResult out;
-  auto next = [&] { return session.synthetic_batch(batch, resolution, resolution); };
+  auto next = [&] { return session.synthetic_batch(shape); };
   try {
     for (int s = 0; s < steps; ++s) {
       session.meter().reset_peak();
@@ -151,7 +151,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
   if (policies.empty()) policies = {ckpt::CheckpointPolicy::off(), ckpt::CheckpointPolicy::full()};
   std::vector<int> batches = options.batches;
   if (batches.empty()) batches = {session.config().train.batch_size};
-  session.precompute_text(session.captions_of(session.synthetic_batch(1, 64, 64)));
+  session.precompute_text(session.captions_of(session.synthetic_batch({1, 1, 64, 64})));
 
   double peak_flops = options.peak_flops;
   if (session.device().is_cuda() && peak_flops <= 0) {
@@ -165,19 +165,21 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
   const std::unique_ptr<train::Session> walk = session.walk_twin();  // the run on the meta device
   for (int resolution : resolutions_for(session, options.resolutions))
     for (int batch : batches) {
-      const model::ActivationEstimate est = walk->block_activations(batch, resolution, resolution);
+      const model::SampleShape shape = square_cell(session, batch, resolution);
+      const model::ActivationEstimate est = walk->block_activations(shape);
       std::optional<BenchRow> off;
       for (const auto& policy : policies) {
         BenchRow row;
         row.policy = policy.to_string();
         row.resolution = resolution;
         row.batch = batch;
-        session.apply_policy(policy, batch, resolution);
+        row.frames = static_cast<int>(shape.frames);
+        session.apply_policy(policy, shape);
         // The walked blocks under the policy's modes (a budget resolved to its blocks): none for selective.
         if (const auto kept = model::activations_under(est, session.applied_policy()))
           row.predicted_activation_bytes = kept->peak_bytes;
         const std::optional<double> share = session.recomputed_block_share();
-        const CellResult cell = run_cell(session, batch, resolution, options.steps + 1, false);
+        const CellResult cell = run_cell(session, shape, options.steps + 1, false);
         if (cell.oom_phase) {
           row.oom = true;
           row.oom_phase = *cell.oom_phase;
@@ -189,7 +191,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
           if (peak_flops > 0 && session.device().is_cuda())
             row.mfu = row.model_tflop * 1e12 / (row.step_ms / 1e3 * peak_flops);
           if (policy.kind == Kind::Off) try {
-              row.forward_ms = forward_ms(session, batch, resolution);
+              row.forward_ms = forward_ms(session, shape);
             } catch (const c10::OutOfMemoryError&) {  // the step fit, its forward alone did not: no theory
             }
         }
@@ -206,26 +208,39 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
         if (share && off->forward_ms > 0) r.theory_ratio = 1 + *share * off->forward_ms / off->step_ms;
       }
     }
-  session.apply_policy(session.config().train.policy(), session.config().train.batch_size, 512);
+  session.apply_policy(session.config().train.policy(), square_cell(session, session.config().train.batch_size, 512));
   return rows;
 }
 
 namespace {
 
-// The largest batch the memory model predicts under the cap at resolution², up to max_batch: every step's
-// peak and, when the config samples, the preview's (what fit's attempts run); -1 for a policy it does not
-// predict (selective; budget, which fit resolves per batch) or without a cap.
-int predicted_largest_batch(const train::MemoryModel& model, const ckpt::CheckpointPolicy& policy, int resolution,
-                            int max_batch) {
+// What fit grows at a resolution: the batch (an image run), or a video run's frames at its batch — 1 + t·k
+// frames, t the family's frames per latent frame, the counts its autoencoder takes (`k` from 0). Step n
+// (from 1) is batch n, or 1 + t·(n - 1) frames.
+struct Lever {
+  bool frames = false;
+  int batch = 1, t = 1, resolution = 0;
+  model::SampleShape at(int n) const {
+    return frames ? model::SampleShape{batch, 1 + t * (n - 1), resolution, resolution}
+                  : model::SampleShape{n, 1, resolution, resolution};
+  }
+  int value(int n) const { return n == 0 ? 0 : static_cast<int>(frames ? at(n).frames : at(n).batch); }
+};
+
+// The largest step up to `most` the memory model predicts under the cap: every step's peak and, when the
+// config samples, the preview's (what fit's attempts run); -1 for a policy it does not predict (selective;
+// budget, which fit resolves per cell) or without a cap.
+int predicted_largest(const train::MemoryModel& model, const ckpt::CheckpointPolicy& policy, const Lever& lever,
+                      int most) {
   const int64_t cap = model.estimate().cap_bytes;
   if (cap <= 0 || policy.kind == ckpt::CheckpointPolicy::Kind::Budget) return -1;
   int largest = 0;
-  for (int batch = 1; batch <= max_batch; ++batch) {
-    const train::StepEstimate s = model.step(batch, resolution, resolution, policy);
+  for (int n = 1; n <= most; ++n) {
+    const train::StepEstimate s = model.step(lever.at(n), policy);
     int64_t peak = std::max(s.total_bytes, s.first_total_bytes);
     if (const auto p = model.estimate().preview) peak = std::max(peak, p->total_bytes);
     if (peak > cap) break;
-    largest = batch;
+    largest = n;
   }
   return largest;
 }
@@ -233,48 +248,58 @@ int predicted_largest_batch(const train::MemoryModel& model, const ckpt::Checkpo
 }  // namespace
 
 std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::CheckpointPolicy>& policies,
-                            const std::vector<int>& resolutions, int max_batch) {
+                            const std::vector<int>& resolutions, int max_batch, int max_frames) {
   std::unique_ptr<train::MemoryModel> predicted;
   {
     log::QuietScope quiet;
     predicted = std::make_unique<train::MemoryModel>(session.config());
   }
-  session.precompute_text(session.captions_of(session.synthetic_batch(1, 64, 64)));
+  session.precompute_text(session.captions_of(session.synthetic_batch({1, 1, 64, 64})));
+  Lever lever;
+  lever.frames = model::takes_frames(session.spec());
+  lever.batch = session.config().train.batch_size;
+  lever.t = static_cast<int>(session.spec().latent_temporal);
+  const int most = lever.frames ? 1 + (max_frames - 1) / lever.t : max_batch;
   std::vector<FitRow> out;
   for (int resolution : resolutions_for(session, resolutions))
     for (const auto& policy : policies) {
+      lever.resolution = resolution;
       FitRow row;
       row.policy = policy.to_string();
       row.resolution = resolution;
-      row.predicted_batch = predicted_largest_batch(*predicted, policy, resolution, max_batch);
-      auto attempt = [&](int batch) -> std::optional<int64_t> {
-        session.apply_policy(policy, batch, resolution);
-        const CellResult cell = run_cell(session, batch, resolution, 2, true);
+      row.lever = lever.frames ? "num_frames" : "batch";
+      const int predicted_n = predicted_largest(*predicted, policy, lever, most);
+      auto attempt = [&](int n) -> std::optional<int64_t> {
+        session.apply_policy(policy, lever.at(n));
+        const CellResult cell = run_cell(session, lever.at(n), 2, true);
         if (cell.oom_phase) return std::nullopt;
         return cell.peak_bytes;
       };
-      int good = 0, bad = max_batch + 1;
+      int good = 0, bad = most + 1;
       int64_t good_peak = 0;
-      for (int b = 1; b <= max_batch; b *= 2) {  // doubling until the first failure
-        if (auto peak = attempt(b)) {
-          good = b, good_peak = *peak;
+      for (int n = 1; n <= most; n *= 2) {  // doubling until the first failure
+        if (auto peak = attempt(n)) {
+          good = n, good_peak = *peak;
         } else {
-          bad = b;
+          bad = n;
           break;
         }
       }
       while (bad - good > 1 && good > 0) {  // then bisect between the last fit and the failure
-        const int mid = std::min(max_batch, (good + bad) / 2);
+        const int mid = std::min(most, (good + bad) / 2);
         if (mid == good) break;
         if (auto peak = attempt(mid))
           good = mid, good_peak = *peak;
         else
           bad = mid;
       }
-      row.largest_batch = good;
+      row.largest = lever.value(good);
+      row.predicted = predicted_n < 0 ? -1 : lever.value(predicted_n);
+      row.batch = lever.frames ? lever.batch : row.largest;
       row.peak_bytes = good_peak;
       out.push_back(row);
     }
+  session.apply_policy(session.config().train.policy(), session.plan().largest.shape());
   return out;
 }
 

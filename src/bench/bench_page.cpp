@@ -153,9 +153,10 @@ void write_bench_page(const std::filesystem::path& path, const std::vector<Bench
 
 void write_fit_page(const std::filesystem::path& path, const std::vector<FitRow>& rows, int64_t cap_bytes) {
   BarChart c;
-  c.title = "Largest batch that fits" +
+  const std::string lever = rows.empty() ? "batch" : rows.front().lever;
+  c.title = "Largest " + lever + " that fits" +
             (cap_bytes > 0 ? " under " + format_axis_bytes(static_cast<double>(cap_bytes)) : std::string());
-  c.y_label = "batch";
+  c.y_label = lever;
   const auto policies = policies_of(rows);
   for (const auto& p : policies) c.bars.emplace_back(p, color_of(policies, p));
   for (const int res : resolutions_of(rows)) {
@@ -163,19 +164,18 @@ void write_fit_page(const std::filesystem::path& path, const std::vector<FitRow>
     std::vector<double> v(policies.size(), 0.0);
     for (const auto& r : rows)
       if (r.resolution == res)
-        v[static_cast<size_t>(std::find(policies.begin(), policies.end(), r.policy) - policies.begin())] =
-            r.largest_batch;
+        v[static_cast<size_t>(std::find(policies.begin(), policies.end(), r.policy) - policies.begin())] = r.largest;
     c.values.push_back(v);
   }
   std::ostringstream h;
-  h << "<h1>gclab fit: the largest batch per resolution and policy</h1>" << bar_chart_svg(c);
-  h << "<table><tr><th>resolution</th><th>policy</th><th>largest batch</th><th>its peak</th>"
-       "<th>predicted largest batch</th></tr>";
+  h << "<h1>gclab fit: the largest " << lever << " per resolution and policy</h1>" << bar_chart_svg(c);
+  h << "<table><tr><th>resolution</th><th>policy</th><th>largest " << lever << "</th><th>batch</th><th>its peak</th>"
+    << "<th>predicted largest " << lever << "</th></tr>";
   for (const auto& r : rows)
     h << "<tr><td>" << r.resolution << "</td><td>" << escape_xml(r.policy) << "</td><td>"
-      << (r.largest_batch > 0 ? std::to_string(r.largest_batch) : std::string("none fits")) << "</td><td>"
-      << (r.largest_batch > 0 ? format_axis_bytes(static_cast<double>(r.peak_bytes)) : std::string()) << "</td><td>"
-      << (r.predicted_batch < 0 ? std::string("-") : std::to_string(r.predicted_batch)) << "</td></tr>";
+      << (r.largest > 0 ? std::to_string(r.largest) : std::string("none fits")) << "</td><td>" << r.batch << "</td><td>"
+      << (r.largest > 0 ? format_axis_bytes(static_cast<double>(r.peak_bytes)) : std::string()) << "</td><td>"
+      << (r.predicted < 0 ? std::string("-") : std::to_string(r.predicted)) << "</td></tr>";
   h << "</table>";
   write_html_page(path, "gclab fit", h.str());
 }

@@ -22,8 +22,12 @@ struct CellResult {
 // What `work` takes, ms: on CUDA by events on the stream (what the GPU spent), on the CPU by the clock.
 double time_ms(const train::Session& session, const std::function<void()>& work);
 
-// Runs `steps` training steps of `batch` x resolution² (and a preview with `preview`) under the session's
-// policy; returns the step times (ms) and the peak, or the phase where memory ran out.
-CellResult run_cell(train::Session& session, int batch, int resolution, int steps, bool preview);
+// Runs `steps` training steps on synthetic samples of `shape` (and a preview with `preview`) under the
+// session's policy; returns the step times (ms) and the peak, or the phase where memory ran out.
+CellResult run_cell(train::Session& session, const model::SampleShape& shape, int steps, bool preview);
+// The square cell of `batch` x resolution² at the run's frames (its datasets' largest num_frames).
+inline model::SampleShape square_cell(const train::Session& session, int batch, int resolution) {
+  return {batch, session.plan().largest.frames, resolution, resolution};
+}
 
 }  // namespace gclab::bench

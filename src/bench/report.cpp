@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "gclab/config/user_error.h"
 #include "gclab/model/quantize.h"
@@ -91,18 +92,19 @@ Document autoencoder_report(const config::ProcessConfig& config) {
                                                         ? "cache_latents: it leaves once they are encoded"
                                                         : "latents are encoded on the fly, in each step's data phase");
   a["encode_peaks"] = ojson::array();
-  std::set<std::pair<int, int>> seen;
+  std::set<std::tuple<int, int, int>> seen;
   for (const train::StepCell& cell : train::step_cells(config)) {
     const int res = cell.resolution, batch = cached ? 1 : cell.batch;  // caching: one at a time
-    if (!seen.insert({res, batch}).second) continue;
-    const int64_t b = c.encode_bytes(batch, res, res, cpu);
+    if (!seen.insert({res, batch, cell.frames}).second) continue;
+    const int64_t b = c.encode_bytes({batch, cell.frames, res, res}, cpu);
     d.note("/autoencoder/encode_peaks/" + std::to_string(a["encode_peaks"].size()), format_bytes(b));
-    a["encode_peaks"].push_back(
-        {{"at", std::to_string(res) + "x" + std::to_string(res)}, {"batch", batch}, {"bytes", b}});
+    ojson peak = {{"at", std::to_string(res) + "x" + std::to_string(res)}, {"batch", batch}, {"bytes", b}};
+    if (cell.frames > 1) peak["frames"] = cell.frames;
+    a["encode_peaks"].push_back(peak);
   }
   if (config.sample && !config.train.disable_sampling) {
     const auto& s = *config.sample;
-    const int64_t b = c.decode_bytes(1, s.height, s.width, cpu);
+    const int64_t b = c.decode_bytes({1, s.num_frames, s.height, s.width}, cpu);
     a["decode_peak"] = {{"at", std::to_string(s.width) + "x" + std::to_string(s.height)}, {"bytes", b}};
     d.note("/autoencoder/decode_peak",
            format_bytes(b) +
@@ -223,8 +225,9 @@ Document phases_report(const train::MemoryModel& model, const config::ProcessCon
   Document d;
   const train::StepCell cell = train::largest_cell(config);
   const ckpt::CheckpointPolicy& policy = model.policy();
-  ojson j = {{"batch", cell.batch}, {"resolution", cell.resolution}, {"policy", policy.to_string()}};
-  const train::PhaseBytes phases = model.phases(model.step(cell.batch, cell.resolution, cell.resolution, policy));
+  ojson j = {
+      {"batch", cell.batch}, {"frames", cell.frames}, {"resolution", cell.resolution}, {"policy", policy.to_string()}};
+  const train::PhaseBytes phases = model.phases(model.step(cell.shape(), policy));
   j["predicted"] = memory::by_phase_name(phases);
   d.value["phases"] = j;
   d.heading("/phases",
@@ -385,13 +388,14 @@ namespace {
 
 std::string fit_table(const std::vector<FitRow>& rows) {
   std::ostringstream out;
-  out << "| resolution | policy | largest batch that fits | peak at that batch | predicted largest batch |\n"
-         "|---|---|---|---|---|\n";
+  const std::string lever = rows.empty() ? "batch" : rows.front().lever;
+  out << "| resolution | policy | largest " << lever << " that fits | batch | peak there | predicted largest " << lever
+      << " |\n|---|---|---|---|---|---|\n";
   for (const auto& r : rows)
     out << "| " << r.resolution << " | " << r.policy << " | "
-        << (r.largest_batch ? std::to_string(r.largest_batch) : std::string("none (batch 1 runs out)")) << " | "
-        << (r.largest_batch ? format_bytes(r.peak_bytes) : std::string("-")) << " | "
-        << (r.predicted_batch < 0 ? std::string("-") : std::to_string(r.predicted_batch)) << " |\n";
+        << (r.largest ? std::to_string(r.largest) : "none (the smallest " + r.lever + " runs out)") << " | " << r.batch
+        << " | " << (r.largest ? format_bytes(r.peak_bytes) : std::string("-")) << " | "
+        << (r.predicted < 0 ? std::string("-") : std::to_string(r.predicted)) << " |\n";
   return out.str();
 }
 
@@ -404,9 +408,10 @@ Document fit_report(const std::vector<FitRow>& rows) {
   for (const auto& r : rows)
     d.value["fit"].push_back({{"resolution", r.resolution},
                               {"policy", r.policy},
-                              {"largest_batch", r.largest_batch},
+                              {"largest_" + r.lever, r.largest},
+                              {"batch", r.batch},
                               {"peak_bytes", r.peak_bytes},
-                              {"predicted_batch", r.predicted_batch < 0 ? ojson() : ojson(r.predicted_batch)}});
+                              {"predicted_" + r.lever, r.predicted < 0 ? ojson() : ojson(r.predicted)}});
   return d;
 }
 

@@ -733,6 +733,12 @@ class Validator {
           warning(p + key, "'" + *folder + "' is not a folder here; no image will find its file in it");
       at_least(p + ".num_repeats", d.num_repeats, 1);
       at_least(p + ".keep_tokens", d.keep_tokens, 0);
+      at_least(p + ".num_frames", d.num_frames, 1);
+      at_least(p + ".fps", d.fps, 1);
+      if (d.num_frames > 1 && !d.shrink_video_to_frames)
+        error(p + ".shrink_video_to_frames",
+              "false (frames at the dataset's fps from a random start) is not read yet: gclab's clips are folders "
+              "of numbered frames, taken evenly spread (true, AI Toolkit's default)");
       if (d.batch_size) at_least(p + ".batch_size", *d.batch_size, 1);
       if (d.resolution.empty()) error(p + ".resolution", "must list at least one resolution");
       for (std::size_t r = 0; r < d.resolution.size(); ++r) {
@@ -939,9 +945,13 @@ class Validator {
         item.ctrl_img = value;
       } else if (flag == "ctrl_idx") {
         number(item.ctrl_idx);
+      } else if (flag == "frames" || flag == "num_frames") {  // config_modules.py:1446-1451
+        number(item.num_frames);
+      } else if (flag == "fps") {
+        number(item.fps);
       } else if (flag == "p2" || flag == "n2" || flag == "gr" || flag == "a" || flag == "ref" || flag == "ev" ||
-                 flag == "extra_values" || flag == "frames" || flag == "num_frames" || flag == "fps") {
-        warning(where, "--" + flag + " is an AI Toolkit prompt flag gclab does not act on (SDXL, adapters, video)");
+                 flag == "extra_values") {
+        warning(where, "--" + flag + " is an AI Toolkit prompt flag gclab does not act on (SDXL, adapters)");
       } else {
         warning(where, "--" + flag + " is not a prompt flag AI Toolkit knows; ignored, as AI Toolkit ignores it");
       }
@@ -956,6 +966,8 @@ class Validator {
     at_least("sample.width", s.width, 1);
     at_least("sample.height", s.height, 1);
     at_least("sample.sample_steps", s.sample_steps, 1);
+    at_least("sample.num_frames", s.num_frames, 1);
+    at_least("sample.fps", s.fps, 1);
     at_least("sample.vae_tile_size", s.vae_tile_size, 64);
     if (s.vae_tile_size % 8 != 0)
       error("sample.vae_tile_size",

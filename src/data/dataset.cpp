@@ -1,7 +1,9 @@
 #include "gclab/data/dataset.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "gclab/data/image.h"
@@ -126,7 +128,63 @@ std::string read_caption(const config::DatasetConfig& dataset, const fs::path& i
   return "";
 }
 
+bool is_video_file(const fs::path& path) {
+  std::string ext = path.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".mp4" || ext == ".webm" || ext == ".mov" || ext == ".gif" || ext == ".mkv" || ext == ".avi";
+}
+
+// A video dataset's clips (num_frames > 1): each folder below `folder` holding images, its frames those
+// images in name order, sized by the first; loose images and video files are skipped with a warning each.
+ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std::string& where) {
+  if (!dataset.control_path.empty() || dataset.inpaint_path || dataset.mask_path || dataset.alpha_mask)
+    throw DataError(where + ": control, inpainting and mask images are not read for clips (num_frames " +
+                    std::to_string(dataset.num_frames) + "); set num_frames: 1 or remove them");
+  const fs::path folder = *dataset.folder_path;
+  std::map<fs::path, std::vector<fs::path>> clips;
+  ScanResult result;
+  for (const auto& path : image_files_below(folder)) {
+    if (path.parent_path() == folder) {
+      result.warnings.push_back(path.string() + ": skipped, a loose image in a dataset of num_frames " +
+                                std::to_string(dataset.num_frames) + " (a clip is a folder of numbered frames)");
+      ++result.skipped_images;
+      continue;
+    }
+    clips[path.parent_path()].push_back(path);
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec))
+    if (is_video_file(entry.path()))
+      result.warnings.push_back(entry.path().string() +
+                                ": skipped, video files are not decoded yet (store the clip as a folder of "
+                                "numbered frames)");
+  for (const auto& [clip, frames] : clips) {
+    std::string why;
+    const auto size = read_image_size(frames.front(), &why);
+    if (!size) {
+      result.warnings.push_back(clip.string() + ": skipped, its first frame is not a readable image (" + why + ")");
+      ++result.skipped_images;
+      continue;
+    }
+    ImageItem item{clip, read_caption(dataset, clip, result), size->width, size->height, index, {}, {}, {}, frames};
+    result.items.push_back(std::move(item));
+  }
+  if (result.items.empty())
+    throw DataError(where + ".folder_path: '" + folder.string() + "' has no clips (folders of frames) for num_frames " +
+                    std::to_string(dataset.num_frames));
+  return result;
+}
+
 }  // namespace
+
+std::vector<int> clip_frame_indices(int total, int num_frames) {
+  const int last = total - 1;
+  const double interval = num_frames > 1 ? static_cast<double>(last) / (num_frames - 1) : 0.0;
+  std::vector<int> out;
+  for (int i = 0; i < num_frames; ++i)
+    out.push_back(std::min(static_cast<int>(std::nearbyint(i * interval)), last));  // round half to even
+  return out;
+}
 
 ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
   const std::string where = "datasets[" + std::to_string(index) + "]";
@@ -135,6 +193,7 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
   std::error_code ec;
   if (!fs::is_directory(folder, ec))
     throw DataError(where + ".folder_path: '" + folder.string() + "' does not exist or is not a folder");
+  if (dataset.num_frames > 1) return scan_clips(dataset, index, where);
   const std::vector<fs::path> images = image_files_below(folder);
   ScanResult result;
   for (const auto& path : images) {
@@ -168,7 +227,7 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
       controls.push_back(found);
     }
     if (!have_controls) continue;
-    ImageItem item{path, caption, size->width, size->height, index, controls, {}, {}};
+    ImageItem item{path, caption, size->width, size->height, index, controls, {}, {}, {}};
     if (dataset.inpaint_path) {
       item.inpaint = same_named(*dataset.inpaint_path, {".png", ".webp"});
       if (!item.inpaint.empty() && !opens_as_rgba(item.inpaint)) {  // load_inpaint_image returns without one
@@ -275,6 +334,7 @@ std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::ve
               s.item = static_cast<int>(i);
               s.placement = place_in_bucket(items[i].width, items[i].height, resolution, divisibility,
                                             ds.random_crop ? &rng : nullptr);
+              s.placement.bucket.frames = ds.num_frames;
               s.flip_x = fx == 1, s.flip_y = fy == 1;
               buckets[s.placement.bucket].push_back(s);
             }
@@ -302,7 +362,11 @@ std::map<int, std::map<BucketResolution, int>> bucket_histogram(const std::vecto
                                                                 int divisibility) {
   std::map<int, std::map<BucketResolution, int>> out;
   for (int resolution : dataset.resolution)
-    for (const auto& item : items) ++out[resolution][bucket_for(item.width, item.height, resolution, divisibility)];
+    for (const auto& item : items) {
+      BucketResolution bucket = bucket_for(item.width, item.height, resolution, divisibility);
+      bucket.frames = dataset.num_frames;
+      ++out[resolution][bucket];
+    }
   return out;
 }
 

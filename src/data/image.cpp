@@ -5,12 +5,15 @@
 #include <stb/stb_image_write.h>
 #include <unistd.h>
 #include <webp/decode.h>
+#include <webp/demux.h>
 #include <webp/encode.h>
+#include <webp/mux.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <vector>
 
 namespace gclab::data {
@@ -371,13 +374,88 @@ void write_image(const fs::path& path, const torch::Tensor& image) {
   if (ec) throw ImageError(path.string() + ": cannot rename the finished image into place: " + ec.message());
 }
 
+void write_animated_webp(const fs::path& path, const torch::Tensor& frames, int fps) {
+  TORCH_CHECK(frames.dim() == 4 && frames.size(3) == 3 && frames.scalar_type() == torch::kUInt8 && fps > 0,
+              "write_animated_webp needs uint8 [F, H, W, 3] and fps above 0");
+  const torch::Tensor src = frames.contiguous().cpu();
+  const int n = static_cast<int>(src.size(0)), h = static_cast<int>(src.size(1)), w = static_cast<int>(src.size(2));
+  WebPAnimEncoderOptions options;
+  WebPConfig config;
+  if (!WebPAnimEncoderOptionsInit(&options) || !WebPConfigInit(&config))
+    throw ImageError(path.string() + ": libwebp's animation encoder does not match its headers");
+  options.anim_params.loop_count = 0;  // PIL's default for an animated save: loop forever
+  config.quality = 80.0f;              // PIL's WebP default, as write_image's
+  WebPAnimEncoder* encoder = WebPAnimEncoderNew(w, h, &options);
+  WebPData data;
+  WebPDataInit(&data);
+  bool ok = encoder != nullptr;
+  auto at_ms = [fps](int i) { return static_cast<int>(std::lround(i * 1000.0 / fps)); };  // frame i's start
+  for (int i = 0; ok && i < n; ++i) {
+    WebPPicture picture;
+    ok = WebPPictureInit(&picture) != 0;
+    picture.width = w, picture.height = h, picture.use_argb = 1;
+    ok = ok && WebPPictureImportRGB(&picture, src[i].data_ptr<uint8_t>(), w * 3) &&
+         WebPAnimEncoderAdd(encoder, &picture, at_ms(i), &config);
+    WebPPictureFree(&picture);
+  }
+  ok = ok && WebPAnimEncoderAdd(encoder, nullptr, at_ms(n), nullptr) && WebPAnimEncoderAssemble(encoder, &data);
+  std::error_code ec;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
+  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid()) + ".webp";
+  if (ok) {
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(data.bytes), static_cast<std::streamsize>(data.size));
+    ok = static_cast<bool>(f);
+  }
+  WebPDataClear(&data);
+  if (encoder) WebPAnimEncoderDelete(encoder);
+  if (!ok) {
+    fs::remove(tmp, ec);
+    throw ImageError(path.string() + ": cannot write the animated WebP (disk full or no permission?)");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) throw ImageError(path.string() + ": cannot rename the finished animation into place: " + ec.message());
+}
+
+AnimatedImage read_animated_webp(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  WebPData data{reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()};
+  WebPAnimDecoderOptions options;
+  WebPAnimDecoderOptionsInit(&options);
+  options.color_mode = MODE_RGBA;
+  WebPAnimDecoder* decoder = WebPAnimDecoderNew(&data, &options);
+  WebPAnimInfo info;
+  if (!decoder || !WebPAnimDecoderGetInfo(decoder, &info)) {
+    if (decoder) WebPAnimDecoderDelete(decoder);
+    throw ImageError(path.string() + ": not a readable (animated) WebP");
+  }
+  AnimatedImage out;
+  std::vector<torch::Tensor> frames;
+  while (WebPAnimDecoderHasMoreFrames(decoder)) {
+    uint8_t* rgba = nullptr;
+    int timestamp = 0;
+    if (!WebPAnimDecoderGetNext(decoder, &rgba, &timestamp)) break;
+    frames.push_back(
+        torch::from_blob(rgba, {info.canvas_height, info.canvas_width, 4}, torch::kUInt8).narrow(2, 0, 3).clone());
+    out.timestamps_ms.push_back(timestamp);
+  }
+  WebPAnimDecoderDelete(decoder);
+  if (frames.empty()) throw ImageError(path.string() + ": a WebP without frames");
+  out.frames = torch::stack(frames);
+  return out;
+}
+
 torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc) {
   return rgb_hwc.permute({2, 0, 1}).to(torch::kFloat).div(127.5).sub(1.0);
 }
 
 torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
   // One float copy, scaled in place, then the uint8 image: a preview's conversion holds at most one more
-  // float image and a quarter of one.
+  // float image and a quarter of one. The channels go last, whatever comes between ([3, F, H, W] frames).
+  std::vector<int64_t> channels_last;
+  for (int64_t d = 1; d < image_chw.dim(); ++d) channels_last.push_back(d);
+  channels_last.push_back(0);
   return image_chw.detach()
       .to(torch::kFloat)
       .cpu()
@@ -385,7 +463,7 @@ torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
       .mul_(127.5)
       .round_()
       .clamp_(0, 255)
-      .permute({1, 2, 0})
+      .permute(channels_last)
       .to(torch::kUInt8);
 }
 

@@ -257,7 +257,7 @@ LoadedBatch BatchLoader::load(int64_t index) {
       std::vector<torch::Tensor> refs;
       for (const auto& s : used)
         refs.push_back(load_image_cover(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
-      torch::Tensor images = torch::stack(refs);
+      torch::Tensor images = torch::stack(refs).unsqueeze(2);  // one frame each
       if (encode_here_) {
         torch::NoGradGuard no_grad;
         out.references.push_back(codec_.encode(images));
@@ -307,15 +307,29 @@ LatentSlot BatchLoader::slot_for(const PlannedSample& s) const {
     // Next to the images, reused while the image (size and time) and the placement are unchanged.
     std::error_code ec;
     slot.file = item.image.parent_path() / "_latent_cache" / (key.str() + ".safetensors");
-    slot.stamp = std::to_string(fs::file_size(item.image, ec)) + ":" +
-                 std::to_string(fs::last_write_time(item.image, ec).time_since_epoch().count());
+    for (const fs::path& file : item.frames.empty() ? std::vector<fs::path>{item.image} : item.frames)
+      slot.stamp += (slot.stamp.empty() ? "" : ",") + std::to_string(fs::file_size(file, ec)) + ":" +
+                    std::to_string(fs::last_write_time(file, ec).time_since_epoch().count());
   }
   return slot;
 }
 
 torch::Tensor BatchLoader::sample_image(const PlannedSample& s) const {
-  const torch::Tensor rgb = data::decode_image_rgb(items_[static_cast<size_t>(s.item)].image);
-  return data::to_unit_range(place_pixels(rgb, s.placement, s.flip_x, s.flip_y)).contiguous();
+  const ImageItem& item = items_[static_cast<size_t>(s.item)];
+  auto frame = [&](const fs::path& file) {
+    return data::to_unit_range(place_pixels(data::decode_image_rgb(file), s.placement, s.flip_x, s.flip_y));
+  };
+  if (item.frames.empty()) return frame(item.image).unsqueeze(1).contiguous();
+  // A clip: its frames picked as AI Toolkit's shrink_video_to_frames, each flipped, scaled and cropped as an
+  // image (load_and_process_video's process_frame), decoded once each.
+  std::map<int, torch::Tensor> decoded;
+  std::vector<torch::Tensor> frames;
+  for (int i : clip_frame_indices(static_cast<int>(item.frames.size()), s.placement.bucket.frames)) {
+    auto& f = decoded[i];
+    if (!f.defined()) f = frame(item.frames[static_cast<size_t>(i)]);
+    frames.push_back(f);
+  }
+  return torch::stack(frames, 1).contiguous();
 }
 
 BatchLoader::Sample BatchLoader::load_sample(const PlannedSample& s, std::mt19937_64& rng) {

@@ -71,26 +71,42 @@ std::vector<fs::path> write_synthetic_dataset(const fs::path& dir, const SynthOp
       s.cy = 0.35 + 0.3 * u(rng);
       shapes.push_back(s);
     }
-    torch::Tensor image = torch::empty({size.height, size.width, 3}, torch::kUInt8);
-    auto px = image.accessor<uint8_t, 3>();
-    for (int y = 0; y < size.height; ++y)
-      for (int x = 0; x < size.width; ++x) {
-        std::array<uint8_t, 3> c = kColours[background].rgb;
-        for (const auto& s : shapes)
-          if (inside(s, x + 0.5, y + 0.5, size.width, size.height)) c = kColours[s.colour].rgb;
-        for (int ch = 0; ch < 3; ++ch) px[y][x][ch] = c[static_cast<size_t>(ch)];
-      }
+    // A clip's shapes move a quarter of the width from the left of where they are to the right of it.
+    auto draw = [&](double shift) {
+      torch::Tensor image = torch::empty({size.height, size.width, 3}, torch::kUInt8);
+      auto px = image.accessor<uint8_t, 3>();
+      for (int y = 0; y < size.height; ++y)
+        for (int x = 0; x < size.width; ++x) {
+          std::array<uint8_t, 3> c = kColours[background].rgb;
+          for (Shape s : shapes) {
+            s.cx += shift;
+            if (inside(s, x + 0.5, y + 0.5, size.width, size.height)) c = kColours[s.colour].rgb;
+          }
+          for (int ch = 0; ch < 3; ++ch) px[y][x][ch] = c[static_cast<size_t>(ch)];
+        }
+      return image;
+    };
     std::string caption;
     for (size_t k = 0; k < shapes.size(); ++k) {
       const auto& s = shapes[k];
       caption += std::string(k == 0 ? "a " : " and a ") + (s.r > 0.2 ? "large " : "small ") + kColours[s.colour].name +
                  " " + kShapes[s.kind] + " " + where(s.cx);
     }
-    caption += std::string(" on a ") + kColours[background].name + " background";
+    caption +=
+        std::string(options.frames > 1 ? " moving right" : "") + " on a " + kColours[background].name + " background";
     char name[32];
     std::snprintf(name, sizeof name, "synth_%04d", i);
-    const fs::path png = dir / (std::string(name) + ".png");
-    write_png(png, image);
+    fs::path png = dir / (std::string(name) + ".png");
+    if (options.frames > 1) {
+      png = dir / name;
+      for (int f = 0; f < options.frames; ++f) {
+        char frame[32];
+        std::snprintf(frame, sizeof frame, "frame_%04d.png", f);
+        write_png(png / frame, draw(0.25 * (static_cast<double>(f) / (options.frames - 1) - 0.5)));
+      }
+    } else {
+      write_png(png, draw(0.0));
+    }
     // No trailing newline: AI Toolkit trains on a caption file's text as it is.
     std::ofstream(dir / (std::string(name) + ".txt")) << caption;
     written.push_back(png);

@@ -27,7 +27,7 @@ ModelInputs read_model_inputs(const ModelSpec& spec, const std::filesystem::path
   auto to = [&](const torch::Tensor& t) { return t.defined() ? t.to(device, dtype) : t; };
   in.latents = to(find(file, {"latents", "hidden_states"}));
   expect(in.latents.defined(), path, "no 'latents' tensor");
-  const int64_t rank = static_cast<int64_t>(model::latent_shape(spec, 1, 0, 0).size());
+  const int64_t rank = static_cast<int64_t>(model::latent_shape(spec, {1, 1, 0, 0}).size());
   const std::string s = std::to_string(spec.latent_spatial);
   expect(in.latents.dim() == rank && in.latents.size(1) == spec.latent_channels, path,
          "latents must be [B, " + std::to_string(spec.latent_channels) + (rank == 5 ? ", F'" : "") + ", H/" + s +

@@ -201,16 +201,21 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
                   "' is a folder but has no transformer/config.json (a diffusers model folder has one)");
 }
 
-std::vector<int64_t> latent_shape(const ModelSpec& spec, int64_t batch, int64_t height, int64_t width, int64_t frames) {
+std::vector<int64_t> latent_shape(const ModelSpec& spec, const SampleShape& x) {
   const int64_t s = spec.latent_spatial;
-  if (spec.latent_temporal <= 1) return {batch, spec.latent_channels, height / s, width / s};
-  return {batch, spec.latent_channels, 1 + (frames - 1) / spec.latent_temporal, height / s, width / s};
+  if (!takes_frames(spec)) {
+    if (x.frames != 1)
+      throw std::invalid_argument(spec.preset + " is an image model: a sample has one frame, not " +
+                                  std::to_string(x.frames));
+    return {x.batch, spec.latent_channels, x.height / s, x.width / s};
+  }
+  return {x.batch, spec.latent_channels, 1 + (x.frames - 1) / spec.latent_temporal, x.height / s, x.width / s};
 }
 
-int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width, int64_t frames) {
+int64_t image_tokens(const ModelSpec& spec, const SampleShape& x) {
   const int64_t cell = spec.latent_spatial * spec.patch;
-  const int64_t latent_frames = spec.latent_temporal <= 1 ? 1 : 1 + (frames - 1) / spec.latent_temporal;
-  return (latent_frames / spec.patch_frames) * (height / cell) * (width / cell);
+  const int64_t latent_frames = takes_frames(spec) ? 1 + (x.frames - 1) / spec.latent_temporal : 1;
+  return (latent_frames / spec.patch_frames) * (x.height / cell) * (x.width / cell);
 }
 
 int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
@@ -228,7 +233,7 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
 int64_t preview_reference_tokens(const ModelSpec& spec, int control_images) {
   if (!spec.reference_tokens || control_images <= 0) return 0;
   const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(spec.reference_area))));
-  return control_images * image_tokens(spec, side, side);
+  return control_images * image_tokens(spec, {1, 1, side, side});
 }
 
 std::pair<int64_t, int64_t> training_reference_size(const ModelSpec& spec, int64_t width, int64_t height,
@@ -239,14 +244,14 @@ std::pair<int64_t, int64_t> training_reference_size(const ModelSpec& spec, int64
   return {r.width, r.height};
 }
 
-StepTokens step_tokens(const ModelSpec& spec, int64_t height, int64_t width, int64_t text) {
-  return {image_tokens(spec, height, width) + reference_tokens(spec, spec.reference_tokens ? 1 : 0, height, width),
+StepTokens step_tokens(const ModelSpec& spec, const SampleShape& shape, int64_t text) {
+  return {image_tokens(spec, shape) + reference_tokens(spec, spec.reference_tokens ? 1 : 0, shape.height, shape.width),
           text > 0 ? text : text_tokens(spec, kNominalCaptionTokens)};
 }
 
 int64_t reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width) {
   if (spec.reference_tokens && control_images > 0 && trains_references_at_image_size(spec))
-    return control_images * image_tokens(spec, height, width);
+    return control_images * image_tokens(spec, {1, 1, height, width});
   return preview_reference_tokens(spec, control_images);
 }
 

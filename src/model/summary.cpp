@@ -29,12 +29,14 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
   const int controls = s.spec.reference_tokens ? 1 : 0;
   for (size_t d = 0; d < config.datasets.size(); ++d)
     for (int r : config.datasets[d].resolution)
-      s.tokens.push_back({"datasets[" + std::to_string(d) + "]", r, r, image_tokens(s.spec, r, r),
+      s.tokens.push_back({"datasets[" + std::to_string(d) + "]", r, r,
+                          image_tokens(s.spec, {1, config.datasets[d].num_frames, r, r}),
                           text_tokens(s.spec, prompt_tokens), reference_tokens(s.spec, controls, r, r)});
   if (config.sample)
-    s.tokens.push_back({"sample", config.sample->width, config.sample->height,
-                        image_tokens(s.spec, config.sample->height, config.sample->width),
-                        text_tokens(s.spec, prompt_tokens), preview_reference_tokens(s.spec, controls)});
+    s.tokens.push_back(
+        {"sample", config.sample->width, config.sample->height,
+         image_tokens(s.spec, {1, config.sample->num_frames, config.sample->height, config.sample->width}),
+         text_tokens(s.spec, prompt_tokens), preview_reference_tokens(s.spec, controls)});
   return s;
 }
 

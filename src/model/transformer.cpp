@@ -11,11 +11,12 @@
 
 namespace gclab::model {
 
-ModelInputs DiffusionTransformer::example_inputs(int64_t batch, int64_t height, int64_t width, int64_t n_text,
+ModelInputs DiffusionTransformer::example_inputs(const SampleShape& shape, int64_t n_text,
                                                  const torch::TensorOptions& options) const {
   ModelInputs in;
   const torch::TensorOptions f = options.has_dtype() ? options : options.dtype(torch::kFloat);
-  in.latents = torch::randn(latent_shape(spec_, batch, height, width), f);
+  const int64_t batch = shape.batch;
+  in.latents = torch::randn(latent_shape(spec_, shape), f);
   in.timestep = torch::rand({batch}, f);
   if (spec_.text_dim) {
     const int64_t t = n_text > 0 ? n_text : encoder_tokens(spec_, 16);

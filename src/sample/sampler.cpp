@@ -19,7 +19,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
   // The latents in the model's dtype between steps, as the pipelines keep them (prepare_latents in the
   // prompt embeddings' dtype; FlowMatchEulerDiscreteScheduler.step adds in float32 and casts back).
-  torch::Tensor x = at::normal(0.0, 1.0, model::latent_shape(spec, 1, o.height, o.width, o.frames), gen,
+  torch::Tensor x = at::normal(0.0, 1.0, model::latent_shape(spec, {1, o.frames, o.height, o.width}), gen,
                                torch::TensorOptions().dtype(torch::kFloat))
                         .to(device, o.dtype);
   const std::shared_ptr<const model::Guidance> rule =
@@ -48,7 +48,8 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   // The pipeline's sigmas: linspace(1, 1/steps, steps) shifted by the family's schedule (the dynamic mu of
   // this preview's image tokens for FLUX / Qwen-Image / SD3), then 0.
   const torch::Tensor sigmas =
-      model::flow_schedule(spec.family).preview_sigmas(o.steps, model::image_tokens(spec, o.height, o.width, o.frames));
+      model::flow_schedule(spec.family)
+          .preview_sigmas(o.steps, model::image_tokens(spec, {1, o.frames, o.height, o.width}));
   const auto sigma = sigmas.accessor<double, 1>();
   for (int i = 0; i < o.steps; ++i) {
     const double t = sigma[i], t_next = sigma[i + 1];

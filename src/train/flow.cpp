@@ -23,12 +23,14 @@ std::vector<int64_t> sample_dims(const torch::Tensor& x) {
 torch::Tensor loss_mask_multiplier(const torch::Tensor& masks, const torch::Tensor& x0, torch::ScalarType dtype) {
   namespace F = torch::nn::functional;
   torch::NoGradGuard no_grad;
-  const torch::Tensor m =
-      F::interpolate(
-          masks.to(torch::kHalf),
-          F::InterpolateFuncOptions().size(std::vector<int64_t>{x0.size(-2), x0.size(-1)}).mode(torch::kNearest))
-          .expand({-1, x0.size(1), -1, -1})
-          .to(dtype);
+  // [B, 1, H, W] to the latents' height and width, then over their channels (and frames: one mask a sample).
+  torch::Tensor m = F::interpolate(
+      masks.to(torch::kHalf),
+      F::InterpolateFuncOptions().size(std::vector<int64_t>{x0.size(-2), x0.size(-1)}).mode(torch::kNearest));
+  while (m.dim() < x0.dim()) m = m.unsqueeze(2);
+  std::vector<int64_t> over(static_cast<size_t>(x0.dim()), -1);
+  for (int64_t d = 1; d < x0.dim() - 2; ++d) over[static_cast<size_t>(d)] = x0.size(d);
+  m = m.expand(over).to(dtype);
   return m / m.mean();
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "gclab/ckpt/policy.h"
 #include "gclab/config/byte_size.h"
@@ -20,12 +21,14 @@ namespace gclab::train {
 
 namespace {
 
-std::pair<int, int> parse_bucket(const std::string& key) {
-  int w = 0, h = 0;
+// A bucket key, "WxH" or a video dataset's "WxHxFf" (data::BucketResolution::key): width, height, frames.
+std::tuple<int, int, int> parse_bucket(const std::string& key) {
+  int w = 0, h = 0, f = 1;
   char x = 0;
   std::stringstream s(key);
   s >> w >> x >> h;
-  return {w, h};
+  if (s.peek() == 'x') s >> x >> f;
+  return {w, h, std::max(f, 1)};
 }
 
 // The load ran out (phase setup, before the first step): what the arch's loader holds while it quantizes.
@@ -88,6 +91,7 @@ struct Levers {
   const config::ProcessConfig& config;
   const vae::CodecSpec& codec;
   int bw = 0, bh = 0;  // the batch's bucket (the preview's size in the sample phase)
+  int frames = 1;      // its frames
   int batch = 1;
   bool cpu = false;
   bool fully_checkpointed = false;
@@ -100,13 +104,14 @@ struct Levers {
   // The failing phase's own fixes (`first`), then the rest in the order practice recommends.
   std::vector<OomFix> first, fixes;
 
-  // The predicted peak under `c` at a cell of `b` images of h x w: the policy the run's Session would apply
+  // The predicted peak under `c` at a cell of samples of `shape`: the policy the run's Session would apply
   // (a selective one priced as off, an upper bound). nullopt, said in a warning, where the changed config
   // cannot be planned: the report is written all the same, without that fix.
-  std::optional<int64_t> predicted(const config::ProcessConfig& c, int b, int h, int w) const;
-  std::optional<int64_t> predicted(const config::ProcessConfig& c) const { return predicted(c, batch, bh, bw); }
+  std::optional<int64_t> predicted(const config::ProcessConfig& c, const model::SampleShape& shape) const;
+  std::optional<int64_t> predicted(const config::ProcessConfig& c) const { return predicted(c, cell()); }
+  model::SampleShape cell() const { return {batch, frames, bh, bw}; }
   // The same read from a model already planned.
-  int64_t peak(const MemoryModel& model, int b, int h, int w) const;
+  int64_t peak(const MemoryModel& model, const model::SampleShape& shape) const;
   // now - changed, when both were predicted.
   static std::optional<int64_t> saved(const std::optional<int64_t>& from, const std::optional<int64_t>& to) {
     if (!from || !to) return std::nullopt;
@@ -137,22 +142,22 @@ struct Levers {
   void optimizer_fixes();
 };
 
-int64_t Levers::peak(const MemoryModel& model, int b, int h, int w) const {
+int64_t Levers::peak(const MemoryModel& model, const model::SampleShape& shape) const {
   if (phase == Phase::cache) {  // the fill that ran out, at the largest cell (its figures are the model's)
     const std::optional<CacheEstimate>& c = model.estimate().cache;
     return !c ? 0 : ctx.activity == Activity::text_encode ? c->text_bytes : c->latents_bytes;
   }
-  const StepEstimate s = model.step(b, h, w, model.policy());
+  const StepEstimate s = model.step(shape, model.policy());
   if (phase != Phase::sample) return s.total_bytes;
   const PhaseBytes phases = model.phases(s);
   const auto it = phases.find(Phase::sample);
   return it == phases.end() ? 0 : it->second;
 }
 
-std::optional<int64_t> Levers::predicted(const config::ProcessConfig& c, int b, int h, int w) const {
+std::optional<int64_t> Levers::predicted(const config::ProcessConfig& c, const model::SampleShape& shape) const {
   try {
     log::QuietScope quiet;
-    return peak(MemoryModel(c), b, h, w);
+    return peak(MemoryModel(c), shape);
   } catch (const std::exception& e) {
     log::warn(std::string("the OOM report could not re-plan a fix (left out): ") + e.what());
     return std::nullopt;
@@ -185,12 +190,25 @@ void Levers::step_fixes() {
            "with checkpointing full", [](config::ProcessConfig& c) {
              c.train.gradient_checkpointing = true, c.train.checkpoint_policy = ckpt::CheckpointPolicy::full();
            });
+  // A video run's first lever once checkpointing is on: fewer frames a sample (half the latent frames).
+  if (in_step && frames > 1) {
+    const int t = static_cast<int>(current ? current->estimate().spec.latent_temporal : 1);
+    const int fewer = 1 + t * ((frames - 1) / t / 2);
+    config::ProcessConfig c = config;
+    for (auto& d : c.datasets)
+      if (d.num_frames == frames) d.num_frames = fewer;
+    const std::optional<int64_t> saving = saved(now, predicted(c, {batch, fewer, bh, bw}));
+    if (fewer < frames && saving && *saving > 0)
+      fixes.push_back({"Train on fewer frames",
+                       "datasets[*].num_frames: " + std::to_string(fewer) + " (from " + std::to_string(frames) + ")",
+                       *saving, basis("at " + std::to_string(fewer) + " frames")});
+  }
   if (in_step && batch > 1) {
     config::ProcessConfig c = config;
     const int accumulation = config.train.accumulation();
     c.train.batch_size = batch / 2, c.train.gradient_accumulation = accumulation * 2;
     for (auto& d : c.datasets) d.batch_size.reset();
-    const std::optional<int64_t> saving = saved(now, predicted(c, batch / 2, bh, bw));
+    const std::optional<int64_t> saving = saved(now, predicted(c, {batch / 2, frames, bh, bw}));
     if (saving && *saving > 0)
       fixes.push_back({"Lower the batch size and accumulate",
                        "train.batch_size: " + std::to_string(batch / 2) + " with train.gradient_accumulation: " +
@@ -206,8 +224,8 @@ void Levers::step_fixes() {
     auto& kept = c.datasets[d].resolution;
     kept.erase(std::find(kept.begin(), kept.end(), largest));
     const std::optional<int64_t> saving =
-        saved(current ? std::optional<int64_t>(peak(*current, batch, largest, largest)) : std::nullopt,
-              predicted(c, batch, next, next));
+        saved(current ? std::optional<int64_t>(peak(*current, {batch, frames, largest, largest})) : std::nullopt,
+              predicted(c, {batch, frames, next, next}));
     if (saving && *saving > 0)
       fixes.push_back({"Drop the largest bucket",
                        "datasets[" + std::to_string(d) + "].resolution without " + std::to_string(largest) +
@@ -241,7 +259,8 @@ void Levers::preview_fixes() {
       if (tile >= std::max(s.width, s.height) && tile > 64) continue;
       tiled.tile_sample_size = tile;
       if (ctx.cap_bytes <= 0 ||
-          ctx.live_bytes + codec.weight_bytes() + tiled.decode_bytes(1, s.height, s.width, cpu) <= ctx.cap_bytes)
+          ctx.live_bytes + codec.weight_bytes() + tiled.decode_bytes({1, s.num_frames, s.height, s.width}, cpu) <=
+              ctx.cap_bytes)
         break;
     }
     const int tile = static_cast<int>(tiled.tile_sample_size);
@@ -382,18 +401,18 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
                                     const vae::CodecSpec& codec) {
   if (ctx.phase == Phase::setup) return load_fixes(config);
   Levers l(ctx, config, codec);
-  std::tie(l.bw, l.bh) = parse_bucket(ctx.bucket);
+  std::tie(l.bw, l.bh, l.frames) = parse_bucket(ctx.bucket);
   const ckpt::CheckpointPolicy::Kind kind = config.train.policy().kind;
   l.fully_checkpointed = kind == ckpt::CheckpointPolicy::Kind::Full || kind == ckpt::CheckpointPolicy::Kind::Offload;
   l.batch = std::max(ctx.batch, 1);
   l.cpu = ctx.cpu;
   l.in_step = ctx.phase != Phase::sample && ctx.phase != Phase::cache;
   l.phase = ctx.phase;
-  if (l.bw <= 0) l.bw = l.bh = largest_cell(config).resolution;
+  if (l.bw <= 0) l.bw = l.bh = largest_cell(config).resolution, l.frames = largest_cell(config).frames;
   try {
     log::QuietScope quiet;
     l.current = std::make_unique<MemoryModel>(config);
-    l.now = l.peak(*l.current, l.batch, l.bh, l.bw);
+    l.now = l.peak(*l.current, l.cell());
   } catch (const std::exception& e) {
     log::warn(std::string("the OOM report could not plan the run as it is (its re-planned fixes left out): ") +
               e.what());

@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 std::vector<StepCell> step_cells(const config::ProcessConfig& config) {
   std::set<StepCell> cells;
   for (const auto& d : config.datasets)
-    for (int r : d.resolution) cells.insert({d.batch_size.value_or(config.train.batch_size), r});
+    for (int r : d.resolution) cells.insert({d.batch_size.value_or(config.train.batch_size), r, d.num_frames});
   return {cells.begin(), cells.end()};
 }
 
@@ -25,6 +25,7 @@ StepCell largest_cell(const config::ProcessConfig& c) {
   for (const auto& d : c.datasets) {
     for (int r : d.resolution) largest.resolution = std::max(largest.resolution, r);
     largest.batch = std::max(largest.batch, d.batch_size.value_or(c.train.batch_size));
+    largest.frames = std::max(largest.frames, d.num_frames);
   }
   if (largest.resolution <= 0) largest.resolution = 512;
   return largest;
@@ -88,7 +89,13 @@ fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path
 vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
   vae::CodecSpec s;
   s.latent_channels = spec.latent_channels;
-  if (config.model.vae == config::VaeChoice::dct) return s;
+  s.video = model::takes_frames(spec);
+  if (config.model.vae == config::VaeChoice::dct) {
+    if (s.video)
+      throw UserError("model.vae: dct is an image stand-in; " + spec.preset +
+                      "'s latents carry frames: leave model.vae unset for its autoencoder");
+    return s;
+  }
   s.weights = autoencoder_weights(config, weights);
   const vae::AutoencoderConfig preset = model::family_of(spec.family).autoencoder(spec);
   try {
@@ -162,9 +169,24 @@ void plan_previews(RunPlan& plan) {
   }
 }
 
-// The autoencoder, checked against the transformer.
+// The autoencoder, checked against the transformer; the frames the datasets and previews ask of it.
 void plan_codec(RunPlan& plan) {
   const config::ProcessConfig& c = plan.config;
+  if (!model::takes_frames(plan.spec)) {
+    for (size_t d = 0; d < c.datasets.size(); ++d)
+      if (c.datasets[d].num_frames > 1)
+        throw UserError("datasets[" + std::to_string(d) + "].num_frames is " +
+                        std::to_string(c.datasets[d].num_frames) + ", but " + plan.spec.preset +
+                        " is an image model (one frame a sample): set num_frames: 1, or train a video arch");
+    if (c.sample && c.sample->num_frames > 1)
+      throw UserError("sample.num_frames is " + std::to_string(c.sample->num_frames) + ", but " + plan.spec.preset +
+                      " is an image model: set num_frames: 1");
+    for (size_t i = 0; c.sample && i < c.sample->samples.size(); ++i)
+      if (c.sample->samples[i].num_frames.value_or(1) > 1)
+        throw UserError("sample.samples[" + std::to_string(i) + "] asks for " +
+                        std::to_string(*c.sample->samples[i].num_frames) + " frames (--num_frames), but " +
+                        plan.spec.preset + " is an image model: drop the flag");
+  }
   plan.codec = codec_plan(c, plan.spec);
   if (c.model.vae_path && plan.codec.autoencoder && plan.codec.weights != fs::path(*c.model.vae_path))
     plan.warnings.push_back("model.vae_path '" + *c.model.vae_path +

@@ -30,10 +30,10 @@ text::ConditionImages image_shapes(const std::vector<std::filesystem::path>& fil
   return out;
 }
 
-// Encoding `batch` images of height x width with the autoencoder: the float32 images on the device and the
-// encode's peak above them (vae/memory.h).
-int64_t image_encode_bytes(const vae::CodecSpec& codec, int batch, int height, int width, bool cpu) {
-  return int64_t{4} * batch * 3 * height * width + codec.encode_bytes(batch, height, width, cpu);
+// Encoding samples of `shape` with the autoencoder: their float32 frames on the device and the encode's peak
+// above them (vae/memory.h).
+int64_t image_encode_bytes(const vae::CodecSpec& codec, const model::SampleShape& shape, bool cpu) {
+  return int64_t{4} * shape.pixel_elements() + codec.encode_bytes(shape, cpu);
 }
 
 // The text phase's encode for the step's captions (encoded one at a time), or a 77-token caption's.
@@ -68,13 +68,13 @@ struct WalkedStep {
   std::set<std::string> reached;  // the trained tensors the backward gave a gradient
 };
 
-WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, int batch, int height, int width,
+WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, const model::SampleShape& shape,
                      int64_t text_tokens, const std::vector<std::vector<int64_t>>& references, bool cuda) {
   if (policy.kind == ckpt::CheckpointPolicy::Kind::Budget)
     throw std::invalid_argument("the memory model walks a budget policy once it is resolved to blocks:[...]");
   model::DiffusionTransformer& model = session.model();
   const ckpt::CheckpointPolicy applied = session.applied_policy();
-  session.apply_policy(policy, batch, std::max(height, width));
+  session.apply_policy(policy, shape);
   const bool accumulates = session.accumulation() > 1;
   const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat);
   if (accumulates)
@@ -85,11 +85,11 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, int
     if (pass == 1) walked.rings = nn::offload_buffer_bytes(session.offload_rings());
     memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
     MicroBatch mb;
-    mb.conditioning = model.example_inputs(batch, height, width, text_tokens, meta);
+    mb.conditioning = model.example_inputs(shape, text_tokens, meta);
     mb.x0 = std::move(mb.conditioning.latents);
     mb.t = std::move(mb.conditioning.timestep);
     mb.noise = torch::empty_like(mb.x0);
-    mb.weight = torch::empty({batch}, meta);
+    mb.weight = torch::empty({shape.batch}, meta);
     mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
     for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
     StepOptions so;
@@ -109,18 +109,19 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, int
     }
   }
   for (const auto& [name, p] : session.trained()) p.mutable_grad() = torch::Tensor();
-  session.apply_policy(applied, batch, std::max(height, width));
+  session.apply_policy(applied, shape);
   return walked;
 }
 
 StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const model::ActivationEstimate& a,
-                           const model::PolicyActivations& kept, const ckpt::CheckpointPolicy& policy, int batch,
-                           int height, int width, bool cpu, const std::vector<data::Caption>& captions) {
+                           const model::PolicyActivations& kept, const ckpt::CheckpointPolicy& policy,
+                           const model::SampleShape& shape, bool cpu, const std::vector<data::Caption>& captions) {
   const model::ModelSpec& spec = session.spec();
+  const int64_t batch = shape.batch, height = shape.height, width = shape.width;
   StepEstimate s;
   // The flow-matching step's own float32 tensors: x0, noise, x_t, target, the prediction and the squared
   // error (train/flow.cpp), each of the family's latent_shape; the text embeddings [B, T, D] (+ pooled).
-  const int64_t latent = int64_t{4} * c10::multiply_integers(model::latent_shape(spec, batch, height, width));
+  const int64_t latent = int64_t{4} * c10::multiply_integers(model::latent_shape(spec, shape));
   s.batch_bytes = 6 * latent + int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
   s.activation_bytes = kept.peak_bytes;
   // Encoding on the fly (the autoencoder, latents not cached): the data phase holds the batch's float32
@@ -128,7 +129,7 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   const vae::CodecSpec& codec = session.codec_spec();
   const bool encodes_on_device = codec.autoencoder && !session.caches_latents();
   const int64_t encoded_here = encodes_on_device ? latent : 0;  // the batch's latents, made on the device
-  if (encodes_on_device) s.encode_bytes = image_encode_bytes(codec, batch, height, width, cpu);
+  if (encodes_on_device) s.encode_bytes = image_encode_bytes(codec, shape, cpu);
   // Edit models: each step encodes the batch's control images (one per control folder, at the reference
   // area of the bucket's aspect), cached latents or not, after the batch's own latents (kept beside them).
   // Flex.2 likewise, its control images at the batch's own size, when a dataset has control folders.
@@ -136,17 +137,17 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   std::vector<std::vector<int64_t>> reference_shapes;  // an edit model's control latents, as the model reads them
   if (spec.reference_tokens) {  // given by the loader or encoded in the data phase, at the reference size
     const auto [ref_width, ref_height] = model::training_reference_size(spec, width, height);
-    reference_shapes.assign(references, model::latent_shape(spec, batch, ref_height, ref_width));
+    reference_shapes.assign(references, model::latent_shape(spec, {batch, 1, ref_height, ref_width}));
   }
   for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
   const bool channels = model::family_of(spec.family).controls_as_channels(spec);
   if ((spec.reference_tokens || channels) && references > 0 && codec.autoencoder) {
     const auto [ref_width, ref_height] = model::training_reference_size(spec, width, height, channels);
     s.reference_bytes = static_cast<int64_t>(references) * 4 *
-                        c10::multiply_integers(model::latent_shape(spec, batch, ref_height, ref_width));
+                        c10::multiply_integers(model::latent_shape(spec, {batch, 1, ref_height, ref_width}));
 
     s.encode_bytes = std::max(s.encode_bytes, encoded_here + s.reference_bytes +
-                                                  image_encode_bytes(codec, batch, ref_height, ref_width, cpu));
+                                                  image_encode_bytes(codec, {batch, 1, ref_height, ref_width}, cpu));
   }
   // The text phase holds what the data phase made on the device (latents encoded there, control latents)
   // and either the captions' encode, one at a time with the earlier ones' embeddings beside it, or the
@@ -163,7 +164,7 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   // each later backward (one more set beside the new ones).
   // The forward and the backward, walked op by op on the meta model (walk_step); model.layer_offloading's
   // rings as the walk leaves them between steps (walked.rings), in every phase a step holds them.
-  const WalkedStep walked = walk_step(session, policy, batch, height, width, a.text_tokens, reference_shapes, !cpu);
+  const WalkedStep walked = walk_step(session, policy, shape, a.text_tokens, reference_shapes, !cpu);
   s.forward_bytes = walked.forward, s.backward_bytes = walked.backward;
   const int64_t held = e.resident_bytes - e.offload_buffer_bytes + walked.rings;
   const bool accumulates = session.accumulation() > 1;
@@ -212,10 +213,9 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
                                                       : session.plan().cells.front();
   std::vector<std::vector<int64_t>> references;
   if (spec.reference_tokens)
-    references.push_back(model::latent_shape(spec, first.batch, first.resolution, first.resolution));
-  const std::set<std::string> reached = walk_step(session, ckpt::CheckpointPolicy::off(), first.batch, first.resolution,
-                                                  first.resolution, 0, references, session.plan().cuda)
-                                            .reached;
+    references.push_back(model::latent_shape(spec, {first.batch, 1, first.resolution, first.resolution}));
+  const std::set<std::string> reached =
+      walk_step(session, ckpt::CheckpointPolicy::off(), first.shape(), 0, references, session.plan().cuda).reached;
   e.gradient_bytes = 0;
   for (const auto& [name, p] : session.trained())
     if (reached.count(name)) e.gradient_bytes += static_cast<int64_t>(p.nbytes());  // in its dtype
@@ -271,9 +271,12 @@ int64_t cache_fill_bytes(Session& session, const MemoryEstimate& e, CacheFill fi
       r.weights - e.parked_bytes + r.ema + r.text_encoder + e.offload_buffer_bytes - session.cache_parked_bytes(fill);
   if (fill == CacheFill::text) return before + caption_encode_bytes(session, e, captions, cpu);
   const vae::CodecSpec& codec = session.codec_spec();
-  int resolution = 0;
-  for (const StepCell& c : session.plan().cells) resolution = std::max(resolution, c.resolution);
-  return before + codec.weight_bytes() + image_encode_bytes(codec, 1, resolution, resolution, cpu);
+  model::SampleShape largest;  // one sample of the largest cell (AI Toolkit encodes them one at a time)
+  for (const StepCell& c : session.plan().cells) {
+    largest.height = largest.width = std::max<int64_t>(largest.height, c.resolution);
+    largest.frames = std::max<int64_t>(largest.frames, c.frames);
+  }
+  return before + codec.weight_bytes() + image_encode_bytes(codec, largest, cpu);
 }
 
 // The fills the run makes: latents when a dataset caches them and the autoencoder encodes (the stand-in
@@ -327,25 +330,30 @@ int64_t walk_preview_denoise(Session& session, bool cuda) {
         prompts ? prompts->rows(prompt, conditions) : model::encoder_tokens(spec, model::kNominalCaptionTokens);
     return model::sequence_rows(spec, n);
   };
-  std::set<std::vector<int64_t>> walked;  // (height, width, guidance x 1000, rows, rows, references...)
+  std::set<std::vector<int64_t>> walked;  // (frames, height, width, guidance x 1000, rows, rows, references...)
   int64_t peak = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& item = items[i];
     const sample::SampleOptions so = session.preview_options(i, {std::nullopt, std::nullopt, 1});
     const text::ConditionImages conditions =
         spec.reference_tokens ? image_shapes(files.at(i)) : text::ConditionImages{};
-    std::vector<int64_t> key{so.height, so.width, static_cast<int64_t>(so.guidance_scale * 1000),
-                             rows(item.prompt, conditions), rows(item.neg.value_or(sc.neg), conditions)};
+    std::vector<int64_t> key{so.frames,
+                             so.height,
+                             so.width,
+                             static_cast<int64_t>(so.guidance_scale * 1000),
+                             rows(item.prompt, conditions),
+                             rows(item.neg.value_or(sc.neg), conditions)};
     std::vector<std::vector<int64_t>> references;
     if (spec.reference_tokens)
       for (const data::BucketResolution& ref : preview_control_sizes(session, i)) {
-        references.push_back(model::latent_shape(spec, 1, ref.height, ref.width));
+        references.push_back(model::latent_shape(spec, {1, 1, ref.height, ref.width}));
         key.insert(key.end(), {ref.height, ref.width});
       }
     if (!walked.insert(key).second) continue;
     memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
-    model::ModelInputs cond = session.model().example_inputs(1, so.height, so.width, key[3], meta);
-    model::ModelInputs uncond = session.model().example_inputs(1, so.height, so.width, key[4], meta);
+    const model::SampleShape shape{1, so.frames, so.height, so.width};
+    model::ModelInputs cond = session.model().example_inputs(shape, key[4], meta);
+    model::ModelInputs uncond = session.model().example_inputs(shape, key[5], meta);
     for (const auto& shape : references) cond.reference_latents.push_back(torch::empty(shape, meta.dtype(so.dtype)));
     uncond.reference_latents = cond.reference_latents;
     memory::run_walk([&] { sample::euler_sample(session.model(), cond, uncond, so); });
@@ -363,20 +371,24 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     const auto& sc = *config.sample;
     PreviewEstimate p;
     const int d = e.spec.preview_divisibility;
-    p.width = sc.width / d * d, p.height = sc.height / d * d;
-    p.image_tokens = model::image_tokens(e.spec, p.height, p.width);
+    p.width = sc.width / d * d, p.height = sc.height / d * d, p.frames = sc.num_frames;
+    for (size_t i = 0; i < session.plan().previews.size(); ++i)  // a prompt's --num_frames may ask for more
+      p.frames = std::max(p.frames, static_cast<int>(session.preview_options(i).frames));
+    const model::SampleShape shape{1, p.frames, p.height, p.width};
+    p.image_tokens = model::image_tokens(e.spec, shape);
     p.denoise_bytes = walk_preview_denoise(session, cuda);
-    // The decode's peak, or after it its float image and the PNG's conversion (one more float copy, the
-    // uint8 image), whichever is higher.
-    p.decode_bytes = std::max(session.codec_spec().decode_bytes(1, p.height, p.width, !cuda),
-                              int64_t{4} * 3 * p.height * p.width + data::to_rgb_uint8_bytes(p.height, p.width));
+    // The decode's peak, or after it its float frames and the image files' conversion (one more float copy,
+    // the uint8 frames), whichever is higher.
+    p.decode_bytes =
+        std::max(session.codec_spec().decode_bytes(shape, !cuda),
+                 int64_t{4} * shape.pixel_elements() + data::to_rgb_uint8_bytes(p.frames, p.height, p.width));
     // Each control image (a file) encoded, its image beside.
     const auto& files = session.plan().preview_controls;
     for (size_t i = 0; i < files.size(); ++i)
       for (const data::BucketResolution& ref : preview_control_sizes(session, i))
-        p.reference_encode_bytes =
-            std::max(p.reference_encode_bytes, int64_t{4} * 3 * ref.height * ref.width +
-                                                   session.codec_spec().encode_bytes(1, ref.height, ref.width, !cuda));
+        p.reference_encode_bytes = std::max(
+            p.reference_encode_bytes, int64_t{4} * 3 * ref.height * ref.width +
+                                          session.codec_spec().encode_bytes({1, 1, ref.height, ref.width}, !cuda));
     // Without cached prompts the preview encodes each prompt (and its negative) with its control images.
     if (prompts && e.text && e.text->every_step)
       for (size_t i = 0; i < sc.samples.size(); ++i) {
@@ -478,12 +490,13 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
     ResolutionEstimate re;
     re.resolution = c.resolution;
     re.batch = c.batch;
-    re.gc_off = step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::off());
-    re.gc_full = step(c.batch, c.resolution, c.resolution, ckpt::CheckpointPolicy::full());
+    re.frames = c.frames;
+    re.gc_off = step(c.shape(), ckpt::CheckpointPolicy::off());
+    re.gc_full = step(c.shape(), ckpt::CheckpointPolicy::full());
     const auto kind = policy().kind;
     if (kind != ckpt::CheckpointPolicy::Kind::Off && kind != ckpt::CheckpointPolicy::Kind::Full)
-      re.gc_run = step(c.batch, c.resolution, c.resolution, policy());
-    const model::StepTokens tokens = model::step_tokens(e.spec, c.resolution, c.resolution);
+      re.gc_run = step(c.shape(), policy());
+    const model::StepTokens tokens = model::step_tokens(e.spec, c.shape());
     re.image_tokens = tokens.image;
     re.text_tokens = tokens.text;
     e.resolutions.push_back(re);
@@ -499,13 +512,13 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
 
 MemoryModel::~MemoryModel() = default;
 
-StepEstimate MemoryModel::step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy,
+StepEstimate MemoryModel::step(const model::SampleShape& shape, const ckpt::CheckpointPolicy& policy,
                                int64_t text_tokens, const std::vector<data::Caption>& captions) const {
-  const model::ActivationEstimate a = session_->block_activations(batch, height, width, text_tokens);
+  const model::ActivationEstimate a = session_->block_activations(shape, text_tokens);
   // The walked blocks' sums describe the step (what the blocks keep); the selective modes split a block:
   // the step's walk alone prices them.
   const model::PolicyActivations kept = model::activations_under(a, policy).value_or(model::PolicyActivations{});
-  return step_estimate(*session_, estimate_, a, kept, policy, batch, height, width, !cuda_, captions);
+  return step_estimate(*session_, estimate_, a, kept, policy, shape, !cuda_, captions);
 }
 
 const ckpt::CheckpointPolicy& MemoryModel::policy() const { return session_->applied_policy(); }
@@ -535,11 +548,11 @@ int64_t MemoryModel::cache(const std::set<CacheFill>& fills, const std::vector<d
 
 PhaseBytes MemoryModel::predict(const StepResult& r) const {
   // Every logged step: the phases alone, without the blocks' own walk (the `activations` figure, no phase's).
-  const model::StepTokens tokens = model::step_tokens(estimate_.spec, r.height, r.width, r.text_tokens);
+  const model::SampleShape shape{r.batch, r.frames, r.height, r.width};
+  const model::StepTokens tokens = model::step_tokens(estimate_.spec, shape, r.text_tokens);
   model::ActivationEstimate counted;
   counted.image_tokens = tokens.image, counted.text_tokens = tokens.text;
-  StepEstimate s =
-      step_estimate(*session_, estimate_, counted, {}, policy(), r.batch, r.height, r.width, !cuda_, r.captions);
+  StepEstimate s = step_estimate(*session_, estimate_, counted, {}, policy(), shape, !cuda_, r.captions);
   if (r.before_first_update) s.phases = s.first_phases;
   PhaseBytes p = phases(s);
   p.erase(memory::Phase::cache);  // before the steps: RunLog::caches predicts it for the fills the run made

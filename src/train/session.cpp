@@ -129,7 +129,7 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   build_codec();
   // Checkpointing, applied to the built model from outside; a budget resolved at the largest cell.
   checkpointing_ = std::make_unique<ModelCheckpointing>(*model_);
-  apply_policy(plan_.policy, plan_.largest.batch, plan_.largest.resolution);
+  apply_policy(plan_.policy, plan_.largest.shape());
   build_optimizer();
 }
 
@@ -540,7 +540,7 @@ std::optional<double> Session::recomputed_block_share() const {
   return static_cast<double>(whole) / static_cast<double>(wrappers.size());
 }
 
-void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution) {
+void Session::apply_policy(const ckpt::CheckpointPolicy& policy, const model::SampleShape& cell) {
   if (policy.kind != ckpt::CheckpointPolicy::Kind::Budget) {
     checkpointing_->apply(policy);
     applied_ = policy;
@@ -548,14 +548,14 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int 
   }
   // budget:BYTES from the walk: what each block keeps without and with checkpointing (its dequantized
   // weights included), in call order.
-  const model::ActivationEstimate est = block_activations(batch, resolution, resolution);
+  const model::ActivationEstimate est = block_activations(cell);
   std::vector<int64_t> kept, inputs;
   for (const model::BlockBytes& b : est.per_block) kept.push_back(b.saved), inputs.push_back(b.input);
   applied_ = ckpt::CheckpointPolicy::only_blocks(ckpt::select_blocks_for_budget(kept, inputs, policy.budget_bytes));
   checkpointing_->apply(applied_);
-  log::info("checkpoint policy " + policy.to_string() + " at " + std::to_string(resolution) + "², batch " +
-            std::to_string(batch) + ": the walk finds " + std::to_string(est.total_off_bytes) +
-            " bytes of block activations without checkpointing; applying " + applied_.to_string());
+  log::info("checkpoint policy " + policy.to_string() + " at samples of " + cell.describe() + ": the walk finds " +
+            std::to_string(est.total_off_bytes) + " bytes of block activations without checkpointing; applying " +
+            applied_.to_string());
 }
 
 std::unique_ptr<Session> Session::walk_twin() const {
@@ -563,14 +563,14 @@ std::unique_ptr<Session> Session::walk_twin() const {
   return std::make_unique<Session>(config_, SessionOptions{/*meta=*/true});
 }
 
-model::ActivationEstimate Session::probe_blocks(int batch, int height, int width, int64_t text_tokens,
+model::ActivationEstimate Session::probe_blocks(const model::SampleShape& shape, int64_t text_tokens,
                                                 const std::function<int64_t()>& live) {
-  const model::StepTokens tokens = model::step_tokens(spec_, height, width, text_tokens);
+  const model::StepTokens tokens = model::step_tokens(spec_, shape, text_tokens);
   const auto options = torch::TensorOptions().device(device_).dtype(plan_.compute_dtype);
-  model::ModelInputs in = model_->example_inputs(batch, height, width, tokens.text, options);
+  model::ModelInputs in = model_->example_inputs(shape, tokens.text, options);
   if (spec_.reference_tokens) {  // one control image, as the step's walk and the token count take it
-    const auto [w, h] = model::training_reference_size(spec_, width, height);
-    in.reference_latents.push_back(torch::randn(model::latent_shape(spec_, batch, h, w), options));
+    const auto [w, h] = model::training_reference_size(spec_, shape.width, shape.height);
+    in.reference_latents.push_back(torch::randn(model::latent_shape(spec_, {shape.batch, 1, h, w}), options));
   }
   in.bypass_guidance = config_.train.bypass_guidance_embedding;
   // Offloaded Linears' ring slots fill as the blocks run: the rings' bytes, the step's walk's (walked.rings),
@@ -581,23 +581,22 @@ model::ActivationEstimate Session::probe_blocks(int batch, int height, int width
   return model::activation_estimate(std::move(per_block), tokens);
 }
 
-model::ActivationEstimate Session::block_activations(int batch, int height, int width, int64_t text_tokens) {
-  if (!device_.is_meta()) return walk_twin()->block_activations(batch, height, width, text_tokens);
+model::ActivationEstimate Session::block_activations(const model::SampleShape& shape, int64_t text_tokens) {
+  if (!device_.is_meta()) return walk_twin()->block_activations(shape, text_tokens);
   memory::MetaCount count(plan_.cuda ? c10::kCUDA : c10::kCPU);
   model::ActivationEstimate est;
-  memory::run_walk([&] { est = probe_blocks(batch, height, width, text_tokens, [&] { return count.live(); }); });
+  memory::run_walk([&] { est = probe_blocks(shape, text_tokens, [&] { return count.live(); }); });
   return est;
 }
 
 Session::BlockProbes Session::probe_block_activations() {
   transformer_at_first_use();
-  const int batch = plan_.largest.batch, largest = plan_.largest.resolution;
+  const model::SampleShape largest = plan_.largest.shape();
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   const torch::Tensor rng = cpu.get_state();  // the probe's random inputs leave no trace
-  model::ActivationEstimate measured =
-      probe_blocks(batch, largest, largest, 0, [&] { return meter_.stats().live_bytes; });
+  model::ActivationEstimate measured = probe_blocks(largest, 0, [&] { return meter_.stats().live_bytes; });
   cpu.set_state(rng);
-  return {std::move(measured), block_activations(batch, largest, largest)};
+  return {std::move(measured), block_activations(largest)};
 }
 
 model::ModelInputs Session::conditioning(const std::vector<data::Caption>& captions) {
@@ -659,26 +658,30 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   if (lb.loss_mask.defined())
     mb.loss_mask = loss_mask_multiplier(memory::to_device(lb.loss_mask, device_), mb.x0, plan_.compute_dtype);
   mb.noise = torch::randn_like(mb.x0);
-  if (config_.train.noise_offset != 0)
-    mb.noise =
-        mb.noise + config_.train.noise_offset * torch::randn({mb.x0.size(0), mb.x0.size(1), 1, 1}, mb.x0.options());
-  const TimestepDraw draw =
-      timesteps_.draw(mb.x0.size(0), model::image_tokens(spec_, lb.bucket.height, lb.bucket.width));
+  if (config_.train.noise_offset != 0) {  // one offset per sample and channel, over its frames and pixels
+    std::vector<int64_t> per_channel(static_cast<size_t>(mb.x0.dim()), 1);
+    per_channel[0] = mb.x0.size(0), per_channel[1] = mb.x0.size(1);
+    mb.noise = mb.noise + config_.train.noise_offset * torch::randn(per_channel, mb.x0.options());
+  }
+  const TimestepDraw draw = timesteps_.draw(
+      mb.x0.size(0), model::image_tokens(spec_, {1, lb.bucket.frames, lb.bucket.height, lb.bucket.width}));
   mb.t = draw.t.to(device_);
   mb.weight = draw.weight.to(device_);
   if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);
   return mb;
 }
 
-data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) const {
+data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) const {
   data::LoadedBatch lb;
-  lb.bucket = {width, height};
+  const int batch = static_cast<int>(shape.batch), width = static_cast<int>(shape.width),
+            height = static_cast<int>(shape.height);
+  lb.bucket = {width, height, static_cast<int>(shape.frames)};
   lb.resolution = std::max(width, height);
   const bool images = plan_.codec.autoencoder && !plan_.caches_latents;  // encoded in the step's data phase
   if (images)
-    lb.images = torch::rand({batch, 3, height, width}) * 2 - 1;
+    lb.images = torch::rand({shape.batch, 3, shape.frames, shape.height, shape.width}) * 2 - 1;
   else
-    lb.latents = torch::randn(model::latent_shape(spec_, batch, height, width));
+    lb.latents = torch::randn(model::latent_shape(spec_, shape));
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
@@ -687,9 +690,9 @@ data::LoadedBatch Session::synthetic_batch(int batch, int width, int height) con
     const auto [ref_width, ref_height] = model::training_reference_size(spec_, width, height);
     const torch::Tensor control = torch::rand({batch, 3, ref_height, ref_width});
     if (plan_.codec.autoencoder)  // control images are encoded every step, cached latents or not
-      lb.reference_images.push_back(control * 2 - 1);
+      lb.reference_images.push_back((control * 2 - 1).unsqueeze(2));
     else
-      lb.references.push_back(torch::randn(model::latent_shape(spec_, batch, ref_height, ref_width)));
+      lb.references.push_back(torch::randn(model::latent_shape(spec_, {batch, 1, ref_height, ref_width})));
     for (int i = 0; i < batch; ++i) lb.control_images.push_back({control[i]});  // the text encoder's too
   }
   return lb;
@@ -723,7 +726,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     const auto d = static_cast<size_t>(lb.dataset);
     const bool reg = d < config_.datasets.size() && config_.datasets[d].is_reg;
     r.bucket = current_bucket_ = lb.bucket.key();
-    r.width = lb.bucket.width, r.height = lb.bucket.height;
+    r.frames = lb.bucket.frames, r.width = lb.bucket.width, r.height = lb.bucket.height;
     r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
     r.captions = captions_of(lb);
     for (auto& c : r.captions)
@@ -807,6 +810,7 @@ sample::SampleOptions Session::preview_options(size_t i, const PreviewSettings& 
   sample::SampleOptions so;
   so.height = settings.height.value_or(item.height.value_or(sc.height)) / d * d;
   so.width = settings.width.value_or(item.width.value_or(sc.width)) / d * d;
+  so.frames = item.num_frames.value_or(sc.num_frames);
   so.steps = settings.steps.value_or(item.sample_steps.value_or(sc.sample_steps));
   so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
   so.seed = sc.seeds().at(i);
@@ -843,13 +847,20 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
       model::set_lora_multiplier(*model_, item.network_multiplier.value_or(sc.network_multiplier));
       z = sample::euler_sample(*model_, cond, uncond, so);
     }
-    const torch::Tensor image = decode_preview(z);
+    const torch::Tensor frames = decode_preview(z);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
-    // sample.format: AI Toolkit's ext (config_modules.py:93, jpg by default) on the file it saves.
-    const fs::path file =
-        dir / (config_.name + "_" + step_tag(step) + "_" + std::to_string(i) + "." + config_.sample->format);
-    data::write_image(file, image);
+    // sample.format: AI Toolkit's ext (config_modules.py:93, jpg by default) on the file it saves — the first
+    // frame's; several frames also as an animated WebP beside it at the item's fps (AI Toolkit saves video
+    // previews as animated WebP, config_modules.py:98-102).
+    const std::string stem = config_.name + "_" + step_tag(step) + "_" + std::to_string(i);
+    const fs::path file = dir / (stem + "." + config_.sample->format);
+    data::write_image(file, frames[0]);
     files.push_back(file);
+    if (frames.size(0) > 1) {
+      const fs::path animation = dir / (stem + "_frames.webp");
+      data::write_animated_webp(animation, frames, item.fps.value_or(sc.fps));
+      files.push_back(animation);
+    }
   }
   return files;
 }
@@ -875,9 +886,9 @@ torch::Tensor Session::decode_preview(const torch::Tensor& z) {
   // The decode runs on top of what the training step left resident; then the uint8 image.
   current_activity_ = Activity::vae_decode;
   CodecOnDevice on_device(codec());
-  torch::Tensor image = data::to_rgb_uint8(codec().decode(z)[0]);
+  torch::Tensor frames = data::to_rgb_uint8(codec().decode(z)[0]);  // [3, F, H, W] -> [F, H, W, 3]
   current_activity_ = Activity::model;
-  return image;
+  return frames;
 }
 
 std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::path>& controls, int width, int height) {
@@ -892,7 +903,8 @@ std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::pat
   for (const auto& f : controls) {
     if (!fs::is_regular_file(f)) continue;  // checked when the session started; a file gone since is skipped
     torch::NoGradGuard no_grad;
-    out.push_back(codec().encode(load_preview_reference(spec_, f, width, height).unsqueeze(0)).to(device_));
+    out.push_back(
+        codec().encode(load_preview_reference(spec_, f, width, height).unsqueeze(0).unsqueeze(2)).to(device_));
   }
   current_activity_ = Activity::model;
   return out;
@@ -903,7 +915,8 @@ torch::Tensor Session::preview_condition(const fs::path& control, int index, int
   current_activity_ = Activity::vae_encode;
   CodecOnDevice on_device(codec());
   torch::Tensor out = plan_.family->preview_condition(
-      spec_, control, index, width, height, [&](const torch::Tensor& x) { return codec().encode(x).to(device_); });
+      spec_, control, index, width, height,
+      [&](const torch::Tensor& x) { return codec().encode(x.unsqueeze(2)).to(device_); });  // one frame
   current_activity_ = Activity::model;
   return out;
 }

@@ -298,3 +298,16 @@ std::vector<std::string> load_diffusers_weights(torch::nn::Module& module, const
 }
 
 }  // namespace gclab::vae
+
+namespace gclab::vae {
+
+torch::Tensor autoencoder_input(const torch::Tensor& frames, bool video) {
+  TORCH_CHECK(frames.dim() == 5, "an autoencoder's input is frames [B, C, F, H, W], got ", frames.sizes());
+  if (video) return frames;
+  TORCH_CHECK(frames.size(2) == 1, "an image family's sample is one frame, got ", frames.size(2));
+  return frames.squeeze(2);
+}
+
+torch::Tensor as_frames(const torch::Tensor& decoded) { return decoded.dim() == 4 ? decoded.unsqueeze(2) : decoded; }
+
+}  // namespace gclab::vae

@@ -14,7 +14,7 @@ namespace {
 
 c10::ScalarType dtype_of(const CodecSpec& spec) { return spec.dtype_bytes == 2 ? torch::kBFloat16 : torch::kFloat; }
 
-AutoencoderMemoryOptions memory_options(const CodecSpec& spec, bool cpu) { return {dtype_of(spec), cpu}; }
+AutoencoderMemoryOptions memory_options(const CodecSpec& spec, bool cpu) { return {dtype_of(spec), cpu, spec.video}; }
 
 template <class... F>
 struct Overloaded : F... {
@@ -41,11 +41,14 @@ class AutoencoderCodec : public ImageCodec {
     generator_.set_current_seed(seed_ ^ (draw * 0x9E3779B97F4A7C15ull));
     restore();  // AI Toolkit's encode_images brings an offloaded VAE back, and leaves it there
     torch::NoGradGuard no_grad;
-    return vae_->encode(memory::to_device(images, device_, dtype_), Posterior::sample, generator_).to(torch::kFloat);
+    return vae_
+        ->encode(memory::to_device(autoencoder_input(images, spec_.video), device_, dtype_), Posterior::sample,
+                 generator_)
+        .to(torch::kFloat);
   }
   torch::Tensor decode(const torch::Tensor& latents) override {
     torch::NoGradGuard no_grad;
-    return vae_->decode(latents.to(device_, dtype_)).to(torch::kFloat);
+    return as_frames(vae_->decode(latents.to(device_, dtype_))).to(torch::kFloat);
   }
   bool encodes_on_loader_thread() const override { return false; }
 
@@ -139,23 +142,20 @@ int64_t CodecSpec::weight_bytes() const {
              : 0;
 }
 
-int64_t CodecSpec::decode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {
+int64_t CodecSpec::decode_bytes(const model::SampleShape& s, bool cpu) const {
   if (autoencoder)
     return std::visit(
-        [&](const auto& c) {
-          return predicted_decode_bytes(c, batch, height, width, memory_options(*this, cpu), tile_sample_size);
-        },
+        [&](const auto& c) { return predicted_decode_bytes(c, s, memory_options(*this, cpu), tile_sample_size); },
         *autoencoder);
-  // The stand-in: the scaled latents, the patches (the image's size) and the image.
-  return batch * (latent_channels * (height / 8) * (width / 8) + 2 * 3 * height * width) * 4;
+  // The stand-in (one frame): the scaled latents, the patches (the image's size) and the image.
+  return s.batch * (latent_channels * (s.height / 8) * (s.width / 8) + 2 * 3 * s.height * s.width) * 4;
 }
 
-int64_t CodecSpec::encode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const {
+int64_t CodecSpec::encode_bytes(const model::SampleShape& s, bool cpu) const {
   if (autoencoder)
-    return std::visit(
-        [&](const auto& c) { return predicted_encode_bytes(c, batch, height, width, memory_options(*this, cpu)); },
-        *autoencoder);
-  return 2 * batch * 3 * height * width * 4;  // the stand-in: the float image and its patches
+    return std::visit([&](const auto& c) { return predicted_encode_bytes(c, s, memory_options(*this, cpu)); },
+                      *autoencoder);
+  return 2 * s.pixel_elements() * 4;  // the stand-in: the float image and its patches
 }
 
 std::string CodecSpec::describe() const {

@@ -39,7 +39,8 @@ DctCodec::DctCodec(int64_t channels)
   basis_ = basis_.to(torch::kFloat);
 }
 
-torch::Tensor DctCodec::encode(const torch::Tensor& images, uint64_t /*draw: deterministic*/) {
+torch::Tensor DctCodec::encode(const torch::Tensor& frames, uint64_t /*draw: deterministic*/) {
+  const torch::Tensor images = autoencoder_input(frames, /*video=*/false);
   const int64_t b = images.size(0), h = images.size(2) / 8, w = images.size(3) / 8;
   TORCH_CHECK(images.size(1) == 3 && images.size(2) % 8 == 0 && images.size(3) % 8 == 0,
               "encode needs [B, 3, H, W] with H and W multiples of 8, got ", images.sizes());
@@ -53,7 +54,7 @@ torch::Tensor DctCodec::decode(const torch::Tensor& latents) {
   const int64_t b = latents.size(0), h = latents.size(2), w = latents.size(3);
   const torch::Tensor z = latents.to(torch::kFloat).permute({0, 2, 3, 1}) / kScale;
   const torch::Tensor patches = torch::matmul(z, basis_.to(latents.device()));  // [b, h, w, 192]
-  return patches.reshape({b, h, w, 3, 8, 8}).permute({0, 3, 1, 4, 2, 5}).reshape({b, 3, h * 8, w * 8}).contiguous();
+  return patches.reshape({b, h, w, 3, 8, 8}).permute({0, 3, 1, 4, 2, 5}).reshape({b, 3, 1, h * 8, w * 8}).contiguous();
 }
 
 }  // namespace gclab::vae

@@ -153,7 +153,7 @@ TEST(Estimate, EveryOtherBlockCheckpointedLiesBetweenFullAndOff) {
     EXPECT_LT(r.gc_run->total_bytes, r.gc_off.total_bytes) << r.resolution;
     EXPECT_EQ(r.gc_off.total_bytes, plain.resolutions[i].gc_off.total_bytes);
     // FLUX.1-dev: 19 double and 38 single blocks; every:2 keeps the activations of 9 double and 19 single.
-    const auto a = meta.block_activations(r.batch, r.resolution, r.resolution);
+    const auto a = meta.block_activations({r.batch, 1, r.resolution, r.resolution});
     int64_t kept = 0;
     for (size_t b = 0; b < a.per_block.size(); ++b) kept += b % 2 == 0 ? a.per_block[b].input : a.per_block[b].saved;
     EXPECT_GE(r.gc_run->activation_bytes, kept) << r.resolution;
@@ -311,9 +311,9 @@ TEST(Estimate, WithinTenPercentOfAMeasuredStepForEveryTinyPreset) {
         // edit pipelines keep whole (the others cut them at max_text_tokens: 64 for the tiny presets).
         const bool off = std::string(policy) == "off";
         const ckpt::CheckpointPolicy p = off ? ckpt::CheckpointPolicy::off() : ckpt::CheckpointPolicy::full();
-        const auto predicted = model.step(2, 256, 256, p, text_tokens);
+        const auto predicted = model.step({2, 1, 256, 256}, p, text_tokens);
         EXPECT_EQ((off ? e.resolutions[0].gc_off : e.resolutions[0].gc_full).total_bytes,
-                  model.step(2, 256, 256, p).total_bytes);
+                  model.step({2, 1, 256, 256}, p).total_bytes);
         const double ratio = static_cast<double>(predicted.total_bytes) / static_cast<double>(measured);
         std::printf(
             "%-22s %-5s %-4s predicted %10lld measured %10lld ratio %.3f  (resident %lld batch %lld act %lld ws "
@@ -336,7 +336,7 @@ MeasuredPhases two_steps_and_a_preview(train::Session& session, const fs::path& 
   MeasuredPhases out;
   for (int step = 0; step < 2; ++step) {
     session.phases().clear();
-    session.train_step(step, [&] { return session.synthetic_batch(2, 256, 256); });
+    session.train_step(step, [&] { return session.synthetic_batch({2, 1, 256, 256}); });
   }
   out.step = session.phases().peaks();
   session.phases().clear();
@@ -501,17 +501,16 @@ TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
     rows = run_fit(session, policies({"off", "full"}), {256}, 16);
   }
   ASSERT_EQ(rows.size(), 2u);
-  EXPECT_GT(rows[1].largest_batch, rows[0].largest_batch);
+  EXPECT_GT(rows[1].largest, rows[0].largest);
   for (const auto& row : rows) {
-    ASSERT_GE(row.largest_batch, 1) << row.policy;
+    ASSERT_GE(row.largest, 1) << row.policy;
     // The memory model's largest batch beside the measured one.
-    std::printf("fit %s: largest batch %d measured, %d predicted\n", row.policy.c_str(), row.largest_batch,
-                row.predicted_batch);
-    EXPECT_NEAR(row.predicted_batch, row.largest_batch, 1) << row.policy;
-    EXPECT_NO_THROW(train::train(config_for("fits_" + row.policy, row.policy, row.largest_batch), {})) << row.policy;
-    EXPECT_THROW(train::train(config_for("over_" + row.policy, row.policy, row.largest_batch + 1), {}),
+    std::printf("fit %s: largest batch %d measured, %d predicted\n", row.policy.c_str(), row.largest, row.predicted);
+    EXPECT_NEAR(row.predicted, row.largest, 1) << row.policy;
+    EXPECT_NO_THROW(train::train(config_for("fits_" + row.policy, row.policy, row.largest), {})) << row.policy;
+    EXPECT_THROW(train::train(config_for("over_" + row.policy, row.policy, row.largest + 1), {}),
                  train::OutOfMemoryStop)
-        << row.policy << " batch " << row.largest_batch + 1;
+        << row.policy << " batch " << row.largest + 1;
   }
   fs::remove_all(dir);
 }
@@ -533,9 +532,9 @@ TEST(Flops, StepFlopsMatchAHandCountOfDiT) {
   const double D = 128, N = 256, B = 2, blocks = 2;
   const double forward =
       blocks * (2 * B * N * (3 * D * D + D * D + 4 * D * D + 4 * D * D) + 2 * B * 6 * D * D + 4 * B * N * N * D);
-  EXPECT_NEAR(step_flops(full, full.block_activations(2, 256, 256), 2) / (3 * forward), 1.0, 1e-9);
+  EXPECT_NEAR(step_flops(full, full.block_activations({2, 1, 256, 256}), 2) / (3 * forward), 1.0, 1e-9);
   train::Session lora(config_for("network: {type: lora, linear: 4}\n"));
-  EXPECT_NEAR(step_flops(lora, lora.block_activations(2, 256, 256), 2) / (2 * forward), 1.0, 1e-9);
+  EXPECT_NEAR(step_flops(lora, lora.block_activations({2, 1, 256, 256}), 2) / (2 * forward), 1.0, 1e-9);
   EXPECT_EQ(peak_bf16_flops("NVIDIA H200"), 989.4e12);
   EXPECT_EQ(peak_bf16_flops("a mystery card"), 0);
 }
@@ -550,7 +549,7 @@ TEST(Flops, StepFlopsMatchAHandCountOfFluxsTwoStreams) {
       "f.yaml");
   ASSERT_TRUE(r.ok());
   train::Session full(*r.config);
-  const auto est = full.block_activations(2, 256, 256);
+  const auto est = full.block_activations({2, 1, 256, 256});
   const double D = 128, M = 512, B = 2, n = static_cast<double>(est.image_tokens);
   const double t = static_cast<double>(est.text_tokens), s = n + t;
   const double stream = 3 * D * D + D * D + 2 * D * M;  // q, k, v, out; the MLP
@@ -567,7 +566,7 @@ TEST(Reports, TheYamlPrintReadsBackAsTheJsonPrint) {
   cell.policy = "full", cell.resolution = 512, cell.batch = 2, cell.step_ms = 12.5, cell.peak_bytes = 1 << 20;
   BenchRow oom = cell;
   oom.policy = "off", oom.oom = true, oom.oom_phase = "forward";
-  FitRow fit{"full", 512, 7, int64_t{57} << 20};
+  FitRow fit{"full", 512, "batch", 7, 7, int64_t{57} << 20};
   Document check = config_report(config);
   check.append(model_summary_report(model::summarize_model(config)));
   check.append(autoencoder_report(config));

@@ -191,7 +191,9 @@ TEST(BenchPage, PoliciesSideBySideWithTheCapAndTheParetoFront) {
   EXPECT_EQ(points_of(html, "Pareto front"), 4u);
   EXPECT_NE(html.find("cap 0.0 MiB"), std::string::npos);
   EXPECT_NE(html.find("out of memory in"), std::string::npos);
-  write_fit_page(dir / "fit_report.html", {{"off", 256, 2, 900}, {"full", 256, 6, 950}, {"off", 512, 0, 0}}, 1 << 20);
+  write_fit_page(dir / "fit_report.html",
+                 {{"off", 256, "batch", 2, 2, 900}, {"full", 256, "batch", 6, 6, 950}, {"off", 512, "batch", 0, 0, 0}},
+                 1 << 20);
   const std::string fit = read(dir / "fit_report.html");
   EXPECT_NE(fit.find("none fits"), std::string::npos);
   EXPECT_NE(fit.find("under 1.0 MiB"), std::string::npos);

@@ -146,8 +146,9 @@ TEST(ConfigLoader, SamplePromptFlagsSetTheItemAsInAiToolkit) {
   EXPECT_EQ(items[1].guidance_scale, 1.5);
   EXPECT_EQ(items[1].sample_steps, 4);
   EXPECT_EQ(items[1].network_multiplier, 0.5);
-  EXPECT_EQ(items[1].width, 512);  // the block's
-  EXPECT_TRUE(r.diagnostics.mentions("--frames is an AI Toolkit prompt flag gclab does not act on"));
+  EXPECT_EQ(items[1].width, 512);     // the block's
+  EXPECT_EQ(items[1].num_frames, 9);  // --frames, as AI Toolkit reads it (config_modules.py:1446-1449)
+  EXPECT_FALSE(items[0].num_frames);
   EXPECT_EQ(items[1].ctrl_img, "pose.png");
   EXPECT_EQ(items[1].ctrl_idx, 1);
   EXPECT_FALSE(items[0].ctrl_idx);

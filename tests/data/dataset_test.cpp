@@ -13,7 +13,9 @@
 
 #include "../support/test_util.h"
 #include "gclab/data/image.h"
+#include "gclab/data/loader.h"
 #include "gclab/data/synth.h"
+#include "gclab/vae/codec.h"
 
 namespace fs = std::filesystem;
 
@@ -249,9 +251,9 @@ TEST(Captions, TriggerDropoutAndShuffleAsAiToolkit) {
 
 TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) {
   std::vector<ImageItem> items;
-  for (int i = 0; i < 5; ++i) items.push_back({"sq" + std::to_string(i), "", 1024, 1024, 0, {}, {}, {}});
-  for (int i = 0; i < 3; ++i) items.push_back({"wide" + std::to_string(i), "", 1536, 1024, 0, {}, {}, {}});
-  items.push_back({"other", "", 512, 512, 1, {}, {}, {}});
+  for (int i = 0; i < 5; ++i) items.push_back({"sq" + std::to_string(i), "", 1024, 1024, 0, {}, {}, {}, {}});
+  for (int i = 0; i < 3; ++i) items.push_back({"wide" + std::to_string(i), "", 1536, 1024, 0, {}, {}, {}, {}});
+  items.push_back({"other", "", 512, 512, 1, {}, {}, {}, {}});
   config::DatasetConfig a, b;
   a.resolution = {512, 1024};
   a.num_repeats = 2;
@@ -284,7 +286,7 @@ TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) 
 // a coin per sample.
 TEST(Dataset, FlipsAddAFlippedCopyOfEveryImage) {
   std::vector<ImageItem> items;
-  for (int i = 0; i < 3; ++i) items.push_back({"sq" + std::to_string(i), "", 512, 512, 0, {}, {}, {}});
+  for (int i = 0; i < 3; ++i) items.push_back({"sq" + std::to_string(i), "", 512, 512, 0, {}, {}, {}, {}});
   config::DatasetConfig d;
   d.resolution = {512};
   d.batch_size = 1;
@@ -445,4 +447,72 @@ TEST(Image, ExifOrientationTurnsPngsAndWebpsAsPilDoes) {
   fs::remove_all(dir);
 }
 
+}  // namespace gclab::data
+
+namespace gclab::data {
+namespace {
+
+// A video dataset (num_frames > 1): each folder of numbered frames is a clip, captioned beside it; its
+// buckets count frames ("64x64x5f", AI Toolkit's key); the loader gives each sample's frames [3, F, H, W],
+// picked evenly from the clip as shrink_video_to_frames does, for the autoencoder to encode whole.
+TEST(Dataset, ClipsAreFoldersOfFramesTheirBucketsCountFramesAndTheLoaderGivesFrames) {
+  const fs::path dir = testing::fresh_dir("clip_dataset");
+  SynthOptions s;
+  s.count = 2, s.frames = 11, s.sizes = {{64, 64}};
+  const auto clips = write_synthetic_dataset(dir / "clips", s);
+  ASSERT_EQ(clips.size(), 2u);
+  EXPECT_TRUE(fs::is_directory(clips[0]));
+  EXPECT_TRUE(fs::exists(dir / "clips" / "synth_0000.txt"));
+  write_png(dir / "clips" / "loose.png", torch::zeros({64, 64, 3}, torch::kUInt8));  // not a clip: skipped
+  config::DatasetConfig d;
+  d.folder_path = (dir / "clips").string();
+  d.resolution = {64};
+  d.num_frames = 5;
+  const ScanResult scan = scan_dataset(d, 0);
+  ASSERT_EQ(scan.items.size(), 2u);
+  EXPECT_EQ(scan.skipped_images, 1);
+  EXPECT_EQ(scan.items[0].frames.size(), 11u);
+  EXPECT_NE(scan.items[0].caption.find("moving right"), std::string::npos);
+  const auto histogram = bucket_histogram(scan.items, d, 16);
+  ASSERT_EQ(histogram.at(64).size(), 1u);
+  EXPECT_EQ(histogram.at(64).begin()->first.key(), "64x64x5f");
+  // The frames a sample takes, and a short clip's repeats.
+  EXPECT_EQ(clip_frame_indices(11, 5), (std::vector<int>{0, 2, 5, 8, 10}));
+  vae::CodecSpec video;  // an autoencoder codec: the loader gives frames, the session encodes them
+  video.autoencoder = vae::QwenImageVaeConfig::tiny();
+  video.video = true;
+  auto codec = vae::build_codec(video, torch::kCPU, 0);
+  LoaderOptions o;
+  o.batch_size = 2;
+  BatchLoader loader(scan.items, {d}, *codec, o, 0);
+  const LoadedBatch b = loader.next();
+  EXPECT_EQ(b.bucket.key(), "64x64x5f");
+  ASSERT_EQ(b.images.sizes(), (std::vector<int64_t>{2, 3, 5, 64, 64}));
+  const size_t first = b.image_files[0] == scan.items[0].image ? 0 : 1;
+  for (const auto& [slot, frame] : std::vector<std::pair<int64_t, int>>{{0, 0}, {1, 2}, {2, 5}, {4, 10}})
+    EXPECT_TRUE(
+        torch::equal(b.images[0].select(1, slot), to_unit_range(decode_image_rgb(scan.items[first].frames[frame]))))
+        << slot;
+  // Encoded whole by the video autoencoder: 1 + (5 - 1) / 4 latent frames.
+  EXPECT_EQ(codec->encode(b.images).sizes(), (std::vector<int64_t>{2, 16, 2, 8, 8}));
+  EXPECT_EQ(codec->decode(codec->encode(b.images)).sizes(), b.images.sizes());
+  fs::remove_all(dir);
+}
+
+// A preview's frames as an animated WebP: every frame back, each at its time.
+TEST(Image, AnimatedWebpWritesEveryFrameAtTheFps) {
+  const fs::path dir = testing::fresh_dir("animated_webp");
+  const torch::Tensor frames = torch::arange(6).mul(40).view({6, 1, 1, 1}).expand({6, 32, 48, 3}).to(torch::kUInt8);
+  write_animated_webp(dir / "a.webp", frames, 12);
+  const AnimatedImage back = read_animated_webp(dir / "a.webp");
+  ASSERT_EQ(back.frames.sizes(), frames.sizes());
+  EXPECT_LE((back.frames.to(torch::kFloat) - frames.to(torch::kFloat)).abs().max().item<double>(), 6.0);
+  EXPECT_EQ(back.timestamps_ms, (std::vector<int>{83, 167, 250, 333, 417, 500}));
+  EXPECT_THROW(read_animated_webp(dir / "missing.webp"), ImageError);
+  // The uint8 conversion takes [3, F, H, W] frames to [F, H, W, 3].
+  EXPECT_EQ(to_rgb_uint8(torch::zeros({3, 4, 8, 16})).sizes(), (std::vector<int64_t>{4, 8, 16, 3}));
+  fs::remove_all(dir);
+}
+
+}  // namespace
 }  // namespace gclab::data

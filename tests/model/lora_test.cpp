@@ -134,7 +134,7 @@ TEST(Lora, AnAssistantAdapterIsMergedForTrainingAndTakenBackOutForSampling) {
     return build_transformer(spec_by_preset("tiny-flux"));
   };
   auto m = base();
-  const ModelInputs in = m->example_inputs(1, 128, 128);
+  const ModelInputs in = m->example_inputs({1, 1, 128, 128});
   const torch::Tensor plain = m->forward(in).detach();
   apply_lora(*m, {4, 4.0});
   randomize_lora_b(*m);
@@ -160,7 +160,7 @@ TEST(Lora, AnAssistantAdapterIsMergedForTrainingAndTakenBackOutForSampling) {
 TEST(Lora, StartsAsANoOpTrainsOnlyAdaptersAndRoundTripsThroughAFile) {
   torch::manual_seed(0);
   auto m = build_transformer(spec_by_preset("tiny-flux"));
-  const ModelInputs in = m->example_inputs(1, 128, 128);
+  const ModelInputs in = m->example_inputs({1, 1, 128, 128});
   const torch::Tensor base = m->forward(in).detach();
   const int adapted = apply_lora(*m, {4, 8.0});
   EXPECT_EQ(adapted, 2 * 14 + 2 * 6);
@@ -196,7 +196,7 @@ TEST(Lora, StartsAsANoOpTrainsOnlyAdaptersAndRoundTripsThroughAFile) {
 TEST(Lora, AFileMergedIntoTheBaseGivesTheAdaptedOutputInEveryNaming) {
   torch::manual_seed(0);
   auto m = build_transformer(spec_by_preset("tiny-flux"));
-  const ModelInputs in = m->example_inputs(1, 128, 128);
+  const ModelInputs in = m->example_inputs({1, 1, 128, 128});
   apply_lora(*m, {4, 8.0});  // scale 2
   randomize_lora_b(*m);
   const torch::Tensor adapted = m->forward(in).detach();
@@ -354,7 +354,7 @@ TEST(Lora, AMultiplierScalesTheAdapterAndZeroIsTheBaseAlone) {
 TEST(Quantize, QFloat8AndFloat8BaseWeightsQuarterFp32StorageAndStayClose) {
   torch::manual_seed(0);
   auto m = build_transformer(spec_by_preset("tiny-qwen-image"));
-  const ModelInputs in = m->example_inputs(1, 128, 128);
+  const ModelInputs in = m->example_inputs({1, 1, 128, 128});
   const torch::Tensor ref = m->forward(in).detach();
   int64_t fp32_bytes = 0;
   for (auto& [path, l] : named_linears(*m)) fp32_bytes += l->weight.nbytes();
@@ -387,7 +387,7 @@ TEST(Weights, SaveAndLoadByDiffusersNameReproduceTheModel) {
     auto a = build_transformer(spec_by_preset(preset));
     torch::manual_seed(2);
     auto b = build_transformer(spec_by_preset(preset));
-    const ModelInputs in = a->example_inputs(1, 64, 64);
+    const ModelInputs in = a->example_inputs({1, 1, 64, 64});
     const fs::path file = temp_file(preset + ".safetensors");
     io::save_safetensors(file, weights_state(*a, torch::kFloat));
     EXPECT_TRUE(load_weights(*b, file).empty()) << preset;

@@ -38,7 +38,7 @@ Peaks run(const std::string& preset, bool lora, torch::ScalarType dtype, bool gr
   auto model = build_transformer(spec_by_preset(preset), options);
   model->to(dtype);
   if (lora) apply_lora(*model, {4, 4.0, 0.0});
-  const ModelInputs in = model->example_inputs(2, 128, 96, 0, options.dtype(dtype));
+  const ModelInputs in = model->example_inputs({2, 1, 128, 96}, 0, options.dtype(dtype));
   std::optional<memory::MetaCount> count;
   if (meta) count.emplace();
   const int64_t base = meta ? 0 : tracker->stats().live_bytes;

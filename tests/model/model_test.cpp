@@ -76,7 +76,7 @@ TEST_P(TinyPreset, ForwardBackwardThroughEveryBlock) {
   torch::manual_seed(0);
   const ModelSpec spec = spec_by_preset(GetParam());
   auto model = build_transformer(spec);
-  const ModelInputs in = model->example_inputs(2, 256, 256);
+  const ModelInputs in = model->example_inputs({2, 1, 256, 256});
   std::vector<size_t> called;
   model->set_block_caller([&](size_t i, const Tensors& inputs) {
     called.push_back(i);
@@ -100,8 +100,8 @@ INSTANTIATE_TEST_SUITE_P(All, TinyPreset,
                          [](const auto& info) { return gclab::testing::test_name(info.param); });
 
 TEST(Tokens, ImageTextAndReferenceTokensPerFamily) {
-  EXPECT_EQ(image_tokens(spec_by_preset("flux-dev"), 1024, 1024), 4096);
-  EXPECT_EQ(image_tokens(spec_by_preset("zimage"), 1248, 832), 78 * 52);
+  EXPECT_EQ(image_tokens(spec_by_preset("flux-dev"), {1, 1, 1024, 1024}), 4096);
+  EXPECT_EQ(image_tokens(spec_by_preset("zimage"), {1, 1, 1248, 832}), 78 * 52);
   EXPECT_EQ(text_tokens(spec_by_preset("flux-dev"), 20), 512);
   EXPECT_EQ(text_tokens(spec_by_preset("flux-schnell"), 20), 256);
   EXPECT_EQ(text_tokens(spec_by_preset("qwen-image"), 77), 77);
@@ -165,7 +165,7 @@ TEST(LocalWeights, ASingleSafetensorsFileGivesItsShapeAndWeights) {
   EXPECT_NE(s.preset.find("shape from"), std::string::npos);
   auto loaded = build_transformer(s);
   EXPECT_TRUE(load_weights(*loaded, local_model(c)->weights).empty());
-  const ModelInputs in = model->example_inputs(1, 64, 64, 20);
+  const ModelInputs in = model->example_inputs({1, 1, 64, 64}, 20);
   EXPECT_TRUE(torch::equal(loaded->forward(in), model->forward(in)));
 
   io::save_safetensors(dir / "bfl.safetensors", {{"double_blocks.0.img_attn.qkv.weight", torch::zeros({3, 1})}});

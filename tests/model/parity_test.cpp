@@ -39,7 +39,7 @@ TEST_P(ReferenceParity, ForwardAndCheckpointedGradientsMatchThePythonReference) 
   const ModelSpec spec = spec_by_preset(preset);
   auto model = build_transformer(spec);
   ModelInputs in =
-      model->example_inputs(2, 128, 96, spec.family == model::Family("zimage") ? 20 : 0);  // Z-Image pads 20 to 32
+      model->example_inputs({2, 1, 128, 96}, spec.family == model::Family("zimage") ? 20 : 0);  // Z-Image pads 20 to 32
   if (spec.family == model::Family("qwen_image"))
     in.reference_latents = {torch::randn({2, spec.latent_channels, 8, 8})};
   io::save_safetensors(dir / "weights.safetensors", weights_state(*model, torch::kFloat), spec_metadata(spec));

@@ -195,7 +195,7 @@ TEST(Flex2, TrainingInputsAsAiToolkitsConditionNoisyLatents) {
   // The default inputs, given explicitly, are what the transformer feeds itself.
   auto m = build_transformer(spec);
   m->eval();
-  ModelInputs in = m->example_inputs(2, 256, 256);
+  ModelInputs in = m->example_inputs({2, 1, 256, 256});
   const torch::Tensor plain = m->forward(in);
   in.condition_channels =
       torch::cat({torch::zeros_like(in.latents), torch::ones({2, 1, 32, 32}), torch::zeros_like(in.latents)}, 1);

@@ -25,7 +25,9 @@ inline int64_t synthetic_step_peak(train::Session& session, int steps, int batch
   int64_t peak = 0;
   for (int step = 0; step < steps; ++step) {
     session.meter().reset_peak();
-    const train::StepResult r = session.train_step(step, [&] { return session.synthetic_batch(batch, side, side); });
+    const train::StepResult r = session.train_step(step, [&] {
+      return session.synthetic_batch({batch, 1, side, side});
+    });
     if (text_tokens) *text_tokens = r.text_tokens;
     peak = std::max(peak, session.meter().stats().peak_bytes);
     for (const auto& [phase, bytes] : session.phases().peaks()) peak = std::max(peak, bytes);

@@ -157,7 +157,7 @@ TEST(SessionAutoencoder, WithoutCachedLatentsTheStepEncodesOnTheDeviceInItsDataP
   EXPECT_TRUE(std::isfinite(r.loss));
   // The data phase held the images and the encode's peak above what was resident.
   const ResidentBytes held = session.resident();
-  const int64_t predicted = images + session.codec_spec().encode_bytes(2, 64, 64, true);
+  const int64_t predicted = images + session.codec_spec().encode_bytes({2, 1, 64, 64}, true);
   EXPECT_GE(session.phases().peaks().at(Phase::data), held.weights + held.vae + predicted - held.optimizer);
   fs::remove_all(dir);
 }
@@ -199,7 +199,7 @@ TEST(SessionAutoencoder, CachedLatentsAreEncodedOnceBeforeTrainingAndTheAutoenco
   ASSERT_EQ(files.size(), 1u);
   EXPECT_TRUE(fs::exists(files[0]));
   EXPECT_GE(session.phases().peaks().at(Phase::sample),
-            live + weights + session.codec_spec().decode_bytes(1, 64, 64, true));
+            live + weights + session.codec_spec().decode_bytes({1, 1, 64, 64}, true));
   EXPECT_EQ(session.resident().vae, 0);
   EXPECT_LE(session.meter().stats().live_bytes, live);
   fs::remove_all(dir);
@@ -225,15 +225,16 @@ TEST(SessionAutoencoder, QwenImageTrainsAndPreviewsWithItsOwnAutoencoder) {
   const StepResult r = session.train_step(0, [&] { return batch; });
   EXPECT_TRUE(std::isfinite(r.loss));
   const ResidentBytes held = session.resident();
-  EXPECT_GE(session.phases().peaks().at(Phase::data),
-            held.weights + held.vae + images + session.codec_spec().encode_bytes(2, 64, 64, true) - held.optimizer);
+  EXPECT_GE(
+      session.phases().peaks().at(Phase::data),
+      held.weights + held.vae + images + session.codec_spec().encode_bytes({2, 1, 64, 64}, true) - held.optimizer);
   ASSERT_EQ(session.sample(0, dir / "samples").size(), 1u);  // the first also caches its prompts' embeddings
   session.phases().clear();
   const int64_t live = session.meter().stats().live_bytes;
   const auto files = session.sample(1, dir / "samples");
   ASSERT_EQ(files.size(), 1u);
   EXPECT_TRUE(fs::exists(files[0]));
-  EXPECT_GE(session.phases().peaks().at(Phase::sample), live + session.codec_spec().decode_bytes(1, 64, 64, true));
+  EXPECT_GE(session.phases().peaks().at(Phase::sample), live + session.codec_spec().decode_bytes({1, 1, 64, 64}, true));
   fs::remove_all(dir);
 }
 
@@ -287,12 +288,12 @@ TEST(SessionAutoencoder, ALocalVaeFolderIsLoadedAndAMismatchIsRefused) {
   const torch::Tensor z = torch::randn({1, 16, 4, 4});
   torch::NoGradGuard no_grad;
   source->eval();
-  EXPECT_TRUE(torch::allclose(session.codec().decode(z), source->decode(z), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(session.codec().decode(z), source->decode(z).unsqueeze(2), 1e-5, 1e-6));
   // AI Toolkit's model.vae_path names the same folder for a model without one.
   {
     Session other(tiny_config(dir, "p", {"model.vae_path=" + (dir / "model" / "vae").string()}));
     EXPECT_EQ(other.codec_spec().weights, dir / "model" / "vae");
-    EXPECT_TRUE(torch::allclose(other.codec().decode(z), source->decode(z), 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(other.codec().decode(z), source->decode(z).unsqueeze(2), 1e-5, 1e-6));
   }
   // An autoencoder whose latents the transformer does not take is refused by name.
   std::ofstream(dir / "model" / "vae" / "config.json") << R"({"_class_name": "AutoencoderKL", "latent_channels": 4})";

@@ -32,10 +32,10 @@ Probed probe(const model::ModelSpec& spec, bool lora, int batch, torch::ScalarTy
   m->to(dtype);
   if (lora) model::apply_lora(*m, {4, 4.0, dropout});
   model::ModelInputs in =
-      m->example_inputs(batch, 128, 96, model::step_tokens(spec, 128, 96).text, options.dtype(dtype));
+      m->example_inputs({batch, 1, 128, 96}, model::step_tokens(spec, {1, 1, 128, 96}).text, options.dtype(dtype));
   if (spec.reference_tokens) {
     const auto [w, h] = model::training_reference_size(spec, 96, 128);
-    in.reference_latents.push_back(torch::randn(model::latent_shape(spec, batch, h, w), options.dtype(dtype)));
+    in.reference_latents.push_back(torch::randn(model::latent_shape(spec, {batch, 1, h, w}), options.dtype(dtype)));
   }
   ModelCheckpointing checkpointing(*m);
   Probed p;

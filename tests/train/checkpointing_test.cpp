@@ -46,7 +46,7 @@ TEST_P(CheckpointedFamily, EveryPolicyGivesTheGradientsOfNoCheckpointing) {
     for (auto& p : m->named_parameters())
       if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.02);
   }
-  const model::ModelInputs in = m->example_inputs(1, 128, 128);
+  const model::ModelInputs in = m->example_inputs({1, 1, 128, 128});
   ModelCheckpointing ckpt(*m);
   ckpt.apply(ckpt::CheckpointPolicy::parse("off"));
   const Step off = step(*m, in);
@@ -86,14 +86,15 @@ TEST(ModelCheckpointing, TheBlocksProbedOnTheCpuAreTheWalksAndABudgetTakesTheFew
   auto m = model::build_transformer(spec);
   ModelCheckpointing ckpt(*m);
   ckpt.apply(ckpt::CheckpointPolicy::full());
-  const auto everything = ckpt.probe_blocks(m->example_inputs(2, 64, 64), [&] { return meter.stats().live_bytes; });
+  const auto everything =
+      ckpt.probe_blocks(m->example_inputs({2, 1, 64, 64}), [&] { return meter.stats().live_bytes; });
   EXPECT_EQ(ckpt.wrappers()[0]->mode(), ckpt::BlockMode::Full);  // the modes applied before, again
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   auto walked_model = model::build_transformer(spec, meta);
   ModelCheckpointing walked_ckpt(*walked_model);
   memory::MetaCount count;
   const auto walked =
-      walked_ckpt.probe_blocks(walked_model->example_inputs(2, 64, 64, 0, meta), [&] { return count.live(); });
+      walked_ckpt.probe_blocks(walked_model->example_inputs({2, 1, 64, 64}, 0, meta), [&] { return count.live(); });
   EXPECT_EQ(walked.kept_bytes, everything.kept_bytes);
   EXPECT_EQ(walked.input_bytes, everything.input_bytes);
   int64_t total = 0;
@@ -114,7 +115,7 @@ TEST(ModelCheckpointing, TheBlocksProbedOnTheCpuAreTheWalksAndABudgetTakesTheFew
 
 TEST(ModelCheckpointing, BudgetPolicyMustBeResolvedFirstAndTheModelIsPlainAfterwards) {
   auto m = model::build_transformer(model::spec_by_preset("tiny-dit"));
-  const model::ModelInputs in = m->example_inputs(1, 64, 64);
+  const model::ModelInputs in = m->example_inputs({1, 1, 64, 64});
   const torch::Tensor before = m->forward(in).detach();
   {
     ModelCheckpointing ckpt(*m);

@@ -19,7 +19,7 @@ struct Conditioning {
 
 Conditioning conditioning(const model::DiffusionTransformer& m, int64_t cond_tokens, int64_t uncond_tokens) {
   torch::manual_seed(4);
-  Conditioning c{m.example_inputs(1, 64, 64, cond_tokens), m.example_inputs(1, 64, 64, uncond_tokens)};
+  Conditioning c{m.example_inputs({1, 1, 64, 64}, cond_tokens), m.example_inputs({1, 1, 64, 64}, uncond_tokens)};
   return c;
 }
 

@@ -76,7 +76,7 @@ TEST(Timesteps, FluxShiftAt512And1024FollowsTheBucketsTokens) {
   const model::ModelSpec flux = model::spec_by_preset("flux-dev");
   const model::FlowSchedule schedule = model::flow_schedule(model::Family("flux"));
   for (const auto& [side, mu] : {std::pair{512, 0.63}, std::pair{1024, 1.15}}) {
-    const int64_t tokens = model::image_tokens(flux, side, side);
+    const int64_t tokens = model::image_tokens(flux, {1, 1, side, side});
     EXPECT_NEAR(schedule.mu(tokens), mu, 1e-12) << side;
     const torch::Tensor grid = TimestepSampler(schedule, train_with(TimestepType::shift)).grid(tokens);
     EXPECT_NEAR(grid.median().item<double>() / 1000, std::exp(mu) / (std::exp(mu) + 1), 1e-3) << side;
@@ -187,7 +187,7 @@ TEST(Timesteps, NextSampleStepsOnceWithoutGradAndTrainsAtTheNextPoint) {
   auto model = model::build_transformer(model::spec_by_preset("tiny-flux"));
   model->eval();
   MicroBatch mb;
-  mb.conditioning = model->example_inputs(2, 64, 64);
+  mb.conditioning = model->example_inputs({2, 1, 64, 64});
   mb.x0 = torch::randn({2, 16, 8, 8});
   mb.noise = torch::randn_like(mb.x0);
   mb.t = torch::tensor({0.9f, 0.6f});
@@ -222,7 +222,7 @@ TEST(FlowMatching, Bf16TrainsWithoutAutocastOnBf16InputsAsAiToolkit) {
   }
   model->eval();
   MicroBatch mb;
-  mb.conditioning = model->example_inputs(2, 64, 64);  // float32 text and pooled, as the cache holds them
+  mb.conditioning = model->example_inputs({2, 1, 64, 64});  // float32 text and pooled, as the cache holds them
   mb.x0 = torch::randn({2, 16, 8, 8});
   mb.noise = torch::randn_like(mb.x0);
   mb.t = torch::tensor({0.37f, 0.81f});

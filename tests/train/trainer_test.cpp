@@ -73,7 +73,7 @@ TEST(Trainer, ResumingAfterTenStepsEqualsTwentyStraightStepsBitwise) {
 TEST(Trainer, AccumulatedMicroBatchesGiveTheGradientOfOneBigBatch) {
   torch::manual_seed(3);
   auto m = model::build_transformer(model::spec_by_preset("tiny-dit"));
-  const auto in = m->example_inputs(4, 64, 64);
+  const auto in = m->example_inputs({4, 1, 64, 64});
   MicroBatch big;
   big.x0 = in.latents;
   big.noise = torch::randn_like(in.latents);
@@ -298,7 +298,7 @@ TEST(Trainer, DryRunGivesTheSameVerdictAsCheckForEveryShippedConfig) {
 // gradient is twice the legacy key's average.
 TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
   const fs::path dir = testing::fresh_dir("session_accumulation");
-  auto next = [](Session& s) { return [&s] { return s.synthetic_batch(1, 64, 64); }; };
+  auto next = [](Session& s) { return [&s] { return s.synthetic_batch({1, 1, 64, 64}); }; };
   auto snapshot = [](Session& s) {
     std::vector<torch::Tensor> out;
     for (const auto& p : s.model().parameters()) out.push_back(p.detach().clone());
@@ -326,7 +326,7 @@ TEST(Session, GradientAccumulationSumsTheMicroBatchesAsAiToolkitDoes) {
     for (const bool both : {true, false}) {
       torch::manual_seed(5);
       for (int i = 0; i < 2; ++i) {
-        const MicroBatch mb = session.micro_batch(session.synthetic_batch(1, 64, 64));
+        const MicroBatch mb = session.micro_batch(session.synthetic_batch({1, 1, 64, 64}));
         const torch::Tensor loss = flow_matching_loss(session.model(), mb, StepOptions{});
         if (both || i == 1) loss.backward();
       }
@@ -370,7 +370,7 @@ TEST(Session, AdafactorGradientsAreNotClippedAsInAiToolkit) {
     Session session(
         tiny_config(dir, optimizer + max_norm, {"train.optimizer=" + optimizer, "train.max_grad_norm=" + max_norm}));
     torch::manual_seed(5);
-    session.train_step(0, [&] { return session.synthetic_batch(1, 64, 64); });
+    session.train_step(0, [&] { return session.synthetic_batch({1, 1, 64, 64}); });
     std::vector<torch::Tensor> out;
     for (const auto& p : session.model().parameters()) out.push_back(p.detach().clone());
     return out;
@@ -396,7 +396,7 @@ TEST(Session, MaxGradNormZeroClipsEveryGradientToZeroAsAiToolkit) {
     std::vector<torch::Tensor> before;
     for (const auto& p : session.model().parameters()) before.push_back(p.detach().clone());
     torch::manual_seed(5);
-    const StepResult r = session.train_step(0, [&] { return session.synthetic_batch(1, 64, 64); });
+    const StepResult r = session.train_step(0, [&] { return session.synthetic_batch({1, 1, 64, 64}); });
     EXPECT_GT(r.grad_norm, 0) << max_norm;  // the norm measured before clipping
     bool any = false;
     size_t i = 0;
@@ -415,7 +415,7 @@ TEST(Session, ADatasetsLossMultiplierWeighsItsLoss) {
   auto step = [&](const std::string& m) {
     Session session(tiny_config(dir, "m" + m, {"datasets.0.loss_multiplier=" + m, "train.max_grad_norm=1e30"}));
     torch::manual_seed(5);
-    return session.train_step(0, [&] { return session.synthetic_batch(1, 64, 64); });
+    return session.train_step(0, [&] { return session.synthetic_batch({1, 1, 64, 64}); });
   };
   const StepResult one = step("1"), two = step("2");
   EXPECT_NEAR(two.loss, 2 * one.loss, 1e-6 * one.loss);
@@ -430,12 +430,12 @@ TEST(Session, GuidanceEmbeddingTrainsAtCfgScaleOrIsBypassed) {
   {
     Session session(tiny_config(dir, "g", {"train.cfg_scale=2.5"}));
     ASSERT_TRUE(session.spec().guidance_embed);
-    const MicroBatch mb = session.micro_batch(session.synthetic_batch(2, 64, 64));
+    const MicroBatch mb = session.micro_batch(session.synthetic_batch({2, 1, 64, 64}));
     EXPECT_TRUE(torch::equal(mb.conditioning.guidance, torch::full({2}, 2.5)));
     EXPECT_FALSE(mb.conditioning.bypass_guidance);
   }
   Session session(tiny_config(dir, "b", {"train.bypass_guidance_embedding=true"}));
-  MicroBatch mb = session.micro_batch(session.synthetic_batch(1, 64, 64));
+  MicroBatch mb = session.micro_batch(session.synthetic_batch({1, 1, 64, 64}));
   EXPECT_TRUE(mb.conditioning.bypass_guidance);
   EXPECT_FALSE(mb.conditioning.guidance.defined());
   torch::NoGradGuard no_grad;
@@ -507,7 +507,8 @@ TEST(Session, PreviewsUseTheEmaWeightsAndRestoreTheLiveOnes) {
     c.sample = sc;
     Session session(c);
     torch::manual_seed(5);
-    for (int step = 0; step < 2; ++step) session.train_step(step, [&] { return session.synthetic_batch(1, 64, 64); });
+    for (int step = 0; step < 2; ++step)
+      session.train_step(step, [&] { return session.synthetic_batch({1, 1, 64, 64}); });
     std::vector<torch::Tensor> live;
     for (const auto& p : session.model().parameters()) live.push_back(p.detach().clone());
     fs::create_directories(dir / name);
@@ -580,7 +581,7 @@ TEST(Session, LossTypeAndNoiseOffsetAsAiToolkit) {
   const fs::path dir = testing::fresh_dir("session_loss_type");
   Session session(tiny_config(dir, "l"));
   torch::manual_seed(2);
-  const MicroBatch mb = session.micro_batch(session.synthetic_batch(2, 64, 64));
+  const MicroBatch mb = session.micro_batch(session.synthetic_batch({2, 1, 64, 64}));
   const torch::Tensor diff = velocity_error(session, mb);
   StepOptions o;
   EXPECT_NEAR(flow_matching_loss(session.model(), mb, o).item<double>(), diff.square().mean().item<double>(), 1e-6);
@@ -590,7 +591,7 @@ TEST(Session, LossTypeAndNoiseOffsetAsAiToolkit) {
   auto channel_mean_spread = [&](const std::string& offset) {
     Session s(tiny_config(dir, "n" + offset, {"train.noise_offset=" + offset}));
     torch::manual_seed(3);
-    return s.micro_batch(s.synthetic_batch(4, 64, 64)).noise.mean({2, 3}).std().item<double>();
+    return s.micro_batch(s.synthetic_batch({4, 1, 64, 64})).noise.mean({2, 3}).std().item<double>();
   };
   EXPECT_LT(channel_mean_spread("0"), 0.2);
   EXPECT_GT(channel_mean_spread("0.5"), 0.35);
@@ -638,7 +639,7 @@ TEST(Trainer, AMemorySnapshotOpensInPyTorchsMemoryTools) {
 TEST(Session, LossMasksWeighTheLossAsAiToolkitsMaskMultiplier) {
   const fs::path dir = testing::fresh_dir("session_loss_mask");
   Session session(tiny_config(dir, "m"));
-  data::LoadedBatch lb = session.synthetic_batch(2, 64, 64);
+  data::LoadedBatch lb = session.synthetic_batch({2, 1, 64, 64});
   lb.loss_mask = torch::zeros({2, 1, 64, 64});
   lb.loss_mask[0].fill_(1.0);
   lb.loss_mask[0].narrow(1, 32, 32).fill_(0.25);  // the bottom half at mask_min_value 0.25
@@ -672,7 +673,7 @@ TEST(Session, UnloadingTheTextEncoderWithoutCachingTrainsOnTheTriggerWordAsAiToo
   EXPECT_GT(session.resident().text_encoder, 0);
   session.precompute_text(std::vector<std::string>{"a red circle", "a blue square"});
   EXPECT_EQ(session.resident().text_encoder, 0);
-  data::LoadedBatch a = session.synthetic_batch(1, 64, 64), b = a;
+  data::LoadedBatch a = session.synthetic_batch({1, 1, 64, 64}), b = a;
   a.captions = {"a red circle"}, b.captions = {"a blue square"};
   const torch::Tensor ta = session.micro_batch(a).conditioning.text, tb = session.micro_batch(b).conditioning.text;
   EXPECT_TRUE(torch::equal(ta, tb));
@@ -691,7 +692,7 @@ TEST(Session, CachingTextEmbeddingsUnloadsTheEncoderAsAiToolkit) {
     EXPECT_GT(session.resident().text_encoder, 0);
     session.precompute_text(std::vector<std::string>{"a red circle", "a blue square"});
     EXPECT_EQ(session.resident().text_encoder, 0) << knob;
-    data::LoadedBatch a = session.synthetic_batch(1, 64, 64), b = a;
+    data::LoadedBatch a = session.synthetic_batch({1, 1, 64, 64}), b = a;
     a.captions = {"a red circle"}, b.captions = {"a blue square"};
     EXPECT_FALSE(torch::equal(session.micro_batch(a).conditioning.text, session.micro_batch(b).conditioning.text));
     EXPECT_EQ(train::estimate_memory(config).text_encoder_bytes, 0) << knob;
@@ -713,7 +714,7 @@ TEST(Session, CachedCaptionsOfAVariableLengthFamilyOutliveTheEncoder) {
   Session session(config);
   session.precompute_text(captions);
   ASSERT_EQ(session.resident().text_encoder, 0);
-  data::LoadedBatch batch = session.synthetic_batch(2, 64, 64);
+  data::LoadedBatch batch = session.synthetic_batch({2, 1, 64, 64});
   batch.captions = captions;
   const torch::Tensor after = session.micro_batch(batch).conditioning.text;
   const torch::Tensor resident = kept.micro_batch(batch).conditioning.text;
@@ -744,7 +745,7 @@ TEST(Session, EditModelsEncodeEachCaptionWithItsControlImage) {
   const std::string caption = "a red circle";
   cached.precompute_text({data::Caption{caption, {a}, {}, {}}, data::Caption{caption, {b}, {}, {}}});
   ASSERT_EQ(cached.resident().text_encoder, 0);
-  data::LoadedBatch batch = kept.synthetic_batch(1, 64, 64);
+  data::LoadedBatch batch = kept.synthetic_batch({1, 1, 64, 64});
   batch.captions = {caption};
   batch.control_images.clear();
   batch.control_files = {{a}};
@@ -814,7 +815,7 @@ TEST(Session, CachedTextEmbeddingsLiveInTeCacheFilesBesideTheImages) {
     if (f.path().extension() == ".png") image = f.path();
   ASSERT_FALSE(image.empty());
   const data::Caption caption{"a red circle", {}, {}, image};
-  data::LoadedBatch batch = kept.synthetic_batch(1, 64, 64);
+  data::LoadedBatch batch = kept.synthetic_batch({1, 1, 64, 64});
   batch.captions = {caption.text};
   batch.image_files = {image};
   const torch::Tensor resident = kept.micro_batch(batch).conditioning.text;
@@ -1229,7 +1230,7 @@ TEST(Trainer, ZImagesAssistantAdapterRunsAndIsPredictedInFloat8) {
   kept_qfloat8.model.assistant_lora_path.reset();
   const MemoryModel as_qfloat8(kept_qfloat8);
   const ckpt::CheckpointPolicy off = ckpt::CheckpointPolicy::off();
-  EXPECT_GT(as_float8.step(2, 64, 64, off).backward_bytes, as_qfloat8.step(2, 64, 64, off).backward_bytes);
+  EXPECT_GT(as_float8.step({2, 1, 64, 64}, off).backward_bytes, as_qfloat8.step({2, 1, 64, 64}, off).backward_bytes);
   const auto run = train(config, {});
   EXPECT_EQ(run.end_step, 2);
   std::ifstream in(dir / "b" / "memory.json");

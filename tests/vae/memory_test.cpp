@@ -96,10 +96,10 @@ TEST(AutoencoderMemory, PredictedDecodeAndEncodePeaksMatchTheAllocator) {
       const std::string what =
           std::to_string(k.config.block_out_channels.back()) + "-channel VAE at " + std::to_string(side) + "²";
       const torch::Tensor z = torch::randn({1, k.config.latent_channels, side / 8, side / 8});
-      expect_close(predicted_decode_bytes(k.config, 1, side, side, options()),
+      expect_close(predicted_decode_bytes(k.config, {1, 1, side, side}, options()),
                    measured_peak(tracker, [&] { vae->decode(z); }), what + " decode");
       const torch::Tensor x = torch::rand({1, 3, side, side}) * 2 - 1;
-      expect_close(predicted_encode_bytes(k.config, 1, side, side, options()),
+      expect_close(predicted_encode_bytes(k.config, {1, 1, side, side}, options()),
                    measured_peak(tracker, [&] { vae->encode(x); }), what + " encode");
     }
   }
@@ -122,10 +122,10 @@ TEST(AutoencoderMemory, PredictedBf16DecodeAndEncodePeaksMatchTheAllocator) {
     const std::string what = std::to_string(c.block_out_channels.back()) + "-channel VAE at 64² in bf16";
     const torch::Tensor z = torch::randn({1, c.latent_channels, 8, 8}).to(torch::kBFloat16);
     const auto rule = memory::CpuRule::autoencoder;
-    expect_bf16(predicted_decode_bytes(c, 1, 64, 64, o), measured_peak(tracker, [&] { vae->decode(z); }),
+    expect_bf16(predicted_decode_bytes(c, {1, 1, 64, 64}, o), measured_peak(tracker, [&] { vae->decode(z); }),
                 what + " decode", rule);
     const torch::Tensor x = (torch::rand({1, 3, 64, 64}) * 2 - 1).to(torch::kBFloat16);
-    expect_bf16(predicted_encode_bytes(c, 1, 64, 64, o), measured_peak(tracker, [&] { vae->encode(x); }),
+    expect_bf16(predicted_encode_bytes(c, {1, 1, 64, 64}, o), measured_peak(tracker, [&] { vae->encode(x); }),
                 what + " encode", rule);
   }
 }
@@ -154,17 +154,17 @@ TEST(AutoencoderMemory, PredictedPeaksOnTwoThreadsMatchTheAllocator) {
       expect_bf16(predicted, measured, which, memory::CpuRule::autoencoder);
     };
     const torch::Tensor z = torch::randn({1, 16, 16, 16}).to(dtype);
-    expect(predicted_decode_bytes(small(), 1, 128, 128, o), measured_peak(tracker, [&] { vae->decode(z); }),
+    expect(predicted_decode_bytes(small(), {1, 1, 128, 128}, o), measured_peak(tracker, [&] { vae->decode(z); }),
            what + " decode");
     const torch::Tensor x = (torch::rand({1, 3, 128, 128}) * 2 - 1).to(dtype);
-    expect(predicted_encode_bytes(small(), 1, 128, 128, o), measured_peak(tracker, [&] { vae->encode(x); }),
+    expect(predicted_encode_bytes(small(), {1, 1, 128, 128}, o), measured_peak(tracker, [&] { vae->encode(x); }),
            what + " encode");
     QwenImageVae qwen(QwenImageVaeConfig::tiny());  // its attention's 1x1 qkv widens the channels
     qwen->eval();
     qwen->to(dtype);
-    expect(predicted_decode_bytes(QwenImageVaeConfig::tiny(), 1, 128, 128, o),
+    expect(predicted_decode_bytes(QwenImageVaeConfig::tiny(), {1, 1, 128, 128}, o),
            measured_peak(tracker, [&] { qwen->decode(z); }), "tiny Qwen-Image VAE" + how + " decode");
-    expect(predicted_encode_bytes(QwenImageVaeConfig::tiny(), 1, 128, 128, o),
+    expect(predicted_encode_bytes(QwenImageVaeConfig::tiny(), {1, 1, 128, 128}, o),
            measured_peak(tracker, [&] { qwen->encode(x); }), "tiny Qwen-Image VAE" + how + " encode");
   }
   at::set_num_threads(1);
@@ -182,10 +182,10 @@ TEST(AutoencoderMemory, PredictedTiledDecodePeakMatchesTheAllocator) {
     vae->enable_tiling(128);
     const int64_t tiled = measured_peak(tracker, [&] { vae->decode(z); });
     vae->disable_tiling();
-    expect_close(predicted_decode_bytes(small(), 1, side, side, options(), 128), tiled,
+    expect_close(predicted_decode_bytes(small(), {1, 1, side, side}, options(), 128), tiled,
                  "tiled at " + std::to_string(side));
-    EXPECT_LT(predicted_decode_bytes(small(), 1, side, side, options(), 128),
-              predicted_decode_bytes(small(), 1, side, side, options()));
+    EXPECT_LT(predicted_decode_bytes(small(), {1, 1, side, side}, options(), 128),
+              predicted_decode_bytes(small(), {1, 1, side, side}, options()));
   }
 }
 
@@ -216,15 +216,15 @@ TEST(QwenImageVaeMemory, PredictedDecodeAndEncodePeaksMatchTheAllocator) {
     const std::string what = "Qwen-Image VAE (base " + std::to_string(k.config.base_dim) + ") at " +
                              std::to_string(k.side) + "²" + (k.tile ? " tiled" : "");
     const torch::Tensor z = torch::randn({1, k.config.z_dim, k.side / 8, k.side / 8});
-    expect_close(predicted_decode_bytes(k.config, 1, k.side, k.side, options(), k.tile),
+    expect_close(predicted_decode_bytes(k.config, {1, 1, k.side, k.side}, options(), k.tile),
                  measured_peak(tracker, [&] { vae->decode(z); }), what + " decode");
     if (k.tile) {
-      EXPECT_LT(predicted_decode_bytes(k.config, 1, k.side, k.side, options(), k.tile),
-                predicted_decode_bytes(k.config, 1, k.side, k.side, options()) * 6 / 10);
+      EXPECT_LT(predicted_decode_bytes(k.config, {1, 1, k.side, k.side}, options(), k.tile),
+                predicted_decode_bytes(k.config, {1, 1, k.side, k.side}, options()) * 6 / 10);
       continue;
     }
     const torch::Tensor x = torch::rand({1, 3, k.side, k.side}) * 2 - 1;
-    expect_close(predicted_encode_bytes(k.config, 1, k.side, k.side, options()),
+    expect_close(predicted_encode_bytes(k.config, {1, 1, k.side, k.side}, options()),
                  measured_peak(tracker, [&] { vae->encode(x); }), what + " encode");
   }
 }

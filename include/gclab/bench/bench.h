@@ -29,6 +29,7 @@ struct BenchOptions {
 struct BenchRow {
   std::string policy;
   int resolution = 0, batch = 0;
+  int frames = 1;  // the run's (its datasets' largest num_frames)
   bool oom = false;
   std::string oom_phase;
   double step_ms = 0;                      // median of the timed steps
@@ -59,17 +60,23 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
 struct FitRow {
   std::string policy;
   int resolution = 0;
-  int largest_batch = 0;   // 0: not even batch 1 fits
-  int64_t peak_bytes = 0;  // at that batch
-  // The largest batch up to max_batch the memory model (train/predict.h) predicts under the cap: its steps'
-  // peak (the optimizer's state made) and the preview's; -1 where it does not predict the policy (selective,
-  // budget) or there is no cap.
-  int predicted_batch = -1;
+  // What fit grew: "batch" (an image run) or "num_frames" (a run whose family's latents carry frames, at
+  // train.batch_size), and the largest value of it whose two training steps (and a preview, when the config
+  // samples) ran under the cap; 0: not even the smallest fits.
+  std::string lever = "batch";
+  int largest = 0;
+  int batch = 0;           // the batch at that point
+  int64_t peak_bytes = 0;  // at that point
+  // The largest the memory model (train/predict.h) predicts under the cap: its steps' peak (the optimizer's
+  // state made) and the preview's; -1 where it does not predict the policy (selective, budget) or there is
+  // no cap.
+  int predicted = -1;
 };
-// For each resolution and policy, the largest batch up to max_batch for which two training steps (and a
-// preview, when the config samples) run under the cap: doubling, then bisecting.
+// For each resolution and policy, the largest batch up to max_batch — or, for a video family, the largest
+// num_frames up to max_frames (1 + t·k, the counts its autoencoder takes) at train.batch_size — for which two
+// training steps (and a preview, when the config samples) run under the cap: doubling, then bisecting.
 std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::CheckpointPolicy>& policies,
-                            const std::vector<int>& resolutions, int max_batch);
+                            const std::vector<int>& resolutions, int max_batch, int max_frames = 81);
 
 // The resolutions to use: the given ones, else the datasets', sorted and unique. Throws UserError for one
 // that is not a multiple of the model's divisibility.

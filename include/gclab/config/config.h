@@ -111,6 +111,13 @@ struct DatasetConfig {
   // Each item's loss times this (toolkit/config_modules.py:1042; SDTrainer.calculate_loss, SDTrainer.py:544,
   // 994: per item, before the batch's mean).
   double loss_multiplier = 1.0;
+  // Video: each sample is num_frames frames (1: images; config_modules.py:1054-1064). A clip is a folder of
+  // numbered frames beside its caption (video files come with the Wan family); shrink_video_to_frames takes
+  // num_frames frames evenly spread over the clip (dataloader_mixins.py:563-566), the only way gclab reads
+  // clips yet; fps is AI Toolkit's rate for the other way.
+  int num_frames = 1;
+  bool shrink_video_to_frames = true;
+  int fps = 24;
 
   template <class V>
   void fields(V& v) {
@@ -138,6 +145,9 @@ struct DatasetConfig {
     v("mask_min_value", mask_min_value);
     v("is_reg", is_reg);
     v("loss_multiplier", loss_multiplier);
+    v("num_frames", num_frames);
+    v("shrink_video_to_frames", shrink_video_to_frames);
+    v("fps", fps);
     v.ignore({"type",
               "dataset_path",
               "random_triggers",
@@ -164,9 +174,6 @@ struct DatasetConfig {
               "num_workers",
               "prefetch_factor",
               "square_crop",
-              "num_frames",
-              "shrink_video_to_frames",
-              "fps",
               "controls",
               "fast_image_size",
               "do_i2v"});
@@ -548,6 +555,8 @@ struct SampleItem {
   // Which of Flex.2's preview inputs ctrl_img replaces: 0 the inpainting latents and mask (AI Toolkit's
   // default), 1 the control latents (config_modules.py:61; flex2.py:251).
   std::optional<int> ctrl_idx;
+  std::optional<int> num_frames;  // a video preview's frames and rate (unset: the sample block's)
+  std::optional<int> fps;
 
   // The control images an edit model's preview reads, in AI Toolkit's order (qwen_image_edit_plus.py
   // generate_single_image): ctrl_img, else ctrl_img_1; then ctrl_img_2 and ctrl_img_3.
@@ -573,7 +582,8 @@ struct SampleItem {
     v("ctrl_img_3", ctrl_img_3);
     v("network_multiplier", network_multiplier);
     v("ctrl_idx", ctrl_idx);
-    v.ignore({"fps", "num_frames"});
+    v("num_frames", num_frames);
+    v("fps", fps);
   }
 };
 
@@ -600,6 +610,10 @@ struct SampleConfig {
   // AI Toolkit's: the Plus edit models' true CFG rescaled to the conditional prediction's norm (off by
   // default, config_modules.py:77; the other Qwen-Image pipelines always rescale).
   bool do_cfg_norm = false;
+  // Video previews: num_frames frames at fps (config_modules.py:98-99: 1 and 16), written as an animated
+  // WebP beside the first frame.
+  int num_frames = 1;
+  int fps = 16;
 
   // Each sample's seed, as BaseSDTrainProcess.sample picks them: the current seed starts at `seed`, walks to
   // seed + i with walk_seed, and becomes an item's own `seed` for it and the items after; a prompt's --seed
@@ -634,8 +648,9 @@ struct SampleConfig {
     v("vae_tiling", vae_tiling);
     v("vae_tile_size", vae_tile_size);
     v("do_cfg_norm", do_cfg_norm);
-    v.ignore(
-        {"guidance_rescale", "adapter_conditioning_scale", "refiner_start_at", "extra_values", "num_frames", "fps"});
+    v("num_frames", num_frames);
+    v("fps", fps);
+    v.ignore({"guidance_rescale", "adapter_conditioning_scale", "refiner_start_at", "extra_values"});
   }
 };
 

@@ -10,12 +10,23 @@
 
 namespace gclab::data {
 
+// A bucket is frames x height x width (model::SampleShape's, less the batch): a video dataset's samples
+// have its num_frames, an image's one. AI Toolkit keys a video dataset's buckets "WxHxFf" so that clips of
+// different lengths never share a batch (dataloader_mixins.py:299-302), an image dataset's "WxH".
 struct BucketResolution {
   int width = 0;
   int height = 0;
-  std::string key() const { return std::to_string(width) + "x" + std::to_string(height); }
-  bool operator<(const BucketResolution& o) const { return width != o.width ? width < o.width : height < o.height; }
-  bool operator==(const BucketResolution& o) const { return width == o.width && height == o.height; }
+  int frames = 1;
+  std::string key() const {
+    return std::to_string(width) + "x" + std::to_string(height) +
+           (frames > 1 ? "x" + std::to_string(frames) + "f" : "");
+  }
+  bool operator<(const BucketResolution& o) const {
+    return frames != o.frames ? frames < o.frames : width != o.width ? width < o.width : height < o.height;
+  }
+  bool operator==(const BucketResolution& o) const {
+    return width == o.width && height == o.height && frames == o.frames;
+  }
 };
 
 struct BucketPlacement {

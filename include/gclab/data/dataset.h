@@ -21,15 +21,24 @@ class DataError : public UserError {
   using UserError::UserError;
 };
 
+// One item of a dataset: an image, or (num_frames > 1) a clip — a folder of numbered frames, `image` the
+// folder, `frames` its frame files in name order; the caption is the same-named file beside either.
 struct ImageItem {
   std::filesystem::path image;
-  std::string caption;  // raw, before trigger / dropout / shuffling
-  int width = 0, height = 0;
+  std::string caption;                          // raw, before trigger / dropout / shuffling
+  int width = 0, height = 0;                    // the image's, or the clip's first frame's
   int dataset = 0;                              // index in the config's datasets
   std::vector<std::filesystem::path> controls;  // edit models: the same-named image in each control_path
   std::filesystem::path inpaint;                // inpaint_path's same-named .png / .webp (empty: none)
-  std::filesystem::path mask;  // the loss mask: mask_path's same-named image, or the image (alpha_mask)
+  std::filesystem::path mask;                 // the loss mask: mask_path's same-named image, or the image (alpha_mask)
+  std::vector<std::filesystem::path> frames;  // a clip's frames (empty: an image)
 };
+
+// The frames a sample of `num_frames` takes from a clip of `total` frames, as AI Toolkit's
+// shrink_video_to_frames picks them (dataloader_mixins.py:563-566): spread evenly over the whole clip,
+// min(int(round(i * (total - 1) / (num_frames - 1))), total - 1) with Python's round (halves to even) — a
+// clip shorter than num_frames repeats frames.
+std::vector<int> clip_frame_indices(int total, int num_frames);
 
 struct ScanResult {
   std::vector<ImageItem> items;
@@ -40,7 +49,10 @@ struct ScanResult {
   int uncaptioned = 0;  // no caption file and no default_caption: trained on '' (+ the trigger), as AI Toolkit
 };
 
-// Lists the folder's images (sorted by name) and reads their sizes from headers and their captions; with
+// Lists the folder's images (sorted by name) and reads their sizes from headers and their captions — or,
+// for a dataset of num_frames > 1, its clips: every folder below folder_path that holds images is one clip,
+// captioned by the same-named caption file beside the folder (loose images and video files are skipped with
+// a warning; control, inpainting and mask images are not read for clips: a DataError); with
 // control_path, each image's same-named control image (any image extension) must exist in every
 // control folder, or the image is skipped with a warning. The inpainting image and the loss mask are found as
 // AI Toolkit finds them (dataloader_mixins.py:1000-1013, 1566-1580): an image without one has none; with

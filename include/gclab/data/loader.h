@@ -41,7 +41,7 @@ class LatentCache {
   // The sample's latents from memory, else from a valid file (then kept in memory when cached there);
   // undefined when not cached.
   torch::Tensor find(const LatentSlot& slot);
-  // Keeps z ([C, h, w], CPU float32) where the slot says.
+  // Keeps z (one sample's latents, CPU float32) where the slot says.
   void store(const LatentSlot& slot, const torch::Tensor& z);
   int64_t memory_bytes() const;
 
@@ -56,14 +56,14 @@ struct LoadedBatch {
   int64_t epoch = 0;         // its epoch (0 first): AI Toolkit's epoch_num once this batch is taken
   int dataset = 0, resolution = 0;
   BucketResolution bucket;
-  // [B, C, h/8, w/8] float32: from the caches or the stand-in codec (CPU); undefined until the session
-  // encodes `images` with the autoencoder.
+  // The family's latents (model::latent_shape: [B, C, h/8, w/8] for an image family) float32: from the
+  // caches or the stand-in codec (CPU); undefined until the session encodes `images` with the autoencoder.
   torch::Tensor latents;
-  torch::Tensor images;  // [B, 3, H, W] in [-1, 1], CPU float32, when latents were not ready
-  // Edit models: one [B, C, h', w'] per control folder, each control scaled to the batch's size
-  // (LoaderOptions::controls_at_bucket) or to a reference_area image of the batch's aspect (reference_size),
-  // cover and centre-crop — one such latent per control image, as the token accounting counts it. As the
-  // latents: undefined until encoded, the images in reference_images meanwhile.
+  torch::Tensor images;  // frames [B, 3, F, H, W] in [-1, 1], CPU float32, when latents were not ready
+  // Edit models: one [B, C, h', w'] per control folder (reference_images: one frame each, [B, 3, 1, H, W]), each
+  // control scaled to the batch's size (LoaderOptions::controls_at_bucket) or to a reference_area image of the batch's
+  // aspect (reference_size), cover and centre-crop — one such latent per control image, as the token accounting counts
+  // it. As the latents: undefined until encoded, the images in reference_images meanwhile.
   std::vector<torch::Tensor> references;
   std::vector<torch::Tensor> reference_images;
   std::vector<std::string> captions;               // processed (trigger, dropout, shuffle)
@@ -122,8 +122,8 @@ class BatchLoader {
 
   // AI Toolkit's latent caching before training (cache_latents_all_latents): every sample the caching
   // datasets can give (each image at each resolution, flipped as the dataset may flip it) that is not
-  // cached yet, one image at a time as AI Toolkit encodes them, handed to `encode` ([1, 3, H, W] in
-  // [-1, 1] -> [1, C, h, w]) and stored. Call before the first next(). Returns how many were encoded.
+  // cached yet, one sample at a time as AI Toolkit encodes them, handed to `encode` (frames [1, 3, F, H, W]
+  // in [-1, 1] -> the family's latents) and stored. Call before the first next(). Returns how many were encoded.
   // `encode` also gets a key of the image's placement (for its posterior sample).
   int64_t fill_caches(const std::function<torch::Tensor(const torch::Tensor&, uint64_t)>& encode);
   const std::shared_ptr<LatentCache>& cache() const { return cache_; }
@@ -132,8 +132,8 @@ class BatchLoader {
   void work();
   LoadedBatch load(int64_t index);
   struct Sample {
-    torch::Tensor latents;  // [C, h, w] when cached or encoded here
-    torch::Tensor image;    // [3, H, W] otherwise
+    torch::Tensor latents;  // one sample's latents when cached or encoded here
+    torch::Tensor image;    // its frames [3, F, H, W] otherwise
     torch::Tensor inpaint;  // [1, H, W] its inpainting image's alpha (undefined: none)
     torch::Tensor mask;     // [1, H, W] its loss mask (undefined: none)
     LatentSlot slot;

@@ -18,9 +18,14 @@ struct SynthOptions {
   // taken in turn (every one of them once in 24 images): a set a tiny model trained for minutes can learn
   // caption by caption (the quickstart's). Otherwise 1-2 shapes of any colour, size and place, drawn at random.
   bool simple = false;
+  // Above 1: each item a clip — a folder synth_NNNN/ of `frames` numbered PNGs (frame_0000.png, ...) whose
+  // shapes move from left to right, captioned by synth_NNNN.txt beside it ("... moving right ..."): a video
+  // dataset (num_frames) as gclab reads clips.
+  int frames = 1;
 };
 
-// Writes count PNG images with .txt captions into dir (created if needed); returns the image paths.
+// Writes count PNG images (or clips) with .txt captions into dir (created if needed); returns the images'
+// (or the clips' folders') paths.
 std::vector<std::filesystem::path> write_synthetic_dataset(const std::filesystem::path& dir,
                                                            const SynthOptions& options);
 

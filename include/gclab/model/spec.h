@@ -11,6 +11,7 @@
 
 #include "gclab/config/config.h"
 #include "gclab/model/family_id.h"
+#include "gclab/model/sample_shape.h"
 
 namespace gclab::model {
 
@@ -118,13 +119,15 @@ std::vector<std::string> preset_names();
 // The caption the predictions assume where a family's text length follows it (Qwen-Image, Z-Image, the
 // text encoders' encode): 77 tokenizer tokens, CLIP's window; an edit model's with one square control image.
 constexpr int64_t kNominalCaptionTokens = 77;
-// The latents of `batch` images of height x width pixels (or videos of `frames` frames), as the family's
-// geometry shapes them: [B, C, H/s, W/s], or a video family's [B, C, 1 + (F-1)/t, H/s, W/s].
-std::vector<int64_t> latent_shape(const ModelSpec& spec, int64_t batch, int64_t height, int64_t width,
-                                  int64_t frames = 1);
-// Image tokens of an H x W image (F frames): the latent cut into patch x patch (x patch_frames) pieces —
-// (H/16)(W/16) for the 8x autoencoders and 2x2 patches.
-int64_t image_tokens(const ModelSpec& spec, int64_t height, int64_t width, int64_t frames = 1);
+// The latents of a sample shape as the family's geometry shapes them: an image family's [B, C, H/s, W/s]
+// (frames must be 1), a video family's [B, C, 1 + (F-1)/t, H/s, W/s].
+std::vector<int64_t> latent_shape(const ModelSpec& spec, const SampleShape& shape);
+// Image tokens of one sample: the latent cut into patch x patch (x patch_frames) pieces — (H/16)(W/16) for
+// the 8x autoencoders and 2x2 patches, times the latent frames over patch_frames for a video family.
+int64_t image_tokens(const ModelSpec& spec, const SampleShape& shape);
+// Whether the family's latents carry frames (its autoencoder's temporal factor above 1): the sample shapes
+// it takes have any number of frames; an image family's take one.
+inline bool takes_frames(const ModelSpec& spec) { return spec.latent_temporal > 1; }
 // Text tokens the text encoder hands the transformer for a prompt of `prompt_tokens` tokenizer tokens:
 // FLUX-dev 512 and schnell 256 (T5 padded to max length); SD3 333 (77 CLIP + 256 T5); Qwen-Image and
 // Z-Image the prompt's own length (the padding masked out), at most 1024 / 512, and an edit model's one
@@ -154,12 +157,12 @@ int64_t reference_tokens(const ModelSpec& spec, int control_images, int64_t heig
 // or reference_area of its aspect, sides multiples of the divisibility (data::reference_size). {width, height}.
 std::pair<int64_t, int64_t> training_reference_size(const ModelSpec& spec, int64_t width, int64_t height,
                                                     bool at_image_size = false);
-// The tokens a training step's blocks see for a height x width image: the image's with an edit model's one
+// The tokens a training step's blocks see for a sample of `shape`: the image's with an edit model's one
 // control image's reference tokens, and the text's (`text_tokens`; 0: a 77-token caption's).
 struct StepTokens {
   int64_t image = 0, text = 0;
 };
-StepTokens step_tokens(const ModelSpec& spec, int64_t height, int64_t width, int64_t text_tokens = 0);
+StepTokens step_tokens(const ModelSpec& spec, const SampleShape& shape, int64_t text_tokens = 0);
 // A preview's: one reference_area latent per control image, for either class (the pipelines').
 int64_t preview_reference_tokens(const ModelSpec& spec, int control_images);
 

@@ -47,9 +47,9 @@ class DiffusionTransformer : public torch::nn::Module {
   // Routes every block call through `caller` (empty: call the block directly).
   void set_block_caller(BlockCaller caller) { caller_ = std::move(caller); }
 
-  // Random inputs of the right shapes for an image of height x width and `text_tokens` text tokens
-  // (0: the family's count for a short prompt).
-  ModelInputs example_inputs(int64_t batch, int64_t height, int64_t width, int64_t text_tokens = 0,
+  // Random inputs of the right shapes for samples of `shape` and `text_tokens` text tokens (0: the family's
+  // count for a short prompt).
+  ModelInputs example_inputs(const SampleShape& shape, int64_t text_tokens = 0,
                              const torch::TensorOptions& options = {}) const;
 
  protected:

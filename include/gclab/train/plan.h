@@ -21,19 +21,26 @@
 
 namespace gclab::train {
 
-// One (batch size, square resolution) a dataset trains at.
+// One (batch size, frames, square resolution) a dataset trains at: its sample shape at the resolution.
 struct StepCell {
   int batch = 0;
   int resolution = 0;
+  int frames = 1;  // the dataset's num_frames
+  model::SampleShape shape() const { return {batch, frames, resolution, resolution}; }
   bool operator<(const StepCell& o) const {
-    return resolution != o.resolution ? resolution < o.resolution : batch < o.batch;
+    return resolution != o.resolution ? resolution < o.resolution
+           : frames != o.frames       ? frames < o.frames
+                                      : batch < o.batch;
   }
-  bool operator==(const StepCell& o) const { return batch == o.batch && resolution == o.resolution; }
+  bool operator==(const StepCell& o) const {
+    return batch == o.batch && resolution == o.resolution && frames == o.frames;
+  }
 };
 
-// Every dataset's (batch_size or train.batch_size, resolution) cells, each once, by resolution then batch.
+// Every dataset's (batch_size or train.batch_size, resolution, num_frames) cells, each once, by resolution,
+// frames, then batch.
 std::vector<StepCell> step_cells(const config::ProcessConfig& config);
-// The largest batch and the largest square resolution the run meets (512 when no dataset names one): what a
+// The largest batch, frames and square resolution the run meets (512 when no dataset names one): what a
 // budget:BYTES policy is resolved for and what the budget probe measures.
 StepCell largest_cell(const config::ProcessConfig& config);
 

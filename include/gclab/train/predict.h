@@ -80,6 +80,7 @@ struct TextEncodeEstimate {
 struct ResolutionEstimate {
   int resolution = 0;  // square resolution x resolution
   int batch = 0;
+  int frames = 1;  // the dataset's num_frames
   int64_t image_tokens = 0, text_tokens = 0;
   StepEstimate gc_off, gc_full;
   // The run's own policy when it is neither (every:N, first:K, blocks, selective, offload, a budget
@@ -106,6 +107,7 @@ struct CacheEstimate {
 // when it had left it, the denoising passes (without gradients), then the decode.
 struct PreviewEstimate {
   int width = 0, height = 0;
+  int frames = 1;  // sample.num_frames
   int64_t image_tokens = 0;
   // One step of the sampler walked on the meta model (its conditioning, latents and no-grad forwards, CFG
   // batched as the sampler does it for the prompts' text rows), the most of the previews'.
@@ -181,11 +183,11 @@ class MemoryModel {
   MemoryModel& operator=(const MemoryModel&) = delete;
 
   const MemoryEstimate& estimate() const { return estimate_; }
-  // A step of `batch` images of height x width under a checkpoint policy (any; a budget policy resolved to
-  // its blocks first: policy()), with `text_tokens` text tokens (0: a 77-token caption's,
+  // A step on samples of `shape` under a checkpoint policy (any; a budget policy resolved to its blocks
+  // first: policy()), with `text_tokens` text tokens (0: a 77-token caption's,
   // model::kNominalCaptionTokens) and, when the captions are encoded every step, those captions (none: a
   // 77-token caption's encode).
-  StepEstimate step(int batch, int height, int width, const ckpt::CheckpointPolicy& policy, int64_t text_tokens = 0,
+  StepEstimate step(const model::SampleShape& shape, const ckpt::CheckpointPolicy& policy, int64_t text_tokens = 0,
                     const std::vector<data::Caption>& captions = {}) const;
   // The run's policy as its Session applies it (budget:BYTES resolved to blocks:[...] at the largest cell).
   const ckpt::CheckpointPolicy& policy() const;

@@ -74,10 +74,10 @@ struct StepResult {
   // No update before this step: the optimizer's state did not exist yet during its forward and backward.
   bool before_first_update = false;
   int64_t epoch = 0;   // the last micro-batch's epoch (0 first)
-  std::string bucket;  // WxH of the step's batches
+  std::string bucket;  // the step's batches' bucket key (WxH, WxHxFf)
   int batch = 0;
-  int width = 0, height = 0;  // the bucket's, in pixels
-  int64_t text_tokens = 0;    // the conditioning's text sequence (the longest micro-batch's)
+  int frames = 1, width = 0, height = 0;  // the bucket's: frames, and pixels
+  int64_t text_tokens = 0;                // the conditioning's text sequence (the longest micro-batch's)
   // The last micro-batch's captions as the text phase encodes them, their control images as shapes only
   // (meta tensors): what the memory model predicts the step's text phase from.
   std::vector<data::Caption> captions;
@@ -151,13 +151,14 @@ class Session {
   // The share of the blocks the applied policy recomputes whole in backward (full, offload); nullopt when a
   // block recomputes only a part (selective).
   std::optional<double> recomputed_block_share() const;
-  void apply_policy(const ckpt::CheckpointPolicy& policy, int batch, int resolution);
+  // The policy in force from now on; a budget:BYTES policy resolved to its blocks at samples of `cell`.
+  void apply_policy(const ckpt::CheckpointPolicy& policy, const model::SampleShape& cell);
   // What each block keeps for its backward with nothing checkpointed, and what a checkpointed one keeps (its
-  // hidden-stream inputs), for a step of `batch` x height x width with `text_tokens` (0: a 77-token
+  // hidden-stream inputs), for a step on samples of `shape` with `text_tokens` (0: a 77-token
   // caption's) and an edit model's one control image: walked on the meta device (model/activations.h) — a
   // meta Session walks its own model, any other a meta twin of its run (walk_twin). The applied policy is
   // left as it was.
-  model::ActivationEstimate block_activations(int batch, int height, int width, int64_t text_tokens = 0);
+  model::ActivationEstimate block_activations(const model::SampleShape& shape, int64_t text_tokens = 0);
   // A Session of this run's config on the meta device (built quietly), to walk what this one holds; the
   // meta allocator is installed while it lives.
   std::unique_ptr<Session> walk_twin() const;
@@ -189,9 +190,9 @@ class Session {
   // meta: the memory model's `cache` phase); filled(): the fills that moved it in this run.
   int64_t cache_parked_bytes(CacheFill fill) const;
   const std::set<CacheFill>& filled() const { return filled_; }
-  // A batch of this size with the config's first caption (bench and fit): random latents, or, when the
-  // autoencoder encodes on the fly, random images it encodes in the step's `data` phase.
-  data::LoadedBatch synthetic_batch(int batch, int width, int height) const;
+  // A batch of this shape with the config's first caption (bench and fit): random latents, or, when the
+  // autoencoder encodes on the fly, random frames it encodes in the step's `data` phase.
+  data::LoadedBatch synthetic_batch(const model::SampleShape& shape) const;
 
   // One training step: `accumulation()` micro-batches from next(), forward and backward each, then (unless
   // the legacy gradient_accumulation_steps holds the update back) clipping, the update at the scheduled
@@ -250,10 +251,10 @@ class Session {
   int64_t skipped_scheduler_steps_ = 0;
   // The constructor's steps, in order.
   void start_memory();
-  // One forward with nothing checkpointed on this Session's device, at `batch` x height x width with
+  // One forward with nothing checkpointed on this Session's device, on samples of `shape` with
   // `text_tokens` and an edit model's one control image: what each block keeps, `live` reading the device's
   // bytes (the offload rings' left out). block_activations (meta) and probe_block_activations (measured).
-  model::ActivationEstimate probe_blocks(int batch, int height, int width, int64_t text_tokens,
+  model::ActivationEstimate probe_blocks(const model::SampleShape& shape, int64_t text_tokens,
                                          const std::function<int64_t()>& live);
   void load_transformer();
   void transformer_to_device();

@@ -33,7 +33,17 @@ class AutoencoderBase : public torch::nn::Module {
   virtual int64_t latent_channels() const = 0;
   virtual int64_t downsampling() const = 0;           // pixels per latent, each side
   virtual bool takes_video() const { return false; }  // encode / decode also [B, C, T, H, W]
+  // Frames per latent frame after the first (a causal video autoencoder's 1 + 4k -> 1 + k); 1: images.
+  virtual int64_t temporal_downsampling() const { return 1; }
 };
+
+// What an autoencoder takes of a batch of frames [B, 3, F, H, W] (model/sample_shape.h): all of them when
+// the family's latents carry frames (`video`), else its one frame as an image [B, 3, H, W]. The one place a
+// sample's frames become an image: an image autoencoder never sees the frame axis, and no caller outside the
+// autoencoders and the codec drops it.
+torch::Tensor autoencoder_input(const torch::Tensor& frames, bool video);
+// An autoencoder's output as frames [B, 3, F, H, W] (an image's [B, 3, H, W] is one frame).
+torch::Tensor as_frames(const torch::Tensor& decoded);
 
 // The rule every autoencoder loads by: each parameter of `module` by its name from the file (or the folder's
 // diffusion_pytorch_model.safetensors, sharded or not), shapes checked; throws std::runtime_error naming the

@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include "gclab/model/sample_shape.h"
 #include "gclab/vae/autoencoder_kl.h"
 #include "gclab/vae/qwen_image_vae.h"
 
@@ -49,12 +50,15 @@ struct CodecSpec {
   int64_t dtype_bytes = 4;        // the autoencoder's weights and activations (the run's dtype)
   std::filesystem::path weights;  // a diffusers vae/ folder; empty: random weights at the real shapes
   int64_t tile_sample_size = 0;   // previews decoded in tiles of this many pixels (0: whole)
+  // The family's latents carry frames (model::takes_frames): the autoencoder takes a sample's frames whole;
+  // otherwise its one frame as an image (autoencoder_input).
+  bool video = false;
 
   // The weights' bytes (0 for the stand-in).
   int64_t weight_bytes() const;
-  // Peak bytes above the live set of one decode (a preview at height x width) and one encode (a batch).
-  int64_t decode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const;
-  int64_t encode_bytes(int64_t batch, int64_t height, int64_t width, bool cpu) const;
+  // Peak bytes above the live set of one decode (a preview's shape) and one encode (a batch's).
+  int64_t decode_bytes(const model::SampleShape& shape, bool cpu) const;
+  int64_t encode_bytes(const model::SampleShape& shape, bool cpu) const;
   // "FLUX.1's AutoencoderKL (83,819,683 parameters, random weights)", "the DCT stand-in (16 channels)".
   std::string describe() const;
 };
@@ -62,13 +66,14 @@ struct CodecSpec {
 class ImageCodec {
  public:
   virtual ~ImageCodec() = default;
-  // [B, 3, H, W] in [-1, 1], any device -> latents [B, C, H/8, W/8] scaled as the family's pipeline
-  // scales them, float32, on the codec's device. The autoencoder encodes a sample of its posterior (as AI
+  // Frames [B, 3, F, H, W] in [-1, 1] (an image: F = 1), any device -> the family's latents (model::
+  // latent_shape: [B, C, H/8, W/8] for an image family) scaled as its pipeline scales them, float32, on the
+  // codec's device. The autoencoder encodes a sample of its posterior (as AI
   // Toolkit's encode_images does), drawn from the codec's own generator seeded with the run's seed and
   // `draw` (the batch's index, a cached image's key): the training's random stream is the same whether
   // latents were encoded or read from a cache, and a resumed run encodes what an unbroken one would.
   virtual torch::Tensor encode(const torch::Tensor& images, uint64_t draw = 0) = 0;
-  // Scaled latents -> images [B, 3, H, W] float32 (not clamped), tiled when the spec says so.
+  // Scaled latents -> frames [B, 3, F, H, W] float32 (not clamped), tiled when the spec says so.
   virtual torch::Tensor decode(const torch::Tensor& latents) = 0;
   // A cheap, deterministic host computation the data loader's thread may run (the stand-in); the
   // autoencoder encodes on the run's device, in the step's `data` phase.

@@ -15,9 +15,10 @@ namespace gclab::vae {
 class DctCodec : public ImageCodec {
  public:
   explicit DctCodec(int64_t channels);
-  // [B, 3, H, W] in [-1, 1], H and W multiples of 8 -> [B, channels, H/8, W/8] (on the images' device)
-  torch::Tensor encode(const torch::Tensor& images, uint64_t draw = 0) override;
-  // [B, channels, h, w] -> [B, 3, 8h, 8w] (not clamped)
+  // One frame [B, 3, 1, H, W] in [-1, 1], H and W multiples of 8 -> [B, channels, H/8, W/8] (on the
+  // frames' device): an image family's stand-in (a video family's run needs its autoencoder).
+  torch::Tensor encode(const torch::Tensor& frames, uint64_t draw = 0) override;
+  // [B, channels, h, w] -> [B, 3, 1, 8h, 8w] (not clamped)
   torch::Tensor decode(const torch::Tensor& latents) override;
   bool encodes_on_loader_thread() const override { return true; }
   int64_t resident_bytes() const override { return 0; }

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "gclab/model/sample_shape.h"
 #include "gclab/vae/autoencoder_kl.h"
 #include "gclab/vae/qwen_image_vae.h"
 
@@ -20,19 +21,20 @@ namespace gclab::vae {
 struct AutoencoderMemoryOptions {
   c10::ScalarType dtype = c10::kFloat;  // the autoencoder's weights and activations
   bool cpu = true;                      // the CPU's kernels (false: CUDA's)
+  bool video = false;                   // the family's latents carry frames (vae::autoencoder_input)
 };
 
-// Peak bytes above the live set while decoding scaled latents of an image of height x width (pixels) for
-// batch B, as AutoencoderBase::decode runs (tiled as enable_tiling(tile_sample_size) when that is above 0).
-int64_t predicted_decode_bytes(const AutoencoderKLConfig& config, int64_t batch, int64_t height, int64_t width,
+// Peak bytes above the live set while decoding the scaled latents of samples of `shape` (pixels) as
+// AutoencoderBase::decode runs (tiled as enable_tiling(tile_sample_size) when that is above 0).
+int64_t predicted_decode_bytes(const AutoencoderKLConfig& config, const model::SampleShape& shape,
                                const AutoencoderMemoryOptions& options = {}, int64_t tile_sample_size = 0);
-int64_t predicted_decode_bytes(const QwenImageVaeConfig& config, int64_t batch, int64_t height, int64_t width,
+int64_t predicted_decode_bytes(const QwenImageVaeConfig& config, const model::SampleShape& shape,
                                const AutoencoderMemoryOptions& options = {}, int64_t tile_sample_size = 0);
-// Peak bytes above the live set while encoding images [B, 3, height, width] into scaled latents (a sample
-// of the posterior, as training encodes).
-int64_t predicted_encode_bytes(const AutoencoderKLConfig& config, int64_t batch, int64_t height, int64_t width,
+// Peak bytes above the live set while encoding samples of `shape` (autoencoder_input of their frames) into
+// scaled latents (a sample of the posterior, as training encodes).
+int64_t predicted_encode_bytes(const AutoencoderKLConfig& config, const model::SampleShape& shape,
                                const AutoencoderMemoryOptions& options = {});
-int64_t predicted_encode_bytes(const QwenImageVaeConfig& config, int64_t batch, int64_t height, int64_t width,
+int64_t predicted_encode_bytes(const QwenImageVaeConfig& config, const model::SampleShape& shape,
                                const AutoencoderMemoryOptions& options = {});
 // The autoencoder's parameter bytes in `dtype`: the meta network's.
 int64_t autoencoder_weight_bytes(const AutoencoderKLConfig& config, c10::ScalarType dtype);

@@ -12,6 +12,8 @@
 // (not when decoded in tiles: diffusers' tiled_decode does not clamp).
 #pragma once
 
+#include <algorithm>
+
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -70,6 +72,9 @@ class QwenImageVaeImpl : public AutoencoderBase {
   int64_t latent_channels() const override { return config_.z_dim; }
   int64_t downsampling() const override { return config_.downsampling(); }
   bool takes_video() const override { return true; }
+  int64_t temporal_downsampling() const override {
+    return int64_t{1} << std::count(config_.temperal_downsample.begin(), config_.temperal_downsample.end(), true);
+  }
   // The encoder's moments [B, 2z, T', h, w] (mean, then log-variance), before normalising.
   torch::Tensor moments(const torch::Tensor& video);
   const QwenImageVaeConfig& config() const { return config_; }

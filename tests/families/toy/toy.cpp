@@ -1,10 +1,10 @@
-// A family that lives only in the test tree (issue 30): a text-conditioned DiT — its own blocks (adaLN-Zero
-// around the shared self-attention and GELU MLP), adaLN on the timestep and the caption's mean embedding,
-// its own text pipeline over Qwen3, FLUX.1's autoencoder —
-// and a video variant (tiny-toy-video: a Wan-like 4x temporal factor, 5-D latents whose frames' tokens
-// join one sequence), whose geometry is data the flow loss, the sampler and the estimate read.
-// It is one folder and one registration line (the last line of this file); nothing in src/ names it, and
-// tests/families/toy_family_test.cpp trains, previews, checkpoints and estimates it like a shipped family.
+// An image family that lives only in the test tree (issue 30): a text-conditioned DiT — its own blocks
+// (adaLN-Zero around the shared self-attention and GELU MLP), adaLN on the timestep and the caption's mean
+// embedding, its own text pipeline over Qwen3, FLUX.1's autoencoder. It is one folder and one registration
+// line (tests/families/registry.cpp); nothing in src/ names it, and tests/families/toy_family_test.cpp
+// trains, previews, checkpoints and estimates it like a shipped family.
+#include "toy/toy.h"
+
 #include <nlohmann/json.hpp>
 
 #include "gclab/config/user_error.h"
@@ -66,22 +66,17 @@ class ToyTransformer : public DiffusionTransformer {
         register_at(*this, "final_layer.linear", Linear(LinearOptions(d, p * p * s.out_channels).tensor_options(o)));
   }
 
-  // Images [B, C, H, W]; videos [B, C, F, H, W], each frame patchified and the frames' tokens in one sequence.
+  // Images [B, C, H, W].
   torch::Tensor forward(const ModelInputs& in) override {
-    const bool video = in.latents.dim() == 5;
-    const int64_t b = in.latents.size(0), f = video ? in.latents.size(2) : 1;
-    const torch::Tensor frames = video ? in.latents.transpose(1, 2).flatten(0, 1) : in.latents;  // [B*F, C, H, W]
-    const int64_t p = spec_.patch, h = frames.size(2), w = frames.size(3);
-    torch::Tensor x = x_embedder(patchify(frames, p, true));
+    const int64_t p = spec_.patch, h = in.latents.size(2), w = in.latents.size(3);
+    torch::Tensor x = x_embedder(patchify(in.latents, p, true));
     x = x + sincos_2d(h / p, w / p, spec_.hidden, x.device()).to(x.scalar_type()).unsqueeze(0);
-    x = x.reshape({b, -1, spec_.hidden});
     const torch::Tensor c = t_embedder(timestep_embedding(in.timestep * 1000, 256).to(x.scalar_type())) +
                             text_proj(in.text.to(x.scalar_type()).mean(1));
     for (size_t b = 0; b < blocks().size(); ++b) x = call_block(b, {x, c})[0];
     const auto ss = final_adaLN(torch::silu(c)).chunk(2, 1);  // shift, scale
     torch::Tensor out = final_linear(modulate(layer_norm(x), ss[0], ss[1]));
-    out = unpatchify(out.reshape({b * f, -1, out.size(-1)}), h, w, p, spec_.out_channels, true);
-    return video ? out.unflatten(0, {b, f}).transpose(1, 2) : out;
+    return unpatchify(out, h, w, p, spec_.out_channels, true);
   }
 
  private:
@@ -123,15 +118,9 @@ class Toy final : public ModelFamily {
   std::string describe_blocks(const ModelSpec& s) const override { return std::to_string(s.single_blocks) + " toy"; }
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;
-    return {{"tiny-toy", kToyId, "tiny-toy", true, "", "", L, {"Toy-Image"}},
-            {"tiny-toy-video", kToyId, "tiny-toy-video", true, "", "", L, {"Toy-Video"}}};
+    return {{"tiny-toy", kToyId, "tiny-toy", true, "", "", L, {"Toy-Image"}}};
   }
-  std::vector<ModelSpec> presets() const override {
-    ModelSpec video = tiny_toy();
-    video.preset = "tiny-toy-video";
-    video.latent_temporal = 4;  // Wan 2.1's VAE: 1 + 4k frames to 1 + k latent frames
-    return {tiny_toy(), video};
-  }
+  std::vector<ModelSpec> presets() const override { return {tiny_toy()}; }
 
   vae::AutoencoderConfig autoencoder(const ModelSpec&) const override { return vae::AutoencoderKLConfig{}.shrunk(); }
   std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return std::make_shared<ToyText>(); }
@@ -178,6 +167,3 @@ const ModelFamily& toy_family() {
 }
 
 }  // namespace gclab::model::toy
-
-// The registry line.
-static const bool registered = (gclab::model::register_family(gclab::model::toy::toy_family()), true);
