@@ -114,7 +114,8 @@ class ReelTransformer : public DiffusionTransformer {
     time_proj = register_at(*this, "condition_embedder.time_proj", Linear(LinearOptions(d, 6 * d).tensor_options(o)));
     text_1 = register_at(*this, "condition_embedder.text_embedder.linear_1",
                          Linear(LinearOptions(s.text_dim, d).tensor_options(o)));
-    text_2 = register_at(*this, "condition_embedder.text_embedder.linear_2", Linear(LinearOptions(d, d).tensor_options(o)));
+    text_2 =
+        register_at(*this, "condition_embedder.text_embedder.linear_2", Linear(LinearOptions(d, d).tensor_options(o)));
     for (int i = 0; i < s.single_blocks; ++i)
       add_block("blocks." + std::to_string(i), std::make_shared<ReelBlock>(d, s.heads, s.mlp_hidden, o));
     out_table = register_parameter("scale_shift_table", torch::randn({1, 2, d}, o) / std::sqrt(static_cast<double>(d)));
@@ -185,7 +186,7 @@ ModelSpec tiny_reel() {
   s.single_blocks = 3;
   s.latent_channels = 16, s.out_channels = 16, s.patch = 2, s.patch_frames = 1;
   s.latent_spatial = 8, s.latent_temporal = 4;  // the causal video autoencoder: 1 + 4k frames -> 1 + k
-  s.rope_axes = {8, 12, 12};                     // frame, row, column: the head's 32
+  s.rope_axes = {8, 12, 12};                    // frame, row, column: the head's 32
   s.text_dim = 64, s.max_text_tokens = 16;
   s.divisibility = 16, s.preview_divisibility = 16;
   return s;
@@ -202,7 +203,13 @@ class Reel final : public ModelFamily {
     return std::to_string(s.single_blocks) + " video (self + cross attention)";
   }
   std::vector<ArchFacts> archs() const override {
-    return {{"tiny-reel", kReelId, "tiny-reel", true, "", "", TransformerLoading::on_device_unless_low_vram,
+    return {{"tiny-reel",
+             kReelId,
+             "tiny-reel",
+             true,
+             "",
+             "",
+             TransformerLoading::on_device_unless_low_vram,
              {"Reel-Video"}}};
   }
   std::vector<ModelSpec> presets() const override { return {tiny_reel()}; }
@@ -219,10 +226,14 @@ class Reel final : public ModelFamily {
 
   std::string diffusers_class() const override { return "ReelTransformer3DModel"; }
   nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
-    return {{"_class_name", "ReelTransformer3DModel"}, {"num_attention_heads", s.heads},
-            {"attention_head_dim", s.head_dim},        {"num_layers", s.single_blocks},
-            {"ffn_dim", s.mlp_hidden},                 {"text_dim", s.text_dim},
-            {"in_channels", s.latent_channels},        {"patch_size", {s.patch_frames, s.patch, s.patch}}};
+    return {{"_class_name", "ReelTransformer3DModel"},
+            {"num_attention_heads", s.heads},
+            {"attention_head_dim", s.head_dim},
+            {"num_layers", s.single_blocks},
+            {"ffn_dim", s.mlp_hidden},
+            {"text_dim", s.text_dim},
+            {"in_channels", s.latent_channels},
+            {"patch_size", {s.patch_frames, s.patch, s.patch}}};
   }
   void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
     using families_shared::config_int;

@@ -152,8 +152,8 @@ TEST(VideoFamily, FramesAreRefusedWhereTheyCannotBeTrained) {
   config::ProcessConfig dct = reel_config(dir, "dct", {"model.vae=dct"});
   EXPECT_THROW(train::plan_run(dct), UserError);
   // An image family's previews take one frame: a prompt's --num_frames is refused before training starts.
-  config::ProcessConfig prompt = reel_config(dir, "prompt", {"model.arch=tiny-flux", "datasets[0].num_frames=1",
-                                                             "sample.num_frames=1"});
+  config::ProcessConfig prompt =
+      reel_config(dir, "prompt", {"model.arch=tiny-flux", "datasets[0].num_frames=1", "sample.num_frames=1"});
   prompt.sample->samples[0].num_frames = 5;
   EXPECT_THROW(train::plan_run(prompt), UserError);
   prompt.sample->samples[0].num_frames = 1;
@@ -197,8 +197,8 @@ TEST(VideoFamily, FitReportsTheLargestNumFrames) {
                                    /*max_batch=*/8, /*max_frames=*/161);
   ASSERT_EQ(rows.size(), 2u);
   for (const auto& r : rows) {
-    std::printf("fit %s at %d: largest num_frames %d measured, %d predicted (batch %d, peak %lld)\n",
-                r.policy.c_str(), r.resolution, r.largest, r.predicted, r.batch, static_cast<long long>(r.peak_bytes));
+    std::printf("fit %s at %d: largest num_frames %d measured, %d predicted (batch %d, peak %lld)\n", r.policy.c_str(),
+                r.resolution, r.largest, r.predicted, r.batch, static_cast<long long>(r.peak_bytes));
     EXPECT_EQ(r.lever, "num_frames");
     EXPECT_EQ(r.batch, 2);
     ASSERT_GE(r.largest, 1);
