@@ -25,9 +25,13 @@ double time_ms(const train::Session& session, const std::function<void()>& work)
 // Runs `steps` training steps on synthetic samples of `shape` (and a preview with `preview`) under the
 // session's policy; returns the step times (ms) and the peak, or the phase where memory ran out.
 CellResult run_cell(train::Session& session, const model::SampleShape& shape, int steps, bool preview);
-// The square cell of `batch` x resolution² at the run's frames (its datasets' largest num_frames).
+// The square cell of `batch` x resolution² at the frames the run's datasets train that resolution at (the
+// most of them; a resolution no dataset names: the largest cell's).
 inline model::SampleShape square_cell(const train::Session& session, int batch, int resolution) {
-  return {batch, session.plan().largest.frames, resolution, resolution};
+  int frames = 0;
+  for (const train::StepCell& c : session.plan().cells)
+    if (c.resolution == resolution) frames = std::max(frames, c.frames);
+  return {batch, frames > 0 ? frames : session.plan().largest.frames, resolution, resolution};
 }
 
 }  // namespace gclab::bench

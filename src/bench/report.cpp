@@ -316,6 +316,7 @@ void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
     const std::string at = "/estimate/per_resolution/" + std::to_string(est["per_resolution"].size());
     est["per_resolution"].push_back({{"resolution", r.resolution},
                                      {"batch", r.batch},
+                                     {"frames", r.frames},
                                      {"image_tokens", r.image_tokens},
                                      {"text_tokens", r.text_tokens},
                                      {"gc_off", step_json(r.gc_off, every_step)},
@@ -335,6 +336,7 @@ void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
             "after a step: resident without gradients, the autoencoder on the device, then the largest of "
             "denoising, decoding, (edit models) encoding the ctrl_img and (prompts not cached) encoding the prompts");
   ojson pj = {{"size", std::to_string(p.width) + "x" + std::to_string(p.height)},
+              {"frames", p.frames},
               {"image_tokens", p.image_tokens},
               {"denoise", p.denoise_bytes},
               {"vae_decode", p.decode_bytes}};

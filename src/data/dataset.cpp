@@ -1,6 +1,7 @@
 #include "gclab/data/dataset.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -134,8 +135,32 @@ bool is_video_file(const fs::path& path) {
   return ext == ".mp4" || ext == ".webm" || ext == ".mov" || ext == ".gif" || ext == ".mkv" || ext == ".avi";
 }
 
+// Names in natural order: runs of digits compare as numbers ("frame2" before "frame10", as a frame
+// sequence written without zero padding, ffmpeg's %d, is meant), the rest as text.
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
+      size_t ie = i, je = j;
+      while (ie < a.size() && std::isdigit(static_cast<unsigned char>(a[ie]))) ++ie;
+      while (je < b.size() && std::isdigit(static_cast<unsigned char>(b[je]))) ++je;
+      const std::string x = a.substr(i, ie - i), y = b.substr(j, je - j);
+      const std::string xs = x.substr(std::min(x.find_first_not_of('0'), x.size())),
+                        ys = y.substr(std::min(y.find_first_not_of('0'), y.size()));
+      if (xs.size() != ys.size()) return xs.size() < ys.size();
+      if (xs != ys) return xs < ys;
+      i = ie, j = je;
+      continue;
+    }
+    if (a[i] != b[j]) return a[i] < b[j];
+    ++i, ++j;
+  }
+  return a.size() - i < b.size() - j;
+}
+
 // A video dataset's clips (num_frames > 1): each folder below `folder` holding images, its frames those
-// images in name order, sized by the first; loose images and video files are skipped with a warning each.
+// images in natural name order (frame2 before frame10), sized by the first; loose images and video files are
+// skipped with a warning each.
 ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std::string& where) {
   if (!dataset.control_path.empty() || dataset.inpaint_path || dataset.mask_path || dataset.alpha_mask)
     throw DataError(where + ": control, inpainting and mask images are not read for clips (num_frames " +
@@ -158,7 +183,10 @@ ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std
       result.warnings.push_back(entry.path().string() +
                                 ": skipped, video files are not decoded yet (store the clip as a folder of "
                                 "numbered frames)");
-  for (const auto& [clip, frames] : clips) {
+  for (auto& [clip, frames] : clips) {
+    std::sort(frames.begin(), frames.end(), [](const fs::path& a, const fs::path& b) {
+      return natural_less(a.filename().string(), b.filename().string());
+    });
     std::string why;
     const auto size = read_image_size(frames.front(), &why);
     if (!size) {

@@ -65,9 +65,10 @@ BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::Datas
       codec_(codec),
       encode_here_(codec.encodes_on_loader_thread()),
       codec_key_([&codec] {
-        // The latent channels, and which autoencoder (its shape and weights) made them.
+        // The latent channels, whether they carry frames (a video family's latents of one image have a frame
+        // axis an image family's lack), and which autoencoder (its shape and weights) made them.
         std::ostringstream k;
-        k << "_c" << codec.spec().latent_channels;
+        k << "_c" << codec.spec().latent_channels << (codec.spec().video ? "_frames" : "");
         if (codec.spec().autoencoder) {
           vae::CodecSpec what = codec.spec();
           what.tile_sample_size = 0;  // tiling changes the previews, not the latents

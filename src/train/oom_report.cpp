@@ -285,6 +285,21 @@ void Levers::preview_fixes() {
         }
       },
       &previews);
+  // A video preview: half the latent frames (its denoising and its decode both grow with them).
+  if (s.num_frames > 1 && current) {
+    const int t = static_cast<int>(current->estimate().spec.latent_temporal);
+    const int fewer = 1 + t * ((s.num_frames - 1) / t / 2);
+    if (fewer < s.num_frames)
+      priced(
+          "Preview fewer frames",
+          "sample.num_frames: " + std::to_string(fewer) + " (from " + std::to_string(s.num_frames) + ")",
+          "at " + std::to_string(fewer) + " preview frames",
+          [fewer](config::ProcessConfig& c) {
+            c.sample->num_frames = fewer;
+            for (config::SampleItem& item : c.sample->samples) item.num_frames.reset();
+          },
+          &previews);
+  }
   if (preview_above_training > 0)
     previews.push_back(
         {"Preview less often, or not at all",

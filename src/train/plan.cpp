@@ -21,14 +21,17 @@ std::vector<StepCell> step_cells(const config::ProcessConfig& config) {
 }
 
 StepCell largest_cell(const config::ProcessConfig& c) {
-  StepCell largest{c.train.batch_size, 0};
-  for (const auto& d : c.datasets) {
-    for (int r : d.resolution) largest.resolution = std::max(largest.resolution, r);
-    largest.batch = std::max(largest.batch, d.batch_size.value_or(c.train.batch_size));
-    largest.frames = std::max(largest.frames, d.num_frames);
-  }
-  if (largest.resolution <= 0) largest.resolution = 512;
-  return largest;
+  // A cell a step trains on — not the largest batch, frames and resolution of different datasets put together
+  // (images at 1024² beside clips of 81 frames at 480² are no 81-frame 1024² step): the one whose step holds
+  // the most pixels, then the most a sample.
+  const std::vector<StepCell> cells = step_cells(c);
+  if (cells.empty()) return {c.train.batch_size, 512, 1};
+  auto pixels = [](const StepCell& x) {
+    const int64_t sample = int64_t{x.frames} * x.resolution * x.resolution;
+    return std::pair{sample * x.batch, sample};
+  };
+  return *std::max_element(cells.begin(), cells.end(),
+                           [&](const StepCell& a, const StepCell& b) { return pixels(a) < pixels(b); });
 }
 
 bool run_caches_latents(const config::ProcessConfig& config) {
@@ -86,10 +89,34 @@ fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path
   return {};
 }
 
+namespace {
+
+// An image family's samples are one frame: a dataset's num_frames, the sample block's or a prompt's above 1
+// is refused here, where every verb plans its autoencoder (train, check, estimate), not met mid-run.
+void check_frames(const config::ProcessConfig& config, const model::ModelSpec& spec) {
+  if (model::takes_frames(spec)) return;
+  for (size_t d = 0; d < config.datasets.size(); ++d)
+    if (config.datasets[d].num_frames > 1)
+      throw UserError("datasets[" + std::to_string(d) + "].num_frames is " +
+                      std::to_string(config.datasets[d].num_frames) + ", but " + spec.preset +
+                      " is an image model (one frame a sample): set num_frames: 1, or train a video arch");
+  if (config.sample && config.sample->num_frames > 1)
+    throw UserError("sample.num_frames is " + std::to_string(config.sample->num_frames) + ", but " + spec.preset +
+                    " is an image model: set num_frames: 1");
+  for (size_t i = 0; config.sample && i < config.sample->samples.size(); ++i)
+    if (config.sample->samples[i].num_frames.value_or(1) > 1)
+      throw UserError("sample.samples[" + std::to_string(i) + "] asks for " +
+                      std::to_string(*config.sample->samples[i].num_frames) + " frames (--num_frames), but " +
+                      spec.preset + " is an image model: drop the flag");
+}
+
+}  // namespace
+
 vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
   vae::CodecSpec s;
   s.latent_channels = spec.latent_channels;
   s.video = model::takes_frames(spec);
+  check_frames(config, spec);
   if (config.model.vae == config::VaeChoice::dct) {
     if (s.video)
       throw UserError("model.vae: dct is an image stand-in; " + spec.preset +
@@ -169,24 +196,10 @@ void plan_previews(RunPlan& plan) {
   }
 }
 
-// The autoencoder, checked against the transformer; the frames the datasets and previews ask of it.
+// The autoencoder, checked against the transformer: its channels, and its spatial and (a video family's)
+// temporal factors.
 void plan_codec(RunPlan& plan) {
   const config::ProcessConfig& c = plan.config;
-  if (!model::takes_frames(plan.spec)) {
-    for (size_t d = 0; d < c.datasets.size(); ++d)
-      if (c.datasets[d].num_frames > 1)
-        throw UserError("datasets[" + std::to_string(d) + "].num_frames is " +
-                        std::to_string(c.datasets[d].num_frames) + ", but " + plan.spec.preset +
-                        " is an image model (one frame a sample): set num_frames: 1, or train a video arch");
-    if (c.sample && c.sample->num_frames > 1)
-      throw UserError("sample.num_frames is " + std::to_string(c.sample->num_frames) + ", but " + plan.spec.preset +
-                      " is an image model: set num_frames: 1");
-    for (size_t i = 0; c.sample && i < c.sample->samples.size(); ++i)
-      if (c.sample->samples[i].num_frames.value_or(1) > 1)
-        throw UserError("sample.samples[" + std::to_string(i) + "] asks for " +
-                        std::to_string(*c.sample->samples[i].num_frames) + " frames (--num_frames), but " +
-                        plan.spec.preset + " is an image model: drop the flag");
-  }
   plan.codec = codec_plan(c, plan.spec);
   if (c.model.vae_path && plan.codec.autoencoder && plan.codec.weights != fs::path(*c.model.vae_path))
     plan.warnings.push_back("model.vae_path '" + *c.model.vae_path +
@@ -199,6 +212,12 @@ void plan_codec(RunPlan& plan) {
     throw UserError("the autoencoder in " + plan.codec.weights.string() + " down-samples " +
                     std::to_string(vae::downsampling(*plan.codec.autoencoder)) + "x; the transformer's latents are " +
                     std::to_string(plan.spec.latent_spatial) + "x");
+  if (plan.codec.autoencoder && model::takes_frames(plan.spec) &&
+      vae::temporal_downsampling(*plan.codec.autoencoder) != plan.spec.latent_temporal)
+    throw UserError("the autoencoder in " + plan.codec.weights.string() + " turns " +
+                    std::to_string(vae::temporal_downsampling(*plan.codec.autoencoder)) +
+                    " frames into a latent frame; the transformer's latents take " +
+                    std::to_string(plan.spec.latent_temporal));
 }
 
 }  // namespace

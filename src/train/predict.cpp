@@ -271,11 +271,10 @@ int64_t cache_fill_bytes(Session& session, const MemoryEstimate& e, CacheFill fi
       r.weights - e.parked_bytes + r.ema + r.text_encoder + e.offload_buffer_bytes - session.cache_parked_bytes(fill);
   if (fill == CacheFill::text) return before + caption_encode_bytes(session, e, captions, cpu);
   const vae::CodecSpec& codec = session.codec_spec();
-  model::SampleShape largest;  // one sample of the largest cell (AI Toolkit encodes them one at a time)
-  for (const StepCell& c : session.plan().cells) {
-    largest.height = largest.width = std::max<int64_t>(largest.height, c.resolution);
-    largest.frames = std::max<int64_t>(largest.frames, c.frames);
-  }
+  model::SampleShape largest;  // the largest sample a cell has (AI Toolkit encodes them one at a time)
+  for (const StepCell& c : session.plan().cells)
+    if (int64_t{c.frames} * c.resolution * c.resolution > largest.frames * largest.height * largest.width)
+      largest = {1, c.frames, c.resolution, c.resolution};
   return before + codec.weight_bytes() + image_encode_bytes(codec, largest, cpu);
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "gclab/memory/placement.h"
@@ -105,6 +106,12 @@ int64_t latent_channels(const AutoencoderConfig& config) {
 
 int64_t downsampling(const AutoencoderConfig& config) {
   return std::visit([](const auto& c) { return c.downsampling(); }, config);
+}
+
+int64_t temporal_downsampling(const AutoencoderConfig& config) {
+  return std::visit(Overloaded{[](const AutoencoderKLConfig&) -> int64_t { return 1; },
+                               [](const QwenImageVaeConfig& c) { return c.temporal_downsampling(); }},
+                    config);
 }
 
 const char* class_name(const AutoencoderConfig& config) {

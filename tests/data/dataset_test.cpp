@@ -476,6 +476,17 @@ TEST(Dataset, ClipsAreFoldersOfFramesTheirBucketsCountFramesAndTheLoaderGivesFra
   const auto histogram = bucket_histogram(scan.items, d, 16);
   ASSERT_EQ(histogram.at(64).size(), 1u);
   EXPECT_EQ(histogram.at(64).begin()->first.key(), "64x64x5f");
+  // Frames numbered without zero padding (ffmpeg's %d) are taken in their numbers' order.
+  for (int f : {1, 2, 10})
+    write_png(dir / "numbered" / "clip" / ("f" + std::to_string(f) + ".png"),
+              torch::full({16, 16, 3}, f, torch::kUInt8));
+  d.folder_path = (dir / "numbered").string();
+  const ScanResult numbered = scan_dataset(d, 0);
+  ASSERT_EQ(numbered.items.size(), 1u);
+  ASSERT_EQ(numbered.items[0].frames.size(), 3u);
+  EXPECT_EQ(numbered.items[0].frames[1].filename(), "f2.png");
+  EXPECT_EQ(numbered.items[0].frames[2].filename(), "f10.png");
+  d.folder_path = (dir / "clips").string();
   // The frames a sample takes, and a short clip's repeats.
   EXPECT_EQ(clip_frame_indices(11, 5), (std::vector<int>{0, 2, 5, 8, 10}));
   vae::CodecSpec video;  // an autoencoder codec: the loader gives frames, the session encodes them

@@ -1,7 +1,7 @@
 // One forward pass on named inputs, for checking gclab's numerics against a reference implementation
 // (`gclab forward`). Inputs and outputs are safetensors files of named tensors:
-//   latents [B, C, H/8, W/8], timestep [B] (flow time in [0, 1]), text [B, T, text_dim]
-//   (alias encoder_hidden_states), pooled [B, pooled_dim] (alias pooled_projections), guidance [B],
+//   latents [B, C, H/8, W/8] (a video family's [B, C, F', H/8, W/8]), timestep [B] (flow time in [0, 1]), text [B, T,
+//   text_dim] (alias encoder_hidden_states), pooled [B, pooled_dim] (alias pooled_projections), guidance [B],
 //   class_labels [B] (int64), reference_latents.0, .1, ... (edit models)
 // The output file holds `prediction`, shaped like latents (DiT: twice the channels).
 #pragma once

@@ -19,7 +19,8 @@
 
 namespace gclab::model {
 
-// What one forward pass reads. Shapes: latents [B, C, H/8, W/8]; timestep [B] in [0, 1] (the flow
+// What one forward pass reads. Shapes: latents as the family's latent_shape gives them ([B, C, H/8, W/8] for
+// an image family, [B, C, F', H/8, W/8] for a video one); timestep [B] in [0, 1] (the flow
 // time, sigma); text [B, T, text_dim]; pooled [B, pooled_dim] (FLUX, SD3); guidance [B] (FLUX-dev);
 // class_labels [B] int64 (DiT); reference_latents: the edit models' control images, each [B, C, h, w].
 struct ModelInputs {

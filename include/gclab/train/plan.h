@@ -40,7 +40,8 @@ struct StepCell {
 // Every dataset's (batch_size or train.batch_size, resolution, num_frames) cells, each once, by resolution,
 // frames, then batch.
 std::vector<StepCell> step_cells(const config::ProcessConfig& config);
-// The largest batch, frames and square resolution the run meets (512 when no dataset names one): what a
+// The cell among step_cells whose step holds the most pixels (batch x frames x resolution², then a sample's)
+// — a cell some dataset trains on (512², the train batch, when there is none): what a
 // budget:BYTES policy is resolved for and what the budget probe measures.
 StepCell largest_cell(const config::ProcessConfig& config);
 

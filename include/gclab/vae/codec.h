@@ -27,6 +27,8 @@ using AutoencoderConfig = std::variant<AutoencoderKLConfig, QwenImageVaeConfig>;
 
 int64_t latent_channels(const AutoencoderConfig& config);
 int64_t downsampling(const AutoencoderConfig& config);  // pixels per latent cell, each side
+// Frames per latent frame after the first (AutoencoderBase::temporal_downsampling): 1 for an image autoencoder.
+int64_t temporal_downsampling(const AutoencoderConfig& config);
 // "AutoencoderKL", "AutoencoderKLQwenImage": diffusers' class name.
 const char* class_name(const AutoencoderConfig& config);
 // The configuration to build for `weights` (a diffusers vae/ folder, a .safetensors file, or nothing): the

@@ -49,6 +49,10 @@ struct QwenImageVaeConfig {
   // A diffusers config.json (AutoencoderKLQwenImage); throws std::runtime_error naming what it cannot use.
   static QwenImageVaeConfig from_json_file(const std::filesystem::path& path);
   int64_t downsampling() const { return int64_t{1} << temperal_downsample.size(); }
+  // Frames per latent frame after the first: 2 for each stage that also halves time (4 for Qwen-Image's).
+  int64_t temporal_downsampling() const {
+    return int64_t{1} << std::count(temperal_downsample.begin(), temperal_downsample.end(), true);
+  }
 };
 
 class QwenImageVaeImpl : public AutoencoderBase {
@@ -72,9 +76,7 @@ class QwenImageVaeImpl : public AutoencoderBase {
   int64_t latent_channels() const override { return config_.z_dim; }
   int64_t downsampling() const override { return config_.downsampling(); }
   bool takes_video() const override { return true; }
-  int64_t temporal_downsampling() const override {
-    return int64_t{1} << std::count(config_.temperal_downsample.begin(), config_.temperal_downsample.end(), true);
-  }
+  int64_t temporal_downsampling() const override { return config_.temporal_downsampling(); }
   // The encoder's moments [B, 2z, T', h, w] (mean, then log-variance), before normalising.
   torch::Tensor moments(const torch::Tensor& video);
   const QwenImageVaeConfig& config() const { return config_; }

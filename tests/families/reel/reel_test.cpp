@@ -149,8 +149,20 @@ TEST(VideoFamily, FramesAreRefusedWhereTheyCannotBeTrained) {
   const fs::path dir = testing::fresh_dir("reel_refusals");
   config::ProcessConfig image = reel_config(dir, "image", {"model.arch=tiny-flux"});
   EXPECT_THROW(train::plan_run(image), UserError);
+  // Where every verb plans its autoencoder (gclab check and estimate too), not only a run's plan.
+  EXPECT_THROW(train::codec_plan(image, model::spec_by_preset("tiny-flux")), UserError);
   config::ProcessConfig dct = reel_config(dir, "dct", {"model.vae=dct"});
   EXPECT_THROW(train::plan_run(dct), UserError);
+  // An autoencoder whose frames per latent frame are not the transformer's.
+  fs::create_directories(dir / "vae");
+  std::ofstream(dir / "vae" / "config.json")
+      << R"({"_class_name": "AutoencoderKLQwenImage", "temperal_downsample": [false, false, true]})";
+  try {
+    train::plan_run(reel_config(dir, "vae", {"model.vae_path=" + (dir / "vae").string()}));
+    ADD_FAILURE() << "an autoencoder of 2 frames per latent frame was taken for a transformer of 4";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("turns 2 frames into a latent frame"), std::string::npos) << e.what();
+  }
   // An image family's previews take one frame: a prompt's --num_frames is refused before training starts.
   config::ProcessConfig prompt =
       reel_config(dir, "prompt", {"model.arch=tiny-flux", "datasets[0].num_frames=1", "sample.num_frames=1"});
@@ -208,6 +220,28 @@ TEST(VideoFamily, FitReportsTheLargestNumFrames) {
     EXPECT_LE(std::abs(r.predicted - r.largest), 4) << r.policy;  // within one step of 4 frames
   }
   EXPECT_GT(rows[1].largest, rows[0].largest) << "checkpointing lets more frames fit";
+  fs::remove_all(dir);
+}
+
+// The OOM report of a clip run prices frames: fewer frames a sample when a step ran out (its bucket's frames
+// read from the key, 64x64x9f), fewer preview frames when a preview did — each saving re-planned.
+TEST(VideoFamily, TheOomReportOffersFewerFrames) {
+  const fs::path dir = testing::fresh_dir("reel_oom");
+  const config::ProcessConfig c = reel_config(dir, "oom", {"sample.num_frames=17"});
+  const model::ModelSpec spec = model::spec_for(c.model);
+  auto fix = [&](memory::Phase phase, const std::string& bucket, const std::string& title) -> std::optional<int64_t> {
+    train::OomContext ctx;
+    ctx.phase = phase, ctx.bucket = bucket, ctx.batch = 2, ctx.step = 2;
+    for (const auto& f : train::recommend_fixes(ctx, c, train::codec_plan(c, spec)))
+      if (f.title == title) return f.predicted_saving_bytes;
+    return std::nullopt;
+  };
+  const auto frames = fix(memory::Phase::backward, "64x64x9f", "Train on fewer frames");
+  ASSERT_TRUE(frames) << "no fewer-frames fix for a step of 9-frame clips";
+  EXPECT_GT(*frames, 0);
+  const auto preview = fix(memory::Phase::sample, "64x48", "Preview fewer frames");
+  ASSERT_TRUE(preview) << "no fewer-frames fix for a 17-frame preview";
+  EXPECT_GT(*preview, 0);
   fs::remove_all(dir);
 }
 
