@@ -184,7 +184,8 @@ Document bucket_report(const config::ProcessConfig& config) {
     try {
       const auto scan = data::scan_dataset(ds, static_cast<int>(i));
       for (const auto& w : scan.warnings) log::warn(w);
-      d.note("/buckets/" + key, *ds.folder_path + ", " + std::to_string(scan.items.size()) + " images");
+      d.note("/buckets/" + key,
+             *ds.folder_path + ", " + std::to_string(scan.items.size()) + (ds.num_frames > 1 ? " clips" : " images"));
       for (const auto& [resolution, buckets] : data::bucket_histogram(scan.items, ds, divisibility)) {
         ojson& counts = per[std::to_string(resolution)] = ojson::object();
         for (const auto& [bucket, count] : buckets) counts[bucket.key()] = count;

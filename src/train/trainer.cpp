@@ -38,8 +38,8 @@ std::vector<data::ImageItem> scan(std::vector<config::DatasetConfig>& datasets, 
     auto result = data::scan_dataset(datasets[d], static_cast<int>(d));
     for (const auto& w : result.warnings) log::warn(w);
     skipped += result.skipped_images;
-    log::info("datasets[" + std::to_string(d) + "]: " + std::to_string(result.items.size()) + " images from " +
-              *datasets[d].folder_path);
+    log::info("datasets[" + std::to_string(d) + "]: " + std::to_string(result.items.size()) +
+              (datasets[d].num_frames > 1 ? " clips from " : " images from ") + *datasets[d].folder_path);
     items.insert(items.end(), result.items.begin(), result.items.end());
     if (cache_text_embeddings || datasets[d].cache_text_embeddings)
       for (const auto& w : data::disable_caption_randomness(datasets[d]))

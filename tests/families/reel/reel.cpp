@@ -106,7 +106,10 @@ class ReelBlock : public TransformerBlock {
 class ReelTransformer : public DiffusionTransformer {
  public:
   ReelTransformer(const ModelSpec& s, const torch::TensorOptions& o) : DiffusionTransformer(s) {
-    const int64_t d = s.hidden, cell = s.patch_frames * s.patch * s.patch;
+    // Wan's Conv3d patch embedding with kernel = stride = (1, p, p), as the matmul it is over each frame's
+    // p x p patches (c, i, j order: the kernel's).
+    TORCH_CHECK(s.patch_frames == 1, "the reel family patches each frame: patch_frames 1, got ", s.patch_frames);
+    const int64_t d = s.hidden, cell = s.patch * s.patch;
     patch_embedding =
         register_at(*this, "patch_embedding", Linear(LinearOptions(cell * s.latent_channels, d).tensor_options(o)));
     time_embedder = TwoLayerMlp(*this, "condition_embedder.time_embedder.linear_1",
@@ -243,6 +246,13 @@ class Reel final : public ModelFamily {
     s.single_blocks = static_cast<int>(config_int(c, "num_layers", s.single_blocks));
     s.mlp_hidden = config_int(c, "ffn_dim", s.mlp_hidden);
     s.text_dim = config_int(c, "text_dim", s.text_dim);
+    s.latent_channels = s.out_channels = config_int(c, "in_channels", s.latent_channels);
+    if (c.contains("patch_size")) {
+      const auto p = c.at("patch_size").get<std::vector<int64_t>>();
+      if (p.size() != 3 || p[0] != 1 || p[1] != p[2])
+        throw UserError("patch_size must be [1, p, p] (each frame patched alone), got " + c.at("patch_size").dump());
+      s.patch_frames = p[0], s.patch = p[1];
+    }
   }
   void read_tensor_shapes(ModelSpec&, const TensorShapes& t) const override {
     throw UserError(t.file() + ": the reel family reads its shape from a config.json only");

@@ -18,6 +18,8 @@
 #include "gclab/data/dataset.h"
 #include "gclab/data/image.h"
 #include "gclab/data/synth.h"
+#include "gclab/io/safetensors.h"
+#include "gclab/model/diffusers_config.h"
 #include "gclab/model/registry.h"
 #include "gclab/sample/sampler.h"
 #include "gclab/train/checkpointing.h"
@@ -122,6 +124,7 @@ TEST(VideoFamily, ItTrainsOnClipsAndPreviewsFrames) {
   const train::TrainSummary on = train::train(reel_config(dir, "on"), {});
   const train::TrainSummary off = train::train(reel_config(dir, "off", {"train.gradient_checkpointing=false"}), {});
   ASSERT_EQ(on.losses.size(), 3u);
+  ASSERT_EQ(off.losses.size(), 3u);
   for (size_t i = 0; i < on.losses.size(); ++i) {
     EXPECT_TRUE(std::isfinite(on.losses[i]));
     EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i + 1;
@@ -138,6 +141,11 @@ TEST(VideoFamily, ItTrainsOnClipsAndPreviewsFrames) {
   EXPECT_EQ(animation.frames.sizes(), torch::IntArrayRef({5, 48, 64, 3}));
   EXPECT_EQ(animation.timestamps_ms.back(), 5 * 125);  // 8 fps
   // Latents cached before training: the same batches, encoded once; a run still trains.
+  // The weights saved are the family's own tensors (Wan's names).
+  const auto saved = io::SafetensorsFile::open(dir / "on" / "on.safetensors");
+  EXPECT_TRUE(saved.contains("blocks.2.attn2.to_k.weight"));
+  EXPECT_TRUE(saved.contains("blocks.0.scale_shift_table"));
+  EXPECT_TRUE(saved.contains("patch_embedding.weight"));
   const train::TrainSummary cached =
       train::train(reel_config(dir, "cached", {"datasets[0].cache_latents=true", "train.disable_sampling=true"}), {});
   EXPECT_EQ(cached.losses.size(), 3u);
@@ -223,6 +231,40 @@ TEST(VideoFamily, FitReportsTheLargestNumFrames) {
   fs::remove_all(dir);
 }
 
+// The checks every shipped family passes, run from the folder (the generic tests' preset lists are the
+// shipped families'): each block keeps what the walk says, to the byte — full and LoRA — and the
+// config.json a diffusers save writes reads back as the same shape.
+TEST(VideoFamily, ItsBlocksKeepWhatTheWalkSaysAndItsConfigReadsBack) {
+  const fs::path dir = testing::fresh_dir("reel_walk");
+  for (const auto& extra : std::vector<std::vector<std::string>>{{}, {"network.type=lora", "network.linear=4"}}) {
+    train::Session session(reel_config(dir, "probe", extra));
+    const auto [measured, walked] = session.probe_block_activations();
+    ASSERT_EQ(measured.per_block.size(), 3u);
+    ASSERT_EQ(walked.per_block.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_GT(measured.per_block[i].saved, 0) << i;
+      EXPECT_EQ(walked.per_block[i].saved, measured.per_block[i].saved) << "block " << i << " " << extra.size();
+      EXPECT_EQ(walked.per_block[i].input, measured.per_block[i].input) << "block " << i << " " << extra.size();
+    }
+  }
+  const model::ModelSpec spec = model::spec_by_preset("tiny-reel");
+  fs::create_directories(dir / "model" / "transformer");
+  std::ofstream(dir / "model" / "transformer" / "config.json") << model::diffusers_config_json(spec);
+  config::ModelConfig m;
+  m.arch = "tiny-reel";
+  m.name_or_path = (dir / "model").string();
+  const model::ModelSpec read = model::spec_for(m);
+  EXPECT_EQ(read.hidden, spec.hidden);
+  EXPECT_EQ(read.heads, spec.heads);
+  EXPECT_EQ(read.mlp_hidden, spec.mlp_hidden);
+  EXPECT_EQ(read.single_blocks, spec.single_blocks);
+  EXPECT_EQ(read.text_dim, spec.text_dim);
+  EXPECT_EQ(read.latent_channels, spec.latent_channels);
+  EXPECT_EQ(read.patch, spec.patch);
+  EXPECT_EQ(read.patch_frames, spec.patch_frames);
+  fs::remove_all(dir);
+}
+
 // The OOM report of a clip run prices frames: fewer frames a sample when a step ran out (its bucket's frames
 // read from the key, 64x64x9f), fewer preview frames when a preview did — each saving re-planned.
 TEST(VideoFamily, TheOomReportOffersFewerFrames) {
@@ -249,9 +291,10 @@ TEST(VideoFamily, TheOomReportOffersFewerFrames) {
 // the include and the one line) names it — no generic file of src/, include/, scripts/ or the other tests.
 TEST(VideoFamily, NothingOutsideItsFolderNamesItButTheRegistryLine) {
   const fs::path root = GCLAB_SOURCE_DIR;
-  const std::regex name("reel", std::regex::icase);
+  const std::regex name("\\breel", std::regex::icase);  // the family's id, file names, namespace
   std::vector<std::string> found;
-  for (const char* top : {"src", "include", "tests", "scripts", "bench", "CMakeLists.txt", ".ci"}) {
+  for (const char* top :
+       {"src", "include", "tests", "scripts", "bench", "cmake", "configs", "third_party", "CMakeLists.txt", ".ci"}) {
     if (!fs::exists(root / top)) continue;
     std::vector<fs::path> files;
     if (fs::is_regular_file(root / top)) files.push_back(root / top);
@@ -270,6 +313,7 @@ TEST(VideoFamily, NothingOutsideItsFolderNamesItButTheRegistryLine) {
   ASSERT_EQ(found.size(), 2u) << ::testing::PrintToString(found);
   EXPECT_NE(found[0].find("tests/families/registry.cpp"), std::string::npos) << found[0];
   EXPECT_NE(found[0].find("#include \"reel/reel.h\""), std::string::npos) << found[0];
+  EXPECT_NE(found[1].find("tests/families/registry.cpp"), std::string::npos) << found[1];
   EXPECT_NE(found[1].find("register_family(model::reel::reel_family())"), std::string::npos) << found[1];
 }
 
