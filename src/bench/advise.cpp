@@ -169,8 +169,9 @@ AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
   const int t = static_cast<int>(session.spec().latent_temporal);
   if (frames > 1 && (frames - 1) / t >= 1) {
     const int fewer = 1 + t * ((frames - 1) / t / 2);
+    // No --set reaches every dataset's num_frames: the change is said in words, as dropping a resolution is.
     Advice a =
-        row("num_frames " + std::to_string(fewer), "datasets[*].num_frames: " + std::to_string(fewer),
+        row("num_frames " + std::to_string(fewer), "",
             measure_step(session, configured, batch, fewer, accumulation, resolutions, timed), preview, per_step);
     a.changes_training = true;
     a.note = "trains on shorter clips";

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "../../support/test_util.h"
+#include "gclab/bench/advise.h"
 #include "gclab/bench/bench.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/dataset.h"
@@ -262,6 +263,27 @@ TEST(VideoFamily, ItsBlocksKeepWhatTheWalkSaysAndItsConfigReadsBack) {
   EXPECT_EQ(read.latent_channels, spec.latent_channels);
   EXPECT_EQ(read.patch, spec.patch);
   EXPECT_EQ(read.patch_frames, spec.patch_frames);
+  fs::remove_all(dir);
+}
+
+// advise on a clip run measures the num_frames lever beside the checkpoint policies: half the latent
+// frames (33 -> 17), a change to what trains, so never the first thing advised, and cheaper than the run.
+TEST(VideoFamily, AdviseMeasuresFewerFrames) {
+  const fs::path dir = testing::fresh_dir("reel_advise");
+  const config::ProcessConfig c = reel_config(
+      dir, "advise", {"datasets[0].cache_latents=true", "train.disable_sampling=true", "datasets[0].num_frames=33"});
+  train::Session session = train::open_session(c, dir / "advise");
+  bench::AdviseOptions o;
+  o.timed_steps = 1;
+  const bench::AdviseResult r = bench::run_advise(session, o);
+  const auto fewer =
+      std::find_if(r.rows.begin(), r.rows.end(), [](const bench::Advice& a) { return a.change == "num_frames 17"; });
+  ASSERT_NE(fewer, r.rows.end()) << bench::advise_table(r);
+  EXPECT_TRUE(fewer->set.empty()) << "no --set reaches every dataset's num_frames";
+  EXPECT_TRUE(fewer->changes_training);
+  EXPECT_TRUE(fewer->fits);
+  EXPECT_LT(fewer->peak_bytes, r.rows.front().peak_bytes) << "17 frames hold less than 33";
+  EXPECT_EQ(r.first.find("num_frames"), std::string::npos) << r.first;
   fs::remove_all(dir);
 }
 
