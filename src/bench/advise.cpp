@@ -166,9 +166,8 @@ AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
         measure_step(session, configured, batch / 2, frames, 2 * accumulation, resolutions, timed), preview, per_step));
   // A video run: half the latent frames a clip (num_frames 1 + t·k to 1 + t·(k/2)), the lever a video model
   // reaches for first once checkpointing is on.
-  const int t = static_cast<int>(session.spec().latent_temporal);
-  if (frames > 1 && (frames - 1) / t >= 1) {
-    const int fewer = 1 + t * ((frames - 1) / t / 2);
+  const int fewer = static_cast<int>(model::fewer_frames(session.spec(), frames));
+  if (fewer < frames) {
     // No --set reaches every dataset's num_frames: the change is said in words, as dropping a resolution is.
     Advice a =
         row("num_frames " + std::to_string(fewer), "",

@@ -214,14 +214,14 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
 
 namespace {
 
-// What fit grows at a resolution: the batch (an image run), or a video run's frames at its batch — 1 + t·k
-// frames, t the family's frames per latent frame, the counts its autoencoder takes (`k` from 0). Step n
-// (from 1) is batch n, or 1 + t·(n - 1) frames.
+// What fit grows at a resolution: the batch (an image run), or a video run's frames at its batch — the counts
+// its autoencoder takes (model::frames_of_latent). Step n (from 1) is batch n, or n latent frames.
 struct Lever {
+  const model::ModelSpec* spec = nullptr;
   bool frames = false;
-  int batch = 1, t = 1, resolution = 0;
+  int batch = 1, resolution = 0;
   model::SampleShape at(int n) const {
-    return frames ? model::SampleShape{batch, 1 + t * (n - 1), resolution, resolution}
+    return frames ? model::SampleShape{batch, model::frames_of_latent(*spec, n), resolution, resolution}
                   : model::SampleShape{n, 1, resolution, resolution};
   }
   int value(int n) const { return n == 0 ? 0 : static_cast<int>(frames ? at(n).frames : at(n).batch); }
@@ -258,8 +258,8 @@ std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::Che
   Lever lever;
   lever.frames = model::takes_frames(session.spec());
   lever.batch = session.config().train.batch_size;
-  lever.t = static_cast<int>(session.spec().latent_temporal);
-  const int most = lever.frames ? 1 + (max_frames - 1) / lever.t : max_batch;
+  lever.spec = &session.spec();
+  const int most = lever.frames ? static_cast<int>(model::latent_frames(session.spec(), max_frames)) : max_batch;
   std::vector<FitRow> out;
   for (int resolution : resolutions_for(session, resolutions))
     for (const auto& policy : policies) {

@@ -209,13 +209,12 @@ std::vector<int64_t> latent_shape(const ModelSpec& spec, const SampleShape& x) {
                                   std::to_string(x.frames));
     return {x.batch, spec.latent_channels, x.height / s, x.width / s};
   }
-  return {x.batch, spec.latent_channels, 1 + (x.frames - 1) / spec.latent_temporal, x.height / s, x.width / s};
+  return {x.batch, spec.latent_channels, latent_frames(spec, x.frames), x.height / s, x.width / s};
 }
 
 int64_t image_tokens(const ModelSpec& spec, const SampleShape& x) {
   const int64_t cell = spec.latent_spatial * spec.patch;
-  const int64_t latent_frames = takes_frames(spec) ? 1 + (x.frames - 1) / spec.latent_temporal : 1;
-  return (latent_frames / spec.patch_frames) * (x.height / cell) * (x.width / cell);
+  return (latent_frames(spec, x.frames) / spec.patch_frames) * (x.height / cell) * (x.width / cell);
 }
 
 int64_t encoder_tokens(const ModelSpec& spec, int64_t prompt_tokens) {

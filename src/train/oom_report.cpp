@@ -191,9 +191,8 @@ void Levers::step_fixes() {
              c.train.gradient_checkpointing = true, c.train.checkpoint_policy = ckpt::CheckpointPolicy::full();
            });
   // A video run's first lever once checkpointing is on: fewer frames a sample (half the latent frames).
-  if (in_step && frames > 1) {
-    const int t = static_cast<int>(current ? current->estimate().spec.latent_temporal : 1);
-    const int fewer = 1 + t * ((frames - 1) / t / 2);
+  if (in_step && frames > 1 && current) {
+    const int fewer = static_cast<int>(model::fewer_frames(current->estimate().spec, frames));
     config::ProcessConfig c = config;
     for (auto& d : c.datasets)
       if (d.num_frames == frames) d.num_frames = fewer;
@@ -287,8 +286,7 @@ void Levers::preview_fixes() {
       &previews);
   // A video preview: half the latent frames (its denoising and its decode both grow with them).
   if (s.num_frames > 1 && current) {
-    const int t = static_cast<int>(current->estimate().spec.latent_temporal);
-    const int fewer = 1 + t * ((s.num_frames - 1) / t / 2);
+    const int fewer = static_cast<int>(model::fewer_frames(current->estimate().spec, s.num_frames));
     if (fewer < s.num_frames)
       priced(
           "Preview fewer frames",

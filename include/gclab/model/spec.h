@@ -128,6 +128,18 @@ int64_t image_tokens(const ModelSpec& spec, const SampleShape& shape);
 // Whether the family's latents carry frames (its autoencoder's temporal factor above 1): the sample shapes
 // it takes have any number of frames; an image family's take one.
 inline bool takes_frames(const ModelSpec& spec) { return spec.latent_temporal > 1; }
+// The latent frames `frames` frames give (1 + (F - 1) / t; an image family: 1), and the frames that give
+// `latent` latent frames (1 + t (k - 1): the counts the family's autoencoder takes whole).
+inline int64_t latent_frames(const ModelSpec& spec, int64_t frames) {
+  return takes_frames(spec) ? 1 + (frames - 1) / spec.latent_temporal : 1;
+}
+inline int64_t frames_of_latent(const ModelSpec& spec, int64_t latent) {
+  return 1 + spec.latent_temporal * (latent - 1);
+}
+// The num_frames lever (advise, the OOM report): half the latent frames after the first of `frames`.
+inline int64_t fewer_frames(const ModelSpec& spec, int64_t frames) {
+  return frames_of_latent(spec, 1 + (latent_frames(spec, frames) - 1) / 2);
+}
 // Text tokens the text encoder hands the transformer for a prompt of `prompt_tokens` tokenizer tokens:
 // FLUX-dev 512 and schnell 256 (T5 padded to max length); SD3 333 (77 CLIP + 256 T5); Qwen-Image and
 // Z-Image the prompt's own length (the padding masked out), at most 1024 / 512, and an edit model's one
