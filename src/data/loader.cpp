@@ -107,6 +107,7 @@ int64_t BatchLoader::fill_caches(const std::function<torch::Tensor(const torch::
     for (const auto& [sample, slot] : samples) {
       torch::Tensor image;
       try {
+        memory::HostScope host;  // read in host memory, as the batches are (work()): the encode copies it
         image = sample_image(sample);
       } catch (const ImageError&) {
         continue;  // reported, and replaced, when a batch meets it

@@ -1,5 +1,7 @@
 #include "gclab/memory/meta_count.h"
 
+#include "gclab/memory/tracker.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
 
@@ -24,10 +26,13 @@ void raise_peak(int64_t live) {
 
 // The allocation's size rides in the DataPtr's context, so its release subtracts exactly what it added.
 void release(void* context) { meta_live -= static_cast<int64_t>(reinterpret_cast<uintptr_t>(context)); }
+// Host memory's: nothing was counted.
+void release_host(void*) {}
 
 class CountingMetaAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
+    if (HostScope::active()) return {nullptr, nullptr, &release_host, c10::Device(c10::kMeta)};
     raise_peak(meta_live += static_cast<int64_t>(n));
     return {nullptr, reinterpret_cast<void*>(static_cast<uintptr_t>(n)), &release, c10::Device(c10::kMeta)};
   }
@@ -68,6 +73,10 @@ MetaCount::MetaCount(c10::DeviceType target) : previous_(target_kind.exchange(ta
 MetaCount::~MetaCount() {
   target_kind = previous_;
   raise_peak(outer_peak_);
+}
+
+bool is_meta_host_memory(const at::Tensor& t) {
+  return t.defined() && t.is_meta() && t.has_storage() && t.storage().data_ptr().get_deleter() == &release_host;
 }
 
 c10::DeviceType meta_target() { return target_kind.load(); }

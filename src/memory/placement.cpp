@@ -6,7 +6,8 @@ namespace gclab::memory {
 
 at::Tensor to_device(const at::Tensor& t, const c10::Device& device, c10::ScalarType dtype) {
   if (!t.defined()) return t;
-  const bool copy = device.is_cpu() && is_host_memory(t);
+  // The CPU's (and a walk's) host and device tensors share a device: a host tensor is copied.
+  const bool copy = (device.is_cpu() || device.is_meta()) && is_host_memory(t);
   return t.to(device, dtype, /*non_blocking=*/false, copy);
 }
 
@@ -16,6 +17,11 @@ at::Tensor to_device(const at::Tensor& t, const c10::Device& device) {
 
 at::Tensor to_host(const at::Tensor& t) {
   if (!t.defined()) return t;
+  if (t.is_meta()) {  // a walk's: a copy standing for host memory
+    if (is_host_memory(t)) return t;
+    HostScope host;
+    return t.clone();
+  }
   if (!t.device().is_cpu()) return t.to(c10::Device(c10::kCPU));
   if (!CpuMemoryTracker::installed() || is_host_memory(t)) return t;
   HostScope host;

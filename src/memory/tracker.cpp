@@ -1,6 +1,7 @@
 #include "gclab/memory/tracker.h"
 
 #include "gclab/memory/history.h"
+#include "gclab/memory/meta_count.h"
 #include "gclab/memory/placement.h"
 
 #include <ATen/Context.h>
@@ -141,6 +142,7 @@ CpuMemoryTracker::~CpuMemoryTracker() {
 
 HostScope::HostScope() { ++t_host_scopes; }
 HostScope::~HostScope() { --t_host_scopes; }
+bool HostScope::active() { return t_host_scopes > 0; }
 
 MemoryStats CpuMemoryTracker::stats() const { return cpu_stats(); }
 
@@ -229,6 +231,7 @@ void MemoryMeter::release_cached() {
 }
 
 bool is_host_memory(const at::Tensor& t) {
+  if (t.defined() && t.is_meta()) return is_meta_host_memory(t);
   if (!t.defined() || !t.device().is_cpu() || !t.has_storage()) return false;
   const c10::DataPtr& p = t.storage().data_ptr();
   if (p.get_deleter() != &tracked_free || !p.get()) return false;

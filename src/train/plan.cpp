@@ -261,7 +261,12 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.prompts = prompt_plan(config, plan.spec, torch::TensorOptions().device(plan.device).dtype(plan.compute_dtype));
   plan_codec(plan);
   plan.caches_latents = run_caches_latents(config);
-  plan.vae_in_steps = !plan.caches_latents || (plan.spec.reference_tokens && plan.codec.autoencoder);
+  // The autoencoder encodes in the steps: the images when latents are not cached, control images (an edit
+  // model's, Flex.2's control folders) every step.
+  bool controls = plan.spec.reference_tokens;
+  if (plan.family->controls_as_channels(plan.spec))
+    for (const auto& d : config.datasets) controls = controls || !d.control_path.empty();
+  plan.vae_in_steps = !plan.caches_latents || (controls && plan.codec.autoencoder);
   plan.caches_text = run_caches_text(config);
   plan.text_encoder_leaves = text_encoder_leaves(config);
   plan.policy = config.train.policy();

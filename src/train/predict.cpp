@@ -30,12 +30,6 @@ text::ConditionImages image_shapes(const std::vector<std::filesystem::path>& fil
   return out;
 }
 
-// Encoding samples of `shape` with the autoencoder: their float32 frames on the device and the encode's peak
-// above them (vae/memory.h).
-int64_t image_encode_bytes(const vae::CodecSpec& codec, const model::SampleShape& shape, bool cpu) {
-  return int64_t{4} * shape.pixel_elements() + codec.encode_bytes(shape, cpu);
-}
-
 // The text phase's encode for the step's captions (encoded one at a time), or a 77-token caption's.
 int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
                              const std::vector<data::Caption>& captions, bool cpu) {
@@ -65,6 +59,7 @@ int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
 // what they hold then (the resident bytes' estimate of them is replaced by it).
 struct WalkedStep {
   int64_t forward = 0, backward = 0, rings = 0;
+  int64_t batch = 0;              // the micro-batch's tensors, before the forward
   std::set<std::string> reached;  // the trained tensors the backward gave a gradient
 };
 
@@ -92,6 +87,7 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
     mb.weight = torch::empty({shape.batch}, meta);
     mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
     for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
+    walked.batch = count.live();
     StepOptions so;
     so.loss_type = session.config().train.loss_type;
     so.dtype = session.plan().compute_dtype;
@@ -117,47 +113,29 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
                            const model::PolicyActivations& kept, const ckpt::CheckpointPolicy& policy,
                            const model::SampleShape& shape, bool cpu, const std::vector<data::Caption>& captions) {
   const model::ModelSpec& spec = session.spec();
-  const int64_t batch = shape.batch, height = shape.height, width = shape.width;
   StepEstimate s;
-  // The flow-matching step's own float32 tensors: x0, noise, x_t, target, the prediction and the squared
-  // error (train/flow.cpp), each of the family's latent_shape; the text embeddings [B, T, D] (+ pooled).
-  const int64_t latent = int64_t{4} * c10::multiply_integers(model::latent_shape(spec, shape));
-  s.batch_bytes = 6 * latent + int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
   s.activation_bytes = kept.peak_bytes;
-  // Encoding on the fly (the autoencoder, latents not cached): the data phase holds the batch's float32
-  // images and the encode's peak, before the step's own tensors exist.
-  const vae::CodecSpec& codec = session.codec_spec();
-  const bool encodes_on_device = codec.autoencoder && !session.caches_latents();
-  const int64_t encoded_here = encodes_on_device ? latent : 0;  // the batch's latents, made on the device
-  if (encodes_on_device) s.encode_bytes = image_encode_bytes(codec, shape, cpu);
-  // Edit models: each step encodes the batch's control images (one per control folder, at the reference
-  // area of the bucket's aspect), cached latents or not, after the batch's own latents (kept beside them).
-  // Flex.2 likewise, its control images at the batch's own size, when a dataset has control folders.
-  size_t references = spec.reference_tokens ? 1 : 0;   // the most control folders a dataset has
-  std::vector<std::vector<int64_t>> reference_shapes;  // an edit model's control latents, as the model reads them
-  if (spec.reference_tokens) {  // given by the loader or encoded in the data phase, at the reference size
-    const auto [ref_width, ref_height] = model::training_reference_size(spec, width, height);
-    reference_shapes.assign(references, model::latent_shape(spec, {batch, 1, ref_height, ref_width}));
+  // The data phase, walked (Session::walk_inputs): the batch as the loader gives it through the step's own
+  // encode — the autoencoder's, when latents are not cached (the frames copied to the device in its dtype,
+  // then encoded), and the control images' every step (an edit model's, Flex.2's control folders).
+  const Session::InputWalk inputs = session.walk_inputs(shape);
+  s.encode_bytes = inputs.data;
+  s.reference_bytes = inputs.references;
+  // An edit model's control latents as the step's forward reads them: one at the reference size.
+  std::vector<std::vector<int64_t>> reference_shapes;
+  if (spec.reference_tokens) {
+    const auto [ref_width, ref_height] = model::training_reference_size(spec, shape.width, shape.height);
+    reference_shapes.push_back(model::latent_shape(spec, {shape.batch, 1, ref_height, ref_width}));
   }
-  for (const auto& d : session.config().datasets) references = std::max(references, d.control_path.size());
-  const bool channels = model::family_of(spec.family).controls_as_channels(spec);
-  if ((spec.reference_tokens || channels) && references > 0 && codec.autoencoder) {
-    const auto [ref_width, ref_height] = model::training_reference_size(spec, width, height, channels);
-    s.reference_bytes = static_cast<int64_t>(references) * 4 *
-                        c10::multiply_integers(model::latent_shape(spec, {batch, 1, ref_height, ref_width}));
-
-    s.encode_bytes = std::max(s.encode_bytes, encoded_here + s.reference_bytes +
-                                                  image_encode_bytes(codec, {batch, 1, ref_height, ref_width}, cpu));
-  }
-  // The text phase holds what the data phase made on the device (latents encoded there, control latents)
-  // and either the captions' encode, one at a time with the earlier ones' embeddings beside it, or the
+  // The text phase holds what the data phase left on the device (inputs.held: latents encoded there, control
+  // latents) and either the captions' encode, one at a time with the earlier ones' embeddings beside it, or the
   // batch's cached embeddings brought to the device.
-  const int64_t embeddings = int64_t{4} * batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
+  const int64_t embeddings = int64_t{4} * shape.batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
   if (e.text && e.text->every_step)
-    s.text_bytes = encoded_here + s.reference_bytes + caption_encode_bytes(session, e, captions, cpu) +
-                   int64_t{4} * (batch - 1) * a.text_tokens * spec.text_dim;
+    s.text_bytes = inputs.held + caption_encode_bytes(session, e, captions, cpu) +
+                   int64_t{4} * (shape.batch - 1) * a.text_tokens * spec.text_dim;
   else if (e.text)
-    s.text_bytes = encoded_here + s.reference_bytes + embeddings;
+    s.text_bytes = inputs.held + embeddings;
   // Between steps the gradients are gone (zero_grad sets them to None); everything else resident stays.
   // With gradient_accumulation the micro-batches after the first run beside the gradients the earlier ones
   // left (summed into, not freed), and an optimizer that accumulates stochastically sets them aside through
@@ -166,6 +144,7 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   // rings as the walk leaves them between steps (walked.rings), in every phase a step holds them.
   const WalkedStep walked = walk_step(session, policy, shape, a.text_tokens, reference_shapes, !cpu);
   s.forward_bytes = walked.forward, s.backward_bytes = walked.backward;
+  s.batch_bytes = walked.batch;
   const int64_t held = e.resident_bytes - e.offload_buffer_bytes + walked.rings;
   const bool accumulates = session.accumulation() > 1;
   const int64_t steady = held - (accumulates ? 0 : e.gradient_bytes);
@@ -270,12 +249,11 @@ int64_t cache_fill_bytes(Session& session, const MemoryEstimate& e, CacheFill fi
   const int64_t before =
       r.weights - e.parked_bytes + r.ema + r.text_encoder + e.offload_buffer_bytes - session.cache_parked_bytes(fill);
   if (fill == CacheFill::text) return before + caption_encode_bytes(session, e, captions, cpu);
-  const vae::CodecSpec& codec = session.codec_spec();
   model::SampleShape largest;  // the largest sample a cell has (AI Toolkit encodes them one at a time)
   for (const StepCell& c : session.plan().cells)
     if (int64_t{c.frames} * c.resolution * c.resolution > largest.frames * largest.height * largest.width)
       largest = {1, c.frames, c.resolution, c.resolution};
-  return before + codec.weight_bytes() + image_encode_bytes(codec, largest, cpu);
+  return before + session.walk_latent_fill(largest);  // the autoencoder's weights come back in it
 }
 
 // The fills the run makes: latents when a dataset caches them and the autoencoder encodes (the stand-in

@@ -331,14 +331,18 @@ void Session::offload_transformer() {
 }
 
 // The autoencoder: resident while it encodes on the fly; with cached latents it leaves the device once they
-// are encoded (cache_latents) and comes back for previews only. Not built on the meta device.
+// are encoded (cache_latents) and comes back for previews only, or for the steps' control images. On the
+// meta device (its weights' sizes) it stands for the steps: resident when they encode.
 void Session::build_codec() {
-  if (device_.is_meta()) return;
   const vae::CodecSpec& spec = plan_.codec;
   try {
     codec_ = vae::build_codec(spec, device_, plan_.seed);
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("the autoencoder's weights do not fit its config.json: ") + e.what());
+  }
+  if (device_.is_meta()) {
+    if (!plan_.vae_in_steps) codec_->offload();
+    return;
   }
   if (spec.autoencoder)
     log::info("autoencoder: " + spec.describe() +
@@ -422,7 +426,7 @@ memory::PhaseMeter::Scope Session::phase(Phase p) {
 }
 
 vae::ImageCodec& Session::codec() {
-  if (!codec_) throw std::logic_error("the autoencoder is not built on the meta device");
+  if (!codec_) throw std::logic_error("the autoencoder is not built in a Session that only loads");
   return *codec_;
 }
 
@@ -677,25 +681,71 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
             height = static_cast<int>(shape.height);
   lb.bucket = {width, height, static_cast<int>(shape.frames)};
   lb.resolution = std::max(width, height);
+  // A meta Session's batch is a walk's: meta tensors standing for the loader's host memory (meta_count.h).
+  std::optional<memory::HostScope> host;
+  if (device_.is_meta()) host.emplace();
+  const auto o = torch::TensorOptions().device(device_.is_meta() ? torch::kMeta : torch::kCPU);
   const bool images = plan_.codec.autoencoder && !plan_.caches_latents;  // encoded in the step's data phase
   if (images)
-    lb.images = torch::rand({shape.batch, 3, shape.frames, shape.height, shape.width}) * 2 - 1;
+    lb.images = torch::rand({shape.batch, 3, shape.frames, shape.height, shape.width}, o) * 2 - 1;
   else
-    lb.latents = torch::randn(model::latent_shape(spec_, shape));
+    lb.latents = torch::randn(model::latent_shape(spec_, shape), o);
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
-  if (spec_.reference_tokens) {  // one reference as the loader makes it: the image's size, or reference_area of its
-                                 // aspect
-    const auto [ref_width, ref_height] = model::training_reference_size(spec_, width, height);
-    const torch::Tensor control = torch::rand({batch, 3, ref_height, ref_width});
-    if (plan_.codec.autoencoder)  // control images are encoded every step, cached latents or not
+  // Control images as the loader gives them: an edit model's (one at least) at reference_area of the
+  // batch's aspect, Flex.2's at the batch's own size when a dataset has control folders — one per folder of
+  // the dataset with the most; encoded every step, cached latents or not.
+  const bool channels = model::family_of(spec_.family).controls_as_channels(spec_);
+  size_t references = spec_.reference_tokens ? 1 : 0;
+  if (spec_.reference_tokens || channels)
+    for (const auto& d : config_.datasets) references = std::max(references, d.control_path.size());
+  const auto [ref_width, ref_height] = model::training_reference_size(spec_, width, height, channels);
+  if (spec_.reference_tokens) lb.control_images.resize(static_cast<size_t>(batch));
+  for (size_t r = 0; r < references; ++r) {
+    const torch::Tensor control = torch::rand({batch, 3, ref_height, ref_width}, o);
+    if (plan_.codec.autoencoder)
       lb.reference_images.push_back((control * 2 - 1).unsqueeze(2));
     else
-      lb.references.push_back(torch::randn(model::latent_shape(spec_, {batch, 1, ref_height, ref_width})));
-    for (int i = 0; i < batch; ++i) lb.control_images.push_back({control[i]});  // the text encoder's too
+      lb.references.push_back(torch::randn(model::latent_shape(spec_, {batch, 1, ref_height, ref_width}), o));
+    if (spec_.reference_tokens)  // the text encoder reads them too
+      for (int i = 0; i < batch; ++i) lb.control_images[static_cast<size_t>(i)].push_back(control[i]);
   }
   return lb;
+}
+
+Session::InputWalk Session::walk_inputs(const model::SampleShape& shape) {
+  if (!device_.is_meta()) return walk_twin()->walk_inputs(shape);
+  data::LoadedBatch lb = synthetic_batch(shape);
+  memory::MetaCount count(plan_.cuda ? c10::kCUDA : c10::kCPU);
+  InputWalk w;
+  memory::run_walk([&] { encode(lb); });
+  w.data = count.peak();
+  w.held = count.live();
+  for (const auto& r : lb.references)  // the encoded ones (the stand-in's loader gives them in host memory)
+    if (!memory::is_host_memory(r)) w.references += static_cast<int64_t>(r.nbytes());
+  return w;
+}
+
+int64_t Session::walk_latent_fill(const model::SampleShape& sample) {
+  if (!device_.is_meta()) return walk_twin()->walk_latent_fill(sample);
+  torch::Tensor images;
+  {
+    memory::HostScope host;
+    images = torch::empty({sample.batch, 3, sample.frames, sample.height, sample.width},
+                          torch::TensorOptions().device(torch::kMeta));
+  }
+  // As cache_latents: the autoencoder, off the device before the fill, comes back for its first encode; each
+  // sample's latents go to host memory.
+  const bool resident = !codec().offloaded();
+  codec().offload();
+  const int64_t peak =
+      memory::inference_peak(plan_.cuda ? c10::kCUDA : c10::kCPU, [&] { memory::to_host(codec().encode(images)); });
+  if (resident)
+    codec().restore();
+  else
+    codec().offload();
+  return peak;
 }
 
 StepResult Session::train_step(int64_t step, const std::function<data::LoadedBatch()>& next) {

@@ -29,9 +29,9 @@ class AutoencoderCodec : public ImageCodec {
  public:
   AutoencoderCodec(const CodecSpec& spec, torch::Device device, uint64_t seed)
       : ImageCodec(spec), device_(device), seed_(seed), generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
-    const auto built = build_autoencoder(*spec.autoencoder, spec.weights);
-    vae_ = built.vae;
     dtype_ = dtype_of(spec);
+    const auto options = device_.is_meta() ? torch::TensorOptions(device_).dtype(dtype_) : torch::TensorOptions();
+    vae_ = build_autoencoder(*spec.autoencoder, spec.weights, options).vae;
     vae_->to(device_, dtype_);
     vae_->eval();
     for (auto& p : vae_->parameters()) p.set_requires_grad(false);
@@ -57,9 +57,12 @@ class AutoencoderCodec : public ImageCodec {
     if (offloaded()) return;
     torch::NoGradGuard no_grad;
     for (auto& p : vae_->parameters()) {
-      const torch::Tensor host = p.detach().to(torch::kCPU).contiguous();
-      std::vector<char> bytes(host.nbytes());
-      std::memcpy(bytes.data(), host.data_ptr(), bytes.size());
+      std::vector<char> bytes;
+      if (!device_.is_meta()) {
+        const torch::Tensor host = p.detach().to(torch::kCPU).contiguous();
+        bytes.resize(host.nbytes());
+        std::memcpy(bytes.data(), host.data_ptr(), bytes.size());
+      }
       host_.push_back({std::move(bytes), p.sizes().vec()});
       p.set_data(torch::empty({0}, p.options()));
     }
@@ -70,8 +73,9 @@ class AutoencoderCodec : public ImageCodec {
     size_t i = 0;
     for (auto& p : vae_->parameters()) {
       auto& [bytes, shape] = host_[i++];
-      p.set_data(torch::from_blob(bytes.data(), shape, torch::TensorOptions().dtype(dtype_))
-                     .to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true));
+      p.set_data(device_.is_meta() ? torch::empty(shape, p.options())
+                                   : torch::from_blob(bytes.data(), shape, torch::TensorOptions().dtype(dtype_))
+                                         .to(device_, dtype_, /*non_blocking=*/false, /*copy=*/true));
     }
     host_.clear();
   }
@@ -129,17 +133,18 @@ AutoencoderConfig autoencoder_config(const AutoencoderConfig& fallback, const st
       fallback);
 }
 
-LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::filesystem::path& weights) {
+LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::filesystem::path& weights,
+                                    const torch::TensorOptions& options) {
   LoadedAutoencoder out;
-  out.vae = std::visit(Overloaded{[](const AutoencoderKLConfig& c) -> std::shared_ptr<AutoencoderBase> {
-                                    return std::make_shared<AutoencoderKLImpl>(c);
+  out.vae = std::visit(Overloaded{[&](const AutoencoderKLConfig& c) -> std::shared_ptr<AutoencoderBase> {
+                                    return std::make_shared<AutoencoderKLImpl>(c, options);
                                   },
-                                  [](const QwenImageVaeConfig& c) -> std::shared_ptr<AutoencoderBase> {
-                                    return std::make_shared<QwenImageVaeImpl>(c);
+                                  [&](const QwenImageVaeConfig& c) -> std::shared_ptr<AutoencoderBase> {
+                                    return std::make_shared<QwenImageVaeImpl>(c, options);
                                   }},
                        config);
   out.random = weights.empty();
-  if (!out.random) out.unused = load_diffusers_weights(*out.vae, weights);
+  if (!out.random && !options.device().is_meta()) out.unused = load_diffusers_weights(*out.vae, weights);
   return out;
 }
 

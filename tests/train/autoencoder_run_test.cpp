@@ -162,6 +162,56 @@ TEST(SessionAutoencoder, WithoutCachedLatentsTheStepEncodesOnTheDeviceInItsDataP
   fs::remove_all(dir);
 }
 
+// The memory model predicts the data phase and a latent cache fill by walking the Session's own code on a
+// meta twin (Session::walk_inputs, walk_latent_fill): the loader's frames in host memory, copied to the device
+// in the autoencoder's dtype (half of float32's in bfloat16: the estimate counted float32 frames before
+// 2026-12-05) and encoded. A measured step and fill hold exactly that, in float32 and in bfloat16.
+TEST(SessionAutoencoder, TheDataPhaseAndTheLatentFillAreWhatTheirWalksHold) {
+  const fs::path dir = testing::fresh_dir("vae_walked_inputs");
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    const auto config = tiny_config(dir, "w" + dtype, {"train.dtype=" + dtype});
+    Session session(config);
+    data::BatchLoader loader(items_of(config), config.datasets, session.codec(), loader_options(session), 0);
+    data::LoadedBatch batch = loader.next();
+    ASSERT_TRUE(batch.images.defined());
+    const model::SampleShape shape{batch.images.size(0), 1, batch.bucket.height, batch.bucket.width};
+    const Session::InputWalk walked = session.walk_inputs(shape);
+    session.phases().clear();
+    const int64_t before = session.meter().stats().live_bytes;
+    session.train_step(0, [&] { return batch; });
+    EXPECT_EQ(session.phases().peaks().at(Phase::data) - before, walked.data);
+    // What the data phase leaves for the text phase: the float32 latents.
+    EXPECT_EQ(walked.held, 4 * c10::multiply_integers(model::latent_shape(session.spec(), shape)));
+    if (dtype == "bf16") {  // the frames' copy in bfloat16: a float32 one would be 2 bytes a value more
+      const int64_t frames = shape.pixel_elements();
+      EXPECT_EQ(walked.data, session.codec_spec().encode_bytes(shape, true) + 2 * frames);
+    }
+  }
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE("cached " + dtype);
+    const auto config = tiny_config(dir, "c" + dtype, {"train.dtype=" + dtype, "datasets.0.cache_latents=true"});
+    Session session(config);
+    const auto items = items_of(config);
+    model::SampleShape largest{1, 1, 0, 0};  // the largest bucket an image is encoded at
+    {
+      auto uncached = config.datasets;
+      uncached[0].cache_latents = false;
+      data::BatchLoader buckets(items, uncached, session.codec(), loader_options(session), 0);
+      for (size_t i = 0; i < items.size(); ++i) {
+        const data::BucketResolution b = buckets.next().bucket;
+        if (int64_t{b.width} * b.height > largest.width * largest.height) largest = {1, 1, b.height, b.width};
+      }
+    }
+    data::BatchLoader loader(items, config.datasets, session.codec(), loader_options(session), 0);
+    const int64_t walked = session.walk_latent_fill(largest);
+    const int64_t stays = session.meter().stats().live_bytes - session.cache_parked_bytes(CacheFill::latents);
+    ASSERT_GT(session.cache_latents(loader), 0);
+    EXPECT_EQ(session.phases().peaks().at(Phase::cache) - stays, walked);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(SessionAutoencoder, CachedLatentsAreEncodedOnceBeforeTrainingAndTheAutoencoderLeavesTheDevice) {
   const fs::path dir = testing::fresh_dir("vae_cached");
   const auto config =

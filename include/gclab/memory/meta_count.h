@@ -10,6 +10,7 @@
 // each allocating what its device kernel allocates.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
@@ -53,6 +54,11 @@ class MetaCount {
   int64_t base_ = 0, outer_peak_ = 0;
   c10::DeviceType previous_;
 };
+
+// Whether meta tensor `t` stands for host memory: allocated by the counting allocator while a
+// memory::HostScope lived on its thread (the loader's batches, a cache's entries, as a walk makes them). Such
+// allocations are left out of every count, as host memory is out of a device's.
+bool is_meta_host_memory(const at::Tensor& t);
 
 // The device kind a meta walk stands for (the innermost MetaCount's target; the CPU outside any).
 c10::DeviceType meta_target();

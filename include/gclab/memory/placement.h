@@ -13,12 +13,13 @@ namespace gclab::memory {
 
 // Whether `t`'s memory is host memory as the CPU tracker counts it (allocated under a HostScope).
 bool is_host_memory(const at::Tensor& t);
-// `t` on `device` in `dtype`, as a GPU run holds it: on CUDA (or meta) t.to(device, dtype); on the CPU a copy
+// `t` on `device` in `dtype`, as a GPU run holds it: on CUDA t.to(device, dtype); on the CPU (or meta) a copy
 // counted as device memory when `t` is host memory, else t.to(dtype).
 at::Tensor to_device(const at::Tensor& t, const c10::Device& device, c10::ScalarType dtype);
 at::Tensor to_device(const at::Tensor& t, const c10::Device& device);
 // `t` in host memory: a CPU copy of a device tensor; on the CPU a copy under HostScope unless `t` is host
-// memory already (or no tracker is installed, where the two are not told apart).
+// memory already (or no tracker is installed, where the two are not told apart); on meta a copy standing for
+// host memory (meta_count.h) unless `t` stands for it already.
 at::Tensor to_host(const at::Tensor& t);
 
 }  // namespace gclab::memory

@@ -35,12 +35,15 @@ struct MemoryStats {
 // memory. While a HostScope lives, this thread's CPU allocations are host bytes: counted apart from
 // live_bytes, held against the host cap (c10::OutOfMemoryError naming host memory), and freed as such
 // whenever they are released. Without a tracker installed it does nothing.
+// On the meta device (a walk standing for a run) the same scope marks what it allocates as host memory:
+// the counting allocator (meta_count.h) leaves it out of the device's count, and is_host_memory names it.
 class HostScope {
  public:
   HostScope();
   ~HostScope();
   HostScope(const HostScope&) = delete;
   HostScope& operator=(const HostScope&) = delete;
+  static bool active();  // whether one lives on this thread
 };
 
 // Installs the tracking CPU allocator for its lifetime; at most one exists at a time. Tensors allocated

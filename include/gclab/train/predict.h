@@ -38,16 +38,19 @@ struct StepResult;
 using PhaseBytes = std::map<memory::Phase, int64_t>;
 
 struct StepEstimate {
-  int64_t batch_bytes = 0;       // latents, noise, x_t, target, prediction, text embeddings
+  // The micro-batch on the device as the step's forward begins (walked: latents, noise, timesteps, text
+  // embeddings, control latents); the loss's own tensors are the forward's.
+  int64_t batch_bytes = 0;
   int64_t activation_bytes = 0;  // what the blocks keep for backward (full: inputs + one block recomputed)
   // The forward's and the backward's peaks above what stays between steps, walked op by op on the meta
   // model (the micro-batch, the blocks' activations as the policy keeps them, every op's temporaries, the
   // recompute, the gradients as the backward makes them).
   int64_t forward_bytes = 0, backward_bytes = 0;
-  // The `data` phase when the autoencoder encodes on the fly: the batch's images and the encode's peak
-  // (vae/memory.h), on top of the resident bytes (0 when latents are cached or the stand-in encodes).
+  // The `data` phase above the resident bytes, walked (Session::walk_inputs): the batch's frames copied to
+  // the device in the autoencoder's dtype and its encode, the control images' likewise (0 when latents are
+  // cached or the stand-in encodes, and no control image is encoded).
   int64_t encode_bytes = 0;
-  int64_t reference_bytes = 0;  // edit models: the control images' latents, beside the batch's
+  int64_t reference_bytes = 0;  // the control latents the data phase made on the device, beside the batch's
   // The `text` phase above the resident bytes: the latents the data phase made on the device, and the
   // captions' encode (the text encoders resident: TextEncodeEstimate) or their cached embeddings.
   int64_t text_bytes = 0;

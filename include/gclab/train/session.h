@@ -137,7 +137,8 @@ class Session {
   data::TextEmbeddingCache& text() { return *text_; }
   // The text encoders while they are loaded (nullptr after they left, or for a family without them).
   const text::PromptEncoder* text_encoder() const { return text_->encoder(); }
-  // The autoencoder (or the DCT stand-in); not built on the meta device. codec_spec() is always there.
+  // The autoencoder (or the DCT stand-in); on the meta device built on meta tensors. codec_spec() is always
+  // there.
   vae::ImageCodec& codec();
   const vae::CodecSpec& codec_spec() const { return plan_.codec; }
   // Whether the run caches latents (some dataset's cache_latents / cache_latents_to_disk): the autoencoder
@@ -192,7 +193,20 @@ class Session {
   const std::set<CacheFill>& filled() const { return filled_; }
   // A batch of this shape with the config's first caption (bench and fit): random latents, or, when the
   // autoencoder encodes on the fly, random frames it encodes in the step's `data` phase.
+  // On the meta device its tensors stand for the loader's host memory (memory/meta_count.h).
   data::LoadedBatch synthetic_batch(const model::SampleShape& shape) const;
+  // The step's data phase walked: a batch of `shape` as the loader gives it (synthetic_batch, in host
+  // memory) through encode() on the meta device — the frames copied to the device in the autoencoder's dtype,
+  // its encode, the control images' — counted for the run's device (a meta Session walks itself, any other
+  // its walk_twin). `data`: the phase's peak; `held`: what it leaves on the device for the text phase (the
+  // latents and control latents it made); `references`: the control latents' bytes.
+  struct InputWalk {
+    int64_t data = 0, held = 0, references = 0;
+  };
+  InputWalk walk_inputs(const model::SampleShape& shape);
+  // A latent cache fill's peak, walked as cache_latents runs it for one sample of `sample`: the autoencoder
+  // brought back to the device, the sample's frames copied there and encoded, the latents to host memory.
+  int64_t walk_latent_fill(const model::SampleShape& sample);
 
   // One training step: `accumulation()` micro-batches from next(), forward and backward each, then (unless
   // the legacy gradient_accumulation_steps holds the update back) clipping, the update at the scheduled

@@ -38,13 +38,14 @@ AutoencoderConfig autoencoder_config(const AutoencoderConfig& fallback, const st
 
 // An autoencoder as a run builds it: `config` with the weights in `weights` (a folder or a .safetensors
 // file), or, with none, random weights (from the global generator). Throws std::runtime_error for weights
-// that do not fit.
+// that do not fit. With meta `options` its tensors are meta ones (no weights read).
 struct LoadedAutoencoder {
   std::shared_ptr<AutoencoderBase> vae;
   bool random = false;              // no weights were loaded
   std::vector<std::string> unused;  // tensors in the folder's weights that are not the network's
 };
-LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::filesystem::path& weights);
+LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::filesystem::path& weights,
+                                    const torch::TensorOptions& options = {});
 
 struct CodecSpec {
   std::optional<AutoencoderConfig> autoencoder;  // nullopt: the DCT stand-in
@@ -96,7 +97,9 @@ class ImageCodec {
 
 // Builds the codec on `device` (float32, or bfloat16 when spec.dtype_bytes is 2); the autoencoder's weights
 // from spec.weights (throws std::runtime_error for a folder it cannot use), else random from the global
-// generator; its posterior samples from a host generator seeded with `seed`.
+// generator; its posterior samples from a host generator seeded with `seed`. On the meta device the
+// autoencoder is built on meta tensors (its weights' sizes only): the codec a walk runs, its offloaded
+// weights their shapes.
 std::unique_ptr<ImageCodec> build_codec(const CodecSpec& spec, torch::Device device, uint64_t seed);
 
 }  // namespace gclab::vae
