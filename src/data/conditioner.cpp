@@ -8,6 +8,8 @@
 #include "gclab/data/image.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/log/log.h"
+#include "gclab/memory/placement.h"
+#include "gclab/memory/tracker.h"
 
 namespace gclab::data {
 
@@ -60,8 +62,7 @@ text::ConditionImages TextEmbeddingCache::images_of(const Caption& caption) cons
 }
 
 TextEmbedding TextEmbeddingCache::encode(const std::vector<Caption>& captions) {
-  TextEmbedding out;
-  if (!has_text_) return out;
+  if (!has_text_) return {};
   // Each caption is encoded (and cached) at its own length, as AI Toolkit caches prompt embeddings; a batch
   // pads them with zeros to its longest (the encoder's padded rows are zeros too: the same values either
   // way). Once the encoder is unloaded, the row counts recorded when the captions were precomputed stand
@@ -86,17 +87,40 @@ TextEmbedding TextEmbeddingCache::encode(const std::vector<Caption>& captions) {
     }
     lengths.push_back(length_(std::max<int64_t>(n, 1)));
   }
-  const int64_t length = *std::max_element(lengths.begin(), lengths.end());
-  std::vector<torch::Tensor> text, pooled;
-  for (size_t i = 0; i < captions.size(); ++i) {
+  TextEmbedding out = collate(lengths, device_, [&](size_t i) {
     Caption c = captions[i];
     if (!images[i].empty()) c.control_images = images[i];  // decoded above: not again
-    const auto& e = embedding(c, keys[i], lengths[i]);
+    return embedding(c, keys[i], lengths[i]);
+  });
+  scratch_ = TextEmbedding{};  // the last caption's embedding is the batch's now, not held past it
+  return out;
+}
+
+TextEmbedding TextEmbeddingCache::collate(const std::vector<int64_t>& lengths, torch::Device device,
+                                          const std::function<TextEmbedding(size_t)>& embed) {
+  TextEmbedding out;
+  const int64_t length = *std::max_element(lengths.begin(), lengths.end());
+  // Cached embeddings are padded and put side by side where they are, in host memory (a GPU run's
+  // cat on the CPU), and the batch copied to the device; encoded ones on the device.
+  std::vector<torch::Tensor> text, pooled;
+  bool host = true;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const TextEmbedding e = embed(i);
+    host = host && memory::is_host_memory(e.text);
+    std::optional<memory::HostScope> scope;
+    if (host) scope.emplace();
     text.push_back(lengths[i] < length ? torch::constant_pad_nd(e.text, {0, 0, 0, length - lengths[i]}) : e.text);
     if (e.pooled.defined()) pooled.push_back(e.pooled);
   }
-  out.text = torch::cat(text).to(device_);
-  if (!pooled.empty()) out.pooled = torch::cat(pooled).to(device_);
+  auto batch = [&](const std::vector<torch::Tensor>& rows) {
+    std::optional<memory::HostScope> scope;
+    if (host) scope.emplace();
+    const torch::Tensor side_by_side = torch::cat(rows);
+    scope.reset();
+    return memory::to_device(side_by_side, device);
+  };
+  out.text = batch(text);
+  if (!pooled.empty()) out.pooled = batch(pooled);
   return out;
 }
 
@@ -139,6 +163,7 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
   std::error_code ec;
   if (!file.empty() && fs::exists(file, ec)) {
     try {
+      memory::HostScope host;  // read into host memory, as a GPU run's loader does: the batch's go to the device
       const auto f = io::SafetensorsFile::open(file);
       const auto m = f.metadata();
       if (m.count("gclab_key") && m.at("gclab_key") == file_key(caption) && f.contains("text_embed")) {
@@ -167,8 +192,11 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
   // A copy of just these rows (a view would keep the encoder's whole padded output alive): on disk beside
   // the image, as AI Toolkit keeps cached text embeddings (_t_e_cache/) and brings each batch's to the
   // device; a sample prompt's, or one whose folder cannot be written, in host memory.
-  e.text = e.text.to(torch::kCPU).clone();
-  if (e.pooled.defined()) e.pooled = e.pooled.to(torch::kCPU).clone();
+  {
+    memory::HostScope host;
+    e.text = e.text.to(torch::kCPU).clone();
+    if (e.pooled.defined()) e.pooled = e.pooled.to(torch::kCPU).clone();
+  }
   if (!file.empty()) {
     try {
       fs::create_directories(file.parent_path());

@@ -456,9 +456,10 @@ torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
   std::vector<int64_t> channels_last;
   for (int64_t d = 1; d < image_chw.dim(); ++d) channels_last.push_back(d);
   channels_last.push_back(0);
-  return image_chw.detach()
-      .to(torch::kFloat)
-      .cpu()
+  // On the meta device (a memory walk standing for a CPU run) where it is: the conversion counted as a CPU
+  // run holds it.
+  const torch::Tensor image = image_chw.detach().to(torch::kFloat);
+  return (image.is_meta() ? image : image.cpu())
       .add(1.0)
       .mul_(127.5)
       .round_()

@@ -64,22 +64,6 @@ double fold_scale(const Linear& linear) { return linear->lora_scale(); }
 
 }  // namespace
 
-int64_t lora_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype) {
-  int64_t bytes = 0;
-  const auto size = static_cast<int64_t>(c10::elementSize(dtype));
-  for (auto& [path, linear] : adapted_linears(model)) {
-    if (!linear->has_lora()) continue;
-    for (const auto& p : linear->named_parameters()) {
-      if (p.key().rfind("lora_", 0) != 0) continue;
-      const bool scaled = p.key().rfind("lora_B", 0) == 0, converted = p.value().scalar_type() != dtype;
-      // t * scale makes a copy in the adapter's dtype; .to(dtype) one more when that is not `dtype`.
-      if (scaled) bytes += p.value().numel() * static_cast<int64_t>(p.value().element_size());
-      if (converted) bytes += p.value().numel() * size;
-    }
-  }
-  return bytes;
-}
-
 void add_model_hashes(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       std::map<std::string, std::string>& metadata) {
   std::map<std::string, std::string> ss;
@@ -340,14 +324,6 @@ std::vector<std::pair<std::string, torch::Tensor>> weights_state(DiffusionTransf
     out.emplace_back(p.key(), it != dequantized.end() ? it->second.detach() : p.value().detach().to(dtype));
   }
   return out;
-}
-
-int64_t weights_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype) {
-  int64_t bytes = 0;
-  for (const auto& p : model.named_parameters())
-    if (p.key().find("lora_") == std::string::npos && p.value().scalar_type() != dtype)
-      bytes += p.value().numel() * static_cast<int64_t>(c10::elementSize(dtype));
-  return bytes;
 }
 
 }  // namespace gclab::model

@@ -297,8 +297,10 @@ EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
       returned.push_back({torch::empty({1, tokens[i], e.hidden_width()}, meta),
                           e.pooled_width() > 0 ? torch::empty({1, e.pooled_width()}, meta) : torch::Tensor()});
     }
-    memory::run_walk([&] { pipeline_->compose(returned, tokens, calls(), target_); });
+    PromptEmbedding composed;
+    memory::run_walk([&] { composed = pipeline_->compose(returned, tokens, calls(), target_); });
     p.peak_bytes = std::max(p.peak_bytes, count.peak());
+    if (composed.text.defined()) p.dtype = composed.text.scalar_type();
   }
   return p;
 }

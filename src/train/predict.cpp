@@ -7,6 +7,7 @@
 #include "gclab/data/image.h"
 #include "gclab/memory/live_set.h"
 #include "gclab/memory/meta_count.h"
+#include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
 #include "gclab/model/family.h"
 #include "gclab/model/lora.h"
@@ -30,33 +31,69 @@ text::ConditionImages image_shapes(const std::vector<std::filesystem::path>& fil
   return out;
 }
 
-// The text phase's encode for the step's captions (encoded one at a time), or a 77-token caption's.
-int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
-                             const std::vector<data::Caption>& captions, bool cpu) {
+// Each of the step's captions' encode peaks (text/memory.h), or one 77-token caption's.
+std::vector<int64_t> caption_encode_peaks(const Session& session, const MemoryEstimate& e,
+                                          const std::vector<data::Caption>& captions, bool cpu) {
   const text::PromptEncoder* prompts = session.text_encoder();
-  if (captions.empty() || !prompts) return e.text ? e.text->encode_bytes : 0;
+  if (captions.empty() || !prompts) return {e.text ? e.text->encode_bytes : 0};
   text::EncodeMemoryOptions kernels;
   kernels.cpu = cpu;
-  int64_t peak = 0;
+  std::vector<int64_t> peaks;
   for (const data::Caption& c : captions) {
     const text::ConditionImages conditions =
         c.control_images.empty() ? image_shapes(c.control_files) : c.control_images;
-    peak = std::max(peak, prompts->predict_encode(c.text, conditions, kernels).peak_bytes);
+    peaks.push_back(prompts->predict_encode(c.text, conditions, kernels).peak_bytes);
   }
+  return peaks;
+}
+
+// The text phase's encode for the step's captions (encoded one at a time), or a 77-token caption's.
+int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
+                             const std::vector<data::Caption>& captions, bool cpu) {
+  int64_t peak = 0;
+  for (const int64_t p : caption_encode_peaks(session, e, captions, cpu)) peak = std::max(peak, p);
   return peak;
+}
+
+// The text phase walked, above what the data phase left on the device: the step's conditioning as
+// TextEmbeddingCache::collate runs it (train/session.cpp, data/conditioner.h) for `shape.batch` captions of
+// `rows` rows, each caption's embedding in the encoders' dtype — made on the device after its encode's peak
+// (text/memory.h: the encoders' own forwards walked) when the encoders stay, else read from the cache in host
+// memory —, the earlier ones kept while the next is made, then side by side on the device.
+int64_t walk_text_phase(const Session& session, const MemoryEstimate& e, const model::SampleShape& shape, int64_t rows,
+                        const std::vector<data::Caption>& captions, bool cpu) {
+  if (!e.text) return 0;
+  const model::ModelSpec& spec = session.spec();
+  std::vector<int64_t> peaks(static_cast<size_t>(shape.batch), e.text->encode_bytes);
+  if (e.text->every_step && static_cast<int64_t>(captions.size()) == shape.batch)
+    peaks = caption_encode_peaks(session, e, captions, cpu);
+  const auto o = torch::TensorOptions().device(torch::kMeta).dtype(e.text->dtype);
+  memory::MetaCount count(cpu ? c10::kCPU : c10::kCUDA);
+  memory::run_walk([&] {
+    data::TextEmbeddingCache::collate(std::vector<int64_t>(peaks.size(), rows), torch::kMeta, [&](size_t i) {
+      std::optional<memory::HostScope> host;
+      if (e.text->every_step)
+        memory::meta_spike(peaks[i]);
+      else
+        host.emplace();
+      return data::TextEmbedding{torch::empty({1, rows, spec.text_dim}, o),
+                                 spec.pooled_dim > 0 ? torch::empty({1, spec.pooled_dim}, o) : torch::Tensor()};
+    });
+  });
+  return count.peak();
 }
 
 // The step's forward and backward, walked: the flow-matching step (train/flow.h) run on the Session's
 // meta model under `policy` (applied through the run's own checkpointing, restored after) and counted by a
 // memory::MetaCount standing for the run's device — every op's output and temporaries, what autograd and
 // the checkpoints keep, the recompute, the gradients as the backward makes them. Its inputs are the
-// micro-batch's device tensors: the latents, noise and timesteps in float32, the text embeddings in float32
-// (as the cache gives them), the control latents. Returns each phase's peak above what stays between steps
-// (the micro-batch included, made before the forward); with gradient accumulation the trained tensors'
-// gradients exist before the backward (the earlier micro-batches'), and are counted with what stays.
-// Offloaded layers (model.layer_offloading): their ring slots hold the Linears that ran last between steps;
-// the walk runs twice, the first to fill the meta rings as a run's are when a step begins, and `rings` is
-// what they hold then (the resident bytes' estimate of them is replaced by it).
+// micro-batch's device tensors: the latents, noise and timesteps in float32, the text embeddings in
+// `text_dtype` (the encoders', as they and the cache give them), the control latents. Returns each phase's peak above
+// what stays between steps (the micro-batch included, made before the forward); with gradient accumulation the trained
+// tensors' gradients exist before the backward (the earlier micro-batches'), and are counted with what stays. Offloaded
+// layers (model.layer_offloading): their ring slots hold the Linears that ran last between steps; the walk runs twice,
+// the first to fill the meta rings as a run's are when a step begins, and `rings` is what they hold then (the resident
+// bytes' estimate of them is replaced by it).
 struct WalkedStep {
   int64_t forward = 0, backward = 0, rings = 0;
   int64_t batch = 0;              // the micro-batch's tensors, before the forward
@@ -64,7 +101,8 @@ struct WalkedStep {
 };
 
 WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, const model::SampleShape& shape,
-                     int64_t text_tokens, const std::vector<std::vector<int64_t>>& references, bool cuda) {
+                     int64_t text_tokens, c10::ScalarType text_dtype,
+                     const std::vector<std::vector<int64_t>>& references, bool cuda) {
   if (policy.kind == ckpt::CheckpointPolicy::Kind::Budget)
     throw std::invalid_argument("the memory model walks a budget policy once it is resolved to blocks:[...]");
   model::DiffusionTransformer& model = session.model();
@@ -81,6 +119,8 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
     memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
     MicroBatch mb;
     mb.conditioning = model.example_inputs(shape, text_tokens, meta);
+    for (torch::Tensor* t : {&mb.conditioning.text, &mb.conditioning.pooled})  // as the text phase gives them
+      if (t->defined()) *t = torch::empty(t->sizes(), meta.dtype(text_dtype));
     mb.x0 = std::move(mb.conditioning.latents);
     mb.t = std::move(mb.conditioning.timestep);
     mb.noise = torch::empty_like(mb.x0);
@@ -128,21 +168,16 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
     reference_shapes.push_back(model::latent_shape(spec, {shape.batch, 1, ref_height, ref_width}));
   }
   // The text phase holds what the data phase left on the device (inputs.held: latents encoded there, control
-  // latents) and either the captions' encode, one at a time with the earlier ones' embeddings beside it, or the
-  // batch's cached embeddings brought to the device.
-  const int64_t embeddings = int64_t{4} * shape.batch * (a.text_tokens * spec.text_dim + spec.pooled_dim);
-  if (e.text && e.text->every_step)
-    s.text_bytes = inputs.held + caption_encode_bytes(session, e, captions, cpu) +
-                   int64_t{4} * (shape.batch - 1) * a.text_tokens * spec.text_dim;
-  else if (e.text)
-    s.text_bytes = inputs.held + embeddings;
+  // latents) and the step's conditioning, walked.
+  if (e.text) s.text_bytes = inputs.held + walk_text_phase(session, e, shape, a.text_tokens, captions, cpu);
   // Between steps the gradients are gone (zero_grad sets them to None); everything else resident stays.
   // With gradient_accumulation the micro-batches after the first run beside the gradients the earlier ones
   // left (summed into, not freed), and an optimizer that accumulates stochastically sets them aside through
   // each later backward (one more set beside the new ones).
   // The forward and the backward, walked op by op on the meta model (walk_step); model.layer_offloading's
   // rings as the walk leaves them between steps (walked.rings), in every phase a step holds them.
-  const WalkedStep walked = walk_step(session, policy, shape, a.text_tokens, reference_shapes, !cpu);
+  const WalkedStep walked =
+      walk_step(session, policy, shape, a.text_tokens, e.text ? e.text->dtype : c10::kFloat, reference_shapes, !cpu);
   s.forward_bytes = walked.forward, s.backward_bytes = walked.backward;
   s.batch_bytes = walked.batch;
   const int64_t held = e.resident_bytes - e.offload_buffer_bytes + walked.rings;
@@ -194,7 +229,8 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   if (spec.reference_tokens)
     references.push_back(model::latent_shape(spec, {first.batch, 1, first.resolution, first.resolution}));
   const std::set<std::string> reached =
-      walk_step(session, ckpt::CheckpointPolicy::off(), first.shape(), 0, references, session.plan().cuda).reached;
+      walk_step(session, ckpt::CheckpointPolicy::off(), first.shape(), 0, c10::kFloat, references, session.plan().cuda)
+          .reached;
   e.gradient_bytes = 0;
   for (const auto& [name, p] : session.trained())
     if (reached.count(name)) e.gradient_bytes += static_cast<int64_t>(p.nbytes());  // in its dtype
@@ -232,7 +268,7 @@ void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     t.control_images = e.spec.reference_tokens ? 1 : 0;
     const text::EncodePrediction p = predict_caption_encode(*prompts, e.spec, !cuda);
     for (size_t i = 0; i < prompts->slots(); ++i) t.encoders.push_back(model::text_encoder_folder(i));
-    t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes;
+    t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes, t.dtype = p.dtype;
     t.every_step = !session.plan().text_encoder_leaves;
     if (!t.every_step)
       t.total_bytes =
@@ -354,23 +390,16 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     const model::SampleShape shape{1, p.frames, p.height, p.width};
     p.image_tokens = model::image_tokens(e.spec, shape);
     p.denoise_bytes = walk_preview_denoise(session, cuda);
-    // The decode's peak, or after it its float frames and the image files' conversion (one more float copy,
-    // the uint8 frames), whichever is higher.
-    p.decode_bytes =
-        std::max(session.codec_spec().decode_bytes(shape, !cuda),
-                 int64_t{4} * shape.pixel_elements() + data::to_rgb_uint8_bytes(p.frames, p.height, p.width));
-    // Each control image (a file) encoded, its image beside.
-    const auto& files = session.plan().preview_controls;
-    for (size_t i = 0; i < files.size(); ++i)
-      for (const data::BucketResolution& ref : preview_control_sizes(session, i))
-        p.reference_encode_bytes = std::max(
-            p.reference_encode_bytes, int64_t{4} * 3 * ref.height * ref.width +
-                                          session.codec_spec().encode_bytes({1, 1, ref.height, ref.width}, !cuda));
+    // The decode and the frames' conversion to uint8, and each preview's control images encoded: walked
+    // (Session::walk_preview_decode, walk_preview_controls).
+    p.decode_bytes = session.walk_preview_decode(shape);
+    for (size_t i = 0; i < session.plan().previews.size(); ++i)
+      p.reference_encode_bytes = std::max(p.reference_encode_bytes, session.walk_preview_controls(i));
     // Without cached prompts the preview encodes each prompt (and its negative) with its control images.
     if (prompts && e.text && e.text->every_step)
       for (size_t i = 0; i < sc.samples.size(); ++i) {
         const text::ConditionImages conditions =
-            e.spec.reference_tokens ? image_shapes(files.at(i)) : text::ConditionImages{};
+            e.spec.reference_tokens ? image_shapes(session.plan().preview_controls.at(i)) : text::ConditionImages{};
         for (const std::string& prompt : {sc.samples[i].prompt, sc.samples[i].neg.value_or(sc.neg)})
           p.text_encode_bytes =
               std::max(p.text_encode_bytes, prompts->predict_encode(prompt, conditions, kernels).peak_bytes);
@@ -381,13 +410,16 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
   }
 }
 
-// The save: the run's resident bytes between steps, the state the weights file is written from (a LoRA's
-// scaled adapters, conversions to save.dtype: model/lora.h), and with EMA the live trained tensors kept
-// aside while the EMA weights are saved (the safetensors bytes themselves are serialised in host memory).
+// The save: the run's resident bytes between steps, the state the weights file is written from (walked:
+// model::lora_state — a LoRA's scaled adapters, conversions to save.dtype — or model::weights_state, run on
+// the meta model), and with EMA the live trained tensors kept aside while the EMA weights are saved (the
+// safetensors bytes themselves are serialised in host memory).
 int64_t save_estimate(Session& session, const MemoryEstimate& e) {
   const torch::ScalarType dtype = save_dtype(session.config());
-  const int64_t state = session.config().network ? model::lora_state_bytes(session.model(), dtype)
-                                                 : model::weights_state_bytes(session.model(), dtype);
+  const int64_t state = memory::inference_peak(session.plan().cuda ? c10::kCUDA : c10::kCPU, [&] {
+    const auto tensors = session.config().network ? model::lora_state(session.model(), dtype)
+                                                  : model::weights_state(session.model(), dtype);
+  });
   return e.resident_bytes - e.gradient_bytes + state + (e.ema_bytes > 0 ? e.trained_bytes : 0);
 }
 

@@ -882,10 +882,7 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     auto cond = conditioning({data::Caption{item.prompt, read, {}, {}}});
     auto uncond = conditioning({data::Caption{item.neg.value_or(sc.neg), read, {}, {}}});
     current_activity_ = Activity::model;
-    cond.reference_latents = uncond.reference_latents = preview_references(controls, so.width, so.height);
-    if (!spec_.reference_tokens && !controls.empty())  // Flex.2: its ctrl_img as the channels beside the latents
-      cond.condition_channels = uncond.condition_channels =
-          preview_condition(controls.front(), item.ctrl_idx.value_or(0), so.width, so.height);
+    preview_controls(i, so, cond, uncond);
     // The item's network_multiplier on every adapter while it denoises (stable_diffusion_model.py:1440-1441:
     // network.multiplier = gen_config.network_multiplier), 1 again after, however the sampling ends.
     torch::Tensor z;
@@ -932,6 +929,30 @@ struct CodecOnDevice {
 
 }  // namespace
 
+void Session::preview_controls(size_t i, const sample::SampleOptions& so, model::ModelInputs& cond,
+                               model::ModelInputs& uncond) {
+  const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
+  cond.reference_latents = uncond.reference_latents = preview_references(controls, so.width, so.height);
+  if (!spec_.reference_tokens && !controls.empty())  // Flex.2: its ctrl_img as the channels beside the latents
+    cond.condition_channels = uncond.condition_channels =
+        preview_condition(controls.front(), plan_.previews[i].ctrl_idx.value_or(0), so.width, so.height);
+}
+
+int64_t Session::walk_preview_decode(const model::SampleShape& shape) {
+  if (!device_.is_meta()) return walk_twin()->walk_preview_decode(shape);
+  CodecOnDevice on_device(codec());  // its weights are the preview's own term (PreviewEstimate::total_bytes)
+  const torch::Tensor z = torch::empty(model::latent_shape(spec_, shape), torch::TensorOptions(device_));
+  return memory::inference_peak(plan_.cuda ? c10::kCUDA : c10::kCPU, [&] { decode_preview(z); });
+}
+
+int64_t Session::walk_preview_controls(size_t i) {
+  if (!device_.is_meta()) return walk_twin()->walk_preview_controls(i);
+  CodecOnDevice on_device(codec());
+  const sample::SampleOptions so = preview_options(i);
+  model::ModelInputs cond, uncond;
+  return memory::inference_peak(plan_.cuda ? c10::kCUDA : c10::kCPU, [&] { preview_controls(i, so, cond, uncond); });
+}
+
 torch::Tensor Session::decode_preview(const torch::Tensor& z) {
   // The decode runs on top of what the training step left resident; then the uint8 image.
   current_activity_ = Activity::vae_decode;
@@ -953,8 +974,12 @@ std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::pat
   for (const auto& f : controls) {
     if (!fs::is_regular_file(f)) continue;  // checked when the session started; a file gone since is skipped
     torch::NoGradGuard no_grad;
-    out.push_back(
-        codec().encode(load_preview_reference(spec_, f, width, height).unsqueeze(0).unsqueeze(2)).to(device_));
+    torch::Tensor image;
+    {
+      memory::HostScope host;  // read in host memory, as a GPU run's pipeline does: the encode copies it
+      image = load_preview_reference(spec_, f, width, height).unsqueeze(0).unsqueeze(2);
+    }
+    out.push_back(codec().encode(image).to(device_));
   }
   current_activity_ = Activity::model;
   return out;

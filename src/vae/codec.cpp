@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "gclab/memory/meta_count.h"
 #include "gclab/memory/placement.h"
 #include "gclab/vae/dct_codec.h"
 #include "gclab/vae/memory.h"
@@ -159,15 +160,22 @@ int64_t CodecSpec::decode_bytes(const model::SampleShape& s, bool cpu) const {
     return std::visit(
         [&](const auto& c) { return predicted_decode_bytes(c, s, memory_options(*this, cpu), tile_sample_size); },
         *autoencoder);
-  // The stand-in (one frame): the scaled latents, the patches (the image's size) and the image.
-  return s.batch * (latent_channels * (s.height / 8) * (s.width / 8) + 2 * 3 * s.height * s.width) * 4;
+  // The stand-in's own decode, walked (one frame).
+  DctCodec dct(latent_channels, torch::kMeta);
+  const torch::Tensor z = torch::empty({s.batch, latent_channels, s.height / 8, s.width / 8},
+                                       torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat));
+  return memory::inference_peak(cpu ? c10::kCPU : c10::kCUDA, [&] { dct.decode(z); });
 }
 
 int64_t CodecSpec::encode_bytes(const model::SampleShape& s, bool cpu) const {
   if (autoencoder)
     return std::visit([&](const auto& c) { return predicted_encode_bytes(c, s, memory_options(*this, cpu)); },
                       *autoencoder);
-  return 2 * s.pixel_elements() * 4;  // the stand-in: the float image and its patches
+  // The stand-in's own encode, walked (one frame), above its float32 frames as the autoencoders' are.
+  DctCodec dct(latent_channels, torch::kMeta);
+  const torch::Tensor frames = torch::empty({s.batch, 3, 1, s.height, s.width},
+                                            torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat));
+  return memory::inference_peak(cpu ? c10::kCPU : c10::kCUDA, [&] { dct.encode(frames); });
 }
 
 std::string CodecSpec::describe() const {

@@ -12,7 +12,7 @@ namespace {
 constexpr double kScale = 0.25;
 }  // namespace
 
-DctCodec::DctCodec(int64_t channels)
+DctCodec::DctCodec(int64_t channels, torch::Device device)
     : ImageCodec([channels] {
         CodecSpec s;
         s.latent_channels = channels;
@@ -36,7 +36,7 @@ DctCodec::DctCodec(int64_t channels)
         b[c][colour * 64 + y * 8 + x] =
             alpha(u) * alpha(v) * std::cos((2 * y + 1) * u * pi / 16) * std::cos((2 * x + 1) * v * pi / 16);
   }
-  basis_ = basis_.to(torch::kFloat);
+  basis_ = basis_.to(device, torch::kFloat);
 }
 
 torch::Tensor DctCodec::encode(const torch::Tensor& frames, uint64_t /*draw: deterministic*/) {

@@ -14,6 +14,7 @@
 #include "../support/tiny_run.h"
 #include "gclab/data/dataset.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/cpu_isa.h"
 #include "gclab/train/session.h"
 
 namespace gclab::train {
@@ -166,6 +167,18 @@ TEST(SessionAutoencoder, WithoutCachedLatentsTheStepEncodesOnTheDeviceInItsDataP
 // meta twin (Session::walk_inputs, walk_latent_fill): the loader's frames in host memory, copied to the device
 // in the autoencoder's dtype (half of float32's in bfloat16: the estimate counted float32 frames before
 // 2026-12-05) and encoded. A measured step and fill hold exactly that, in float32 and in bfloat16.
+// Exact in float32, and in bf16 on the ISAs its rules were measured exact on; elsewhere (AMX, AVX-512
+// without BF16) within the autoencoder's bounds measured there (memory/cpu_isa.h).
+void expect_walked(int64_t measured, int64_t walked, bool bf16) {
+  const memory::CpuRuleBound bound = memory::cpu_bf16_bound(memory::CpuRule::autoencoder);
+  if (!bf16 || bound.exact) {
+    EXPECT_EQ(walked, measured);
+    return;
+  }
+  EXPECT_GE(static_cast<double>(walked) / static_cast<double>(measured), bound.low);
+  EXPECT_LE(static_cast<double>(walked) / static_cast<double>(measured), bound.high);
+}
+
 TEST(SessionAutoencoder, TheDataPhaseAndTheLatentFillAreWhatTheirWalksHold) {
   const fs::path dir = testing::fresh_dir("vae_walked_inputs");
   for (const std::string dtype : {"fp32", "bf16"}) {
@@ -180,7 +193,7 @@ TEST(SessionAutoencoder, TheDataPhaseAndTheLatentFillAreWhatTheirWalksHold) {
     session.phases().clear();
     const int64_t before = session.meter().stats().live_bytes;
     session.train_step(0, [&] { return batch; });
-    EXPECT_EQ(session.phases().peaks().at(Phase::data) - before, walked.data);
+    expect_walked(session.phases().peaks().at(Phase::data) - before, walked.data, dtype == "bf16");
     // What the data phase leaves for the text phase: the float32 latents.
     EXPECT_EQ(walked.held, 4 * c10::multiply_integers(model::latent_shape(session.spec(), shape)));
     if (dtype == "bf16") {  // the frames' copy in bfloat16: a float32 one would be 2 bytes a value more
@@ -207,7 +220,7 @@ TEST(SessionAutoencoder, TheDataPhaseAndTheLatentFillAreWhatTheirWalksHold) {
     const int64_t walked = session.walk_latent_fill(largest);
     const int64_t stays = session.meter().stats().live_bytes - session.cache_parked_bytes(CacheFill::latents);
     ASSERT_GT(session.cache_latents(loader), 0);
-    EXPECT_EQ(session.phases().peaks().at(Phase::cache) - stays, walked);
+    expect_walked(session.phases().peaks().at(Phase::cache) - stays, walked, dtype == "bf16");
   }
   fs::remove_all(dir);
 }

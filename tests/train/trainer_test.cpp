@@ -24,6 +24,7 @@
 #include "gclab/data/image.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/cpu_isa.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/family.h"
 #include "gclab/model/lora.h"
@@ -1204,6 +1205,48 @@ TEST(Trainer, AssistantAdapterIsTakenWhereAiToolkitTakesIt) {
   const auto second = train(config, {});
   EXPECT_EQ(second.end_step, 2);
   EXPECT_FALSE(second.samples.empty());
+  fs::remove_all(dir);
+}
+
+// A bf16 run's step is walked phase by phase (issue 47 item 3): the data phase (its frames copied in the
+// autoencoder's dtype and encoded: Session::walk_inputs), the text phase (TextEmbeddingCache::collate walked
+// with the embeddings in the encoders' dtype, bf16 here — the estimate counted float32 before 2026-12-05),
+// the forward and backward (the micro-batch's embeddings in that dtype too). With the captions cached the
+// step's phases are what the run measures to the byte; with the encoders resident every phase but the text
+// phase (the encoders' own prediction, text/memory.h, within a kilobyte) is.
+TEST(Trainer, ABf16RunsStepPhasesAreWhatTheWalkPredicts) {
+  const fs::path dir = testing::fresh_dir("bf16_phases");
+  for (const bool cached : {true, false}) {
+    SCOPED_TRACE(cached ? "cached captions" : "encoders resident");
+    const std::string name = cached ? "c" : "r";
+    const auto config = tiny_config(
+        dir, name,
+        {"train.dtype=bf16", "train.steps=2", "train.gradient_checkpointing=false",
+         "train.cache_text_embeddings=" + std::string(cached ? "true" : "false"), "datasets.0.caption_dropout_rate=0"});
+    const auto run = train(config, {});
+    ASSERT_EQ(run.end_step, 2);
+    std::ifstream in(dir / name / "memory.json");
+    const auto memory = nlohmann::json::parse(in);
+    // Exact on the ISAs the CPU's bf16 rules were measured exact on; elsewhere (AMX, AVX-512 without BF16)
+    // held to the bounds measured there (memory/cpu_isa.h).
+    const std::map<std::string, memory::CpuRule> rules = {{"data", memory::CpuRule::autoencoder},
+                                                          {"text", memory::CpuRule::text_encode},
+                                                          {"forward", memory::CpuRule::forward},
+                                                          {"backward", memory::CpuRule::backward}};
+    for (const auto& [phase, rule] : rules) {
+      const int64_t m = memory["phase_peak_bytes"][phase].get<int64_t>();
+      const int64_t q = memory["predicted_phase_peak_bytes"][phase].get<int64_t>();
+      const memory::CpuRuleBound bound = memory::cpu_bf16_bound(rule);
+      if (!bound.exact) {
+        EXPECT_GE(static_cast<double>(q) / static_cast<double>(m), bound.low) << phase;
+        EXPECT_LE(static_cast<double>(q) / static_cast<double>(m), bound.high) << phase;
+      } else if (cached || phase != "text") {
+        EXPECT_EQ(q, m) << phase;
+      } else {
+        EXPECT_NEAR(q, m, 2048) << phase;
+      }
+    }
+  }
   fs::remove_all(dir);
 }
 

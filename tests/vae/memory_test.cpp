@@ -6,6 +6,7 @@
 #include "gclab/vae/memory.h"
 #include "gclab/model/registry.h"
 #include "gclab/model/spec.h"
+#include "gclab/vae/dct_codec.h"
 
 #include <gtest/gtest.h>
 
@@ -186,6 +187,32 @@ TEST(AutoencoderMemory, PredictedTiledDecodePeakMatchesTheAllocator) {
                  "tiled at " + std::to_string(side));
     EXPECT_LT(predicted_decode_bytes(small(), {1, 1, side, side}, options(), 128),
               predicted_decode_bytes(small(), {1, 1, side, side}, options()));
+  }
+}
+
+// The DCT stand-in's encode and decode are walked too (its own code on meta tensors, its basis beside them):
+// what the allocator measures, where a formula stood before 2026-12-05.
+TEST(DctCodecMemory, TheWalkedEncodeAndDecodeAreWhatTheAllocatorMeasures) {
+  at::set_num_threads(1);
+  memory::CpuMemoryTracker tracker;
+  torch::NoGradGuard no_grad;
+  for (const int64_t channels : {int64_t{16}, int64_t{4}}) {
+    DctCodec dct(channels);
+    CodecSpec spec;
+    spec.latent_channels = channels;
+    for (const auto& [batch, side] : {std::pair<int64_t, int64_t>{1, 64}, {2, 128}}) {
+      const std::string what =
+          std::to_string(channels) + " channels, " + std::to_string(batch) + " x " + std::to_string(side) + "²";
+      const torch::Tensor frames = torch::rand({batch, 3, 1, side, side}) * 2 - 1;
+      // The encode's scale is a wrapped scalar, a one-value CPU tensor the walk's meta ops do not make (a GPU's
+      // kernels take it as an argument): the CPU holds its few bytes at the peak.
+      const int64_t encode = measured_peak(tracker, [&] { dct.encode(frames); });
+      EXPECT_LE(spec.encode_bytes({batch, 1, side, side}, true), encode) << what;
+      EXPECT_GE(spec.encode_bytes({batch, 1, side, side}, true), encode - 16) << what;
+      const torch::Tensor z = torch::randn({batch, channels, side / 8, side / 8});
+      EXPECT_EQ(spec.decode_bytes({batch, 1, side, side}, true), measured_peak(tracker, [&] { dct.decode(z); }))
+          << what;
+    }
   }
 }
 

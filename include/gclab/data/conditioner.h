@@ -46,6 +46,12 @@ class TextEmbeddingCache {
 
   // [B, T, D] text (and [B, P] pooled) for the captions, padded to one length.
   TextEmbedding encode(const std::vector<Caption>& captions);
+  // What encode does with the captions' embeddings: each one's (`embed(i)`: encoded now, or from the cache,
+  // `lengths[i]` rows) in turn, padded with zero rows to the longest, the earlier ones kept while the next
+  // is made; then side by side on `device`. The memory model walks it with the encoders' predicted
+  // embeddings (train/predict.cpp).
+  static TextEmbedding collate(const std::vector<int64_t>& lengths, torch::Device device,
+                               const std::function<TextEmbedding(size_t)>& embed);
   // Called once, right before the encoder next runs (a caption neither in memory nor on disk); null clears it.
   void before_first_encode(std::function<void()> f) { before_encode_ = std::move(f); }
   // unload_text_encoder: everything needed was precomputed; the encoder's memory is returned.

@@ -46,7 +46,7 @@ torch::Tensor pil_gaussian_blur(const torch::Tensor& image, double radius);
 torch::Tensor pil_luminance(const torch::Tensor& rgb);
 
 // uint8 [H, W, 3] <-> float [3, H, W] in [-1, 1] (what the autoencoders take and give); to_rgb_uint8 holds
-// one float copy of the image and the uint8 result (to_rgb_uint8_bytes) above its input.
+// one float copy of the image and the uint8 result above its input.
 torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc);
 // Frames uint8 [F, H, W, 3] as an animated WebP at `fps` (lossy, quality 80, looping: what AI Toolkit's video
 // previews save), atomic as write_image; throws ImageError. read_animated_webp gives them back (uint8
@@ -63,9 +63,6 @@ AnimatedImage read_animated_webp(const std::filesystem::path& path);
 torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height);
 // [3, H, W] -> uint8 [H, W, 3]; frames [3, F, H, W] -> uint8 [F, H, W, 3].
 torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw);
-inline int64_t to_rgb_uint8_bytes(int64_t frames, int64_t height, int64_t width) {
-  return 3 * frames * height * width * (4 + 1);
-}
 // Writes uint8 [H, W, 3] as PNG, under a temporary name renamed into place. Throws ImageError.
 void write_png(const std::filesystem::path& path, const torch::Tensor& image);
 // uint8 [H, W, 3] written in the format its extension names, as PIL's Image.save writes it at its defaults

@@ -55,9 +55,6 @@ int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage stora
 // ss_network_dim / ss_network_alpha (kohya, AI Toolkit) = rank / rank, and gclab_linear_alpha, the alpha
 // the adapters trained with.
 std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransformer& model, torch::ScalarType dtype);
-// The bytes lora_state allocates (its scaled lora_B copies, and the conversions to `dtype`): what a save
-// holds above the adapters themselves. From shapes: works on meta.
-int64_t lora_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype);
 // AI Toolkit's add_model_hash_to_meta (toolkit/metadata.py:31-47, called at toolkit/network_mixins.py:654)
 // for sd-webui-additional-networks: the file serialised with its ss_* metadata alone; sshs_model_hash the
 // SHA-256 of its tensor bytes (after the header), sshs_legacy_hash the first 8 hex digits of the SHA-256 of
@@ -109,8 +106,5 @@ void set_assistant_adapters(DiffusionTransformer& model, double multiplier,
 std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path);
 // Every parameter by name (float8 weights are stored dequantized in `dtype`).
 std::vector<std::pair<std::string, torch::Tensor>> weights_state(DiffusionTransformer& model, torch::ScalarType dtype);
-// The bytes weights_state allocates: each weight converted to `dtype` when stored in another (from
-// shapes: works on meta).
-int64_t weights_state_bytes(DiffusionTransformer& model, torch::ScalarType dtype);
 
 }  // namespace gclab::model

@@ -42,10 +42,11 @@ using ConditionImages = std::vector<torch::Tensor>;
 
 // What encoding one prompt holds at its peak (text/memory.h's walks, slot by slot).
 struct EncodePrediction {
-  std::vector<int64_t> tokens;  // per slot: the ids its encoder runs on (template and padding included)
-  std::vector<int64_t> bytes;   // per slot: its encode's peak above what was live
-  int64_t peak_bytes = 0;       // the whole prompt: each slot's peak beside what the slots before it returned,
-                                // and the composition
+  std::vector<int64_t> tokens;          // per slot: the ids its encoder runs on (template and padding included)
+  std::vector<int64_t> bytes;           // per slot: its encode's peak above what was live
+  int64_t peak_bytes = 0;               // the whole prompt: each slot's peak beside what the slots before it returned,
+                                        // and the composition
+  c10::ScalarType dtype = c10::kFloat;  // the embedding's, as the composition's walk gives it
 };
 
 class PromptEncoder {

@@ -52,7 +52,8 @@ struct StepEstimate {
   int64_t encode_bytes = 0;
   int64_t reference_bytes = 0;  // the control latents the data phase made on the device, beside the batch's
   // The `text` phase above the resident bytes: the latents the data phase made on the device, and the
-  // captions' encode (the text encoders resident: TextEncodeEstimate) or their cached embeddings.
+  // step's conditioning walked (TextEmbeddingCache::collate with the captions' embeddings: encoded on the
+  // device, the text encoders resident — TextEncodeEstimate —, or cached in host memory).
   int64_t text_bytes = 0;
   int64_t total_bytes = 0;  // the step's peak: resident + the largest of the data, text and training phases
   // The step's phases as the meter records them, each one's highest live bytes with what was live when it
@@ -70,11 +71,12 @@ struct StepEstimate {
 // (cache_text_embeddings / unload_text_encoder), beside what is resident then (no gradients or optimizer
 // state yet).
 struct TextEncodeEstimate {
-  int64_t caption_tokens = 0;          // the caption it is predicted for (a 77-token one, as `check`'s tokens)
-  int control_images = 0;              // edit models: one square control image through the vision tower
-  std::vector<std::string> encoders;   // per slot: text_encoder, text_encoder_2, ...
-  std::vector<int64_t> tokens, bytes;  // per slot: the ids it runs on, its peak
-  int64_t encode_bytes = 0;            // the caption's peak
+  int64_t caption_tokens = 0;           // the caption it is predicted for (a 77-token one, as `check`'s tokens)
+  int control_images = 0;               // edit models: one square control image through the vision tower
+  std::vector<std::string> encoders;    // per slot: text_encoder, text_encoder_2, ...
+  std::vector<int64_t> tokens, bytes;   // per slot: the ids it runs on, its peak
+  int64_t encode_bytes = 0;             // the caption's peak
+  c10::ScalarType dtype = c10::kFloat;  // the embeddings' (text::EncodePrediction::dtype)
   bool every_step = false;
   int64_t total_bytes = 0;  // before training: what is resident then + the encode (0 when every step: see
                             // StepEstimate::text_bytes)

@@ -238,6 +238,15 @@ class Session {
   std::vector<data::Caption> precomputed_captions(const std::vector<data::Caption>& captions) const;
   // The batch's captions with its control images (edit models' text encoders read them).
   std::vector<data::Caption> captions_of(const data::LoadedBatch& lb) const;
+  // Preview i's control images as its pipeline conditions on them: an edit model's encoded as reference latents
+  // (preview_references), Flex.2's ctrl_img as the channels beside the latents (preview_condition).
+  void preview_controls(size_t i, const sample::SampleOptions& so, model::ModelInputs& cond,
+                        model::ModelInputs& uncond);
+  // A preview's decode and its control images' encode walked as sample() runs them (the meta Session's own,
+  // any other's walk_twin): decode_preview for latents of `shape` (the decode, then the frames' conversion to
+  // uint8), preview_controls for preview i — each above the autoencoder's weights on the device.
+  int64_t walk_preview_decode(const model::SampleShape& shape);
+  int64_t walk_preview_controls(size_t i);
   // An edit model's preview: its control images' latents (reference tokens), encoded on the device.
   // An edit preview's control images encoded as its pipeline does for a width x height preview
   // (load_preview_reference).

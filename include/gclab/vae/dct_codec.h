@@ -14,7 +14,8 @@ namespace gclab::vae {
 
 class DctCodec : public ImageCodec {
  public:
-  explicit DctCodec(int64_t channels);
+  // Its basis on `device` (the CPU: it encodes on the loader's thread; meta: a walk of its encode or decode).
+  explicit DctCodec(int64_t channels, torch::Device device = torch::kCPU);
   // One frame [B, 3, 1, H, W] in [-1, 1], H and W multiples of 8 -> [B, channels, H/8, W/8] (on the
   // frames' device): an image family's stand-in (a video family's run needs its autoencoder).
   torch::Tensor encode(const torch::Tensor& frames, uint64_t draw = 0) override;

@@ -6,6 +6,7 @@
 
 #include "gclab/config/user_error.h"
 #include "gclab/data/image.h"
+#include "gclab/memory/tracker.h"
 
 #include <algorithm>
 #include <cmath>
@@ -193,10 +194,14 @@ torch::Tensor flex2_preview_condition(const std::filesystem::path& file, int ind
                                       const std::function<torch::Tensor(const torch::Tensor&)>& encode) {
   torch::NoGradGuard no_grad;
   const bool inpaint = names_inpainting(file);  // checked when the run was planned (check_flex2_preview_control)
-  const torch::Tensor pixels = inpaint ? data::decode_image_rgba(file) : data::decode_image_rgb(file);
-  // prepare_image: resized to the preview's size, in [-1, 1] (diffusers' VaeImageProcessor.preprocess).
-  const torch::Tensor rgb = data::resize_rgb(pixels.narrow(2, 0, 3).contiguous(), width, height);
-  const torch::Tensor z = encode(data::to_unit_range(rgb).unsqueeze(0));
+  torch::Tensor pixels, image;
+  {
+    memory::HostScope host;  // read and prepared in host memory, as the pipeline does: the encode copies it
+    pixels = inpaint ? data::decode_image_rgba(file) : data::decode_image_rgb(file);
+    // prepare_image: resized to the preview's size, in [-1, 1] (diffusers' VaeImageProcessor.preprocess).
+    image = data::to_unit_range(data::resize_rgb(pixels.narrow(2, 0, 3).contiguous(), width, height)).unsqueeze(0);
+  }
+  const torch::Tensor z = encode(image);
   const int64_t h = z.size(2), w = z.size(3);
   std::vector<torch::Tensor> slots = {torch::cat({torch::zeros_like(z), torch::ones({1, 1, h, w}, z.options())}, 1),
                                       torch::zeros_like(z)};
