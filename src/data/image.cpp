@@ -14,7 +14,11 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <vector>
+
+#include "gclab/memory/meta_count.h"
+#include "gclab/memory/tracker.h"
 
 namespace gclab::data {
 
@@ -456,16 +460,18 @@ torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
   std::vector<int64_t> channels_last;
   for (int64_t d = 1; d < image_chw.dim(); ++d) channels_last.push_back(d);
   channels_last.push_back(0);
-  // On the meta device (a memory walk standing for a CPU run) where it is: the conversion counted as a CPU
-  // run holds it.
+  // On the meta device (a memory walk) as the device the walk stands for holds it: a CPU run converts where
+  // the image is; a GPU run copies it to host memory first (the copy and the conversion there).
   const torch::Tensor image = image_chw.detach().to(torch::kFloat);
-  return (image.is_meta() ? image : image.cpu())
-      .add(1.0)
-      .mul_(127.5)
-      .round_()
-      .clamp_(0, 255)
-      .permute(channels_last)
-      .to(torch::kUInt8);
+  std::optional<memory::HostScope> host;
+  torch::Tensor x = image;
+  if (!image.is_meta()) {
+    x = image.cpu();
+  } else if (memory::meta_target() == c10::kCUDA) {
+    host.emplace();
+    x = image.clone();
+  }
+  return x.add(1.0).mul_(127.5).round_().clamp_(0, 255).permute(channels_last).to(torch::kUInt8);
 }
 
 torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height) {

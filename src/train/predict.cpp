@@ -56,8 +56,8 @@ int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
 }
 
 // The text phase walked, above what the data phase left on the device: the step's conditioning as
-// TextEmbeddingCache::collate runs it (train/session.cpp, data/conditioner.h) for `shape.batch` captions of
-// `rows` rows, each caption's embedding in the encoders' dtype — made on the device after its encode's peak
+// TextEmbeddingCache::collate runs it (data/conditioner.h, called from Session::conditioning) for `shape.batch`
+// captions of `rows` rows, each caption's embedding in the encoders' dtype — made on the device after its encode's peak
 // (text/memory.h: the encoders' own forwards walked) when the encoders stay, else read from the cache in host
 // memory —, the earlier ones kept while the next is made, then side by side on the device.
 int64_t walk_text_phase(const Session& session, const MemoryEstimate& e, const model::SampleShape& shape, int64_t rows,
@@ -161,12 +161,9 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   const Session::InputWalk inputs = session.walk_inputs(shape);
   s.encode_bytes = inputs.data;
   s.reference_bytes = inputs.references;
-  // An edit model's control latents as the step's forward reads them: one at the reference size.
+  // An edit model's control latents as the step's forward reads them: the data phase's, one per control image.
   std::vector<std::vector<int64_t>> reference_shapes;
-  if (spec.reference_tokens) {
-    const auto [ref_width, ref_height] = model::training_reference_size(spec, shape.width, shape.height);
-    reference_shapes.push_back(model::latent_shape(spec, {shape.batch, 1, ref_height, ref_width}));
-  }
+  if (spec.reference_tokens) reference_shapes = inputs.reference_shapes;
   // The text phase holds what the data phase left on the device (inputs.held: latents encoded there, control
   // latents) and the step's conditioning, walked.
   if (e.text) s.text_bytes = inputs.held + walk_text_phase(session, e, shape, a.text_tokens, captions, cpu);
@@ -307,19 +304,16 @@ void cache_estimate(Session& session, MemoryEstimate& e, bool cuda) {
   if (text && e.text) e.text->total_bytes = c.text_bytes;  // the captions' encode before training is this fill
 }
 
-// The preview: its denoising passes, the decode, an edit model's reference encode, the prompts' encode.
-// The sizes preview `i`'s control images (files) are encoded at: an edit model's at the reference area of
-// the image's aspect (preview_reference_size), Flex.2's at the preview's own size (its pipeline's
-// prepare_image).
+// The preview: its denoising passes, the decode, the control images' encode, the prompts' encode.
+// The sizes an edit model's preview `i` encodes its control images (files) at: the reference area of each
+// image's aspect (preview_reference_size, as Session::preview_references loads them).
 std::vector<data::BucketResolution> preview_control_sizes(const Session& session, size_t i) {
-  const model::ModelSpec& spec = session.spec();
   const sample::SampleOptions so = session.preview_options(i);
-  const int w = static_cast<int>(so.width), h = static_cast<int>(so.height);
   std::vector<data::BucketResolution> out;
   for (const auto& f : session.plan().preview_controls.at(i))
     if (const auto size = data::read_image_size(f))
-      out.push_back(spec.reference_tokens ? preview_reference_size(spec, {size->width, size->height}, w, h)
-                                          : data::BucketResolution{w, h});
+      out.push_back(preview_reference_size(session.spec(), {size->width, size->height}, static_cast<int>(so.width),
+                                           static_cast<int>(so.height)));
   return out;
 }
 

@@ -717,13 +717,19 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
 Session::InputWalk Session::walk_inputs(const model::SampleShape& shape) {
   if (!device_.is_meta()) return walk_twin()->walk_inputs(shape);
   data::LoadedBatch lb = synthetic_batch(shape);
-  memory::MetaCount count(plan_.cuda ? c10::kCUDA : c10::kCPU);
+  const bool offloaded = codec_ && codec_->offloaded();  // encode brings it back: put back as it was
   InputWalk w;
-  memory::run_walk([&] { encode(lb); });
-  w.data = count.peak();
-  w.held = count.live();
-  for (const auto& r : lb.references)  // the encoded ones (the stand-in's loader gives them in host memory)
-    if (!memory::is_host_memory(r)) w.references += static_cast<int64_t>(r.nbytes());
+  {
+    memory::MetaCount count(plan_.cuda ? c10::kCUDA : c10::kCPU);
+    memory::run_walk([&] { encode(lb); });
+    w.data = count.peak();
+    w.held = count.live();
+  }
+  for (const auto& r : lb.references) {
+    if (!memory::is_host_memory(r)) w.references += static_cast<int64_t>(r.nbytes());  // encoded on the device
+    w.reference_shapes.push_back(r.sizes().vec());
+  }
+  if (offloaded) codec_->offload();
   return w;
 }
 

@@ -190,7 +190,8 @@ std::string CodecSpec::describe() const {
 }
 
 std::unique_ptr<ImageCodec> build_codec(const CodecSpec& spec, torch::Device device, uint64_t seed) {
-  if (!spec.autoencoder) return std::make_unique<DctCodec>(spec.latent_channels);
+  if (!spec.autoencoder)
+    return std::make_unique<DctCodec>(spec.latent_channels, device.is_meta() ? device : torch::kCPU);
   return std::make_unique<AutoencoderCodec>(spec, device, seed);
 }
 

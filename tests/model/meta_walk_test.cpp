@@ -13,6 +13,7 @@
 #include "gclab/memory/cpu_isa.h"
 #include "gclab/memory/live_set.h"
 #include "gclab/memory/meta_count.h"
+#include "gclab/memory/placement.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/lora.h"
 #include "gclab/model/registry.h"
@@ -144,6 +145,31 @@ TEST(MetaCount, TheCountingAllocatorIsInstalledOnlyWhileAWalkRuns) {
     EXPECT_EQ(c10::GetAllocator(c10::kMeta), counting);  // the outer count still runs
   }
   EXPECT_EQ(c10::GetAllocator(c10::kMeta), before);  // a memory model's meta Session: LayerOffloading.*Rings*
+}
+
+// A walk's host memory (memory::HostScope on the meta device): uncounted, named by is_host_memory; to_device
+// copies it onto the counted device as a run copies a loader's batch, to_host clones a device tensor into it.
+TEST(MetaCount, HostScopeMarksAWalksHostMemory) {
+  const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat);
+  memory::MetaCount count;
+  torch::Tensor host;
+  {
+    memory::HostScope scope;
+    host = torch::empty({256}, meta);
+  }
+  EXPECT_EQ(count.live(), 0);  // host memory: not the device's
+  EXPECT_TRUE(memory::is_host_memory(host));
+  EXPECT_TRUE(memory::is_host_memory(host.view({16, 16})));  // a view of it too
+  const torch::Tensor device = memory::to_device(host, c10::Device(c10::kMeta));
+  EXPECT_FALSE(memory::is_host_memory(device));
+  EXPECT_EQ(count.live(), 1024);                                                    // the copy on the device
+  EXPECT_TRUE(memory::to_device(device, c10::Device(c10::kMeta)).is_same(device));  // on the device: no copy
+  const torch::Tensor half = memory::to_device(host, c10::Device(c10::kMeta), torch::kBFloat16);
+  EXPECT_EQ(count.live(), 1024 + 512);  // copied in the dtype asked
+  const torch::Tensor back = memory::to_host(device);
+  EXPECT_TRUE(memory::is_host_memory(back));
+  EXPECT_EQ(count.live(), 1024 + 512);  // the host copy is not counted
+  EXPECT_TRUE(memory::to_host(back).is_same(back));
 }
 
 TEST(MetaCount, TargetsNest) {

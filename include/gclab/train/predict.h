@@ -117,10 +117,11 @@ struct PreviewEstimate {
   // One step of the sampler walked on the meta model (its conditioning, latents and no-grad forwards, CFG
   // batched as the sampler does it for the prompts' text rows), the most of the previews'.
   int64_t denoise_bytes = 0;
-  // The autoencoder's decode peak (vae/memory.h: within 1% of the CPU allocator), its image kept while the
-  // PNG's uint8 image is made.
+  // The decode and the frames' conversion to uint8, walked (Session::walk_preview_decode: decode_preview on
+  // the meta twin), above the autoencoder's weights.
   int64_t decode_bytes = 0;
-  // Edit models whose samples have a ctrl_img: encoding it (a 1024²-area image) to the reference latents.
+  // The samples' ctrl_img encoded as their pipelines do (Session::walk_preview_controls): an edit model's
+  // reference latents (a 1024²-area image), Flex.2's channels (the preview's size); the most of the previews'.
   int64_t reference_encode_bytes = 0;
   // The sample prompts encoded in the preview (the text encoders resident, the prompts not cached): the
   // largest prompt's encode peak.
@@ -169,8 +170,8 @@ struct MemoryEstimate {
   std::optional<TextEncodeEstimate> text;  // when the family has text encoders
   std::optional<CacheEstimate> cache;      // when the run fills a cache before the first step
   std::optional<PreviewEstimate> preview;  // when the config samples
-  // The save phase: what is resident between steps, and the trained tensors' copies in save.dtype when
-  // it is not their dtype.
+  // The save phase: what is resident between steps, and the state the weights file is written from
+  // (model::lora_state / weights_state walked: scaled adapters, copies in save.dtype).
   int64_t save_bytes = 0;
   std::vector<std::string> not_modelled;
 };

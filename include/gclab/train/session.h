@@ -191,17 +191,20 @@ class Session {
   // meta: the memory model's `cache` phase); filled(): the fills that moved it in this run.
   int64_t cache_parked_bytes(CacheFill fill) const;
   const std::set<CacheFill>& filled() const { return filled_; }
-  // A batch of this shape with the config's first caption (bench and fit): random latents, or, when the
-  // autoencoder encodes on the fly, random frames it encodes in the step's `data` phase.
+  // A batch of this shape with the config's first caption (bench, fit, the memory model's walks): random
+  // latents, or, when the autoencoder encodes on the fly, random frames it encodes in the step's `data` phase;
+  // control images as the loader gives them.
   // On the meta device its tensors stand for the loader's host memory (memory/meta_count.h).
   data::LoadedBatch synthetic_batch(const model::SampleShape& shape) const;
   // The step's data phase walked: a batch of `shape` as the loader gives it (synthetic_batch, in host
   // memory) through encode() on the meta device — the frames copied to the device in the autoencoder's dtype,
   // its encode, the control images' — counted for the run's device (a meta Session walks itself, any other
   // its walk_twin). `data`: the phase's peak; `held`: what it leaves on the device for the text phase (the
-  // latents and control latents it made); `references`: the control latents' bytes.
+  // latents and control latents it made); `references`: the control latents' bytes on the device;
+  // `reference_shapes`: each control latent's shape, as the step's forward reads them.
   struct InputWalk {
     int64_t data = 0, held = 0, references = 0;
+    std::vector<std::vector<int64_t>> reference_shapes;
   };
   InputWalk walk_inputs(const model::SampleShape& shape);
   // A latent cache fill's peak, walked as cache_latents runs it for one sample of `sample`: the autoencoder
