@@ -770,6 +770,40 @@ TEST(Session, EditModelsEncodeEachCaptionWithItsControlImage) {
 // An edit model's preview conditions on its sample's ctrl_img as the pipelines do: the control image at a
 // 1024² area of its aspect, encoded to reference latents, beside the prompt encoded with it; a ctrl_img that
 // is not a file is warned about and left out.
+// The memory model walks a preview's control images and its decode through the Session's own code
+// (walk_preview_controls, walk_preview_decode): the files read in host memory, copied to the device in the
+// autoencoder's dtype and encoded, the decode and the frames' uint8 conversion. What the real calls hold on
+// the CPU is what the walks say, to the byte (float32).
+TEST(Session, APreviewsControlEncodeAndDecodeAreWhatTheirWalksHold) {
+  const fs::path dir = testing::fresh_dir("session_preview_walks");
+  const fs::path control = dir / "control.png";
+  torch::manual_seed(5);
+  data::write_png(control, torch::randint(0, 256, {48, 64, 3}, torch::kUInt8));
+  Session session(
+      tiny_config(dir, "p",
+                  {"model.arch=tiny-qwen-image-edit", "sample.sample_steps=1", "sample.width=64", "sample.height=64",
+                   "sample.samples=[{prompt: 'make it blue', ctrl_img: '" + control.string() + "'}]",
+                   "train.disable_sampling=false"}));
+  ASSERT_TRUE(session.codec_spec().autoencoder);
+  ASSERT_FALSE(session.codec().offloaded());  // latents encoded on the fly: it stays on the device
+  auto measured = [&](const std::function<void()>& f) {
+    const int64_t before = session.meter().stats().live_bytes;
+    session.meter().reset_peak();
+    f();
+    return session.meter().stats().peak_bytes - before;
+  };
+  const sample::SampleOptions so = session.preview_options(0);
+  model::ModelInputs cond, uncond;
+  const int64_t controls = measured([&] { session.preview_controls(0, so, cond, uncond); });
+  ASSERT_EQ(cond.reference_latents.size(), 1u);
+  EXPECT_EQ(session.walk_preview_controls(0), controls);
+  const model::SampleShape shape{1, 1, so.height, so.width};
+  const torch::Tensor z = torch::randn(model::latent_shape(session.spec(), shape));
+  const int64_t decode = measured([&] { session.decode_preview(z); });
+  EXPECT_EQ(session.walk_preview_decode(shape), decode);
+  fs::remove_all(dir);
+}
+
 TEST(Session, EditPreviewsEncodeTheirControlImage) {
   const fs::path dir = testing::fresh_dir("session_edit_preview");
   const fs::path control = dir / "control.png";

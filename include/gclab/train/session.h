@@ -250,6 +250,8 @@ class Session {
   // uint8), preview_controls for preview i — each above the autoencoder's weights on the device.
   int64_t walk_preview_decode(const model::SampleShape& shape);
   int64_t walk_preview_controls(size_t i);
+  // A preview's frames from its latents: decoded with the autoencoder on the device, as uint8 [F, H, W, 3].
+  torch::Tensor decode_preview(const torch::Tensor& latents);
   // An edit model's preview: its control images' latents (reference tokens), encoded on the device.
   // An edit preview's control images encoded as its pipeline does for a width x height preview
   // (load_preview_reference).
@@ -304,7 +306,6 @@ class Session {
 
   std::vector<std::filesystem::path> sample_previews(int64_t step, const std::filesystem::path& dir,
                                                      const PreviewSettings& settings);
-  torch::Tensor decode_preview(const torch::Tensor& latents);
 
   RunPlan plan_;
   const config::ProcessConfig& config_ = plan_.config;
