@@ -767,23 +767,24 @@ TEST(Session, EditModelsEncodeEachCaptionWithItsControlImage) {
 // cache_text_embeddings keeps a dataset caption's embedding on disk beside its image, as AI Toolkit's
 // _t_e_cache/ (PromptEmbeds.save: text_embed [1, T, D]); nothing of it stays in host memory, a batch reads
 // it back equal to the resident encoder's, and the next run reuses the file instead of encoding again.
-// An edit model's preview conditions on its sample's ctrl_img as the pipelines do: the control image at a
-// 1024² area of its aspect, encoded to reference latents, beside the prompt encoded with it; a ctrl_img that
-// is not a file is warned about and left out.
+// A tiny Qwen-Image-Edit run previewing `samples` (YAML) at 64², with a 64x48 control image at
+// dir/control.png.
+config::ProcessConfig edit_preview_config(const fs::path& dir, const std::string& samples) {
+  torch::manual_seed(5);
+  data::write_png(dir / "control.png", torch::randint(0, 256, {48, 64, 3}, torch::kUInt8));
+  return tiny_config(dir, "p",
+                     {"model.arch=tiny-qwen-image-edit", "sample.sample_steps=1", "sample.width=64", "sample.height=64",
+                      "sample.samples=" + samples, "train.disable_sampling=false"});
+}
+
 // The memory model walks a preview's control images and its decode through the Session's own code
 // (walk_preview_controls, walk_preview_decode): the files read in host memory, copied to the device in the
 // autoencoder's dtype and encoded, the decode and the frames' uint8 conversion. What the real calls hold on
 // the CPU is what the walks say, to the byte (float32).
 TEST(Session, APreviewsControlEncodeAndDecodeAreWhatTheirWalksHold) {
   const fs::path dir = testing::fresh_dir("session_preview_walks");
-  const fs::path control = dir / "control.png";
-  torch::manual_seed(5);
-  data::write_png(control, torch::randint(0, 256, {48, 64, 3}, torch::kUInt8));
   Session session(
-      tiny_config(dir, "p",
-                  {"model.arch=tiny-qwen-image-edit", "sample.sample_steps=1", "sample.width=64", "sample.height=64",
-                   "sample.samples=[{prompt: 'make it blue', ctrl_img: '" + control.string() + "'}]",
-                   "train.disable_sampling=false"}));
+      edit_preview_config(dir, "[{prompt: 'make it blue', ctrl_img: '" + (dir / "control.png").string() + "'}]"));
   ASSERT_TRUE(session.codec_spec().autoencoder);
   ASSERT_FALSE(session.codec().offloaded());  // latents encoded on the fly: it stays on the device
   auto measured = [&](const std::function<void()>& f) {
@@ -804,17 +805,15 @@ TEST(Session, APreviewsControlEncodeAndDecodeAreWhatTheirWalksHold) {
   fs::remove_all(dir);
 }
 
+// An edit model's preview conditions on its sample's ctrl_img as the pipelines do: the control image at a
+// 1024² area of its aspect, encoded to reference latents, beside the prompt encoded with it; a ctrl_img that
+// is not a file is warned about and left out.
 TEST(Session, EditPreviewsEncodeTheirControlImage) {
   const fs::path dir = testing::fresh_dir("session_edit_preview");
   const fs::path control = dir / "control.png";
-  torch::manual_seed(5);
-  data::write_png(control, torch::randint(0, 256, {48, 64, 3}, torch::kUInt8));
-  Session session(
-      tiny_config(dir, "p",
-                  {"model.arch=tiny-qwen-image-edit", "sample.sample_steps=1", "sample.width=64", "sample.height=64",
-                   "sample.samples=[{prompt: 'make it blue', ctrl_img: '" + control.string() +
-                       "'}, {prompt: 'a', ctrl_img: '" + (dir / "missing.png").string() + "'}]",
-                   "train.disable_sampling=false"}));
+  Session session(edit_preview_config(dir, "[{prompt: 'make it blue', ctrl_img: '" + control.string() +
+                                               "'}, {prompt: 'a', ctrl_img: '" + (dir / "missing.png").string() +
+                                               "'}]"));
   const auto refs = session.preview_references({control}, 64, 48 * 2);
   ASSERT_EQ(refs.size(), 1u);
   // Qwen-Image-Edit resizes the control image to the preview's 64x96 first (qwen_image_edit.py:98-105): the
