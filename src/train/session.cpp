@@ -1,6 +1,7 @@
 #include "gclab/train/session.h"
 
 #include <algorithm>
+#include <array>
 
 #include <chrono>
 #include <set>
@@ -716,6 +717,9 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
 
 Session::InputWalk Session::walk_inputs(const model::SampleShape& shape) {
   if (!device_.is_meta()) return walk_twin()->walk_inputs(shape);
+  // Walked once per shape: the memory model asks again for every logged step of a run.
+  const std::array<int64_t, 4> key{shape.batch, shape.frames, shape.height, shape.width};
+  if (const auto it = input_walks_.find(key); it != input_walks_.end()) return it->second;
   data::LoadedBatch lb = synthetic_batch(shape);
   const bool offloaded = codec_ && codec_->offloaded();  // encode brings it back: put back as it was
   InputWalk w;
@@ -730,7 +734,7 @@ Session::InputWalk Session::walk_inputs(const model::SampleShape& shape) {
     w.reference_shapes.push_back(r.sizes().vec());
   }
   if (offloaded) codec_->offload();
-  return w;
+  return input_walks_.emplace(key, std::move(w)).first->second;
 }
 
 int64_t Session::walk_latent_fill(const model::SampleShape& sample) {

@@ -6,6 +6,7 @@
 // it sets process-wide (the host cap, the offload rings) goes back when it ends.
 #pragma once
 
+#include <array>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -348,9 +349,10 @@ class Session {
   std::map<std::string, torch::Tensor> ema_;
   std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts
   std::unique_ptr<vae::ImageCodec> codec_;
-  std::optional<std::string> fixed_caption_;  // unload_text_encoder without cached captions: what trains
-  int64_t previous_host_cap_ = 0;             // process-wide: restored when the Session ends
-  std::optional<double> previous_fraction_;   // CUDA's memory fraction before vram_cap set it: restored too
+  std::optional<std::string> fixed_caption_;                 // unload_text_encoder without cached captions: what trains
+  std::map<std::array<int64_t, 4>, InputWalk> input_walks_;  // walk_inputs' by (batch, frames, height, width)
+  int64_t previous_host_cap_ = 0;                            // process-wide: restored when the Session ends
+  std::optional<double> previous_fraction_;  // CUDA's memory fraction before vram_cap set it: restored too
 };
 
 // One caption's encode through `prompts`, predicted (text/memory.h) for the nominal caption
