@@ -68,7 +68,7 @@ int run_cuda() {
     const bool masked = kind == Kind::qwen25_vl || kind == Kind::qwen3;
     const int64_t measured = peak_of([&] { e->encode(ids, masked ? mask : torch::Tensor()); });
     row(std::string(gclab::config::name_of(kind)), length, measured,
-        e->predicted_encode_bytes(1, length, masked, predict));
+        gclab::text::predicted_encode_bytes(*e, 1, length, masked, predict));
     if (kind == Kind::qwen25_vl) {  // the vision tower on Qwen-Image-Edit's 1024² condition image
       gclab::text::QwenVisionTower tower(*e->vision_config(), options);
       gclab::text::QwenVisionInput in = gclab::text::qwen_vl_image_input(torch::rand({3, 1024, 1024}), tower->config());
@@ -133,10 +133,11 @@ int main(int argc, char** argv) {
       peak = std::max(peak, tracker.stats().peak_bytes - before);
     }
     std::sort(times.begin(), times.end());
-    std::printf("| %s | %s | %lld | %lld | %.1f ms | %s | %s |\n", std::string(gclab::config::name_of(c.kind)).c_str(),
-                c.tiny ? "tiny" : "full", static_cast<long long>(params), static_cast<long long>(length),
-                1000.0 * times[times.size() / 2], gclab::config::format_bytes(peak).c_str(),
-                gclab::config::format_bytes(e->predicted_encode_bytes(1, length, false, predict)).c_str());
+    std::printf(
+        "| %s | %s | %lld | %lld | %.1f ms | %s | %s |\n", std::string(gclab::config::name_of(c.kind)).c_str(),
+        c.tiny ? "tiny" : "full", static_cast<long long>(params), static_cast<long long>(length),
+        1000.0 * times[times.size() / 2], gclab::config::format_bytes(peak).c_str(),
+        gclab::config::format_bytes(gclab::text::predicted_encode_bytes(*e, 1, length, false, predict)).c_str());
     std::fflush(stdout);
   }
 

@@ -17,8 +17,7 @@
 #include <optional>
 #include <vector>
 
-#include "gclab/memory/meta_count.h"
-#include "gclab/memory/tracker.h"
+#include "gclab/memory/placement.h"
 
 namespace gclab::data {
 
@@ -460,18 +459,11 @@ torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
   std::vector<int64_t> channels_last;
   for (int64_t d = 1; d < image_chw.dim(); ++d) channels_last.push_back(d);
   channels_last.push_back(0);
-  // On the meta device (a memory walk) as the device the walk stands for holds it: a CPU run converts where
-  // the image is; a GPU run copies it to host memory first (the copy and the conversion there).
+  // A GPU run copies the image to host memory first and converts it there; a CPU run where it is (a walk as
+  // the device it stands for).
   const torch::Tensor image = image_chw.detach().to(torch::kFloat);
-  std::optional<memory::HostScope> host;
-  torch::Tensor x = image;
-  if (!image.is_meta()) {
-    x = image.cpu();
-  } else if (memory::meta_target() == c10::kCUDA) {
-    host.emplace();
-    x = image.clone();
-  }
-  return x.add(1.0).mul_(127.5).round_().clamp_(0, 255).permute(channels_last).to(torch::kUInt8);
+  const memory::CpuWork cpu;
+  return memory::to_cpu(image).add(1.0).mul_(127.5).round_().clamp_(0, 255).permute(channels_last).to(torch::kUInt8);
 }
 
 torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height) {

@@ -1,5 +1,6 @@
 #include "gclab/memory/cpu_isa.h"
 
+#include <ATen/Version.h>
 #include <ATen/cpu/Utils.h>
 
 #include <algorithm>
@@ -17,6 +18,8 @@ bool cpu_has(const char* flag) {
   const auto it = caps.find(flag);
   return it != caps.end() && it->second.isBool() && it->second.toBool();
 }
+
+bool aten_avx2() { return at::get_cpu_capability() != "DEFAULT"; }  // "DEFAULT", "AVX2", "AVX512"
 
 namespace {
 

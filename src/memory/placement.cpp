@@ -1,5 +1,6 @@
 #include "gclab/memory/placement.h"
 
+#include "gclab/memory/meta_count.h"
 #include "gclab/memory/tracker.h"
 
 namespace gclab::memory {
@@ -26,6 +27,17 @@ at::Tensor to_host(const at::Tensor& t) {
   if (!CpuMemoryTracker::installed() || is_host_memory(t)) return t;
   HostScope host;
   return t.clone();
+}
+
+at::Tensor to_cpu(const at::Tensor& t) {
+  if (!t.defined() || !t.is_meta()) return t.defined() ? t.cpu() : t;
+  if (meta_target() == c10::kCPU || is_host_memory(t)) return t;
+  HostScope host;
+  return t.clone();
+}
+
+CpuWork::CpuWork() {
+  if (meta_target() != c10::kCPU) host_.emplace();
 }
 
 }  // namespace gclab::memory

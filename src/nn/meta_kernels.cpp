@@ -1,7 +1,9 @@
 #include "gclab/nn/meta_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "gclab/memory/cpu_isa.h"
 #include "gclab/memory/live_set.h"
 #include "gclab/memory/meta_count.h"
 
@@ -209,6 +211,49 @@ torch::Tensor embedding(const torch::Tensor& table, const torch::Tensor& ids) {
   std::vector<int64_t> shape = ids.sizes().vec();
   shape.push_back(table.size(1));
   return IndexRows::apply(table, ids.reshape(-1)).view(shape);
+}
+
+namespace {
+
+// [N, C, H, W] resized to `size` ({H', W'}), on meta.
+torch::Tensor resized_like(const torch::Tensor& x, at::IntArrayRef size) {
+  TORCH_CHECK(x.dim() == 4 && size.size() == 2, "a resize takes [N, C, H, W] to {H, W}");
+  return torch::empty({x.size(0), x.size(1), size[0], size[1]}, x.options());
+}
+
+// Bicubic antialiased resampling of one axis from `in` to `out` samples: its index ranges and weights, in
+// bytes (ATen's compute_index_ranges_weights: four int64 per output sample, the weights in double).
+int64_t bicubic_axis_bytes(int64_t in, int64_t out) {
+  if (in == out) return 0;
+  const double support = 2.0 * std::max(static_cast<double>(in) / static_cast<double>(out), 1.0);
+  const auto taps = 2 * static_cast<int64_t>(std::ceil(support)) + 1;
+  return out * (4 + taps) * 8;
+}
+
+}  // namespace
+
+torch::Tensor resize_bilinear(const torch::Tensor& x, at::IntArrayRef size) {
+  if (!x.is_meta()) return at::upsample_bilinear2d(x, size, /*align_corners=*/false);
+  torch::Tensor out = resized_like(x, size);
+  if (memory::meta_target() == c10::kCPU) memory::meta_spike(x.nbytes() + out.nbytes());
+  return out;
+}
+
+torch::Tensor resize_bicubic_aa(const torch::Tensor& x, at::IntArrayRef size) {
+  if (!x.is_meta()) return at::_upsample_bicubic2d_aa(x, size, /*align_corners=*/false);
+  torch::Tensor out = resized_like(x, size);
+  const int64_t h = x.size(2), w = x.size(3), oh = size[0], ow = size[1];
+  if (memory::meta_target() != c10::kCPU || (h == oh && w == ow)) return out;
+  const int64_t width = bicubic_axis_bytes(w, ow), height = bicubic_axis_bytes(h, oh);
+  if (memory::aten_avx2()) {
+    const int64_t rgba = 4;  // the unpacked pixels: four channels, a byte each
+    memory::meta_spike(rgba * h * w + (w != ow ? rgba * h * ow : 0) + (h != oh ? rgba * oh * ow : 0) + width + height);
+  } else if (w != ow && h != oh) {  // the width first, into an intermediate image, then the height into the output
+    memory::meta_spike(x.size(1) * h * ow + std::max(width, height));
+  } else {
+    memory::meta_spike(width + height);
+  }
+  return out;
 }
 
 }  // namespace gclab::nn

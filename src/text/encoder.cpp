@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/meta_count.h"
 #include "gclab/nn/layers.h"
 #include "gclab/text/clip.h"
 #include "gclab/text/qwen_lm.h"
@@ -14,6 +15,10 @@ namespace gclab::text {
 namespace {
 
 using Kind = config::TextEncoderKind;
+
+torch::TensorOptions meta_options(c10::ScalarType dtype) {
+  return torch::TensorOptions().device(torch::kMeta).dtype(dtype);
+}
 
 class ClipEncoder : public TextEncoderBase {
  public:
@@ -32,9 +37,8 @@ class ClipEncoder : public TextEncoderBase {
   int64_t pooled_width() const override {
     return kind_ == Kind::clip_l ? model_->config().hidden_size : model_->config().projection_dim;
   }
-  int64_t predicted_encode_bytes(int64_t batch, int64_t tokens, bool masked, const EncodeMemoryOptions& options,
-                                 const std::vector<VisionGrid>&) const override {
-    return text::predicted_encode_bytes(model_->config(), batch, tokens, masked, options);
+  std::shared_ptr<TextEncoderBase> meta_twin(c10::ScalarType dtype) const override {
+    return std::make_shared<ClipEncoder>(kind_, model_->config(), meta_options(dtype));
   }
   ClipTextModelImpl& model() { return *model_; }
 
@@ -55,9 +59,8 @@ class T5 : public TextEncoderBase {
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t hidden_width() const override { return model_->config().d_model; }
   int64_t pooled_width() const override { return 0; }
-  int64_t predicted_encode_bytes(int64_t batch, int64_t tokens, bool masked, const EncodeMemoryOptions& options,
-                                 const std::vector<VisionGrid>&) const override {
-    return text::predicted_encode_bytes(model_->config(), batch, tokens, masked, options);
+  std::shared_ptr<TextEncoderBase> meta_twin(c10::ScalarType dtype) const override {
+    return std::make_shared<T5>(model_->config(), meta_options(dtype));
   }
   T5EncoderImpl& model() { return *model_; }
 
@@ -101,11 +104,8 @@ class QwenEncoder : public TextEncoderBase {
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t hidden_width() const override { return model_->config().hidden_size; }
   int64_t pooled_width() const override { return 0; }
-  int64_t predicted_encode_bytes(int64_t batch, int64_t tokens, bool masked, const EncodeMemoryOptions& options,
-                                 const std::vector<VisionGrid>& images) const override {
-    const bool with = takes_images() && !images.empty();
-    return text::predicted_encode_bytes(model_->config(), batch, tokens, masked, options,
-                                        with ? images : std::vector<VisionGrid>{}, with ? &visual_->config() : nullptr);
+  std::shared_ptr<TextEncoderBase> meta_twin(c10::ScalarType dtype) const override {
+    return std::make_shared<QwenEncoder>(kind_, model_->config(), meta_options(dtype));
   }
   QwenLmImpl& model() { return *model_; }
   QwenVisionTower& tower() { return visual_; }
@@ -118,6 +118,16 @@ class QwenEncoder : public TextEncoderBase {
 };
 
 }  // namespace
+
+int64_t predicted_encode_bytes(const TextEncoderBase& encoder, int64_t batch, int64_t tokens, bool masked,
+                               const EncodeMemoryOptions& options) {
+  const std::shared_ptr<TextEncoderBase> twin = encoder.meta_twin(options.dtype);
+  if (options.quantized_linears) nn::store_weights(nn::named_linears(*twin), nn::WeightStorage::QFloat8);
+  const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(torch::kLong);
+  const torch::Tensor ids = torch::empty({batch, tokens}, meta);
+  const torch::Tensor mask = masked ? torch::empty({batch, tokens}, meta) : torch::Tensor();
+  return memory::inference_peak(options.cpu ? c10::kCPU : c10::kCUDA, [&] { twin->encode(ids, mask); });
+}
 
 EncodedText TextEncoderBase::encode_with_images(const torch::Tensor&, const torch::Tensor&, const QwenVisionInput&) {
   throw std::invalid_argument(std::string(config::name_of(kind())) + " does not read images");

@@ -74,38 +74,10 @@ int64_t predicted_vision_bytes(const QwenVisionConfig& v, const std::vector<Visi
 }
 
 int64_t predicted_encode_bytes(const QwenLmConfig& c, int64_t batch, int64_t tokens, bool masked,
-                               const EncodeMemoryOptions& o, const std::vector<VisionGrid>& images,
-                               const QwenVisionConfig* vision) {
+                               const EncodeMemoryOptions& o) {
   QwenLm model = meta_model<QwenLm>(c, o);
-  if (!vision && c.vision) vision = &*c.vision;
-  if (images.empty() || !vision) {
-    const MetaInputs in(batch, tokens, masked);
-    return walk(o, [&] { model->forward(in.ids, in.mask); });
-  }
-  // The images' tokens where a prompt puts them: after the first token, one run per image (their values
-  // place the multimodal positions, so the ids are the CPU's).
-  QwenVisionConfig v = *vision;
-  v.out_hidden_size = c.hidden_size;
-  QwenVisionTower tower(v, meta_options(o));
-  torch::Tensor ids = torch::zeros({batch, tokens}, torch::kLong);
-  int64_t at = 1;
-  for (const VisionGrid& g : images) {
-    const int64_t n = g.rows * g.columns / (v.spatial_merge_size * v.spatial_merge_size);
-    if (at + n > tokens)
-      throw std::invalid_argument(std::to_string(tokens) + " tokens cannot hold the images' " +
-                                  std::to_string(at + n - 1) + " image tokens");
-    ids[0].slice(0, at, at + n).fill_(c.image_token_id);
-    at += n + 1;
-  }
-  const torch::Tensor mask = masked ? torch::ones({batch, tokens}, torch::kLong) : torch::Tensor();
-  // The processor's patches are the host's (the device's on a CPU run, made inside the encode), batched onto
-  // the device in the encoder's dtype (on CUDA a float32 concatenation there for a moment, not on the GPU).
-  std::vector<QwenVisionInput> host = o.cpu ? std::vector<QwenVisionInput>{} : meta_processed(v, images);
-  return walk(o, [&] {
-    if (o.cpu) host = meta_processed(v, images);
-    const QwenVisionInput batched = qwen_vl_batch(host, torch::kMeta, o.dtype);
-    qwen_forward_with_images(*model, *tower, ids, mask, batched);
-  });
+  const MetaInputs in(batch, tokens, masked);
+  return walk(o, [&] { model->forward(in.ids, in.mask); });
 }
 
 }  // namespace gclab::text

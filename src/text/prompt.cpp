@@ -5,6 +5,9 @@
 #include <tuple>
 
 #include "gclab/memory/meta_count.h"
+#include "gclab/memory/placement.h"
+#include "gclab/memory/tracker.h"
+#include "gclab/nn/meta_kernels.h"
 #include "gclab/text/bpe.h"
 #include "gclab/text/qwen_vision.h"
 
@@ -58,7 +61,7 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
 }
 
 PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : pipeline_(o.pipeline), target_(o.target) {
-  memory_.dtype = c10::typeMetaToScalarType(o.options.dtype());
+  dtype_ = c10::typeMetaToScalarType(o.options.dtype());
   if (!pipeline_) return;
   const std::vector<Kind> kinds = pipeline_->encoders();
   std::vector<TinyWidths> presets;
@@ -76,7 +79,7 @@ PromptEncoder::PromptEncoder(const PromptEncoderOptions& o) : pipeline_(o.pipeli
     const std::optional<nn::WeightStorage> storage = i < o.linear_storage.size() ? o.linear_storage[i] : std::nullopt;
     if (storage) step.quantized = nn::store_weights(nn::named_linears(*e.encoder), *storage);
     load_steps_.push_back(step);
-    quantized_.push_back(storage && nn::is_quantized(*storage));
+    storage_.push_back(storage);
     Slot s;
     s.encoder = e.encoder;
     s.random = e.random;
@@ -170,6 +173,34 @@ int64_t PromptEncoder::rows(const std::string& prompt, const ConditionImages& co
   return std::max<int64_t>(tokens - s.call.drop(), 0);
 }
 
+EncodedText PromptEncoder::encode_slot(size_t slot, TextEncoderBase& encoder, const TokenizedBatch& t,
+                                       const ConditionImages& conditions) const {
+  const PipelineCall& call = slots_.at(slot).call;
+  const torch::Device device = encoder.parameters().front().device();
+  const bool images = call.condition_area() > 0 && !conditions.empty();
+  // A walk (meta encoders) keeps the ids and mask of a call with images on the CPU: their values place the
+  // image tokens and the multimodal positions.
+  const torch::Device at = images && device.is_meta() ? torch::Device(torch::kCPU) : device;
+  const torch::Tensor ids = t.input_ids.to(at);
+  const torch::Tensor mask = call.mask() ? t.attention_mask.to(at) : torch::Tensor();
+  if (!images) return encoder.encode(ids, mask);
+  // Each control image resized to its condition size (bilinear, as AI Toolkit's F.interpolate), then the
+  // processor; the images' patches side by side, as the processor batches them. The CPU's work (host memory
+  // on a GPU run).
+  std::vector<QwenVisionInput> inputs;
+  {
+    const memory::CpuWork cpu;
+    for (const torch::Tensor& image : conditions) {
+      const auto [h, w] = condition_size(image, call);
+      const torch::Tensor resized =
+          nn::resize_bilinear(memory::to_cpu(image).to(torch::kFloat).unsqueeze(0), {h, w}).squeeze(0).clamp(0, 1);
+      inputs.push_back(qwen_vl_image_input(resized, *encoder.vision_config()));
+    }
+  }
+  const QwenVisionInput all = qwen_vl_batch(inputs, device, encoder.parameters().front().scalar_type());
+  return encoder.encode_with_images(ids, mask, all);
+}
+
 PromptEmbedding PromptEncoder::encode(const std::string& prompt, const ConditionImages& conditions) {
   PromptEmbedding out;
   if (slots_.empty()) return out;
@@ -177,28 +208,8 @@ PromptEmbedding PromptEncoder::encode(const std::string& prompt, const Condition
   std::vector<EncodedText> e;
   std::vector<int64_t> valid;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
     const TokenizedBatch t = tokenize(i, prompt, conditions);
-    const torch::Device device = s.encoder->parameters().front().device();
-    const torch::Tensor ids = t.input_ids.to(device);
-    const torch::Tensor mask = s.call.mask() ? t.attention_mask.to(device) : torch::Tensor();
-    if (s.call.condition_area() > 0 && !conditions.empty()) {
-      // Each control image resized to its condition size (bilinear, as AI Toolkit's F.interpolate), then the
-      // processor; the images' patches side by side, as the processor batches them.
-      std::vector<QwenVisionInput> images;
-      for (const torch::Tensor& image : conditions) {
-        const auto [h, w] = condition_size(image, s.call);
-        const torch::Tensor resized =
-            at::upsample_bilinear2d(image.to(torch::kCPU, torch::kFloat).unsqueeze(0), {h, w}, /*align_corners=*/false)
-                .squeeze(0)
-                .clamp(0, 1);
-        images.push_back(qwen_vl_image_input(resized, *s.encoder->vision_config()));
-      }
-      const QwenVisionInput all = qwen_vl_batch(images, device, s.encoder->parameters().front().scalar_type());
-      e.push_back(s.encoder->encode_with_images(ids, mask, all));
-    } else {
-      e.push_back(s.encoder->encode(ids, mask));
-    }
+    e.push_back(encode_slot(i, *slots_[i].encoder, t, conditions));
     valid.push_back(t.attention_mask.sum().item<int64_t>());
   }
   return pipeline_->compose(e, valid, calls(), target_);
@@ -210,99 +221,84 @@ std::vector<PipelineCall> PromptEncoder::calls() const {
   return out;
 }
 
-std::vector<PromptEncoder::ConditionShape> PromptEncoder::condition_shapes(const ConditionImages& conditions) const {
-  std::vector<ConditionShape> out;
-  if (!reads_conditions()) return out;
-  const PipelineCall& call = slots_.back().call;
-  const QwenVisionConfig& v = *slots_.back().encoder->vision_config();
-  for (const torch::Tensor& image : conditions) {
-    ConditionShape c;
-    c.height = image.size(1), c.width = image.size(2);
-    std::tie(c.condition_height, c.condition_width) = condition_size(image, call);
-    std::tie(c.processed_height, c.processed_width) = qwen_vl_smart_resize(
-        c.condition_height, c.condition_width, v.patch_size * v.spatial_merge_size, kQwenVlMinPixels, kQwenVlMaxPixels);
-    out.push_back(c);
-  }
-  return out;
-}
-
 EncodePrediction PromptEncoder::predict_encode(const std::string& prompt, const ConditionImages& conditions,
                                                const EncodeMemoryOptions& device) const {
-  std::vector<int64_t> tokens;
-  for (size_t i = 0; i < slots_.size(); ++i) tokens.push_back(tokenize(i, prompt, conditions).input_ids.size(1));
-  return predict(tokens, condition_shapes(conditions), device);
+  std::vector<TokenizedBatch> tokens;
+  for (size_t i = 0; i < slots_.size(); ++i) tokens.push_back(tokenize(i, prompt, conditions));
+  return predict(tokens, conditions, device);
 }
 
 EncodePrediction PromptEncoder::predict_encode(int64_t prompt_tokens, int square_conditions,
                                                const EncodeMemoryOptions& device) const {
-  // The template's tokens (with the conditions' image tokens) around an empty prompt, then the caption's.
+  // The template's tokens (with the conditions' image tokens) around an empty prompt, then the caption's —
+  // ids that are no image token — cut at the call's length (padded calls give that length already).
   ConditionImages conditions;
   if (reads_conditions())
     for (int i = 0; i < square_conditions; ++i)
       conditions.push_back(torch::empty({3, 1024, 1024}, torch::TensorOptions().device(torch::kMeta)));
-  std::vector<int64_t> tokens;
+  std::vector<TokenizedBatch> tokens;
   for (size_t i = 0; i < slots_.size(); ++i) {
+    TokenizedBatch t = tokenize(i, "", conditions);
     const PipelineCall& call = slots_[i].call;
-    int64_t n = call.pad() ? call.max_length()
-                           : tokenize(i, "", conditions).input_ids.size(1) + std::max<int64_t>(prompt_tokens, 0);
-    if (call.max_length() > 0) n = std::min(n, call.max_length());
-    tokens.push_back(n);
+    int64_t caption = call.pad() ? 0 : std::max<int64_t>(prompt_tokens, 0);
+    if (call.max_length() > 0) caption = std::min(caption, call.max_length() - t.input_ids.size(1));
+    if (caption > 0) {
+      t.input_ids = torch::cat({t.input_ids, torch::zeros({1, caption}, torch::kLong)}, 1);
+      t.attention_mask = torch::cat({t.attention_mask, torch::ones({1, caption}, torch::kLong)}, 1);
+    }
+    tokens.push_back(t);
   }
-  return predict(tokens, condition_shapes(conditions), device);
+  return predict(tokens, conditions, device);
 }
 
-EncodePrediction PromptEncoder::predict(const std::vector<int64_t>& tokens,
-                                        const std::vector<ConditionShape>& conditions,
+EncodePrediction PromptEncoder::predict(const std::vector<TokenizedBatch>& tokens, const ConditionImages& conditions,
                                         const EncodeMemoryOptions& device) const {
-  EncodeMemoryOptions o = device;
-  o.dtype = memory_.dtype;
-  const auto dtype_bytes = static_cast<int64_t>(c10::elementSize(o.dtype));
   EncodePrediction p;
-  p.tokens = tokens;
-  // An edit model's control images through encode()'s resize and the processor (float32, on the CPU), one
-  // after the other, each one's patches kept: the bilinear resize holds a float copy of the control image
-  // beside the resized one and its clamp; the processor, where it resizes again, the resized image times
-  // 255, rounded and clamped beside its uint8 levels; then the normalised image (before, during, after the
-  // normalisation) until its patches are made (the patches are the encoder's walk's from there).
-  std::vector<VisionGrid> grids;
-  int64_t patches = 0;
-  for (const ConditionShape& c : conditions) {
-    const int64_t control = 4 * 3 * c.height * c.width, resized = 4 * 3 * c.condition_height * c.condition_width;
-    const int64_t processed = 4 * 3 * c.processed_height * c.processed_width;
-    const bool again = c.processed_height != c.condition_height || c.processed_width != c.condition_width;
-    p.peak_bytes =
-        std::max({p.peak_bytes, patches + control + 2 * resized,
-                  patches + resized + (again ? 3 * resized + resized / 4 : 0), patches + resized + 3 * processed});
-    const QwenVisionConfig& v = *slots_.back().encoder->vision_config();
-    grids.push_back({c.processed_height / v.patch_size, c.processed_width / v.patch_size});
-    patches += 2 * processed;  // [N, 3 x 2 x 14 x 14] float32: the still image twice over the temporal patch
+  for (const TokenizedBatch& t : tokens) p.tokens.push_back(t.input_ids.size(1));
+  if (slots_.empty()) return p;
+  // encode() itself on the encoders' meta twins: each slot's tokens and control images through the same code,
+  // beside what the slots before it returned, then the composition. The control images as the run's come:
+  // float [3, H, W] in host memory (the loader's, a preview's).
+  const std::vector<std::shared_ptr<TextEncoderBase>>& encoders = meta_encoders();
+  ConditionImages images;
+  {
+    const memory::HostScope host;
+    for (const torch::Tensor& c : conditions)
+      images.push_back(torch::empty(c.sizes(), torch::TensorOptions().device(torch::kMeta)));
   }
-  int64_t kept = 0;  // what the slots before returned (EncodedText), alive while the next one encodes
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const TextEncoderBase& e = *slots_[i].encoder;
-    const bool images = slots_[i].call.condition_area() > 0;
-    o.quantized_linears = quantized_[i];
-    p.bytes.push_back(
-        e.predicted_encode_bytes(1, tokens[i], slots_[i].call.mask(), o, images ? grids : std::vector<VisionGrid>{}));
-    p.peak_bytes = std::max(p.peak_bytes, kept + p.bytes.back());
-    kept += dtype_bytes * (tokens[i] * e.hidden_width() + e.pooled_width());
-  }
-  // The composition, walked on the meta device beside what every slot returned (kept).
-  if (!slots_.empty()) {
-    memory::MetaCount count;
-    const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(o.dtype);
-    std::vector<EncodedText> returned;
+  const c10::DeviceType target = device.cpu ? c10::kCPU : c10::kCUDA;
+  torch::NoGradGuard no_grad;
+  memory::MetaCount whole(target);
+  memory::run_walk([&] {
+    std::vector<EncodedText> e;
+    std::vector<int64_t> valid;
     for (size_t i = 0; i < slots_.size(); ++i) {
-      const TextEncoderBase& e = *slots_[i].encoder;
-      returned.push_back({torch::empty({1, tokens[i], e.hidden_width()}, meta),
-                          e.pooled_width() > 0 ? torch::empty({1, e.pooled_width()}, meta) : torch::Tensor()});
+      const int64_t before = whole.live();  // what the slots before returned (less what they freed)
+      memory::MetaCount slot(target);
+      e.push_back(encode_slot(i, *encoders[i], tokens[i], images));
+      valid.push_back(tokens[i].attention_mask.sum().item<int64_t>());
+      p.bytes.push_back(before + slot.peak());
     }
-    PromptEmbedding composed;
-    memory::run_walk([&] { composed = pipeline_->compose(returned, tokens, calls(), target_); });
-    p.peak_bytes = std::max(p.peak_bytes, count.peak());
+    const PromptEmbedding composed = pipeline_->compose(e, valid, calls(), target_);
     if (composed.text.defined()) p.dtype = composed.text.scalar_type();
-  }
+  });
+  p.peak_bytes = whole.peak();
   return p;
+}
+
+const std::vector<std::shared_ptr<TextEncoderBase>>& PromptEncoder::meta_encoders() const {
+  if (meta_.size() == slots_.size()) return meta_;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const std::shared_ptr<TextEncoderBase>& e = slots_[i].encoder;
+    if (e->parameters().front().is_meta()) {  // a meta build's own encoders (stored as quantize_te asks)
+      meta_.push_back(e);
+      continue;
+    }
+    std::shared_ptr<TextEncoderBase> twin = e->meta_twin(dtype_);
+    if (storage_[i]) nn::store_weights(nn::named_linears(*twin), *storage_[i]);
+    meta_.push_back(twin);
+  }
+  return meta_;
 }
 
 int64_t PromptEncoder::weight_bytes(size_t slot) const { return nn::module_bytes(*slots_.at(slot).encoder); }

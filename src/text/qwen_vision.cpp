@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/placement.h"
 #include "gclab/nn/meta_kernels.h"
 
 namespace gclab::text {
@@ -68,12 +69,14 @@ QwenVisionInput qwen_vl_image_input(const torch::Tensor& image, const QwenVision
                                 c10::str(image.sizes()));
   const int64_t m = c.spatial_merge_size, p = c.patch_size;
   const auto [h, w] = qwen_vl_smart_resize(image.size(1), image.size(2), p * m, min_pixels, max_pixels);
-  torch::Tensor x = image.to(torch::kCPU, torch::kFloat).unsqueeze(0);
+  // The processor's work is the CPU's (host memory on a GPU run; a walk's as the device it stands for).
+  const memory::CpuWork cpu;
+  torch::Tensor x = memory::to_cpu(image).to(torch::kFloat).unsqueeze(0);
   if (h != image.size(1) || w != image.size(2)) {
     // The processor resizes the decoded uint8 image (PIL's bicubic, or torchvision's on the uint8 tensor);
     // torch's antialiased bicubic on uint8 follows PIL's filter, within one level of it.
     const torch::Tensor levels = (x * 255).round().clamp(0, 255).to(torch::kUInt8);
-    x = at::_upsample_bicubic2d_aa(levels, {h, w}, /*align_corners=*/false).to(torch::kFloat) / 255;
+    x = nn::resize_bicubic_aa(levels, {h, w}).to(torch::kFloat) / 255;
   }
   // OPENAI_CLIP_MEAN / OPENAI_CLIP_STD (transformers' image_utils).
   const torch::Tensor mean = torch::tensor({0.48145466, 0.4578275, 0.40821073}, x.options()).view({1, 3, 1, 1});
@@ -240,7 +243,12 @@ QwenVisionInput qwen_vl_batch(const std::vector<QwenVisionInput>& images, const 
                               torch::ScalarType dtype) {
   std::vector<torch::Tensor> pixels, grids;
   for (const QwenVisionInput& in : images) pixels.push_back(in.pixel_values), grids.push_back(in.grid_thw);
-  return {torch::cat(pixels).to(device, dtype), torch::cat(grids)};
+  torch::Tensor batched;
+  {
+    const memory::CpuWork cpu;  // the processor's batch, on the CPU
+    batched = torch::cat(pixels);
+  }
+  return {memory::to_device(batched, device, dtype), torch::cat(grids)};
 }
 
 std::vector<std::string> load_qwen_vision_weights(QwenVisionTowerImpl& tower, const std::filesystem::path& path) {

@@ -211,5 +211,69 @@ TEST(MetaCount, CountsNest) {
   EXPECT_EQ(outer.live(), 4096);
 }
 
+// A run's CPU-side work (memory::to_cpu, CpuWork): a CPU walk counts it as the device's, a GPU walk as host
+// memory — the copy to the CPU and what is made there.
+TEST(MetaCount, CpuWorkIsTheDevicesOnTheCpuAndHostMemoryForAGpu) {
+  const auto meta = torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat);
+  for (c10::DeviceType target : {c10::kCPU, c10::kCUDA}) {
+    memory::MetaCount count(target);
+    const torch::Tensor device = torch::empty({256}, meta);
+    EXPECT_EQ(count.live(), 1024);
+    torch::Tensor made;
+    {
+      const memory::CpuWork cpu;
+      const torch::Tensor on_cpu = memory::to_cpu(device);
+      EXPECT_EQ(on_cpu.is_same(device), target == c10::kCPU);  // a GPU run copies it to the host
+      made = on_cpu * 2;
+    }
+    EXPECT_EQ(memory::is_host_memory(made), target == c10::kCUDA);
+    EXPECT_EQ(count.live(), target == c10::kCPU ? 2048 : 1024);
+    const torch::Tensor onto = memory::to_device(made, c10::Device(c10::kMeta));
+    EXPECT_EQ(count.live(), 2048);  // on the device either way
+  }
+  // Outside a walk, on real tensors: the CPU's tensor itself.
+  const torch::Tensor t = torch::ones({4});
+  const memory::CpuWork cpu;
+  EXPECT_TRUE(memory::to_cpu(t).is_same(t));
+}
+
+// The image resizes an edit model's control images go through (nn::resize_bilinear, nn::resize_bicubic_aa)
+// hold on meta, walked for the CPU, what the CPU's kernels hold under the tracking allocator — byte for byte,
+// up and down, one axis or both, and unchanged.
+TEST(MetaKernels, ImageResizesHoldWhatTheCpuKernelsHold) {
+  memory::CpuMemoryTracker tracker;
+  torch::NoGradGuard no_grad;
+  auto measured = [&](auto&& fn) {
+    fn();  // the kernels' lazy state
+    const int64_t before = tracker.stats().live_bytes;
+    tracker.reset_peak();
+    fn();
+    return tracker.stats().peak_bytes - before;
+  };
+  auto walked = [&](auto&& fn) {
+    memory::MetaCount count(c10::kCPU);
+    fn();
+    return count.peak();
+  };
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  const std::vector<std::vector<int64_t>> cases = {
+      {384, 256, 400, 280}, {100, 100, 300, 300}, {300, 300, 100, 100}, {384, 256, 384, 256}, {64, 64, 64, 200}};
+  for (const std::vector<int64_t>& c : cases) {
+    const int64_t h = c[0], w = c[1];
+    const std::vector<int64_t> size = {c[2], c[3]};
+    const std::string what =
+        std::to_string(h) + "x" + std::to_string(w) + " to " + std::to_string(size[0]) + "x" + std::to_string(size[1]);
+    const torch::Tensor image = torch::rand({1, 3, h, w});
+    const torch::Tensor levels = (image * 255).round().to(torch::kUInt8);
+    const torch::Tensor meta_image = torch::empty({1, 3, h, w}, meta), meta_levels = meta_image.to(torch::kUInt8);
+    EXPECT_EQ(walked([&] { nn::resize_bilinear(meta_image, size); }),
+              measured([&] { nn::resize_bilinear(image, size); }))
+        << "bilinear " << what;
+    EXPECT_EQ(walked([&] { nn::resize_bicubic_aa(meta_levels, size); }),
+              measured([&] { nn::resize_bicubic_aa(levels, size); }))
+        << "bicubic, antialiased, uint8 " << what;
+  }
+}
+
 }  // namespace
 }  // namespace gclab::model

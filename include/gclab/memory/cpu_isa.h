@@ -14,6 +14,11 @@ namespace gclab::memory {
 // "avx512_bw", "amx_bf16", ...).
 bool cpu_has(const char* flag);
 
+// Whether ATen's own vectorised kernels run at AVX2 or above in this process (its CPU capability, capped by
+// ATEN_CPU_CAPABILITY): where they do, a uint8 image resize is AVX2's kernel, with its own buffers
+// (nn::resize_bicubic_aa); below, the generic separable one.
+bool aten_avx2();
+
 // oneDNN's ISA tiers, in its order, as far as they change what its kernels allocate.
 enum class OnednnIsa {
   older,             // SSE4.1 / AVX: not measured

@@ -9,6 +9,10 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <optional>
+
+#include "gclab/memory/tracker.h"
+
 namespace gclab::memory {
 
 // Whether `t`'s memory is host memory as the CPU tracker counts it (allocated under a HostScope).
@@ -21,5 +25,23 @@ at::Tensor to_device(const at::Tensor& t, const c10::Device& device);
 // memory already (or no tracker is installed, where the two are not told apart); on meta a copy standing for
 // host memory (meta_count.h) unless `t` stands for it already.
 at::Tensor to_host(const at::Tensor& t);
+
+// `t` where a run does CPU-side work on it (an image's conversion, a processor's resize): t.cpu() — a GPU
+// run's copy to host memory, the CPU's own tensor. On meta, the same for the device the walk stands for
+// (meta_count.h's meta_target()): a copy standing for host memory for a GPU, `t` itself for the CPU.
+at::Tensor to_cpu(const at::Tensor& t);
+
+// The CPU-side work of a run (preprocessing between to_cpu and to_device): while one lives, a walk standing
+// for a GPU run counts what this thread allocates as host memory (a HostScope), as the GPU run's work is in
+// host memory; a CPU run's (and its walk's) is its device's memory, and there it does nothing.
+class CpuWork {
+ public:
+  CpuWork();
+  CpuWork(const CpuWork&) = delete;
+  CpuWork& operator=(const CpuWork&) = delete;
+
+ private:
+  std::optional<HostScope> host_;
+};
 
 }  // namespace gclab::memory

@@ -62,4 +62,19 @@ torch::Tensor where(const torch::Tensor& condition, const torch::Tensor& a, cons
 // x.masked_scatter(mask, source) on any device: a contiguous copy of x, filled.
 torch::Tensor masked_scatter(const torch::Tensor& x, const torch::Tensor& mask, const torch::Tensor& source);
 
+// at::upsample_bilinear2d(x, size, align_corners = false) of float images [N, C, H, W] on any device: on meta
+// its output, and for a CPU walk the copies the CPU's kernel holds beside it for a moment — the input's and
+// the output's (measured for [1, 3, H, W] float32; a GPU run resizes its control images on the CPU, in host
+// memory).
+torch::Tensor resize_bilinear(const torch::Tensor& x, at::IntArrayRef size);
+
+// at::_upsample_bicubic2d_aa(x, size, align_corners = false) of uint8 levels [1, 3, H, W] (contiguous) on any
+// device: on meta its output and, for a CPU walk, what ATen's kernel holds beside it for a moment. Per resized
+// axis, its PIL-style index ranges (four int64 per output pixel) and weights (a double per output pixel and
+// tap; taps 2·ceil(2·max(in/out, 1)) + 1). Where ATen runs AVX2 (memory::aten_avx2; UpSampleKernelAVXAntialias.h)
+// also the input unpacked to four channels and one four-channel buffer per pass (horizontal at the input's
+// height, vertical at the output's), all at once; below, the generic separable kernel: the width resized first
+// into an intermediate image, beside one axis's ranges at a time. Equal sizes: a copy.
+torch::Tensor resize_bicubic_aa(const torch::Tensor& x, at::IntArrayRef size);
+
 }  // namespace gclab::nn

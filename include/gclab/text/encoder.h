@@ -40,11 +40,16 @@ class TextEncoderBase : public torch::nn::Module {
                                          const QwenVisionInput& images);
   virtual int64_t image_token_id() const { return -1; }
   virtual const QwenVisionConfig* vision_config() const { return nullptr; }
-  // The peak bytes above what was live while encode (encode_with_images, with `images`) runs on `batch`
-  // inputs of `tokens` ids, predicted from the config (text/memory.h).
-  virtual int64_t predicted_encode_bytes(int64_t batch, int64_t tokens, bool masked, const EncodeMemoryOptions& options,
-                                         const std::vector<VisionGrid>& images = {}) const = 0;
+  // The same encoder (its config, its vision tower or none) on the meta device in `dtype`, its Linears as
+  // built: what a memory walk runs in its place (PromptEncoder::predict_encode).
+  virtual std::shared_ptr<TextEncoderBase> meta_twin(c10::ScalarType dtype) const = 0;
 };
+
+// The peak bytes above what was live while encode runs on `batch` inputs of `tokens` ids (no images), walked
+// on the encoder's meta twin in the options' dtype (quantized_linears: its Linears qfloat8), for the options'
+// kernels (text/memory.h).
+int64_t predicted_encode_bytes(const TextEncoderBase& encoder, int64_t batch, int64_t tokens, bool masked,
+                               const EncodeMemoryOptions& options = {});
 
 // The widths a tiny encoder is built at instead of its preset's (0: the preset's): the hidden width (CLIP,
 // T5's d_model, Qwen) and CLIP's projection — so a transformer of any width gets encoders it can take.

@@ -4,7 +4,9 @@
 // meta kernels (nn/meta_kernels.h: the fused attention per device, LayerNorm, embeddings) and a quantized
 // Linear's dequantized weight from its own run path (nn/layers.h).
 // The bytes are above what was live before the call (the weights and the caller's token ids are not
-// counted), for `batch` inputs of `tokens` ids; what the encoder returns is included.
+// counted), for `batch` inputs of `tokens` ids; what the encoder returns is included. A whole prompt's encode
+// (the slots in turn, an edit model's control images, the composition) is walked by
+// PromptEncoder::predict_encode (text/prompt.h) on the encoders' meta twins.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -34,12 +36,8 @@ int64_t predicted_encode_bytes(const ClipTextConfig& config, int64_t batch, int6
                                const EncodeMemoryOptions& options = {});
 int64_t predicted_encode_bytes(const T5Config& config, int64_t batch, int64_t tokens, bool masked,
                                const EncodeMemoryOptions& options = {});
-// The language model on `tokens` ids; with `images`, Qwen2_5_VLModel's path (qwen_forward_with_images): the
-// tower (`vision`, else the config's) on them, their patches as the processor gives them (float32, alive
-// through the encode), its tokens scattered into the embeddings, the multimodal positions.
 int64_t predicted_encode_bytes(const QwenLmConfig& config, int64_t batch, int64_t tokens, bool masked,
-                               const EncodeMemoryOptions& options = {}, const std::vector<VisionGrid>& images = {},
-                               const QwenVisionConfig* vision = nullptr);
+                               const EncodeMemoryOptions& options = {});
 // The vision tower's forward alone on the images' patches (the patches are the caller's).
 int64_t predicted_vision_bytes(const QwenVisionConfig& config, const std::vector<VisionGrid>& images,
                                const EncodeMemoryOptions& options = {});

@@ -40,10 +40,11 @@ struct PromptEncoderOptions {
 // A control image as the edit pipelines condition on it: [3, H, W] with values in [0, 1].
 using ConditionImages = std::vector<torch::Tensor>;
 
-// What encoding one prompt holds at its peak (text/memory.h's walks, slot by slot).
+// What encoding one prompt holds at its peak (PromptEncoder::encode walked, slot by slot).
 struct EncodePrediction {
   std::vector<int64_t> tokens;          // per slot: the ids its encoder runs on (template and padding included)
-  std::vector<int64_t> bytes;           // per slot: its encode's peak above what was live
+  std::vector<int64_t> bytes;           // per slot: the prompt's peak while it encodes (above what was live
+                                        // before the prompt: what the slots before it returned included)
   int64_t peak_bytes = 0;               // the whole prompt: each slot's peak beside what the slots before it returned,
                                         // and the composition
   c10::ScalarType dtype = c10::kFloat;  // the embedding's, as the composition's walk gives it
@@ -65,8 +66,9 @@ class PromptEncoder {
   // Slot `slot`'s tokens for the prompt, as the pipeline calls its tokenizer (template, cut, padding); an
   // edit model's image-token runs at the control images' lengths.
   TokenizedBatch tokenize(size_t slot, const std::string& prompt, const ConditionImages& conditions = {}) const;
-  // The peak bytes of encode(prompt, conditions) above what was live, predicted (the conditions' sizes only
-  // are read: [3, H, W] tensors, on the meta device or not). `device`: the kernels' (cpu, threads); the dtype
+  // The peak bytes of encode(prompt, conditions) above what was live: encode's own slots walked on the
+  // encoders' meta twins, the control images as a run's come (float, host memory; only their sizes are read:
+  // [3, H, W] tensors, on the meta device or not). `device`: the kernels' (cpu, threads); the dtype
   // and quantize_te are the encoders' own.
   EncodePrediction predict_encode(const std::string& prompt, const ConditionImages& conditions,
                                   const EncodeMemoryOptions& device) const;
@@ -106,22 +108,24 @@ class PromptEncoder {
     PipelineCall call;
     bool random = true, hashing = true;
   };
-  // An edit model's control image as encode() processes it: its size, the condition size AI Toolkit resizes
-  // it to, the size the Qwen2VL processor then resizes that to (multiples of 28).
-  struct ConditionShape {
-    int64_t height = 0, width = 0, condition_height = 0, condition_width = 0, processed_height = 0, processed_width = 0;
-  };
   std::vector<PipelineCall> calls() const;
-  std::vector<ConditionShape> condition_shapes(const ConditionImages& conditions) const;
-  EncodePrediction predict(const std::vector<int64_t>& tokens, const std::vector<ConditionShape>& conditions,
+  // Slot `slot`'s encode of its tokens `t` (and an edit model's control images) on `encoder`: the slot's own
+  // or, in a walk, its meta twin.
+  EncodedText encode_slot(size_t slot, TextEncoderBase& encoder, const TokenizedBatch& t,
+                          const ConditionImages& conditions) const;
+  // encode()'s slots on the meta encoders, walked (the conditions' sizes only are read).
+  EncodePrediction predict(const std::vector<TokenizedBatch>& tokens, const ConditionImages& conditions,
                            const EncodeMemoryOptions& device) const;
+  // The slots' encoders on the meta device in their dtype, stored as quantize_te asks (built once).
+  const std::vector<std::shared_ptr<TextEncoderBase>>& meta_encoders() const;
   std::vector<Slot> slots_;
   std::vector<LoadStep> load_steps_;
   std::shared_ptr<const TextPipeline> pipeline_;
   PipelineTarget target_;
-  EncodeMemoryOptions memory_;   // the encoders' dtype, for the predictions
-  std::vector<bool> quantized_;  // per slot: its Linears dequantize per call (quantize_te)
-  int64_t fixed_rows_ = 0;       // the pipeline's fixed_rows: every prompt gives the padded rows; 0: its tokens
+  c10::ScalarType dtype_ = c10::kFloat;                         // the encoders' (their meta twins')
+  std::vector<std::optional<nn::WeightStorage>> storage_;       // per slot: quantize_te's storage of its Linears
+  mutable std::vector<std::shared_ptr<TextEncoderBase>> meta_;  // meta_encoders()
+  int64_t fixed_rows_ = 0;  // the pipeline's fixed_rows: every prompt gives the padded rows; 0: its tokens
 };
 
 // The hashing stand-in for `encoder`'s tokenizer: its vocabulary and special tokens.

@@ -58,11 +58,12 @@ std::pair<int64_t, int64_t> qwen_vl_smart_resize(int64_t height, int64_t width, 
 // Qwen2VLImageProcessor on one image [3, H, W] with values in [0, 1]: resized to smart_resize's size
 // (bicubic, antialiased, on uint8 levels: within one level of PIL's — the one step that is not bit-exact), normalized
 // with CLIP's mean and std, repeated over the temporal patch, and cut into patches in the processor's order.
+// On the CPU (memory::to_cpu, CpuWork: a meta image is walked as the CPU work of the device the walk stands for).
 QwenVisionInput qwen_vl_image_input(const torch::Tensor& image, const QwenVisionConfig& config,
                                     int64_t min_pixels = kQwenVlMinPixels, int64_t max_pixels = kQwenVlMaxPixels);
 
 // The processor's images side by side, as the processor batches them: their patches concatenated, then on
-// `device` in `dtype` (the encoder's), with their grids.
+// `device` in `dtype` (the encoder's: memory::to_device), with their grids.
 QwenVisionInput qwen_vl_batch(const std::vector<QwenVisionInput>& images, const torch::Device& device,
                               torch::ScalarType dtype);
 
