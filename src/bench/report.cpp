@@ -150,7 +150,7 @@ Document text_encoders_report(const config::ProcessConfig& config) {
   const text::EncodePrediction p = train::predict_caption_encode(prompts, spec, cpu);
   d.note("/text_encode_peak", "a " + std::to_string(model::kNominalCaptionTokens) + "-token caption" +
                                   (spec.reference_tokens ? " with a square control image" : "") +
-                                  ", predicted (text/memory.h, " + (cpu ? "CPU" : "CUDA") + " kernels)");
+                                  ", walked (its encode on meta encoders, " + (cpu ? "CPU" : "CUDA") + " kernels)");
   ojson peak = {{"encoders", ojson::array()}};
   for (size_t i = 0; i < prompts.slots(); ++i) {
     peak["encoders"].push_back(
@@ -270,7 +270,7 @@ std::string step_note(const StepEstimate& s, int64_t cap_bytes) {
 void estimate_text(Document& d, ojson& est, const TextEncodeEstimate& t, int64_t cap_bytes) {
   d.note("/estimate/text_encode",
          "one " + std::to_string(t.caption_tokens) + "-token caption" +
-             (t.control_images ? " with a square control image" : "") + " through the text encoders (text/memory.h), " +
+             (t.control_images ? " with a square control image" : "") + " through the text encoders (its encode walked), " +
              (t.every_step ? "in every step's text phase (text_encode in per_resolution)"
                            : "once before training (then they leave the device): total is the cache phase's "
                              "text fill under cache_text_embeddings, else beside the weights"));

@@ -19,7 +19,10 @@ bool cpu_has(const char* flag) {
   return it != caps.end() && it->second.isBool() && it->second.toBool();
 }
 
-bool aten_avx2() { return at::get_cpu_capability() != "DEFAULT"; }  // "DEFAULT", "AVX2", "AVX512"
+bool aten_avx2() {
+  const std::string capability = at::get_cpu_capability();  // "DEFAULT", "AVX2", "AVX512" (x86-64; others elsewhere)
+  return capability == "AVX2" || capability == "AVX512";
+}
 
 namespace {
 

@@ -235,7 +235,16 @@ int64_t bicubic_axis_bytes(int64_t in, int64_t out) {
 torch::Tensor resize_bilinear(const torch::Tensor& x, at::IntArrayRef size) {
   if (!x.is_meta()) return at::upsample_bilinear2d(x, size, /*align_corners=*/false);
   torch::Tensor out = resized_like(x, size);
-  if (memory::meta_target() == c10::kCPU) memory::meta_spike(x.nbytes() + out.nbytes());
+  if (memory::meta_target() != c10::kCPU) return out;
+  // ATen's float kernel (UpSampleKernel.cpp): the channels-last one — a channels-last copy of the input and
+  // of the output beside the output — for a small output (height + width <= 128), a channels-last input of
+  // more than 3 channels, or 3 channels on one thread; else the generic separable one, per axis its two
+  // source indices (int64) and two weights per output row or column.
+  const bool channels_last = size[0] + size[1] <= 128 ||
+                             (x.is_contiguous(at::MemoryFormat::ChannelsLast) && x.size(1) > 3) ||
+                             (at::get_num_threads() == 1 && x.size(1) == 3);
+  memory::meta_spike(channels_last ? x.nbytes() + out.nbytes()
+                                   : 2 * (size[0] + size[1]) * (8 + static_cast<int64_t>(x.element_size())));
   return out;
 }
 

@@ -179,7 +179,8 @@ EncodedText PromptEncoder::encode_slot(size_t slot, TextEncoderBase& encoder, co
   const torch::Device device = encoder.parameters().front().device();
   const bool images = call.condition_area() > 0 && !conditions.empty();
   // A walk (meta encoders) keeps the ids and mask of a call with images on the CPU: their values place the
-  // image tokens and the multimodal positions.
+  // image tokens and the multimodal positions (so a walk leaves out their device copies and the positions
+  // a run makes on the device from them: some 40 bytes a token).
   const torch::Device at = images && device.is_meta() ? torch::Device(torch::kCPU) : device;
   const torch::Tensor ids = t.input_ids.to(at);
   const torch::Tensor mask = call.mask() ? t.attention_mask.to(at) : torch::Tensor();
@@ -254,6 +255,7 @@ EncodePrediction PromptEncoder::predict_encode(int64_t prompt_tokens, int square
 EncodePrediction PromptEncoder::predict(const std::vector<TokenizedBatch>& tokens, const ConditionImages& conditions,
                                         const EncodeMemoryOptions& device) const {
   EncodePrediction p;
+  p.dtype = dtype_;
   for (const TokenizedBatch& t : tokens) p.tokens.push_back(t.input_ids.size(1));
   if (slots_.empty()) return p;
   // encode() itself on the encoders' meta twins: each slot's tokens and control images through the same code,
@@ -283,21 +285,26 @@ EncodePrediction PromptEncoder::predict(const std::vector<TokenizedBatch>& token
     if (composed.text.defined()) p.dtype = composed.text.scalar_type();
   });
   p.peak_bytes = whole.peak();
+  // A walk ended early by an op without a meta kernel (run_walk): the slots it did not reach get what it
+  // saw, a lower bound, as the whole does.
+  p.bytes.resize(slots_.size(), p.peak_bytes);
   return p;
 }
 
 const std::vector<std::shared_ptr<TextEncoderBase>>& PromptEncoder::meta_encoders() const {
   if (meta_.size() == slots_.size()) return meta_;
+  std::vector<std::shared_ptr<TextEncoderBase>> built;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const std::shared_ptr<TextEncoderBase>& e = slots_[i].encoder;
-    if (e->parameters().front().is_meta()) {  // a meta build's own encoders (stored as quantize_te asks)
-      meta_.push_back(e);
+    if (e->parameters().front().is_meta()) {  // a meta build's own encoders, as the Session stored them
+      built.push_back(e);
       continue;
     }
     std::shared_ptr<TextEncoderBase> twin = e->meta_twin(dtype_);
     if (storage_[i]) nn::store_weights(nn::named_linears(*twin), *storage_[i]);
-    meta_.push_back(twin);
+    built.push_back(twin);
   }
+  meta_ = std::move(built);
   return meta_;
 }
 

@@ -31,7 +31,7 @@ text::ConditionImages image_shapes(const std::vector<std::filesystem::path>& fil
   return out;
 }
 
-// Each of the step's captions' encode peaks (text/memory.h), or one 77-token caption's.
+// Each of the step's captions' encode peaks (PromptEncoder::predict_encode), or one 77-token caption's.
 std::vector<int64_t> caption_encode_peaks(const Session& session, const MemoryEstimate& e,
                                           const std::vector<data::Caption>& captions, bool cpu) {
   const text::PromptEncoder* prompts = session.text_encoder();
@@ -58,7 +58,7 @@ int64_t caption_encode_bytes(const Session& session, const MemoryEstimate& e,
 // The text phase walked, above what the data phase left on the device: the step's conditioning as
 // TextEmbeddingCache::collate runs it (data/conditioner.h, called from Session::conditioning) for `shape.batch`
 // captions of `rows` rows, each caption's embedding in the encoders' dtype — made on the device after its encode's peak
-// (text/memory.h: the encoders' own forwards walked) when the encoders stay, else read from the cache in host
+// (PromptEncoder::predict_encode: the prompt's encode walked) when the encoders stay, else read from the cache in host
 // memory —, the earlier ones kept while the next is made, then side by side on the device.
 int64_t walk_text_phase(const Session& session, const MemoryEstimate& e, const model::SampleShape& shape, int64_t rows,
                         const std::vector<data::Caption>& captions, bool cpu) {

@@ -239,7 +239,8 @@ TEST(MetaCount, CpuWorkIsTheDevicesOnTheCpuAndHostMemoryForAGpu) {
 
 // The image resizes an edit model's control images go through (nn::resize_bilinear, nn::resize_bicubic_aa)
 // hold on meta, walked for the CPU, what the CPU's kernels hold under the tracking allocator — byte for byte,
-// up and down, one axis or both, and unchanged.
+// up and down, one axis or both, and unchanged, on one thread and two (the bilinear kernel ATen picks
+// depends on them).
 TEST(MetaKernels, ImageResizesHoldWhatTheCpuKernelsHold) {
   memory::CpuMemoryTracker tracker;
   torch::NoGradGuard no_grad;
@@ -256,13 +257,17 @@ TEST(MetaKernels, ImageResizesHoldWhatTheCpuKernelsHold) {
     return count.peak();
   };
   const auto meta = torch::TensorOptions().device(torch::kMeta);
-  const std::vector<std::vector<int64_t>> cases = {
-      {384, 256, 400, 280}, {100, 100, 300, 300}, {300, 300, 100, 100}, {384, 256, 384, 256}, {64, 64, 64, 200}};
+  const std::vector<std::vector<int64_t>> cases = {{384, 256, 400, 280}, {100, 100, 300, 300}, {300, 300, 100, 100},
+                                                    {384, 256, 384, 256}, {64, 64, 64, 200},   {64, 64, 200, 64},
+                                                    {200, 200, 60, 60}};
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2})
   for (const std::vector<int64_t>& c : cases) {
+    at::set_num_threads(t);
     const int64_t h = c[0], w = c[1];
     const std::vector<int64_t> size = {c[2], c[3]};
-    const std::string what =
-        std::to_string(h) + "x" + std::to_string(w) + " to " + std::to_string(size[0]) + "x" + std::to_string(size[1]);
+    const std::string what = std::to_string(h) + "x" + std::to_string(w) + " to " + std::to_string(size[0]) + "x" +
+                             std::to_string(size[1]) + ", " + std::to_string(t) + " thread(s)";
     const torch::Tensor image = torch::rand({1, 3, h, w});
     const torch::Tensor levels = (image * 255).round().to(torch::kUInt8);
     const torch::Tensor meta_image = torch::empty({1, 3, h, w}, meta), meta_levels = meta_image.to(torch::kUInt8);
@@ -273,6 +278,7 @@ TEST(MetaKernels, ImageResizesHoldWhatTheCpuKernelsHold) {
               measured([&] { nn::resize_bicubic_aa(levels, size); }))
         << "bicubic, antialiased, uint8 " << what;
   }
+  at::set_num_threads(threads);
 }
 
 }  // namespace

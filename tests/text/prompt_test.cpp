@@ -267,7 +267,7 @@ TEST(PromptEncoder, EditPresetsConditionRowsFollowThePipelinesRule) {
 
 // A prompt's encode as the run calls it — tokenizers, each slot in turn beside what the ones before returned,
 // the composition, an edit model's control image through the processor and the vision tower — against what
-// PromptEncoder::predict_encode predicts (text/memory.h), with the tracking allocator, for every tiny family.
+// PromptEncoder::predict_encode walks, with the tracking allocator, for every tiny family.
 TEST(PromptEncoder, ThePredictedEncodePeakIsWhatTheAllocatorMeasures) {
   memory::CpuMemoryTracker tracker;
   EncodeMemoryOptions kernels;

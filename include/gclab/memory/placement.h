@@ -33,7 +33,8 @@ at::Tensor to_cpu(const at::Tensor& t);
 
 // The CPU-side work of a run (preprocessing between to_cpu and to_device): while one lives, a walk standing
 // for a GPU run counts what this thread allocates as host memory (a HostScope), as the GPU run's work is in
-// host memory; a CPU run's (and its walk's) is its device's memory, and there it does nothing.
+// host memory; a CPU run's (and its walk's) is its device's memory, and there it does nothing. The walk's
+// target is the process's (meta_target), the scope this thread's: one thread walks at a time.
 class CpuWork {
  public:
   CpuWork();

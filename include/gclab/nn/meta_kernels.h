@@ -63,9 +63,10 @@ torch::Tensor where(const torch::Tensor& condition, const torch::Tensor& a, cons
 torch::Tensor masked_scatter(const torch::Tensor& x, const torch::Tensor& mask, const torch::Tensor& source);
 
 // at::upsample_bilinear2d(x, size, align_corners = false) of float images [N, C, H, W] on any device: on meta
-// its output, and for a CPU walk the copies the CPU's kernel holds beside it for a moment — the input's and
-// the output's (measured for [1, 3, H, W] float32; a GPU run resizes its control images on the CPU, in host
-// memory).
+// its output, and for a CPU walk what the kernel ATen picks holds beside it for a moment — the channels-last
+// kernel's copies of the input and the output (a small output, or 3 channels on one thread), else the
+// generic kernel's index and weight tables (measured for [1, 3, H, W] float32 on one thread and two; a GPU
+// run resizes its control images on the CPU, in host memory).
 torch::Tensor resize_bilinear(const torch::Tensor& x, at::IntArrayRef size);
 
 // at::_upsample_bicubic2d_aa(x, size, align_corners = false) of uint8 levels [1, 3, H, W] (contiguous) on any

@@ -116,7 +116,10 @@ class PromptEncoder {
   // encode()'s slots on the meta encoders, walked (the conditions' sizes only are read).
   EncodePrediction predict(const std::vector<TokenizedBatch>& tokens, const ConditionImages& conditions,
                            const EncodeMemoryOptions& device) const;
-  // The slots' encoders on the meta device in their dtype, stored as quantize_te asks (built once).
+  // The encoders a walk runs: a meta build's own (as its Session stored them: quantized, layer-offloaded —
+  // their offload ring slots then change as a run's do), else each slot's meta twin in its dtype, stored as
+  // quantize_te asks, built once (what is done to the real encoders after construction, layer offloading
+  // included, is not in them).
   const std::vector<std::shared_ptr<TextEncoderBase>>& meta_encoders() const;
   std::vector<Slot> slots_;
   std::vector<LoadStep> load_steps_;

@@ -66,7 +66,7 @@ struct StepEstimate {
   int64_t first_total_bytes = 0;
 };
 
-// The text encoders encoding one caption (text/memory.h: each encoder's walk, the slots before it kept):
+// The text encoders encoding one caption (PromptEncoder::predict_encode: the prompt's encode walked):
 // every step in the `text` phase when they stay on the device, else once before training
 // (cache_text_embeddings / unload_text_encoder), beside what is resident then (no gradients or optimizer
 // state yet).

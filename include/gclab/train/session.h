@@ -355,7 +355,7 @@ class Session {
   std::optional<double> previous_fraction_;  // CUDA's memory fraction before vram_cap set it: restored too
 };
 
-// One caption's encode through `prompts`, predicted (text/memory.h) for the nominal caption
+// One caption's encode through `prompts`, walked (PromptEncoder::predict_encode) for the nominal caption
 // (model::kNominalCaptionTokens tokens, an edit model's with one square control image) on the CPU's
 // kernels with this process's threads, or CUDA's: what estimate, check and the OOM report state.
 text::EncodePrediction predict_caption_encode(const text::PromptEncoder& prompts, const model::ModelSpec& spec,
