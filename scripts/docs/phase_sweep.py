@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PRESETS = ["tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage", "tiny-sd3", "tiny-dit"]
+PRESETS = ["tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage", "tiny-sd3", "tiny-dit", "tiny-wan21"]
 # gc_<name>: the run's checkpoint policy and, for acc2, its batch and accumulation. The partial policies and
 # accumulation run in one data combination (latents and captions cached): what they change is the blocks'
 # activations and the gradients' lifetime, which the other combinations do not touch.

@@ -96,7 +96,7 @@ Document autoencoder_report(const config::ProcessConfig& config) {
   for (const train::StepCell& cell : train::step_cells(config)) {
     const int res = cell.resolution, batch = cached ? 1 : cell.batch;  // caching: one at a time
     if (!seen.insert({res, batch, cell.frames}).second) continue;
-    const int64_t b = c.encode_bytes({batch, cell.frames, res, res}, cpu);
+    const int64_t b = c.encode_bytes({batch, cell.frames, cell.bucket_height(), cell.bucket_width()}, cpu);
     d.note("/autoencoder/encode_peaks/" + std::to_string(a["encode_peaks"].size()), format_bytes(b));
     ojson peak = {{"at", std::to_string(res) + "x" + std::to_string(res)}, {"batch", batch}, {"bytes", b}};
     if (cell.frames > 1) peak["frames"] = cell.frames;
@@ -270,7 +270,8 @@ std::string step_note(const StepEstimate& s, int64_t cap_bytes) {
 void estimate_text(Document& d, ojson& est, const TextEncodeEstimate& t, int64_t cap_bytes) {
   d.note("/estimate/text_encode",
          "one " + std::to_string(t.caption_tokens) + "-token caption" +
-             (t.control_images ? " with a square control image" : "") + " through the text encoders (its encode walked), " +
+             (t.control_images ? " with a square control image" : "") +
+             " through the text encoders (its encode walked), " +
              (t.every_step ? "in every step's text phase (text_encode in per_resolution)"
                            : "once before training (then they leave the device): total is the cache phase's "
                              "text fill under cache_text_embeddings, else beside the weights"));

@@ -367,9 +367,8 @@ int run_tokenize(const ConfigArgs& args, const TokenizeArgs& t) {
     const gclab::text::PromptEncoder prompts(plan);
     if (prompts.hashing_tokenizer(slot))
       std::cerr << "gclab tokenize: " << t.component << ": the hashing stand-in ("
-                << (kinds[slot] == gclab::config::TextEncoderKind::t5_xxl
-                        ? "no spiece.model in the tokenizer folder"
-                        : "no vocab.json and merges.txt in the tokenizer folder")
+                << (gclab::config::t5_structured(kinds[slot]) ? "no spiece.model in the tokenizer folder"
+                                                              : "no vocab.json and merges.txt in the tokenizer folder")
                 << ")\n";
     for (const auto& caption : t.captions) {
       const gclab::text::TokenizedBatch b = t.max_length > 0

@@ -76,6 +76,7 @@ const std::vector<Spelling<TextEncoderKind>>& spellings() {
                                                            {TextEncoderKind::clip_l_projected, "clip_l_projected", {}},
                                                            {TextEncoderKind::clip_g_projected, "clip_g_projected", {}},
                                                            {TextEncoderKind::t5_xxl, "t5_xxl", {}},
+                                                           {TextEncoderKind::umt5_xxl, "umt5_xxl", {}},
                                                            {TextEncoderKind::qwen25_vl, "qwen25_vl", {}},
                                                            {TextEncoderKind::qwen3, "qwen3", {}}};
   return s;

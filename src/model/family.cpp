@@ -127,13 +127,9 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   if (!c.model.name_or_path && !arch->tiny)
     d.warning("model.name_or_path", c.source.where("model.name_or_path"),
               "not set; the " + arch->name + " preset starts from random weights");
-  const int div = spec_by_preset(arch->preset).divisibility;
-  for (std::size_t i = 0; i < c.datasets.size(); ++i)
-    for (int res : c.datasets[i].resolution)
-      if (res > 0 && res % div != 0)
-        error("datasets[" + std::to_string(i) + "].resolution",
-              std::to_string(res) + " is not a multiple of " + std::to_string(div) + " (" + arch->name + "); use " +
-                  std::to_string(res / div * div) + " or " + std::to_string((res / div + 1) * div));
+  // A dataset's resolution need not be a multiple of the arch's divisibility: AI Toolkit takes it as the
+  // buckets' target area (toolkit/buckets.py get_bucket_for_image_size), as gclab's buckets do
+  // (data::bucket_for); a square image trains at the largest square bucket within it (train::step_cells).
 }
 
 namespace {

@@ -40,8 +40,14 @@ ModelInputs read_model_inputs(const ModelSpec& spec, const std::filesystem::path
   // diffusers code does (FLUX rounds them to the latents' dtype first).
   auto to_float = [&](const torch::Tensor& t) { return t.defined() ? t.to(device, torch::kFloat) : t; };
   in.timestep = to_float(find(file, {"timestep", "timesteps"}));
-  expect(in.timestep.defined() && in.timestep.numel() == batch, path, "needs 'timestep' with one value per sample");
-  in.timestep = in.timestep.reshape({batch});
+  // One value per sample, or (Wan 2.2 TI2V's per-token timesteps) [B, S].
+  const int64_t tokens =
+      (in.latents.dim() == 5 ? in.latents.size(2) : 1) * (in.latents.size(-2) / cell) * (in.latents.size(-1) / cell);
+  const bool per_token =
+      in.timestep.defined() && in.timestep.dim() == 2 && in.timestep.size(0) == batch && in.timestep.size(1) == tokens;
+  expect(in.timestep.defined() && (in.timestep.numel() == batch || per_token), path,
+         "needs 'timestep' with one value per sample (or per token, [B, S])");
+  if (!per_token) in.timestep = in.timestep.reshape({batch});
   if (spec.text_dim) {
     in.text = to(find(file, {"text", "encoder_hidden_states"}));
     expect(in.text.defined() && in.text.dim() == 3 && in.text.size(0) == batch && in.text.size(2) == spec.text_dim,
@@ -67,6 +73,19 @@ ModelInputs read_model_inputs(const ModelSpec& spec, const std::filesystem::path
   }
   for (int r = 0; file.contains("reference_latents." + std::to_string(r)); ++r)
     in.reference_latents.push_back(to(file.tensor("reference_latents." + std::to_string(r))));
+  if (spec.condition_input_channels) {
+    in.condition_channels = to(find(file, {"condition_channels"}));
+    std::vector<int64_t> want = in.latents.sizes().vec();
+    want[1] = spec.condition_input_channels;
+    expect(in.condition_channels.defined() && in.condition_channels.sizes() == c10::IntArrayRef(want), path,
+           "needs 'condition_channels' " + c10::str(c10::IntArrayRef(want)));
+  }
+  if (spec.image_embed_dim) {
+    in.image_embeds = to(find(file, {"image_embeds", "encoder_hidden_states_image"}));
+    expect(in.image_embeds.defined() && in.image_embeds.dim() == 3 && in.image_embeds.size(0) == batch &&
+               in.image_embeds.size(2) == spec.image_embed_dim,
+           path, "needs 'image_embeds' [B, N, " + std::to_string(spec.image_embed_dim) + "]");
+  }
   return in;
 }
 
@@ -81,6 +100,8 @@ std::vector<std::pair<std::string, torch::Tensor>> model_inputs_state(const Mode
   add("pooled", in.pooled);
   add("guidance", in.guidance);
   add("class_labels", in.class_labels);
+  add("condition_channels", in.condition_channels);
+  add("image_embeds", in.image_embeds);
   for (size_t r = 0; r < in.reference_latents.size(); ++r)
     out.emplace_back("reference_latents." + std::to_string(r), in.reference_latents[r]);
   return out;

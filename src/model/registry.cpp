@@ -11,12 +11,13 @@ const ModelFamily& qwen_image_family();
 const ModelFamily& zimage_family();
 const ModelFamily& sd3_family();
 const ModelFamily& dit_family();
+const ModelFamily& wan_family();
 
 namespace {
 
 std::vector<const ModelFamily*>& registered() {
   static std::vector<const ModelFamily*> all = {
-      &flux_family(), &qwen_image_family(), &zimage_family(), &sd3_family(), &dit_family(),
+      &flux_family(), &qwen_image_family(), &zimage_family(), &sd3_family(), &dit_family(), &wan_family(),
   };
   return all;
 }

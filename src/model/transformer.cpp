@@ -25,6 +25,13 @@ ModelInputs DiffusionTransformer::example_inputs(const SampleShape& shape, int64
   if (spec_.pooled_dim) in.pooled = torch::randn({batch, spec_.pooled_dim}, f);
   if (spec_.guidance_embed) in.guidance = torch::full({batch}, 3.5, f);
   if (spec_.num_classes) in.class_labels = torch::randint(spec_.num_classes, {batch}, f.dtype(torch::kLong));
+  if (spec_.condition_input_channels) {
+    std::vector<int64_t> s = latent_shape(spec_, shape);
+    s[1] = spec_.condition_input_channels;
+    in.condition_channels = torch::randn(s, f);
+  }
+  if (spec_.image_embed_dim)
+    in.image_embeds = torch::randn({batch, spec_.image_embed_tokens, spec_.image_embed_dim}, f);
   return in;
 }
 

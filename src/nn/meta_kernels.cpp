@@ -60,6 +60,25 @@ class LayerNorm : public torch::autograd::Function<LayerNorm> {
   }
 };
 
+// at::layer_norm with an affine weight and bias: the same, the weight and bias kept for the backward too
+// (native_layer_norm saves them: a float32 copy a bf16 model makes of them stays with the graph), and their
+// gradients made by the backward where they need one.
+class AffineLayerNorm : public torch::autograd::Function<AffineLayerNorm> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias) {
+    const int64_t rows = x.numel() / x.size(-1);
+    const auto stats = x.options().dtype(memory::meta_target() == c10::kCPU ? x.scalar_type() : torch::kFloat);
+    torch::Tensor mean = torch::empty({rows, 1}, stats), rstd = torch::empty({rows, 1}, stats);
+    ctx->save_for_backward({x, weight, bias, mean, rstd});
+    return torch::empty(x.sizes(), x.options());
+  }
+  static tensor_list backward(AutogradContext* ctx, const tensor_list& /*grads*/) {
+    const auto saved = ctx->get_saved_variables();
+    return {torch::empty_like(saved[0]), torch::empty_like(saved[1]), torch::empty_like(saved[2])};
+  }
+};
+
 // index_select along rows: a new [n, D] tensor; the backward needs only the index.
 class IndexRows : public torch::autograd::Function<IndexRows> {
  public:
@@ -127,7 +146,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 }
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
-  if (x.is_meta()) return meta_layer_norm(x);
+  if (x.is_meta()) return weight.defined() ? AffineLayerNorm::apply(x, weight, bias) : meta_layer_norm(x);
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }
 

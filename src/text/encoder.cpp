@@ -49,22 +49,23 @@ class ClipEncoder : public TextEncoderBase {
 
 class T5 : public TextEncoderBase {
  public:
-  T5(const T5Config& c, const torch::TensorOptions& options)
-      : model_(register_module("model", T5Encoder(c, options))) {}
+  T5(Kind kind, const T5Config& c, const torch::TensorOptions& options)
+      : kind_(kind), model_(register_module("model", T5Encoder(c, options))) {}
   EncodedText encode(const torch::Tensor& ids, const torch::Tensor& mask) override {
     return {model_->forward(ids, mask), {}};
   }
-  Kind kind() const override { return Kind::t5_xxl; }
+  Kind kind() const override { return kind_; }
   int64_t max_positions() const override { return 512; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t hidden_width() const override { return model_->config().d_model; }
   int64_t pooled_width() const override { return 0; }
   std::shared_ptr<TextEncoderBase> meta_twin(c10::ScalarType dtype) const override {
-    return std::make_shared<T5>(model_->config(), meta_options(dtype));
+    return std::make_shared<T5>(kind_, model_->config(), meta_options(dtype));
   }
   T5EncoderImpl& model() { return *model_; }
 
  private:
+  Kind kind_;
   T5Encoder model_;
 };
 
@@ -142,6 +143,7 @@ TinyWidths preset_widths(Kind kind) {
     case Kind::clip_g_projected:
       return {ClipTextConfig::clip_g().hidden_size, ClipTextConfig::clip_g().projection_dim};
     case Kind::t5_xxl:
+    case Kind::umt5_xxl:
       return {T5Config::xxl().d_model, 0};
     case Kind::qwen25_vl:
       return {QwenLmConfig::qwen25_vl_7b().hidden_size, 0};
@@ -181,11 +183,16 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
       out.encoder = e;
       break;
     }
-    case Kind::t5_xxl: {
-      T5Config c = tiny ? T5Config::tiny() : T5Config::xxl();
+    case Kind::t5_xxl:
+    case Kind::umt5_xxl: {
+      const bool umt5 = kind == Kind::umt5_xxl;
+      T5Config c = umt5 ? T5Config::umt5_xxl() : T5Config::xxl();
+      if (tiny) c = T5Config::tiny(), c.bias_per_layer = umt5;
       if (tiny && widths.hidden > 0) c.d_model = widths.hidden, c.d_ff = 2 * widths.hidden;
       if (has_config) c = T5Config::from_json_file(folder / "config.json");
-      auto e = std::make_shared<T5>(c, options);
+      if (c.bias_per_layer != umt5)
+        throw std::runtime_error(folder.string() + ": not the " + std::string(config::name_of(kind)) + " model");
+      auto e = std::make_shared<T5>(kind, c, options);
       if (!out.random) out.unused = load_t5_weights(e->model(), folder);
       out.encoder = e;
       break;

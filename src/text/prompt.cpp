@@ -28,7 +28,7 @@ bool is_clip(Kind k) { return k == Kind::clip_l || k == Kind::clip_l_projected |
 // none there (the hashing stand-in then).
 std::unique_ptr<Tokenizer> folder_tokenizer(Kind kind, const std::filesystem::path& folder) {
   std::error_code ec;
-  if (kind == Kind::t5_xxl)
+  if (config::t5_structured(kind))
     return !folder.empty() && std::filesystem::is_regular_file(folder / "spiece.model", ec)
                ? std::make_unique<T5Tokenizer>(folder)
                : nullptr;
@@ -49,6 +49,7 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
       // <|endoftext|>.
       return {0, v - 2, v - 2, v - 1, v - 1};
     case Kind::t5_xxl:
+    case Kind::umt5_xxl:
       return {2, v, -1, 1, 0};  // <pad> 0, </s> 1
     case Kind::qwen25_vl:
     case Kind::qwen3:
@@ -122,6 +123,19 @@ PromptEmbedding TextPipeline::compose(const std::vector<EncodedText>& e, const s
   return out;
 }
 
+std::vector<PipelineCall> ZeroPaddedPipeline::calls(const std::vector<const TextEncoderBase*>&,
+                                                    const PipelineTarget& t) const {
+  return {PipelineCall().max_length(t.max_tokens).pad(true).mask(true)};
+}
+
+PromptEmbedding ZeroPaddedPipeline::compose(const std::vector<EncodedText>& e, const std::vector<int64_t>& valid,
+                                            const std::vector<PipelineCall>& calls, const PipelineTarget& t) const {
+  PromptEmbedding out = TextPipeline::compose(e, valid, calls, t);  // the real tokens' rows
+  const torch::Tensor& h = out.text;
+  out.text = torch::cat({h, torch::zeros({h.size(0), t.max_tokens - h.size(1), h.size(2)}, h.options())}, 1);
+  return out;
+}
+
 namespace {
 
 // The sizes an edit model's control images take in the vision tower (AI Toolkit's resize to the condition
@@ -134,9 +148,9 @@ std::pair<int64_t, int64_t> condition_size(const torch::Tensor& image, const Pip
 
 }  // namespace
 
-TokenizedBatch PromptEncoder::tokenize(size_t slot, const std::string& prompt,
-                                       const ConditionImages& conditions) const {
+TokenizedBatch PromptEncoder::tokenize(size_t slot, const std::string& given, const ConditionImages& conditions) const {
   const Slot& s = slots_.at(slot);
+  const std::string prompt = pipeline_->clean(given);
   if (s.call.condition_area() > 0) {
     // The edit templates, piece by piece at the special tokens (where the tokenizer splits them anyway), the
     // processor's runs of <|image_pad|> at each image's token count.

@@ -16,11 +16,19 @@ T5Config T5Config::tiny() {
   return c;
 }
 
+T5Config T5Config::umt5_xxl() {
+  T5Config c;
+  c.vocab_size = 256384, c.bias_per_layer = true;
+  return c;
+}
+
 T5Config T5Config::from_json_file(const std::filesystem::path& path) {
   return io::parse_json_file(path, [](const nlohmann::json& j) {
     T5Config c;
-    if (j.value("model_type", std::string("t5")) != "t5")
-      throw std::runtime_error("model_type is " + j["model_type"].dump() + ", not t5");
+    const std::string type = j.value("model_type", std::string("t5"));
+    if (type != "t5" && type != "umt5")
+      throw std::runtime_error("model_type is " + j["model_type"].dump() + ", not t5 or umt5");
+    c.bias_per_layer = type == "umt5";
     c.vocab_size = j.value("vocab_size", c.vocab_size);
     c.d_model = j.value("d_model", int64_t{512});  // transformers' T5Config defaults (t5-small)
     c.d_kv = j.value("d_kv", int64_t{64});
@@ -74,6 +82,7 @@ torch::Tensor relative_position_bucket(const torch::Tensor& relative, int64_t nu
 struct T5EncoderImpl::Block {
   nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr}, wi_0{nullptr}, wi_1{nullptr}, wo{nullptr};
   torch::Tensor attention_norm, ff_norm;
+  torch::Tensor relative_attention_bias;  // the first block's, or every block's (UMT5)
 };
 
 T5EncoderImpl::T5EncoderImpl(T5Config config, const torch::TensorOptions& options) : config_(std::move(config)) {
@@ -93,8 +102,8 @@ T5EncoderImpl::T5EncoderImpl(T5Config config, const torch::TensorOptions& option
                            nn::Linear(nn::LinearOptions(c.d_model, inner).bias(false).tensor_options(options)));
     b->o = nn::register_at(*this, p + "0.SelfAttention.o",
                            nn::Linear(nn::LinearOptions(inner, c.d_model).bias(false).tensor_options(options)));
-    if (i == 0)
-      relative_attention_bias_ =
+    if (i == 0 || c.bias_per_layer)
+      b->relative_attention_bias =
           nn::holder_at(*this, p + "0.SelfAttention.relative_attention_bias")
               .register_parameter("weight", torch::randn({c.relative_attention_num_buckets, c.num_heads}, options));
     b->attention_norm =
@@ -118,27 +127,30 @@ T5EncoderImpl::T5EncoderImpl(T5Config config, const torch::TensorOptions& option
       nn::holder_at(*this, "encoder.final_layer_norm").register_parameter("weight", torch::ones({c.d_model}, options));
 }
 
-torch::Tensor T5EncoderImpl::position_bias(int64_t length, const torch::Device& device) const {
+torch::Tensor T5EncoderImpl::position_bias(const torch::Tensor& table, int64_t length,
+                                           const torch::Device& device) const {
   const auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
   const torch::Tensor context = torch::arange(length, opts).unsqueeze(1);
   const torch::Tensor memory = torch::arange(length, opts).unsqueeze(0);
   const torch::Tensor buckets = relative_position_bucket(memory - context, config_.relative_attention_num_buckets,
                                                          config_.relative_attention_max_distance);
   // [T, T, heads] -> [1, heads, T, T]
-  return nn::embedding(relative_attention_bias_, buckets).permute({2, 0, 1}).unsqueeze(0);
+  return nn::embedding(table, buckets).permute({2, 0, 1}).unsqueeze(0);
 }
 
 torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   const auto& c = config_;
   const int64_t batch = input_ids.size(0), length = input_ids.size(1);
   torch::Tensor h = nn::embedding(shared_, input_ids);
-  // The relative-position bias (computed once, by the first block), plus the padding mask as the
-  // smallest finite value where a key is padding.
-  torch::Tensor bias = position_bias(length, h.device()).to(h.scalar_type());
-  if (attention_mask.defined()) {
-    const torch::Tensor hidden = (attention_mask.to(h.device()) == 0).view({batch, 1, 1, length});
-    bias = bias.masked_fill(hidden, nn::lowest_value(bias.scalar_type()));
-  }
+  // The relative-position bias (T5: computed once, by the first block; UMT5: by each block), plus the
+  // padding mask as the smallest finite value where a key is padding.
+  const torch::Tensor hidden =
+      attention_mask.defined() ? (attention_mask.to(h.device()) == 0).view({batch, 1, 1, length}) : torch::Tensor();
+  auto bias_of = [&](const Block& b) {
+    torch::Tensor bias = position_bias(b.relative_attention_bias, length, h.device()).to(h.scalar_type());
+    return hidden.defined() ? bias.masked_fill(hidden, nn::lowest_value(bias.scalar_type())) : bias;
+  };
+  torch::Tensor bias = bias_of(*blocks_.front());
   const bool fp16 = h.scalar_type() == torch::kHalf;
   auto clamp_fp16 = [&](torch::Tensor x) {  // transformers clamps inf values in float16
     if (!fp16) return x;
@@ -146,6 +158,7 @@ torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch
     return torch::clamp(x, -limit, limit);
   };
   for (const auto& b : blocks_) {
+    if (c.bias_per_layer && b != blocks_.front()) bias = bias_of(*b);
     {  // the attention's tensors are freed before the feed-forward runs, as in transformers' forward
       const torch::Tensor n = t5_norm(h, b->attention_norm, c.layer_norm_epsilon);
       auto heads = [&](nn::Linear& l) {

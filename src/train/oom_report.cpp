@@ -421,7 +421,10 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   l.cpu = ctx.cpu;
   l.in_step = ctx.phase != Phase::sample && ctx.phase != Phase::cache;
   l.phase = ctx.phase;
-  if (l.bw <= 0) l.bw = l.bh = largest_cell(config).resolution, l.frames = largest_cell(config).frames;
+  if (l.bw <= 0) {
+    const StepCell cell = largest_cell(config);
+    l.bw = cell.bucket_width(), l.bh = cell.bucket_height(), l.frames = cell.frames;
+  }
   try {
     log::QuietScope quiet;
     l.current = std::make_unique<MemoryModel>(config);

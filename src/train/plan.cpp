@@ -4,7 +4,9 @@
 #include <set>
 
 #include "gclab/config/user_error.h"
+#include "gclab/data/buckets.h"
 #include "gclab/data/image.h"
+#include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 #include "gclab/vae/autoencoder_kl.h"
 #include "gclab/vae/qwen_image_vae.h"
@@ -14,9 +16,16 @@ namespace gclab::train {
 namespace fs = std::filesystem;
 
 std::vector<StepCell> step_cells(const config::ProcessConfig& config) {
+  // A resolution is the buckets' target area: a square image takes the bucket of the arch's divisibility
+  // closest to it within it (632 -> 624 x 640 at 16), which is what its steps hold.
+  const model::ArchFacts* arch = model::find_arch(config.model.arch);
+  const int div = arch ? model::spec_by_preset(arch->preset).divisibility : 1;
   std::set<StepCell> cells;
   for (const auto& d : config.datasets)
-    for (int r : d.resolution) cells.insert({d.batch_size.value_or(config.train.batch_size), r, d.num_frames});
+    for (int r : d.resolution) {
+      const data::BucketResolution b = data::bucket_for(r, r, r, div);
+      cells.insert({d.batch_size.value_or(config.train.batch_size), r, d.num_frames, b.width, b.height});
+    }
   return {cells.begin(), cells.end()};
 }
 
@@ -27,7 +36,7 @@ StepCell largest_cell(const config::ProcessConfig& c) {
   const std::vector<StepCell> cells = step_cells(c);
   if (cells.empty()) return {c.train.batch_size, 512, 1};
   auto pixels = [](const StepCell& x) {
-    const int64_t sample = int64_t{x.frames} * x.resolution * x.resolution;
+    const int64_t sample = int64_t{x.frames} * x.bucket_width() * x.bucket_height();
     return std::pair{sample * x.batch, sample};
   };
   return *std::max_element(cells.begin(), cells.end(),

@@ -224,7 +224,7 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
                                                       : session.plan().cells.front();
   std::vector<std::vector<int64_t>> references;
   if (spec.reference_tokens)
-    references.push_back(model::latent_shape(spec, {first.batch, 1, first.resolution, first.resolution}));
+    references.push_back(model::latent_shape(spec, {first.batch, 1, first.bucket_height(), first.bucket_width()}));
   const std::set<std::string> reached =
       walk_step(session, ckpt::CheckpointPolicy::off(), first.shape(), 0, c10::kFloat, references, session.plan().cuda)
           .reached;
@@ -284,8 +284,8 @@ int64_t cache_fill_bytes(Session& session, const MemoryEstimate& e, CacheFill fi
   if (fill == CacheFill::text) return before + caption_encode_bytes(session, e, captions, cpu);
   model::SampleShape largest;  // the largest sample a cell has (AI Toolkit encodes them one at a time)
   for (const StepCell& c : session.plan().cells)
-    if (int64_t{c.frames} * c.resolution * c.resolution > largest.frames * largest.height * largest.width)
-      largest = {1, c.frames, c.resolution, c.resolution};
+    if (int64_t{c.frames} * c.bucket_width() * c.bucket_height() > largest.frames * largest.height * largest.width)
+      largest = {1, c.frames, c.bucket_height(), c.bucket_width()};
   return before + session.walk_latent_fill(largest);  // the autoencoder's weights come back in it
 }
 

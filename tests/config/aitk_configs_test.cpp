@@ -7,6 +7,7 @@
 #include "gclab/config/loader.h"
 #include "gclab/model/family.h"
 #include "gclab/model/summary.h"
+#include "gclab/train/plan.h"
 
 namespace gclab::config {
 namespace {
@@ -130,6 +131,25 @@ TEST(AitkConfigs, QwenImageFamilies) {
   EXPECT_EQ(*plus.sample->samples[0].sample_steps, 25);
 }
 
+// AI Toolkit's Wan 2.1 1.3B example (arch wan21 for both sizes; the 1.3B by name_or_path), as written: its
+// resolution 632 ("around 480p") is the buckets' target area — a square image trains at 624 x 640 (Wan's buckets
+// are multiples of 16) — UMT5 quantized (quantize_te), a 40-frame preview at 15 fps.
+TEST(AitkConfigs, Wan21ExampleLoadsAsWritten) {
+  const ProcessConfig wan = load_ok("train_lora_wan21_1b_24gb.yaml");
+  EXPECT_EQ(wan.model.arch, "wan21");
+  EXPECT_TRUE(wan.model.quantize_te.value_or(false));
+  ASSERT_EQ(wan.datasets.size(), 1u);
+  EXPECT_EQ(wan.datasets[0].resolution, std::vector<int>{632});
+  const std::vector<train::StepCell> cells = train::step_cells(wan);
+  ASSERT_EQ(cells.size(), 1u);
+  EXPECT_EQ(cells[0].resolution, 632);
+  EXPECT_EQ(cells[0].shape().width, 624);
+  EXPECT_EQ(cells[0].shape().height, 640);  // 624 x 640 is closer to 632² than 624², within it
+  ASSERT_TRUE(wan.sample.has_value());
+  EXPECT_EQ(wan.sample->num_frames, 40);
+  EXPECT_EQ(wan.sample->fps, 15);
+}
+
 struct Refused {
   const char* file;
   const char* arch;
@@ -145,8 +165,7 @@ TEST_P(UnmodelledArch, IsRefusedWithTheArchitectureNamed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AitkConfigs, UnmodelledArch,
-                         ::testing::Values(Refused{"train_lora_wan21_1b_24gb.yaml", "wan21"},
-                                           Refused{"train_lora_lumina.yaml", "lumina2"},
+                         ::testing::Values(Refused{"train_lora_lumina.yaml", "lumina2"},
                                            // also has an unclosed quote on line 64: both are said
                                            Refused{"train_lora_omnigen2_24gb.yaml", "omnigen2"}),
                          [](const ::testing::TestParamInfo<Refused>& info) { return std::string(info.param.arch); });
@@ -176,6 +195,7 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
       {"train_lora_qwen_image_24gb.yaml", "qwen-image", qwen},
       {"train_lora_qwen_image_edit_32gb.yaml", "qwen-image-edit", qwen},
       {"train_lora_qwen_image_edit_2509_32gb.yaml", "qwen-image-edit-2509", qwen},
+      {"train_lora_wan21_1b_24gb.yaml", "wan21-1.3b", 1418996800},  // the 1.3B by its name_or_path
       {"ui:flux.yaml", "flux-dev", flux_dev},
       {"ui:flex1.yaml", "flex1", flex1},
       {"ui:flex2.yaml", "flex2", flex2},
@@ -217,8 +237,8 @@ TEST(AitkConfigs, EveryExampleEitherLoadsOrIsRefusedCleanly) {
           << entry.path();
     }
   }
-  EXPECT_EQ(loaded, 7);
-  EXPECT_EQ(refused, 3);
+  EXPECT_EQ(loaded, 8);
+  EXPECT_EQ(refused, 2);
 }
 
 }  // namespace

@@ -103,7 +103,7 @@ TEST_P(MetaWalk, CountsWhatTheCpuAllocates) {
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, MetaWalk,
                          ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage",
-                                           "tiny-sd3", "tiny-dit"),
+                                           "tiny-sd3", "tiny-dit", "tiny-wan21"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)
@@ -258,26 +258,26 @@ TEST(MetaKernels, ImageResizesHoldWhatTheCpuKernelsHold) {
   };
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   const std::vector<std::vector<int64_t>> cases = {{384, 256, 400, 280}, {100, 100, 300, 300}, {300, 300, 100, 100},
-                                                    {384, 256, 384, 256}, {64, 64, 64, 200},   {64, 64, 200, 64},
-                                                    {200, 200, 60, 60}};
+                                                   {384, 256, 384, 256}, {64, 64, 64, 200},    {64, 64, 200, 64},
+                                                   {200, 200, 60, 60}};
   const int threads = at::get_num_threads();
   for (int t : {1, 2})
-  for (const std::vector<int64_t>& c : cases) {
-    at::set_num_threads(t);
-    const int64_t h = c[0], w = c[1];
-    const std::vector<int64_t> size = {c[2], c[3]};
-    const std::string what = std::to_string(h) + "x" + std::to_string(w) + " to " + std::to_string(size[0]) + "x" +
-                             std::to_string(size[1]) + ", " + std::to_string(t) + " thread(s)";
-    const torch::Tensor image = torch::rand({1, 3, h, w});
-    const torch::Tensor levels = (image * 255).round().to(torch::kUInt8);
-    const torch::Tensor meta_image = torch::empty({1, 3, h, w}, meta), meta_levels = meta_image.to(torch::kUInt8);
-    EXPECT_EQ(walked([&] { nn::resize_bilinear(meta_image, size); }),
-              measured([&] { nn::resize_bilinear(image, size); }))
-        << "bilinear " << what;
-    EXPECT_EQ(walked([&] { nn::resize_bicubic_aa(meta_levels, size); }),
-              measured([&] { nn::resize_bicubic_aa(levels, size); }))
-        << "bicubic, antialiased, uint8 " << what;
-  }
+    for (const std::vector<int64_t>& c : cases) {
+      at::set_num_threads(t);
+      const int64_t h = c[0], w = c[1];
+      const std::vector<int64_t> size = {c[2], c[3]};
+      const std::string what = std::to_string(h) + "x" + std::to_string(w) + " to " + std::to_string(size[0]) + "x" +
+                               std::to_string(size[1]) + ", " + std::to_string(t) + " thread(s)";
+      const torch::Tensor image = torch::rand({1, 3, h, w});
+      const torch::Tensor levels = (image * 255).round().to(torch::kUInt8);
+      const torch::Tensor meta_image = torch::empty({1, 3, h, w}, meta), meta_levels = meta_image.to(torch::kUInt8);
+      EXPECT_EQ(walked([&] { nn::resize_bilinear(meta_image, size); }),
+                measured([&] { nn::resize_bilinear(image, size); }))
+          << "bilinear " << what;
+      EXPECT_EQ(walked([&] { nn::resize_bicubic_aa(meta_levels, size); }),
+                measured([&] { nn::resize_bicubic_aa(levels, size); }))
+          << "bicubic, antialiased, uint8 " << what;
+    }
   at::set_num_threads(threads);
 }
 

@@ -2,12 +2,14 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "../support/test_util.h"
 #include "gclab/config/user_error.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/model/lora.h"
 #include "gclab/model/quantize.h"
+#include "gclab/model/registry.h"
 #include "gclab/model/transformer.h"
 
 namespace gclab::model {
@@ -30,6 +32,39 @@ TEST(Presets, FullSizeParameterCountsMatchThePublishedFigures) {
   EXPECT_NEAR(static_cast<double>(dit), 675e6, 0.5e6) << dit;
   const int64_t sd35 = meta_params("sd35-large");  // "8.1B" (stabilityai/stable-diffusion-3.5-large)
   EXPECT_NEAR(static_cast<double>(sd35), 8.1e9, 0.05e9) << sd35;
+}
+
+// The Wan transformers against diffusers' WanTransformer3DModel built on the meta device with the configs
+// scripts/convert_wan_to_diffusers.py writes (diffusers 0.42.1, accelerate's init_empty_weights): Wan 2.1
+// T2V 1.3B and 14B as presets; Wan 2.1 I2V 14B (36 input channels, CLIP's 1280-wide tokens through their
+// own keys and values), Wan 2.2 I2V A14B (36 channels, no CLIP) and Wan 2.2 TI2V 5B (48 channels) read from
+// their config.json keys onto the 14B preset.
+TEST(Presets, WanParameterCountsAreDiffusers) {
+  EXPECT_EQ(meta_params("wan21-1.3b"), 1418996800);
+  EXPECT_EQ(meta_params("wan21-14b"), 14288491584);
+  auto from_config = [](const nlohmann::json& c) {
+    ModelSpec s = spec_by_preset("wan21-14b");
+    family_of(s.family).read_diffusers_config(s, c);
+    return parameter_count(*build_transformer(s, torch::TensorOptions().device(torch::kMeta)));
+  };
+  EXPECT_EQ(from_config(nlohmann::json{{"in_channels", 36}, {"image_dim", 1280}, {"added_kv_proj_dim", 5120}}),
+            16394878784);
+  EXPECT_EQ(from_config(nlohmann::json{{"in_channels", 36}}), 14288901184);
+  EXPECT_EQ(from_config(nlohmann::json{{"num_attention_heads", 24},
+                                       {"ffn_dim", 14336},
+                                       {"num_layers", 30},
+                                       {"in_channels", 48},
+                                       {"out_channels", 48}}),
+            4999787712);
+}
+
+// AI Toolkit's Wan21.get_train_scheduler (wan21.py:79-84): static shift 3, no dynamic shifting; WanPipeline
+// sets its preview timesteps from the scheduler.
+TEST(Presets, WanFlowScheduleIsAiToolkits) {
+  const FlowSchedule s = family_of(spec_by_preset("wan21-14b").family).flow_schedule();
+  EXPECT_DOUBLE_EQ(s.shift, 3.0);
+  EXPECT_FALSE(s.dynamic);
+  EXPECT_TRUE(s.preview_from_scheduler);
 }
 
 TEST(Presets, ParameterNamesFollowTheReferenceStateDicts) {
@@ -83,8 +118,9 @@ TEST_P(TinyPreset, ForwardBackwardThroughEveryBlock) {
     return model->blocks()[i]->forward(inputs);
   });
   const torch::Tensor out = model->forward(in);
-  const int64_t expected_channels = spec.out_channels;
-  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, expected_channels, 32, 32}));
+  std::vector<int64_t> expected = in.latents.sizes().vec();  // the latents' shape, out_channels wide
+  expected[1] = spec.out_channels;
+  EXPECT_EQ(out.sizes(), expected);
   EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
   ASSERT_EQ(called.size(), model->blocks().size());
   for (size_t i = 0; i < called.size(); ++i) EXPECT_EQ(called[i], i);
@@ -96,7 +132,8 @@ TEST_P(TinyPreset, ForwardBackwardThroughEveryBlock) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, TinyPreset,
-                         ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"),
+                         ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit",
+                                           "tiny-wan21"),
                          [](const auto& info) { return gclab::testing::test_name(info.param); });
 
 TEST(Tokens, ImageTextAndReferenceTokensPerFamily) {
@@ -129,7 +166,14 @@ TEST(Presets, ConfigSelectsThePresetAndRefusesUnmodelledArchs) {
   EXPECT_EQ(spec_for(m).preset, "zimage-turbo");
   m.arch = "tiny-qwen-image";
   EXPECT_EQ(spec_for(m).family, model::Family("qwen_image"));
+  // AI Toolkit's Wan21 class: the 1.3B by its name (the UI's `wan21:1b` tag is dropped, as AI Toolkit drops
+  // it), else the 14B.
   m.arch = "wan21";
+  m.name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers";
+  EXPECT_EQ(spec_for(m).preset, "wan21-1.3b");
+  m.name_or_path = "Wan-AI/Wan2.1-T2V-14B-Diffusers";
+  EXPECT_EQ(spec_for(m).preset, "wan21-14b");
+  m.arch = "wan22_14b";
   EXPECT_THROW(spec_for(m), std::invalid_argument);
 }
 

@@ -17,6 +17,7 @@
 #include "gclab/config/user_error.h"
 #include "gclab/data/image.h"
 #include "gclab/model/diffusers_config.h"
+#include "gclab/train/plan.h"
 
 namespace gclab::model {
 namespace {
@@ -163,11 +164,19 @@ TEST(Registry, DivisibilityIsEachModelClasssOwn) {
     EXPECT_EQ(spec_by_preset(preset).divisibility, bucket) << preset;
     EXPECT_EQ(spec_by_preset(preset).preview_divisibility, preview) << preset;
   }
-  for (const auto& [arch, ok] : {std::pair{"zimage", true}, std::pair{"flex2", true}, std::pair{"flux", false},
-                                 std::pair{"qwen_image", false}, std::pair{"sd3", false}}) {
+  // A resolution is the buckets' target area (AI Toolkit's get_bucket_for_image_size): 1008 loads for every
+  // arch, and a square image's bucket is the model class's — 1008² at 16, 992 x 1024 at 32.
+  for (const auto& [arch, width, height] :
+       {std::tuple{"zimage", 1008, 1008}, std::tuple{"flex2", 1008, 1008}, std::tuple{"flux", 992, 1024},
+        std::tuple{"qwen_image", 992, 1024}, std::tuple{"sd3", 992, 1024}}) {
     const std::string yaml = std::string("name: d\ntraining_folder: /tmp\ndatasets:\n  - folder_path: /tmp\n") +
                              "    resolution: [1008]\nmodel: {arch: " + arch + "}\n";
-    EXPECT_EQ(load_config_text(yaml, "d.yaml").ok(), ok) << arch;
+    const auto r = load_config_text(yaml, "d.yaml");
+    ASSERT_TRUE(r.ok()) << arch;
+    const std::vector<train::StepCell> cells = train::step_cells(*r.config);
+    ASSERT_EQ(cells.size(), 1u);
+    EXPECT_EQ(cells[0].shape().width, width) << arch;
+    EXPECT_EQ(cells[0].shape().height, height) << arch;
   }
 }
 

@@ -36,7 +36,14 @@ TOL = 1e-5  # relative to the output's largest magnitude: float32 rounding throu
 BF16_TOL = 2e-2
 
 B, H, W = 2, 16, 12  # latent size (an image of 128 x 96); 8 x 6 = 48 patches, not a multiple of 32
-TEXT = {"flux": 7, "flex2": 7, "qwen_image": 9, "qwen_image_edit": 9, "qwen_image_edit_2511": 9, "zimage": 20, "sd3": 11}
+TEXT = {"flux": 7, "flex2": 7, "qwen_image": 9, "qwen_image_edit": 9, "qwen_image_edit_2511": 9, "zimage": 20, "sd3": 11,
+        "wan21": 7, "wan21_i2v": 512, "wan22_ti2v": 7}
+# Wan: video latents [B, 16, F', H, W] of F' = 3 latent frames (9 frames); Wan 2.1 I2V takes its first-frame
+# condition channels (mask 4 + latent 16) and CLIP's 257 image tokens, and 512 text rows (its attention
+# processor takes the context's last 512 rows as the text: transformer_wan.py:87-91); Wan 2.2 TI2V one
+# timestep per token (transformer_wan.py:676-691).
+WAN = ("wan21", "wan21_i2v", "wan22_ti2v")
+FRAMES = 3
 # Z-Image: 20 tokens, padded to 32 inside. The edit models get one reference image of another size
 # (Qwen-Image-Edit-2511: zero_cond_t, its reference tokens modulated by the embedding of t = 0).
 EDITS = {"qwen_image_edit": False, "qwen_image_edit_2511": True}
@@ -70,6 +77,12 @@ def build(family):
                                             attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
                                             caption_projection_dim=64, pooled_projection_dim=24, out_channels=16,
                                             pos_embed_max_size=48, qk_norm="rms_norm")
+    elif family in WAN:
+        i2v = family == "wan21_i2v"
+        m = diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16,
+                                            in_channels=36 if i2v else 16, out_channels=16, text_dim=32,
+                                            ffn_dim=96, num_layers=2, image_dim=24 if i2v else None,
+                                            added_kv_proj_dim=64 if i2v else None)
     else:
         raise SystemExit(f"unknown family {family}")
     with torch.no_grad():
@@ -82,6 +95,15 @@ def inputs(family):
     g = torch.Generator().manual_seed(7)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     d = {"latents": r(B, 16, H, W), "timestep": torch.tensor([0.3, 0.85]), "text": r(B, TEXT[family], 32)}
+    if family in WAN:
+        d["latents"] = r(B, 16, FRAMES, H, W)
+    if family == "wan21_i2v":
+        d["condition_channels"] = r(B, 20, FRAMES, H, W)
+        d["image_embeds"] = r(B, 257, 24)
+    if family == "wan22_ti2v":  # the first latent frame's tokens at t = 0, as the TI2V pipeline conditions on it
+        tokens = FRAMES * (H // 2) * (W // 2)
+        d["timestep"] = torch.tensor([0.3, 0.85])[:, None].repeat(1, tokens)
+        d["timestep"][:, : (H // 2) * (W // 2)] = 0
     if family in ("flux", "flex2", "sd3"):
         d["pooled"] = r(B, 24)
     if family in ("flux", "flex2"):
@@ -135,6 +157,11 @@ def velocity(family, m, d):
     if family == "zimage":
         out = m([x.unsqueeze(1) for x in lat], 1 - t, list(d["text"].unbind(0)), return_dict=False)[0]
         return -torch.stack([o.squeeze(1) for o in out])
+    if family in WAN:  # WanPipeline: the latents (with an I2V model's condition channels), timestep 1000 t
+        if "condition_channels" in d:
+            lat = torch.cat([lat, d["condition_channels"]], 1)
+        return m(hidden_states=lat, timestep=t * 1000, encoder_hidden_states=d["text"],
+                 encoder_hidden_states_image=d.get("image_embeds"), return_dict=False)[0]
     raise SystemExit(family)
 
 
@@ -148,7 +175,8 @@ def compare(what, ours, ref, tol=TOL):
 
 
 ARCH = {"flux": "flux", "flex2": "flex2", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3",
-        "qwen_image_edit": "qwen_image_edit", "qwen_image_edit_2511": "qwen_image_edit_plus"}
+        "qwen_image_edit": "qwen_image_edit", "qwen_image_edit_2511": "qwen_image_edit_plus",
+        "wan21": "wan21", "wan21_i2v": "wan21", "wan22_ti2v": "wan21"}
 
 
 def config(work, name, model_dir, extra_train="", network=True, save_format="safetensors"):
@@ -235,7 +263,7 @@ def main():
           "--dtype", "bf16")
     compare(f"{family} forward in bf16", load_file(out)["prediction"].float(), ref16, tol=BF16_TOL)
     del m16
-    if family in EDITS or family == "flex2":  # training and saving: one code for every family, checked on the others
+    if family in EDITS or family in ("flex2", "wan21_i2v", "wan22_ti2v"):  # training and saving: checked on the others
         print(f"{family}: gclab and diffusers agree")
         return
 

@@ -5,7 +5,8 @@ through `gclab forward --component text_encoder|text_encoder_2|text_encoder_3`:
 
 Tiny random CLIPTextModel (FLUX.1's text_encoder: quick_gelu, its pooled output), CLIPTextModelWithProjection
 (SD3.5's text_encoder / text_encoder_2: the penultimate hidden states and the projected pooled output),
-T5EncoderModel (text_encoder_2 / text_encoder_3: gated-gelu, relative position buckets), Qwen3Model
+T5EncoderModel (text_encoder_2 / text_encoder_3: gated-gelu, relative position buckets), UMT5EncoderModel
+(Wan's text_encoder: a relative-position bias per block), Qwen3Model
 (Z-Image: hidden_states[-2]) and Qwen2_5_VLForConditionalGeneration (Qwen-Image: the last hidden states,
 text only, and with images through its vision tower as the edit pipelines call it; the LM head in the file
 is not used), saved by
@@ -150,7 +151,7 @@ def main():
     try:
         from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, Qwen2_5_VLConfig,
                                   Qwen2_5_VLForConditionalGeneration, Qwen3Config, Qwen3Model, T5Config,
-                                  T5EncoderModel)
+                                  T5EncoderModel, UMT5Config, UMT5EncoderModel)
     except Exception as e:
         print(f"transformers unavailable: {e}", file=sys.stderr)
         sys.exit(77)
@@ -175,6 +176,12 @@ def main():
                                  relative_attention_max_distance=20)).eval()
     cases.append(("t5", t5, flux, "text_encoder_2", lambda o: {"hidden_states": o.last_hidden_state}))
     cases.append(("t5_sd3", t5, sd3, "text_encoder_3", lambda o: {"hidden_states": o.last_hidden_state}))
+    # Wan's UMT5: T5's blocks, each with its own relative-position bias (model_type "umt5").
+    umt5 = UMT5EncoderModel(UMT5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_heads=4,
+                                       feed_forward_proj="gated-gelu", relative_attention_num_buckets=8,
+                                       relative_attention_max_distance=20)).eval()
+    cases.append(("umt5", umt5, config_yaml(work, "tiny-wan21"), "text_encoder",
+                  lambda o: {"hidden_states": o.last_hidden_state}))
     qwen_kw = dict(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=8)
     qwen3 = Qwen3Model(Qwen3Config(**qwen_kw)).eval()
@@ -240,6 +247,8 @@ def main():
         counts = {
             "t5-xxl encoder": T5EncoderModel(T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24,
                                                       num_heads=64, feed_forward_proj="gated-gelu")),
+            "umt5-xxl encoder": UMT5EncoderModel(UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240,
+                                                            num_layers=24, num_heads=64, feed_forward_proj="gated-gelu")),
             "clip-l": CLIPTextModel(CLIPTextConfig(vocab_size=49408, hidden_size=768, intermediate_size=3072,
                                                    num_hidden_layers=12, num_attention_heads=12,
                                                    max_position_embeddings=77)),

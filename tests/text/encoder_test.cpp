@@ -30,6 +30,10 @@ int64_t parameter_count(torch::nn::Module& m) {
 TEST(TextEncoders, FullSizeParameterCountsEqualTransformers) {
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   EXPECT_EQ(parameter_count(*build_text_encoder(Kind::t5_xxl, false, {}, meta).encoder), 4762310656);
+  // google/umt5-xxl's UMT5EncoderModel (transformers' UMT5Config at its sizes, on meta, its embedding shared
+  // by `shared` and `encoder.embed_tokens`): T5-XXL's blocks with a 256,384-id table and a
+  // relative_attention_bias (32 x 64) in each of the 24.
+  EXPECT_EQ(parameter_count(*build_text_encoder(Kind::umt5_xxl, false, {}, meta).encoder), 5680910336);
   EXPECT_EQ(parameter_count(*build_text_encoder(Kind::clip_l, false, {}, meta).encoder), 123060480);
   EXPECT_EQ(parameter_count(*build_text_encoder(Kind::clip_l_projected, false, {}, meta).encoder),
             123060480 + 768 * 768);
@@ -59,7 +63,7 @@ TEST(TextEncoders, EveryPresetsEncodersFitItsTransformer) {
     int64_t widest = 0, clip_hidden = 0, pooled = 0;
     for (Kind kind : model::text_encoders(spec.family)) {
       auto e = build_text_encoder(kind, spec.tiny, {}, meta).encoder;
-      if (kind == Kind::t5_xxl || kind == Kind::qwen25_vl || kind == Kind::qwen3) widest = e->hidden_width();
+      if (config::t5_structured(kind) || kind == Kind::qwen25_vl || kind == Kind::qwen3) widest = e->hidden_width();
       if (kind == Kind::clip_l_projected || kind == Kind::clip_g_projected) clip_hidden += e->hidden_width();
       pooled += e->pooled_width();
     }

@@ -55,6 +55,28 @@ TEST(PromptEncoder, FluxTakesT5sPaddedRowsAndClipsPooledOutput) {
   EXPECT_EQ(clip.input_ids[0][4].item<int64_t>(), 999);
 }
 
+// Wan (WanPipeline._get_t5_prompt_embeds, as AI Toolkit's Wan21 calls it at 512 rows; tiny: 16): the prompt
+// cleaned (HTML references unescaped twice, runs of whitespace one space, stripped), UMT5 on the padded ids
+// with the mask, the real tokens' rows (the end-of-sequence token's included) and zeros after them.
+TEST(PromptEncoder, WanCleansThePromptAndZeroesThePaddingRows) {
+  torch::manual_seed(4);
+  PromptEncoder p(options_for("tiny-wan21"));
+  ASSERT_EQ(p.encoder(0).kind(), config::TextEncoderKind::umt5_xxl);
+  torch::NoGradGuard g;
+  const std::string messy = "  a red\t&amp;amp;  blue\n circle &#8212; x ";
+  const std::string clean = "a red & blue circle \u2014 x";
+  EXPECT_TRUE(torch::equal(p.tokenize(0, messy).input_ids, p.tokenize(0, clean).input_ids));
+  const auto e = p.encode(messy);
+  EXPECT_EQ(e.text.sizes(), (std::vector<int64_t>{1, 16, 64}));
+  const TokenizedBatch t = p.tokenize(0, clean);
+  const int64_t real = t.attention_mask.sum().item<int64_t>();
+  ASSERT_LT(real, 16);
+  const torch::Tensor by_hand_rows = by_hand(p, 0, clean).hidden_states.narrow(1, 0, real);
+  EXPECT_TRUE(torch::equal(e.text.narrow(1, 0, real), by_hand_rows));
+  EXPECT_EQ(e.text.narrow(1, real, 16 - real).abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(p.rows("anything at all"), 16);
+}
+
 TEST(PromptEncoder, Sd3PutsBothClipsSideBySidePaddedToT5sWidthThenT5sRows) {
   torch::manual_seed(2);
   auto o = options_for("tiny-sd3");

@@ -83,7 +83,7 @@ TEST_P(BlockWalk, EachBlockKeepsWhatTheTrackingAllocatorCountsInBf16) {
 
 // LoRA dropout acts on lora_A's rank-sized output (AI Toolkit's LoRAModule.forward): its mask is kept.
 TEST(BlockWalkDropout, TheMaskIsCounted) {
-  for (const char* preset : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
+  for (const char* preset : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit", "tiny-wan21"}) {
     expect_walk_matches(model::spec_by_preset(preset), /*lora=*/true, 2, torch::kFloat, /*dropout=*/0.25);
     expect_walk_matches(model::spec_by_preset(preset), /*lora=*/true, 1, torch::kBFloat16, /*dropout=*/0.25);
   }
@@ -103,7 +103,7 @@ TEST(BlockWalkZeroCond, PerTokenModulationIsCounted) {
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, BlockWalk,
                          ::testing::Combine(::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit",
-                                                              "tiny-zimage", "tiny-sd3", "tiny-dit"),
+                                                              "tiny-zimage", "tiny-sd3", "tiny-dit", "tiny-wan21"),
                                             ::testing::Bool(), ::testing::Values(1, 2)),
                          [](const auto& info) {
                            return gclab::testing::test_name(std::get<0>(info.param) +

@@ -67,13 +67,14 @@ TEST_P(CheckpointedFamily, EveryPolicyGivesTheGradientsOfNoCheckpointing) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    TinyPresets, CheckpointedFamily,
-    ::testing::Combine(::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"),
-                       ::testing::Bool()),
-    [](const auto& info) {
-      return gclab::testing::test_name(std::get<0>(info.param) + (std::get<1>(info.param) ? "_lora" : "_full"));
-    });
+INSTANTIATE_TEST_SUITE_P(TinyPresets, CheckpointedFamily,
+                         ::testing::Combine(::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3",
+                                                              "tiny-dit", "tiny-wan21"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return gclab::testing::test_name(std::get<0>(info.param) +
+                                                            (std::get<1>(info.param) ? "_lora" : "_full"));
+                         });
 
 // What each block keeps, probed on the CPU (the tracking allocator) and walked on the meta device (a
 // MetaCount) — the walk budget:BYTES is resolved from — is the same to the byte, block by block; the fewest

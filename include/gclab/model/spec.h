@@ -40,6 +40,12 @@ struct ModelSpec {
   // x_embedder 196 wide); without an inpainting or control input, a zero latent, a mask of ones and a zero
   // control, as AI Toolkit feeds them (flex2.py:462-482).
   int64_t extra_input_features = 0;
+  // Image-to-video models: channels concatenated on the noisy latents before the patch embedding (Wan I2V's
+  // first-frame mask 4 + first-frame latent 16), and the width and count of the image tokens the blocks
+  // cross-attend beside the text (Wan 2.1 I2V's CLIP hidden states, 1280 x 257); 0: none.
+  int64_t condition_input_channels = 0;
+  int64_t image_embed_dim = 0;
+  int64_t image_embed_tokens = 0;
   int64_t text_dim = 0;    // text-encoder width (0: no text, dit)
   int64_t pooled_dim = 0;  // pooled text vector width (flux: CLIP 768, sd3: 2048)
   int64_t max_text_tokens = 0;

@@ -29,6 +29,9 @@ struct ModelInputs {
   // Channels concatenated on the latents before patchifying, [B, C', H', W'] (Flex.2's inpainting latent,
   // its mask and a control latent: the family's training_condition, registry.h); undefined: the model's default.
   torch::Tensor condition_channels;
+  // Image tokens cross-attended beside the text, [B, N, spec.image_embed_dim] (Wan 2.1 I2V: CLIP's hidden
+  // states of the first frame); undefined where the model takes none.
+  torch::Tensor image_embeds;
   // FLUX/Flex: leave the guidance embedder out of the conditioning (AI Toolkit's bypass_guidance_embedding,
   // which Flex trains with); `guidance` is then not needed.
   bool bypass_guidance = false;

@@ -21,7 +21,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 // LayerNorm over the last dimension, no affine: the output like x, and the mean and 1/std the CPU's kernel
 // returns (and autograd keeps), one per row, in x's dtype (the CPU keeps a bf16 input's statistics in bf16).
 torch::Tensor meta_layer_norm(const torch::Tensor& x);
-// at::layer_norm over the last dimension with an affine weight and bias (CLIP's), on any device.
+// at::layer_norm over the last dimension with an affine weight and bias (CLIP's, Wan's norm2), on any device:
+// on meta as meta_layer_norm, the weight and bias kept with the graph and given gradients, as
+// native_layer_norm's backward gives them.
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps);
 
 // table.index_select(0, index) on any device (an embedding lookup): [n, D] rows of `table`.

@@ -69,6 +69,9 @@ class TextPipeline {
   // target (an edit template without a vision tower, no room for a slot's rows).
   virtual std::vector<PipelineCall> calls(const std::vector<const TextEncoderBase*>& encoders,
                                           const PipelineTarget& target) const = 0;
+  // The prompt as the pipeline cleans it before its tokenizers (WanPipeline's prompt_clean); by default as
+  // given.
+  virtual std::string clean(const std::string& prompt) const { return prompt; }
   // The rows every prompt gives (padded to a fixed length); 0: as many as its tokens.
   virtual int64_t fixed_rows(const PipelineTarget& /*target*/) const { return 0; }
   // What it hands the transformer from what each slot returned (`valid`: each slot's real tokens). By
@@ -91,6 +94,19 @@ class OneEncoderPipeline : public TextPipeline {
 
  private:
   config::TextEncoderKind kind_;
+};
+
+// One encoder on the prompt padded to the target's text length with the mask passed, then the real tokens'
+// rows and zeros after them: every prompt the same length (WanPipeline's _get_t5_prompt_embeds: u[:v], then
+// new_zeros up to max_sequence_length).
+class ZeroPaddedPipeline : public OneEncoderPipeline {
+ public:
+  using OneEncoderPipeline::OneEncoderPipeline;
+  std::vector<PipelineCall> calls(const std::vector<const TextEncoderBase*>& encoders,
+                                  const PipelineTarget& target) const override;
+  int64_t fixed_rows(const PipelineTarget& target) const override { return target.max_tokens; }
+  PromptEmbedding compose(const std::vector<EncodedText>& encoded, const std::vector<int64_t>& valid,
+                          const std::vector<PipelineCall>& calls, const PipelineTarget& target) const override;
 };
 
 }  // namespace gclab::text

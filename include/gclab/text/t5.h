@@ -1,5 +1,6 @@
 // transformers' T5EncoderModel (models/t5/modeling_t5.py): the encoder half of T5 v1.1, the text encoder
-// FLUX.1 (text_encoder_2) and SD3.5 (text_encoder_3) condition on. Pre-norm blocks of self-attention
+// FLUX.1 (text_encoder_2) and SD3.5 (text_encoder_3) condition on — and UMT5EncoderModel
+// (models/umt5/modeling_umt5.py), Wan's, the same with a bias per block. Pre-norm blocks of self-attention
 // without scaling, whose scores carry a learned bias per head over bucketed relative positions (computed by
 // the first block, shared by all), and a gated GELU feed-forward (wi_0 through the activation, times wi_1,
 // then wo); RMS norms without bias (the variance in float32). Parameters carry transformers' names
@@ -23,10 +24,16 @@ struct T5Config {
   int64_t relative_attention_num_buckets = 32, relative_attention_max_distance = 128;
   double layer_norm_epsilon = 1e-6;
   bool gated = true;  // feed_forward_proj "gated-gelu" (v1.1) vs "relu" (the original T5)
+  // UMT5 (transformers' UMT5EncoderModel, model_type "umt5"): every block's attention has its own
+  // relative_attention_bias, where T5's first block computes one bias for all.
+  bool bias_per_layer = false;
   nn::Activation dense_act_fn = nn::Activation::gelu_tanh;  // "gelu_new"
 
   // google/t5-v1_1-xxl's encoder, as FLUX.1 and SD3.5 ship it: 4,762,310,656 parameters.
   static T5Config xxl() { return {}; }
+  // google/umt5-xxl's encoder, as the Wan pipelines ship it (text_encoder/): T5-XXL's shape with its
+  // 256,384-id vocabulary and a bias per block.
+  static T5Config umt5_xxl();
   // The same code at CPU-test size (width 64, 2 blocks of 4 heads, 1000 ids).
   static T5Config tiny();
   // A transformers config.json (T5Config); throws std::runtime_error naming what it cannot use.
@@ -46,8 +53,9 @@ class T5EncoderImpl : public torch::nn::Module {
   T5Config config_;
   struct Block;
   std::vector<std::shared_ptr<Block>> blocks_;
-  torch::Tensor shared_, relative_attention_bias_, final_norm_;
-  torch::Tensor position_bias(int64_t length, const torch::Device& device) const;
+  torch::Tensor shared_, final_norm_;
+  // [1, heads, T, T] from one block's relative_attention_bias table
+  torch::Tensor position_bias(const torch::Tensor& table, int64_t length, const torch::Device& device) const;
 };
 TORCH_MODULE(T5Encoder);
 

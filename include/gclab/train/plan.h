@@ -21,12 +21,17 @@
 
 namespace gclab::train {
 
-// One (batch size, frames, square resolution) a dataset trains at: its sample shape at the resolution.
+// One (batch size, frames, resolution) a dataset trains at: its sample shape, a square image's bucket.
 struct StepCell {
   int batch = 0;
-  int resolution = 0;
-  int frames = 1;  // the dataset's num_frames
-  model::SampleShape shape() const { return {batch, frames, resolution, resolution}; }
+  int resolution = 0;  // the dataset's resolution: its buckets' target area, resolution²
+  int frames = 1;      // the dataset's num_frames
+  // The bucket a square image takes at that resolution (data::bucket_for at the arch's divisibility: 1024 at
+  // 32 is 1024², 632 at 16 is 624 x 640, 1008 at 32 is 992 x 1024); 0: resolution² (no arch to round for).
+  int width = 0, height = 0;
+  int bucket_width() const { return width > 0 ? width : resolution; }
+  int bucket_height() const { return height > 0 ? height : resolution; }
+  model::SampleShape shape() const { return {batch, frames, bucket_height(), bucket_width()}; }
   bool operator<(const StepCell& o) const {
     return resolution != o.resolution ? resolution < o.resolution
            : frames != o.frames       ? frames < o.frames

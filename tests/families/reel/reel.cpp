@@ -155,22 +155,9 @@ class ReelTransformer : public DiffusionTransformer {
 // Its text pipeline: T5 on the bare caption, cut and padded to the text length with the mask passed; the
 // real tokens' rows kept and the rest zeros (WanPipeline._get_t5_prompt_embeds: u[:v], then new_zeros up to
 // max_sequence_length) — every prompt the same length.
-class ReelText final : public text::OneEncoderPipeline {
+class ReelText final : public text::ZeroPaddedPipeline {
  public:
-  ReelText() : OneEncoderPipeline(config::TextEncoderKind::t5_xxl) {}
-  std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>&,
-                                        const text::PipelineTarget& t) const override {
-    return {text::PipelineCall().max_length(t.max_tokens).pad(true).mask(true)};
-  }
-  int64_t fixed_rows(const text::PipelineTarget& t) const override { return t.max_tokens; }
-  text::PromptEmbedding compose(const std::vector<text::EncodedText>& e, const std::vector<int64_t>& valid,
-                                const std::vector<text::PipelineCall>& calls,
-                                const text::PipelineTarget& t) const override {
-    text::PromptEmbedding out = TextPipeline::compose(e, valid, calls, t);  // the real tokens' rows
-    const torch::Tensor& h = out.text;
-    out.text = torch::cat({h, torch::zeros({h.size(0), t.max_tokens - h.size(1), h.size(2)}, h.options())}, 1);
-    return out;
-  }
+  ReelText() : ZeroPaddedPipeline(config::TextEncoderKind::t5_xxl) {}
 };
 
 // Its guidance: classifier-free guidance above 1, the conditional and unconditional passes as two forwards

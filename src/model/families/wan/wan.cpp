@@ -1,0 +1,170 @@
+// Wan 2.1 text-to-video (Wan-AI/Wan2.1-T2V-1.3B and -14B, diffusers' WanTransformer3DModel and WanPipeline),
+// as AI Toolkit trains it (toolkit/models/wan21/wan21.py, class Wan21, arch "wan21"; its UI names the two
+// sizes `wan21:1b` and `wan21:14b`, the tag dropped before the arch is read: config_modules.py:764-768).
+// Its parts: the transformer (transformer.cpp), UMT5-XXL's prompt (text_pipeline.cpp), the Wan 2.1 VAE — the
+// causal video autoencoder Qwen-Image's derives from, the same layers and latent statistics
+// (vae/qwen_image_vae.h; latents 1 + (F - 1) / 4 frames, 8x spatial, 16 channels) — classifier-free guidance
+// in two forwards (WanPipeline) and the flow schedule's static shift 3 (wan21.py:79-84).
+#include <nlohmann/json.hpp>
+
+#include "gclab/config/user_error.h"
+#include "gclab/model/registry.h"
+
+namespace gclab::model {
+namespace wan {
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+std::shared_ptr<const text::TextPipeline> text_pipeline();
+}  // namespace wan
+
+namespace {
+
+const Family kWanId("wan");  // the registry's key: this folder's name
+
+// WanRotaryPosEmbed's split of a head: rows and columns 2 (d / 6) each, frames the rest (128: 44, 42, 42).
+std::vector<int64_t> rope_axes(int64_t head_dim) {
+  const int64_t side = 2 * (head_dim / 6);
+  return {head_dim - 2 * side, side, side};
+}
+
+// The transformer's shape (diffusers' scripts/convert_wan_to_diffusers.py get_transformer_config: layers,
+// heads of 128, FFN) with what every Wan shares: patch (1, 2, 2), UMT5's 4096-wide text padded to 512 rows,
+// the Wan 2.1 VAE's latents.
+ModelSpec wan_preset(const std::string& preset, int64_t heads, int64_t ffn, int layers) {
+  ModelSpec s;
+  s.preset = preset;
+  s.family = kWanId;
+  s.heads = heads, s.head_dim = 128, s.hidden = heads * 128, s.mlp_hidden = ffn;
+  s.single_blocks = layers;
+  s.latent_channels = 16, s.out_channels = 16, s.latent_spatial = 8, s.latent_temporal = 4;
+  s.patch = 2, s.patch_frames = 1;
+  s.text_dim = 4096, s.max_text_tokens = 512;  // wan21.py get_prompt_embeds: max_sequence_length=512
+  s.rope_axes = rope_axes(s.head_dim), s.rope_theta = 10000;
+  // wan21.py get_bucket_divisibility: 16 (the VAE's 8 x the patch's 2).
+  s.divisibility = 16, s.preview_divisibility = 16;
+  return s;
+}
+
+ModelSpec tiny_wan21() {
+  ModelSpec s = families_shared::tiny(wan_preset("tiny-wan21", 12, 8960, 30), "tiny-wan21");
+  s.single_blocks = 2, s.mlp_hidden = 256, s.max_text_tokens = 16;
+  s.rope_axes = rope_axes(s.head_dim);
+  return s;
+}
+
+// WanPipeline's guidance: the conditional and unconditional predictions from two forwards of one sample.
+class TwoForwardCfg final : public Guidance {
+ public:
+  bool one_batch() const override { return false; }
+};
+
+class Wan final : public ModelFamily {
+ public:
+  Family id() const override { return kWanId; }
+  std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
+                                                          const torch::TensorOptions& options) const override {
+    return wan::build_transformer(spec, options);
+  }
+  std::string describe_blocks(const ModelSpec& s) const override {
+    return std::to_string(s.single_blocks) + " video (self + cross attention)";
+  }
+  // Wan21.load_model (wan21.py:344-402): the transformer from_pretrained in its dtype, moved to the device
+  // and quantized there unless low_vram.
+  std::vector<ArchFacts> archs() const override {
+    const auto L = TransformerLoading::on_device_unless_low_vram;
+    return {{"wan21", kWanId, "wan21-14b", false, "1.3B", "wan21-1.3b", L, {"Wan2.1-T2V"}},
+            {"tiny-wan21", kWanId, "tiny-wan21", true, "", "", L, {}}};
+  }
+  std::vector<ModelSpec> presets() const override {
+    return {wan_preset("wan21-1.3b", 12, 8960, 30), wan_preset("wan21-14b", 40, 13824, 40), tiny_wan21()};
+  }
+
+  vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
+    return spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
+  }
+  std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return wan::text_pipeline(); }
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
+    return std::make_shared<TwoForwardCfg>();
+  }
+  // wan21.py:79-84 CustomFlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False); WanPipeline
+  // sets its timesteps from the scheduler (no sigmas passed).
+  FlowSchedule flow_schedule() const override {
+    FlowSchedule s;
+    s.shift = 3.0, s.dynamic = false, s.preview_from_scheduler = true;
+    return s;
+  }
+
+  // Every prompt is UMT5's 512 rows (the padding zeroed), cross-attended: none in the video's sequence.
+  int64_t encoder_tokens(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
+  int64_t sequence_rows(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
+  int64_t text_tokens(const ModelSpec&, int64_t) const override { return 0; }
+
+  std::string diffusers_class() const override { return "WanTransformer3DModel"; }
+  nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
+    return {{"_class_name", "WanTransformer3DModel"},
+            {"added_kv_proj_dim", s.image_embed_dim > 0 ? nlohmann::json(s.hidden) : nlohmann::json()},
+            {"attention_head_dim", s.head_dim},
+            {"cross_attn_norm", true},
+            {"eps", 1e-6},
+            {"ffn_dim", s.mlp_hidden},
+            {"freq_dim", 256},
+            {"image_dim", s.image_embed_dim > 0 ? nlohmann::json(s.image_embed_dim) : nlohmann::json()},
+            {"in_channels", s.latent_channels + s.condition_input_channels},
+            {"num_attention_heads", s.heads},
+            {"num_layers", s.single_blocks},
+            {"out_channels", s.out_channels},
+            {"patch_size", {s.patch_frames, s.patch, s.patch}},
+            {"qk_norm", "rms_norm_across_heads"},
+            {"rope_max_seq_len", 1024},
+            {"text_dim", s.text_dim}};
+  }
+  void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
+    using families_shared::config_int;
+    s.heads = config_int(c, "num_attention_heads", s.heads);
+    s.head_dim = config_int(c, "attention_head_dim", s.head_dim);
+    s.hidden = s.heads * s.head_dim;
+    s.rope_axes = rope_axes(s.head_dim);
+    s.single_blocks = static_cast<int>(config_int(c, "num_layers", s.single_blocks));
+    s.mlp_hidden = config_int(c, "ffn_dim", s.mlp_hidden);
+    s.text_dim = config_int(c, "text_dim", s.text_dim);
+    s.out_channels = config_int(c, "out_channels", s.out_channels);
+    s.latent_channels = s.out_channels;
+    s.condition_input_channels = config_int(c, "in_channels", s.latent_channels) - s.latent_channels;
+    s.image_embed_dim = config_int(c, "image_dim", 0);
+    s.image_embed_tokens = s.image_embed_dim > 0 ? 257 : 0;  // CLIP ViT-H/14 at 224²: 16 x 16 + its class token
+    if (c.contains("patch_size")) {
+      const auto p = c.at("patch_size").get<std::vector<int64_t>>();
+      if (p.size() != 3 || p[0] != 1 || p[1] != p[2])
+        throw UserError("patch_size must be [1, p, p] (each frame patched alone), got " + c.at("patch_size").dump());
+      s.patch_frames = p[0], s.patch = p[1];
+    }
+    if (c.value("qk_norm", std::string("rms_norm_across_heads")) != "rms_norm_across_heads" ||
+        !c.value("cross_attn_norm", true) || config_int(c, "freq_dim", 256) != 256)
+      throw UserError(
+          "a WanTransformer3DModel with qk_norm rms_norm_across_heads, cross_attn_norm and freq_dim 256 "
+          "(every Wan checkpoint's), got " +
+          c.dump());
+    if (c.contains("added_kv_proj_dim") && !c["added_kv_proj_dim"].is_null() &&
+        config_int(c, "added_kv_proj_dim", 0) != s.hidden)
+      throw UserError("added_kv_proj_dim must be the width " + std::to_string(s.hidden));
+  }
+  void read_tensor_shapes(ModelSpec& s, const TensorShapes& t) const override {
+    s.hidden = t.dim("patch_embedding.weight", 0);
+    s.heads = s.hidden / s.head_dim;
+    s.latent_channels = s.out_channels = t.dim("proj_out.weight", 0) / (s.patch * s.patch);
+    s.condition_input_channels = t.dim("patch_embedding.weight", 1) - s.latent_channels;
+    s.mlp_hidden = t.dim("blocks.0.ffn.net.0.proj.weight", 0);
+    s.single_blocks = t.count("blocks");
+    s.text_dim = t.dim("condition_embedder.text_embedder.linear_1.weight", 1);
+    if (t.contains("condition_embedder.image_embedder.norm1.weight"))
+      s.image_embed_dim = t.dim("condition_embedder.image_embedder.norm1.weight", 0), s.image_embed_tokens = 257;
+  }
+};
+
+}  // namespace
+
+const ModelFamily& wan_family() {
+  static const Wan family;
+  return family;
+}
+
+}  // namespace gclab::model
