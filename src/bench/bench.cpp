@@ -89,12 +89,15 @@ CellResult run_cell(train::Session& session, const model::SampleShape& shape, in
 }
 
 std::vector<int> resolutions_for(const train::Session& session, std::vector<int> given) {
+  const int div = session.spec().divisibility;
+  // A dataset's resolution is its buckets' target area, any positive value (AI Toolkit's): the squares bench
+  // measures are the largest within it (632 -> 624 at 16); one given on the command line must be a side.
   if (given.empty())
-    for (const auto& d : session.config().datasets) given.insert(given.end(), d.resolution.begin(), d.resolution.end());
+    for (const auto& d : session.config().datasets)
+      for (int r : d.resolution) given.push_back(std::max(div, r / div * div));
   if (given.empty()) given = {512};
   std::sort(given.begin(), given.end());
   given.erase(std::unique(given.begin(), given.end()), given.end());
-  const int div = session.spec().divisibility;
   for (int r : given)
     if (r <= 0 || r % div != 0)
       throw UserError("resolution " + std::to_string(r) + " is not a positive multiple of " + std::to_string(div) +

@@ -29,17 +29,19 @@ T5Config T5Config::from_json_file(const std::filesystem::path& path) {
     if (type != "t5" && type != "umt5")
       throw std::runtime_error("model_type is " + j["model_type"].dump() + ", not t5 or umt5");
     c.bias_per_layer = type == "umt5";
-    c.vocab_size = j.value("vocab_size", c.vocab_size);
-    c.d_model = j.value("d_model", int64_t{512});  // transformers' T5Config defaults (t5-small)
+    // transformers' T5Config defaults (t5-small), UMT5Config's (umt5-small) for a umt5 file.
+    const bool umt5 = c.bias_per_layer;
+    c.vocab_size = j.value("vocab_size", umt5 ? int64_t{250112} : c.vocab_size);
+    c.d_model = j.value("d_model", int64_t{512});
     c.d_kv = j.value("d_kv", int64_t{64});
-    c.d_ff = j.value("d_ff", int64_t{2048});
-    c.num_layers = j.value("num_layers", int64_t{6});
-    c.num_heads = j.value("num_heads", int64_t{8});
+    c.d_ff = j.value("d_ff", umt5 ? int64_t{1024} : int64_t{2048});
+    c.num_layers = j.value("num_layers", umt5 ? int64_t{8} : int64_t{6});
+    c.num_heads = j.value("num_heads", umt5 ? int64_t{6} : int64_t{8});
     c.relative_attention_num_buckets = j.value("relative_attention_num_buckets", c.relative_attention_num_buckets);
     c.relative_attention_max_distance = j.value("relative_attention_max_distance", c.relative_attention_max_distance);
     c.layer_norm_epsilon = j.value("layer_norm_epsilon", c.layer_norm_epsilon);
     // feed_forward_proj: "relu", "gelu", "gated-gelu", "gated-silu"...; "gated-gelu" means gelu_new.
-    const std::string proj = j.value("feed_forward_proj", std::string("relu"));
+    const std::string proj = j.value("feed_forward_proj", std::string(umt5 ? "gated-gelu" : "relu"));
     c.gated = proj.rfind("gated-", 0) == 0;
     std::string act = c.gated ? proj.substr(6) : proj;
     if (act == "gelu" && c.gated) act = "gelu_new";

@@ -356,24 +356,40 @@ QwenImageVaeConfig QwenImageVaeConfig::tiny() {
 }
 
 QwenImageVaeConfig QwenImageVaeConfig::from_json_file(const std::filesystem::path& path) {
-  return parse_config_json(path, "AutoencoderKLQwenImage", [](const nlohmann::json& j) {
-    QwenImageVaeConfig c;
-    c.base_dim = j.value("base_dim", c.base_dim);
-    c.z_dim = j.value("z_dim", c.z_dim);
-    c.dim_mult = j.value("dim_mult", c.dim_mult);
-    c.num_res_blocks = j.value("num_res_blocks", c.num_res_blocks);
-    c.temperal_downsample = j.value("temperal_downsample", c.temperal_downsample);
-    c.input_channels = j.value("input_channels", c.input_channels);
-    c.latents_mean = j.value("latents_mean", c.latents_mean);
-    c.latents_std = j.value("latents_std", c.latents_std);
-    if (!j.value("attn_scales", nlohmann::json::array()).empty())
-      throw std::runtime_error("attn_scales is not empty, which gclab does not build");
-    if (c.temperal_downsample.size() + 1 != c.dim_mult.size())
-      throw std::runtime_error("temperal_downsample needs one entry fewer than dim_mult");
-    if (static_cast<int64_t>(c.latents_mean.size()) != c.z_dim || static_cast<int64_t>(c.latents_std.size()) != c.z_dim)
-      throw std::runtime_error("latents_mean and latents_std need z_dim values");
-    return c;
-  });
+  return parse_config_json(
+      path, "AutoencoderKLQwenImage",
+      [](const nlohmann::json& j) {
+        QwenImageVaeConfig c;
+        c.base_dim = j.value("base_dim", c.base_dim);
+        c.z_dim = j.value("z_dim", c.z_dim);
+        c.dim_mult = j.value("dim_mult", c.dim_mult);
+        c.num_res_blocks = j.value("num_res_blocks", c.num_res_blocks);
+        c.temperal_downsample = j.value("temperal_downsample", c.temperal_downsample);
+        c.input_channels = j.value("input_channels", c.input_channels);
+        c.latents_mean = j.value("latents_mean", c.latents_mean);
+        c.latents_std = j.value("latents_std", c.latents_std);
+        if (!j.value("attn_scales", nlohmann::json::array()).empty())
+          throw std::runtime_error("attn_scales is not empty, which gclab does not build");
+        if (c.temperal_downsample.size() + 1 != c.dim_mult.size())
+          throw std::runtime_error("temperal_downsample needs one entry fewer than dim_mult");
+        if (static_cast<int64_t>(c.latents_mean.size()) != c.z_dim ||
+            static_cast<int64_t>(c.latents_std.size()) != c.z_dim)
+          throw std::runtime_error("latents_mean and latents_std need z_dim values");
+        // diffusers' AutoencoderKLWan is the same network (its state dict, key for key) where it is the Wan 2.1
+        // VAE: no residual blocks, no patchify, one base width, RGB in and out. The Wan 2.2 VAE is not built.
+        const auto is_null_or = [&](const char* key, const nlohmann::json& value) {
+          return !j.contains(key) || j[key].is_null() || j[key] == value;
+        };
+        if (j.value("_class_name", std::string()) == "AutoencoderKLWan" &&
+            (j.value("is_residual", false) || !is_null_or("patch_size", nullptr) ||
+             !is_null_or("decoder_base_dim", c.base_dim) || j.value("in_channels", 3) != 3 ||
+             j.value("out_channels", 3) != 3))
+          throw std::runtime_error(
+              "an AutoencoderKLWan other than Wan 2.1's (is_residual, patch_size, decoder_base_dim, "
+              "in_channels or out_channels: the Wan 2.2 VAE), which gclab does not build yet");
+        return c;
+      },
+      {"AutoencoderKLWan"});
 }
 
 QwenImageVaeImpl::QwenImageVaeImpl(QwenImageVaeConfig config, const torch::TensorOptions& options)

@@ -226,7 +226,8 @@ TEST(LocalWeights, ASingleSafetensorsFileGivesItsShapeAndWeights) {
 
 // Which text encoders AI Toolkit's loaders quantize, under which switch, as which qtype: FLUX.1 / Flex T5
 // only under quantize_te (defaulting to quantize) as model.qtype; SD3 T5 only under model.quantize as
-// model.qtype; Qwen-Image / Z-Image the whole encoder under quantize_te as qtype_te.
+// model.qtype; Qwen-Image / Z-Image the whole encoder under quantize_te as qtype_te; Wan UMT5 whole under
+// quantize_te as model.qtype.
 TEST(TextEncoderStorage, AsAiToolkitsLoadersQuantizeThem) {
   using S = WeightStorage;
   using Slots = std::vector<std::optional<WeightStorage>>;
@@ -244,6 +245,8 @@ TEST(TextEncoderStorage, AsAiToolkitsLoadersQuantizeThem) {
   EXPECT_EQ(text_encoder_storage(m, model::Family("sd3")), (Slots{std::nullopt, std::nullopt, std::nullopt}));
   EXPECT_EQ(text_encoder_storage(m, model::Family("qwen_image")), (Slots{S::Float8}));
   EXPECT_EQ(text_encoder_storage(m, model::Family("zimage")), (Slots{S::Float8}));
+  EXPECT_EQ(text_encoder_storage(m, model::Family("wan")),
+            (Slots{S::UInt4}));  // UMT5 as model.qtype (wan21.py:432-436)
   EXPECT_TRUE(text_encoder_storage(m, model::Family("dit")).empty());
   EXPECT_EQ(describe_text_encoder_storage(m, model::Family("zimage")), "qwen3's Linears as float8");
 }

@@ -10,7 +10,8 @@ Qwen-Image pipelines normalise latents) and decode (z / (1 / latents_std) + late
 clamped) to float32 rounding — for an image (one frame, [B, 3, H, W]) and for videos of 5 and 9 frames, whose
 chunks go through the causal convolutions' frame cache; and decode in tiles (`--vae-tile 32` against
 diffusers' enable_tiling(tile_sample_min 32, stride 24): blended seams, not clamped) for an image and a
-5-frame video. Full-size parameter count: printed for the C++ test's constant. Exit 77 without diffusers.
+5-frame video; and the Wan 2.1 VAE (AutoencoderKLWan, the same network) from a Wan folder's config.json.
+Full-size parameter count: printed for the C++ test's constant. Exit 77 without diffusers.
 """
 import os
 import sys
@@ -84,6 +85,30 @@ def main():
         worst = max(worst, err)
         print(f"{frames} frame(s) vae.decode tiled: max relative difference {err:.2e}")
         assert err < TOL, f"tiled {frames}: {err:.2e} >= {TOL}"
+    # The Wan 2.1 VAE (diffusers' AutoencoderKLWan, a Wan folder's vae/): the same network and state dict, read
+    # from its own config.json by the Wan family (tiny-wan21), a 5-frame video both ways.
+    from diffusers import AutoencoderKLWan
+    wan = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1).eval()
+    wan.load_state_dict(vae.state_dict())
+    wan_folder = os.path.join(work, "wan_vae")
+    wan.save_pretrained(wan_folder, safe_serialization=True)
+    wan_yaml = forward_config(work, "tiny-wan21")
+    x = torch.rand(2, 3, 5, 24, 40) * 2 - 1
+    z = torch.randn(2, 16, 2, 3, 5)
+    with torch.no_grad():
+        wants = {"vae.encode": ("latents", (wan.encode(x).latent_dist.mean - mean) / std),
+                 "vae.decode": ("images", wan.decode(z / inv_std + mean).sample)}
+    inputs = os.path.join(work, "in_wan.safetensors")
+    save_file({"images": x.contiguous(), "latents": z.contiguous()}, inputs)
+    for component, (key, want) in wants.items():
+        out = os.path.join(work, f"wan_{component}.safetensors")
+        run_component(exe, wan_yaml, component, wan_folder, inputs, out)
+        got = load_file(out)[key]
+        assert got.shape == want.shape, f"Wan {component}: {tuple(got.shape)} vs {tuple(want.shape)}"
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        worst = max(worst, err)
+        print(f"AutoencoderKLWan, 5 frames, {component}: max relative difference {err:.2e}")
+        assert err < TOL, f"Wan {component}: {err:.2e} >= {TOL}"
     with torch.device("meta"):
         full = AutoencoderKLQwenImage()
     print(f"full-size parameters: {sum(p.numel() for p in full.parameters())}")

@@ -46,7 +46,8 @@ struct QwenImageVaeConfig {
   // 4x temporal down-sampling, 32 base channels throughout (16 after an up-sampler halves them: a whole
   // oneDNN block), one residual block per stage.
   static QwenImageVaeConfig tiny();
-  // A diffusers config.json (AutoencoderKLQwenImage); throws std::runtime_error naming what it cannot use.
+  // A diffusers config.json (AutoencoderKLQwenImage, or AutoencoderKLWan as the Wan 2.1 VAE: the same network
+  // and state dict); throws std::runtime_error naming what it cannot use (the Wan 2.2 VAE among them).
   static QwenImageVaeConfig from_json_file(const std::filesystem::path& path);
   int64_t downsampling() const { return int64_t{1} << temperal_downsample.size(); }
   // Frames per latent frame after the first: 2 for each stage that also halves time (4 for Qwen-Image's).

@@ -61,9 +61,9 @@ std::string unescape(const std::string& text) {
 class WanText final : public text::ZeroPaddedPipeline {
  public:
   WanText() : ZeroPaddedPipeline(config::TextEncoderKind::umt5_xxl) {}
-  // prompt_clean: basic_clean (ftfy.fix_text where ftfy is installed — it is not among diffusers' or AI
-  // Toolkit's requirements, and gclab does not do it; html.unescape twice; strip), then whitespace_clean
-  // (runs of whitespace to one space, stripped).
+  // prompt_clean: basic_clean (ftfy.fix_text where ftfy is installed — AI Toolkit's requirements bring it,
+  // through open_clip_torch; gclab does not do it yet: curly quotes, ligatures and full-width forms stay as
+  // written; html.unescape twice; strip), then whitespace_clean (runs of whitespace to one space, stripped).
   std::string clean(const std::string& prompt) const override {
     const std::string text = unescape(unescape(prompt));
     std::string out;

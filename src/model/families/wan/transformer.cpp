@@ -35,6 +35,25 @@ struct AffineNorm {
   }
 };
 
+// torch.nn.RMSNorm over all heads (WanAttention's norm_q / norm_k / norm_added_k): at::rms_norm, the weight
+// applied before the one rounding to the input's dtype (not diffusers' own RMSNorm, which rounds first).
+struct AcrossHeadsNorm {
+  torch::Tensor weight;
+  AcrossHeadsNorm() = default;
+  AcrossHeadsNorm(torch::nn::Module& owner, const std::string& path, int64_t dim, const torch::TensorOptions& o)
+      : weight(holder_at(owner, path).register_parameter("weight", torch::ones({dim}, o))) {}
+  torch::Tensor operator()(const torch::Tensor& x) const { return at::rms_norm(x, {x.size(-1)}, weight, kEps); }
+};
+
+// WanAttnProcessor's apply_rotary_emb: interleaved pairs rotated in x's dtype, as AI Toolkit runs it (its
+// `.to(dtype)` after from_pretrained casts the rope buffers too): each product rounded, then the sum.
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const torch::Tensor c = cos.to(x.scalar_type()).slice(-1, 0, std::nullopt, 2);
+  const torch::Tensor s = sin.to(x.scalar_type()).slice(-1, 1, std::nullopt, 2);
+  const torch::Tensor x1 = x.slice(-1, 0, std::nullopt, 2), x2 = x.slice(-1, 1, std::nullopt, 2);
+  return torch::stack({x1 * c - x2 * s, x1 * s + x2 * c}, -1).flatten(-2);
+}
+
 // WanAttention with WanAttnProcessor: q, k, v and to_out.0 with biases, RMS norms over all heads at once
 // (qk_norm "rms_norm_across_heads") before the heads are split; rotary positions on q and k for the
 // self-attention. The cross-attention's keys come from the context; with added_kv (Wan 2.1 I2V) the
@@ -47,12 +66,12 @@ class WanAttentionImpl : public torch::nn::Module {
     to_k = register_module("to_k", Linear(LinearOptions(dim, dim).tensor_options(o)));
     to_v = register_module("to_v", Linear(LinearOptions(dim, dim).tensor_options(o)));
     to_out = register_at(*this, "to_out.0", Linear(LinearOptions(dim, dim).tensor_options(o)));
-    norm_q = register_module("norm_q", RMSNorm(dim, kEps, true, o));
-    norm_k = register_module("norm_k", RMSNorm(dim, kEps, true, o));
+    norm_q = AcrossHeadsNorm(*this, "norm_q", dim, o);
+    norm_k = AcrossHeadsNorm(*this, "norm_k", dim, o);
     if (added_kv > 0) {
       add_k_proj = register_module("add_k_proj", Linear(LinearOptions(added_kv, dim).tensor_options(o)));
       add_v_proj = register_module("add_v_proj", Linear(LinearOptions(added_kv, dim).tensor_options(o)));
-      norm_added_k = register_module("norm_added_k", RMSNorm(dim, kEps, true, o));
+      norm_added_k = AcrossHeadsNorm(*this, "norm_added_k", dim, o);
     }
   }
   // Self-attention: context undefined, cos/sin the positions. Cross-attention: the context rows.
@@ -67,7 +86,7 @@ class WanAttentionImpl : public torch::nn::Module {
     torch::Tensor q = split_heads(norm_q(to_q(x)), heads_);
     torch::Tensor k = split_heads(norm_k(to_k(text)), heads_);
     const torch::Tensor v = split_heads(to_v(text), heads_);
-    if (cos.defined()) q = apply_rope(q, cos, sin), k = apply_rope(k, cos, sin);
+    if (cos.defined()) q = rotate(q, cos, sin), k = rotate(k, cos, sin);
     torch::Tensor out = merge_heads(nn::attention(q, k, v)).to(q.scalar_type());
     if (image.defined()) {
       const torch::Tensor ki = split_heads(norm_added_k(add_k_proj(image)), heads_);
@@ -85,20 +104,22 @@ class WanAttentionImpl : public torch::nn::Module {
  private:
   int64_t heads_;
   Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, to_out{nullptr}, add_k_proj{nullptr}, add_v_proj{nullptr};
-  RMSNorm norm_q{nullptr}, norm_k{nullptr}, norm_added_k{nullptr};
+  AcrossHeadsNorm norm_q, norm_k, norm_added_k;
 };
 TORCH_MODULE(WanAttention);
 
-// The modulation of one block or of the output: `table` [1, n, D] (float32) plus the time projection,
-// [B, n, D] or per token [B, S, n, D], split into its n rows, each [B, 1, D] or [B, S, D].
-std::vector<torch::Tensor> modulation(const torch::Tensor& table, const torch::Tensor& e) {
+// The modulation of one block or of the output: `table` [1, n, D] plus the time projection, [B, n, D] or per
+// token [B, S, n, D], split into its n rows, each [B, 1, D] or [B, S, D] — in `dtype`: float32 for a block
+// (`scale_shift_table + temb.float()`), the model's for the output (its table and temb added as they are).
+std::vector<torch::Tensor> modulation(const torch::Tensor& table, const torch::Tensor& e,
+                                      torch::ScalarType dtype = torch::kFloat) {
   const int64_t n = table.size(1);
   if (e.dim() == 4) {
-    std::vector<torch::Tensor> rows = (table.to(torch::kFloat).unsqueeze(0) + e.to(torch::kFloat)).chunk(n, 2);
+    std::vector<torch::Tensor> rows = (table.to(dtype).unsqueeze(0) + e.to(dtype)).chunk(n, 2);
     for (auto& r : rows) r = r.squeeze(2);
     return rows;
   }
-  return (table.to(torch::kFloat) + e.to(torch::kFloat)).chunk(n, 1);
+  return (table.to(dtype) + e.to(dtype)).chunk(n, 1);
 }
 
 // LayerNorm without affine in float32, modulated, in x's dtype (norm1 / norm3 / norm_out).
@@ -222,7 +243,7 @@ class WanTransformer : public DiffusionTransformer {
       context = torch::cat({image_embedder(in.image_embeds.to(x.scalar_type())), context}, 1);
     }
     for (size_t i = 0; i < blocks().size(); ++i) x = call_block(i, {x, e, context, cos, sin})[0];
-    const auto ss = modulation(out_table, temb.dim() == 3 ? temb.unsqueeze(2) : temb.unsqueeze(1));
+    const auto ss = modulation(out_table, temb.dim() == 3 ? temb.unsqueeze(2) : temb.unsqueeze(1), temb.scalar_type());
     const torch::Tensor out = proj_out(modulated_norm(x, ss[0], ss[1]));
     // [B, F, H/p, W/p, 1, p, p, C] -> [B, C, F, H, W]
     return out.reshape({b, f, h / p, w / p, 1, p, p, spec_.out_channels})

@@ -60,6 +60,17 @@ class TwoForwardCfg final : public Guidance {
 class Wan final : public ModelFamily {
  public:
   Family id() const override { return kWanId; }
+  // wan21.py:732-733 (ss_base_model_version in a saved LoRA).
+  std::string base_model_version(const std::string&) const override { return "wan_2.1"; }
+  // quantize_model (toolkit/util/quantize.py) with BaseModel's get_quantization_exclude_modules (None) and no
+  // quantize_kwargs: every Linear of the blocks.
+  config::QuantizeKwargs quantization_filter(const config::ModelConfig&) const override { return {}; }
+  // wan21.py:432-436: under quantize_te, UMT5 whole, as model.qtype (not qtype_te).
+  TextEncoderQuantization text_encoder_quantization() const override {
+    TextEncoderQuantization q;
+    q.as_qtype_te = false;
+    return q;
+  }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return wan::build_transformer(spec, options);
@@ -67,8 +78,11 @@ class Wan final : public ModelFamily {
   std::string describe_blocks(const ModelSpec& s) const override {
     return std::to_string(s.single_blocks) + " video (self + cross attention)";
   }
-  // Wan21.load_model (wan21.py:344-402): the transformer from_pretrained in its dtype, moved to the device
-  // and quantized there unless low_vram.
+  // Wan21.load_wan_transformer (wan21.py:344-391): the transformer from_pretrained in its dtype, moved whole
+  // to the device unless low_vram, quantized there. (AI Toolkit's quantize_model then sends each quantized
+  // block to the CPU and the transformer comes back after UMT5 is loaded, wan21.py:445-448, 479-485: gclab's
+  // load keeps it on the device meanwhile, an over-count of the load's peak by the quantized blocks while UMT5
+  // loads — open, docs/aitk-semantics.md.)
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::on_device_unless_low_vram;
     return {{"wan21", kWanId, "wan21-14b", false, "1.3B", "wan21-1.3b", L, {"Wan2.1-T2V"}},
