@@ -1,0 +1,67 @@
+"""The Wan 2.1 estimate over frames x resolution (docs/results/wan.md): `gclab estimate` of AI Toolkit's own
+train_lora_wan21_1b_24gb.yaml (../shared/aitk-configs), as written and with the 14B's name_or_path, at each
+num_frames and resolution — tokens, the step's peak with checkpointing off and full, what the blocks keep,
+and the slope per latent frame (4 frames).
+
+  wan_frames.py [--bin build/bin/gclab] [--config PATH]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FRAMES = [1, 17, 33, 49, 81]
+RESOLUTIONS = [480, 632]
+MODELS = [("wan21-1.3b", []), ("wan21-14b", ["model.name_or_path=Wan-AI/Wan2.1-T2V-14B-Diffusers"])]
+
+
+def estimate(gclab, config, sets):
+    args = [gclab, "estimate", config, "--json"]
+    for s in sets:
+        args += ["--set", s]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"gclab estimate {' '.join(sets)}: exit {r.returncode}\n{r.stderr}")
+    return json.loads(r.stdout)["estimate"]
+
+
+def gib(b):
+    return f"{b / 2**30:.2f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin", "gclab"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "..", "shared", "aitk-configs",
+                                                     "train_lora_wan21_1b_24gb.yaml"))
+    a = ap.parse_args()
+    for preset, extra in MODELS:
+        print(f"\n### {preset}\n")
+        print("| resolution | bucket tokens / frame | frames | latent frames | tokens | GC off peak (GiB) | "
+              "GC full peak (GiB) | blocks keep, GC off (GiB) | GC full (GiB) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for res in RESOLUTIONS:
+            rows = []
+            for frames in FRAMES:
+                e = estimate(a.bin, a.config, extra + [f"datasets.0.resolution=[{res}]",
+                                                       f"datasets.0.num_frames={frames}"])
+                assert e["preset"] == preset, e["preset"]
+                r = e["per_resolution"][0]
+                latent = 1 + (frames - 1) // 4
+                rows.append((frames, latent, r["image_tokens"], r["gc_off"], r["gc_full"]))
+                print(f"| {res} | {r['image_tokens'] // latent} | {frames} | {latent} | {r['image_tokens']} | "
+                      f"{gib(r['gc_off']['total'])} | {gib(r['gc_full']['total'])} | "
+                      f"{gib(r['gc_off']['activations'])} | {gib(r['gc_full']['activations'])} |")
+            (f0, l0, _, off0, full0), (f1, l1, _, off1, full1) = rows[-2], rows[-1]
+            per = l1 - l0
+            print(f"| {res} | per latent frame, {f0} → {f1} frames | | | | "
+                  f"+{gib((off1['total'] - off0['total']) / per)} | +{gib((full1['total'] - full0['total']) / per)} | "
+                  f"+{gib((off1['activations'] - off0['activations']) / per)} | "
+                  f"+{gib((full1['activations'] - full0['activations']) / per)} |")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
