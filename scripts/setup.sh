@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything gclab needs, idempotently: Debian packages (compilers, yaml-cpp, spdlog, fmt,
-# GoogleTest, CLI11, stb, libwebp, nlohmann-json, libsentencepiece, libicu, ccache, clang-format) and LibTorch from the pinned `torch`
+# GoogleTest, CLI11, stb, libwebp, nlohmann-json, libsentencepiece, libicu, FFmpeg's libav*, ccache, clang-format) and LibTorch from the pinned `torch`
 # wheel in a venv at .venv/. A second run checks, finds nothing missing, and says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,7 @@ PYTHON="${GCLAB_BASE_PYTHON:-python3}"
 APT_PACKAGES=(cmake ninja-build g++ make python3-venv ccache pkg-config
               libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev googletest libcli11-dev libstb-dev
               nlohmann-json3-dev libwebp-dev libsentencepiece-dev libicu-dev clang-format
+              libavformat-dev libavcodec-dev libavutil-dev libswscale-dev  # video files (FFmpeg)
               chromium-headless-shell)  # the HTML reports' browser test (ctest report.browser)
 
 did_something=0

@@ -82,7 +82,8 @@ Run read_run(const fs::path& dir) {
   if (fs::is_directory(dir / "samples"))
     for (const auto& e : fs::directory_iterator(dir / "samples")) {
       const std::string ext = e.path().extension().string();
-      if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp") r.samples.push_back(e.path());
+      if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp" || ext == ".mp4")
+        r.samples.push_back(e.path());
     }
   std::sort(r.samples.begin(), r.samples.end());
   return r;
@@ -213,8 +214,13 @@ std::string previews(const Run& r) {
   for (const auto& f : r.samples) {
     std::string ext = f.extension().string().substr(1);
     if (ext == "jpg") ext = "jpeg";
-    h << "<figure><img alt=\"" << escape_xml(f.filename().string()) << "\" src=\"data:image/" << ext << ";base64,"
-      << base64(read_text(f)) << "\"><figcaption>" << escape_xml(f.filename().string()) << "</figcaption></figure>";
+    const std::string data = base64(read_text(f)), name = escape_xml(f.filename().string());
+    if (ext == "mp4")  // a video preview, playing in a loop
+      h << "<figure><video controls autoplay loop muted playsinline title=\"" << name
+        << "\" src=\"data:video/mp4;base64," << data << "\"></video>";
+    else
+      h << "<figure><img alt=\"" << name << "\" src=\"data:image/" << ext << ";base64," << data << "\">";
+    h << "<figcaption>" << name << "</figcaption></figure>";
   }
   h << "</div>";
   return h.str();

@@ -451,6 +451,9 @@ struct SynthArgs {
   uint64_t seed = 1;
   bool simple = false;
   int frames = 1;
+  bool video = false;
+  std::string format = "mp4";
+  int fps = 16;
 };
 
 int run_synth(const SynthArgs& a) {
@@ -469,10 +472,18 @@ int run_synth(const SynthArgs& a) {
   });
   if (o.count < 1) throw gclab::UserError("--count must be at least 1");
   if (o.frames < 1) throw gclab::UserError("--frames must be at least 1");
+  if (a.video) {
+    if (a.format != "mp4" && a.format != "webm" && a.format != "mov" && a.format != "mkv" && a.format != "gif")
+      throw gclab::UserError("--format must be mp4, webm, mov, mkv or gif (got '" + a.format + "')");
+    if (a.fps < 1) throw gclab::UserError("--fps must be at least 1");
+    o.video_format = a.format, o.fps = a.fps;
+    if (o.frames == 1) o.frames = 17;  // a short clip: 1 + 4·4 frames, five latent frames for Wan's autoencoder
+  }
   const auto files = gclab::data::write_synthetic_dataset(a.out, o);
   std::cout << "wrote " << files.size() << " captioned "
-            << (o.frames > 1 ? "clips of " + std::to_string(o.frames) + " frames" : std::string("images")) << " to "
-            << a.out << "\n";
+            << (o.frames > 1 ? (a.video ? a.format + " clips of " : "clips of ") + std::to_string(o.frames) + " frames"
+                             : std::string("images"))
+            << " to " << a.out << "\n";
   return kExitOk;
 }
 
@@ -725,7 +736,7 @@ void add_forward(CLI::App& app, Verbs& v) {
 }
 
 void add_synth(CLI::App& app, Verbs& v) {
-  auto* synth = v.synth = app.add_subcommand("synth", "write a captioned image folder to train on");
+  auto* synth = v.synth = app.add_subcommand("synth", "write a captioned image (or video clip) folder to train on");
   auto& synth_args = v.synth_args;
   synth->add_option("--out", synth_args.out, "folder to write (created if needed)")->required();
   synth->add_option("--count", synth_args.count, "number of images (default 24)");
@@ -733,7 +744,11 @@ void add_synth(CLI::App& app, Verbs& v) {
                     "comma-separated WIDTHxHEIGHT, cycled (default 512x512,640x448,448x640)");
   synth->add_option("--seed", synth_args.seed, "random seed (default 1)");
   synth->add_option("--frames", synth_args.frames,
-                    "above 1: clips (folders of numbered frames) for a video dataset's num_frames (default 1)");
+                    "above 1: clips (folders of numbered frames, or video files with --video) for a video dataset's "
+                    "num_frames (default 1; 17 with --video)");
+  synth->add_flag("--video", synth_args.video, "clips as video files (FFmpeg): synth_NNNN.mp4 beside its caption");
+  synth->add_option("--format", synth_args.format, "with --video: mp4, webm, mov, mkv or gif (default mp4)");
+  synth->add_option("--fps", synth_args.fps, "with --video: the clips' frame rate (default 16, Wan's)");
   synth->add_flag("--simple", synth_args.simple,
                   "one large shape in the middle, every shape / colour / background combination in turn (the "
                   "quickstart's: learnable in minutes)");

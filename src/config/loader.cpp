@@ -735,10 +735,6 @@ class Validator {
       at_least(p + ".keep_tokens", d.keep_tokens, 0);
       at_least(p + ".num_frames", d.num_frames, 1);
       at_least(p + ".fps", d.fps, 1);
-      if (d.num_frames > 1 && !d.shrink_video_to_frames)
-        error(p + ".shrink_video_to_frames",
-              "false (frames at the dataset's fps from a random start) is not read yet: gclab's clips are folders "
-              "of numbered frames, taken evenly spread (true, AI Toolkit's default)");
       if (d.batch_size) at_least(p + ".batch_size", *d.batch_size, 1);
       if (d.resolution.empty()) error(p + ".resolution", "must list at least one resolution");
       for (std::size_t r = 0; r < d.resolution.size(); ++r) {

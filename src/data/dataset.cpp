@@ -85,7 +85,7 @@ std::string universal_newlines(const std::string& s) {
 
 // The folder and every folder below it, as AI Toolkit's os.walk (toolkit/data_loader.py:438-450): hidden
 // folders and files (a leading '.') left out, and the images of any `_controls` folder; sorted.
-std::vector<fs::path> image_files_below(const fs::path& folder) {
+std::vector<fs::path> image_files_below(const fs::path& folder, bool (*accept)(const fs::path&) = is_image_file) {
   std::error_code ec;
   std::vector<fs::path> images;
   for (auto it = fs::recursive_directory_iterator(folder, fs::directory_options::skip_permission_denied, ec);
@@ -96,7 +96,7 @@ std::vector<fs::path> image_files_below(const fs::path& folder) {
       if (!name.empty() && name[0] == '.') it.disable_recursion_pending();
       continue;
     }
-    if (!name.empty() && name[0] != '.' && it->is_regular_file(ec) && is_image_file(it->path()) &&
+    if (!name.empty() && name[0] != '.' && it->is_regular_file(ec) && accept(it->path()) &&
         it->path().parent_path().filename() != "_controls")
       images.push_back(it->path());
   }
@@ -129,12 +129,6 @@ std::string read_caption(const config::DatasetConfig& dataset, const fs::path& i
   return "";
 }
 
-bool is_video_file(const fs::path& path) {
-  std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
-  return ext == ".mp4" || ext == ".webm" || ext == ".mov" || ext == ".gif" || ext == ".mkv" || ext == ".avi";
-}
-
 // Names in natural order: runs of digits compare as numbers ("frame2" before "frame10", as a frame
 // sequence written without zero padding, ffmpeg's %d, is meant), the rest as text.
 bool natural_less(const std::string& a, const std::string& b) {
@@ -158,9 +152,10 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
-// A video dataset's clips (num_frames > 1): each folder below `folder` holding images, its frames those
-// images in natural name order (frame2 before frame10), sized by the first; loose images and video files are
-// skipped with a warning each.
+// A video dataset's items (num_frames > 1), as AI Toolkit's video datasets hold them (toolkit/data_loader.py:
+// 433-436, data_transfer_object/data_loader.py:64-68): each video file below `folder` a clip; each image
+// directly in it an item of one frame; and (gclab's own) each folder below it holding images a clip, its frames
+// those images in natural name order (frame2 before frame10), sized by the first.
 ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std::string& where) {
   if (!dataset.control_path.empty() || dataset.inpaint_path || dataset.mask_path || dataset.alpha_mask)
     throw DataError(where + ": control, inpainting and mask images are not read for clips (num_frames " +
@@ -169,20 +164,29 @@ ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std
   std::map<fs::path, std::vector<fs::path>> clips;
   ScanResult result;
   for (const auto& path : image_files_below(folder)) {
-    if (path.parent_path() == folder) {
-      result.warnings.push_back(path.string() + ": skipped, a loose image in a dataset of num_frames " +
-                                std::to_string(dataset.num_frames) + " (a clip is a folder of numbered frames)");
+    if (path.parent_path() != folder) {
+      clips[path.parent_path()].push_back(path);
+      continue;
+    }
+    std::string why;
+    if (const auto size = read_image_size(path, &why))
+      result.items.push_back({path, read_caption(dataset, path, result), size->width, size->height, index});
+    else
+      result.warnings.push_back(path.string() + ": skipped, not a readable image (" + why + ")"),
+          ++result.skipped_images;
+  }
+  for (const auto& path : image_files_below(folder, is_video_file)) {
+    std::string why;
+    const auto info = probe_video(path, &why);
+    if (!info) {
+      result.warnings.push_back(path.string() + ": skipped, not a readable video (" + why + ")");
       ++result.skipped_images;
       continue;
     }
-    clips[path.parent_path()].push_back(path);
+    ImageItem item{path, read_caption(dataset, path, result), info->width, info->height, index};
+    item.video = info;
+    result.items.push_back(std::move(item));
   }
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(folder, ec))
-    if (is_video_file(entry.path()))
-      result.warnings.push_back(entry.path().string() +
-                                ": skipped, video files are not decoded yet (store the clip as a folder of "
-                                "numbered frames)");
   for (auto& [clip, frames] : clips) {
     std::sort(frames.begin(), frames.end(), [](const fs::path& a, const fs::path& b) {
       return natural_less(a.filename().string(), b.filename().string());
@@ -197,9 +201,11 @@ ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std
     ImageItem item{clip, read_caption(dataset, clip, result), size->width, size->height, index, {}, {}, {}, frames};
     result.items.push_back(std::move(item));
   }
-  if (result.items.empty())
-    throw DataError(where + ".folder_path: '" + folder.string() + "' has no clips (folders of frames) for num_frames " +
-                    std::to_string(dataset.num_frames));
+  std::sort(result.items.begin(), result.items.end(),
+            [](const ImageItem& a, const ImageItem& b) { return a.image < b.image; });
+  if (std::none_of(result.items.begin(), result.items.end(), [](const ImageItem& i) { return i.is_clip(); }))
+    throw DataError(where + ".folder_path: '" + folder.string() + "' has no clips (video files, or folders of " +
+                    "frames) for num_frames " + std::to_string(dataset.num_frames));
   return result;
 }
 
@@ -211,6 +217,19 @@ std::vector<int> clip_frame_indices(int total, int num_frames) {
   std::vector<int> out;
   for (int i = 0; i < num_frames; ++i)
     out.push_back(std::min(static_cast<int>(std::nearbyint(i * interval)), last));  // round half to even
+  return out;
+}
+
+std::vector<int> sample_frame_indices(const ImageItem& clip, const config::DatasetConfig& dataset,
+                                      std::mt19937_64& rng) {
+  const int total = clip.clip_length(), n = dataset.num_frames;
+  if (dataset.shrink_video_to_frames || total < n) return clip_frame_indices(total, n);
+  const int interval = std::max(1, static_cast<int>(std::nearbyint(clip.clip_fps(dataset) / dataset.fps)));
+  if (total / interval < n) return clip_frame_indices(total, n);
+  const int last = total - 1;
+  const int start = std::uniform_int_distribution<int>(0, std::max(0, last - (n - 1) * interval))(rng);
+  std::vector<int> out;
+  for (int i = 0; i < n; ++i) out.push_back(std::min(start + i * interval, last));
   return out;
 }
 
@@ -362,7 +381,10 @@ std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::ve
               s.item = static_cast<int>(i);
               s.placement = place_in_bucket(items[i].width, items[i].height, resolution, divisibility,
                                             ds.random_crop ? &rng : nullptr);
-              s.placement.bucket.frames = ds.num_frames;
+              // AI Toolkit's bucket key holds the frames (dataloader_mixins.py:299-302): an image of a video
+              // dataset is a sample of one frame, never batched with clips.
+              s.placement.bucket.frames = items[i].is_clip() ? ds.num_frames : 1;
+              if (items[i].is_clip()) s.frames = sample_frame_indices(items[i], ds, rng);
               s.flip_x = fx == 1, s.flip_y = fy == 1;
               buckets[s.placement.bucket].push_back(s);
             }
@@ -392,7 +414,7 @@ std::map<int, std::map<BucketResolution, int>> bucket_histogram(const std::vecto
   for (int resolution : dataset.resolution)
     for (const auto& item : items) {
       BucketResolution bucket = bucket_for(item.width, item.height, resolution, divisibility);
-      bucket.frames = dataset.num_frames;
+      bucket.frames = item.is_clip() ? dataset.num_frames : 1;
       ++out[resolution][bucket];
     }
   return out;

@@ -321,14 +321,20 @@ torch::Tensor BatchLoader::sample_image(const PlannedSample& s) const {
   auto frame = [&](const fs::path& file) {
     return data::to_unit_range(place_pixels(data::decode_image_rgb(file), s.placement, s.flip_x, s.flip_y));
   };
-  if (item.frames.empty()) return frame(item.image).unsqueeze(1).contiguous();
-  // A clip: its frames picked as AI Toolkit's shrink_video_to_frames, each flipped, scaled and cropped as an
-  // image (load_and_process_video's process_frame), decoded once each.
+  if (!item.is_clip()) return frame(item.image).unsqueeze(1).contiguous();
+  // A clip: the frames the plan picked (sample_frame_indices), each flipped, scaled and cropped as an image
+  // (load_and_process_video's process_frame), decoded once each.
+  const std::vector<int> picked =
+      s.frames.empty() ? clip_frame_indices(item.clip_length(), s.placement.bucket.frames) : s.frames;
+  std::vector<torch::Tensor> decoded_video;
+  if (item.video) decoded_video = decode_video_frames(item.image, picked);
   std::map<int, torch::Tensor> decoded;
   std::vector<torch::Tensor> frames;
-  for (int i : clip_frame_indices(static_cast<int>(item.frames.size()), s.placement.bucket.frames)) {
-    auto& f = decoded[i];
-    if (!f.defined()) f = frame(item.frames[static_cast<size_t>(i)]);
+  for (size_t k = 0; k < picked.size(); ++k) {
+    auto& f = decoded[picked[k]];
+    if (!f.defined())
+      f = item.video ? data::to_unit_range(place_pixels(decoded_video[k], s.placement, s.flip_x, s.flip_y))
+                     : frame(item.frames[static_cast<size_t>(picked[k])]);
     frames.push_back(f);
   }
   return torch::stack(frames, 1).contiguous();

@@ -1,4 +1,5 @@
 #include "gclab/data/synth.h"
+#include "gclab/data/video.h"
 
 #include <array>
 #include <cmath>
@@ -97,7 +98,13 @@ std::vector<fs::path> write_synthetic_dataset(const fs::path& dir, const SynthOp
     char name[32];
     std::snprintf(name, sizeof name, "synth_%04d", i);
     fs::path png = dir / (std::string(name) + ".png");
-    if (options.frames > 1) {
+    if (options.frames > 1 && !options.video_format.empty()) {
+      png = dir / (std::string(name) + "." + options.video_format);
+      std::vector<torch::Tensor> frames;
+      for (int f = 0; f < options.frames; ++f)
+        frames.push_back(draw(0.25 * (static_cast<double>(f) / (options.frames - 1) - 0.5)));
+      write_video(png, torch::stack(frames), options.fps);
+    } else if (options.frames > 1) {
       png = dir / name;
       for (int f = 0; f < options.frames; ++f) {
         char frame[32];

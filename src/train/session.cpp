@@ -8,6 +8,7 @@
 
 #include "gclab/config/byte_size.h"
 #include "gclab/data/image.h"
+#include "gclab/data/video.h"
 #include "gclab/log/log.h"
 #include "gclab/memory/placement.h"
 #include "gclab/model/family.h"
@@ -908,7 +909,8 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
     // sample.format: AI Toolkit's ext (config_modules.py:93, jpg by default) on the file it saves — the first
     // frame's; several frames also as an animated WebP beside it at the item's fps (AI Toolkit saves video
-    // previews as animated WebP, config_modules.py:98-102).
+    // previews as animated WebP, config_modules.py:98-102) and as an MP4 (H.264) that players and report.html
+    // play.
     const std::string stem = config_.name + "_" + step_tag(step) + "_" + std::to_string(i);
     const fs::path file = dir / (stem + "." + config_.sample->format);
     data::write_image(file, frames[0]);
@@ -917,6 +919,9 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
       const fs::path animation = dir / (stem + "_frames.webp");
       data::write_animated_webp(animation, frames, item.fps.value_or(sc.fps));
       files.push_back(animation);
+      const fs::path video = dir / (stem + "_frames.mp4");
+      data::write_video(video, frames, item.fps.value_or(sc.fps));
+      files.push_back(video);
     }
   }
   return files;

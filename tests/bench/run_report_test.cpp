@@ -14,6 +14,7 @@
 #include "gclab/bench/bench_page.h"
 #include "gclab/bench/run_report.h"
 #include "gclab/bench/svg.h"
+#include "gclab/data/video.h"
 #include "gclab/train/trainer.h"
 
 namespace gclab::bench {
@@ -149,6 +150,12 @@ TEST(RunReport, ATrainingRunsPageHasItsStepsPhasesAndPreviewsInside) {
   const std::string with_meta = read(write_run_report(dir / "r"));
   EXPECT_NE(with_meta.find("<mark>  version: 1.0</mark>"), std::string::npos);
   EXPECT_THROW(write_run_report(dir), std::runtime_error);  // not a run folder
+  // A video preview's MP4 plays in the page, inside it.
+  data::write_video(dir / "r" / "samples" / "r_x_frames.mp4", torch::zeros({3, 16, 16, 3}, torch::kUInt8), 8);
+  const std::string with_video = read(write_run_report(dir / "r"));
+  EXPECT_NE(with_video.find("<video controls autoplay loop muted playsinline title=\"r_x_frames.mp4\" "
+                            "src=\"data:video/mp4;base64,"),
+            std::string::npos);
   fs::remove_all(dir);
 }
 

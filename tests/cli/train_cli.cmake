@@ -48,6 +48,26 @@ expect_run(2 "${GCLAB}" train "${dir}/cfg.yaml" --set "datasets.0.folder_path=${
 expect_contains("${last_err}" "no usable images")
 file(REMOVE_RECURSE "${dir}")
 
+# Video clips (issue 48): `gclab synth --video` writes MP4 files beside their captions; a video arch trains on
+# them with num_frames, a broken video file skipped with a warning naming it; a format it cannot write: exit 2.
+set(video "${WORK}/video_cli")
+file(REMOVE_RECURSE "${video}")
+expect_run(2 "${GCLAB}" synth --video --format avi --out "${video}/clips")
+expect_contains("${last_err}" "--format must be mp4, webm, mov, mkv or gif")
+expect_run(0 "${GCLAB}" synth --video --out "${video}/clips" --count 2 --sizes 64x48)
+expect_contains("${last_out}" "mp4 clips of 17 frames")
+foreach(f synth_0000.mp4 synth_0000.txt synth_0001.mp4)
+  if(NOT EXISTS "${video}/clips/${f}")
+    message(FATAL_ERROR "gclab synth --video wrote no ${f}")
+  endif()
+endforeach()
+file(WRITE "${video}/clips/broken.mp4" "not a video")
+file(WRITE "${video}/cfg.yaml" "name: v\ntraining_folder: ${video}\ndevice: cpu\ndatasets:\n  - folder_path: ${video}/clips\n    resolution: [64]\n    num_frames: 5\ntrain: {batch_size: 1, steps: 1, lr: 1e-3}\nmodel: {arch: tiny-wan21}\n")
+expect_run(0 "${GCLAB}" train "${video}/cfg.yaml")
+expect_contains("${last_err}" "broken.mp4: skipped, not a readable video")
+expect_contains("${last_err}" "done: steps 0-1")
+file(REMOVE_RECURSE "${video}")
+
 # The OOM lab as a user meets it: exit code 3, the phase and the first fix in the log, the report written.
 set(oom "${WORK}/oom_cli")
 file(REMOVE_RECURSE "${oom}")

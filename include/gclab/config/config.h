@@ -111,10 +111,10 @@ struct DatasetConfig {
   // Each item's loss times this (toolkit/config_modules.py:1042; SDTrainer.calculate_loss, SDTrainer.py:544,
   // 994: per item, before the batch's mean).
   double loss_multiplier = 1.0;
-  // Video: each sample is num_frames frames (1: images; config_modules.py:1054-1064). A clip is a folder of
-  // numbered frames beside its caption (video files come with the Wan family); shrink_video_to_frames takes
-  // num_frames frames evenly spread over the clip (dataloader_mixins.py:563-566), the only way gclab reads
-  // clips yet; fps is AI Toolkit's rate for the other way.
+  // Video: each sample is num_frames frames (1: images; config_modules.py:1054-1064). A clip is a video file
+  // (FFmpeg's libraries decode it) or a folder of numbered frames, beside its caption; shrink_video_to_frames
+  // takes num_frames frames evenly spread over the clip (dataloader_mixins.py:563-566), false every
+  // round(clip fps / fps)-th frame from a random start (:567-585; data::sample_frame_indices).
   int num_frames = 1;
   bool shrink_video_to_frames = true;
   int fps = 24;

@@ -12,6 +12,7 @@
 #include "gclab/config/config.h"
 #include "gclab/config/user_error.h"
 #include "gclab/data/buckets.h"
+#include "gclab/data/video.h"
 
 namespace gclab::data {
 
@@ -21,17 +22,24 @@ class DataError : public UserError {
   using UserError::UserError;
 };
 
-// One item of a dataset: an image, or (num_frames > 1) a clip — a folder of numbered frames, `image` the
-// folder, `frames` its frame files in name order; the caption is the same-named file beside either.
+// One item of a dataset: an image, or (num_frames > 1) a clip — a video file (`image` the file, `video` its
+// stream) or a folder of numbered frames (`image` the folder, `frames` its frame files in name order); the
+// caption is the same-named file beside either.
 struct ImageItem {
   std::filesystem::path image;
-  std::string caption;                          // raw, before trigger / dropout / shuffling
-  int width = 0, height = 0;                    // the image's, or the clip's first frame's
-  int dataset = 0;                              // index in the config's datasets
-  std::vector<std::filesystem::path> controls;  // edit models: the same-named image in each control_path
-  std::filesystem::path inpaint;                // inpaint_path's same-named .png / .webp (empty: none)
-  std::filesystem::path mask;                 // the loss mask: mask_path's same-named image, or the image (alpha_mask)
-  std::vector<std::filesystem::path> frames;  // a clip's frames (empty: an image)
+  std::string caption;                            // raw, before trigger / dropout / shuffling
+  int width = 0, height = 0;                      // the image's, or the clip's first frame's
+  int dataset = 0;                                // index in the config's datasets
+  std::vector<std::filesystem::path> controls{};  // edit models: the same-named image in each control_path
+  std::filesystem::path inpaint{};                // inpaint_path's same-named .png / .webp (empty: none)
+  std::filesystem::path mask{};  // the loss mask: mask_path's same-named image, or the image (alpha_mask)
+  std::vector<std::filesystem::path> frames{};  // a folder clip's frames (empty: an image or a video file)
+  std::optional<VideoInfo> video{};             // a video file's stream
+  bool is_clip() const { return video || !frames.empty(); }
+  int clip_length() const { return video ? video->frames : static_cast<int>(frames.size()); }
+  double clip_fps(const config::DatasetConfig& d) const {
+    return video ? video->fps : d.fps;
+  }  // a folder: the dataset's
 };
 
 // The frames a sample of `num_frames` takes from a clip of `total` frames, as AI Toolkit's
@@ -39,6 +47,13 @@ struct ImageItem {
 // min(int(round(i * (total - 1) / (num_frames - 1))), total - 1) with Python's round (halves to even) — a
 // clip shorter than num_frames repeats frames.
 std::vector<int> clip_frame_indices(int total, int num_frames);
+// The frames a sample takes from a clip as AI Toolkit's load_and_process_video picks them
+// (dataloader_mixins.py:555-588): with shrink_video_to_frames (the default), or from a clip shorter than
+// num_frames, clip_frame_indices; else every max(1, round(clip fps / dataset fps))-th frame from a start drawn
+// uniformly in [0, last - (num_frames - 1) * interval] — spread evenly instead when the clip has fewer than
+// num_frames such frames. A folder of frames is taken to be at the dataset's fps.
+std::vector<int> sample_frame_indices(const ImageItem& clip, const config::DatasetConfig& dataset,
+                                      std::mt19937_64& rng);
 
 struct ScanResult {
   std::vector<ImageItem> items;
@@ -90,6 +105,7 @@ struct PlannedSample {
   int item = 0;  // index into the item list given to plan_batches
   BucketPlacement placement;
   bool flip_x = false, flip_y = false;
+  std::vector<int> frames;  // a clip's frame indices (sample_frame_indices; empty: an image)
 };
 
 struct Batch {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "gclab/data/image.h"
@@ -22,6 +23,10 @@ struct SynthOptions {
   // shapes move from left to right, captioned by synth_NNNN.txt beside it ("... moving right ..."): a video
   // dataset (num_frames) as gclab reads clips.
   int frames = 1;
+  // With frames above 1: each clip one video file synth_NNNN.<video_format> (mp4, webm, mov, mkv, gif:
+  // data::write_video) at `fps` instead of a folder of frames.
+  std::string video_format;
+  int fps = 16;
 };
 
 // Writes count PNG images (or clips) with .txt captions into dir (created if needed); returns the images'

@@ -131,7 +131,7 @@ TEST(VideoFamily, ItTrainsOnClipsAndPreviewsFrames) {
     EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i + 1;
   }
   // The preview at step 3: its first frame as the sample format, all five frames as an animated WebP.
-  ASSERT_EQ(on.samples.size(), 2u);
+  ASSERT_EQ(on.samples.size(), 3u);  // the first frame, animated WebP, MP4
   EXPECT_EQ(on.samples[0].extension(), ".png");
   const auto first = data::read_image_size(on.samples[0]);
   ASSERT_TRUE(first);
