@@ -134,6 +134,15 @@ AutoencoderConfig autoencoder_config(const AutoencoderConfig& fallback, const st
       fallback);
 }
 
+bool holds_weights(const std::filesystem::path& weights) {
+  std::error_code ec;
+  if (weights.empty()) return false;
+  if (!std::filesystem::is_directory(weights, ec)) return true;
+  for (const char* file : {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"})
+    if (std::filesystem::exists(weights / file, ec)) return true;
+  return false;
+}
+
 LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::filesystem::path& weights,
                                     const torch::TensorOptions& options) {
   LoadedAutoencoder out;
@@ -144,7 +153,7 @@ LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::
                                     return std::make_shared<QwenImageVaeImpl>(c, options);
                                   }},
                        config);
-  out.random = weights.empty();
+  out.random = !holds_weights(weights);
   if (!out.random && !options.device().is_meta()) out.unused = load_diffusers_weights(*out.vae, weights);
   return out;
 }
@@ -184,7 +193,10 @@ std::string CodecSpec::describe() const {
   std::string s = std::string("an ") + class_name(*autoencoder) + " (" +
                   std::to_string(vae::latent_channels(*autoencoder)) + " latent channels, " + std::to_string(params) +
                   " parameters, " +
-                  (weights.empty() ? std::string("random weights") : "weights from " + weights.string()) + ")";
+                  (holds_weights(weights) ? "weights from " + weights.string()
+                   : weights.empty()      ? std::string("random weights")
+                                          : "random weights at the shape of " + weights.string()) +
+                  ")";
   if (tile_sample_size > 0) s += ", previews decoded in " + std::to_string(tile_sample_size) + "-pixel tiles";
   return s;
 }

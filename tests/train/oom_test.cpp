@@ -37,6 +37,9 @@ class OomScenario : public ::testing::Test {
     o.count = 8;
     o.sizes = {{512, 512}, {640, 512}, {512, 640}};
     data::write_synthetic_dataset(dir_ / "data", o);
+    data::SynthOptions clips;  // the frames scenario's: MP4 clips of 33 frames
+    clips.count = 4, clips.frames = 33, clips.sizes = {{256, 256}}, clips.video_format = "mp4";
+    data::write_synthetic_dataset(dir_ / "clips", clips);
     data::SynthOptions edit;
     edit.count = 4;
     edit.sizes = {{384, 384}};
@@ -49,9 +52,14 @@ class OomScenario : public ::testing::Test {
 
   static config::ProcessConfig load(const std::string& scenario, std::vector<std::string> extra = {}) {
     config::LoadOptions o;
-    const bool edit = scenario.rfind("edit", 0) == 0;
-    o.overrides = {"datasets.0.folder_path=" + (dir_ / (edit ? "edit_data" : "data")).string(),
+    const bool edit = scenario.rfind("edit", 0) == 0, frames = scenario.rfind("frames", 0) == 0;
+    o.overrides = {"datasets.0.folder_path=" + (dir_ / (edit     ? "edit_data"
+                                                        : frames ? "clips"
+                                                                 : "data"))
+                                                   .string(),
                    "training_folder=" + (dir_ / "out").string()};
+    if (frames)
+      o.overrides.push_back("model.name_or_path=" + std::string(GCLAB_SOURCE_DIR) + "/configs/oom/models/wan_wide");
     if (edit) o.overrides.push_back("datasets.0.control_path=[" + (dir_ / "edit_controls").string() + "]");
     o.overrides.insert(o.overrides.end(), extra.begin(), extra.end());
     auto r = model::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/oom/cpu_" + scenario + ".yaml", o);
@@ -111,6 +119,39 @@ TEST_F(OomScenario, TheStepsLeversSaveWhatTheRunsMeasure) {
                 static_cast<long long>(measured));
     EXPECT_NEAR(static_cast<double>(saving[title]) / static_cast<double>(measured), 1.0, 0.05) << title;
   }
+}
+
+// A video model with checkpointing on: too many frames run out in the forward, and the report's first fix is
+// fewer frames (half the latent frames), priced by re-planning; the run at those frames finishes under the
+// same cap, and the saving the report predicts is what the two runs' measured step peaks differ by.
+TEST_F(OomScenario, TooManyFramesRunOutInTheForwardAndTheFirstFixIsFewerFrames) {
+  const auto report = expect_oom("frames");
+  EXPECT_EQ(report["step"], 1);
+  EXPECT_EQ(report["phase"], "forward");
+  EXPECT_EQ(report["checkpoint_policy"], "full");
+  ASSERT_FALSE(report["fixes"].empty());
+  EXPECT_EQ(report["fixes"][0]["title"], "Train on fewer frames");
+  EXPECT_EQ(report["fixes"][0]["change"], "datasets[*].num_frames: 17 (from 33)");
+  const int64_t saving = report["fixes"][0]["predicted_saving_bytes"].get<int64_t>();
+  EXPECT_GT(saving, int64_t{64} << 20);
+  auto step_peak = [&](const config::ProcessConfig& config) {
+    const TrainSummary s = train(config, {});
+    EXPECT_EQ(s.end_step, 2) << config.name;
+    std::ifstream in(dir_ / "out" / config.name / "memory.json");
+    const auto phases = nlohmann::json::parse(in)["phase_peak_bytes"];
+    int64_t peak = 0;
+    for (const char* p : {"data", "text", "forward", "backward", "optimizer"})
+      peak = std::max(peak, phases[p].get<int64_t>());
+    return peak;
+  };
+  const int64_t fewer = step_peak(load("frames_fixed"));  // under the same cap
+  const int64_t as_asked = step_peak(load("frames", {"vram_cap=0", "name=frames_uncapped"}));
+  std::printf("frames 33: measured step peak %lld, at 17 %lld; the report's saving %lld, measured %lld\n",
+              static_cast<long long>(as_asked), static_cast<long long>(fewer), static_cast<long long>(saving),
+              static_cast<long long>(as_asked - fewer));
+  EXPECT_LE(fewer, int64_t{450} << 20);
+  EXPECT_GT(as_asked, int64_t{450} << 20);
+  EXPECT_NEAR(static_cast<double>(saving) / static_cast<double>(as_asked - fewer), 1.0, 0.05);
 }
 
 TEST_F(OomScenario, TheFirstPreviewRunsOutInTheSamplePhaseAndTheFixIsCheaperPreviews) {

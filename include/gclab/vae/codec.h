@@ -44,6 +44,10 @@ struct LoadedAutoencoder {
   bool random = false;              // no weights were loaded
   std::vector<std::string> unused;  // tensors in the folder's weights that are not the network's
 };
+// Whether `weights` names weights: a file, or a folder holding diffusers' diffusion_pytorch_model.safetensors
+// (or its index). A folder of config.json alone is a shape: the autoencoder at it with random weights, as a
+// transformer folder without weights is.
+bool holds_weights(const std::filesystem::path& weights);
 LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::filesystem::path& weights,
                                     const torch::TensorOptions& options = {});
 
