@@ -175,7 +175,11 @@ ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std
       result.warnings.push_back(path.string() + ": skipped, not a readable image (" + why + ")"),
           ++result.skipped_images;
   }
-  for (const auto& path : image_files_below(folder, is_video_file)) {
+  const std::vector<fs::path> videos = image_files_below(folder, is_video_file);
+  if (std::string why; !videos.empty() && !video_support(&why))
+    throw DataError(where + ".folder_path: '" + folder.string() + "' holds video files (" + videos.front().string() +
+                    "), which this gclab cannot read: " + why);
+  for (const auto& path : videos) {
     std::string why;
     const auto info = probe_video(path, &why);
     if (!info) {

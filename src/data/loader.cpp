@@ -302,6 +302,8 @@ LatentSlot BatchLoader::slot_for(const PlannedSample& s) const {
   std::ostringstream key;
   key << item.image.stem().string() << "_" << p.bucket.key() << "_" << p.scale_to_width << "x" << p.scale_to_height
       << "_" << p.crop_x << "_" << p.crop_y << (s.flip_x ? "_fx" : "") << (s.flip_y ? "_fy" : "") << codec_key_;
+  // A clip's frames at the dataset's fps (shrink_video_to_frames: false) are another latent than spread ones.
+  if (item.is_clip() && !ds.shrink_video_to_frames) key << "_fps" << ds.fps;
   LatentSlot slot;
   slot.key = item.image.string() + "|" + key.str();
   slot.memory = ds.cache_latents;

@@ -46,13 +46,18 @@ const Module& module() {
       }
       auto abi = reinterpret_cast<decltype(&gclab_video_abi)>(dlsym(handle, "gclab_video_abi"));
       if (!abi || abi() != 1) {
+        dlclose(handle);
         m.why += (m.why.empty() ? "" : "; ") + file.string() + " is of another gclab";
         continue;
       }
-      m.probe = reinterpret_cast<decltype(m.probe)>(dlsym(handle, "gclab_video_probe"));
-      m.decode = reinterpret_cast<decltype(m.decode)>(dlsym(handle, "gclab_video_decode"));
-      m.write = reinterpret_cast<decltype(m.write)>(dlsym(handle, "gclab_video_write"));
-      if (m.probe && m.decode && m.write) return;
+      auto probe = reinterpret_cast<decltype(m.probe)>(dlsym(handle, "gclab_video_probe"));
+      auto decode = reinterpret_cast<decltype(m.decode)>(dlsym(handle, "gclab_video_decode"));
+      auto write = reinterpret_cast<decltype(m.write)>(dlsym(handle, "gclab_video_write"));
+      if (probe && decode && write) {
+        m.probe = probe, m.decode = decode, m.write = write;
+        return;
+      }
+      dlclose(handle);
       m.why += (m.why.empty() ? "" : "; ") + file.string() + " lacks gclab's video functions";
     }
   });
@@ -63,6 +68,20 @@ const Module& module() {
         m.why);
   return m;
 }
+
+}  // namespace
+
+bool video_support(std::string* why) {
+  try {
+    module();
+    return true;
+  } catch (const VideoError& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
+
+namespace {
 
 struct Message {
   char text[1024] = {0};

@@ -10,6 +10,7 @@ extern "C" {
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -97,6 +98,7 @@ void probe(const fs::path& path, int* width, int* height, int* frames, double* f
   AVStream* st = in.video();
   *width = st->codecpar->width, *height = st->codecpar->height;
   *fps = av_q2d(av_guess_frame_rate(in.format.get(), st, nullptr));
+  if (!std::isfinite(*fps) || *fps < 0) *fps = 0;  // a container without a rate (OpenCV's CAP_PROP_FPS: 0)
   *frames = static_cast<int>(st->nb_frames);
   if (*frames <= 0) {  // WebM and GIF headers do not say: count the stream's packets, a frame each
     Packet packet(av_packet_alloc());
@@ -128,7 +130,8 @@ int decode(const fs::path& path, const std::vector<int>& indices, gclab_video_si
   std::vector<uint8_t> rgb;
   int n = 0;
   auto drain = [&] {
-    while (avcodec_receive_frame(ctx.get(), frame.get()) == 0) {
+    int e = 0;
+    while ((e = avcodec_receive_frame(ctx.get(), frame.get())) == 0) {
       bool converted = false;
       for (size_t k = 0; k < indices.size(); ++k) {
         if (indices[k] != n) continue;
@@ -139,17 +142,21 @@ int decode(const fs::path& path, const std::vector<int>& indices, gclab_video_si
       av_frame_move_ref(previous.get(), frame.get());
       ++n;
     }
+    if (e != AVERROR(EAGAIN) && e != AVERROR_EOF)
+      throw VideoError(path.string() + ": frame " + std::to_string(n) + " does not decode (" + av_error(e) + ")");
   };
   while (n <= last_wanted && av_read_frame(in.format.get(), packet.get()) >= 0) {
     if (packet->stream_index == in.stream) {
       int e = avcodec_send_packet(ctx.get(), packet.get());
-      av_packet_unref(packet.get());
-      if (e < 0 && e != AVERROR(EAGAIN))
+      if (e == AVERROR(EAGAIN)) {  // the decoder is full: take its frames, then the packet
+        drain();
+        e = avcodec_send_packet(ctx.get(), packet.get());
+      }
+      if (e < 0)
         throw VideoError(path.string() + ": frame " + std::to_string(n) + " does not decode (" + av_error(e) + ")");
       drain();
-    } else {
-      av_packet_unref(packet.get());
     }
+    av_packet_unref(packet.get());
   }
   if (n <= last_wanted) {  // the decoder's delayed frames
     avcodec_send_packet(ctx.get(), nullptr);

@@ -13,8 +13,9 @@ int gclab_video_abi();
 
 int gclab_video_probe(const char* path, int* width, int* height, int* frames, double* fps, char* error, int error_size);
 
-// Calls sink(context, k, rgb, width, height) for each indices[k] that decodes, in decoding order (a frame
-// asked twice, twice); frames past the last are not given. `decoded` is the number of frames decoded.
+// Calls sink(context, k, rgb, width, height) for each indices[k], in decoding order (a frame asked twice,
+// twice); an index past the last frame that decodes is given that last frame. `decoded` is the number of
+// frames decoded (0: none, and nothing given).
 typedef void (*gclab_video_sink)(void* context, int k, const uint8_t* rgb, int width, int height);
 int gclab_video_decode(const char* path, const int* indices, int count, gclab_video_sink sink, void* context,
                        int* decoded, char* error, int error_size);

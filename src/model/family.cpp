@@ -46,7 +46,8 @@ TransformerLoading transformer_loading(const std::string& arch) {
 }
 
 bool low_vram_quantizes_in_host_memory(const std::string& arch) {
-  return transformer_loading(arch) == TransformerLoading::on_device_unless_low_vram;
+  const TransformerLoading l = transformer_loading(arch);
+  return l == TransformerLoading::on_device_unless_low_vram || l == TransformerLoading::parked_while_text_encoders_load;
 }
 
 bool quantizes_in_host_memory(const config::ModelConfig& model) {

@@ -45,8 +45,7 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
       fixes.push_back({title, change, saving,
                        "the load's device peak, predicted with and without the change (train/loading.h): " + why});
   };
-  const bool honours_low_vram =
-      plan_run(config, PlanOptions{/*meta=*/true}).load.loading == model::TransformerLoading::on_device_unless_low_vram;
+  const bool honours_low_vram = model::low_vram_quantizes_in_host_memory(config.model.arch);
   if (config.model.quantize && !config.model.low_vram && honours_low_vram)
     priced("Quantize the transformer in host memory", "model.low_vram: true",
            "the transformer is quantized on the CPU and reaches the device quantized (AI Toolkit: slower to load)",

@@ -248,9 +248,13 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.seed = config.seed();
 
   plan.load.loading = model::transformer_loading(config.model.arch);
-  plan.load.after_text_encoders = plan.load.loading == model::TransformerLoading::per_block;
+  using TL = model::TransformerLoading;
+  const bool parked = plan.load.loading == TL::parked_while_text_encoders_load;
+  plan.load.after_text_encoders =
+      plan.load.loading == TL::per_block || (parked && (config.model.low_vram || config.model.quantize));
   plan.load.quantized_on_host = model::quantizes_in_host_memory(config.model);
-  plan.load.at_first_use = plan.load.after_text_encoders && config.model.low_vram;
+  plan.load.at_first_use = plan.load.loading == TL::per_block && config.model.low_vram;
+  plan.load.blocks_parked = parked && config.model.quantize && !config.model.low_vram;
   plan.load.staged = plan.load.quantized_on_host && !plan.device.is_cpu() && runs_on_cuda(config);
 
   if (const auto& assistant = config.model.assistant_lora_path) {

@@ -445,7 +445,7 @@ void not_modelled(const RunPlan& plan, MemoryEstimate& e, bool cuda) {
         "memory/live_set.h; the forwards' is walked), held for a moment: per thread about 128 bytes per "
         "contraction element (up to 512) and 256 per row (up to 256 rows), more for a transposed operand; the tiny "
         "presets' bf16 backwards measure up to 18% above their walk");
-  if (plan.load.loading == model::TransformerLoading::per_block && config.model.quantize)
+  if (plan.load.quantized_on_host && plan.load.after_text_encoders && config.model.quantize)
     e.not_modelled.push_back(
         "the load: quantize_model stages each block on the device to quantize it; gclab quantizes the blocks in "
         "host memory (one block's weights less on the device meanwhile, below the text encoders' load)");

@@ -114,6 +114,7 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   meter_.reset_peak();
   memory::MemoryMeter::reset_host_peak();
   load_transformer();
+  if (plan_.load.blocks_parked) park_blocks();
   if (!plan_.load.after_text_encoders) transformer_to_device();
   load_text_encoders();
   if (plan_.load.after_text_encoders && !load_.at_first_use) transformer_to_device();
@@ -177,7 +178,23 @@ void Session::load_transformer() {
   }
 }
 
+// quantize_model's blocks, each sent to host memory once quantized (parked_while_text_encoders_load): what
+// the device holds of the transformer while the text encoders load is the rest of it.
+void Session::park_blocks() {
+  for (const auto& block : model_->blocks()) {
+    load_.moved(Residence::host, nn::module_bytes(*block));
+    move_module(*block, Residence::host, device_);
+  }
+}
+
 void Session::transformer_to_device() {
+  if (plan_.load.blocks_parked) {
+    for (const auto& block : model_->blocks()) {
+      load_.moved(Residence::device, nn::module_bytes(*block));
+      move_module(*block, Residence::device, device_);
+    }
+    return;
+  }
   if (!load_.quantized_on_host) return;
   load_.moved(Residence::device, nn::module_bytes(*model_));
   move_module(*model_, Residence::device, device_);
@@ -919,9 +936,14 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
       const fs::path animation = dir / (stem + "_frames.webp");
       data::write_animated_webp(animation, frames, item.fps.value_or(sc.fps));
       files.push_back(animation);
+      // Without libgclab_video.so (FFmpeg) the MP4 is left out, with a warning: the run goes on.
       const fs::path video = dir / (stem + "_frames.mp4");
-      data::write_video(video, frames, item.fps.value_or(sc.fps));
-      files.push_back(video);
+      try {
+        data::write_video(video, frames, item.fps.value_or(sc.fps));
+        files.push_back(video);
+      } catch (const data::VideoError& e) {
+        log::warn(std::string("preview: no MP4 beside the animated WebP: ") + e.what());
+      }
     }
   }
   return files;

@@ -94,12 +94,17 @@ TEST(Video, BadFilesAndBadRequestsAreErrorsThatNameTheFile) {
   EXPECT_THROW(write_video(dir / "c.avi", numbered_frames(2, 16, 16), 8), VideoError);  // not written
   EXPECT_THROW(write_video(dir / "c.mp4", torch::zeros({2, 16, 16}, torch::kUInt8), 8), VideoError);
   EXPECT_THROW(write_video(dir / "c.mp4", numbered_frames(2, 16, 16), 0), VideoError);
-  // H.264 needs even sides: an odd frame loses its last row and column.
-  write_video(dir / "odd.mp4", numbered_frames(3, 33, 35), 8);
+  // H.264 needs even sides: an odd frame loses its last row and column, the rest as it was.
+  const torch::Tensor odd = numbered_frames(3, 33, 35);
+  write_video(dir / "odd.mp4", odd, 8);
   const auto info = probe_video(dir / "odd.mp4");
   ASSERT_TRUE(info);
   EXPECT_EQ(info->width, 34);
   EXPECT_EQ(info->height, 32);
+  const std::vector<torch::Tensor> back = decode_video_frames(dir / "odd.mp4", {0, 1, 2});
+  for (int i = 0; i < 3; ++i)
+    EXPECT_LT(mean_abs_difference(back[static_cast<size_t>(i)], odd[i].slice(0, 0, 32).slice(1, 0, 34)), 3.0) << i;
+  EXPECT_FALSE(fs::exists(dir / ".c.avi.part"));
   EXPECT_TRUE(is_video_file("a/b.MP4") && is_video_file("x.webm") && is_video_file("x.gif"));
   EXPECT_FALSE(is_video_file("x.png") || is_video_file("x.txt"));
   fs::remove_all(dir);
@@ -163,16 +168,24 @@ TEST(Dataset, FpsModeTakesFramesAtTheDatasetsRateFromARandomStart) {
   d.num_frames = 9, d.fps = 15, d.shrink_video_to_frames = false;
   std::mt19937_64 rng(3);
   std::set<int> starts;
-  for (int k = 0; k < 50; ++k) {
+  for (int k = 0; k < 2000; ++k) {
     const std::vector<int> f = sample_frame_indices(clip, d, rng);
     ASSERT_EQ(f.size(), 9u);
-    for (size_t i = 1; i < f.size(); ++i) EXPECT_EQ(f[i] - f[i - 1], 2);
-    EXPECT_GE(f.front(), 0);
-    EXPECT_LE(f.back(), 60);
+    for (size_t i = 1; i < f.size(); ++i) ASSERT_EQ(f[i] - f[i - 1], 2);
     starts.insert(f.front());
   }
-  EXPECT_GT(starts.size(), 10u);  // drawn over [0, 44]
-  EXPECT_EQ(*starts.rbegin() <= 44, true);
+  // Every start of randint(0, 60 - 8 * 2) drawn, both ends included, none past them.
+  EXPECT_EQ(starts.size(), 45u);
+  EXPECT_EQ(*starts.begin(), 0);
+  EXPECT_EQ(*starts.rbegin(), 44);
+  // int(round(25 / 10)): Python rounds 2.5 to 2 (halves to even); 3.5 to 4.
+  clip.video->fps = 25.0, d.fps = 10;
+  const std::vector<int> half = sample_frame_indices(clip, d, rng);
+  EXPECT_EQ(half[1] - half[0], 2);
+  clip.video->fps = 35.0;
+  const std::vector<int> three_and_a_half = sample_frame_indices(clip, d, rng);
+  EXPECT_EQ(three_and_a_half[1] - three_and_a_half[0], 4);
+  clip.video->fps = 30.0, d.fps = 15;
   d.fps = 3;  // interval 10: 61 / 10 = 6 frames at that rate < 9: spread evenly instead
   EXPECT_EQ(sample_frame_indices(clip, d, rng), clip_frame_indices(61, 9));
   d.shrink_video_to_frames = true, d.fps = 15;  // the default: spread evenly, nothing drawn
@@ -207,6 +220,18 @@ TEST(VideoModule, AMissingModuleIsAClearErrorAndImagesStillRead) {
   }
   write_png(dir / "a.png", torch::zeros({8, 8, 3}, torch::kUInt8));
   EXPECT_EQ(decode_image_rgb(dir / "a.png").sizes(), (std::vector<int64_t>{8, 8, 3}));
+  // A video dataset with video files is refused whole, not trained without its clips.
+  std::ofstream(dir / "clip.mp4") << "a clip";
+  config::DatasetConfig d;
+  d.folder_path = dir.string();
+  d.num_frames = 5;
+  try {
+    scan_dataset(d, 0);
+    ADD_FAILURE() << "scanned video files without the module";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("clip.mp4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("libgclab_video.so"), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
 }
 

@@ -25,10 +25,14 @@ class VideoError : public ImageError {
 // .gif, which gclab reads as a clip too (AI Toolkit reads neither it as a video nor as an image); any case.
 bool is_video_file(const std::filesystem::path& path);
 
+// Whether this process can read and write video files: libgclab_video.so and FFmpeg's libraries load (why
+// not, in `why`).
+bool video_support(std::string* why = nullptr);
+
 struct VideoInfo {
   int width = 0, height = 0;
   int frames = 0;    // the stream's frame count: its header's, or its packets counted when the header has none
-  double fps = 0.0;  // the stream's frame rate (FFmpeg's guess from its header: av_guess_frame_rate)
+  double fps = 0.0;  // the stream's frame rate (FFmpeg's guess from its header: av_guess_frame_rate; 0: none)
 };
 // The first video stream's size, frame count and rate, from the container without decoding a frame (what AI
 // Toolkit reads with OpenCV's CAP_PROP_FRAME_WIDTH / HEIGHT / COUNT / FPS). nullopt, and why in `error`, for
@@ -43,8 +47,8 @@ std::vector<torch::Tensor> decode_video_frames(const std::filesystem::path& path
 
 // Frames uint8 [F, H, W, 3] written at `fps` in the container and codec the extension names: .mp4 / .mov /
 // .mkv H.264 (libx264, CRF 18, yuv420p; MPEG-4 part 2 where the library lacks libx264), .webm VP9, .gif GIF
-// (palette of 256 colours). H.264 and VP9 need even sides: an odd width or height loses its last column or row.
-// Written under a temporary name and renamed into place; throws VideoError.
+// (FFmpeg's fixed 3-3-2 palette: 256 colours). H.264 and VP9 need even sides: an odd width or height loses its last
+// column or row. Written under a temporary name and renamed into place; throws VideoError.
 void write_video(const std::filesystem::path& path, const torch::Tensor& frames, int fps);
 
 }  // namespace gclab::data

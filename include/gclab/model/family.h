@@ -32,6 +32,11 @@ enum class TransformerLoading {
   // the rest quantized in host memory; the transformer reaches the device after the text encoders are
   // loaded and quantized (qwen_image.py, z_image.py; under low_vram z_image.py waits for its first use).
   per_block,
+  // In its dtype on the device unless low_vram (in host memory then); quantize_model quantizes each block and
+  // sends it to host memory (toolkit/util/quantize.py:448-465, the rest quantized where it is); the text
+  // encoders load; then the whole transformer moves to the device, low_vram or not (Wan's load_wan_transformer
+  // and load_model, wan21.py:344-391, 445-448, 479-485). Unquantized and without low_vram it never leaves.
+  parked_while_text_encoders_load,
 };
 
 struct ArchFacts {
@@ -57,10 +62,11 @@ const std::vector<ArchFacts>& supported_archs();
 const ArchFacts* find_arch(const std::string& name);
 // The arch's TransformerLoading (an arch gclab does not know: StableDiffusion's).
 TransformerLoading transformer_loading(const std::string& arch);
-// Whether model.low_vram moves the transformer's quantization to host memory (on_device_unless_low_vram).
+// Whether model.low_vram moves the transformer's quantization to host memory (on_device_unless_low_vram,
+// parked_while_text_encoders_load).
 bool low_vram_quantizes_in_host_memory(const std::string& arch);
 // Whether the load quantizes (and holds) the transformer in host memory as the model block configures it:
-// per_block always, on_device_unless_low_vram under low_vram.
+// per_block always, on_device_unless_low_vram and parked_while_text_encoders_load under low_vram.
 bool quantizes_in_host_memory(const config::ModelConfig& model);
 
 // Which text encoders AI Toolkit's loader quantizes, under which switch, as which qtype (read in its loaders):

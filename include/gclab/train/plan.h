@@ -63,6 +63,9 @@ struct LoadPlan {
   // the CPU, `if not self.low_vram: pipe.transformer.to(device)`; get_noise_prediction and
   // generate_single_image move it, qwen_image.py:327 and :261, z_image.py:385-386 and :355-356).
   bool at_first_use = false;
+  // parked_while_text_encoders_load, quantized without low_vram: quantized on the device, its blocks sent to
+  // host memory while the text encoders load, then brought back.
+  bool blocks_parked = false;
   // A GPU run's transformer built in host memory is drawn on the GPU, a parameter at a time (a meta plan
   // predicting for one walks the same).
   bool staged = false;

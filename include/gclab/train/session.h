@@ -286,6 +286,7 @@ class Session {
   model::ActivationEstimate probe_blocks(const model::SampleShape& shape, int64_t text_tokens,
                                          const std::function<int64_t()>& live);
   void load_transformer();
+  void park_blocks();
   void transformer_to_device();
   // LoadPlan::at_first_use: the transformer's host-resident tensors (not the offloaded Linears' own) to the
   // device, once, at the first forward or preview; the EMA copy with them.

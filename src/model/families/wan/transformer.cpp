@@ -133,7 +133,7 @@ class WanBlock : public TransformerBlock {
  public:
   WanBlock(const ModelSpec& s, const torch::TensorOptions& o) : image_tokens_(s.image_embed_tokens) {
     const int64_t d = s.hidden;
-    table = register_parameter("scale_shift_table", torch::randn({1, 6, d}, o) / std::sqrt(static_cast<double>(d)));
+    table = register_parameter("scale_shift_table", torch::randn({1, 6, d}, o).div_(std::sqrt(static_cast<double>(d))));
     attn1 = register_module("attn1", WanAttention(d, s.heads, 0, o));
     attn2 = register_module("attn2", WanAttention(d, s.heads, s.image_embed_dim > 0 ? d : 0, o));
     norm2 = AffineNorm(*this, "norm2", d, o);
@@ -209,7 +209,8 @@ class WanTransformer : public DiffusionTransformer {
     for (int i = 0; i < s.single_blocks; ++i)
       add_block("blocks." + std::to_string(i), std::make_shared<WanBlock>(s, o));
     proj_out = register_module("proj_out", Linear(LinearOptions(d, p * p * s.out_channels).tensor_options(o)));
-    out_table = register_parameter("scale_shift_table", torch::randn({1, 2, d}, o) / std::sqrt(static_cast<double>(d)));
+    out_table =
+        register_parameter("scale_shift_table", torch::randn({1, 2, d}, o).div_(std::sqrt(static_cast<double>(d))));
   }
 
   // Latents [B, C, F, H, W] (with an image-to-video model's condition channels after them); timestep [B],

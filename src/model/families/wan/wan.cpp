@@ -78,13 +78,11 @@ class Wan final : public ModelFamily {
   std::string describe_blocks(const ModelSpec& s) const override {
     return std::to_string(s.single_blocks) + " video (self + cross attention)";
   }
-  // Wan21.load_wan_transformer (wan21.py:344-391): the transformer from_pretrained in its dtype, moved whole
-  // to the device unless low_vram, quantized there. (AI Toolkit's quantize_model then sends each quantized
-  // block to the CPU and the transformer comes back after UMT5 is loaded, wan21.py:445-448, 479-485: gclab's
-  // load keeps it on the device meanwhile, an over-count of the load's peak by the quantized blocks while UMT5
-  // loads — open, docs/aitk-semantics.md.)
+  // Wan21.load_wan_transformer and load_model (wan21.py:344-391, 445-448, 479-485): the transformer in its
+  // dtype, whole on the device unless low_vram; quantize_model sends each quantized block to the CPU; UMT5
+  // loads; then the transformer comes back to the device.
   std::vector<ArchFacts> archs() const override {
-    const auto L = TransformerLoading::on_device_unless_low_vram;
+    const auto L = TransformerLoading::parked_while_text_encoders_load;
     return {{"wan21", kWanId, "wan21-14b", false, "1.3B", "wan21-1.3b", L, {"Wan2.1-T2V"}},
             {"tiny-wan21", kWanId, "tiny-wan21", true, "", "", L, {}}};
   }
