@@ -40,6 +40,8 @@ PLAN=(
   "offload|60|extra|the same with layer offloading: the host-to-device cost per step"
   "text_cuda|60|extra|every text encoder at full size in bf16: the encode peak beside text/memory.h's prediction"
   "memory_snapshot|30|extra|oom_gc_off's allocator history (LibTorch's recorder) read back by torch/cuda/_memory_viz.py"
+  "wan_frames|120|extra|Wan 2.1 14B LoRA (qfloat8, low_vram, GC on) on 41-frame clips at 632 under 24 GiB: runs out (exit 3), first fix num_frames 21"
+  "wan_frames_fixed|120|extra|its twin at 21 frames: trains (exit 0); the load's and the steps' measured peaks beside the estimate"
 )
 field() { echo "$1" | cut -d'|' -f"$2"; }
 
@@ -174,9 +176,19 @@ stage_offload() {
     --steps 2 --peak-tflops "$RATE_TFLOPS" --set model.layer_offloading=true --set name=gpu_check_offload
 }
 stage_text_cuda() { "$BIN/text_cpu" "$(cfg --cuda --tiny)"; }
+# The frames pair (issue 48): clips as folders of frames (the bundle carries no FFmpeg: docs/build.md).
+WAN_FRAMES=$(cfg configs/oom/gpu_wan21_14b_frames_24gb.yaml configs/oom/cpu_frames.yaml)
+WAN_FRAMES_FIXED=$(cfg configs/oom/gpu_wan21_14b_frames_24gb_fixed.yaml configs/oom/cpu_frames_fixed.yaml)
+wan_clips() {
+  local out
+  out=$(cfg output/oom/clips_632 output/oom/clips)
+  [ -d "$out" ] || "$BIN/gclab" synth --out "$out" --count 2 --frames "$(cfg 41 33)" --sizes "$(cfg 632x632 256x256)" > /dev/null
+}
+stage_wan_frames() { wan_clips && "$BIN/gclab" train "$WAN_FRAMES" --from-scratch --set train.steps=2; }
+stage_wan_frames_fixed() { wan_clips && "$BIN/gclab" train "$WAN_FRAMES_FIXED" --from-scratch --set train.steps=2; }
 
 # The exit code each stage should end with (the OOM halves run out on purpose).
-expected_rc() { case "$1" in oom_gc_off | preview_decode) echo 3 ;; *) echo 0 ;; esac; }
+expected_rc() { case "$1" in oom_gc_off | preview_decode | wan_frames) echo 3 ;; *) echo 0 ;; esac; }
 # The run folder a training stage writes (its config's training_folder/name), for the summary.
 run_dir() {
   case "$1" in
@@ -185,6 +197,8 @@ run_dir() {
     preview_decode) echo "output/oom/$(gpu && echo flux_preview_decode || echo preview_decode)" ;;
     preview_tiled) echo "output/oom/$(gpu && echo flux_preview_decode_fixed || echo preview_decode_fixed)" ;;
     bench | uint4 | offload) echo "output/oom/gpu_check_$1" ;;
+    wan_frames) echo "output/oom/$(sed -n 's/^name: //p' "$WAN_FRAMES")" ;;
+    wan_frames_fixed) echo "output/oom/$(sed -n 's/^name: //p' "$WAN_FRAMES_FIXED")" ;;
   esac
 }
 
@@ -206,8 +220,8 @@ for row in "${PLAN[@]}"; do
   printf '\n===== %s (limit %s s, %s s into the check) =====\n' "$name" "$limit" "$((SECONDS - START))" >> "$logs"
   t0=$SECONDS
   # The stage's output goes to logs.txt as it is written (a kill keeps it) and to its own file here.
-  export -f $(declare -F | awk '{print $3}' | grep -E '^(stage_.*|gpu|cfg)$')
-  export REHEARSAL ROOT BIN PY WORK TORCH_LIB OOM_OFF OOM_ON OOM_STEPS RATE_TFLOPS
+  export -f $(declare -F | awk '{print $3}' | grep -E '^(stage_.*|gpu|cfg|wan_clips)$')
+  export REHEARSAL ROOT BIN PY WORK TORCH_LIB OOM_OFF OOM_ON OOM_STEPS RATE_TFLOPS WAN_FRAMES WAN_FRAMES_FIXED
   timeout -k 10 "$limit" bash -c "stage_$name" 2>&1 | tee "$WORK/$name.log" >> "$logs"
   rc=${PIPESTATUS[0]}
   if [ "$name" = matmul ] && [ "$rc" = 0 ]; then

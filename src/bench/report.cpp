@@ -297,7 +297,9 @@ void estimate_cache(Document& d, ojson& est, const train::CacheEstimate& c, int6
     j["latents"] = c.latents_bytes;
     j["resolution"] = c.resolution;
     d.note("/estimate/cache/latents", format_bytes(c.latents_bytes) + fits_cap(c.latents_bytes, cap_bytes) +
-                                          " (an image of " + std::to_string(c.resolution) + "²)");
+                                          (c.frames > 1 ? " (a clip of " + std::to_string(c.frames) + " frames at "
+                                                        : std::string(" (an image of ")) +
+                                          std::to_string(c.resolution) + "²)");
   }
   if (c.text_bytes > 0) {
     j["text"] = c.text_bytes;

@@ -296,7 +296,8 @@ void cache_estimate(Session& session, MemoryEstimate& e, bool cuda) {
   const bool text = session.plan().caches_text && session.text_encoder() != nullptr;
   if (!latents && !text) return;
   CacheEstimate c;
-  for (const StepCell& cell : session.plan().cells) c.resolution = std::max(c.resolution, cell.resolution);
+  for (const StepCell& cell : session.plan().cells)
+    c.resolution = std::max(c.resolution, cell.resolution), c.frames = std::max(c.frames, cell.frames);
   if (latents) c.latents_bytes = cache_fill_bytes(session, e, CacheFill::latents, {}, !cuda);
   if (text) c.text_bytes = cache_fill_bytes(session, e, CacheFill::text, {}, !cuda);
   c.total_bytes = std::max(c.latents_bytes, c.text_bytes);

@@ -200,6 +200,18 @@ TEST(Estimate, TheGpuScalePairsRunOutWhereTheySay) {
   }
   EXPECT_GT(whole.preview->total_bytes, whole.cap_bytes);
   EXPECT_LT(tiled.preview->total_bytes, tiled.cap_bytes);
+  // The frames pair (Wan 2.1 14B, GC on): both load under the cap (quantized blocks parked while UMT5 loads);
+  // 41 frames run out in the checkpointed forward, 21 fit every phase.
+  const auto many = estimate_memory(load(dir + "gpu_wan21_14b_frames_24gb.yaml"));
+  const auto fewer = estimate_memory(load(dir + "gpu_wan21_14b_frames_24gb_fixed.yaml"));
+  for (const auto* e : {&many, &fewer}) {
+    EXPECT_LT(e->load.device_peak_bytes, e->cap_bytes);
+    ASSERT_EQ(e->resolutions.size(), 1u);
+  }
+  EXPECT_EQ(many.resolutions[0].frames, 41);
+  EXPECT_GT(many.resolutions[0].gc_full.phases.at(memory::Phase::forward), many.cap_bytes);
+  EXPECT_LT(many.resolutions[0].gc_full.phases.at(memory::Phase::data), many.cap_bytes);
+  EXPECT_LT(fewer.resolutions[0].gc_full.total_bytes, fewer.cap_bytes);
 }
 
 // AI Toolkit's Qwen-Image 24 GB config stores the transformer as uint3 (its accuracy-recovery adapter not

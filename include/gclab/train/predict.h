@@ -102,6 +102,7 @@ struct CacheEstimate {
   // cell (AI Toolkit encodes them one at a time) and its encode. 0 when nothing is cached so.
   int64_t latents_bytes = 0;
   int resolution = 0;  // the image's (square) side
+  int frames = 1;      // a clip's frames (the largest cell's)
   // The captions (cache_text_embeddings): the text encoders and a caption's encode, the run's largest (a
   // 77-token caption's in an estimate). 0 when they are not cached.
   int64_t text_bytes = 0;
