@@ -3,7 +3,10 @@ train_lora_wan21_1b_24gb.yaml (../shared/aitk-configs), as written and with the 
 num_frames and resolution — tokens, the step's peak with checkpointing off and full, what the blocks keep,
 and the slope per latent frame (4 frames).
 
-  wan_frames.py [--bin build/bin/gclab] [--config PATH]
+Then the weights per qtype: the transformer's bytes as each `model.qtype` stores it (bf16 without
+`quantize`), and the load's device peak with and without `low_vram` (UMT5 quantized, as the config says).
+
+  wan_frames.py [--bin build/bin/gclab] [--config PATH] [--qtypes-only]
 """
 import argparse
 import json
@@ -31,12 +34,31 @@ def gib(b):
     return f"{b / 2**30:.2f}"
 
 
+QTYPES = [None, "qfloat8", "int8", "uint4", "uint3"]
+
+
+def qtype_table(a):
+    print("\n### The transformer's weights per qtype, and the load\n")
+    print("| model | qtype | weights (GiB) | load peak on the device (GiB) | with low_vram (GiB) |")
+    print("|---|---|---|---|---|")
+    for preset, extra in MODELS:
+        for q in QTYPES:
+            sets = extra + (["model.quantize=true", f"model.qtype={q}"] if q else ["model.quantize=false"])
+            on, low = (estimate(a.bin, a.config, sets + [f"model.low_vram={v}"]) for v in ("false", "true"))
+            print(f"| {preset} | {q or 'bf16 (no quantize)'} | {gib(on['weights'])} | "
+                  f"{gib(on['load']['device_peak'])} | {gib(low['load']['device_peak'])} |")
+        sys.stdout.flush()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin", "gclab"))
     ap.add_argument("--config", default=os.path.join(ROOT, "..", "shared", "aitk-configs",
                                                      "train_lora_wan21_1b_24gb.yaml"))
+    ap.add_argument("--qtypes-only", action="store_true")
     a = ap.parse_args()
+    if a.qtypes_only:
+        return qtype_table(a)
     for preset, extra in MODELS:
         print(f"\n### {preset}\n")
         print("| resolution | bucket tokens / frame | frames | latent frames | tokens | GC off peak (GiB) | "
@@ -61,6 +83,7 @@ def main():
                   f"+{gib((off1['activations'] - off0['activations']) / per)} | "
                   f"+{gib((full1['activations'] - full0['activations']) / per)} |")
         sys.stdout.flush()
+    qtype_table(a)
 
 
 if __name__ == "__main__":
