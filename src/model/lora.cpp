@@ -116,7 +116,7 @@ int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage stora
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransformer& model, torch::ScalarType dtype) {
-  const std::string prefix = family_of(model.spec().family).lora_key_prefix();
+  const ModelFamily& family = family_of(model.spec().family);
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& [path, linear] : adapted_linears(model)) {
     if (!linear->has_lora()) continue;
@@ -124,7 +124,7 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
       if (p.key().rfind("lora_", 0) != 0) continue;
       torch::Tensor t = p.value().detach();
       if (p.key().rfind("lora_B", 0) == 0) t = t * fold_scale(linear);
-      out.emplace_back(prefix + path + "." + p.key(), t.to(dtype));
+      out.emplace_back(family.lora_file_key(path) + "." + p.key(), t.to(dtype));
     }
   }
   return out;
@@ -152,14 +152,14 @@ void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, t
 
 void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
   const auto file = io::SafetensorsFile::open(path);
-  const std::string prefix = family_of(model.spec().family).lora_key_prefix();
+  const ModelFamily& family = family_of(model.spec().family);
   torch::NoGradGuard no_grad;
   for (auto& [module_path, linear] : adapted_linears(model)) {
     if (!linear->has_lora()) continue;
     for (auto& p : linear->named_parameters()) {
       if (p.key().rfind("lora_", 0) != 0) continue;
-      // The family's prefix, or PEFT's (a file gclab wrote before it followed AI Toolkit's renaming).
-      std::string name = prefix + module_path + "." + p.key();
+      // The family's key, or PEFT's (a file gclab wrote before it followed AI Toolkit's renaming).
+      std::string name = family.lora_file_key(module_path) + "." + p.key();
       if (!file.contains(name) && file.contains("transformer." + module_path + "." + p.key()))
         name = "transformer." + module_path + "." + p.key();
       if (!file.contains(name)) throw std::runtime_error(path.string() + ": no tensor " + name);
@@ -195,11 +195,14 @@ LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path
   const auto file = io::SafetensorsFile::open(path);
   // Every Linear by its diffusers path, and by that path with '.' as '_' (kohya names).
   std::map<std::string, Linear> by_path;
-  std::map<std::string, std::string> by_kohya;
+  std::map<std::string, std::string> by_kohya, by_file_key;  // and by the key the family's files give it
+  const ModelFamily& family = family_of(model.spec().family);
   for (auto& [module_path, linear] : named_linears(model)) {
     by_path.emplace(module_path, linear);
     by_kohya[std::regex_replace(module_path, std::regex("\\."), "_")] = module_path;
+    by_file_key[family.lora_file_key(module_path)] = module_path;
   }
+  static const std::regex keyed(R"(^(.+)\.(lora_A|lora_B|alpha)(?:\.default)?(?:\.weight)?$)");
   static const std::regex peft(
       R"(^(?:transformer\.|diffusion_model\.|base_model\.model\.)?(.+)\.(lora_A|lora_B)(?:\.default)?\.weight$)");
   static const std::regex peft_alpha(R"(^(?:transformer\.|diffusion_model\.)?(.+)\.alpha$)");
@@ -220,6 +223,12 @@ LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path
         a.alpha = file.tensor(name).item<double>();
       else
         (m[2] == "lora_down" ? a.down : a.up) = file.tensor(name);
+    } else if (std::regex_match(name, m, keyed) && by_file_key.count(m[1].str())) {
+      LoraFileModule& a = out.modules[by_file_key.at(m[1].str())];
+      if (m[2] == "alpha")
+        a.alpha = file.tensor(name).item<double>();
+      else
+        (m[2] == "lora_A" ? a.down : a.up) = file.tensor(name);
     } else if (std::regex_match(name, m, peft) && by_path.count(m[1].str())) {
       (m[2] == "lora_A" ? out.modules[m[1].str()].down : out.modules[m[1].str()].up) = file.tensor(name);
     } else if (std::regex_match(name, m, peft_alpha) && by_path.count(m[1].str())) {

@@ -274,7 +274,15 @@ def main():
     # AI Toolkit renames Qwen-Image's and Z-Image's keys to "diffusion_model." before saving (qwen_image.py
     # :418-423, z_image.py:467-472); gclab writes them so. diffusers' loader takes the prefix it is given.
     prefix = "diffusion_model" if family.startswith(("qwen_image", "zimage")) else "transformer"
-    m.load_lora_adapter(lora, prefix=prefix, adapter_name="gclab")
+    if family.startswith("wan"):
+        # AI Toolkit saves Wan LoRAs in Wan's original names (wan_lora_convert.py); diffusers' Wan loader
+        # converts them back (WanLoraLoaderMixin.lora_state_dict: _convert_non_diffusers_wan_lora_to_diffusers).
+        from diffusers import WanPipeline
+        state = WanPipeline.lora_state_dict(lora)
+        if not any(k.startswith("transformer.blocks.0.attn1.to_q") for k in state):
+            raise SystemExit(f"{family}: diffusers did not read gclab's Wan LoRA as Wan's: {sorted(state)[:3]}")
+    m.load_lora_adapter(state if family.startswith("wan") else lora,
+                        prefix="transformer" if family.startswith("wan") else prefix, adapter_name="gclab")
     with_lora = velocity(family, m, d)
     delta = ((with_lora - ref).abs().max() / ref.abs().max()).item()
     print(f"{family} LoRA changes the output by {delta:.2e} (relative)")

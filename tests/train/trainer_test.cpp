@@ -1369,13 +1369,25 @@ TEST(Trainer, LoraFilesAreNamedAndDescribedAsAiToolkitWritesThem) {
   for (const auto& [arch, prefix, version] :
        std::vector<std::array<std::string, 3>>{{"tiny-zimage", "diffusion_model.", "zimage"},
                                                {"tiny-qwen-image", "diffusion_model.", "qwen_image"},
-                                               {"tiny-flux", "transformer.", "flux.1"}}) {
+                                               {"tiny-flux", "transformer.", "flux.1"},
+                                               {"tiny-wan21", "diffusion_model.blocks.", "wan_2.1"}}) {
     const auto config = tiny_config(dir, arch, {"model.arch=" + arch, "train.steps=1", "trigger_word=sks"});
     const auto summary = train(config, {});
     ASSERT_FALSE(summary.saves.empty()) << arch;
     const auto file = io::SafetensorsFile::open(summary.saves.back());
     ASSERT_FALSE(file.entries().empty());
     for (const auto& e : file.entries()) EXPECT_EQ(e.name.rfind(prefix, 0), 0u) << arch << " " << e.name;
+    if (arch == "tiny-wan21") {  // Wan's original names (wan_lora_convert.py's convert_to_original)
+      for (const char* key :
+           {"diffusion_model.blocks.0.self_attn.q.lora_A.weight", "diffusion_model.blocks.0.self_attn.o.lora_B.weight",
+            "diffusion_model.blocks.1.cross_attn.k.lora_A.weight", "diffusion_model.blocks.1.ffn.0.lora_A.weight",
+            "diffusion_model.blocks.1.ffn.2.lora_B.weight"})
+        EXPECT_TRUE(file.contains(key)) << key;
+      for (const auto& e : file.entries())
+        EXPECT_TRUE(e.name.find("attn1") == std::string::npos && e.name.find("to_") == std::string::npos &&
+                    e.name.find("ffn.net") == std::string::npos)
+            << e.name;
+    }
     const auto meta = file.metadata();
     EXPECT_EQ(meta.at("ss_base_model_version"), version) << arch;
     EXPECT_EQ(meta.at("ss_output_name"), arch);

@@ -46,8 +46,9 @@ int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage stora
 // The adapter weights in AI Toolkit's / diffusers' (PEFT) LoRA naming, as a file holds them:
 //   <prefix><module path>.lora_A.weight  [rank, in]
 //   <prefix><module path>.lora_B.weight  [out, rank], multiplied by alpha / rank
-// <prefix> the family's (registry.h lora_key_prefix: "transformer.", or "diffusion_model." for Qwen-Image
-// and Z-Image, as AI Toolkit renames their keys before saving; load_lora reads either), in `dtype`
+// <prefix><module path> the family's key (registry.h lora_file_key: "transformer.<path>", "diffusion_model.<path>"
+// for Qwen-Image and Z-Image, Wan's original module names, as AI Toolkit renames keys before saving;
+// load_lora reads either), in `dtype`
 // (save.dtype). A LoRA file holds the update at scale 1 (delta W = B A), which is how AI
 // Toolkit's and diffusers' loaders apply a PEFT-format file; gclab's alpha / rank is folded into lora_B
 // rather than left to metadata a loader may ignore. The metadata says so for every reader:

@@ -86,9 +86,10 @@ class ModelFamily {
   // Linears of the blocks whose name contains one of these (toolkit/lora_special.py:531-541); empty: every
   // block (the families whose model classes name none, FLUX.1 / SD3, get every block there too).
   virtual std::vector<std::string> lora_block_names() const { return {}; }
-  // The prefix of a LoRA file's keys as AI Toolkit saves them: the PEFT network's "transformer.", which the
-  // model classes whose convert_lora_weights_before_save renames it write as "diffusion_model." (ComfyUI's).
-  virtual std::string lora_key_prefix() const { return "transformer."; }
+  // A module's key in a LoRA file as AI Toolkit saves it (before ".lora_A.weight"): the PEFT network's
+  // "transformer.<path>", which the model classes with a convert_lora_weights_before_save rename (Qwen-Image's
+  // and Z-Image's prefix "diffusion_model.", Wan's original module names: ComfyUI's).
+  virtual std::string lora_file_key(const std::string& module_path) const { return "transformer." + module_path; }
   // The diffusers model class's Linears in its named_modules order, a block's index written "*" (the first
   // ".<N>." of a path), each listed once: the order AI Toolkit's LoRA network creates its modules in, and so
   // the order of its optimizer's parameters (toolkit/lora_special.py:484-486, toolkit/kohya_lora.py:1030-

@@ -92,7 +92,7 @@ class QwenImage final : public ModelFamily {
   // qwen_image.py:412-413 (the edit classes inherit it), and its LoRA keys renamed before saving
   // (convert_lora_weights_before_save, qwen_image.py:418-423; back again before loading, :425-430).
   std::string base_model_version(const std::string&) const override { return "qwen_image"; }
-  std::string lora_key_prefix() const override { return "diffusion_model."; }
+  std::string lora_file_key(const std::string& module_path) const override { return "diffusion_model." + module_path; }
   // quantize_model (toolkit/util/quantize.py:264-279) with BaseModel's get_quantization_exclude_modules
   // (None, models/base_model.py:1640-1644) and no quantize_kwargs: every Linear.
   config::QuantizeKwargs quantization_filter(const config::ModelConfig&) const override { return {}; }

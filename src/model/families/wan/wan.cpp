@@ -57,9 +57,38 @@ class TwoForwardCfg final : public Guidance {
   bool one_batch() const override { return false; }
 };
 
+// AI Toolkit's convert_to_original (toolkit/models/wan21/wan_lora_convert.py:40-79), which
+// convert_lora_weights_before_save applies (wan21.py:726-727): a PEFT key in Wan's original names, ComfyUI's.
+// Python's str.replace (every occurrence) and `in` tests, each group's first rule that applies.
+std::string original_lora_key(const std::string& module_path) {
+  std::string key = "diffusion_model." + module_path;
+  auto has = [&](const std::string& what) { return key.find(what) != std::string::npos; };
+  auto replace = [&](const std::string& from, const std::string& to) {
+    for (size_t at = key.find(from); at != std::string::npos; at = key.find(from, at + to.size()))
+      key.replace(at, from.size(), to);
+  };
+  if (has("attn1"))
+    replace("attn1", "self_attn");
+  else if (has("attn2"))
+    replace("attn2", "cross_attn");
+  const std::pair<const char*, const char*> attention[] = {
+      {"to_out.0", "o"}, {"to_q", "q"}, {"to_k", "k"}, {"to_v", "v"}, {"add_k_proj", "k_img"}, {"add_v_proj", "v_img"}};
+  for (const auto& [from, to] : attention)
+    if (has(from)) {
+      replace(from, to);
+      break;
+    }
+  if (has("ffn.net.0.proj"))
+    replace("ffn.net.0.proj", "ffn.0");
+  else if (has("ffn.net.2"))
+    replace("ffn.net.2", "ffn.2");
+  return key;
+}
+
 class Wan final : public ModelFamily {
  public:
   Family id() const override { return kWanId; }
+  std::string lora_file_key(const std::string& module_path) const override { return original_lora_key(module_path); }
   // wan21.py:732-733 (ss_base_model_version in a saved LoRA).
   std::string base_model_version(const std::string&) const override { return "wan_2.1"; }
   // quantize_model (toolkit/util/quantize.py) with BaseModel's get_quantization_exclude_modules (None) and no

@@ -50,7 +50,7 @@ class ZImage final : public ModelFamily {
   Family id() const override { return kZImageId; }
   // z_image.py:461-462, and its LoRA keys renamed before saving (z_image.py:467-472).
   std::string base_model_version(const std::string&) const override { return "zimage"; }
-  std::string lora_key_prefix() const override { return "diffusion_model."; }
+  std::string lora_file_key(const std::string& module_path) const override { return "diffusion_model." + module_path; }
   // load_training_adapter (z_image.py:84-165): merged in, inverted while sampling.
   bool takes_assistant_adapter(const std::string&) const override { return true; }
   // ZImageModel.load_model (extensions_built_in/diffusion_models/z_image/z_image.py:224-228): with an assistant
