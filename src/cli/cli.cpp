@@ -549,9 +549,15 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::stri
   return s.interrupted ? kExitInterrupted : kExitOk;
 }
 
-int run_estimate(const ConfigArgs& args) {
+struct EstimateGrid {
+  std::string frames, resolution;
+};
+
+int run_estimate(const ConfigArgs& args, const EstimateGrid& grid) {
   const auto config = load(args);
-  print_report(args, gclab::bench::estimate_report(gclab::train::estimate_memory(config)),
+  const auto frames = parse_list<int>("--frames", grid.frames, parse_int);
+  const auto resolutions = parse_list<int>("--resolution", grid.resolution, parse_int);
+  print_report(args, gclab::bench::estimate_report(gclab::train::estimate_memory_grid(config, frames, resolutions)),
                "# predicted training memory for " + args.path + ", counted from the run's own Session (no run)\n");
   return kExitOk;
 }
@@ -620,6 +626,7 @@ int run_advise(const ConfigArgs& args, int64_t steps) {
 // Every verb's arguments, filled by CLI11's parse.
 struct Verbs {
   ConfigArgs check_args, train_args, bench_args, fit_args, estimate_args, forward_args, tokenize_args;
+  EstimateGrid estimate_grid;
   bool resume = false, from_scratch = false, dry_run = false;
   std::string memory_snapshot;
   ConfigArgs advise_args;
@@ -783,6 +790,10 @@ int gclab::cli::run(int argc, char** argv) {
   v.estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
   add_config_args(v.estimate, v.estimate_args);
   v.estimate->add_flag("--json", v.estimate_args.json, "print JSON instead of YAML");
+  v.estimate->add_option("--frames", v.estimate_grid.frames,
+                         "comma-separated num_frames (a video model): a row per frames x resolution");
+  v.estimate->add_option("--resolution", v.estimate_grid.resolution,
+                         "comma-separated dataset resolutions (default: the config's)");
   add_synth(app, v);
   v.report = app.add_subcommand("report", "write report.html for a run folder: loss, memory per phase, previews");
   v.report->add_option("run_dir", v.report_dir, "the run's output folder (training_folder/name)")->required();
@@ -809,7 +820,7 @@ int gclab::cli::run(int argc, char** argv) {
   if (*v.bench) return run_verb([&] { return run_bench(v.bench_args, v.bench_opts); });
   if (*v.fit) return run_verb([&] { return run_fit(v.fit_args, v.fit_opts, v.fit_max_batch, v.fit_max_frames); });
   if (*v.advise) return run_verb([&] { return run_advise(v.advise_args, v.advise_steps); });
-  if (*v.estimate) return run_verb([&] { return run_estimate(v.estimate_args); });
+  if (*v.estimate) return run_verb([&] { return run_estimate(v.estimate_args, v.estimate_grid); });
   if (*v.synth) return run_verb([&] { return run_synth(v.synth_args); });
   if (*v.report) return run_verb([&] { return run_report(v.report_dir); });
   if (*v.forward) return run_verb([&] { return run_forward(v.forward_args, v.forward_files); });

@@ -565,4 +565,28 @@ PhaseBytes MemoryModel::predict(const StepResult& r) const {
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config) { return MemoryModel(config).estimate(); }
 
+MemoryEstimate estimate_memory_grid(const config::ProcessConfig& config, const std::vector<int>& frames,
+                                    const std::vector<int>& resolutions) {
+  for (int f : frames)
+    if (f < 1) throw UserError("--frames: " + std::to_string(f) + " is not a frame count (1 or more)");
+  for (int r : resolutions)
+    if (r < 8) throw UserError("--resolution: " + std::to_string(r) + " is below 8");
+  config::ProcessConfig base = config;
+  if (!resolutions.empty())
+    for (auto& d : base.datasets) d.resolution = resolutions;
+  if (frames.empty()) return estimate_memory(base);
+  MemoryEstimate out;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    config::ProcessConfig c = base;
+    for (auto& d : c.datasets) d.num_frames = frames[i];
+    MemoryEstimate e = estimate_memory(c);
+    if (i == 0) {
+      out = std::move(e);
+      continue;
+    }
+    out.resolutions.insert(out.resolutions.end(), e.resolutions.begin(), e.resolutions.end());
+  }
+  return out;
+}
+
 }  // namespace gclab::train

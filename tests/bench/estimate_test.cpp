@@ -48,6 +48,30 @@ std::vector<ckpt::CheckpointPolicy> policies(std::initializer_list<const char*> 
   return out;
 }
 
+// `gclab estimate --frames 1,17,33 --resolution 480,632` on AI Toolkit's Wan 2.1 1.3B example: a row per
+// frames x resolution, each the config re-planned there (the same rows estimate_memory gives it), tokens =
+// latent frames x (H/16)(W/16); an image model asked for frames is refused as its config would be.
+TEST(Estimate, AGridOfFramesAndResolutionsIsARowEach) {
+  const std::string wan = std::string(GCLAB_SHARED_DIR) + "/aitk-configs/train_lora_wan21_1b_24gb.yaml";
+  const auto grid = train::estimate_memory_grid(load(wan), {1, 17, 33}, {480, 632});
+  ASSERT_EQ(grid.resolutions.size(), 6u);
+  for (const auto& r : grid.resolutions) {
+    const int latent = 1 + (r.frames - 1) / 4;
+    const int64_t per_frame = r.resolution == 480 ? 30 * 30 : 39 * 40;  // 480², and 632's bucket 624 x 640
+    EXPECT_EQ(r.image_tokens, latent * per_frame) << r.frames << " at " << r.resolution;
+  }
+  const auto one = estimate_memory(load(wan, {"datasets.0.num_frames=17", "datasets.0.resolution=[632]"}));
+  ASSERT_EQ(one.resolutions.size(), 1u);
+  const auto& same = grid.resolutions[3];
+  ASSERT_EQ(same.frames, 17);
+  ASSERT_EQ(same.resolution, 632);
+  EXPECT_EQ(same.gc_full.total_bytes, one.resolutions[0].gc_full.total_bytes);
+  EXPECT_EQ(same.gc_off.total_bytes, one.resolutions[0].gc_off.total_bytes);
+  EXPECT_LT(grid.resolutions[0].gc_full.total_bytes, grid.resolutions[2].gc_full.total_bytes);  // frames cost
+  EXPECT_THROW(train::estimate_memory_grid(flux_24gb(), {5}, {}), UserError);
+  EXPECT_THROW(train::estimate_memory_grid(load(wan), {0}, {}), UserError);
+}
+
 // AI Toolkit's FLUX.1-dev 24 GB LoRA config: fits a 24 GB card with checkpointing at every resolution it
 // trains, and does not without it — the switch this project exists to explain.
 TEST(Estimate, FluxLoraOn24GbFitsWithCheckpointingAndNotWithout) {
