@@ -248,6 +248,9 @@ void write(const fs::path& path, const uint8_t* frames, int count, int height_in
   auto send = [&](const AVFrame* f) {
     if (int r = avcodec_send_frame(enc.get(), f); r < 0) fail("cannot encode a frame", r);
     while (avcodec_receive_packet(enc.get(), packet.get()) == 0) {
+      // Each frame lasts one tick of 1/fps: without a duration the MP4 muxer's edit list ends where the last
+      // frame starts, and demuxers drop that frame.
+      if (packet->duration <= 0) packet->duration = 1;
       av_packet_rescale_ts(packet.get(), enc->time_base, stream->time_base);
       packet->stream_index = stream->index;
       if (int r = av_interleaved_write_frame(out.format, packet.get()); r < 0) fail("cannot write a frame", r);

@@ -241,7 +241,8 @@ LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path
     throw std::runtime_error(
         path.string() + ": " + std::to_string(unplaced.size()) + " tensor(s) name no Linear of this " +
         model.spec().preset + " model, e.g. " + unplaced.front() +
-        " (gclab reads LoRAs named by diffusers' module paths: PEFT/diffusers/AI Toolkit or kohya naming; a LoRA "
+        " (gclab reads LoRAs named by diffusers' module paths — PEFT/diffusers or kohya naming — or as AI Toolkit "
+        "saves this family's (its lora_A / lora_B keys); a LoRA "
         "for another model, or for the original BFL checkpoint layout, does not apply)");
   for (const auto& [module_path, a] : out.modules) {
     if (!a.down.defined() || !a.up.defined())

@@ -121,12 +121,12 @@ ClipTextOutput ClipTextModelImpl::forward(const torch::Tensor& input_ids, const 
   torch::Tensor h = nn::embedding(token_embedding_, input_ids) + position_embedding_.slice(0, 0, length);
   const torch::Tensor mask = nn::causal_additive_mask(length, attention_mask, h.options());
   ClipTextOutput out;
+  if (layers_.size() < 2) out.penultimate = h;  // one layer: hidden_states[-2] is the embeddings' output
   for (size_t i = 0; i < layers_.size(); ++i) {
-    h = layers_[i]->forward(std::move(h), mask, heads, c.hidden_act,
-                            c.layer_norm_eps);  // the old state freed as it goes
+    // The old state freed as it goes.
+    h = layers_[i]->forward(std::move(h), mask, heads, c.hidden_act, c.layer_norm_eps);
     if (i + 2 == layers_.size()) out.penultimate = h;
   }
-  if (layers_.size() < 2) out.penultimate = h;  // one layer: hidden_states[-2] is the embeddings' output
   out.last_hidden_state = nn::layer_norm(h, final_norm_weight_, final_norm_bias_, c.layer_norm_eps);
   // The end-of-text token: the largest id (configs whose eos_token_id is 2, as the published CLIP-L and
   // bigG ones: the tokenizer's end token has the largest id), else the first position holding eos_token_id.
@@ -224,8 +224,9 @@ ClipVisionOutput ClipVisionModelImpl::forward(const torch::Tensor& pixel_values)
   // The Conv2d patch embedding (kernel = stride = patch, no bias) as the matmul it is over each patch's
   // (channel, row, column) values: [B, g*g, d], then the class token in front and the positions added.
   const torch::Tensor x = pixel_values.to(patch_weight_.scalar_type());
-  const torch::Tensor patches =
-      x.view({b, c.num_channels, g, p, g, p}).permute({0, 2, 4, 1, 3, 5}).reshape({b, g * g, c.num_channels * p * p});
+  const torch::Tensor patches = x.reshape({b, c.num_channels, g, p, g, p})
+                                    .permute({0, 2, 4, 1, 3, 5})
+                                    .reshape({b, g * g, c.num_channels * p * p});
   const torch::Tensor embedded = torch::matmul(patches, patch_weight_.reshape({d, -1}).t());
   torch::Tensor h = torch::cat({class_embedding_.expand({b, 1, d}), embedded}, 1) + position_embedding_;
   h = nn::layer_norm(h, pre_w_, pre_b_, c.layer_norm_eps);

@@ -571,21 +571,29 @@ MemoryEstimate estimate_memory_grid(const config::ProcessConfig& config, const s
     if (f < 1) throw UserError("--frames: " + std::to_string(f) + " is not a frame count (1 or more)");
   for (int r : resolutions)
     if (r < 8) throw UserError("--resolution: " + std::to_string(r) + " is below 8");
-  config::ProcessConfig base = config;
-  if (!resolutions.empty())
-    for (auto& d : base.datasets) d.resolution = resolutions;
-  if (frames.empty()) return estimate_memory(base);
+  if (frames.empty() && resolutions.empty()) return estimate_memory(config);
+  // Each cell a config of its own (0: the config's own frames or resolutions), re-planned whole: its budget
+  // resolved and its cache filled there.
+  const std::vector<int> fs = frames.empty() ? std::vector<int>{0} : frames;
+  const std::vector<int> rs = resolutions.empty() ? std::vector<int>{0} : resolutions;
   MemoryEstimate out;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    config::ProcessConfig c = base;
-    for (auto& d : c.datasets) d.num_frames = frames[i];
-    MemoryEstimate e = estimate_memory(c);
-    if (i == 0) {
-      out = std::move(e);
-      continue;
+  int64_t largest = -1;
+  for (int f : fs)
+    for (int r : rs) {
+      config::ProcessConfig c = config;
+      for (auto& d : c.datasets) {
+        if (f > 0) d.num_frames = f;
+        if (r > 0) d.resolution = {r};
+      }
+      MemoryEstimate e = estimate_memory(c);
+      const bool first = largest < 0;
+      std::vector<ResolutionEstimate> rows = std::move(e.resolutions);
+      const int64_t sample = int64_t{std::max(f, 1)} * std::max(r, 1) * std::max(r, 1);
+      if (first) out = std::move(e);
+      if (!first && sample > largest && e.cache) out.cache = e.cache;  // the largest sample's fill
+      largest = std::max(largest, sample);
+      out.resolutions.insert(out.resolutions.end(), rows.begin(), rows.end());
     }
-    out.resolutions.insert(out.resolutions.end(), e.resolutions.begin(), e.resolutions.end());
-  }
   return out;
 }
 

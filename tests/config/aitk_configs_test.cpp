@@ -7,7 +7,9 @@
 #include "gclab/config/loader.h"
 #include "gclab/model/family.h"
 #include "gclab/model/summary.h"
+#include "gclab/model/transformer.h"
 #include "gclab/train/plan.h"
+#include "gclab/train/session.h"
 
 namespace gclab::config {
 namespace {
@@ -148,6 +150,33 @@ TEST(AitkConfigs, Wan21ExampleLoadsAsWritten) {
   ASSERT_TRUE(wan.sample.has_value());
   EXPECT_EQ(wan.sample->num_frames, 40);
   EXPECT_EQ(wan.sample->fps, 15);
+}
+
+// AI Toolkit's 14B example (config/examples/train_lora_wan21_14b_24gb.yaml at 27a03a9, not in ../shared: its
+// model block and dataset written here as it sets them): the 14B preset by its name_or_path, the exact count,
+// the UI's low_vram load under 24 GiB (quantized blocks parked while UMT5 loads).
+TEST(AitkConfigs, Wan21The14bExampleResolvesToThe14b) {
+  const std::string yaml =
+      "job: extension\nconfig:\n  name: my_first_wan21_14b_lora_v1\n  process:\n    - type: sd_trainer\n"
+      "      device: cuda:0\n      network: {type: lora, linear: 32, linear_alpha: 32}\n"
+      "      datasets: [{folder_path: /path/to/images/folder, caption_ext: txt, cache_latents_to_disk: true, "
+      "resolution: [632]}]\n"
+      "      train: {batch_size: 1, steps: 2000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+      "timestep_type: sigmoid, optimizer: adamw8bit, lr: 1e-4, dtype: bf16, unload_text_encoder: true, "
+      "ema_config: {use_ema: true, ema_decay: 0.99}}\n"
+      "      model: {name_or_path: Wan-AI/Wan2.1-T2V-14B-Diffusers, arch: wan21, quantize: true, quantize_te: true, "
+      "low_vram: true}\n"
+      "      sample: {sampler: flowmatch, sample_every: 250, width: 832, height: 480, num_frames: 40, fps: 15, "
+      "prompts: [woman playing the guitar]}\n";
+  const auto r = model::load_config_text(yaml, "train_lora_wan21_14b_24gb.yaml");
+  ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+  const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
+  EXPECT_EQ(plan.spec.preset, "wan21-14b");
+  EXPECT_EQ(model::parameter_count(*model::build_transformer(plan.spec, torch::TensorOptions().device(torch::kMeta))),
+            14288491584);
+  EXPECT_TRUE(plan.load.after_text_encoders);
+  EXPECT_TRUE(plan.load.quantized_on_host);
+  EXPECT_LT(train::predicted_load_peak(*r.config), int64_t{24} << 30);
 }
 
 struct Refused {

@@ -32,6 +32,25 @@ TEST(ClipVision, TheFullSizeTowerIsTransformersCount) {
                std::invalid_argument);
 }
 
+// transformers' hidden_states[-2] of a one-layer tower is the embeddings' output (the input to its layer).
+TEST(ClipVision, OneLayersPenultimateIsTheEmbeddingsOutputInBothTowers) {
+  torch::manual_seed(2);
+  ClipTextConfig tc = ClipTextConfig::tiny(ClipTextConfig::clip_l());
+  tc.num_hidden_layers = 1;
+  ClipTextModel text(tc);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = torch::randint(0, tc.vocab_size, {1, 5}, torch::kLong);
+  const torch::Tensor embedded =
+      torch::embedding(text->named_parameters()["text_model.embeddings.token_embedding.weight"], ids) +
+      text->named_parameters()["text_model.embeddings.position_embedding.weight"].slice(0, 0, 5);
+  EXPECT_TRUE(torch::allclose(text->forward(ids).penultimate, embedded));
+  ClipVisionConfig vc = ClipVisionConfig::tiny();
+  vc.num_hidden_layers = 1;
+  ClipVisionModel vision(vc);
+  const ClipVisionOutput out = vision->forward(torch::randn({1, 3, 32, 32}));
+  EXPECT_FALSE(torch::allclose(out.penultimate, out.last_hidden_state));
+}
+
 double relative(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max()).item<double>();
 }

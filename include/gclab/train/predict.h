@@ -215,10 +215,11 @@ class MemoryModel {
 };
 
 MemoryEstimate estimate_memory(const config::ProcessConfig& config);
-// The estimate over a grid (`gclab estimate --frames --resolution`): a row per frames x resolution, each the
-// config re-planned with every dataset at that num_frames and resolution (empty: the config's own); the
-// rest (weights, load, caches, previews) the first frame count's. An image model asked for frames above 1
-// is a UserError, as its config would be.
+// The estimate over a grid (`gclab estimate --frames --resolution`): a row per frames x resolution, each
+// cell the config re-planned with every dataset at that num_frames and that one resolution (empty: the
+// config's own) — its budget resolved there; the cache fill the largest cell's; the rest (weights, load,
+// previews, the policy's name) the first cell's. An image model asked for frames above 1 is a UserError, as
+// its config would be.
 MemoryEstimate estimate_memory_grid(const config::ProcessConfig& config, const std::vector<int>& frames,
                                     const std::vector<int>& resolutions);
 // The load alone (what `check` prints), from the same meta-device Session.
