@@ -50,6 +50,14 @@ std::vector<OomFix> load_fixes(const config::ProcessConfig& config) {
     priced("Quantize the transformer in host memory", "model.low_vram: true",
            "the transformer is quantized on the CPU and reaches the device quantized (AI Toolkit: slower to load)",
            [](config::ProcessConfig& c) { c.model.low_vram = true; });
+  // parked_while_text_encoders_load unquantized: low_vram sends the transformer to the CPU until the text
+  // encoders are loaded and quantized (wan21.py:358-361, 479-482).
+  if (!config.model.quantize && !config.model.low_vram &&
+      model::transformer_loading(config.model.arch) == model::TransformerLoading::parked_while_text_encoders_load)
+    priced("Keep the transformer in host memory while the text encoders load", "model.low_vram: true",
+           "the loader moves the transformer to the CPU and back to the device once the text encoders are loaded "
+           "and quantized",
+           [](config::ProcessConfig& c) { c.model.low_vram = true; });
   if (!config.model.low_vram && !honours_low_vram)  // per_block: low_vram keeps it off the device while loading
     priced("Keep the transformer in host memory until its first use", "model.low_vram: true",
            "the loader leaves the transformer on the CPU and the first forward or preview brings it to the "

@@ -189,6 +189,18 @@ TEST(Loading, TheLoadsAdviceOffersOnlyWhatLowersTheLoad) {
   EXPECT_EQ(std::count(qwen.begin(), qwen.end(), "Keep the transformer in host memory until its first use"), 1);
   const V qwen_low = titles({"model.arch=tiny-qwen-image", "model.low_vram=true"});
   EXPECT_EQ(std::count(qwen_low.begin(), qwen_low.end(), "Keep the transformer in host memory until its first use"), 0);
+  // Wan: low_vram parks the transformer in host memory while UMT5 loads, quantized or not — a saving where
+  // UMT5 is quantized as it loads (its bf16 weights and the quantization beside no transformer), none where
+  // it is not (the load ends with both on the device either way).
+  const std::string parked = "Keep the transformer in host memory while the text encoders load";
+  const V wan_te = titles({"model.arch=tiny-wan21", "model.quantize_te=true"});
+  EXPECT_EQ(std::count(wan_te.begin(), wan_te.end(), parked), 1);
+  const V wan = titles({"model.arch=tiny-wan21"});
+  EXPECT_EQ(std::count(wan.begin(), wan.end(), parked), 0);
+  const V wan_q = titles({"model.arch=tiny-wan21", "model.quantize=true"});
+  EXPECT_EQ(std::count(wan_q.begin(), wan_q.end(), "Quantize the transformer in host memory"), 1);
+  const V wan_low = titles({"model.arch=tiny-wan21", "model.quantize_te=true", "model.low_vram=true"});
+  EXPECT_EQ(std::count(wan_low.begin(), wan_low.end(), parked), 0);
   fs::remove_all(dir);
 }
 
