@@ -8,6 +8,20 @@
 
 namespace gclab::text {
 
+namespace {
+
+// A CLIP config's hidden_act (either tower's): quick_gelu (OpenAI's ViT-L) or gelu (OpenCLIP's), else an
+// error naming it.
+nn::Activation clip_activation(const nlohmann::json& j, nn::Activation fallback) {
+  const std::string act = j.value("hidden_act", std::string(nn::name_of(fallback)));
+  const auto parsed = nn::parse_activation(act);
+  if (!parsed || (*parsed != nn::Activation::quick_gelu && *parsed != nn::Activation::gelu))
+    throw std::runtime_error("hidden_act " + act + " is not one gclab builds");
+  return *parsed;
+}
+
+}  // namespace
+
 ClipTextConfig ClipTextConfig::clip_l(bool with_projection) {
   ClipTextConfig c;
   c.with_projection = with_projection;
@@ -43,11 +57,7 @@ ClipTextConfig ClipTextConfig::from_json_file(const std::filesystem::path& path)
     c.max_position_embeddings = j.value("max_position_embeddings", c.max_position_embeddings);
     c.projection_dim = j.value("projection_dim", int64_t{512});
     c.eos_token_id = j.value("eos_token_id", c.eos_token_id);
-    const std::string act = j.value("hidden_act", std::string(nn::name_of(c.hidden_act)));
-    const auto parsed = nn::parse_activation(act);
-    if (!parsed || (*parsed != nn::Activation::quick_gelu && *parsed != nn::Activation::gelu))
-      throw std::runtime_error("hidden_act " + act + " is not one gclab builds");
-    c.hidden_act = *parsed;
+    c.hidden_act = clip_activation(j, c.hidden_act);
     c.layer_norm_eps = j.value("layer_norm_eps", c.layer_norm_eps);
     for (const auto& a : j.value("architectures", nlohmann::json::array()))
       if (a == "CLIPTextModelWithProjection") c.with_projection = true;
@@ -178,11 +188,7 @@ ClipVisionConfig ClipVisionConfig::from_json_file(const std::filesystem::path& p
     c.patch_size = j.value("patch_size", c.patch_size);
     c.num_channels = j.value("num_channels", c.num_channels);
     c.layer_norm_eps = j.value("layer_norm_eps", c.layer_norm_eps);
-    const std::string act = j.value("hidden_act", std::string(nn::name_of(c.hidden_act)));
-    const auto parsed = nn::parse_activation(act);
-    if (!parsed || (*parsed != nn::Activation::quick_gelu && *parsed != nn::Activation::gelu))
-      throw std::runtime_error("hidden_act " + act + " is not one gclab builds");
-    c.hidden_act = *parsed;
+    c.hidden_act = clip_activation(j, c.hidden_act);
     if (c.image_size % c.patch_size != 0)
       throw std::runtime_error("image_size " + std::to_string(c.image_size) + " is not a multiple of patch_size " +
                                std::to_string(c.patch_size));

@@ -8,21 +8,16 @@
 #include <filesystem>
 
 #include "gclab/io/safetensors.h"
+#include "gclab/model/transformer.h"
 #include "gclab/text/clip.h"
 
 namespace gclab::text {
 namespace {
 namespace fs = std::filesystem;
 
-int64_t parameters(torch::nn::Module& m) {
-  int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
-}
-
 TEST(ClipVision, TheFullSizeTowerIsTransformersCount) {
   ClipVisionModel vit(ClipVisionConfig::vit_h14(), torch::TensorOptions().device(torch::kMeta));
-  EXPECT_EQ(parameters(*vit), 630766080);  // transformers' CLIPVisionModel on the meta device
+  EXPECT_EQ(model::parameter_count(*vit), 630766080);  // transformers' CLIPVisionModel on the meta device
   EXPECT_EQ(ClipVisionConfig::vit_h14().positions(), 257);
   const ClipVisionOutput out =
       vit->forward(torch::empty({2, 3, 224, 224}, torch::TensorOptions().device(torch::kMeta)));
