@@ -13,6 +13,10 @@ phase's error, and with --json the rows.
 --frames N (a video family's presets, with a --bin that has them registered): the data are clips of N
 frames (`gclab synth --frames N`), the dataset's and the preview's num_frames N.
 
+An image-to-video preset (`*-i2v`) conditions every step on the clips' first frames, so its latents are never
+cached (gclab refuses it, as AI Toolkit fails on it); its preview takes a ctrl_img, and it runs checkpointing
+full under model.low_vram too (its image encoder in host memory until the first step, and during previews).
+
 With --tolerance it exits 1 when a phase's |error| exceeds it (ctest memory.phase_sweep: every phase within 5%).
 """
 import argparse
@@ -31,7 +35,8 @@ VARIANTS = {"off": {"checkpoint_policy": "off"}, "full": {"checkpoint_policy": "
             "every2": {"checkpoint_policy": "every:2"}, "first1": {"checkpoint_policy": "first:1"},
             "offload": {"checkpoint_policy": "offload"}, "sel_attn": {"checkpoint_policy": "selective:attn"},
             "sel_mlp": {"checkpoint_policy": "selective:mlp"},
-            "off_acc2": {"checkpoint_policy": "off", "batch_size": 1, "gradient_accumulation": 2}}
+            "off_acc2": {"checkpoint_policy": "off", "batch_size": 1, "gradient_accumulation": 2},
+            "full_lowvram": {"checkpoint_policy": "full"}}
 PARTIAL = ["every2", "first1", "offload", "sel_attn", "sel_mlp", "off_acc2"]
 PHASES = ["setup", "cache", "data", "text", "forward", "backward", "optimizer", "sample", "save"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -43,6 +48,7 @@ def run(cmd):
 
 def config(preset, cached_latents, cached_text, gc, work, frames=1):
     edit = preset.endswith("-edit")
+    i2v = preset.endswith("-i2v")
     name = f"{preset}-{'cached' if cached_latents else 'fly'}-{'te_cached' if cached_text else 'te'}-gc_{gc}"
     dataset = {"folder_path": str(work / "data"), "resolution": [64], "cache_latents": cached_latents,
                "num_frames": frames}
@@ -50,11 +56,11 @@ def config(preset, cached_latents, cached_text, gc, work, frames=1):
         dataset["control_path"] = [str(work / "controls")]
     sample = {"sample_every": 2, "width": 64, "height": 64, "sample_steps": 2, "seed": 3, "guidance_scale": 2,
               "prompts": ["a red circle"], "num_frames": frames}
-    if edit:
+    if edit or i2v:
         sample["prompts"] = [f"a red circle --ctrl_img {work / 'controls' / 'synth_0000.png'}"]
     return name, {
         "name": name, "device": "cpu", "training_folder": str(work / "runs"), "training_seed": 7,
-        "datasets": [dataset], "model": {"arch": preset},
+        "datasets": [dataset], "model": {"arch": preset, "low_vram": gc.endswith("_lowvram")},
         "network": {"type": "lora", "linear": 4, "linear_alpha": 4},
         "train": {"batch_size": 2, "steps": 2, "lr": 1e-3, "dtype": "fp32",
                   "gradient_checkpointing": VARIANTS[gc]["checkpoint_policy"] != "off", "skip_first_sample": True,
@@ -81,9 +87,11 @@ def main():
                 sys.exit(r.stderr)
     rows, failed = [], []
     for preset in a.presets.split(","):
-        for cached_latents in [False, True]:
+        i2v = preset.endswith("-i2v")
+        for cached_latents in [False] if i2v else [False, True]:
             for cached_text in [False, True]:
-                for gc in ["off", "full"] + (PARTIAL if cached_latents and cached_text else []):
+                for gc in ["off", "full"] + (PARTIAL if cached_latents and cached_text else []) + \
+                        (["full_lowvram"] if i2v else []):
                     name, c = config(preset, cached_latents, cached_text, gc, work, a.frames)
                     path = work / f"{name}.yaml"
                     path.write_text(json.dumps(c))

@@ -371,6 +371,7 @@ Document estimate_report(const MemoryEstimate& e) {
   est["vae"] = e.vae;
   bytes("vae_weights", e.vae_weight_bytes);
   bytes("vae_resident", e.vae_bytes);
+  if (e.image_encoder_bytes > 0) bytes("image_encoder", e.image_encoder_bytes);  // an image-to-video model's
   if (e.host_weight_bytes > 0) {
     bytes("host_weights", e.host_weight_bytes);        // model.layer_offloading: in host memory
     bytes("offload_buffers", e.offload_buffer_bytes);  // the rings' weights on the device, one being brought

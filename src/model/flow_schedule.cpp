@@ -45,5 +45,6 @@ torch::Tensor FlowSchedule::preview_sigmas(int steps, int64_t image_tokens) cons
 }
 
 FlowSchedule flow_schedule(const Family& family) { return family_of(family).flow_schedule(); }
+FlowSchedule flow_schedule(const ModelSpec& spec) { return family_of(spec.family).flow_schedule(spec); }
 
 }  // namespace gclab::model

@@ -169,7 +169,9 @@ std::optional<LocalModel> local_model(const config::ModelConfig& model) {
       throw UserError(
           "model.name_or_path '" + path.string() +
           "' is a file but not a .safetensors one (gclab reads safetensors weights, or a diffusers folder)");
-    return LocalModel{{}, path, {}, {}, {}};
+    LocalModel single;
+    single.weights = path;
+    return single;
   }
   if (!std::filesystem::is_directory(path, ec)) return std::nullopt;
   return local_model_at(path, "model.name_or_path");
@@ -180,6 +182,8 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
   std::error_code ec;
   LocalModel m;
   if (fs::is_regular_file(dir / "vae" / "config.json", ec)) m.vae = dir / "vae";
+  if (fs::is_regular_file(dir / "image_encoder" / "config.json", ec)) m.image_encoder = dir / "image_encoder";
+  if (fs::is_directory(dir / "image_processor", ec)) m.image_processor = dir / "image_processor";
   for (size_t i = 0; i < kTextEncoderSlots; ++i)
     if (fs::is_regular_file(dir / text_encoder_folder(i) / "config.json", ec)) {
       m.text_encoders.resize(i + 1);

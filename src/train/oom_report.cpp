@@ -506,6 +506,7 @@ void write_oom_json(const std::filesystem::path& file, const OomContext& c, cons
                      {"optimizer", c.optimizer_bytes},
                      {"text_encoder", c.text_encoder_bytes},
                      {"vae", c.vae_bytes},
+                     {"image_encoder", c.image_encoder_bytes},
                      {"activations_and_other", other},
                      {"total", c.live_bytes}};
   j["peak_bytes"] = c.peak_bytes;
@@ -526,8 +527,8 @@ void write_oom_json(const std::filesystem::path& file, const OomContext& c, cons
 
 std::string write_oom_report(const std::filesystem::path& dir, const OomContext& c, const std::vector<OomFix>& fixes) {
   using config::format_bytes;
-  const int64_t categorized =
-      c.weight_bytes + c.gradient_bytes + c.optimizer_bytes + c.text_encoder_bytes + c.vae_bytes;
+  const int64_t categorized = c.weight_bytes + c.gradient_bytes + c.optimizer_bytes + c.text_encoder_bytes +
+                              c.vae_bytes + c.image_encoder_bytes;
   const int64_t other = std::max<int64_t>(0, c.live_bytes - categorized);
   std::ostringstream md;
   const std::string where = std::string(phase_name(c.phase)) +
@@ -558,6 +559,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
     md << "| optimizer state | " << format_bytes(c.optimizer_bytes) << " |\n";
     md << "| text encoder | " << format_bytes(c.text_encoder_bytes) << " |\n";
     md << "| autoencoder | " << format_bytes(c.vae_bytes) << " |\n";
+    if (c.image_encoder_bytes > 0) md << "| image encoder | " << format_bytes(c.image_encoder_bytes) << " |\n";
     md << "| activations and the rest | " << format_bytes(other) << " |\n";
     md << "| live once the failed step was unwound | " << format_bytes(c.live_bytes) << " |\n| peak this step | "
        << format_bytes(c.peak_bytes) << " |\n\n";

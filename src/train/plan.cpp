@@ -197,6 +197,20 @@ void plan_previews(RunPlan& plan) {
         plan.warnings.push_back("sample: ctrl_img " + *p.ctrl_img + " is not a file; the prompt '" + p.prompt +
                                 "' is previewed without it");
       }
+    } else if (plan.family->trains_on_first_frame(plan.spec)) {
+      // Wan21I2V.generate_single_image: `if gen_config.ctrl_img is None: raise ValueError("I2V samples must
+      // have a control image")` (wan21_i2v.py:415-416) — the run fails at its first preview; gclab refuses it
+      // before loading.
+      std::error_code ec;
+      if (!p.ctrl_img || !fs::is_regular_file(*p.ctrl_img, ec))
+        throw UserError(
+            "sample: the prompt '" + p.prompt + "' " +
+            (p.ctrl_img ? "names ctrl_img " + *p.ctrl_img + ", which is not a file" : std::string("has no ctrl_img")) +
+            "; " + c.model.arch +
+            " previews a video from its first frame, and AI Toolkit stops at the first preview without "
+            "one (\"I2V samples must have a control image\"). Give each sample a ctrl_img (an image "
+            "file), or set train.disable_sampling: true.");
+      files.emplace_back(*p.ctrl_img);
     } else if (!p.control_images().empty()) {  // Qwen-Image's own generate_single_image raises on one
       plan.warnings.push_back("sample: the prompt '" + p.prompt + "' names a ctrl_img; " + c.model.arch +
                               "'s previews in gclab do not read one, and it is left out");
@@ -227,6 +241,28 @@ void plan_codec(RunPlan& plan) {
                     std::to_string(vae::temporal_downsampling(*plan.codec.autoencoder)) +
                     " frames into a latent frame; the transformer's latents take " +
                     std::to_string(plan.spec.latent_temporal));
+}
+
+// An image-to-video model's first frames: read from the pixels in every step (Wan21I2V.get_noise_prediction
+// takes batch.tensor, wan21_i2v.py:489-498), which a batch of cached latents does not carry (DataLoaderBatchDTO
+// stacks file_item.tensor only when latents are not cached, toolkit/data_transfer_object/data_loader.py:275-
+// 284): AI Toolkit fails at the first step there, gclab refuses up front.
+void plan_first_frame(RunPlan& plan) {
+  const config::ProcessConfig& c = plan.config;
+  if (!plan.family->trains_on_first_frame(plan.spec)) return;
+  for (size_t i = 0; i < c.datasets.size(); ++i)
+    if (c.datasets[i].cache_latents || c.datasets[i].cache_latents_to_disk)
+      throw UserError("datasets[" + std::to_string(i) + "]: " + c.model.arch +
+                      " conditions every step on each clip's first frame, read from its pixels (AI Toolkit's "
+                      "get_noise_prediction takes batch.tensor), and a batch of cached latents has none: AI "
+                      "Toolkit fails at the first step. Set cache_latents_to_disk: false and cache_latents: false.");
+  model::FrameConditioningSource source;
+  source.device = plan.device;
+  source.dtype = plan.compute_dtype;  // CLIPVisionModel.from_pretrained(torch_dtype=self.torch_dtype)
+  source.seed = plan.seed;
+  if (plan.local)
+    source.image_encoder = plan.local->image_encoder, source.image_processor = plan.local->image_processor;
+  plan.first_frame = source;
 }
 
 }  // namespace
@@ -274,6 +310,7 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.prompts = prompt_plan(config, plan.spec, torch::TensorOptions().device(plan.device).dtype(plan.compute_dtype));
   plan_codec(plan);
   plan.caches_latents = run_caches_latents(config);
+  plan_first_frame(plan);
   // The autoencoder encodes in the steps: the images when latents are not cached, control images (an edit
   // model's, Flex.2's control folders) every step.
   bool controls = plan.spec.reference_tokens;

@@ -127,6 +127,12 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
     mb.weight = torch::empty({shape.batch}, meta);
     mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
     for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
+    torch::Tensor first;  // an image-to-video model's first frames, conditioned on in the forward phase
+    if (session.conditions_on_first_frame()) {
+      mb.conditioning.condition_channels = mb.conditioning.image_embeds = torch::Tensor();
+      memory::HostScope host;
+      first = torch::empty({shape.batch, 3, shape.height, shape.width}, meta);
+    }
     walked.batch = count.live();
     StepOptions so;
     so.loss_type = session.config().train.loss_type;
@@ -134,7 +140,10 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
     // An op without a meta kernel ends the walk (memory::run_walk): the peaks counted before it stand, lower
     // bounds, and the op is named in not_modelled.
     torch::Tensor loss;
-    const bool forward_ran = memory::run_walk([&] { loss = flow_matching_loss(model, mb, so); });
+    const bool forward_ran = memory::run_walk([&] {
+      if (first.defined()) session.condition_on_first_frame(mb.conditioning, first, mb.x0, 0);
+      loss = flow_matching_loss(model, mb, so);
+    });
     walked.forward = count.peak();
     count.reset_peak();
     if (forward_ran) memory::run_walk([&] { loss.backward(); });
@@ -193,6 +202,8 @@ StepEstimate step_estimate(Session& session, const MemoryEstimate& e, const mode
   const RunPlan& plan = session.plan();
   if (plan.previews.empty() || plan.config.train.skip_first_sample)  // the first use is the step's forward
     for (const memory::Phase p : {memory::Phase::data, memory::Phase::text}) s.first_phases[p] -= e.parked_bytes;
+  if (e.image_encoder_waits)  // brought by the first step's forward (and after each preview, which sends it back)
+    for (const memory::Phase p : {memory::Phase::data, memory::Phase::text}) s.first_phases[p] -= e.image_encoder_bytes;
   s.first_phases[memory::Phase::backward] = backward - e.optimizer_bytes;
   for (const auto& [phase, bytes] : s.phases) s.total_bytes = std::max(s.total_bytes, bytes);
   for (const auto& [phase, bytes] : s.first_phases) s.first_total_bytes = std::max(s.first_total_bytes, bytes);
@@ -246,11 +257,13 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.vae = session.codec_spec().describe();
   e.vae_weight_bytes = session.codec_spec().weight_bytes();
   e.vae_bytes = r.vae;
+  e.image_encoder_bytes = r.image_encoder;
+  e.image_encoder_waits = session.first_frame_encoder_waits();
   // Host memory: the offloaded weights, the text encoders' while they stay loaded.
   e.host_weight_bytes = r.host_weights + (leaves ? 0 : r.text_encoder_host);
   e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), config::dtype_bytes(session.config().train.dtype));
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
-                     e.vae_bytes + e.offload_buffer_bytes;
+                     e.vae_bytes + e.image_encoder_bytes + e.offload_buffer_bytes;
   e.load = load_of(session.load_memory());
   if (e.load.at_first_use) e.parked_bytes = e.weight_bytes - (session.config().network ? e.trained_bytes : 0);
 }
@@ -279,8 +292,8 @@ void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
 int64_t cache_fill_bytes(Session& session, const MemoryEstimate& e, CacheFill fill,
                          const std::vector<data::Caption>& captions, bool cpu) {
   const ResidentBytes r = session.resident();
-  const int64_t before =
-      r.weights - e.parked_bytes + r.ema + r.text_encoder + e.offload_buffer_bytes - session.cache_parked_bytes(fill);
+  const int64_t before = r.weights - e.parked_bytes + r.ema + r.text_encoder + e.offload_buffer_bytes +
+                         (e.image_encoder_waits ? 0 : r.image_encoder) - session.cache_parked_bytes(fill);
   if (fill == CacheFill::text) return before + caption_encode_bytes(session, e, captions, cpu);
   model::SampleShape largest;  // the largest sample a cell has (AI Toolkit encodes them one at a time)
   for (const StepCell& c : session.plan().cells)
@@ -399,8 +412,10 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
           p.text_encode_bytes =
               std::max(p.text_encode_bytes, prompts->predict_encode(prompt, conditions, kernels).peak_bytes);
       }
-    p.total_bytes = e.resident_bytes - e.gradient_bytes + (e.vae_weight_bytes - e.vae_bytes) +
-                    std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes, p.text_encode_bytes});
+    // An image encoder that waits in host memory (model.low_vram) is on the device for the control's encode only.
+    const int64_t away = e.image_encoder_waits ? e.image_encoder_bytes : 0;
+    p.total_bytes = e.resident_bytes - e.gradient_bytes - away + (e.vae_weight_bytes - e.vae_bytes) +
+                    std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes + away, p.text_encode_bytes});
     e.preview = p;
   }
 }

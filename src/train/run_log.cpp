@@ -149,6 +149,7 @@ void RunLog::write_memory(Session& session) const {
                                               {"optimizer_bytes", held.optimizer},
                                               {"text_encoder_bytes", held.text_encoder},
                                               {"vae_bytes", held.vae},
+                                              {"image_encoder_bytes", held.image_encoder},
                                               {"offload_buffer_bytes", held.offload_buffers},
                                               {"host",
                                                {{"offloaded_weight_bytes", held.host_weights},

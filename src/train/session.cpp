@@ -33,6 +33,8 @@ const char* activity_name(Activity activity) {
       return "vae decode";
     case Activity::text_encode:
       return "text encode";
+    case Activity::first_frame:
+      return "first-frame encode";
   }
   return "?";
 }
@@ -91,7 +93,7 @@ Session::Session(RunPlan plan, const SessionOptions& options)
                        : nullptr),
       meter_(device_),
       phases_(meter_),
-      timesteps_(plan_.family->flow_schedule(), config_.train),
+      timesteps_(plan_.family->flow_schedule(plan_.spec), config_.train),
       previous_host_cap_(memory::MemoryMeter::host_cap()) {
   if (device_.is_meta()) meta_allocator_.emplace();
   for (const auto& w : plan_.warnings) log::warn(w);
@@ -119,6 +121,7 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   load_text_encoders();
   if (plan_.load.after_text_encoders && !load_.at_first_use) transformer_to_device();
   transformer_parked_ = load_.at_first_use && !device_.is_meta();
+  load_first_frame_encoder();
   if (!device_.is_meta()) {
     load_ = std::move(predicted);
     record_load(before_load);
@@ -270,6 +273,53 @@ void Session::load_text_encoders() {
   text_ = std::make_unique<data::TextEmbeddingCache>(
       std::move(prompts), [this](int64_t n) { return model::sequence_rows(spec_, n); },
       device_.is_meta() ? torch::Device(torch::kCPU) : device_, plan_.text_encoder_leaves, encoders);
+}
+
+// An image-to-video model's image encoder, loaded after the rest (Wan21I2V.load_model, wan21_i2v.py:304-343:
+// CLIPVisionModel in the model's dtype, to the device). Under model.low_vram AI Toolkit sends it to the CPU
+// after — having sent UMT5 there first, so its moment on the device never raises the load's peak at a real
+// model's sizes — and the first step brings it back (get_noise_prediction: `self.image_encoder.to(device)`,
+// :504): gclab builds it in host memory then, and moves it at the first step.
+void Session::load_first_frame_encoder() {
+  if (!plan_.first_frame) return;
+  model::FrameConditioningSource source = *plan_.first_frame;
+  const bool waits = first_frame_encoder_waits() && !device_.is_meta();
+  std::optional<memory::HostScope> host;
+  if (waits) {
+    host.emplace();
+    source.encoder_in_host_memory = true;
+  }
+  first_frame_ = plan_.family->frame_conditioning(spec_, source);
+  host.reset();
+  torch::nn::Module* encoder = first_frame_->image_encoder();
+  if (!encoder) return;
+  load_.built(first_frame_encoder_waits() ? Residence::host : Residence::device, nn::module_bytes(*encoder));
+  first_frame_parked_ = waits;
+  if (!device_.is_meta()) log::info("image_encoder: " + first_frame_->describe());
+}
+
+// Under model.low_vram (first_frame_encoder_waits) the encoder leaves the device for previews: AI Toolkit's
+// Wan21I2V.generate_images sends it to the CPU, its pipeline brings it for the control image's encode and
+// sends it back (wan21_i2v.py:351-356, 164, 189); the next step's forward brings it again.
+void Session::first_frame_encoder_to_host() {
+  if (!first_frame_encoder_waits() || first_frame_parked_ || device_.is_meta() || !first_frame_->image_encoder())
+    return;
+  move_module(*first_frame_->image_encoder(), Residence::host, device_);
+  first_frame_parked_ = true;
+}
+
+void Session::first_frame_encoder_to_device() {
+  if (!first_frame_parked_) return;
+  move_module(*first_frame_->image_encoder(), Residence::device, device_);
+  first_frame_parked_ = false;
+}
+
+void Session::condition_on_first_frame(model::ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
+                                       uint64_t draw) {
+  first_frame_encoder_to_device();
+  current_activity_ = Activity::first_frame;
+  first_frame_->condition(in, first, x0, [&](const torch::Tensor& video) { return codec().encode(video, draw); });
+  current_activity_ = Activity::model;
 }
 
 // What loading held, measured beside the walk's prediction.
@@ -453,6 +503,10 @@ void Session::encode(data::LoadedBatch& lb) {
   if (lb.latents.defined() && lb.reference_images.empty()) return;
   current_activity_ = Activity::vae_encode;
   if (!lb.latents.defined()) {
+    if (first_frame_) {  // kept for the step's first-frame conditioning (host memory, as the batch's pixels)
+      memory::HostScope host;
+      lb.first_frames = lb.images.select(2, 0).clone();
+    }
     lb.latents = codec().encode(lb.images, static_cast<uint64_t>(lb.index) * 16);
     lb.images = torch::Tensor();
     data::remember_latents(lb);
@@ -691,6 +745,10 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   mb.t = draw.t.to(device_);
   mb.weight = draw.weight.to(device_);
   if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);
+  if (first_frame_) {  // inside get_noise_prediction, after the noise (wan21_i2v.py:488-517)
+    auto scope = phase(Phase::forward);
+    condition_on_first_frame(mb.conditioning, lb.first_frames, mb.x0, static_cast<uint64_t>(lb.index) * 16 + 15);
+  }
   return mb;
 }
 
@@ -872,6 +930,7 @@ std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir, const P
   if (plan_.previews.empty()) return files;
   auto scope = phase(Phase::sample);
   transformer_at_first_use();
+  if (first_frame_) first_frame_encoder_to_host();
   // AI Toolkit previews with the EMA weights when EMA is on (BaseSDTrainProcess.sample: ema.eval() swaps
   // them in, ema.train() back).
   // The assistant adapter inverted while sampling: on the device, multiplier -1; off and in host memory after.
@@ -970,7 +1029,17 @@ void Session::preview_controls(size_t i, const sample::SampleOptions& so, model:
                                model::ModelInputs& uncond) {
   const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
   cond.reference_latents = uncond.reference_latents = preview_references(controls, so.width, so.height);
-  if (!spec_.reference_tokens && !controls.empty())  // Flex.2: its ctrl_img as the channels beside the latents
+  if (first_frame_ && !controls.empty()) {  // an image-to-video model's first frame (checked when planned)
+    first_frame_encoder_to_device();
+    current_activity_ = Activity::first_frame;
+    CodecOnDevice on_device(codec());
+    first_frame_->preview_condition(cond, controls.front(),
+                                    model::latent_shape(spec_, {1, so.frames, so.height, so.width}),
+                                    [&](const torch::Tensor& v) { return codec().encode_mean(v).to(device_); });
+    uncond.image_embeds = cond.image_embeds, uncond.condition_channels = cond.condition_channels;
+    current_activity_ = Activity::model;
+    first_frame_encoder_to_host();  // AggressiveWanI2VUnloadPipeline: image_encoder.to('cpu') after (low_vram)
+  } else if (!spec_.reference_tokens && !controls.empty())  // Flex.2: its ctrl_img as the channels beside the latents
     cond.condition_channels = uncond.condition_channels =
         preview_condition(controls.front(), plan_.previews[i].ctrl_idx.value_or(0), so.width, so.height);
 }
@@ -1106,6 +1175,8 @@ ResidentBytes Session::resident() const {
   r.offload_buffers = nn::offload_buffer_bytes(*rings_);
   r.text_cache_host = text_->cache_bytes();
   r.vae = codec_ ? codec_->resident_bytes() : plan_.vae_in_steps ? plan_.codec.weight_bytes() : 0;
+  if (first_frame_ && first_frame_->image_encoder() && !first_frame_parked_)
+    r.image_encoder = nn::module_bytes(*first_frame_->image_encoder());
   return r;
 }
 

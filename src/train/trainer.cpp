@@ -372,6 +372,7 @@ void Run::stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::Memor
   ctx.optimizer_bytes = held.optimizer;
   ctx.text_encoder_bytes = held.text_encoder;
   ctx.vae_bytes = held.vae;
+  ctx.image_encoder_bytes = held.image_encoder;
   ctx.last_step_phase_peaks = log_->last_step_peaks();
   ctx.last_good_step = last_good_step_;
   ctx.first_update_step = first_update_step_;

@@ -41,18 +41,21 @@ class AutoencoderCodec : public ImageCodec {
 
   torch::Tensor encode(const torch::Tensor& images, uint64_t draw) override {
     generator_.set_current_seed(seed_ ^ (draw * 0x9E3779B97F4A7C15ull));
-    restore();  // AI Toolkit's encode_images brings an offloaded VAE back, and leaves it there
-    torch::NoGradGuard no_grad;
-    return vae_
-        ->encode(memory::to_device(autoencoder_input(images, spec_.video), device_, dtype_), Posterior::sample,
-                 generator_)
-        .to(torch::kFloat);
+    return encode_as(images, Posterior::sample);
   }
+  torch::Tensor encode_mean(const torch::Tensor& images) override { return encode_as(images, Posterior::mean); }
   torch::Tensor decode(const torch::Tensor& latents) override {
     torch::NoGradGuard no_grad;
     return as_frames(vae_->decode(latents.to(device_, dtype_))).to(torch::kFloat);
   }
   bool encodes_on_loader_thread() const override { return false; }
+  torch::Tensor encode_as(const torch::Tensor& images, Posterior posterior) {
+    restore();  // AI Toolkit's encode_images brings an offloaded VAE back, and leaves it there
+    torch::NoGradGuard no_grad;
+    return vae_
+        ->encode(memory::to_device(autoencoder_input(images, spec_.video), device_, dtype_), posterior, generator_)
+        .to(torch::kFloat);
+  }
 
   void offload() override {
     if (offloaded()) return;

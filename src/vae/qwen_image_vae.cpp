@@ -161,12 +161,14 @@ TORCH_MODULE(Attention);
 // or a right/bottom pad then a stride-2 convolution), and 2x temporal with a causal time convolution.
 enum class ResampleMode { up2d, up3d, down2d, down3d };
 
+// An up-sampler's convolution halves the channels (Wan 2.1's) unless `up_out` says otherwise (the Wan 2.2
+// VAE's residual up blocks keep them).
 struct ResampleImpl : nn::Module {
-  ResampleImpl(const torch::TensorOptions& o, int64_t dim, ResampleMode mode) : mode(mode) {
+  ResampleImpl(const torch::TensorOptions& o, int64_t dim, ResampleMode mode, int64_t up_out = 0) : mode(mode) {
     const bool up = mode == ResampleMode::up2d || mode == ResampleMode::up3d;
     resample = register_module("resample", nn::Sequential());
     resample->push_back(nn::Identity());  // index 0: the up-sampler / the zero pad (no parameters)
-    resample->push_back(up ? gclab::nn::square_conv(dim, dim / 2, 3, 1, 1, o)
+    resample->push_back(up ? gclab::nn::square_conv(dim, up_out > 0 ? up_out : dim / 2, 3, 1, 1, o)
                            : gclab::nn::square_conv(dim, dim, 3, 2, 0, o));
     conv = resample->ptr<gclab::nn::ConvImpl>(1);
     if (mode == ResampleMode::up3d)
@@ -248,7 +250,50 @@ torch::Tensor head(RmsNorm& norm, CausalConv3d& conv, torch::Tensor x, FeatCache
   return conv->forward_cached(x, cache);
 }
 
-// QwenImageEncoder3d: down_blocks is one flat list of residual blocks and resamplers.
+// AvgDown3D (the Wan 2.2 VAE's down shortcut): frames padded in front to a multiple of `ft`, each ft x fs x
+// fs neighbourhood folded into the channels, the channels averaged in groups down to `out`.
+torch::Tensor avg_down(torch::Tensor x, int64_t out, int64_t ft, int64_t fs) {
+  const int64_t pad_t = (ft - x.size(2) % ft) % ft;
+  x = F::pad(x, F::PadFuncOptions({0, 0, 0, 0, pad_t, 0}));
+  const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
+  x = x.view({b, c, t / ft, ft, h / fs, fs, w / fs, fs}).permute({0, 1, 3, 5, 7, 2, 4, 6}).contiguous();
+  x = x.view({b, out, c * ft * fs * fs / out, t / ft, h / fs, w / fs});
+  return x.mean(2);
+}
+
+// DupUp3D (its up shortcut): the channels repeated up to `out` x ft x fs², unfolded into frames and pixels;
+// the first chunk keeps its last frame only.
+torch::Tensor dup_up(torch::Tensor x, int64_t out, int64_t ft, int64_t fs, bool first_chunk) {
+  x = x.repeat_interleave(out * ft * fs * fs / x.size(1), 1);
+  const int64_t b = x.size(0), t = x.size(2), h = x.size(3), w = x.size(4);
+  x = x.view({b, out, ft, fs, fs, t, h, w}).permute({0, 1, 5, 2, 6, 3, 7, 4}).contiguous();
+  x = x.view({b, out, t * ft, h * fs, w * fs});
+  return first_chunk ? x.slice(2, ft - 1) : x;
+}
+
+// WanResidualDownBlock: residual blocks and the down-sampler, plus AvgDown3D of a copy of the input.
+struct ResidualDownImpl : nn::Module {
+  ResidualDownImpl(const torch::TensorOptions& o, int64_t in, int64_t out, int64_t res_blocks, bool temporal, bool down)
+      : resnets(register_module("resnets", nn::ModuleList())), out(out), ft(temporal ? 2 : 1), fs(down ? 2 : 1) {
+    for (int64_t r = 0; r < res_blocks; ++r) resnets->push_back(Residual(o, r == 0 ? in : out, out));
+    if (down)
+      downsampler =
+          register_module("downsampler", Resample(o, out, temporal ? ResampleMode::down3d : ResampleMode::down2d));
+  }
+  torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
+    const torch::Tensor copy = x.clone();
+    for (const auto& r : *resnets) x = r->as<ResidualImpl>()->forward(x, cache);
+    if (downsampler) x = downsampler->forward(x, cache);
+    return x + avg_down(copy, out, ft, fs);
+  }
+  nn::ModuleList resnets;
+  Resample downsampler{nullptr};
+  int64_t out, ft, fs;
+};
+TORCH_MODULE(ResidualDown);
+
+// QwenImageEncoder3d: down_blocks is one flat list of residual blocks and resamplers (Wan 2.2's: one
+// residual down block per stage).
 struct EncoderImpl : nn::Module {
   EncoderImpl(const QwenImageVaeConfig& c, const torch::TensorOptions& o) {
     std::vector<int64_t> dims = {c.base_dim};
@@ -256,6 +301,12 @@ struct EncoderImpl : nn::Module {
     conv_in = register_module("conv_in", causal_conv(o, c.input_channels, dims[0], {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
     down_blocks = register_module("down_blocks", nn::ModuleList());
     for (size_t i = 0; i + 1 < dims.size(); ++i) {
+      const bool last = i + 1 == c.dim_mult.size();
+      if (c.is_residual) {
+        down_blocks->push_back(ResidualDown(o, dims[i], dims[i + 1], c.num_res_blocks,
+                                            !last && c.temperal_downsample.at(i), !last));
+        continue;
+      }
       int64_t in = dims[i];
       for (int64_t r = 0; r < c.num_res_blocks; ++r) {
         down_blocks->push_back(Residual(o, in, dims[i + 1]));
@@ -274,6 +325,8 @@ struct EncoderImpl : nn::Module {
     for (const auto& layer : *down_blocks) {
       if (auto* r = layer->as<ResidualImpl>())
         x = r->forward(x, cache);
+      else if (auto* d = layer->as<ResidualDownImpl>())
+        x = d->forward(x, cache);
       else
         x = layer->as<ResampleImpl>()->forward(x, cache);
     }
@@ -286,48 +339,62 @@ struct EncoderImpl : nn::Module {
   RmsNorm norm_out{nullptr};
 };
 
-// QwenImageUpBlock: num_res_blocks + 1 residual blocks, then the up-sampler.
+// QwenImageUpBlock: num_res_blocks + 1 residual blocks, then the up-sampler. The Wan 2.2 VAE's
+// WanResidualUpBlock: its up-sampler (`upsampler`) keeps the channels, and DupUp3D of a copy of the input is
+// added.
 struct UpBlockImpl : nn::Module {
   UpBlockImpl(const torch::TensorOptions& o, int64_t in, int64_t out, int64_t res_blocks,
-              std::optional<ResampleMode> mode)
-      : resnets(register_module("resnets", nn::ModuleList())) {
+              std::optional<ResampleMode> mode, bool residual)
+      : resnets(register_module("resnets", nn::ModuleList())), residual(residual && mode), out(out) {
     for (int64_t r = 0; r <= res_blocks; ++r) resnets->push_back(Residual(o, r == 0 ? in : out, out));
-    if (mode) {
+    if (mode && residual) {
+      upsampler = register_module("upsampler", Resample(o, out, *mode, out));
+      ft = *mode == ResampleMode::up3d ? 2 : 1;
+    } else if (mode) {
       upsamplers = register_module("upsamplers", nn::ModuleList());
       upsamplers->push_back(Resample(o, out, *mode));
     }
   }
-  torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
+  torch::Tensor forward(torch::Tensor x, FeatCache* cache, bool first_chunk) {
+    torch::Tensor copy;
+    if (residual) copy = x.clone();
     for (const auto& r : *resnets) x = r->as<ResidualImpl>()->forward(x, cache);
-    return upsamplers ? upsamplers[0]->as<ResampleImpl>()->forward(x, cache) : x;
+    if (upsampler) x = upsampler->forward(x, cache);
+    if (upsamplers) x = upsamplers[0]->as<ResampleImpl>()->forward(x, cache);
+    return residual ? x + dup_up(copy, out, ft, 2, first_chunk) : x;
   }
   nn::ModuleList resnets, upsamplers{nullptr};
+  Resample upsampler{nullptr};
+  bool residual;
+  int64_t out, ft = 1;
 };
 TORCH_MODULE(UpBlock);
 
 // QwenImageDecoder3d.
 struct DecoderImpl : nn::Module {
   DecoderImpl(const QwenImageVaeConfig& c, const torch::TensorOptions& o) {
-    std::vector<int64_t> dims = {c.base_dim * c.dim_mult.back()};
-    for (auto it = c.dim_mult.rbegin(); it != c.dim_mult.rend(); ++it) dims.push_back(c.base_dim * *it);
+    const int64_t base = c.decoder_base_dim > 0 ? c.decoder_base_dim : c.base_dim;
+    std::vector<int64_t> dims = {base * c.dim_mult.back()};
+    for (auto it = c.dim_mult.rbegin(); it != c.dim_mult.rend(); ++it) dims.push_back(base * *it);
     const std::vector<bool> temperal_upsample(c.temperal_downsample.rbegin(), c.temperal_downsample.rend());
     conv_in = register_module("conv_in", causal_conv(o, c.z_dim, dims[0], {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
     mid_block = register_module("mid_block", MidBlock(o, dims[0]));
     up_blocks = register_module("up_blocks", nn::ModuleList());
     for (size_t i = 0; i + 1 < dims.size(); ++i) {
-      const int64_t in = i > 0 ? dims[i] / 2 : dims[i];  // the up-sampler before halved the channels
+      // Wan 2.1's up-sampler before halved the channels; the residual up blocks keep them.
+      const int64_t in = i > 0 && !c.is_residual ? dims[i] / 2 : dims[i];
       std::optional<ResampleMode> mode;
       if (i + 1 != c.dim_mult.size()) mode = temperal_upsample.at(i) ? ResampleMode::up3d : ResampleMode::up2d;
-      up_blocks->push_back(UpBlock(o, in, dims[i + 1], c.num_res_blocks, mode));
+      up_blocks->push_back(UpBlock(o, in, dims[i + 1], c.num_res_blocks, mode, c.is_residual));
     }
     norm_out = register_module("norm_out", RmsNorm(o, dims.back(), false));
     conv_out =
         register_module("conv_out", causal_conv(o, dims.back(), c.input_channels, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}));
   }
-  torch::Tensor forward(torch::Tensor x, FeatCache* cache) {
+  torch::Tensor forward(torch::Tensor x, FeatCache* cache, bool first_chunk) {
     x = conv_in->forward_cached(x, cache);
     x = mid_block->forward(x, cache);
-    for (const auto& b : *up_blocks) x = b->as<UpBlockImpl>()->forward(x, cache);
+    for (const auto& b : *up_blocks) x = b->as<UpBlockImpl>()->forward(x, cache, first_chunk);
     return head(norm_out, conv_out, x, cache);
   }
   CausalConv3d conv_in{nullptr}, conv_out{nullptr};
@@ -335,6 +402,21 @@ struct DecoderImpl : nn::Module {
   nn::ModuleList up_blocks{nullptr};
   RmsNorm norm_out{nullptr};
 };
+
+// patchify / unpatchify (autoencoder_kl_wan.py): each p x p patch of a frame into the channels, channel
+// c * p² + column * p + row, and back.
+torch::Tensor patchify(const torch::Tensor& x, int64_t p) {
+  if (p == 1) return x;
+  const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
+  TORCH_CHECK(h % p == 0 && w % p == 0, "the Wan 2.2 VAE takes frames whose sides are multiples of ", p);
+  return x.view({b, c, t, h / p, p, w / p, p}).permute({0, 1, 6, 4, 2, 3, 5}).contiguous().view(
+      {b, c * p * p, t, h / p, w / p});
+}
+torch::Tensor unpatchify(const torch::Tensor& x, int64_t p) {
+  if (p == 1) return x;
+  const int64_t b = x.size(0), c = x.size(1) / (p * p), t = x.size(2), h = x.size(3), w = x.size(4);
+  return x.view({b, c, p, p, t, h, w}).permute({0, 1, 4, 5, 3, 6, 2}).contiguous().view({b, c, t, h * p, w * p});
+}
 
 // [1, C, 1, 1, 1] in float32 (inverted there when asked, as the pipeline computes 1 / latents_std), then
 // in like's device and type.
@@ -352,6 +434,28 @@ QwenImageVaeConfig QwenImageVaeConfig::tiny() {
   c.base_dim = 32;
   c.dim_mult = {1, 1, 1, 1};
   c.num_res_blocks = 1;
+  return c;
+}
+
+QwenImageVaeConfig QwenImageVaeConfig::residual_16x() {
+  QwenImageVaeConfig c;
+  c.base_dim = 160, c.decoder_base_dim = 256, c.z_dim = 48;
+  c.is_residual = true, c.patch_size = 2, c.input_channels = 12, c.clamps_tiles = true;
+  c.latents_mean = {-0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174,  0.1838,  0.1557,  -0.1382, 0.0542,
+                    0.2813,  0.0891,  0.1570,  -0.0098, 0.0375,  -0.1825, -0.2246, -0.1207, -0.0698, 0.5109,
+                    0.2665,  -0.2108, -0.2158, 0.2502,  -0.2055, -0.0322, 0.1109,  0.1567,  -0.0729, 0.0899,
+                    -0.2799, -0.1230, -0.0313, -0.1649, 0.0117,  0.0723,  -0.2839, -0.2083, -0.0520, 0.3748,
+                    0.0152,  0.1957,  0.1433,  -0.2944, 0.3573,  -0.0548, -0.1681, -0.0667};
+  c.latents_std = {0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+                   0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+                   0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+                   0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744};
+  return c;
+}
+
+QwenImageVaeConfig QwenImageVaeConfig::residual_16x_tiny() {
+  QwenImageVaeConfig c = residual_16x();
+  c.base_dim = 32, c.decoder_base_dim = 32, c.dim_mult = {1, 1, 1, 1}, c.num_res_blocks = 1;
   return c;
 }
 
@@ -375,18 +479,24 @@ QwenImageVaeConfig QwenImageVaeConfig::from_json_file(const std::filesystem::pat
         if (static_cast<int64_t>(c.latents_mean.size()) != c.z_dim ||
             static_cast<int64_t>(c.latents_std.size()) != c.z_dim)
           throw std::runtime_error("latents_mean and latents_std need z_dim values");
-        // diffusers' AutoencoderKLWan is the same network (its state dict, key for key) where it is the Wan 2.1
-        // VAE: no residual blocks, no patchify, one base width, RGB in and out. The Wan 2.2 VAE is not built.
-        const auto is_null_or = [&](const char* key, const nlohmann::json& value) {
-          return !j.contains(key) || j[key].is_null() || j[key] == value;
-        };
-        if (j.value("_class_name", std::string()) == "AutoencoderKLWan" &&
-            (j.value("is_residual", false) || !is_null_or("patch_size", nullptr) ||
-             !is_null_or("decoder_base_dim", c.base_dim) || j.value("in_channels", 3) != 3 ||
-             j.value("out_channels", 3) != 3))
-          throw std::runtime_error(
-              "an AutoencoderKLWan other than Wan 2.1's (is_residual, patch_size, decoder_base_dim, "
-              "in_channels or out_channels: the Wan 2.2 VAE), which gclab does not build yet");
+        // diffusers' AutoencoderKLWan is the same network (its state dict, key for key): the Wan 2.1 VAE, or
+        // with is_residual, patch_size and decoder_base_dim the Wan 2.2 VAE; its in_channels / out_channels
+        // are the network's (3 x patch²).
+        if (j.value("_class_name", std::string()) == "AutoencoderKLWan") {
+          c.clamps_tiles = true;
+          const auto number_or = [&](const char* key, int64_t fallback) {
+            return j.contains(key) && !j[key].is_null() ? j[key].get<int64_t>() : fallback;
+          };
+          c.is_residual = j.value("is_residual", false);
+          c.patch_size = number_or("patch_size", 1);
+          c.decoder_base_dim = number_or("decoder_base_dim", 0);
+          c.input_channels = number_or("in_channels", 3);
+          if (number_or("out_channels", 3) != c.input_channels || c.input_channels != 3 * c.patch_size * c.patch_size)
+            throw std::runtime_error("in_channels and out_channels must both be 3 x patch_size² (RGB, patchified)");
+          if (number_or("scale_factor_spatial", c.downsampling()) != c.downsampling())
+            throw std::runtime_error("scale_factor_spatial " + std::to_string(number_or("scale_factor_spatial", 0)) +
+                                     " is not the network's " + std::to_string(c.downsampling()));
+        }
         return c;
       },
       {"AutoencoderKLWan"});
@@ -405,11 +515,12 @@ torch::Tensor QwenImageVaeImpl::moments(const torch::Tensor& video) {
   // _encode: the first frame alone, then chunks of 4, one cache across them.
   qwen::FeatCache cache;
   auto& encoder = static_cast<qwen::EncoderImpl&>(*encoder_);
-  const int64_t frames = video.size(2);
+  const torch::Tensor x = qwen::patchify(video, config_.patch_size);
+  const int64_t frames = x.size(2);
   torch::Tensor out;
   for (int64_t i = 0; i < 1 + (frames - 1) / 4; ++i) {
     cache.idx = 0;
-    const torch::Tensor chunk = i == 0 ? video.slice(2, 0, 1) : video.slice(2, 1 + 4 * (i - 1), 1 + 4 * i);
+    const torch::Tensor chunk = i == 0 ? x.slice(2, 0, 1) : x.slice(2, 1 + 4 * (i - 1), 1 + 4 * i);
     const torch::Tensor y = encoder.forward(chunk, &cache);
     out = i == 0 ? y : torch::cat({out, y}, 2);
   }
@@ -438,7 +549,7 @@ torch::Tensor QwenImageVaeImpl::decode_frames(const torch::Tensor& z) {
   torch::Tensor out;
   for (int64_t i = 0; i < x.size(2); ++i) {
     cache.idx = 0;
-    const torch::Tensor y = decoder.forward(x.slice(2, i, i + 1), &cache);
+    const torch::Tensor y = decoder.forward(x.slice(2, i, i + 1), &cache, /*first_chunk=*/i == 0);
     out = i == 0 ? y : torch::cat({out, y}, 2);
   }
   return out;
@@ -449,12 +560,17 @@ torch::Tensor QwenImageVaeImpl::decode(const torch::Tensor& latents) {
   torch::Tensor z = image ? latents.unsqueeze(2) : latents;
   // QwenImagePipeline: latents / (1 / latents_std) + latents_mean.
   z = z / qwen::per_channel(config_.latents_std, z, true) + qwen::per_channel(config_.latents_mean, z);
-  // _decode: whole (clamped), or tiled_decode when tiling is on and the latents exceed a tile (not clamped).
-  const TileGrid grid(tile_sample_size_, config_.downsampling());
+  // _decode: whole (clamped), or tiled_decode when tiling is on and the latents exceed a tile (not clamped);
+  // a patchified VAE's tiles in its patched pixels (diffusers divides the tile and its stride by the patch),
+  // unpatchified after.
+  const int64_t p = config_.patch_size, network = config_.downsampling() / p;
+  const TileGrid grid(tile_sample_size_ / p, network);
+  const bool tiled = tile_sample_size_ > 0 && grid.tiles(z.size(3), z.size(4));
   torch::Tensor out =
-      tile_sample_size_ > 0 && grid.tiles(z.size(3), z.size(4))
-          ? tiled_decode(z, grid, config_.downsampling(), [this](const torch::Tensor& t) { return decode_frames(t); })
-          : torch::clamp(decode_frames(z), -1.0, 1.0);
+      tiled ? qwen::unpatchify(tiled_decode(z, grid, network, [this](const torch::Tensor& t) { return decode_frames(t); }),
+                               p)
+            : qwen::unpatchify(decode_frames(z), p);
+  if (!tiled || config_.clamps_tiles) out = torch::clamp(out, -1.0, 1.0);
   return image ? out.squeeze(2) : out;
 }
 

@@ -4,7 +4,9 @@
 
 #include <filesystem>
 
+#include "../support/test_util.h"
 #include "gclab/config/loader.h"
+#include "gclab/data/synth.h"
 #include "gclab/model/family.h"
 #include "gclab/model/summary.h"
 #include "gclab/model/transformer.h"
@@ -177,6 +179,54 @@ TEST(AitkConfigs, Wan21The14bExampleResolvesToThe14b) {
   EXPECT_TRUE(plan.load.after_text_encoders);
   EXPECT_TRUE(plan.load.quantized_on_host);
   EXPECT_LT(train::predicted_load_peak(*r.config), int64_t{24} << 30);
+}
+
+// AI Toolkit's UI for Wan 2.1 I2V (ui/src/app/jobs/new/options.tsx:231-270 at 27a03a9: `wan21_i2v:14b480p`
+// and `wan21_i2v:14b`, quantize and quantize_te on, timestep_type weighted, 41 frames at 16 fps, a ctrl_img
+// per sample; the UI's datasets do not cache latents, jobConfig.ts:13): both tags resolve to the one I2V
+// model, its exact count, CLIP ViT-H/14 beside it, and the plan conditions on the first frames.
+TEST(AitkConfigs, Wan21I2vTheUisPresetsResolveToTheI2vModel) {
+  namespace fs = std::filesystem;
+  const fs::path dir = gclab::testing::fresh_dir("aitk_wan21_i2v");
+  data::SynthOptions o;
+  o.count = 1, o.sizes = {{64, 64}};
+  data::write_synthetic_dataset(dir, o);
+  for (const std::string arch : {"wan21_i2v:14b480p", "wan21_i2v:14b"}) {
+    SCOPED_TRACE(arch);
+    const std::string yaml =
+        "job: extension\nconfig:\n  name: wan_i2v\n  process:\n    - type: sd_trainer\n      device: cuda:0\n"
+        "      network: {type: lora, linear: 32, linear_alpha: 32}\n"
+        "      datasets: [{folder_path: " +
+        dir.string() +
+        ", caption_ext: txt, cache_latents_to_disk: false, resolution: [512], num_frames: 41, fps: 16}]\n"
+        "      train: {batch_size: 1, steps: 2000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+        "timestep_type: weighted, optimizer: adamw8bit, lr: 1e-4, dtype: bf16}\n"
+        "      model: {name_or_path: Wan-AI/Wan2.1-I2V-14B-480P-Diffusers, arch: '" +
+        arch +
+        "', quantize: true, quantize_te: true, low_vram: false}\n"
+        "      sample: {sampler: flowmatch, sample_every: 250, width: 832, height: 480, num_frames: 41, fps: 16, "
+        "samples: [{prompt: a woman waves, ctrl_img: " +
+        (dir / "synth_0000.png").string() + "}]}\n";
+    const auto r = model::load_config_text(yaml, "wan21_i2v.yaml");
+    ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+    const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
+    EXPECT_EQ(plan.spec.preset, "wan21-i2v-14b");
+    EXPECT_EQ(plan.spec.condition_input_channels, 20);
+    EXPECT_EQ(plan.spec.image_embed_tokens, 257);
+    EXPECT_EQ(model::parameter_count(*model::build_transformer(plan.spec, torch::TensorOptions().device(torch::kMeta))),
+              16394878784);
+    ASSERT_TRUE(plan.first_frame.has_value());
+    const auto conditioning = plan.family->frame_conditioning(plan.spec, *plan.first_frame);
+    ASSERT_TRUE(conditioning && conditioning->image_encoder());
+    EXPECT_EQ(model::parameter_count(*conditioning->image_encoder()), 630766080);  // ViT-H/14, bf16 on meta
+    ASSERT_EQ(plan.preview_controls.size(), 1u);
+    EXPECT_EQ(plan.preview_controls[0].size(), 1u);
+  }
+  // The name alone picks it, as AI Toolkit's UI does from its default repo.
+  const auto guess = model::infer_arch_from_name("Wan-AI/Wan2.1-I2V-14B-720P-Diffusers");
+  ASSERT_TRUE(guess.has_value());
+  EXPECT_EQ(guess->arch, "wan21_i2v");
+  fs::remove_all(dir);
 }
 
 struct Refused {

@@ -10,7 +10,8 @@ Qwen-Image pipelines normalise latents) and decode (z / (1 / latents_std) + late
 clamped) to float32 rounding — for an image (one frame, [B, 3, H, W]) and for videos of 5 and 9 frames, whose
 chunks go through the causal convolutions' frame cache; and decode in tiles (`--vae-tile 32` against
 diffusers' enable_tiling(tile_sample_min 32, stride 24): blended seams, not clamped) for an image and a
-5-frame video; and the Wan 2.1 VAE (AutoencoderKLWan, the same network) from a Wan folder's config.json.
+5-frame video; and the Wan 2.1 VAE (AutoencoderKLWan, the same network) from a Wan folder's config.json,
+whole and in tiles (its tiled decode clamps).
 Full-size parameter count: printed for the C++ test's constant. Exit 77 without diffusers.
 """
 import os
@@ -100,9 +101,17 @@ def main():
                  "vae.decode": ("images", wan.decode(z / inv_std + mean).sample)}
     inputs = os.path.join(work, "in_wan.safetensors")
     save_file({"images": x.contiguous(), "latents": z.contiguous()}, inputs)
+    # Its tiled decode clamps (AutoencoderKLWan.tiled_decode does; Qwen-Image's does not).
+    with torch.no_grad():
+        wan.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
+                          tile_sample_stride_width=24)
+        wants["vae.decode --vae-tile 32"] = ("images", wan.decode(z / inv_std + mean).sample)
+        wan.disable_tiling()
+    assert wants["vae.decode --vae-tile 32"][1].abs().max() <= 1, "clamped"
     for component, (key, want) in wants.items():
-        out = os.path.join(work, f"wan_{component}.safetensors")
-        run_component(exe, wan_yaml, component, wan_folder, inputs, out)
+        out = os.path.join(work, f"wan_{component.replace(' ', '_')}.safetensors")
+        words = component.split()
+        run_component(exe, wan_yaml, words[0], wan_folder, inputs, out, words[1:])
         got = load_file(out)[key]
         assert got.shape == want.shape, f"Wan {component}: {tuple(got.shape)} vs {tuple(want.shape)}"
         err = ((got - want).abs().max() / want.abs().max()).item()

@@ -924,12 +924,17 @@ TEST_P(AitkExample, TrainsEndToEndShrunkToItsTinyPreset) {
   o.sizes = {{256, 256}};
   data::write_synthetic_dataset(dir / "data", o);
   for (int c = 0; c < 3; ++c) data::write_synthetic_dataset(dir / ("control" + std::to_string(c)), o);
+  // The family's tiny preset of the same kind: edit references, image-to-video channels, latent channels.
   std::string tiny;
-  for (const auto& a : model::supported_archs())
-    if (a.tiny && a.family == model::find_arch(as_written.config->model.arch)->family &&
-        (tiny.empty() || model::spec_for(as_written.config->model).reference_tokens ==
-                             model::spec_by_preset(a.preset).reference_tokens))
+  const model::ModelSpec written = model::spec_for(as_written.config->model);
+  for (const auto& a : model::supported_archs()) {
+    if (!a.tiny || a.family != model::find_arch(as_written.config->model.arch)->family) continue;
+    const model::ModelSpec t = model::spec_by_preset(a.preset);
+    if (tiny.empty() || (written.reference_tokens == t.reference_tokens &&
+                         written.condition_input_channels == t.condition_input_channels &&
+                         written.latent_channels == t.latent_channels))
       tiny = a.name;
+  }
   // The DCT stand-in is an image codec: a video family keeps its own (tiny) autoencoder, and previews 5 frames.
   const bool video = model::takes_frames(model::spec_by_preset(model::find_arch(tiny)->preset));
   std::vector<std::string> shrink = {"model.arch=" + tiny,

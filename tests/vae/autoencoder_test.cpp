@@ -178,3 +178,67 @@ TEST(QwenImageVae, FullSizeParameterCountAndNamesEqualDiffusers) {
 
 }  // namespace
 }  // namespace gclab::vae
+
+namespace gclab::vae {
+namespace {
+
+// The Wan 2.2 VAE at Wan2.2-TI2V-5B's size (diffusers' AutoencoderKLWan with the config
+// convert_wan_to_diffusers.py writes: 704,688,668 parameters counted there on the meta device,
+// tests/reference/diffusers_wan22_vae.py prints it) and its names; 16x spatially, 48 channels.
+TEST(Wan22Vae, FullSizeParameterCountAndNamesEqualDiffusers) {
+  QwenImageVae vae(QwenImageVaeConfig::residual_16x(), torch::TensorOptions().device(torch::kMeta));
+  int64_t n = 0;
+  std::set<std::string> names;
+  for (const auto& p : vae->named_parameters()) n += p.value().numel(), names.insert(p.key());
+  EXPECT_EQ(n, 704'688'668);
+  EXPECT_EQ(names.size(), 196u);
+  for (const char* name :
+       {"encoder.conv_in.weight", "encoder.down_blocks.0.resnets.1.conv2.weight",
+        "encoder.down_blocks.0.downsampler.resample.1.weight", "encoder.down_blocks.1.downsampler.time_conv.bias",
+        "encoder.down_blocks.3.resnets.0.norm1.gamma", "encoder.mid_block.attentions.0.to_qkv.weight",
+        "decoder.up_blocks.0.upsampler.time_conv.weight", "decoder.up_blocks.2.upsampler.resample.1.bias",
+        "decoder.up_blocks.3.resnets.2.conv1.weight", "decoder.conv_out.weight"})
+    EXPECT_TRUE(names.count(name)) << name;
+  EXPECT_FALSE(names.count("encoder.down_blocks.3.downsampler.resample.1.weight"));  // the last stage keeps size
+  EXPECT_FALSE(names.count("decoder.up_blocks.2.upsampler.time_conv.weight"));       // 2-D up-sampling there
+  EXPECT_EQ(vae->downsampling(), 16);
+  EXPECT_EQ(vae->latent_channels(), 48);
+  EXPECT_EQ(vae->image_channels(), 3);
+  // An image is one frame, 16x smaller; 1 + 4k frames have 1 + k latent frames; and back.
+  torch::NoGradGuard no_grad;
+  QwenImageVae small(QwenImageVaeConfig::residual_16x_tiny());
+  const torch::Tensor z = small->encode(torch::rand({1, 3, 32, 48}) * 2 - 1, Posterior::mean);
+  EXPECT_EQ(z.sizes(), (std::vector<int64_t>{1, 48, 2, 3}));
+  EXPECT_EQ(small->decode(z).sizes(), (std::vector<int64_t>{1, 3, 32, 48}));
+  const torch::Tensor v = small->encode(torch::zeros({1, 3, 9, 32, 32}), Posterior::mean);
+  EXPECT_EQ(v.sizes(), (std::vector<int64_t>{1, 48, 3, 2, 2}));
+  EXPECT_EQ(small->decode(v).sizes(), (std::vector<int64_t>{1, 3, 9, 32, 32}));
+}
+
+double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  if (a.sizes() != b.sizes()) return 1;
+  return ((a - b).abs().max() / b.abs().max()).item<double>();
+}
+
+TEST(Wan22Vae, MatchesDiffusersOnTheSameWeights) {
+  const char* dir = std::getenv("GCLAB_WAN22_VAE_FIXTURE");
+  if (!dir) GTEST_SKIP() << "run by ctest interop.diffusers_wan22_vae";
+  const std::filesystem::path fixture(dir);
+  QwenImageVae vae(QwenImageVaeConfig::from_json_file(fixture / "vae" / "config.json"));
+  const auto unused = load_qwen_image_vae_weights(*vae, fixture / "vae");
+  EXPECT_TRUE(unused.empty()) << unused.front();
+  const auto io = io::SafetensorsFile::open(fixture / "io.safetensors");
+  torch::NoGradGuard no_grad;
+  for (const int frames : {1, 5, 9}) {
+    SCOPED_TRACE(frames);
+    const std::string f = std::to_string(frames);
+    EXPECT_LT(relative(vae->encode(io.tensor("images_" + f), Posterior::mean), io.tensor("encoded_" + f)), 1e-5);
+    EXPECT_LT(relative(vae->decode(io.tensor("latents_" + f)), io.tensor("decoded_" + f)), 1e-5);
+  }
+  vae->enable_tiling(64);  // diffusers' tile_sample_min 64, stride 48
+  EXPECT_LT(relative(vae->decode(io.tensor("tiled_latents")), io.tensor("tiled_decoded")), 1e-5);
+}
+
+}  // namespace
+}  // namespace gclab::vae

@@ -60,6 +60,8 @@ struct LoadedBatch {
   // caches or the stand-in codec (CPU); undefined until the session encodes `images` with the autoencoder.
   torch::Tensor latents;
   torch::Tensor images;  // frames [B, 3, F, H, W] in [-1, 1], CPU float32, when latents were not ready
+  // An image-to-video model's first frames [B, 3, H, W] (host memory), kept by the session as it encodes `images`.
+  torch::Tensor first_frames;
   // Edit models: one [B, C, h', w'] per control folder (reference_images: one frame each, [B, 3, 1, H, W]), each
   // control scaled to the batch's size (LoaderOptions::controls_at_bucket) or to a reference_area image of the batch's
   // aspect (reference_size), cover and centre-crop — one such latent per control image, as the token accounting counts

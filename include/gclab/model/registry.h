@@ -16,6 +16,7 @@
 #include "gclab/model/activations.h"
 #include "gclab/model/family.h"
 #include "gclab/model/flow_schedule.h"
+#include "gclab/model/frame_conditioning.h"
 #include "gclab/model/guidance.h"
 #include "gclab/model/spec.h"
 #include "gclab/model/transformer.h"
@@ -82,6 +83,9 @@ class ModelFamily {
     s.dynamic = true;
     return s;
   }
+  // The schedule of the model class `spec` is, where a family's classes differ (Wan 2.2's shift 5 beside Wan
+  // 2.1's 3); the family's by default. What a run trains and previews with.
+  virtual FlowSchedule flow_schedule(const ModelSpec& /*spec*/) const { return flow_schedule(); }
   // AI Toolkit's get_transformer_block_names: with network.transformer_only (its default) LoRA goes on the
   // Linears of the blocks whose name contains one of these (toolkit/lora_special.py:531-541); empty: every
   // block (the families whose model classes name none, FLUX.1 / SD3, get every block there too).
@@ -137,6 +141,14 @@ class ModelFamily {
                                           int /*index*/, int /*width*/, int /*height*/,
                                           const std::function<torch::Tensor(const torch::Tensor&)>& /*encode*/) const {
     return {};
+  }
+  // Whether its training step conditions on each sample's first frame (an image-to-video model): the frames'
+  // pixels are then needed in every step, so latents cannot be cached.
+  virtual bool trains_on_first_frame(const ModelSpec& /*spec*/) const { return false; }
+  // That conditioning, built for a run (frame_conditioning.h): its image encoder's weights from `source`.
+  virtual std::unique_ptr<FrameConditioning> frame_conditioning(const ModelSpec& /*spec*/,
+                                                                const FrameConditioningSource& /*source*/) const {
+    return nullptr;
   }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
   virtual bool low_vram_tiles_previews() const { return false; }

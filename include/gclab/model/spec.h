@@ -111,6 +111,8 @@ struct LocalModel {
   // the last one it has (an absent one: empty).
   std::vector<std::filesystem::path> text_encoders;
   std::vector<std::filesystem::path> tokenizers;  // tokenizer/, tokenizer_2/, tokenizer_3/, the same way
+  // An image-to-video pipeline's image_encoder/ (a transformers model) and image_processor/, when it has them.
+  std::filesystem::path image_encoder, image_processor;
 };
 std::optional<LocalModel> local_model(const config::ModelConfig& model);
 // The same for a folder named elsewhere (`what`, e.g. "--weights", names it in the error).

@@ -33,6 +33,7 @@ struct OomContext {
   int64_t cap_bytes = 0, live_bytes = 0, peak_bytes = 0;
   std::string cap_counts = "allocated";  // what the cap is held against: CUDA "reserved", CPU "allocated"
   int64_t weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, text_encoder_bytes = 0, vae_bytes = 0;
+  int64_t image_encoder_bytes = 0;                 // an image-to-video model's (CLIP's, Wan 2.1 I2V)
   std::map<Phase, int64_t> last_step_phase_peaks;  // of the last step that completed
   // The step whose update made the optimizer's state (0: no update yet): from the step after it on, the
   // state sits beside every step's activations.

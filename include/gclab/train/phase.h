@@ -10,10 +10,11 @@ namespace gclab::train {
 using memory::Phase;
 using memory::phase_name;
 
-enum class Activity { model, vae_encode, vae_decode, text_encode };
+// first_frame: an image-to-video model's conditioning on the first frames (its image encoder, the VAE's encode).
+enum class Activity { model, vae_encode, vae_decode, text_encode, first_frame };
 // The caches filled before the first step, in the `cache` phase: the latents, then the captions' embeddings.
 enum class CacheFill { latents, text };
-// "", "vae encode", "vae decode", "text encode" (a preview encoding its prompts)
+// "", "vae encode", "vae decode", "text encode" (a preview encoding its prompts), "first-frame encode"
 const char* activity_name(Activity activity);
 
 }  // namespace gclab::train

@@ -154,11 +154,15 @@ struct MemoryEstimate {
   std::string vae;               // what encodes and decodes (vae::CodecSpec::describe)
   int64_t vae_weight_bytes = 0;  // the autoencoder's weights
   int64_t vae_bytes = 0;         // of which resident during steps (0 when cache_latents sends it away)
+  // An image-to-video model's image encoder (CLIP's for Wan 2.1 I2V), resident through the steps; under
+  // model.low_vram it arrives at the first step's forward (Session::first_frame_encoder_waits).
+  int64_t image_encoder_bytes = 0;
+  bool image_encoder_waits = false;
   // model.layer_offloading: the offloaded Linears' weights in host memory (not in weight_bytes), and what
   // bringing them holds on the device (their ring slots, one being brought; in resident_bytes).
   int64_t host_weight_bytes = 0;
   int64_t offload_buffer_bytes = 0;
-  int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text encoder + autoencoder + rings
+  int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text and image encoders + autoencoder + rings
   // LoadPlan::at_first_use: the transformer's weights (not the LoRA's) in host memory until its first
   // forward or preview — through the captions' precompute, and the first step's data and text phases when
   // no baseline preview comes first.

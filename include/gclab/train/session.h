@@ -59,8 +59,11 @@ struct ResidentBytes {
   int64_t ema = 0;              // the EMA copy of the trained tensors
   int64_t text_encoder = 0;     // while loaded
   int64_t vae = 0;              // the autoencoder's weights while on the device
+  int64_t image_encoder = 0;    // an image-to-video model's image encoder while on the device (CLIP's)
   int64_t offload_buffers = 0;  // the offloaded Linears' ring slots (weights brought to the device, kept)
-  int64_t total() const { return weights + gradients + optimizer + ema + text_encoder + vae + offload_buffers; }
+  int64_t total() const {
+    return weights + gradients + optimizer + ema + text_encoder + vae + image_encoder + offload_buffers;
+  }
   // In host memory, not in total():
   int64_t text_cache_host = 0;    // precomputed embeddings (cache_text_embeddings)
   int64_t host_weights = 0;       // the transformer's offloaded Linears' weights (model.layer_offloading)
@@ -128,6 +131,13 @@ class Session {
   // error: the cap is the experiment, not the save).
   void lift_cap();
 
+  // An image-to-video model's conditioning on each sample's first frame, run in each step's forward phase
+  // before the transformer (as AI Toolkit's get_noise_prediction does) — and walked there by the memory model.
+  bool conditions_on_first_frame() const { return first_frame_ != nullptr; }
+  void condition_on_first_frame(model::ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
+                                uint64_t draw);
+  // Whether its image encoder waits in host memory until the first step (model.low_vram).
+  bool first_frame_encoder_waits() const { return plan_.first_frame && config_.model.low_vram; }
   model::DiffusionTransformer& model() { return *model_; }
   const model::LoraOptions& lora() const { return lora_; }
   int lora_modules() const { return lora_modules_; }
@@ -292,6 +302,9 @@ class Session {
   // device, once, at the first forward or preview; the EMA copy with them.
   void transformer_at_first_use();
   void load_text_encoders();
+  void load_first_frame_encoder();
+  void first_frame_encoder_to_device();
+  void first_frame_encoder_to_host();
   void record_load(const memory::MemoryStats& before_load);
   void attach_network();
   void load_user_weights();
@@ -350,6 +363,10 @@ class Session {
   std::map<std::string, torch::Tensor> ema_;
   std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts
   std::unique_ptr<vae::ImageCodec> codec_;
+  // An image-to-video model's first-frame conditioning (plan_.first_frame); its encoder in host memory until
+  // the first step under model.low_vram.
+  std::unique_ptr<model::FrameConditioning> first_frame_;
+  bool first_frame_parked_ = false;
   std::optional<std::string> fixed_caption_;                 // unload_text_encoder without cached captions: what trains
   std::map<std::array<int64_t, 4>, InputWalk> input_walks_;  // walk_inputs' by (batch, frames, height, width)
   int64_t previous_host_cap_ = 0;                            // process-wide: restored when the Session ends

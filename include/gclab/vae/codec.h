@@ -80,6 +80,9 @@ class ImageCodec {
   // `draw` (the batch's index, a cached image's key): the training's random stream is the same whether
   // latents were encoded or read from a cache, and a resumed run encodes what an unbroken one would.
   virtual torch::Tensor encode(const torch::Tensor& images, uint64_t draw = 0) = 0;
+  // The same with the posterior's mean (diffusers' retrieve_latents(sample_mode="argmax"), as pipelines
+  // encode their conditioning images); the stand-in's encode is deterministic already.
+  virtual torch::Tensor encode_mean(const torch::Tensor& images) { return encode(images); }
   // Scaled latents -> frames [B, 3, F, H, W] float32 (not clamped), tiled when the spec says so.
   virtual torch::Tensor decode(const torch::Tensor& latents) = 0;
   // A cheap, deterministic host computation the data loader's thread may run (the stand-in); the

@@ -7,9 +7,15 @@
 // the last two frames it saw in a cache for the next chunk, exactly as the reference does to bound memory.
 // Images are videos of one frame. Parameters carry diffusers' names, so a `vae/` folder loads unchanged.
 //
+// The Wan 2.2 VAE (diffusers' AutoencoderKLWan with is_residual, Wan2.2-TI2V-5B's vae/) is the same code with
+// three differences its config switches on: residual down / up blocks whose shortcuts have no parameters
+// (AvgDown3D averages channel groups of the space-to-channel folded input, DupUp3D repeats and unfolds them),
+// the frames patchified 2 x 2 into 12 channels before the encoder and back after the decoder (16x spatially
+// over all), and a decoder of its own width.
+//
 // Latents are normalised as the Qwen-Image pipelines do: z = (mean - latents_mean) / latents_std per channel
 // after encoding, z / (1 / latents_std) + latents_mean before decoding; decoded frames are clamped to [-1, 1]
-// (not when decoded in tiles: diffusers' tiled_decode does not clamp).
+// (when decoded in tiles only as AutoencoderKLWan: clamps_tiles).
 #pragma once
 
 #include <algorithm>
@@ -39,6 +45,14 @@ struct QwenImageVaeConfig {
                                       0.4134,  -0.0715, 0.5517,  -0.3632, -0.1922, -0.9497, 0.2503,  -0.2921};
   std::vector<double> latents_std = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                                      3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
+  // The Wan 2.2 VAE's switches: residual blocks, the patch folded into the channels (input_channels is then
+  // the network's, 3 x patch²), the decoder's base width (0: base_dim).
+  bool is_residual = false;
+  int64_t patch_size = 1;
+  int64_t decoder_base_dim = 0;
+  // Decoded tiles clamped to [-1, 1] as well: AutoencoderKLWan's tiled_decode clamps, AutoencoderKLQwenImage's
+  // does not (both clamp a whole decode).
+  bool clamps_tiles = false;
 
   // Qwen-Image's (Qwen/Qwen-Image vae/config.json: diffusers' defaults).
   static QwenImageVaeConfig preset() { return {}; }
@@ -46,10 +60,15 @@ struct QwenImageVaeConfig {
   // 4x temporal down-sampling, 32 base channels throughout (16 after an up-sampler halves them: a whole
   // oneDNN block), one residual block per stage.
   static QwenImageVaeConfig tiny();
+  // The Wan 2.2 VAE, a residual 16x one (diffusers' convert_wan_to_diffusers.py vae22_diffusers_config: base 160, decoder 256,
+  // z 48, residual, patch 2, 12 channels; its 48 latent means and deviations), and at CPU-test size.
+  static QwenImageVaeConfig residual_16x();
+  static QwenImageVaeConfig residual_16x_tiny();
   // A diffusers config.json (AutoencoderKLQwenImage, or AutoencoderKLWan as the Wan 2.1 VAE: the same network
   // and state dict); throws std::runtime_error naming what it cannot use (the Wan 2.2 VAE among them).
   static QwenImageVaeConfig from_json_file(const std::filesystem::path& path);
-  int64_t downsampling() const { return int64_t{1} << temperal_downsample.size(); }
+  int64_t downsampling() const { return (int64_t{1} << temperal_downsample.size()) * patch_size; }
+  int64_t image_channels() const { return input_channels / (patch_size * patch_size); }
   // Frames per latent frame after the first: 2 for each stage that also halves time (4 for Qwen-Image's).
   int64_t temporal_downsampling() const {
     return int64_t{1} << std::count(temperal_downsample.begin(), temperal_downsample.end(), true);
@@ -73,7 +92,7 @@ class QwenImageVaeImpl : public AutoencoderBase {
     tile_sample_size_ = tile_sample_size > 0 ? tile_sample_size : kQwenImageDefaultTile;
   }
   void disable_tiling() override { tile_sample_size_ = 0; }
-  int64_t image_channels() const override { return config_.input_channels; }
+  int64_t image_channels() const override { return config_.image_channels(); }
   int64_t latent_channels() const override { return config_.z_dim; }
   int64_t downsampling() const override { return config_.downsampling(); }
   bool takes_video() const override { return true; }

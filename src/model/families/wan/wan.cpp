@@ -14,6 +14,8 @@ namespace gclab::model {
 namespace wan {
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
 std::shared_ptr<const text::TextPipeline> text_pipeline();
+std::unique_ptr<FrameConditioning> first_frame_conditioning(const ModelSpec& spec,
+                                                            const FrameConditioningSource& source);
 }  // namespace wan
 
 namespace {
@@ -48,6 +50,29 @@ ModelSpec tiny_wan21() {
   ModelSpec s = families_shared::tiny(wan_preset("tiny-wan21", 12, 8960, 30), "tiny-wan21");
   s.single_blocks = 2, s.mlp_hidden = 256, s.max_text_tokens = 16;
   s.rope_axes = rope_axes(s.head_dim);
+  return s;
+}
+
+// Wan 2.2 TI2V 5B (Wan-AI/Wan2.2-TI2V-5B-Diffusers; convert_wan_to_diffusers.py: 30 layers of 24 heads, FFN
+// 14336, 48 channels in and out) on the Wan 2.2 VAE (48 channels, 16x): AI Toolkit's Wan225bModel
+// (extensions_built_in/diffusion_models/wan22/wan22_5b_model.py), buckets of 32 (its 16x and the 2x2 patch,
+// :117-119), previews rounded to 32 as well (the token grid needs even latent sides).
+constexpr const char* kWan22_5b = "wan22_5b";  // ModelSpec::variant: the model class
+
+ModelSpec wan22_5b(ModelSpec s) {
+  s.latent_channels = s.out_channels = 48, s.latent_spatial = 16;
+  s.divisibility = s.preview_divisibility = 32;
+  s.variant = kWan22_5b;
+  return s;
+}
+
+// Wan 2.1 I2V (Wan-AI/Wan2.1-I2V-14B-480P and -720P, one shape; convert_wan_to_diffusers.py): the 14B with
+// 36 input channels (the noisy 16, the first frame's mask 4 and latents 16) and CLIP ViT-H/14's 257 image
+// tokens of width 1280 cross-attended through their own keys and values.
+ModelSpec image_to_video(ModelSpec s, const std::string& preset, int64_t image_dim, int64_t image_tokens) {
+  s.preset = preset;
+  s.condition_input_channels = s.latent_temporal + s.latent_channels;
+  s.image_embed_dim = image_dim, s.image_embed_tokens = image_tokens;
   return s;
 }
 
@@ -87,13 +112,21 @@ std::string original_lora_key(const std::string& module_path) {
 
 class Wan final : public ModelFamily {
  public:
+  using ModelFamily::flow_schedule;
   Family id() const override { return kWanId; }
   std::string lora_file_key(const std::string& module_path) const override { return original_lora_key(module_path); }
-  // wan21.py:732-733 (ss_base_model_version in a saved LoRA).
-  std::string base_model_version(const std::string&) const override { return "wan_2.1"; }
+  // wan21.py:732-733, wan22_5b_model.py:152-153 (ss_base_model_version in a saved LoRA).
+  std::string base_model_version(const std::string& arch) const override {
+    return arch == kWan22_5b ? "wan_2.2_5b" : "wan_2.1";
+  }
   // quantize_model (toolkit/util/quantize.py) with BaseModel's get_quantization_exclude_modules (None) and no
-  // quantize_kwargs: every Linear of the blocks.
-  config::QuantizeKwargs quantization_filter(const config::ModelConfig&) const override { return {}; }
+  // quantize_kwargs: every Linear of the blocks; the 5B keeps its conditioning embedders and output
+  // projection in their dtype (wan22_5b_model.py:121-124).
+  config::QuantizeKwargs quantization_filter(const config::ModelConfig& model) const override {
+    config::QuantizeKwargs k;
+    if (model.arch == kWan22_5b || model.arch == "tiny-wan22-5b") k.exclude = {"condition_embedder*", "proj_out*"};
+    return k;
+  }
   // wan21.py:432-436: under quantize_te, UMT5 whole, as model.qtype (not qtype_te).
   TextEncoderQuantization text_encoder_quantization() const override {
     TextEncoderQuantization q;
@@ -112,15 +145,40 @@ class Wan final : public ModelFamily {
   // loads; then the transformer comes back to the device.
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::parked_while_text_encoders_load;
+    // Wan21I2V (wan21_i2v.py:283-284) loads as Wan21 does; its UI's 14b480p and 14b (720P) are one shape.
+    // Wan225bModel (wan22_5b_model.py:83-84) loads as Wan21 does.
     return {{"wan21", kWanId, "wan21-14b", false, "1.3B", "wan21-1.3b", L, {"Wan2.1-T2V"}},
-            {"tiny-wan21", kWanId, "tiny-wan21", true, "", "", L, {}}};
+            {"wan21_i2v", kWanId, "wan21-i2v-14b", false, "", "", L, {"Wan2.1-I2V"}},
+            {"wan22_5b", kWanId, "wan22-5b", false, "", "", L, {"Wan2.2-TI2V"}},
+            {"tiny-wan21", kWanId, "tiny-wan21", true, "", "", L, {}},
+            {"tiny-wan21-i2v", kWanId, "tiny-wan21-i2v", true, "", "", L, {}},
+            {"tiny-wan22-5b", kWanId, "tiny-wan22-5b", true, "", "", L, {}}};
   }
   std::vector<ModelSpec> presets() const override {
-    return {wan_preset("wan21-1.3b", 12, 8960, 30), wan_preset("wan21-14b", 40, 13824, 40), tiny_wan21()};
+    const ModelSpec wan14b = wan_preset("wan21-14b", 40, 13824, 40);
+    ModelSpec tiny5b = tiny_wan21();
+    tiny5b.preset = "tiny-wan22-5b";
+    return {wan_preset("wan21-1.3b", 12, 8960, 30), wan14b, image_to_video(wan14b, "wan21-i2v-14b", 1280, 257),
+            wan22_5b(wan_preset("wan22-5b", 24, 14336, 30)), tiny_wan21(),
+            // The tiny CLIP tower's (text::ClipVisionConfig::tiny): width 32, 4 x 4 patches and its class token.
+            image_to_video(tiny_wan21(), "tiny-wan21-i2v", 32, 17), wan22_5b(tiny5b)};
   }
 
+  // Wan21I2V.get_noise_prediction: every step encodes each sample's first frame (first_frame.cpp).
+  bool trains_on_first_frame(const ModelSpec& spec) const override { return spec.condition_input_channels > 0; }
+  std::unique_ptr<FrameConditioning> frame_conditioning(const ModelSpec& spec,
+                                                        const FrameConditioningSource& source) const override {
+    return trains_on_first_frame(spec) ? wan::first_frame_conditioning(spec, source) : nullptr;
+  }
+
+  // Wan 2.1's VAE (Qwen-Image's network); the 5B's, the Wan 2.2 VAE (wan22_5b_model.py leaves _wan_vae_path
+  // unset: its repo's vae/, wan21.py:454-460).
   vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
-    return spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
+    if (spec.variant == kWan22_5b)
+      return spec.tiny ? vae::QwenImageVaeConfig::residual_16x_tiny() : vae::QwenImageVaeConfig::residual_16x();
+    vae::QwenImageVaeConfig c = spec.tiny ? vae::QwenImageVaeConfig::tiny() : vae::QwenImageVaeConfig::preset();
+    c.clamps_tiles = true;  // diffusers' AutoencoderKLWan
+    return c;
   }
   std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return wan::text_pipeline(); }
   std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
@@ -131,6 +189,12 @@ class Wan final : public ModelFamily {
   FlowSchedule flow_schedule() const override {
     FlowSchedule s;
     s.shift = 3.0, s.dynamic = false, s.preview_from_scheduler = true;
+    return s;
+  }
+  // Wan 2.2's: shift 5 (wan22_5b_model.py:52-57 scheduler_config, get_train_scheduler :146-150).
+  FlowSchedule flow_schedule(const ModelSpec& spec) const override {
+    FlowSchedule s = flow_schedule();
+    if (spec.variant == kWan22_5b) s.shift = 5.0;
     return s;
   }
 

@@ -1,0 +1,131 @@
+// Wan 2.1 I2V (issue 48): the first-frame conditioning against diffusers' pipeline and AI Toolkit's training
+// preprocessing on the same tiny weights (the fixture of tests/reference/diffusers_wan_i2v_condition.py), and
+// tiny-wan21-i2v end to end — checkpointing on and off to the same losses, previews from a ctrl_img, the
+// configurations AI Toolkit fails on refused before anything loads.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "../support/test_util.h"
+#include "gclab/config/user_error.h"
+#include "gclab/data/synth.h"
+#include "gclab/io/safetensors.h"
+#include "gclab/model/registry.h"
+#include "gclab/train/trainer.h"
+#include "gclab/vae/codec.h"
+
+namespace gclab::train {
+namespace {
+namespace fs = std::filesystem;
+
+double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  if (a.sizes() != b.sizes()) return 1;
+  return ((a.to(torch::kFloat) - b).abs().max() / b.abs().max()).item<double>();
+}
+
+TEST(FirstFrame, MatchesDiffusersPipelineAndAiToolkitsTrainingInputs) {
+  const char* dir = std::getenv("GCLAB_WAN_I2V_FIXTURE");
+  if (!dir) GTEST_SKIP() << "run by ctest interop.diffusers_wan21_i2v_condition";
+  const fs::path fixture(dir);
+  const model::ModelSpec spec = model::spec_by_preset("tiny-wan21-i2v");
+  const model::ModelFamily& family = model::family_of(spec.family);
+  model::FrameConditioningSource source;
+  source.image_encoder = fixture / "image_encoder", source.image_processor = fixture / "image_processor";
+  const auto conditioning = family.frame_conditioning(spec, source);
+  ASSERT_TRUE(conditioning);
+  EXPECT_NE(conditioning->describe().find("weights loaded"), std::string::npos) << conditioning->describe();
+  vae::CodecSpec cs;
+  cs.latent_channels = spec.latent_channels, cs.video = true, cs.weights = fixture / "vae";
+  cs.autoencoder = vae::autoencoder_config(family.autoencoder(spec), cs.weights);
+  const auto codec = vae::build_codec(cs, torch::kCPU, 1);
+  const auto mean = [&](const torch::Tensor& video) { return codec->encode_mean(video); };
+  const auto io = io::SafetensorsFile::open(fixture / "io.safetensors");
+  const std::vector<int64_t> latents = {1, 16, 3, 4, 6};  // 9 frames of 32 x 48
+
+  // The preview: WanImageToVideoPipeline's encode_image and prepare_latents.
+  model::ModelInputs preview;
+  conditioning->preview_condition(preview, fixture / "control.png", latents, mean);
+  EXPECT_LT(relative(preview.image_embeds, io.tensor("preview_image_embeds")), 1e-5);
+  EXPECT_LT(relative(preview.condition_channels, io.tensor("condition")), 1e-5);
+  // The mask: 1 on the first latent frame's four slots, 0 after.
+  const torch::Tensor mask = preview.condition_channels.narrow(1, 0, 4);
+  EXPECT_TRUE(torch::equal(mask.select(2, 0), torch::ones_like(mask.select(2, 0))));
+  EXPECT_EQ(mask.narrow(2, 1, 2).abs().sum().item<double>(), 0.0);
+
+  // A training step: AI Toolkit's preprocess_clip_image for the tokens; the same channels (with the
+  // posterior's mean here, as the pipeline takes it; AI Toolkit's training samples it).
+  model::ModelInputs step;
+  conditioning->condition(step, io.tensor("frame"), torch::zeros(latents), mean);
+  EXPECT_LT(relative(step.image_embeds, io.tensor("train_image_embeds")), 1e-5);
+  EXPECT_LT(relative(step.condition_channels, io.tensor("condition")), 1e-5);
+}
+
+config::ProcessConfig i2v_config(const fs::path& dir, const std::string& name, std::vector<std::string> extra = {}) {
+  if (!fs::exists(dir / "clips")) {
+    data::SynthOptions o;
+    o.count = 2, o.frames = 5, o.sizes = {{64, 48}};
+    data::write_synthetic_dataset(dir / "clips", o);
+    o.count = 1, o.frames = 1;
+    data::write_synthetic_dataset(dir / "first", o);
+  }
+  const std::string yaml =
+      "name: " + name + "\ntraining_folder: " + dir.string() +
+      "\ndevice: cpu\ntraining_seed: 4\n"
+      "network: {type: lora, linear: 4, linear_alpha: 4}\n"
+      "save: {dtype: float32, save_every: 100}\n"
+      "datasets:\n  - folder_path: " +
+      (dir / "clips").string() +
+      "\n    resolution: [64]\n    num_frames: 5\n"
+      "train: {batch_size: 2, steps: 2, lr: 1e-3, optimizer: adamw, dtype: fp32, gradient_checkpointing: true, "
+      "skip_first_sample: true}\n"
+      "sample: {sample_every: 2, width: 64, height: 48, sample_steps: 2, guidance_scale: 3, num_frames: 5, fps: 8, "
+      "prompts: ['a red circle moving right --ctrl_img " +
+      (dir / "first" / "synth_0000.png").string() +
+      "'], format: png}\n"
+      "model: {arch: tiny-wan21-i2v}\n";
+  config::LoadOptions options;
+  options.overrides = std::move(extra);
+  auto r = model::load_config_text(yaml, "wan_i2v.yaml", options);
+  if (!r.ok()) throw std::runtime_error("config refused: " + r.diagnostics.all().front().format());
+  return *r.config;
+}
+
+TEST(FirstFrame, Wan21I2vTrainsOnItsFirstFramesAndPreviewsFromTheControlImage) {
+  const fs::path dir = testing::fresh_dir("wan_i2v_run");
+  const TrainSummary on = train(i2v_config(dir, "on"), {});
+  const TrainSummary off = train(i2v_config(dir, "off", {"train.gradient_checkpointing=false"}), {});
+  ASSERT_EQ(on.losses.size(), 2u);
+  ASSERT_EQ(off.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(std::isfinite(on.losses[i]));
+    EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i + 1;
+  }
+  ASSERT_EQ(on.samples.size(), 3u);  // the first frame, the animated WebP, the MP4
+  EXPECT_EQ(on.samples[0].extension(), ".png");
+  fs::remove_all(dir);
+}
+
+TEST(FirstFrame, WhatAiToolkitFailsOnIsRefusedBeforeLoading) {
+  const fs::path dir = testing::fresh_dir("wan_i2v_refusals");
+  // Cached latents: no pixels in the step (AI Toolkit fails at step 1 on batch.tensor None).
+  try {
+    train(i2v_config(dir, "cached", {"datasets[0].cache_latents_to_disk=true"}), {});
+    ADD_FAILURE() << "cached latents were accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cache_latents_to_disk: false"), std::string::npos) << e.what();
+  }
+  // A preview without a ctrl_img (AI Toolkit: "I2V samples must have a control image" at the first preview).
+  try {
+    train(i2v_config(dir, "no_ctrl", {"sample.prompts=[a red circle]"}), {});
+    ADD_FAILURE() << "a preview without ctrl_img was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no ctrl_img"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "cached" / "cached.safetensors"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gclab::train
