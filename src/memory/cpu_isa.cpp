@@ -152,8 +152,10 @@ std::string range(const CpuRuleBound& b) {
 CpuRuleBound cpu_bf16_bound(CpuRule rule) {
   const Tier t = tier();
   switch (rule) {
-    case CpuRule::convolution:  // 1.000 on the first three tiers; AMX 0.41-0.92
-      return t == Tier::amx ? CpuRuleBound{0.35, 1.01, false} : CpuRuleBound{0.99, 1.01, true};
+    // 1.000 on the first three tiers; AMX 0.41-0.92 on the review's Xeon, 0.30-4.00 on the Xeon of 2026-12-05
+    // (oneDNN's brgemm kernels there: a 1x1's copies over-predicted up to 4x, a small 3x3's scratchpad under)
+    case CpuRule::convolution:
+      return t == Tier::amx ? CpuRuleBound{0.25, 4.5, false} : CpuRuleBound{0.99, 1.01, true};
     case CpuRule::autoencoder:  // 1.000 on the first three; AMX 0.76-1.11
       return t == Tier::amx ? CpuRuleBound{0.70, 1.15, false} : CpuRuleBound{0.98, 1.02, true};
     case CpuRule::forward:  // the slow path exact; native 0.966-1.011; emulated 0.953-1.044; AMX down to 0.860

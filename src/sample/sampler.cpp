@@ -48,8 +48,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   // The pipeline's sigmas: linspace(1, 1/steps, steps) shifted by the family's schedule (the dynamic mu of
   // this preview's image tokens for FLUX / Qwen-Image / SD3), then 0.
   const torch::Tensor sigmas =
-      model::flow_schedule(spec)
-          .preview_sigmas(o.steps, model::image_tokens(spec, {1, o.frames, o.height, o.width}));
+      model::flow_schedule(spec).preview_sigmas(o.steps, model::image_tokens(spec, {1, o.frames, o.height, o.width}));
   const auto sigma = sigmas.accessor<double, 1>();
   for (int i = 0; i < o.steps; ++i) {
     const double t = sigma[i], t_next = sigma[i + 1];

@@ -303,8 +303,8 @@ struct EncoderImpl : nn::Module {
     for (size_t i = 0; i + 1 < dims.size(); ++i) {
       const bool last = i + 1 == c.dim_mult.size();
       if (c.is_residual) {
-        down_blocks->push_back(ResidualDown(o, dims[i], dims[i + 1], c.num_res_blocks,
-                                            !last && c.temperal_downsample.at(i), !last));
+        down_blocks->push_back(
+            ResidualDown(o, dims[i], dims[i + 1], c.num_res_blocks, !last && c.temperal_downsample.at(i), !last));
         continue;
       }
       int64_t in = dims[i];
@@ -409,8 +409,10 @@ torch::Tensor patchify(const torch::Tensor& x, int64_t p) {
   if (p == 1) return x;
   const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
   TORCH_CHECK(h % p == 0 && w % p == 0, "the Wan 2.2 VAE takes frames whose sides are multiples of ", p);
-  return x.view({b, c, t, h / p, p, w / p, p}).permute({0, 1, 6, 4, 2, 3, 5}).contiguous().view(
-      {b, c * p * p, t, h / p, w / p});
+  return x.view({b, c, t, h / p, p, w / p, p})
+      .permute({0, 1, 6, 4, 2, 3, 5})
+      .contiguous()
+      .view({b, c * p * p, t, h / p, w / p});
 }
 torch::Tensor unpatchify(const torch::Tensor& x, int64_t p) {
   if (p == 1) return x;
@@ -567,8 +569,8 @@ torch::Tensor QwenImageVaeImpl::decode(const torch::Tensor& latents) {
   const TileGrid grid(tile_sample_size_ / p, network);
   const bool tiled = tile_sample_size_ > 0 && grid.tiles(z.size(3), z.size(4));
   torch::Tensor out =
-      tiled ? qwen::unpatchify(tiled_decode(z, grid, network, [this](const torch::Tensor& t) { return decode_frames(t); }),
-                               p)
+      tiled ? qwen::unpatchify(
+                  tiled_decode(z, grid, network, [this](const torch::Tensor& t) { return decode_frames(t); }), p)
             : qwen::unpatchify(decode_frames(z), p);
   if (!tiled || config_.clamps_tiles) out = torch::clamp(out, -1.0, 1.0);
   return image ? out.squeeze(2) : out;

@@ -50,6 +50,7 @@ TEST(Presets, WanParameterCountsAreDiffusers) {
   EXPECT_EQ(from_config(nlohmann::json{{"in_channels", 36}, {"image_dim", 1280}, {"added_kv_proj_dim", 5120}}),
             16394878784);
   EXPECT_EQ(meta_params("wan21-i2v-14b"), 16394878784);  // the wan21_i2v arch's preset: the same model
+  EXPECT_EQ(meta_params("wan22-5b"), 4999787712);        // the wan22_5b arch's preset: TI2V 5B
   EXPECT_EQ(from_config(nlohmann::json{{"in_channels", 36}}), 14288901184);
   EXPECT_EQ(from_config(nlohmann::json{{"num_attention_heads", 24},
                                        {"ffn_dim", 14336},

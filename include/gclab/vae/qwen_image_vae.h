@@ -60,8 +60,8 @@ struct QwenImageVaeConfig {
   // 4x temporal down-sampling, 32 base channels throughout (16 after an up-sampler halves them: a whole
   // oneDNN block), one residual block per stage.
   static QwenImageVaeConfig tiny();
-  // The Wan 2.2 VAE, a residual 16x one (diffusers' convert_wan_to_diffusers.py vae22_diffusers_config: base 160, decoder 256,
-  // z 48, residual, patch 2, 12 channels; its 48 latent means and deviations), and at CPU-test size.
+  // The Wan 2.2 VAE, a residual 16x one (diffusers' convert_wan_to_diffusers.py vae22_diffusers_config: base 160,
+  // decoder 256, z 48, residual, patch 2, 12 channels; its 48 latent means and deviations), and at CPU-test size.
   static QwenImageVaeConfig residual_16x();
   static QwenImageVaeConfig residual_16x_tiny();
   // A diffusers config.json (AutoencoderKLQwenImage, or AutoencoderKLWan as the Wan 2.1 VAE: the same network
