@@ -13,7 +13,8 @@ phase's error, and with --json the rows.
 --frames N (a video family's presets, with a --bin that has them registered): the data are clips of N
 frames (`gclab synth --frames N`), the dataset's and the preview's num_frames N.
 
-An image-to-video preset (`*-i2v`) conditions every step on the clips' first frames, so its latents are never
+Wan 2.2 TI2V (`*-5b`) runs with do_i2v (its UI's default), a ctrl_img on its preview, latents not cached
+(gclab does not cache the first frame's latents yet). An image-to-video preset (`*-i2v`) conditions every step on the clips' first frames, so its latents are never
 cached (gclab refuses it, as AI Toolkit fails on it); its preview takes a ctrl_img, and it runs checkpointing
 full under model.low_vram too (its image encoder in host memory until the first step, and during previews).
 
@@ -49,14 +50,15 @@ def run(cmd):
 def config(preset, cached_latents, cached_text, gc, work, frames=1):
     edit = preset.endswith("-edit")
     i2v = preset.endswith("-i2v")
+    ti2v = preset.endswith("-5b")  # Wan 2.2 TI2V: do_i2v, as AI Toolkit's UI sets it
     name = f"{preset}-{'cached' if cached_latents else 'fly'}-{'te_cached' if cached_text else 'te'}-gc_{gc}"
     dataset = {"folder_path": str(work / "data"), "resolution": [64], "cache_latents": cached_latents,
-               "num_frames": frames}
+               "num_frames": frames, "do_i2v": ti2v}
     if edit:
         dataset["control_path"] = [str(work / "controls")]
     sample = {"sample_every": 2, "width": 64, "height": 64, "sample_steps": 2, "seed": 3, "guidance_scale": 2,
               "prompts": ["a red circle"], "num_frames": frames}
-    if edit or i2v:
+    if edit or i2v or ti2v:
         sample["prompts"] = [f"a red circle --ctrl_img {work / 'controls' / 'synth_0000.png'}"]
     return name, {
         "name": name, "device": "cpu", "training_folder": str(work / "runs"), "training_seed": 7,
@@ -87,7 +89,7 @@ def main():
                 sys.exit(r.stderr)
     rows, failed = [], []
     for preset in a.presets.split(","):
-        i2v = preset.endswith("-i2v")
+        i2v = preset.endswith("-i2v") or preset.endswith("-5b")
         for cached_latents in [False] if i2v else [False, True]:
             for cached_text in [False, True]:
                 for gc in ["off", "full"] + (PARTIAL if cached_latents and cached_text else []) + \

@@ -11,6 +11,16 @@
 
 namespace gclab::model {
 
+torch::Tensor per_token_timesteps(const ModelSpec& spec, const torch::Tensor& t, at::IntArrayRef latent_shape,
+                                  int64_t clean_frames) {
+  TORCH_CHECK(latent_shape.size() == 5, "per-token timesteps take video latents [B, C, F, h, w]");
+  const int64_t frames = latent_shape[2] / spec.patch_frames;
+  const int64_t cells = (latent_shape[3] / spec.patch) * (latent_shape[4] / spec.patch);
+  torch::Tensor mask = torch::ones({frames, cells}, t.options().dtype(torch::kFloat));
+  if (clean_frames > 0) mask.narrow(0, 0, clean_frames / spec.patch_frames).zero_();
+  return mask.flatten().unsqueeze(0) * t.to(torch::kFloat).view({-1, 1});
+}
+
 ModelInputs DiffusionTransformer::example_inputs(const SampleShape& shape, int64_t n_text,
                                                  const torch::TensorOptions& options) const {
   ModelInputs in;

@@ -22,6 +22,12 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
   torch::Tensor x = at::normal(0.0, 1.0, model::latent_shape(spec, {1, o.frames, o.height, o.width}), gen,
                                torch::TensorOptions().dtype(torch::kFloat))
                         .to(device, o.dtype);
+  // Leading latent frames given clean (Wan 2.2 TI2V's ctrl_img: add_first_frame_conditioning_v22 on the
+  // pipeline's initial latents): in place from the start and put back after each step (Wan22Pipeline's
+  // `latents = pre * (1 - mask) + latents * mask`), their tokens at t = 0.
+  const torch::Tensor& clean = cond.clean_latent_frames;
+  const int64_t k = clean.defined() ? clean.size(2) : 0;
+  if (k > 0) x.narrow(2, 0, k).copy_(clean.to(o.dtype));
   const std::shared_ptr<const model::Guidance> rule =
       o.guidance ? o.guidance : model::family_of(spec.family).preview_guidance(spec, /*do_cfg_norm=*/true);
   const double g = o.guidance_scale;
@@ -34,6 +40,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
     const int64_t n = latents.size(0);
     in.latents = latents;
     in.timestep = torch::full({n}, t, torch::TensorOptions().device(device));
+    if (in.per_token_timesteps) in.timestep = model::per_token_timesteps(spec, in.timestep, latents.sizes(), k);
     if (rule->embeds_scale()) in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
     // No autocast: the model computes in its weights' dtype on inputs cast to it, as AI Toolkit runs it.
     for (torch::Tensor* t : {&in.text, &in.pooled, &in.condition_channels})
@@ -70,7 +77,9 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
       }
       v = rule->combine(vc, vu, g);
     }
+    const torch::Tensor before = k > 0 ? x.narrow(2, 0, k).clone() : torch::Tensor();
     x = (x.to(torch::kFloat) + (t_next - t) * v.to(torch::kFloat)).to(o.dtype);
+    if (k > 0) x.narrow(2, 0, k).copy_(before);
   }
   if (training) model.train();
   return x.to(torch::kFloat);

@@ -47,6 +47,17 @@ torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const Micro
   torch::Tensor noisy = (1 - t4) * x0f + t4 * noise.to(torch::kFloat);
   in.latents = noisy.to(o.dtype);
   in.timestep = b.t;
+  // Leading latent frames given clean (Wan 2.2 TI2V's first frame: add_first_frame_conditioning_v22 on a clone
+  // of the noisy latents): their tokens at t = 0, and the loss kept off them, renormalised (scale_loss).
+  const int64_t clean = in.clean_latent_frames.defined() ? in.clean_latent_frames.size(2) : 0;
+  torch::Tensor keep;
+  if (clean > 0) {
+    in.latents = in.latents.clone();
+    in.latents.narrow(2, 0, clean).copy_(in.clean_latent_frames.to(o.dtype));
+    keep = torch::ones({x0.size(0), 1, x0.size(2), x0.size(3), x0.size(4)}, x0.options().dtype(torch::kFloat));
+    keep.narrow(2, 0, clean).zero_();
+  }
+  if (in.per_token_timesteps) in.timestep = model::per_token_timesteps(model.spec(), b.t, x0.sizes(), clean);
   torch::Tensor target = noise - x0;  // in the compute dtype, as SDTrainer's (noise - batch.latents)
   if (b.next_t.defined()) {
     torch::NoGradGuard no_grad;
@@ -54,7 +65,9 @@ torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const Micro
     const torch::Tensor next4 = per_sample(b.next_t, b.x0);
     noisy = noisy + (next4 - t4) * v;  // the scheduler's Euler step
     in.latents = noisy.to(o.dtype);
-    in.timestep = b.next_t;
+    if (clean > 0) in.latents.narrow(2, 0, clean).copy_(in.clean_latent_frames.to(o.dtype));
+    in.timestep =
+        in.per_token_timesteps ? model::per_token_timesteps(model.spec(), b.next_t, x0.sizes(), clean) : b.next_t;
     target = (noisy - (1 - next4) * x0f) / next4 - x0f;  // the stepped latents' noise, less x0
   }
   torch::Tensor pred = model.forward(in);
@@ -62,6 +75,7 @@ torch::Tensor flow_matching_loss(model::DiffusionTransformer& model, const Micro
   pred = pred.narrow(1, 0, target.size(1)).to(torch::kFloat);
   const torch::Tensor diff = pred - target.to(torch::kFloat);
   torch::Tensor elementwise = o.loss_type == config::LossType::mae ? diff.abs() : diff.square();
+  if (keep.defined()) elementwise = elementwise * keep / keep.mean().clamp_min(1e-8);
   if (b.loss_mask.defined()) elementwise = elementwise * b.loss_mask;  // SDTrainer.py:953-959
   const torch::Tensor per_sample = elementwise.mean(sample_dims(diff));
   return (b.weight.defined() ? per_sample * b.weight.to(per_sample.device()) : per_sample).mean();

@@ -197,20 +197,22 @@ void plan_previews(RunPlan& plan) {
         plan.warnings.push_back("sample: ctrl_img " + *p.ctrl_img + " is not a file; the prompt '" + p.prompt +
                                 "' is previewed without it");
       }
-    } else if (plan.family->trains_on_first_frame(plan.spec)) {
+    } else if (plan.family->preview_first_frame(plan.spec) != model::PreviewFirstFrame::none) {
       // Wan21I2V.generate_single_image: `if gen_config.ctrl_img is None: raise ValueError("I2V samples must
       // have a control image")` (wan21_i2v.py:415-416) — the run fails at its first preview; gclab refuses it
-      // before loading.
+      // before loading. Wan225bModel's takes one when given (wan22_5b_model.py:167).
       std::error_code ec;
-      if (!p.ctrl_img || !fs::is_regular_file(*p.ctrl_img, ec))
-        throw UserError(
-            "sample: the prompt '" + p.prompt + "' " +
-            (p.ctrl_img ? "names ctrl_img " + *p.ctrl_img + ", which is not a file" : std::string("has no ctrl_img")) +
-            "; " + c.model.arch +
-            " previews a video from its first frame, and AI Toolkit stops at the first preview without "
-            "one (\"I2V samples must have a control image\"). Give each sample a ctrl_img (an image "
-            "file), or set train.disable_sampling: true.");
-      files.emplace_back(*p.ctrl_img);
+      const bool required = plan.family->preview_first_frame(plan.spec) == model::PreviewFirstFrame::required;
+      if (p.ctrl_img && fs::is_regular_file(*p.ctrl_img, ec))
+        files.emplace_back(*p.ctrl_img);
+      else if (p.ctrl_img)
+        throw UserError("sample: the prompt '" + p.prompt + "' names ctrl_img " + *p.ctrl_img +
+                        ", which is not a file; AI Toolkit's preview fails opening it. Give an image file.");
+      else if (required)
+        throw UserError("sample: the prompt '" + p.prompt + "' has no ctrl_img; " + c.model.arch +
+                        " previews a video from its first frame, and AI Toolkit stops at the first preview without "
+                        "one (\"I2V samples must have a control image\"). Give each sample a ctrl_img (an image "
+                        "file), or set train.disable_sampling: true.");
     } else if (!p.control_images().empty()) {  // Qwen-Image's own generate_single_image raises on one
       plan.warnings.push_back("sample: the prompt '" + p.prompt + "' names a ctrl_img; " + c.model.arch +
                               "'s previews in gclab do not read one, and it is left out");
@@ -247,15 +249,31 @@ void plan_codec(RunPlan& plan) {
 // takes batch.tensor, wan21_i2v.py:489-498), which a batch of cached latents does not carry (DataLoaderBatchDTO
 // stacks file_item.tensor only when latents are not cached, toolkit/data_transfer_object/data_loader.py:275-
 // 284): AI Toolkit fails at the first step there, gclab refuses up front.
+// Wan 2.2 TI2V 5B with do_i2v: AI Toolkit caches the first frame's latents beside the clip's
+// (toolkit/dataloader_mixins.py:2049-2064), which gclab's latent cache does not hold yet: refused, said as
+// gclab's own limit.
 void plan_first_frame(RunPlan& plan) {
   const config::ProcessConfig& c = plan.config;
-  if (!plan.family->trains_on_first_frame(plan.spec)) return;
-  for (size_t i = 0; i < c.datasets.size(); ++i)
-    if (c.datasets[i].cache_latents || c.datasets[i].cache_latents_to_disk)
+  const model::ModelFamily& family = *plan.family;
+  bool steps = false;
+  for (size_t i = 0; i < c.datasets.size(); ++i) {
+    const config::DatasetConfig& d = c.datasets[i];
+    if (!family.trains_on_first_frame(plan.spec, d)) continue;
+    steps = true;
+    if (!(d.cache_latents || d.cache_latents_to_disk)) continue;
+    if (family.preview_first_frame(plan.spec) == model::PreviewFirstFrame::required)
       throw UserError("datasets[" + std::to_string(i) + "]: " + c.model.arch +
                       " conditions every step on each clip's first frame, read from its pixels (AI Toolkit's "
                       "get_noise_prediction takes batch.tensor), and a batch of cached latents has none: AI "
                       "Toolkit fails at the first step. Set cache_latents_to_disk: false and cache_latents: false.");
+    throw UserError("datasets[" + std::to_string(i) +
+                    "]: do_i2v with cached latents: AI Toolkit caches each clip's "
+                    "first-frame latents beside its latents, which gclab does not do yet. Set "
+                    "cache_latents_to_disk: false and cache_latents: false (the first frame is then encoded every "
+                    "step, as AI Toolkit does without a cache).");
+  }
+  if (!steps && family.preview_first_frame(plan.spec) == model::PreviewFirstFrame::none) return;
+  plan.first_frame_in_steps = steps;
   model::FrameConditioningSource source;
   source.device = plan.device;
   source.dtype = plan.compute_dtype;  // CLIPVisionModel.from_pretrained(torch_dtype=self.torch_dtype)

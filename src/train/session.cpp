@@ -314,6 +314,11 @@ void Session::first_frame_encoder_to_device() {
   first_frame_parked_ = false;
 }
 
+bool Session::first_frame_on(int dataset) const {
+  const auto d = static_cast<size_t>(dataset);
+  return first_frame_ && d < config_.datasets.size() && plan_.family->trains_on_first_frame(spec_, config_.datasets[d]);
+}
+
 void Session::condition_on_first_frame(model::ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
                                        uint64_t draw) {
   first_frame_encoder_to_device();
@@ -503,7 +508,7 @@ void Session::encode(data::LoadedBatch& lb) {
   if (lb.latents.defined() && lb.reference_images.empty()) return;
   current_activity_ = Activity::vae_encode;
   if (!lb.latents.defined()) {
-    if (first_frame_) {  // kept for the step's first-frame conditioning (host memory, as the batch's pixels)
+    if (first_frame_on(lb.dataset)) {  // kept for the step's first-frame conditioning (host memory, as the pixels)
       memory::HostScope host;
       lb.first_frames = lb.images.select(2, 0).clone();
     }
@@ -745,7 +750,7 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   mb.t = draw.t.to(device_);
   mb.weight = draw.weight.to(device_);
   if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);
-  if (first_frame_) {  // inside get_noise_prediction, after the noise (wan21_i2v.py:488-517)
+  if (first_frame_on(lb.dataset)) {  // inside get_noise_prediction, after the noise (wan21_i2v.py:488-517)
     auto scope = phase(Phase::forward);
     condition_on_first_frame(mb.conditioning, lb.first_frames, mb.x0, static_cast<uint64_t>(lb.index) * 16 + 15);
   }
@@ -1029,14 +1034,17 @@ void Session::preview_controls(size_t i, const sample::SampleOptions& so, model:
                                model::ModelInputs& uncond) {
   const std::vector<fs::path>& controls = plan_.preview_controls.at(i);
   cond.reference_latents = uncond.reference_latents = preview_references(controls, so.width, so.height);
-  if (first_frame_ && !controls.empty()) {  // an image-to-video model's first frame (checked when planned)
+  if (first_frame_) {  // an image-to-video model's first frame (checked when planned)
     first_frame_encoder_to_device();
     current_activity_ = Activity::first_frame;
     CodecOnDevice on_device(codec());
-    first_frame_->preview_condition(cond, controls.front(),
-                                    model::latent_shape(spec_, {1, so.frames, so.height, so.width}),
-                                    [&](const torch::Tensor& v) { return codec().encode_mean(v).to(device_); });
+    first_frame_->preview_condition(
+        cond, controls.empty() ? fs::path() : controls.front(),
+        model::latent_shape(spec_, {1, so.frames, so.height, so.width}),
+        [&](const torch::Tensor& v) { return codec().encode_mean(v).to(device_); },
+        [&](const torch::Tensor& v) { return codec().encode(v, plan_.seed + i).to(device_); });
     uncond.image_embeds = cond.image_embeds, uncond.condition_channels = cond.condition_channels;
+    uncond.clean_latent_frames = cond.clean_latent_frames, uncond.per_token_timesteps = cond.per_token_timesteps;
     current_activity_ = Activity::model;
     first_frame_encoder_to_host();  // AggressiveWanI2VUnloadPipeline: image_encoder.to('cpu') after (low_vram)
   } else if (!spec_.reference_tokens && !controls.empty())  // Flex.2: its ctrl_img as the channels beside the latents

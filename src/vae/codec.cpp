@@ -123,7 +123,9 @@ int64_t temporal_downsampling(const AutoencoderConfig& config) {
 }
 
 const char* class_name(const AutoencoderConfig& config) {
-  return std::holds_alternative<AutoencoderKLConfig>(config) ? "AutoencoderKL" : "AutoencoderKLQwenImage";
+  if (std::holds_alternative<AutoencoderKLConfig>(config)) return "AutoencoderKL";
+  // diffusers' AutoencoderKLWan where its tiled decode's clamp says so (the Wan VAEs), else Qwen-Image's class.
+  return std::get<QwenImageVaeConfig>(config).clamps_tiles ? "AutoencoderKLWan" : "AutoencoderKLQwenImage";
 }
 
 AutoencoderConfig autoencoder_config(const AutoencoderConfig& fallback, const std::filesystem::path& weights) {

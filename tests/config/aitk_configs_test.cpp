@@ -8,6 +8,8 @@
 #include "gclab/config/loader.h"
 #include "gclab/data/synth.h"
 #include "gclab/model/family.h"
+#include "gclab/model/flow_schedule.h"
+#include "gclab/model/registry.h"
 #include "gclab/model/summary.h"
 #include "gclab/model/transformer.h"
 #include "gclab/train/plan.h"
@@ -226,6 +228,50 @@ TEST(AitkConfigs, Wan21I2vTheUisPresetsResolveToTheI2vModel) {
   const auto guess = model::infer_arch_from_name("Wan-AI/Wan2.1-I2V-14B-720P-Diffusers");
   ASSERT_TRUE(guess.has_value());
   EXPECT_EQ(guess->arch, "wan21_i2v");
+  fs::remove_all(dir);
+}
+
+// AI Toolkit's UI for Wan 2.2 TI2V 5B (options.tsx:366-392 at 27a03a9: `wan22_5b`, quantize, quantize_te and
+// low_vram on, 121 frames at 24 fps, 768², timestep_type weighted, the datasets' do_i2v on): the 5B, its exact
+// count, the Wan 2.2 VAE, Wan 2.2's shift 5, buckets of 32, the embedders and proj_out left unquantized, and
+// the steps conditioned on the first frames.
+TEST(AitkConfigs, Wan22Ti2vTheUisPresetResolvesToThe5b) {
+  namespace fs = std::filesystem;
+  const fs::path dir = gclab::testing::fresh_dir("aitk_wan22_5b");
+  data::SynthOptions o;
+  o.count = 1, o.sizes = {{64, 64}};
+  data::write_synthetic_dataset(dir, o);
+  const std::string yaml =
+      "job: extension\nconfig:\n  name: wan_5b\n  process:\n    - type: sd_trainer\n      device: cuda:0\n"
+      "      network: {type: lora, linear: 32, linear_alpha: 32}\n"
+      "      datasets: [{folder_path: " +
+      dir.string() +
+      ", caption_ext: txt, cache_latents_to_disk: false, resolution: [768], num_frames: 121, fps: 24, "
+      "do_i2v: true}]\n"
+      "      train: {batch_size: 1, steps: 2000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+      "timestep_type: weighted, optimizer: adamw8bit, lr: 1e-4, dtype: bf16}\n"
+      "      model: {name_or_path: Wan-AI/Wan2.2-TI2V-5B-Diffusers, arch: wan22_5b, quantize: true, "
+      "quantize_te: true, low_vram: true}\n"
+      "      sample: {sampler: flowmatch, sample_every: 250, width: 768, height: 768, num_frames: 121, fps: 24, "
+      "prompts: [a woman waves]}\n";
+  const auto r = model::load_config_text(yaml, "wan22_5b.yaml");
+  ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+  EXPECT_TRUE(r.config->datasets.at(0).do_i2v);
+  const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
+  EXPECT_EQ(plan.spec.preset, "wan22-5b");
+  EXPECT_EQ(model::parameter_count(*model::build_transformer(plan.spec, torch::TensorOptions().device(torch::kMeta))),
+            4999787712);
+  EXPECT_EQ(plan.spec.latent_channels, 48);
+  EXPECT_EQ(plan.spec.latent_spatial, 16);
+  EXPECT_EQ(plan.spec.divisibility, 32);
+  EXPECT_DOUBLE_EQ(model::flow_schedule(plan.spec).shift, 5.0);
+  EXPECT_EQ(std::string(vae::class_name(*plan.codec.autoencoder)), "AutoencoderKLWan");
+  EXPECT_EQ(plan.codec.weight_bytes(), int64_t{704688668} * 2);
+  const auto k = plan.family->quantization_filter(r.config->model);
+  EXPECT_EQ(k.exclude, (std::vector<std::string>{"condition_embedder*", "proj_out*"}));
+  EXPECT_TRUE(plan.first_frame_in_steps);
+  ASSERT_EQ(plan.preview_controls.size(), 1u);
+  EXPECT_TRUE(plan.preview_controls[0].empty());  // its ctrl_img is optional
   fs::remove_all(dir);
 }
 

@@ -46,7 +46,7 @@ TEST(FirstFrame, MatchesDiffusersPipelineAndAiToolkitsTrainingInputs) {
 
   // The preview: WanImageToVideoPipeline's encode_image and prepare_latents.
   model::ModelInputs preview;
-  conditioning->preview_condition(preview, fixture / "control.png", latents, mean);
+  conditioning->preview_condition(preview, fixture / "control.png", latents, mean, mean);
   EXPECT_LT(relative(preview.image_embeds, io.tensor("preview_image_embeds")), 1e-5);
   EXPECT_LT(relative(preview.condition_channels, io.tensor("condition")), 1e-5);
   // The mask: 1 on the first latent frame's four slots, 0 after.
@@ -107,6 +107,32 @@ TEST(FirstFrame, Wan21I2vTrainsOnItsFirstFramesAndPreviewsFromTheControlImage) {
   fs::remove_all(dir);
 }
 
+// Wan 2.2 TI2V 5B with do_i2v (AI Toolkit's UI default for it): each clip's first frame given clean, the
+// previews with and without a ctrl_img; checkpointing on and off to the same losses; without do_i2v another
+// objective (another loss on the same data and seed).
+TEST(FirstFrame, Wan22Ti2vTrainsOnItsFirstFramesWithDoI2v) {
+  const fs::path dir = testing::fresh_dir("wan22_5b_run");
+  const std::vector<std::string> ti2v = {
+      "model.arch=tiny-wan22-5b", "datasets[0].do_i2v=true",
+      "sample.prompts=[a red circle, 'a blue square --ctrl_img " + (dir / "first" / "synth_0000.png").string() + "']"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), ti2v.begin(), ti2v.end());
+    return extra;
+  };
+  const TrainSummary on = train(i2v_config(dir, "on", with({})), {});
+  const TrainSummary off = train(i2v_config(dir, "off", with({"train.gradient_checkpointing=false"})), {});
+  const TrainSummary t2v = train(i2v_config(dir, "t2v", with({"datasets[0].do_i2v=false"})), {});
+  ASSERT_EQ(on.losses.size(), 2u);
+  ASSERT_EQ(off.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(std::isfinite(on.losses[i]));
+    EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_NE(on.losses[0], t2v.losses[0]);
+  EXPECT_EQ(on.samples.size(), 6u);  // two prompts: the first frame, the animated WebP, the MP4 each
+  fs::remove_all(dir);
+}
+
 TEST(FirstFrame, WhatAiToolkitFailsOnIsRefusedBeforeLoading) {
   const fs::path dir = testing::fresh_dir("wan_i2v_refusals");
   // Cached latents: no pixels in the step (AI Toolkit fails at step 1 on batch.tensor None).
@@ -122,6 +148,16 @@ TEST(FirstFrame, WhatAiToolkitFailsOnIsRefusedBeforeLoading) {
     ADD_FAILURE() << "a preview without ctrl_img was accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("has no ctrl_img"), std::string::npos) << e.what();
+  }
+  // Wan 2.2 TI2V with do_i2v and cached latents: gclab's own limit, said.
+  try {
+    train(i2v_config(dir, "cached_5b",
+                     {"model.arch=tiny-wan22-5b", "datasets[0].do_i2v=true", "datasets[0].cache_latents_to_disk=true",
+                      "sample.prompts=[a red circle]"}),
+          {});
+    ADD_FAILURE() << "do_i2v with cached latents was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not do yet"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(dir / "cached" / "cached.safetensors"));
   fs::remove_all(dir);

@@ -244,5 +244,53 @@ TEST(FlowMatching, Bf16TrainsWithoutAutocastOnBf16InputsAsAiToolkit) {
   EXPECT_EQ(flow_matching_loss(*model, mb, o).item<double>(), want.item<double>());
 }
 
+// Wan 2.2 TI2V's first frame (Wan225bModel.get_noise_prediction with add_first_frame_conditioning_v22 and
+// scale_loss, wan22_5b_model.py:255-334): the clean first latent frame put in place of the noisy one (on a
+// clone), every token's timestep its own — 0 on the first frame's, t elsewhere ((mask[0][0][:, ::2, ::2] *
+// t).flatten()) — and the loss times the mask over its mean. So the loss does not see the first frame's noise
+// or x0, and does see the clean frame.
+TEST(FlowMatching, CleanLeadingFramesAreGivenAtTimeZeroAndLeftOutOfTheLoss) {
+  torch::manual_seed(5);
+  const model::ModelSpec spec = model::spec_by_preset("tiny-wan22-5b");
+  auto model = model::build_transformer(spec);
+  model->eval();
+  // The per-token timesteps: 3 latent frames of 2 x 2 tokens.
+  const torch::Tensor t = torch::tensor({0.25f, 0.75f});
+  const torch::Tensor tokens = model::per_token_timesteps(spec, t, {2, 48, 3, 4, 4}, 1);
+  ASSERT_EQ(tokens.sizes(), (std::vector<int64_t>{2, 12}));
+  EXPECT_EQ(tokens.narrow(1, 0, 4).abs().sum().item<double>(), 0.0);
+  EXPECT_TRUE(torch::equal(tokens.narrow(1, 4, 8), t.view({2, 1}).expand({2, 8})));
+
+  MicroBatch mb;
+  mb.conditioning = model->example_inputs({2, 9, 64, 64});
+  mb.conditioning.clean_latent_frames = torch::randn({2, 48, 1, 4, 4});
+  mb.conditioning.per_token_timesteps = true;
+  mb.x0 = torch::randn({2, 48, 3, 4, 4});
+  mb.noise = torch::randn_like(mb.x0);
+  mb.t = t;
+  torch::Tensor want;
+  {
+    torch::NoGradGuard no_grad;
+    model::ModelInputs in = mb.conditioning;
+    const torch::Tensor t5 = mb.t.view({-1, 1, 1, 1, 1});
+    in.latents = (1 - t5) * mb.x0 + t5 * mb.noise;
+    in.latents.narrow(2, 0, 1).copy_(in.clean_latent_frames);
+    in.timestep = tokens;
+    torch::Tensor keep = torch::ones({2, 1, 3, 4, 4});
+    keep.narrow(2, 0, 1).zero_();
+    want = ((model->forward(in) - (mb.noise - mb.x0)).square() * keep / keep.mean()).mean();
+  }
+  const double loss = flow_matching_loss(*model, mb, StepOptions{}).item<double>();
+  EXPECT_NEAR(loss, want.item<double>(), 1e-6);
+  MicroBatch other = mb;  // another first frame of noise and of x0: the same loss
+  other.noise = mb.noise.clone(), other.x0 = mb.x0.clone();
+  other.noise.narrow(2, 0, 1).normal_();
+  other.x0.narrow(2, 0, 1).normal_();
+  EXPECT_EQ(flow_matching_loss(*model, other, StepOptions{}).item<double>(), loss);
+  other = mb;  // another clean frame: another loss
+  other.conditioning.clean_latent_frames = torch::randn({2, 48, 1, 4, 4});
+  EXPECT_NE(flow_matching_loss(*model, other, StepOptions{}).item<double>(), loss);
+}
+
 }  // namespace
 }  // namespace gclab::train

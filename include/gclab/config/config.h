@@ -117,6 +117,9 @@ struct DatasetConfig {
   // round(clip fps / fps)-th frame from a random start (:567-585; data::sample_frame_indices).
   int num_frames = 1;
   bool shrink_video_to_frames = true;
+  // An image-to-video model trains on each clip's first frame (config_modules.py:1089, False; AI Toolkit's UI
+  // sets it for Wan 2.2 TI2V 5B, options.tsx:383): read by the families whose model class reads it.
+  bool do_i2v = false;
   int fps = 24;
 
   template <class V>
@@ -147,6 +150,7 @@ struct DatasetConfig {
     v("loss_multiplier", loss_multiplier);
     v("num_frames", num_frames);
     v("shrink_video_to_frames", shrink_video_to_frames);
+    v("do_i2v", do_i2v);
     v("fps", fps);
     v.ignore({"type",
               "dataset_path",
@@ -175,8 +179,7 @@ struct DatasetConfig {
               "prefetch_factor",
               "square_crop",
               "controls",
-              "fast_image_size",
-              "do_i2v"});
+              "fast_image_size"});
   }
 };
 

@@ -28,6 +28,8 @@ struct FrameConditioningSource {
   uint64_t seed = 42;
 };
 
+enum class PreviewFirstFrame { none, optional, required };
+
 class FrameConditioning {
  public:
   // Frames [B, 3, F, H, W] in [-1, 1] -> the family's scaled latents on the device, a sample of the
@@ -42,10 +44,12 @@ class FrameConditioning {
   // and the clean latents `x0`: sets in.condition_channels and/or in.image_embeds, without gradients.
   virtual void condition(ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
                          const Encode& encode) = 0;
-  // A preview's inputs from its control image `file` (sample.ctrl_img) for latents of `latent_shape`
-  // ([1, C, F', h, w]), as the family's preview pipeline computes them; `encode` gives the posterior's mean.
+  // A preview's inputs from its control image `file` (sample.ctrl_img; empty: none) for latents of
+  // `latent_shape` ([1, C, F', h, w]), as the family's preview pipeline computes them; `mean` encodes to the
+  // posterior's mean, `sample` draws from it.
   virtual void preview_condition(ModelInputs& in, const std::filesystem::path& file,
-                                 const std::vector<int64_t>& latent_shape, const Encode& encode) = 0;
+                                 const std::vector<int64_t>& latent_shape, const Encode& mean,
+                                 const Encode& sample) = 0;
 };
 
 }  // namespace gclab::model

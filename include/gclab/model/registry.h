@@ -142,9 +142,13 @@ class ModelFamily {
                                           const std::function<torch::Tensor(const torch::Tensor&)>& /*encode*/) const {
     return {};
   }
-  // Whether its training step conditions on each sample's first frame (an image-to-video model): the frames'
-  // pixels are then needed in every step, so latents cannot be cached.
-  virtual bool trains_on_first_frame(const ModelSpec& /*spec*/) const { return false; }
+  // An image-to-video model's first frames (frame_conditioning.h): whether a dataset's steps condition on its
+  // samples' first frames (their pixels are then needed in every step), and whether a preview takes its
+  // ctrl_img as the first frame — required (Wan 2.1 I2V), optional (Wan 2.2 TI2V 5B) or not at all.
+  virtual bool trains_on_first_frame(const ModelSpec& /*spec*/, const config::DatasetConfig& /*dataset*/) const {
+    return false;
+  }
+  virtual PreviewFirstFrame preview_first_frame(const ModelSpec& /*spec*/) const { return PreviewFirstFrame::none; }
   // That conditioning, built for a run (frame_conditioning.h): its image encoder's weights from `source`.
   virtual std::unique_ptr<FrameConditioning> frame_conditioning(const ModelSpec& /*spec*/,
                                                                 const FrameConditioningSource& /*source*/) const {

@@ -32,6 +32,12 @@ struct ModelInputs {
   // Image tokens cross-attended beside the text, [B, N, spec.image_embed_dim] (Wan 2.1 I2V: CLIP's hidden
   // states of the first frame); undefined where the model takes none.
   torch::Tensor image_embeds;
+  // The leading latent frames given clean, [B, C, k, h, w] (Wan 2.2 TI2V's first frame): the flow objective
+  // and the sampler put them in place of the noisy ones, their tokens at t = 0 and outside the loss. With
+  // per_token_timesteps the timestep is [B, S], one per token (Wan 2.2 TI2V's expand_timesteps), clean frames
+  // or not. The transformer reads neither.
+  torch::Tensor clean_latent_frames;
+  bool per_token_timesteps = false;
   // FLUX/Flex: leave the guidance embedder out of the conditioning (AI Toolkit's bypass_guidance_embedding,
   // which Flex trains with); `guidance` is then not needed.
   bool bypass_guidance = false;
@@ -75,6 +81,12 @@ class DiffusionTransformer : public torch::nn::Module {
   std::vector<std::string> block_names_;
   BlockCaller caller_;
 };
+
+// Per-token timesteps [B, S] for latents of `latent_shape` [B, C, F', h, w] (S = F' (h/p) (w/p)): each sample's
+// t ([B]) on every token, 0 on the tokens of the first `clean_frames` latent frames (Wan 2.2 TI2V's
+// expand_timesteps: (mask[0][0][:, ::p, ::p] * t).flatten()).
+torch::Tensor per_token_timesteps(const ModelSpec& spec, const torch::Tensor& t, at::IntArrayRef latent_shape,
+                                  int64_t clean_frames);
 
 // Builds the family's transformer for `spec`; `options` places and types the weights (kMeta: no memory).
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,

@@ -97,6 +97,7 @@ struct RunPlan {
   // An image-to-video model's conditioning on each sample's first frame (ModelFamily::trains_on_first_frame):
   // its image encoder on `device` in compute_dtype, from name_or_path's image_encoder/ when it has one.
   std::optional<model::FrameConditioningSource> first_frame;
+  bool first_frame_in_steps = false;  // some dataset's steps condition on it (the walk's steps do then)
   // The autoencoder on the device through the steps: latents encoded on the fly, or an edit model's control
   // images, encoded every step cached latents or not (encode brings an offloaded autoencoder back).
   bool vae_in_steps = false;

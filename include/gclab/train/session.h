@@ -133,7 +133,7 @@ class Session {
 
   // An image-to-video model's conditioning on each sample's first frame, run in each step's forward phase
   // before the transformer (as AI Toolkit's get_noise_prediction does) — and walked there by the memory model.
-  bool conditions_on_first_frame() const { return first_frame_ != nullptr; }
+  bool conditions_on_first_frame() const { return first_frame_ != nullptr && plan_.first_frame_in_steps; }
   void condition_on_first_frame(model::ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
                                 uint64_t draw);
   // Whether its image encoder waits in host memory until the first step (model.low_vram).
@@ -305,6 +305,7 @@ class Session {
   void load_first_frame_encoder();
   void first_frame_encoder_to_device();
   void first_frame_encoder_to_host();
+  bool first_frame_on(int dataset) const;  // the dataset's steps condition on its first frames
   void record_load(const memory::MemoryStats& before_load);
   void attach_network();
   void load_user_weights();

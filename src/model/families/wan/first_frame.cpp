@@ -48,6 +48,22 @@ ClipProcessor read_processor(const std::filesystem::path& folder, int64_t image_
   });
 }
 
+// The first frame [B, 3, H, W] scaled (bilinear) to `h` x `w` latents' pixels, as both conditionings scale it
+// (F.interpolate(first_frame, size=(H * scale, W * scale), mode="bilinear")): the identity at the bucket's size.
+torch::Tensor at_latents_size(const torch::Tensor& frame, int64_t h, int64_t w, int64_t scale) {
+  return F::interpolate(frame, F::InterpolateFuncOptions()
+                                   .size(std::vector<int64_t>{h * scale, w * scale})
+                                   .mode(torch::kBilinear)
+                                   .align_corners(false));
+}
+
+// A preview's control image: read and resized to the preview's size in host memory (PIL's LANCZOS in AI
+// Toolkit, stb's filter here: the same at the same size), uint8 [H, W, 3].
+torch::Tensor control_image(const std::filesystem::path& file, int64_t width, int64_t height) {
+  memory::HostScope host;
+  return data::resize_rgb(data::decode_image_rgb(file), static_cast<int>(width), static_cast<int>(height));
+}
+
 torch::Tensor normalise(const torch::Tensor& x, const ClipProcessor& p) {
   const auto o = x.options();
   const torch::Tensor mean = torch::tensor(p.mean, o.dtype(torch::kDouble)).to(o).view({1, 3, 1, 1});
@@ -112,14 +128,10 @@ class WanFirstFrame final : public FrameConditioning {
   // encoded to the posterior's mean, the same mask) — the image embeddings and channels of both the prompt
   // and its negative.
   void preview_condition(ModelInputs& in, const std::filesystem::path& file, const std::vector<int64_t>& latent_shape,
-                         const Encode& encode) override {
+                         const Encode& encode, const Encode& /*sample*/) override {
     torch::NoGradGuard no_grad;
     const int64_t height = latent_shape.at(3) * spec_.latent_spatial, width = latent_shape.at(4) * spec_.latent_spatial;
-    torch::Tensor image;
-    {
-      memory::HostScope host;  // read and prepared in host memory, as the pipeline does
-      image = data::resize_rgb(data::decode_image_rgb(file), static_cast<int>(width), static_cast<int>(height));
-    }
+    const torch::Tensor image = control_image(file, width, height);
     if (encoder_)
       in.image_embeds =
           encoder_->forward(memory::to_device(processor_pixels(image), device_, dtype_)).penultimate.to(dtype_);
@@ -169,11 +181,7 @@ class WanFirstFrame final : public FrameConditioning {
   torch::Tensor first_frame_channels(const torch::Tensor& frame, const torch::Tensor& x0, const Encode& encode) const {
     const int64_t b = x0.size(0), latent_frames = x0.size(2), h = x0.size(3), w = x0.size(4);
     const int64_t frames = (latent_frames - 1) * spec_.latent_temporal + 1;
-    const torch::Tensor scaled =
-        F::interpolate(frame, F::InterpolateFuncOptions()
-                                  .size(std::vector<int64_t>{h * spec_.latent_spatial, w * spec_.latent_spatial})
-                                  .mode(torch::kBilinear)
-                                  .align_corners(false));
+    const torch::Tensor scaled = at_latents_size(frame, h, w, spec_.latent_spatial);
     torch::Tensor video = torch::zeros({b, 3, frames, scaled.size(2), scaled.size(3)}, scaled.options());
     video.select(2, 0).copy_(scaled);
     const torch::Tensor latents = encode(video).to(dtype_);
@@ -191,11 +199,58 @@ class WanFirstFrame final : public FrameConditioning {
   bool loaded_ = false;
 };
 
+// Wan 2.2 TI2V 5B's (Wan225bModel.get_noise_prediction, wan22_5b_model.py:255-334, and
+// add_first_frame_conditioning_v22, toolkit/models/wan21/wan_utils.py:116-189): a clip's first frame scaled to
+// its latents' size x 16 and encoded (a posterior sample), normalised, given as the clean first latent frame
+// — its tokens at t = 0 and outside the loss (scale_loss, :327-334) — and every token's timestep its own. An
+// image (one latent frame: AI Toolkit's 4-D batch, :281-284) gets the per-token timesteps only. Its previews
+// (Wan22Pipeline with expand_timesteps; generate_single_image :155-213): per-token timesteps always, and a
+// ctrl_img, when given, encoded (sampled) as the clean first frame.
+class WanFirstLatents final : public FrameConditioning {
+ public:
+  WanFirstLatents(const ModelSpec& spec, const FrameConditioningSource& source)
+      : spec_(spec), dtype_(source.dtype), device_(source.device) {}
+  torch::nn::Module* image_encoder() override { return nullptr; }
+  std::string describe() const override { return "the first frame's latents (no image encoder)"; }
+  void condition(ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0, const Encode& encode) override {
+    torch::NoGradGuard no_grad;
+    in.per_token_timesteps = true;
+    if (x0.size(2) == 1) return;
+    const torch::Tensor frame = memory::to_device(first, x0.device(), torch::kFloat);
+    in.clean_latent_frames =
+        encode(at_latents_size(frame, x0.size(3), x0.size(4), spec_.latent_spatial).unsqueeze(2)).to(dtype_);
+  }
+  void preview_condition(ModelInputs& in, const std::filesystem::path& file, const std::vector<int64_t>& latent_shape,
+                         const Encode& /*mean*/, const Encode& sample) override {
+    torch::NoGradGuard no_grad;
+    in.per_token_timesteps = true;
+    if (file.empty()) return;
+    const torch::Tensor image =
+        control_image(file, latent_shape.at(4) * spec_.latent_spatial, latent_shape.at(3) * spec_.latent_spatial);
+    torch::Tensor frame;
+    {
+      memory::HostScope host;
+      frame = data::to_unit_range(image).unsqueeze(0).unsqueeze(2);
+    }
+    in.clean_latent_frames = sample(memory::to_device(frame, device_, torch::kFloat)).to(dtype_);
+  }
+
+ private:
+  ModelSpec spec_;
+  torch::ScalarType dtype_;
+  torch::Device device_;
+};
+
 }  // namespace
 
 std::unique_ptr<FrameConditioning> first_frame_conditioning(const ModelSpec& spec,
                                                             const FrameConditioningSource& source) {
   return std::make_unique<WanFirstFrame>(spec, source);
+}
+
+std::unique_ptr<FrameConditioning> first_latents_conditioning(const ModelSpec& spec,
+                                                              const FrameConditioningSource& source) {
+  return std::make_unique<WanFirstLatents>(spec, source);
 }
 
 }  // namespace gclab::model::wan

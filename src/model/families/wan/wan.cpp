@@ -16,6 +16,8 @@ std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, c
 std::shared_ptr<const text::TextPipeline> text_pipeline();
 std::unique_ptr<FrameConditioning> first_frame_conditioning(const ModelSpec& spec,
                                                             const FrameConditioningSource& source);
+std::unique_ptr<FrameConditioning> first_latents_conditioning(const ModelSpec& spec,
+                                                              const FrameConditioningSource& source);
 }  // namespace wan
 
 namespace {
@@ -164,11 +166,19 @@ class Wan final : public ModelFamily {
             image_to_video(tiny_wan21(), "tiny-wan21-i2v", 32, 17), wan22_5b(tiny5b)};
   }
 
-  // Wan21I2V.get_noise_prediction: every step encodes each sample's first frame (first_frame.cpp).
-  bool trains_on_first_frame(const ModelSpec& spec) const override { return spec.condition_input_channels > 0; }
+  // Wan21I2V.get_noise_prediction: every step encodes each sample's first frame; Wan225bModel's only for a
+  // dataset with do_i2v (wan22_5b_model.py:266) — first_frame.cpp.
+  bool trains_on_first_frame(const ModelSpec& spec, const config::DatasetConfig& dataset) const override {
+    return spec.condition_input_channels > 0 || (spec.variant == kWan22_5b && dataset.do_i2v);
+  }
+  PreviewFirstFrame preview_first_frame(const ModelSpec& spec) const override {
+    if (spec.condition_input_channels > 0) return PreviewFirstFrame::required;
+    return spec.variant == kWan22_5b ? PreviewFirstFrame::optional : PreviewFirstFrame::none;
+  }
   std::unique_ptr<FrameConditioning> frame_conditioning(const ModelSpec& spec,
                                                         const FrameConditioningSource& source) const override {
-    return trains_on_first_frame(spec) ? wan::first_frame_conditioning(spec, source) : nullptr;
+    if (spec.condition_input_channels > 0) return wan::first_frame_conditioning(spec, source);
+    return spec.variant == kWan22_5b ? wan::first_latents_conditioning(spec, source) : nullptr;
   }
 
   // Wan 2.1's VAE (Qwen-Image's network); the 5B's, the Wan 2.2 VAE (wan22_5b_model.py leaves _wan_vae_path
