@@ -6,7 +6,7 @@ and the slope per latent frame (4 frames).
 Then the weights per qtype: the transformer's bytes as each `model.qtype` stores it (bf16 without
 `quantize`), and the load's device peak with and without `low_vram` (UMT5 quantized, as the config says).
 
-  wan_frames.py [--bin build/bin/gclab] [--config PATH] [--qtypes-only]
+  wan_frames.py [--bin build/bin/gclab] [--config PATH] [--qtypes-only] [--models wan21-i2v-14b,wan22-5b]
 """
 import argparse
 import json
@@ -17,7 +17,13 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FRAMES = [1, 17, 33, 49, 81]
 RESOLUTIONS = [480, 632]
-MODELS = [("wan21-1.3b", []), ("wan21-14b", ["model.name_or_path=Wan-AI/Wan2.1-T2V-14B-Diffusers"])]
+# The image-to-video models train on the clips' pixels (no cached latents); Wan 2.1 I2V previews need a
+# ctrl_img (sampling off here), Wan 2.2 TI2V runs with do_i2v as AI Toolkit's UI sets it.
+MODELS = [("wan21-1.3b", []), ("wan21-14b", ["model.name_or_path=Wan-AI/Wan2.1-T2V-14B-Diffusers"]),
+          ("wan21-i2v-14b", ["model.arch=wan21_i2v", "model.name_or_path=Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                             "datasets.0.cache_latents_to_disk=false", "train.disable_sampling=true"]),
+          ("wan22-5b", ["model.arch=wan22_5b", "model.name_or_path=Wan-AI/Wan2.2-TI2V-5B-Diffusers",
+                        "datasets.0.cache_latents_to_disk=false", "datasets.0.do_i2v=true"])]
 
 
 def estimate(gclab, config, sets):
@@ -56,7 +62,11 @@ def main():
     ap.add_argument("--config", default=os.path.join(ROOT, "..", "shared", "aitk-configs",
                                                      "train_lora_wan21_1b_24gb.yaml"))
     ap.add_argument("--qtypes-only", action="store_true")
+    ap.add_argument("--models", help="comma-separated presets of MODELS (default: all)")
     a = ap.parse_args()
+    if a.models:
+        keep = a.models.split(",")
+        MODELS[:] = [m for m in MODELS if m[0] in keep]
     if a.qtypes_only:
         return qtype_table(a)
     for preset, extra in MODELS:

@@ -65,7 +65,7 @@ std::string supported_arch_list() {
   return out;
 }
 
-bool low_vram_tiles_previews(Family family) { return family_of(family).low_vram_tiles_previews(); }
+bool low_vram_tiles_previews(const ModelSpec& spec) { return family_of(spec.family).low_vram_tiles_previews(spec); }
 
 std::vector<config::TextEncoderKind> text_encoders(Family family) {
   const auto pipeline = family_of(family).text_pipeline();

@@ -142,7 +142,7 @@ vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::Mode
   s.dtype_bytes = config.train.dtype == config::DType::fp32 ? 4 : 2;
   if (config.sample && config.sample->vae_tiling)
     s.tile_sample_size = config.sample->vae_tile_size;
-  else if (config.model.low_vram && model::low_vram_tiles_previews(spec.family))
+  else if (config.model.low_vram && model::low_vram_tiles_previews(spec))
     s.tile_sample_size = vae::kQwenImageDefaultTile;  // AI Toolkit's enable_tiling(), at its default
   return s;
 }
@@ -200,7 +200,7 @@ void plan_previews(RunPlan& plan) {
     } else if (plan.family->preview_first_frame(plan.spec) != model::PreviewFirstFrame::none) {
       // Wan21I2V.generate_single_image: `if gen_config.ctrl_img is None: raise ValueError("I2V samples must
       // have a control image")` (wan21_i2v.py:415-416) — the run fails at its first preview; gclab refuses it
-      // before loading. Wan225bModel's takes one when given (wan22_5b_model.py:167).
+      // before loading. Wan225bModel's takes one when given (wan22_5b_model.py:175).
       std::error_code ec;
       const bool required = plan.family->preview_first_frame(plan.spec) == model::PreviewFirstFrame::required;
       if (p.ctrl_img && fs::is_regular_file(*p.ctrl_img, ec))
@@ -265,7 +265,8 @@ void plan_first_frame(RunPlan& plan) {
       throw UserError("datasets[" + std::to_string(i) + "]: " + c.model.arch +
                       " conditions every step on each clip's first frame, read from its pixels (AI Toolkit's "
                       "get_noise_prediction takes batch.tensor), and a batch of cached latents has none: AI "
-                      "Toolkit fails at the first step. Set cache_latents_to_disk: false and cache_latents: false.");
+                      "Toolkit fails at the first step unless load_image_when_caching_latents keeps them, which "
+                      "gclab does not read. Set cache_latents_to_disk: false and cache_latents: false.");
     throw UserError("datasets[" + std::to_string(i) +
                     "]: do_i2v with cached latents: AI Toolkit caches each clip's "
                     "first-frame latents beside its latents, which gclab does not do yet. Set "

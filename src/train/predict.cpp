@@ -465,8 +465,8 @@ void not_modelled(const RunPlan& plan, MemoryEstimate& e, bool cuda) {
     e.not_modelled.push_back(
         "the load: quantize_model stages each block on the device to quantize it; gclab quantizes the blocks in "
         "host memory (one block's weights less on the device meanwhile, below the text encoders' load)");
-  if (e.preview && e.preview->reference_encode_bytes > 0 && config.model.low_vram &&
-      model::low_vram_tiles_previews(e.spec.family))
+  if (e.preview && e.preview->reference_encode_bytes > 0 && config.model.low_vram && e.spec.reference_tokens &&
+      model::low_vram_tiles_previews(e.spec))
     e.not_modelled.push_back(
         "low_vram: AI Toolkit's edit previews run with the VAE's tiling on, which tiles the ctrl_img's encode too; "
         "gclab encodes it whole (vae_encode_control is the untiled peak)");

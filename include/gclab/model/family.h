@@ -87,8 +87,9 @@ std::string supported_arch_list();  // "flux, flex1, ..." for messages
 // Whether AI Toolkit's model class decodes previews with the autoencoder tiled when model.low_vram is set
 // (diffusers' enable_tiling() at its defaults): every Qwen-Image model class's (qwen_image.py,
 // qwen_image_edit.py, qwen_image_edit_plus.py generate_single_image: `if self.model_config.low_vram:
-// pipeline.vae.enable_tiling()`), not the other families'.
-bool low_vram_tiles_previews(Family family);
+// pipeline.vae.enable_tiling()`), Wan 2.1's and Wan 2.2 TI2V's (wan21.py use_vae_tiling), not Wan 2.1 I2V's
+// nor the other families'.
+bool low_vram_tiles_previews(const ModelSpec& spec);
 // The text encoders a family's pipeline conditions on, in its folders' order (text_encoder, text_encoder_2,
 // text_encoder_3): FLUX.1 / Flex CLIP-L (pooled) and T5-XXL; SD3.5 CLIP-L and bigG (projected) and T5-XXL;
 // Qwen-Image Qwen2.5-VL; Z-Image Qwen3; DiT none (class labels).

@@ -155,7 +155,7 @@ class ModelFamily {
     return nullptr;
   }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
-  virtual bool low_vram_tiles_previews() const { return false; }
+  virtual bool low_vram_tiles_previews(const ModelSpec& /*spec*/) const { return false; }
 
   // Token accounting (spec.h): the rows the text encoder hands the transformer for a prompt of
   // `prompt_tokens` (>= 1) tokenizer tokens; the rows the transformer takes when the pipeline gave

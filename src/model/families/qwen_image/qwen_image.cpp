@@ -161,7 +161,7 @@ class QwenImage final : public ModelFamily {
   // generate_single_image of every Qwen-Image model class: `if self.model_config.low_vram:
   // pipeline.vae.enable_tiling()` (qwen_image.py:291-293, qwen_image_edit.py:118-120,
   // qwen_image_edit_plus.py:136-138).
-  bool low_vram_tiles_previews() const override { return true; }
+  bool low_vram_tiles_previews(const ModelSpec&) const override { return true; }
 
   // The prompt's own length (the padding masked out), at most max_text_tokens — QwenImagePipeline's
   // tokenizer truncates there; the edit pipelines' processor does not (pipeline_qwenimage_edit.py's

@@ -203,7 +203,7 @@ class WanFirstFrame final : public FrameConditioning {
 // add_first_frame_conditioning_v22, toolkit/models/wan21/wan_utils.py:116-189): a clip's first frame scaled to
 // its latents' size x 16 and encoded (a posterior sample), normalised, given as the clean first latent frame
 // — its tokens at t = 0 and outside the loss (scale_loss, :327-334) — and every token's timestep its own. An
-// image (one latent frame: AI Toolkit's 4-D batch, :281-284) gets the per-token timesteps only. Its previews
+// image (one latent frame: AI Toolkit's 4-D batch, :282-284) gets the per-token timesteps only. Its previews
 // (Wan22Pipeline with expand_timesteps; generate_single_image :155-213): per-token timesteps always, and a
 // ctrl_img, when given, encoded (sampled) as the clean first frame.
 class WanFirstLatents final : public FrameConditioning {

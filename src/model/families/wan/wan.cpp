@@ -190,6 +190,9 @@ class Wan final : public ModelFamily {
     c.clamps_tiles = true;  // diffusers' AutoencoderKLWan
     return c;
   }
+  // Wan21's and Wan225bModel's generate_single_image tile the decode under low_vram (wan21.py:523-528 use_vae_tiling,
+  // :543-544; wan22_5b_model.py:213-215) at diffusers' default tile (256, stride 192); Wan21I2V's does not.
+  bool low_vram_tiles_previews(const ModelSpec& spec) const override { return spec.condition_input_channels == 0; }
   std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return wan::text_pipeline(); }
   std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
     return std::make_shared<TwoForwardCfg>();
