@@ -120,6 +120,11 @@ struct DatasetConfig {
   // An image-to-video model trains on each clip's first frame (config_modules.py:1089, False; AI Toolkit's UI
   // sets it for Wan 2.2 TI2V 5B, options.tsx:383): read by the families whose model class reads it.
   bool do_i2v = false;
+  // AI Toolkit's per-clip frame count (config_modules.py:1069-1074; dataloader_mixins.py:484-509: each clip at
+  // its own length at `fps`, snapped to 4k + 1): not modelled yet — refused when set, as a run without it
+  // would train other samples.
+  bool auto_frame_count = false;
+  bool trim_auto_frame_count_tail = true;
   int fps = 24;
 
   template <class V>
@@ -151,6 +156,8 @@ struct DatasetConfig {
     v("num_frames", num_frames);
     v("shrink_video_to_frames", shrink_video_to_frames);
     v("do_i2v", do_i2v);
+    v("auto_frame_count", auto_frame_count);
+    v("trim_auto_frame_count_tail", trim_auto_frame_count_tail);
     v("fps", fps);
     v.ignore({"type",
               "dataset_path",
