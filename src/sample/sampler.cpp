@@ -70,6 +70,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
         in.pooled = cat(cond.pooled, uncond.pooled);
         in.class_labels = cat(cond.class_labels, uncond.class_labels);
         in.condition_channels = cat(cond.condition_channels, uncond.condition_channels);
+        in.image_embeds = cat(cond.image_embeds, uncond.image_embeds);
         const torch::Tensor both = predict(in, torch::cat({x, x}, 0), t);
         vc = both[0].unsqueeze(0), vu = both[1].unsqueeze(0);
       } else {

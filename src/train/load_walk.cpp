@@ -10,6 +10,7 @@ LoadMemory predict_load(const RunPlan& plan) {
   RunPlan meta = plan;
   meta.device = torch::Device(torch::kMeta);
   meta.prompts.options = meta.prompts.options.device(torch::kMeta);
+  if (meta.first_frame) meta.first_frame->device = torch::Device(torch::kMeta);
   log::QuietScope quiet;
   return Session(std::move(meta), SessionOptions{/*meta=*/true, /*load_only=*/true}).load_memory();
 }

@@ -370,11 +370,21 @@ int64_t walk_preview_denoise(Session& session, bool cuda) {
         references.push_back(model::latent_shape(spec, {1, 1, ref.height, ref.width}));
         key.insert(key.end(), {ref.height, ref.width});
       }
+    // An image-to-video preview's first frame (its own encode walked apart: walk_preview_controls): what it
+    // gives the denoise — Wan 2.2 TI2V's per-token timesteps and clean first frame among them.
+    const model::ModelInputs first = session.walk_preview_first_frame(i);
+    key.push_back(first.per_token_timesteps);
+    key.push_back(first.clean_latent_frames.defined() ? first.clean_latent_frames.size(2) : 0);
     if (!walked.insert(key).second) continue;
     memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
     const model::SampleShape shape{1, so.frames, so.height, so.width};
     model::ModelInputs cond = session.model().example_inputs(shape, key[4], meta);
     model::ModelInputs uncond = session.model().example_inputs(shape, key[5], meta);
+    for (model::ModelInputs* in : {&cond, &uncond}) {
+      in->per_token_timesteps = first.per_token_timesteps;
+      if (first.clean_latent_frames.defined())
+        in->clean_latent_frames = torch::empty(first.clean_latent_frames.sizes(), meta.dtype(so.dtype));
+    }
     for (const auto& shape : references) cond.reference_latents.push_back(torch::empty(shape, meta.dtype(so.dtype)));
     uncond.reference_latents = cond.reference_latents;
     memory::run_walk([&] { sample::euler_sample(session.model(), cond, uncond, so); });

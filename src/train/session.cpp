@@ -772,6 +772,10 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
     lb.images = torch::rand({shape.batch, 3, shape.frames, shape.height, shape.width}, o) * 2 - 1;
   else
     lb.latents = torch::randn(model::latent_shape(spec_, shape), o);
+  if (!images && first_frame_on(lb.dataset)) {  // the latents given ready: the first frames beside them
+    memory::HostScope host;
+    lb.first_frames = torch::rand({shape.batch, 3, shape.height, shape.width}, o) * 2 - 1;
+  }
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;
   lb.captions.assign(static_cast<size_t>(batch), caption);
@@ -1065,6 +1069,15 @@ int64_t Session::walk_preview_controls(size_t i) {
   const sample::SampleOptions so = preview_options(i);
   model::ModelInputs cond, uncond;
   return memory::inference_peak(plan_.cuda ? c10::kCUDA : c10::kCPU, [&] { preview_controls(i, so, cond, uncond); });
+}
+
+model::ModelInputs Session::walk_preview_first_frame(size_t i) {
+  if (!device_.is_meta()) return walk_twin()->walk_preview_first_frame(i);
+  model::ModelInputs cond, uncond;
+  if (!first_frame_) return cond;
+  CodecOnDevice on_device(codec());
+  memory::run_walk([&] { preview_controls(i, preview_options(i), cond, uncond); });
+  return cond;
 }
 
 torch::Tensor Session::decode_preview(const torch::Tensor& z) {

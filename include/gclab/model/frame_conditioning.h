@@ -32,8 +32,8 @@ enum class PreviewFirstFrame { none, optional, required };
 
 class FrameConditioning {
  public:
-  // Frames [B, 3, F, H, W] in [-1, 1] -> the family's scaled latents on the device, a sample of the
-  // posterior (the run's autoencoder).
+  // Frames [B, 3, F, H, W] in [-1, 1] -> the family's scaled latents on the device (the run's autoencoder: a
+  // sample of the posterior, or its mean where a preview asks for it).
   using Encode = std::function<torch::Tensor(const torch::Tensor&)>;
   virtual ~FrameConditioning() = default;
   // The image encoder whose weights it holds (nullptr: none).
@@ -41,7 +41,8 @@ class FrameConditioning {
   // "a CLIP vision tower (630766080 parameters, random weights)".
   virtual std::string describe() const = 0;
   // A training step's inputs from each sample's first frame `first` ([B, 3, H, W] in [-1, 1], any device)
-  // and the clean latents `x0`: sets in.condition_channels and/or in.image_embeds, without gradients.
+  // and the clean latents `x0`: sets in.condition_channels and in.image_embeds (Wan 2.1 I2V) or
+  // in.clean_latent_frames and in.per_token_timesteps (Wan 2.2 TI2V), without gradients.
   virtual void condition(ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
                          const Encode& encode) = 0;
   // A preview's inputs from its control image `file` (sample.ctrl_img; empty: none) for latents of

@@ -261,6 +261,9 @@ class Session {
   // uint8), preview_controls for preview i — each above the autoencoder's weights on the device.
   int64_t walk_preview_decode(const model::SampleShape& shape);
   int64_t walk_preview_controls(size_t i);
+  // What preview i's first-frame conditioning hands its denoise (image tokens, channels, clean frames,
+  // per-token timesteps), as meta tensors: the denoise's walk takes them beside the example inputs.
+  model::ModelInputs walk_preview_first_frame(size_t i);
   // A preview's frames from its latents: decoded with the autoencoder on the device, as uint8 [F, H, W, 3].
   torch::Tensor decode_preview(const torch::Tensor& latents);
   // An edit model's preview: its control images' latents (reference tokens), encoded on the device.

@@ -64,8 +64,9 @@ struct QwenImageVaeConfig {
   // decoder 256, z 48, residual, patch 2, 12 channels; its 48 latent means and deviations), and at CPU-test size.
   static QwenImageVaeConfig residual_16x();
   static QwenImageVaeConfig residual_16x_tiny();
-  // A diffusers config.json (AutoencoderKLQwenImage, or AutoencoderKLWan as the Wan 2.1 VAE: the same network
-  // and state dict); throws std::runtime_error naming what it cannot use (the Wan 2.2 VAE among them).
+  // A diffusers config.json (AutoencoderKLQwenImage, or AutoencoderKLWan — the Wan 2.1 VAE, the same network and
+  // state dict, or with is_residual / patch_size the Wan 2.2 VAE); throws std::runtime_error naming what it
+  // cannot use.
   static QwenImageVaeConfig from_json_file(const std::filesystem::path& path);
   int64_t downsampling() const { return (int64_t{1} << temperal_downsample.size()) * patch_size; }
   int64_t image_channels() const { return input_channels / (patch_size * patch_size); }
