@@ -49,13 +49,6 @@ class AutoencoderCodec : public ImageCodec {
     return as_frames(vae_->decode(latents.to(device_, dtype_))).to(torch::kFloat);
   }
   bool encodes_on_loader_thread() const override { return false; }
-  torch::Tensor encode_as(const torch::Tensor& images, Posterior posterior) {
-    restore();  // AI Toolkit's encode_images brings an offloaded VAE back, and leaves it there
-    torch::NoGradGuard no_grad;
-    return vae_
-        ->encode(memory::to_device(autoencoder_input(images, spec_.video), device_, dtype_), posterior, generator_)
-        .to(torch::kFloat);
-  }
 
   void offload() override {
     if (offloaded()) return;
@@ -91,6 +84,14 @@ class AutoencoderCodec : public ImageCodec {
   }
 
  private:
+  // The frames in the autoencoder's dtype on its device, encoded to the posterior's sample or mean, float32.
+  torch::Tensor encode_as(const torch::Tensor& images, Posterior posterior) {
+    restore();  // AI Toolkit's encode_images brings an offloaded VAE back, and leaves it there
+    torch::NoGradGuard no_grad;
+    return vae_
+        ->encode(memory::to_device(autoencoder_input(images, spec_.video), device_, dtype_), posterior, generator_)
+        .to(torch::kFloat);
+  }
   torch::Device device_;
   uint64_t seed_;
   at::Generator generator_;

@@ -183,32 +183,43 @@ TEST(AitkConfigs, Wan21The14bExampleResolvesToThe14b) {
   EXPECT_LT(train::predicted_load_peak(*r.config), int64_t{24} << 30);
 }
 
+// A job as AI Toolkit's UI writes it (one sd_trainer process on cuda:0, a rank-32 LoRA) with `rest` after the
+// network, and a folder holding one synthetic image for its dataset.
+std::filesystem::path ui_dataset(const std::string& name) {
+  const std::filesystem::path dir = gclab::testing::fresh_dir(name);
+  data::SynthOptions o;
+  o.count = 1, o.sizes = {{64, 64}};
+  data::write_synthetic_dataset(dir, o);
+  return dir;
+}
+std::string ui_job(const std::string& name, const std::string& rest) {
+  return "job: extension\nconfig:\n  name: " + name +
+         "\n  process:\n    - type: sd_trainer\n      device: cuda:0\n"
+         "      network: {type: lora, linear: 32, linear_alpha: 32}\n" +
+         rest;
+}
+
 // AI Toolkit's UI for Wan 2.1 I2V (ui/src/app/jobs/new/options.tsx:231-270 at 27a03a9: `wan21_i2v:14b480p`
 // and `wan21_i2v:14b`, quantize and quantize_te on, timestep_type weighted, 41 frames at 16 fps, a ctrl_img
 // per sample; the UI's datasets do not cache latents, jobConfig.ts:13): both tags resolve to the one I2V
 // model, its exact count, CLIP ViT-H/14 beside it, and the plan conditions on the first frames.
 TEST(AitkConfigs, Wan21I2vTheUisPresetsResolveToTheI2vModel) {
   namespace fs = std::filesystem;
-  const fs::path dir = gclab::testing::fresh_dir("aitk_wan21_i2v");
-  data::SynthOptions o;
-  o.count = 1, o.sizes = {{64, 64}};
-  data::write_synthetic_dataset(dir, o);
+  const fs::path dir = ui_dataset("aitk_wan21_i2v");
   for (const std::string arch : {"wan21_i2v:14b480p", "wan21_i2v:14b"}) {
     SCOPED_TRACE(arch);
-    const std::string yaml =
-        "job: extension\nconfig:\n  name: wan_i2v\n  process:\n    - type: sd_trainer\n      device: cuda:0\n"
-        "      network: {type: lora, linear: 32, linear_alpha: 32}\n"
-        "      datasets: [{folder_path: " +
-        dir.string() +
-        ", caption_ext: txt, cache_latents_to_disk: false, resolution: [512], num_frames: 41, fps: 16}]\n"
-        "      train: {batch_size: 1, steps: 2000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
-        "timestep_type: weighted, optimizer: adamw8bit, lr: 1e-4, dtype: bf16}\n"
-        "      model: {name_or_path: Wan-AI/Wan2.1-I2V-14B-480P-Diffusers, arch: '" +
-        arch +
-        "', quantize: true, quantize_te: true, low_vram: false}\n"
-        "      sample: {sampler: flowmatch, sample_every: 250, width: 832, height: 480, num_frames: 41, fps: 16, "
-        "samples: [{prompt: a woman waves, ctrl_img: " +
-        (dir / "synth_0000.png").string() + "}]}\n";
+    const std::string yaml = ui_job(
+        "wan_i2v",
+        "      datasets: [{folder_path: " + dir.string() +
+            ", caption_ext: txt, cache_latents_to_disk: false, resolution: [512], num_frames: 41, fps: 16}]\n"
+            "      train: {batch_size: 1, steps: 2000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+            "timestep_type: weighted, optimizer: adamw8bit, lr: 1e-4, dtype: bf16}\n"
+            "      model: {name_or_path: Wan-AI/Wan2.1-I2V-14B-480P-Diffusers, arch: '" +
+            arch +
+            "', quantize: true, quantize_te: true, low_vram: false}\n"
+            "      sample: {sampler: flowmatch, sample_every: 250, width: 832, height: 480, num_frames: 41, fps: 16, "
+            "samples: [{prompt: a woman waves, ctrl_img: " +
+            (dir / "synth_0000.png").string() + "}]}\n");
     const auto r = model::load_config_text(yaml, "wan21_i2v.yaml");
     ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
     const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
@@ -237,23 +248,18 @@ TEST(AitkConfigs, Wan21I2vTheUisPresetsResolveToTheI2vModel) {
 // the steps conditioned on the first frames.
 TEST(AitkConfigs, Wan22Ti2vTheUisPresetResolvesToThe5b) {
   namespace fs = std::filesystem;
-  const fs::path dir = gclab::testing::fresh_dir("aitk_wan22_5b");
-  data::SynthOptions o;
-  o.count = 1, o.sizes = {{64, 64}};
-  data::write_synthetic_dataset(dir, o);
-  const std::string yaml =
-      "job: extension\nconfig:\n  name: wan_5b\n  process:\n    - type: sd_trainer\n      device: cuda:0\n"
-      "      network: {type: lora, linear: 32, linear_alpha: 32}\n"
-      "      datasets: [{folder_path: " +
-      dir.string() +
-      ", caption_ext: txt, cache_latents_to_disk: false, resolution: [768], num_frames: 121, fps: 24, "
-      "do_i2v: true}]\n"
-      "      train: {batch_size: 1, steps: 2000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
-      "timestep_type: weighted, optimizer: adamw8bit, lr: 1e-4, dtype: bf16}\n"
-      "      model: {name_or_path: Wan-AI/Wan2.2-TI2V-5B-Diffusers, arch: wan22_5b, quantize: true, "
-      "quantize_te: true, low_vram: true}\n"
-      "      sample: {sampler: flowmatch, sample_every: 250, width: 768, height: 768, num_frames: 121, fps: 24, "
-      "prompts: [a woman waves]}\n";
+  const fs::path dir = ui_dataset("aitk_wan22_5b");
+  const std::string yaml = ui_job(
+      "wan_5b",
+      "      datasets: [{folder_path: " + dir.string() +
+          ", caption_ext: txt, cache_latents_to_disk: false, resolution: [768], num_frames: 121, fps: 24, "
+          "do_i2v: true}]\n"
+          "      train: {batch_size: 1, steps: 2000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+          "timestep_type: weighted, optimizer: adamw8bit, lr: 1e-4, dtype: bf16}\n"
+          "      model: {name_or_path: Wan-AI/Wan2.2-TI2V-5B-Diffusers, arch: wan22_5b, quantize: true, "
+          "quantize_te: true, low_vram: true}\n"
+          "      sample: {sampler: flowmatch, sample_every: 250, width: 768, height: 768, num_frames: 121, fps: 24, "
+          "prompts: [a woman waves]}\n");
   const auto r = model::load_config_text(yaml, "wan22_5b.yaml");
   ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
   EXPECT_TRUE(r.config->datasets.at(0).do_i2v);

@@ -45,7 +45,7 @@ struct FlowSchedule {
 //                  shift 3.0 (toolkit/sampler.py:90-100, 166-167); StableDiffusion3Pipeline passes no sigmas
 //   DiT            gclab's own (not in AI Toolkit): flux_config
 FlowSchedule flow_schedule(const Family& family);
-// The schedule of `spec`'s model class (ModelFamily::flow_schedule(spec)): what a run uses.
+// The schedule of `spec`'s model class (its family's flow_schedule(spec), registry.h): what a run uses.
 struct ModelSpec;
 FlowSchedule flow_schedule(const ModelSpec& spec);
 

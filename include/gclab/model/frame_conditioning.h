@@ -1,7 +1,7 @@
 // An image-to-video model's conditioning on a sample's first frame (Wan 2.1 I2V: CLIP's image tokens and the
 // first frame encoded as channels beside the noisy latents): what it holds on the device (its image encoder)
 // and what it adds to the transformer's inputs in a training step. A family that trains on first frames
-// builds one (ModelFamily::frame_conditioning, registry.h); the Session holds it beside the autoencoder, runs
+// builds one (its frame_conditioning hook, registry.h); the Session holds it beside the autoencoder, runs
 // it in each step's forward phase, and the memory model walks the same call on the meta device.
 #pragma once
 

@@ -94,8 +94,8 @@ struct RunPlan {
   text::PromptEncoderOptions prompts;  // the text encoders to build, on `device` in compute_dtype
   vae::CodecSpec codec;                // the autoencoder (or the DCT stand-in)
   bool caches_latents = false;         // run_caches_latents()
-  // An image-to-video model's conditioning on each sample's first frame (ModelFamily::trains_on_first_frame):
-  // its image encoder on `device` in compute_dtype, from name_or_path's image_encoder/ when it has one.
+  // An image-to-video model's conditioning on each sample's first frame (the family's trains_on_first_frame,
+  // registry.h): its image encoder on `device` in compute_dtype, from name_or_path's image_encoder/ when it has one.
   std::optional<model::FrameConditioningSource> first_frame;
   bool first_frame_in_steps = false;  // some dataset's steps condition on it (the walk's steps do then)
   // The autoencoder on the device through the steps: latents encoded on the fly, or an edit model's control
