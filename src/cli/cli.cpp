@@ -409,16 +409,18 @@ int run_forward(const ConfigArgs& args, const ForwardArgs& f) {
     // --weights (a safetensors file, a sharded index or a diffusers folder), else the weights of a local
     // model.name_or_path folder.
     std::filesystem::path weights;
+    std::vector<std::filesystem::path> expert_weights;  // a model of several experts: transformer_2/, ...
     if (!f.weights.empty() && std::filesystem::is_directory(f.weights)) {
-      weights = gclab::model::local_model_at(f.weights, "--weights").weights;
+      const auto local = gclab::model::local_model_at(f.weights, "--weights");
+      weights = local.weights, expert_weights = local.expert_weights;
       if (weights.empty()) throw gclab::UserError("--weights " + f.weights + ": the folder holds no weights");
     } else if (!f.weights.empty()) {
       weights = f.weights;
     } else if (const auto local = gclab::model::local_model(config.model)) {
-      weights = local->weights;
+      weights = local->weights, expert_weights = local->expert_weights;
     }
     if (!weights.empty()) {
-      warn_unused(gclab::model::load_weights(*model, weights), weights);
+      warn_unused(gclab::model::load_weights(*model, weights, expert_weights), weights);
     } else {
       gclab::log::warn("no --weights: random weights (training_seed " + std::to_string(config.seed()) + ")");
     }

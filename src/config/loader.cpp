@@ -679,6 +679,9 @@ class Validator {
           {"inpaint_random_chance", k.inpaint_random_chance}})
       if (!(chance >= 0.0 && chance <= 1.0))
         error(std::string("model.model_kwargs.") + key, "must be a chance in [0, 1]");
+    if (!k.train_high_noise && !k.train_low_noise)  // wan22_14b_model.py:205-208 raises
+      error("model.model_kwargs.train_low_noise",
+            "train_high_noise and train_low_noise are both false: at least one expert must train");
   }
 
   void network() {
@@ -868,6 +871,7 @@ class Validator {
     at_least("train.num_train_timesteps", t.num_train_timesteps, 2);
     at_least("train.next_sample_timesteps", t.next_sample_timesteps, 3);
     at_least("train.min_denoising_steps", t.min_denoising_steps, 0);
+    at_least("train.switch_boundary_every", t.switch_boundary_every, 0);
     if (t.max_denoising_steps < t.min_denoising_steps)
       error("train.max_denoising_steps", "must not be below train.min_denoising_steps");
     at_least("train.gradient_accumulation", t.gradient_accumulation, 1);

@@ -47,7 +47,8 @@ TransformerLoading transformer_loading(const std::string& arch) {
 
 bool low_vram_quantizes_in_host_memory(const std::string& arch) {
   const TransformerLoading l = transformer_loading(arch);
-  return l == TransformerLoading::on_device_unless_low_vram || l == TransformerLoading::parked_while_text_encoders_load;
+  return l == TransformerLoading::on_device_unless_low_vram ||
+         l == TransformerLoading::parked_while_text_encoders_load || l == TransformerLoading::experts_in_turn;
 }
 
 bool quantizes_in_host_memory(const config::ModelConfig& model) {
@@ -121,6 +122,10 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   const ModelSpec preset = spec_by_preset(arch->preset);
   if (const std::string changed = family_of(preset.family).resolve_model_config(c.model); !changed.empty())
     if (c.model.quantize) d.warning("model.qtype", c.source.where("model.qtype"), changed);
+  if ((!k.train_high_noise || !k.train_low_noise) && preset.expert_boundaries.size() != 2)
+    d.warning("model.model_kwargs", c.source.where("model.model_kwargs"),
+              "train_high_noise / train_low_noise have no effect for arch " + arch->name +
+                  ": they choose between the high- and low-noise experts of a two-expert model");
   if (kwargs_set && !family_of(preset.family).controls_as_channels(preset))
     d.warning(
         "model.model_kwargs", c.source.where("model.model_kwargs"),

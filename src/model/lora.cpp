@@ -10,6 +10,7 @@
 
 #include "gclab/io/safetensors.h"
 #include "gclab/io/sha256.h"
+#include "gclab/model/experts.h"
 #include "gclab/model/registry.h"
 
 namespace gclab::model {
@@ -41,6 +42,9 @@ std::vector<std::pair<std::string, Linear>> target_linears(DiffusionTransformer&
   }
   std::vector<std::pair<std::string, Linear>> out;
   for (auto& [path, linear] : candidates) {
+    if (!o.within.empty() &&
+        std::none_of(o.within.begin(), o.within.end(), [&](const std::string& w) { return path.rfind(w, 0) == 0; }))
+      continue;
     const std::string clean = "transformer." + path;
     if (contains_any(clean, o.ignore_if_contains)) continue;
     if (!o.only_if_contains.empty() && !contains_any(clean, o.only_if_contains) &&
@@ -130,8 +134,9 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
   return out;
 }
 
-void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, torch::ScalarType dtype,
-               const LoraOptions& options, std::map<std::string, std::string> metadata) {
+std::vector<std::filesystem::path> save_lora(DiffusionTransformer& model, const std::filesystem::path& path,
+                                             torch::ScalarType dtype, const LoraOptions& options,
+                                             std::map<std::string, std::string> metadata, bool split_experts) {
   const auto tensors = lora_state(model, dtype);
   if (tensors.empty()) throw std::runtime_error("save_lora: the model has no LoRA adapters");
   std::vector<std::string> targets;
@@ -146,8 +151,32 @@ void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, t
   metadata["ss_network_alpha"] = std::to_string(options.rank);
   metadata["gclab_linear_alpha"] = std::to_string(options.alpha);
   metadata["gclab_preset"] = model.spec().preset;
-  add_model_hashes(tensors, metadata);
-  io::save_safetensors(path, tensors, metadata);
+  add_model_hashes(tensors, metadata);  // of every adapter, split or not (network_mixins.py:652-658)
+  const std::vector<std::string> suffixes = family_of(model.spec().family).expert_lora_suffixes(model.spec());
+  if (!split_experts || suffixes.size() != model.expert_count() || model.expert_count() < 2) {
+    io::save_safetensors(path, tensors, metadata);
+    return {path};
+  }
+  // Wan2214bModel.save_lora (wan22_14b_model.py:452-493): each expert's adapters, ".transformer_<i>." cut
+  // from their keys, in <name><suffix>.safetensors; an expert without adapters writes no file.
+  std::vector<std::filesystem::path> written;
+  for (size_t e = 0; e < suffixes.size(); ++e) {
+    const std::string infix = "." + expert_name(e) + ".";
+    std::vector<std::pair<std::string, torch::Tensor>> part;
+    for (const auto& [key, t] : tensors)
+      if (const size_t at = key.find(infix); at != std::string::npos)
+        part.emplace_back(key.substr(0, at) + "." + key.substr(at + infix.size()), t);
+    if (part.empty()) continue;
+    written.push_back(expert_lora_path(path, suffixes[e]));
+    io::save_safetensors(written.back(), part, metadata);
+  }
+  return written;
+}
+
+std::filesystem::path expert_lora_path(const std::filesystem::path& path, const std::string& suffix) {
+  std::filesystem::path out = path;
+  out.replace_filename(path.stem().string() + suffix + path.extension().string());
+  return out;
 }
 
 void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
@@ -192,6 +221,27 @@ std::optional<double> peft_scale(const std::map<std::string, std::string>& metad
 }  // namespace
 
 LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path& path) {
+  // A model of several experts and one of its experts' files (<name>_high_noise.safetensors): every expert's
+  // file beside it, each read against its expert (Wan2214bModel.load_lora, wan22_14b_model.py:495-545).
+  const auto suffixes = family_of(model.spec().family).expert_lora_suffixes(model.spec());
+  auto* experts = dynamic_cast<ExpertTransformers*>(&model);
+  const std::string stem = path.stem().string();
+  for (size_t i = 0; experts && i < suffixes.size(); ++i) {
+    if (stem.size() <= suffixes[i].size() ||
+        stem.compare(stem.size() - suffixes[i].size(), std::string::npos, suffixes[i]) != 0)
+      continue;
+    std::filesystem::path base = path;
+    base.replace_filename(stem.substr(0, stem.size() - suffixes[i].size()) + path.extension().string());
+    LoraFile out;
+    for (size_t e = 0; e < suffixes.size(); ++e) {
+      const std::filesystem::path file = expert_lora_path(base, suffixes[e]);
+      if (!std::filesystem::exists(file)) continue;  // an expert that did not train
+      LoraFile part = read_lora_file(experts->expert(e), file);
+      for (auto& [module, m] : part.modules) out.modules[expert_name(e) + "." + module] = std::move(m);
+      if (part.file_scale) out.file_scale = part.file_scale;
+    }
+    return out;
+  }
   const auto file = io::SafetensorsFile::open(path);
   // Every Linear by its diffusers path, and by that path with '.' as '_' (kohya names).
   std::map<std::string, Linear> by_path;
@@ -322,6 +372,22 @@ std::vector<std::string> load_weights(DiffusionTransformer& model, const std::fi
     if (const torch::Tensor* t = file.take(p.key(), p.value().sizes())) p.value().copy_(*t);
   }
   return file.finish();
+}
+
+std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path,
+                                      const std::vector<std::filesystem::path>& expert_weights) {
+  auto* experts = dynamic_cast<ExpertTransformers*>(&model);
+  if (!experts || expert_weights.empty()) return load_weights(model, path);
+  std::vector<std::string> unused;
+  for (size_t i = 0; i < experts->expert_count(); ++i) {
+    const std::filesystem::path& file = i == 0 ? path : i - 1 < expert_weights.size() ? expert_weights[i - 1] : "";
+    if (file.empty())
+      throw std::runtime_error("no weights for " + expert_name(i) + " (a " + expert_folder(i) +
+                               "/ folder beside transformer/): the model has " +
+                               std::to_string(experts->expert_count()) + " experts");
+    for (auto& name : load_weights(experts->expert(i), file)) unused.push_back(expert_name(i) + "." + name);
+  }
+  return unused;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> weights_state(DiffusionTransformer& model, torch::ScalarType dtype) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "gclab/data/buckets.h"
+#include "gclab/model/experts.h"
 #include "gclab/model/family.h"
 #include "gclab/model/registry.h"
 
@@ -199,6 +200,12 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
       m.config = d / "config.json";
       for (const char* w : {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"})
         if (fs::is_regular_file(d / w, ec)) m.weights = d / w;
+      // A pipeline of several experts: transformer_2/, ... beside transformer/ (expert_folder).
+      for (size_t i = 1; d != dir && fs::is_directory(dir / expert_folder(i), ec); ++i) {
+        m.expert_weights.emplace_back();
+        for (const char* w : {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"})
+          if (fs::is_regular_file(dir / expert_folder(i) / w, ec)) m.expert_weights.back() = dir / expert_folder(i) / w;
+      }
       return m;
     }
   throw UserError(what + " '" + dir.string() +

@@ -1,5 +1,6 @@
 #include "gclab/model/transformer.h"
 
+#include "gclab/model/experts.h"
 #include "gclab/model/registry.h"
 
 #include <algorithm>
@@ -45,7 +46,18 @@ ModelInputs DiffusionTransformer::example_inputs(const SampleShape& shape, int64
   return in;
 }
 
+void DiffusionTransformer::adopt_blocks(const std::string& prefix, DiffusionTransformer& inner) {
+  const size_t offset = blocks_.size();
+  for (size_t i = 0; i < inner.blocks_.size(); ++i) {
+    blocks_.push_back(inner.blocks_[i]);
+    block_names_.push_back(prefix + inner.block_names_[i]);
+  }
+  inner.set_block_caller(
+      [this, offset](size_t index, const Tensors& inputs) { return call_block(offset + index, inputs); });
+}
+
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options) {
+  if (!spec.expert_boundaries.empty()) return build_experts(spec, options);
   return family_of(spec.family).build_transformer(spec, options);
 }
 

@@ -1,5 +1,6 @@
 #include "gclab/sample/sampler.h"
 
+#include "gclab/model/experts.h"
 #include "gclab/model/family.h"
 #include "gclab/model/flow_schedule.h"
 #include "gclab/model/registry.h"
@@ -41,6 +42,9 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
     in.latents = latents;
     in.timestep = torch::full({n}, t, torch::TensorOptions().device(device));
     if (in.per_token_timesteps) in.timestep = model::per_token_timesteps(spec, in.timestep, latents.sizes(), k);
+    // A model of several experts: Wan22Pipeline's `transformer` while t >= the boundary, then `transformer_2`
+    // (wan22_pipeline.py:197-231; guidance_scale_2 defaults to guidance_scale, :117-118).
+    if (!spec.expert_boundaries.empty()) in.expert = static_cast<int>(model::expert_at(spec, t, /*inclusive=*/true));
     if (rule->embeds_scale()) in.guidance = torch::full({n}, o.guidance_scale, torch::TensorOptions().device(device));
     // No autocast: the model computes in its weights' dtype on inputs cast to it, as AI Toolkit runs it.
     for (torch::Tensor* t : {&in.text, &in.pooled, &in.condition_channels})

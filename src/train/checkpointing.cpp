@@ -74,8 +74,11 @@ ModelCheckpointing::BlockProbe ModelCheckpointing::probe_blocks(const model::Mod
         out.input_bytes[i] += static_cast<int64_t>(inputs[k].nbytes());
     return outputs;
   });
-  {
-    torch::Tensor prediction = model_.forward(probe);  // the graph (and what it keeps) is freed on return
+  // A model of several experts runs one a forward: each expert's blocks are measured in a forward of their own.
+  for (size_t e = 0; e < model_.expert_count(); ++e) {
+    model::ModelInputs in = probe;
+    if (model_.expert_count() > 1) in.expert = static_cast<int>(e);
+    torch::Tensor prediction = model_.forward(in);  // the graph (and what it keeps) is freed on return
   }
   return out;
 }

@@ -325,23 +325,42 @@ Optimizer::Optimizer(OptimizerKind kind, std::vector<std::pair<std::string, torc
 
 Optimizer::~Optimizer() = default;
 
+int64_t Optimizer::updates_of(const std::string& name) const {
+  const auto it = updates_.find(name);
+  return it == updates_.end() ? steps_ : it->second;
+}
+
 void Optimizer::step(double lr) {
   torch::NoGradGuard no_grad;
-  ++steps_;
+  std::map<std::string, int64_t> counts;  // each parameter's updates after this step
   std::vector<std::pair<std::string, torch::Tensor>> with_grad;
-  for (auto& [name, param] : params_)
-    if (param.grad().defined()) with_grad.emplace_back(name, param);
+  for (auto& [name, param] : params_) {
+    const bool updated = param.grad().defined();
+    counts[name] = updates_of(name) + (updated ? 1 : 0);
+    if (updated) with_grad.emplace_back(name, param);
+  }
+  ++steps_;
+  updates_.clear();  // only the counts that differ from the optimizer's are kept
+  for (const auto& [name, count] : counts)
+    if (count != steps_) updates_[name] = count;
   if (with_grad.empty()) return;
   // 8-bit moments are dequantized, updated and requantized one parameter at a time, as bitsandbytes' fused
   // kernel updates each parameter in place: the dequantized float32 copies never exist for all at once.
   if (eight_bit(kind_)) {
-    for (const auto& one : with_grad) update({one}, lr);
-  } else {
-    update(with_grad, lr);
+    for (const auto& one : with_grad) update({one}, lr, updates_of(one.first));
+    return;
   }
+  if (rule_of(kind_) == Rule::Prodigy) {  // one group: its d over every parameter with a gradient
+    update(with_grad, lr, steps_);
+    return;
+  }
+  // The parameters by their own update counts (one group unless some skipped steps).
+  std::map<int64_t, std::vector<std::pair<std::string, torch::Tensor>>> by_count;
+  for (const auto& one : with_grad) by_count[updates_of(one.first)].push_back(one);
+  for (const auto& [count, group] : by_count) update(group, lr, count);
 }
 
-void Optimizer::update(const std::vector<std::pair<std::string, torch::Tensor>>& params, double lr) {
+void Optimizer::update(const std::vector<std::pair<std::string, torch::Tensor>>& params, double lr, int64_t count) {
   std::vector<std::string> names;
   std::vector<torch::Tensor> p, g;
   std::vector<std::vector<torch::Tensor>> m(moments_->count());
@@ -354,8 +373,8 @@ void Optimizer::update(const std::vector<std::pair<std::string, torch::Tensor>>&
   switch (rule_of(kind_)) {
     case Rule::AdamW:
     case Rule::Adam: {  // torch.optim.AdamW / Adam, step for step
-      const double bc1 = 1 - std::pow(b1, static_cast<double>(steps_));
-      const double bc2 = 1 - std::pow(b2, static_cast<double>(steps_));
+      const double bc1 = 1 - std::pow(b1, static_cast<double>(count));
+      const double bc2 = 1 - std::pow(b2, static_cast<double>(count));
       if (rule_of(kind_) == Rule::AdamW || eight_bit(kind_))  // bitsandbytes decouples Adam8bit's decay too
         at::_foreach_mul_(p, 1 - lr * wd);                    // decoupled decay
       else if (wd != 0)
@@ -381,11 +400,14 @@ void Optimizer::update(const std::vector<std::pair<std::string, torch::Tensor>>&
       break;
     }
     case Rule::Adafactor:
-      adafactor_step(p, g, m, lr);
+      adafactor_step(p, g, m, lr, count);
       break;
-    case Rule::Prodigy:
-      prodigy_step(p, g, m, lr);
+    case Rule::Prodigy: {
+      std::vector<bool> first;
+      for (const auto& name : names) first.push_back(updates_of(name) == 1);
+      prodigy_step(p, g, m, lr, first);
       break;
+    }
     case Rule::Sgd: {  // torch.optim.SGD, no momentum
       if (wd != 0) g = at::_foreach_add(g, p, wd);
       at::_foreach_add_(p, g, -lr);
@@ -404,8 +426,8 @@ void Optimizer::update(const std::vector<std::pair<std::string, torch::Tensor>>&
 // copy (`p_data_fp32`), its gradient and moments in float32, and rounded back stochastically (adafactor.py:
 // 261-262, 301-305, 359-361, copy_stochastic).
 void Optimizer::adafactor_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
-                               std::vector<std::vector<torch::Tensor>>& m, double lr) {
-  const double beta2t = 1.0 - std::pow(static_cast<double>(steps_), o_.decay_rate);
+                               std::vector<std::vector<torch::Tensor>>& m, double lr, int64_t count) {
+  const double beta2t = 1.0 - std::pow(static_cast<double>(count), o_.decay_rate);
   auto rms = [](const torch::Tensor& t) { return t.norm(2) / std::sqrt(static_cast<double>(t.numel())); };
   for (size_t i = 0; i < p.size(); ++i) {
     const bool low_precision = p[i].scalar_type() != torch::kFloat;
@@ -443,7 +465,7 @@ void Optimizer::adafactor_step(std::vector<torch::Tensor>& p, const std::vector<
 // prodigyopt's Prodigy.step (one parameter group), with the sums over parameters taken on the device
 // and read once: d grows to d_coef * sum_k <g_k, p0 - p_k> (weighted) / |s|_1 and scales Adam's moments.
 void Optimizer::prodigy_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
-                             std::vector<std::vector<torch::Tensor>>& m, double lr) {
+                             std::vector<std::vector<torch::Tensor>>& m, double lr, const std::vector<bool>& first) {
   std::vector<torch::Tensor>&exp_avg = m[0], &exp_avg_sq = m[1], &s = m[2], &p0 = m[3];
   const double b1 = o_.beta1, b2 = o_.beta2, b3 = o_.beta3.value_or(std::sqrt(b2));
   const double k = static_cast<double>(steps_ - 1);
@@ -454,7 +476,7 @@ void Optimizer::prodigy_step(std::vector<torch::Tensor>& p, const std::vector<to
   if (o_.weight_decay != 0 && !o_.decouple) grads = at::_foreach_add(g, p, o_.weight_decay);
   std::vector<torch::Tensor> numerators, denominators;
   for (size_t i = 0; i < p.size(); ++i) {
-    if (steps_ == 1) p0[i].copy_(p[i]);  // state initialisation: the weights it started from
+    if (first[i]) p0[i].copy_(p[i]);  // state initialisation: the weights it started from
     numerators.push_back(nn::dot(grads[i].flatten().to(torch::kDouble), (p0[i] - p[i]).flatten().to(torch::kDouble)));
   }
   at::_foreach_mul_(exp_avg, b1);
@@ -491,6 +513,7 @@ void Optimizer::zero_grad() {
 std::vector<std::pair<std::string, torch::Tensor>> Optimizer::state() const {
   auto out = moments_->state();
   out.emplace_back("step", torch::tensor(steps_));
+  for (const auto& [name, count] : updates_) out.emplace_back("step." + name, torch::tensor(count));
   if (rule_of(kind_) == Rule::Prodigy)
     out.emplace_back("prodigy", torch::tensor({prodigy_d_, prodigy_d_max_, prodigy_d_numerator_}, torch::kDouble));
   return out;
@@ -498,6 +521,9 @@ std::vector<std::pair<std::string, torch::Tensor>> Optimizer::state() const {
 
 void Optimizer::load_state(const std::map<std::string, torch::Tensor>& s) {
   if (const auto it = s.find("step"); it != s.end()) steps_ = it->second.item<int64_t>();
+  updates_.clear();
+  for (const auto& [name, p] : params_)
+    if (const auto it = s.find("step." + name); it != s.end()) updates_[name] = it->second.item<int64_t>();
   if (const auto it = s.find("prodigy"); it != s.end()) {
     const torch::Tensor v = it->second.to(torch::kDouble);
     prodigy_d_ = v[0].item<double>(), prodigy_d_max_ = v[1].item<double>(), prodigy_d_numerator_ = v[2].item<double>();

@@ -308,7 +308,8 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.load.after_text_encoders =
       plan.load.loading == TL::per_block || (parked && (config.model.low_vram || config.model.quantize));
   plan.load.quantized_on_host = model::quantizes_in_host_memory(config.model);
-  plan.load.at_first_use = plan.load.loading == TL::per_block && config.model.low_vram;
+  plan.load.at_first_use =
+      (plan.load.loading == TL::per_block || plan.load.loading == TL::experts_in_turn) && config.model.low_vram;
   plan.load.blocks_parked = parked && config.model.quantize && !config.model.low_vram;
   plan.load.staged = plan.load.quantized_on_host && !plan.device.is_cpu() && runs_on_cuda(config);
 

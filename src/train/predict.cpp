@@ -98,6 +98,9 @@ struct WalkedStep {
   int64_t forward = 0, backward = 0, rings = 0;
   int64_t batch = 0;              // the micro-batch's tensors, before the forward
   std::set<std::string> reached;  // the trained tensors the backward gave a gradient
+  // A model of several experts: those whose gradients one step can hold at once — one expert's (the
+  // largest), or with gradient_accumulation, whose micro-batches may cross a switch, every trained expert's.
+  std::set<std::string> held_gradients;
 };
 
 WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, const model::SampleShape& shape,
@@ -114,43 +117,59 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
     for (const auto& [name, p] : session.trained()) p.mutable_grad() = torch::empty_like(p);
   WalkedStep walked;
   const bool offloads = nn::offload_device_bytes(model, 1) > 0;
-  for (int pass = offloads ? 0 : 1; pass < 2; ++pass) {
-    if (pass == 1) walked.rings = nn::offload_buffer_bytes(session.offload_rings());
-    memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
-    MicroBatch mb;
-    mb.conditioning = model.example_inputs(shape, text_tokens, meta);
-    for (torch::Tensor* t : {&mb.conditioning.text, &mb.conditioning.pooled})  // as the text phase gives them
-      if (t->defined()) *t = torch::empty(t->sizes(), meta.dtype(text_dtype));
-    mb.x0 = std::move(mb.conditioning.latents);
-    mb.t = std::move(mb.conditioning.timestep);
-    mb.noise = torch::empty_like(mb.x0);
-    mb.weight = torch::empty({shape.batch}, meta);
-    mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
-    for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
-    torch::Tensor first;  // an image-to-video model's first frames, conditioned on in the forward phase
-    if (session.conditions_on_first_frame()) {
-      mb.conditioning.condition_channels = mb.conditioning.image_embeds = torch::Tensor();
-      memory::HostScope host;
-      first = torch::empty({shape.batch, 3, shape.height, shape.width}, meta);
+  // A model of several experts runs one expert a micro-batch: each trained expert walked, the larger kept.
+  std::vector<int> experts = {-1};
+  if (model.expert_count() > 1) {
+    experts.clear();
+    for (size_t e : session.trained_experts()) experts.push_back(static_cast<int>(e));
+  }
+  for (const int expert : experts) {
+    std::set<std::string> reached;
+    for (int pass = offloads ? 0 : 1; pass < 2; ++pass) {
+      if (pass == 1) walked.rings = nn::offload_buffer_bytes(session.offload_rings());
+      memory::MetaCount count(cuda ? c10::kCUDA : c10::kCPU);
+      MicroBatch mb;
+      mb.conditioning = model.example_inputs(shape, text_tokens, meta);
+      mb.conditioning.expert = expert;
+      for (torch::Tensor* t : {&mb.conditioning.text, &mb.conditioning.pooled})  // as the text phase gives them
+        if (t->defined()) *t = torch::empty(t->sizes(), meta.dtype(text_dtype));
+      mb.x0 = std::move(mb.conditioning.latents);
+      mb.t = std::move(mb.conditioning.timestep);
+      mb.noise = torch::empty_like(mb.x0);
+      mb.weight = torch::empty({shape.batch}, meta);
+      mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
+      for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
+      torch::Tensor first;  // an image-to-video model's first frames, conditioned on in the forward phase
+      if (session.conditions_on_first_frame()) {
+        mb.conditioning.condition_channels = mb.conditioning.image_embeds = torch::Tensor();
+        memory::HostScope host;
+        first = torch::empty({shape.batch, 3, shape.height, shape.width}, meta);
+      }
+      walked.batch = count.live();
+      StepOptions so;
+      so.loss_type = session.config().train.loss_type;
+      so.dtype = session.plan().compute_dtype;
+      // An op without a meta kernel ends the walk (memory::run_walk): the peaks counted before it stand, lower
+      // bounds, and the op is named in not_modelled.
+      torch::Tensor loss;
+      const bool forward_ran = memory::run_walk([&] {
+        if (first.defined()) session.condition_on_first_frame(mb.conditioning, first, mb.x0, 0);
+        loss = flow_matching_loss(model, mb, so);
+      });
+      walked.forward = std::max(walked.forward, count.peak());
+      count.reset_peak();
+      if (forward_ran) memory::run_walk([&] { loss.backward(); });
+      walked.backward = std::max(walked.backward, count.peak());
+      reached.clear();
+      for (const auto& [name, p] : session.trained()) {
+        if (p.grad().defined()) reached.insert(name);
+        if (!accumulates) p.mutable_grad() = torch::Tensor();
+      }
     }
-    walked.batch = count.live();
-    StepOptions so;
-    so.loss_type = session.config().train.loss_type;
-    so.dtype = session.plan().compute_dtype;
-    // An op without a meta kernel ends the walk (memory::run_walk): the peaks counted before it stand, lower
-    // bounds, and the op is named in not_modelled.
-    torch::Tensor loss;
-    const bool forward_ran = memory::run_walk([&] {
-      if (first.defined()) session.condition_on_first_frame(mb.conditioning, first, mb.x0, 0);
-      loss = flow_matching_loss(model, mb, so);
-    });
-    walked.forward = count.peak();
-    count.reset_peak();
-    if (forward_ran) memory::run_walk([&] { loss.backward(); });
-    walked.backward = count.peak();
-    for (const auto& [name, p] : session.trained()) {
-      if (p.grad().defined()) walked.reached.insert(name);
-      if (!accumulates) p.mutable_grad() = torch::Tensor();
+    walked.reached.insert(reached.begin(), reached.end());
+    if (accumulates || reached.size() > walked.held_gradients.size()) {
+      if (!accumulates) walked.held_gradients.clear();
+      walked.held_gradients.insert(reached.begin(), reached.end());
     }
   }
   for (const auto& [name, p] : session.trained()) p.mutable_grad() = torch::Tensor();
@@ -236,17 +255,20 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   std::vector<std::vector<int64_t>> references;
   if (spec.reference_tokens)
     references.push_back(model::latent_shape(spec, {first.batch, 1, first.bucket_height(), first.bucket_width()}));
-  const std::set<std::string> reached =
-      walk_step(session, ckpt::CheckpointPolicy::off(), first.shape(), 0, c10::kFloat, references, session.plan().cuda)
-          .reached;
+  const WalkedStep walked =
+      walk_step(session, ckpt::CheckpointPolicy::off(), first.shape(), 0, c10::kFloat, references, session.plan().cuda);
+  const std::set<std::string>& reached = walked.reached;
   e.gradient_bytes = 0;
   for (const auto& [name, p] : session.trained())
-    if (reached.count(name)) e.gradient_bytes += static_cast<int64_t>(p.nbytes());  // in its dtype
+    if (walked.held_gradients.count(name)) e.gradient_bytes += static_cast<int64_t>(p.nbytes());  // in its dtype
   // The optimizer's state and its step's temporaries: its own step walked twice on meta copies of them.
-  const Optimizer::Walk optimizer =
-      session.optimizer().walk(reached, std::nullopt, session.plan().cuda ? c10::kCUDA : c10::kCPU);
+  const c10::DeviceType target = session.plan().cuda ? c10::kCUDA : c10::kCPU;
+  const Optimizer::Walk optimizer = session.optimizer().walk(reached, std::nullopt, target);
   e.optimizer_bytes = optimizer.state_bytes;
-  e.optimizer_step_bytes = optimizer.step_bytes;
+  // A model of several experts steps the adapters one expert's micro-batches reached (their temporaries).
+  e.optimizer_step_bytes = walked.held_gradients == reached
+                               ? optimizer.step_bytes
+                               : session.optimizer().walk(walked.held_gradients, std::nullopt, target).step_bytes;
   // The EMA's update runs after the optimizer's, in the same phase: its float32 copies walked.
   if (r.ema > 0)
     e.optimizer_step_bytes =

@@ -11,6 +11,7 @@
 #include "gclab/data/video.h"
 #include "gclab/log/log.h"
 #include "gclab/memory/placement.h"
+#include "gclab/model/experts.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 #include "gclab/model/registry.h"
@@ -117,7 +118,7 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   memory::MemoryMeter::reset_host_peak();
   load_transformer();
   if (plan_.load.blocks_parked) park_blocks();
-  if (!plan_.load.after_text_encoders) transformer_to_device();
+  if (!plan_.load.after_text_encoders && !load_.at_first_use) transformer_to_device();
   load_text_encoders();
   if (plan_.load.after_text_encoders && !load_.at_first_use) transformer_to_device();
   transformer_parked_ = load_.at_first_use && !device_.is_meta();
@@ -164,16 +165,34 @@ void Session::load_transformer() {
     if (load_.quantized_on_host && device_.is_cpu()) host.emplace();
     std::optional<nn::DrawOnDevice> draw_on;
     if (plan_.load.staged && device_.is_cuda()) draw_on.emplace(device_);
-    model_ = plan_.family->build_transformer(
-        spec_, torch::TensorOptions().device(draw_on ? torch::Device(torch::kCPU) : device_).dtype(plan_.base_dtype));
     const Residence built_in = load_.quantized_on_host ? Residence::host : Residence::device;
-    if (plan_.load.staged) load_.staged(largest_parameter_bytes(*model_));
-    load_.built(built_in, nn::module_bytes(*model_));
-    if (config_.model.quantize) {
-      const model::BaseQuantization q = model::quantize_base(*model_, config_.model);
+    // Each transformer (each expert in turn: experts_in_turn) built and quantized before the next is built —
+    // but with an accuracy recovery adapter the experts are quantized together once both are built
+    // (wan22_14b_model.py:360-364: quantize_model on the wrapper, its exclude patterns then matching no
+    // expert's embedders).
+    const bool together = !spec_.expert_boundaries.empty() && config_.model.accuracy_recovery_adapter.has_value();
+    auto quantize = [&](model::DiffusionTransformer& m) {
+      if (!config_.model.quantize) return;
+      const model::BaseQuantization q = model::quantize_base(m, config_.model);
       load_.quantized(built_in, q.memory);
       log::info("model.quantize: " + model::describe(q, config_.model) +
                 (load_.quantized_on_host ? ", in host memory" : ", on the device"));
+    };
+    auto loaded = [&](model::DiffusionTransformer& m) {
+      if (plan_.load.staged) load_.staged(largest_parameter_bytes(m));
+      load_.built(built_in, nn::module_bytes(m));
+      if (!together) quantize(m);
+    };
+    const auto options =
+        torch::TensorOptions().device(draw_on ? torch::Device(torch::kCPU) : device_).dtype(plan_.base_dtype);
+    if (spec_.expert_boundaries.empty()) {
+      model_ = plan_.family->build_transformer(spec_, options);
+      loaded(*model_);
+    } else {
+      model_ = model::build_experts(spec_, options, loaded);
+      if (together) quantize(*model_);
+      experts_ = dynamic_cast<model::ExpertTransformers*>(model_.get());
+      if (load_.at_first_use) experts_->set_router([this](size_t e) { expert_to_device(e); });
     }
   } catch (const c10::OutOfMemoryError&) {
     if (!load_.quantized_on_host) throw;  // the device's: the run's OOM report
@@ -228,10 +247,45 @@ void Session::transformer_at_first_use() {
   if (!transformer_parked_) return;
   transformer_parked_ = false;
   torch::NoGradGuard no_grad;
-  for (auto& t : device_tensors(*model_)) t.set_data(memory::to_device(t, device_));
   for (auto& [n, e] : ema_) e = memory::to_device(e, device_);
+  if (experts_) return;  // the forward brings the expert it runs (expert_to_device)
+  for (auto& t : device_tensors(*model_)) t.set_data(memory::to_device(t, device_));
   log::info("model.low_vram: the transformer reaches the device at its first use, as AI Toolkit's " +
             config_.model.arch + " loader leaves it");
+}
+
+// The expert that runs comes to the device; the one that ran before goes to host memory, its frozen weights
+// (its adapters stay, with their optimizer state).
+void Session::expert_to_device(size_t e) {
+  if (expert_on_device_ == static_cast<int>(e)) return;
+  // A meta session's tensors stay where they are (a walk's forward would count the move as freed memory):
+  // resident() reads the experts' places from expert_on_device_.
+  if (!device_.is_meta()) {
+    torch::NoGradGuard no_grad;
+    if (expert_on_device_ >= 0)
+      for (auto& t : device_tensors(experts_->expert(static_cast<size_t>(expert_on_device_))))
+        if (!t.requires_grad()) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+    for (auto& t : device_tensors(experts_->expert(e)))
+      if (device_.is_cuda() ? !t.is_cuda() : memory::is_host_memory(t)) t.set_data(memory::to_device(t, device_));
+    log::info("model.low_vram: " + model::expert_name(e) + " to the device" +
+              (expert_on_device_ >= 0
+                   ? ", " + model::expert_name(static_cast<size_t>(expert_on_device_)) + " to host memory"
+                   : ""));
+  }
+  expert_on_device_ = static_cast<int>(e);
+}
+
+int64_t Session::experts_in_host_bytes() const {
+  if (!experts_ || !load_.at_first_use) return 0;
+  // Every expert but the one that ran last (the first before any has: the experts have one shape, and the
+  // load's parked bytes stand for the first's wait in host memory until its first forward).
+  const size_t on = expert_on_device_ < 0 ? 0 : static_cast<size_t>(expert_on_device_);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < experts_->expert_count(); ++i)
+    if (i != on)
+      for (const auto& t : device_tensors(experts_->expert(i)))
+        if (!t.requires_grad()) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
 }
 
 // The text encoders built on the device and quantized there (offloaded as the config says), and the
@@ -343,8 +397,14 @@ void Session::record_load(const memory::MemoryStats& before_load) {
 
 // The LoRA network's float32 adapters on the built transformer.
 void Session::attach_network() {
+  if (experts_) {
+    trained_stages_ = plan_.family->trained_experts(spec_, config_.model.model_kwargs);
+    stage_ = 0;  // BaseSDTrainProcess.py:271-272; the first micro-batch moves on to a stage that trains
+  }
   if (!config_.network) return;
   lora_ = model::lora_options(*config_.network);
+  if (experts_ && trained_stages_.size() < experts_->expert_count())
+    for (size_t e : trained_stages_) lora_.within.push_back(model::expert_name(e) + ".");
   const config::NetworkConfig& n = *config_.network;
   if (n.use_linear_alpha)
     log::info("network.use_linear_alpha (gclab's): the adapters are scaled by linear_alpha / linear = " +
@@ -378,7 +438,7 @@ void Session::load_user_weights() {
   const auto& local = plan_.local;
   if (local && !local->weights.empty() && !device_.is_meta()) {
     try {
-      const auto unused = model::load_weights(*model_, local->weights);
+      const auto unused = model::load_weights(*model_, local->weights, local->expert_weights);
       log::info("loaded " + local->weights.string() +
                 (unused.empty()
                      ? ""
@@ -445,6 +505,11 @@ void Session::build_optimizer() {
       if (any_in(name, mc.ignore_if_contains) || (!mc.only_if_contains.empty() && !any_in(name, mc.only_if_contains)))
         p.value().set_requires_grad(false);
     }
+  if (experts_)  // the experts that do not train, frozen (a full fine-tune's; a LoRA's have no adapters)
+    for (auto& p : model_->named_parameters())
+      if (std::none_of(trained_stages_.begin(), trained_stages_.end(),
+                       [&](size_t e) { return p.key().rfind(model::expert_name(e) + ".", 0) == 0; }))
+        p.value().set_requires_grad(false);
   for (const auto& p : model_->named_parameters())
     if (p.value().requires_grad()) trained_.emplace_back(p.key(), p.value());
   if (trained_.empty())
@@ -710,6 +775,19 @@ std::vector<data::Caption> Session::captions_of(const data::LoadedBatch& lb) con
   return out;
 }
 
+// SDTrainer.py:2250-2264, before each micro-batch: after switch_boundary_every micro-batches, or on a stage
+// that does not train, the next stage that does (wrapping around).
+void Session::next_stage() {
+  auto trains = [&](size_t s) {
+    return std::find(trained_stages_.begin(), trained_stages_.end(), s) != trained_stages_.end();
+  };
+  if (steps_this_stage_ < config_.train.switch_boundary_every && trains(stage_)) return;
+  do {
+    steps_this_stage_ = 0;
+    stage_ = (stage_ + 1) % spec_.expert_boundaries.size();
+  } while (!trains(stage_));
+}
+
 MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   encode(lb);  // nothing when train_step encoded it in the data phase
   MicroBatch mb;
@@ -745,8 +823,10 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
     per_channel[0] = mb.x0.size(0), per_channel[1] = mb.x0.size(1);
     mb.noise = mb.noise + config_.train.noise_offset * torch::randn(per_channel, mb.x0.options());
   }
+  std::optional<std::pair<double, double>> stage;  // a model of several experts: this stage's timesteps
+  if (experts_) stage.emplace(stage_ == 0 ? 1.0 : spec_.expert_boundaries[stage_ - 1], spec_.expert_boundaries[stage_]);
   const TimestepDraw draw = timesteps_.draw(
-      mb.x0.size(0), model::image_tokens(spec_, {1, lb.bucket.frames, lb.bucket.height, lb.bucket.width}));
+      mb.x0.size(0), model::image_tokens(spec_, {1, lb.bucket.frames, lb.bucket.height, lb.bucket.width}), stage);
   mb.t = draw.t.to(device_);
   mb.weight = draw.weight.to(device_);
   if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);
@@ -874,6 +954,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     r.frames = lb.bucket.frames, r.width = lb.bucket.width, r.height = lb.bucket.height;
     r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
     r.captions = captions_of(lb);
+    if (experts_) next_stage();
     for (auto& c : r.captions)
       for (auto& image : c.control_images) image = torch::empty(image.sizes(), image.options().device(torch::kMeta));
     const MicroBatch mb = micro_batch(std::move(lb));
@@ -889,6 +970,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
         loss = loss * config_.datasets[d].loss_multiplier;
       if (reg && tc.reg_weight != 1.0) loss = loss * tc.reg_weight;
     }
+    ++steps_this_stage_;
     // A non-finite loss gives this micro-batch no gradient (SDTrainer.py:2221-2224: the loss replaced by a
     // zero leaf, so its backward reaches no parameter).
     if (!torch::isfinite(loss).all().item<bool>()) {
@@ -1175,8 +1257,8 @@ void Session::precompute_text(const std::vector<data::Caption>& captions) {
 ResidentBytes Session::resident() const {
   ResidentBytes r;
   r.weights = nn::module_bytes(*model_);
-  // Offloaded Linears keep their weights in host memory.
-  r.host_weights = nn::offloaded_bytes(*model_);
+  // Offloaded Linears keep their weights in host memory, and so do the experts that do not run (low_vram).
+  r.host_weights = nn::offloaded_bytes(*model_) + experts_in_host_bytes();
   r.weights -= r.host_weights;
   // While a cache fills, what it took off the device.
   if (parked_) r.weights -= Parked::bytes(parked_->transformer);

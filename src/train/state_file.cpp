@@ -23,7 +23,9 @@
 #include "gclab/io/safetensors.h"
 #include "gclab/log/log.h"
 #include "gclab/model/diffusers_config.h"
+#include "gclab/model/experts.h"
 #include "gclab/model/lora.h"
+#include "gclab/model/registry.h"
 #include "gclab/train/aitk_resume.h"
 
 #include <fstream>
@@ -72,6 +74,21 @@ const std::vector<StateSection>& state_sections() {
          torch::NoGradGuard no_grad;
          for (auto& [n, e] : s.ema())
            if (in.count(n)) e.copy_(in.at(n));
+       }},
+      // A model of several experts: the stage its micro-batches draw from, and how many it has had (AI
+      // Toolkit starts a resumed run at the first stage again: gclab resumes where the run was).
+      {"stage.",
+       [](Session& s) {
+         Named out;
+         if (s.model().expert_count() > 1) {
+           const auto [stage, steps] = s.stage();
+           out = {{"index", torch::tensor(static_cast<int64_t>(stage))}, {"steps", torch::tensor(steps)}};
+         }
+         return out;
+       },
+       [](Session& s, const ByName& in, const std::string&) {
+         if (in.count("index") && in.count("steps"))
+           s.set_stage(static_cast<size_t>(in.at("index").item<int64_t>()), in.at("steps").item<int64_t>());
        }},
       // The CPU generator, and on CUDA the device's: noise and timesteps are drawn there.
       {"rng.",
@@ -190,30 +207,40 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
     step_saves_.emplace_back(weights, state_file);
   }
   const auto dtype = save_dtype(config);
+  std::vector<fs::path> files{weights};  // a model of several experts': a file each (model::save_lora)
   writing(weights, [&] {
     session.with_ema_weights([&] {
       const std::map<std::string, std::string> meta = weights_metadata(session, step);
       if (config.network) {
-        model::save_lora(session.model(), weights, dtype, session.lora(), meta);
+        files = model::save_lora(session.model(), weights, dtype, session.lora(), meta,
+                                 config.network->split_multistage_loras);
       } else if (diffusers_folder_) {
-        const fs::path transformer = weights / "transformer";
-        io::save_sharded_safetensors(transformer, "diffusion_pytorch_model",
-                                     model::weights_state(session.model(), dtype));
-        std::ofstream(transformer / "config.json") << model::diffusers_config_json(session.spec());
+        // A model of several experts: each in its own folder, transformer/, transformer_2/, ...
+        // (Wan2214bModel.save_model, wan22_14b_model.py:437-450).
+        auto* experts = dynamic_cast<model::ExpertTransformers*>(&session.model());
+        for (size_t i = 0; i < session.model().expert_count(); ++i) {
+          model::DiffusionTransformer& m = experts ? experts->expert(i) : session.model();
+          const fs::path transformer = weights / model::expert_folder(i);
+          io::save_sharded_safetensors(transformer, "diffusion_pytorch_model", model::weights_state(m, dtype));
+          std::ofstream(transformer / "config.json") << model::diffusers_config_json(m.spec());
+        }
       } else {
         io::save_safetensors(weights, model::weights_state(session.model(), dtype), meta);
       }
     });
   });
   // AI Toolkit removes `files[:-max_step_saves_to_keep]` (BaseSDTrainProcess.py:460-470): 0 removes none.
+  // Each expert's file with its save (max_step_saves_to_keep_multiplier, wan22_14b_model.py:220-229).
+  const auto suffixes = model::family_of(session.spec().family).expert_lora_suffixes(session.spec());
   while (keep_ > 0 && static_cast<int>(step_saves_.size()) > keep_) {
     std::error_code ec;
     fs::remove_all(step_saves_.front().first, ec);
+    for (const auto& suffix : suffixes) fs::remove(model::expert_lora_path(step_saves_.front().first, suffix), ec);
     fs::remove(step_saves_.front().second, ec);
     step_saves_.erase(step_saves_.begin());
   }
-  log::info("saved " + weights.string());
-  return weights;
+  for (const auto& file : files) log::info("saved " + file.string());
+  return files.front();
 }
 
 std::vector<fs::path> RunSaves::states() const {

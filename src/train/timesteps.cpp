@@ -36,6 +36,7 @@ TimestepSampler::TimestepSampler(const model::FlowSchedule& schedule, const conf
       content_or_style_(train.content_or_style),
       n_(train.timestep_type == TimestepType::next_sample ? train.next_sample_timesteps : train.num_train_timesteps),
       // "clip min max indicies"
+      num_train_timesteps_(train.num_train_timesteps),
       min_index_(std::max(train.min_denoising_steps, 0)),
       max_index_(std::min<int64_t>(train.max_denoising_steps, train.num_train_timesteps - 1)),
       bell_(train.linear_timesteps),
@@ -86,9 +87,25 @@ torch::Tensor TimestepSampler::weights(const torch::Tensor& index) const {
   return torch::ones({index.size(0)});
 }
 
-TimestepDraw TimestepSampler::draw(int64_t batch, int64_t image_tokens) const {
+TimestepDraw TimestepSampler::draw(int64_t batch, int64_t image_tokens,
+                                   const std::optional<std::pair<double, double>>& stage) const {
   const torch::Tensor timesteps = grid(image_tokens);
   const auto i64 = torch::TensorOptions().dtype(torch::kLong);
+  int64_t min_index = min_index_, max_index = max_index_;
+  if (stage) {
+    // lo, hi: the grid points at or above boundary_max, above boundary_min (descending grid, ascending copy).
+    const torch::Tensor ascending = torch::flip(timesteps, {0});
+    const int64_t n = ascending.size(0);
+    auto search = [&](double boundary, bool right) {
+      return torch::searchsorted(ascending, torch::tensor(boundary * 1000, torch::kFloat), false, right)
+          .item<int64_t>();
+    };
+    const int64_t lo = n - search(stage->first, false), hi = n - search(stage->second, true);
+    min_index = hi > lo ? lo - 1 : 0;
+    max_index = hi > lo ? hi - 1 : 999;
+    min_index = std::max<int64_t>(min_index, 0);
+    max_index = std::min<int64_t>(max_index, num_train_timesteps_ - 1);
+  }
   TimestepDraw d;
   if (type_ == TimestepType::next_sample) {
     // randint(0, n - 2): "-1 for 0 idx, -1 so we can step"; min/max_denoising_steps do not apply.
@@ -97,8 +114,8 @@ TimestepDraw TimestepSampler::draw(int64_t batch, int64_t image_tokens) const {
   } else if (type_ == TimestepType::one_step) {
     d.index = torch::zeros({batch}, i64);
   } else if (content_or_style_ == config::ContentOrStyle::balanced) {
-    d.index = min_index_ == max_index_ ? torch::full({batch}, min_index_, i64)
-                                       : torch::randint(min_index_, max_index_, {batch}, i64);
+    d.index = min_index == max_index ? torch::full({batch}, min_index, i64)
+                                     : torch::randint(min_index, max_index, {batch}, i64);
   } else {
     // Cubic sampling (diffusers' training scripts): content favours the early, noisy indices, style the late.
     const torch::Tensor u = torch::rand({batch});
@@ -106,9 +123,9 @@ TimestepDraw TimestepSampler::draw(int64_t batch, int64_t image_tokens) const {
     const torch::Tensor raw =
         (content_or_style_ == config::ContentOrStyle::content ? cube : 1 - cube) * static_cast<double>(n_);
     d.index =
-        value_map(raw, 0, static_cast<double>(n_ - 1), static_cast<double>(min_index_), static_cast<double>(max_index_))
+        value_map(raw, 0, static_cast<double>(n_ - 1), static_cast<double>(min_index), static_cast<double>(max_index))
             .to(torch::kLong)
-            .clamp(min_index_, max_index_);
+            .clamp(min_index, max_index);
   }
   d.t = timesteps.index_select(0, d.index) / 1000;
   d.weight = weights(d.index);

@@ -13,6 +13,7 @@
 #include "gclab/model/summary.h"
 #include "gclab/model/transformer.h"
 #include "gclab/train/plan.h"
+#include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 
 namespace gclab::config {
@@ -239,6 +240,89 @@ TEST(AitkConfigs, Wan21I2vTheUisPresetsResolveToTheI2vModel) {
   const auto guess = model::infer_arch_from_name("Wan-AI/Wan2.1-I2V-14B-720P-Diffusers");
   ASSERT_TRUE(guess.has_value());
   EXPECT_EQ(guess->arch, "wan21_i2v");
+  fs::remove_all(dir);
+}
+
+// AI Toolkit's Wan 2.2 A14B example (config/examples/train_lora_wan22_14b_24gb.yaml at 27a03a9, its keys
+// written here: uint4 with its accuracy recovery adapter, quantize_te qfloat8, low_vram, both experts,
+// switch_boundary_every 10, adamw8bit, timestep_type linear, images of 512-1024) and its UI's presets
+// (options.tsx:289-364: `wan22_14b:t2v` and `wan22_14b_i2v`, 41 frames at 16 fps, a ctrl_img for I2V): two
+// experts of Wan 2.1 14B's shape, their exact count, the experts loaded in turn and brought to the device one
+// at a time (low_vram), Wan 2.2's shift 5, the Wan 2.1 VAE, and `estimate` predicting the run on meta.
+TEST(AitkConfigs, Wan22A14bTheExampleAndTheUisPresetsResolveToTheTwoExperts) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ui_dataset("aitk_wan22_14b");
+  const std::string example = ui_job(
+      "my_first_wan22_14b_lora_v1",
+      "      save: {dtype: float16, save_every: 250, max_step_saves_to_keep: 4}\n"
+      "      datasets: [{folder_path: " +
+          dir.string() +
+          ", caption_ext: txt, caption_dropout_rate: 0.05, num_frames: 1, resolution: [512, 768, 1024]}]\n"
+          "      train: {batch_size: 1, steps: 2000, gradient_accumulation: 1, train_unet: true, "
+          "train_text_encoder: false, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+          "timestep_type: linear, optimizer: adamw8bit, lr: 1e-4, optimizer_params: {weight_decay: 1e-4}, "
+          "dtype: bf16, switch_boundary_every: 10, cache_text_embeddings: true}\n"
+          "      model: {name_or_path: ai-toolkit/Wan2.2-T2V-A14B-Diffusers-bf16, arch: wan22_14b, quantize: true, "
+          "qtype: 'uint4|ostris/accuracy_recovery_adapters/wan22_14b_t2i_torchao_uint4.safetensors', "
+          "quantize_te: true, qtype_te: qfloat8, low_vram: true, "
+          "model_kwargs: {train_high_noise: true, train_low_noise: true}}\n"
+          "      sample: {sampler: flowmatch, sample_every: 250, width: 1024, height: 1024, num_frames: 1, fps: 16, "
+          "prompts: [a bear building a log cabin], neg: '', seed: 42, walk_seed: true, guidance_scale: 3.5, "
+          "sample_steps: 25}\n");
+  const auto r = model::load_config_text(example, "train_lora_wan22_14b_24gb.yaml");
+  ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+  EXPECT_EQ(r.config->train.switch_boundary_every, 10);
+  const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
+  EXPECT_EQ(plan.spec.preset, "wan22-14b");
+  EXPECT_EQ(plan.spec.expert_boundaries, (std::vector<double>{0.875, 0.0}));
+  EXPECT_EQ(model::parameter_count(*model::build_transformer(plan.spec, torch::TensorOptions().device(torch::kMeta))),
+            2 * int64_t{14288491584});
+  EXPECT_EQ(plan.load.loading, model::TransformerLoading::experts_in_turn);
+  EXPECT_TRUE(plan.load.at_first_use);  // low_vram: each expert in host memory until the forward that runs it
+  EXPECT_DOUBLE_EQ(model::flow_schedule(plan.spec).shift, 5.0);
+  EXPECT_EQ(std::string(vae::class_name(*plan.codec.autoencoder)), "AutoencoderKLWan");
+  EXPECT_EQ(plan.spec.latent_channels, 16);
+  EXPECT_EQ(plan.family->trained_experts(plan.spec, r.config->model.model_kwargs), (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(plan.family->base_model_version(r.config->model.arch), "wan_2.2_14b");
+  // The estimate: under low_vram one expert's frozen weights on the device, the other's in host memory — the
+  // two together what the device holds without low_vram.
+  const train::MemoryEstimate low = train::estimate_memory(*r.config);
+  config::ProcessConfig resident = *r.config;
+  resident.model.low_vram = false;
+  const train::MemoryEstimate both = train::estimate_memory(resident);
+  EXPECT_GT(low.host_weight_bytes, both.weight_bytes / 3);
+  EXPECT_EQ(low.weight_bytes + low.host_weight_bytes, both.weight_bytes);
+  EXPECT_EQ(both.host_weight_bytes, 0);
+  for (const std::string arch : {"wan22_14b:t2v", "wan22_14b_i2v"}) {
+    SCOPED_TRACE(arch);
+    const bool i2v = arch == "wan22_14b_i2v";
+    const std::string yaml = ui_job(
+        "wan22",
+        "      datasets: [{folder_path: " + dir.string() +
+            ", caption_ext: txt, cache_latents_to_disk: false, resolution: [512], num_frames: 41, fps: 16}]\n"
+            "      train: {batch_size: 1, steps: 2000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+            "timestep_type: linear, optimizer: adamw8bit, lr: 1e-4, dtype: bf16, switch_boundary_every: 1}\n"
+            "      model: {name_or_path: ai-toolkit/Wan2.2-" +
+            std::string(i2v ? "I2V" : "T2V") + "-A14B-Diffusers-bf16, arch: '" + arch +
+            "', quantize: true, quantize_te: true, low_vram: true, model_kwargs: {train_high_noise: true, "
+            "train_low_noise: true}}\n"
+            "      sample: {sampler: flowmatch, sample_every: 250, width: 832, height: 480, num_frames: 41, fps: 16, "
+            "samples: [{prompt: a woman waves, ctrl_img: " +
+            (dir / "synth_0000.png").string() + "}]}\n");
+    const auto ui = model::load_config_text(yaml, "wan22_14b.yaml");
+    ASSERT_TRUE(ui.ok()) << ui.diagnostics.all().front().format();
+    const auto p = train::plan_run(*ui.config, train::PlanOptions{/*meta=*/true});
+    EXPECT_EQ(p.spec.preset, i2v ? "wan22-14b-i2v" : "wan22-14b");
+    EXPECT_EQ(p.spec.condition_input_channels, i2v ? 20 : 0);
+    EXPECT_EQ(p.spec.image_embed_dim, 0);  // Wan 2.2 I2V: no CLIP
+    EXPECT_EQ(model::parameter_count(*model::build_transformer(p.spec, torch::TensorOptions().device(torch::kMeta))),
+              2 * (i2v ? int64_t{14288901184} : int64_t{14288491584}));
+    EXPECT_EQ(p.first_frame_in_steps, i2v);
+    // The name alone picks the arch, as AI Toolkit's UI does from its default repo.
+    const auto guess = model::infer_arch_from_name(*ui.config->model.name_or_path);
+    ASSERT_TRUE(guess.has_value());
+    EXPECT_EQ(guess->arch, i2v ? "wan22_14b_i2v" : "wan22_14b");
+  }
   fs::remove_all(dir);
 }
 

@@ -51,6 +51,10 @@ TEST(Presets, WanParameterCountsAreDiffusers) {
             16394878784);
   EXPECT_EQ(meta_params("wan21-i2v-14b"), 16394878784);  // the wan21_i2v arch's preset: the same model
   EXPECT_EQ(meta_params("wan22-5b"), 4999787712);        // the wan22_5b arch's preset: TI2V 5B
+  // Wan 2.2 A14B: two experts of Wan 2.1 14B's shape (T2V: in 16; I2V: in 36, no image tokens), 2 x diffusers'
+  // WanTransformer3DModel count of each config.
+  EXPECT_EQ(meta_params("wan22-14b"), 2 * 14288491584);
+  EXPECT_EQ(meta_params("wan22-14b-i2v"), 2 * 14288901184);
   EXPECT_EQ(from_config(nlohmann::json{{"in_channels", 36}}), 14288901184);
   EXPECT_EQ(from_config(nlohmann::json{{"num_attention_heads", 24},
                                        {"ffn_dim", 14336},
@@ -175,7 +179,9 @@ TEST(Presets, ConfigSelectsThePresetAndRefusesUnmodelledArchs) {
   EXPECT_EQ(spec_for(m).preset, "wan21-1.3b");
   m.name_or_path = "Wan-AI/Wan2.1-T2V-14B-Diffusers";
   EXPECT_EQ(spec_for(m).preset, "wan21-14b");
-  m.arch = "wan22_14b";
+  m.arch = "wan22_14b";  // Wan 2.2 A14B: two experts of the 14B's shape
+  EXPECT_EQ(spec_for(m).preset, "wan22-14b");
+  m.arch = "flux2";
   EXPECT_THROW(spec_for(m), std::invalid_argument);
 }
 

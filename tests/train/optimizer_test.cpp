@@ -90,6 +90,44 @@ TEST(Optimizers, EachRuleMatchesItsReference) {
   }
 }
 
+// torch's optimizers skip a parameter whose .grad is None and keep its step count as its own (state["step"]):
+// a model of several experts trains one expert's adapters at a time, and an expert's first update is the
+// first of its bias correction whatever the run's step. A parameter without a gradient at the first step
+// then trained for two equals the same parameter trained alone for those two — also across a saved and
+// reloaded state.
+TEST(Optimizers, AParameterWithoutAGradientKeepsItsOwnStepCount) {
+  for (auto kind : {OptimizerKind::adamw, OptimizerKind::adafactor, OptimizerKind::adamw8bit}) {
+    const OptimizerOptions o = default_options(kind);
+    torch::manual_seed(3);
+    const torch::Tensor w0 = torch::randn({4096}), u0 = torch::randn({4096});
+    std::vector<torch::Tensor> gw, gu;
+    for (int i = 0; i < 3; ++i) gw.push_back(torch::randn({4096})), gu.push_back(torch::randn({4096}));
+    torch::Tensor w = w0.clone().requires_grad_(true), u = u0.clone().requires_grad_(true);
+    auto opt = make_optimizer(kind, {{"w", w}, {"u", u}}, o);
+    w.mutable_grad() = gw[0].clone();
+    opt->step(1e-2), opt->zero_grad();
+    w.mutable_grad() = gw[1].clone(), u.mutable_grad() = gu[1].clone();
+    opt->step(1e-2), opt->zero_grad();
+    std::map<std::string, torch::Tensor> state;
+    for (const auto& [name, t] : opt->state()) state[name] = t.clone();
+    auto reloaded = make_optimizer(kind, {{"w", w}, {"u", u}}, o);
+    reloaded->load_state(state);
+    w.mutable_grad() = gw[2].clone(), u.mutable_grad() = gu[2].clone();
+    reloaded->step(1e-2);
+    auto alone = [&](const torch::Tensor& start, const std::vector<torch::Tensor>& grads) {
+      torch::Tensor p = start.clone().requires_grad_(true);
+      auto one = make_optimizer(kind, {{"p", p}}, o);
+      for (const auto& g : grads) {
+        p.mutable_grad() = g.clone();
+        one->step(1e-2), one->zero_grad();
+      }
+      return p.detach();
+    };
+    EXPECT_TRUE(torch::equal(w.detach(), alone(w0, gw))) << config::name_of(kind);
+    EXPECT_TRUE(torch::equal(u.detach(), alone(u0, {gu[1], gu[2]}))) << config::name_of(kind);
+  }
+}
+
 TEST(Optimizers, EightBitStateFollowsTheFloat32RuleAndIsAQuarterOfItsSize) {
   const std::pair<OptimizerKind, OptimizerKind> pairs[] = {{OptimizerKind::adamw8bit, OptimizerKind::adamw},
                                                            {OptimizerKind::adam8bit, OptimizerKind::adam},

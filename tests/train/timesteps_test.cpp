@@ -116,6 +116,36 @@ TEST(Timesteps, IndicesFollowContentOrStyleWithinTheDenoisingRange) {
   EXPECT_LE(d.index.max().item<int64_t>(), 999);
 }
 
+// A model of several experts: each micro-batch draws within its stage (BaseSDTrainProcess.py:1230-1245),
+// the indices between boundary_max and boundary_min found by searchsorted over the ascending grid. Linear,
+// the integers 1000..1: the high-noise stage's indices [0, 124) (t 1000..877), the low-noise one's
+// [125, 999) (t 875..2). On a shifted grid the low-noise stage starts at the last point at or above 875,
+// which may lie above it (then the wrapper routes that draw to the high-noise expert).
+TEST(Timesteps, EachExpertsStageDrawsBetweenItsBoundaries) {
+  config::TrainConfig t = train_with(TimestepType::linear);
+  model::FlowSchedule schedule;
+  schedule.shift = 5.0, schedule.dynamic = false;
+  const TimestepSampler linear(schedule, t);
+  torch::manual_seed(0);
+  const TimestepDraw high = linear.draw(20000, 1024, std::make_pair(1.0, 0.875));
+  EXPECT_EQ(high.index.min().item<int64_t>(), 0);
+  EXPECT_EQ(high.index.max().item<int64_t>(), 123);
+  EXPECT_NEAR(high.t.min().item<double>(), 0.877, 1e-6);
+  const TimestepDraw low = linear.draw(20000, 1024, std::make_pair(0.875, 0.0));
+  EXPECT_EQ(low.index.min().item<int64_t>(), 125);
+  EXPECT_EQ(low.index.max().item<int64_t>(), 998);
+  EXPECT_NEAR(low.t.max().item<double>(), 0.875, 1e-6);
+  // shift: the grid's points, and the low stage's first index the last point at or above 875.
+  const TimestepSampler shifted(schedule, train_with(TimestepType::shift));
+  const torch::Tensor grid = shifted.grid(1024);
+  const int64_t first_low = (grid >= 875).sum().item<int64_t>() - 1;
+  const TimestepDraw s = shifted.draw(50000, 1024, std::make_pair(0.875, 0.0));
+  EXPECT_EQ(s.index.min().item<int64_t>(), first_low);
+  EXPECT_EQ(s.index.max().item<int64_t>(), 998);
+  const TimestepDraw sh = shifted.draw(50000, 1024, std::make_pair(1.0, 0.875));
+  EXPECT_GT(sh.t.min().item<double>(), 0.875);
+}
+
 TEST(Timesteps, WeightedUsesAiToolkitsTableAndLinearTimestepsItsBell) {
   const model::FlowSchedule schedule = model::flow_schedule(model::Family("flux"));
   const torch::Tensor all = torch::arange(1000, torch::kLong);

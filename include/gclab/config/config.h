@@ -48,6 +48,9 @@ struct NetworkConfig {
   // (get_transformer_block_names); false: on every Linear of the transformer.
   bool transformer_only = true;
   NetworkKwargs network_kwargs;
+  // A model of several experts saves one LoRA file per expert, <name>_high_noise / _low_noise.safetensors
+  // (config_modules.py:217, default true; wan22_14b_model.py:452-493); false: one file with every adapter.
+  bool split_multistage_loras = true;
 
   template <class V>
   void fields(V& v) {
@@ -60,6 +63,7 @@ struct NetworkConfig {
     v("use_linear_alpha", use_linear_alpha);
     v("transformer_only", transformer_only);
     v("network_kwargs", network_kwargs);
+    v("split_multistage_loras", split_multistage_loras);
     v.ignore({"conv", "conv_alpha", "lokr_full_rank", "lokr_factor", "split_multistage_loras", "lorm", "normalize"});
   }
 };
@@ -294,6 +298,9 @@ struct TrainConfig {
   bool gradient_checkpointing = true;
   int gradient_accumulation = 1;
   int gradient_accumulation_steps = 1;  // legacy; mutually exclusive with gradient_accumulation
+  // A model of several experts: micro-batches on one expert's timesteps before the next expert's
+  // (config_modules.py:605-606, default 1; SDTrainer.py:2250-2264 counts micro-batches).
+  int switch_boundary_every = 1;
   double max_grad_norm = 1.0;
   bool skip_first_sample = false;
   bool force_first_sample = false;
@@ -372,6 +379,7 @@ struct TrainConfig {
     v("oom_policy", oom_policy);
     v("max_nonfinite_steps", max_nonfinite_steps);
     v("budget_probe", budget_probe);
+    v("switch_boundary_every", switch_boundary_every);
     v.ignore({"train_unet",
               "unet_lr",
               "text_encoder_lr",
@@ -407,7 +415,6 @@ struct TrainConfig {
               "target_noise_multiplier",
               "random_noise_multiplier",
               "random_noise_shift",
-              "switch_boundary_every",
               "optimal_noise_pairing_samples",
               "force_consistent_noise",
               "blended_blur_noise",
@@ -441,9 +448,15 @@ struct ModelKwargs {
   bool random_blur_mask = false;
   bool random_dialate_mask = false;
   bool do_random_inpainting = false;
+  // Wan 2.2 A14B (wan22_14b_model.py:196-208): which of its two experts train — the high-noise
+  // (transformer_1) and the low-noise (transformer_2); at least one.
+  bool train_high_noise = true;
+  bool train_low_noise = true;
 
   template <class V>
   void fields(V& v) {
+    v("train_high_noise", train_high_noise);
+    v("train_low_noise", train_low_noise);
     v("invert_inpaint_mask_chance", invert_inpaint_mask_chance);
     v("inpaint_dropout", inpaint_dropout);
     v("control_dropout", control_dropout);

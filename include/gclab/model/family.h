@@ -37,6 +37,13 @@ enum class TransformerLoading {
   // encoders load; then the whole transformer moves to the device, low_vram or not (Wan's load_wan_transformer
   // and load_model, wan21.py:344-391, 445-448, 479-485). Unquantized and without low_vram it never leaves.
   parked_while_text_encoders_load,
+  // A model of several experts, one expert after the other (Wan 2.2 A14B's load_wan_transformer,
+  // wan22_14b_model.py:288-346): in its dtype on the device unless low_vram (in host memory then), quantized
+  // by quantize_model (block by block through the device), then on the device unless low_vram — before the
+  // text encoders load. Under low_vram every expert waits in host memory for the first forward that runs it,
+  // which brings it to the device and sends the expert that ran before to host memory (the wrapper's
+  // forward, :122-157; its .to() does nothing, so Wan21.load_model's move at the end of the load leaves them).
+  experts_in_turn,
 };
 
 struct ArchFacts {

@@ -24,6 +24,9 @@ struct LoraOptions {
   // Which Linears get adapters (network.transformer_only, network.network_kwargs): see apply_lora.
   bool transformer_only = true;
   std::vector<std::string> only_if_contains{}, ignore_if_contains{};
+  // Only the Linears under these module paths ("transformer_1."): a model of several experts that trains
+  // some (AI Toolkit's get_model_to_train, wan22_14b_model.py:594-609); empty: anywhere.
+  std::vector<std::string> within{};
 };
 // The adapters a config's `network` block asks for (the one place its defaults are applied): alpha = rank,
 // a scale of 1, as AI Toolkit trains these families; linear_alpha / linear with network.use_linear_alpha.
@@ -62,8 +65,14 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
 // its 64 KiB at 1 MiB (toolkit/train_tools.py:162-185).
 void add_model_hashes(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       std::map<std::string, std::string>& metadata);
-void save_lora(DiffusionTransformer& model, const std::filesystem::path& path, torch::ScalarType dtype,
-               const LoraOptions& options, std::map<std::string, std::string> metadata = {});
+// A model of several experts whose family names their files (expert_lora_suffixes) saves one file per
+// expert unless `split_experts` is false (network.split_multistage_loras). Returns the files written.
+std::vector<std::filesystem::path> save_lora(DiffusionTransformer& model, const std::filesystem::path& path,
+                                             torch::ScalarType dtype, const LoraOptions& options,
+                                             std::map<std::string, std::string> metadata = {},
+                                             bool split_experts = true);
+// `path` with `suffix` before its extension: an expert's file ("lora_000000100_high_noise.safetensors").
+std::filesystem::path expert_lora_path(const std::filesystem::path& path, const std::string& suffix);
 // Loads adapter weights saved by save_lora into a model with adapters applied (lora_B divided by the
 // adapters' alpha / rank, undoing save_lora's fold). Every adapter of the model must be in the file with
 // the same shape; throws std::runtime_error naming the first mismatch.
@@ -105,6 +114,11 @@ void set_assistant_adapters(DiffusionTransformer& model, double multiplier,
 // file tensors the model has no parameter for are returned (buffers, other components) so the caller can
 // report them. Throws std::runtime_error naming the first missing or mismatched tensor.
 std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path);
+// A model of several experts from a pipeline folder: the first expert from `path` (transformer/), expert i
+// from expert_weights[i - 1] (transformer_2/, ...: LocalModel::expert_weights); without expert_weights (a
+// file of the whole model, its keys transformer_1.*, ...) or for one transformer, load_weights above.
+std::vector<std::string> load_weights(DiffusionTransformer& model, const std::filesystem::path& path,
+                                      const std::vector<std::filesystem::path>& expert_weights);
 // Every parameter by name (float8 weights are stored dequantized in `dtype`).
 std::vector<std::pair<std::string, torch::Tensor>> weights_state(DiffusionTransformer& model, torch::ScalarType dtype);
 

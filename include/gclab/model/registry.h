@@ -154,6 +154,14 @@ class ModelFamily {
                                                                 const FrameConditioningSource& /*source*/) const {
     return nullptr;
   }
+  // A model of several experts (ModelSpec::expert_boundaries, experts.h): the experts a config trains, by
+  // index (every one by default), and each expert's LoRA file suffix where one file is saved per expert.
+  virtual std::vector<size_t> trained_experts(const ModelSpec& spec, const config::ModelKwargs& /*kwargs*/) const {
+    std::vector<size_t> all;
+    for (size_t i = 0; i < spec.expert_boundaries.size(); ++i) all.push_back(i);
+    return all;
+  }
+  virtual std::vector<std::string> expert_lora_suffixes(const ModelSpec& /*spec*/) const { return {}; }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
   virtual bool low_vram_tiles_previews(const ModelSpec& /*spec*/) const { return false; }
 

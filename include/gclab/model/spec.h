@@ -89,6 +89,10 @@ struct ModelSpec {
   // z_image.py:358-360 16).
   int preview_divisibility = 16;
   bool tiny = false;
+  // A model of several experts, each a whole transformer of this shape (experts.h: Wan 2.2 A14B's high- and
+  // low-noise transformers): expert i runs at the flow times above expert_boundaries[i] and at or below the
+  // boundary before it (1 for the first), AI Toolkit's multistage_boundaries ([0.875, 0]). Empty: one.
+  std::vector<double> expert_boundaries;
 
   int total_blocks() const { return double_blocks + single_blocks + 2 * refiner_blocks; }
 };
@@ -113,6 +117,9 @@ struct LocalModel {
   std::vector<std::filesystem::path> tokenizers;  // tokenizer/, tokenizer_2/, tokenizer_3/, the same way
   // An image-to-video pipeline's image_encoder/ (a transformers model) and image_processor/, when it has them.
   std::filesystem::path image_encoder, image_processor;
+  // A pipeline of several experts' further transformers' weights (transformer_2/, ...; experts.h), `weights`
+  // the first's; an empty path where a folder has no weights.
+  std::vector<std::filesystem::path> expert_weights;
 };
 std::optional<LocalModel> local_model(const config::ModelConfig& model);
 // The same for a folder named elsewhere (`what`, e.g. "--weights", names it in the error).

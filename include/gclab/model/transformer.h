@@ -41,6 +41,8 @@ struct ModelInputs {
   // FLUX/Flex: leave the guidance embedder out of the conditioning (AI Toolkit's bypass_guidance_embedding,
   // which Flex trains with); `guidance` is then not needed.
   bool bypass_guidance = false;
+  // A model of several experts (experts.h): the one to run; -1, the one the timestep picks.
+  int expert = -1;
 };
 
 class DiffusionTransformer : public torch::nn::Module {
@@ -56,6 +58,8 @@ class DiffusionTransformer : public torch::nn::Module {
   const std::vector<std::string>& block_names() const { return block_names_; }
   // Routes every block call through `caller` (empty: call the block directly).
   void set_block_caller(BlockCaller caller) { caller_ = std::move(caller); }
+  // How many whole transformers it holds, one of which runs a forward (experts.h); ModelInputs::expert picks.
+  virtual size_t expert_count() const { return 1; }
 
   // Random inputs of the right shapes for samples of `shape` and `text_tokens` text tokens (0: the family's
   // count for a short prompt).
@@ -73,6 +77,9 @@ class DiffusionTransformer : public torch::nn::Module {
     block_names_.push_back(name);
     return block;
   }
+  // A model made of others (experts.h): `inner`'s blocks become its own, named `prefix` + their names, and
+  // `inner` calls them through this model's caller.
+  void adopt_blocks(const std::string& prefix, DiffusionTransformer& inner);
 
   ModelSpec spec_;
 

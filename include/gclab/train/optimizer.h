@@ -108,18 +108,24 @@ class Optimizer {
   void accumulate(std::vector<torch::Tensor> aside);
 
  private:
-  // The update of `params` (each with a gradient) by the optimizer's rule, their moments stored after.
-  void update(const std::vector<std::pair<std::string, torch::Tensor>>& params, double lr);
+  // The update of `params` (each with a gradient) by the optimizer's rule, their moments stored after;
+  // `count`: their own updates so far, this one included (torch's per-parameter state["step"]).
+  void update(const std::vector<std::pair<std::string, torch::Tensor>>& params, double lr, int64_t count);
   void adafactor_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
-                      std::vector<std::vector<torch::Tensor>>& m, double lr);
+                      std::vector<std::vector<torch::Tensor>>& m, double lr, int64_t count);
+  // `first`: which parameters are updated for the first time (their state initialised: p0).
   void prodigy_step(std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g,
-                    std::vector<std::vector<torch::Tensor>>& m, double lr);
+                    std::vector<std::vector<torch::Tensor>>& m, double lr, const std::vector<bool>& first);
 
   config::OptimizerKind kind_;
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   OptimizerOptions o_;
   std::unique_ptr<MomentStorage> moments_;
   int64_t steps_ = 0;
+  // Each parameter's own updates (a parameter without a gradient at a step is skipped, as torch's optimizers
+  // skip it: a model of several experts trains one expert's adapters at a time); absent: steps_.
+  std::map<std::string, int64_t> updates_;
+  int64_t updates_of(const std::string& name) const;
   // Prodigy's running estimates (its param_group's d, d_max, d_numerator), part of the state.
   double prodigy_d_ = 0, prodigy_d_max_ = 0, prodigy_d_numerator_ = 0;
 };

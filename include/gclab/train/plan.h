@@ -61,7 +61,8 @@ struct LoadPlan {
   // precompute and the latent cache, and reaches the device at its first use — the first preview or the
   // first step's forward (qwen_image.py:141-143 and :219-220, z_image.py:251-253 and :313-314: moved to
   // the CPU, `if not self.low_vram: pipe.transformer.to(device)`; get_noise_prediction and
-  // generate_single_image move it, qwen_image.py:327 and :261, z_image.py:385-386 and :355-356).
+  // generate_single_image move it, qwen_image.py:327 and :261, z_image.py:385-386 and :355-356). A model of
+  // several experts (experts_in_turn) brings only the expert that runs, and sends the other back.
   bool at_first_use = false;
   // parked_while_text_encoders_load, quantized without low_vram: quantized on the device, its blocks sent to
   // host memory while the text encoders load, then brought back.

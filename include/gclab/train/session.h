@@ -24,6 +24,7 @@
 #include "gclab/memory/meta_count.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
+#include "gclab/model/experts.h"
 #include "gclab/model/lora.h"
 #include "gclab/sample/sampler.h"
 #include "gclab/train/checkpointing.h"
@@ -281,6 +282,11 @@ class Session {
   // What loading the model held (train/loading.h): predicted from the steps AI Toolkit's loader takes, and
   // measured on a real run.
   const LoadMemory& load_memory() const { return load_; }
+  // A model of several experts: its trainer's stage (the expert whose timesteps the next micro-batch draws)
+  // and the micro-batches it has had; set when a run resumes.
+  std::pair<size_t, int64_t> stage() const { return {stage_, steps_this_stage_}; }
+  const std::vector<size_t>& trained_experts() const { return trained_stages_; }
+  void set_stage(size_t stage, int64_t steps) { stage_ = stage, steps_this_stage_ = steps; }
   // The trained tensors replaced by their EMA for the duration of fn (saving), when EMA is on.
   void with_ema_weights(const std::function<void()>& fn);
   // AI Toolkit's EMA update after an optimizer step (toolkit/ema.py:100-153), when EMA is on: per tensor, in
@@ -304,6 +310,10 @@ class Session {
   // LoadPlan::at_first_use: the transformer's host-resident tensors (not the offloaded Linears' own) to the
   // device, once, at the first forward or preview; the EMA copy with them.
   void transformer_at_first_use();
+  // A model of several experts under LoadPlan::at_first_use: the router of its forwards (experts.h).
+  void expert_to_device(size_t expert);
+  int64_t experts_in_host_bytes() const;  // the frozen weights of the experts that wait in host memory
+  void next_stage();                      // the stage of the next micro-batch
   void load_text_encoders();
   void load_first_frame_encoder();
   void first_frame_encoder_to_device();
@@ -344,6 +354,13 @@ class Session {
   int current_batch_ = 0;
   int64_t epoch_ = 0;
   std::shared_ptr<model::DiffusionTransformer> model_;
+  model::ExpertTransformers* experts_ = nullptr;  // model_ when it is a model of several experts
+  int expert_on_device_ = -1;                     // under low_vram, the expert last brought to the device
+  // Its trainer's stage (SDTrainer.py:2250-2264): the expert whose timesteps the micro-batches draw, and how
+  // many micro-batches it has had.
+  size_t stage_ = 0;
+  int64_t steps_this_stage_ = 0;
+  std::vector<size_t> trained_stages_;
   bool transformer_parked_ = false;
   // What a cache fill took off the device (CacheFill), until it is filled.
   struct Parked {

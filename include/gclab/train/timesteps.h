@@ -5,6 +5,9 @@
 // min/max_denoising_steps), and `weighted` / linear_timesteps weight the loss by that index.
 #pragma once
 
+#include <optional>
+#include <utility>
+
 #include <torch/types.h>
 
 #include "gclab/config/config.h"
@@ -26,8 +29,11 @@ class TimestepSampler {
   // set_train_timesteps: the grid of timesteps (0 ... 1000 scale, descending), float32. sigmoid and
   // lognorm_blend draw theirs from the global generator, as AI Toolkit does every batch.
   torch::Tensor grid(int64_t image_tokens) const;
-  // One batch's draw (global generator), on the CPU.
-  TimestepDraw draw(int64_t batch, int64_t image_tokens) const;
+  // One batch's draw (global generator), on the CPU. `stage`: a model of several experts' (boundary_max,
+  // boundary_min) for this micro-batch, which replaces min/max_denoising_steps with the grid's indices
+  // between them (BaseSDTrainProcess.py:1230-1245: searchsorted over the ascending grid).
+  TimestepDraw draw(int64_t batch, int64_t image_tokens,
+                    const std::optional<std::pair<double, double>>& stage = std::nullopt) const;
   // The loss weight of each grid index (ones when the loss is not weighted).
   torch::Tensor weights(const torch::Tensor& index) const;
 
@@ -39,7 +45,7 @@ class TimestepSampler {
   model::FlowSchedule schedule_;
   config::TimestepType type_;
   config::ContentOrStyle content_or_style_;
-  int64_t n_, min_index_, max_index_;  // n_: the grid's points
+  int64_t n_, num_train_timesteps_, min_index_, max_index_;  // n_: the grid's points
   bool bell_, half_bell_;
 };
 

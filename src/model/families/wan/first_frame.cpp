@@ -127,8 +127,11 @@ class WanFirstFrame final : public FrameConditioning {
   // hidden_states[-2]) and prepare_latents (pipeline_wan_i2v.py:396-484: the image followed by black frames,
   // encoded to the posterior's mean, the same mask) — the image embeddings and channels of both the prompt
   // and its negative.
+  // Wan 2.2 I2V A14B's (Wan2214bI2VModel.generate_single_image, wan22_14b_i2v_model.py:19-110): no image
+  // tokens, and the channels of add_first_frame_conditioning itself — the posterior sampled.
   void preview_condition(ModelInputs& in, const std::filesystem::path& file, const std::vector<int64_t>& latent_shape,
-                         const Encode& encode, const Encode& /*sample*/) override {
+                         const Encode& mean, const Encode& sample) override {
+    const Encode& encode = encoder_ ? mean : sample;
     torch::NoGradGuard no_grad;
     const int64_t height = latent_shape.at(3) * spec_.latent_spatial, width = latent_shape.at(4) * spec_.latent_spatial;
     const torch::Tensor image = control_image(file, width, height);

@@ -68,6 +68,21 @@ ModelSpec wan22_5b(ModelSpec s) {
   return s;
 }
 
+// Wan 2.2 A14B (Wan-AI/Wan2.2-T2V-A14B-Diffusers, -I2V-A14B-: two 14B transformers, `transformer` and
+// `transformer_2`, each Wan 2.1 14B's shape): AI Toolkit's Wan2214bModel and Wan2214bI2VModel
+// (extensions_built_in/diffusion_models/wan22/wan22_14b_model.py, wan22_14b_i2v_model.py) — the high-noise
+// expert above 0.875 and the low-noise one below (multistage_boundaries [0.875, 0.0], :191-194; I2V too: its
+// boundary_ratio_i2v is never read, :34-35, 356), shift 5 (wan22_5b_model.py's scheduler_config), the Wan 2.1
+// VAE (_wan_vae_path "ai-toolkit/wan2.1-vae").
+constexpr const char* kWan22_14b = "wan22_14b";  // ModelSpec::variant
+
+ModelSpec wan22_14b(ModelSpec s, const std::string& preset) {
+  s.preset = preset;
+  s.variant = kWan22_14b;
+  s.expert_boundaries = {0.875, 0.0};
+  return s;
+}
+
 // Wan 2.1 I2V (Wan-AI/Wan2.1-I2V-14B-480P and -720P, one shape; convert_wan_to_diffusers.py): the 14B with
 // 36 input channels (the noisy 16, the first frame's mask 4 and latents 16) and CLIP ViT-H/14's 257 image
 // tokens of width 1280 cross-attended through their own keys and values.
@@ -112,21 +127,31 @@ std::string original_lora_key(const std::string& module_path) {
   return key;
 }
 
+// The model class an arch's preset is (ModelSpec::variant).
+std::string variant_of(const std::string& arch) {
+  const ArchFacts* facts = find_arch(arch);
+  return facts ? spec_by_preset(facts->preset).variant : "";
+}
+
 class Wan final : public ModelFamily {
  public:
   using ModelFamily::flow_schedule;
   Family id() const override { return kWanId; }
   std::string lora_file_key(const std::string& module_path) const override { return original_lora_key(module_path); }
   // wan21.py:732-733, wan22_5b_model.py:152-153 (ss_base_model_version in a saved LoRA).
+  // wan22_14b_model.py:408-409 for both A14B classes.
   std::string base_model_version(const std::string& arch) const override {
-    return arch == kWan22_5b ? "wan_2.2_5b" : "wan_2.1";
+    const std::string variant = variant_of(arch);
+    return variant == kWan22_5b ? "wan_2.2_5b" : variant == kWan22_14b ? "wan_2.2_14b" : "wan_2.1";
   }
   // quantize_model (toolkit/util/quantize.py) with BaseModel's get_quantization_exclude_modules (None) and no
   // quantize_kwargs: every Linear of the blocks; the 5B keeps its conditioning embedders and output
   // projection in their dtype (wan22_5b_model.py:121-124).
   config::QuantizeKwargs quantization_filter(const config::ModelConfig& model) const override {
     config::QuantizeKwargs k;
-    if (model.arch == kWan22_5b || model.arch == "tiny-wan22-5b") k.exclude = {"condition_embedder*", "proj_out*"};
+    // The A14B's too, each expert quantized alone (wan22_14b_model.py:214-218).
+    const std::string variant = variant_of(model.arch);
+    if (variant == kWan22_5b || variant == kWan22_14b) k.exclude = {"condition_embedder*", "proj_out*"};
     return k;
   }
   // wan21.py:432-436: under quantize_te, UMT5 whole, as model.qtype (not qtype_te).
@@ -147,14 +172,20 @@ class Wan final : public ModelFamily {
   // loads; then the transformer comes back to the device.
   std::vector<ArchFacts> archs() const override {
     const auto L = TransformerLoading::parked_while_text_encoders_load;
+    const auto E = TransformerLoading::experts_in_turn;
     // Wan21I2V (wan21_i2v.py:283-284) loads as Wan21 does; its UI's 14b480p and 14b (720P) are one shape.
     // Wan225bModel (wan22_5b_model.py:83-84) loads as Wan21 does.
     return {{"wan21", kWanId, "wan21-14b", false, "1.3B", "wan21-1.3b", L, {"Wan2.1-T2V"}},
             {"wan21_i2v", kWanId, "wan21-i2v-14b", false, "", "", L, {"Wan2.1-I2V"}},
             {"wan22_5b", kWanId, "wan22-5b", false, "", "", L, {"Wan2.2-TI2V"}},
+            // Wan2214bModel.load_wan_transformer (wan22_14b_model.py:252-381): the experts in turn.
+            {"wan22_14b", kWanId, "wan22-14b", false, "", "", E, {"Wan2.2-T2V-A14B"}},
+            {"wan22_14b_i2v", kWanId, "wan22-14b-i2v", false, "", "", E, {"Wan2.2-I2V-A14B"}},
             {"tiny-wan21", kWanId, "tiny-wan21", true, "", "", L, {}},
             {"tiny-wan21-i2v", kWanId, "tiny-wan21-i2v", true, "", "", L, {}},
-            {"tiny-wan22-5b", kWanId, "tiny-wan22-5b", true, "", "", L, {}}};
+            {"tiny-wan22-5b", kWanId, "tiny-wan22-5b", true, "", "", L, {}},
+            {"tiny-wan22-14b", kWanId, "tiny-wan22-14b", true, "", "", E, {}},
+            {"tiny-wan22-14b-i2v", kWanId, "tiny-wan22-14b-i2v", true, "", "", E, {}}};
   }
   std::vector<ModelSpec> presets() const override {
     const ModelSpec wan14b = wan_preset("wan21-14b", 40, 13824, 40);
@@ -163,7 +194,11 @@ class Wan final : public ModelFamily {
     return {wan_preset("wan21-1.3b", 12, 8960, 30), wan14b, image_to_video(wan14b, "wan21-i2v-14b", 1280, 257),
             wan22_5b(wan_preset("wan22-5b", 24, 14336, 30)), tiny_wan21(),
             // The tiny CLIP tower's (text::ClipVisionConfig::tiny): width 32, 4 x 4 patches and its class token.
-            image_to_video(tiny_wan21(), "tiny-wan21-i2v", 32, 17), wan22_5b(tiny5b)};
+            image_to_video(tiny_wan21(), "tiny-wan21-i2v", 32, 17), wan22_5b(tiny5b),
+            // Wan 2.2 I2V: 36 input channels, no image tokens (image_dim None in its config).
+            wan22_14b(wan14b, "wan22-14b"), wan22_14b(image_to_video(wan14b, "", 0, 0), "wan22-14b-i2v"),
+            wan22_14b(tiny_wan21(), "tiny-wan22-14b"),
+            wan22_14b(image_to_video(tiny_wan21(), "", 0, 0), "tiny-wan22-14b-i2v")};
   }
 
   // Wan21I2V.get_noise_prediction: every step encodes each sample's first frame; Wan225bModel's only for a
@@ -204,11 +239,27 @@ class Wan final : public ModelFamily {
     s.shift = 3.0, s.dynamic = false, s.preview_from_scheduler = true;
     return s;
   }
-  // Wan 2.2's: shift 5 (wan22_5b_model.py:52-57 scheduler_config, get_train_scheduler :146-150).
+  // Wan 2.2's: shift 5 (wan22_5b_model.py:52-57 scheduler_config, get_train_scheduler :146-150; the A14B's
+  // imports it, wan22_14b_model.py:24-27 and :403-406).
   FlowSchedule flow_schedule(const ModelSpec& spec) const override {
     FlowSchedule s = flow_schedule();
-    if (spec.variant == kWan22_5b) s.shift = 5.0;
+    if (spec.variant == kWan22_5b || spec.variant == kWan22_14b) s.shift = 5.0;
     return s;
+  }
+
+  // Wan2214bModel (wan22_14b_model.py:196-208): model_kwargs train_high_noise (transformer_1) and
+  // train_low_noise (transformer_2), both by default.
+  std::vector<size_t> trained_experts(const ModelSpec& spec, const config::ModelKwargs& k) const override {
+    if (spec.expert_boundaries.size() != 2) return ModelFamily::trained_experts(spec, k);
+    std::vector<size_t> out;
+    if (k.train_high_noise) out.push_back(0);
+    if (k.train_low_noise) out.push_back(1);
+    return out;
+  }
+  // Wan2214bModel.save_lora (wan22_14b_model.py:452-493).
+  std::vector<std::string> expert_lora_suffixes(const ModelSpec& spec) const override {
+    if (spec.expert_boundaries.size() != 2) return {};
+    return {"_high_noise", "_low_noise"};
   }
 
   // Every prompt is UMT5's 512 rows (the padding zeroed), cross-attended: none in the video's sequence.
