@@ -19,8 +19,9 @@ cached (gclab refuses it, as AI Toolkit fails on it); its preview takes a ctrl_i
 full under model.low_vram too (its image encoder in host memory until the first step, and during previews).
 
 Wan 2.2 A14B (`*-14b*`, two experts) runs full_lowvram as well: each expert in host memory until the forward
-that runs it, the other sent back — three steps of switch_boundary_every 1 (the third holds both experts'
-optimizer state, the estimate's steady state).
+that runs it, the other sent back — four steps of switch_boundary_every 1 and a save at step 3 (from step 3
+on both experts' optimizer state is held, the estimate's steady state; a preview sends the expert on the
+device back to host memory before its decode).
 
 With --tolerance it exits 1 when a phase's |error| exceeds it (ctest memory.phase_sweep: every phase within 5%).
 """
@@ -75,10 +76,13 @@ def config(preset, cached_latents, cached_text, gc, work, frames=1):
 
 
 def experts_steps(c, preset):
-    # Wan 2.2 A14B: a third step, where both experts' optimizer state is held (the steady state the estimate
-    # gives; torch's optimizers make an expert's state at its first update, step 2).
+    # Wan 2.2 A14B: four steps, a save at step 3 — both experts' optimizer state held (the estimate's steady
+    # state: torch's optimizers make an expert's state at its first update, step 2), and under low_vram an
+    # expert on the device at the save and in step 4's data phase (a preview sends it to host memory before
+    # its decode, as Wan22Pipeline's aggressive offload does: the step-2 preview).
     if "-14b" in preset:
-        c["train"]["steps"] = 3
+        c["train"]["steps"] = 4
+        c["save"]["save_every"] = 3
     return c
 
 

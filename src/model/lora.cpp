@@ -179,7 +179,41 @@ std::filesystem::path expert_lora_path(const std::filesystem::path& path, const 
   return out;
 }
 
+namespace {
+
+// A model of several experts and one of its experts' LoRA files (<name><suffix>.safetensors): each expert's
+// file beside it, the expert's index with it; empty for any other model or file.
+std::vector<std::pair<size_t, std::filesystem::path>> expert_files(DiffusionTransformer& model,
+                                                                   const std::filesystem::path& path) {
+  const auto suffixes = family_of(model.spec().family).expert_lora_suffixes(model.spec());
+  if (model.expert_count() < 2 || suffixes.size() != model.expert_count()) return {};
+  const std::string stem = path.stem().string();
+  for (const auto& suffix : suffixes) {
+    if (stem.size() <= suffix.size() || stem.compare(stem.size() - suffix.size(), std::string::npos, suffix) != 0)
+      continue;
+    std::filesystem::path base = path;
+    base.replace_filename(stem.substr(0, stem.size() - suffix.size()) + path.extension().string());
+    std::vector<std::pair<size_t, std::filesystem::path>> out;
+    for (size_t e = 0; e < suffixes.size(); ++e) out.emplace_back(e, expert_lora_path(base, suffixes[e]));
+    return out;
+  }
+  return {};
+}
+
+}  // namespace
+
 void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
+  // One file per expert (Wan2214bModel.load_lora, wan22_14b_model.py:495-545): each expert that has
+  // adapters from its own file.
+  if (const auto files = expert_files(model, path); !files.empty()) {
+    auto& experts = dynamic_cast<ExpertTransformers&>(model);
+    for (const auto& [e, file] : files) {
+      bool adapted = false;
+      for (auto& [module, linear] : named_linears(experts.expert(e))) adapted = adapted || linear->has_lora();
+      if (adapted) load_lora(experts.expert(e), file);
+    }
+    return;
+  }
   const auto file = io::SafetensorsFile::open(path);
   const ModelFamily& family = family_of(model.spec().family);
   torch::NoGradGuard no_grad;
@@ -223,20 +257,12 @@ std::optional<double> peft_scale(const std::map<std::string, std::string>& metad
 LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path& path) {
   // A model of several experts and one of its experts' files (<name>_high_noise.safetensors): every expert's
   // file beside it, each read against its expert (Wan2214bModel.load_lora, wan22_14b_model.py:495-545).
-  const auto suffixes = family_of(model.spec().family).expert_lora_suffixes(model.spec());
-  auto* experts = dynamic_cast<ExpertTransformers*>(&model);
-  const std::string stem = path.stem().string();
-  for (size_t i = 0; experts && i < suffixes.size(); ++i) {
-    if (stem.size() <= suffixes[i].size() ||
-        stem.compare(stem.size() - suffixes[i].size(), std::string::npos, suffixes[i]) != 0)
-      continue;
-    std::filesystem::path base = path;
-    base.replace_filename(stem.substr(0, stem.size() - suffixes[i].size()) + path.extension().string());
+  if (const auto files = expert_files(model, path); !files.empty()) {
+    auto& experts = dynamic_cast<ExpertTransformers&>(model);
     LoraFile out;
-    for (size_t e = 0; e < suffixes.size(); ++e) {
-      const std::filesystem::path file = expert_lora_path(base, suffixes[e]);
+    for (const auto& [e, file] : files) {
       if (!std::filesystem::exists(file)) continue;  // an expert that did not train
-      LoraFile part = read_lora_file(experts->expert(e), file);
+      LoraFile part = read_lora_file(experts.expert(e), file);
       for (auto& [module, m] : part.modules) out.modules[expert_name(e) + "." + module] = std::move(m);
       if (part.file_scale) out.file_scale = part.file_scale;
     }

@@ -446,8 +446,11 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
       }
     // An image encoder that waits in host memory (model.low_vram) is on the device for the control's encode only.
     const int64_t away = e.image_encoder_waits ? e.image_encoder_bytes : 0;
-    p.total_bytes = e.resident_bytes - e.gradient_bytes - away + (e.vae_weight_bytes - e.vae_bytes) +
-                    std::max({p.denoise_bytes, p.decode_bytes, p.reference_encode_bytes + away, p.text_encode_bytes});
+    // Two experts under low_vram: neither on the device for the decode (Wan22Pipeline's unload).
+    const int64_t expert = session.expert_swap_bytes();
+    p.total_bytes =
+        e.resident_bytes - e.gradient_bytes - away + (e.vae_weight_bytes - e.vae_bytes) +
+        std::max({p.denoise_bytes, p.decode_bytes - expert, p.reference_encode_bytes + away, p.text_encode_bytes});
     e.preview = p;
   }
 }

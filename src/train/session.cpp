@@ -275,6 +275,25 @@ void Session::expert_to_device(size_t e) {
   expert_on_device_ = static_cast<int>(e);
 }
 
+void Session::experts_to_host() {
+  if (!experts_ || !load_.at_first_use || expert_on_device_ < 0) return;
+  if (!device_.is_meta()) {
+    torch::NoGradGuard no_grad;
+    for (auto& t : device_tensors(experts_->expert(static_cast<size_t>(expert_on_device_))))
+      if (!t.requires_grad()) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+    log::info("model.low_vram: " + model::expert_name(static_cast<size_t>(expert_on_device_)) + " to host memory");
+  }
+  expert_on_device_ = -1;
+}
+
+int64_t Session::expert_swap_bytes() const {
+  if (!experts_ || !load_.at_first_use) return 0;
+  int64_t bytes = 0;
+  for (const auto& t : device_tensors(experts_->expert(0)))
+    if (!t.requires_grad()) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
 int64_t Session::experts_in_host_bytes() const {
   if (!experts_ || !load_.at_first_use) return 0;
   // Every expert but the one that ran last (the first before any has: the experts have one shape, and the
@@ -1072,6 +1091,7 @@ std::vector<fs::path> Session::sample_previews(int64_t step, const fs::path& dir
       model::set_lora_multiplier(*model_, item.network_multiplier.value_or(sc.network_multiplier));
       z = sample::euler_sample(*model_, cond, uncond, so);
     }
+    experts_to_host();  // Wan22Pipeline under low_vram: "unload transformer" before the decode (:276-280)
     const torch::Tensor frames = decode_preview(z);
     if (dir.empty()) continue;  // fit: the preview's memory, not its picture
     // sample.format: AI Toolkit's ext (config_modules.py:93, jpg by default) on the file it saves — the first

@@ -85,6 +85,15 @@ TEST(ExpertsRun, Wan22A14bTrainsOneExpertAtATimeAndSavesAFileEach) {
     const auto b = io::SafetensorsFile::open(dir / "split" / (std::string("split") + part + ".safetensors"));
     for (const auto& e : a.entries()) EXPECT_TRUE(torch::equal(a.tensor(e.name), b.tensor(e.name))) << part << e.name;
   }
+  // A folder AI Toolkit wrote (its LoRA saves, split; no gclab state): resumed from the newest save's files,
+  // both experts' adapters as saved, at its step.
+  fs::create_directories(dir / "aitk");
+  for (const char* part : {"_high_noise", "_low_noise"})
+    fs::copy_file(dir / "on" / (std::string("on") + part + ".safetensors"),
+                  dir / "aitk" / (std::string("aitk_000000004") + part + ".safetensors"));
+  const TrainSummary aitk = train(experts_config(dir, "aitk", {"train.steps=5"}), resume);
+  EXPECT_EQ(aitk.start_step, 4);
+  ASSERT_EQ(aitk.losses.size(), 1u);
   fs::remove_all(dir);
 }
 

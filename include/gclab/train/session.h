@@ -286,6 +286,8 @@ class Session {
   // and the micro-batches it has had; set when a run resumes.
   std::pair<size_t, int64_t> stage() const { return {stage_, steps_this_stage_}; }
   const std::vector<size_t>& trained_experts() const { return trained_stages_; }
+  // Under low_vram, one expert's frozen weights: what the experts' swap moves (0 for any other model).
+  int64_t expert_swap_bytes() const;
   void set_stage(size_t stage, int64_t steps) { stage_ = stage, steps_this_stage_ = steps; }
   // The trained tensors replaced by their EMA for the duration of fn (saving), when EMA is on.
   void with_ema_weights(const std::function<void()>& fn);
@@ -314,6 +316,7 @@ class Session {
   void expert_to_device(size_t expert);
   int64_t experts_in_host_bytes() const;  // the frozen weights of the experts that wait in host memory
   void next_stage();                      // the stage of the next micro-batch
+  void experts_to_host();                 // the expert on the device to host memory (a preview's decode)
   void load_text_encoders();
   void load_first_frame_encoder();
   void first_frame_encoder_to_device();
