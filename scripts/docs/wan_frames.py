@@ -7,6 +7,9 @@ Then the weights per qtype: the transformer's bytes as each `model.qtype` stores
 `quantize`), and the load's device peak with and without `low_vram` (UMT5 quantized, as the config says).
 
   wan_frames.py [--bin build/bin/gclab] [--config PATH] [--qtypes-only] [--models wan21-i2v-14b,wan22-5b]
+
+The qtype table's "weights" are what the device holds through the steps: for Wan 2.2 A14B under low_vram one
+expert's frozen weights (the other waits in host memory) and both experts' adapters.
 """
 import argparse
 import json
@@ -23,7 +26,13 @@ MODELS = [("wan21-1.3b", []), ("wan21-14b", ["model.name_or_path=Wan-AI/Wan2.1-T
           ("wan21-i2v-14b", ["model.arch=wan21_i2v", "model.name_or_path=Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
                              "datasets.0.cache_latents_to_disk=false", "train.disable_sampling=true"]),
           ("wan22-5b", ["model.arch=wan22_5b", "model.name_or_path=Wan-AI/Wan2.2-TI2V-5B-Diffusers",
-                        "datasets.0.cache_latents_to_disk=false", "datasets.0.do_i2v=true"])]
+                        "datasets.0.cache_latents_to_disk=false", "datasets.0.do_i2v=true"]),
+          # Wan 2.2 A14B: two experts, one on the device at a time under low_vram (its UI's default).
+          ("wan22-14b", ["model.arch=wan22_14b", "model.name_or_path=ai-toolkit/Wan2.2-T2V-A14B-Diffusers-bf16",
+                         "model.low_vram=true"]),
+          ("wan22-14b-i2v", ["model.arch=wan22_14b_i2v", "model.name_or_path=ai-toolkit/Wan2.2-I2V-A14B-Diffusers-bf16",
+                             "model.low_vram=true", "datasets.0.cache_latents_to_disk=false",
+                             "train.disable_sampling=true"])]
 
 
 def estimate(gclab, config, sets):

@@ -679,9 +679,6 @@ class Validator {
           {"inpaint_random_chance", k.inpaint_random_chance}})
       if (!(chance >= 0.0 && chance <= 1.0))
         error(std::string("model.model_kwargs.") + key, "must be a chance in [0, 1]");
-    if (!k.train_high_noise && !k.train_low_noise)  // wan22_14b_model.py:205-208 raises
-      error("model.model_kwargs.train_low_noise",
-            "train_high_noise and train_low_noise are both false: at least one expert must train");
   }
 
   void network() {

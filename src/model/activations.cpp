@@ -23,33 +23,41 @@ std::optional<PolicyActivations> activations_under(const ActivationEstimate& est
   PolicyActivations p;
   p.all_checkpointed = true;
   const int n = static_cast<int>(est.per_block.size());
-  for (int i = 0; i < n; ++i) {  // p.kept_bytes: the blocks before block i, in the model's order
-    const BlockBytes& b = est.per_block[static_cast<size_t>(i)];
-    int64_t kept = 0, own = b.saved;  // what block i keeps, and holds while its backward runs
-    switch (policy.mode_for(i, n)) {
-      case ckpt::BlockMode::None:
-        kept = b.saved, p.all_checkpointed = false;
-        break;
-      case ckpt::BlockMode::Full:
-        kept = b.input, own += b.input;
-        break;
-      case ckpt::BlockMode::Offload:
-        own += b.input;
-        break;
-      case ckpt::BlockMode::SelectiveAttn:
-      case ckpt::BlockMode::SelectiveMlp:
-        return std::nullopt;
+  // Each expert's blocks are a forward of their own (a model of one: all of them): the largest kept.
+  const int experts = static_cast<int>(std::max<size_t>(est.experts, 1));
+  const int per_expert = n / experts;
+  for (int e = 0; e < experts; ++e) {
+    int64_t kept_before = 0;  // the blocks before block i in this forward, in the model's order
+    for (int i = e * per_expert; i < (e + 1) * per_expert; ++i) {
+      const BlockBytes& b = est.per_block[static_cast<size_t>(i)];
+      int64_t kept = 0, own = b.saved;  // what block i keeps, and holds while its backward runs
+      switch (policy.mode_for(i, n)) {
+        case ckpt::BlockMode::None:
+          kept = b.saved, p.all_checkpointed = false;
+          break;
+        case ckpt::BlockMode::Full:
+          kept = b.input, own += b.input;
+          break;
+        case ckpt::BlockMode::Offload:
+          own += b.input;
+          break;
+        case ckpt::BlockMode::SelectiveAttn:
+        case ckpt::BlockMode::SelectiveMlp:
+          return std::nullopt;
+      }
+      p.peak_bytes = std::max(p.peak_bytes, kept_before + own);
+      kept_before += kept;
     }
-    p.peak_bytes = std::max(p.peak_bytes, p.kept_bytes + own);
-    p.kept_bytes += kept;
+    p.peak_bytes = std::max(p.peak_bytes, kept_before);
+    p.kept_bytes = std::max(p.kept_bytes, kept_before);
   }
-  p.peak_bytes = std::max(p.peak_bytes, p.kept_bytes);
   return p;
 }
 
-ActivationEstimate activation_estimate(std::vector<BlockBytes> per_block, const StepTokens& tokens) {
+ActivationEstimate activation_estimate(std::vector<BlockBytes> per_block, const StepTokens& tokens, size_t experts) {
   ActivationEstimate est;
   est.per_block = std::move(per_block);
+  est.experts = experts;
   est.image_tokens = tokens.image;
   est.text_tokens = tokens.text;
   const PolicyActivations off = *activations_under(est, ckpt::CheckpointPolicy::off());

@@ -122,6 +122,9 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   const ModelSpec preset = spec_by_preset(arch->preset);
   if (const std::string changed = family_of(preset.family).resolve_model_config(c.model); !changed.empty())
     if (c.model.quantize) d.warning("model.qtype", c.source.where("model.qtype"), changed);
+  if (!k.train_high_noise && !k.train_low_noise && preset.expert_boundaries.size() == 2)  // wan22_14b_model.py:205-208
+    error("model.model_kwargs.train_low_noise",
+          "train_high_noise and train_low_noise are both false: at least one of the two experts must train");
   if ((!k.train_high_noise || !k.train_low_noise) && preset.expert_boundaries.size() != 2)
     d.warning("model.model_kwargs", c.source.where("model.model_kwargs"),
               "train_high_noise / train_low_noise have no effect for arch " + arch->name +

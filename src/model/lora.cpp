@@ -45,7 +45,10 @@ std::vector<std::pair<std::string, Linear>> target_linears(DiffusionTransformer&
     if (!o.within.empty() &&
         std::none_of(o.within.begin(), o.within.end(), [&](const std::string& w) { return path.rfind(w, 0) == 0; }))
       continue;
-    const std::string clean = "transformer." + path;
+    // One expert trained: its paths as the expert's own (network_path).
+    const std::string clean =
+        "transformer." +
+        (o.within.size() == 1 && path.rfind(o.within[0], 0) == 0 ? path.substr(o.within[0].size()) : path);
     if (contains_any(clean, o.ignore_if_contains)) continue;
     if (!o.only_if_contains.empty() && !contains_any(clean, o.only_if_contains) &&
         !contains_any(std::regex_replace(clean, std::regex("\\."), "$$$$"), o.only_if_contains))
@@ -61,6 +64,17 @@ std::vector<std::pair<std::string, Linear>> adapted_linears(DiffusionTransformer
   for (auto& [path, linear] : named_linears(model))
     if (linear->has_lora()) out.emplace_back(path, linear);
   return out;
+}
+
+// A model of several experts of which one has adapters: the path under that expert, as AI Toolkit names the
+// adapters of the one WanTransformer3DModel it then trains (get_model_to_train, wan22_14b_model.py:594-609);
+// any other path as it is.
+std::string network_path(DiffusionTransformer& model, const std::string& path) {
+  if (model.expert_count() < 2) return path;
+  std::set<std::string> experts;
+  for (auto& [p, linear] : adapted_linears(model)) experts.insert(p.substr(0, p.find('.') + 1));
+  if (experts.size() != 1 || path.rfind(*experts.begin(), 0) != 0) return path;
+  return path.substr(experts.begin()->size());
 }
 
 // The scale lora_state folds into lora_B: the adapter's own alpha / rank.
@@ -128,7 +142,7 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
       if (p.key().rfind("lora_", 0) != 0) continue;
       torch::Tensor t = p.value().detach();
       if (p.key().rfind("lora_B", 0) == 0) t = t * fold_scale(linear);
-      out.emplace_back(family.lora_file_key(path) + "." + p.key(), t.to(dtype));
+      out.emplace_back(family.lora_file_key(network_path(model, path)) + "." + p.key(), t.to(dtype));
     }
   }
   return out;
@@ -141,7 +155,7 @@ std::vector<std::filesystem::path> save_lora(DiffusionTransformer& model, const 
   if (tensors.empty()) throw std::runtime_error("save_lora: the model has no LoRA adapters");
   std::vector<std::string> targets;
   for (auto& [module_path, linear] : adapted_linears(model))
-    if (linear->has_lora()) targets.push_back(module_path);
+    if (linear->has_lora()) targets.push_back(network_path(model, module_path));
   const nlohmann::json peft = {{"transformer.r", options.rank},
                                {"transformer.lora_alpha", options.rank},  // alpha / rank is folded into lora_B
                                {"transformer.target_modules", targets}};
@@ -158,13 +172,20 @@ std::vector<std::filesystem::path> save_lora(DiffusionTransformer& model, const 
     return {path};
   }
   // Wan2214bModel.save_lora (wan22_14b_model.py:452-493): each expert's adapters, ".transformer_<i>." cut
-  // from their keys, in <name><suffix>.safetensors; an expert without adapters writes no file.
+  // from their keys, in <name><suffix>.safetensors; an expert without adapters writes no file. One expert
+  // trained: every key is its own already (network_path), all in its file.
+  std::set<size_t> adapted;
+  for (auto& [p, linear] : adapted_linears(model))
+    for (size_t e = 0; e < suffixes.size(); ++e)
+      if (p.rfind(expert_name(e) + ".", 0) == 0) adapted.insert(e);
   std::vector<std::filesystem::path> written;
   for (size_t e = 0; e < suffixes.size(); ++e) {
     const std::string infix = "." + expert_name(e) + ".";
     std::vector<std::pair<std::string, torch::Tensor>> part;
     for (const auto& [key, t] : tensors)
-      if (const size_t at = key.find(infix); at != std::string::npos)
+      if (adapted.size() == 1 && adapted.count(e))
+        part.emplace_back(key, t);
+      else if (const size_t at = key.find(infix); at != std::string::npos)
         part.emplace_back(key.substr(0, at) + "." + key.substr(at + infix.size()), t);
     if (part.empty()) continue;
     written.push_back(expert_lora_path(path, suffixes[e]));
@@ -222,7 +243,7 @@ void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
     for (auto& p : linear->named_parameters()) {
       if (p.key().rfind("lora_", 0) != 0) continue;
       // The family's key, or PEFT's (a file gclab wrote before it followed AI Toolkit's renaming).
-      std::string name = family.lora_file_key(module_path) + "." + p.key();
+      std::string name = family.lora_file_key(network_path(model, module_path)) + "." + p.key();
       if (!file.contains(name) && file.contains("transformer." + module_path + "." + p.key()))
         name = "transformer." + module_path + "." + p.key();
       if (!file.contains(name)) throw std::runtime_error(path.string() + ": no tensor " + name);

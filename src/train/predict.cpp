@@ -156,10 +156,12 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
         if (first.defined()) session.condition_on_first_frame(mb.conditioning, first, mb.x0, 0);
         loss = flow_matching_loss(model, mb, so);
       });
-      walked.forward = std::max(walked.forward, count.peak());
+      // The second pass's (the rings as a step leaves them), the largest expert's.
+      const int64_t forward = count.peak();
       count.reset_peak();
       if (forward_ran) memory::run_walk([&] { loss.backward(); });
-      walked.backward = std::max(walked.backward, count.peak());
+      if (pass == 1)
+        walked.forward = std::max(walked.forward, forward), walked.backward = std::max(walked.backward, count.peak());
       reached.clear();
       for (const auto& [name, p] : session.trained()) {
         if (p.grad().defined()) reached.insert(name);
@@ -287,7 +289,10 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
                      e.vae_bytes + e.image_encoder_bytes + e.offload_buffer_bytes;
   e.load = load_of(session.load_memory());
-  if (e.load.at_first_use) e.parked_bytes = e.weight_bytes - (session.config().network ? e.trained_bytes : 0);
+  if (e.load.at_first_use)  // two experts: the base weights of the first to run (its adapters are there)
+    e.parked_bytes = session.model().expert_count() > 1
+                         ? session.expert_swap_bytes()
+                         : e.weight_bytes - (session.config().network ? e.trained_bytes : 0);
 }
 
 // A nominal caption's encode, when the text encoders stay.
@@ -424,7 +429,8 @@ void preview_estimate(Session& session, MemoryEstimate& e, bool cuda) {
     const auto& sc = *config.sample;
     PreviewEstimate p;
     const int d = e.spec.preview_divisibility;
-    p.width = sc.width / d * d, p.height = sc.height / d * d, p.frames = sc.num_frames;
+    p.width = sc.width / d * d, p.height = sc.height / d * d;
+    p.frames = static_cast<int>(session.plan().family->preview_frames(e.spec, session.config().model, sc.num_frames));
     for (size_t i = 0; i < session.plan().previews.size(); ++i)  // a prompt's --num_frames may ask for more
       p.frames = std::max(p.frames, static_cast<int>(session.preview_options(i).frames));
     const model::SampleShape shape{1, p.frames, p.height, p.width};

@@ -131,6 +131,7 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   attach_network();
   load_user_weights();
   attach_assistant();
+  experts_adapters_to_device();
   offload_transformer();
   model_->train();
   build_codec();
@@ -241,6 +242,18 @@ std::vector<torch::Tensor> device_tensors(const torch::nn::Module& module) {
   return out;
 }
 
+// An expert's frozen base weights: what the swap between experts moves (its LoRA and accuracy-recovery
+// adapters stay on the device, as AI Toolkit's networks hold them apart from the transformer they adapt).
+std::vector<torch::Tensor> expert_base_tensors(const torch::nn::Module& expert) {
+  std::set<const c10::TensorImpl*> adapters;
+  for (const auto& b : expert.named_buffers())
+    if (b.key().find("recovery_") != std::string::npos) adapters.insert(b.value().unsafeGetTensorImpl());
+  std::vector<torch::Tensor> out;
+  for (const auto& t : device_tensors(expert))
+    if (!t.requires_grad() && adapters.count(t.unsafeGetTensorImpl()) == 0) out.push_back(t);
+  return out;
+}
+
 }  // namespace
 
 void Session::transformer_at_first_use() {
@@ -263,8 +276,8 @@ void Session::expert_to_device(size_t e) {
   if (!device_.is_meta()) {
     torch::NoGradGuard no_grad;
     if (expert_on_device_ >= 0)
-      for (auto& t : device_tensors(experts_->expert(static_cast<size_t>(expert_on_device_))))
-        if (!t.requires_grad()) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+      for (auto& t : expert_base_tensors(experts_->expert(static_cast<size_t>(expert_on_device_))))
+        t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
     for (auto& t : device_tensors(experts_->expert(e)))
       if (device_.is_cuda() ? !t.is_cuda() : memory::is_host_memory(t)) t.set_data(memory::to_device(t, device_));
     log::info("model.low_vram: " + model::expert_name(e) + " to the device" +
@@ -279,8 +292,8 @@ void Session::experts_to_host() {
   if (!experts_ || !load_.at_first_use || expert_on_device_ < 0) return;
   if (!device_.is_meta()) {
     torch::NoGradGuard no_grad;
-    for (auto& t : device_tensors(experts_->expert(static_cast<size_t>(expert_on_device_))))
-      if (!t.requires_grad()) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+    for (auto& t : expert_base_tensors(experts_->expert(static_cast<size_t>(expert_on_device_))))
+      t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
     log::info("model.low_vram: " + model::expert_name(static_cast<size_t>(expert_on_device_)) + " to host memory");
   }
   expert_on_device_ = -1;
@@ -289,8 +302,7 @@ void Session::experts_to_host() {
 int64_t Session::expert_swap_bytes() const {
   if (!experts_ || !load_.at_first_use) return 0;
   int64_t bytes = 0;
-  for (const auto& t : device_tensors(experts_->expert(0)))
-    if (!t.requires_grad()) bytes += static_cast<int64_t>(t.nbytes());
+  for (const auto& t : expert_base_tensors(experts_->expert(0))) bytes += static_cast<int64_t>(t.nbytes());
   return bytes;
 }
 
@@ -302,8 +314,7 @@ int64_t Session::experts_in_host_bytes() const {
   int64_t bytes = 0;
   for (size_t i = 0; i < experts_->expert_count(); ++i)
     if (i != on)
-      for (const auto& t : device_tensors(experts_->expert(i)))
-        if (!t.requires_grad()) bytes += static_cast<int64_t>(t.nbytes());
+      for (const auto& t : expert_base_tensors(experts_->expert(i))) bytes += static_cast<int64_t>(t.nbytes());
   return bytes;
 }
 
@@ -434,6 +445,20 @@ void Session::attach_network() {
         "network.linear_alpha is not applied, as in AI Toolkit, which trains these models' LoRAs at "
         "scale 1 (alpha = rank); network.use_linear_alpha: true applies it");
   lora_modules_ = model::apply_lora(*model_, lora_);
+}
+
+// Two experts waiting in host memory (low_vram): their LoRA and accuracy-recovery adapters on the device from
+// the start, as AI Toolkit's networks are (network.to(device)); the base weights come at each expert's forward.
+void Session::experts_adapters_to_device() {
+  if (!experts_ || !load_.at_first_use || device_.is_meta()) return;
+  torch::NoGradGuard no_grad;
+  for (size_t e = 0; e < experts_->expert_count(); ++e) {
+    std::set<const c10::TensorImpl*> base;
+    for (const auto& t : expert_base_tensors(experts_->expert(e))) base.insert(t.unsafeGetTensorImpl());
+    for (auto& t : device_tensors(experts_->expert(e)))
+      if (base.count(t.unsafeGetTensorImpl()) == 0 && (device_.is_cuda() ? !t.is_cuda() : memory::is_host_memory(t)))
+        t.set_data(memory::to_device(t, device_));
+  }
 }
 
 // The user's weights when name_or_path is a local diffusers folder that has them: every tensor checked
@@ -715,9 +740,17 @@ void Session::apply_policy(const ckpt::CheckpointPolicy& policy, const model::Sa
   // budget:BYTES from the walk: what each block keeps without and with checkpointing (its dequantized
   // weights included), in call order.
   const model::ActivationEstimate est = block_activations(cell);
-  std::vector<int64_t> kept, inputs;
-  for (const model::BlockBytes& b : est.per_block) kept.push_back(b.saved), inputs.push_back(b.input);
-  applied_ = ckpt::CheckpointPolicy::only_blocks(ckpt::select_blocks_for_budget(kept, inputs, policy.budget_bytes));
+  // Each expert's blocks against the budget on their own (a forward runs one expert's).
+  const size_t experts = est.experts, per_expert = est.per_block.size() / std::max<size_t>(experts, 1);
+  std::vector<int> blocks;
+  for (size_t e = 0; e < experts; ++e) {
+    std::vector<int64_t> kept, inputs;
+    for (size_t i = e * per_expert; i < (e + 1) * per_expert; ++i)
+      kept.push_back(est.per_block[i].saved), inputs.push_back(est.per_block[i].input);
+    for (const int b : ckpt::select_blocks_for_budget(kept, inputs, policy.budget_bytes))
+      blocks.push_back(b + static_cast<int>(e * per_expert));
+  }
+  applied_ = ckpt::CheckpointPolicy::only_blocks(blocks);
   checkpointing_->apply(applied_);
   log::info("checkpoint policy " + policy.to_string() + " at samples of " + cell.describe() + ": the walk finds " +
             std::to_string(est.total_off_bytes) + " bytes of block activations without checkpointing; applying " +
@@ -744,7 +777,7 @@ model::ActivationEstimate Session::probe_blocks(const model::SampleShape& shape,
   const auto probe = checkpointing_->probe_blocks(in, [&] { return live() - nn::offload_buffer_bytes(*rings_); });
   std::vector<model::BlockBytes> per_block;
   for (size_t i = 0; i < probe.kept_bytes.size(); ++i) per_block.push_back({probe.kept_bytes[i], probe.input_bytes[i]});
-  return model::activation_estimate(std::move(per_block), tokens);
+  return model::activation_estimate(std::move(per_block), tokens, model_->expert_count());
 }
 
 model::ActivationEstimate Session::block_activations(const model::SampleShape& shape, int64_t text_tokens) {
@@ -990,6 +1023,15 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
       if (reg && tc.reg_weight != 1.0) loss = loss * tc.reg_weight;
     }
     ++steps_this_stage_;
+    if (experts_ && !loss.requires_grad())
+      throw UserError(
+          "step " + std::to_string(step) + ": this micro-batch's mean timestep (" +
+          std::to_string(mb.t.to(torch::kCPU).to(torch::kDouble).mean().item<double>() * 1000) + ") runs " +
+          model::expert_name(experts_->active()) +
+          ", which does not train (model.model_kwargs): on a shifted or sigmoid timestep grid the low-noise "
+          "stage's first point lies just above the boundary, and that draw runs the high-noise expert — AI "
+          "Toolkit fails on it the same way (BaseSDTrainProcess.py:1230-1245). Use train.timestep_type: linear, "
+          "or train both experts");
     // A non-finite loss gives this micro-batch no gradient (SDTrainer.py:2221-2224: the loss replaced by a
     // zero leaf, so its backward reaches no parameter).
     if (!torch::isfinite(loss).all().item<bool>()) {
@@ -1057,7 +1099,7 @@ sample::SampleOptions Session::preview_options(size_t i, const PreviewSettings& 
   sample::SampleOptions so;
   so.height = settings.height.value_or(item.height.value_or(sc.height)) / d * d;
   so.width = settings.width.value_or(item.width.value_or(sc.width)) / d * d;
-  so.frames = item.num_frames.value_or(sc.num_frames);
+  so.frames = plan_.family->preview_frames(spec_, config_.model, item.num_frames.value_or(sc.num_frames));
   so.steps = settings.steps.value_or(item.sample_steps.value_or(sc.sample_steps));
   so.guidance_scale = item.guidance_scale.value_or(sc.guidance_scale);
   so.seed = sc.seeds().at(i);

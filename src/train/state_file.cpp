@@ -230,9 +230,13 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
     });
   });
   // AI Toolkit removes `files[:-max_step_saves_to_keep]` (BaseSDTrainProcess.py:460-470): 0 removes none.
-  // Each expert's file with its save (max_step_saves_to_keep_multiplier, wan22_14b_model.py:220-229).
+  // Each expert's file goes with its save. AI Toolkit keeps max_step_saves_to_keep x 2 LoRA files where they
+  // are split (max_step_saves_to_keep_multiplier, wan22_14b_model.py:220-229; BaseSDTrainProcess.py:460-466
+  // counts files): as many saves with both experts' files, twice as many with one expert's.
   const auto suffixes = model::family_of(session.spec().family).expert_lora_suffixes(session.spec());
-  while (keep_ > 0 && static_cast<int>(step_saves_.size()) > keep_) {
+  const bool split = config.network && config.network->split_multistage_loras && !suffixes.empty();
+  const int keep = split ? keep_ * 2 / static_cast<int>(files.size()) : keep_;
+  while (keep > 0 && static_cast<int>(step_saves_.size()) > keep) {
     std::error_code ec;
     fs::remove_all(step_saves_.front().first, ec);
     for (const auto& suffix : suffixes) fs::remove(model::expert_lora_path(step_saves_.front().first, suffix), ec);

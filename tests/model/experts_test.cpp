@@ -76,5 +76,31 @@ TEST(Experts, TheI2vExpertsTakeTheFirstFramesChannelsWithoutImageTokens) {
   EXPECT_EQ(model->named_parameters()["transformer_2.patch_embedding.weight"].size(1), 36);
 }
 
+// A preview's frames as each Wan model class and pipeline round sample.num_frames: the pipelines' F // 4 * 4 + 1
+// where F is not 1 + 4k; the 5B's and the A14B I2V's own rounding down first, and Wan 2.1's low_vram
+// pipelines, which do not round.
+TEST(Experts, PreviewFramesRoundAsEachWanClassRoundsThem) {
+  auto frames = [](const char* preset, int64_t f, bool low_vram = false) {
+    const ModelSpec s = spec_by_preset(preset);
+    config::ModelConfig m;
+    m.low_vram = low_vram;
+    return family_of(s.family).preview_frames(s, m, f);
+  };
+  for (const char* up : {"wan21-14b", "wan21-i2v-14b", "wan22-14b"}) {
+    EXPECT_EQ(frames(up, 40), 41) << up;
+    EXPECT_EQ(frames(up, 42), 41) << up;
+    EXPECT_EQ(frames(up, 41), 41) << up;
+  }
+  EXPECT_EQ(frames("wan22-14b", 40, true), 41);  // Wan22Pipeline, low_vram or not
+  for (const char* down : {"wan22-5b", "wan22-14b-i2v"}) {
+    EXPECT_EQ(frames(down, 40), 37) << down;
+    EXPECT_EQ(frames(down, 42), 41) << down;
+  }
+  // Wan 2.1's low_vram pipelines do not round: the latents' frames decide.
+  EXPECT_EQ(frames("wan21-14b", 40, true), 37);
+  EXPECT_EQ(frames("wan21-i2v-14b", 40, true), 37);
+  EXPECT_EQ(frames("flux-dev", 1), 1);
+}
+
 }  // namespace
 }  // namespace gclab::model

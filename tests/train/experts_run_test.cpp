@@ -105,6 +105,17 @@ TEST(ExpertsRun, TrainLowNoiseOnlyAdaptsAndSavesTheLowNoiseExpert) {
   const auto file = io::SafetensorsFile::open(dir / "low" / "low_low_noise.safetensors");
   EXPECT_TRUE(file.contains("diffusion_model.blocks.0.self_attn.q.lora_A.weight"));
   EXPECT_FALSE(untrained(dir / "low" / "low_low_noise.safetensors"));
+  // One file a save: AI Toolkit's doubled max_step_saves_to_keep (1 here) keeps two saves.
+  EXPECT_TRUE(fs::exists(dir / "low" / "low_000000002_low_noise.safetensors"));
+  // Unsplit, one expert trained: its keys are the expert's own, as AI Toolkit's network on the one
+  // WanTransformer3DModel names them.
+  train(experts_config(
+            dir, "one",
+            {"network.split_multistage_loras=false", "model.model_kwargs.train_high_noise=false", "train.steps=1"}),
+        {});
+  const auto one = io::SafetensorsFile::open(dir / "one" / "one.safetensors");
+  EXPECT_TRUE(one.contains("diffusion_model.blocks.0.self_attn.q.lora_A.weight"));
+  EXPECT_EQ(one.entries().size(), file.entries().size());
   // network.split_multistage_loras: false — one file, each expert's keys under its own name.
   train(experts_config(dir, "combo", {"network.split_multistage_loras=false", "train.steps=1"}), {});
   const auto combo = io::SafetensorsFile::open(dir / "combo" / "combo.safetensors");

@@ -25,6 +25,9 @@ struct BlockBytes {
 
 struct ActivationEstimate {
   std::vector<BlockBytes> per_block;  // each block in the model's order
+  // A model of several experts (experts.h): per_block is each expert's blocks in turn, and a forward runs one
+  // expert's — the figures below are the largest expert's.
+  size_t experts = 1;
   int64_t image_tokens = 0, text_tokens = 0;
   int64_t total_off_bytes = 0;   // all blocks, GC off
   int64_t total_full_bytes = 0;  // all blocks checkpointed: their inputs
@@ -33,8 +36,9 @@ struct ActivationEstimate {
   int64_t full_with_recompute_bytes = 0;
 };
 
-// The estimate of blocks keeping `per_block` (walked or measured) for a step of `tokens`.
-ActivationEstimate activation_estimate(std::vector<BlockBytes> per_block, const StepTokens& tokens);
+// The estimate of blocks keeping `per_block` (walked or measured) for a step of `tokens`; `experts`: the
+// experts whose blocks per_block lists in turn.
+ActivationEstimate activation_estimate(std::vector<BlockBytes> per_block, const StepTokens& tokens, size_t experts = 1);
 
 // The blocks' activations under a checkpoint policy, block by block as its modes put them
 // (ckpt::CheckpointPolicy::mode_for; a budget policy resolved to blocks:[...] first). `kept_bytes`: what

@@ -162,6 +162,12 @@ class ModelFamily {
     return all;
   }
   virtual std::vector<std::string> expert_lora_suffixes(const ModelSpec& /*spec*/) const { return {}; }
+  // The frames a preview of sample.num_frames `frames` renders, as the family's model class and the pipeline
+  // it builds for `model` round them (a video family's latents take 1 + t k frames).
+  virtual int64_t preview_frames(const ModelSpec& /*spec*/, const config::ModelConfig& /*model*/,
+                                 int64_t frames) const {
+    return frames;
+  }
   // Whether AI Toolkit's model class tiles the preview decode under model.low_vram.
   virtual bool low_vram_tiles_previews(const ModelSpec& /*spec*/) const { return false; }
 

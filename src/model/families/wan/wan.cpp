@@ -228,6 +228,19 @@ class Wan final : public ModelFamily {
   // Wan21's and Wan225bModel's generate_single_image tile the decode under low_vram (wan21.py:523-528 use_vae_tiling,
   // :543-544; wan22_5b_model.py:213-215) at diffusers' default tile (256, stride 192); Wan21I2V's does not.
   bool low_vram_tiles_previews(const ModelSpec& spec) const override { return spec.condition_input_channels == 0; }
+  // diffusers' WanPipeline and WanImageToVideoPipeline, and AI Toolkit's Wan22Pipeline (:77-78): a count that
+  // is not 1 + 4k becomes F // 4 * 4 + 1 (40 -> 41). Rounded down to 1 + 4k (40 -> 37) where no pipeline
+  // rounds first: Wan225bModel and Wan2214bI2VModel round so themselves (wan22_5b_model.py:167-170,
+  // wan22_14b_i2v_model.py:33-36), and Wan 2.1's low_vram pipelines (AggressiveWanUnloadPipeline,
+  // AggressiveWanI2VUnloadPipeline: wan21.py:87-213, wan21_i2v.py:46-183) take the latents' 1 + (F - 1) // 4.
+  int64_t preview_frames(const ModelSpec& spec, const config::ModelConfig& model, int64_t frames) const override {
+    const int64_t t = spec.latent_temporal;
+    const bool wan21 = spec.variant != kWan22_5b && spec.variant != kWan22_14b;
+    const bool down = spec.variant == kWan22_5b || (spec.variant == kWan22_14b && spec.condition_input_channels > 0) ||
+                      (wan21 && model.low_vram);
+    if (down) return ((frames - 1) / t) * t + 1;
+    return frames % t == 1 ? frames : std::max<int64_t>(frames / t * t + 1, 1);
+  }
   std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return wan::text_pipeline(); }
   std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
     return std::make_shared<TwoForwardCfg>();
