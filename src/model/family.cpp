@@ -122,10 +122,12 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
   const ModelSpec preset = spec_by_preset(arch->preset);
   if (const std::string changed = family_of(preset.family).resolve_model_config(c.model); !changed.empty())
     if (c.model.quantize) d.warning("model.qtype", c.source.where("model.qtype"), changed);
-  if (!k.train_high_noise && !k.train_low_noise && preset.expert_boundaries.size() == 2)  // wan22_14b_model.py:205-208
-    error("model.model_kwargs.train_low_noise",
-          "train_high_noise and train_low_noise are both false: at least one of the two experts must train");
-  if ((!k.train_high_noise || !k.train_low_noise) && preset.expert_boundaries.size() != 2)
+  const ModelFamily& family = family_of(preset.family);
+  if (!preset.expert_boundaries.empty() && family.trained_experts(preset, k).empty())
+    error("model.model_kwargs", "leave none of " + arch->name + "'s " +
+                                    std::to_string(preset.expert_boundaries.size()) +
+                                    " experts to train: let at least one train");
+  if ((!k.train_high_noise || !k.train_low_noise) && preset.expert_boundaries.empty())
     d.warning("model.model_kwargs", c.source.where("model.model_kwargs"),
               "train_high_noise / train_low_noise have no effect for arch " + arch->name +
                   ": they choose between the high- and low-noise experts of a two-expert model");

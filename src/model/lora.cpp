@@ -66,15 +66,17 @@ std::vector<std::pair<std::string, Linear>> adapted_linears(DiffusionTransformer
   return out;
 }
 
-// A model of several experts of which one has adapters: the path under that expert, as AI Toolkit names the
-// adapters of the one WanTransformer3DModel it then trains (get_model_to_train, wan22_14b_model.py:594-609);
-// any other path as it is.
-std::string network_path(DiffusionTransformer& model, const std::string& path) {
-  if (model.expert_count() < 2) return path;
+// A model of several experts of which one has adapters: that expert's prefix ("transformer_2."), under which
+// AI Toolkit names the adapters of the one WanTransformer3DModel it then trains (get_model_to_train,
+// wan22_14b_model.py:594-609); empty otherwise. network_path: a module path under it as that expert's own.
+std::string single_expert_prefix(DiffusionTransformer& model) {
+  if (model.expert_count() < 2) return {};
   std::set<std::string> experts;
   for (auto& [p, linear] : adapted_linears(model)) experts.insert(p.substr(0, p.find('.') + 1));
-  if (experts.size() != 1 || path.rfind(*experts.begin(), 0) != 0) return path;
-  return path.substr(experts.begin()->size());
+  return experts.size() == 1 ? *experts.begin() : std::string();
+}
+std::string network_path(const std::string& prefix, const std::string& path) {
+  return !prefix.empty() && path.rfind(prefix, 0) == 0 ? path.substr(prefix.size()) : path;
 }
 
 // The scale lora_state folds into lora_B: the adapter's own alpha / rank.
@@ -135,6 +137,7 @@ int64_t set_base_weight_storage(DiffusionTransformer& model, WeightStorage stora
 
 std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransformer& model, torch::ScalarType dtype) {
   const ModelFamily& family = family_of(model.spec().family);
+  const std::string prefix = single_expert_prefix(model);
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& [path, linear] : adapted_linears(model)) {
     if (!linear->has_lora()) continue;
@@ -142,7 +145,7 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state(DiffusionTransform
       if (p.key().rfind("lora_", 0) != 0) continue;
       torch::Tensor t = p.value().detach();
       if (p.key().rfind("lora_B", 0) == 0) t = t * fold_scale(linear);
-      out.emplace_back(family.lora_file_key(network_path(model, path)) + "." + p.key(), t.to(dtype));
+      out.emplace_back(family.lora_file_key(network_path(prefix, path)) + "." + p.key(), t.to(dtype));
     }
   }
   return out;
@@ -154,8 +157,9 @@ std::vector<std::filesystem::path> save_lora(DiffusionTransformer& model, const 
   const auto tensors = lora_state(model, dtype);
   if (tensors.empty()) throw std::runtime_error("save_lora: the model has no LoRA adapters");
   std::vector<std::string> targets;
+  const std::string prefix = single_expert_prefix(model);
   for (auto& [module_path, linear] : adapted_linears(model))
-    if (linear->has_lora()) targets.push_back(network_path(model, module_path));
+    if (linear->has_lora()) targets.push_back(network_path(prefix, module_path));
   const nlohmann::json peft = {{"transformer.r", options.rank},
                                {"transformer.lora_alpha", options.rank},  // alpha / rank is folded into lora_B
                                {"transformer.target_modules", targets}};
@@ -237,13 +241,14 @@ void load_lora(DiffusionTransformer& model, const std::filesystem::path& path) {
   }
   const auto file = io::SafetensorsFile::open(path);
   const ModelFamily& family = family_of(model.spec().family);
+  const std::string prefix = single_expert_prefix(model);
   torch::NoGradGuard no_grad;
   for (auto& [module_path, linear] : adapted_linears(model)) {
     if (!linear->has_lora()) continue;
     for (auto& p : linear->named_parameters()) {
       if (p.key().rfind("lora_", 0) != 0) continue;
       // The family's key, or PEFT's (a file gclab wrote before it followed AI Toolkit's renaming).
-      std::string name = family.lora_file_key(network_path(model, module_path)) + "." + p.key();
+      std::string name = family.lora_file_key(network_path(prefix, module_path)) + "." + p.key();
       if (!file.contains(name) && file.contains("transformer." + module_path + "." + p.key()))
         name = "transformer." + module_path + "." + p.key();
       if (!file.contains(name)) throw std::runtime_error(path.string() + ": no tensor " + name);
@@ -284,9 +289,13 @@ LoraFile read_lora_file(DiffusionTransformer& model, const std::filesystem::path
     for (const auto& [e, file] : files) {
       if (!std::filesystem::exists(file)) continue;  // an expert that did not train
       LoraFile part = read_lora_file(experts.expert(e), file);
-      for (auto& [module, m] : part.modules) out.modules[expert_name(e) + "." + module] = std::move(m);
-      if (part.file_scale) out.file_scale = part.file_scale;
+      for (auto& [module, m] : part.modules) {
+        // Each file's own alpha / r on its modules (one file_scale does not hold two files').
+        if (!m.alpha && part.file_scale) m.alpha = *part.file_scale * static_cast<double>(m.down.size(0));
+        out.modules[expert_name(e) + "." + module] = std::move(m);
+      }
     }
+    if (out.modules.empty()) throw std::runtime_error(path.string() + ": none of the experts' files exists");
     return out;
   }
   const auto file = io::SafetensorsFile::open(path);

@@ -312,6 +312,13 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
       (plan.load.loading == TL::per_block || plan.load.loading == TL::experts_in_turn) && config.model.low_vram;
   plan.load.blocks_parked = parked && config.model.quantize && !config.model.low_vram;
   plan.load.staged = plan.load.quantized_on_host && !plan.device.is_cpu() && runs_on_cuda(config);
+  // Experts that take turns on the device carry adapters only: a full fine-tune's trained weights would move
+  // between host and device at every switch, its optimizer state beside them (AI Toolkit's wrapper moves the
+  // whole expert; get_model_has_grad is False for it).
+  if (plan.load.at_first_use && !plan.spec.expert_boundaries.empty() && !config.network)
+    throw UserError("a full fine-tune of " + plan.spec.preset +
+                    " under model.low_vram is not modelled: its experts take turns on the device. Train a LoRA "
+                    "(network), or set model.low_vram: false");
 
   if (const auto& assistant = config.model.assistant_lora_path) {
     if (!plan.family->takes_assistant_adapter(config.model.arch))

@@ -242,16 +242,25 @@ std::vector<torch::Tensor> device_tensors(const torch::nn::Module& module) {
   return out;
 }
 
-// An expert's frozen base weights: what the swap between experts moves (its LoRA and accuracy-recovery
-// adapters stay on the device, as AI Toolkit's networks hold them apart from the transformer they adapt).
+// An expert's base weights: what the swap between experts moves — every tensor but its LoRA adapters' and
+// accuracy-recovery adapters' (they stay on the device, as AI Toolkit's networks hold them apart from the
+// transformer they adapt).
 std::vector<torch::Tensor> expert_base_tensors(const torch::nn::Module& expert) {
   std::set<const c10::TensorImpl*> adapters;
+  for (const auto& p : expert.named_parameters())
+    if (p.key().find("lora_A.") != std::string::npos || p.key().find("lora_B.") != std::string::npos)
+      adapters.insert(p.value().unsafeGetTensorImpl());
   for (const auto& b : expert.named_buffers())
     if (b.key().find("recovery_") != std::string::npos) adapters.insert(b.value().unsafeGetTensorImpl());
   std::vector<torch::Tensor> out;
   for (const auto& t : device_tensors(expert))
-    if (!t.requires_grad() && adapters.count(t.unsafeGetTensorImpl()) == 0) out.push_back(t);
+    if (adapters.count(t.unsafeGetTensorImpl()) == 0) out.push_back(t);
   return out;
+}
+
+// Whether `t` is where `device` keeps its device memory (a CPU run's: not tagged host memory).
+bool on_device(const torch::Tensor& t, const torch::Device& device) {
+  return device.is_cuda() ? t.is_cuda() : !memory::is_host_memory(t);
 }
 
 }  // namespace
@@ -274,29 +283,31 @@ void Session::expert_to_device(size_t e) {
   // A meta session's tensors stay where they are (a walk's forward would count the move as freed memory):
   // resident() reads the experts' places from expert_on_device_.
   if (!device_.is_meta()) {
+    const int before = expert_on_device_;
+    expert_on_device_ = -1;  // until the move is whole: an error midway leaves every expert to be checked again
     torch::NoGradGuard no_grad;
-    if (expert_on_device_ >= 0)
-      for (auto& t : expert_base_tensors(experts_->expert(static_cast<size_t>(expert_on_device_))))
-        t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
-    for (auto& t : device_tensors(experts_->expert(e)))
-      if (device_.is_cuda() ? !t.is_cuda() : memory::is_host_memory(t)) t.set_data(memory::to_device(t, device_));
+    for (size_t i = 0; i < experts_->expert_count(); ++i)
+      if (i != e)
+        for (auto& t : expert_base_tensors(experts_->expert(i)))
+          if (on_device(t, device_)) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+    for (auto& t : expert_base_tensors(experts_->expert(e)))
+      if (!on_device(t, device_)) t.set_data(memory::to_device(t, device_));
     log::info("model.low_vram: " + model::expert_name(e) + " to the device" +
-              (expert_on_device_ >= 0
-                   ? ", " + model::expert_name(static_cast<size_t>(expert_on_device_)) + " to host memory"
-                   : ""));
+              (before >= 0 ? ", " + model::expert_name(static_cast<size_t>(before)) + " to host memory" : ""));
   }
   expert_on_device_ = static_cast<int>(e);
 }
 
 void Session::experts_to_host() {
   if (!experts_ || !load_.at_first_use || expert_on_device_ < 0) return;
+  const int before = expert_on_device_;
+  expert_on_device_ = -1;
   if (!device_.is_meta()) {
     torch::NoGradGuard no_grad;
-    for (auto& t : expert_base_tensors(experts_->expert(static_cast<size_t>(expert_on_device_))))
-      t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
-    log::info("model.low_vram: " + model::expert_name(static_cast<size_t>(expert_on_device_)) + " to host memory");
+    for (auto& t : expert_base_tensors(experts_->expert(static_cast<size_t>(before))))
+      if (on_device(t, device_)) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+    log::info("model.low_vram: " + model::expert_name(static_cast<size_t>(before)) + " to host memory");
   }
-  expert_on_device_ = -1;
 }
 
 int64_t Session::expert_swap_bytes() const {
@@ -429,7 +440,14 @@ void Session::record_load(const memory::MemoryStats& before_load) {
 void Session::attach_network() {
   if (experts_) {
     trained_stages_ = plan_.family->trained_experts(spec_, config_.model.model_kwargs);
-    stage_ = 0;  // BaseSDTrainProcess.py:271-272; the first micro-batch moves on to a stage that trains
+    for (size_t e : trained_stages_)
+      if (e >= experts_->expert_count()) trained_stages_.clear();
+    if (trained_stages_.empty())
+      throw UserError("model.model_kwargs leave none of " + spec_.preset + "'s " +
+                      std::to_string(experts_->expert_count()) + " experts to train: let at least one train");
+    // BaseSDTrainProcess.py:271-272 starts at stage 0 and the first micro-batch moves on to one that trains:
+    // the first that trains, here, so that every caller of micro_batch draws a trained stage.
+    stage_ = trained_stages_.front();
   }
   if (!config_.network) return;
   lora_ = model::lora_options(*config_.network);
@@ -456,8 +474,7 @@ void Session::experts_adapters_to_device() {
     std::set<const c10::TensorImpl*> base;
     for (const auto& t : expert_base_tensors(experts_->expert(e))) base.insert(t.unsafeGetTensorImpl());
     for (auto& t : device_tensors(experts_->expert(e)))
-      if (base.count(t.unsafeGetTensorImpl()) == 0 && (device_.is_cuda() ? !t.is_cuda() : memory::is_host_memory(t)))
-        t.set_data(memory::to_device(t, device_));
+      if (base.count(t.unsafeGetTensorImpl()) == 0 && !on_device(t, device_)) t.set_data(memory::to_device(t, device_));
   }
 }
 
@@ -1024,14 +1041,13 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     }
     ++steps_this_stage_;
     if (experts_ && !loss.requires_grad())
-      throw UserError(
-          "step " + std::to_string(step) + ": this micro-batch's mean timestep (" +
-          std::to_string(mb.t.to(torch::kCPU).to(torch::kDouble).mean().item<double>() * 1000) + ") runs " +
-          model::expert_name(experts_->active()) +
-          ", which does not train (model.model_kwargs): on a shifted or sigmoid timestep grid the low-noise "
-          "stage's first point lies just above the boundary, and that draw runs the high-noise expert — AI "
-          "Toolkit fails on it the same way (BaseSDTrainProcess.py:1230-1245). Use train.timestep_type: linear, "
-          "or train both experts");
+      throw UserError("step " + std::to_string(step) + ": this micro-batch's mean timestep (" +
+                      std::to_string(mb.t.to(torch::kCPU).to(torch::kDouble).mean().item<double>() * 1000) + ") runs " +
+                      model::expert_name(experts_->active()) +
+                      ", which does not train (model.model_kwargs): on a shifted or sigmoid timestep grid a "
+                      "stage's first point can lie just above its boundary, and that draw runs the expert before "
+                      "it — AI Toolkit fails on it the same way (BaseSDTrainProcess.py:1230-1245). Use "
+                      "train.timestep_type: linear, or train every expert");
     // A non-finite loss gives this micro-batch no gradient (SDTrainer.py:2221-2224: the loss replaced by a
     // zero leaf, so its backward reaches no parameter).
     if (!torch::isfinite(loss).all().item<bool>()) {

@@ -234,6 +234,7 @@ fs::path RunSaves::save(Session& session, int64_t step, bool final) {
   // are split (max_step_saves_to_keep_multiplier, wan22_14b_model.py:220-229; BaseSDTrainProcess.py:460-466
   // counts files): as many saves with both experts' files, twice as many with one expert's.
   const auto suffixes = model::family_of(session.spec().family).expert_lora_suffixes(session.spec());
+  if (files.empty()) throw SaveError("the LoRA save wrote no file: no adapter belongs to an expert");
   const bool split = config.network && config.network->split_multistage_loras && !suffixes.empty();
   const int keep = split ? keep_ * 2 / static_cast<int>(files.size()) : keep_;
   while (keep > 0 && static_cast<int>(step_saves_.size()) > keep) {

@@ -9,8 +9,10 @@
 
 #include "../support/test_util.h"
 #include "gclab/config/loader.h"
+#include "gclab/config/user_error.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/train/plan.h"
 #include "gclab/train/trainer.h"
 
 namespace gclab::train {
@@ -121,6 +123,14 @@ TEST(ExpertsRun, TrainLowNoiseOnlyAdaptsAndSavesTheLowNoiseExpert) {
   const auto combo = io::SafetensorsFile::open(dir / "combo" / "combo.safetensors");
   EXPECT_TRUE(combo.contains("diffusion_model.transformer_1.blocks.0.self_attn.q.lora_A.weight"));
   EXPECT_TRUE(combo.contains("diffusion_model.transformer_2.blocks.0.self_attn.q.lora_A.weight"));
+  // A config changed in code past the loader's checks: no expert to train is an error, not a hang.
+  config::ProcessConfig none = experts_config(dir, "none");
+  none.model.model_kwargs.train_high_noise = none.model.model_kwargs.train_low_noise = false;
+  EXPECT_THROW(train(none, {}), UserError);
+  // A full fine-tune whose experts would take turns on the device (low_vram): refused when planned.
+  config::ProcessConfig full = experts_config(dir, "full", {"model.low_vram=true"});
+  full.network.reset();
+  EXPECT_THROW(plan_run(full), UserError);
   // Both experts off: AI Toolkit's error, before anything loads.
   auto r = model::load_config_text(
       "model: {arch: tiny-wan22-14b, model_kwargs: {train_high_noise: false, "
