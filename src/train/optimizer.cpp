@@ -332,17 +332,19 @@ int64_t Optimizer::updates_of(const std::string& name) const {
 
 void Optimizer::step(double lr) {
   torch::NoGradGuard no_grad;
-  std::map<std::string, int64_t> counts;  // each parameter's updates after this step
   std::vector<std::pair<std::string, torch::Tensor>> with_grad;
-  for (auto& [name, param] : params_) {
-    const bool updated = param.grad().defined();
-    counts[name] = updates_of(name) + (updated ? 1 : 0);
-    if (updated) with_grad.emplace_back(name, param);
+  for (auto& [name, param] : params_)
+    if (param.grad().defined()) with_grad.emplace_back(name, param);
+  // Each parameter's own count, kept only where it differs from the optimizer's (the usual step, every
+  // parameter with a gradient and none behind, touches nothing).
+  if (with_grad.size() != params_.size() || !updates_.empty()) {
+    std::map<std::string, int64_t> counts;  // each parameter's updates after this step
+    for (auto& [name, param] : params_) counts[name] = updates_of(name) + (param.grad().defined() ? 1 : 0);
+    updates_.clear();
+    for (const auto& [name, count] : counts)
+      if (count != steps_ + 1) updates_[name] = count;
   }
   ++steps_;
-  updates_.clear();  // only the counts that differ from the optimizer's are kept
-  for (const auto& [name, count] : counts)
-    if (count != steps_) updates_[name] = count;
   if (with_grad.empty()) return;
   // 8-bit moments are dequantized, updated and requantized one parameter at a time, as bitsandbytes' fused
   // kernel updates each parameter in place: the dequantized float32 copies never exist for all at once.

@@ -287,9 +287,7 @@ void Session::expert_to_device(size_t e) {
     expert_on_device_ = -1;  // until the move is whole: an error midway leaves every expert to be checked again
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < experts_->expert_count(); ++i)
-      if (i != e)
-        for (auto& t : expert_base_tensors(experts_->expert(i)))
-          if (on_device(t, device_)) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+      if (i != e) expert_base_to_host(i);
     for (auto& t : expert_base_tensors(experts_->expert(e)))
       if (!on_device(t, device_)) t.set_data(memory::to_device(t, device_));
     log::info("model.low_vram: " + model::expert_name(e) + " to the device" +
@@ -298,14 +296,18 @@ void Session::expert_to_device(size_t e) {
   expert_on_device_ = static_cast<int>(e);
 }
 
+void Session::expert_base_to_host(size_t e) {
+  torch::NoGradGuard no_grad;
+  for (auto& t : expert_base_tensors(experts_->expert(e)))
+    if (on_device(t, device_)) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+}
+
 void Session::experts_to_host() {
   if (!experts_ || !load_.at_first_use || expert_on_device_ < 0) return;
   const int before = expert_on_device_;
   expert_on_device_ = -1;
   if (!device_.is_meta()) {
-    torch::NoGradGuard no_grad;
-    for (auto& t : expert_base_tensors(experts_->expert(static_cast<size_t>(before))))
-      if (on_device(t, device_)) t.set_data(device_.is_cpu() ? memory::to_host(t) : t.to(torch::kCPU));
+    expert_base_to_host(static_cast<size_t>(before));
     log::info("model.low_vram: " + model::expert_name(static_cast<size_t>(before)) + " to host memory");
   }
 }

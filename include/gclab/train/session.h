@@ -314,10 +314,11 @@ class Session {
   void transformer_at_first_use();
   // A model of several experts under LoadPlan::at_first_use: the router of its forwards (experts.h).
   void expert_to_device(size_t expert);
-  int64_t experts_in_host_bytes() const;  // the frozen weights of the experts that wait in host memory
-  void next_stage();                      // the stage of the next micro-batch
-  void experts_to_host();                 // the expert on the device to host memory (a preview's decode)
-  void experts_adapters_to_device();      // under low_vram, the experts' adapters to the device at the load
+  int64_t experts_in_host_bytes() const;    // the frozen weights of the experts that wait in host memory
+  void next_stage();                        // the stage of the next micro-batch
+  void experts_to_host();                   // the expert on the device to host memory (a preview's decode)
+  void expert_base_to_host(size_t expert);  // its base weights that are on the device, to host memory
+  void experts_adapters_to_device();        // under low_vram, the experts' adapters to the device at the load
   void load_text_encoders();
   void load_first_frame_encoder();
   void first_frame_encoder_to_device();
