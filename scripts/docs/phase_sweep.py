@@ -13,8 +13,9 @@ phase's error, and with --json the rows.
 --frames N (a video family's presets, with a --bin that has them registered): the data are clips of N
 frames (`gclab synth --frames N`), the dataset's and the preview's num_frames N.
 
-Wan 2.2 TI2V (`*-5b`) runs with do_i2v (its UI's default), a ctrl_img on its preview, latents not cached
-(gclab does not cache the first frame's latents yet). An image-to-video preset (`*-i2v`) conditions every step on the clips' first frames, so its latents are never
+Wan 2.2 TI2V (`*-5b`) runs with do_i2v (its UI's default), a ctrl_img on its preview, latents encoded on
+the fly, and cached with the clips' first frames' latents beside them (with the captions cached, no partial
+policies: they change nothing the first frame touches). An image-to-video preset (`*-i2v`) conditions every step on the clips' first frames, so its latents are never
 cached (gclab refuses it, as AI Toolkit fails on it); its preview takes a ctrl_img, and it runs checkpointing
 full under model.low_vram too (its image encoder in host memory until the first step, and during previews).
 
@@ -105,11 +106,12 @@ def main():
                 sys.exit(r.stderr)
     rows, failed = [], []
     for preset in a.presets.split(","):
-        i2v = preset.endswith("-i2v") or preset.endswith("-5b")
+        ti2v = preset.endswith("-5b")
+        i2v = preset.endswith("-i2v") or ti2v
         experts = "-14b" in preset  # Wan 2.2 A14B: under low_vram one expert on the device at a time
-        for cached_latents in [False] if i2v else [False, True]:
-            for cached_text in [False, True]:
-                for gc in ["off", "full"] + (PARTIAL if cached_latents and cached_text else []) + \
+        for cached_latents in [False] if preset.endswith("-i2v") else [False, True]:
+            for cached_text in [True] if ti2v and cached_latents else [False, True]:
+                for gc in ["off", "full"] + (PARTIAL if cached_latents and cached_text and not ti2v else []) + \
                         (["full_lowvram"] if i2v or experts else []):
                     name, c = config(preset, cached_latents, cached_text, gc, work, a.frames)
                     c = experts_steps(c, preset)

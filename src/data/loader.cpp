@@ -16,11 +16,11 @@ namespace gclab::data {
 
 namespace fs = std::filesystem;
 
-torch::Tensor LatentCache::find(const LatentSlot& slot) {
+CachedLatents LatentCache::find(const LatentSlot& slot) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (slot.memory) {
     const auto it = memory_.find(slot.key);
-    if (it != memory_.end()) return it->second;
+    if (it != memory_.end() && (!slot.first_frame || it->second.first_frame.defined())) return it->second;
   }
   std::error_code ec;
   if (slot.file.empty() || !fs::exists(slot.file, ec)) return {};
@@ -28,7 +28,10 @@ torch::Tensor LatentCache::find(const LatentSlot& slot) {
     const auto file = io::SafetensorsFile::open(slot.file);
     const auto m = file.metadata();
     if (!m.count("source") || m.at("source") != slot.stamp) return {};
-    torch::Tensor z = file.tensor("latent").clone();
+    // A file written without the first frame's latents (do_i2v set since) is encoded again, with them.
+    if (slot.first_frame && !file.contains("first_frame_latent")) return {};
+    CachedLatents z{file.tensor("latent").clone(), {}};
+    if (slot.first_frame) z.first_frame = file.tensor("first_frame_latent").clone();
     if (slot.memory) memory_[slot.key] = z;
     return z;
   } catch (const io::SafetensorsError&) {
@@ -36,26 +39,35 @@ torch::Tensor LatentCache::find(const LatentSlot& slot) {
   }
 }
 
-void LatentCache::store(const LatentSlot& slot, const torch::Tensor& z) {
+void LatentCache::store(const LatentSlot& slot, const CachedLatents& z) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (slot.memory) memory_[slot.key] = z;
-  if (!slot.file.empty()) io::save_safetensors(slot.file, {{"latent", z}}, {{"source", slot.stamp}});
+  if (slot.file.empty()) return;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = {{"latent", z.latents}};
+  if (z.first_frame.defined()) tensors.emplace_back("first_frame_latent", z.first_frame);
+  io::save_safetensors(slot.file, tensors, {{"source", slot.stamp}});
 }
 
 int64_t LatentCache::memory_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t n = 0;
-  for (const auto& [k, z] : memory_) n += static_cast<int64_t>(z.nbytes());
+  for (const auto& [k, z] : memory_)
+    n += static_cast<int64_t>(z.latents.nbytes() + (z.first_frame.defined() ? z.first_frame.nbytes() : 0));
   return n;
 }
 
 void remember_latents(const LoadedBatch& batch) {
   if (!batch.cache || !batch.latents.defined()) return;
-  for (size_t i = 0; i < batch.slots.size(); ++i)
-    if (batch.slots[i].cached())
-      batch.cache->store(
-          batch.slots[i],
-          memory::to_host(batch.latents[static_cast<int64_t>(i)].detach().to(torch::kFloat).contiguous()));
+  auto one = [](const torch::Tensor& t, size_t i) {
+    return memory::to_host(t[static_cast<int64_t>(i)].detach().to(torch::kFloat).contiguous());
+  };
+  for (size_t i = 0; i < batch.slots.size(); ++i) {
+    const LatentSlot& slot = batch.slots[i];
+    if (!slot.cached()) continue;
+    CachedLatents z{one(batch.latents, i), {}};
+    if (slot.first_frame && batch.first_frame_latents.defined()) z.first_frame = one(batch.first_frame_latents, i);
+    batch.cache->store(slot, z);
+  }
 }
 
 BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::DatasetConfig> datasets,
@@ -83,7 +95,19 @@ BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::Datas
   if (epoch_size_ == 0) throw DataError("the datasets give no batches");
 }
 
-int64_t BatchLoader::fill_caches(const std::function<torch::Tensor(const torch::Tensor&, uint64_t)>& encode) {
+// One sample's latents, [C, F', h, w], and its first frame's, [C, 1, h, w], where its slot keeps them (AI
+// Toolkit's _cache_one_latent: encode_images of the frames, then of frames[:, 0] alone, each a posterior sample
+// of its own — toolkit/dataloader_mixins.py:2034-2064), CPU float32.
+CachedLatents BatchLoader::encode_sample(const torch::Tensor& image, const LatentSlot& slot, const Encode& encode) {
+  torch::NoGradGuard no_grad;
+  const uint64_t key = std::hash<std::string>{}(slot.key);
+  auto kept = [](const torch::Tensor& z) { return memory::to_host(z[0].detach().to(torch::kFloat).contiguous()); };
+  CachedLatents z{kept(encode(image.unsqueeze(0), key)), {}};
+  if (slot.first_frame) z.first_frame = kept(encode(image.narrow(1, 0, 1).unsqueeze(0).contiguous(), key + 1));
+  return z;
+}
+
+int64_t BatchLoader::fill_caches(const Encode& encode) {
   // Every cacheable sample of the first epoch's plan, in each flip the dataset allows, grouped by size.
   std::map<std::pair<int, int>, std::vector<std::pair<PlannedSample, LatentSlot>>> todo;
   std::set<std::string> seen;
@@ -112,8 +136,7 @@ int64_t BatchLoader::fill_caches(const std::function<torch::Tensor(const torch::
       } catch (const ImageError&) {
         continue;  // reported, and replaced, when a batch meets it
       }
-      const torch::Tensor z = encode(image.unsqueeze(0), std::hash<std::string>{}(slot.key));
-      cache_->store(slot, memory::to_host(z[0].detach().to(torch::kFloat).contiguous()));
+      cache_->store(slot, encode_sample(image, slot, encode));
       ++encoded;
     }
   }
@@ -230,13 +253,23 @@ LoadedBatch BatchLoader::load(int64_t index) {
       std::all_of(loaded.begin(), loaded.end(), [](const Sample& x) { return x.latents.defined(); });
   std::vector<torch::Tensor> parts;
   for (size_t i = 0; i < loaded.size(); ++i) {
-    parts.push_back(all_latents                 ? loaded[i].latents
+    parts.push_back(all_latents                 ? loaded[i].latents.latents
                     : loaded[i].image.defined() ? loaded[i].image
                                                 : sample_image(used[i]));
     out.slots.push_back(loaded[i].slot);
   }
   (all_latents ? out.latents : out.images) = torch::stack(parts);
   out.cache = cache_;
+  // The clips' first frames' latents: stacked when any sample has them, zeros for the others.
+  const auto with_first =
+      std::find_if(loaded.begin(), loaded.end(), [](const Sample& x) { return x.latents.first_frame.defined(); });
+  if (all_latents && with_first != loaded.end()) {
+    std::vector<torch::Tensor> each;
+    for (const auto& x : loaded)
+      each.push_back(x.latents.first_frame.defined() ? x.latents.first_frame
+                                                     : torch::zeros_like(with_first->latents.first_frame));
+    out.first_frame_latents = torch::stack(each);
+  }
   // Inpainting images and loss masks: stacked when any sample has one, zeros for the others.
   for (auto [member, field] : {std::pair{&Sample::inpaint, &out.inpaint_alpha}, {&Sample::mask, &out.loss_mask}}) {
     const auto with =
@@ -305,6 +338,7 @@ LatentSlot BatchLoader::slot_for(const PlannedSample& s) const {
   // A clip's frames at the dataset's fps (shrink_video_to_frames: false) are another latent than spread ones.
   if (item.is_clip() && !ds.shrink_video_to_frames) key << "_fps" << ds.fps;
   LatentSlot slot;
+  slot.first_frame = item.is_clip() && o_.first_frame_latents.count(item.dataset) > 0;
   slot.key = item.image.string() + "|" + key.str();
   slot.memory = ds.cache_latents;
   if (ds.cache_latents_to_disk) {
@@ -362,10 +396,8 @@ BatchLoader::Sample BatchLoader::load_sample(const PlannedSample& s, std::mt1993
   }
   out.image = sample_image(s);
   if (!encode_here_) return out;
-  {
-    torch::NoGradGuard no_grad;
-    out.latents = codec_.encode(out.image.unsqueeze(0))[0].contiguous();
-  }
+  out.latents = encode_sample(out.image, out.slot,
+                              [this](const torch::Tensor& images, uint64_t /*key*/) { return codec_.encode(images); });
   if (out.slot.cached()) cache_->store(out.slot, out.latents);
   out.image = torch::Tensor();
   return out;

@@ -249,9 +249,8 @@ void plan_codec(RunPlan& plan) {
 // takes batch.tensor, wan21_i2v.py:489-498), which a batch of cached latents does not carry (DataLoaderBatchDTO
 // stacks file_item.tensor only when latents are not cached, toolkit/data_transfer_object/data_loader.py:275-
 // 284): AI Toolkit fails at the first step there, gclab refuses up front.
-// Wan 2.2 TI2V 5B with do_i2v: AI Toolkit caches the first frame's latents beside the clip's
-// (toolkit/dataloader_mixins.py:2049-2064), which gclab's latent cache does not hold yet: refused, said as
-// gclab's own limit.
+// A family that caches the first frame's latents beside the clip's (Wan 2.2 TI2V 5B with do_i2v: toolkit/
+// dataloader_mixins.py:2049-2064) takes them from the latent cache instead (RunPlan::first_frame_latents).
 void plan_first_frame(RunPlan& plan) {
   const config::ProcessConfig& c = plan.config;
   const model::ModelFamily& family = *plan.family;
@@ -261,17 +260,15 @@ void plan_first_frame(RunPlan& plan) {
     if (!family.trains_on_first_frame(plan.spec, d)) continue;
     steps = true;
     if (!(d.cache_latents || d.cache_latents_to_disk)) continue;
-    if (family.preview_first_frame(plan.spec) == model::PreviewFirstFrame::required)
-      throw UserError("datasets[" + std::to_string(i) + "]: " + c.model.arch +
-                      " conditions every step on each clip's first frame, read from its pixels (AI Toolkit's "
-                      "get_noise_prediction takes batch.tensor), and a batch of cached latents has none: AI "
-                      "Toolkit fails at the first step unless load_image_when_caching_latents keeps them, which "
-                      "gclab does not read. Set cache_latents_to_disk: false and cache_latents: false.");
-    throw UserError("datasets[" + std::to_string(i) +
-                    "]: do_i2v with cached latents: AI Toolkit caches each clip's "
-                    "first-frame latents beside its latents, which gclab does not do yet. Set "
-                    "cache_latents_to_disk: false and cache_latents: false (the first frame is then encoded every "
-                    "step, as AI Toolkit does without a cache).");
+    if (family.caches_first_frame_latents(plan.spec)) {
+      plan.first_frame_latents.insert(static_cast<int>(i));
+      continue;
+    }
+    throw UserError("datasets[" + std::to_string(i) + "]: " + c.model.arch +
+                    " conditions every step on each clip's first frame, read from its pixels (AI Toolkit's "
+                    "get_noise_prediction takes batch.tensor), and a batch of cached latents has none: AI "
+                    "Toolkit fails at the first step unless load_image_when_caching_latents keeps them, which "
+                    "gclab does not read. Set cache_latents_to_disk: false and cache_latents: false.");
   }
   if (!steps && family.preview_first_frame(plan.spec) == model::PreviewFirstFrame::none) return;
   plan.first_frame_in_steps = steps;

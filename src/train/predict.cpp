@@ -139,11 +139,15 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
       mb.weight = torch::empty({shape.batch}, meta);
       mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
       for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
-      torch::Tensor first;  // an image-to-video model's first frames, conditioned on in the forward phase
+      model::FirstFrames first;  // an image-to-video model's first frames, conditioned on in the forward phase
       if (session.conditions_on_first_frame()) {
         mb.conditioning.condition_channels = mb.conditioning.image_embeds = torch::Tensor();
-        memory::HostScope host;
-        first = torch::empty({shape.batch, 3, shape.height, shape.width}, meta);
+        memory::HostScope host;  // the loader's, as the pixels or from the latent cache
+        if (session.first_frames_cached())
+          first.latents =
+              torch::empty(model::latent_shape(session.spec(), {shape.batch, 1, shape.height, shape.width}), meta);
+        else
+          first.pixels = torch::empty({shape.batch, 3, shape.height, shape.width}, meta);
       }
       walked.batch = count.live();
       StepOptions so;
@@ -153,7 +157,7 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
       // bounds, and the op is named in not_modelled.
       torch::Tensor loss;
       const bool forward_ran = memory::run_walk([&] {
-        if (first.defined()) session.condition_on_first_frame(mb.conditioning, first, mb.x0, 0);
+        if (session.conditions_on_first_frame()) session.condition_on_first_frame(mb.conditioning, first, mb.x0, 0);
         loss = flow_matching_loss(model, mb, so);
       });
       // The second pass's (the rings as a step leaves them), the largest expert's.

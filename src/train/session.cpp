@@ -416,7 +416,14 @@ bool Session::first_frame_on(int dataset) const {
   return first_frame_ && d < config_.datasets.size() && plan_.family->trains_on_first_frame(spec_, config_.datasets[d]);
 }
 
-void Session::condition_on_first_frame(model::ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
+bool Session::first_frames_cached() const {
+  if (!conditions_on_first_frame()) return false;
+  for (size_t d = 0; d < config_.datasets.size(); ++d)
+    if (first_frame_on(static_cast<int>(d)) && !plan_.first_frame_latents.count(static_cast<int>(d))) return false;
+  return true;
+}
+
+void Session::condition_on_first_frame(model::ModelInputs& in, const model::FirstFrames& first, const torch::Tensor& x0,
                                        uint64_t draw) {
   first_frame_encoder_to_device();
   current_activity_ = Activity::first_frame;
@@ -636,11 +643,16 @@ void Session::encode(data::LoadedBatch& lb) {
   if (lb.latents.defined() && lb.reference_images.empty()) return;
   current_activity_ = Activity::vae_encode;
   if (!lb.latents.defined()) {
-    if (first_frame_on(lb.dataset)) {  // kept for the step's first-frame conditioning (host memory, as the pixels)
+    const uint64_t draw = static_cast<uint64_t>(lb.index) * 16;
+    const bool first_latents =
+        std::any_of(lb.slots.begin(), lb.slots.end(), [](const data::LatentSlot& s) { return s.first_frame; });
+    if (first_latents)  // its dataset caches them: encoded as the cache fill encodes them, and kept
+      lb.first_frame_latents = memory::to_host(codec().encode(lb.images.narrow(2, 0, 1), draw + 14).to(torch::kFloat));
+    else if (first_frame_on(lb.dataset)) {  // kept for the step's conditioning (host memory, as the pixels)
       memory::HostScope host;
       lb.first_frames = lb.images.select(2, 0).clone();
     }
-    lb.latents = codec().encode(lb.images, static_cast<uint64_t>(lb.index) * 16);
+    lb.latents = codec().encode(lb.images, draw);
     lb.images = torch::Tensor();
     data::remember_latents(lb);
   }
@@ -903,7 +915,8 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);
   if (first_frame_on(lb.dataset)) {  // inside get_noise_prediction, after the noise (wan21_i2v.py:488-517)
     auto scope = phase(Phase::forward);
-    condition_on_first_frame(mb.conditioning, lb.first_frames, mb.x0, static_cast<uint64_t>(lb.index) * 16 + 15);
+    condition_on_first_frame(mb.conditioning, {lb.first_frames, lb.first_frame_latents}, mb.x0,
+                             static_cast<uint64_t>(lb.index) * 16 + 15);
   }
   return mb;
 }
@@ -925,7 +938,11 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
     lb.latents = torch::randn(model::latent_shape(spec_, shape), o);
   if (!images && first_frame_on(lb.dataset)) {  // the latents given ready: the first frames beside them
     memory::HostScope host;
-    lb.first_frames = torch::rand({shape.batch, 3, shape.height, shape.width}, o) * 2 - 1;
+    if (plan_.first_frame_latents.count(lb.dataset)) {
+      lb.first_frame_latents = torch::randn(model::latent_shape(spec_, {shape.batch, 1, shape.height, shape.width}), o);
+    } else {
+      lb.first_frames = torch::rand({shape.batch, 3, shape.height, shape.width}, o) * 2 - 1;
+    }
   }
   std::string caption = "a photo";
   if (config_.sample && !config_.sample->samples.empty()) caption = config_.sample->samples.front().prompt;

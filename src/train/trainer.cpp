@@ -179,6 +179,7 @@ void Run::prepare() {
   const bool channels = model::family_of(s.spec().family).controls_as_channels(s.spec());
   lo.controls_at_bucket = channels || model::trains_references_at_image_size(s.spec());
   lo.inpaint_images = channels;
+  lo.first_frame_latents = s.plan().first_frame_latents;
   lo.text_reads_controls = s.spec().reference_tokens;
   lo.seed = s.plan().seed;
   lo.trigger_word = config_.trigger_word;

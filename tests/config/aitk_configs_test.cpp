@@ -360,8 +360,13 @@ TEST(AitkConfigs, Wan22Ti2vTheUisPresetResolvesToThe5b) {
   const auto k = plan.family->quantization_filter(r.config->model);
   EXPECT_EQ(k.exclude, (std::vector<std::string>{"condition_embedder*", "proj_out*"}));
   EXPECT_TRUE(plan.first_frame_in_steps);
+  EXPECT_TRUE(plan.first_frame_latents.empty());
   ASSERT_EQ(plan.preview_controls.size(), 1u);
   EXPECT_TRUE(plan.preview_controls[0].empty());  // its ctrl_img is optional
+  // The UI's "Cache Latents" ticked: the clips' first frames' latents cached beside theirs, the steps' from there.
+  config::ProcessConfig cached = *r.config;
+  cached.datasets[0].cache_latents_to_disk = true;
+  EXPECT_EQ(train::plan_run(cached, train::PlanOptions{/*meta=*/true}).first_frame_latents, (std::set<int>{0}));
   fs::remove_all(dir);
 }
 

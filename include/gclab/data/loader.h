@@ -32,22 +32,33 @@ struct LatentSlot {
   bool memory = false;         // cache_latents
   std::filesystem::path file;  // cache_latents_to_disk (empty: not on disk)
   std::string stamp;           // the image's size and time, in the file's metadata
+  // A clip of a dataset whose first frames are cached as latents too (LoaderOptions::first_frame_latents): a
+  // cache without them is not this slot's.
+  bool first_frame = false;
   bool cached() const { return memory || !file.empty(); }
+};
+
+// One sample's cached latents (CPU float32): its own, [C, F', h, w], and its first frame's, [C, 1, h, w], where
+// its slot keeps them (AI Toolkit's `latent` and `first_frame_latent` in the cache file).
+struct CachedLatents {
+  torch::Tensor latents;
+  torch::Tensor first_frame;
+  bool defined() const { return latents.defined(); }
 };
 
 // The latent caches of a run, shared by the loader's thread and the session (thread-safe).
 class LatentCache {
  public:
   // The sample's latents from memory, else from a valid file (then kept in memory when cached there);
-  // undefined when not cached.
-  torch::Tensor find(const LatentSlot& slot);
-  // Keeps z (one sample's latents, CPU float32) where the slot says.
-  void store(const LatentSlot& slot, const torch::Tensor& z);
+  // undefined when not cached, or cached without the first frame's latents the slot asks for.
+  CachedLatents find(const LatentSlot& slot);
+  // Keeps one sample's latents where the slot says.
+  void store(const LatentSlot& slot, const CachedLatents& z);
   int64_t memory_bytes() const;
 
  private:
   mutable std::mutex mutex_;
-  std::map<std::string, torch::Tensor> memory_;
+  std::map<std::string, CachedLatents> memory_;
 };
 
 struct LoadedBatch {
@@ -60,8 +71,12 @@ struct LoadedBatch {
   // caches or the stand-in codec (CPU); undefined until the session encodes `images` with the autoencoder.
   torch::Tensor latents;
   torch::Tensor images;  // frames [B, 3, F, H, W] in [-1, 1], CPU float32, when latents were not ready
-  // An image-to-video model's first frames [B, 3, H, W] (host memory), kept by the session as it encodes `images`.
+  // An image-to-video model's first frames: their pixels [B, 3, H, W] (host memory), kept by the session as it
+  // encodes `images`; or, where their dataset caches them (LoaderOptions::first_frame_latents), their latents
+  // [B, C, 1, h, w] (first_frame_latents) from the cache beside `latents` — zeros for a sample without one
+  // (DataLoaderBatchDTO's first_frame_latents, toolkit/data_transfer_object/data_loader.py:293-305).
   torch::Tensor first_frames;
+  torch::Tensor first_frame_latents;
   // Edit models: one [B, C, h', w'] per control folder (reference_images: one frame each, [B, 3, 1, H, W]), each
   // control scaled to the batch's size (LoaderOptions::controls_at_bucket) or to a reference_area image of the batch's
   // aspect (reference_size), cover and centre-crop — one such latent per control image, as the token accounting counts
@@ -98,6 +113,9 @@ struct LoaderOptions {
   bool text_reads_controls = false;
   // The datasets' inpaint_path images are read (Flex.2: its family's controls_as_channels).
   bool inpaint_images = false;
+  // The datasets (by index) whose latent caches keep each clip's first frame's latents too (the family's
+  // caches_first_frame_latents, for a dataset whose steps condition on first frames).
+  std::set<int> first_frame_latents;
   uint64_t seed = 0;
   std::optional<std::string> trigger_word;  // the process's; a dataset's own wins
   int prefetch = 3;
@@ -125,16 +143,18 @@ class BatchLoader {
   // AI Toolkit's latent caching before training (cache_latents_all_latents): every sample the caching
   // datasets can give (each image at each resolution, flipped as the dataset may flip it) that is not
   // cached yet, one sample at a time as AI Toolkit encodes them, handed to `encode` (frames [1, 3, F, H, W]
-  // in [-1, 1] -> the family's latents) and stored. Call before the first next(). Returns how many were encoded.
+  // in [-1, 1] -> the family's latents) and stored — and a clip's first frame ([1, 3, 1, H, W]) where its slot
+  // keeps it. Call before the first next(). Returns how many samples were encoded.
   // `encode` also gets a key of the image's placement (for its posterior sample).
-  int64_t fill_caches(const std::function<torch::Tensor(const torch::Tensor&, uint64_t)>& encode);
+  using Encode = std::function<torch::Tensor(const torch::Tensor&, uint64_t)>;
+  int64_t fill_caches(const Encode& encode);
   const std::shared_ptr<LatentCache>& cache() const { return cache_; }
 
  private:
   void work();
   LoadedBatch load(int64_t index);
   struct Sample {
-    torch::Tensor latents;  // one sample's latents when cached or encoded here
+    CachedLatents latents;  // one sample's latents when cached or encoded here
     torch::Tensor image;    // its frames [3, F, H, W] otherwise
     torch::Tensor inpaint;  // [1, H, W] its inpainting image's alpha (undefined: none)
     torch::Tensor mask;     // [1, H, W] its loss mask (undefined: none)
@@ -144,6 +164,7 @@ class BatchLoader {
   // (an unusable inpainting image is a warning: the sample has none, as in AI Toolkit). `rng`: the mask's blur.
   Sample load_sample(const PlannedSample& s, std::mt19937_64& rng);
   LatentSlot slot_for(const PlannedSample& s) const;
+  static CachedLatents encode_sample(const torch::Tensor& image, const LatentSlot& slot, const Encode& encode);
   torch::Tensor sample_image(const PlannedSample& s) const;
   PlannedSample replacement_for(int64_t epoch, const Batch& batch, const PlannedSample& bad) const;
 
@@ -170,7 +191,8 @@ class BatchLoader {
   std::thread worker_;
 };
 
-// Stores the batch's encoded latents (and nothing else) in the caches its slots name.
+// Stores the batch's encoded latents (and its first frames' latents, where its slots keep them) in the caches
+// its slots name.
 void remember_latents(const LoadedBatch& batch);
 
 }  // namespace gclab::data

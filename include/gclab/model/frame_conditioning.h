@@ -30,6 +30,14 @@ struct FrameConditioningSource {
 
 enum class PreviewFirstFrame { none, optional, required };
 
+// A batch's first frames as a training step gets them: their pixels ([B, 3, H, W] in [-1, 1], host memory),
+// or their latents ([B, C, 1, h, w], scaled) from the latent cache where the family caches them
+// (caches_first_frame_latents, registry.h) — one of the two defined.
+struct FirstFrames {
+  torch::Tensor pixels;
+  torch::Tensor latents;
+};
+
 class FrameConditioning {
  public:
   // Frames [B, 3, F, H, W] in [-1, 1] -> the family's scaled latents on the device (the run's autoencoder: a
@@ -40,11 +48,10 @@ class FrameConditioning {
   virtual torch::nn::Module* image_encoder() = 0;
   // "a CLIP vision tower (630766080 parameters, random weights)".
   virtual std::string describe() const = 0;
-  // A training step's inputs from each sample's first frame `first` ([B, 3, H, W] in [-1, 1], any device)
-  // and the clean latents `x0`: sets in.condition_channels and in.image_embeds (Wan 2.1 I2V) or
-  // in.clean_latent_frames and in.per_token_timesteps (Wan 2.2 TI2V), without gradients.
-  virtual void condition(ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
-                         const Encode& encode) = 0;
+  // A training step's inputs from each sample's first frame `first` (any device) and the clean latents `x0`:
+  // sets in.condition_channels and in.image_embeds (Wan 2.1 I2V) or in.clean_latent_frames and
+  // in.per_token_timesteps (Wan 2.2 TI2V), without gradients; `encode` runs only on pixels.
+  virtual void condition(ModelInputs& in, const FirstFrames& first, const torch::Tensor& x0, const Encode& encode) = 0;
   // A preview's inputs from its control image `file` (sample.ctrl_img; empty: none) for latents of
   // `latent_shape` ([1, C, F', h, w]), as the family's preview pipeline computes them; `mean` encodes to the
   // posterior's mean, `sample` draws from it.

@@ -149,6 +149,10 @@ class ModelFamily {
     return false;
   }
   virtual PreviewFirstFrame preview_first_frame(const ModelSpec& /*spec*/) const { return PreviewFirstFrame::none; }
+  // Whether a dataset that caches its latents caches each clip's first frame's latents beside them (AI
+  // Toolkit's first_frame_latent), the steps conditioning on those (FirstFrames::latents); false: the
+  // conditioning reads the pixels in every step, which a batch of cached latents does not carry.
+  virtual bool caches_first_frame_latents(const ModelSpec& /*spec*/) const { return false; }
   // That conditioning, built for a run (frame_conditioning.h): its image encoder's weights from `source`.
   virtual std::unique_ptr<FrameConditioning> frame_conditioning(const ModelSpec& /*spec*/,
                                                                 const FrameConditioningSource& /*source*/) const {

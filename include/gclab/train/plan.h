@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,9 @@ struct RunPlan {
   // registry.h): its image encoder on `device` in compute_dtype, from name_or_path's image_encoder/ when it has one.
   std::optional<model::FrameConditioningSource> first_frame;
   bool first_frame_in_steps = false;  // some dataset's steps condition on it (the walk's steps do then)
+  // The datasets (by index) whose steps condition on the first frames' latents from the latent cache (the
+  // family's caches_first_frame_latents, with cache_latents / cache_latents_to_disk), not on their pixels.
+  std::set<int> first_frame_latents;
   // The autoencoder on the device through the steps: latents encoded on the fly, or an edit model's control
   // images, encoded every step cached latents or not (encode brings an offloaded autoencoder back).
   bool vae_in_steps = false;

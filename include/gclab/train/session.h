@@ -135,8 +135,11 @@ class Session {
   // An image-to-video model's conditioning on each sample's first frame, run in each step's forward phase
   // before the transformer (as AI Toolkit's get_noise_prediction does) — and walked there by the memory model.
   bool conditions_on_first_frame() const { return first_frame_ != nullptr && plan_.first_frame_in_steps; }
-  void condition_on_first_frame(model::ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0,
+  void condition_on_first_frame(model::ModelInputs& in, const model::FirstFrames& first, const torch::Tensor& x0,
                                 uint64_t draw);
+  // Whether every dataset whose steps condition on first frames takes their latents from the latent cache
+  // (RunPlan::first_frame_latents): no encode in the step then.
+  bool first_frames_cached() const;
   // Whether its image encoder waits in host memory until the first step (model.low_vram).
   bool first_frame_encoder_waits() const { return plan_.first_frame && config_.model.low_vram; }
   model::DiffusionTransformer& model() { return *model_; }

@@ -6,6 +6,8 @@
 // after the noisy latents: [noisy 16, mask 4, condition 16].
 #include <nlohmann/json.hpp>
 
+#include <stdexcept>
+
 #include "gclab/config/user_error.h"
 #include "gclab/data/image.h"
 #include "gclab/io/json_file.h"
@@ -115,9 +117,11 @@ class WanFirstFrame final : public FrameConditioning {
            (loaded_ ? "weights loaded" : "random weights") + ")";
   }
 
-  void condition(ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0, const Encode& encode) override {
+  void condition(ModelInputs& in, const FirstFrames& first, const torch::Tensor& x0, const Encode& encode) override {
+    // The pixels always (a cache of latents is refused when the run is planned: caches_first_frame_latents).
+    if (!first.pixels.defined()) throw std::logic_error("Wan 2.1 I2V's conditioning needs the first frames' pixels");
     torch::NoGradGuard no_grad;
-    const torch::Tensor frame = memory::to_device(first, x0.device(), torch::kFloat);
+    const torch::Tensor frame = memory::to_device(first.pixels, x0.device(), torch::kFloat);
     if (encoder_) in.image_embeds = encoder_->forward(clip_pixels(frame)).penultimate.to(dtype_);
     in.condition_channels = first_frame_channels(frame, x0, encode);
   }
@@ -205,7 +209,8 @@ class WanFirstFrame final : public FrameConditioning {
 // Wan 2.2 TI2V 5B's (Wan225bModel.get_noise_prediction, wan22_5b_model.py:255-334, and
 // add_first_frame_conditioning_v22, toolkit/models/wan21/wan_utils.py:116-189): a clip's first frame scaled to
 // its latents' size x 16 and encoded (a posterior sample), normalised, given as the clean first latent frame
-// — its tokens at t = 0 and outside the loss (scale_loss, :327-334) — and every token's timestep its own. An
+// — its tokens at t = 0 and outside the loss (scale_loss, :327-334) — and every token's timestep its own; with
+// cached latents, the first frame's latents the cache drew once (batch.first_frame_latents, :266-279). An
 // image (one latent frame: AI Toolkit's 4-D batch, :282-284) gets the per-token timesteps only. Its previews
 // (Wan22Pipeline with expand_timesteps; generate_single_image :155-213): per-token timesteps always, and a
 // ctrl_img, when given, encoded (sampled) as the clean first frame.
@@ -215,11 +220,15 @@ class WanFirstLatents final : public FrameConditioning {
       : spec_(spec), dtype_(source.dtype), device_(source.device) {}
   torch::nn::Module* image_encoder() override { return nullptr; }
   std::string describe() const override { return "the first frame's latents (no image encoder)"; }
-  void condition(ModelInputs& in, const torch::Tensor& first, const torch::Tensor& x0, const Encode& encode) override {
+  void condition(ModelInputs& in, const FirstFrames& first, const torch::Tensor& x0, const Encode& encode) override {
     torch::NoGradGuard no_grad;
     in.per_token_timesteps = true;
     if (x0.size(2) == 1) return;
-    const torch::Tensor frame = memory::to_device(first, x0.device(), torch::kFloat);
+    if (first.latents.defined()) {
+      in.clean_latent_frames = memory::to_device(first.latents, x0.device(), dtype_);
+      return;
+    }
+    const torch::Tensor frame = memory::to_device(first.pixels, x0.device(), torch::kFloat);
     in.clean_latent_frames =
         encode(at_latents_size(frame, x0.size(3), x0.size(4), spec_.latent_spatial).unsqueeze(2)).to(dtype_);
   }

@@ -210,6 +210,10 @@ class Wan final : public ModelFamily {
     if (spec.condition_input_channels > 0) return PreviewFirstFrame::required;
     return spec.variant == kWan22_5b ? PreviewFirstFrame::optional : PreviewFirstFrame::none;
   }
+  // Wan225bModel: the latent cache keeps first_frame_latent for a do_i2v dataset's clips (toolkit/
+  // dataloader_mixins.py:2049-2064) and get_noise_prediction conditions on it (wan22_5b_model.py:266-279);
+  // Wan21I2V reads batch.tensor, the pixels, in every step (wan21_i2v.py:489-498).
+  bool caches_first_frame_latents(const ModelSpec& spec) const override { return spec.variant == kWan22_5b; }
   std::unique_ptr<FrameConditioning> frame_conditioning(const ModelSpec& spec,
                                                         const FrameConditioningSource& source) const override {
     if (spec.condition_input_channels > 0) return wan::first_frame_conditioning(spec, source);
