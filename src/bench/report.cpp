@@ -173,7 +173,9 @@ Document text_encoders_report(const config::ProcessConfig& config) {
 }
 
 Document bucket_report(const config::ProcessConfig& config) {
-  const int divisibility = model::spec_for(config.model).divisibility;
+  const model::ModelSpec spec = model::spec_for(config.model);
+  const int divisibility = spec.divisibility;
+  const data::BucketRules rules{divisibility, static_cast<int>(spec.latent_temporal)};
   Document d;
   d.heading("/buckets", "buckets, from image headers only (divisibility " + std::to_string(divisibility) + ")");
   d.value["buckets"] = ojson::object();
@@ -184,9 +186,9 @@ Document bucket_report(const config::ProcessConfig& config) {
     try {
       const auto scan = data::scan_dataset(ds, static_cast<int>(i));
       for (const auto& w : scan.warnings) log::warn(w);
-      d.note("/buckets/" + key,
-             *ds.folder_path + ", " + std::to_string(scan.items.size()) + (ds.num_frames > 1 ? " clips" : " images"));
-      for (const auto& [resolution, buckets] : data::bucket_histogram(scan.items, ds, divisibility)) {
+      d.note("/buckets/" + key, *ds.folder_path + ", " + std::to_string(scan.items.size()) +
+                                    (data::video_dataset(ds) ? " clips" : " images"));
+      for (const auto& [resolution, buckets] : data::bucket_histogram(scan.items, ds, rules)) {
         ojson& counts = per[std::to_string(resolution)] = ojson::object();
         for (const auto& [bucket, count] : buckets) counts[bucket.key()] = count;
       }

@@ -735,10 +735,6 @@ class Validator {
       at_least(p + ".keep_tokens", d.keep_tokens, 0);
       at_least(p + ".num_frames", d.num_frames, 1);
       at_least(p + ".fps", d.fps, 1);
-      if (d.auto_frame_count)
-        error(p + ".auto_frame_count",
-              "AI Toolkit's per-clip frame count (each clip at its own length at `fps`, snapped to 4k + 1) is not "
-              "modelled by gclab yet; set auto_frame_count: false and num_frames to the frames to train on");
       if (d.batch_size) at_least(p + ".batch_size", *d.batch_size, 1);
       if (d.resolution.empty()) error(p + ".resolution", "must list at least one resolution");
       for (std::size_t r = 0; r < d.resolution.size(); ++r) {

@@ -152,14 +152,16 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
-// A video dataset's items (num_frames > 1), as AI Toolkit's video datasets hold them (toolkit/data_loader.py:
+// A video dataset's items (video_dataset), as AI Toolkit's video datasets hold them (toolkit/data_loader.py:
 // 433-436, data_transfer_object/data_loader.py:64-68): each video file below `folder` a clip; each image
 // directly in it an item of one frame; and (gclab's own) each folder below it holding images a clip, its frames
 // those images in natural name order (frame2 before frame10), sized by the first.
 ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std::string& where) {
+  const std::string frames =
+      dataset.auto_frame_count ? "auto_frame_count" : "num_frames " + std::to_string(dataset.num_frames);
   if (!dataset.control_path.empty() || dataset.inpaint_path || dataset.mask_path || dataset.alpha_mask)
-    throw DataError(where + ": control, inpainting and mask images are not read for clips (num_frames " +
-                    std::to_string(dataset.num_frames) + "); set num_frames: 1 or remove them");
+    throw DataError(where + ": control, inpainting and mask images are not read for clips (" + frames +
+                    "); set num_frames: 1 or remove them");
   const fs::path folder = *dataset.folder_path;
   std::map<fs::path, std::vector<fs::path>> clips;
   ScanResult result;
@@ -209,7 +211,7 @@ ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std
             [](const ImageItem& a, const ImageItem& b) { return a.image < b.image; });
   if (std::none_of(result.items.begin(), result.items.end(), [](const ImageItem& i) { return i.is_clip(); }))
     throw DataError(where + ".folder_path: '" + folder.string() + "' has no clips (video files, or folders of " +
-                    "frames) for num_frames " + std::to_string(dataset.num_frames));
+                    "frames) for " + frames);
   return result;
 }
 
@@ -224,17 +226,47 @@ std::vector<int> clip_frame_indices(int total, int num_frames) {
   return out;
 }
 
-std::vector<int> sample_frame_indices(const ImageItem& clip, const config::DatasetConfig& dataset,
+bool video_dataset(const config::DatasetConfig& dataset) { return dataset.num_frames > 1 || dataset.auto_frame_count; }
+
+int item_frames(const ImageItem& item, const config::DatasetConfig& dataset, int temporal) {
+  if (!item.is_clip()) return 1;
+  if (!dataset.auto_frame_count) return dataset.num_frames;
+  const double seconds = static_cast<double>(item.clip_length()) / item.clip_fps(dataset);
+  const int n = static_cast<int>(seconds * dataset.fps);
+  const int t = std::max(temporal, 1);
+  return (dataset.trim_auto_frame_count_tail ? std::max(0, n - 1) / t * t : n / t * t) + 1;
+}
+
+std::vector<int> sample_frame_indices(const ImageItem& clip, const config::DatasetConfig& dataset, int temporal,
                                       std::mt19937_64& rng) {
-  const int total = clip.clip_length(), n = dataset.num_frames;
+  const int total = clip.clip_length(), n = item_frames(clip, dataset, temporal);
+  const int last = total - 1;
+  if (dataset.auto_frame_count && dataset.trim_auto_frame_count_tail) {
+    const double fps = clip.clip_fps(dataset);
+    const double ratio = fps > 0 ? fps / dataset.fps : 1.0;
+    std::vector<int> out;
+    for (int i = 0; i < n; ++i) out.push_back(std::min(static_cast<int>(std::nearbyint(i * ratio)), last));
+    return out;
+  }
   if (dataset.shrink_video_to_frames || total < n) return clip_frame_indices(total, n);
   const int interval = std::max(1, static_cast<int>(std::nearbyint(clip.clip_fps(dataset) / dataset.fps)));
   if (total / interval < n) return clip_frame_indices(total, n);
-  const int last = total - 1;
   const int start = std::uniform_int_distribution<int>(0, std::max(0, last - (n - 1) * interval))(rng);
   std::vector<int> out;
   for (int i = 0; i < n; ++i) out.push_back(std::min(start + i * interval, last));
   return out;
+}
+
+std::optional<int> most_frames(const config::DatasetConfig& dataset, int temporal) {
+  if (!dataset.auto_frame_count) return dataset.num_frames;
+  try {
+    int most = 0;
+    for (const ImageItem& item : scan_dataset(dataset, 0).items)
+      most = std::max(most, item_frames(item, dataset, temporal));
+    return most;
+  } catch (const DataError&) {
+    return std::nullopt;
+  }
 }
 
 ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
@@ -244,7 +276,7 @@ ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
   std::error_code ec;
   if (!fs::is_directory(folder, ec))
     throw DataError(where + ".folder_path: '" + folder.string() + "' does not exist or is not a folder");
-  if (dataset.num_frames > 1) return scan_clips(dataset, index, where);
+  if (video_dataset(dataset)) return scan_clips(dataset, index, where);
   const std::vector<fs::path> images = image_files_below(folder);
   ScanResult result;
   for (const auto& path : images) {
@@ -366,7 +398,7 @@ std::string process_caption(const std::string& raw, const config::DatasetConfig&
 }
 
 std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::vector<config::DatasetConfig>& datasets,
-                              int default_batch_size, int divisibility, uint64_t seed) {
+                              int default_batch_size, const BucketRules& rules, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<Batch> batches;
   for (size_t d = 0; d < datasets.size(); ++d) {
@@ -383,12 +415,13 @@ std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::ve
             for (int fy = 0; fy <= (ds.flip_y ? 1 : 0); ++fy) {
               PlannedSample s;
               s.item = static_cast<int>(i);
-              s.placement = place_in_bucket(items[i].width, items[i].height, resolution, divisibility,
+              s.placement = place_in_bucket(items[i].width, items[i].height, resolution, rules.divisibility,
                                             ds.random_crop ? &rng : nullptr);
               // AI Toolkit's bucket key holds the frames (dataloader_mixins.py:299-302): an image of a video
-              // dataset is a sample of one frame, never batched with clips.
-              s.placement.bucket.frames = items[i].is_clip() ? ds.num_frames : 1;
-              if (items[i].is_clip()) s.frames = sample_frame_indices(items[i], ds, rng);
+              // dataset is a sample of one frame, never batched with clips; with auto_frame_count each clip's
+              // own (data_transfer_object/data_loader.py:163-166).
+              s.placement.bucket.frames = item_frames(items[i], ds, rules.temporal);
+              if (items[i].is_clip()) s.frames = sample_frame_indices(items[i], ds, rules.temporal, rng);
               s.flip_x = fx == 1, s.flip_y = fy == 1;
               buckets[s.placement.bucket].push_back(s);
             }
@@ -413,12 +446,12 @@ std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::ve
 
 std::map<int, std::map<BucketResolution, int>> bucket_histogram(const std::vector<ImageItem>& items,
                                                                 const config::DatasetConfig& dataset,
-                                                                int divisibility) {
+                                                                const BucketRules& rules) {
   std::map<int, std::map<BucketResolution, int>> out;
   for (int resolution : dataset.resolution)
     for (const auto& item : items) {
-      BucketResolution bucket = bucket_for(item.width, item.height, resolution, divisibility);
-      bucket.frames = item.is_clip() ? dataset.num_frames : 1;
+      BucketResolution bucket = bucket_for(item.width, item.height, resolution, rules.divisibility);
+      bucket.frames = item_frames(item, dataset, rules.temporal);
       ++out[resolution][bucket];
     }
   return out;

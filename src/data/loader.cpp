@@ -90,7 +90,8 @@ BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::Datas
       }()),
       o_(options),
       next_to_load_(start_index) {
-  plans_[0] = first_epoch_ = data::plan_epoch(items_, datasets_, o_.batch_size, o_.divisibility, o_.seed);
+  plans_[0] = first_epoch_ =
+      data::plan_epoch(items_, datasets_, o_.batch_size, {o_.divisibility, o_.temporal}, o_.seed);
   epoch_size_ = static_cast<int64_t>(plans_[0].size());
   if (epoch_size_ == 0) throw DataError("the datasets give no batches");
 }
@@ -337,6 +338,9 @@ LatentSlot BatchLoader::slot_for(const PlannedSample& s) const {
       << "_" << p.crop_x << "_" << p.crop_y << (s.flip_x ? "_fx" : "") << (s.flip_y ? "_fy" : "") << codec_key_;
   // A clip's frames at the dataset's fps (shrink_video_to_frames: false) are another latent than spread ones.
   if (item.is_clip() && !ds.shrink_video_to_frames) key << "_fps" << ds.fps;
+  // auto_frame_count: the clip's own length at fps; trimmed, other frames than spread ones (AI Toolkit's latent
+  // info gains auto_frame_count and trim_auto_frame_count_tail, dataloader_mixins.py:1797-1804).
+  if (item.is_clip() && ds.auto_frame_count) key << "_auto" << ds.fps << (ds.trim_auto_frame_count_tail ? "_trim" : "");
   LatentSlot slot;
   slot.first_frame = item.is_clip() && o_.first_frame_latents.count(item.dataset) > 0;
   slot.key = item.image.string() + "|" + key.str();

@@ -1,5 +1,7 @@
 #include "gclab/model/summary.h"
 
+#include "gclab/data/dataset.h"
+
 #include "gclab/model/lora.h"
 #include "gclab/model/quantize.h"
 
@@ -27,11 +29,14 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
   }
   const int64_t prompt_tokens = kNominalCaptionTokens;
   const int controls = s.spec.reference_tokens ? 1 : 0;
-  for (size_t d = 0; d < config.datasets.size(); ++d)
-    for (int r : config.datasets[d].resolution)
-      s.tokens.push_back({"datasets[" + std::to_string(d) + "]", r, r,
-                          image_tokens(s.spec, {1, config.datasets[d].num_frames, r, r}),
+  for (size_t d = 0; d < config.datasets.size(); ++d) {
+    const auto& dataset = config.datasets[d];  // auto_frame_count: its longest clip
+    const int frames =
+        data::most_frames(dataset, static_cast<int>(s.spec.latent_temporal)).value_or(dataset.num_frames);
+    for (int r : dataset.resolution)
+      s.tokens.push_back({"datasets[" + std::to_string(d) + "]", r, r, image_tokens(s.spec, {1, frames, r, r}),
                           text_tokens(s.spec, prompt_tokens), reference_tokens(s.spec, controls, r, r)});
+  }
   if (config.sample)
     s.tokens.push_back(
         {"sample", config.sample->width, config.sample->height,

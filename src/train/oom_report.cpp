@@ -201,12 +201,17 @@ void Levers::step_fixes() {
   if (in_step && frames > 1 && current) {
     const int fewer = static_cast<int>(model::fewer_frames(current->estimate().spec, frames));
     config::ProcessConfig c = config;
+    bool per_clip = false;  // auto_frame_count: each clip at its own length, the longest `frames`
     for (auto& d : c.datasets)
-      if (d.num_frames == frames) d.num_frames = fewer;
+      if (d.num_frames == frames || d.auto_frame_count) {
+        per_clip = per_clip || d.auto_frame_count;
+        d.num_frames = fewer, d.auto_frame_count = false;
+      }
     const std::optional<int64_t> saving = saved(now, predicted(c, {batch, fewer, bh, bw}));
     if (fewer < frames && saving && *saving > 0)
       fixes.push_back({"Train on fewer frames",
-                       "datasets[*].num_frames: " + std::to_string(fewer) + " (from " + std::to_string(frames) + ")",
+                       "datasets[*].num_frames: " + std::to_string(fewer) + " (from " + std::to_string(frames) + ")" +
+                           (per_clip ? " with auto_frame_count: false (or a lower fps)" : ""),
                        *saving, basis("at " + std::to_string(fewer) + " frames")});
   }
   if (in_step && batch > 1) {

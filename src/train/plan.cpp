@@ -5,6 +5,7 @@
 
 #include "gclab/config/user_error.h"
 #include "gclab/data/buckets.h"
+#include "gclab/data/dataset.h"
 #include "gclab/data/image.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
@@ -19,22 +20,28 @@ std::vector<StepCell> step_cells(const config::ProcessConfig& config) {
   // A resolution is the buckets' target area: a square image takes the bucket of the arch's divisibility
   // closest to it within it (632 -> 624 x 640 at 16), which is what its steps hold.
   const model::ArchFacts* arch = model::find_arch(config.model.arch);
-  const int div = arch ? model::spec_by_preset(arch->preset).divisibility : 1;
+  const model::ModelSpec spec = arch ? model::spec_by_preset(arch->preset) : model::ModelSpec{};
+  const int div = arch ? spec.divisibility : 1;
   std::set<StepCell> cells;
-  for (const auto& d : config.datasets)
+  for (const auto& d : config.datasets) {
+    // auto_frame_count: the longest clip's frames, the step that holds the most (num_frames where the
+    // folder cannot be read here: plan_run warns).
+    const int frames = data::most_frames(d, static_cast<int>(spec.latent_temporal)).value_or(d.num_frames);
     for (int r : d.resolution) {
       const data::BucketResolution b = data::bucket_for(r, r, r, div);
-      cells.insert({d.batch_size.value_or(config.train.batch_size), r, d.num_frames, b.width, b.height});
+      cells.insert({d.batch_size.value_or(config.train.batch_size), r, frames, b.width, b.height});
     }
+  }
   return {cells.begin(), cells.end()};
 }
 
-StepCell largest_cell(const config::ProcessConfig& c) {
+StepCell largest_cell(const config::ProcessConfig& c) { return largest_cell(step_cells(c), c.train.batch_size); }
+
+StepCell largest_cell(const std::vector<StepCell>& cells, int batch) {
   // A cell a step trains on — not the largest batch, frames and resolution of different datasets put together
   // (images at 1024² beside clips of 81 frames at 480² are no 81-frame 1024² step): the one whose step holds
   // the most pixels, then the most a sample.
-  const std::vector<StepCell> cells = step_cells(c);
-  if (cells.empty()) return {c.train.batch_size, 512, 1};
+  if (cells.empty()) return {batch, 512, 1};
   auto pixels = [](const StepCell& x) {
     const int64_t sample = int64_t{x.frames} * x.bucket_width() * x.bucket_height();
     return std::pair{sample * x.batch, sample};
@@ -104,11 +111,15 @@ namespace {
 // is refused here, where every verb plans its autoencoder (train, check, estimate), not met mid-run.
 void check_frames(const config::ProcessConfig& config, const model::ModelSpec& spec) {
   if (model::takes_frames(spec)) return;
-  for (size_t d = 0; d < config.datasets.size(); ++d)
+  for (size_t d = 0; d < config.datasets.size(); ++d) {
     if (config.datasets[d].num_frames > 1)
       throw UserError("datasets[" + std::to_string(d) + "].num_frames is " +
                       std::to_string(config.datasets[d].num_frames) + ", but " + spec.preset +
                       " is an image model (one frame a sample): set num_frames: 1, or train a video arch");
+    if (config.datasets[d].auto_frame_count)
+      throw UserError("datasets[" + std::to_string(d) + "].auto_frame_count is set, but " + spec.preset +
+                      " is an image model (one frame a sample): remove it, or train a video arch");
+  }
   if (config.sample && config.sample->num_frames > 1)
     throw UserError("sample.num_frames is " + std::to_string(config.sample->num_frames) + ", but " + spec.preset +
                     " is an image model: set num_frames: 1");
@@ -345,7 +356,14 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.text_encoder_leaves = text_encoder_leaves(config);
   plan.policy = config.train.policy();
   plan.cells = step_cells(config);
-  plan.largest = largest_cell(config);
+  plan.largest = largest_cell(plan.cells, config.train.batch_size);
+  for (size_t i = 0; i < config.datasets.size(); ++i)
+    if (config.datasets[i].auto_frame_count &&
+        !data::most_frames(config.datasets[i], static_cast<int>(plan.spec.latent_temporal)))
+      plan.warnings.push_back("datasets[" + std::to_string(i) +
+                              "].auto_frame_count: its folder cannot be read here, so its clips' lengths are "
+                              "unknown: predicted at num_frames " +
+                              std::to_string(config.datasets[i].num_frames));
   plan_previews(plan);
   for (size_t i = 0; i < config.datasets.size(); ++i)  // AI Toolkit loads them and only Flex.2 reads them
     if (config.datasets[i].inpaint_path && !plan.family->controls_as_channels(plan.spec))

@@ -642,7 +642,7 @@ MemoryEstimate estimate_memory_grid(const config::ProcessConfig& config, const s
     for (int r : rs) {
       config::ProcessConfig c = config;
       for (auto& d : c.datasets) {
-        if (f > 0) d.num_frames = f;
+        if (f > 0) d.num_frames = f, d.auto_frame_count = false;  // a row at f frames, whatever the clips' lengths
         if (r > 0) d.resolution = {r};
       }
       MemoryEstimate e = estimate_memory(c);

@@ -39,7 +39,7 @@ std::vector<data::ImageItem> scan(std::vector<config::DatasetConfig>& datasets, 
     for (const auto& w : result.warnings) log::warn(w);
     skipped += result.skipped_images;
     log::info("datasets[" + std::to_string(d) + "]: " + std::to_string(result.items.size()) +
-              (datasets[d].num_frames > 1 ? " clips from " : " images from ") + *datasets[d].folder_path);
+              (data::video_dataset(datasets[d]) ? " clips from " : " images from ") + *datasets[d].folder_path);
     items.insert(items.end(), result.items.begin(), result.items.end());
     if (cache_text_embeddings || datasets[d].cache_text_embeddings)
       for (const auto& w : data::disable_caption_randomness(datasets[d]))
@@ -175,6 +175,7 @@ void Run::prepare() {
   data::LoaderOptions lo;
   lo.batch_size = tc.batch_size;
   lo.divisibility = s.spec().divisibility;
+  lo.temporal = static_cast<int>(s.spec().latent_temporal);
   lo.reference_area = s.spec().reference_area;
   const bool channels = model::family_of(s.spec().family).controls_as_channels(s.spec());
   lo.controls_at_bucket = channels || model::trains_references_at_image_size(s.spec());

@@ -343,7 +343,6 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"datasets.0.resolution=[0]", "must be positive, got 0"},
         BadValue{"datasets.0.resolution=[-256]", "must be positive"},
         BadValue{"datasets.0.caption_dropout_rate=1.5", "must be between 0 and 1"},
-        BadValue{"datasets.0.auto_frame_count=true", "per-clip frame count"},
         BadValue{"datasets.0.num_repeats=0", "datasets[0].num_repeats"},
         BadValue{"datasets.0.folder_path=null", "datasets[0].folder_path"},
         BadValue{"datasets.0=7", "expected a block of keys"},

@@ -259,7 +259,7 @@ TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) 
   a.num_repeats = 2;
   b.resolution = {512};
   b.batch_size = 1;
-  const auto batches = plan_epoch(items, {a, b}, 4, 32, 7);
+  const auto batches = plan_epoch(items, {a, b}, 4, BucketRules{32, 4}, 7);
   int samples_a = 0, samples_b = 0;
   for (const auto& batch : batches) {
     ASSERT_EQ(batch.samples.size(), batch.dataset == 0 ? 4u : 1u);
@@ -272,10 +272,10 @@ TEST(Dataset, EpochPlanKeepsBucketsApartPadsShortBatchesAndCopiesPerResolution) 
   // Dataset a: 2 resolutions x 2 repeats; square 10 samples -> 3 batches (last padded), wide 6 -> 2.
   EXPECT_EQ(samples_a, 2 * (12 + 8));
   EXPECT_EQ(samples_b, 1);
-  const auto again = plan_epoch(items, {a, b}, 4, 32, 7);
+  const auto again = plan_epoch(items, {a, b}, 4, BucketRules{32, 4}, 7);
   ASSERT_EQ(again.size(), batches.size());
   for (size_t i = 0; i < again.size(); ++i) EXPECT_EQ(again[i].samples[0].item, batches[i].samples[0].item);
-  const auto histogram = bucket_histogram(items, a, 32);
+  const auto histogram = bucket_histogram(items, a, BucketRules{32, 4});
   EXPECT_EQ(histogram.at(1024).at(BucketResolution{1024, 1024}), 5);
   EXPECT_EQ(histogram.at(1024).at(BucketResolution{1248, 832}), 3);
 }
@@ -293,7 +293,7 @@ TEST(Dataset, FlipsAddAFlippedCopyOfEveryImage) {
   for (const auto& [fx, fy] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
     d.flip_x = fx, d.flip_y = fy;
     std::map<std::tuple<int, bool, bool>, int> seen;
-    for (const auto& batch : plan_epoch(items, {d}, 1, 32, 3))
+    for (const auto& batch : plan_epoch(items, {d}, 1, BucketRules{32, 4}, 3))
       for (const auto& s : batch.samples) ++seen[{s.item, s.flip_x, s.flip_y}];
     const int copies = (fx ? 2 : 1) * (fy ? 2 : 1);
     EXPECT_EQ(seen.size(), static_cast<size_t>(3 * copies)) << fx << fy;
@@ -471,7 +471,7 @@ TEST(Dataset, ClipsAreFoldersOfFramesTheirBucketsCountFramesAndTheLoaderGivesFra
   ASSERT_EQ(scan.items.size(), 2u);
   EXPECT_EQ(scan.items[0].frames.size(), 11u);
   EXPECT_NE(scan.items[0].caption.find("moving right"), std::string::npos);
-  const auto histogram = bucket_histogram(scan.items, d, 16);
+  const auto histogram = bucket_histogram(scan.items, d, BucketRules{16, 4});
   ASSERT_EQ(histogram.at(64).size(), 1u);
   EXPECT_EQ(histogram.at(64).begin()->first.key(), "64x64x5f");
   // Frames numbered without zero padding (ffmpeg's %d) are taken in their numbers' order.

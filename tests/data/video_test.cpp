@@ -164,10 +164,10 @@ TEST(Dataset, AVideoDatasetReadsVideoFilesFramesFoldersAndImagesOfOneFrame) {
   EXPECT_EQ(videos, 2);
   EXPECT_EQ(folders, 1);
   EXPECT_EQ(images, 1);
-  const auto histogram = bucket_histogram(scan.items, d, 16);
+  const auto histogram = bucket_histogram(scan.items, d, BucketRules{16, 4});
   EXPECT_EQ(histogram.at(64).size(), 2u);  // 64x48x5f (three clips) and 64x48 (the image, one frame)
   std::map<std::string, int> batches;
-  for (const Batch& b : plan_epoch(scan.items, {d}, 1, 16, 7)) {
+  for (const Batch& b : plan_epoch(scan.items, {d}, 1, BucketRules{16, 4}, 7)) {
     ++batches[b.bucket.key()];
     for (const PlannedSample& p : b.samples)
       EXPECT_EQ(p.frames.size(), scan.items[static_cast<size_t>(p.item)].is_clip() ? 5u : 0u);
@@ -189,7 +189,7 @@ TEST(Dataset, FpsModeTakesFramesAtTheDatasetsRateFromARandomStart) {
   std::mt19937_64 rng(3);
   std::set<int> starts;
   for (int k = 0; k < 2000; ++k) {
-    const std::vector<int> f = sample_frame_indices(clip, d, rng);
+    const std::vector<int> f = sample_frame_indices(clip, d, 4, rng);
     ASSERT_EQ(f.size(), 9u);
     for (size_t i = 1; i < f.size(); ++i) ASSERT_EQ(f[i] - f[i - 1], 2);
     starts.insert(f.front());
@@ -200,21 +200,77 @@ TEST(Dataset, FpsModeTakesFramesAtTheDatasetsRateFromARandomStart) {
   EXPECT_EQ(*starts.rbegin(), 44);
   // int(round(25 / 10)): Python rounds 2.5 to 2 (halves to even); 3.5 to 4.
   clip.video->fps = 25.0, d.fps = 10;
-  const std::vector<int> half = sample_frame_indices(clip, d, rng);
+  const std::vector<int> half = sample_frame_indices(clip, d, 4, rng);
   EXPECT_EQ(half[1] - half[0], 2);
   clip.video->fps = 35.0;
-  const std::vector<int> three_and_a_half = sample_frame_indices(clip, d, rng);
+  const std::vector<int> three_and_a_half = sample_frame_indices(clip, d, 4, rng);
   EXPECT_EQ(three_and_a_half[1] - three_and_a_half[0], 4);
   clip.video->fps = 30.0, d.fps = 15;
   d.fps = 3;  // interval 10: 61 / 10 = 6 frames at that rate < 9: spread evenly instead
-  EXPECT_EQ(sample_frame_indices(clip, d, rng), clip_frame_indices(61, 9));
+  EXPECT_EQ(sample_frame_indices(clip, d, 4, rng), clip_frame_indices(61, 9));
   d.shrink_video_to_frames = true, d.fps = 15;  // the default: spread evenly, nothing drawn
-  EXPECT_EQ(sample_frame_indices(clip, d, rng), clip_frame_indices(61, 9));
+  EXPECT_EQ(sample_frame_indices(clip, d, 4, rng), clip_frame_indices(61, 9));
   ImageItem folder;  // a folder of frames is at the dataset's fps: consecutive frames
   folder.frames.assign(20, "f.png");
   d.shrink_video_to_frames = false;
-  const std::vector<int> f = sample_frame_indices(folder, d, rng);
+  const std::vector<int> f = sample_frame_indices(folder, d, 4, rng);
   for (size_t i = 1; i < f.size(); ++i) EXPECT_EQ(f[i] - f[i - 1], 1);
+}
+
+// auto_frame_count (AI Toolkit's get_auto_frame_count, toolkit/dataloader_mixins.py:484-509, and its frame
+// pick, :555-562): each clip at its own length at the dataset's fps, snapped to 4k + 1 (Wan's temporal factor
+// 4) — the tail trimmed by default — its frames from the start at real time; buckets keyed on each clip's
+// frames. The expected values are AI Toolkit's formulas evaluated in Python (int() truncation, round() halves
+// to even).
+TEST(Dataset, AutoFrameCountTrainsEachClipAtItsOwnLengthAsAiToolkitSnapsIt) {
+  config::DatasetConfig d;
+  d.auto_frame_count = true, d.fps = 24;
+  auto clip = [](int frames, double fps) {
+    ImageItem c;
+    c.width = c.height = 64;
+    c.video = VideoInfo{64, 64, frames, fps};
+    return c;
+  };
+  // int(61 / 30 * 24) = 48: trimmed max(0, 47) // 4 * 4 + 1 = 45; untrimmed 48 // 4 * 4 + 1 = 49.
+  EXPECT_EQ(item_frames(clip(61, 30.0), d, 4), 45);
+  EXPECT_EQ(item_frames(clip(100, 29.97), d, 4), 77);  // int(80.08) = 80 -> 77
+  EXPECT_EQ(item_frames(clip(3, 24.0), d, 4), 1);      // 3 -> max(0, 2) // 4 * 4 + 1
+  config::DatasetConfig at16 = d;
+  at16.fps = 16;
+  EXPECT_EQ(item_frames(clip(81, 16.0), at16, 4), 81);  // int(81.0) = 81 -> 80 // 4 * 4 + 1
+  ImageItem image;
+  image.width = image.height = 64;
+  EXPECT_EQ(item_frames(image, d, 4), 1);
+  // Trimmed: min(round(i * 30 / 24), 60) for i < 45 — 2.5 rounds to 2, 7.5 to 8.
+  std::mt19937_64 rng(1);
+  const std::vector<int> trimmed = sample_frame_indices(clip(61, 30.0), d, 4, rng);
+  ASSERT_EQ(trimmed.size(), 45u);
+  EXPECT_EQ(std::vector<int>(trimmed.begin(), trimmed.begin() + 12),
+            (std::vector<int>{0, 1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 14}));
+  EXPECT_EQ(trimmed.back(), 55);  // 44 * 1.25: the last 5 frames of 61 trimmed
+  d.fps = 16;                     // 49 frames at 24 fps taken at 16: int(32.67) = 32 -> 29, every 1.5th
+  const std::vector<int> slower = sample_frame_indices(clip(49, 24.0), d, 4, rng);
+  ASSERT_EQ(slower.size(), 29u);
+  EXPECT_EQ(std::vector<int>(slower.begin(), slower.begin() + 6), (std::vector<int>{0, 2, 3, 4, 6, 8}));
+  // Untrimmed: 49 frames, shrink_video_to_frames (the default) spreading them over the whole clip.
+  d.fps = 24, d.trim_auto_frame_count_tail = false;
+  EXPECT_EQ(item_frames(clip(61, 30.0), d, 4), 49);
+  EXPECT_EQ(sample_frame_indices(clip(61, 30.0), d, 4, rng), clip_frame_indices(61, 49));
+  EXPECT_EQ(item_frames(clip(100, 29.97), d, 4), 81);
+  // Buckets keyed on each clip's frames; the image one frame, never batched with them; a temporal factor of 8
+  // snaps otherwise (int(61 / 30 * 24) = 48 -> 48 // 8 * 8 + 1 = 49, trimmed 47 // 8 * 8 + 1 = 41).
+  d.trim_auto_frame_count_tail = true;
+  d.resolution = {64};
+  const std::vector<ImageItem> items = {clip(61, 30.0), clip(100, 29.97), clip(60, 30.0), image};
+  std::map<std::string, int> buckets;
+  for (const Batch& b : plan_epoch(items, {d}, 1, BucketRules{16, 4}, 7)) {
+    ++buckets[b.bucket.key()];
+    for (const PlannedSample& p : b.samples)
+      EXPECT_EQ(static_cast<int>(p.frames.size()),
+                items[static_cast<size_t>(p.item)].is_clip() ? p.placement.bucket.frames : 0);
+  }
+  EXPECT_EQ(buckets, (std::map<std::string, int>{{"64x64", 1}, {"64x64x45f", 2}, {"64x64x77f", 1}}));
+  EXPECT_EQ(item_frames(clip(61, 30.0), d, 8), 41);
 }
 
 }  // namespace

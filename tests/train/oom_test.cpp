@@ -152,6 +152,15 @@ TEST_F(OomScenario, TooManyFramesRunOutInTheForwardAndTheFirstFixIsFewerFrames) 
   EXPECT_LE(fewer, int64_t{450} << 20);
   EXPECT_GT(as_asked, int64_t{450} << 20);
   EXPECT_NEAR(static_cast<double>(saving) / static_cast<double>(as_asked - fewer), 1.0, 0.05);
+  // The same clips at their own length (auto_frame_count: 33 frames at 16 fps train at 33): the same run
+  // out, the lever turning auto_frame_count off for 17 frames, the same saving.
+  const auto per_clip = expect_oom("frames", {"datasets.0.auto_frame_count=true", "datasets.0.num_frames=1",
+                                              "datasets.0.fps=16", "name=frames_auto"});
+  EXPECT_EQ(per_clip["phase"], "forward");
+  ASSERT_FALSE(per_clip["fixes"].empty());
+  EXPECT_EQ(per_clip["fixes"][0]["change"],
+            "datasets[*].num_frames: 17 (from 33) with auto_frame_count: false (or a lower fps)");
+  EXPECT_EQ(per_clip["fixes"][0]["predicted_saving_bytes"].get<int64_t>(), saving);
 }
 
 TEST_F(OomScenario, TheFirstPreviewRunsOutInTheSamplePhaseAndTheFixIsCheaperPreviews) {

@@ -5,12 +5,18 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "../support/test_util.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/synth.h"
 #include "gclab/data/video.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/train/plan.h"
 #include "gclab/train/trainer.h"
 
 namespace gclab::train {
@@ -77,6 +83,39 @@ TEST(VideoRun, WanTrainsOnMp4ClipsPreviewsFramesAndResumes) {
   const auto b = io::SafetensorsFile::open(dir / "split" / "split.safetensors");
   ASSERT_EQ(a.entries().size(), b.entries().size());
   for (const auto& e : a.entries()) EXPECT_TRUE(torch::equal(a.tensor(e.name), b.tensor(e.name))) << e.name;
+  fs::remove_all(dir);
+}
+
+// auto_frame_count (AI Toolkit's get_auto_frame_count): each MP4 at its own length at the dataset's 16 fps —
+// 13 frames at 16 fps train at 13, 12 frames at 24 fps (0.5 s, 8 frames at 16) at 5 — each its own bucket;
+// every step's phases predicted from its own bucket, and the run's prediction (the longest clip's) confirmed.
+TEST(VideoRun, AutoFrameCountTrainsEachMp4AtItsOwnLength) {
+  const fs::path dir = testing::fresh_dir("wan_auto_frames");
+  for (const auto& [folder, frames, fps] : {std::tuple{"a", 13, 16}, std::tuple{"b", 12, 24}}) {
+    data::SynthOptions o;
+    o.count = 1, o.frames = frames, o.sizes = {{64, 48}}, o.video_format = "mp4", o.fps = fps;
+    data::write_synthetic_dataset(dir / "clips" / folder, o);
+  }
+  const config::ProcessConfig config =
+      wan_config(dir, "auto",
+                 {"datasets[0].auto_frame_count=true", "datasets[0].fps=16", "train.batch_size=1", "train.steps=2",
+                  "train.disable_sampling=true"});
+  EXPECT_EQ(plan_run(config, PlanOptions{/*meta=*/true}).largest.frames, 13);  // the longest clip's step
+  const TrainSummary run = train(config, {});
+  ASSERT_EQ(run.losses.size(), 2u);
+  std::ifstream in(dir / "auto" / "metrics.jsonl");
+  std::set<std::string> buckets;
+  for (std::string line; std::getline(in, line);) {
+    const auto m = nlohmann::json::parse(line);
+    if (!m.contains("loss")) continue;
+    EXPECT_TRUE(std::isfinite(m["loss"].get<double>()));
+    buckets.insert(m["bucket"].get<std::string>());
+    for (const char* phase : {"forward", "backward"}) {  // each step predicted at its own frames
+      const double measured = m["phases"][phase].get<double>(), predicted = m["predicted_phases"][phase].get<double>();
+      EXPECT_NEAR(predicted / measured, 1.0, 0.05) << m["bucket"] << " " << phase;
+    }
+  }
+  EXPECT_EQ(buckets, (std::set<std::string>{"64x48x13f", "64x48x5f"}));
   fs::remove_all(dir);
 }
 

@@ -124,9 +124,10 @@ struct DatasetConfig {
   // An image-to-video model trains on each clip's first frame (config_modules.py:1089, False; AI Toolkit's UI
   // sets it for Wan 2.2 TI2V 5B, options.tsx:383): read by the families whose model class reads it.
   bool do_i2v = false;
-  // AI Toolkit's per-clip frame count (config_modules.py:1069-1074; dataloader_mixins.py:484-509: each clip at
-  // its own length at `fps`, snapped to 4k + 1): not modelled yet — refused when set, as a run without it
-  // would train other samples.
+  // AI Toolkit's per-clip frame count (config_modules.py:1069-1074; dataloader_mixins.py:484-509): each video
+  // at its own length at `fps`, snapped to the autoencoder's temporal factor (data::item_frames), its frames
+  // from the start at `fps` with trim_auto_frame_count_tail (the default), else as num_frames picks them; a
+  // dataset of videos even with num_frames 1 (data::video_dataset).
   bool auto_frame_count = false;
   bool trim_auto_frame_count_tail = true;
   int fps = 24;

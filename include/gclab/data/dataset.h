@@ -22,7 +22,7 @@ class DataError : public UserError {
   using UserError::UserError;
 };
 
-// One item of a dataset: an image, or (num_frames > 1) a clip — a video file (`image` the file, `video` its
+// One item of a dataset: an image, or (a video_dataset) a clip — a video file (`image` the file, `video` its
 // stream) or a folder of numbered frames (`image` the folder, `frames` its frame files in name order); the
 // caption is the same-named file beside either.
 struct ImageItem {
@@ -42,17 +42,33 @@ struct ImageItem {
   }  // a folder: the dataset's
 };
 
+// Whether a dataset's items are clips (and images one frame each): num_frames > 1 or auto_frame_count, as
+// AI Toolkit's is_video (toolkit/data_loader.py:396, data_transfer_object/data_loader.py:64).
+bool video_dataset(const config::DatasetConfig& dataset);
+
+// The frames an item trains at: 1 for an image; a clip's num_frames, or with auto_frame_count its own length
+// at the dataset's fps snapped to `temporal` k + 1 (the autoencoder's temporal factor), as AI Toolkit's
+// get_auto_frame_count computes it (toolkit/dataloader_mixins.py:484-509): n = int(total / clip fps * fps);
+// with trim_auto_frame_count_tail (the default) max(0, n - 1) // t * t, else n // t * t; then + 1.
+int item_frames(const ImageItem& item, const config::DatasetConfig& dataset, int temporal);
+
+// The most frames a dataset's samples take: num_frames; with auto_frame_count its longest clip's item_frames
+// (its folder scanned: the videos' headers), nullopt when that folder cannot be read here.
+std::optional<int> most_frames(const config::DatasetConfig& dataset, int temporal);
+
 // The frames a sample of `num_frames` takes from a clip of `total` frames, as AI Toolkit's
 // shrink_video_to_frames picks them (dataloader_mixins.py:563-566): spread evenly over the whole clip,
 // min(int(round(i * (total - 1) / (num_frames - 1))), total - 1) with Python's round (halves to even) — a
 // clip shorter than num_frames repeats frames.
 std::vector<int> clip_frame_indices(int total, int num_frames);
 // The frames a sample takes from a clip as AI Toolkit's load_and_process_video picks them
-// (dataloader_mixins.py:555-588): with shrink_video_to_frames (the default), or from a clip shorter than
-// num_frames, clip_frame_indices; else every max(1, round(clip fps / dataset fps))-th frame from a start drawn
-// uniformly in [0, last - (num_frames - 1) * interval] — spread evenly instead when the clip has fewer than
-// num_frames such frames. A folder of frames is taken to be at the dataset's fps.
-std::vector<int> sample_frame_indices(const ImageItem& clip, const config::DatasetConfig& dataset,
+// (dataloader_mixins.py:550-588), n = item_frames: with auto_frame_count and trim_auto_frame_count_tail,
+// min(round(i * clip fps / dataset fps), last) for i < n — real time from the clip's start, the tail
+// trimmed; with shrink_video_to_frames (the default), or from a clip shorter than n, clip_frame_indices; else
+// every max(1, round(clip fps / dataset fps))-th frame from a start drawn uniformly in
+// [0, last - (n - 1) * interval] — spread evenly instead when the clip has fewer than n such frames. A
+// folder of frames is taken to be at the dataset's fps.
+std::vector<int> sample_frame_indices(const ImageItem& clip, const config::DatasetConfig& dataset, int temporal,
                                       std::mt19937_64& rng);
 
 struct ScanResult {
@@ -115,14 +131,23 @@ struct Batch {
   std::vector<PlannedSample> samples;
 };
 
-// One epoch of batches: each dataset's items at each of its resolutions (num_repeats times), grouped by
-// bucket, shuffled, cut into batches of the dataset's batch size (its own `batch_size` or the train
-// block's); a short last batch of a bucket is filled by repeating its items. Deterministic for a seed.
-std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::vector<config::DatasetConfig>& datasets,
-                              int default_batch_size, int divisibility, uint64_t seed);
+// How items take buckets: the arch's divisibility of their sides, and its autoencoder's temporal factor
+// (auto_frame_count snaps each clip's frames to it).
+struct BucketRules {
+  int divisibility = 16;
+  int temporal = 4;
+};
 
-// Bucket counts per dataset and resolution, from image sizes alone (what `gclab check` prints).
+// One epoch of batches: each dataset's items at each of its resolutions (num_repeats times), grouped by
+// bucket (its frames each item's item_frames), shuffled, cut into batches of the dataset's batch size (its
+// own `batch_size` or the train block's); a short last batch of a bucket is filled by repeating its items.
+// Deterministic for a seed.
+std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::vector<config::DatasetConfig>& datasets,
+                              int default_batch_size, const BucketRules& rules, uint64_t seed);
+
+// Bucket counts per dataset and resolution, from image sizes and clip lengths alone (what `gclab check` prints).
 std::map<int, std::map<BucketResolution, int>> bucket_histogram(const std::vector<ImageItem>& items,
-                                                                const config::DatasetConfig& dataset, int divisibility);
+                                                                const config::DatasetConfig& dataset,
+                                                                const BucketRules& rules);
 
 }  // namespace gclab::data

@@ -104,6 +104,7 @@ struct LoadedBatch {
 struct LoaderOptions {
   int batch_size = 1;
   int divisibility = 16;
+  int temporal = 4;                      // the autoencoder's frames per latent frame (auto_frame_count snaps to it)
   int64_t reference_area = 1024 * 1024;  // edit models' control images (reference_size)
   // Control images at the batch's own size — scaled and cropped as the images, for Flex.2's channels beside
   // the latents and Qwen-Image-Edit's references (model::trains_references_at_image_size) — instead of at

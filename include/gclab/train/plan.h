@@ -44,12 +44,13 @@ struct StepCell {
 };
 
 // Every dataset's (batch_size or train.batch_size, resolution, num_frames) cells, each once, by resolution,
-// frames, then batch.
+// frames, then batch; with auto_frame_count the dataset's longest clip's frames (data::most_frames).
 std::vector<StepCell> step_cells(const config::ProcessConfig& config);
 // The cell among step_cells whose step holds the most pixels (batch x frames x resolution², then a sample's)
 // — a cell some dataset trains on (512², the train batch, when there is none): what a
 // budget:BYTES policy is resolved for and what the budget probe measures.
 StepCell largest_cell(const config::ProcessConfig& config);
+StepCell largest_cell(const std::vector<StepCell>& cells, int batch);  // among these (none: 512², `batch`)
 
 // How the transformer loads, in the order AI Toolkit's loader for the arch takes (model::TransformerLoading).
 struct LoadPlan {
