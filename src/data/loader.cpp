@@ -16,6 +16,26 @@ namespace gclab::data {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A per-sample tensor of a batch, stacked when any sample has one, zeros for the others; undefined when none has
+// (AI Toolkit's batches stack inpaint_tensor, mask_tensor, first_frame_latents so:
+// toolkit/data_transfer_object/data_loader.py:293-305, 358-373, 399-412).
+template <class Samples, class Get>
+torch::Tensor stack_any(const Samples& samples, Get get) {
+  const auto with = std::find_if(samples.begin(), samples.end(), [&](const auto& x) { return get(x).defined(); });
+  if (with == samples.end()) return {};
+  const torch::Tensor like = get(*with);
+  std::vector<torch::Tensor> each;
+  for (const auto& x : samples) {
+    torch::Tensor t = get(x);
+    each.push_back(t.defined() ? t : torch::zeros_like(like));
+  }
+  return torch::stack(each);
+}
+
+}  // namespace
+
 CachedLatents LatentCache::find(const LatentSlot& slot) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (slot.memory) {
@@ -261,25 +281,10 @@ LoadedBatch BatchLoader::load(int64_t index) {
   }
   (all_latents ? out.latents : out.images) = torch::stack(parts);
   out.cache = cache_;
-  // The clips' first frames' latents: stacked when any sample has them, zeros for the others.
-  const auto with_first =
-      std::find_if(loaded.begin(), loaded.end(), [](const Sample& x) { return x.latents.first_frame.defined(); });
-  if (all_latents && with_first != loaded.end()) {
-    std::vector<torch::Tensor> each;
-    for (const auto& x : loaded)
-      each.push_back(x.latents.first_frame.defined() ? x.latents.first_frame
-                                                     : torch::zeros_like(with_first->latents.first_frame));
-    out.first_frame_latents = torch::stack(each);
-  }
-  // Inpainting images and loss masks: stacked when any sample has one, zeros for the others.
-  for (auto [member, field] : {std::pair{&Sample::inpaint, &out.inpaint_alpha}, {&Sample::mask, &out.loss_mask}}) {
-    const auto with =
-        std::find_if(loaded.begin(), loaded.end(), [&](const Sample& x) { return (x.*member).defined(); });
-    if (with == loaded.end()) continue;
-    std::vector<torch::Tensor> each;
-    for (const auto& x : loaded) each.push_back((x.*member).defined() ? x.*member : torch::zeros_like((*with).*member));
-    *field = torch::stack(each);
-  }
+  // The clips' first frames' latents (beside latents only), inpainting images and loss masks.
+  if (all_latents) out.first_frame_latents = stack_any(loaded, [](const Sample& x) { return x.latents.first_frame; });
+  out.inpaint_alpha = stack_any(loaded, [](const Sample& x) { return x.inpaint; });
+  out.loss_mask = stack_any(loaded, [](const Sample& x) { return x.mask; });
   // Controls: every sample of the batch has the same number (the dataset's control folders).
   const auto& first = items_[static_cast<size_t>(used.front().item)];
   if (!first.controls.empty()) {
