@@ -169,8 +169,10 @@ AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
   const int fewer = static_cast<int>(model::fewer_frames(session.spec(), frames));
   if (fewer < frames) {
     // No --set reaches every dataset's num_frames: the change is said in words, as dropping a resolution is.
+    bool per_clip = false;  // auto_frame_count: each clip at its own length, the longest `frames`
+    for (const auto& d : c.datasets) per_clip = per_clip || d.auto_frame_count;
     Advice a =
-        row("num_frames " + std::to_string(fewer), "",
+        row("num_frames " + std::to_string(fewer) + (per_clip ? " with auto_frame_count: false" : ""), "",
             measure_step(session, configured, batch, fewer, accumulation, resolutions, timed), preview, per_step);
     a.changes_training = true;
     a.note = "trains on shorter clips";

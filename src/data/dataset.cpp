@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "gclab/data/image.h"
@@ -161,7 +162,7 @@ ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std
       dataset.auto_frame_count ? "auto_frame_count" : "num_frames " + std::to_string(dataset.num_frames);
   if (!dataset.control_path.empty() || dataset.inpaint_path || dataset.mask_path || dataset.alpha_mask)
     throw DataError(where + ": control, inpainting and mask images are not read for clips (" + frames +
-                    "); set num_frames: 1 or remove them");
+                    "); set num_frames: 1 and auto_frame_count: false, or remove them");
   const fs::path folder = *dataset.folder_path;
   std::map<fs::path, std::vector<fs::path>> clips;
   ScanResult result;
@@ -186,6 +187,11 @@ ScanResult scan_clips(const config::DatasetConfig& dataset, int index, const std
     const auto info = probe_video(path, &why);
     if (!info) {
       result.warnings.push_back(path.string() + ": skipped, not a readable video (" + why + ")");
+      ++result.skipped_images;
+      continue;
+    }
+    if (dataset.auto_frame_count && !(info->fps > 0)) {  // AI Toolkit's total / fps raises, the item skipped
+      result.warnings.push_back(path.string() + ": skipped, its frame rate is unknown (auto_frame_count times it)");
       ++result.skipped_images;
       continue;
     }
@@ -232,7 +238,7 @@ int item_frames(const ImageItem& item, const config::DatasetConfig& dataset, int
   if (!item.is_clip()) return 1;
   if (!dataset.auto_frame_count) return dataset.num_frames;
   const double seconds = static_cast<double>(item.clip_length()) / item.clip_fps(dataset);
-  const int n = static_cast<int>(seconds * dataset.fps);
+  const int n = item.video ? static_cast<int>(seconds * dataset.fps) : item.clip_length();
   const int t = std::max(temporal, 1);
   return (dataset.trim_auto_frame_count_tail ? std::max(0, n - 1) / t * t : n / t * t) + 1;
 }
@@ -242,8 +248,7 @@ std::vector<int> sample_frame_indices(const ImageItem& clip, const config::Datas
   const int total = clip.clip_length(), n = item_frames(clip, dataset, temporal);
   const int last = total - 1;
   if (dataset.auto_frame_count && dataset.trim_auto_frame_count_tail) {
-    const double fps = clip.clip_fps(dataset);
-    const double ratio = fps > 0 ? fps / dataset.fps : 1.0;
+    const double ratio = clip.clip_fps(dataset) / dataset.fps;
     std::vector<int> out;
     for (int i = 0; i < n; ++i) out.push_back(std::min(static_cast<int>(std::nearbyint(i * ratio)), last));
     return out;
@@ -257,16 +262,31 @@ std::vector<int> sample_frame_indices(const ImageItem& clip, const config::Datas
   return out;
 }
 
-std::optional<int> most_frames(const config::DatasetConfig& dataset, int temporal) {
+std::optional<int> most_frames(const config::DatasetConfig& dataset, int temporal, std::string* why) {
   if (!dataset.auto_frame_count) return dataset.num_frames;
-  try {
-    int most = 0;
-    for (const ImageItem& item : scan_dataset(dataset, 0).items)
-      most = std::max(most, item_frames(item, dataset, temporal));
-    return most;
-  } catch (const DataError&) {
-    return std::nullopt;
+  // Every verb plans the cells several times (the plan, the walks' twins, the reports): the folder is scanned
+  // once a process for each way of counting it.
+  static std::mutex mutex;
+  static std::map<std::string, std::pair<std::optional<int>, std::string>> scanned;
+  std::ostringstream key;
+  key << dataset.folder_path.value_or("") << '|' << dataset.fps << '|' << dataset.trim_auto_frame_count_tail << '|'
+      << temporal;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = scanned.find(key.str());
+  if (it == scanned.end()) {
+    std::pair<std::optional<int>, std::string> result;
+    try {
+      int most = 0;
+      for (const ImageItem& item : scan_dataset(dataset, 0).items)
+        most = std::max(most, item_frames(item, dataset, temporal));
+      result.first = most;
+    } catch (const DataError& e) {
+      result.second = e.what();
+    }
+    it = scanned.emplace(key.str(), std::move(result)).first;
   }
+  if (why) *why = it->second.second;
+  return it->second.first;
 }
 
 ScanResult scan_dataset(const config::DatasetConfig& dataset, int index) {
@@ -418,8 +438,9 @@ std::vector<Batch> plan_epoch(const std::vector<ImageItem>& items, const std::ve
               s.placement = place_in_bucket(items[i].width, items[i].height, resolution, rules.divisibility,
                                             ds.random_crop ? &rng : nullptr);
               // AI Toolkit's bucket key holds the frames (dataloader_mixins.py:299-302): an image of a video
-              // dataset is a sample of one frame, never batched with clips; with auto_frame_count each clip's
-              // own (data_transfer_object/data_loader.py:163-166).
+              // dataset is a sample of one frame, never batched with clips of more; with auto_frame_count each
+              // clip's own (data_transfer_object/data_loader.py:163-166) — a clip of one frame shares the
+              // images' bucket, as AI Toolkit's `x1f` key shares it.
               s.placement.bucket.frames = item_frames(items[i], ds, rules.temporal);
               if (items[i].is_clip()) s.frames = sample_frame_indices(items[i], ds, rules.temporal, rng);
               s.flip_x = fx == 1, s.flip_y = fy == 1;

@@ -269,6 +269,8 @@ LoadedBatch BatchLoader::load(int64_t index) {
     text_only.push_back(dropped && dataset.cache_text_embeddings);
     out.image_files.push_back(item.image);
   }
+  out.clips = std::all_of(used.begin(), used.end(),
+                          [this](const PlannedSample& x) { return items_[static_cast<size_t>(x.item)].is_clip(); });
   // Latents when every sample has them; else the images, all of them, for the session to encode.
   const bool all_latents =
       std::all_of(loaded.begin(), loaded.end(), [](const Sample& x) { return x.latents.defined(); });

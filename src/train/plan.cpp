@@ -357,13 +357,13 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.policy = config.train.policy();
   plan.cells = step_cells(config);
   plan.largest = largest_cell(plan.cells, config.train.batch_size);
-  for (size_t i = 0; i < config.datasets.size(); ++i)
+  for (size_t i = 0; i < config.datasets.size(); ++i) {
+    std::string why;
     if (config.datasets[i].auto_frame_count &&
-        !data::most_frames(config.datasets[i], static_cast<int>(plan.spec.latent_temporal)))
-      plan.warnings.push_back("datasets[" + std::to_string(i) +
-                              "].auto_frame_count: its folder cannot be read here, so its clips' lengths are "
-                              "unknown: predicted at num_frames " +
-                              std::to_string(config.datasets[i].num_frames));
+        !data::most_frames(config.datasets[i], static_cast<int>(plan.spec.latent_temporal), &why))
+      plan.warnings.push_back("datasets[" + std::to_string(i) + "].auto_frame_count: its clips' lengths are unknown (" +
+                              why + "): predicted at num_frames " + std::to_string(config.datasets[i].num_frames));
+  }
   plan_previews(plan);
   for (size_t i = 0; i < config.datasets.size(); ++i)  // AI Toolkit loads them and only Flex.2 reads them
     if (config.datasets[i].inpaint_path && !plan.family->controls_as_channels(plan.spec))

@@ -140,6 +140,7 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
       mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
       for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
       model::FirstFrames first;  // an image-to-video model's first frames, conditioned on in the forward phase
+      first.clips = shape.frames > 1;
       if (session.conditions_on_first_frame()) {
         mb.conditioning.condition_channels = mb.conditioning.image_embeds = torch::Tensor();
         memory::HostScope host;  // the loader's, as the pixels or from the latent cache

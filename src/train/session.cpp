@@ -646,8 +646,8 @@ void Session::encode(data::LoadedBatch& lb) {
     const uint64_t draw = static_cast<uint64_t>(lb.index) * 16;
     const bool first_latents =
         std::any_of(lb.slots.begin(), lb.slots.end(), [](const data::LatentSlot& s) { return s.first_frame; });
-    if (first_latents)  // its dataset caches them: encoded as the cache fill encodes them, and kept
-      lb.first_frame_latents = memory::to_host(codec().encode(lb.images.narrow(2, 0, 1), draw + 14).to(torch::kFloat));
+    if (first_latents)  // its dataset caches them: encoded here (a posterior sample of their own), and kept
+      lb.first_frame_latents = memory::to_host(codec().encode(lb.images.narrow(2, 0, 1), draw + 15).to(torch::kFloat));
     else if (first_frame_on(lb.dataset)) {  // kept for the step's conditioning (host memory, as the pixels)
       memory::HostScope host;
       lb.first_frames = lb.images.select(2, 0).clone();
@@ -915,7 +915,7 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);
   if (first_frame_on(lb.dataset)) {  // inside get_noise_prediction, after the noise (wan21_i2v.py:488-517)
     auto scope = phase(Phase::forward);
-    condition_on_first_frame(mb.conditioning, {lb.first_frames, lb.first_frame_latents}, mb.x0,
+    condition_on_first_frame(mb.conditioning, {lb.first_frames, lb.first_frame_latents, lb.clips}, mb.x0,
                              static_cast<uint64_t>(lb.index) * 16 + 15);
   }
   return mb;
@@ -926,6 +926,7 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
   const int batch = static_cast<int>(shape.batch), width = static_cast<int>(shape.width),
             height = static_cast<int>(shape.height);
   lb.bucket = {width, height, static_cast<int>(shape.frames)};
+  lb.clips = shape.frames > 1;
   lb.resolution = std::max(width, height);
   // A meta Session's batch is a walk's: meta tensors standing for the loader's host memory (meta_count.h).
   std::optional<memory::HostScope> host;
@@ -938,7 +939,7 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
     lb.latents = torch::randn(model::latent_shape(spec_, shape), o);
   if (!images && first_frame_on(lb.dataset)) {  // the latents given ready: the first frames beside them
     memory::HostScope host;
-    if (plan_.first_frame_latents.count(lb.dataset)) {
+    if (first_frames_cached()) {  // as the walk's step takes them
       lb.first_frame_latents = torch::randn(model::latent_shape(spec_, {shape.batch, 1, shape.height, shape.width}), o);
     } else {
       lb.first_frames = torch::rand({shape.batch, 3, shape.height, shape.width}, o) * 2 - 1;

@@ -189,6 +189,35 @@ TEST(FirstFrame, Wan22Ti2vCachesEachClipsFirstFrameLatentsBesideItsOwn) {
   fs::remove_all(dir);
 }
 
+// Wan 2.2 TI2V's conditioning (Wan225bModel.get_noise_prediction): a batch of clips is conditioned, one of a
+// single latent frame whole (AI Toolkit's 5-D batch); a batch of images gets the per-token timesteps only (its
+// 4-D batch); cached first-frame latents are taken as they are, without an encode.
+TEST(FirstFrame, Wan22Ti2vConditionsClipsOfOneLatentFrameButNotImages) {
+  const model::ModelSpec spec = model::spec_by_preset("tiny-wan22-5b");
+  const auto conditioning = model::family_of(spec.family).frame_conditioning(spec, {});
+  ASSERT_TRUE(conditioning);
+  const torch::Tensor x0 = torch::zeros({2, 48, 1, 2, 4}), pixels = torch::zeros({2, 3, 32, 64});
+  int encodes = 0;
+  const auto encode = [&](const torch::Tensor& video) {
+    ++encodes;
+    return torch::ones({video.size(0), 48, 1, 2, 4});
+  };
+  model::ModelInputs image;
+  conditioning->condition(image, {pixels, {}, /*clips=*/false}, x0, encode);
+  EXPECT_TRUE(image.per_token_timesteps);
+  EXPECT_FALSE(image.clean_latent_frames.defined());
+  model::ModelInputs clip;
+  conditioning->condition(clip, {pixels, {}, /*clips=*/true}, x0, encode);
+  ASSERT_TRUE(clip.clean_latent_frames.defined());
+  EXPECT_EQ(clip.clean_latent_frames.size(2), 1);
+  EXPECT_EQ(encodes, 1);
+  model::ModelInputs cached;
+  const torch::Tensor z = torch::randn({2, 48, 1, 2, 4});
+  conditioning->condition(cached, {{}, z, /*clips=*/true}, x0, encode);
+  EXPECT_TRUE(torch::equal(cached.clean_latent_frames, z));
+  EXPECT_EQ(encodes, 1);
+}
+
 TEST(FirstFrame, WhatAiToolkitFailsOnIsRefusedBeforeLoading) {
   const fs::path dir = testing::fresh_dir("wan_i2v_refusals");
   // Cached latents: no pixels in the step (AI Toolkit fails at step 1 on batch.tensor None).

@@ -37,9 +37,8 @@ struct ImageItem {
   std::optional<VideoInfo> video{};             // a video file's stream
   bool is_clip() const { return video || !frames.empty(); }
   int clip_length() const { return video ? video->frames : static_cast<int>(frames.size()); }
-  double clip_fps(const config::DatasetConfig& d) const {
-    return video ? video->fps : d.fps;
-  }  // a folder: the dataset's
+  // A video's rate; a folder's (or a video without one) the dataset's.
+  double clip_fps(const config::DatasetConfig& d) const { return video && video->fps > 0 ? video->fps : d.fps; }
 };
 
 // Whether a dataset's items are clips (and images one frame each): num_frames > 1 or auto_frame_count, as
@@ -48,13 +47,15 @@ bool video_dataset(const config::DatasetConfig& dataset);
 
 // The frames an item trains at: 1 for an image; a clip's num_frames, or with auto_frame_count its own length
 // at the dataset's fps snapped to `temporal` k + 1 (the autoencoder's temporal factor), as AI Toolkit's
-// get_auto_frame_count computes it (toolkit/dataloader_mixins.py:484-509): n = int(total / clip fps * fps);
-// with trim_auto_frame_count_tail (the default) max(0, n - 1) // t * t, else n // t * t; then + 1.
+// get_auto_frame_count computes it (toolkit/dataloader_mixins.py:484-509): n = int(total / clip fps * fps)
+// (a folder of frames, at the dataset's fps: its length); with trim_auto_frame_count_tail (the default)
+// max(0, n - 1) // t * t, else n // t * t; then + 1.
 int item_frames(const ImageItem& item, const config::DatasetConfig& dataset, int temporal);
 
 // The most frames a dataset's samples take: num_frames; with auto_frame_count its longest clip's item_frames
-// (its folder scanned: the videos' headers), nullopt when that folder cannot be read here.
-std::optional<int> most_frames(const config::DatasetConfig& dataset, int temporal);
+// (its folder scanned once a process: the videos' headers), nullopt when it cannot be scanned here (`why`
+// says why).
+std::optional<int> most_frames(const config::DatasetConfig& dataset, int temporal, std::string* why = nullptr);
 
 // The frames a sample of `num_frames` takes from a clip of `total` frames, as AI Toolkit's
 // shrink_video_to_frames picks them (dataloader_mixins.py:563-566): spread evenly over the whole clip,
@@ -135,7 +136,7 @@ struct Batch {
 // (auto_frame_count snaps each clip's frames to it).
 struct BucketRules {
   int divisibility = 16;
-  int temporal = 4;
+  int temporal = 1;
 };
 
 // One epoch of batches: each dataset's items at each of its resolutions (num_repeats times), grouped by

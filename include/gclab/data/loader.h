@@ -77,6 +77,8 @@ struct LoadedBatch {
   // (DataLoaderBatchDTO's first_frame_latents, toolkit/data_transfer_object/data_loader.py:293-305).
   torch::Tensor first_frames;
   torch::Tensor first_frame_latents;
+  // Every sample a clip (AI Toolkit's 5-D batch), not an image: a clip of one latent frame is still a clip.
+  bool clips = false;
   // Edit models: one [B, C, h', w'] per control folder (reference_images: one frame each, [B, 3, 1, H, W]), each
   // control scaled to the batch's size (LoaderOptions::controls_at_bucket) or to a reference_area image of the batch's
   // aspect (reference_size), cover and centre-crop — one such latent per control image, as the token accounting counts

@@ -32,10 +32,12 @@ enum class PreviewFirstFrame { none, optional, required };
 
 // A batch's first frames as a training step gets them: their pixels ([B, 3, H, W] in [-1, 1], host memory),
 // or their latents ([B, C, 1, h, w], scaled) from the latent cache where the family caches them
-// (caches_first_frame_latents, registry.h) — one of the two defined.
+// (caches_first_frame_latents, registry.h) — one of the two defined for clips (a batch of images may have
+// neither, its latents cached).
 struct FirstFrames {
   torch::Tensor pixels;
   torch::Tensor latents;
+  bool clips = true;  // the samples are clips (AI Toolkit's 5-D batch), not images
 };
 
 class FrameConditioning {

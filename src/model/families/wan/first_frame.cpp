@@ -211,7 +211,8 @@ class WanFirstFrame final : public FrameConditioning {
 // its latents' size x 16 and encoded (a posterior sample), normalised, given as the clean first latent frame
 // — its tokens at t = 0 and outside the loss (scale_loss, :327-334) — and every token's timestep its own; with
 // cached latents, the first frame's latents the cache drew once (batch.first_frame_latents, :266-279). An
-// image (one latent frame: AI Toolkit's 4-D batch, :282-284) gets the per-token timesteps only. Its previews
+// image (AI Toolkit's 4-D batch, :282-284) gets the per-token timesteps only; a clip of one latent frame is
+// conditioned whole (its mask all 0: scale_loss makes its loss 0). Its previews
 // (Wan22Pipeline with expand_timesteps; generate_single_image :155-213): per-token timesteps always, and a
 // ctrl_img, when given, encoded (sampled) as the clean first frame.
 class WanFirstLatents final : public FrameConditioning {
@@ -223,7 +224,7 @@ class WanFirstLatents final : public FrameConditioning {
   void condition(ModelInputs& in, const FirstFrames& first, const torch::Tensor& x0, const Encode& encode) override {
     torch::NoGradGuard no_grad;
     in.per_token_timesteps = true;
-    if (x0.size(2) == 1) return;
+    if (!first.clips) return;
     if (first.latents.defined()) {
       in.clean_latent_frames = memory::to_device(first.latents, x0.device(), dtype_);
       return;
