@@ -77,7 +77,8 @@ std::vector<Kind> kinds(const std::vector<std::string>& names, const std::vector
 }  // namespace
 
 int main() {
-  const std::vector<std::string> full = {"flux-dev", "flux-schnell", "flex1",  "qwen-image", "qwen-image-edit-2509",
+  const std::vector<std::string> full = {"flux-dev", "flux-schnell", "flux-kontext",
+                                         "flex1",    "qwen-image",   "qwen-image-edit-2509",
                                          "zimage",   "sd35-large",   "dit-xl2"};
   std::printf("# Model families: sizes and per-block activations\n\n");
   std::printf(
@@ -103,7 +104,9 @@ int main() {
   }
   std::printf(
       "\nQwen-Image-Edit-2509's image tokens include one 1024² reference image (+4096) where it is trained "
-      "with a control image; the table's counts are the target image's alone. Text tokens are for a "
+      "with a control image, FLUX.1 Kontext's one reference of the image's own size (twice the count: 2048 / "
+      "4608 / 8192 / 18432), and its previews' one of the preview's size; the table's counts are the target "
+      "image's alone, the activations below hold the reference's. Text tokens are for a "
       "77-token prompt, and for Qwen-Image-Edit-2509 the 203 rows its control image adds (the vision "
       "tower's 196 tokens of a 384² condition image, their markers and \"Picture 1: \").\n\n");
 

@@ -54,7 +54,7 @@ def run(cmd):
 
 
 def config(preset, cached_latents, cached_text, gc, work, frames=1):
-    edit = preset.endswith("-edit")
+    edit = preset.endswith("-edit") or preset.endswith("-kontext")  # a control folder, a ctrl_img
     i2v = preset.endswith("-i2v")
     ti2v = preset.endswith("-5b")  # Wan 2.2 TI2V: do_i2v, as AI Toolkit's UI sets it
     name = f"{preset}-{'cached' if cached_latents else 'fly'}-{'te_cached' if cached_text else 'te'}-gc_{gc}"

@@ -240,8 +240,9 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
   return family_of(spec.family).text_tokens(spec, encoder_tokens(spec, prompt_tokens));
 }
 
-int64_t preview_reference_tokens(const ModelSpec& spec, int control_images) {
+int64_t preview_reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width) {
   if (!spec.reference_tokens || control_images <= 0) return 0;
+  if (spec.reference_area == 0) return control_images * image_tokens(spec, {1, 1, height, width});
   const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(spec.reference_area))));
   return control_images * image_tokens(spec, {1, 1, side, side});
 }
@@ -262,7 +263,7 @@ StepTokens step_tokens(const ModelSpec& spec, const SampleShape& shape, int64_t 
 int64_t reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width) {
   if (spec.reference_tokens && control_images > 0 && trains_references_at_image_size(spec))
     return control_images * image_tokens(spec, {1, 1, height, width});
-  return preview_reference_tokens(spec, control_images);
+  return preview_reference_tokens(spec, control_images, height, width);
 }
 
 }  // namespace gclab::model

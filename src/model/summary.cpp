@@ -41,7 +41,8 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
     s.tokens.push_back(
         {"sample", config.sample->width, config.sample->height,
          image_tokens(s.spec, {1, config.sample->num_frames, config.sample->height, config.sample->width}),
-         text_tokens(s.spec, prompt_tokens), preview_reference_tokens(s.spec, controls)});
+         text_tokens(s.spec, prompt_tokens),
+         preview_reference_tokens(s.spec, controls, config.sample->height, config.sample->width)});
   return s;
 }
 

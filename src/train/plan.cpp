@@ -182,9 +182,27 @@ bool runs_on_cuda(const config::ProcessConfig& config) {
 
 namespace {
 
+// An edit model's control images, as its model class takes them: as many as it reads (FLUX.1 Kontext one:
+// its batch's control_tensor is encoded as one image) and, for a preview where the class requires it, one.
+void check_controls(const RunPlan& plan, const std::string& where, size_t count, bool preview) {
+  const model::ModelFamily& family = *plan.family;
+  const int most = family.max_control_images(plan.spec);
+  if (most > 0 && count > static_cast<size_t>(most))
+    throw UserError(where + " has " + std::to_string(count) + " control images; " + plan.config.model.arch + " takes " +
+                    std::to_string(most) + " (AI Toolkit's model class fails on more). Keep one.");
+  if (preview && count == 0 && family.preview_needs_control(plan.spec))
+    throw UserError(where + " has no ctrl_img that is a file; " + plan.config.model.arch +
+                    " previews an edit of it, and AI Toolkit stops at the first preview without one (\"Control "
+                    "image is required\"). Give each sample a ctrl_img, or set train.disable_sampling: true.");
+}
+
 // The previews and, per prompt, its control images that are files; a control that is not a file is left
 // out, with a warning.
 void plan_previews(RunPlan& plan) {
+  if (plan.spec.reference_tokens)
+    for (size_t i = 0; i < plan.config.datasets.size(); ++i)
+      check_controls(plan, "datasets[" + std::to_string(i) + "].control_path",
+                     plan.config.datasets[i].control_path.size(), /*preview=*/false);
   const config::ProcessConfig& c = plan.config;
   if (c.sample && !c.train.disable_sampling) plan.previews = c.sample->samples;
   for (const auto& p : plan.previews) {
@@ -198,6 +216,7 @@ void plan_previews(RunPlan& plan) {
           plan.warnings.push_back("sample: ctrl_img " + f + " is not a file; the prompt '" + p.prompt +
                                   "' is previewed without it");
       }
+      check_controls(plan, "sample: the prompt '" + p.prompt + "'", files.size(), /*preview=*/true);
     } else if (p.ctrl_img && plan.family->controls_as_channels(plan.spec)) {
       // Flex.2's generate_single_image reads ctrl_img (flex2.py:231-251), not ctrl_img_1..3.
       std::error_code ec;
@@ -374,6 +393,7 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
 
 data::BucketResolution preview_reference_size(const model::ModelSpec& spec, data::BucketResolution image, int width,
                                               int height) {
+  if (spec.reference_area == 0) return {width, height};  // FLUX.1 Kontext: the preview's own size
   const data::BucketResolution aspect =
       model::trains_references_at_image_size(spec) ? data::BucketResolution{width, height} : image;
   return data::reference_size(aspect, spec.divisibility, spec.reference_area);

@@ -1271,9 +1271,9 @@ torch::Tensor Session::decode_preview(const torch::Tensor& z) {
 
 std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::path>& controls, int width, int height) {
   // An edit model's preview conditions on its control images as the pipelines do: each encoded at a
-  // 1024² area (QwenImageEditPipeline's calculate_dimensions, the Plus pipeline's VAE_IMAGE_SIZE) and
-  // appended as reference tokens. The pipeline takes the posterior's mean; gclab's codec a sample of it
-  // (the same memory).
+  // 1024² area (QwenImageEditPipeline's calculate_dimensions, the Plus pipeline's VAE_IMAGE_SIZE) or the
+  // preview's size (FluxKontextPipeline) and appended as reference tokens, the posterior's mean (the
+  // pipelines' retrieve_latents with sample_mode "argmax").
   std::vector<torch::Tensor> out;
   if (!spec_.reference_tokens || controls.empty() || !codec_) return out;
   current_activity_ = Activity::vae_encode;
@@ -1286,7 +1286,7 @@ std::vector<torch::Tensor> Session::preview_references(const std::vector<fs::pat
       memory::HostScope host;  // read in host memory, as a GPU run's pipeline does: the encode copies it
       image = load_preview_reference(spec_, f, width, height).unsqueeze(0).unsqueeze(2);
     }
-    out.push_back(codec().encode(image).to(device_));
+    out.push_back(codec().encode_mean(image).to(device_));
   }
   current_activity_ = Activity::model;
   return out;

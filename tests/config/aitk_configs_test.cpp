@@ -200,6 +200,60 @@ std::string ui_job(const std::string& name, const std::string& rest) {
          rest;
 }
 
+// FLUX.1 Kontext: AI Toolkit's example (config/examples/train_lora_flux_kontext_24gb.yaml at 27a03a9, its keys
+// written here: rank 16, a control_path, cached latents, 512 and 768, adamw8bit, weighted timesteps, quantize,
+// 1024² previews each with a --ctrl_img) and the UI's flux_kontext preset (options.tsx:119-135: quantize and
+// quantize_te on, weighted timesteps, control_path and ctrl_img sections) resolve to FLUX.1-dev's transformer
+// with reference tokens at the image's size, buckets of 16, the control image's latents encoded in every step.
+TEST(AitkConfigs, FluxKontextTheExampleAndTheUisPresetResolveToKontext) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ui_dataset("aitk_flux_kontext");
+  const fs::path controls = ui_dataset("aitk_flux_kontext_controls");
+  const std::string control = (controls / "synth_0000.png").string();
+  const std::string example = ui_job(
+      "my_first_flux_kontext_lora_v1",
+      "      datasets: [{folder_path: " + dir.string() + ", control_path: " + controls.string() +
+          ", caption_ext: txt, caption_dropout_rate: 0.05, shuffle_tokens: false, cache_latents_to_disk: true, "
+          "resolution: [512, 768]}]\n"
+          "      train: {batch_size: 1, steps: 3000, gradient_accumulation_steps: 1, train_unet: true, "
+          "train_text_encoder: false, gradient_checkpointing: true, noise_scheduler: flowmatch, optimizer: adamw8bit, "
+          "lr: 1e-4, timestep_type: weighted, dtype: bf16}\n"
+          "      model: {name_or_path: black-forest-labs/FLUX.1-Kontext-dev, arch: flux_kontext, quantize: true}\n"
+          "      sample: {sampler: flowmatch, sample_every: 250, width: 1024, height: 1024, neg: '', seed: 42, "
+          "walk_seed: true, guidance_scale: 4, sample_steps: 20, prompts: ['make the person smile  --ctrl_img " +
+          control + "']}\n");
+  const std::string ui = ui_job(
+      "kontext_ui",
+      "      datasets: [{folder_path: " + dir.string() + ", control_path: [" + controls.string() +
+          "], caption_ext: txt, cache_latents_to_disk: false, resolution: [512, 768, 1024]}]\n"
+          "      train: {batch_size: 1, steps: 3000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+          "timestep_type: weighted, optimizer: adamw8bit, lr: 1e-4, dtype: bf16}\n"
+          "      model: {name_or_path: black-forest-labs/FLUX.1-Kontext-dev, arch: flux_kontext, quantize: true, "
+          "quantize_te: true}\n"
+          "      sample: {sampler: flowmatch, sample_every: 250, width: 1024, height: 1024, prompts: ['a --ctrl_img " +
+          control + "']}\n");
+  for (const auto& [name, yaml] : {std::pair{"example", example}, {"ui", ui}}) {
+    SCOPED_TRACE(name);
+    const auto r = model::load_config_text(yaml, std::string(name) + ".yaml");
+    ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+    const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
+    EXPECT_EQ(plan.spec.preset, "flux-kontext");
+    EXPECT_EQ(model::parameter_count(*model::build_transformer(plan.spec, torch::TensorOptions().device(torch::kMeta))),
+              11901408320);
+    EXPECT_TRUE(model::trains_references_at_image_size(plan.spec));
+    EXPECT_EQ(plan.spec.divisibility, 16);
+    EXPECT_TRUE(plan.vae_in_steps);  // the control image encoded every step, latents cached or not
+    EXPECT_EQ(plan.family->base_model_version(r.config->model.arch), "flux.1_kontext");
+    EXPECT_EQ(plan.load.loading, model::TransformerLoading::on_device);
+    ASSERT_EQ(plan.preview_controls.size(), 1u);
+    EXPECT_EQ(plan.preview_controls[0].size(), 1u);
+    // A 768 resolution holds the image's 48 x 48 tokens and as many of its reference (4608).
+    EXPECT_EQ(model::step_tokens(plan.spec, {1, 1, 768, 768}).image, 2 * 48 * 48);
+  }
+  fs::remove_all(dir);
+  fs::remove_all(controls);
+}
+
 // AI Toolkit's UI for Wan 2.1 I2V (ui/src/app/jobs/new/options.tsx:231-270 at 27a03a9: `wan21_i2v:14b480p`
 // and `wan21_i2v:14b`, quantize and quantize_te on, timestep_type weighted, 41 frames at 16 fps, a ctrl_img
 // per sample; the UI's datasets do not cache latents, jobConfig.ts:13): both tags resolve to the one I2V

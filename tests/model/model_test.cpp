@@ -28,6 +28,7 @@ TEST(Presets, FullSizeParameterCountsMatchThePublishedFigures) {
   EXPECT_EQ(meta_params("qwen-image"), 20430401088);
   EXPECT_EQ(meta_params("zimage"), 6154908736);
   EXPECT_EQ(meta_params("flux-schnell"), 11901408320 - 10229760);  // no guidance embedder
+  EXPECT_EQ(meta_params("flux-kontext"), 11901408320);             // FLUX.1-dev's transformer
   const int64_t dit = meta_params("dit-xl2");
   EXPECT_NEAR(static_cast<double>(dit), 675e6, 0.5e6) << dit;
   const int64_t sd35 = meta_params("sd35-large");  // "8.1B" (stabilityai/stable-diffusion-3.5-large)
@@ -139,7 +140,7 @@ TEST_P(TinyPreset, ForwardBackwardThroughEveryBlock) {
 
 INSTANTIATE_TEST_SUITE_P(All, TinyPreset,
                          ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit",
-                                           "tiny-wan21"),
+                                           "tiny-wan21", "tiny-flux-kontext"),
                          [](const auto& info) { return gclab::testing::test_name(info.param); });
 
 TEST(Tokens, ImageTextAndReferenceTokensPerFamily) {
@@ -153,10 +154,12 @@ TEST(Tokens, ImageTextAndReferenceTokensPerFamily) {
   EXPECT_EQ(text_tokens(spec_by_preset("sd35-large"), 5), 333);
   EXPECT_EQ(text_tokens(spec_by_preset("dit-xl2"), 5), 0);
   // The Plus models train two 1024² references; Qwen-Image-Edit two of the image's size (512²: 1024 each);
-  // every edit preview's reference is 1024².
+  // every Qwen edit preview's reference is 1024²; FLUX.1 Kontext's the preview's own size, as it trains them.
   EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image-edit-2509"), 2, 512, 512), 8192);
   EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image-edit"), 2, 512, 512), 2048);
-  EXPECT_EQ(preview_reference_tokens(spec_by_preset("qwen-image-edit"), 1), 4096);
+  EXPECT_EQ(preview_reference_tokens(spec_by_preset("qwen-image-edit"), 1, 512, 512), 4096);
+  EXPECT_EQ(preview_reference_tokens(spec_by_preset("flux-kontext"), 1, 512, 768), 1536);
+  EXPECT_EQ(reference_tokens(spec_by_preset("flux-kontext"), 1, 512, 512), 1024);
   EXPECT_EQ(reference_tokens(spec_by_preset("qwen-image"), 2, 512, 512), 0);
 }
 

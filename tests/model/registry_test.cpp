@@ -159,8 +159,9 @@ TEST(Registry, EachFamilyReadsBackTheConfigJsonItWrites) {
 TEST(Registry, DivisibilityIsEachModelClasssOwn) {
   for (const auto& [preset, bucket, preview] :
        {std::tuple{"flux-dev", 32, 16}, std::tuple{"flex1", 32, 16}, std::tuple{"flex2", 16, 16},
-        std::tuple{"qwen-image", 32, 32}, std::tuple{"qwen-image-edit-2509", 32, 32}, std::tuple{"zimage", 16, 16},
-        std::tuple{"zimage-turbo", 16, 16}, std::tuple{"sd35-large", 32, 16}, std::tuple{"dit-xl2", 16, 16}}) {
+        std::tuple{"flux-kontext", 16, 16}, std::tuple{"qwen-image", 32, 32},
+        std::tuple{"qwen-image-edit-2509", 32, 32}, std::tuple{"zimage", 16, 16}, std::tuple{"zimage-turbo", 16, 16},
+        std::tuple{"sd35-large", 32, 16}, std::tuple{"dit-xl2", 16, 16}}) {
     EXPECT_EQ(spec_by_preset(preset).divisibility, bucket) << preset;
     EXPECT_EQ(spec_by_preset(preset).preview_divisibility, preview) << preset;
   }

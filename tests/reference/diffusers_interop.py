@@ -3,7 +3,7 @@ through gclab's command line, for one transformer family:
 
   diffusers_interop.py GCLAB_EXE FAMILY WORK_DIR
 
-1. A tiny random diffusers transformer of FAMILY (flux, qwen_image, zimage, sd3; qwen_image_edit and
+1. A tiny random diffusers transformer of FAMILY (flux, qwen_image, zimage, sd3; flux_kontext, qwen_image_edit and
    qwen_image_edit_2511 and flex2, forward only) is saved by diffusers' own save_pretrained as a model folder (WORK_DIR/model/transformer/{config.json, safetensors}).
 2. `gclab forward` with model.name_or_path = that folder (shape from its config.json, weights from its
    safetensors, unchanged) must give diffusers' output on the same inputs to float32 rounding.
@@ -36,7 +36,7 @@ TOL = 1e-5  # relative to the output's largest magnitude: float32 rounding throu
 BF16_TOL = 2e-2
 
 B, H, W = 2, 16, 12  # latent size (an image of 128 x 96); 8 x 6 = 48 patches, not a multiple of 32
-TEXT = {"flux": 7, "flex2": 7, "qwen_image": 9, "qwen_image_edit": 9, "qwen_image_edit_2511": 9, "zimage": 20, "sd3": 11,
+TEXT = {"flux": 7, "flux_kontext": 7, "flex2": 7, "qwen_image": 9, "qwen_image_edit": 9, "qwen_image_edit_2511": 9, "zimage": 20, "sd3": 11,
         "wan21": 7, "wan21_i2v": 512, "wan22_ti2v": 7}
 # Wan: video latents [B, 16, F', H, W] of F' = 3 latent frames (9 frames); Wan 2.1 I2V takes its first-frame
 # condition channels (mask 4 + latent 16) and CLIP's 257 image tokens, and 512 text rows (its attention
@@ -54,7 +54,7 @@ def build(family):
     """A tiny diffusers transformer with every parameter perturbed (diffusers zero-initialises some,
     e.g. Z-Image's pad tokens, and a zero parameter hides a wrong name or layout)."""
     import diffusers
-    if family == "flux":
+    if family in ("flux", "flux_kontext"):  # FLUX.1 Kontext: FLUX.1-dev's transformer
         m = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
                                              attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
                                              pooled_projection_dim=24, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
@@ -104,13 +104,21 @@ def inputs(family):
         tokens = FRAMES * (H // 2) * (W // 2)
         d["timestep"] = torch.tensor([0.3, 0.85])[:, None].repeat(1, tokens)
         d["timestep"][:, : (H // 2) * (W // 2)] = 0
-    if family in ("flux", "flex2", "sd3"):
+    if family in ("flux", "flux_kontext", "flex2", "sd3"):
         d["pooled"] = r(B, 24)
-    if family in ("flux", "flex2"):
+    if family in ("flux", "flux_kontext", "flex2"):
         d["guidance"] = torch.tensor([3.5, 1.0])
-    if family in EDITS:
+    if family in EDITS or family == "flux_kontext":
         d["reference_latents.0"] = r(B, 16, REF_H, REF_W)
     return d
+
+
+def flux_ids(h, w, index=0):  # FluxPipeline._prepare_latent_image_ids; Kontext's reference at index 1
+    ids = torch.zeros(h // 2, w // 2, 3)
+    ids[..., 0] = index
+    ids[..., 1] = torch.arange(h // 2)[:, None]
+    ids[..., 2] = torch.arange(w // 2)[None, :]
+    return ids.reshape(-1, 3)
 
 
 def pack(lat):  # [B, C, H, W] -> [B, (H/2)(W/2), 4C], the FLUX / Qwen-Image pipelines' _pack_latents
@@ -127,21 +135,22 @@ def unpack(tokens, c, h, w):
 def velocity(family, m, d):
     """The diffusers model's prediction on gclab's inputs, in gclab's convention."""
     lat, t = d["latents"], d["timestep"]
-    if family in ("flux", "flex2"):
+    if family in ("flux", "flux_kontext", "flex2"):
         if family == "flex2":
             # No inpainting or control input, as AI Toolkit's Flex2 builds it on the latents before packing
             # (extensions_built_in/flex2/flex2.py:462-482): a zero inpainting latent, a mask of ones, a zero
             # control latent.
             zeros = torch.zeros_like(lat)
             lat = torch.cat([lat, zeros, torch.ones_like(lat[:, :1]), zeros], 1)
-        tokens = pack(lat)
-        ids = torch.zeros(H // 2, W // 2, 3)
-        ids[..., 1] = torch.arange(H // 2)[:, None]
-        ids[..., 2] = torch.arange(W // 2)[None, :]
+        tokens, ids = pack(lat), flux_ids(H, W)
+        if "reference_latents.0" in d:  # FluxKontextPipeline: the image's tokens appended, ids[..., 0] = 1
+            ref = d["reference_latents.0"]
+            tokens = torch.cat([tokens, pack(ref)], 1)
+            ids = torch.cat([ids, flux_ids(ref.shape[2], ref.shape[3], index=1)], 0)
         out = m(hidden_states=tokens, encoder_hidden_states=d["text"], pooled_projections=d["pooled"],
-                timestep=t, img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(d["text"].shape[1], 3),
+                timestep=t, img_ids=ids, txt_ids=torch.zeros(d["text"].shape[1], 3),
                 guidance=d["guidance"], return_dict=False)[0]
-        return unpack(out, 16, H, W)
+        return unpack(out[:, :(H // 2) * (W // 2)], 16, H, W)  # noise_pred[:, : latents.size(1)]
     if family == "qwen_image" or family in EDITS:
         # The edit pipelines append the reference image's packed tokens and list its shape after the target's.
         refs = [d[k] for k in sorted(d) if k.startswith("reference_latents.")]
@@ -174,7 +183,7 @@ def compare(what, ours, ref, tol=TOL):
         raise SystemExit(f"{what}: gclab differs from diffusers ({err:.2e} >= {tol:.0e})")
 
 
-ARCH = {"flux": "flux", "flex2": "flex2", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3",
+ARCH = {"flux": "flux", "flux_kontext": "flux_kontext", "flex2": "flex2", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3",
         "qwen_image_edit": "qwen_image_edit", "qwen_image_edit_2511": "qwen_image_edit_plus",
         "wan21": "wan21", "wan21_i2v": "wan21", "wan22_ti2v": "wan21"}
 
@@ -263,7 +272,7 @@ def main():
           "--dtype", "bf16")
     compare(f"{family} forward in bf16", load_file(out)["prediction"].float(), ref16, tol=BF16_TOL)
     del m16
-    if family in EDITS or family in ("flex2", "wan21_i2v", "wan22_ti2v"):  # training and saving: checked on the others
+    if family in EDITS or family in ("flux_kontext", "flex2", "wan21_i2v", "wan22_ti2v"):  # training and saving: checked on the others
         print(f"{family}: gclab and diffusers agree")
         return
 

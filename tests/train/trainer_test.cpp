@@ -1017,6 +1017,52 @@ TEST(Trainer, DiffusersSaveFormatWritesAFolderForAFullFineTuneAndOneFileForALora
   fs::remove_all(dir);
 }
 
+// FLUX.1 Kontext (AI Toolkit's FluxKontextModel): each step appends the control image's latents (scaled and
+// cropped as its image, encoded at its size) to the image sequence — another loss than without controls,
+// checkpointing on and off to the same losses; a preview edits its ctrl_img. What the class fails on is
+// refused before anything loads: a preview without a ctrl_img, two control images a sample.
+TEST(Trainer, FluxKontextTrainsOnItsControlImagesAndPreviewsAnEdit) {
+  const fs::path dir = testing::fresh_dir("flux_kontext");
+  data::SynthOptions o;
+  o.count = 6, o.sizes = {{64, 64}, {96, 64}}, o.seed = 9;
+  data::write_synthetic_dataset(dir / "controls", o);
+  const std::string control = (dir / "controls" / "synth_0000.png").string();
+  const std::vector<std::string> kontext = {"model.arch=tiny-flux-kontext", "train.steps=2",
+                                            "datasets.0.control_path=[" + (dir / "controls").string() + "]"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), kontext.begin(), kontext.end());
+    return extra;
+  };
+  const TrainSummary on = train(tiny_config(dir, "on", with({})), {});
+  const TrainSummary off = train(tiny_config(dir, "off", with({"train.gradient_checkpointing=false"})), {});
+  testing::expect_same_losses(on.losses, off.losses, 2);
+  for (const double loss : on.losses) EXPECT_TRUE(std::isfinite(loss));
+  const TrainSummary bare = train(tiny_config(dir, "bare", {"model.arch=tiny-flux-kontext", "train.steps=2"}), {});
+  ASSERT_EQ(bare.losses.size(), 2u);
+  EXPECT_NE(bare.losses[0], on.losses[0]);  // the same images and noise, without the reference tokens
+  const TrainSummary previewed =
+      train(tiny_config(dir, "previewed",
+                        with({"train.steps=1", "train.disable_sampling=false", "sample.sample_every=1",
+                              "sample.width=64", "sample.height=48", "sample.sample_steps=2",
+                              "sample.prompts=['make it blue --ctrl_img " + control + "']"})),
+            {});
+  ASSERT_FALSE(previewed.samples.empty());
+  EXPECT_TRUE(fs::exists(previewed.samples.front()));
+  auto refused = [&](std::vector<std::string> extra, const std::string& says) {
+    try {
+      train(tiny_config(dir, "refused", with(std::move(extra))), {});
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused({"train.disable_sampling=false", "sample.sample_every=1", "sample.prompts=[make it blue]"},
+          "Control image is required");
+  refused({"datasets.0.control_path=[" + (dir / "controls").string() + ", " + (dir / "controls").string() + "]"},
+          "takes 1");
+  fs::remove_all(dir);
+}
+
 // model.name_or_path as a local diffusers folder: the shape from its config.json (any width and depth),
 // the weights loaded and checked; without weights, that shape with random ones; weights of another shape
 // are a UserError naming the first mismatch and how many there are.

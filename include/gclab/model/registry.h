@@ -142,6 +142,10 @@ class ModelFamily {
                                           const std::function<torch::Tensor(const torch::Tensor&)>& /*encode*/) const {
     return {};
   }
+  // An edit model's reference images (spec.reference_tokens): whether each preview must have a ctrl_img (the
+  // model class fails without one), and the most control images a sample may have (0: any number).
+  virtual bool preview_needs_control(const ModelSpec& /*spec*/) const { return false; }
+  virtual int max_control_images(const ModelSpec& /*spec*/) const { return 0; }
   // An image-to-video model's first frames (frame_conditioning.h): whether a dataset's steps condition on its
   // samples' first frames (their pixels are then needed in every step), and whether a preview takes its
   // ctrl_img as the first frame — required (Wan 2.1 I2V), optional (Wan 2.2 TI2V 5B) or not at all.

@@ -77,7 +77,8 @@ struct ModelSpec {
   // Edit models: a control image is encoded as reference latents beside the noisy ones at this area (sides
   // rounded to multiples of 32: the pipelines' calculate_dimensions(1024 * 1024, ratio)) — by the Plus models
   // in training and previews, by Qwen-Image-Edit in previews only (it trains them at the image's size:
-  // trains_references_at_image_size); tiny presets 512², as their condition_area is scaled down.
+  // trains_references_at_image_size); tiny presets 512², as their condition_area is scaled down. 0: FLUX.1
+  // Kontext's pipeline, each preview's reference at the preview's own size.
   int64_t reference_area = 1024 * 1024;
   // Bucket sides are multiples of this, as AI Toolkit's model class rounds them (get_bucket_divisibility):
   // FLUX.1 / Flex.1, SD3 (StableDiffusion, stable_diffusion_model.py:289-297) and Qwen-Image
@@ -190,7 +191,8 @@ struct StepTokens {
   int64_t image = 0, text = 0;
 };
 StepTokens step_tokens(const ModelSpec& spec, const SampleShape& shape, int64_t text_tokens = 0);
-// A preview's: one reference_area latent per control image, for either class (the pipelines').
-int64_t preview_reference_tokens(const ModelSpec& spec, int control_images);
+// A preview's of height x width: one reference_area latent per control image, for either class (the
+// pipelines'), or (reference_area 0: FLUX.1 Kontext) one of the preview's own size.
+int64_t preview_reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width);
 
 }  // namespace gclab::model

@@ -1,5 +1,6 @@
-// FLUX.1 (dev, schnell) and Flex.1 / Flex.2: black-forest-labs/FLUX.1-dev's transformer/config.json,
-// ostris/Flex.1-alpha, ostris/Flex.2-preview; diffusers' FluxTransformer2DModel and FluxPipeline.
+// FLUX.1 (dev, schnell, Kontext) and Flex.1 / Flex.2: black-forest-labs/FLUX.1-dev's transformer/config.json,
+// ostris/Flex.1-alpha, ostris/Flex.2-preview; diffusers' FluxTransformer2DModel, FluxPipeline and
+// FluxKontextPipeline.
 #include <nlohmann/json.hpp>
 
 #include "gclab/config/user_error.h"
@@ -40,6 +41,22 @@ ModelSpec flex2() {
   return s;
 }
 
+// black-forest-labs/FLUX.1-Kontext-dev: FLUX.1-dev's transformer, trained and previewed with a reference
+// image's latents appended to the image sequence (AI Toolkit's FluxKontextModel,
+// extensions_built_in/diffusion_models/flux_kontext/flux_kontext.py): in training the dataset's control image
+// scaled and cropped as its image and encoded at its size (condition_noisy_latents, :394-417), in previews the
+// ctrl_img resized to the preview's size (generate_single_image, :204-241: the pipeline's max_area is the
+// preview's, _auto_resize off).
+ModelSpec flux_kontext() {
+  ModelSpec s = flux_preset("flux-kontext", 19, true, 512);
+  s.reference_tokens = s.references_at_image_size = true;
+  s.reference_area = 0;  // a preview's reference at the preview's own size
+  s.divisibility = 16;   // FluxKontextModel.get_bucket_divisibility (:70-71)
+  return s;
+}
+
+bool kontext(const std::string& arch) { return arch.find("kontext") != std::string::npos; }
+
 class Flux final : public ModelFamily {
  public:
   Family id() const override { return kFluxId; }
@@ -48,7 +65,7 @@ class Flux final : public ModelFamily {
   // FLUX.1 / Flex.1: StableDiffusion.load_model fuses it in (stable_diffusion_model.py:718-725) and
   // load_assistant_lora_from_path keeps it (toolkit/assistant_lora.py:10-11: "Only Flux models"); Flex.2's
   // own model class does not.
-  bool takes_assistant_adapter(const std::string& arch) const override { return arch != "flex2"; }
+  bool takes_assistant_adapter(const std::string& arch) const override { return arch != "flex2" && !kontext(arch); }
   // Flex.2: features beyond the latents' (an inpainting latent, its mask, a control latent).
   bool controls_as_channels(const ModelSpec& spec) const override {
     return spec.extra_input_features == 2 * families_shared::packed_features(spec) + spec.patch * spec.patch;
@@ -71,8 +88,12 @@ class Flux final : public ModelFamily {
     return flux::flex2_preview_condition(file, index, width, height, encode);
   }
   std::string base_model_version(const std::string& arch) const override {
-    return arch == "flex2" ? "flex2" : "flux.1";
+    return arch == "flex2" ? "flex2" : kontext(arch) ? "flux.1_kontext" : "flux.1";  // flux_kontext.py:419-420
   }
+  // FluxKontextModel.generate_single_image: "Control image is required for Flux Kontext model generation"
+  // (:213-216); its batch's control_tensor is one image (condition_noisy_latents encodes it as one, :394-417).
+  bool preview_needs_control(const ModelSpec& spec) const override { return spec.reference_area == 0; }
+  int max_control_images(const ModelSpec& spec) const override { return spec.reference_area == 0 ? 1 : 0; }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return flux::build_transformer(spec, options);
@@ -86,15 +107,27 @@ class Flux final : public ModelFamily {
     return {{"flux", kFluxId, "flux-dev", false, "schnell", "flux-schnell", L::on_device_unless_low_vram, {"FLUX.1"}},
             {"flex1", kFluxId, "flex1", false, "", "", L::on_device_unless_low_vram, {"Flex.1"}},
             {"flex2", kFluxId, "flex2", false, "", "", L::on_device, {"Flex.2"}},
-            // The tiny preset loads as the family's main arch does.
-            {"tiny-flux", kFluxId, "tiny-flux", true, "", "", L::on_device_unless_low_vram, {}}};
+            // FluxKontextModel.load_model: `transformer.to(self.quantize_device)` (the device), low_vram or not.
+            {"flux_kontext", kFluxId, "flux-kontext", false, "", "", L::on_device, {"FLUX.1-Kontext"}},
+            // The tiny presets load as their archs do.
+            {"tiny-flux", kFluxId, "tiny-flux", true, "", "", L::on_device_unless_low_vram, {}},
+            {"tiny-flux-kontext", kFluxId, "tiny-flux-kontext", true, "", "", L::on_device, {}}};
   }
 
   std::vector<ModelSpec> presets() const override {
-    const ModelSpec dev = flux_preset("flux-dev", 19, true, 512);
-    ModelSpec tiny = families_shared::tiny(dev, "tiny-flux");
-    tiny.double_blocks = 2, tiny.single_blocks = 2, tiny.max_text_tokens = 32;
-    return {dev, flux_preset("flux-schnell", 19, false, 256), flux_preset("flex1", 8, true, 512), flex2(), tiny};
+    const ModelSpec dev = flux_preset("flux-dev", 19, true, 512), kontext_dev = flux_kontext();
+    auto shrunk = [](const ModelSpec& full, const std::string& name) {
+      ModelSpec tiny = families_shared::tiny(full, name);
+      tiny.double_blocks = 2, tiny.single_blocks = 2, tiny.max_text_tokens = 32;
+      return tiny;
+    };
+    return {dev,
+            flux_preset("flux-schnell", 19, false, 256),
+            flux_preset("flex1", 8, true, 512),
+            flex2(),
+            kontext_dev,
+            shrunk(dev, "tiny-flux"),
+            shrunk(kontext_dev, "tiny-flux-kontext")};
   }
 
   // FLUX.1's AutoencoderKL (vae::AutoencoderKLConfig's defaults), Flex's too.

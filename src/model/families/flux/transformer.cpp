@@ -85,7 +85,12 @@ class FluxTransformer : public DiffusionTransformer {
     } else if (spec_.extra_input_features > 0) {
       img = torch::cat({img, extra_inputs(img)}, 2);
     }
-    img = x_embedder(img);
+    // FLUX.1 Kontext: the reference image's packed latents after the noisy image's, at rotary index 1
+    // (FluxKontextPipeline.prepare_latents: image_ids[..., 0] = 1; AI Toolkit's flux_kontext.py does the same).
+    const int64_t n = img.size(1);
+    std::vector<torch::Tensor> parts = {img};
+    for (const auto& ref : in.reference_latents) parts.push_back(patchify(ref, p, /*channels_last=*/false));
+    img = x_embedder(parts.size() > 1 ? torch::cat(parts, 1) : img);
     torch::Tensor txt = context_embedder(in.text);
     // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text. Each is cast
     // to the latents' dtype before the x1000, as diffusers' FluxTransformer2DModel.forward does (in bf16 the
@@ -100,6 +105,7 @@ class FluxTransformer : public DiffusionTransformer {
     // Rotary positions: text tokens at 0, image tokens at (0, row, column) of the patch grid.
     std::vector<std::array<int64_t, 3>> ids(static_cast<size_t>(txt.size(1)), {0, 0, 0});
     add_image_ids(ids, 0, h / p, w / p);
+    for (const auto& ref : in.reference_latents) add_image_ids(ids, 1, ref.size(2) / p, ref.size(3) / p);
     const auto [cos, sin] = rope_cos_sin(ids_tensor(ids, img.device()), spec_.rope_axes, spec_.rope_theta);
     size_t b = 0;
     for (; b < static_cast<size_t>(spec_.double_blocks); ++b) {
@@ -108,7 +114,7 @@ class FluxTransformer : public DiffusionTransformer {
     }
     torch::Tensor x = torch::cat({txt, img}, 1);
     for (; b < blocks().size(); ++b) x = call_block(b, {x, temb, cos, sin})[0];
-    img = x.narrow(1, txt.size(1), img.size(1));
+    img = x.narrow(1, txt.size(1), n);  // the noisy image's tokens: the prediction (noise_pred[:, :latent_size])
     return unpatchify(proj_out(norm_out(norm_out_linear, img, temb)), h, w, p, spec_.out_channels, false);
   }
 
