@@ -733,6 +733,10 @@ class Validator {
           warning(p + key, "'" + *folder + "' is not a folder here; no image will find its file in it");
       at_least(p + ".num_repeats", d.num_repeats, 1);
       at_least(p + ".keep_tokens", d.keep_tokens, 0);
+      if (d.control_transparent_color.size() != 3 ||
+          std::any_of(d.control_transparent_color.begin(), d.control_transparent_color.end(),
+                      [](int c) { return c < 0 || c > 255; }))
+        error(p + ".control_transparent_color", "must be three values from 0 to 255 (an RGB colour)");
       at_least(p + ".num_frames", d.num_frames, 1);
       at_least(p + ".fps", d.fps, 1);
       if (d.batch_size) at_least(p + ".batch_size", *d.batch_size, 1);

@@ -214,6 +214,18 @@ torch::Tensor decode_image_rgb(const fs::path& path) {
   return oriented(out, exif_orientation(path));
 }
 
+torch::Tensor decode_control_rgb(const fs::path& path, const std::vector<int>& background) {
+  if (!opens_as_rgba(path)) return decode_image_rgb(path);
+  const torch::Tensor rgba = oriented(decode_pixels(path, 4), exif_orientation(path)).to(torch::kInt32);
+  const torch::Tensor a = rgba.narrow(2, 3, 1);
+  torch::Tensor bg = torch::zeros({1, 1, 3}, torch::kInt32);
+  for (int64_t c = 0; c < 3 && c < static_cast<int64_t>(background.size()); ++c)
+    bg[0][0][c] = std::clamp(background[static_cast<size_t>(c)], 0, 255);
+  // libImaging's BLEND with DIV255: t = x + 128, ((t >> 8) + t) >> 8 — x / 255 rounded.
+  const torch::Tensor t = rgba.narrow(2, 0, 3) * a + bg * (255 - a) + 128;
+  return ((t.bitwise_right_shift(8) + t).bitwise_right_shift(8)).to(torch::kUInt8).contiguous();
+}
+
 torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height) {
   TORCH_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == torch::kUInt8,
               "resize_rgb needs uint8 [H, W, 3]");

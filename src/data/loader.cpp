@@ -287,29 +287,40 @@ LoadedBatch BatchLoader::load(int64_t index) {
   if (all_latents) out.first_frame_latents = stack_any(loaded, [](const Sample& x) { return x.latents.first_frame; });
   out.inpaint_alpha = stack_any(loaded, [](const Sample& x) { return x.inpaint; });
   out.loss_mask = stack_any(loaded, [](const Sample& x) { return x.mask; });
-  // Controls: every sample of the batch has the same number (the dataset's control folders).
+  load_controls(plan, used, text_only, out);
+  return out;
+}
+
+// Controls: every sample of the batch has the same number (the dataset's control folders).
+void BatchLoader::load_controls(const Batch& plan, const std::vector<PlannedSample>& used,
+                                const std::vector<bool>& text_only, LoadedBatch& out) {
   const auto& first = items_[static_cast<size_t>(used.front().item)];
-  if (!first.controls.empty()) {
-    for (size_t i = 0; i < used.size() && o_.text_reads_controls; ++i)
-      out.control_files.push_back(text_only[i] ? std::vector<std::filesystem::path>{}
-                                               : items_[static_cast<size_t>(used[i].item)].controls);
-    const BucketResolution ref =
-        o_.controls_at_bucket ? plan.bucket : reference_size(plan.bucket, o_.divisibility, o_.reference_area);
-    const int rw = ref.width, rh = ref.height;
-    for (size_t c = 0; c < first.controls.size(); ++c) {
-      std::vector<torch::Tensor> refs;
-      for (const auto& s : used)
-        refs.push_back(load_image_cover(items_[static_cast<size_t>(s.item)].controls.at(c), rw, rh));
-      torch::Tensor images = torch::stack(refs).unsqueeze(2);  // one frame each
-      if (encode_here_) {
-        torch::NoGradGuard no_grad;
-        out.references.push_back(codec_.encode(images));
-      } else {
-        out.reference_images.push_back(images);
-      }
+  if (first.controls.empty()) return;
+  for (size_t i = 0; i < used.size() && o_.text_reads_controls; ++i)
+    out.control_files.push_back(text_only[i] ? std::vector<std::filesystem::path>{}
+                                             : items_[static_cast<size_t>(used[i].item)].controls);
+  const BucketResolution ref =
+      o_.controls_at_bucket ? plan.bucket : reference_size(plan.bucket, o_.divisibility, o_.reference_area);
+  for (size_t c = 0; c < first.controls.size(); ++c) {
+    std::vector<torch::Tensor> refs;
+    for (const auto& s : used) {
+      const ImageItem& item = items_[static_cast<size_t>(s.item)];
+      const fs::path& file = item.controls.at(c);
+      // At the batch's size: flipped, scaled to the image's scale_to size and cut at its crop, as AI
+      // Toolkit's load_control_image places it (toolkit/dataloader_mixins.py:1174-1198).
+      const std::vector<int>& background = datasets_[static_cast<size_t>(item.dataset)].control_transparent_color;
+      refs.push_back(o_.controls_at_bucket ? to_unit_range(place_pixels(decode_control_rgb(file, background),
+                                                                        s.placement, s.flip_x, s.flip_y))
+                                           : load_image_cover(file, ref.width, ref.height));
+    }
+    torch::Tensor images = torch::stack(refs).unsqueeze(2);  // one frame each
+    if (encode_here_) {
+      torch::NoGradGuard no_grad;
+      out.references.push_back(codec_.encode(images));
+    } else {
+      out.reference_images.push_back(images);
     }
   }
-  return out;
 }
 
 PlannedSample BatchLoader::replacement_for(int64_t epoch, const Batch& batch, const PlannedSample& bad) const {

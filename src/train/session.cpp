@@ -909,7 +909,8 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   std::optional<std::pair<double, double>> stage;  // a model of several experts: this stage's timesteps
   if (experts_) stage.emplace(stage_ == 0 ? 1.0 : spec_.expert_boundaries[stage_ - 1], spec_.expert_boundaries[stage_]);
   const TimestepDraw draw = timesteps_.draw(
-      mb.x0.size(0), model::image_tokens(spec_, {1, lb.bucket.frames, lb.bucket.height, lb.bucket.width}), stage);
+      mb.x0.size(0), plan_.family->shift_tokens(spec_, {1, lb.bucket.frames, lb.bucket.height, lb.bucket.width}),
+      stage);
   mb.t = draw.t.to(device_);
   mb.weight = draw.weight.to(device_);
   if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);

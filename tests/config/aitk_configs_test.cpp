@@ -249,6 +249,9 @@ TEST(AitkConfigs, FluxKontextTheExampleAndTheUisPresetResolveToKontext) {
     EXPECT_EQ(plan.preview_controls[0].size(), 1u);
     // A 768 resolution holds the image's 48 x 48 tokens and as many of its reference (4608).
     EXPECT_EQ(model::step_tokens(plan.spec, {1, 1, 768, 768}).image, 2 * 48 * 48);
+    // Its trainer shifts by the latents' h·w (patch_size 1: not is_flux), FLUX.1-dev's by the packed tokens.
+    EXPECT_EQ(plan.family->shift_tokens(plan.spec, {1, 1, 768, 768}), 96 * 96);
+    EXPECT_EQ(plan.family->shift_tokens(model::spec_by_preset("flux-dev"), {1, 1, 768, 768}), 48 * 48);
   }
   fs::remove_all(dir);
   fs::remove_all(controls);

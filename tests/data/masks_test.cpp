@@ -12,6 +12,8 @@
 #include "../support/test_util.h"
 #include "gclab/data/image.h"
 #include "gclab/data/loader.h"
+#include "gclab/data/synth.h"
+#include "gclab/vae/autoencoder_kl.h"
 
 namespace fs = std::filesystem;
 
@@ -72,6 +74,59 @@ TEST(Image, PilGaussianBlurAndGreyAreBytesForBytesPils) {
 // A dataset with inpaint_path and mask_path: the batch stacks each sample's alpha and mask placed as its
 // image, zeros for the image that has none (data_loader.py:358-373, 399-412); mask_min_value lifts the mask's
 // floor, invert_mask inverts it, a flip flips it; the inpainting images are read only when asked (Flex.2).
+// Control images at the batch's size as AI Toolkit's load_control_image places them (toolkit/
+// dataloader_mixins.py:1157-1198): an RGBA control pasted over control_transparent_color through its alpha
+// (PIL's rounding), flipped with its image, stretched to the image's scale_to size and cut at its crop — a
+// 32 x 32 control of a 64 x 64 image, its left half opaque red, its right half transparent.
+TEST(Loader, ControlImagesArePlacedFlippedAndPastedAsAiToolkitPlacesThem) {
+  const fs::path dir = testing::fresh_dir("control_placement");
+  SynthOptions o;
+  o.count = 1, o.sizes = {{64, 64}};
+  write_synthetic_dataset(dir / "data", o);
+  fs::create_directories(dir / "controls");
+  torch::Tensor rgba = torch::zeros({32, 32, 4}, torch::kUInt8);
+  rgba.narrow(1, 0, 16).select(2, 0).fill_(255);
+  rgba.narrow(1, 0, 16).select(2, 3).fill_(255);
+  rgba.narrow(1, 16, 16).select(2, 1).fill_(255);  // green under alpha 0: not seen
+  rgba[0][0][0] = 200, rgba[0][0][3] = 128;        // 200 at alpha 128: round(200 * 128 / 255) = 100
+  write_rgba_png(dir / "controls" / "synth_0000.png", rgba);
+  const torch::Tensor black = decode_control_rgb(dir / "controls" / "synth_0000.png", {0, 0, 0});
+  EXPECT_EQ(black[0][0][0].item<int>(), 100);
+  EXPECT_EQ(black[5][20][1].item<int>(), 0);
+  const torch::Tensor grey = decode_control_rgb(dir / "controls" / "synth_0000.png", {10, 20, 30});
+  EXPECT_TRUE(torch::equal(grey[5][20], torch::tensor({10, 20, 30}, torch::kUInt8)));
+  EXPECT_EQ(grey[0][0][1].item<int>(), 10);  // round((0 * 128 + 20 * 127) / 255)
+
+  config::DatasetConfig d;
+  d.folder_path = (dir / "data").string();
+  d.control_path = {(dir / "controls").string()};
+  d.resolution = {64};
+  d.flip_x = true;
+  const ScanResult scan = scan_dataset(d, 0);
+  ASSERT_EQ(scan.items.size(), 1u);
+  vae::CodecSpec cs;
+  cs.autoencoder = vae::AutoencoderKLConfig{}.shrunk();  // not encoded on the loader's thread: the images come back
+  auto codec = vae::build_codec(cs, torch::kCPU, 0);
+  LoaderOptions lo;
+  lo.batch_size = 1, lo.divisibility = 16, lo.controls_at_bucket = true;
+  BatchLoader loader(scan.items, {d}, *codec, lo, 0);
+  int flipped = 0;
+  for (int k = 0; k < 2; ++k) {  // the image and its flipped copy
+    const LoadedBatch b = loader.next();
+    ASSERT_EQ(b.reference_images.size(), 1u);
+    const torch::Tensor ref = b.reference_images[0];  // [1, 3, 1, 64, 64] in [-1, 1]
+    ASSERT_EQ(ref.sizes(), (std::vector<int64_t>{1, 3, 1, 64, 64}));
+    const double left = ref[0][0][0].narrow(1, 0, 24).mean().item<double>();
+    const double right = ref[0][0][0].narrow(1, 40, 24).mean().item<double>();
+    EXPECT_NEAR(std::max(left, right), 1.0, 0.01) << k;   // red, stretched over its half (one corner pixel 100)
+    EXPECT_NEAR(std::min(left, right), -1.0, 1e-6) << k;  // black where it was transparent
+    EXPECT_NEAR(ref[0][1].abs().sub(1).abs().max().item<double>(), 0.0, 0.05) << k;  // no green anywhere
+    flipped += right > left;
+  }
+  EXPECT_EQ(flipped, 1);
+  fs::remove_all(dir);
+}
+
 TEST(Loader, InpaintingImagesAndLossMasksAreStackedPerBatchAsAiToolkitStacksThem) {
   const fs::path dir = testing::fresh_dir("masks_loader");
   fs::create_directories(dir / "images");

@@ -102,6 +102,8 @@ struct DatasetConfig {
   bool cache_text_embeddings = false;
   std::optional<int> batch_size;  // gclab: per-dataset batch size override
   std::vector<std::string> control_path;
+  // The colour a transparent control image is pasted over (config_modules.py:985; data::decode_control_rgb).
+  std::vector<int> control_transparent_color = {0, 0, 0};
   // Flex.2's inpainting images: the same-named RGBA .png / .webp, alpha 0 where the model learns to inpaint
   // (toolkit/config_modules.py:986-988).
   std::optional<std::string> inpaint_path;
@@ -151,6 +153,7 @@ struct DatasetConfig {
     v("cache_text_embeddings", cache_text_embeddings);
     v("batch_size", batch_size);
     v("control_path", control_path);
+    v("control_transparent_color", control_transparent_color);
     v("inpaint_path", inpaint_path);
     v("mask_path", mask_path);
     v("alpha_mask", alpha_mask);
@@ -175,7 +178,6 @@ struct DatasetConfig {
               "network_weight",
               "token_dropout_rate",
               "augments",
-              "control_transparent_color",
               "full_size_control_images",
               "unconditional_path",
               "poi",

@@ -28,6 +28,10 @@ bool is_image_file(const std::filesystem::path& path);  // .jpg .jpeg .png .webp
 std::optional<ImageSize> read_image_size(const std::filesystem::path& path, std::string* error = nullptr);
 // The whole image as uint8 [H, W, 3]. Throws ImageError naming the file and the decoder's reason.
 torch::Tensor decode_image_rgb(const std::filesystem::path& path);
+// A control image as AI Toolkit's load_control_image reads it (toolkit/dataloader_mixins.py:1157-1170):
+// upright, and an RGBA one pasted over `background` (control_transparent_color) through its alpha —
+// PIL's paste, round((src a + bg (255 - a)) / 255) per channel. uint8 [H, W, 3].
+torch::Tensor decode_control_rgb(const std::filesystem::path& path, const std::vector<int>& background);
 // uint8 [H, W, 3] resized to width x height (stb_image_resize, a filter suited to downscaling).
 torch::Tensor resize_rgb(const torch::Tensor& image, int width, int height);
 // The same for uint8 [H, W, C] of 1 to 4 channels, each resized on its own (masks, alpha).

@@ -167,6 +167,9 @@ class BatchLoader {
   // (an unusable inpainting image is a warning: the sample has none, as in AI Toolkit). `rng`: the mask's blur.
   Sample load_sample(const PlannedSample& s, std::mt19937_64& rng);
   LatentSlot slot_for(const PlannedSample& s) const;
+  // The batch's control images (edit models, Flex.2), images or (the stand-in) latents, into `out`.
+  void load_controls(const Batch& plan, const std::vector<PlannedSample>& used, const std::vector<bool>& text_only,
+                     LoadedBatch& out);
   static CachedLatents encode_sample(const torch::Tensor& image, const LatentSlot& slot, const Encode& encode);
   torch::Tensor sample_image(const PlannedSample& s) const;
   PlannedSample replacement_for(int64_t epoch, const Batch& batch, const PlannedSample& bad) const;

@@ -142,6 +142,13 @@ class ModelFamily {
                                           const std::function<torch::Tensor(const torch::Tensor&)>& /*encode*/) const {
     return {};
   }
+  // The tokens AI Toolkit's trainer shifts a step's timesteps by (set_train_timesteps' image_seq_len: the
+  // latents' h·w over the square of the patch BaseSDTrainProcess passes — 2 for FLUX.1 / Flex, else the
+  // transformer config's patch_size, jobs/process/BaseSDTrainProcess.py:1212-1217): the image's tokens,
+  // unless the family's model class gives another patch.
+  virtual int64_t shift_tokens(const ModelSpec& spec, const SampleShape& shape) const {
+    return image_tokens(spec, shape);
+  }
   // An edit model's reference images (spec.reference_tokens): whether each preview must have a ctrl_img (the
   // model class fails without one), and the most control images a sample may have (0: any number).
   virtual bool preview_needs_control(const ModelSpec& /*spec*/) const { return false; }

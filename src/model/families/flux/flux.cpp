@@ -47,8 +47,11 @@ ModelSpec flex2() {
 // scaled and cropped as its image and encoded at its size (condition_noisy_latents, :394-417), in previews the
 // ctrl_img resized to the preview's size (generate_single_image, :204-241: the pipeline's max_area is the
 // preview's, _auto_resize off).
+const char* const kKontext = "kontext";
+
 ModelSpec flux_kontext() {
   ModelSpec s = flux_preset("flux-kontext", 19, true, 512);
+  s.variant = kKontext;
   s.reference_tokens = s.references_at_image_size = true;
   s.reference_area = 0;  // a preview's reference at the preview's own size
   s.divisibility = 16;   // FluxKontextModel.get_bucket_divisibility (:70-71)
@@ -92,8 +95,15 @@ class Flux final : public ModelFamily {
   }
   // FluxKontextModel.generate_single_image: "Control image is required for Flux Kontext model generation"
   // (:213-216); its batch's control_tensor is one image (condition_noisy_latents encodes it as one, :394-417).
-  bool preview_needs_control(const ModelSpec& spec) const override { return spec.reference_area == 0; }
-  int max_control_images(const ModelSpec& spec) const override { return spec.reference_area == 0 ? 1 : 0; }
+  bool preview_needs_control(const ModelSpec& spec) const override { return spec.variant == kKontext; }
+  int max_control_images(const ModelSpec& spec) const override { return spec.variant == kKontext ? 1 : 0; }
+  // FluxKontextModel is not `is_flux` (its arch is not "flux": toolkit/models/base_model.py:261-262), so the
+  // trainer takes its transformer config's patch_size, 1 (BaseSDTrainProcess.py:1212-1217): the shift counts
+  // the latents' h·w, four times the packed tokens.
+  int64_t shift_tokens(const ModelSpec& spec, const SampleShape& shape) const override {
+    const int64_t tokens = image_tokens(spec, shape);
+    return spec.variant == kKontext ? tokens * spec.patch * spec.patch : tokens;
+  }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
     return flux::build_transformer(spec, options);
