@@ -88,9 +88,12 @@ class FluxTransformer : public DiffusionTransformer {
     // FLUX.1 Kontext: the reference image's packed latents after the noisy image's, at rotary index 1
     // (FluxKontextPipeline.prepare_latents: image_ids[..., 0] = 1; AI Toolkit's flux_kontext.py does the same).
     const int64_t n = img.size(1);
-    std::vector<torch::Tensor> parts = {img};
-    for (const auto& ref : in.reference_latents) parts.push_back(patchify(ref, p, /*channels_last=*/false));
-    img = x_embedder(parts.size() > 1 ? torch::cat(parts, 1) : img);
+    if (!in.reference_latents.empty()) {  // the packed parts released once joined, as a plain image's input is
+      std::vector<torch::Tensor> parts = {img};
+      for (const auto& ref : in.reference_latents) parts.push_back(patchify(ref, p, /*channels_last=*/false));
+      img = torch::cat(parts, 1);
+    }
+    img = x_embedder(img);
     torch::Tensor txt = context_embedder(in.text);
     // The conditioning vector: timestep (x1000), guidance (x1000, FLUX-dev), pooled CLIP text. Each is cast
     // to the latents' dtype before the x1000, as diffusers' FluxTransformer2DModel.forward does (in bf16 the
