@@ -262,22 +262,23 @@ std::vector<int> sample_frame_indices(const ImageItem& clip, const config::Datas
   return out;
 }
 
-std::optional<int> most_frames(const config::DatasetConfig& dataset, int temporal, std::string* why) {
+std::optional<int> most_frames(const config::DatasetConfig& dataset, int index, int temporal, std::string* why) {
   if (!dataset.auto_frame_count) return dataset.num_frames;
   // Every verb plans the cells several times (the plan, the walks' twins, the reports): the folder is scanned
   // once a process for each way of counting it.
   static std::mutex mutex;
   static std::map<std::string, std::pair<std::optional<int>, std::string>> scanned;
   std::ostringstream key;
-  key << dataset.folder_path.value_or("") << '|' << dataset.fps << '|' << dataset.trim_auto_frame_count_tail << '|'
-      << temporal;
+  key << index << '|' << dataset.folder_path.value_or("") << '|' << dataset.fps << '|'
+      << dataset.trim_auto_frame_count_tail << '|' << temporal << '|' << dataset.control_path.size() << '|'
+      << dataset.inpaint_path.has_value() << dataset.mask_path.has_value() << dataset.alpha_mask;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = scanned.find(key.str());
   if (it == scanned.end()) {
     std::pair<std::optional<int>, std::string> result;
     try {
       int most = 0;
-      for (const ImageItem& item : scan_dataset(dataset, 0).items)
+      for (const ImageItem& item : scan_dataset(dataset, index).items)
         most = std::max(most, item_frames(item, dataset, temporal));
       result.first = most;
     } catch (const DataError& e) {

@@ -478,8 +478,9 @@ torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {
   return memory::to_cpu(image).add(1.0).mul_(127.5).round_().clamp_(0, 255).permute(channels_last).to(torch::kUInt8);
 }
 
-torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height) {
-  torch::Tensor rgb = decode_image_rgb(path);
+torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height,
+                               const std::vector<int>& background) {
+  torch::Tensor rgb = decode_control_rgb(path, background);
   const double scale = std::max(static_cast<double>(width) / rgb.size(1), static_cast<double>(height) / rgb.size(0));
   const int sw = std::max(width, static_cast<int>(std::ceil(rgb.size(1) * scale)));
   const int sh = std::max(height, static_cast<int>(std::ceil(rgb.size(0) * scale)));

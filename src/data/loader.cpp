@@ -311,7 +311,7 @@ void BatchLoader::load_controls(const Batch& plan, const std::vector<PlannedSamp
       const std::vector<int>& background = datasets_[static_cast<size_t>(item.dataset)].control_transparent_color;
       refs.push_back(o_.controls_at_bucket ? to_unit_range(place_pixels(decode_control_rgb(file, background),
                                                                         s.placement, s.flip_x, s.flip_y))
-                                           : load_image_cover(file, ref.width, ref.height));
+                                           : load_image_cover(file, ref.width, ref.height, background));
     }
     torch::Tensor images = torch::stack(refs).unsqueeze(2);  // one frame each
     if (encode_here_) {

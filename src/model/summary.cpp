@@ -31,8 +31,8 @@ ModelSummary summarize_model(const config::ProcessConfig& config) {
   const int controls = s.spec.reference_tokens ? 1 : 0;
   for (size_t d = 0; d < config.datasets.size(); ++d) {
     const auto& dataset = config.datasets[d];  // auto_frame_count: its longest clip
-    const int frames =
-        data::most_frames(dataset, static_cast<int>(s.spec.latent_temporal)).value_or(dataset.num_frames);
+    const int frames = data::most_frames(dataset, static_cast<int>(d), static_cast<int>(s.spec.latent_temporal))
+                           .value_or(dataset.num_frames);
     for (int r : dataset.resolution)
       s.tokens.push_back({"datasets[" + std::to_string(d) + "]", r, r, image_tokens(s.spec, {1, frames, r, r}),
                           text_tokens(s.spec, prompt_tokens), reference_tokens(s.spec, controls, r, r)});

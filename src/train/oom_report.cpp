@@ -11,6 +11,7 @@
 
 #include "gclab/ckpt/policy.h"
 #include "gclab/config/byte_size.h"
+#include "gclab/data/dataset.h"
 #include "gclab/log/log.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
@@ -202,11 +203,17 @@ void Levers::step_fixes() {
     const int fewer = static_cast<int>(model::fewer_frames(current->estimate().spec, frames));
     config::ProcessConfig c = config;
     bool per_clip = false;  // auto_frame_count: each clip at its own length, the longest `frames`
-    for (auto& d : c.datasets)
-      if (d.num_frames == frames || d.auto_frame_count) {
-        per_clip = per_clip || d.auto_frame_count;
+    const int temporal = static_cast<int>(current->estimate().spec.latent_temporal);
+    for (size_t i = 0; i < c.datasets.size(); ++i) {
+      config::DatasetConfig& d = c.datasets[i];
+      // auto_frame_count: a dataset whose longest clip is that long (a shorter one keeps its own lengths).
+      const bool longest =
+          d.auto_frame_count && data::most_frames(d, static_cast<int>(i), temporal).value_or(0) >= frames;
+      if (d.num_frames == frames || longest) {
+        per_clip = per_clip || longest;
         d.num_frames = fewer, d.auto_frame_count = false;
       }
+    }
     const std::optional<int64_t> saving = saved(now, predicted(c, {batch, fewer, bh, bw}));
     if (fewer < frames && saving && *saving > 0)
       fixes.push_back({"Train on fewer frames",

@@ -23,10 +23,12 @@ std::vector<StepCell> step_cells(const config::ProcessConfig& config) {
   const model::ModelSpec spec = arch ? model::spec_by_preset(arch->preset) : model::ModelSpec{};
   const int div = arch ? spec.divisibility : 1;
   std::set<StepCell> cells;
-  for (const auto& d : config.datasets) {
+  for (size_t i = 0; i < config.datasets.size(); ++i) {
+    const config::DatasetConfig& d = config.datasets[i];
     // auto_frame_count: the longest clip's frames, the step that holds the most (num_frames where the
     // folder cannot be read here: plan_run warns).
-    const int frames = data::most_frames(d, static_cast<int>(spec.latent_temporal)).value_or(d.num_frames);
+    const int frames =
+        data::most_frames(d, static_cast<int>(i), static_cast<int>(spec.latent_temporal)).value_or(d.num_frames);
     for (int r : d.resolution) {
       const data::BucketResolution b = data::bucket_for(r, r, r, div);
       cells.insert({d.batch_size.value_or(config.train.batch_size), r, frames, b.width, b.height});
@@ -379,7 +381,7 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   for (size_t i = 0; i < config.datasets.size(); ++i) {
     std::string why;
     if (config.datasets[i].auto_frame_count &&
-        !data::most_frames(config.datasets[i], static_cast<int>(plan.spec.latent_temporal), &why))
+        !data::most_frames(config.datasets[i], static_cast<int>(i), static_cast<int>(plan.spec.latent_temporal), &why))
       plan.warnings.push_back("datasets[" + std::to_string(i) + "].auto_frame_count: its clips' lengths are unknown (" +
                               why + "): predicted at num_frames " + std::to_string(config.datasets[i].num_frames));
   }

@@ -307,7 +307,7 @@ void text_estimate(Session& session, MemoryEstimate& e, bool cuda) {
   if (prompts && prompts->slots() > 0) {
     TextEncodeEstimate t;
     t.caption_tokens = model::kNominalCaptionTokens;
-    t.control_images = e.spec.reference_tokens ? 1 : 0;
+    t.control_images = model::text_reads_controls(e.spec) ? 1 : 0;
     const text::EncodePrediction p = predict_caption_encode(*prompts, e.spec, !cuda);
     for (size_t i = 0; i < prompts->slots(); ++i) t.encoders.push_back(model::text_encoder_folder(i));
     t.tokens = p.tokens, t.bytes = p.bytes, t.encode_bytes = p.peak_bytes, t.dtype = p.dtype;

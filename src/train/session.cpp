@@ -72,7 +72,7 @@ text::EncodePrediction predict_caption_encode(const text::PromptEncoder& prompts
                                               bool cpu) {
   text::EncodeMemoryOptions kernels;
   kernels.cpu = cpu;
-  return prompts.predict_encode(model::kNominalCaptionTokens, spec.reference_tokens ? 1 : 0, kernels);
+  return prompts.predict_encode(model::kNominalCaptionTokens, model::text_reads_controls(spec) ? 1 : 0, kernels);
 }
 
 std::string step_tag(int64_t step) {
@@ -957,14 +957,15 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
   if (spec_.reference_tokens || channels)
     for (const auto& d : config_.datasets) references = std::max(references, d.control_path.size());
   const auto [ref_width, ref_height] = model::training_reference_size(spec_, width, height, channels);
-  if (spec_.reference_tokens) lb.control_images.resize(static_cast<size_t>(batch));
+  const bool text_reads = model::text_reads_controls(spec_);
+  if (text_reads) lb.control_images.resize(static_cast<size_t>(batch));
   for (size_t r = 0; r < references; ++r) {
     const torch::Tensor control = torch::rand({batch, 3, ref_height, ref_width}, o);
     if (plan_.codec.autoencoder)
       lb.reference_images.push_back((control * 2 - 1).unsqueeze(2));
     else
       lb.references.push_back(torch::randn(model::latent_shape(spec_, {batch, 1, ref_height, ref_width}), o));
-    if (spec_.reference_tokens)  // the text encoder reads them too
+    if (text_reads)  // the text encoder reads them too
       for (int i = 0; i < batch; ++i) lb.control_images[static_cast<size_t>(i)].push_back(control[i]);
   }
   return lb;

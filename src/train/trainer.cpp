@@ -181,7 +181,7 @@ void Run::prepare() {
   lo.controls_at_bucket = channels || model::trains_references_at_image_size(s.spec());
   lo.inpaint_images = channels;
   lo.first_frame_latents = s.plan().first_frame_latents;
-  lo.text_reads_controls = s.spec().reference_tokens && s.spec().condition_area > 0;  // Qwen-Image-Edit's vision tower
+  lo.text_reads_controls = model::text_reads_controls(s.spec());
   lo.seed = s.plan().seed;
   lo.trigger_word = config_.trigger_word;
   std::vector<data::ImageItem> items, reg_items;

@@ -55,7 +55,9 @@ int item_frames(const ImageItem& item, const config::DatasetConfig& dataset, int
 // The most frames a dataset's samples take: num_frames; with auto_frame_count its longest clip's item_frames
 // (its folder scanned once a process: the videos' headers), nullopt when it cannot be scanned here (`why`
 // says why).
-std::optional<int> most_frames(const config::DatasetConfig& dataset, int temporal, std::string* why = nullptr);
+// `index` names the dataset in `why`.
+std::optional<int> most_frames(const config::DatasetConfig& dataset, int index, int temporal,
+                               std::string* why = nullptr);
 
 // The frames a sample of `num_frames` takes from a clip of `total` frames, as AI Toolkit's
 // shrink_video_to_frames picks them (dataloader_mixins.py:563-566): spread evenly over the whole clip,

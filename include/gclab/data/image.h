@@ -62,9 +62,11 @@ struct AnimatedImage {
 };
 AnimatedImage read_animated_webp(const std::filesystem::path& path);
 // An image file scaled to cover width x height (aspect kept) and centre-cropped to it, as float [3, H, W]
-// in [-1, 1]: how the edit models' control images are sized (their 1024²-area reference at an aspect).
-// Throws ImageError for a file that does not decode.
-torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height);
+// in [-1, 1]: how the edit models' control images are sized (their 1024²-area reference at an aspect), read
+// as decode_control_rgb reads them (an RGBA one over `background`). Throws ImageError for a file that does
+// not decode.
+torch::Tensor load_image_cover(const std::filesystem::path& path, int width, int height,
+                               const std::vector<int>& background = {0, 0, 0});
 // [3, H, W] -> uint8 [H, W, 3]; frames [3, F, H, W] -> uint8 [F, H, W, 3].
 torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw);
 // Writes uint8 [H, W, 3] as PNG, under a temporary name renamed into place. Throws ImageError.

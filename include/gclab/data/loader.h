@@ -80,9 +80,10 @@ struct LoadedBatch {
   // Every sample a clip (AI Toolkit's 5-D batch), not an image: a clip of one latent frame is still a clip.
   bool clips = false;
   // Edit models: one [B, C, h', w'] per control folder (reference_images: one frame each, [B, 3, 1, H, W]), each
-  // control scaled to the batch's size (LoaderOptions::controls_at_bucket) or to a reference_area image of the batch's
-  // aspect (reference_size), cover and centre-crop — one such latent per control image, as the token accounting counts
-  // it. As the latents: undefined until encoded, the images in reference_images meanwhile.
+  // control placed as its image at the batch's size (LoaderOptions::controls_at_bucket: flipped, stretched to the
+  // image's scale_to size, cut at its crop) or covering a reference_area image of the batch's aspect
+  // (reference_size), centre-cropped — one such latent per control image, as the token accounting counts it. As
+  // the latents: undefined until encoded, the images in reference_images meanwhile.
   std::vector<torch::Tensor> references;
   std::vector<torch::Tensor> reference_images;
   std::vector<std::string> captions;               // processed (trigger, dropout, shuffle)
@@ -112,7 +113,8 @@ struct LoaderOptions {
   // the latents and Qwen-Image-Edit's references (model::trains_references_at_image_size) — instead of at
   // reference_area.
   bool controls_at_bucket = false;
-  // The text encoder reads each sample's control files too (edit models, through the vision tower).
+  // The text encoder reads each sample's control files too (model::text_reads_controls: Qwen-Image-Edit's
+  // vision tower).
   bool text_reads_controls = false;
   // The datasets' inpaint_path images are read (Flex.2: its family's controls_as_channels).
   bool inpaint_images = false;

@@ -176,6 +176,9 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens);
 inline bool trains_references_at_image_size(const ModelSpec& spec) {
   return spec.reference_tokens && spec.references_at_image_size;
 }
+// Whether an edit model's text encoder reads its control images too (Qwen-Image-Edit's vision tower, sized by
+// condition_area), beside their reference tokens; FLUX.1 Kontext's text does not.
+inline bool text_reads_controls(const ModelSpec& spec) { return spec.reference_tokens && spec.condition_area > 0; }
 // Reference-image tokens of an edit model training on (height, width) images: a latent of the image's size
 // per control image (trains_references_at_image_size), else one of reference_area (4096 tokens at the
 // pipelines' 1024², counted square).
