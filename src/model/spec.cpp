@@ -240,11 +240,20 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
   return family_of(spec.family).text_tokens(spec, encoder_tokens(spec, prompt_tokens));
 }
 
+std::pair<int64_t, int64_t> preview_reference_size(const ModelSpec& spec, int64_t image_width, int64_t image_height,
+                                                   int64_t width, int64_t height) {
+  if (spec.reference_area == 0) return {width, height};
+  const bool preview_aspect = trains_references_at_image_size(spec);
+  const data::BucketResolution r = data::reference_size({static_cast<int>(preview_aspect ? width : image_width),
+                                                         static_cast<int>(preview_aspect ? height : image_height)},
+                                                        spec.divisibility, spec.reference_area);
+  return {r.width, r.height};
+}
+
 int64_t preview_reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width) {
   if (!spec.reference_tokens || control_images <= 0) return 0;
-  if (spec.reference_area == 0) return control_images * image_tokens(spec, {1, 1, height, width});
-  const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(spec.reference_area))));
-  return control_images * image_tokens(spec, {1, 1, side, side});
+  const auto [w, h] = preview_reference_size(spec, 1, 1, width, height);  // a square control image
+  return control_images * image_tokens(spec, {1, 1, h, w});
 }
 
 std::pair<int64_t, int64_t> training_reference_size(const ModelSpec& spec, int64_t width, int64_t height,

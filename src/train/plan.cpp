@@ -395,10 +395,8 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
 
 data::BucketResolution preview_reference_size(const model::ModelSpec& spec, data::BucketResolution image, int width,
                                               int height) {
-  if (spec.reference_area == 0) return {width, height};  // FLUX.1 Kontext: the preview's own size
-  const data::BucketResolution aspect =
-      model::trains_references_at_image_size(spec) ? data::BucketResolution{width, height} : image;
-  return data::reference_size(aspect, spec.divisibility, spec.reference_area);
+  const auto [w, h] = model::preview_reference_size(spec, image.width, image.height, width, height);
+  return {static_cast<int>(w), static_cast<int>(h)};
 }
 
 torch::Tensor load_preview_reference(const model::ModelSpec& spec, const std::filesystem::path& file, int width,

@@ -194,8 +194,14 @@ struct StepTokens {
   int64_t image = 0, text = 0;
 };
 StepTokens step_tokens(const ModelSpec& spec, const SampleShape& shape, int64_t text_tokens = 0);
-// A preview's of height x width: one reference_area latent per control image, for either class (the
-// pipelines'), or (reference_area 0: FLUX.1 Kontext) one of the preview's own size.
+// The size a preview of width x height encodes a control image of image_width x image_height at: the preview's
+// own (reference_area 0: FLUX.1 Kontext's pipeline), else reference_area at the preview's aspect
+// (references_at_image_size: Qwen-Image-Edit resizes the control to the preview first) or the image's (the
+// Plus pipeline), sides multiples of the divisibility. {width, height}.
+std::pair<int64_t, int64_t> preview_reference_size(const ModelSpec& spec, int64_t image_width, int64_t image_height,
+                                                   int64_t width, int64_t height);
+// A preview's of height x width: one reference latent per control image, a square one's
+// (preview_reference_size).
 int64_t preview_reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width);
 
 }  // namespace gclab::model
