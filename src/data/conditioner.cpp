@@ -102,7 +102,7 @@ TextEmbedding TextEmbeddingCache::collate(const std::vector<int64_t>& lengths, t
   const int64_t length = *std::max_element(lengths.begin(), lengths.end());
   // Cached embeddings are padded and put side by side where they are, in host memory (a GPU run's
   // cat on the CPU), and the batch copied to the device; encoded ones on the device.
-  std::vector<torch::Tensor> text, pooled;
+  std::vector<torch::Tensor> text, pooled, mask;
   bool host = true;
   for (size_t i = 0; i < lengths.size(); ++i) {
     const TextEmbedding e = embed(i);
@@ -111,6 +111,8 @@ TextEmbedding TextEmbeddingCache::collate(const std::vector<int64_t>& lengths, t
     if (host) scope.emplace();
     text.push_back(lengths[i] < length ? torch::constant_pad_nd(e.text, {0, 0, 0, length - lengths[i]}) : e.text);
     if (e.pooled.defined()) pooled.push_back(e.pooled);
+    if (e.mask.defined())
+      mask.push_back(lengths[i] < length ? torch::constant_pad_nd(e.mask, {0, length - lengths[i]}) : e.mask);
   }
   auto batch = [&](const std::vector<torch::Tensor>& rows) {
     std::optional<memory::HostScope> scope;
@@ -121,13 +123,15 @@ TextEmbedding TextEmbeddingCache::collate(const std::vector<int64_t>& lengths, t
   };
   out.text = batch(text);
   if (!pooled.empty()) out.pooled = batch(pooled);
+  if (!mask.empty()) out.mask = batch(mask);
   return out;
 }
 
 int64_t TextEmbeddingCache::cache_bytes() const {
   int64_t b = 0;
   for (const auto& [key, e] : cached_)
-    b += static_cast<int64_t>(e.text.nbytes()) + (e.pooled.defined() ? static_cast<int64_t>(e.pooled.nbytes()) : 0);
+    for (const torch::Tensor* t : {&e.text, &e.pooled, &e.mask})
+      if (t->defined()) b += static_cast<int64_t>(t->nbytes());
   return b;
 }
 
@@ -168,8 +172,9 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
       const auto m = f.metadata();
       if (m.count("gclab_key") && m.at("gclab_key") == file_key(caption) && f.contains("text_embed")) {
         TextEmbedding e{f.tensor("text_embed").clone(),
-                        f.contains("pooled_embed") ? f.tensor("pooled_embed").clone() : torch::Tensor()};
-        if (e.text.dim() == 3 && e.text.size(1) == length) {
+                        f.contains("pooled_embed") ? f.tensor("pooled_embed").clone() : torch::Tensor(),
+                        f.contains("attention_mask") ? f.tensor("attention_mask").clone() : torch::Tensor()};
+        if (e.text.dim() == 3 && e.text.size(1) == length && (!e.mask.defined() || e.mask.size(-1) == length)) {
           files_.insert(file);
           scratch_ = std::move(e);
           return scratch_;
@@ -183,8 +188,9 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
                     "' was not precomputed (use cache_text_embeddings without shuffle_tokens)");
   if (before_encode_) std::exchange(before_encode_, nullptr)();
   const text::PromptEmbedding p = encoder_->encode(caption.text, images_of(caption));
-  TextEmbedding e{p.text.slice(1, 0, length), p.pooled};
+  TextEmbedding e{p.text.slice(1, 0, length), p.pooled, p.mask.defined() ? p.mask.slice(1, 0, length) : p.mask};
   if (e.text.size(1) < length) e.text = torch::constant_pad_nd(e.text, {0, 0, 0, length - e.text.size(1)});
+  if (e.mask.defined() && e.mask.size(1) < length) e.mask = torch::constant_pad_nd(e.mask, {0, length - e.mask.size(1)});
   if (!cache_) {
     scratch_ = std::move(e);
     return scratch_;
@@ -196,12 +202,14 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
     memory::HostScope host;
     e.text = e.text.to(torch::kCPU).clone();
     if (e.pooled.defined()) e.pooled = e.pooled.to(torch::kCPU).clone();
+    if (e.mask.defined()) e.mask = e.mask.to(torch::kCPU).clone();
   }
   if (!file.empty()) {
     try {
       fs::create_directories(file.parent_path());
       std::vector<std::pair<std::string, torch::Tensor>> tensors{{"text_embed", e.text}};
       if (e.pooled.defined()) tensors.emplace_back("pooled_embed", e.pooled);
+      if (e.mask.defined()) tensors.emplace_back("attention_mask", e.mask);  // PromptEmbeds.save's key
       io::save_safetensors(file, tensors, {{"gclab_key", file_key(caption)}});
       files_.insert(file);
       scratch_ = std::move(e);

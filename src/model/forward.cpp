@@ -53,6 +53,11 @@ ModelInputs read_model_inputs(const ModelSpec& spec, const std::filesystem::path
     expect(in.text.defined() && in.text.dim() == 3 && in.text.size(0) == batch && in.text.size(2) == spec.text_dim,
            path, "needs 'text' [B, T, " + std::to_string(spec.text_dim) + "]");
   }
+  if (const torch::Tensor mask = find(file, {"text_mask"}); mask.defined()) {  // optional: every row a token
+    expect(in.text.defined() && mask.dim() == 2 && mask.size(0) == batch && mask.size(1) == in.text.size(1), path,
+           "'text_mask' must be [B, T] like 'text'");
+    in.text_mask = mask.to(device, torch::kLong);
+  }
   if (spec.pooled_dim) {
     in.pooled = to(find(file, {"pooled", "pooled_projections"}));
     expect(in.pooled.defined() && in.pooled.sizes() == c10::IntArrayRef({batch, spec.pooled_dim}), path,

@@ -12,12 +12,14 @@ const ModelFamily& zimage_family();
 const ModelFamily& sd3_family();
 const ModelFamily& dit_family();
 const ModelFamily& wan_family();
+const ModelFamily& chroma_family();
 
 namespace {
 
 std::vector<const ModelFamily*>& registered() {
   static std::vector<const ModelFamily*> all = {
       &flux_family(), &qwen_image_family(), &zimage_family(), &sd3_family(), &dit_family(), &wan_family(),
+      &chroma_family(),
   };
   return all;
 }
@@ -25,6 +27,14 @@ std::vector<const ModelFamily*>& registered() {
 }  // namespace
 
 const std::vector<const ModelFamily*>& families() { return registered(); }
+
+std::string ModelFamily::foreign_layout(const std::string& key) const {
+  for (const char* prefix : {"double_blocks.", "model.diffusion_model.", "joint_blocks."})
+    if (key.rfind(prefix, 0) == 0)
+      return "the original (BFL / Stability / ComfyUI) checkpoint layout. gclab loads diffusers-named weights: a "
+             "diffusers model folder, or convert the file once with diffusers' from_single_file and save_pretrained";
+  return {};
+}
 
 void register_family(const ModelFamily& family) {
   for (const ModelFamily* f : registered())

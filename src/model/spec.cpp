@@ -120,12 +120,8 @@ class FileShapes final : public TensorShapes {
 void apply_tensor_shapes(ModelSpec& s, const std::filesystem::path& file) {
   const auto f = io::SafetensorsFile::open(file);
   for (const auto& e : f.entries())
-    if (e.name.rfind("double_blocks.", 0) == 0 || e.name.rfind("model.diffusion_model.", 0) == 0 ||
-        e.name.rfind("joint_blocks.", 0) == 0)
-      throw UserError(file.string() + " holds " + e.name +
-                      ": the original (BFL / Stability / ComfyUI) checkpoint layout. gclab loads diffusers-named "
-                      "weights: a diffusers model folder, or convert the file once with diffusers' from_single_file "
-                      "and save_pretrained");
+    if (const std::string what = family_of(s.family).foreign_layout(e.name); !what.empty())
+      throw UserError(file.string() + " holds " + e.name + ": " + what);
   family_of(s.family).read_tensor_shapes(s, FileShapes(f, file, s.family));
   if (s.hidden <= 0 || s.head_dim <= 0 || s.hidden % s.head_dim != 0 || s.total_blocks() <= 0)
     throw UserError(file.string() + " gives no usable shape (width " + std::to_string(s.hidden) + ", head width " +

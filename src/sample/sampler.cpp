@@ -71,6 +71,7 @@ torch::Tensor euler_sample(model::DiffusionTransformer& model, const model::Mode
       if (one_batch) {
         model::ModelInputs in = cond;
         in.text = cat(cond.text, uncond.text);
+        in.text_mask = cat(cond.text_mask, uncond.text_mask);
         in.pooled = cat(cond.pooled, uncond.pooled);
         in.class_labels = cat(cond.class_labels, uncond.class_labels);
         in.condition_channels = cat(cond.condition_channels, uncond.condition_channels);

@@ -77,7 +77,8 @@ int64_t walk_text_phase(const Session& session, const MemoryEstimate& e, const m
       else
         host.emplace();
       return data::TextEmbedding{torch::empty({1, rows, spec.text_dim}, o),
-                                 spec.pooled_dim > 0 ? torch::empty({1, spec.pooled_dim}, o) : torch::Tensor()};
+                                 spec.pooled_dim > 0 ? torch::empty({1, spec.pooled_dim}, o) : torch::Tensor(),
+                                 torch::Tensor()};  // a text mask ([1, rows] int64, Chroma's) is not counted
     });
   });
   return count.peak();

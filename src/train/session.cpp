@@ -834,6 +834,7 @@ model::ModelInputs Session::conditioning(const std::vector<data::Caption>& capti
   const data::TextEmbedding e = text_->encode(captions);
   in.text = e.text;
   in.pooled = e.pooled;
+  in.text_mask = e.mask;
   if (spec_.num_classes) {
     std::vector<int64_t> labels;
     for (const auto& c : captions) labels.push_back(data::class_label_for(c.text, spec_.num_classes));

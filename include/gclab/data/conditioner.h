@@ -32,6 +32,7 @@ struct Caption {
 struct TextEmbedding {
   torch::Tensor text;    // [B, T, text width]
   torch::Tensor pooled;  // [B, pooled width] or undefined
+  torch::Tensor mask;    // [B, T] the prompts' tokens 1, padding 0 (text::PromptEmbedding::mask) or undefined
 };
 
 class TextEmbeddingCache {

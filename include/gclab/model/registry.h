@@ -201,6 +201,9 @@ class ModelFamily {
   virtual nlohmann::ordered_json diffusers_config(const ModelSpec& spec) const = 0;
   virtual void read_diffusers_config(ModelSpec& spec, const nlohmann::json& config) const = 0;
   virtual void read_tensor_shapes(ModelSpec& spec, const TensorShapes& tensors) const = 0;
+  // What a weights file holding `key` is when that key is in a layout the family does not load (a BFL /
+  // Stability / ComfyUI checkpoint for the diffusers-named families): said to the user; empty: not foreign.
+  virtual std::string foreign_layout(const std::string& key) const;
   // What a shape read from a file implies beyond its own numbers (Z-Image's adaLN width).
   virtual void complete_shape(ModelSpec& /*spec*/) const {}
 };

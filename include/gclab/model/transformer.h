@@ -25,6 +25,9 @@ namespace gclab::model {
 // class_labels [B] int64 (DiT); reference_latents: the edit models' control images, each [B, C, h, w].
 struct ModelInputs {
   torch::Tensor latents, timestep, text, pooled, guidance, class_labels;
+  // [B, T]: 1 on the rows of the prompt's tokens (its tokenizer's attention mask), 0 on padding; undefined:
+  // every row a token. Read by a transformer that masks padded text (Chroma).
+  torch::Tensor text_mask;
   std::vector<torch::Tensor> reference_latents;
   // Channels concatenated on the latents before patchifying, [B, C', H', W'] (Flex.2's inpainting latent,
   // its mask and a control latent: the family's training_condition, registry.h); undefined: the model's default.

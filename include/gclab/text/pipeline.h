@@ -39,6 +39,9 @@ struct PipelineCall {
 struct PromptEmbedding {
   torch::Tensor text;    // [1, rows, text_width]
   torch::Tensor pooled;  // [1, pooled_width] or undefined
+  // [1, rows]: 1 on the prompt's tokens (the tokenizer's attention mask), 0 on padding, where the pipeline
+  // hands the transformer its padded rows with the mask (Chroma); undefined otherwise.
+  torch::Tensor mask;
 };
 
 // What the pipeline is asked to serve: the transformer's widths and text length, an edit model's conditions.
