@@ -190,7 +190,8 @@ const TextEmbedding& TextEmbeddingCache::embedding(const Caption& caption, const
   const text::PromptEmbedding p = encoder_->encode(caption.text, images_of(caption));
   TextEmbedding e{p.text.slice(1, 0, length), p.pooled, p.mask.defined() ? p.mask.slice(1, 0, length) : p.mask};
   if (e.text.size(1) < length) e.text = torch::constant_pad_nd(e.text, {0, 0, 0, length - e.text.size(1)});
-  if (e.mask.defined() && e.mask.size(1) < length) e.mask = torch::constant_pad_nd(e.mask, {0, length - e.mask.size(1)});
+  if (e.mask.defined() && e.mask.size(1) < length)
+    e.mask = torch::constant_pad_nd(e.mask, {0, length - e.mask.size(1)});
   if (!cache_) {
     scratch_ = std::move(e);
     return scratch_;

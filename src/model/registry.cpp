@@ -18,8 +18,8 @@ namespace {
 
 std::vector<const ModelFamily*>& registered() {
   static std::vector<const ModelFamily*> all = {
-      &flux_family(), &qwen_image_family(), &zimage_family(), &sd3_family(), &dit_family(), &wan_family(),
-      &chroma_family(),
+      &flux_family(), &qwen_image_family(), &zimage_family(), &sd3_family(),
+      &dit_family(),  &wan_family(),        &chroma_family(),
   };
   return all;
 }

@@ -23,7 +23,7 @@ using torch::autograd::tensor_list;
 class FlashAttention : public torch::autograd::Function<FlashAttention> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t mask_copy) {
+                               const torch::Tensor& v, int64_t mask_copy, const torch::Tensor& kept_mask) {
     const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3), S = k.size(2);
     torch::Tensor out = torch::empty_like(q);  // q's layout (memory format preserved)
     torch::Tensor lse = torch::empty({B, L, H}, q.options().dtype(torch::kFloat)).transpose(1, 2);
@@ -34,12 +34,13 @@ class FlashAttention : public torch::autograd::Function<FlashAttention> {
     } else {
       memory::meta_spike(mask_copy);
     }
-    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->save_for_backward({q, k, v, out, lse, kept_mask});
     return out;
   }
   static tensor_list backward(AutogradContext* ctx, const tensor_list& /*grads*/) {
     const auto saved = ctx->get_saved_variables();
-    return {torch::empty_like(saved[0]), torch::empty_like(saved[1]), torch::empty_like(saved[2]), torch::Tensor()};
+    return {torch::empty_like(saved[0]), torch::empty_like(saved[1]), torch::empty_like(saved[2]), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -139,7 +140,17 @@ int64_t attention_mask_copy_bytes(const torch::Tensor& mask) {
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& mask, std::optional<double> scale) {
   if (q.is_meta()) {
-    return FlashAttention::apply(q, k, v, mask.defined() ? attention_mask_copy_bytes(mask) : 0);
+    // A boolean mask becomes an additive one in q's dtype first (convert_boolean_attn_mask in
+    // aten/src/ATen/native/transformers/attention.cpp: zeros_like, then masked_fill_ with its logical_not, a
+    // bool temporary), which the kernel keeps for its backward (measured on the CPU: the flash kernel's saved
+    // attn_mask; CUDA's efficient kernel keeps its attn_bias) — a copy per call, held with the graph.
+    if (mask.defined() && mask.scalar_type() == torch::kBool) {
+      const torch::Tensor additive = torch::empty(mask.sizes(), q.options());
+      memory::meta_spike(mask.numel());
+      return FlashAttention::apply(q, k, v, attention_mask_copy_bytes(additive), additive);
+    }
+    return FlashAttention::apply(q, k, v, mask.defined() ? attention_mask_copy_bytes(mask) : 0,
+                                 torch::empty({0}, q.options()));  // nothing kept (apply takes no undefined tensor)
   }
   return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt,
                                           0.0, false, scale);

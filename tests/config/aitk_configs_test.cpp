@@ -9,6 +9,7 @@
 #include "gclab/data/synth.h"
 #include "gclab/model/family.h"
 #include "gclab/model/flow_schedule.h"
+#include "gclab/model/quantize.h"
 #include "gclab/model/registry.h"
 #include "gclab/model/summary.h"
 #include "gclab/model/transformer.h"
@@ -255,6 +256,63 @@ TEST(AitkConfigs, FluxKontextTheExampleAndTheUisPresetResolveToKontext) {
   }
   fs::remove_all(dir);
   fs::remove_all(controls);
+}
+
+// Chroma: AI Toolkit's example (config/examples/train_lora_chroma_24gb.yaml at 27a03a9, its keys written here:
+// lodestones/Chroma, rank 16, 512 / 768 / 1024, adamw8bit, EMA, quantize, 1024² previews at guidance 4) and the
+// UI's chroma preset (options.tsx:179-192: lodestones/Chroma1-Base, quantize and quantize_te on; the rest
+// jobConfig.ts's defaults, qfloat8, sigmoid timesteps) resolve to Chroma's transformer at diffusers' count,
+// T5 alone quantized as model.qtype, buckets of 32, loaded whole on the device, the shift types counting the
+// latents' h·w (its FakeConfig's patch_size 1), and its previews' CFG in two forwards above guidance 1.00001.
+TEST(AitkConfigs, ChromaTheExampleAndTheUisPresetResolveToChroma) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ui_dataset("aitk_chroma");
+  const std::string example = ui_job(
+      "my_first_chroma_lora_v1",
+      "      datasets: [{folder_path: " + dir.string() +
+          ", caption_ext: txt, caption_dropout_rate: 0.05, shuffle_tokens: false, cache_latents_to_disk: true, "
+          "resolution: [512, 768, 1024]}]\n"
+          "      train: {batch_size: 1, steps: 2000, gradient_accumulation: 1, train_unet: true, "
+          "train_text_encoder: false, gradient_checkpointing: true, noise_scheduler: flowmatch, optimizer: adamw8bit, "
+          "lr: 1e-4, ema_config: {use_ema: true, ema_decay: 0.99}, dtype: bf16}\n"
+          "      model: {name_or_path: lodestones/Chroma, arch: chroma, quantize: true}\n"
+          "      sample: {sampler: flowmatch, sample_every: 250, width: 1024, height: 1024, neg: '', seed: 42, "
+          "walk_seed: true, guidance_scale: 4, sample_steps: 25, prompts: ['a bear building a log cabin']}\n");
+  const std::string ui = ui_job(
+      "chroma_ui",
+      "      datasets: [{folder_path: " + dir.string() +
+          ", caption_ext: txt, cache_latents_to_disk: false, resolution: [512, 768, 1024]}]\n"
+          "      train: {batch_size: 1, steps: 3000, gradient_checkpointing: true, noise_scheduler: flowmatch, "
+          "timestep_type: sigmoid, optimizer: adamw8bit, lr: 1e-4, dtype: bf16}\n"
+          "      model: {name_or_path: lodestones/Chroma1-Base, arch: chroma, quantize: true, quantize_te: true, "
+          "qtype: qfloat8}\n"
+          "      sample: {sampler: flowmatch, sample_every: 250, width: 1024, height: 1024, prompts: ['a']}\n");
+  for (const auto& [name, yaml] : {std::pair{"example", example}, {"ui", ui}}) {
+    SCOPED_TRACE(name);
+    const auto r = model::load_config_text(yaml, std::string(name) + ".yaml");
+    ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+    const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
+    EXPECT_EQ(plan.spec.preset, "chroma");
+    // diffusers' ChromaTransformer2DModel at its defaults, counted on the meta device: 8,899,983,424.
+    EXPECT_EQ(model::parameter_count(*model::build_transformer(plan.spec, torch::TensorOptions().device(torch::kMeta))),
+              8899983424);
+    EXPECT_EQ(plan.spec.divisibility, 32);
+    EXPECT_EQ(plan.family->base_model_version(r.config->model.arch), "chroma");
+    EXPECT_EQ(plan.load.loading, model::TransformerLoading::on_device);
+    EXPECT_EQ(model::text_encoders(plan.spec.family),
+              std::vector<config::TextEncoderKind>{config::TextEncoderKind::t5_xxl});
+    const auto storage = model::text_encoder_storage(r.config->model, plan.spec.family);
+    ASSERT_EQ(storage.size(), 1u);
+    EXPECT_TRUE(storage[0].has_value());  // T5 quantized, as model.qtype
+    EXPECT_EQ(plan.family->shift_tokens(plan.spec, {1, 1, 1024, 1024}), 128 * 128);
+    EXPECT_EQ(model::step_tokens(plan.spec, {1, 1, 1024, 1024}).image, 64 * 64);
+    EXPECT_EQ(model::step_tokens(plan.spec, {1, 1, 1024, 1024}).text, 512);
+    const auto cfg = plan.family->preview_guidance(plan.spec, true);
+    EXPECT_TRUE(cfg->runs_cfg(4.0));
+    EXPECT_FALSE(cfg->runs_cfg(1.00001));
+    EXPECT_EQ(cfg->forward_batch(4.0), 1);
+  }
+  fs::remove_all(dir);
 }
 
 // AI Toolkit's UI for Wan 2.1 I2V (ui/src/app/jobs/new/options.tsx:231-270 at 27a03a9: `wan21_i2v:14b480p`

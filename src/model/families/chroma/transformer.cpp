@@ -63,9 +63,7 @@ struct Stream {
     auto [q, k, v] = split_qkv(qkv(x), heads);
     return {q_norm(q), k_norm(k), v};
   }
-  torch::Tensor mlp(const torch::Tensor& x) {
-    return mlp_out(nn::activate(nn::Activation::gelu_tanh, mlp_in(x)));
-  }
+  torch::Tensor mlp(const torch::Tensor& x) { return mlp_out(nn::activate(nn::Activation::gelu_tanh, mlp_in(x))); }
 };
 
 // layers.py DoubleStreamBlock. Inputs {img, txt, mods [B, 12, D] (the image stream's two shift/scale/gate
@@ -78,30 +76,29 @@ class ChromaDoubleBlock : public TransformerBlock {
   std::vector<Linear> text_stream_linears() override { return {txt_.qkv, txt_.proj, txt_.mlp_in, txt_.mlp_out}; }
 
   Tensors forward_block(const Tensors& in, const SubBlockRunner& run) override {
-    const Tensors after_attn = run(
-        SubBlock::attn,
-        [this](const Tensors& t) {
-          const torch::Tensor &img = t[0], &txt = t[1], &m = t[2];
-          const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
-          const auto [iq, ik, iv] = img_.qkv_heads(shift_scale(layer_norm(img), mod(0), mod(1)), heads_);
-          const auto [tq, tk, tv] = txt_.qkv_heads(shift_scale(layer_norm(txt), mod(6), mod(7)), heads_);
-          const torch::Tensor out = rope_attention(torch::cat({tq, iq}, 2), torch::cat({tk, ik}, 2),
-                                                   torch::cat({tv, iv}, 2), t[3], t[4], t[5]);
-          const int64_t n_txt = txt.size(1);
-          return Tensors{img + mod(2) * img_.proj(out.narrow(1, n_txt, img.size(1))),
-                         txt + mod(8) * txt_.proj(out.narrow(1, 0, n_txt))};
-        },
-        {in.at(0), in.at(1), in.at(2), in.at(3), in.at(4), in.at(5)});
-    return run(
-        SubBlock::mlp,
-        [this](const Tensors& t) {
-          const torch::Tensor& m = t[2];
-          const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
-          const torch::Tensor img = t[0] + mod(5) * img_.mlp(shift_scale(layer_norm(t[0]), mod(3), mod(4)));
-          const torch::Tensor txt = t[1] + mod(11) * txt_.mlp(shift_scale(layer_norm(t[1]), mod(9), mod(10)));
-          return Tensors{img, txt};
-        },
-        {after_attn[0], after_attn[1], in.at(2)});
+    const Tensors after_attn =
+        run(SubBlock::attn,
+            [this](const Tensors& t) {
+              const torch::Tensor &img = t[0], &txt = t[1], &m = t[2];
+              const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
+              const auto [iq, ik, iv] = img_.qkv_heads(shift_scale(layer_norm(img), mod(0), mod(1)), heads_);
+              const auto [tq, tk, tv] = txt_.qkv_heads(shift_scale(layer_norm(txt), mod(6), mod(7)), heads_);
+              const torch::Tensor out = rope_attention(torch::cat({tq, iq}, 2), torch::cat({tk, ik}, 2),
+                                                       torch::cat({tv, iv}, 2), t[3], t[4], t[5]);
+              const int64_t n_txt = txt.size(1);
+              return Tensors{img + mod(2) * img_.proj(out.narrow(1, n_txt, img.size(1))),
+                             txt + mod(8) * txt_.proj(out.narrow(1, 0, n_txt))};
+            },
+            {in.at(0), in.at(1), in.at(2), in.at(3), in.at(4), in.at(5)});
+    return run(SubBlock::mlp,
+               [this](const Tensors& t) {
+                 const torch::Tensor& m = t[2];
+                 const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
+                 const torch::Tensor img = t[0] + mod(5) * img_.mlp(shift_scale(layer_norm(t[0]), mod(3), mod(4)));
+                 const torch::Tensor txt = t[1] + mod(11) * txt_.mlp(shift_scale(layer_norm(t[1]), mod(9), mod(10)));
+                 return Tensors{img, txt};
+               },
+               {after_attn[0], after_attn[1], in.at(2)});
   }
 
  private:
@@ -126,16 +123,14 @@ class ChromaSingleBlock : public TransformerBlock {
     const torch::Tensor& x = in.at(0);
     const torch::Tensor& m = in.at(1);
     const torch::Tensor h = linear1(shift_scale(layer_norm(x), m.narrow(1, 0, 1), m.narrow(1, 1, 1)));
-    const torch::Tensor attn_out = run(
-        SubBlock::attn,
-        [this](const Tensors& t) {
-          auto [q, k, v] = split_qkv(t[0], heads_);
-          return Tensors{rope_attention(q_norm(q), k_norm(k), v, t[1], t[2], t[3])};
-        },
-        {h.narrow(-1, 0, 3 * dim_), in.at(2), in.at(3), in.at(4)})[0];
+    const torch::Tensor attn_out = run(SubBlock::attn,
+                                       [this](const Tensors& t) {
+                                         auto [q, k, v] = split_qkv(t[0], heads_);
+                                         return Tensors{rope_attention(q_norm(q), k_norm(k), v, t[1], t[2], t[3])};
+                                       },
+                                       {h.narrow(-1, 0, 3 * dim_), in.at(2), in.at(3), in.at(4)})[0];
     const torch::Tensor mlp_out =
-        run(SubBlock::mlp,
-            [](const Tensors& t) { return Tensors{nn::activate(nn::Activation::gelu_tanh, t[0])}; },
+        run(SubBlock::mlp, [](const Tensors& t) { return Tensors{nn::activate(nn::Activation::gelu_tanh, t[0])}; },
             {h.narrow(-1, 3 * dim_, mlp_hidden_)})[0];
     return {x + m.narrow(1, 2, 1) * linear2(torch::cat({attn_out, mlp_out}, 2))};
   }
@@ -172,7 +167,7 @@ class ChromaTransformer : public DiffusionTransformer {
     torch::Tensor img = img_in(patchify(in.latents, p, /*channels_last=*/false));
     torch::Tensor txt = txt_in(in.text);
     const int64_t n_img = img.size(1), n_txt = txt.size(1);
-    const torch::Tensor mods = modulations(in.timestep, img.size(0));
+    const torch::Tensor mods = modulations(in.timestep, img.size(0), img.scalar_type());
     std::vector<std::array<int64_t, 3>> ids(static_cast<size_t>(n_txt), {0, 0, 0});
     add_image_ids(ids, 0, h / p, w / p);
     const auto [cos, sin] = rope_cos_sin(ids_tensor(ids, img.device()), spec_.rope_axes, spec_.rope_theta);
@@ -181,7 +176,8 @@ class ChromaTransformer : public DiffusionTransformer {
     size_t b = 0;
     for (; b < static_cast<size_t>(doubles); ++b) {
       const int64_t i = static_cast<int64_t>(b);
-      const torch::Tensor m = torch::cat({mods.narrow(1, singles + 6 * i, 6), mods.narrow(1, singles + 6 * (doubles + i), 6)}, 1);
+      const torch::Tensor m =
+          torch::cat({mods.narrow(1, singles + 6 * i, 6), mods.narrow(1, singles + 6 * (doubles + i), 6)}, 1);
       const Tensors out = call_block(b, {img, txt, m, cos, sin, mask});
       img = out[0], txt = out[1];
     }
@@ -201,16 +197,17 @@ class ChromaTransformer : public DiffusionTransformer {
 
   // model.py:205-221, under no_grad: each of the 3·singles + 12·doubles + 2 vectors' input row is
   // [timestep_embedding(t, 16), timestep_embedding(0, 16), timestep_embedding(index, 32)] (each x1000 inside,
-  // float32), cast to the weights' dtype, through the approximator: [B, rows, D].
-  torch::Tensor modulations(const torch::Tensor& t, int64_t batch) {
+  // float32), cast to the weights' dtype (`dtype`: the model's, a quantized Linear's dequantized one — quanto's
+  // QTensor reports it as its dtype), through the approximator: [B, rows, D].
+  torch::Tensor modulations(const torch::Tensor& t, int64_t batch, torch::ScalarType dtype) {
     torch::NoGradGuard no_grad;
     const int64_t rows = 3 * spec_.single_blocks + 12 * spec_.double_blocks + 2;
     const auto f = torch::TensorOptions().dtype(torch::kFloat).device(t.device());
-    const torch::Tensor tg = torch::cat({timestep_embedding(t.to(torch::kFloat) * 1000, 16),
-                                         timestep_embedding(torch::zeros({batch}, f), 16)},
-                                        1);
-    const torch::Tensor index = timestep_embedding(torch::arange(rows, f) * 1000, 32).unsqueeze(0).repeat({batch, 1, 1});
-    torch::Tensor x = torch::cat({tg.unsqueeze(1).repeat({1, rows, 1}), index}, -1).to(in_proj->weight.scalar_type());
+    const torch::Tensor tg = torch::cat(
+        {timestep_embedding(t.to(torch::kFloat) * 1000, 16), timestep_embedding(torch::zeros({batch}, f), 16)}, 1);
+    const torch::Tensor index =
+        timestep_embedding(torch::arange(rows, f) * 1000, 32).unsqueeze(0).repeat({batch, 1, 1});
+    torch::Tensor x = torch::cat({tg.unsqueeze(1).repeat({1, rows, 1}), index}, -1).to(dtype);
     x = in_proj(x);
     for (size_t i = 0; i < layers.size(); ++i) x = x + layers[i](norms[i](x));
     return out_proj(x);
@@ -229,7 +226,8 @@ class ChromaTransformer : public DiffusionTransformer {
     if (text_mask.defined() && !device.is_meta()) {
       const torch::Tensor lengths = text_mask.to(torch::kCPU, torch::kFloat).sum(1).to(torch::kLong);
       torch::Tensor rows = torch::zeros({batch, n_txt}, torch::kFloat);
-      for (int64_t i = 0; i < batch; ++i) rows[i].narrow(0, 0, std::min(lengths[i].item<int64_t>() + 1, n_txt)).fill_(1);
+      for (int64_t i = 0; i < batch; ++i)
+        rows[i].narrow(0, 0, std::min(lengths[i].item<int64_t>() + 1, n_txt)).fill_(1);
       tokens.narrow(1, 0, n_txt).copy_(rows);
     }
     const torch::Tensor pairs = tokens.t().matmul(tokens);
