@@ -77,9 +77,8 @@ std::vector<Kind> kinds(const std::vector<std::string>& names, const std::vector
 }  // namespace
 
 int main() {
-  const std::vector<std::string> full = {"flux-dev", "flux-schnell", "flux-kontext",
-                                         "flex1",    "qwen-image",   "qwen-image-edit-2509",
-                                         "zimage",   "sd35-large",   "dit-xl2"};
+  const std::vector<std::string> full = {"flux-dev",   "flux-schnell",         "flux-kontext", "chroma",     "flex1",
+                                         "qwen-image", "qwen-image-edit-2509", "zimage",       "sd35-large", "dit-xl2"};
   std::printf("# Model families: sizes and per-block activations\n\n");
   std::printf(
       "Produced by `build/bin/model_shapes` (bench/model_shapes.cpp). Parameters come from building each\n"
@@ -148,7 +147,8 @@ int main() {
       "input there, float32 on CUDA — the meta kernels follow the device a walk stands for).\n\n");
   std::printf(
       "| preset | block | dtype | GC off walked | GC off measured | GC full (inputs) |\n|---|---|---|---|---|---|\n");
-  for (const std::string name : {"tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
+  for (const std::string name :
+       {"tiny-flux", "tiny-chroma", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
       const ModelSpec s = spec_by_preset(name);
       const auto names = build_transformer(s, torch::TensorOptions().device(torch::kMeta))->block_names();

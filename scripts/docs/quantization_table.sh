@@ -28,6 +28,7 @@ for q in bf16 qfloat8 float8 int8 uint3 "uint3|rank16" uint4; do
   row Qwen-Image "$q" "$shared/train_lora_qwen_image_24gb.yaml"
 done
 for q in bf16 qfloat8 int8 uint3; do row Z-Image "$q" configs/aitk-ui/zimage_turbo.yaml; done
+for q in bf16 qfloat8 int8 uint3; do row Chroma "$q" configs/aitk-ui/chroma.yaml; done
 for q in bf16 qfloat8 int8 uint3; do
   row SD3.5-large "$q" "$shared/train_lora_flux_24gb.yaml" --set model.arch=sd3 \
     --set model.name_or_path=stabilityai/stable-diffusion-3.5-large

@@ -29,6 +29,8 @@ TEST(Presets, FullSizeParameterCountsMatchThePublishedFigures) {
   EXPECT_EQ(meta_params("zimage"), 6154908736);
   EXPECT_EQ(meta_params("flux-schnell"), 11901408320 - 10229760);  // no guidance embedder
   EXPECT_EQ(meta_params("flux-kontext"), 11901408320);             // FLUX.1-dev's transformer
+  // diffusers' ChromaTransformer2DModel at its defaults on the meta device (its approximator 278,285,312).
+  EXPECT_EQ(meta_params("chroma"), 8899983424);
   const int64_t dit = meta_params("dit-xl2");
   EXPECT_NEAR(static_cast<double>(dit), 675e6, 0.5e6) << dit;
   const int64_t sd35 = meta_params("sd35-large");  // "8.1B" (stabilityai/stable-diffusion-3.5-large)
