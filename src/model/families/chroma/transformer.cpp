@@ -7,139 +7,16 @@
 // ChromaTransformer2DModel after diffusers' own key conversion (tests/interop/diffusers_chroma.py).
 #include <array>
 
-#include "gclab/nn/meta_kernels.h"
-#include "model/transformer_parts.h"
+#include "model/families/bfl/blocks.h"
 
 namespace gclab::model::chroma {
 namespace {
 
-using nn::attention;
-
 // The approximator's depth (model.py chroma_params approximator_depth: 5; diffusers approximator_layers).
 constexpr int kApproximatorDepth = 5;
-constexpr double kEps = 1e-6;
 
-// layers.py RMSNorm: F.rms_norm over the last dimension with weight `scale`, eps 1e-6.
-struct ScaleNorm {
-  torch::Tensor scale;
-  ScaleNorm() = default;
-  ScaleNorm(torch::nn::Module& owner, const std::string& path, int64_t dim, const torch::TensorOptions& o)
-      : scale(holder_at(owner, path).register_parameter("scale", torch::ones({dim}, o))) {}
-  torch::Tensor operator()(const torch::Tensor& x) const { return torch::rms_norm(x, {x.size(-1)}, scale, kEps); }
-};
-
-// A fused [q | k | v] projection's output [B, L, 3D] as three [B, H, L, Dh] views (rearrange
-// "B L (K H D) -> K B H L D").
-std::array<torch::Tensor, 3> split_qkv(const torch::Tensor& qkv, int64_t heads) {
-  const torch::Tensor t = qkv.unflatten(-1, {3, heads, qkv.size(-1) / (3 * heads)}).permute({2, 0, 3, 1, 4});
-  return {t[0], t[1], t[2]};
-}
-
-// math.py attention: rotary embedding on q and k, SDPA with the boolean mask, heads merged.
-torch::Tensor rope_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& mask) {
-  return merge_heads(attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, mask));
-}
-
-// (1 + scale) * x + shift, each [B, 1, D] (layers.py _modulation_shift_scale_fn).
-torch::Tensor shift_scale(const torch::Tensor& x, const torch::Tensor& shift, const torch::Tensor& scale) {
-  return (1 + scale) * x + shift;
-}
-
-// One stream of a double block: its fused attention projections, QK norms, output projection and MLP.
-struct Stream {
-  Linear qkv{nullptr}, proj{nullptr}, mlp_in{nullptr}, mlp_out{nullptr};
-  ScaleNorm q_norm, k_norm;
-  Stream(torch::nn::Module& owner, const std::string& name, int64_t dim, int64_t heads, int64_t mlp_hidden,
-         const torch::TensorOptions& o)
-      : qkv(register_at(owner, name + "_attn.qkv", Linear(LinearOptions(dim, 3 * dim).tensor_options(o)))),
-        proj(register_at(owner, name + "_attn.proj", Linear(LinearOptions(dim, dim).tensor_options(o)))),
-        mlp_in(register_at(owner, name + "_mlp.0", Linear(LinearOptions(dim, mlp_hidden).tensor_options(o)))),
-        mlp_out(register_at(owner, name + "_mlp.2", Linear(LinearOptions(mlp_hidden, dim).tensor_options(o)))),
-        q_norm(owner, name + "_attn.norm.query_norm", dim / heads, o),
-        k_norm(owner, name + "_attn.norm.key_norm", dim / heads, o) {}
-  // The stream's q, k, v from its modulated input.
-  std::array<torch::Tensor, 3> qkv_heads(const torch::Tensor& x, int64_t heads) {
-    auto [q, k, v] = split_qkv(qkv(x), heads);
-    return {q_norm(q), k_norm(k), v};
-  }
-  torch::Tensor mlp(const torch::Tensor& x) { return mlp_out(nn::activate(nn::Activation::gelu_tanh, mlp_in(x))); }
-};
-
-// layers.py DoubleStreamBlock. Inputs {img, txt, mods [B, 12, D] (the image stream's two shift/scale/gate
-// triples, then the text stream's), cos, sin, mask} -> {img, txt}.
-class ChromaDoubleBlock : public TransformerBlock {
- public:
-  ChromaDoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& o)
-      : heads_(heads), img_(*this, "img", dim, heads, mlp_hidden, o), txt_(*this, "txt", dim, heads, mlp_hidden, o) {}
-  std::vector<Linear> modulation_linears() override { return {}; }
-  std::vector<Linear> text_stream_linears() override { return {txt_.qkv, txt_.proj, txt_.mlp_in, txt_.mlp_out}; }
-
-  Tensors forward_block(const Tensors& in, const SubBlockRunner& run) override {
-    const Tensors after_attn =
-        run(SubBlock::attn,
-            [this](const Tensors& t) {
-              const torch::Tensor &img = t[0], &txt = t[1], &m = t[2];
-              const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
-              const auto [iq, ik, iv] = img_.qkv_heads(shift_scale(layer_norm(img), mod(0), mod(1)), heads_);
-              const auto [tq, tk, tv] = txt_.qkv_heads(shift_scale(layer_norm(txt), mod(6), mod(7)), heads_);
-              const torch::Tensor out = rope_attention(torch::cat({tq, iq}, 2), torch::cat({tk, ik}, 2),
-                                                       torch::cat({tv, iv}, 2), t[3], t[4], t[5]);
-              const int64_t n_txt = txt.size(1);
-              return Tensors{img + mod(2) * img_.proj(out.narrow(1, n_txt, img.size(1))),
-                             txt + mod(8) * txt_.proj(out.narrow(1, 0, n_txt))};
-            },
-            {in.at(0), in.at(1), in.at(2), in.at(3), in.at(4), in.at(5)});
-    return run(SubBlock::mlp,
-               [this](const Tensors& t) {
-                 const torch::Tensor& m = t[2];
-                 const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
-                 const torch::Tensor img = t[0] + mod(5) * img_.mlp(shift_scale(layer_norm(t[0]), mod(3), mod(4)));
-                 const torch::Tensor txt = t[1] + mod(11) * txt_.mlp(shift_scale(layer_norm(t[1]), mod(9), mod(10)));
-                 return Tensors{img, txt};
-               },
-               {after_attn[0], after_attn[1], in.at(2)});
-  }
-
- private:
-  int64_t heads_;
-  Stream img_, txt_;
-};
-
-// layers.py SingleStreamBlock: linear1 gives [q | k | v | mlp], attention and a GELU-tanh MLP in parallel,
-// linear2 over their concatenation. Inputs {x, mods [B, 3, D] (shift, scale, gate), cos, sin, mask} -> {x}.
-class ChromaSingleBlock : public TransformerBlock {
- public:
-  ChromaSingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const torch::TensorOptions& o)
-      : dim_(dim), heads_(heads), mlp_hidden_(mlp_hidden) {
-    linear1 = register_module("linear1", Linear(LinearOptions(dim, 3 * dim + mlp_hidden).tensor_options(o)));
-    linear2 = register_module("linear2", Linear(LinearOptions(dim + mlp_hidden, dim).tensor_options(o)));
-    q_norm = ScaleNorm(*this, "norm.query_norm", dim / heads, o);
-    k_norm = ScaleNorm(*this, "norm.key_norm", dim / heads, o);
-  }
-  std::vector<Linear> modulation_linears() override { return {}; }
-
-  Tensors forward_block(const Tensors& in, const SubBlockRunner& run) override {
-    const torch::Tensor& x = in.at(0);
-    const torch::Tensor& m = in.at(1);
-    const torch::Tensor h = linear1(shift_scale(layer_norm(x), m.narrow(1, 0, 1), m.narrow(1, 1, 1)));
-    const torch::Tensor attn_out = run(SubBlock::attn,
-                                       [this](const Tensors& t) {
-                                         auto [q, k, v] = split_qkv(t[0], heads_);
-                                         return Tensors{rope_attention(q_norm(q), k_norm(k), v, t[1], t[2], t[3])};
-                                       },
-                                       {h.narrow(-1, 0, 3 * dim_), in.at(2), in.at(3), in.at(4)})[0];
-    const torch::Tensor mlp_out =
-        run(SubBlock::mlp, [](const Tensors& t) { return Tensors{nn::activate(nn::Activation::gelu_tanh, t[0])}; },
-            {h.narrow(-1, 3 * dim_, mlp_hidden_)})[0];
-    return {x + m.narrow(1, 2, 1) * linear2(torch::cat({attn_out, mlp_out}, 2))};
-  }
-
- private:
-  int64_t dim_, heads_, mlp_hidden_;
-  Linear linear1{nullptr}, linear2{nullptr};
-  ScaleNorm q_norm, k_norm;
-};
+// Every Linear has a bias; GELU-tanh MLPs; QK norms by F.rms_norm (layers.py:72-89, 442-444, 495-497, 632-634).
+const bfl::BlockOptions kBlocks{/*bias=*/true, /*swiglu=*/false, /*functional_rms_norm=*/true};
 
 class ChromaTransformer : public DiffusionTransformer {
  public:
@@ -151,14 +28,16 @@ class ChromaTransformer : public DiffusionTransformer {
     for (int i = 0; i < kApproximatorDepth; ++i) {
       const std::string p = "distilled_guidance_layer.layers." + std::to_string(i);
       layers.emplace_back(*this, p + ".in_layer", p + ".out_layer", a, a, a, o);
-      norms.emplace_back(*this, "distilled_guidance_layer.norms." + std::to_string(i), a, o);
+      norms.emplace_back(*this, "distilled_guidance_layer.norms." + std::to_string(i), a, true, o);
     }
     out_proj = register_at(*this, "distilled_guidance_layer.out_proj", Linear(LinearOptions(a, d).tensor_options(o)));
     txt_in = register_module("txt_in", Linear(LinearOptions(s.text_dim, d).tensor_options(o)));
     for (int i = 0; i < s.double_blocks; ++i)
-      add_block("double_blocks." + std::to_string(i), std::make_shared<ChromaDoubleBlock>(d, s.heads, s.mlp_hidden, o));
+      add_block("double_blocks." + std::to_string(i),
+                std::make_shared<bfl::DoubleBlock>(d, s.heads, s.mlp_hidden, kBlocks, o));
     for (int i = 0; i < s.single_blocks; ++i)
-      add_block("single_blocks." + std::to_string(i), std::make_shared<ChromaSingleBlock>(d, s.heads, s.mlp_hidden, o));
+      add_block("single_blocks." + std::to_string(i),
+                std::make_shared<bfl::SingleBlock>(d, s.heads, s.mlp_hidden, kBlocks, o));
     final_linear = register_at(*this, "final_layer.linear", Linear(LinearOptions(d, packed).tensor_options(o)));
   }
 
@@ -188,7 +67,7 @@ class ChromaTransformer : public DiffusionTransformer {
     }
     img = x.narrow(1, n_txt, n_img);
     const int64_t last = mods.size(1) - 2;  // LastLayer: shift, scale
-    img = final_linear(shift_scale(layer_norm(img), mods.narrow(1, last, 1), mods.narrow(1, last + 1, 1)));
+    img = final_linear(bfl::shift_scale(layer_norm(img), mods.narrow(1, last, 1), mods.narrow(1, last + 1, 1)));
     return unpatchify(img, h, w, p, spec_.out_channels, false);
   }
 
@@ -239,7 +118,7 @@ class ChromaTransformer : public DiffusionTransformer {
 
   Linear img_in{nullptr}, txt_in{nullptr}, in_proj{nullptr}, out_proj{nullptr}, final_linear{nullptr};
   std::vector<TwoLayerMlp> layers;
-  std::vector<ScaleNorm> norms;
+  std::vector<bfl::ScaleNorm> norms;
 };
 
 }  // namespace

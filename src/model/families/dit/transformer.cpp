@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 
+#include "gclab/nn/activation.h"
 #include "gclab/nn/meta_kernels.h"
 #include "model/transformer_parts.h"
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 
+#include "gclab/nn/activation.h"
 #include "model/transformer_parts.h"
 
 namespace gclab::model::flux {

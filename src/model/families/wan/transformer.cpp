@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "gclab/nn/activation.h"
 #include "gclab/nn/meta_kernels.h"
 #include "model/transformer_parts.h"
 
