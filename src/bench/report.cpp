@@ -126,7 +126,7 @@ Document text_encoders_report(const config::ProcessConfig& config) {
   d.heading("/text_encoders", "the text encoders " + spec.family.name() +
                                   "'s pipeline conditions on (text/), as the run builds them (on the meta device "
                                   "here): their weights as AI Toolkit holds them (" +
-                                  model::describe_text_encoder_storage(config.model, spec.family) + ")");
+                                  model::describe_text_encoder_storage(config.model, spec) + ")");
   d.value["text_encoders"] = ojson::array();
   int64_t total = 0;
   for (size_t i = 0; i < prompts.slots(); ++i) {

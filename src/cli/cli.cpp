@@ -266,7 +266,7 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
 // [3, H, W] in [0, 1] that gclab's processor prepares (its `pixel_values` / `image_grid_thw` written out).
 int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
-  const auto kinds = gclab::model::text_encoders(spec.family);
+  const auto kinds = gclab::model::text_encoders(spec);
   const size_t slot = f.text_slot;
   const std::string name = gclab::model::text_encoder_folder(slot);
   if (slot >= kinds.size())
@@ -348,7 +348,7 @@ struct TokenizeArgs {
 int run_tokenize(const ConfigArgs& args, const TokenizeArgs& t) {
   const auto config = load(args);
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
-  const auto kinds = gclab::model::text_encoders(spec.family);
+  const auto kinds = gclab::model::text_encoders(spec);
   const auto parsed = gclab::model::text_encoder_slot(t.component);
   if (!parsed)
     throw gclab::UserError("--component " + t.component + ": text_encoder, text_encoder_2 or text_encoder_3");

@@ -496,6 +496,10 @@ std::vector<std::string> load_module_weights(
         }
     if (const torch::Tensor* t = tensors.take(name, p.value().sizes())) p.value().copy_(*t);
   }
+  // Buffers the file holds (a BatchNorm's running statistics) load too; the others keep what the module made.
+  for (auto& b : module.named_buffers())
+    if (tensors.contains(b.key()))
+      if (const torch::Tensor* t = tensors.take(b.key(), b.value().sizes())) b.value().copy_(*t);
   return tensors.finish();
 }
 

@@ -56,8 +56,8 @@ bool quantizes_in_host_memory(const config::ModelConfig& model) {
          (low_vram_quantizes_in_host_memory(model.arch) && model.low_vram);
 }
 
-TextEncoderQuantization text_encoder_quantization(Family family) {
-  return family_of(family).text_encoder_quantization();
+TextEncoderQuantization text_encoder_quantization(const ModelSpec& spec) {
+  return family_of(spec.family).text_encoder_quantization(spec);
 }
 
 std::string supported_arch_list() {
@@ -68,8 +68,8 @@ std::string supported_arch_list() {
 
 bool low_vram_tiles_previews(const ModelSpec& spec) { return family_of(spec.family).low_vram_tiles_previews(spec); }
 
-std::vector<config::TextEncoderKind> text_encoders(Family family) {
-  const auto pipeline = family_of(family).text_pipeline();
+std::vector<config::TextEncoderKind> text_encoders(const ModelSpec& spec) {
+  const auto pipeline = family_of(spec.family).text_pipeline(spec);
   return pipeline ? pipeline->encoders() : std::vector<config::TextEncoderKind>{};
 }
 

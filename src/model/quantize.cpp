@@ -104,9 +104,10 @@ BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelC
   return q;
 }
 
-std::vector<std::optional<WeightStorage>> text_encoder_storage(const config::ModelConfig& config, Family family) {
-  const std::vector<config::TextEncoderKind> kinds = text_encoders(family);
-  const TextEncoderQuantization rule = text_encoder_quantization(family);
+std::vector<std::optional<WeightStorage>> text_encoder_storage(const config::ModelConfig& config,
+                                                               const ModelSpec& spec) {
+  const std::vector<config::TextEncoderKind> kinds = text_encoders(spec);
+  const TextEncoderQuantization rule = text_encoder_quantization(spec);
   std::vector<std::optional<WeightStorage>> out(kinds.size());
   if (!(rule.under_quantize ? config.quantize : config.quantize_te.value_or(config.quantize))) return out;
   const std::optional<WeightStorage> storage = quantized_storage(rule.as_qtype_te ? config.qtype_te : config.qtype);
@@ -115,9 +116,9 @@ std::vector<std::optional<WeightStorage>> text_encoder_storage(const config::Mod
   return out;
 }
 
-std::string describe_text_encoder_storage(const config::ModelConfig& config, Family family) {
-  const auto storage = text_encoder_storage(config, family);
-  const std::vector<config::TextEncoderKind> kinds = text_encoders(family);
+std::string describe_text_encoder_storage(const config::ModelConfig& config, const ModelSpec& spec) {
+  const auto storage = text_encoder_storage(config, spec);
+  const std::vector<config::TextEncoderKind> kinds = text_encoders(spec);
   std::string out;
   for (size_t i = 0; i < storage.size(); ++i)
     if (storage[i])

@@ -99,6 +99,22 @@ class QwenEncoder : public TextEncoderBase {
     if (!takes_images()) return TextEncoderBase::encode_with_images(ids, mask, images);
     return {pick(qwen_forward_with_images(*model_, *visual_, ids, mask, images)), {}};
   }
+  // All the hidden states kept to the end, as output_hidden_states keeps them; the asked ones stacked.
+  EncodedText encode_layers(const torch::Tensor& ids, const torch::Tensor& mask,
+                            const std::vector<int64_t>& layers) override {
+    const QwenLmOutput o = model_->forward(ids, mask, /*keep_hidden_states=*/true);
+    std::vector<torch::Tensor> picked;
+    for (const int64_t k : layers) {
+      if (k < 0 || k >= static_cast<int64_t>(o.hidden_states.size()))
+        throw std::invalid_argument("hidden state " + std::to_string(k) + " of a " +
+                                    std::to_string(o.hidden_states.size() - 1) + "-layer decoder");
+      picked.push_back(o.hidden_states[static_cast<size_t>(k)]);
+    }
+    const torch::Tensor stacked = torch::stack(picked, 1);  // [B, k, T, D]
+    const int64_t b = stacked.size(0), t = stacked.size(2);
+    return {stacked.permute({0, 2, 1, 3}).reshape({b, t, -1}), {}};
+  }
+  int64_t layer_count() const override { return model_->config().num_hidden_layers; }
   Kind kind() const override { return kind_; }
   // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image: max_sequence_length 512.
   int64_t max_positions() const override { return kind_ == Kind::qwen3 ? 512 : 1024 + 34; }
@@ -132,6 +148,10 @@ int64_t predicted_encode_bytes(const TextEncoderBase& encoder, int64_t batch, in
 
 EncodedText TextEncoderBase::encode_with_images(const torch::Tensor&, const torch::Tensor&, const QwenVisionInput&) {
   throw std::invalid_argument(std::string(config::name_of(kind())) + " does not read images");
+}
+
+EncodedText TextEncoderBase::encode_layers(const torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) {
+  throw std::invalid_argument(std::string(config::name_of(kind())) + " does not give its hidden states by layer");
 }
 
 TinyWidths preset_widths(Kind kind) {

@@ -145,17 +145,18 @@ QwenLmImpl::QwenLmImpl(QwenLmConfig config, const torch::TensorOptions& options)
 
 torch::Tensor QwenLmImpl::embed(const torch::Tensor& input_ids) const { return nn::embedding(embed_, input_ids); }
 
-QwenLmOutput QwenLmImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
+QwenLmOutput QwenLmImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                 bool keep_hidden_states) {
   // Positions 0..T-1 (Qwen2.5-VL's three rotary sections coincide for text: transformers' text-only forward
   // takes the same arange for each); the pipelines pad on the right.
   const int64_t batch = input_ids.size(0), length = input_ids.size(1);
   const torch::Tensor positions =
       torch::arange(length, input_ids.options().dtype(torch::kLong)).unsqueeze(0).expand({batch, length});
-  return forward_embeds(embed(input_ids), positions, attention_mask);
+  return forward_embeds(embed(input_ids), positions, attention_mask, keep_hidden_states);
 }
 
 QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, const torch::Tensor& positions,
-                                        const torch::Tensor& attention_mask) {
+                                        const torch::Tensor& attention_mask, bool keep_hidden_states) {
   const auto& c = config_;
   torch::Tensor h = inputs_embeds;
   const int64_t batch = h.size(0), length = h.size(1), hd = c.head_dim;
@@ -183,6 +184,7 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
   const int64_t groups = c.num_attention_heads / c.num_key_value_heads;
   QwenLmOutput out;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    if (keep_hidden_states) out.hidden_states.push_back(h);
     Layer& l = *layers_[i];
     {  // the attention's tensors are freed before the MLP runs, as in transformers' forward
       const torch::Tensor n = rms_norm(h, l.input_norm, c.rms_norm_eps);
@@ -201,6 +203,7 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
   }
   if (layers_.size() < 2) out.penultimate = h;
   out.last_hidden_state = rms_norm(h, norm_, c.rms_norm_eps);
+  if (keep_hidden_states) out.hidden_states.push_back(out.last_hidden_state);
   return out;
 }
 

@@ -406,7 +406,7 @@ void Levers::text_fixes() {
                   m.quantize_te = true;
                   return m;
                 }(),
-                model::spec_for(config.model).family) +
+                model::spec_for(config.model)) +
             ")",
         [](config::ProcessConfig& c) { c.model.quantize_te = true; }, &text);
   const bool in_encode = ctx.phase == Phase::text || ctx.activity == Activity::text_encode;

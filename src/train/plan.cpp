@@ -83,7 +83,7 @@ torch::ScalarType base_dtype(const config::ProcessConfig& config) {
 text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, const model::ModelSpec& spec,
                                        const torch::TensorOptions& options) {
   text::PromptEncoderOptions o;
-  o.pipeline = model::family_of(spec.family).text_pipeline();
+  o.pipeline = model::family_of(spec.family).text_pipeline(spec);
   o.target = model::text_target(spec);
   o.tiny = spec.tiny;
   if (const auto local = model::local_model(config.model)) {
@@ -91,7 +91,7 @@ text::PromptEncoderOptions prompt_plan(const config::ProcessConfig& config, cons
     o.tokenizers = local->tokenizers;
   }
   o.options = options;
-  o.linear_storage = model::text_encoder_storage(config.model, spec.family);
+  o.linear_storage = model::text_encoder_storage(config.model, spec);
   return o;
 }
 

@@ -218,28 +218,59 @@ AutoencoderKLConfig AutoencoderKLConfig::shrunk() const {
   return c;
 }
 
+AutoencoderKLConfig AutoencoderKLConfig::flux2() {
+  AutoencoderKLConfig c;
+  c.latent_channels = 32;
+  c.use_quant_conv = c.use_post_quant_conv = true;
+  c.scaling_factor = 1, c.shift_factor = 0;
+  c.patch = 2, c.batch_norm_eps = 1e-4;
+  return c;
+}
+
 AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::path& path) {
-  return parse_config_json(path, "AutoencoderKL", [](const nlohmann::json& j) {
-    AutoencoderKLConfig c;
-    c.in_channels = j.value("in_channels", c.in_channels);
-    c.out_channels = j.value("out_channels", c.out_channels);
-    c.latent_channels = j.value("latent_channels", int64_t{4});  // diffusers' default
-    c.block_out_channels = j.value("block_out_channels", std::vector<int64_t>{64});
-    c.layers_per_block = j.value("layers_per_block", int64_t{1});
-    c.norm_num_groups = j.value("norm_num_groups", c.norm_num_groups);
-    c.use_quant_conv = j.value("use_quant_conv", true);
-    c.use_post_quant_conv = j.value("use_post_quant_conv", true);
-    c.mid_block_add_attention = j.value("mid_block_add_attention", true);
-    c.scaling_factor = j.value("scaling_factor", 0.18215);
-    c.sample_size = j.value("sample_size", int64_t{32});  // diffusers' default
-    c.shift_factor = j.contains("shift_factor") && !j["shift_factor"].is_null() ? j["shift_factor"].get<double>() : 0.0;
-    for (const char* key : {"down_block_types", "up_block_types"})
-      for (const auto& t : j.value(key, nlohmann::json::array()))
-        if (t != "DownEncoderBlock2D" && t != "UpDecoderBlock2D")
-          throw std::runtime_error(std::string(key) + " has " + t.dump() + ", which gclab does not build");
-    if (j.value("act_fn", std::string("silu")) != "silu") throw std::runtime_error("act_fn is not silu");
-    return c;
-  });
+  return parse_config_json(
+      path, "AutoencoderKL",
+      [](const nlohmann::json& j) {
+        AutoencoderKLConfig c;
+        if (j.value("_class_name", std::string()) == "AutoencoderKLFlux2") {  // its defaults differ
+          c = flux2();
+          const auto patch = j.value("patch_size", std::vector<int64_t>{2, 2});
+          if (patch.size() != 2 || patch[0] != patch[1]) throw std::runtime_error("patch_size is not square");
+          c.patch = patch[0];
+          c.batch_norm_eps = j.value("batch_norm_eps", c.batch_norm_eps);
+          c.latent_channels = j.value("latent_channels", c.latent_channels);
+          c.block_out_channels = j.value("block_out_channels", c.block_out_channels);
+          c.layers_per_block = j.value("layers_per_block", c.layers_per_block);
+          c.norm_num_groups = j.value("norm_num_groups", c.norm_num_groups);
+          c.use_quant_conv = j.value("use_quant_conv", c.use_quant_conv);
+          c.use_post_quant_conv = j.value("use_post_quant_conv", c.use_post_quant_conv);
+          c.mid_block_add_attention = j.value("mid_block_add_attention", c.mid_block_add_attention);
+          c.sample_size = j.value("sample_size", c.sample_size);
+          if (!j.value("decoder_block_out_channels", nlohmann::json()).is_null())
+            throw std::runtime_error("decoder_block_out_channels (a decoder of its own widths) is not built");
+          return c;
+        }
+        c.in_channels = j.value("in_channels", c.in_channels);
+        c.out_channels = j.value("out_channels", c.out_channels);
+        c.latent_channels = j.value("latent_channels", int64_t{4});  // diffusers' default
+        c.block_out_channels = j.value("block_out_channels", std::vector<int64_t>{64});
+        c.layers_per_block = j.value("layers_per_block", int64_t{1});
+        c.norm_num_groups = j.value("norm_num_groups", c.norm_num_groups);
+        c.use_quant_conv = j.value("use_quant_conv", true);
+        c.use_post_quant_conv = j.value("use_post_quant_conv", true);
+        c.mid_block_add_attention = j.value("mid_block_add_attention", true);
+        c.scaling_factor = j.value("scaling_factor", 0.18215);
+        c.sample_size = j.value("sample_size", int64_t{32});  // diffusers' default
+        c.shift_factor =
+            j.contains("shift_factor") && !j["shift_factor"].is_null() ? j["shift_factor"].get<double>() : 0.0;
+        for (const char* key : {"down_block_types", "up_block_types"})
+          for (const auto& t : j.value(key, nlohmann::json::array()))
+            if (t != "DownEncoderBlock2D" && t != "UpDecoderBlock2D")
+              throw std::runtime_error(std::string(key) + " has " + t.dump() + ", which gclab does not build");
+        if (j.value("act_fn", std::string("silu")) != "silu") throw std::runtime_error("act_fn is not silu");
+        return c;
+      },
+      {"AutoencoderKLFlux2"});
 }
 
 AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config, const torch::TensorOptions& options)
@@ -249,6 +280,12 @@ AutoencoderKLImpl::AutoencoderKLImpl(AutoencoderKLConfig config, const torch::Te
   const int64_t z = config_.latent_channels;
   if (config_.use_quant_conv) quant_conv_ = register_module("quant_conv", conv(options, 2 * z, 2 * z, 1));
   if (config_.use_post_quant_conv) post_quant_conv_ = register_module("post_quant_conv", conv(options, z, z, 1));
+  if (config_.batch_norm_eps > 0) {  // nn.BatchNorm2d(affine=False)'s statistics, as its state dict holds them
+    torch::nn::Module& bn = *register_module("bn", std::make_shared<torch::nn::Module>());
+    bn_mean_ = bn.register_buffer("running_mean", torch::zeros({config_.latent_width()}, options));
+    bn_var_ = bn.register_buffer("running_var", torch::ones({config_.latent_width()}, options));
+    bn.register_buffer("num_batches_tracked", torch::zeros({}, options.dtype(torch::kLong)));
+  }
 }
 
 torch::Tensor AutoencoderKLImpl::moments(const torch::Tensor& images) {
@@ -260,7 +297,8 @@ torch::Tensor AutoencoderKLImpl::encode(const torch::Tensor& images, Posterior p
                                         std::optional<at::Generator> generator) {
   const auto parts = moments(images).chunk(2, 1);
   torch::Tensor z = parts[0];
-  if (posterior == Posterior::sample) {  // DiagonalGaussianDistribution.sample
+  if (config_.batch_norm_eps > 0) return normalize(patchify_latents(z));  // FLUX.2: the mean, always
+  if (posterior == Posterior::sample) {                                   // DiagonalGaussianDistribution.sample
     const torch::Tensor std = torch::exp(0.5 * parts[1].clamp(-30.0, 20.0));
     // Drawn where the generator lives (a CPU generator for a CUDA autoencoder draws on the host).
     const torch::Device where = generator ? generator->device() : z.device();
@@ -274,9 +312,9 @@ torch::Tensor AutoencoderKLImpl::decode_unscaled(const torch::Tensor& z) {
   auto decode_tile = [&](const torch::Tensor& t) {
     return decoder.forward(post_quant_conv_ ? post_quant_conv_(t) : t);
   };
-  const TileGrid grid(tile_sample_size_, config_.downsampling());
+  const TileGrid grid(tile_sample_size_, config_.network_downsampling());
   if (tile_sample_size_ > 0 && grid.tiles(z.size(-2), z.size(-1)))
-    return tiled_decode(z, grid, config_.downsampling(), decode_tile);
+    return tiled_decode(z, grid, config_.network_downsampling(), decode_tile);
   return decode_tile(z);
 }
 
@@ -285,7 +323,32 @@ void AutoencoderKLImpl::enable_tiling(int64_t tile_sample_size) {
 }
 
 torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& latents) {
+  if (config_.batch_norm_eps > 0) return decode_unscaled(unpatchify_latents(denormalize(latents)));
   return decode_unscaled(latents / config_.scaling_factor + config_.shift_factor);
+}
+
+// Flux2Pipeline._patchify_latents / _unpatchify_latents (pipeline_flux2.py:457-470): channel c·p² + i·p + j.
+torch::Tensor AutoencoderKLImpl::patchify_latents(const torch::Tensor& z) const {
+  const int64_t p = config_.patch, b = z.size(0), c = z.size(1), h = z.size(2), w = z.size(3);
+  return z.view({b, c, h / p, p, w / p, p}).permute({0, 1, 3, 5, 2, 4}).reshape({b, c * p * p, h / p, w / p});
+}
+
+torch::Tensor AutoencoderKLImpl::unpatchify_latents(const torch::Tensor& z) const {
+  const int64_t p = config_.patch, b = z.size(0), c = z.size(1), h = z.size(2), w = z.size(3);
+  return z.reshape({b, c / (p * p), p, p, h, w}).permute({0, 1, 4, 2, 5, 3}).reshape({b, c / (p * p), h * p, w * p});
+}
+
+// The BatchNorm's statistics in the latents' dtype, as the pipeline casts them (pipeline_flux2.py:613-616).
+torch::Tensor AutoencoderKLImpl::normalize(const torch::Tensor& z) const {
+  const torch::Tensor mean = bn_mean_.view({1, -1, 1, 1}).to(z.scalar_type());
+  const torch::Tensor std = torch::sqrt(bn_var_.view({1, -1, 1, 1}) + config_.batch_norm_eps).to(z.scalar_type());
+  return (z - mean) / std;
+}
+
+torch::Tensor AutoencoderKLImpl::denormalize(const torch::Tensor& z) const {
+  const torch::Tensor mean = bn_mean_.view({1, -1, 1, 1}).to(z.scalar_type());
+  const torch::Tensor std = torch::sqrt(bn_var_.view({1, -1, 1, 1}) + config_.batch_norm_eps).to(z.scalar_type());
+  return z * std + mean;
 }
 
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path) {

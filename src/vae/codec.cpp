@@ -108,7 +108,7 @@ class AutoencoderCodec : public ImageCodec {
 }  // namespace
 
 int64_t latent_channels(const AutoencoderConfig& config) {
-  return std::visit(Overloaded{[](const AutoencoderKLConfig& c) { return c.latent_channels; },
+  return std::visit(Overloaded{[](const AutoencoderKLConfig& c) { return c.latent_width(); },
                                [](const QwenImageVaeConfig& c) { return c.z_dim; }},
                     config);
 }
@@ -124,7 +124,8 @@ int64_t temporal_downsampling(const AutoencoderConfig& config) {
 }
 
 const char* class_name(const AutoencoderConfig& config) {
-  if (std::holds_alternative<AutoencoderKLConfig>(config)) return "AutoencoderKL";
+  if (const auto* kl = std::get_if<AutoencoderKLConfig>(&config))
+    return kl->batch_norm_eps > 0 ? "AutoencoderKLFlux2" : "AutoencoderKL";
   // diffusers' AutoencoderKLWan where its tiled decode's clamp says so (the Wan VAEs), else Qwen-Image's class.
   return std::get<QwenImageVaeConfig>(config).clamps_tiles ? "AutoencoderKLWan" : "AutoencoderKLQwenImage";
 }

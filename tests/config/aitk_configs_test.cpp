@@ -299,9 +299,8 @@ TEST(AitkConfigs, ChromaTheExampleAndTheUisPresetResolveToChroma) {
     EXPECT_EQ(plan.spec.divisibility, 32);
     EXPECT_EQ(plan.family->base_model_version(r.config->model.arch), "chroma");
     EXPECT_EQ(plan.load.loading, model::TransformerLoading::on_device);
-    EXPECT_EQ(model::text_encoders(plan.spec.family),
-              std::vector<config::TextEncoderKind>{config::TextEncoderKind::t5_xxl});
-    const auto storage = model::text_encoder_storage(r.config->model, plan.spec.family);
+    EXPECT_EQ(model::text_encoders(plan.spec), std::vector<config::TextEncoderKind>{config::TextEncoderKind::t5_xxl});
+    const auto storage = model::text_encoder_storage(r.config->model, plan.spec);
     ASSERT_EQ(storage.size(), 1u);
     EXPECT_TRUE(storage[0].has_value());  // T5 quantized, as model.qtype
     EXPECT_EQ(plan.family->shift_tokens(plan.spec, {1, 1, 1024, 1024}), 128 * 128);
@@ -539,6 +538,7 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
       {"ui:qwen_image_edit_plus.yaml", "qwen-image-edit-2509", qwen},
       {"ui:qwen_image_edit_plus_2511.yaml", "qwen-image-edit-2511", qwen},  // the tag chooses 2511 (zero_cond_t)
       {"ui:zimage_turbo.yaml", "zimage-turbo", 6154908736},
+      {"ui:chroma.yaml", "chroma", 8899983424},
   };
   for (const auto& e : expected) {
     const std::string file = e.file;
@@ -551,7 +551,7 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
   }
   int ui_configs = 0;
   for (const auto& entry : std::filesystem::directory_iterator(ui)) ui_configs += entry.path().extension() == ".yaml";
-  EXPECT_EQ(ui_configs, 8);  // every UI-shaped config is in the table above
+  EXPECT_EQ(ui_configs, 9);  // every UI-shaped config is in the table above
 }
 
 TEST(AitkConfigs, EveryExampleEitherLoadsOrIsRefusedCleanly) {

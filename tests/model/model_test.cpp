@@ -248,20 +248,20 @@ TEST(TextEncoderStorage, AsAiToolkitsLoadersQuantizeThem) {
   m.quantize = true;
   m.qtype = config::QType::uint4;
   m.qtype_te = config::QType::float8;
-  EXPECT_EQ(text_encoder_storage(m, model::Family("flux")), (Slots{std::nullopt, S::UInt4}));  // CLIP-L, T5
+  EXPECT_EQ(text_encoder_storage(m, spec_by_preset("flux-dev")), (Slots{std::nullopt, S::UInt4}));  // CLIP-L, T5
   m.quantize_te = false;
-  EXPECT_EQ(text_encoder_storage(m, model::Family("flux")), (Slots{std::nullopt, std::nullopt}));
-  EXPECT_EQ(text_encoder_storage(m, model::Family("sd3")), (Slots{std::nullopt, std::nullopt, S::UInt4}));
-  EXPECT_EQ(text_encoder_storage(m, model::Family("qwen_image")), (Slots{std::nullopt}));
+  EXPECT_EQ(text_encoder_storage(m, spec_by_preset("flux-dev")), (Slots{std::nullopt, std::nullopt}));
+  EXPECT_EQ(text_encoder_storage(m, spec_by_preset("sd35-large")), (Slots{std::nullopt, std::nullopt, S::UInt4}));
+  EXPECT_EQ(text_encoder_storage(m, spec_by_preset("qwen-image")), (Slots{std::nullopt}));
   m.quantize = false;
   m.quantize_te = true;
-  EXPECT_EQ(text_encoder_storage(m, model::Family("sd3")), (Slots{std::nullopt, std::nullopt, std::nullopt}));
-  EXPECT_EQ(text_encoder_storage(m, model::Family("qwen_image")), (Slots{S::Float8}));
-  EXPECT_EQ(text_encoder_storage(m, model::Family("zimage")), (Slots{S::Float8}));
-  EXPECT_EQ(text_encoder_storage(m, model::Family("wan")),
+  EXPECT_EQ(text_encoder_storage(m, spec_by_preset("sd35-large")), (Slots{std::nullopt, std::nullopt, std::nullopt}));
+  EXPECT_EQ(text_encoder_storage(m, spec_by_preset("qwen-image")), (Slots{S::Float8}));
+  EXPECT_EQ(text_encoder_storage(m, spec_by_preset("zimage")), (Slots{S::Float8}));
+  EXPECT_EQ(text_encoder_storage(m, spec_by_preset("wan21-14b")),
             (Slots{S::UInt4}));  // UMT5 as model.qtype (wan21.py:432-436)
-  EXPECT_TRUE(text_encoder_storage(m, model::Family("dit")).empty());
-  EXPECT_EQ(describe_text_encoder_storage(m, model::Family("zimage")), "qwen3's Linears as float8");
+  EXPECT_TRUE(text_encoder_storage(m, spec_by_preset("dit-xl2")).empty());
+  EXPECT_EQ(describe_text_encoder_storage(m, spec_by_preset("zimage")), "qwen3's Linears as float8");
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ TEST(TextEncoders, EveryPresetsEncodersFitItsTransformer) {
   for (const std::string& preset : model::preset_names()) {
     const model::ModelSpec spec = model::spec_by_preset(preset);
     int64_t widest = 0, clip_hidden = 0, pooled = 0;
-    for (Kind kind : model::text_encoders(spec.family)) {
+    for (Kind kind : model::text_encoders(spec)) {
       auto e = build_text_encoder(kind, spec.tiny, {}, meta).encoder;
       if (config::t5_structured(kind) || kind == Kind::qwen25_vl || kind == Kind::qwen3) widest = e->hidden_width();
       if (kind == Kind::clip_l_projected || kind == Kind::clip_g_projected) clip_hidden += e->hidden_width();

@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 PromptEncoderOptions options_for(const std::string& preset, const torch::TensorOptions& where = {}) {
   const model::ModelSpec spec = model::spec_by_preset(preset);
   PromptEncoderOptions o;
-  o.pipeline = model::family_of(spec.family).text_pipeline();
+  o.pipeline = model::family_of(spec.family).text_pipeline(spec);
   o.target = model::text_target(spec);
   o.target.condition_area = 0, o.target.numbered_conditions = false;  // text only (edit_options: the edit template)
   o.tiny = spec.tiny;

@@ -125,9 +125,9 @@ const std::vector<std::string>& transformers_weight_files();
 // empty when there is none.
 std::filesystem::path find_weights(const std::filesystem::path& path, const std::vector<std::string>& folder_files);
 
-// Loads every parameter of `module` by its name, shapes checked, from `path`: a .safetensors file, a sharded
-// *.index.json, or a folder holding the first of `folder_files` that exists there (diffusers:
-// diffusion_pytorch_model.safetensors[.index.json]; transformers: model.safetensors[.index.json]).
+// Loads every parameter of `module` by its name (and each buffer the file holds), shapes checked, from `path`:
+// a .safetensors file, a sharded *.index.json, or a folder holding the first of `folder_files` that exists there
+// (diffusers: diffusion_pytorch_model.safetensors[.index.json]; transformers: model.safetensors[.index.json]).
 // `stored_as` gives other names a parameter may be stored under (tied weights, a prefix one version of the
 // writer dropped), tried when its own name is absent. Throws std::runtime_error naming the first missing
 // or misshapen tensor; returns the names in the file the module does not use.

@@ -86,7 +86,7 @@ struct TextEncoderQuantization {
   bool under_quantize = false;  // switched by model.quantize instead of quantize_te
   bool as_qtype_te = true;      // stored as qtype_te, else as model.qtype
 };
-TextEncoderQuantization text_encoder_quantization(Family family);
+TextEncoderQuantization text_encoder_quantization(const ModelSpec& spec);
 std::string supported_arch_list();  // "flux, flex1, ..." for messages
 
 // The autoencoder a family's pipeline decodes with: AutoencoderKL as FLUX.1's for FLUX.1, Flex and Z-Image,
@@ -100,7 +100,7 @@ bool low_vram_tiles_previews(const ModelSpec& spec);
 // The text encoders a family's pipeline conditions on, in its folders' order (text_encoder, text_encoder_2,
 // text_encoder_3): FLUX.1 / Flex CLIP-L (pooled) and T5-XXL; SD3.5 CLIP-L and bigG (projected) and T5-XXL;
 // Qwen-Image Qwen2.5-VL; Z-Image Qwen3; DiT none (class labels).
-std::vector<config::TextEncoderKind> text_encoders(Family family);
+std::vector<config::TextEncoderKind> text_encoders(const ModelSpec& spec);
 // What the transformer of `spec` takes from its family's text pipeline: its text and pooled widths, its
 // text length, an edit model's conditions.
 text::PipelineTarget text_target(const ModelSpec& spec);

@@ -58,9 +58,10 @@ BaseQuantization quantize_base(DiffusionTransformer& model, const config::ModelC
 
 // How AI Toolkit's loader stores each text encoder's Linear weights, slot by slot (nullopt: left in its
 // dtype): the family's TextEncoderQuantization (model/family.h) applied to the model block.
-std::vector<std::optional<WeightStorage>> text_encoder_storage(const config::ModelConfig& config, Family family);
+std::vector<std::optional<WeightStorage>> text_encoder_storage(const config::ModelConfig& config,
+                                                               const ModelSpec& spec);
 // The same as words for the log and `check`: "T5-XXL's Linears as qfloat8", "the training dtype".
-std::string describe_text_encoder_storage(const config::ModelConfig& config, Family family);
+std::string describe_text_encoder_storage(const config::ModelConfig& config, const ModelSpec& spec);
 
 // One line for the log: what quantize_base did.
 std::string describe(const BaseQuantization& q, const config::ModelConfig& config);

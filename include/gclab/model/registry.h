@@ -61,6 +61,11 @@ class ModelFamily {
   // text_encoder_2, text_encoder_3), how the pipeline calls them and composes what they return; null: no text
   // (DiT's class labels).
   virtual std::shared_ptr<const text::TextPipeline> text_pipeline() const = 0;
+  // The pipeline of the model class `spec` is, where a family's classes condition on other encoders (FLUX.2-dev
+  // on Mistral, klein on Qwen3); the family's by default. What every caller asks.
+  virtual std::shared_ptr<const text::TextPipeline> text_pipeline(const ModelSpec& /*spec*/) const {
+    return text_pipeline();
+  }
   // What the transformer of `spec` takes from that pipeline: by default its text and pooled widths, its
   // text length and its condition_area.
   virtual text::PipelineTarget text_target(const ModelSpec& spec) const {
@@ -73,6 +78,10 @@ class ModelFamily {
   }
   // Which text encoders AI Toolkit's loader quantizes, under which switch, as which qtype.
   virtual TextEncoderQuantization text_encoder_quantization() const { return {}; }
+  // The same for the model class `spec` is (the family's by default): what every caller asks.
+  virtual TextEncoderQuantization text_encoder_quantization(const ModelSpec& /*spec*/) const {
+    return text_encoder_quantization();
+  }
   // How its preview pipeline guides (model/guidance.h), for this shape; `do_cfg_norm` is sample.do_cfg_norm,
   // AI Toolkit's key, read by the pipelines whose rescale is optional.
   virtual std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool do_cfg_norm) const = 0;

@@ -28,6 +28,9 @@ struct PipelineCall {
   TORCH_ARG(int64_t, drop) = 0;            // leading rows the pipeline drops (a template's prefix)
   TORCH_ARG(int64_t, condition_area) = 0;  // edit models: control images read through the vision tower here
   TORCH_ARG(bool, numbered) = false;       // ... each after "Picture i: " (the Plus template)
+  // A decoder's hidden states after these layers, side by side per token (TextEncoderBase::encode_layers;
+  // the FLUX.2 pipelines' 10 / 20 / 30 or 9 / 18 / 27); empty: the encoder's own output.
+  TORCH_ARG(std::vector<int64_t>, hidden_layers);
 
  public:
   PipelineCall& template_around(std::string before, std::string after) {

@@ -51,6 +51,9 @@ struct QwenLmConfig {
 struct QwenLmOutput {
   torch::Tensor last_hidden_state;  // hidden_states[-1]: after the final norm
   torch::Tensor penultimate;        // hidden_states[-2]: the second-to-last layer's output (Z-Image takes it)
+  // With keep_hidden_states: transformers' output_hidden_states, every one kept to the end (0 the embeddings,
+  // i layer i's output, the last after the final norm).
+  std::vector<torch::Tensor> hidden_states;
 };
 
 class QwenLmImpl : public torch::nn::Module {
@@ -58,11 +61,12 @@ class QwenLmImpl : public torch::nn::Module {
   explicit QwenLmImpl(QwenLmConfig config, const torch::TensorOptions& options = {});
   // input_ids [B, T]; attention_mask [B, T] (1 token, 0 padding: padded keys hidden) or undefined; rotary
   // positions 0..T-1 (as transformers' text-only forward; the pipelines pad on the right).
-  QwenLmOutput forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  QwenLmOutput forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                       bool keep_hidden_states = false);
   // From the input embeddings [B, T, hidden], with `positions` [3, B, T] (Qwen2.5-VL's frame / row /
   // column positions, qwen_mrope_positions) or [B, T].
   QwenLmOutput forward_embeds(const torch::Tensor& inputs_embeds, const torch::Tensor& positions,
-                              const torch::Tensor& attention_mask = {});
+                              const torch::Tensor& attention_mask = {}, bool keep_hidden_states = false);
   torch::Tensor embed(const torch::Tensor& input_ids) const;
   const QwenLmConfig& config() const { return config_; }
 

@@ -28,6 +28,16 @@ struct AutoencoderKLConfig {
   bool use_quant_conv = false, use_post_quant_conv = false, mid_block_add_attention = true;
   double scaling_factor = 0.3611, shift_factor = 0.1159;
   int64_t sample_size = 1024;  // the tile size tiled decoding uses unless told another
+  // FLUX.2's autoencoder (diffusers' AutoencoderKLFlux2; BFL's flux2/src/autoencoder.py AutoEncoder.encode /
+  // decode): the latents are the posterior's mean (encode takes no sample), 2 x 2 patches folded into the
+  // channels ("c (i 2) (j 2) -> (c 2 2) i j") and normalized by a BatchNorm's running statistics,
+  // (z - running_mean) / sqrt(running_var + batch_norm_eps), in place of the scaling and shift. patch 1 and
+  // batch_norm_eps 0: none of it (the scaling and shift, a sampled posterior where asked).
+  int64_t patch = 1;
+  double batch_norm_eps = 0;
+
+  // FLUX.2's (AutoencoderKLFlux2's defaults: 84,046,115 parameters and 256 statistics).
+  static AutoencoderKLConfig flux2();
 
   // The defaults are FLUX.1's config.json (also Flex's and Z-Image's: 83,819,683 parameters); each family
   // that decodes with another AutoencoderKL sets its own in its folder (the family's autoencoder in model/registry.h).
@@ -37,7 +47,9 @@ struct AutoencoderKLConfig {
   AutoencoderKLConfig shrunk() const;
   // A diffusers config.json (AutoencoderKL); throws std::runtime_error naming what it cannot use.
   static AutoencoderKLConfig from_json_file(const std::filesystem::path& path);
-  int64_t downsampling() const { return int64_t{1} << (block_out_channels.size() - 1); }
+  int64_t network_downsampling() const { return int64_t{1} << (block_out_channels.size() - 1); }
+  int64_t downsampling() const { return network_downsampling() * patch; }   // pixels per latent, after the patches
+  int64_t latent_width() const { return latent_channels * patch * patch; }  // the channels encode returns
 };
 
 class AutoencoderKLImpl : public AutoencoderBase {
@@ -64,16 +76,22 @@ class AutoencoderKLImpl : public AutoencoderBase {
   void enable_tiling(int64_t tile_sample_size = 0) override;
   void disable_tiling() override { tile_sample_size_ = 0; }
   int64_t image_channels() const override { return config_.in_channels; }
-  int64_t latent_channels() const override { return config_.latent_channels; }
+  int64_t latent_channels() const override { return config_.latent_width(); }
   int64_t downsampling() const override { return config_.downsampling(); }
 
   const AutoencoderKLConfig& config() const { return config_; }
 
  private:
+  torch::Tensor patchify_latents(const torch::Tensor& z) const;
+  torch::Tensor unpatchify_latents(const torch::Tensor& z) const;
+  torch::Tensor normalize(const torch::Tensor& z) const;
+  torch::Tensor denormalize(const torch::Tensor& z) const;
+
   AutoencoderKLConfig config_;
   std::shared_ptr<torch::nn::Module> encoder_, decoder_;  // diffusers' Encoder and Decoder (the .cpp)
   gclab::nn::Conv quant_conv_{nullptr}, post_quant_conv_{nullptr};
-  int64_t tile_sample_size_ = 0;  // 0: tiling off
+  torch::Tensor bn_mean_, bn_var_;  // FLUX.2: the BatchNorm's running statistics (bn.running_mean / _var)
+  int64_t tile_sample_size_ = 0;    // 0: tiling off
 };
 TORCH_MODULE(AutoencoderKL);
 

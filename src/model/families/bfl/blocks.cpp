@@ -51,8 +51,8 @@ Stream::Stream(torch::nn::Module& owner, const std::string& name, int64_t dim, i
       proj(register_at(owner, name + "_attn.proj", Linear(LinearOptions(dim, dim).bias(b.bias).tensor_options(o)))),
       mlp_in(register_at(owner, name + "_mlp.0",
                          Linear(LinearOptions(dim, (b.swiglu ? 2 : 1) * mlp_hidden).bias(b.bias).tensor_options(o)))),
-      mlp_out(register_at(owner, name + "_mlp.2",
-                          Linear(LinearOptions(mlp_hidden, dim).bias(b.bias).tensor_options(o)))),
+      mlp_out(
+          register_at(owner, name + "_mlp.2", Linear(LinearOptions(mlp_hidden, dim).bias(b.bias).tensor_options(o)))),
       q_norm(owner, name + "_attn.norm.query_norm", dim / heads, b.functional_rms_norm, o),
       k_norm(owner, name + "_attn.norm.key_norm", dim / heads, b.functional_rms_norm, o),
       swiglu(b.swiglu) {}
@@ -66,7 +66,9 @@ torch::Tensor Stream::mlp(const torch::Tensor& x) { return mlp_out(mlp_activatio
 
 DoubleBlock::DoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const BlockOptions& b,
                          const torch::TensorOptions& o)
-    : heads_(heads), img_(*this, "img", dim, heads, mlp_hidden, b, o), txt_(*this, "txt", dim, heads, mlp_hidden, b, o) {}
+    : heads_(heads),
+      img_(*this, "img", dim, heads, mlp_hidden, b, o),
+      txt_(*this, "txt", dim, heads, mlp_hidden, b, o) {}
 
 Tensors DoubleBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
   Tensors attn_in = {in.at(0), in.at(1), in.at(2), in.at(3), in.at(4)};
@@ -85,16 +87,15 @@ Tensors DoubleBlock::forward_block(const Tensors& in, const SubBlockRunner& run)
                        txt + mod(8) * txt_.proj(out.narrow(1, 0, n_txt))};
       },
       attn_in);
-  return run(
-      SubBlock::mlp,
-      [this](const Tensors& t) {
-        const torch::Tensor& m = t[2];
-        const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
-        const torch::Tensor img = t[0] + mod(5) * img_.mlp(shift_scale(layer_norm(t[0]), mod(3), mod(4)));
-        const torch::Tensor txt = t[1] + mod(11) * txt_.mlp(shift_scale(layer_norm(t[1]), mod(9), mod(10)));
-        return Tensors{img, txt};
-      },
-      {after_attn[0], after_attn[1], in.at(2)});
+  return run(SubBlock::mlp,
+             [this](const Tensors& t) {
+               const torch::Tensor& m = t[2];
+               const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
+               const torch::Tensor img = t[0] + mod(5) * img_.mlp(shift_scale(layer_norm(t[0]), mod(3), mod(4)));
+               const torch::Tensor txt = t[1] + mod(11) * txt_.mlp(shift_scale(layer_norm(t[1]), mod(9), mod(10)));
+               return Tensors{img, txt};
+             },
+             {after_attn[0], after_attn[1], in.at(2)});
 }
 
 SingleBlock::SingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const BlockOptions& b,
