@@ -23,10 +23,17 @@ using torch::autograd::tensor_list;
 class FlashAttention : public torch::autograd::Function<FlashAttention> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t mask_copy, const torch::Tensor& kept_mask) {
+                               const torch::Tensor& v, bool masked, int64_t mask_copy, const torch::Tensor& kept_mask) {
     const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3), S = k.size(2);
     torch::Tensor out = torch::empty_like(q);  // q's layout (memory format preserved)
     torch::Tensor lse = torch::empty({B, L, H}, q.options().dtype(torch::kFloat)).transpose(1, 2);
+    if (memory::meta_target() != c10::kCPU && masked) {
+      // A masked call on CUDA runs the memory-efficient kernel (flash takes no mask): its output is made
+      // [B, L, H, d] and handed back transposed (so merging the heads after it is a view), its log-sum-exp
+      // padded to a multiple of 32 (torch/_meta_registrations.py meta__scaled_dot_product_efficient_attention).
+      out = torch::empty({B, L, H, d}, q.options()).transpose(1, 2);
+      lse = torch::empty({B, H, (L + 31) / 32 * 32}, q.options().dtype(torch::kFloat));
+    }
     if (memory::meta_target() == c10::kCPU) {
       const int64_t temporaries = memory::cpu_flash_attention_temporaries(B * H, L, S, d, at::get_num_threads(),
                                                                           static_cast<int64_t>(q.element_size()));
@@ -39,7 +46,11 @@ class FlashAttention : public torch::autograd::Function<FlashAttention> {
   }
   static tensor_list backward(AutogradContext* ctx, const tensor_list& /*grads*/) {
     const auto saved = ctx->get_saved_variables();
-    return {torch::empty_like(saved[0]), torch::empty_like(saved[1]), torch::empty_like(saved[2]), torch::Tensor(),
+    return {torch::empty_like(saved[0]),
+            torch::empty_like(saved[1]),
+            torch::empty_like(saved[2]),
+            torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -147,9 +158,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     if (mask.defined() && mask.scalar_type() == torch::kBool) {
       const torch::Tensor additive = torch::empty(mask.sizes(), q.options());
       memory::meta_spike(mask.numel());
-      return FlashAttention::apply(q, k, v, attention_mask_copy_bytes(additive), additive);
+      return FlashAttention::apply(q, k, v, true, attention_mask_copy_bytes(additive), additive);
     }
-    return FlashAttention::apply(q, k, v, mask.defined() ? attention_mask_copy_bytes(mask) : 0,
+    return FlashAttention::apply(q, k, v, mask.defined(), mask.defined() ? attention_mask_copy_bytes(mask) : 0,
                                  torch::empty({0}, q.options()));  // nothing kept (apply takes no undefined tensor)
   }
   return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt,

@@ -266,3 +266,33 @@ TEST(TextEncoderStorage, AsAiToolkitsLoadersQuantizeThem) {
 
 }  // namespace
 }  // namespace gclab::model
+
+namespace gclab::model {
+namespace {
+
+// Chroma's text mask counts a prompt's tokens in the model's dtype, as AI Toolkit casts the mask before
+// modify_mask_to_attend_padding sums it: in bf16, 257 tokens count as 256, so the padding token after them
+// stays masked and the prediction is that of a 256-token prompt (whose padding token is the 257th); in
+// float32 the two prompts differ.
+TEST(Chroma, APromptsLengthIsCountedInTheModelsDtype) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    torch::manual_seed(0);
+    auto model = build_transformer(spec_by_preset("tiny-chroma"), torch::TensorOptions().dtype(dtype));
+    model->eval();
+    ModelInputs in = model->example_inputs({1, 1, 64, 64}, 300, torch::TensorOptions().dtype(dtype));
+    auto predict = [&](int64_t tokens) {
+      torch::NoGradGuard no_grad;
+      in.text_mask = torch::zeros({1, 300}, torch::kLong);
+      in.text_mask.narrow(1, 0, tokens).fill_(1);
+      return model->forward(in).to(torch::kFloat);
+    };
+    const torch::Tensor a = predict(257), b = predict(256);
+    if (dtype == torch::kBFloat16)
+      EXPECT_TRUE(torch::equal(a, b));
+    else
+      EXPECT_FALSE(torch::allclose(a, b));
+  }
+}
+
+}  // namespace
+}  // namespace gclab::model

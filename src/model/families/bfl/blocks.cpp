@@ -18,8 +18,8 @@ std::array<torch::Tensor, 3> split_qkv(const torch::Tensor& qkv, int64_t heads) 
 // math.py attention: rotary embedding on q and k, SDPA (with the boolean mask where there is one), heads
 // merged ("B H L D -> B L (H D)").
 torch::Tensor rope_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& mask) {
-  return merge_heads(nn::attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, mask));
+                             const torch::Tensor& table, const torch::Tensor& mask) {
+  return merge_heads(nn::attention(bfl::apply_rope(q, table), bfl::apply_rope(k, table), v, mask));
 }
 
 // SiLUActivation (flux2/src/model.py): silu(first half) * second half.
@@ -32,6 +32,43 @@ torch::Tensor mlp_activation(const torch::Tensor& x, bool swiglu) {
 torch::Tensor optional(const Tensors& in, size_t i) { return i < in.size() ? in[i] : torch::Tensor(); }
 
 }  // namespace
+
+torch::Tensor timestep_embedding(const torch::Tensor& t, int64_t dim, bool frequencies_on_cpu) {
+  const torch::Tensor scaled = 1000 * t;
+  const int64_t half = dim / 2;
+  const auto f = torch::TensorOptions().dtype(torch::kFloat);
+  const torch::Tensor freqs =
+      torch::exp(-std::log(10000.0) * torch::arange(half, f.device(frequencies_on_cpu ? torch::kCPU : t.device())) /
+                 static_cast<double>(half))
+          .to(t.device());
+  const torch::Tensor args = scaled.unsqueeze(1).to(torch::kFloat) * freqs.unsqueeze(0);
+  const torch::Tensor emb = torch::cat({torch::cos(args), torch::sin(args)}, -1);
+  return torch::isFloatingType(t.scalar_type()) ? emb.to(t.scalar_type()) : emb;
+}
+
+torch::Tensor rope_table(const torch::Tensor& ids, const std::vector<int64_t>& axes, double theta) {
+  const bool f64 = torch::isFloatingType(ids.scalar_type());
+  const auto o = torch::TensorOptions().dtype(f64 ? torch::kDouble : torch::kFloat).device(ids.device());
+  std::vector<torch::Tensor> per_axis;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const int64_t d = axes[i];
+    const torch::Tensor omega = 1.0 / torch::pow(theta, torch::arange(0, d, 2, o) / static_cast<double>(d));
+    const torch::Tensor angle = ids.select(-1, static_cast<int64_t>(i)).to(o.dtype()).unsqueeze(-1) * omega;
+    const torch::Tensor c = angle.cos(), s = angle.sin();
+    per_axis.push_back(torch::stack({c, -s, s, c}, -1).unflatten(-1, {2, 2}));  // [B, L, d/2, 2, 2]
+  }
+  return torch::cat(per_axis, -3).unsqueeze(1).to(torch::kFloat);
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& table) {
+  auto sizes = x.sizes().vec();
+  sizes.back() /= 2;
+  sizes.push_back(1);
+  sizes.push_back(2);
+  const torch::Tensor pairs = x.to(torch::kFloat).reshape(sizes);  // [..., D/2, 1, 2]
+  const torch::Tensor out = table.select(-1, 0) * pairs.select(-1, 0) + table.select(-1, 1) * pairs.select(-1, 1);
+  return out.reshape(x.sizes()).to(x.scalar_type());
+}
 
 ScaleNorm::ScaleNorm(torch::nn::Module& owner, const std::string& path, int64_t dim, bool functional_rms_norm,
                      const torch::TensorOptions& o)
@@ -73,29 +110,29 @@ DoubleBlock::DoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const B
 Tensors DoubleBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
   Tensors attn_in = {in.at(0), in.at(1), in.at(2), in.at(3), in.at(4)};
   if (in.size() > 5) attn_in.push_back(in[5]);
+  const auto mod = [](const torch::Tensor& m, int64_t i) { return m.narrow(1, i, 1); };
   const Tensors after_attn = run(
       SubBlock::attn,
-      [this](const Tensors& t) {
-        const torch::Tensor &img = t[0], &txt = t[1], &m = t[2];
-        const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
-        const auto [iq, ik, iv] = img_.qkv_heads(shift_scale(layer_norm(img), mod(0), mod(1)), heads_);
-        const auto [tq, tk, tv] = txt_.qkv_heads(shift_scale(layer_norm(txt), mod(6), mod(7)), heads_);
+      [this, mod](const Tensors& t) {
+        const torch::Tensor &img = t[0], &txt = t[1], &mi = t[2], &mt = t[3];
+        const auto [iq, ik, iv] = img_.qkv_heads(shift_scale(layer_norm(img), mod(mi, 0), mod(mi, 1)), heads_);
+        const auto [tq, tk, tv] = txt_.qkv_heads(shift_scale(layer_norm(txt), mod(mt, 0), mod(mt, 1)), heads_);
         const torch::Tensor out = rope_attention(torch::cat({tq, iq}, 2), torch::cat({tk, ik}, 2),
-                                                 torch::cat({tv, iv}, 2), t[3], t[4], optional(t, 5));
+                                                 torch::cat({tv, iv}, 2), t[4], optional(t, 5));
         const int64_t n_txt = txt.size(1);
-        return Tensors{img + mod(2) * img_.proj(out.narrow(1, n_txt, img.size(1))),
-                       txt + mod(8) * txt_.proj(out.narrow(1, 0, n_txt))};
+        return Tensors{img + mod(mi, 2) * img_.proj(out.narrow(1, n_txt, img.size(1))),
+                       txt + mod(mt, 2) * txt_.proj(out.narrow(1, 0, n_txt))};
       },
       attn_in);
-  return run(SubBlock::mlp,
-             [this](const Tensors& t) {
-               const torch::Tensor& m = t[2];
-               const auto mod = [&m](int64_t i) { return m.narrow(1, i, 1); };
-               const torch::Tensor img = t[0] + mod(5) * img_.mlp(shift_scale(layer_norm(t[0]), mod(3), mod(4)));
-               const torch::Tensor txt = t[1] + mod(11) * txt_.mlp(shift_scale(layer_norm(t[1]), mod(9), mod(10)));
-               return Tensors{img, txt};
-             },
-             {after_attn[0], after_attn[1], in.at(2)});
+  return run(
+      SubBlock::mlp,
+      [this, mod](const Tensors& t) {
+        const torch::Tensor &mi = t[2], &mt = t[3];
+        const torch::Tensor img = t[0] + mod(mi, 5) * img_.mlp(shift_scale(layer_norm(t[0]), mod(mi, 3), mod(mi, 4)));
+        const torch::Tensor txt = t[1] + mod(mt, 5) * txt_.mlp(shift_scale(layer_norm(t[1]), mod(mt, 3), mod(mt, 4)));
+        return Tensors{img, txt};
+      },
+      {after_attn[0], after_attn[1], in.at(2), in.at(3)});
 }
 
 SingleBlock::SingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const BlockOptions& b,
@@ -111,13 +148,13 @@ Tensors SingleBlock::forward_block(const Tensors& in, const SubBlockRunner& run)
   const torch::Tensor& x = in.at(0);
   const torch::Tensor& m = in.at(1);
   const torch::Tensor h = linear1(shift_scale(layer_norm(x), m.narrow(1, 0, 1), m.narrow(1, 1, 1)));
-  Tensors attn_in = {h.narrow(-1, 0, 3 * dim_), in.at(2), in.at(3)};
-  if (in.size() > 4) attn_in.push_back(in[4]);
+  Tensors attn_in = {h.narrow(-1, 0, 3 * dim_), in.at(2)};
+  if (in.size() > 3) attn_in.push_back(in[3]);
   const torch::Tensor attn_out = run(
       SubBlock::attn,
       [this](const Tensors& t) {
         auto [q, k, v] = split_qkv(t[0], heads_);
-        return Tensors{rope_attention(q_norm(q), k_norm(k), v, t[1], t[2], optional(t, 3))};
+        return Tensors{rope_attention(q_norm(q), k_norm(k), v, t[1], optional(t, 2))};
       },
       attn_in)[0];
   const torch::Tensor mlp_out =

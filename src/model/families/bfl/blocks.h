@@ -32,6 +32,19 @@ struct ScaleNorm {
   torch::Tensor operator()(const torch::Tensor& x) const;
 };
 
+// timestep_embedding (Chroma's src/layers.py:30-53, FLUX.2's src/model.py:476-499): t x 1000 in t's dtype,
+// [cos | sin] of it in float32 at max period 10000, cast back to t's dtype where t is floating. The
+// frequencies are made on the CPU and moved (Chroma's) or on t's device (FLUX.2's): a CUDA exp may round
+// one differently, and the index embedding's arguments reach 343,000.
+torch::Tensor timestep_embedding(const torch::Tensor& t, int64_t dim, bool frequencies_on_cpu);
+
+// EmbedND / rope (src/math.py): per axis i, the angles pos_i x theta^(-arange(0, d_i, 2) / d_i) — in float64
+// from float positions (Chroma's ids) or float32 from int64 ones (FLUX.2's) — as the 2 x 2 rotations
+// [[cos, -sin], [sin, cos]], the axes side by side, float32: [B, 1, L, head_dim / 2, 2, 2] from ids [B, L, axes].
+torch::Tensor rope_table(const torch::Tensor& ids, const std::vector<int64_t>& axes, double theta);
+// apply_rope: each pair of q's (and k's) features rotated in float32, cast back.
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& table);
+
 // (1 + scale) * x + shift, each [B, 1, D] (_modulation_shift_scale_fn).
 inline torch::Tensor shift_scale(const torch::Tensor& x, const torch::Tensor& shift, const torch::Tensor& scale) {
   return (1 + scale) * x + shift;
@@ -48,9 +61,9 @@ struct Stream {
   torch::Tensor mlp(const torch::Tensor& x);
 };
 
-// DoubleStreamBlock. Inputs {img, txt, mods [B, 12, D] (the image stream's shift, scale, gate for attention
-// and for the MLP, then the text stream's), cos, sin[, mask]} -> {img, txt}. cos / sin cover [txt; img];
-// the mask (Chroma's, boolean [B, H, L, L]) is optional.
+// DoubleStreamBlock. Inputs {img, txt, img_mods [B, 6, D], txt_mods [B, 6, D] (each stream's shift, scale,
+// gate for attention, then for the MLP), rope table[, mask]} -> {img, txt}. The table covers [txt; img]; the
+// mask (Chroma's, boolean [B, H, L, L]) is optional.
 class DoubleBlock : public TransformerBlock {
  public:
   DoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const BlockOptions& b, const torch::TensorOptions& o);
@@ -64,7 +77,7 @@ class DoubleBlock : public TransformerBlock {
 };
 
 // SingleStreamBlock: linear1 gives [q | k | v | MLP in], attention and the MLP in parallel, linear2 over
-// their concatenation. Inputs {x, mods [B, 3, D] (shift, scale, gate), cos, sin[, mask]} -> {x}.
+// their concatenation. Inputs {x, mods [B, 3, D] (shift, scale, gate), rope table[, mask]} -> {x}.
 class SingleBlock : public TransformerBlock {
  public:
   SingleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const BlockOptions& b, const torch::TensorOptions& o);

@@ -46,24 +46,28 @@ class ChromaTransformer : public DiffusionTransformer {
     torch::Tensor img = img_in(patchify(in.latents, p, /*channels_last=*/false));
     torch::Tensor txt = txt_in(in.text);
     const int64_t n_img = img.size(1), n_txt = txt.size(1);
-    const torch::Tensor mods = modulations(in.timestep, img.size(0), img.scalar_type());
+    const int64_t batch = img.size(0);
+    const torch::Tensor mods = modulations(in.timestep, batch, img.scalar_type());
+    // Text ids (0, 0, 0), image ids (0, row, column) as floats, per sample (chroma_model.py:321-342): the
+    // rotations in float64, kept as float32 [B, 1, L, 64, 2, 2].
     std::vector<std::array<int64_t, 3>> ids(static_cast<size_t>(n_txt), {0, 0, 0});
     add_image_ids(ids, 0, h / p, w / p);
-    const auto [cos, sin] = rope_cos_sin(ids_tensor(ids, img.device()), spec_.rope_axes, spec_.rope_theta);
-    const torch::Tensor mask = attention_mask(in.text_mask, img.size(0), n_txt, n_img, img.device());
+    const torch::Tensor pe =
+        bfl::rope_table(ids_tensor(ids, img.device()).to(torch::kFloat).unsqueeze(0).repeat({batch, 1, 1}),
+                        spec_.rope_axes, spec_.rope_theta);
+    const torch::Tensor mask = attention_mask(in.text_mask, batch, n_txt, n_img, img.device(), img.scalar_type());
     const int64_t singles = 3 * spec_.single_blocks, doubles = spec_.double_blocks;
     size_t b = 0;
-    for (; b < static_cast<size_t>(doubles); ++b) {
+    for (; b < static_cast<size_t>(doubles); ++b) {  // distribute_modulations' slices (layers.py:92-174)
       const int64_t i = static_cast<int64_t>(b);
-      const torch::Tensor m =
-          torch::cat({mods.narrow(1, singles + 6 * i, 6), mods.narrow(1, singles + 6 * (doubles + i), 6)}, 1);
-      const Tensors out = call_block(b, {img, txt, m, cos, sin, mask});
+      const Tensors out = call_block(
+          b, {img, txt, mods.narrow(1, singles + 6 * i, 6), mods.narrow(1, singles + 6 * (doubles + i), 6), pe, mask});
       img = out[0], txt = out[1];
     }
     torch::Tensor x = torch::cat({txt, img}, 1);
     for (; b < blocks().size(); ++b) {
       const int64_t i = static_cast<int64_t>(b) - doubles;
-      x = call_block(b, {x, mods.narrow(1, 3 * i, 3), cos, sin, mask})[0];
+      x = call_block(b, {x, mods.narrow(1, 3 * i, 3), pe, mask})[0];
     }
     img = x.narrow(1, n_txt, n_img);
     const int64_t last = mods.size(1) - 2;  // LastLayer: shift, scale
@@ -82,10 +86,13 @@ class ChromaTransformer : public DiffusionTransformer {
     torch::NoGradGuard no_grad;
     const int64_t rows = 3 * spec_.single_blocks + 12 * spec_.double_blocks + 2;
     const auto f = torch::TensorOptions().dtype(torch::kFloat).device(t.device());
-    const torch::Tensor tg = torch::cat(
-        {timestep_embedding(t.to(torch::kFloat) * 1000, 16), timestep_embedding(torch::zeros({batch}, f), 16)}, 1);
-    const torch::Tensor index =
-        timestep_embedding(torch::arange(rows, f) * 1000, 32).unsqueeze(0).repeat({batch, 1, 1});
+    const torch::Tensor tg = torch::cat({bfl::timestep_embedding(t.to(torch::kFloat), 16, /*frequencies_on_cpu=*/true),
+                                         bfl::timestep_embedding(torch::zeros({batch}, f), 16, true)},
+                                        1);
+    const torch::Tensor index =  // the index embedding of int64 positions: float32, not cast back
+        bfl::timestep_embedding(torch::arange(rows, f.dtype(torch::kLong)), 32, true)
+            .unsqueeze(0)
+            .repeat({batch, 1, 1});
     torch::Tensor x = torch::cat({tg.unsqueeze(1).repeat({1, rows, 1}), index}, -1).to(dtype);
     x = in_proj(x);
     for (size_t i = 0; i < layers.size(); ++i) x = x + layers[i](norms[i](x));
@@ -96,17 +103,21 @@ class ChromaTransformer : public DiffusionTransformer {
   // attn_padding 1), then every image token; the pairs (query, key) that are allowed in any sample of the
   // batch (txt_img_mask.float().T @ txt_img_mask.float(): a union over the batch), repeated to
   // [B, heads, L, L] as float32, then int32, then bool — each step a tensor of its own, as AI Toolkit's
-  // chain holds them. `text_mask` [B, T] (undefined: every row a token).
+  // chain holds them. `text_mask` [B, T] (undefined: every row a token) comes in the model's dtype
+  // (get_noise_prediction casts it, chroma_model.py:358-360; a preview's PromptEmbeds.to, base_model.py:
+  // 697-700), so its length is summed there: in bf16 a prompt of more than 256 tokens counts rounded, and the
+  // token after the rounded count is unmasked, as modify_mask_to_attend_padding does (src/model.py:56-86).
   torch::Tensor attention_mask(const torch::Tensor& text_mask, int64_t batch, int64_t n_txt, int64_t n_img,
-                               const torch::Device& device) const {
+                               const torch::Device& device, torch::ScalarType dtype) const {
     torch::NoGradGuard no_grad;
     const auto f = torch::TensorOptions().dtype(torch::kFloat).device(device);
     torch::Tensor tokens = torch::ones({batch, n_txt + n_img}, f);
     if (text_mask.defined() && !device.is_meta()) {
-      const torch::Tensor lengths = text_mask.to(torch::kCPU, torch::kFloat).sum(1).to(torch::kLong);
-      torch::Tensor rows = torch::zeros({batch, n_txt}, torch::kFloat);
+      const torch::Tensor typed = text_mask.to(torch::kCPU, dtype);
+      const torch::Tensor lengths = typed.sum(1).to(torch::kLong);
+      torch::Tensor rows = typed.to(torch::kFloat);
       for (int64_t i = 0; i < batch; ++i)
-        rows[i].narrow(0, 0, std::min(lengths[i].item<int64_t>() + 1, n_txt)).fill_(1);
+        if (const int64_t n = lengths[i].item<int64_t>(); n < n_txt) rows[i][n] = 1;
       tokens.narrow(1, 0, n_txt).copy_(rows);
     }
     const torch::Tensor pairs = tokens.t().matmul(tokens);
