@@ -78,7 +78,8 @@ const std::vector<Spelling<TextEncoderKind>>& spellings() {
                                                            {TextEncoderKind::t5_xxl, "t5_xxl", {}},
                                                            {TextEncoderKind::umt5_xxl, "umt5_xxl", {}},
                                                            {TextEncoderKind::qwen25_vl, "qwen25_vl", {}},
-                                                           {TextEncoderKind::qwen3, "qwen3", {}}};
+                                                           {TextEncoderKind::qwen3, "qwen3", {}},
+                                                           {TextEncoderKind::qwen3_8b, "qwen3_8b", {}}};
   return s;
 }
 

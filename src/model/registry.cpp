@@ -13,13 +13,14 @@ const ModelFamily& sd3_family();
 const ModelFamily& dit_family();
 const ModelFamily& wan_family();
 const ModelFamily& chroma_family();
+const ModelFamily& flux2_family();
 
 namespace {
 
 std::vector<const ModelFamily*>& registered() {
   static std::vector<const ModelFamily*> all = {
       &flux_family(), &qwen_image_family(), &zimage_family(), &sd3_family(),
-      &dit_family(),  &wan_family(),        &chroma_family(),
+      &dit_family(),  &wan_family(),        &chroma_family(), &flux2_family(),
   };
   return all;
 }

@@ -117,7 +117,7 @@ class QwenEncoder : public TextEncoderBase {
   int64_t layer_count() const override { return model_->config().num_hidden_layers; }
   Kind kind() const override { return kind_; }
   // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image: max_sequence_length 512.
-  int64_t max_positions() const override { return kind_ == Kind::qwen3 ? 512 : 1024 + 34; }
+  int64_t max_positions() const override { return kind_ == Kind::qwen25_vl ? 1024 + 34 : 512; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t hidden_width() const override { return model_->config().hidden_size; }
   int64_t pooled_width() const override { return 0; }
@@ -128,7 +128,9 @@ class QwenEncoder : public TextEncoderBase {
   QwenVisionTower& tower() { return visual_; }
 
  private:
-  torch::Tensor pick(const QwenLmOutput& o) const { return kind_ == Kind::qwen3 ? o.penultimate : o.last_hidden_state; }
+  torch::Tensor pick(const QwenLmOutput& o) const {
+    return kind_ == Kind::qwen25_vl ? o.last_hidden_state : o.penultimate;
+  }
   Kind kind_;
   QwenLm model_;
   QwenVisionTower visual_{nullptr};
@@ -169,6 +171,8 @@ TinyWidths preset_widths(Kind kind) {
       return {QwenLmConfig::qwen25_vl_7b().hidden_size, 0};
     case Kind::qwen3:
       return {QwenLmConfig::qwen3_4b().hidden_size, 0};
+    case Kind::qwen3_8b:
+      return {QwenLmConfig::qwen3_8b().hidden_size, 0};
   }
   return {};
 }
@@ -218,12 +222,15 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
       break;
     }
     case Kind::qwen25_vl:
-    case Kind::qwen3: {
-      QwenLmConfig c = kind == Kind::qwen3 ? QwenLmConfig::qwen3_4b() : QwenLmConfig::qwen25_vl_7b();
+    case Kind::qwen3:
+    case Kind::qwen3_8b: {
+      QwenLmConfig c = kind == Kind::qwen3      ? QwenLmConfig::qwen3_4b()
+                       : kind == Kind::qwen3_8b ? QwenLmConfig::qwen3_8b()
+                                                : QwenLmConfig::qwen25_vl_7b();
       if (tiny) c = QwenLmConfig::tiny(c);
       if (tiny && widths.hidden > 0) c.hidden_size = widths.hidden, c.intermediate_size = 2 * widths.hidden;
       if (has_config) c = QwenLmConfig::from_json_file(folder / "config.json");
-      if ((kind == Kind::qwen3) != c.qk_norm)
+      if ((kind != Kind::qwen25_vl) != c.qk_norm)
         throw std::runtime_error(folder.string() + ": not the " + std::string(config::name_of(kind)) + " model");
       if (!vision_tower) c.vision.reset();
       auto e = std::make_shared<QwenEncoder>(kind, c, options);

@@ -53,6 +53,7 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
       return {2, v, -1, 1, 0};  // <pad> 0, </s> 1
     case Kind::qwen25_vl:
     case Kind::qwen3:
+    case Kind::qwen3_8b:
       break;
   }
   // Qwen adds no special tokens and pads with <|endoftext|>; hashed ids stay below the image token (the

@@ -10,6 +10,14 @@ namespace gclab::text {
 
 QwenLmConfig QwenLmConfig::qwen3_4b() { return {}; }
 
+QwenLmConfig QwenLmConfig::qwen3_8b() {
+  QwenLmConfig c;
+  c.hidden_size = 4096, c.intermediate_size = 12288, c.num_hidden_layers = 36;
+  c.num_attention_heads = 32, c.num_key_value_heads = 8, c.head_dim = 128;
+  c.lm_head = true;
+  return c;
+}
+
 QwenLmConfig QwenLmConfig::qwen25_vl_7b() {
   QwenLmConfig c;
   c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944, c.num_hidden_layers = 28;

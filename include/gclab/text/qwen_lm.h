@@ -38,6 +38,8 @@ struct QwenLmConfig {
 
   // Qwen/Qwen3-4B as Z-Image ships it (Qwen3Model): 4,022,468,096 parameters.
   static QwenLmConfig qwen3_4b();
+  // Qwen/Qwen3-8B as FLUX.2 klein 9B's pipeline loads it (Qwen3ForCausalLM, its LM head untied): 8,190,735,360.
+  static QwenLmConfig qwen3_8b();
   // Qwen2.5-VL-7B-Instruct's language model as Qwen-Image ships it: 7,070,619,136 parameters (without the
   // vision tower and the LM head).
   static QwenLmConfig qwen25_vl_7b();

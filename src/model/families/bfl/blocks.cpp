@@ -104,12 +104,12 @@ torch::Tensor Stream::mlp(const torch::Tensor& x) { return mlp_out(mlp_activatio
 DoubleBlock::DoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const BlockOptions& b,
                          const torch::TensorOptions& o)
     : heads_(heads),
+      joins_rope_(b.joins_rope_tables),
       img_(*this, "img", dim, heads, mlp_hidden, b, o),
       txt_(*this, "txt", dim, heads, mlp_hidden, b, o) {}
 
 Tensors DoubleBlock::forward_block(const Tensors& in, const SubBlockRunner& run) {
-  Tensors attn_in = {in.at(0), in.at(1), in.at(2), in.at(3), in.at(4)};
-  if (in.size() > 5) attn_in.push_back(in[5]);
+  const Tensors attn_in(in.begin(), in.end());
   const auto mod = [](const torch::Tensor& m, int64_t i) { return m.narrow(1, i, 1); };
   const Tensors after_attn = run(
       SubBlock::attn,
@@ -117,8 +117,9 @@ Tensors DoubleBlock::forward_block(const Tensors& in, const SubBlockRunner& run)
         const torch::Tensor &img = t[0], &txt = t[1], &mi = t[2], &mt = t[3];
         const auto [iq, ik, iv] = img_.qkv_heads(shift_scale(layer_norm(img), mod(mi, 0), mod(mi, 1)), heads_);
         const auto [tq, tk, tv] = txt_.qkv_heads(shift_scale(layer_norm(txt), mod(mt, 0), mod(mt, 1)), heads_);
+        const torch::Tensor pe = joins_rope_ ? torch::cat({t[5], t[4]}, 2) : t[4];
         const torch::Tensor out = rope_attention(torch::cat({tq, iq}, 2), torch::cat({tk, ik}, 2),
-                                                 torch::cat({tv, iv}, 2), t[4], optional(t, 5));
+                                                 torch::cat({tv, iv}, 2), pe, optional(t, joins_rope_ ? 6 : 5));
         const int64_t n_txt = txt.size(1);
         return Tensors{img + mod(mi, 2) * img_.proj(out.narrow(1, n_txt, img.size(1))),
                        txt + mod(mt, 2) * txt_.proj(out.narrow(1, 0, n_txt))};

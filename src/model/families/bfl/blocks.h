@@ -20,6 +20,10 @@ struct BlockOptions {
   // The QK norm: F.rms_norm with weight `scale` (Chroma's layers.py RMSNorm.forward), or BFL's own
   // (flux2/src/model.py RMSNorm: float32 x * rsqrt(mean(x²) + eps), cast back, times `scale`).
   bool functional_rms_norm = true;
+  // FLUX.2: a double block takes the image's and the text's rotary tables apart and joins them itself
+  // (model.py:424-429: a [txt; img] table made in every block, which its attention keeps); Chroma: one
+  // joint table made once.
+  bool joins_rope_tables = false;
 };
 
 // A QK norm with weight `scale`, eps 1e-6.
@@ -62,8 +66,9 @@ struct Stream {
 };
 
 // DoubleStreamBlock. Inputs {img, txt, img_mods [B, 6, D], txt_mods [B, 6, D] (each stream's shift, scale,
-// gate for attention, then for the MLP), rope table[, mask]} -> {img, txt}. The table covers [txt; img]; the
-// mask (Chroma's, boolean [B, H, L, L]) is optional.
+// gate for attention, then for the MLP), rope table[, mask]} -> {img, txt}. The table covers [txt; img]
+// (joins_rope_tables: two inputs, the image's table, then the text's); the mask (Chroma's, boolean
+// [B, H, L, L]) is optional.
 class DoubleBlock : public TransformerBlock {
  public:
   DoubleBlock(int64_t dim, int64_t heads, int64_t mlp_hidden, const BlockOptions& b, const torch::TensorOptions& o);
@@ -73,6 +78,7 @@ class DoubleBlock : public TransformerBlock {
 
  private:
   int64_t heads_;
+  bool joins_rope_;
   Stream img_, txt_;
 };
 

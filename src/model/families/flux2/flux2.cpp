@@ -1,0 +1,165 @@
+// FLUX.2 klein 4B / 9B as AI Toolkit trains them (archs flux2_klein_4b / flux2_klein_9b: Flux2Klein4BModel /
+// Flux2Klein9BModel, extensions_built_in/diffusion_models/flux2/flux2_klein_model.py on flux2_model.py, at the
+// commit docs/flux-line-aitk-reading.md reads): BFL's FLUX.2 transformer (transformer.cpp), Qwen3's hidden
+// states of three layers as the text (text_pipeline.cpp), FLUX.2's autoencoder (vae::AutoencoderKLConfig::
+// flux2: 32 channels, 2 x 2 patches, BatchNorm statistics), no guidance input (CFG previews).
+#include <nlohmann/json.hpp>
+
+#include "gclab/config/user_error.h"
+#include "gclab/model/guidance.h"
+#include "gclab/model/registry.h"
+
+namespace gclab::model {
+namespace flux2 {
+std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
+std::shared_ptr<const text::TextPipeline> klein_text_pipeline(bool nine_b);
+}  // namespace flux2
+
+namespace {
+
+const Family kFlux2Id("flux2");  // the registry's key: this folder's name
+const char* const kKlein9b = "klein-9b";
+
+// src/model.py Klein4BParams / Klein9BParams (:23-48): in_channels 128 (the VAE's 32 channels x 2 x 2),
+// mlp_ratio 3, axes_dim [32, 32, 32, 32], theta 2000, no guidance embedder; context_in_dim = 3 x the text
+// encoder's width.
+ModelSpec flux2_preset(const std::string& preset, int64_t heads, int doubles, int singles, int64_t text_width) {
+  ModelSpec s;
+  s.preset = preset;
+  s.family = kFlux2Id;
+  s.hidden = heads * 128, s.heads = heads, s.head_dim = 128, s.mlp_hidden = 3 * s.hidden;
+  s.double_blocks = doubles, s.single_blocks = singles;
+  s.latent_channels = 128, s.out_channels = 128, s.latent_spatial = 16, s.patch = 1;
+  s.text_dim = 3 * text_width, s.max_text_tokens = 512;  // pipeline.py: 512 rows, always
+  s.rope_axes = {32, 32, 32, 32}, s.rope_theta = 2000;
+  // Flux2Model.get_bucket_divisibility (flux2_model.py:88-89); previews floored to 16 (:295-300).
+  s.divisibility = 16, s.preview_divisibility = 16;
+  return s;
+}
+
+// Flux2Pipeline without guidance distillation (pipeline.py:415-424): the negative prompt in a forward of its
+// own when guidance_scale > 1, u + g (c - u).
+class KleinCfg final : public Guidance {
+ public:
+  bool one_batch() const override { return false; }
+};
+
+class Flux2 final : public ModelFamily {
+ public:
+  Family id() const override { return kFlux2Id; }
+  std::vector<ArchFacts> archs() const override {
+    // Quantized block by block through the device by quantize_model, the rest in host memory; on the device
+    // after the text encoder loads, or under low_vram at its first use (flux2_model.py:158-182, 249-258).
+    using L = TransformerLoading;
+    return {{"flux2_klein_4b", kFlux2Id, "flux2-klein-4b", false, "", "", L::per_block, {"FLUX.2-klein-base-4B",
+                                                                                           "FLUX.2-klein-4B"}},
+            {"flux2_klein_9b", kFlux2Id, "flux2-klein-9b", false, "", "", L::per_block, {"FLUX.2-klein-base-9B",
+                                                                                           "FLUX.2-klein-9B"}},
+            {"tiny-flux2-klein", kFlux2Id, "tiny-flux2-klein", true, "", "", L::per_block, {}}};
+  }
+  std::vector<ModelSpec> presets() const override {
+    const ModelSpec four = flux2_preset("flux2-klein-4b", 24, 5, 20, 2560);
+    ModelSpec nine = flux2_preset("flux2-klein-9b", 32, 8, 24, 4096);
+    nine.variant = kKlein9b;
+    ModelSpec tiny = families_shared::tiny(four, "tiny-flux2-klein");
+    tiny.double_blocks = 2, tiny.single_blocks = 2, tiny.max_text_tokens = 32;
+    tiny.mlp_hidden = 3 * tiny.hidden, tiny.text_dim = 3 * 64, tiny.rope_axes = {8, 8, 8, 8};
+    return {four, nine, tiny};
+  }
+  std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
+                                                          const torch::TensorOptions& options) const override {
+    return flux2::build_transformer(spec, options);
+  }
+  std::string describe_blocks(const ModelSpec& s) const override {
+    return std::to_string(s.double_blocks) + " double-stream + " + std::to_string(s.single_blocks) +
+           " single-stream (modulation shared by all)";
+  }
+  vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
+    return spec.tiny ? vae::AutoencoderKLConfig::flux2().shrunk() : vae::AutoencoderKLConfig::flux2();
+  }
+  std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return flux2::klein_text_pipeline(false); }
+  std::shared_ptr<const text::TextPipeline> text_pipeline(const ModelSpec& spec) const override {
+    return flux2::klein_text_pipeline(spec.variant == kKlein9b);
+  }
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
+    return std::make_shared<KleinCfg>();
+  }
+  int64_t encoder_tokens(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
+  int64_t sequence_rows(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
+
+  // convert_lora_weights_before_save (flux2_model.py:508-513): PEFT's "transformer." as "diffusion_model.".
+  std::string lora_file_key(const std::string& module_path) const override { return "diffusion_model." + module_path; }
+  std::string base_model_version(const std::string& arch) const override { return arch; }  // flux2_klein_model.py
+
+  // Flux2's module order of the Linears (src/model.py): the order AI Toolkit's LoRA network makes them.
+  std::vector<std::string> diffusers_linear_order() const override {
+    return {"img_in",
+            "time_in.in_layer",
+            "time_in.out_layer",
+            "txt_in",
+            "double_blocks.*.img_attn.qkv",
+            "double_blocks.*.img_attn.proj",
+            "double_blocks.*.img_mlp.0",
+            "double_blocks.*.img_mlp.2",
+            "double_blocks.*.txt_attn.qkv",
+            "double_blocks.*.txt_attn.proj",
+            "double_blocks.*.txt_mlp.0",
+            "double_blocks.*.txt_mlp.2",
+            "single_blocks.*.linear1",
+            "single_blocks.*.linear2",
+            "double_stream_modulation_img.lin",
+            "double_stream_modulation_txt.lin",
+            "single_stream_modulation.lin",
+            "final_layer.linear",
+            "final_layer.adaLN_modulation.1"};
+  }
+  std::string diffusers_class() const override { return "Flux2Transformer2DModel"; }
+  nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
+    return {{"_class_name", "Flux2Transformer2DModel"},
+            {"attention_head_dim", s.head_dim},
+            {"axes_dims_rope", s.rope_axes},
+            {"guidance_embeds", s.guidance_embed},
+            {"in_channels", s.latent_channels},
+            {"joint_attention_dim", s.text_dim},
+            {"mlp_ratio", 3.0},
+            {"num_attention_heads", s.heads},
+            {"num_layers", s.double_blocks},
+            {"num_single_layers", s.single_blocks},
+            {"patch_size", 1},
+            {"rope_theta", s.rope_theta}};
+  }
+  // Flux2Model.load_model reads one BFL-format file (flux-2-klein-base-4b.safetensors, ...), no config.json
+  // (:134-156); a folder is read only where gclab wrote it.
+  void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
+    if (!c.contains("_gclab_preset"))
+      throw UserError("FLUX.2 loads one Black Forest Labs-format .safetensors file (flux-2-klein-base-4b.safetensors, "
+                      "...), as AI Toolkit's Flux2Model does; a diffusers folder is not read");
+    families_shared::read_mmdit_config(s, c);
+    s.mlp_hidden = 3 * s.hidden;
+    s.double_blocks = static_cast<int>(families_shared::config_int(c, "num_layers", s.double_blocks));
+    s.single_blocks = static_cast<int>(families_shared::config_int(c, "num_single_layers", s.single_blocks));
+  }
+  std::string foreign_layout(const std::string& key) const override {
+    if (key.rfind("transformer_blocks.", 0) != 0 && key.rfind("model.diffusion_model.", 0) != 0) return {};
+    return "a diffusers-named or ComfyUI-prefixed FLUX.2 file. gclab loads FLUX.2 as AI Toolkit does: the Black "
+           "Forest Labs names of flux-2-klein-base-4b.safetensors (double_blocks.N.img_attn.qkv, ...)";
+  }
+  void read_tensor_shapes(ModelSpec& s, const TensorShapes& t) const override {
+    s.hidden = t.dim("img_in.weight", 0);
+    s.text_dim = t.dim("txt_in.weight", 1);
+    s.head_dim = t.dim("double_blocks.0.img_attn.norm.query_norm.scale", 0);
+    s.mlp_hidden = t.dim("double_blocks.0.img_mlp.2.weight", 1);
+    s.double_blocks = t.count("double_blocks");
+    s.single_blocks = t.count("single_blocks");
+    s.guidance_embed = t.contains("guidance_in.in_layer.weight");
+  }
+};
+
+}  // namespace
+
+const ModelFamily& flux2_family() {
+  static const Flux2 family;
+  return family;
+}
+
+}  // namespace gclab::model
