@@ -142,7 +142,7 @@ TEST_P(TinyPreset, ForwardBackwardThroughEveryBlock) {
 
 INSTANTIATE_TEST_SUITE_P(All, TinyPreset,
                          ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit",
-                                           "tiny-wan21", "tiny-flux-kontext", "tiny-chroma"),
+                                           "tiny-wan21", "tiny-flux-kontext", "tiny-chroma", "tiny-flux2-klein"),
                          [](const auto& info) { return gclab::testing::test_name(info.param); });
 
 TEST(Tokens, ImageTextAndReferenceTokensPerFamily) {

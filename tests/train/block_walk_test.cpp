@@ -104,7 +104,7 @@ TEST(BlockWalkZeroCond, PerTokenModulationIsCounted) {
 INSTANTIATE_TEST_SUITE_P(TinyPresets, BlockWalk,
                          ::testing::Combine(::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit",
                                                               "tiny-zimage", "tiny-sd3", "tiny-dit", "tiny-wan21",
-                                                              "tiny-flux-kontext", "tiny-chroma"),
+                                                              "tiny-flux-kontext", "tiny-chroma", "tiny-flux2-klein"),
                                             ::testing::Bool(), ::testing::Values(1, 2)),
                          [](const auto& info) {
                            return gclab::testing::test_name(std::get<0>(info.param) +

@@ -70,7 +70,7 @@ TEST_P(CheckpointedFamily, EveryPolicyGivesTheGradientsOfNoCheckpointing) {
 INSTANTIATE_TEST_SUITE_P(TinyPresets, CheckpointedFamily,
                          ::testing::Combine(::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-zimage", "tiny-sd3",
                                                               "tiny-dit", "tiny-wan21", "tiny-flux-kontext",
-                                                              "tiny-chroma"),
+                                                              "tiny-chroma", "tiny-flux2-klein"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return gclab::testing::test_name(std::get<0>(info.param) +

@@ -51,10 +51,22 @@ class Flux2 final : public ModelFamily {
     // Quantized block by block through the device by quantize_model, the rest in host memory; on the device
     // after the text encoder loads, or under low_vram at its first use (flux2_model.py:158-182, 249-258).
     using L = TransformerLoading;
-    return {{"flux2_klein_4b", kFlux2Id, "flux2-klein-4b", false, "", "", L::per_block, {"FLUX.2-klein-base-4B",
-                                                                                           "FLUX.2-klein-4B"}},
-            {"flux2_klein_9b", kFlux2Id, "flux2-klein-9b", false, "", "", L::per_block, {"FLUX.2-klein-base-9B",
-                                                                                           "FLUX.2-klein-9B"}},
+    return {{"flux2_klein_4b",
+             kFlux2Id,
+             "flux2-klein-4b",
+             false,
+             "",
+             "",
+             L::per_block,
+             {"FLUX.2-klein-base-4B", "FLUX.2-klein-4B"}},
+            {"flux2_klein_9b",
+             kFlux2Id,
+             "flux2-klein-9b",
+             false,
+             "",
+             "",
+             L::per_block,
+             {"FLUX.2-klein-base-9B", "FLUX.2-klein-9B"}},
             {"tiny-flux2-klein", kFlux2Id, "tiny-flux2-klein", true, "", "", L::per_block, {}}};
   }
   std::vector<ModelSpec> presets() const override {
@@ -132,8 +144,9 @@ class Flux2 final : public ModelFamily {
   // (:134-156); a folder is read only where gclab wrote it.
   void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
     if (!c.contains("_gclab_preset"))
-      throw UserError("FLUX.2 loads one Black Forest Labs-format .safetensors file (flux-2-klein-base-4b.safetensors, "
-                      "...), as AI Toolkit's Flux2Model does; a diffusers folder is not read");
+      throw UserError(
+          "FLUX.2 loads one Black Forest Labs-format .safetensors file (flux-2-klein-base-4b.safetensors, "
+          "...), as AI Toolkit's Flux2Model does; a diffusers folder is not read");
     families_shared::read_mmdit_config(s, c);
     s.mlp_hidden = 3 * s.hidden;
     s.double_blocks = static_cast<int>(families_shared::config_int(c, "num_layers", s.double_blocks));

@@ -13,7 +13,9 @@ const bfl::BlockOptions kBlocks{/*bias=*/false, /*swiglu=*/true, /*functional_rm
                                 /*joins_rope_tables=*/true};
 
 // timestep_embedding (model.py:476-499): its frequencies made on t's device.
-torch::Tensor embed_time(const torch::Tensor& t) { return bfl::timestep_embedding(t, 256, /*frequencies_on_cpu=*/false); }
+torch::Tensor embed_time(const torch::Tensor& t) {
+  return bfl::timestep_embedding(t, 256, /*frequencies_on_cpu=*/false);
+}
 
 class Flux2Transformer : public DiffusionTransformer {
  public:
