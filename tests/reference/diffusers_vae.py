@@ -5,7 +5,7 @@
 
 For three tiny random AutoencoderKL configurations shaped like the ones users train on (FLUX's: 16
 channels, no quant convs, a shift factor; SD3's factors; the SD VAE's: 4 channels with quant_conv and
-post_quant_conv), saved by diffusers' own save_pretrained, gclab must load the folder unchanged and give
+post_quant_conv), and FLUX.2's AutoencoderKLFlux2 (32 channels in 2 x 2 patches, BatchNorm statistics), saved by diffusers' own save_pretrained, gclab must load the folder unchanged and give
 diffusers' encode (the posterior's mean, then (z - shift) * scaling, as the pipelines and AI Toolkit scale
 latents) and decode (z / scaling + shift, then decode) to float32 rounding; in bfloat16 (gclab forward --dtype
 bf16 against diffusers' model cast to bfloat16, the same inputs) to bfloat16 rounding. Exit 77 without diffusers.
@@ -32,6 +32,48 @@ CONFIGS = {
                 shift_factor=0.0609),
     "sd": dict(latent_channels=4, scaling_factor=0.18215),
 }
+
+
+def check_flux2(exe, work):
+    """FLUX.2's AutoencoderKLFlux2 as Flux2Pipeline uses it (pipeline_flux2.py:457-470, 606-618): encode to the
+    posterior's mean, 2 x 2 patches into the channels, normalized by the BatchNorm's running statistics; decode
+    the inverse. Its running statistics perturbed (the defaults 0 and 1 would hide a skipped normalization)."""
+    from diffusers import AutoencoderKLFlux2
+    torch.manual_seed(3)
+    vae = AutoencoderKLFlux2(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, norm_num_groups=8).eval()
+    with torch.no_grad():
+        for p in vae.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        vae.bn.running_mean.copy_(torch.randn(128) * 0.3)
+        vae.bn.running_var.copy_(torch.rand(128) + 0.5)
+    folder = os.path.join(work, "flux2")
+    vae.save_pretrained(folder, safe_serialization=True)
+    images = torch.rand(2, 3, 24, 40) * 2 - 1
+    latents = torch.randn(2, 128, 6, 10)
+    mean = vae.bn.running_mean.view(1, -1, 1, 1)
+    std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
+    with torch.no_grad():
+        z = vae.encode(images).latent_dist.mode()
+        b, c, h, w = z.shape
+        z = z.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
+        want = {"latents": (z - mean) / std}
+        u = (latents * std + mean).reshape(2, 32, 2, 2, 6, 10).permute(0, 1, 4, 2, 5, 3).reshape(2, 32, 12, 20)
+        want["images"] = vae.decode(u).sample
+    inputs = os.path.join(work, "in_flux2.safetensors")
+    save_file({"images": images.contiguous(), "latents": latents.contiguous()}, inputs)
+    worst = 0.0
+    config_yaml = forward_config(work, "tiny-flux2-klein")
+    for component, key in (("vae.encode", "latents"), ("vae.decode", "images")):
+        out = os.path.join(work, f"flux2_{component}.safetensors")
+        run_component(exe, config_yaml, component, folder, inputs, out, [])
+        got = load_file(out)[key]
+        assert got.shape == want[key].shape, f"flux2 {component}: {tuple(got.shape)} vs {tuple(want[key].shape)}"
+        err = ((got - want[key]).abs().max() / want[key].abs().max()).item()
+        worst = max(worst, err)
+        print(f"flux2 {component}: max relative difference {err:.2e}")
+        assert err < TOL, f"flux2 {component}: {err:.2e} >= {TOL}"
+    return worst
 
 
 def main():
@@ -95,6 +137,7 @@ def main():
             print(f"{name} {component} bf16: max relative difference {err:.2e} (diffusers' bf16 from its float32: "
                   f"{rounding:.2e})")
             assert err <= max(2 * rounding, 2e-3), f"{name} {component} bf16: {err:.2e} > 2 x {rounding:.2e}"
+    worst = max(worst, check_flux2(exe, work))
     # Bad requests are refused by name with exit 2 (a user error), never a crash.
     only_latents = os.path.join(work, "latents_only.safetensors")
     save_file({"latents": torch.randn(1, 4, 8, 8)}, only_latents)

@@ -130,6 +130,38 @@ TEST(PromptEncoder, ZImageTakesTheRealTokensOfAPaddedMaskedCall) {
   EXPECT_TRUE(torch::allclose(e.text, unpadded.hidden_states, 1e-5, 1e-6));
 }
 
+// FLUX.2 klein (Flux2KleinPipeline._get_qwen3_prompt_embeds; AI Toolkit's flux2/src/pipeline.py): Qwen3's chat
+// template with enable_thinking off (the empty think block after the assistant's turn opens), padded to the
+// length with the mask passed, the hidden states after three layers side by side per token, every row kept —
+// padding included. The tiny 2-layer decoder takes layers 9 / 18 / 27 at the same fractions of its depth (1).
+// hidden_states indexes as transformers' output_hidden_states does: 0 the embeddings, i layer i's output
+// (hidden_states[-2], Z-Image's, checked against transformers by ctest interop.transformers_text), the last
+// after the final norm.
+TEST(PromptEncoder, Flux2KleinStacksThreeLayersOfQwen3OverEveryPaddedRow) {
+  torch::manual_seed(5);
+  PromptEncoder p(options_for("tiny-flux2-klein"));
+  torch::NoGradGuard g;
+  const std::string prompt = "three green apples";
+  const auto t = p.tokenize(0, prompt);
+  EXPECT_EQ(t.input_ids.size(1), 32);
+  const int64_t real = t.attention_mask.sum().item<int64_t>();
+  const auto plain = p.tokenize(0, "");
+  EXPECT_EQ(p.call(0).suffix(), std::string(kQwenChatAssistant) + "<think>\n\n</think>\n\n");
+  EXPECT_EQ(p.call(0).hidden_layers(), (std::vector<int64_t>{1, 1, 1}));
+  EXPECT_GT(real, plain.attention_mask.sum().item<int64_t>());
+  const auto e = p.encode(prompt);
+  EXPECT_EQ(e.text.sizes(), (std::vector<int64_t>{1, 32, 192}));  // all 32 rows, 3 x 64 wide
+  EXPECT_EQ(p.rows(prompt), 32);
+  EXPECT_FALSE(e.mask.defined());  // no mask after the encoder (pipeline.py: `return prompt_embeds, None`)
+  auto& qwen = dynamic_cast<TextEncoderBase&>(p.encoder(0));
+  const EncodedText by_layers = qwen.encode_layers(t.input_ids, t.attention_mask, {1, 1, 1});
+  EXPECT_TRUE(torch::equal(e.text, by_layers.hidden_states));
+  const EncodedText penultimate = qwen.encode(t.input_ids, t.attention_mask);  // hidden_states[-2] = [1]
+  EXPECT_TRUE(torch::equal(e.text.narrow(2, 64, 64), penultimate.hidden_states));
+  EXPECT_TRUE(torch::equal(e.text.narrow(2, 0, 64), e.text.narrow(2, 128, 64)));
+  EXPECT_THROW(qwen.encode_layers(t.input_ids, t.attention_mask, {3}), std::invalid_argument);  // 2 layers: 0..2
+}
+
 // The full-size presets' encoders compose to their transformers' widths and text rows (meta device).
 TEST(PromptEncoder, FullSizePresetsGiveTheirTransformersRowsAndWidths) {
   const auto meta = torch::TensorOptions().device(torch::kMeta);
@@ -151,6 +183,13 @@ TEST(PromptEncoder, FullSizePresetsGiveTheirTransformersRowsAndWidths) {
   PromptEncoder z(options_for("zimage", meta));
   EXPECT_EQ(z.encoder(0).hidden_width(), 2560);
   EXPECT_EQ(z.call(0).max_length(), 512);
+  // klein: Qwen3-4B / -8B, layers 9 / 18 / 27 of their 36, 512 rows 3 x their width.
+  for (const auto& [preset, width] : {std::pair{"flux2-klein-4b", 2560}, {"flux2-klein-9b", 4096}}) {
+    PromptEncoder k(options_for(preset, meta));
+    EXPECT_EQ(k.encoder(0).hidden_width(), width) << preset;
+    EXPECT_EQ(k.call(0).hidden_layers(), (std::vector<int64_t>{9, 18, 27})) << preset;
+    EXPECT_EQ(k.rows("anything"), 512) << preset;
+  }
   // The weights as the run holds them: T5-XXL + CLIP-L in bf16.
   PromptEncoder flux(options_for("flux-dev", meta.dtype(torch::kBFloat16)));
   EXPECT_EQ(flux.weight_bytes(), int64_t{2} * (123060480 + 4762310656));

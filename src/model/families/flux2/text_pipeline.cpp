@@ -28,12 +28,12 @@ class StackedLayers final : public text::OneEncoderPipeline {
   bool composes(const std::vector<text::TinyWidths>& built, const text::PipelineTarget& t) const override {
     return built[0].hidden * kLayers == t.text_width;
   }
-  // A CPU-test decoder of fewer layers than the preset's takes the layers at the same fractions of its depth.
+  // A CPU-test decoder without the pipeline's layers takes the layers at the same fractions of its depth.
   std::vector<text::PipelineCall> calls(const std::vector<const text::TextEncoderBase*>& e,
                                         const text::PipelineTarget& t) const override {
     std::vector<int64_t> layers = layers_;
     const int64_t depth = e[0]->layer_count();
-    if (depth < depth_)
+    if (depth < layers.back())
       for (int64_t& k : layers) k = std::max<int64_t>(1, k * depth / depth_);
     return {text::PipelineCall()
                 .template_around(prefix_, suffix_)
