@@ -53,8 +53,9 @@ def run(cmd):
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
 
 
-def config(preset, cached_latents, cached_text, gc, work, frames=1):
-    edit = preset.endswith("-edit") or preset.endswith("-kontext")  # a control folder, a ctrl_img
+def config(preset, cached_latents, cached_text, gc, work, frames=1, controls=False):
+    # A control folder and a ctrl_img: an edit model's, or (--controls) a model whose references are optional.
+    edit = preset.endswith("-edit") or preset.endswith("-kontext") or controls
     i2v = preset.endswith("-i2v")
     ti2v = preset.endswith("-5b")  # Wan 2.2 TI2V: do_i2v, as AI Toolkit's UI sets it
     name = f"{preset}-{'cached' if cached_latents else 'fly'}-{'te_cached' if cached_text else 'te'}-gc_{gc}"
@@ -95,6 +96,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--tolerance", type=float)
     ap.add_argument("--frames", type=int, default=1)
+    ap.add_argument("--controls", action="store_true", help="every run with a control folder and a ctrl_img")
     a = ap.parse_args()
     work = pathlib.Path(a.work).resolve()
     (work / "runs").mkdir(parents=True, exist_ok=True)
@@ -113,7 +115,7 @@ def main():
             for cached_text in [True] if ti2v and cached_latents else [False, True]:
                 for gc in ["off", "full"] + (PARTIAL if cached_latents and cached_text and not ti2v else []) + \
                         (["full_lowvram"] if i2v or experts else []):
-                    name, c = config(preset, cached_latents, cached_text, gc, work, a.frames)
+                    name, c = config(preset, cached_latents, cached_text, gc, work, a.frames, a.controls)
                     c = experts_steps(c, preset)
                     path = work / f"{name}.yaml"
                     path.write_text(json.dumps(c))

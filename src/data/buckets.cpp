@@ -42,6 +42,22 @@ BucketResolution reference_size(const BucketResolution& size, int divisibility, 
   return {side(size.width), side(size.height)};
 }
 
+RawReferenceSize raw_reference_size(const BucketResolution& size, int64_t area, int64_t target_area) {
+  RawReferenceSize r{size, size};
+  if (target_area > 0) {
+    const double ratio = static_cast<double>(size.height) / size.width;
+    const double h = std::sqrt(static_cast<double>(target_area) * ratio), w = h / ratio;
+    r.resized = {static_cast<int>(std::nearbyint(w / 32)) * 32, static_cast<int>(std::nearbyint(h / 32)) * 32};
+  }
+  const int64_t pixels = static_cast<int64_t>(r.resized.width) * r.resized.height;
+  if (pixels > area) {
+    const double scale = std::sqrt(static_cast<double>(area) / static_cast<double>(pixels));
+    r.resized = {static_cast<int>(r.resized.width * scale), static_cast<int>(r.resized.height * scale)};
+  }
+  r.cropped = {r.resized.width / 16 * 16, r.resized.height / 16 * 16};
+  return r;
+}
+
 BucketPlacement place_in_bucket(int width, int height, int resolution, int divisibility, std::mt19937_64* rng) {
   BucketPlacement p;
   p.bucket = bucket_for(width, height, resolution, divisibility);

@@ -1,5 +1,7 @@
 #include "gclab/data/image.h"
 
+#include "gclab/data/buckets.h"
+
 #include <stb/stb_image.h>
 #include <stb/stb_image_resize.h>
 #include <stb/stb_image_write.h>
@@ -463,6 +465,23 @@ AnimatedImage read_animated_webp(const fs::path& path) {
 
 torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc) {
   return rgb_hwc.permute({2, 0, 1}).to(torch::kFloat).div(127.5).sub(1.0);
+}
+
+torch::Tensor raw_reference_image(const torch::Tensor& rgb_hwc, int64_t area, int64_t target_area) {
+  const int h = static_cast<int>(rgb_hwc.size(0)), w = static_cast<int>(rgb_hwc.size(1));
+  const RawReferenceSize size = raw_reference_size({w, h}, area, target_area);
+  torch::Tensor x = rgb_hwc.permute({2, 0, 1}).unsqueeze(0).to(torch::kFloat).div(255);
+  if (target_area > 0)
+    x = torch::upsample_bilinear2d(x, {size.resized.height, size.resized.width}, /*align_corners=*/false);
+  x = x * 2 - 1;
+  const int rh = static_cast<int>(x.size(2)), rw = static_cast<int>(x.size(3));
+  if (rw < 64 || rh < 64 || rw > 8 * rh || rh > 8 * rw)
+    throw ImageError("a FLUX.2 reference image of " + std::to_string(rw) + "x" + std::to_string(rh) +
+                     " is below 64 pixels a side or beyond an aspect of 8 (AI Toolkit's cap_min_pixels refuses it)");
+  if (size.resized.width != rw || size.resized.height != rh)
+    x = torch::upsample_bicubic2d(x, {size.resized.height, size.resized.width}, /*align_corners=*/false);
+  const int top = (size.resized.height - size.cropped.height) / 2, left = (size.resized.width - size.cropped.width) / 2;
+  return x.squeeze(0).narrow(1, top, size.cropped.height).narrow(2, left, size.cropped.width).contiguous();
 }
 
 torch::Tensor to_rgb_uint8(const torch::Tensor& image_chw) {

@@ -309,6 +309,17 @@ void BatchLoader::load_controls(const Batch& plan, const std::vector<PlannedSamp
       // At the batch's size: flipped, scaled to the image's scale_to size and cut at its crop, as AI
       // Toolkit's load_control_image places it (toolkit/dataloader_mixins.py:1174-1198).
       const std::vector<int>& background = datasets_[static_cast<size_t>(item.dataset)].control_transparent_color;
+      if (o_.raw_controls) {
+        const int64_t target = o_.match_target_res ? int64_t{plan.bucket.width} * plan.bucket.height : 0;
+        refs.push_back(raw_reference_image(decode_control_rgb(file, background), o_.reference_area, target));
+        if (refs.back().sizes() != refs.front().sizes())
+          throw DataError(file.string() + ": its reference is " + std::to_string(refs.back().size(2)) + "x" +
+                          std::to_string(refs.back().size(1)) + ", another in its batch " +
+                          std::to_string(refs.front().size(2)) + "x" + std::to_string(refs.front().size(1)) +
+                          ": a batch's raw control images must give one size (AI Toolkit concatenates their "
+                          "reference tokens over the batch); use batch_size 1 or control images of one size");
+        continue;
+      }
       refs.push_back(o_.controls_at_bucket ? to_unit_range(place_pixels(decode_control_rgb(file, background),
                                                                         s.placement, s.flip_x, s.flip_y))
                                            : load_image_cover(file, ref.width, ref.height, background));

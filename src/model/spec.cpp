@@ -239,6 +239,11 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
 std::pair<int64_t, int64_t> preview_reference_size(const ModelSpec& spec, int64_t image_width, int64_t image_height,
                                                    int64_t width, int64_t height) {
   if (spec.reference_area == 0) return {width, height};
+  if (spec.raw_references) {  // the pipeline's encode_image_refs at its default limit, 1024²
+    const data::BucketResolution r =
+        data::raw_reference_size({static_cast<int>(image_width), static_cast<int>(image_height)}, 1024 * 1024).cropped;
+    return {r.width, r.height};
+  }
   const bool preview_aspect = trains_references_at_image_size(spec);
   const data::BucketResolution r = data::reference_size({static_cast<int>(preview_aspect ? width : image_width),
                                                          static_cast<int>(preview_aspect ? height : image_height)},
@@ -248,13 +253,20 @@ std::pair<int64_t, int64_t> preview_reference_size(const ModelSpec& spec, int64_
 
 int64_t preview_reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width) {
   if (!spec.reference_tokens || control_images <= 0) return 0;
-  const auto [w, h] = preview_reference_size(spec, 1, 1, width, height);  // a square control image
+  // A square control image; a raw one (FLUX.2's) of the preview's size.
+  const auto [w, h] = spec.raw_references ? preview_reference_size(spec, width, height, width, height)
+                                          : preview_reference_size(spec, 1, 1, width, height);
   return control_images * image_tokens(spec, {1, 1, h, w});
 }
 
 std::pair<int64_t, int64_t> training_reference_size(const ModelSpec& spec, int64_t width, int64_t height,
                                                     bool at_image_size) {
   if (at_image_size || trains_references_at_image_size(spec)) return {width, height};
+  if (spec.raw_references) {  // a control image of the training image's size, as the estimate assumes it
+    const data::BucketResolution r =
+        data::raw_reference_size({static_cast<int>(width), static_cast<int>(height)}, spec.reference_area).cropped;
+    return {r.width, r.height};
+  }
   const data::BucketResolution r =
       data::reference_size({static_cast<int>(width), static_cast<int>(height)}, spec.divisibility, spec.reference_area);
   return {r.width, r.height};
@@ -268,6 +280,10 @@ StepTokens step_tokens(const ModelSpec& spec, const SampleShape& shape, int64_t 
 int64_t reference_tokens(const ModelSpec& spec, int control_images, int64_t height, int64_t width) {
   if (spec.reference_tokens && control_images > 0 && trains_references_at_image_size(spec))
     return control_images * image_tokens(spec, {1, 1, height, width});
+  if (spec.reference_tokens && control_images > 0 && spec.raw_references) {
+    const auto [w, h] = training_reference_size(spec, width, height);
+    return control_images * image_tokens(spec, {1, 1, h, w});
+  }
   return preview_reference_tokens(spec, control_images, height, width);
 }
 

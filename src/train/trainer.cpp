@@ -179,6 +179,8 @@ void Run::prepare() {
   lo.reference_area = s.spec().reference_area;
   const bool channels = model::family_of(s.spec().family).controls_as_channels(s.spec());
   lo.controls_at_bucket = channels || model::trains_references_at_image_size(s.spec());
+  lo.raw_controls = s.spec().raw_references;
+  lo.match_target_res = config_.model.model_kwargs.match_target_res;
   lo.inpaint_images = channels;
   lo.first_frame_latents = s.plan().first_frame_latents;
   lo.text_reads_controls = model::text_reads_controls(s.spec());

@@ -455,6 +455,9 @@ struct ModelKwargs {
   // (transformer_1) and the low-noise (transformer_2); at least one.
   bool train_high_noise = true;
   bool train_low_noise = true;
+  // FLUX.2 (flux2_model.py:365-406): each control image resized to the training image's area before it is
+  // prepared as a reference.
+  bool match_target_res = false;
 
   template <class V>
   void fields(V& v) {
@@ -467,6 +470,7 @@ struct ModelKwargs {
     v("random_blur_mask", random_blur_mask);
     v("random_dialate_mask", random_dialate_mask);
     v("do_random_inpainting", do_random_inpainting);
+    v("match_target_res", match_target_res);
   }
 };
 

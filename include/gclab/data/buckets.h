@@ -42,6 +42,15 @@ BucketResolution bucket_for(int width, int height, int resolution, int divisibil
 // of the divisibility, ties to even — the pipelines' calculate_dimensions (`round(width / 32) * 32`), and
 // qwen_image_edit_plus.py:293-302 in training (one such latent per control image).
 BucketResolution reference_size(const BucketResolution& size, int divisibility, int64_t area);
+// A raw control image's reference size as the FLUX.2 pipelines make it (flux2/src/sampling.py default_prep):
+// with `target_area` > 0 (model_kwargs.match_target_res) first resized to that area at its aspect, sides
+// rounded to multiples of 32 (flux2_model.py:365-406); then, above `area` pixels, scaled down by
+// sqrt(area / pixels) with each side truncated (cap_pixels); then centre-cropped to multiples of 16
+// (center_crop_to_multiple_of_x). `resized` says what the first two steps give (the crop's input).
+struct RawReferenceSize {
+  BucketResolution resized, cropped;
+};
+RawReferenceSize raw_reference_size(const BucketResolution& size, int64_t area, int64_t target_area = 0);
 // The bucket and how to get there: scale to cover (rounded up), crop centred, or at a uniformly random
 // offset when `rng` is given (random_crop).
 

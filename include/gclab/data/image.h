@@ -52,6 +52,12 @@ torch::Tensor pil_luminance(const torch::Tensor& rgb);
 // uint8 [H, W, 3] <-> float [3, H, W] in [-1, 1] (what the autoencoders take and give); to_rgb_uint8 holds
 // one float copy of the image and the uint8 result above its input.
 torch::Tensor to_unit_range(const torch::Tensor& rgb_hwc);
+// A raw control image (uint8 [H, W, 3]) as the FLUX.2 pipelines prepare a reference (raw_reference_size in
+// data/buckets.h): with `target_area` resized bilinearly to it (match_target_res), scaled to [-1, 1], above
+// `area` pixels resized bicubically (F.interpolate, align_corners off: cap_pixels on a tensor), centre-cropped to
+// multiples of 16. Float [3, H', W']. Throws ImageError below 64 pixels a side or beyond an aspect of 8
+// (cap_min_pixels: "Skipping due to ...").
+torch::Tensor raw_reference_image(const torch::Tensor& rgb_hwc, int64_t area, int64_t target_area = 0);
 // Frames uint8 [F, H, W, 3] as an animated WebP at `fps` (lossy, quality 80, looping: what AI Toolkit's video
 // previews save), atomic as write_image; throws ImageError. read_animated_webp gives them back (uint8
 // [F, H, W, 3]) with each frame's end time in milliseconds, for tests and reports.

@@ -113,6 +113,11 @@ struct LoaderOptions {
   // the latents and Qwen-Image-Edit's references (model::trains_references_at_image_size) — instead of at
   // reference_area.
   bool controls_at_bucket = false;
+  // Control images raw, each prepared as FLUX.2's pipeline prepares a reference (raw_reference_image: capped at
+  // reference_area, cropped to multiples of 16), and with match_target_res (model_kwargs) resized to the
+  // batch's area first.
+  bool raw_controls = false;
+  bool match_target_res = false;
   // The text encoder reads each sample's control files too (model::text_reads_controls: Qwen-Image-Edit's
   // vision tower).
   bool text_reads_controls = false;

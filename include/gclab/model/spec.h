@@ -64,6 +64,10 @@ struct ModelSpec {
   bool reference_tokens = false;
   bool references_at_image_size = false;
   bool zero_cond_t = false;  // Qwen-Image-Edit-2511: reference tokens modulated by the embedding of t = 0
+  // FLUX.2: each control image taken raw — at its own size, not flipped, scaled or cropped with its image
+  // (AI Toolkit's use_raw_control_images) — and prepared as the pipeline prepares a reference: scaled down
+  // to reference_area only when larger, centre-cropped to multiples of 16 (data::raw_reference_size).
+  bool raw_references = false;
   // Which of its model classes a family's preset is, in the family's own words (the Qwen-Image folder names
   // AI Toolkit's qwen_image_edit_plus class); read by the family's folder only.
   std::string variant;

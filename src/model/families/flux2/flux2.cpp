@@ -34,6 +34,10 @@ ModelSpec flux2_preset(const std::string& preset, int64_t heads, int doubles, in
   s.rope_axes = {32, 32, 32, 32}, s.rope_theta = 2000;
   // Flux2Model.get_bucket_divisibility (flux2_model.py:88-89); previews floored to 16 (:295-300).
   s.divisibility = 16, s.preview_divisibility = 16;
+  // Reference images (has_multiple_control_images, use_raw_control_images: :78-81): each control image raw,
+  // capped at 1024² (get_noise_prediction's control_image_max_res, :363), its tokens after the image's.
+  s.reference_tokens = s.raw_references = true;
+  s.reference_area = 1024 * 1024;
   return s;
 }
 
