@@ -314,6 +314,51 @@ TEST(AitkConfigs, ChromaTheExampleAndTheUisPresetResolveToChroma) {
   fs::remove_all(dir);
 }
 
+// FLUX.2 klein: the UI's flux2_klein_4b / _9b presets (options.tsx:1176-1206, 1226-1257; configs/aitk-ui/)
+// resolve to BFL's klein transformers at diffusers' counts, Qwen3-4B / -8B quantized as qtype_te
+// (flux2_klein_model.py:49-53), buckets of 16, quantized block by block and, under the UI's low_vram, on the
+// device at first use; no reference tokens without control images, one raw reference's with a control_path.
+TEST(AitkConfigs, Flux2KleinTheUisPresetsResolveToKlein) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ui_dataset("aitk_klein");
+  for (const auto& [size, preset, count, width] :
+       {std::tuple{"4b", "flux2-klein-4b", int64_t{3875544576}, int64_t{2560}},
+        {"9b", "flux2-klein-9b", int64_t{9078581248}, int64_t{4096}}}) {
+    SCOPED_TRACE(size);
+    config::LoadOptions lo;
+    lo.overrides = {"datasets.0.folder_path=" + dir.string()};
+    const auto r =
+        model::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/aitk-ui/flux2_klein_" + size + ".yaml", lo);
+    ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+    const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
+    EXPECT_EQ(plan.spec.preset, preset);
+    EXPECT_EQ(model::parameter_count(*model::build_transformer(plan.spec, torch::TensorOptions().device(torch::kMeta))),
+              count);
+    EXPECT_EQ(plan.spec.divisibility, 16);
+    EXPECT_EQ(plan.spec.text_dim, 3 * width);
+    EXPECT_EQ(plan.family->base_model_version(r.config->model.arch), std::string("flux2_klein_") + size);
+    EXPECT_EQ(plan.load.loading, model::TransformerLoading::per_block);
+    EXPECT_TRUE(r.config->model.low_vram);
+    const auto storage = model::text_encoder_storage(r.config->model, plan.spec);
+    ASSERT_EQ(storage.size(), 1u);
+    EXPECT_TRUE(storage[0].has_value());
+    EXPECT_FALSE(plan.spec.reference_tokens);  // no control images: text-to-image
+    EXPECT_EQ(model::step_tokens(plan.spec, {1, 1, 1024, 1024}).image, 64 * 64);
+    EXPECT_EQ(model::step_tokens(plan.spec, {1, 1, 1024, 1024}).text, 512);
+    auto with_controls = *r.config;
+    with_controls.datasets[0].control_path = {dir.string()};
+    const auto edit = train::plan_run(with_controls, train::PlanOptions{true});
+    EXPECT_TRUE(edit.spec.reference_tokens);
+    // A 1024² control image of a 1024² image: its own 4096 tokens beside the image's; a 1536² one capped at
+    // 1024²; a 512² one kept at its size.
+    EXPECT_EQ(model::step_tokens(edit.spec, {1, 1, 1024, 1024}).image, 2 * 64 * 64);
+    EXPECT_EQ(model::step_tokens(edit.spec, {1, 1, 1536, 1536}).image, 96 * 96 + 64 * 64);
+    EXPECT_EQ(model::step_tokens(edit.spec, {1, 1, 512, 512}).image, 2 * 32 * 32);
+    EXPECT_FALSE(plan.family->preview_guidance(plan.spec, true)->one_batch());
+  }
+  fs::remove_all(dir);
+}
+
 // AI Toolkit's UI for Wan 2.1 I2V (ui/src/app/jobs/new/options.tsx:231-270 at 27a03a9: `wan21_i2v:14b480p`
 // and `wan21_i2v:14b`, quantize and quantize_te on, timestep_type weighted, 41 frames at 16 fps, a ctrl_img
 // per sample; the UI's datasets do not cache latents, jobConfig.ts:13): both tags resolve to the one I2V
@@ -539,6 +584,8 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
       {"ui:qwen_image_edit_plus_2511.yaml", "qwen-image-edit-2511", qwen},  // the tag chooses 2511 (zero_cond_t)
       {"ui:zimage_turbo.yaml", "zimage-turbo", 6154908736},
       {"ui:chroma.yaml", "chroma", 8899983424},
+      {"ui:flux2_klein_4b.yaml", "flux2-klein-4b", 3875544576},
+      {"ui:flux2_klein_9b.yaml", "flux2-klein-9b", 9078581248},
   };
   for (const auto& e : expected) {
     const std::string file = e.file;
@@ -551,7 +598,7 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
   }
   int ui_configs = 0;
   for (const auto& entry : std::filesystem::directory_iterator(ui)) ui_configs += entry.path().extension() == ".yaml";
-  EXPECT_EQ(ui_configs, 9);  // every UI-shaped config is in the table above
+  EXPECT_EQ(ui_configs, 11);  // every UI-shaped config is in the table above
 }
 
 TEST(AitkConfigs, EveryExampleEitherLoadsOrIsRefusedCleanly) {

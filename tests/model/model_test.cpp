@@ -31,6 +31,10 @@ TEST(Presets, FullSizeParameterCountsMatchThePublishedFigures) {
   EXPECT_EQ(meta_params("flux-kontext"), 11901408320);             // FLUX.1-dev's transformer
   // diffusers' ChromaTransformer2DModel at its defaults on the meta device (its approximator 278,285,312).
   EXPECT_EQ(meta_params("chroma"), 8899983424);
+  // diffusers' Flux2Transformer2DModel with Klein4BParams' / Klein9BParams' numbers (num_layers 5 / 8,
+  // num_single_layers 20 / 24, 24 / 32 heads, joint_attention_dim 7680 / 12288, no guidance embedder).
+  EXPECT_EQ(meta_params("flux2-klein-4b"), 3875544576);
+  EXPECT_EQ(meta_params("flux2-klein-9b"), 9078581248);
   const int64_t dit = meta_params("dit-xl2");
   EXPECT_NEAR(static_cast<double>(dit), 675e6, 0.5e6) << dit;
   const int64_t sd35 = meta_params("sd35-large");  // "8.1B" (stabilityai/stable-diffusion-3.5-large)

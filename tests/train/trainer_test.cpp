@@ -1113,6 +1113,57 @@ TEST(Trainer, ChromaTrainsOnMaskedT5RowsAndPreviewsWithCfg) {
   fs::remove_all(dir);
 }
 
+// FLUX.2 klein (AI Toolkit's Flux2KleinModel): a control folder's images taken raw — each at its own size, capped
+// and cropped to 16 as its pipeline prepares a reference — their tokens after the image's at t = 10; without a
+// control folder the same model trains text-to-image (another loss); checkpointing on and off give the same
+// losses; a preview takes its ctrl_img the same way. What AI Toolkit fails on is refused by name: a batch whose
+// references differ in size, a control image below 64 pixels a side.
+TEST(Trainer, Flux2KleinTrainsOnRawReferenceImagesOrWithout) {
+  const fs::path dir = testing::fresh_dir("flux2_klein");
+  data::SynthOptions o;
+  o.count = 6, o.sizes = {{80, 96}}, o.seed = 9;
+  data::write_synthetic_dataset(dir / "controls", o);
+  const std::string control = (dir / "controls" / "synth_0000.png").string();
+  const std::vector<std::string> klein = {"model.arch=tiny-flux2-klein", "train.steps=2",
+                                          "datasets.0.control_path=[" + (dir / "controls").string() + "]"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), klein.begin(), klein.end());
+    return extra;
+  };
+  const TrainSummary on = train(tiny_config(dir, "on", with({})), {});
+  const TrainSummary off = train(tiny_config(dir, "off", with({"train.gradient_checkpointing=false"})), {});
+  testing::expect_same_losses(on.losses, off.losses, 2);
+  const TrainSummary bare = train(tiny_config(dir, "bare", {"model.arch=tiny-flux2-klein", "train.steps=2"}), {});
+  ASSERT_EQ(bare.losses.size(), 2u);
+  EXPECT_NE(bare.losses[0], on.losses[0]);  // the same images and noise, without the reference tokens
+  const TrainSummary previewed =
+      train(tiny_config(dir, "previewed",
+                        with({"train.steps=1", "train.disable_sampling=false", "sample.sample_every=1",
+                              "sample.width=64", "sample.height=48", "sample.sample_steps=2", "sample.guidance_scale=4",
+                              "sample.prompts=['make it blue --ctrl_img " + control + "']"})),
+            {});
+  ASSERT_FALSE(previewed.samples.empty());
+  // An 80 x 96 control image keeps its size, cropped to 80 x 96 (multiples of 16): 5 x 6 tokens at 16 pixels.
+  const auto ref = data::raw_reference_image(data::decode_image_rgb(control), 1024 * 1024);
+  EXPECT_EQ(ref.sizes(), c10::IntArrayRef({3, 96, 80}));
+  auto refused = [&](const std::string& name, std::vector<std::string> extra, const std::string& says) {
+    try {
+      train(tiny_config(dir, name, with(std::move(extra))), {});
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  o.count = 6, o.sizes = {{80, 96}, {96, 64}};  // two sizes: a batch of two meets both
+  data::write_synthetic_dataset(dir / "mixed", o);
+  refused("mixed", {"datasets.0.control_path=[" + (dir / "mixed").string() + "]", "train.steps=6"},
+          "must give one size");
+  o.sizes = {{48, 64}};
+  data::write_synthetic_dataset(dir / "small", o);
+  refused("small", {"datasets.0.control_path=[" + (dir / "small").string() + "]"}, "below 64 pixels");
+  fs::remove_all(dir);
+}
+
 // model.name_or_path as a local diffusers folder: the shape from its config.json (any width and depth),
 // the weights loaded and checked; without weights, that shape with random ones; weights of another shape
 // are a UserError naming the first mismatch and how many there are.
