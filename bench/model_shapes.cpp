@@ -77,8 +77,23 @@ std::vector<Kind> kinds(const std::vector<std::string>& names, const std::vector
 }  // namespace
 
 int main() {
-  const std::vector<std::string> full = {"flux-dev",   "flux-schnell",         "flux-kontext", "chroma",     "flex1",
-                                         "qwen-image", "qwen-image-edit-2509", "zimage",       "sd35-large", "dit-xl2"};
+  const std::vector<std::string> names = {
+      "flux-dev", "flux-schnell", "flux-kontext",         "chroma", "flux2-klein-4b", "flux2-klein-9b",
+      "flex1",    "qwen-image",   "qwen-image-edit-2509", "zimage", "sd35-large",     "dit-xl2"};
+  // A model whose reference images are optional (FLUX.2 klein) twice: text-to-image, then with one control
+  // image of the image's size (its tokens capped at 1024²'s).
+  std::vector<std::pair<std::string, ModelSpec>> full;
+  for (const auto& name : names) {
+    ModelSpec s = spec_by_preset(name);
+    if (s.raw_references) {
+      ModelSpec plain = s;
+      plain.reference_tokens = false;
+      full.emplace_back(name, plain);
+      full.emplace_back(name + " + reference", s);
+    } else {
+      full.emplace_back(name, s);
+    }
+  }
   std::printf("# Model families: sizes and per-block activations\n\n");
   std::printf(
       "Produced by `build/bin/model_shapes` (bench/model_shapes.cpp). Parameters come from building each\n"
@@ -88,18 +103,18 @@ int main() {
   std::printf(
       "| preset | parameters | bf16 weights | image tokens 512 / 768 / 1024 / 1536 | text tokens "
       "|\n|---|---|---|---|---|\n");
-  for (const auto& name : full) {
-    const ModelSpec s = spec_by_preset(name);
+  for (const auto& [name, s] : full) {
     auto m = build_transformer(s, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
     int64_t bytes = 0;
     for (const auto& p : m->parameters()) bytes += static_cast<int64_t>(p.nbytes());
+    // The image's tokens; a raw reference's beside them where the row has one.
+    auto tokens = [&s = s](int64_t side) {
+      return static_cast<long long>(s.raw_references ? step_tokens(s, {1, 1, side, side}).image
+                                                     : image_tokens(s, {1, 1, side, side}));
+    };
     std::printf("| %s | %lld | %s | %lld / %lld / %lld / %lld | %lld |\n", name.c_str(),
-                static_cast<long long>(parameter_count(*m)), human(bytes).c_str(),
-                static_cast<long long>(image_tokens(s, {1, 1, 512, 512})),
-                static_cast<long long>(image_tokens(s, {1, 1, 768, 768})),
-                static_cast<long long>(image_tokens(s, {1, 1, 1024, 1024})),
-                static_cast<long long>(image_tokens(s, {1, 1, 1536, 1536})),
-                static_cast<long long>(text_tokens(s, 77)));
+                static_cast<long long>(parameter_count(*m)), human(bytes).c_str(), tokens(512), tokens(768),
+                tokens(1024), tokens(1536), static_cast<long long>(text_tokens(s, 77)));
   }
   std::printf(
       "\nQwen-Image-Edit-2509's image tokens include one 1024² reference image (+4096) where it is trained "
@@ -107,7 +122,9 @@ int main() {
       "4608 / 8192 / 18432), and its previews' one of the preview's size; the table's counts are the target "
       "image's alone, the activations below hold the reference's. Text tokens are for a "
       "77-token prompt, and for Qwen-Image-Edit-2509 the 203 rows its control image adds (the vision "
-      "tower's 196 tokens of a 384² condition image, their markers and \"Picture 1: \").\n\n");
+      "tower's 196 tokens of a 384² condition image, their markers and \"Picture 1: \"). FLUX.2 klein's rows "
+      "\"+ reference\" count one control image of the image's size beside it (capped at 1024²: 1024 / 2304 / "
+      "4096 / 4096 more), its rows without it none: its references are optional.\n\n");
 
   std::printf("## One block's saved activations, 1024×1024, batch 1, bf16\n\n");
   std::printf(
@@ -121,15 +138,14 @@ int main() {
       "| preset | block | count | GC off, full training | GC off, LoRA r16 | GC full | off / full | all blocks off | "
       "all blocks full |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
-  for (const auto& name : full) {
-    const ModelSpec s = spec_by_preset(name);
-    const auto names = build_transformer(s, torch::TensorOptions().device(torch::kMeta))->block_names();
+  for (const auto& [name, s] : full) {
+    const auto block_names = build_transformer(s, torch::TensorOptions().device(torch::kMeta))->block_names();
     const auto off = probe(s, 1024, 1024, torch::kBFloat16, 0, torch::kMeta, c10::kCUDA);
     const auto lora = probe(s, 1024, 1024, torch::kBFloat16, 16, torch::kMeta, c10::kCUDA);
     std::vector<BlockBytes> per_block;
     for (size_t i = 0; i < off.kept_bytes.size(); ++i) per_block.push_back({off.kept_bytes[i], off.input_bytes[i]});
     const ActivationEstimate a = activation_estimate(per_block, step_tokens(s, {1, 1, 1024, 1024}));
-    const std::vector<Kind> ks = kinds(names, off.kept_bytes);
+    const std::vector<Kind> ks = kinds(block_names, off.kept_bytes);
     for (size_t k = 0; k < ks.size(); ++k) {
       const size_t i = ks[k].first;
       std::printf("| %s | %s | %d | %.1f MiB | %.1f MiB | %.1f MiB | %.1fx | %s | %s |\n", name.c_str(),
@@ -148,7 +164,7 @@ int main() {
   std::printf(
       "| preset | block | dtype | GC off walked | GC off measured | GC full (inputs) |\n|---|---|---|---|---|---|\n");
   for (const std::string name :
-       {"tiny-flux", "tiny-chroma", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
+       {"tiny-flux", "tiny-chroma", "tiny-flux2-klein", "tiny-qwen-image", "tiny-zimage", "tiny-sd3", "tiny-dit"}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
       const ModelSpec s = spec_by_preset(name);
       const auto names = build_transformer(s, torch::TensorOptions().device(torch::kMeta))->block_names();

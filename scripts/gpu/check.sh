@@ -42,6 +42,8 @@ PLAN=(
   "memory_snapshot|30|extra|oom_gc_off's allocator history (LibTorch's recorder) read back by torch/cuda/_memory_viz.py"
   "wan_frames|120|extra|Wan 2.1 14B LoRA (qfloat8, low_vram, GC on) on 41-frame clips at 632 under 24 GiB: runs out (exit 3), first fix num_frames 21"
   "wan_frames_fixed|120|extra|its twin at 21 frames: trains (exit 0); the load's and the steps' measured peaks beside the estimate"
+  "klein_edit|90|extra|FLUX.2 klein 4B LoRA (qfloat8, low_vram) at 1024^2 with a 1024^2 reference image, GC off, under 24 GiB: runs out (exit 3)"
+  "klein_edit_fixed|90|extra|its twin with GC on: trains (exit 0); the load's and the steps' measured peaks beside the estimate"
 )
 field() { echo "$1" | cut -d'|' -f"$2"; }
 
@@ -187,8 +189,21 @@ wan_clips() {
 stage_wan_frames() { wan_clips && "$BIN/gclab" train "$WAN_FRAMES" --from-scratch --set train.steps=2; }
 stage_wan_frames_fixed() { wan_clips && "$BIN/gclab" train "$WAN_FRAMES_FIXED" --from-scratch --set train.steps=2; }
 
+# The FLUX.2 klein pair (issue 49): images and control images of one size.
+KLEIN_EDIT=$(cfg configs/oom/gpu_flux2_klein_4b_edit_24gb.yaml configs/oom/cpu_edit_klein.yaml)
+KLEIN_EDIT_FIXED=$(cfg configs/oom/gpu_flux2_klein_4b_edit_24gb_fixed.yaml configs/oom/cpu_edit_klein_fixed.yaml)
+klein_data() {
+  local size
+  size=$(cfg 1024x1024 384x384)
+  [ -d output/oom/edit_data ] || "$BIN/gclab" synth --out output/oom/edit_data --count 6 --sizes "$size" > /dev/null
+  [ -d output/oom/edit_controls ] ||
+    "$BIN/gclab" synth --out output/oom/edit_controls --count 6 --sizes "$(cfg 1024x1024 512x512)" --seed 9 > /dev/null
+}
+stage_klein_edit() { klein_data && "$BIN/gclab" train "$KLEIN_EDIT" --from-scratch --set train.steps=2; }
+stage_klein_edit_fixed() { klein_data && "$BIN/gclab" train "$KLEIN_EDIT_FIXED" --from-scratch --set train.steps=2; }
+
 # The exit code each stage should end with (the OOM halves run out on purpose).
-expected_rc() { case "$1" in oom_gc_off | preview_decode | wan_frames) echo 3 ;; *) echo 0 ;; esac; }
+expected_rc() { case "$1" in oom_gc_off | preview_decode | wan_frames | klein_edit) echo 3 ;; *) echo 0 ;; esac; }
 # The run folder a training stage writes (its config's training_folder/name), for the summary.
 run_dir() {
   case "$1" in
@@ -199,6 +214,8 @@ run_dir() {
     bench | uint4 | offload) echo "output/oom/gpu_check_$1" ;;
     wan_frames) echo "output/oom/$(sed -n 's/^name: //p' "$WAN_FRAMES")" ;;
     wan_frames_fixed) echo "output/oom/$(sed -n 's/^name: //p' "$WAN_FRAMES_FIXED")" ;;
+    klein_edit) echo "output/oom/$(sed -n 's/^name: //p' "$KLEIN_EDIT")" ;;
+    klein_edit_fixed) echo "output/oom/$(sed -n 's/^name: //p' "$KLEIN_EDIT_FIXED")" ;;
   esac
 }
 

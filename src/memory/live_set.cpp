@@ -13,6 +13,13 @@ int64_t cpu_flash_attention_temporaries(int64_t batch_heads, int64_t q_len, int6
   return threads * (4 * per_thread + reduced) + 4 * batch_heads * q_len;
 }
 
+int64_t cpu_flash_attention_backward_temporaries(int64_t q_len, int64_t kv_len, int threads, int64_t dtype_bytes) {
+  const int64_t q_split = std::min<int64_t>(q_len, q_len >= 768 ? 256 : q_len >= 192 ? 64 : 32);
+  const int64_t kv_split = std::min<int64_t>(kv_len, 512);
+  const int64_t blocks = 2 * q_split * kv_split;
+  return threads * (4 * blocks + (dtype_bytes < 4 ? blocks * dtype_bytes : 0) + 4 * q_split);
+}
+
 namespace {
 
 int64_t product(const std::vector<int64_t>& v) {

@@ -44,14 +44,27 @@ class FlashAttention : public torch::autograd::Function<FlashAttention> {
     ctx->save_for_backward({q, k, v, out, lse, kept_mask});
     return out;
   }
-  static tensor_list backward(AutogradContext* ctx, const tensor_list& /*grads*/) {
+  static tensor_list backward(AutogradContext* ctx, const tensor_list& incoming) {
     const auto saved = ctx->get_saved_variables();
-    return {torch::empty_like(saved[0]),
-            torch::empty_like(saved[1]),
-            torch::empty_like(saved[2]),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor()};
+    if (memory::meta_target() != c10::kCPU)
+      return {torch::empty_like(saved[0]),
+              torch::empty_like(saved[1]),
+              torch::empty_like(saved[2]),
+              torch::Tensor(),
+              torch::Tensor(),
+              torch::Tensor()};
+    // _scaled_dot_product_flash_attention_cpu_backward: each gradient made [B, L, H, d] and handed back
+    // transposed; the kernel's blocks beside them while it runs (cpu_flash_attention_backward_temporaries).
+    auto grad = [](const torch::Tensor& x) {
+      return torch::zeros({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2);
+    };
+    tensor_list grads = {grad(saved[0]),  grad(saved[1]),  grad(saved[2]),
+                         torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    // flash_attention_backward_kernel_impl: grad_out.transpose(1, 2).contiguous(), a copy unless it is laid out so.
+    const torch::Tensor grad_out = incoming[0].transpose(1, 2).contiguous();
+    memory::meta_spike(memory::cpu_flash_attention_backward_temporaries(
+        saved[0].size(2), saved[1].size(2), at::get_num_threads(), static_cast<int64_t>(saved[0].element_size())));
+    return grads;
   }
 };
 

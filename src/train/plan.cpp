@@ -137,6 +137,7 @@ void check_frames(const config::ProcessConfig& config, const model::ModelSpec& s
 vae::CodecSpec codec_plan(const config::ProcessConfig& config, const model::ModelSpec& spec, const fs::path& weights) {
   vae::CodecSpec s;
   s.latent_channels = spec.latent_channels;
+  s.downsampling = spec.latent_spatial;
   s.video = model::takes_frames(spec);
   check_frames(config, spec);
   if (config.model.vae == config::VaeChoice::dct) {

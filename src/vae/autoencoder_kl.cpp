@@ -218,7 +218,7 @@ AutoencoderKLConfig AutoencoderKLConfig::shrunk() const {
   return c;
 }
 
-AutoencoderKLConfig AutoencoderKLConfig::flux2() {
+AutoencoderKLConfig AutoencoderKLConfig::batch_normed() {
   AutoencoderKLConfig c;
   c.latent_channels = 32;
   c.use_quant_conv = c.use_post_quant_conv = true;
@@ -233,7 +233,7 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::p
       [](const nlohmann::json& j) {
         AutoencoderKLConfig c;
         if (j.value("_class_name", std::string()) == "AutoencoderKLFlux2") {  // its defaults differ
-          c = flux2();
+          c = batch_normed();
           const auto patch = j.value("patch_size", std::vector<int64_t>{2, 2});
           if (patch.size() != 2 || patch[0] != patch[1]) throw std::runtime_error("patch_size is not square");
           c.patch = patch[0];

@@ -177,8 +177,8 @@ int64_t CodecSpec::decode_bytes(const model::SampleShape& s, bool cpu) const {
         [&](const auto& c) { return predicted_decode_bytes(c, s, memory_options(*this, cpu), tile_sample_size); },
         *autoencoder);
   // The stand-in's own decode, walked (one frame).
-  DctCodec dct(latent_channels, torch::kMeta);
-  const torch::Tensor z = torch::empty({s.batch, latent_channels, s.height / 8, s.width / 8},
+  DctCodec dct(latent_channels, torch::kMeta, downsampling);
+  const torch::Tensor z = torch::empty({s.batch, latent_channels, s.height / downsampling, s.width / downsampling},
                                        torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat));
   return memory::inference_peak(cpu ? c10::kCPU : c10::kCUDA, [&] { dct.decode(z); });
 }
@@ -188,7 +188,7 @@ int64_t CodecSpec::encode_bytes(const model::SampleShape& s, bool cpu) const {
     return std::visit([&](const auto& c) { return predicted_encode_bytes(c, s, memory_options(*this, cpu)); },
                       *autoencoder);
   // The stand-in's own encode, walked (one frame), above its float32 frames as the autoencoders' are.
-  DctCodec dct(latent_channels, torch::kMeta);
+  DctCodec dct(latent_channels, torch::kMeta, downsampling);
   const torch::Tensor frames = torch::empty({s.batch, 3, 1, s.height, s.width},
                                             torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat));
   return memory::inference_peak(cpu ? c10::kCPU : c10::kCUDA, [&] { dct.encode(frames); });
@@ -210,7 +210,7 @@ std::string CodecSpec::describe() const {
 
 std::unique_ptr<ImageCodec> build_codec(const CodecSpec& spec, torch::Device device, uint64_t seed) {
   if (!spec.autoencoder)
-    return std::make_unique<DctCodec>(spec.latent_channels, device.is_meta() ? device : torch::kCPU);
+    return std::make_unique<DctCodec>(spec.latent_channels, device.is_meta() ? device : torch::kCPU, spec.downsampling);
   return std::make_unique<AutoencoderCodec>(spec, device, seed);
 }
 

@@ -236,6 +236,19 @@ TEST(Estimate, TheGpuScalePairsRunOutWhereTheySay) {
   EXPECT_GT(many.resolutions[0].gc_full.phases.at(memory::Phase::forward), many.cap_bytes);
   EXPECT_LT(many.resolutions[0].gc_full.phases.at(memory::Phase::data), many.cap_bytes);
   EXPECT_LT(fewer.resolutions[0].gc_full.total_bytes, fewer.cap_bytes);
+  // The klein pair (FLUX.2 klein 4B with a 1024² reference image): both load under the cap; GC off runs out in
+  // the forward, GC on fits every phase; without the control images GC off needs less by the reference's tokens.
+  const auto klein_off = estimate_memory(load(dir + "gpu_flux2_klein_4b_edit_24gb.yaml"));
+  const auto klein_on = estimate_memory(load(dir + "gpu_flux2_klein_4b_edit_24gb_fixed.yaml"));
+  const auto klein_plain =
+      estimate_memory(load(dir + "gpu_flux2_klein_4b_edit_24gb.yaml", {"datasets.0.control_path=[]"}));
+  for (const auto* e : {&klein_off, &klein_on}) {
+    EXPECT_LT(e->load.device_peak_bytes, e->cap_bytes);
+    ASSERT_EQ(e->resolutions.size(), 1u);
+  }
+  EXPECT_GT(klein_off.resolutions[0].gc_off.phases.at(memory::Phase::forward), klein_off.cap_bytes);
+  EXPECT_LT(klein_on.resolutions[0].gc_full.total_bytes, klein_on.cap_bytes);
+  EXPECT_LT(klein_plain.resolutions[0].gc_off.total_bytes, klein_off.resolutions[0].gc_off.total_bytes);
 }
 
 // AI Toolkit's Qwen-Image 24 GB config stores the transformer as uint3 (its accuracy-recovery adapter not

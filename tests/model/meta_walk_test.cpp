@@ -92,9 +92,10 @@ TEST_P(MetaWalk, CountsWhatTheCpuAllocates) {
           continue;
         }
         // Within a few bytes: the CPU run's 0-dim scalar operands (a number in an expression) are CPU
-        // tensors on a meta run too, not counted there (12 bytes at most here, SD3 and DiT in bf16).
+        // tensors on a meta run too, not counted there (12 bytes at most here, SD3 and DiT in bf16 forwards,
+        // FLUX.2 klein's LoRA backward in bf16 on AVX2).
         EXPECT_NEAR(meta.forward, cpu.forward, 16) << what;
-        EXPECT_EQ(meta.backward, cpu.backward) << what;
+        EXPECT_NEAR(meta.backward, cpu.backward, 16) << what;
         if (grad) {
           EXPECT_GT(cpu.backward, 0) << what;
         }

@@ -8,6 +8,7 @@
 #include "../support/test_util.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/model/family.h"
+#include "gclab/model/registry.h"
 #include "gclab/model/spec.h"
 #include "gclab/text/clip.h"
 #include "gclab/text/encoder.h"
@@ -52,22 +53,30 @@ TEST(TextEncoders, FullSizeParameterCountsEqualTransformers) {
   EXPECT_EQ(head, 544997376);
 }
 
-// Each preset's encoders give what its transformer takes, full size and tiny: FLUX T5's width = text_dim and
-// CLIP-L's pooled = pooled_dim; SD3 the two CLIP penultimate states side by side fit under T5's width (the
-// pipeline pads them to it) = text_dim, the two projections side by side = pooled_dim; Qwen-Image and
-// Z-Image the language model's width = text_dim; DiT none.
+// Each preset's encoders give what its transformer takes, full size and tiny, as its pipeline composes them
+// (FLUX T5's width = text_dim and CLIP-L's pooled = pooled_dim; SD3 the two CLIP penultimate states side by
+// side fit under T5's width (the pipeline pads them to it) = text_dim, the two projections side by side =
+// pooled_dim; Qwen-Image and Z-Image the language model's width = text_dim; FLUX.2 klein three of Qwen3's
+// layers side by side = text_dim; DiT none).
 TEST(TextEncoders, EveryPresetsEncodersFitItsTransformer) {
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   for (const std::string& preset : model::preset_names()) {
     const model::ModelSpec spec = model::spec_by_preset(preset);
     int64_t widest = 0, clip_hidden = 0, pooled = 0;
+    std::vector<TinyWidths> built;
     for (Kind kind : model::text_encoders(spec)) {
       auto e = build_text_encoder(kind, spec.tiny, {}, meta).encoder;
-      if (config::t5_structured(kind) || kind == Kind::qwen25_vl || kind == Kind::qwen3) widest = e->hidden_width();
+      built.push_back({e->hidden_width(), e->pooled_width()});
+      if (config::t5_structured(kind)) widest = e->hidden_width();
       if (kind == Kind::clip_l_projected || kind == Kind::clip_g_projected) clip_hidden += e->hidden_width();
       pooled += e->pooled_width();
     }
-    EXPECT_EQ(widest, spec.text_dim) << preset;
+    if (const auto pipeline = model::family_of(spec.family).text_pipeline(spec)) {
+      EXPECT_TRUE(pipeline->composes(built, model::text_target(spec))) << preset;
+    }
+    if (widest > 0) {
+      EXPECT_EQ(widest, spec.text_dim) << preset;
+    }
     EXPECT_LE(clip_hidden, widest) << preset;
     if (spec.family == model::Family("sd3")) {
       EXPECT_EQ(clip_hidden, spec.tiny ? spec.text_dim : 2048) << preset;

@@ -80,6 +80,19 @@ class OomScenario : public ::testing::Test {
 };
 fs::path OomScenario::dir_;
 
+// FLUX.2 klein with a reference image (configs/oom/cpu_edit_klein.yaml): checkpointing off runs out in the first
+// forward and the first fix is checkpointing, which finishes under the same cap; without the control images the
+// same run fits — the reference's tokens are what pushed it over.
+TEST_F(OomScenario, KleinsReferenceImageRunsOutWithCheckpointingOffAndTheFixIsCheckpointing) {
+  const auto report = expect_oom("edit_klein");
+  EXPECT_EQ(report["step"], 1);
+  EXPECT_EQ(report["phase"], "forward");
+  EXPECT_EQ(report["checkpoint_policy"], "off");
+  EXPECT_EQ(report["fixes"][0]["title"], "Turn gradient checkpointing on");
+  EXPECT_NO_THROW(train(load("edit_klein_fixed"), {}));
+  EXPECT_NO_THROW(train(load("edit_klein", {"datasets.0.control_path=[]", "name=edit_klein_plain"}), {}));
+}
+
 TEST_F(OomScenario, CheckpointingOffRunsOutInTheFirstForwardAndTheFixIsCheckpointing) {
   const auto report = expect_oom("gc_off");
   EXPECT_EQ(report["step"], 1);

@@ -35,6 +35,11 @@ class LiveSet {
 // rows from 768 queries, 64 from 192, else 32; the key split 512 (both at most the lengths).
 int64_t cpu_flash_attention_temporaries(int64_t batch_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
                                         int threads, int64_t dtype_bytes);
+// What its backward (cpu_flash_attention_backward) allocates beside the gradients while it runs, at the same
+// splits: per thread a score block and its gradient in float32 (again in the inputs' dtype when that is a
+// half type) and a q-split row sum, float32. (Only where nothing larger is live does it set the backward's
+// peak: behind a kept [B, H, L, L] mask, Chroma's.)
+int64_t cpu_flash_attention_backward_temporaries(int64_t q_len, int64_t kv_len, int threads, int64_t dtype_bytes);
 
 // A convolution as the CPU runs it: `batch` inputs of `in_c` channels over `in_sizes` (the input as the
 // kernel gets it: a causal 3-D convolution's input already padded) to `out_c` channels over `out_sizes`,

@@ -36,8 +36,8 @@ struct AutoencoderKLConfig {
   int64_t patch = 1;
   double batch_norm_eps = 0;
 
-  // FLUX.2's (AutoencoderKLFlux2's defaults: 84,046,115 parameters and 256 statistics).
-  static AutoencoderKLConfig flux2();
+  // diffusers' AutoencoderKLFlux2 at its defaults (FLUX.2's: 84,046,115 parameters and 256 statistics).
+  static AutoencoderKLConfig batch_normed();
 
   // The defaults are FLUX.1's config.json (also Flex's and Z-Image's: 83,819,683 parameters); each family
   // that decodes with another AutoencoderKL sets its own in its folder (the family's autoencoder in model/registry.h).

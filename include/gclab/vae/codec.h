@@ -54,6 +54,7 @@ LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::
 struct CodecSpec {
   std::optional<AutoencoderConfig> autoencoder;  // nullopt: the DCT stand-in
   int64_t latent_channels = 16;
+  int64_t downsampling = 8;       // pixels per latent, each side (the DCT stand-in's patches: the family's)
   int64_t dtype_bytes = 4;        // the autoencoder's weights and activations (the run's dtype)
   std::filesystem::path weights;  // a diffusers vae/ folder; empty: random weights at the real shapes
   int64_t tile_sample_size = 0;   // previews decoded in tiles of this many pixels (0: whole)

@@ -91,7 +91,7 @@ class Flux2 final : public ModelFamily {
            " single-stream (modulation shared by all)";
   }
   vae::AutoencoderConfig autoencoder(const ModelSpec& spec) const override {
-    return spec.tiny ? vae::AutoencoderKLConfig::flux2().shrunk() : vae::AutoencoderKLConfig::flux2();
+    return spec.tiny ? vae::AutoencoderKLConfig::batch_normed().shrunk() : vae::AutoencoderKLConfig::batch_normed();
   }
   std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return flux2::klein_text_pipeline(false); }
   std::shared_ptr<const text::TextPipeline> text_pipeline(const ModelSpec& spec) const override {

@@ -80,7 +80,9 @@ class Flux2Transformer : public DiffusionTransformer {
       grid(10 + 10 * static_cast<int64_t>(k), in.reference_latents[k].size(2), in.reference_latents[k].size(3));
     // The rotations in float32 from the int64 ids, per sample: the image's and the text's tables apart
     // (pe_x, pe_ctx), joined in each double block and once for the single blocks (model.py:161-196).
-    const torch::Tensor batched = ids.to(img.device()).unsqueeze(0).repeat({batch, 1, 1});
+    // The ids on the device for the whole forward, as AI Toolkit's x_ids / ctx_ids; the host copy goes.
+    torch::Tensor batched = ids.to(img.device()).unsqueeze(0).repeat({batch, 1, 1});
+    ids.reset();
     const torch::Tensor pe_txt = bfl::rope_table(batched.narrow(1, 0, n_txt), spec_.rope_axes, spec_.rope_theta);
     const torch::Tensor pe_img =
         bfl::rope_table(batched.narrow(1, n_txt, img.size(1)), spec_.rope_axes, spec_.rope_theta);
