@@ -73,7 +73,7 @@ Document model_summary_report(const model::ModelSummary& s) {
 }
 
 Document autoencoder_report(const config::ProcessConfig& config) {
-  const model::ModelSpec spec = model::spec_for(config.model);
+  const model::ModelSpec spec = model::spec_for(config);
   const vae::CodecSpec c = train::codec_plan(config, spec);
   const bool cpu = !train::runs_on_cuda(config);
   const bool cached = train::run_caches_latents(config);
@@ -115,7 +115,7 @@ Document autoencoder_report(const config::ProcessConfig& config) {
 }
 
 Document text_encoders_report(const config::ProcessConfig& config) {
-  const model::ModelSpec spec = model::spec_for(config.model);
+  const model::ModelSpec spec = model::spec_for(config);
   const auto plan =
       train::prompt_plan(config, spec,
                          torch::TensorOptions()
@@ -173,7 +173,7 @@ Document text_encoders_report(const config::ProcessConfig& config) {
 }
 
 Document bucket_report(const config::ProcessConfig& config) {
-  const model::ModelSpec spec = model::spec_for(config.model);
+  const model::ModelSpec spec = model::spec_for(config);
   const int divisibility = spec.divisibility;
   const data::BucketRules rules{divisibility, static_cast<int>(spec.latent_temporal)};
   Document d;

@@ -49,6 +49,7 @@ RawReferenceSize raw_reference_size(const BucketResolution& size, int64_t area, 
     const double h = std::sqrt(static_cast<double>(target_area) * ratio), w = h / ratio;
     r.resized = {static_cast<int>(std::nearbyint(w / 32)) * 32, static_cast<int>(std::nearbyint(h / 32)) * 32};
   }
+  if (target_area > 0) area = target_area;  // control_image_max_res = the target's area (flux2_model.py:365-374)
   const int64_t pixels = static_cast<int64_t>(r.resized.width) * r.resized.height;
   if (pixels > area) {
     const double scale = std::sqrt(static_cast<double>(area) / static_cast<double>(pixels));

@@ -476,8 +476,8 @@ torch::Tensor raw_reference_image(const torch::Tensor& rgb_hwc, int64_t area, in
   x = x * 2 - 1;
   const int rh = static_cast<int>(x.size(2)), rw = static_cast<int>(x.size(3));
   if (rw < 64 || rh < 64 || rw > 8 * rh || rh > 8 * rw)
-    throw ImageError("a FLUX.2 reference image of " + std::to_string(rw) + "x" + std::to_string(rh) +
-                     " is below 64 pixels a side or beyond an aspect of 8 (AI Toolkit's cap_min_pixels refuses it)");
+    throw ImageError("a reference image of " + std::to_string(rw) + "x" + std::to_string(rh) +
+                     " is below 64 pixels a side or beyond an aspect of 8 (the pipeline's cap_min_pixels refuses it)");
   if (size.resized.width != rw || size.resized.height != rh)
     x = torch::upsample_bicubic2d(x, {size.resized.height, size.resized.width}, /*align_corners=*/false);
   const int top = (size.resized.height - size.cropped.height) / 2, left = (size.resized.width - size.cropped.width) / 2;

@@ -311,7 +311,11 @@ void BatchLoader::load_controls(const Batch& plan, const std::vector<PlannedSamp
       const std::vector<int>& background = datasets_[static_cast<size_t>(item.dataset)].control_transparent_color;
       if (o_.raw_controls) {
         const int64_t target = o_.match_target_res ? int64_t{plan.bucket.width} * plan.bucket.height : 0;
-        refs.push_back(raw_reference_image(decode_control_rgb(file, background), o_.reference_area, target));
+        try {
+          refs.push_back(raw_reference_image(decode_control_rgb(file, background), o_.reference_area, target));
+        } catch (const ImageError& e) {
+          throw DataError(file.string() + ": " + e.what());
+        }
         if (refs.back().sizes() != refs.front().sizes())
           throw DataError(file.string() + ": its reference is " + std::to_string(refs.back().size(2)) + "x" +
                           std::to_string(refs.back().size(1)) + ", another in its batch " +

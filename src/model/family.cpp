@@ -131,6 +131,10 @@ void check_config(config::ProcessConfig& c, config::Diagnostics& d) {
     d.warning("model.model_kwargs", c.source.where("model.model_kwargs"),
               "train_high_noise / train_low_noise have no effect for arch " + arch->name +
                   ": they choose between the high- and low-noise experts of a two-expert model");
+  if (k.match_target_res && !preset.raw_references)
+    d.warning("model.model_kwargs", c.source.where("model.model_kwargs"),
+              "match_target_res has no effect for arch " + arch->name +
+                  " in gclab: it sizes the raw reference images of the models that take them (FLUX.2)");
   if (kwargs_set && !family_of(preset.family).controls_as_channels(preset))
     d.warning(
         "model.model_kwargs", c.source.where("model.model_kwargs"),

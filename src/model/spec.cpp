@@ -138,6 +138,18 @@ void apply_tensor_shapes(ModelSpec& s, const std::filesystem::path& file) {
 
 }  // namespace
 
+ModelSpec spec_for(const config::ProcessConfig& config) {
+  ModelSpec s = spec_for(config.model);
+  if (s.raw_references) {
+    bool any = false;
+    for (const auto& d : config.datasets) any = any || !d.control_path.empty();
+    if (config.sample)
+      for (const auto& p : config.sample->samples) any = any || !p.control_images().empty();
+    s.reference_tokens = any;
+  }
+  return s;
+}
+
 ModelSpec spec_for(const config::ModelConfig& model) {
   const ArchFacts* arch = find_arch(model.arch);
   if (!arch)
@@ -239,9 +251,10 @@ int64_t text_tokens(const ModelSpec& spec, int64_t prompt_tokens) {
 std::pair<int64_t, int64_t> preview_reference_size(const ModelSpec& spec, int64_t image_width, int64_t image_height,
                                                    int64_t width, int64_t height) {
   if (spec.reference_area == 0) return {width, height};
-  if (spec.raw_references) {  // the pipeline's encode_image_refs at its default limit, 1024²
+  if (spec.raw_references) {  // the pipeline's encode_image_refs at its default limit, reference_area (1024²)
     const data::BucketResolution r =
-        data::raw_reference_size({static_cast<int>(image_width), static_cast<int>(image_height)}, 1024 * 1024).cropped;
+        data::raw_reference_size({static_cast<int>(image_width), static_cast<int>(image_height)}, spec.reference_area)
+            .cropped;
     return {r.width, r.height};
   }
   const bool preview_aspect = trains_references_at_image_size(spec);

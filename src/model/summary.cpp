@@ -9,7 +9,7 @@ namespace gclab::model {
 
 ModelSummary summarize_model(const config::ProcessConfig& config) {
   ModelSummary s;
-  s.spec = spec_for(config.model);
+  s.spec = spec_for(config);
   const auto local = local_model(config.model);
   s.weights_from = local && !local->weights.empty() ? local->weights.string()
                    : local                          ? "random: " + local->config.string() + " has no weights beside it"

@@ -320,17 +320,7 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   RunPlan plan;
   plan.config = config;
   plan.arch = model::find_arch(config.model.arch);
-  plan.spec = model::spec_for(config.model);
-  // A model whose reference images are optional (FLUX.2: raw control images, get_noise_prediction's
-  // `if batch_control_tensor_list is not None`) takes reference tokens only in a run that gives control images:
-  // a dataset's control_path or a sample's ctrl_img.
-  if (plan.spec.raw_references) {
-    bool any = false;
-    for (const auto& d : config.datasets) any = any || !d.control_path.empty();
-    if (config.sample)
-      for (const auto& p : config.sample->samples) any = any || !p.control_images().empty();
-    plan.spec.reference_tokens = any;
-  }
+  plan.spec = model::spec_for(config);
   plan.family = &model::family_of(plan.spec.family);
   // What the arch's model class changes as it loads (the config loader applied it too; a config changed in
   // code — an OOM report's lever — gets it here).
@@ -412,8 +402,8 @@ data::BucketResolution preview_reference_size(const model::ModelSpec& spec, data
 
 torch::Tensor load_preview_reference(const model::ModelSpec& spec, const std::filesystem::path& file, int width,
                                      int height) {
-  torch::Tensor rgb = data::decode_image_rgb(file);                             // [H, W, 3]
-  if (spec.raw_references) return data::raw_reference_image(rgb, 1024 * 1024);  // encode_image_refs' default limit
+  torch::Tensor rgb = data::decode_image_rgb(file);                                     // [H, W, 3]
+  if (spec.raw_references) return data::raw_reference_image(rgb, spec.reference_area);  // encode_image_refs' limit
   if (model::trains_references_at_image_size(spec)) rgb = data::resize_rgb(rgb, width, height);
   const data::BucketResolution ref =
       preview_reference_size(spec, {static_cast<int>(rgb.size(1)), static_cast<int>(rgb.size(0))}, width, height);

@@ -45,3 +45,23 @@ TEST(Buckets, RandomCropStaysInsideTheScaledImage) {
 
 }  // namespace
 }  // namespace gclab::data
+
+namespace gclab::data {
+namespace {
+
+// FLUX.2's raw references (flux2/src/sampling.py default_prep, flux2_model.py:365-416): kept under 1024², above
+// it scaled with each side truncated, then cropped to multiples of 16; with match_target_res first resized to
+// the target's area (sides rounded to 32) and capped at that area — a 4:3 control for a 768² bucket: 896 x 672
+// rounded, 886 x 665 capped, 880 x 656 cropped.
+TEST(RawReferences, AreCappedTruncatedAndCroppedAsThePipelinePreparesThem) {
+  EXPECT_EQ(raw_reference_size({512, 512}, 1024 * 1024).cropped.key(), BucketResolution({512, 512}).key());
+  EXPECT_EQ(raw_reference_size({1000, 600}, 1024 * 1024).cropped.key(), BucketResolution({992, 592}).key());
+  const RawReferenceSize big = raw_reference_size({1536, 1536}, 1024 * 1024);
+  EXPECT_EQ(big.resized.key(), BucketResolution({1024, 1024}).key());
+  const RawReferenceSize matched = raw_reference_size({1024, 768}, 1024 * 1024, 768 * 768);
+  EXPECT_EQ(matched.resized.key(), BucketResolution({886, 665}).key());
+  EXPECT_EQ(matched.cropped.key(), BucketResolution({880, 656}).key());
+}
+
+}  // namespace
+}  // namespace gclab::data

@@ -160,6 +160,16 @@ TEST(PromptEncoder, Flux2KleinStacksThreeLayersOfQwen3OverEveryPaddedRow) {
   EXPECT_TRUE(torch::equal(e.text.narrow(2, 64, 64), penultimate.hidden_states));
   EXPECT_TRUE(torch::equal(e.text.narrow(2, 0, 64), e.text.narrow(2, 128, 64)));
   EXPECT_THROW(qwen.encode_layers(t.input_ids, t.attention_mask, {3}), std::invalid_argument);  // 2 layers: 0..2
+  // Three distinct layers land side by side in the order asked ("b c l d -> b l (c d)"): {2, 0, 1} gives the
+  // final norm's output, the embeddings, then layer 1's output (hidden_states[-2], checked above).
+  const EncodedText three = qwen.encode_layers(t.input_ids, t.attention_mask, {2, 0, 1});
+  const EncodedText embeddings = qwen.encode_layers(t.input_ids, t.attention_mask, {0});
+  const EncodedText last = qwen.encode_layers(t.input_ids, t.attention_mask, {2});
+  EXPECT_TRUE(torch::equal(three.hidden_states.narrow(2, 0, 64), last.hidden_states));
+  EXPECT_TRUE(torch::equal(three.hidden_states.narrow(2, 64, 64), embeddings.hidden_states));
+  EXPECT_TRUE(torch::equal(three.hidden_states.narrow(2, 128, 64), penultimate.hidden_states));
+  EXPECT_FALSE(torch::equal(embeddings.hidden_states, penultimate.hidden_states));
+  EXPECT_FALSE(torch::equal(last.hidden_states, penultimate.hidden_states));
 }
 
 // The full-size presets' encoders compose to their transformers' widths and text rows (meta device).

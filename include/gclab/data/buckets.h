@@ -44,7 +44,8 @@ BucketResolution bucket_for(int width, int height, int resolution, int divisibil
 BucketResolution reference_size(const BucketResolution& size, int divisibility, int64_t area);
 // A raw control image's reference size as the FLUX.2 pipelines make it (flux2/src/sampling.py default_prep):
 // with `target_area` > 0 (model_kwargs.match_target_res) first resized to that area at its aspect, sides
-// rounded to multiples of 32 (flux2_model.py:365-406); then, above `area` pixels, scaled down by
+// rounded to multiples of 32, and that area the limit below in place of `area` (flux2_model.py:365-416); then,
+// above the limit's pixels, scaled down by
 // sqrt(area / pixels) with each side truncated (cap_pixels); then centre-cropped to multiples of 16
 // (center_crop_to_multiple_of_x). `resized` says what the first two steps give (the crop's input).
 struct RawReferenceSize {

@@ -108,6 +108,10 @@ struct ModelSpec {
 // everything config.json does not say. Throws UserError for a folder whose config.json is unusable,
 // std::invalid_argument for an arch gclab does not model.
 ModelSpec spec_for(const config::ModelConfig& model);
+// The same for a run: a model whose reference images are optional (raw_references: FLUX.2) takes reference
+// tokens only where the run gives control images — a dataset's control_path or a sample's ctrl_img
+// (get_noise_prediction's `if batch_control_tensor_list is not None`). What the plan, summaries and reports use.
+ModelSpec spec_for(const config::ProcessConfig& config);
 // model.name_or_path as a local diffusers folder: `<dir>/transformer/config.json` (or `<dir>/config.json`)
 // gives the transformer's shape, and its weights file (`diffusion_pytorch_model.safetensors`, or the
 // sharded `.index.json`) when there is one. A name that is not a local folder (a Hub id) gives nothing.

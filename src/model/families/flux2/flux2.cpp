@@ -2,7 +2,7 @@
 // Flux2Klein9BModel, extensions_built_in/diffusion_models/flux2/flux2_klein_model.py on flux2_model.py, at the
 // commit docs/flux-line-aitk-reading.md reads): BFL's FLUX.2 transformer (transformer.cpp), Qwen3's hidden
 // states of three layers as the text (text_pipeline.cpp), FLUX.2's autoencoder (vae::AutoencoderKLConfig::
-// flux2: 32 channels, 2 x 2 patches, BatchNorm statistics), no guidance input (CFG previews).
+// batch_normed: 32 channels, 2 x 2 patches, BatchNorm statistics), no guidance input (CFG previews).
 #include <nlohmann/json.hpp>
 
 #include "gclab/config/user_error.h"
