@@ -20,15 +20,13 @@ The rotary tables: AI Toolkit's are float32 from int64 ids (src/model.py rope), 
 positions the two agree to float32 rounding.
 """
 import os
-import shutil
-import subprocess
 import sys
 
 import torch
-from safetensors.torch import load_file, save_file
 
-TOL = 1e-5
-BF16_TOL = 2e-2  # as tests/reference/diffusers_interop.py: bf16 rounding through a few blocks
+from bfl_interop import (BF16_TIMES, check_bf16, check_lora, compare, config, forward, start, trained_lora,
+                         write_bfl)
+
 B, H, W, T = 2, 6, 4, 7  # latents [B, 128, 6, 4]: 24 image tokens (an image of 96 x 64)
 REF_H, REF_W = 4, 6  # one reference image of another size
 HEADS, HEAD_DIM, TEXT_DIM = 2, 128, 96  # heads 128 wide: the rotary axes a file cannot say are 4 x 32
@@ -118,80 +116,14 @@ def velocity(m, d):
     return out[:, : H * W].transpose(1, 2).reshape(lat.shape[0], 128, H, W)
 
 
-def compare(what, ours, ref, tol=TOL):
-    if ours.shape != ref.shape:
-        raise SystemExit(f"{what}: gclab's shape {tuple(ours.shape)}, diffusers' {tuple(ref.shape)}")
-    err = ((ours - ref).abs().max() / ref.abs().max()).item()
-    print(f"{what}: max |gclab - diffusers| / max |diffusers| = {err:.2e}")
-    if not err < tol:
-        raise SystemExit(f"{what}: gclab differs from diffusers ({err:.2e} >= {tol:.0e})")
-
-
-def gclab(exe, *args):
-    r = subprocess.run([exe, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"gclab {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
-    return r.stdout
-
-
-def config(work, weights):
-    path = os.path.join(work, "klein.yaml")
-    with open(path, "w") as f:
-        f.write(f"""job: extension
-config:
-  name: klein
-  process:
-    - type: sd_trainer
-      training_folder: {work}/out
-      device: cpu
-      network: {{type: lora, linear: 4, linear_alpha: 4}}
-      save: {{dtype: float32, save_every: 1000}}
-      datasets:
-        - folder_path: {work}/data
-          resolution: [64]
-      train:
-        batch_size: 1
-        steps: 2
-        lr: 0.05
-        optimizer: adamw
-        dtype: fp32
-        gradient_checkpointing: true
-        cache_text_embeddings: true
-        disable_sampling: true
-      model:
-        arch: flux2_klein_4b
-        name_or_path: {weights}
-""")
-    return path
-
-
-def forward(exe, cfg, work, inputs, extra=()):
-    out = os.path.join(work, "gclab_out.safetensors")
-    gclab(exe, "forward", cfg, "--inputs", inputs, "--out", out, *extra)
-    return load_file(out)["prediction"]
-
-
 def main():
     exe, work = sys.argv[1], sys.argv[2]
-    try:
-        import diffusers  # noqa: F401
-    except ImportError as e:
-        print(f"skipped: {e} (scripts/setup.sh installs the pinned diffusers into .venv)")
-        sys.exit(77)
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    start(work)
     torch.manual_seed(0)
     m = build()
-    sd = {k: v.detach().clone() for k, v in m.state_dict().items()}
-    bfl = to_bfl(sd)
-    back = from_bfl(bfl)
-    if back.keys() != sd.keys() or any(not torch.equal(back[k], sd[k]) for k in sd):
-        raise SystemExit("diffusers' converter does not take the BFL file back to the diffusers weights")
     weights = os.path.join(work, "flux-2-klein-tiny.safetensors")
-    save_file({k: v.contiguous() for k, v in bfl.items()}, weights)
-    gclab(exe, "synth", "--out", os.path.join(work, "data"), "--count", "2", "--sizes", "64x64")
-    cfg = config(work, weights)
-
+    _, bfl = write_bfl(m, to_bfl, from_bfl, weights)  # diffusers' own converter takes it back
+    cfg = config(exe, work, "klein", "flux2_klein_4b", weights, 64)
     g = torch.Generator().manual_seed(7)
     d = {"latents": torch.randn(B, 128, H, W, generator=g), "timestep": torch.tensor([0.3, 0.85]),
          "text": torch.randn(B, T, TEXT_DIM, generator=g),
@@ -200,14 +132,8 @@ def main():
     def run(name, dtype=torch.float32):
         x = {k: (v if k == "timestep" else v.to(dtype)) for k, v in d.items()}
         if dtype == torch.bfloat16:
-            # diffusers rounds the 0-1 timestep to bf16 and multiplies by 1000 there; AI Toolkit rounds the
-            # 0-1000 value, divides and multiplies back (flux2_model.py:450): times all of whose steps bf16
-            # holds exactly.
-            x["timestep"] = torch.tensor([0.25, 0.5])
-        path = os.path.join(work, name + ".safetensors")
-        save_file({k: v.contiguous() for k, v in x.items()}, path)
-        extra = ("--dtype", "bf16") if dtype == torch.bfloat16 else ()
-        return forward(exe, cfg, work, path, extra), x
+            x["timestep"] = BF16_TIMES  # AI Toolkit rounds the 0-1000 value (flux2_model.py:450)
+        return forward(exe, cfg, work, x, name, ("--dtype", "bf16") if dtype == torch.bfloat16 else ()), x
 
     ours, x = run("fp32")
     compare("klein forward with a reference image", ours, velocity(m, x))
@@ -215,35 +141,16 @@ def main():
     m16.load_state_dict(m.state_dict())
     m16.to(torch.bfloat16)
     ours16, x16 = run("bf16", torch.bfloat16)
-    ref32 = velocity(m, {k: v.float() for k, v in x16.items()})
-    ref16 = velocity(m16, x16).float()
-    own = ((ref16 - ref32).abs().max() / ref32.abs().max()).item()
-    print(f"diffusers in bf16: {own:.2e} from float32")
-    compare("klein forward in bf16 (against float32)", ours16.float(), ref32, max(2 * own, BF16_TOL))
-    compare("klein forward in bf16 (against diffusers in bf16)", ours16.float(), ref16, 3 * max(own, BF16_TOL / 2))
+    check_bf16("klein forward", ours16, velocity(m, {k: v.float() for k, v in x16.items()}), velocity(m16, x16).float())
     del m16
 
-    # 2. A LoRA on the fused projections, under AI Toolkit's keys.
-    gclab(exe, "train", cfg)
-    lora_file = os.path.join(work, "out", "klein", "klein.safetensors")
-    lora = load_file(lora_file)
-    key = "diffusion_model.double_blocks.0.img_mlp.0.lora_B.weight"
-    if key not in lora or lora[key].shape != (2 * 3 * HEADS * HEAD_DIM, 4):
-        raise SystemExit(f"the LoRA file lacks {key} [{2 * 3 * HEADS * HEAD_DIM}, 4]: {sorted(lora)[:4]}")
-    if any(not k.startswith(("diffusion_model.double_blocks.", "diffusion_model.single_blocks.")) for k in lora):
-        raise SystemExit(f"AI Toolkit's FLUX.2 LoRA adapts the blocks only: {sorted(lora)[:4]}")
-    merged = dict(bfl)
-    for k in lora:
-        if k.endswith(".lora_A.weight"):
-            name = k[len("diffusion_model."):-len(".lora_A.weight")]
-            merged[name + ".weight"] = merged[name + ".weight"] + lora[k.replace("lora_A", "lora_B")] @ lora[k]
+    # 2. A LoRA on the fused projections, under AI Toolkit's keys: one adapter over gate and up.
+    lora_file, merged = trained_lora(exe, cfg, work, "klein", bfl, "diffusion_model.double_blocks.0.img_mlp.0.lora_B.weight",
+                                     (2 * 3 * HEADS * HEAD_DIM, 4))
     base = velocity(m, x)
     m.load_state_dict(from_bfl(merged))
-    ref = velocity(m, x)
-    if ((ref - base).abs().max() / ref.abs().max()).item() < 100 * TOL:
-        raise SystemExit("the trained LoRA barely changes the output; the test proves nothing")
-    ours = forward(exe, cfg, work, os.path.join(work, "fp32.safetensors"), ("--lora", lora_file))
-    compare("klein forward with gclab's LoRA (merged in diffusers)", ours, ref)
+    ours = forward(exe, cfg, work, x, "fp32", ("--lora", lora_file))
+    check_lora("klein forward", ours, velocity(m, x), base)
     print("flux2 klein: gclab and diffusers agree")
 
 

@@ -21,11 +21,12 @@ and the pipeline negates the output).
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from gclab_cli import compare, gclab
 
 TOL = 1e-5  # relative to the output's largest magnitude: float32 rounding through a few blocks
 # The same in bf16 (8-bit mantissa: 4e-3 a rounding) through the same few blocks. Measured here (CPU):
@@ -174,15 +175,6 @@ def velocity(family, m, d):
     raise SystemExit(family)
 
 
-def compare(what, ours, ref, tol=TOL):
-    if ours.shape != ref.shape:
-        raise SystemExit(f"{what}: gclab's shape {tuple(ours.shape)}, diffusers' {tuple(ref.shape)}")
-    err = ((ours - ref).abs().max() / ref.abs().max()).item()
-    print(f"{what}: max |gclab - diffusers| / max |diffusers| = {err:.2e}")
-    if not err < tol:
-        raise SystemExit(f"{what}: gclab differs from diffusers ({err:.2e} >= {tol:.0e})")
-
-
 ARCH = {"flux": "flux", "flux_kontext": "flux_kontext", "flex2": "flex2", "qwen_image": "qwen_image", "zimage": "zimage", "sd3": "sd3",
         "qwen_image_edit": "qwen_image_edit", "qwen_image_edit_2511": "qwen_image_edit_plus",
         "wan21": "wan21", "wan21_i2v": "wan21", "wan22_ti2v": "wan21"}
@@ -218,13 +210,6 @@ config:
         name_or_path: {model_dir}
 """)
     return path
-
-
-def gclab(exe, *args):
-    r = subprocess.run([exe, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"gclab {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
-    return r.stdout
 
 
 def gclab_forward(exe, cfg, work, extra=()):

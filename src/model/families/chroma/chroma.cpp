@@ -7,6 +7,7 @@
 #include "gclab/config/user_error.h"
 #include "gclab/model/guidance.h"
 #include "gclab/model/registry.h"
+#include "model/families/bfl/layout.h"
 
 namespace gclab::model {
 namespace chroma {
@@ -95,23 +96,15 @@ class Chroma final : public ModelFamily {
 
   // AI Toolkit's Chroma module order of the Linears (model.py, layers.py): the order its LoRA network makes them.
   std::vector<std::string> diffusers_linear_order() const override {
-    return {"img_in",
-            "distilled_guidance_layer.in_proj",
-            "distilled_guidance_layer.layers.*.in_layer",
-            "distilled_guidance_layer.layers.*.out_layer",
-            "distilled_guidance_layer.out_proj",
-            "txt_in",
-            "double_blocks.*.img_attn.qkv",
-            "double_blocks.*.img_attn.proj",
-            "double_blocks.*.img_mlp.0",
-            "double_blocks.*.img_mlp.2",
-            "double_blocks.*.txt_attn.qkv",
-            "double_blocks.*.txt_attn.proj",
-            "double_blocks.*.txt_mlp.0",
-            "double_blocks.*.txt_mlp.2",
-            "single_blocks.*.linear1",
-            "single_blocks.*.linear2",
-            "final_layer.linear"};
+    std::vector<std::string> out = {"img_in",
+                                    "distilled_guidance_layer.in_proj",
+                                    "distilled_guidance_layer.layers.*.in_layer",
+                                    "distilled_guidance_layer.layers.*.out_layer",
+                                    "distilled_guidance_layer.out_proj",
+                                    "txt_in"};
+    for (const auto& name : bfl::block_linear_order()) out.push_back(name);
+    out.push_back("final_layer.linear");
+    return out;
   }
   std::string diffusers_class() const override { return "ChromaTransformer2DModel"; }
   nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
@@ -132,29 +125,19 @@ class Chroma final : public ModelFamily {
   // ChromaModel.load_model takes one .safetensors file and nothing else (:104-143); a folder is read only
   // where gclab wrote it (a full fine-tune's save: its config.json says so, its weights in the BFL names).
   void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
-    if (!c.contains("_gclab_preset"))
-      throw UserError(
-          "Chroma loads one Black Forest Labs-format .safetensors file (Chroma1-Base.safetensors, "
-          "chroma-unlocked-vN.safetensors), as AI Toolkit's ChromaModel does; a diffusers folder is not read");
-    families_shared::read_mmdit_config(s, c);
-    s.double_blocks = static_cast<int>(families_shared::config_int(c, "num_layers", s.double_blocks));
-    s.single_blocks = static_cast<int>(families_shared::config_int(c, "num_single_layers", s.single_blocks));
+    bfl::read_gclab_folder(
+        s, c,
+        "Chroma loads one Black Forest Labs-format .safetensors file (Chroma1-Base.safetensors, "
+        "chroma-unlocked-vN.safetensors), as AI Toolkit's ChromaModel does; a diffusers folder is not read");
     s.t_embed_mid = families_shared::config_int(c, "approximator_hidden_dim", s.t_embed_mid);
   }
   std::string foreign_layout(const std::string& key) const override {
-    if (key.rfind("transformer_blocks.", 0) != 0 && key.rfind("model.diffusion_model.", 0) != 0) return {};
-    return "a diffusers-named or ComfyUI-prefixed Chroma file. gclab loads Chroma as AI Toolkit does: the Black "
-           "Forest Labs names of lodestones' Chroma1-Base.safetensors (double_blocks.N.img_attn.qkv, ...)";
+    return bfl::foreign_layout(key, "Chroma", "lodestones' Chroma1-Base.safetensors");
   }
   // load_model reads the block counts from the file (:153-169); the widths follow from its tensors.
   void read_tensor_shapes(ModelSpec& s, const TensorShapes& t) const override {
-    s.hidden = t.dim("img_in.weight", 0);
-    s.text_dim = t.dim("txt_in.weight", 1);
-    s.head_dim = t.dim("double_blocks.0.img_attn.norm.query_norm.scale", 0);
-    s.mlp_hidden = t.dim("double_blocks.0.img_mlp.0.weight", 0);
+    bfl::read_tensor_shapes(s, t);
     s.t_embed_mid = t.dim("distilled_guidance_layer.in_proj.weight", 0);
-    s.double_blocks = t.count("double_blocks");
-    s.single_blocks = t.count("single_blocks");
     if (t.count("distilled_guidance_layer.layers") != 5)
       throw UserError(t.file() + ": Chroma's approximator has 5 layers, the file " +
                       std::to_string(t.count("distilled_guidance_layer.layers")));

@@ -5,9 +5,9 @@
 // batch_normed: 32 channels, 2 x 2 patches, BatchNorm statistics), no guidance input (CFG previews).
 #include <nlohmann/json.hpp>
 
-#include "gclab/config/user_error.h"
 #include "gclab/model/guidance.h"
 #include "gclab/model/registry.h"
+#include "model/families/bfl/layout.h"
 
 namespace gclab::model {
 namespace flux2 {
@@ -109,25 +109,12 @@ class Flux2 final : public ModelFamily {
 
   // Flux2's module order of the Linears (src/model.py): the order AI Toolkit's LoRA network makes them.
   std::vector<std::string> diffusers_linear_order() const override {
-    return {"img_in",
-            "time_in.in_layer",
-            "time_in.out_layer",
-            "txt_in",
-            "double_blocks.*.img_attn.qkv",
-            "double_blocks.*.img_attn.proj",
-            "double_blocks.*.img_mlp.0",
-            "double_blocks.*.img_mlp.2",
-            "double_blocks.*.txt_attn.qkv",
-            "double_blocks.*.txt_attn.proj",
-            "double_blocks.*.txt_mlp.0",
-            "double_blocks.*.txt_mlp.2",
-            "single_blocks.*.linear1",
-            "single_blocks.*.linear2",
-            "double_stream_modulation_img.lin",
-            "double_stream_modulation_txt.lin",
-            "single_stream_modulation.lin",
-            "final_layer.linear",
-            "final_layer.adaLN_modulation.1"};
+    std::vector<std::string> out = {"img_in", "time_in.in_layer", "time_in.out_layer", "txt_in"};
+    for (const auto& name : bfl::block_linear_order()) out.push_back(name);
+    for (const char* name : {"double_stream_modulation_img.lin", "double_stream_modulation_txt.lin",
+                             "single_stream_modulation.lin", "final_layer.linear", "final_layer.adaLN_modulation.1"})
+      out.push_back(name);
+    return out;
   }
   std::string diffusers_class() const override { return "Flux2Transformer2DModel"; }
   nlohmann::ordered_json diffusers_config(const ModelSpec& s) const override {
@@ -147,27 +134,19 @@ class Flux2 final : public ModelFamily {
   // Flux2Model.load_model reads one BFL-format file (flux-2-klein-base-4b.safetensors, ...), no config.json
   // (:134-156); a folder is read only where gclab wrote it.
   void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
-    if (!c.contains("_gclab_preset"))
-      throw UserError(
-          "FLUX.2 loads one Black Forest Labs-format .safetensors file (flux-2-klein-base-4b.safetensors, "
-          "...), as AI Toolkit's Flux2Model does; a diffusers folder is not read");
-    families_shared::read_mmdit_config(s, c);
+    bfl::read_gclab_folder(
+        s, c,
+        "FLUX.2 loads one Black Forest Labs-format .safetensors file (flux-2-klein-base-4b.safetensors, ...), as "
+        "AI Toolkit's Flux2Model does; a diffusers folder is not read");
     s.mlp_hidden = 3 * s.hidden;
-    s.double_blocks = static_cast<int>(families_shared::config_int(c, "num_layers", s.double_blocks));
-    s.single_blocks = static_cast<int>(families_shared::config_int(c, "num_single_layers", s.single_blocks));
+    s.guidance_embed = c.value("guidance_embeds", s.guidance_embed);
+    if (c.contains("rope_theta") && c["rope_theta"].is_number()) s.rope_theta = c["rope_theta"].get<double>();
   }
   std::string foreign_layout(const std::string& key) const override {
-    if (key.rfind("transformer_blocks.", 0) != 0 && key.rfind("model.diffusion_model.", 0) != 0) return {};
-    return "a diffusers-named or ComfyUI-prefixed FLUX.2 file. gclab loads FLUX.2 as AI Toolkit does: the Black "
-           "Forest Labs names of flux-2-klein-base-4b.safetensors (double_blocks.N.img_attn.qkv, ...)";
+    return bfl::foreign_layout(key, "FLUX.2", "flux-2-klein-base-4b.safetensors");
   }
   void read_tensor_shapes(ModelSpec& s, const TensorShapes& t) const override {
-    s.hidden = t.dim("img_in.weight", 0);
-    s.text_dim = t.dim("txt_in.weight", 1);
-    s.head_dim = t.dim("double_blocks.0.img_attn.norm.query_norm.scale", 0);
-    s.mlp_hidden = t.dim("double_blocks.0.img_mlp.2.weight", 1);
-    s.double_blocks = t.count("double_blocks");
-    s.single_blocks = t.count("single_blocks");
+    bfl::read_tensor_shapes(s, t);
     s.guidance_embed = t.contains("guidance_in.in_layer.weight");
   }
 };
