@@ -237,8 +237,9 @@ for row in "${PLAN[@]}"; do
   printf '\n===== %s (limit %s s, %s s into the check) =====\n' "$name" "$limit" "$((SECONDS - START))" >> "$logs"
   t0=$SECONDS
   # The stage's output goes to logs.txt as it is written (a kill keeps it) and to its own file here.
-  export -f $(declare -F | awk '{print $3}' | grep -E '^(stage_.*|gpu|cfg|wan_clips)$')
-  export REHEARSAL ROOT BIN PY WORK TORCH_LIB OOM_OFF OOM_ON OOM_STEPS RATE_TFLOPS WAN_FRAMES WAN_FRAMES_FIXED
+  export -f $(declare -F | awk '{print $3}' | grep -E '^(stage_.*|gpu|cfg|wan_clips|klein_data)$')
+  export REHEARSAL ROOT BIN PY WORK TORCH_LIB OOM_OFF OOM_ON OOM_STEPS RATE_TFLOPS WAN_FRAMES WAN_FRAMES_FIXED \
+    KLEIN_EDIT KLEIN_EDIT_FIXED
   timeout -k 10 "$limit" bash -c "stage_$name" 2>&1 | tee "$WORK/$name.log" >> "$logs"
   rc=${PIPESTATUS[0]}
   if [ "$name" = matmul ] && [ "$rc" = 0 ]; then
