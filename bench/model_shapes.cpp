@@ -78,9 +78,9 @@ std::vector<Kind> kinds(const std::vector<std::string>& names, const std::vector
 
 int main() {
   const std::vector<std::string> names = {
-      "flux-dev", "flux-schnell", "flux-kontext",         "chroma", "flux2-klein-4b", "flux2-klein-9b",
-      "flex1",    "qwen-image",   "qwen-image-edit-2509", "zimage", "sd35-large",     "dit-xl2"};
-  // A model whose reference images are optional (FLUX.2 klein) twice: text-to-image, then with one control
+      "flux-dev", "flux-schnell", "flux-kontext",         "chroma", "flux2-dev",  "flux2-klein-4b", "flux2-klein-9b",
+      "flex1",    "qwen-image",   "qwen-image-edit-2509", "zimage", "sd35-large", "dit-xl2"};
+  // A model whose reference images are optional (FLUX.2) twice: text-to-image, then with one control
   // image of the image's size (its tokens capped at 1024²'s).
   std::vector<std::pair<std::string, ModelSpec>> full;
   for (const auto& name : names) {
@@ -122,7 +122,7 @@ int main() {
       "4608 / 8192 / 18432), and its previews' one of the preview's size; the table's counts are the target "
       "image's alone, the activations below hold the reference's. Text tokens are for a "
       "77-token prompt, and for Qwen-Image-Edit-2509 the 203 rows its control image adds (the vision "
-      "tower's 196 tokens of a 384² condition image, their markers and \"Picture 1: \"). FLUX.2 klein's rows "
+      "tower's 196 tokens of a 384² condition image, their markers and \"Picture 1: \"). FLUX.2's rows "
       "\"+ reference\" count one control image of the image's size beside it (capped at 1024²: 1024 / 2304 / "
       "4096 / 4096 more), its rows without it none: its references are optional.\n\n");
 

@@ -29,6 +29,7 @@ for q in bf16 qfloat8 float8 int8 uint3 "uint3|rank16" uint4; do
 done
 for q in bf16 qfloat8 int8 uint3; do row Z-Image "$q" configs/aitk-ui/zimage_turbo.yaml; done
 for q in bf16 qfloat8 int8 uint3; do row Chroma "$q" configs/aitk-ui/chroma.yaml; done
+for q in bf16 qfloat8 int8 uint3; do row FLUX.2-dev "$q" configs/aitk-ui/flux2.yaml; done
 for q in bf16 qfloat8 int8 uint3; do row FLUX.2-klein-4B "$q" configs/aitk-ui/flux2_klein_4b.yaml; done
 for q in bf16 qfloat8 int8 uint3; do row FLUX.2-klein-9B "$q" configs/aitk-ui/flux2_klein_9b.yaml; done
 for q in bf16 qfloat8 int8 uint3; do

@@ -264,6 +264,7 @@ int run_vae_forward(const gclab::config::ProcessConfig& config, const ForwardArg
 // `attention_mask`) -> what the pipeline takes from it: `hidden_states`, `pooled` where it has one. Qwen2.5-VL
 // also reads images: `pixel_values` + `image_grid_thw` as Qwen2VLImageProcessor gives them, or an `image`
 // [3, H, W] in [0, 1] that gclab's processor prepares (its `pixel_values` / `image_grid_thw` written out).
+// `hidden_layers` (1-D int64): those hidden states stacked per token as FLUX.2's pipelines take them.
 int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardArgs& f, torch::ScalarType dtype) {
   const gclab::model::ModelSpec spec = gclab::model::spec_for(config.model);
   const auto kinds = gclab::model::text_encoders(spec);
@@ -323,7 +324,15 @@ int run_text_forward(const gclab::config::ProcessConfig& config, const ForwardAr
     gclab::text::EncodedText out;
     {
       torch::NoGradGuard no_grad;
-      out = images ? encoder.encode_with_images(ids, mask, *images) : encoder.encode(ids, mask);
+      if (file.contains("hidden_layers")) {  // FLUX.2's pipelines: these hidden states stacked per token
+        const torch::Tensor layers = file.tensor("hidden_layers").to(torch::kCPU, torch::kLong).contiguous();
+        if (layers.dim() != 1 || layers.numel() == 0)
+          throw gclab::UserError(f.inputs + ": 'hidden_layers' must be a 1-D list of layer indices");
+        out =
+            encoder.encode_layers(ids, mask, {layers.data_ptr<int64_t>(), layers.data_ptr<int64_t>() + layers.numel()});
+      } else {
+        out = images ? encoder.encode_with_images(ids, mask, *images) : encoder.encode(ids, mask);
+      }
     }
     if (out.hidden_states.defined()) tensors.insert(tensors.begin(), {"hidden_states", out.hidden_states.contiguous()});
     if (out.pooled.defined()) tensors.emplace_back("pooled", out.pooled.contiguous());

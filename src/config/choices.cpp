@@ -79,7 +79,8 @@ const std::vector<Spelling<TextEncoderKind>>& spellings() {
                                                            {TextEncoderKind::umt5_xxl, "umt5_xxl", {}},
                                                            {TextEncoderKind::qwen25_vl, "qwen25_vl", {}},
                                                            {TextEncoderKind::qwen3, "qwen3", {}},
-                                                           {TextEncoderKind::qwen3_8b, "qwen3_8b", {}}};
+                                                           {TextEncoderKind::qwen3_8b, "qwen3_8b", {}},
+                                                           {TextEncoderKind::mistral3, "mistral3", {}}};
   return s;
 }
 

@@ -60,6 +60,10 @@ TextEncoderQuantization text_encoder_quantization(const ModelSpec& spec) {
   return family_of(spec.family).text_encoder_quantization(spec);
 }
 
+bool training_bypasses_guidance(const ModelSpec& spec, const config::TrainConfig& train) {
+  return !spec.guidance_embed || family_of(spec.family).bypasses_guidance(spec, train);
+}
+
 std::string supported_arch_list() {
   std::string out;
   for (const auto& a : supported_archs()) out += (out.empty() ? "" : ", ") + a.name;

@@ -1,6 +1,7 @@
 #include "gclab/text/encoder.h"
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 
 #include "gclab/io/safetensors.h"
@@ -76,12 +77,13 @@ class QwenEncoder : public TextEncoderBase {
   QwenEncoder(Kind kind, const QwenLmConfig& c, const torch::TensorOptions& options)
       : kind_(kind), model_(register_module("model", QwenLm(c, options))) {
     // Held as the checkpoint's model holds them: the vision tower runs for the edit models' control images;
-    // the LM head never runs (memory only).
+    // Mistral3's Pixtral tower and the LM head never run (memory only).
     if (c.vision) {
       QwenVisionConfig v = *c.vision;
       v.out_hidden_size = c.hidden_size;
       visual_ = register_module("visual", QwenVisionTower(v, options));
     }
+    if (c.pixtral) register_module("resident", pixtral_resident(*c.pixtral, c.hidden_size, options));
     if (c.lm_head)
       register_module("lm_head",
                       nn::Linear(nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false).tensor_options(options)));
@@ -116,7 +118,7 @@ class QwenEncoder : public TextEncoderBase {
   }
   int64_t layer_count() const override { return model_->config().num_hidden_layers; }
   Kind kind() const override { return kind_; }
-  // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image: max_sequence_length 512.
+  // Qwen-Image: tokenizer_max_length 1024 after the 34 template tokens; Z-Image, FLUX.2: max_sequence_length 512.
   int64_t max_positions() const override { return kind_ == Kind::qwen25_vl ? 1024 + 34 : 512; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t hidden_width() const override { return model_->config().hidden_size; }
@@ -126,6 +128,22 @@ class QwenEncoder : public TextEncoderBase {
   }
   QwenLmImpl& model() { return *model_; }
   QwenVisionTower& tower() { return visual_; }
+  // What the checkpoint holds beside the language model and its vision tower, never run: Mistral3's Pixtral
+  // tower and projector, the LM head; each with the names its files store it under (transformers 5's,
+  // then the published files').
+  using StoredAs = std::function<std::vector<std::string>(const std::string&)>;
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, StoredAs>> held_parts() {
+    std::vector<std::pair<std::shared_ptr<torch::nn::Module>, StoredAs>> out;
+    for (const auto& item : named_children()) {
+      if (item.key() == "resident")
+        out.emplace_back(item.value(), [](const std::string& n) { return std::vector<std::string>{"model." + n}; });
+      if (item.key() == "lm_head")
+        out.emplace_back(item.value(), [](const std::string& n) {
+          return std::vector<std::string>{"lm_head." + n, "language_model.lm_head." + n};
+        });
+    }
+    return out;
+  }
 
  private:
   torch::Tensor pick(const QwenLmOutput& o) const {
@@ -173,6 +191,8 @@ TinyWidths preset_widths(Kind kind) {
       return {QwenLmConfig::qwen3_4b().hidden_size, 0};
     case Kind::qwen3_8b:
       return {QwenLmConfig::qwen3_8b().hidden_size, 0};
+    case Kind::mistral3:
+      return {QwenLmConfig::mistral_small_31().hidden_size, 0};
   }
   return {};
 }
@@ -223,27 +243,34 @@ LoadedTextEncoder build_text_encoder(Kind kind, bool tiny, const std::filesystem
     }
     case Kind::qwen25_vl:
     case Kind::qwen3:
-    case Kind::qwen3_8b: {
+    case Kind::qwen3_8b:
+    case Kind::mistral3: {
       QwenLmConfig c = kind == Kind::qwen3      ? QwenLmConfig::qwen3_4b()
                        : kind == Kind::qwen3_8b ? QwenLmConfig::qwen3_8b()
+                       : kind == Kind::mistral3 ? QwenLmConfig::mistral_small_31()
                                                 : QwenLmConfig::qwen25_vl_7b();
       if (tiny) c = QwenLmConfig::tiny(c);
       if (tiny && widths.hidden > 0) c.hidden_size = widths.hidden, c.intermediate_size = 2 * widths.hidden;
       if (has_config) c = QwenLmConfig::from_json_file(folder / "config.json");
-      if ((kind != Kind::qwen25_vl) != c.qk_norm)
+      const std::string want = kind == Kind::qwen25_vl ? "qwen2_5_vl" : kind == Kind::mistral3 ? "mistral" : "qwen3";
+      if (c.model_type.rfind(want, 0) != 0)
         throw std::runtime_error(folder.string() + ": not the " + std::string(config::name_of(kind)) + " model");
       if (!vision_tower) c.vision.reset();
       auto e = std::make_shared<QwenEncoder>(kind, c, options);
       if (!out.random) {
         out.unused = load_qwen_lm_weights(e->model(), folder);
-        if (e->takes_images()) {  // the tower from the same files: unused = what neither takes
-          const std::vector<std::string> tower = load_qwen_vision_weights(*e->tower(), folder);
+        // The parts held beside the language model, from the same files: unused = what none of them takes.
+        auto also_took = [&](const std::vector<std::string>& unused_by_part) {
           out.unused.erase(std::remove_if(out.unused.begin(), out.unused.end(),
                                           [&](const std::string& n) {
-                                            return std::find(tower.begin(), tower.end(), n) == tower.end();
+                                            return std::find(unused_by_part.begin(), unused_by_part.end(), n) ==
+                                                   unused_by_part.end();
                                           }),
                            out.unused.end());
-        }
+        };
+        if (e->takes_images()) also_took(load_qwen_vision_weights(*e->tower(), folder));
+        for (const auto& [part, stored_as] : e->held_parts())
+          also_took(io::load_module_weights(*part, folder, io::transformers_weight_files(), stored_as));
       }
       out.encoder = e;
       break;

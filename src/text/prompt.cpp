@@ -54,10 +54,11 @@ HashingVocabulary hashing_vocabulary(const TextEncoderBase& encoder) {
     case Kind::qwen25_vl:
     case Kind::qwen3:
     case Kind::qwen3_8b:
+    case Kind::mistral3:
       break;
   }
-  // Qwen adds no special tokens and pads with <|endoftext|>; hashed ids stay below the image token (the
-  // tiny vocabulary's 998) so that no word reads as an image.
+  // Qwen adds no special tokens and pads with <|endoftext|> (Mistral's template writes its <s>); hashed ids stay below
+  // the image token (the tiny vocabulary's 998) so that no word reads as an image.
   const int64_t end = encoder.takes_images() ? std::min(v, encoder.image_token_id()) : v;
   return {0, end, -1, -1, std::max<int64_t>(v - 1, 0), true};
 }

@@ -18,8 +18,25 @@ QwenLmConfig QwenLmConfig::qwen3_8b() {
   return c;
 }
 
+PixtralResidentConfig PixtralResidentConfig::tiny() {
+  PixtralResidentConfig c;
+  c.hidden_size = 16, c.intermediate_size = 32, c.num_hidden_layers = 2;
+  return c;
+}
+
+QwenLmConfig QwenLmConfig::mistral_small_31() {
+  QwenLmConfig c;  // Mistral3Config's text_config (model_type mistral)
+  c.model_type = "mistral3";
+  c.vocab_size = 131072, c.hidden_size = 5120, c.intermediate_size = 32768, c.num_hidden_layers = 40;
+  c.num_attention_heads = 32, c.num_key_value_heads = 8, c.head_dim = 128;
+  c.rms_norm_eps = 1e-5, c.rope_theta = 1e9;
+  c.qk_norm = false, c.pixtral = PixtralResidentConfig(), c.lm_head = true;
+  return c;
+}
+
 QwenLmConfig QwenLmConfig::qwen25_vl_7b() {
   QwenLmConfig c;
+  c.model_type = "qwen2_5_vl";
   c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944, c.num_hidden_layers = 28;
   c.num_attention_heads = 28, c.num_key_value_heads = 4, c.head_dim = 128;
   c.qk_norm = false, c.attention_bias = true, c.prefix = "model.", c.mrope_section = {16, 24, 24};
@@ -31,6 +48,7 @@ QwenLmConfig QwenLmConfig::tiny(const QwenLmConfig& like) {
   QwenLmConfig c = like;
   c.vocab_size = 1000, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
   if (c.vision) c.vision = QwenVisionConfig::tiny(c.hidden_size);
+  if (c.pixtral) c.pixtral = PixtralResidentConfig::tiny();
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
   if (!c.mrope_section.empty()) c.mrope_section = {2, 3, 3}, c.image_token_id = c.vocab_size - 2;
   return c;
@@ -42,8 +60,11 @@ QwenLmConfig QwenLmConfig::from_json_file(const std::filesystem::path& path) {
     const std::string type = root.value("model_type", std::string());
     if (type == "qwen2_5_vl") {
       c = qwen25_vl_7b();
+    } else if (type == "mistral3" || type == "mistral") {
+      c = mistral_small_31();
+      if (type == "mistral") c.pixtral.reset(), c.lm_head = false, c.model_type = type;
     } else if (type != "qwen3") {
-      throw std::runtime_error("model_type is '" + type + "', not qwen3 or qwen2_5_vl");
+      throw std::runtime_error("model_type is '" + type + "', not qwen3, qwen2_5_vl, mistral3 or mistral");
     }
     // Qwen2.5-VL keeps the language model's numbers in text_config (older files: at the top level).
     const nlohmann::json& j =
@@ -69,6 +90,25 @@ QwenLmConfig QwenLmConfig::from_json_file(const std::filesystem::path& path) {
           c.mrope_section = (*o)[key]["mrope_section"].get<std::vector<int64_t>>();
     c.image_token_id = root.value("image_token_id", j.value("image_token_id", c.image_token_id));
     if (type == "qwen3") c.attention_bias = j.value("attention_bias", false);
+    if (type == "mistral3") {
+      c.lm_head = !j.value("tie_word_embeddings", root.value("tie_word_embeddings", false));
+      c.pixtral->projector_bias = root.value("multimodal_projector_bias", false);
+      c.pixtral->spatial_merge_size = root.value("spatial_merge_size", c.pixtral->spatial_merge_size);
+      if (root.contains("vision_config") && root["vision_config"].is_object()) {
+        const nlohmann::json& v = root["vision_config"];
+        PixtralResidentConfig& o = *c.pixtral;
+        o.hidden_size = v.value("hidden_size", o.hidden_size);
+        o.intermediate_size = v.value("intermediate_size", o.intermediate_size);
+        o.num_hidden_layers = v.value("num_hidden_layers", o.num_hidden_layers);
+        o.patch_size = v.value("patch_size", o.patch_size);
+        o.channels = v.value("num_channels", o.channels);
+      }
+    }
+    // MistralConfig's sliding window (none in Mistral-Small-3.1; 4096 by default) is wider than the 512 tokens
+    // the pipelines encode, so it hides nothing; a narrower one is not built.
+    if ((type == "mistral" || type == "mistral3") && j.contains("sliding_window") && j["sliding_window"].is_number() &&
+        j["sliding_window"].get<int64_t>() < 512)
+      throw std::runtime_error("sliding_window below 512 tokens is not built");
     if (type == "qwen2_5_vl") {
       c.lm_head = !root.value("tie_word_embeddings", j.value("tie_word_embeddings", false));
       if (root.contains("vision_config") && root["vision_config"].is_object()) {
@@ -215,6 +255,35 @@ QwenLmOutput QwenLmImpl::forward_embeds(const torch::Tensor& inputs_embeds, cons
   return out;
 }
 
+std::shared_ptr<torch::nn::Module> pixtral_resident(const PixtralResidentConfig& c, int64_t text_hidden,
+                                                    const torch::TensorOptions& options) {
+  auto m = std::make_shared<torch::nn::Module>("PixtralResident");
+  const int64_t d = c.hidden_size;
+  auto linear = [&](const std::string& path, int64_t in, int64_t out, bool bias = false) {
+    nn::register_at(*m, path, nn::Linear(nn::LinearOptions(in, out).bias(bias).tensor_options(options)));
+  };
+  auto norm = [&](const std::string& path) {
+    nn::holder_at(*m, path).register_parameter("weight", torch::ones({d}, options));
+  };
+  nn::holder_at(*m, "vision_tower.patch_conv")
+      .register_parameter("weight", torch::randn({d, c.channels, c.patch_size, c.patch_size}, options) * 0.02);
+  norm("vision_tower.ln_pre");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "vision_tower.transformer.layers." + std::to_string(i) + ".";
+    norm(p + "attention_norm"), norm(p + "ffn_norm");
+    for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj"}) linear(p + "attention." + name, d, d);
+    linear(p + "feed_forward.gate_proj", d, c.intermediate_size);
+    linear(p + "feed_forward.up_proj", d, c.intermediate_size);
+    linear(p + "feed_forward.down_proj", c.intermediate_size, d);
+  }
+  norm("multi_modal_projector.norm");
+  const int64_t merged = d * c.spatial_merge_size * c.spatial_merge_size;
+  linear("multi_modal_projector.patch_merger.merging_layer", merged, d);
+  linear("multi_modal_projector.linear_1", d, text_hidden, c.projector_bias);
+  linear("multi_modal_projector.linear_2", text_hidden, text_hidden, c.projector_bias);
+  return m;
+}
+
 QwenLmOutput qwen_forward_with_images(QwenLmImpl& model, QwenVisionTowerImpl& tower, const torch::Tensor& input_ids,
                                       const torch::Tensor& attention_mask, const QwenVisionInput& images) {
   const int64_t image_token = model.config().image_token_id;
@@ -287,7 +356,10 @@ std::vector<std::string> load_qwen_lm_weights(QwenLmImpl& model, const std::file
   const std::string prefix = model.config().prefix;
   return io::load_module_weights(model, path, io::transformers_weight_files(), [&](const std::string& name) {
     const std::string bare = name.substr(prefix.size());
-    return std::vector<std::string>{prefix.empty() ? "model." + bare : bare, "model.language_model." + bare};
+    // transformers 5's Mistral3 and Qwen2.5-VL (model.language_model.), the published Mistral3 files
+    // (language_model.model.).
+    return std::vector<std::string>{prefix.empty() ? "model." + bare : bare, "model.language_model." + bare,
+                                    "language_model.model." + bare};
   });
 }
 

@@ -138,7 +138,7 @@ WalkedStep walk_step(Session& session, const ckpt::CheckpointPolicy& policy, con
       mb.t = std::move(mb.conditioning.timestep);
       mb.noise = torch::empty_like(mb.x0);
       mb.weight = torch::empty({shape.batch}, meta);
-      mb.conditioning.bypass_guidance = session.config().train.bypass_guidance_embedding;
+      mb.conditioning.bypass_guidance = model::training_bypasses_guidance(session.spec(), session.config().train);
       for (const auto& shape : references) mb.conditioning.reference_latents.push_back(torch::empty(shape, meta));
       model::FirstFrames first;  // an image-to-video model's first frames, conditioned on in the forward phase
       first.clips = shape.frames > 1;

@@ -802,7 +802,7 @@ model::ActivationEstimate Session::probe_blocks(const model::SampleShape& shape,
     const auto [w, h] = model::training_reference_size(spec_, shape.width, shape.height);
     in.reference_latents.push_back(torch::randn(model::latent_shape(spec_, {shape.batch, 1, h, w}), options));
   }
-  in.bypass_guidance = config_.train.bypass_guidance_embedding;
+  in.bypass_guidance = model::training_bypasses_guidance(spec_, config_.train);
   // Offloaded Linears' ring slots fill as the blocks run: the rings' bytes, the step's walk's (walked.rings),
   // are not a block's.
   const auto probe = checkpointing_->probe_blocks(in, [&] { return live() - nn::offload_buffer_bytes(*rings_); });
@@ -882,8 +882,9 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   mb.x0 = memory::to_device(lb.latents, device_);  // the loader's are host memory
   // SDTrainer trains a guidance-distilled model at guidance_embedding_scale = train.cfg_scale (1.0 unless
   // set), or without the guidance embedder at all (bypass_guidance_embedding, as the Flex examples set).
+  // (FLUX.2-dev's class has no such switch: model::training_bypasses_guidance asks the family.)
   if (spec_.guidance_embed) {
-    mb.conditioning.bypass_guidance = config_.train.bypass_guidance_embedding;
+    mb.conditioning.bypass_guidance = model::training_bypasses_guidance(spec_, config_.train);
     if (!mb.conditioning.bypass_guidance)
       mb.conditioning.guidance =
           torch::full({mb.x0.size(0)}, config_.train.cfg_scale, torch::TensorOptions().device(device_));

@@ -318,6 +318,43 @@ TEST(AitkConfigs, ChromaTheExampleAndTheUisPresetResolveToChroma) {
 // resolve to BFL's klein transformers at diffusers' counts, Qwen3-4B / -8B quantized as qtype_te
 // (flux2_klein_model.py:49-53), buckets of 16, quantized block by block and, under the UI's low_vram, on the
 // device at first use; no reference tokens without control images, one raw reference's with a control_path.
+// FLUX.2-dev as the UI sends it (options.tsx:626-657): Flux2Model's transformer, Mistral quantized under
+// quantize_te as model.qtype (flux2_model.py:108-112), the guidance embedder trained at train.cfg_scale
+// although the UI sends bypass_guidance_embedding: true (Flux2Model.get_noise_prediction has no such
+// switch), previews with the scale embedded and no negative prompt.
+TEST(AitkConfigs, Flux2DevTheUisPresetResolvesToDevWithItsGuidanceAndMistral) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ui_dataset("aitk_flux2_dev");
+  config::LoadOptions lo;
+  lo.overrides = {"datasets.0.folder_path=" + dir.string(), "model.qtype=uint4", "model.qtype_te=qfloat8"};
+  const auto r = model::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/aitk-ui/flux2.yaml", lo);
+  ASSERT_TRUE(r.ok()) << r.diagnostics.all().front().format();
+  const auto plan = train::plan_run(*r.config, train::PlanOptions{/*meta=*/true});
+  EXPECT_EQ(plan.spec.preset, "flux2-dev");
+  EXPECT_TRUE(plan.spec.guidance_embed);
+  EXPECT_EQ(plan.spec.text_dim, 3 * 5120);
+  EXPECT_EQ(plan.family->base_model_version(r.config->model.arch), "flux2");
+  EXPECT_EQ(plan.load.loading, model::TransformerLoading::per_block);
+  EXPECT_EQ(model::text_encoders(plan.spec), std::vector<config::TextEncoderKind>{config::TextEncoderKind::mistral3});
+  const auto storage = model::text_encoder_storage(r.config->model, plan.spec);
+  ASSERT_EQ(storage.size(), 1u);
+  ASSERT_TRUE(storage[0].has_value());
+  EXPECT_EQ(*storage[0], nn::WeightStorage::UInt4);  // model.qtype, not qtype_te
+  // The UI's bypass_guidance_embedding: true is FLUX.1's switch; FLUX.2-dev trains its embedder at cfg_scale.
+  EXPECT_TRUE(r.config->train.bypass_guidance_embedding);
+  EXPECT_FALSE(model::training_bypasses_guidance(plan.spec, r.config->train));
+  config::LoadOptions bypassed = lo;  // FLUX.1-dev's class reads it
+  bypassed.overrides.push_back("train.bypass_guidance_embedding=true");
+  const auto flux1 = model::load_config_file(std::string(GCLAB_SOURCE_DIR) + "/configs/aitk-ui/flux.yaml", bypassed);
+  ASSERT_TRUE(flux1.ok());
+  EXPECT_TRUE(model::training_bypasses_guidance(model::spec_for(flux1.config->model), flux1.config->train));
+  const auto guidance = plan.family->preview_guidance(plan.spec, true);
+  EXPECT_TRUE(guidance->embeds_scale());
+  EXPECT_FALSE(guidance->runs_cfg(4.0));
+  EXPECT_EQ(model::step_tokens(plan.spec, {1, 1, 1024, 1024}).text, 512);
+  fs::remove_all(dir);
+}
+
 TEST(AitkConfigs, Flux2KleinTheUisPresetsResolveToKlein) {
   namespace fs = std::filesystem;
   const fs::path dir = ui_dataset("aitk_klein");
@@ -584,6 +621,7 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
       {"ui:qwen_image_edit_plus_2511.yaml", "qwen-image-edit-2511", qwen},  // the tag chooses 2511 (zero_cond_t)
       {"ui:zimage_turbo.yaml", "zimage-turbo", 6154908736},
       {"ui:chroma.yaml", "chroma", 8899983424},
+      {"ui:flux2.yaml", "flux2-dev", 32223281152},
       {"ui:flux2_klein_4b.yaml", "flux2-klein-4b", 3875544576},
       {"ui:flux2_klein_9b.yaml", "flux2-klein-9b", 9078581248},
   };
@@ -598,7 +636,7 @@ TEST(AitkConfigs, EveryConfigResolvesToItsModelWithItsExactParameterCount) {
   }
   int ui_configs = 0;
   for (const auto& entry : std::filesystem::directory_iterator(ui)) ui_configs += entry.path().extension() == ".yaml";
-  EXPECT_EQ(ui_configs, 11);  // every UI-shaped config is in the table above
+  EXPECT_EQ(ui_configs, 12);  // every UI-shaped config is in the table above
 }
 
 TEST(AitkConfigs, EveryExampleEitherLoadsOrIsRefusedCleanly) {

@@ -353,7 +353,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"save.save_format=ckpt", "use one of: safetensors, diffusers"},
         BadValue{"sample.sample_steps=0", "sample.sample_steps"},
         BadValue{"sample.samples=[{prompt: a, width: 0}]", "sample.samples[0].width"},
-        BadValue{"model.arch=flux2", "architecture 'flux2' is not modelled by gclab yet"},
+        BadValue{"model.arch=omnigen2", "architecture 'omnigen2' is not modelled by gclab yet"},
         BadValue{"train.switch_boundary_every=-1", "train.switch_boundary_every"}, BadValue{"model=null", "model.arch"},
         BadValue{"vram_cap=lots", "expected a size such as 24GiB"}, BadValue{"name=\"\"", "name"}),
     [](const ::testing::TestParamInfo<BadValue>& info) {

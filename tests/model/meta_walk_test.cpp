@@ -105,7 +105,7 @@ TEST_P(MetaWalk, CountsWhatTheCpuAllocates) {
 INSTANTIATE_TEST_SUITE_P(TinyPresets, MetaWalk,
                          ::testing::Values("tiny-flux", "tiny-qwen-image", "tiny-qwen-image-edit", "tiny-zimage",
                                            "tiny-sd3", "tiny-dit", "tiny-wan21", "tiny-flux-kontext", "tiny-chroma",
-                                           "tiny-flux2-klein"),
+                                           "tiny-flux2-klein", "tiny-flux2-dev"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

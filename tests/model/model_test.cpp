@@ -35,6 +35,9 @@ TEST(Presets, FullSizeParameterCountsMatchThePublishedFigures) {
   // num_single_layers 20 / 24, 24 / 32 heads, joint_attention_dim 7680 / 12288, no guidance embedder).
   EXPECT_EQ(meta_params("flux2-klein-4b"), 3875544576);
   EXPECT_EQ(meta_params("flux2-klein-9b"), 9078581248);
+  // FLUX.2-dev: Flux2Transformer2DModel at its defaults (Flux2Params: 8 + 48 blocks of 6144, the guidance
+  // embedder).
+  EXPECT_EQ(meta_params("flux2-dev"), 32223281152);
   const int64_t dit = meta_params("dit-xl2");
   EXPECT_NEAR(static_cast<double>(dit), 675e6, 0.5e6) << dit;
   const int64_t sd35 = meta_params("sd35-large");  // "8.1B" (stabilityai/stable-diffusion-3.5-large)
@@ -190,7 +193,10 @@ TEST(Presets, ConfigSelectsThePresetAndRefusesUnmodelledArchs) {
   EXPECT_EQ(spec_for(m).preset, "wan21-14b");
   m.arch = "wan22_14b";  // Wan 2.2 A14B: two experts of the 14B's shape
   EXPECT_EQ(spec_for(m).preset, "wan22-14b");
-  m.arch = "flux2";
+  m.arch = "flux2";  // FLUX.2-dev
+  m.name_or_path = "black-forest-labs/FLUX.2-dev";
+  EXPECT_EQ(spec_for(m).preset, "flux2-dev");
+  m.arch = "hidream";  // an AI Toolkit arch gclab does not model
   EXPECT_THROW(spec_for(m), std::invalid_argument);
 }
 

@@ -1,4 +1,4 @@
-"""gclab's FLUX.2 klein transformer against diffusers' Flux2Transformer2DModel (the pinned `diffusers` in .venv, a
+"""gclab's FLUX.2 transformers (klein, and dev with its guidance embedder) against diffusers' Flux2Transformer2DModel (the pinned `diffusers` in .venv, a
 test-only reference), end to end through gclab's command line:
 
   diffusers_flux2.py GCLAB_EXE WORK_DIR
@@ -12,6 +12,8 @@ diffusers (loaders/single_file_utils.py), which is run on it to check the invers
 1. `gclab forward` with model.name_or_path = that file (shape from its tensors, weights unchanged) must give
    diffusers' output on the same inputs to float32 rounding — with a reference image's tokens after the noisy
    ones at time coordinate 10, its own grid (AI Toolkit's encode_image_refs ids) — in float32 and in bf16.
+   FLUX.2-dev's guidance embedder (guidance_in, BFL's names for time_guidance_embed.guidance_embedder) is
+   checked the same way on a tiny model with it, at two guidance scales (float32).
 2. A LoRA gclab trains is saved under AI Toolkit's keys (`diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight`)
    and, merged into the BFL weights here (W += B A, alpha = rank), converted and run in diffusers, gives what
    `gclab forward --lora` gives.
@@ -35,6 +37,8 @@ RENAME = {  # convert_flux2_transformer_checkpoint_to_diffusers's names, diffuse
     "x_embedder": "img_in", "context_embedder": "txt_in",
     "time_guidance_embed.timestep_embedder.linear_1": "time_in.in_layer",
     "time_guidance_embed.timestep_embedder.linear_2": "time_in.out_layer",
+    "time_guidance_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+    "time_guidance_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
     "double_stream_modulation_img.linear": "double_stream_modulation_img.lin",
     "double_stream_modulation_txt.linear": "double_stream_modulation_txt.lin",
     "single_stream_modulation.linear": "single_stream_modulation.lin",
@@ -49,11 +53,11 @@ SINGLE = {"attn.to_qkv_mlp_proj": "linear1", "attn.to_out": "linear2", "attn.nor
           "attn.norm_k": "norm.key_norm"}
 
 
-def build():
+def build(guidance_embeds=False):
     import diffusers
     m = diffusers.Flux2Transformer2DModel(patch_size=1, in_channels=128, num_layers=2, num_single_layers=2,
                                           attention_head_dim=HEAD_DIM, num_attention_heads=HEADS,
-                                          joint_attention_dim=TEXT_DIM, guidance_embeds=False)
+                                          joint_attention_dim=TEXT_DIM, guidance_embeds=guidance_embeds)
     with torch.no_grad():
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -112,7 +116,7 @@ def velocity(m, d):
     txt_ids = torch.zeros(T, 4, dtype=torch.long)
     txt_ids[:, 3] = torch.arange(T)
     out = m(hidden_states=tokens, encoder_hidden_states=d["text"], timestep=d["timestep"], img_ids=img_ids,
-            txt_ids=txt_ids, guidance=None, return_dict=False)[0]
+            txt_ids=txt_ids, guidance=d.get("guidance"), return_dict=False)[0]
     return out[:, : H * W].transpose(1, 2).reshape(lat.shape[0], 128, H, W)
 
 
@@ -151,7 +155,20 @@ def main():
     m.load_state_dict(from_bfl(merged))
     ours = forward(exe, cfg, work, x, "fp32", ("--lora", lora_file))
     check_lora("klein forward", ours, velocity(m, x), base)
-    print("flux2 klein: gclab and diffusers agree")
+
+    # FLUX.2-dev's guidance embedder: the scale embedded as the timestep is (1000 g), added to the time vector.
+    dev = build(guidance_embeds=True)
+    dev_weights = os.path.join(work, "flux2-dev-tiny.safetensors")
+    write_bfl(dev, to_bfl, from_bfl, dev_weights)
+    dev_cfg = config(exe, work, "dev", "flux2", dev_weights, 64)
+    outs = []
+    for g in (1.0, 4.0):  # train.cfg_scale's default; the UI's preview guidance_scale
+        xd = dict(d, guidance=torch.full((B,), g))
+        outs.append(forward(exe, dev_cfg, work, xd, "dev"))
+        compare(f"dev forward at guidance {g:g}", outs[-1], velocity(dev, xd))
+    if ((outs[0] - outs[1]).abs().max() / outs[1].abs().max()).item() < 1e-3:
+        raise SystemExit("the guidance scale barely moves the output; the test proves nothing")
+    print("flux2 klein and dev: gclab and diffusers agree")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,15 @@ Tiny random CLIPTextModel (FLUX.1's text_encoder: quick_gelu, its pooled output)
 (SD3.5's text_encoder / text_encoder_2: the penultimate hidden states and the projected pooled output),
 T5EncoderModel (text_encoder_2 / text_encoder_3: gated-gelu, relative position buckets), UMT5EncoderModel
 (Wan's text_encoder: a relative-position bias per block), Qwen3Model
-(Z-Image: hidden_states[-2]) and Qwen2_5_VLForConditionalGeneration (Qwen-Image: the last hidden states,
+(Z-Image: hidden_states[-2]; FLUX.2 klein: hidden states 1 and 2 stacked per token, as its pipeline stacks
+9 / 18 / 27), Mistral3ForConditionalGeneration (FLUX.2-dev: Mistral's hidden states stacked likewise, its
+Pixtral tower and LM head in the file held but unused) and Qwen2_5_VLForConditionalGeneration (Qwen-Image: the last hidden states,
 text only, and with images through its vision tower as the edit pipelines call it; the LM head in the file
 is not used), saved by
 transformers' save_pretrained, must load unchanged and give transformers' outputs to float32 rounding, with
 and without an attention mask; a CLIPTextModel file with the `text_model.` prefix (as the published
 checkpoints store it) loads too. Full-size parameter counts (T5-XXL's encoder, CLIP-L, bigG with its
-projection, Qwen3-4B, Qwen2.5-VL-7B's language model), counted on the meta device, are printed for the C++ test's constants. Exit 77 without
+projection, Qwen3-4B, Qwen2.5-VL-7B's language model, Mistral-Small-3.1 and its parts), counted on the meta device, are printed for the C++ test's constants. Exit 77 without
 transformers.
 """
 import os
@@ -149,7 +151,8 @@ def check_qwen_images(exe, work, model):
 def main():
     exe, work = sys.argv[1], sys.argv[2]
     try:
-        from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, Qwen2_5_VLConfig,
+        from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, Mistral3Config,
+                                  Mistral3ForConditionalGeneration, Qwen2_5_VLConfig,
                                   Qwen2_5_VLForConditionalGeneration, Qwen3Config, Qwen3Model, T5Config,
                                   T5EncoderModel, UMT5Config, UMT5EncoderModel)
     except Exception as e:
@@ -167,26 +170,41 @@ def main():
     flux = config_yaml(work, "tiny-flux")
     sd3 = config_yaml(work, "tiny-sd3")
     clip_l = CLIPTextModel(CLIPTextConfig(**clip_kw, hidden_act="quick_gelu", eos_token_id=2)).eval()
-    cases.append(("clip_l", clip_l, flux, "text_encoder", lambda o: {"pooled": o.pooler_output}))
+    cases.append(("clip_l", clip_l, flux, "text_encoder", lambda o: {"pooled": o.pooler_output}, None))
     clip_g = CLIPTextModelWithProjection(CLIPTextConfig(**clip_kw, hidden_act="gelu", eos_token_id=999)).eval()
     cases.append(("clip_g", clip_g, sd3, "text_encoder_2",
-                  lambda o: {"hidden_states": o.hidden_states[-2], "pooled": o.text_embeds}))
+                  lambda o: {"hidden_states": o.hidden_states[-2], "pooled": o.text_embeds}, None))
     t5 = T5EncoderModel(T5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_heads=4,
                                  feed_forward_proj="gated-gelu", relative_attention_num_buckets=8,
                                  relative_attention_max_distance=20)).eval()
-    cases.append(("t5", t5, flux, "text_encoder_2", lambda o: {"hidden_states": o.last_hidden_state}))
-    cases.append(("t5_sd3", t5, sd3, "text_encoder_3", lambda o: {"hidden_states": o.last_hidden_state}))
+    cases.append(("t5", t5, flux, "text_encoder_2", lambda o: {"hidden_states": o.last_hidden_state}, None))
+    cases.append(("t5_sd3", t5, sd3, "text_encoder_3", lambda o: {"hidden_states": o.last_hidden_state}, None))
     # Wan's UMT5: T5's blocks, each with its own relative-position bias (model_type "umt5").
     umt5 = UMT5EncoderModel(UMT5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_heads=4,
                                        feed_forward_proj="gated-gelu", relative_attention_num_buckets=8,
                                        relative_attention_max_distance=20)).eval()
     cases.append(("umt5", umt5, config_yaml(work, "tiny-wan21"), "text_encoder",
-                  lambda o: {"hidden_states": o.last_hidden_state}))
+                  lambda o: {"hidden_states": o.last_hidden_state}, None))
     qwen_kw = dict(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=8)
     qwen3 = Qwen3Model(Qwen3Config(**qwen_kw)).eval()
     cases.append(("qwen3", qwen3, config_yaml(work, "tiny-zimage"), "text_encoder",
-                  lambda o: {"hidden_states": o.hidden_states[-2]}))
+                  lambda o: {"hidden_states": o.hidden_states[-2]}, None))
+    # FLUX.2: hidden states of several layers side by side per token ([B, T, k D]); index 0 the embeddings.
+    def stacked(layers):
+        return lambda o: {"hidden_states": torch.cat([o.hidden_states[k] for k in layers], -1)}
+    cases.append(("qwen3_stacked", qwen3, config_yaml(work, "tiny-flux2-klein"), "text_encoder", stacked([1, 2]),
+                  [1, 2]))
+    # Mistral-Small-3.1's architecture at test size: no q/k norms, RMS eps 1e-5, a large rotary theta; the
+    # file holds the Pixtral tower, the projector and the LM head, which gclab holds and never runs.
+    mistral = Mistral3ForConditionalGeneration(Mistral3Config(
+        text_config=dict(model_type="mistral", **qwen_kw, rms_norm_eps=1e-5, sliding_window=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000000.0},
+                         tie_word_embeddings=False),
+        vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, head_dim=8), tie_word_embeddings=False)).eval()
+    cases.append(("mistral3", mistral, config_yaml(work, "tiny-flux2-dev"), "text_encoder", stacked([1, 2, 3]),
+                  [1, 2, 3]))
     qwen_kw.pop("head_dim")  # 8 = 32 / 4; the multimodal rotary sections must cover its 4 frequencies
     qwen_kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]}
     # The vision tower: a windowed block then a full-attention one, 56-pixel windows (2x2 merge units) so
@@ -196,17 +214,21 @@ def main():
                                                 out_hidden_size=32, window_size=56, fullatt_block_indexes=[1]),
         image_token_id=IMAGE_TOKEN)).eval()
     cases.append(("qwen25_vl", qwen25, config_yaml(work, "tiny-qwen-image"), "text_encoder",
-                  lambda o: {"hidden_states": o.hidden_states[-1]}))
-    for name, model, yaml, component, outputs in cases:
-        perturb(model)
-        folder = os.path.join(work, name)
-        model.save_pretrained(folder, safe_serialization=True)
+                  lambda o: {"hidden_states": o.hidden_states[-1]}, None))
+    folders = {}  # a model two cases read is saved once (its first case's folder)
+    for name, model, yaml, component, outputs, layers in cases:
+        if id(model) not in folders:
+            perturb(model)
+            folders[id(model)] = os.path.join(work, name)
+            model.save_pretrained(folders[id(model)], safe_serialization=True)
+        folder = folders[id(model)]
         for masked in (False, True):
             with torch.no_grad():
                 want = outputs(model(input_ids=ids, attention_mask=mask if masked else None,
                                      output_hidden_states=True))
             inputs = os.path.join(work, f"in_{name}_{masked}.safetensors")
-            save_file({"input_ids": ids, **({"attention_mask": mask} if masked else {})}, inputs)
+            save_file({"input_ids": ids, **({"attention_mask": mask} if masked else {}),
+                       **({"hidden_layers": torch.tensor(layers)} if layers else {})}, inputs)
             out = os.path.join(work, f"out_{name}_{masked}.safetensors")
             run(exe, yaml, component, folder, inputs, out)
             got = load_file(out)
@@ -267,6 +289,14 @@ def main():
         counts["qwen2.5-vl-7b language model"] = full.model.language_model
         counts["qwen2.5-vl-7b vision tower"] = full.model.visual
         counts["qwen2.5-vl-7b (all, with the LM head)"] = full
+        mistral = Mistral3ForConditionalGeneration(Mistral3Config(text_config=dict(
+            model_type="mistral", vocab_size=131072, hidden_size=5120, intermediate_size=32768, num_hidden_layers=40,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+            sliding_window=None), vision_config=dict(
+            model_type="pixtral", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+            num_attention_heads=16, head_dim=64, patch_size=14, image_size=1540), tie_word_embeddings=False))
+        counts["mistral-small-3.1 language model"] = mistral.model.language_model
+        counts["mistral-small-3.1 (all, with the tower, projector and LM head)"] = mistral
         for label, m in counts.items():
             print(f"full-size parameters, {label}: {sum(p.numel() for p in m.parameters())}")
     print(f"all match transformers (worst {worst:.2e})")

@@ -200,6 +200,21 @@ TEST(PromptEncoder, FullSizePresetsGiveTheirTransformersRowsAndWidths) {
     EXPECT_EQ(k.call(0).hidden_layers(), (std::vector<int64_t>{9, 18, 27})) << preset;
     EXPECT_EQ(k.rows("anything"), 512) << preset;
   }
+  // dev: Mistral-Small-3.1's language model (40 layers of 5120), layers 10 / 20 / 30, BFL's system turn
+  // around the prompt; held with its Pixtral tower, projector and LM head: transformers' Mistral3 count.
+  const PromptEncoderOptions dev_options = options_for("flux2-dev", meta);
+  PromptEncoder dev(dev_options);
+  EXPECT_EQ(dev.encoder(0).hidden_width(), 5120);
+  EXPECT_EQ(dev_options.pipeline->clean("a [IMG] cat[IMG]"), "a  cat");  // format_input drops Pixtral's token
+  EXPECT_EQ(dev.encoder(0).layer_count(), 40);
+  EXPECT_EQ(dev.call(0).hidden_layers(), (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(dev.rows("anything"), 512);
+  EXPECT_EQ(dev.call(0).prefix().rfind("<s>[SYSTEM_PROMPT]You are an AI that reasons about image descriptions.", 0),
+            0u);
+  EXPECT_EQ(dev.call(0).suffix(), "[/INST]");
+  int64_t mistral = 0;
+  for (const auto& p : dev.encoder(0).parameters()) mistral += p.numel();
+  EXPECT_EQ(mistral, 24011361280);
   // The weights as the run holds them: T5-XXL + CLIP-L in bf16.
   PromptEncoder flux(options_for("flux-dev", meta.dtype(torch::kBFloat16)));
   EXPECT_EQ(flux.weight_bytes(), int64_t{2} * (123060480 + 4762310656));

@@ -1164,6 +1164,36 @@ TEST(Trainer, Flux2KleinTrainsOnRawReferenceImagesOrWithout) {
   fs::remove_all(dir);
 }
 
+// FLUX.2-dev (AI Toolkit's Flux2Model): the tiny Mistral's stacked layers as the text, the guidance embedder
+// trained at train.cfg_scale — bypass_guidance_embedding, FLUX.1's switch, is not read (the UI sends it true),
+// another cfg_scale is another loss — checkpointing on and off give the same losses, and a preview embeds
+// its guidance_scale in one forward a step.
+TEST(Trainer, Flux2DevTrainsItsGuidanceEmbedderAtCfgScale) {
+  const fs::path dir = testing::fresh_dir("flux2_dev");
+  const std::vector<std::string> dev = {"model.arch=tiny-flux2-dev", "train.steps=2"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), dev.begin(), dev.end());
+    return extra;
+  };
+  const TrainSummary on = train(tiny_config(dir, "on", with({})), {});
+  const TrainSummary off = train(tiny_config(dir, "off", with({"train.gradient_checkpointing=false"})), {});
+  testing::expect_same_losses(on.losses, off.losses, 2);
+  const TrainSummary bypass = train(tiny_config(dir, "bypass", with({"train.bypass_guidance_embedding=true"})), {});
+  testing::expect_same_losses(on.losses, bypass.losses, 2);  // not read: the same guidance embedded
+  const TrainSummary scaled = train(tiny_config(dir, "scaled", with({"train.cfg_scale=4"})), {});
+  ASSERT_EQ(scaled.losses.size(), 2u);
+  EXPECT_NE(scaled.losses[0], on.losses[0]);  // the same images and noise under another embedded guidance
+  const TrainSummary previewed =
+      train(tiny_config(dir, "previewed",
+                        with({"train.steps=1", "train.disable_sampling=false", "sample.sample_every=1",
+                              "sample.width=64", "sample.height=48", "sample.sample_steps=2", "sample.guidance_scale=4",
+                              "sample.prompts=['a red fox']"})),
+            {});
+  ASSERT_FALSE(previewed.samples.empty());
+  EXPECT_TRUE(fs::exists(previewed.samples.front()));
+  fs::remove_all(dir);
+}
+
 // model.name_or_path as a local diffusers folder: the shape from its config.json (any width and depth),
 // the weights loaded and checked; without weights, that shape with random ones; weights of another shape
 // are a UserError naming the first mismatch and how many there are.

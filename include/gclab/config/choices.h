@@ -39,8 +39,19 @@ enum class LrScheduler { constant, constant_with_warmup, linear, cosine };
 // The text encoders the families condition on, each as its pipeline uses it (which family uses which is
 // model/family.h's text_encoders; the networks are text/): CLIP ViT-L/14's pooled output (FLUX.1); CLIP-L
 // and OpenCLIP bigG with their projections, penultimate hidden states and projected pooled outputs (SD3.5);
-// T5 v1.1 XXL's encoder (FLUX.1, SD3.5); Qwen2.5-VL-7B (Qwen-Image); Qwen3-4B (Z-Image).
-enum class TextEncoderKind { clip_l, clip_l_projected, clip_g_projected, t5_xxl, umt5_xxl, qwen25_vl, qwen3, qwen3_8b };
+// T5 v1.1 XXL's encoder (FLUX.1, SD3.5); Qwen2.5-VL-7B (Qwen-Image); Qwen3-4B (Z-Image, FLUX.2 klein 4B);
+// Qwen3-8B (klein 9B); Mistral-Small-3.1-24B's language model (FLUX.2-dev).
+enum class TextEncoderKind {
+  clip_l,
+  clip_l_projected,
+  clip_g_projected,
+  t5_xxl,
+  umt5_xxl,
+  qwen25_vl,
+  qwen3,
+  qwen3_8b,
+  mistral3
+};
 // T5's structure and SentencePiece tokenizer (T5-XXL; UMT5-XXL, its bias in every block).
 inline bool t5_structured(TextEncoderKind k) { return k == TextEncoderKind::t5_xxl || k == TextEncoderKind::umt5_xxl; }
 // model.vae (gclab's): what turns images into latents and previews back into images — the family's

@@ -87,6 +87,10 @@ struct TextEncoderQuantization {
   bool as_qtype_te = true;      // stored as qtype_te, else as model.qtype
 };
 TextEncoderQuantization text_encoder_quantization(const ModelSpec& spec);
+// A training step's guidance input for a guidance-distilled model (spec.guidance_embed): left out where the
+// family's class reads train.bypass_guidance_embedding and it is set, else train.cfg_scale (SDTrainer's
+// guidance_embedding_scale). Always true (nothing embedded) for a model without the embedder.
+bool training_bypasses_guidance(const ModelSpec& spec, const config::TrainConfig& train);
 std::string supported_arch_list();  // "flux, flex1, ..." for messages
 
 // The autoencoder a family's pipeline decodes with: AutoencoderKL as FLUX.1's for FLUX.1, Flex and Z-Image,

@@ -82,6 +82,12 @@ class ModelFamily {
   virtual TextEncoderQuantization text_encoder_quantization(const ModelSpec& /*spec*/) const {
     return text_encoder_quantization();
   }
+  // Whether a training step leaves the guidance embedder of a guidance-distilled `spec` out: AI Toolkit's
+  // train.bypass_guidance_embedding, which FLUX.1's and Flex's model classes read; a class without the switch
+  // says false (the step embeds train.cfg_scale).
+  virtual bool bypasses_guidance(const ModelSpec& /*spec*/, const config::TrainConfig& train) const {
+    return train.bypass_guidance_embedding;
+  }
   // How its preview pipeline guides (model/guidance.h), for this shape; `do_cfg_norm` is sample.do_cfg_norm,
   // AI Toolkit's key, read by the pipelines whose rescale is optional.
   virtual std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool do_cfg_norm) const = 0;

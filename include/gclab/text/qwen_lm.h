@@ -20,7 +20,19 @@
 
 namespace gclab::text {
 
+// Mistral3ForConditionalGeneration's Pixtral vision tower and its multimodal projector, held resident beside
+// the language model as the checkpoint's model holds them and never run (FLUX.2-dev reads text only): the
+// patch convolution, 24 pre-norm blocks of SwiGLU and bias-free attention, the projector's norm, 2 x 2 patch
+// merger and two Linears into the text width (transformers' PixtralVisionModel, Mistral3MultiModalProjector).
+struct PixtralResidentConfig {
+  int64_t hidden_size = 1024, intermediate_size = 4096, num_hidden_layers = 24, patch_size = 14, channels = 3;
+  int64_t spatial_merge_size = 2;
+  bool projector_bias = false;  // multimodal_projector_bias
+  static PixtralResidentConfig tiny();
+};
+
 struct QwenLmConfig {
+  std::string model_type = "qwen3";  // transformers' (qwen3, qwen2_5_vl, mistral3 / mistral)
   int64_t vocab_size = 151936, hidden_size = 2560, intermediate_size = 9728, num_hidden_layers = 36;
   int64_t num_attention_heads = 32, num_key_value_heads = 8, head_dim = 128;
   double rms_norm_eps = 1e-6, rope_theta = 1000000.0;
@@ -34,19 +46,25 @@ struct QwenLmConfig {
   // What the checkpoint's model holds beside the language model (Qwen2_5_VLForConditionalGeneration: the
   // vision tower and an untied LM head; resident with it, unused by the text path).
   std::optional<QwenVisionConfig> vision;
+  std::optional<PixtralResidentConfig> pixtral;  // Mistral3: the Pixtral tower and projector (memory only)
   bool lm_head = false;
 
   // Qwen/Qwen3-4B as Z-Image ships it (Qwen3Model): 4,022,468,096 parameters.
   static QwenLmConfig qwen3_4b();
   // Qwen/Qwen3-8B as FLUX.2 klein 9B's pipeline loads it (Qwen3ForCausalLM, its LM head untied): 8,190,735,360.
   static QwenLmConfig qwen3_8b();
+  // Mistral-Small-3.1-24B-Instruct-2503's language model as FLUX.2-dev's pipeline loads it (in
+  // Mistral3ForConditionalGeneration, with its Pixtral tower and untied LM head): MistralModel is this code
+  // without the per-head q/k norms, RMS eps 1e-5, rotary theta 1e9; 22,901,314,560 parameters (24,011,361,280
+  // with the tower, the projector and the head).
+  static QwenLmConfig mistral_small_31();
   // Qwen2.5-VL-7B-Instruct's language model as Qwen-Image ships it: 7,070,619,136 parameters (without the
   // vision tower and the LM head).
   static QwenLmConfig qwen25_vl_7b();
   // The same code at CPU-test size (width 64, 2 layers, 4 heads over 2 key/value heads of 16, 1000 ids).
   static QwenLmConfig tiny(const QwenLmConfig& like);
-  // A transformers config.json (qwen3, or qwen2_5_vl with its text_config); throws std::runtime_error naming
-  // what it cannot use.
+  // A transformers config.json (qwen3, qwen2_5_vl or mistral3 with its text_config, mistral); throws std::runtime_error
+  // naming what it cannot use.
   static QwenLmConfig from_json_file(const std::filesystem::path& path);
 };
 
@@ -79,6 +97,12 @@ class QwenLmImpl : public torch::nn::Module {
   torch::Tensor embed_, norm_;
 };
 TORCH_MODULE(QwenLm);
+
+// The Pixtral tower and projector's parameters by transformers' names under one module (vision_tower.*,
+// multi_modal_projector.*), their Linears as nn::Linear so that a quantized load stores them as it stores
+// the language model's; `text_hidden` is the projector's output width.
+std::shared_ptr<torch::nn::Module> pixtral_resident(const PixtralResidentConfig& config, int64_t text_hidden,
+                                                    const torch::TensorOptions& options = {});
 
 // Qwen2_5_VLModel.get_rope_index for images: text tokens count on by one from the previous run's largest
 // position, each run of `image_token_id` tokens (one image, `image_tokens[i]` of them: its merged rows x

@@ -1,8 +1,10 @@
-// FLUX.2 klein 4B / 9B as AI Toolkit trains them (archs flux2_klein_4b / flux2_klein_9b: Flux2Klein4BModel /
-// Flux2Klein9BModel, extensions_built_in/diffusion_models/flux2/flux2_klein_model.py on flux2_model.py, at the
-// commit docs/flux-line-aitk-reading.md reads): BFL's FLUX.2 transformer (transformer.cpp), Qwen3's hidden
-// states of three layers as the text (text_pipeline.cpp), FLUX.2's autoencoder (vae::AutoencoderKLConfig::
-// batch_normed: 32 channels, 2 x 2 patches, BatchNorm statistics), no guidance input (CFG previews).
+// FLUX.2 as AI Toolkit trains it (arch flux2: Flux2Model, extensions_built_in/diffusion_models/flux2/
+// flux2_model.py; archs flux2_klein_4b / flux2_klein_9b: Flux2Klein4BModel / Flux2Klein9BModel,
+// flux2_klein_model.py on it; at the commit docs/flux-line-aitk-reading.md reads): BFL's FLUX.2 transformer
+// (transformer.cpp), three layers' hidden states of a decoder as the text (text_pipeline.cpp: Mistral-Small-3.1
+// for dev, Qwen3 for klein), FLUX.2's autoencoder (vae::AutoencoderKLConfig::batch_normed: 32 channels, 2 x 2
+// patches, BatchNorm statistics). dev is guidance-distilled (its scale a model input, trained at
+// train.cfg_scale); klein takes none (CFG previews).
 #include <nlohmann/json.hpp>
 
 #include "gclab/model/guidance.h"
@@ -13,12 +15,14 @@ namespace gclab::model {
 namespace flux2 {
 std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec, const torch::TensorOptions& options);
 std::shared_ptr<const text::TextPipeline> klein_text_pipeline(bool nine_b);
+std::shared_ptr<const text::TextPipeline> dev_text_pipeline();
 }  // namespace flux2
 
 namespace {
 
 const Family kFlux2Id("flux2");  // the registry's key: this folder's name
 const char* const kKlein9b = "klein-9b";
+const char* const kDev = "dev";
 
 // src/model.py Klein4BParams / Klein9BParams (:23-48): in_channels 128 (the VAE's 32 channels x 2 x 2),
 // mlp_ratio 3, axes_dim [32, 32, 32, 32], theta 2000, no guidance embedder; context_in_dim = 3 x the text
@@ -41,6 +45,14 @@ ModelSpec flux2_preset(const std::string& preset, int64_t heads, int doubles, in
   return s;
 }
 
+// FLUX.2-dev (Flux2Params, src/model.py:9-20): 48 heads of 128, 8 double + 48 single blocks, Mistral's 5120
+// wide states x 3, the guidance embedder.
+ModelSpec dev_preset() {
+  ModelSpec s = flux2_preset("flux2-dev", 48, 8, 48, 5120);
+  s.variant = kDev, s.guidance_embed = true;
+  return s;
+}
+
 // Flux2Pipeline without guidance distillation (pipeline.py:415-424): the negative prompt in a forward of its
 // own when guidance_scale > 1, u + g (c - u).
 class KleinCfg final : public Guidance {
@@ -55,7 +67,9 @@ class Flux2 final : public ModelFamily {
     // Quantized block by block through the device by quantize_model, the rest in host memory; on the device
     // after the text encoder loads, or under low_vram at its first use (flux2_model.py:158-182, 249-258).
     using L = TransformerLoading;
-    return {{"flux2_klein_4b",
+    return {{"flux2", kFlux2Id, "flux2-dev", false, "", "", L::per_block, {"FLUX.2-dev"}},
+            {"tiny-flux2-dev", kFlux2Id, "tiny-flux2-dev", true, "", "", L::per_block, {}},
+            {"flux2_klein_4b",
              kFlux2Id,
              "flux2-klein-4b",
              false,
@@ -80,7 +94,10 @@ class Flux2 final : public ModelFamily {
     ModelSpec tiny = families_shared::tiny(four, "tiny-flux2-klein");
     tiny.double_blocks = 2, tiny.single_blocks = 2, tiny.max_text_tokens = 32;
     tiny.mlp_hidden = 3 * tiny.hidden, tiny.text_dim = 3 * 64, tiny.rope_axes = {8, 8, 8, 8};
-    return {four, nine, tiny};
+    const ModelSpec dev = dev_preset();
+    ModelSpec tiny_dev = tiny;  // the tiny klein's blocks with the guidance embedder and the tiny Mistral
+    tiny_dev.preset = "tiny-flux2-dev", tiny_dev.variant = kDev, tiny_dev.guidance_embed = true;
+    return {dev, tiny_dev, four, nine, tiny};
   }
   std::shared_ptr<DiffusionTransformer> build_transformer(const ModelSpec& spec,
                                                           const torch::TensorOptions& options) const override {
@@ -95,17 +112,32 @@ class Flux2 final : public ModelFamily {
   }
   std::shared_ptr<const text::TextPipeline> text_pipeline() const override { return flux2::klein_text_pipeline(false); }
   std::shared_ptr<const text::TextPipeline> text_pipeline(const ModelSpec& spec) const override {
+    if (spec.variant == kDev) return flux2::dev_text_pipeline();
     return flux2::klein_text_pipeline(spec.variant == kKlein9b);
   }
-  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec&, bool) const override {
+  // Flux2Model.load_te quantizes Mistral under quantize_te as model.qtype (flux2_model.py:108-112); klein's
+  // Qwen3 as qtype_te (flux2_klein_model.py:49-53).
+  TextEncoderQuantization text_encoder_quantization(const ModelSpec& spec) const override {
+    TextEncoderQuantization q;
+    q.as_qtype_te = spec.variant != kDev;
+    return q;
+  }
+  // dev: the sample's guidance_scale embedded, one forward a step, no negative prompt (is_guidance_distilled,
+  // flux2_model.py:320-321); klein: CFG.
+  std::shared_ptr<const Guidance> preview_guidance(const ModelSpec& spec, bool) const override {
+    if (spec.guidance_embed) return std::make_shared<NoGuidance>(/*embeds_scale=*/true);
     return std::make_shared<KleinCfg>();
   }
+  // Flux2Model.get_noise_prediction embeds guidance_embedding_scale (train.cfg_scale) and has no
+  // bypass_guidance_embedding (flux2_model.py:336-345, 438-453): the switch is not read.
+  bool bypasses_guidance(const ModelSpec&, const config::TrainConfig&) const override { return false; }
   int64_t encoder_tokens(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
   int64_t sequence_rows(const ModelSpec& spec, int64_t) const override { return spec.max_text_tokens; }
 
   // convert_lora_weights_before_save (flux2_model.py:508-513): PEFT's "transformer." as "diffusion_model.".
   std::string lora_file_key(const std::string& module_path) const override { return "diffusion_model." + module_path; }
-  std::string base_model_version(const std::string& arch) const override { return arch; }  // flux2_klein_model.py
+  // flux2_model.py:502-503, flux2_klein_model.py:80-81, 92-93: the arch.
+  std::string base_model_version(const std::string& arch) const override { return arch; }
 
   // Flux2's module order of the Linears (src/model.py): the order AI Toolkit's LoRA network makes them.
   std::vector<std::string> diffusers_linear_order() const override {
@@ -131,8 +163,8 @@ class Flux2 final : public ModelFamily {
             {"patch_size", 1},
             {"rope_theta", s.rope_theta}};
   }
-  // Flux2Model.load_model reads one BFL-format file (flux-2-klein-base-4b.safetensors, ...), no config.json
-  // (:134-156); a folder is read only where gclab wrote it.
+  // Flux2Model.load_model reads one BFL-format file (flux2-dev.safetensors, flux-2-klein-base-4b.safetensors,
+  // ...), no config.json (:134-156); a folder is read only where gclab wrote it.
   void read_diffusers_config(ModelSpec& s, const nlohmann::json& c) const override {
     bfl::read_gclab_folder(
         s, c,
