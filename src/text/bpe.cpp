@@ -6,6 +6,7 @@
 #include <unicode/unistr.h>
 
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -99,6 +100,13 @@ ByteLevelBpe::ByteLevelBpe(const std::filesystem::path& vocab_json, const std::f
   unk_ = id(unk_token);
 }
 
+ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int64_t> vocab,
+                           const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges)
+    : vocab_(std::move(vocab)), ignore_merges_(ignore_merges), byte_symbol_(byte_symbols()) {
+  int64_t rank = 0;
+  for (const auto& pair : merges) ranks_.emplace(pair, rank++);
+}
+
 int64_t ByteLevelBpe::id(const std::string& token) const {
   const auto it = vocab_.find(token);
   return it == vocab_.end() ? -1 : it->second;
@@ -109,6 +117,11 @@ void ByteLevelBpe::encode_piece(const std::string& piece, std::vector<int64_t>& 
   std::vector<std::string> word;
   for (unsigned char b : piece) word.push_back(byte_symbol_[b]);
   word.back() += suffix_;
+  if (ignore_merges_) {
+    std::string whole;
+    for (const auto& symbol : word) whole += symbol;
+    if (const int64_t i = id(whole); i >= 0) return out.push_back(i);
+  }
   // The merges lowest rank first, each applied to every occurrence left to right.
   while (word.size() > 1) {
     int64_t best = std::numeric_limits<int64_t>::max();
@@ -283,6 +296,33 @@ QwenTokenizer::QwenTokenizer(const std::filesystem::path& folder)
   if (pad_ < 0) throw std::runtime_error(folder.string() + ": no id for the pad token " + pad);
 }
 
+namespace {
+
+// The tokenizers library's Split with behavior "isolated": every match a piece, and the text between matches
+// (and after the last) a piece too.
+void isolated_pieces(const icu::RegexPattern& pattern, const icu::UnicodeString& u,
+                     const std::function<void(const std::string&)>& piece) {
+  UErrorCode status = U_ZERO_ERROR;
+  std::unique_ptr<icu::RegexMatcher> m(pattern.matcher(u, status));
+  check(status, "matcher");
+  int32_t last = 0;
+  auto emit = [&](int32_t from, int32_t to) {
+    std::string s;
+    u.tempSubStringBetween(from, to).toUTF8String(s);
+    piece(s);
+  };
+  while (m->find(status)) {
+    const int32_t start = m->start(status), end = m->end(status);
+    if (start > last) emit(last, start);
+    emit(start, end);
+    last = end;
+  }
+  check(status, "find");
+  if (last < u.length()) emit(last, u.length());
+}
+
+}  // namespace
+
 std::vector<int64_t> QwenTokenizer::encode(const std::string& text, int64_t max_length) const {
   // Qwen2Tokenizer's pre-tokenizer (transformers' PRETOKENIZE_REGEX), \s spelled as Unicode's White_Space
   // as the tokenizers library's Oniguruma reads it; the text between matches is kept too ("isolated").
@@ -291,24 +331,126 @@ std::vector<int64_t> QwenTokenizer::encode(const std::string& text, int64_t max_
       "\\p{White_Space}*[\\r\\n]+|\\p{White_Space}+(?!\\P{White_Space})|\\p{White_Space}+");
   std::vector<int64_t> ids;
   split_on_added_tokens(text, added_, ids, [&](const std::string& chunk) {
-    const icu::UnicodeString u = nfc(chunk);
-    UErrorCode status = U_ZERO_ERROR;
-    std::unique_ptr<icu::RegexMatcher> m(split->matcher(u, status));
-    check(status, "matcher");
-    int32_t last = 0;
-    auto piece = [&](int32_t from, int32_t to) {
-      std::string s;
-      u.tempSubStringBetween(from, to).toUTF8String(s);
-      bpe_.encode_piece(s, ids);
-    };
-    while (m->find(status)) {
-      const int32_t start = m->start(status), end = m->end(status);
-      if (start > last) piece(last, start);
-      piece(start, end);
-      last = end;
+    isolated_pieces(*split, nfc(chunk), [&](const std::string& piece) { bpe_.encode_piece(piece, ids); });
+  });
+  if (max_length > 0 && static_cast<int64_t>(ids.size()) > max_length) ids.resize(static_cast<size_t>(max_length));
+  return ids;
+}
+
+bool has_tokenizer_json_only(const std::filesystem::path& folder) {
+  std::error_code ec;
+  return !folder.empty() && std::filesystem::is_regular_file(folder / "tokenizer.json", ec) && !has_bpe_files(folder);
+}
+
+struct TokenizerJsonBpe::Rules {
+  std::unique_ptr<icu::RegexPattern> split;  // the Split step's regex, or GPT-2's (ByteLevel's own)
+  bool nfc = false;
+};
+
+TokenizerJsonBpe::~TokenizerJsonBpe() = default;
+
+namespace {
+
+// A regex as the tokenizers library's Oniguruma reads it, in ICU's terms: \s and \S are Unicode's White_Space.
+std::string icu_regex(const std::string& pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\' && i + 1 < pattern.size() && (pattern[i + 1] == 's' || pattern[i + 1] == 'S')) {
+      out += pattern[i + 1] == 's' ? "\\p{White_Space}" : "\\P{White_Space}";
+      ++i;
+    } else if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+      out += pattern.substr(i, 2);
+      ++i;
+    } else {
+      out += pattern[i];
     }
-    check(status, "find");
-    if (last < u.length()) piece(last, u.length());
+  }
+  return out;
+}
+
+// GPT-2's pre-tokenizer regex, which ByteLevel applies when its use_regex is on.
+constexpr const char* kGpt2Split = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+}  // namespace
+
+TokenizerJsonBpe::TokenizerJsonBpe(const std::filesystem::path& folder) : rules_(std::make_unique<Rules>()) {
+  const std::filesystem::path file = folder / "tokenizer.json";
+  io::parse_json_file(file, [&](const nlohmann::json& j) {
+    const nlohmann::json& model = j.at("model");
+    if (model.value("type", std::string()) != "BPE") throw std::runtime_error("the model is not a BPE");
+    std::unordered_map<std::string, int64_t> vocab;
+    for (const auto& [token, id] : model.at("vocab").items()) vocab.emplace(token, id.get<int64_t>());
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (const auto& m : model.at("merges")) {
+      if (m.is_array() && m.size() == 2) {
+        merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      } else {
+        const std::string line = m.get<std::string>();
+        const size_t space = line.find(' ');
+        if (space == std::string::npos) throw std::runtime_error("merge '" + line + "' is not a pair of tokens");
+        merges.emplace_back(line.substr(0, space), line.substr(space + 1));
+      }
+    }
+    if (!model.value("continuing_subword_prefix", nlohmann::json()).is_null() ||
+        !model.value("end_of_word_suffix", nlohmann::json()).is_null())
+      throw std::runtime_error("a BPE with a subword prefix or word suffix is not byte-level");
+    bpe_ = std::make_unique<ByteLevelBpe>(std::move(vocab), merges, model.value("ignore_merges", false));
+    const nlohmann::json normalizer = j.value("normalizer", nlohmann::json());
+    if (!normalizer.is_null()) {
+      if (normalizer.value("type", std::string()) != "NFC")
+        throw std::runtime_error("normalizer " + normalizer.value("type", std::string("?")) + " is not followed");
+      rules_->nfc = true;
+    }
+    // Sequence [Split(regex, isolated), ByteLevel(use_regex false)], or ByteLevel(use_regex true) alone.
+    const nlohmann::json pre = j.value("pre_tokenizer", nlohmann::json());
+    std::vector<nlohmann::json> steps;
+    if (pre.is_object() && pre.value("type", std::string()) == "Sequence")
+      for (const auto& step : pre.at("pretokenizers")) steps.push_back(step);
+    else if (pre.is_object())
+      steps.push_back(pre);
+    std::string pattern;
+    bool byte_level = false;
+    for (const auto& step : steps) {
+      const std::string type = step.value("type", std::string());
+      if (type == "Split" && pattern.empty() && !byte_level && step.contains("pattern") &&
+          step["pattern"].contains("Regex") && step.value("behavior", std::string()) == "Isolated" &&
+          !step.value("invert", false)) {
+        pattern = step["pattern"]["Regex"].get<std::string>();
+      } else if (type == "ByteLevel" && !byte_level && !step.value("add_prefix_space", false)) {
+        byte_level = true;
+        if (step.value("use_regex", true)) {
+          if (!pattern.empty()) throw std::runtime_error("two pre-tokenizer regexes");
+          pattern = kGpt2Split;
+        }
+      } else {
+        throw std::runtime_error("pre-tokenizer step " + step.dump() + " is not followed");
+      }
+    }
+    if (!byte_level || pattern.empty())
+      throw std::runtime_error("the pre-tokenizer is not a regex split then ByteLevel");
+    rules_->split = compile(icu_regex(pattern).c_str());
+    for (const auto& t : j.value("added_tokens", nlohmann::json::array()))
+      added_.emplace_back(t.at("content").get<std::string>(), t.at("id").get<int64_t>());
+    return 0;
+  });
+  std::string pad = "<pad>";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(folder / "tokenizer_config.json", ec))
+    io::parse_json_file(folder / "tokenizer_config.json", [&](const nlohmann::json& j) {
+      read_token(j, "pad_token", pad);
+      return 0;
+    });
+  pad_ = bpe_->id(pad);
+  for (const auto& [token, id] : added_)
+    if (token == pad) pad_ = id;
+  if (pad_ < 0) throw std::runtime_error(file.string() + ": no id for the pad token " + pad);
+}
+
+std::vector<int64_t> TokenizerJsonBpe::encode(const std::string& text, int64_t max_length) const {
+  std::vector<int64_t> ids;
+  split_on_added_tokens(text, added_, ids, [&](const std::string& chunk) {
+    isolated_pieces(*rules_->split, rules_->nfc ? nfc(chunk) : icu::UnicodeString::fromUTF8(chunk),
+                    [&](const std::string& piece) { bpe_->encode_piece(piece, ids); });
   });
   if (max_length > 0 && static_cast<int64_t>(ids.size()) > max_length) ids.resize(static_cast<size_t>(max_length));
   return ids;

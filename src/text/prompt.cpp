@@ -24,14 +24,15 @@ constexpr const char* kImagePad = "<|image_pad|>";
 
 bool is_clip(Kind k) { return k == Kind::clip_l || k == Kind::clip_l_projected || k == Kind::clip_g_projected; }
 
-// The tokenizer slot `kind` reads from `folder`: T5's SentencePiece model, CLIP's or Qwen's BPE files; null:
-// none there (the hashing stand-in then).
+// The tokenizer slot `kind` reads from `folder`: T5's SentencePiece model, CLIP's or Qwen's BPE files, a
+// tokenizer.json alone (Mistral's); null: none there (the hashing stand-in then).
 std::unique_ptr<Tokenizer> folder_tokenizer(Kind kind, const std::filesystem::path& folder) {
   std::error_code ec;
   if (config::t5_structured(kind))
     return !folder.empty() && std::filesystem::is_regular_file(folder / "spiece.model", ec)
                ? std::make_unique<T5Tokenizer>(folder)
                : nullptr;
+  if (!is_clip(kind) && has_tokenizer_json_only(folder)) return std::make_unique<TokenizerJsonBpe>(folder);
   if (!has_bpe_files(folder)) return nullptr;
   if (is_clip(kind)) return std::make_unique<ClipTokenizer>(folder);
   return std::make_unique<QwenTokenizer>(folder);

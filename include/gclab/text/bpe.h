@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -23,6 +24,10 @@ class ByteLevelBpe {
   // Throws std::runtime_error naming the file when vocab.json or merges.txt is missing or malformed.
   ByteLevelBpe(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt,
                std::string end_of_word_suffix, const std::string& unk_token);
+  // The same from a tokenizer.json's model: its vocab and its merges (ranked in order); `ignore_merges`: a
+  // pre-token the vocabulary holds whole is that token (the tokenizers library's BPE.ignore_merges).
+  ByteLevelBpe(std::unordered_map<std::string, int64_t> vocab,
+               const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges);
   // Appends the ids of one pre-token (UTF-8).
   void encode_piece(const std::string& piece, std::vector<int64_t>& out) const;
   // The id of a token written in the byte alphabet (a special token's text); -1 when absent.
@@ -34,6 +39,7 @@ class ByteLevelBpe {
   std::map<std::pair<std::string, std::string>, int64_t> ranks_;
   std::string suffix_;
   int64_t unk_ = -1;
+  bool ignore_merges_ = false;
   std::vector<std::string> byte_symbol_;  // byte -> its printable symbol (UTF-8)
 };
 
@@ -71,6 +77,31 @@ class QwenTokenizer : public Tokenizer {
   std::vector<std::pair<std::string, int64_t>> added_;
   int64_t pad_ = 0;
 };
+
+// A byte-level BPE tokenizer that a tokenizers-library tokenizer.json alone describes (Mistral-Small-3.1's
+// "tekken" tokenizer as transformers ships it: no vocab.json / merges.txt): the BPE model's vocab, merges and
+// ignore_merges; the pre-tokenizer's Split regex (isolated) before a ByteLevel step without a regex of its own
+// (or ByteLevel with GPT-2's); no normalizer or NFC; the added tokens matched in the text first. The chat
+// templates write their special tokens (<s>, [INST]), so none is added around the text. Cut at max_length;
+// pads with tokenizer_config.json's pad_token (else "<pad>"). A file it cannot follow is refused naming the
+// part (std::runtime_error).
+class TokenizerJsonBpe : public Tokenizer {
+ public:
+  explicit TokenizerJsonBpe(const std::filesystem::path& folder);
+  ~TokenizerJsonBpe() override;
+  std::vector<int64_t> encode(const std::string& text, int64_t max_length = 0) const override;
+  int64_t pad_id() const override { return pad_; }
+
+ private:
+  struct Rules;
+  std::unique_ptr<ByteLevelBpe> bpe_;
+  std::unique_ptr<Rules> rules_;
+  std::vector<std::pair<std::string, int64_t>> added_;
+  int64_t pad_ = 0;
+};
+
+// Whether `folder` holds only a tokenizer.json (no vocab.json / merges.txt beside it).
+bool has_tokenizer_json_only(const std::filesystem::path& folder);
 
 // Whether `folder` holds a byte-level BPE tokenizer's files (vocab.json and merges.txt).
 bool has_bpe_files(const std::filesystem::path& folder);
