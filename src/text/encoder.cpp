@@ -85,8 +85,8 @@ class QwenEncoder : public TextEncoderBase {
     }
     if (c.pixtral) register_module("resident", pixtral_resident(*c.pixtral, c.hidden_size, options));
     if (c.lm_head)
-      register_module("lm_head",
-                      nn::Linear(nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false).tensor_options(options)));
+      lm_head_ = register_module(
+          "lm_head", nn::Linear(nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false).tensor_options(options)));
   }
   EncodedText encode(const torch::Tensor& ids, const torch::Tensor& mask) override {
     return {pick(model_->forward(ids, mask)), {}};
@@ -101,10 +101,17 @@ class QwenEncoder : public TextEncoderBase {
     if (!takes_images()) return TextEncoderBase::encode_with_images(ids, mask, images);
     return {pick(qwen_forward_with_images(*model_, *visual_, ids, mask, images)), {}};
   }
-  // All the hidden states kept to the end, as output_hidden_states keeps them; the asked ones stacked.
+  // All the hidden states kept to the end, as output_hidden_states keeps them; the asked ones stacked. The
+  // FLUX.2 pipelines call the whole causal-LM class (Mistral3ForConditionalGeneration, Qwen3ForCausalLM), whose
+  // forward also makes the LM head's logits over every row (logits_to_keep 0) while those states are held:
+  // made here too and dropped (the untied head, else the tied embedding).
   EncodedText encode_layers(const torch::Tensor& ids, const torch::Tensor& mask,
                             const std::vector<int64_t>& layers) override {
     const QwenLmOutput o = model_->forward(ids, mask, /*keep_hidden_states=*/true);
+    if (lm_head_.is_empty())
+      model_->tied_logits(o.last_hidden_state);
+    else
+      lm_head_->forward(o.last_hidden_state);
     std::vector<torch::Tensor> picked;
     for (const int64_t k : layers) {
       if (k < 0 || k >= static_cast<int64_t>(o.hidden_states.size()))
@@ -152,6 +159,7 @@ class QwenEncoder : public TextEncoderBase {
   Kind kind_;
   QwenLm model_;
   QwenVisionTower visual_{nullptr};
+  nn::Linear lm_head_{nullptr};
 };
 
 }  // namespace

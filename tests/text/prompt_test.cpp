@@ -358,7 +358,10 @@ TEST(PromptEncoder, ThePredictedEncodePeakIsWhatTheAllocatorMeasures) {
   memory::CpuMemoryTracker tracker;
   EncodeMemoryOptions kernels;
   const std::string prompt = "a small red fox sitting in the snow, looking at the camera";
-  for (const std::string preset : {"tiny-flux", "tiny-sd3", "tiny-qwen-image", "tiny-zimage", "tiny-qwen-image-edit"}) {
+  // FLUX.2: every hidden state held and the LM head's logits over every row (klein's tied to the embedding,
+  // dev's Mistral's own head).
+  for (const std::string preset : {"tiny-flux", "tiny-sd3", "tiny-qwen-image", "tiny-zimage", "tiny-qwen-image-edit",
+                                   "tiny-flux2-klein", "tiny-flux2-dev"}) {
     PromptEncoder p(edit_options(preset));
     // Edit models: a control image the processor resizes again, and two of which one is already its size.
     std::vector<ConditionImages> cases = {{}};

@@ -88,6 +88,8 @@ class QwenLmImpl : public torch::nn::Module {
   QwenLmOutput forward_embeds(const torch::Tensor& inputs_embeds, const torch::Tensor& positions,
                               const torch::Tensor& attention_mask = {}, bool keep_hidden_states = false);
   torch::Tensor embed(const torch::Tensor& input_ids) const;
+  // A tied LM head's logits (Qwen3ForCausalLM with tie_word_embeddings): the states times the embedding.
+  torch::Tensor tied_logits(const torch::Tensor& hidden) const { return torch::linear(hidden, embed_); }
   const QwenLmConfig& config() const { return config_; }
 
  private:
