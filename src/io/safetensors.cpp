@@ -445,8 +445,16 @@ const torch::Tensor* TensorMatcher::take(const std::string& name, c10::IntArrayR
     return nullptr;
   }
   if (it->second.sizes() != sizes) {
-    problems_.push_back(name + " has shape " + c10::str(it->second.sizes()) + ", the model needs " + c10::str(sizes));
-    return nullptr;
+    // A 1 x 1 convolution's kernel [out, in, 1, 1] for a Linear's [out, in] (BFL's attention projections where
+    // diffusers has Linears: its conversions' conv_attn_to_linear), and no other difference.
+    const auto have = it->second.sizes();
+    const bool one_by_one = have.size() == sizes.size() + 2 && have.slice(0, sizes.size()) == sizes &&
+                            have[have.size() - 1] == 1 && have[have.size() - 2] == 1;
+    if (!one_by_one) {
+      problems_.push_back(name + " has shape " + c10::str(it->second.sizes()) + ", the model needs " + c10::str(sizes));
+      return nullptr;
+    }
+    it->second = it->second.view(sizes);
   }
   used_.insert(name);
   return &it->second;

@@ -169,6 +169,30 @@ ModelSpec spec_for(const config::ModelConfig& model) {
   return s;
 }
 
+namespace {
+
+// What a model folder holds beside its transformer: vae/, image_encoder/, image_processor/, the text encoders'
+// and tokenizers' folders.
+void companion_folders(const std::filesystem::path& dir, LocalModel& m) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(dir / "vae" / "config.json", ec)) m.vae = dir / "vae";
+  if (fs::is_regular_file(dir / "image_encoder" / "config.json", ec)) m.image_encoder = dir / "image_encoder";
+  if (fs::is_directory(dir / "image_processor", ec)) m.image_processor = dir / "image_processor";
+  for (size_t i = 0; i < kTextEncoderSlots; ++i)
+    if (fs::is_regular_file(dir / text_encoder_folder(i) / "config.json", ec)) {
+      m.text_encoders.resize(i + 1);
+      m.text_encoders[i] = dir / text_encoder_folder(i);
+    }
+  for (size_t i = 0; i < kTextEncoderSlots; ++i)
+    if (fs::is_directory(dir / tokenizer_folder(i), ec)) {
+      m.tokenizers.resize(i + 1);
+      m.tokenizers[i] = dir / tokenizer_folder(i);
+    }
+}
+
+}  // namespace
+
 std::optional<LocalModel> local_model(const config::ModelConfig& model) {
   std::error_code ec;
   if (!model.name_or_path) return std::nullopt;
@@ -183,6 +207,23 @@ std::optional<LocalModel> local_model(const config::ModelConfig& model) {
     return single;
   }
   if (!std::filesystem::is_directory(path, ec)) return std::nullopt;
+  // A BFL-layout folder as AI Toolkit's class reads it: the arch's transformer file there wins (a Hub snapshot
+  // holds a diffusers transformer/ beside it); a folder with neither it nor a config.json is refused.
+  const ArchFacts* arch = find_arch(model.arch);
+  if (arch && !arch->transformer_file.empty()) {
+    if (std::filesystem::is_regular_file(path / arch->transformer_file, ec)) {
+      LocalModel bfl;
+      companion_folders(path, bfl);  // a Hub snapshot's text_encoder/, tokenizer/, vae/
+      bfl.weights = path / arch->transformer_file;
+      if (!arch->autoencoder_file.empty() && std::filesystem::is_regular_file(path / arch->autoencoder_file, ec))
+        bfl.vae = path / arch->autoencoder_file, bfl.vae_over_vae_path = true;
+      return bfl;
+    }
+    if (!std::filesystem::exists(path / "config.json", ec) &&
+        !std::filesystem::exists(path / "transformer" / "config.json", ec))
+      throw UserError("model.name_or_path '" + path.string() + "' is a folder without " + arch->transformer_file +
+                      " (the file AI Toolkit's " + arch->name + " class reads there) or a diffusers config.json");
+  }
   return local_model_at(path, "model.name_or_path");
 }
 
@@ -190,19 +231,7 @@ LocalModel local_model_at(const std::filesystem::path& dir, const std::string& w
   namespace fs = std::filesystem;
   std::error_code ec;
   LocalModel m;
-  if (fs::is_regular_file(dir / "vae" / "config.json", ec)) m.vae = dir / "vae";
-  if (fs::is_regular_file(dir / "image_encoder" / "config.json", ec)) m.image_encoder = dir / "image_encoder";
-  if (fs::is_directory(dir / "image_processor", ec)) m.image_processor = dir / "image_processor";
-  for (size_t i = 0; i < kTextEncoderSlots; ++i)
-    if (fs::is_regular_file(dir / text_encoder_folder(i) / "config.json", ec)) {
-      m.text_encoders.resize(i + 1);
-      m.text_encoders[i] = dir / text_encoder_folder(i);
-    }
-  for (size_t i = 0; i < kTextEncoderSlots; ++i)
-    if (fs::is_directory(dir / tokenizer_folder(i), ec)) {
-      m.tokenizers.resize(i + 1);
-      m.tokenizers[i] = dir / tokenizer_folder(i);
-    }
+  companion_folders(dir, m);
   for (const fs::path& d : {dir / "transformer", dir})
     if (fs::is_regular_file(d / "config.json", ec)) {
       m.config = d / "config.json";

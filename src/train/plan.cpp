@@ -102,8 +102,10 @@ bool text_encoder_leaves(const config::ProcessConfig& config) {
 fs::path autoencoder_weights(const config::ProcessConfig& config, const fs::path& weights) {
   if (!weights.empty()) return weights;
   std::error_code ec;
+  const auto local = model::local_model(config.model);
+  if (local && local->vae_over_vae_path) return local->vae;
   if (config.model.vae_path && fs::exists(*config.model.vae_path, ec)) return *config.model.vae_path;
-  if (const auto local = model::local_model(config.model)) return local->vae;
+  if (local) return local->vae;
   return {};
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -187,7 +188,7 @@ struct EncoderImpl : CoderImpl {
 
 struct DecoderImpl : CoderImpl {
   DecoderImpl(const AutoencoderKLConfig& c, const torch::TensorOptions& o) {
-    const std::vector<int64_t> ch(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+    const std::vector<int64_t> ch(c.decoder_channels().rbegin(), c.decoder_channels().rend());
     const int64_t g = c.norm_num_groups;
     conv_in = register_module("conv_in", conv(o, c.latent_channels, ch.front(), 3));
     mid_block = register_module("mid_block", MidBlock(o, ch.front(), g, c.mid_block_add_attention));
@@ -247,7 +248,10 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json_file(const std::filesystem::p
           c.mid_block_add_attention = j.value("mid_block_add_attention", c.mid_block_add_attention);
           c.sample_size = j.value("sample_size", c.sample_size);
           if (!j.value("decoder_block_out_channels", nlohmann::json()).is_null())
-            throw std::runtime_error("decoder_block_out_channels (a decoder of its own widths) is not built");
+            c.decoder_block_out_channels = j["decoder_block_out_channels"].get<std::vector<int64_t>>();
+          if (!c.decoder_block_out_channels.empty() &&
+              c.decoder_block_out_channels.size() != c.block_out_channels.size())
+            throw std::runtime_error("decoder_block_out_channels needs one width per level");
           return c;
         }
         c.in_channels = j.value("in_channels", c.in_channels);
@@ -352,7 +356,76 @@ torch::Tensor AutoencoderKLImpl::denormalize(const torch::Tensor& z) const {
 }
 
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path) {
-  return load_diffusers_weights(vae, path);
+  if (!bfl_autoencoder_file(path)) return load_diffusers_weights(vae, path);
+  const auto levels = static_cast<int64_t>(vae.config().block_out_channels.size());
+  return io::load_module_weights(vae, path, {}, [&](const std::string& name) {
+    return std::vector<std::string>{bfl_autoencoder_name(name, levels)};
+  });
+}
+
+std::string bfl_autoencoder_name(const std::string& name, int64_t levels) {
+  std::vector<std::string> p;  // the dotted parts
+  for (size_t at = 0;;) {
+    const size_t dot = name.find('.', at);
+    p.push_back(name.substr(at, dot == std::string::npos ? std::string::npos : dot - at));
+    if (dot == std::string::npos) break;
+    at = dot + 1;
+  }
+  if (p[0] == "quant_conv") p.insert(p.begin(), "encoder");
+  if (p[0] == "post_quant_conv") p.insert(p.begin(), "decoder");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const std::string& s = p[i];
+    const bool has_next = i + 1 < p.size();
+    if ((s == "down_blocks" || s == "up_blocks") && has_next) {
+      out.push_back(s == "down_blocks" ? "down" : "up");
+      out.push_back(s == "down_blocks" ? p[i + 1] : std::to_string(levels - 1 - std::stoll(p[i + 1])));
+      ++i;
+    } else if (s == "resnets" && has_next && i > 0 && p[i - 1] == "mid_block") {
+      out.back() = "mid";
+      out.push_back("block_" + std::to_string(std::stoll(p[i + 1]) + 1));
+      ++i;
+    } else if (s == "resnets") {
+      out.push_back("block");
+    } else if (s == "attentions" && has_next) {  // mid_block.attentions.0 -> mid.attn_1
+      out.back() = "mid";
+      out.push_back("attn_1");
+      ++i;
+    } else if ((s == "downsamplers" || s == "upsamplers") && has_next) {
+      out.push_back(s == "downsamplers" ? "downsample" : "upsample");
+      ++i;
+    } else if (s == "to_out" && has_next) {
+      out.push_back("proj_out");
+      ++i;
+    } else {
+      static const std::map<std::string, std::string> renamed = {
+          {"group_norm", "norm"},           {"to_q", "q"}, {"to_k", "k"}, {"to_v", "v"}, {"conv_norm_out", "norm_out"},
+          {"conv_shortcut", "nin_shortcut"}};
+      const auto it = renamed.find(s);
+      out.push_back(it == renamed.end() ? s : it->second);
+    }
+  }
+  std::string joined;
+  for (const auto& s : out) joined += (joined.empty() ? "" : ".") + s;
+  return joined;
+}
+
+bool bfl_autoencoder_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  return io::SafetensorsFile::open(path).contains("encoder.down.0.block.0.conv1.weight");
+}
+
+AutoencoderKLConfig bfl_autoencoder_config(const AutoencoderKLConfig& preset, const std::filesystem::path& path) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  const char* first = "decoder.up.0.block.0.conv1.bias";  // the full-resolution level's width
+  AutoencoderKLConfig c = preset;
+  if (!file.contains(first)) return c;
+  const int64_t width = file.entry(first).shape.at(0), base = c.block_out_channels.front();
+  if (width == c.decoder_channels().front()) return c;
+  c.decoder_block_out_channels.clear();
+  for (const int64_t ch : c.block_out_channels) c.decoder_block_out_channels.push_back(ch / base * width);
+  return c;
 }
 
 std::vector<std::string> load_diffusers_weights(torch::nn::Module& module, const std::filesystem::path& path) {

@@ -133,6 +133,8 @@ const char* class_name(const AutoencoderConfig& config) {
 AutoencoderConfig autoencoder_config(const AutoencoderConfig& fallback, const std::filesystem::path& weights) {
   std::error_code ec;
   const std::filesystem::path json = weights / "config.json";
+  if (const auto* kl = std::get_if<AutoencoderKLConfig>(&fallback); kl && bfl_autoencoder_file(weights))
+    return bfl_autoencoder_config(*kl, weights);  // BFL's ae.safetensors: the decoder's widths from its tensors
   if (weights.empty() || !std::filesystem::is_regular_file(json, ec)) return fallback;
   return std::visit(
       Overloaded{
@@ -161,7 +163,10 @@ LoadedAutoencoder build_autoencoder(const AutoencoderConfig& config, const std::
                                   }},
                        config);
   out.random = !holds_weights(weights);
-  if (!out.random && !options.device().is_meta()) out.unused = load_diffusers_weights(*out.vae, weights);
+  if (!out.random && !options.device().is_meta()) {
+    auto* kl = dynamic_cast<AutoencoderKLImpl*>(out.vae.get());  // a BFL-layout file read by its own names
+    out.unused = kl ? load_autoencoder_weights(*kl, weights) : load_diffusers_weights(*out.vae, weights);
+  }
   return out;
 }
 

@@ -5,7 +5,9 @@
 
 For three tiny random AutoencoderKL configurations shaped like the ones users train on (FLUX's: 16
 channels, no quant convs, a shift factor; SD3's factors; the SD VAE's: 4 channels with quant_conv and
-post_quant_conv), and FLUX.2's AutoencoderKLFlux2 (32 channels in 2 x 2 patches, BatchNorm statistics), saved by diffusers' own save_pretrained, gclab must load the folder unchanged and give
+post_quant_conv), and FLUX.2's AutoencoderKLFlux2 (32 channels in 2 x 2 patches, BatchNorm statistics; also
+written in BFL's ae.safetensors layout, full and small decoder), saved by diffusers' own save_pretrained, gclab
+must load the folder (or file) unchanged and give
 diffusers' encode (the posterior's mean, then (z - shift) * scaling, as the pipelines and AI Toolkit scale
 latents) and decode (z / scaling + shift, then decode) to float32 rounding; in bfloat16 (gclab forward --dtype
 bf16 against diffusers' model cast to bfloat16, the same inputs) to bfloat16 rounding. Exit 77 without diffusers.
@@ -34,45 +36,118 @@ CONFIGS = {
 }
 
 
-def check_flux2(exe, work):
-    """FLUX.2's AutoencoderKLFlux2 as Flux2Pipeline uses it (pipeline_flux2.py:457-470, 606-618): encode to the
-    posterior's mean, 2 x 2 patches into the channels, normalized by the BatchNorm's running statistics; decode
-    the inverse. Its running statistics perturbed (the defaults 0 and 1 would hide a skipped normalization)."""
-    from diffusers import AutoencoderKLFlux2
-    torch.manual_seed(3)
-    vae = AutoencoderKLFlux2(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
-                             up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, norm_num_groups=8).eval()
-    with torch.no_grad():
-        for p in vae.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        vae.bn.running_mean.copy_(torch.randn(128) * 0.3)
-        vae.bn.running_var.copy_(torch.rand(128) + 0.5)
-    folder = os.path.join(work, "flux2")
-    vae.save_pretrained(folder, safe_serialization=True)
-    images = torch.rand(2, 3, 24, 40) * 2 - 1
-    latents = torch.randn(2, 128, 6, 10)
+def flux2_expected(vae, images, latents):
+    """Flux2Pipeline's encode and decode (pipeline_flux2.py:457-470, 606-618): the posterior's mean, 2 x 2 patches
+    into the channels, normalized by the BatchNorm's running statistics; decode the inverse."""
     mean = vae.bn.running_mean.view(1, -1, 1, 1)
     std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
     with torch.no_grad():
         z = vae.encode(images).latent_dist.mode()
         b, c, h, w = z.shape
         z = z.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
-        want = {"latents": (z - mean) / std}
-        u = (latents * std + mean).reshape(2, 32, 2, 2, 6, 10).permute(0, 1, 4, 2, 5, 3).reshape(2, 32, 12, 20)
-        want["images"] = vae.decode(u).sample
-    inputs = os.path.join(work, "in_flux2.safetensors")
-    save_file({"images": images.contiguous(), "latents": latents.contiguous()}, inputs)
+        b, c, h, w = latents.shape
+        u = (latents * std + mean).reshape(b, c // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3).reshape(
+            b, c // 4, 2 * h, 2 * w)
+        return {"latents": (z - mean) / std, "images": vae.decode(u).sample}
+
+
+def perturbed_flux2(**kw):
+    """A tiny AutoencoderKLFlux2, every parameter and its running statistics perturbed (the defaults 0 and 1
+    would hide a skipped normalization)."""
+    from diffusers import AutoencoderKLFlux2
+    vae = AutoencoderKLFlux2(**kw).eval()
+    with torch.no_grad():
+        for p in vae.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        vae.bn.running_mean.copy_(torch.randn(128) * 0.3)
+        vae.bn.running_var.copy_(torch.rand(128) + 0.5)
+    return vae
+
+
+def bfl_names(sd, levels):
+    """diffusers' AutoencoderKLFlux2 weights under Black Forest Labs' names (flux2/src/autoencoder.py: the LDM
+    layout, the decoder's levels numbered from the full resolution, 1 x 1 convolutions in the mid attention,
+    quant_conv inside the encoder and post_quant_conv inside the decoder), written here from BFL's modules."""
+    out = {}
+    for k, v in sd.items():
+        if k.startswith("quant_conv."):
+            k = "encoder." + k
+        elif k.startswith("post_quant_conv."):
+            k = "decoder." + k
+        p = k.split(".")
+        o = []
+        i = 0
+        while i < len(p):
+            s = p[i]
+            if s in ("down_blocks", "up_blocks"):
+                o += ["down" if s == "down_blocks" else "up",
+                      p[i + 1] if s == "down_blocks" else str(levels - 1 - int(p[i + 1]))]
+                i += 2
+            elif s == "mid_block":
+                o.append("mid")
+                i += 1
+            elif s == "resnets" and o[-1] == "mid":
+                o.append(f"block_{int(p[i + 1]) + 1}")
+                i += 2
+            elif s == "attentions":
+                o.append("attn_1")
+                i += 2
+            elif s in ("downsamplers", "upsamplers"):
+                o.append("downsample" if s == "downsamplers" else "upsample")
+                i += 2
+            elif s == "to_out":
+                o.append("proj_out")
+                i += 2
+            else:
+                o.append({"resnets": "block", "group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v",
+                          "conv_norm_out": "norm_out", "conv_shortcut": "nin_shortcut"}.get(s, s))
+                i += 1
+        name = ".".join(o)
+        if ".attn_1." in name and name.endswith(".weight") and ".norm." not in name:
+            v = v[:, :, None, None]  # BFL's 1 x 1 convolutions
+        out[name] = v.contiguous()
+    return out
+
+
+def compare_flux2(exe, work, label, weights, want, inputs):
     worst = 0.0
     config_yaml = forward_config(work, "tiny-flux2-klein")
     for component, key in (("vae.encode", "latents"), ("vae.decode", "images")):
         out = os.path.join(work, f"flux2_{component}.safetensors")
-        run_component(exe, config_yaml, component, folder, inputs, out, [])
+        run_component(exe, config_yaml, component, weights, inputs, out, [])
         got = load_file(out)[key]
-        assert got.shape == want[key].shape, f"flux2 {component}: {tuple(got.shape)} vs {tuple(want[key].shape)}"
+        assert got.shape == want[key].shape, f"{label} {component}: {tuple(got.shape)} vs {tuple(want[key].shape)}"
         err = ((got - want[key]).abs().max() / want[key].abs().max()).item()
         worst = max(worst, err)
-        print(f"flux2 {component}: max relative difference {err:.2e}")
-        assert err < TOL, f"flux2 {component}: {err:.2e} >= {TOL}"
+        print(f"{label} {component}: max relative difference {err:.2e}")
+        assert err < TOL, f"{label} {component}: {err:.2e} >= {TOL}"
+    return worst
+
+
+def check_flux2(exe, work):
+    """FLUX.2's AutoencoderKLFlux2 as a diffusers folder; then BFL's ae.safetensors layout (AI Toolkit's Flux2Model
+    reads that file) at the tiny preset's shape, with the full decoder and with a narrower one (BFL's
+    AutoEncoderSmallDecoderParams: 96 channels for 128), the widths read from the file."""
+    torch.manual_seed(3)
+    vae = perturbed_flux2(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                          up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, norm_num_groups=8)
+    folder = os.path.join(work, "flux2")
+    vae.save_pretrained(folder, safe_serialization=True)
+    images = torch.rand(2, 3, 24, 40) * 2 - 1
+    latents = torch.randn(2, 128, 6, 10)
+    inputs = os.path.join(work, "in_flux2.safetensors")
+    save_file({"images": images.contiguous(), "latents": latents.contiguous()}, inputs)
+    worst = compare_flux2(exe, work, "flux2", folder, flux2_expected(vae, images, latents), inputs)
+    images = torch.rand(2, 3, 32, 48) * 2 - 1
+    latents = torch.randn(2, 128, 2, 3)
+    inputs = os.path.join(work, "in_flux2_bfl.safetensors")
+    save_file({"images": images.contiguous(), "latents": latents.contiguous()}, inputs)
+    for label, decoder in (("flux2 ae.safetensors", None), ("flux2 ae.safetensors, small decoder", (8, 8, 8, 8))):
+        vae = perturbed_flux2(block_out_channels=(16, 16, 16, 16), layers_per_block=1, norm_num_groups=4,
+                              decoder_block_out_channels=decoder)
+        ae = os.path.join(work, "ae.safetensors")
+        save_file(bfl_names(vae.state_dict(), 4), ae)
+        worst = max(worst, compare_flux2(exe, work, label, ae, flux2_expected(vae, images, latents), inputs))
     return worst
 
 

@@ -15,7 +15,10 @@
 #include "gclab/data/dataset.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/memory/cpu_isa.h"
+#include "gclab/model/registry.h"
 #include "gclab/train/session.h"
+#include "gclab/vae/autoencoder_kl.h"
+#include "gclab/vae/codec.h"
 
 namespace gclab::train {
 namespace {
@@ -361,6 +364,57 @@ TEST(SessionAutoencoder, ALocalVaeFolderIsLoadedAndAMismatchIsRefused) {
   // An autoencoder whose latents the transformer does not take is refused by name.
   std::ofstream(dir / "model" / "vae" / "config.json") << R"({"_class_name": "AutoencoderKL", "latent_channels": 4})";
   EXPECT_THROW(Session{config}, UserError);
+  fs::remove_all(dir);
+}
+
+// AI Toolkit's Flux2Model reads a local name_or_path folder in BFL's layout (flux2_model.py:138-148, 188-189):
+// the arch's transformer file there and ae.safetensors beside it, taken over model.vae_path, its decoder's
+// widths from its tensors (the small decoder where they are narrower); a folder with neither that file nor a
+// config.json is refused by name. (Its names against diffusers' own: ctest interop.diffusers_autoencoder_kl.)
+TEST(SessionAutoencoder, ABflFolderGivesTheTransformerFileAndItsAutoencoder) {
+  const fs::path dir = testing::fresh_dir("bfl_folder");
+  const model::ModelSpec spec = model::spec_by_preset("tiny-flux2-klein");
+  torch::manual_seed(4);
+  auto transformer = model::build_transformer(spec, torch::TensorOptions());
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& p : transformer->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  fs::create_directories(dir / "klein");
+  io::save_safetensors(dir / "klein" / "flux-2-klein-base-4b.safetensors", tensors);
+  vae::AutoencoderKLConfig small = vae::AutoencoderKLConfig::batch_normed().shrunk();
+  small.decoder_block_out_channels = {8, 8, 8, 8};
+  vae::AutoencoderKL source(small);
+  tensors.clear();
+  for (const auto& p : source->named_parameters())
+    tensors.emplace_back(vae::bfl_autoencoder_name(p.key(), 4), p.value().detach());
+  for (const auto& b : source->named_buffers()) tensors.emplace_back(b.key(), b.value().detach());
+  io::save_safetensors(dir / "klein" / "ae.safetensors", tensors);
+  const std::vector<std::string> klein = {"model.arch=tiny-flux2-klein",
+                                          "model.name_or_path=" + (dir / "klein").string(),
+                                          "model.vae_path=" + (dir / "elsewhere.safetensors").string()};
+  const auto config = tiny_config(dir, "k", klein);
+  const auto local = model::local_model(config.model);
+  ASSERT_TRUE(local.has_value());
+  EXPECT_EQ(local->weights, dir / "klein" / "flux-2-klein-base-4b.safetensors");
+  // The file's spec is no preset's (full-size companions): where its autoencoder comes from is the point here.
+  EXPECT_EQ(codec_plan(config, model::spec_for(config.model)).weights, dir / "klein" / "ae.safetensors");
+  // Read as the tiny preset's autoencoder, the decoder's widths from the file.
+  const vae::AutoencoderConfig read =
+      vae::autoencoder_config(vae::AutoencoderKLConfig::batch_normed().shrunk(), dir / "klein" / "ae.safetensors");
+  EXPECT_EQ(std::get<vae::AutoencoderKLConfig>(read).decoder_channels(), (std::vector<int64_t>{8, 8, 8, 8}));
+  {
+    const vae::LoadedAutoencoder loaded = vae::build_autoencoder(read, dir / "klein" / "ae.safetensors");
+    EXPECT_FALSE(loaded.random);
+    const torch::Tensor z = torch::randn({1, 128, 2, 2});
+    torch::NoGradGuard no_grad;
+    source->eval(), loaded.vae->eval();
+    EXPECT_TRUE(torch::allclose(loaded.vae->decode(z), source->decode(z), 1e-5, 1e-6));
+  }
+  fs::create_directories(dir / "empty");
+  EXPECT_THROW(
+      model::local_model(
+          tiny_config(dir, "e", {"model.arch=tiny-flux2-klein", "model.name_or_path=" + (dir / "empty").string()})
+              .model),
+      UserError);
   fs::remove_all(dir);
 }
 

@@ -129,7 +129,8 @@ std::filesystem::path find_weights(const std::filesystem::path& path, const std:
 // a .safetensors file, a sharded *.index.json, or a folder holding the first of `folder_files` that exists there
 // (diffusers: diffusion_pytorch_model.safetensors[.index.json]; transformers: model.safetensors[.index.json]).
 // `stored_as` gives other names a parameter may be stored under (tied weights, a prefix one version of the
-// writer dropped), tried when its own name is absent. Throws std::runtime_error naming the first missing
+// writer dropped), tried when its own name is absent. A 1 x 1 convolution's kernel stands for a Linear's
+// weight of its first two sizes (BFL's autoencoder attention). Throws std::runtime_error naming the first missing
 // or misshapen tensor; returns the names in the file the module does not use.
 std::vector<std::string> load_module_weights(
     torch::nn::Module& module, const std::filesystem::path& path, const std::vector<std::string>& folder_files,

@@ -58,6 +58,10 @@ struct ArchFacts {
   // Text in a model.name_or_path that names this arch when the config does not (a Hub id or a folder:
   // "FLUX.1", "Qwen-Image-Edit"); the longest match wins.
   std::vector<std::string> names = {};
+  // Black Forest Labs' layout: a local model.name_or_path folder holding this one file is the transformer's
+  // weights (taken before a diffusers transformer/ there), and `autoencoder_file` beside it the autoencoder's,
+  // taken over model.vae_path (Flux2Model.load_model, flux2_model.py:138-148, 188-189); empty: none.
+  std::string transformer_file = {}, autoencoder_file = {};
 };
 
 // The arch a name_or_path names: the registered archs' names, the longest match first, else AI Toolkit's

@@ -120,6 +120,8 @@ struct LocalModel {
   std::filesystem::path config;   // the config.json read (empty: a single weights file)
   std::filesystem::path weights;  // empty: a shape only, random weights
   std::filesystem::path vae;      // the folder's vae/ (a diffusers autoencoder), when it has one
+  // A BFL-layout folder's autoencoder file (ArchFacts::autoencoder_file), read in place of model.vae_path.
+  bool vae_over_vae_path = false;
   // The folder's text_encoder/, text_encoder_2/, text_encoder_3/ (transformers models), in that order, up to
   // the last one it has (an absent one: empty).
   std::vector<std::filesystem::path> text_encoders;

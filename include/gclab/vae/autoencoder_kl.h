@@ -24,6 +24,9 @@ namespace gclab::vae {
 struct AutoencoderKLConfig {
   int64_t in_channels = 3, out_channels = 3, latent_channels = 16;
   std::vector<int64_t> block_out_channels = {128, 256, 512, 512};
+  // The decoder's widths where they differ (diffusers' decoder_block_out_channels: FLUX.2's small decoder,
+  // BFL's AutoEncoderSmallDecoderParams at 96 x [1, 2, 4, 4]); empty: block_out_channels.
+  std::vector<int64_t> decoder_block_out_channels;
   int64_t layers_per_block = 2, norm_num_groups = 32;
   bool use_quant_conv = false, use_post_quant_conv = false, mid_block_add_attention = true;
   double scaling_factor = 0.3611, shift_factor = 0.1159;
@@ -47,6 +50,9 @@ struct AutoencoderKLConfig {
   AutoencoderKLConfig shrunk() const;
   // A diffusers config.json (AutoencoderKL); throws std::runtime_error naming what it cannot use.
   static AutoencoderKLConfig from_json_file(const std::filesystem::path& path);
+  const std::vector<int64_t>& decoder_channels() const {
+    return decoder_block_out_channels.empty() ? block_out_channels : decoder_block_out_channels;
+  }
   int64_t network_downsampling() const { return int64_t{1} << (block_out_channels.size() - 1); }
   int64_t downsampling() const { return network_downsampling() * patch; }   // pixels per latent, after the patches
   int64_t latent_width() const { return latent_channels * patch * patch; }  // the channels encode returns
@@ -96,8 +102,22 @@ class AutoencoderKLImpl : public AutoencoderBase {
 TORCH_MODULE(AutoencoderKL);
 
 // Loads a diffusers AutoencoderKL's weights (a .safetensors file, or a folder holding
-// diffusion_pytorch_model.safetensors) by their names; throws std::runtime_error naming the first missing or
-// misshapen tensor. Returns the names in the file the model does not use.
+// diffusion_pytorch_model.safetensors) by their names, or a Black Forest Labs autoencoder file (FLUX.2's
+// ae.safetensors, the original LDM layout: bfl_autoencoder_name) by its own; throws std::runtime_error naming
+// the first missing or misshapen tensor. Returns the names in the file the model does not use.
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path);
+
+// The name a diffusers AutoencoderKL parameter has in BFL's autoencoder (flux2/src/autoencoder.py):
+// down_blocks.i.resnets.j -> down.i.block.j, downsamplers.0 -> downsample, mid_block.resnets.0 / 1 ->
+// mid.block_1 / block_2, mid_block.attentions.0.{group_norm, to_q, to_k, to_v, to_out.0} -> mid.attn_1.{norm,
+// q, k, v, proj_out} (1 x 1 convolutions there), conv_norm_out -> norm_out, conv_shortcut -> nin_shortcut,
+// up_blocks.i -> up.(levels - 1 - i) (BFL numbers the decoder's levels from the full resolution), upsamplers.0
+// -> upsample, quant_conv / post_quant_conv -> encoder.quant_conv / decoder.post_quant_conv.
+std::string bfl_autoencoder_name(const std::string& name, int64_t levels);
+// Whether a weights file is in BFL's layout (it holds encoder.down.0.block.0.conv1.weight).
+bool bfl_autoencoder_file(const std::filesystem::path& path);
+// A KL config for a BFL-layout file: `preset` with the decoder's widths the file's tensors have (AI Toolkit's
+// Flux2Model loads the small decoder where decoder.up.0.block.0.conv1.bias has 96 channels).
+AutoencoderKLConfig bfl_autoencoder_config(const AutoencoderKLConfig& preset, const std::filesystem::path& path);
 
 }  // namespace gclab::vae

@@ -32,7 +32,8 @@ int64_t temporal_downsampling(const AutoencoderConfig& config);
 // "AutoencoderKL", "AutoencoderKLQwenImage": diffusers' class name.
 const char* class_name(const AutoencoderConfig& config);
 // The configuration to build for `weights` (a diffusers vae/ folder, a .safetensors file, or nothing): the
-// folder's config.json (read as fallback's class) when it has one, else `fallback` (the family's preset).
+// folder's config.json (read as fallback's class) when it has one; a BFL-layout ae.safetensors: `fallback`
+// with the decoder's widths its tensors have; else `fallback` (the family's preset).
 // Throws std::runtime_error for a config.json it cannot use.
 AutoencoderConfig autoencoder_config(const AutoencoderConfig& fallback, const std::filesystem::path& weights);
 

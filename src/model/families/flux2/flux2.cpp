@@ -67,8 +67,11 @@ class Flux2 final : public ModelFamily {
     // Quantized block by block through the device by quantize_model, the rest in host memory; on the device
     // after the text encoder loads, or under low_vram at its first use (flux2_model.py:158-182, 249-258).
     using L = TransformerLoading;
-    return {{"flux2", kFlux2Id, "flux2-dev", false, "", "", L::per_block, {"FLUX.2-dev"}},
-            {"tiny-flux2-dev", kFlux2Id, "tiny-flux2-dev", true, "", "", L::per_block, {}},
+    // A local folder holds BFL's files (flux2_model.py:138-148, 188-189): flux2_te_filename (:51, 60; klein's
+    // flux2_klein_model.py:73, 85) and ae.safetensors (FLUX2_VAE_FILENAME, :50).
+    const char* ae = "ae.safetensors";
+    return {{"flux2", kFlux2Id, "flux2-dev", false, "", "", L::per_block, {"FLUX.2-dev"}, "flux2-dev.safetensors", ae},
+            {"tiny-flux2-dev", kFlux2Id, "tiny-flux2-dev", true, "", "", L::per_block, {}, "flux2-dev.safetensors", ae},
             {"flux2_klein_4b",
              kFlux2Id,
              "flux2-klein-4b",
@@ -76,7 +79,9 @@ class Flux2 final : public ModelFamily {
              "",
              "",
              L::per_block,
-             {"FLUX.2-klein-base-4B", "FLUX.2-klein-4B"}},
+             {"FLUX.2-klein-base-4B", "FLUX.2-klein-4B"},
+             "flux-2-klein-base-4b.safetensors",
+             ae},
             {"flux2_klein_9b",
              kFlux2Id,
              "flux2-klein-9b",
@@ -84,8 +89,19 @@ class Flux2 final : public ModelFamily {
              "",
              "",
              L::per_block,
-             {"FLUX.2-klein-base-9B", "FLUX.2-klein-9B"}},
-            {"tiny-flux2-klein", kFlux2Id, "tiny-flux2-klein", true, "", "", L::per_block, {}}};
+             {"FLUX.2-klein-base-9B", "FLUX.2-klein-9B"},
+             "flux-2-klein-base-9b.safetensors",
+             ae},
+            {"tiny-flux2-klein",
+             kFlux2Id,
+             "tiny-flux2-klein",
+             true,
+             "",
+             "",
+             L::per_block,
+             {},
+             "flux-2-klein-base-4b.safetensors",
+             ae}};
   }
   std::vector<ModelSpec> presets() const override {
     const ModelSpec four = flux2_preset("flux2-klein-4b", 24, 5, 20, 2560);
