@@ -356,6 +356,19 @@ torch::Tensor AutoencoderKLImpl::denormalize(const torch::Tensor& z) const {
 }
 
 std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const std::filesystem::path& path) {
+  // FLUX.2's latents are normalized by the BatchNorm's statistics: a file without them would leave mean 0 and
+  // variance 1 in their place, silently (AI Toolkit's strict load_state_dict refuses it too).
+  if (vae.config().batch_norm_eps > 0) {
+    const std::filesystem::path file = io::find_weights(
+        path, {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"});
+    if (!file.empty()) {
+      const auto stored = io::load_safetensors(file);
+      for (const char* name : {"bn.running_mean", "bn.running_var"})
+        if (!stored.count(name))
+          throw std::runtime_error(file.string() + ": missing " + name +
+                                   " (FLUX.2's autoencoder normalizes its latents by these statistics)");
+    }
+  }
   if (!bfl_autoencoder_file(path)) return load_diffusers_weights(vae, path);
   const auto levels = static_cast<int64_t>(vae.config().block_out_channels.size());
   return io::load_module_weights(vae, path, {}, [&](const std::string& name) {

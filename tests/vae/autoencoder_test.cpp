@@ -133,6 +133,22 @@ TEST(AutoencoderKL, AWeightsFileMissingATensorIsRefusedByName) {
   io::save_safetensors(dir / "diffusion_pytorch_model.safetensors", tensors);
   EXPECT_EQ(load_autoencoder_weights(*vae, dir), std::vector<std::string>{"extra.weight"});
   EXPECT_TRUE(torch::equal(vae->named_parameters()["decoder.conv_out.bias"], torch::ones({3})));
+  // FLUX.2's autoencoder without its BatchNorm statistics is refused, naming them; with them it loads them.
+  AutoencoderKL flux2(AutoencoderKLConfig::batch_normed().shrunk());
+  tensors.clear();
+  for (const auto& p : flux2->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  io::save_safetensors(dir / "diffusion_pytorch_model.safetensors", tensors);
+  try {
+    load_autoencoder_weights(*flux2, dir);
+    ADD_FAILURE() << "a FLUX.2 autoencoder without its statistics was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing bn.running_mean"), std::string::npos) << e.what();
+  }
+  tensors.emplace_back("bn.running_mean", torch::full({128}, 0.5));
+  tensors.emplace_back("bn.running_var", torch::full({128}, 2.0));
+  io::save_safetensors(dir / "diffusion_pytorch_model.safetensors", tensors);
+  load_autoencoder_weights(*flux2, dir);
+  EXPECT_TRUE(torch::equal(flux2->named_buffers()["bn.running_var"], torch::full({128}, 2.0)));
   fs::remove_all(dir);
 }
 
