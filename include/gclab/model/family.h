@@ -60,7 +60,7 @@ struct ArchFacts {
   std::vector<std::string> names = {};
   // Black Forest Labs' layout: a local model.name_or_path folder holding this one file is the transformer's
   // weights (taken before a diffusers transformer/ there), and `autoencoder_file` beside it the autoencoder's,
-  // taken over model.vae_path (Flux2Model.load_model, flux2_model.py:138-148, 188-189); empty: none.
+  // taken over model.vae_path (Flux2Model.load_model, flux2_model.py:138-148, 189-190); empty: none.
   std::string transformer_file = {}, autoencoder_file = {};
 };
 

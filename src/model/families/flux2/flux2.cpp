@@ -39,7 +39,7 @@ ModelSpec flux2_preset(const std::string& preset, int64_t heads, int doubles, in
   // Flux2Model.get_bucket_divisibility (flux2_model.py:88-89); previews floored to 16 (:295-300).
   s.divisibility = 16, s.preview_divisibility = 16;
   // Reference images (has_multiple_control_images, use_raw_control_images: :78-81): each control image raw,
-  // capped at 1024² (get_noise_prediction's control_image_max_res, :363), its tokens after the image's.
+  // capped at 1024² (get_noise_prediction's control_image_max_res, :365), its tokens after the image's.
   s.reference_tokens = s.raw_references = true;
   s.reference_area = 1024 * 1024;
   return s;
@@ -67,7 +67,7 @@ class Flux2 final : public ModelFamily {
     // Quantized block by block through the device by quantize_model, the rest in host memory; on the device
     // after the text encoder loads, or under low_vram at its first use (flux2_model.py:158-182, 249-258).
     using L = TransformerLoading;
-    // A local folder holds BFL's files (flux2_model.py:138-148, 188-189): flux2_te_filename (:51, 60; klein's
+    // A local folder holds BFL's files (flux2_model.py:138-148, 189-190): flux2_te_filename (:51, 60; klein's
     // flux2_klein_model.py:73, 85) and ae.safetensors (FLUX2_VAE_FILENAME, :50).
     const char* ae = "ae.safetensors";
     return {{"flux2", kFlux2Id, "flux2-dev", false, "", "", L::per_block, {"FLUX.2-dev"}, "flux2-dev.safetensors", ae},
@@ -132,7 +132,7 @@ class Flux2 final : public ModelFamily {
     return flux2::klein_text_pipeline(spec.variant == kKlein9b);
   }
   // Flux2Model.load_te quantizes Mistral under quantize_te as model.qtype (flux2_model.py:108-112); klein's
-  // Qwen3 as qtype_te (flux2_klein_model.py:49-53).
+  // Qwen3 as qtype_te (flux2_klein_model.py:47-51).
   TextEncoderQuantization text_encoder_quantization(const ModelSpec& spec) const override {
     TextEncoderQuantization q;
     q.as_qtype_te = spec.variant != kDev;
@@ -152,7 +152,7 @@ class Flux2 final : public ModelFamily {
 
   // convert_lora_weights_before_save (flux2_model.py:508-513): PEFT's "transformer." as "diffusion_model.".
   std::string lora_file_key(const std::string& module_path) const override { return "diffusion_model." + module_path; }
-  // flux2_model.py:502-503, flux2_klein_model.py:80-81, 92-93: the arch.
+  // flux2_model.py:502-503, flux2_klein_model.py:78-79, 90-91: the arch.
   std::string base_model_version(const std::string& arch) const override { return arch; }
 
   // Flux2's module order of the Linears (src/model.py): the order AI Toolkit's LoRA network makes them.
