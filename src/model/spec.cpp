@@ -224,7 +224,10 @@ std::optional<LocalModel> local_model(const config::ModelConfig& model) {
       throw UserError("model.name_or_path '" + path.string() + "' is a folder without " + arch->transformer_file +
                       " (the file AI Toolkit's " + arch->name + " class reads there) or a diffusers config.json");
   }
-  return local_model_at(path, "model.name_or_path");
+  LocalModel m = local_model_at(path, "model.name_or_path");
+  if (arch && !arch->autoencoder_file.empty() && std::filesystem::is_regular_file(path / arch->autoencoder_file, ec))
+    m.vae = path / arch->autoencoder_file, m.vae_over_vae_path = true;  // the class takes it wherever it is
+  return m;
 }
 
 LocalModel local_model_at(const std::filesystem::path& dir, const std::string& what) {

@@ -101,10 +101,12 @@ ByteLevelBpe::ByteLevelBpe(const std::filesystem::path& vocab_json, const std::f
 }
 
 ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int64_t> vocab,
-                           const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges)
+                           const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+                           const std::string& unk_token)
     : vocab_(std::move(vocab)), ignore_merges_(ignore_merges), byte_symbol_(byte_symbols()) {
   int64_t rank = 0;
   for (const auto& pair : merges) ranks_.emplace(pair, rank++);
+  unk_ = id(unk_token);
 }
 
 int64_t ByteLevelBpe::id(const std::string& token) const {
@@ -394,7 +396,11 @@ TokenizerJsonBpe::TokenizerJsonBpe(const std::filesystem::path& folder) : rules_
     if (!model.value("continuing_subword_prefix", nlohmann::json()).is_null() ||
         !model.value("end_of_word_suffix", nlohmann::json()).is_null())
       throw std::runtime_error("a BPE with a subword prefix or word suffix is not byte-level");
-    bpe_ = std::make_unique<ByteLevelBpe>(std::move(vocab), merges, model.value("ignore_merges", false));
+    if (model.value("byte_fallback", false) || !model.value("dropout", nlohmann::json()).is_null())
+      throw std::runtime_error("the BPE's byte_fallback or dropout is not followed");
+    const nlohmann::json unk = model.value("unk_token", nlohmann::json());
+    bpe_ = std::make_unique<ByteLevelBpe>(std::move(vocab), merges, model.value("ignore_merges", false),
+                                          unk.is_string() ? unk.get<std::string>() : std::string());
     const nlohmann::json normalizer = j.value("normalizer", nlohmann::json());
     if (!normalizer.is_null()) {
       if (normalizer.value("type", std::string()) != "NFC")
@@ -429,8 +435,13 @@ TokenizerJsonBpe::TokenizerJsonBpe(const std::filesystem::path& folder) : rules_
     if (!byte_level || pattern.empty())
       throw std::runtime_error("the pre-tokenizer is not a regex split then ByteLevel");
     rules_->split = compile(icu_regex(pattern).c_str());
-    for (const auto& t : j.value("added_tokens", nlohmann::json::array()))
+    for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
+      for (const char* flag : {"lstrip", "rstrip", "single_word"})
+        if (t.value(flag, false))
+          throw std::runtime_error("added token " + t.at("content").get<std::string>() + "'s " + flag +
+                                   " is not followed");
       added_.emplace_back(t.at("content").get<std::string>(), t.at("id").get<int64_t>());
+    }
     return 0;
   });
   std::string pad = "<pad>";

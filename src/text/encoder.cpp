@@ -101,16 +101,15 @@ class QwenEncoder : public TextEncoderBase {
     if (!takes_images()) return TextEncoderBase::encode_with_images(ids, mask, images);
     return {pick(qwen_forward_with_images(*model_, *visual_, ids, mask, images)), {}};
   }
-  // All the hidden states kept to the end, as output_hidden_states keeps them; the asked ones stacked. The
-  // FLUX.2 pipelines call the whole causal-LM class (Mistral3ForConditionalGeneration, Qwen3ForCausalLM), whose
-  // forward also makes the LM head's logits over every row (logits_to_keep 0) while those states are held:
-  // made here too and dropped (the untied head, else the tied embedding).
-  EncodedText encode_layers(const torch::Tensor& ids, const torch::Tensor& mask,
-                            const std::vector<int64_t>& layers) override {
+  // All the hidden states kept to the end, as output_hidden_states keeps them; the asked ones stacked. With
+  // lm_logits (PipelineCall::lm_logits) the causal-LM class's logits over every row (logits_to_keep 0) are made
+  // while those states are held, and dropped (the untied head, else the tied embedding).
+  EncodedText encode_layers(const torch::Tensor& ids, const torch::Tensor& mask, const std::vector<int64_t>& layers,
+                            bool lm_logits) override {
     const QwenLmOutput o = model_->forward(ids, mask, /*keep_hidden_states=*/true);
-    if (lm_head_.is_empty())
+    if (lm_logits && lm_head_.is_empty())
       model_->tied_logits(o.last_hidden_state);
-    else
+    else if (lm_logits)
       lm_head_->forward(o.last_hidden_state);
     std::vector<torch::Tensor> picked;
     for (const int64_t k : layers) {
@@ -178,7 +177,8 @@ EncodedText TextEncoderBase::encode_with_images(const torch::Tensor&, const torc
   throw std::invalid_argument(std::string(config::name_of(kind())) + " does not read images");
 }
 
-EncodedText TextEncoderBase::encode_layers(const torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) {
+EncodedText TextEncoderBase::encode_layers(const torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
+                                           bool) {
   throw std::invalid_argument(std::string(config::name_of(kind())) + " does not give its hidden states by layer");
 }
 

@@ -201,7 +201,7 @@ EncodedText PromptEncoder::encode_slot(size_t slot, TextEncoderBase& encoder, co
   const torch::Device at = images && device.is_meta() ? torch::Device(torch::kCPU) : device;
   const torch::Tensor ids = t.input_ids.to(at);
   const torch::Tensor mask = call.mask() ? t.attention_mask.to(at) : torch::Tensor();
-  if (!call.hidden_layers().empty()) return encoder.encode_layers(ids, mask, call.hidden_layers());
+  if (!call.hidden_layers().empty()) return encoder.encode_layers(ids, mask, call.hidden_layers(), call.lm_logits());
   if (!images) return encoder.encode(ids, mask);
   // Each control image resized to its condition size (bilinear, as AI Toolkit's F.interpolate), then the
   // processor; the images' patches side by side, as the processor batches them. The CPU's work (host memory

@@ -89,7 +89,15 @@ QwenLmConfig QwenLmConfig::from_json_file(const std::filesystem::path& path) {
         if (o->contains(key) && (*o)[key].is_object() && (*o)[key].contains("mrope_section"))
           c.mrope_section = (*o)[key]["mrope_section"].get<std::vector<int64_t>>();
     c.image_token_id = root.value("image_token_id", j.value("image_token_id", c.image_token_id));
-    if (type == "qwen3") c.attention_bias = j.value("attention_bias", false);
+    if (type == "qwen3") {
+      c.attention_bias = j.value("attention_bias", false);
+      // Qwen3ForCausalLM with an untied head (Qwen3-8B, klein 9B's) holds lm_head.weight; Qwen3Model and the
+      // tied Qwen3-4B do not.
+      bool causal_lm = false;
+      for (const auto& a : root.value("architectures", nlohmann::json::array()))
+        causal_lm = causal_lm || (a.is_string() && a.get<std::string>().find("ForCausalLM") != std::string::npos);
+      c.lm_head = causal_lm && !root.value("tie_word_embeddings", false);
+    }
     if (type == "mistral3") {
       c.lm_head = !j.value("tie_word_embeddings", root.value("tie_word_embeddings", false));
       c.pixtral->projector_bias = root.value("multimodal_projector_bias", false);

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 
 #include "config_json.h"
@@ -362,9 +363,13 @@ std::vector<std::string> load_autoencoder_weights(AutoencoderKLImpl& vae, const 
     const std::filesystem::path file = io::find_weights(
         path, {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"});
     if (!file.empty()) {
-      const auto stored = io::load_safetensors(file);
+      // One file's header, or a shard index's weight_map (its tensors mapped, not read).
+      const bool single = file.extension() == ".safetensors";
+      const std::optional<io::SafetensorsFile> header =
+          single ? std::optional<io::SafetensorsFile>(io::SafetensorsFile::open(file)) : std::nullopt;
+      const auto stored = single ? std::map<std::string, torch::Tensor>() : io::load_safetensors(file);
       for (const char* name : {"bn.running_mean", "bn.running_var"})
-        if (!stored.count(name))
+        if (single ? !header->contains(name) : !stored.count(name))
           throw std::runtime_error(file.string() + ": missing " + name +
                                    " (FLUX.2's autoencoder normalizes its latents by these statistics)");
     }
@@ -425,7 +430,7 @@ std::string bfl_autoencoder_name(const std::string& name, int64_t levels) {
 
 bool bfl_autoencoder_file(const std::filesystem::path& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  if (!std::filesystem::is_regular_file(path, ec) || path.extension() != ".safetensors") return false;
   return io::SafetensorsFile::open(path).contains("encoder.down.0.block.0.conv1.weight");
 }
 

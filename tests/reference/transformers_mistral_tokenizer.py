@@ -10,8 +10,9 @@ with a tokenizer_config.json naming <pad>. The captions of the other tokenizer t
 tokens inside captions, must get the same ids from `gclab tokenize --component text_encoder` (arch flux2) as
 from transformers' PreTrainedTokenizerFast on that file called as FLUX.2's pipeline calls it: the prompt with
 "[IMG]" removed in the template <s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST] (the chat template writes
-the special tokens, so none are added), padded to 512, truncated. A tokenizer.json gclab cannot follow (a
-Metaspace pre-tokenizer) is refused by name. Exit 77 without transformers / tokenizers.
+the special tokens, so none are added), padded to 512, truncated; the same with the merges written as
+"a b" strings (the older form). A tokenizer.json gclab cannot follow (a Metaspace pre-tokenizer) is refused
+by name. Exit 77 without transformers / tokenizers.
 """
 import json
 import os
@@ -63,6 +64,14 @@ def main():
     want = [reference(TEMPLATE.format(t.replace("[IMG]", "")), add_special_tokens=False, padding="max_length",
                       max_length=512, truncation=True).input_ids for t in texts]
     failures = compare(exe, work, "flux2", "text_encoder", folder, texts, want, "flux2 (Mistral), in its chat template")
+    # The older form of the same file: each merge one "a b" string.
+    spec = json.loads(tok.to_str())
+    spec["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]]
+    strings = os.path.join(work, "string_merges")
+    os.makedirs(strings, exist_ok=True)
+    with open(os.path.join(strings, "tokenizer.json"), "w") as f:
+        json.dump(spec, f)
+    failures += compare(exe, work, "flux2", "text_encoder", strings, texts, want, "the same, merges as strings")
     # A tokenizer.json of another kind (SentencePiece's Metaspace) is refused, naming the step.
     bad = os.path.join(work, "metaspace")
     os.makedirs(bad, exist_ok=True)

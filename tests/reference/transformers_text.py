@@ -39,8 +39,12 @@ def config_yaml(work, arch):
 
 
 def run(exe, yaml, component, folder, inputs, out):
-    subprocess.run([exe, "forward", yaml, "--component", component, "--weights", folder, "--inputs", inputs,
-                    "--out", out], check=True, stdout=subprocess.DEVNULL)
+    """`gclab forward` on one component; returns what it printed to stderr (its warnings)."""
+    r = subprocess.run([exe, "forward", yaml, "--component", component, "--weights", folder, "--inputs", inputs,
+                        "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode:
+        raise SystemExit(f"gclab forward exited {r.returncode}: {r.stderr}")
+    return r.stderr
 
 
 def perturb(model):
@@ -152,7 +156,7 @@ def main():
     exe, work = sys.argv[1], sys.argv[2]
     try:
         from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, Mistral3Config,
-                                  Mistral3ForConditionalGeneration, Qwen2_5_VLConfig,
+                                  Mistral3ForConditionalGeneration, Qwen2_5_VLConfig, Qwen3ForCausalLM,
                                   Qwen2_5_VLForConditionalGeneration, Qwen3Config, Qwen3Model, T5Config,
                                   T5EncoderModel, UMT5Config, UMT5EncoderModel)
     except Exception as e:
@@ -193,8 +197,10 @@ def main():
     # FLUX.2: hidden states of several layers side by side per token ([B, T, k D]); index 0 the embeddings.
     def stacked(layers):
         return lambda o: {"hidden_states": torch.cat([o.hidden_states[k] for k in layers], -1)}
-    cases.append(("qwen3_stacked", qwen3, config_yaml(work, "tiny-flux2-klein"), "text_encoder", stacked([1, 2]),
-                  [1, 2]))
+    # klein 9B's Qwen3-8B is a Qwen3ForCausalLM with its own LM head: every tensor of its file is held.
+    qwen3_lm = Qwen3ForCausalLM(Qwen3Config(**qwen_kw, tie_word_embeddings=False)).eval()
+    cases.append(("qwen3_stacked", qwen3_lm, config_yaml(work, "tiny-flux2-klein"), "text_encoder",
+                  stacked([1, 2]), [1, 2]))
     # Mistral-Small-3.1's architecture at test size: no q/k norms, RMS eps 1e-5, a large rotary theta; the
     # file holds the Pixtral tower, the projector and the LM head, which gclab holds and never runs.
     mistral = Mistral3ForConditionalGeneration(Mistral3Config(
@@ -230,7 +236,9 @@ def main():
             save_file({"input_ids": ids, **({"attention_mask": mask} if masked else {}),
                        **({"hidden_layers": torch.tensor(layers)} if layers else {})}, inputs)
             out = os.path.join(work, f"out_{name}_{masked}.safetensors")
-            run(exe, yaml, component, folder, inputs, out)
+            warnings = run(exe, yaml, component, folder, inputs, out)
+            if layers:  # FLUX.2's encoders are held whole: every tensor of the file used
+                assert "were not used" not in warnings, f"{name}: {warnings}"
             got = load_file(out)
             for key, w in want.items():
                 assert key in got, f"{name}: no '{key}' in {sorted(got)}"

@@ -388,6 +388,13 @@ TEST(SessionAutoencoder, ABflFolderGivesTheTransformerFileAndItsAutoencoder) {
     tensors.emplace_back(vae::bfl_autoencoder_name(p.key(), 4), p.value().detach());
   for (const auto& b : source->named_buffers()) tensors.emplace_back(b.key(), b.value().detach());
   io::save_safetensors(dir / "klein" / "ae.safetensors", tensors);
+  // A vae_path that exists (a diffusers-named file of the same autoencoder), and a diffusers transformer/
+  // beside the BFL file (a Hub snapshot): the folder's files win over both.
+  tensors.clear();
+  for (const auto& p : source->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  io::save_safetensors(dir / "elsewhere.safetensors", tensors);
+  fs::create_directories(dir / "klein" / "transformer");
+  std::ofstream(dir / "klein" / "transformer" / "config.json") << R"({"_class_name": "Flux2Transformer2DModel"})";
   const std::vector<std::string> klein = {"model.arch=tiny-flux2-klein",
                                           "model.name_or_path=" + (dir / "klein").string(),
                                           "model.vae_path=" + (dir / "elsewhere.safetensors").string()};
@@ -409,6 +416,9 @@ TEST(SessionAutoencoder, ABflFolderGivesTheTransformerFileAndItsAutoencoder) {
     source->eval(), loaded.vae->eval();
     EXPECT_TRUE(torch::allclose(loaded.vae->decode(z), source->decode(z), 1e-5, 1e-6));
   }
+  // Without ae.safetensors in the folder, model.vae_path is what the run reads.
+  fs::remove(dir / "klein" / "ae.safetensors");
+  EXPECT_EQ(codec_plan(config, model::spec_for(config.model)).weights, dir / "elsewhere.safetensors");
   fs::create_directories(dir / "empty");
   EXPECT_THROW(
       model::local_model(

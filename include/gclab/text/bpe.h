@@ -27,7 +27,8 @@ class ByteLevelBpe {
   // The same from a tokenizer.json's model: its vocab and its merges (ranked in order); `ignore_merges`: a
   // pre-token the vocabulary holds whole is that token (the tokenizers library's BPE.ignore_merges).
   ByteLevelBpe(std::unordered_map<std::string, int64_t> vocab,
-               const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges);
+               const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+               const std::string& unk_token = "");
   // Appends the ids of one pre-token (UTF-8).
   void encode_piece(const std::string& piece, std::vector<int64_t>& out) const;
   // The id of a token written in the byte alphabet (a special token's text); -1 when absent.
@@ -80,8 +81,9 @@ class QwenTokenizer : public Tokenizer {
 
 // A byte-level BPE tokenizer that a tokenizers-library tokenizer.json alone describes (Mistral-Small-3.1's
 // "tekken" tokenizer as transformers ships it: no vocab.json / merges.txt): the BPE model's vocab, merges and
-// ignore_merges; the pre-tokenizer's Split regex (isolated) before a ByteLevel step without a regex of its own
-// (or ByteLevel with GPT-2's); no normalizer or NFC; the added tokens matched in the text first. The chat
+// ignore_merges and unk_token (byte_fallback and dropout refused); the pre-tokenizer's Split regex (isolated)
+// before a ByteLevel step without a regex of its own (or ByteLevel with GPT-2's); no normalizer or NFC; the
+// added tokens matched in the text first (lstrip / rstrip / single_word refused); the post-processor not run. The chat
 // templates write their special tokens (<s>, [INST]), so none is added around the text. Cut at max_length;
 // pads with tokenizer_config.json's pad_token (else "<pad>"). A file it cannot follow is refused naming the
 // part (std::runtime_error).

@@ -41,9 +41,11 @@ class TextEncoderBase : public torch::nn::Module {
   virtual int64_t image_token_id() const { return -1; }
   // A decoder's hidden states after the layers `layers` (transformers' output_hidden_states indices: 0 the
   // embeddings, i layer i's output) side by side per token, [B, T, layers x width]: torch.stack(dim=1), then
-  // "b c l d -> b l (c d)" (the FLUX.2 pipelines' text). The decoders give them; the others throw.
+  // "b c l d -> b l (c d)" (the FLUX.2 pipelines' text). `lm_logits`: the causal-LM class's logits over every
+  // row made (and dropped) while they are held (PipelineCall::lm_logits). The decoders give them; the others
+  // throw.
   virtual EncodedText encode_layers(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                    const std::vector<int64_t>& layers);
+                                    const std::vector<int64_t>& layers, bool lm_logits = false);
   virtual int64_t layer_count() const { return 0; }  // a decoder's layers (0: not a decoder)
   virtual const QwenVisionConfig* vision_config() const { return nullptr; }
   // The same encoder (its config, its vision tower or none) on the meta device in `dtype`, its Linears as

@@ -31,6 +31,10 @@ struct PipelineCall {
   // A decoder's hidden states after these layers, side by side per token (TextEncoderBase::encode_layers;
   // the FLUX.2 pipelines' 10 / 20 / 30 or 9 / 18 / 27); empty: the encoder's own output.
   TORCH_ARG(std::vector<int64_t>, hidden_layers);
+  // The pipeline calls the decoder's whole causal-LM class (FLUX.2's Mistral3ForConditionalGeneration /
+  // Qwen3ForCausalLM), whose forward also makes the LM head's logits over every row while the hidden states
+  // are held: made and dropped too (their bytes in the encode's peak).
+  TORCH_ARG(bool, lm_logits) = false;
 
  public:
   PipelineCall& template_around(std::string before, std::string after) {

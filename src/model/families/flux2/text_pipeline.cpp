@@ -51,7 +51,8 @@ class StackedLayers final : public text::OneEncoderPipeline {
                 .max_length(t.max_tokens)
                 .pad(true)
                 .mask(true)
-                .hidden_layers(layers)};
+                .hidden_layers(layers)
+                .lm_logits(true)};  // the whole Mistral3ForConditionalGeneration / Qwen3ForCausalLM
   }
   int64_t fixed_rows(const text::PipelineTarget& t) const override { return t.max_tokens; }
   // Every row, padding included (pipeline.py: `return prompt_embeds, None`).
