@@ -47,3 +47,20 @@ def compare(exe, work, arch, component, folder, texts, want, label, extra=()):
         print(f"MISMATCH ({label}) {t!r}\n  transformers {w}\n  gclab        {o}")
     print(f"{label}: {len(texts) - len(wrong)} of {len(texts)} captions give transformers' ids")
     return len(wrong)
+
+
+def train_byte_level_bpe(pattern, specials, vocab_size, lines, nfc=False, ignore_merges=False):
+    """A byte-level BPE as Qwen's and Mistral's tokenizers are built (the tokenizers library): NFC or no
+    normalizer, a Split on `pattern` (isolated) then ByteLevel without its own regex, `specials` as added
+    tokens, trained on `lines` (no downloads)."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=specials)
+    tok.train_from_iterator(lines, trainer)
+    return tok

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 from transformers_clip_tokenizer import EDGE
-from tokenizer_check import WORDS, captions, compare, corpus
+from tokenizer_check import WORDS, captions, compare, corpus, train_byte_level_bpe
 
 # Tekken's pre-tokenizer regex (mistral-common's tekken.json "pattern", as its tokenizer.json's Split has it).
 TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
@@ -38,7 +38,7 @@ MORE = ["a [IMG] cat", "[IMG][IMG]x", "nested [INST] inside", "CamelCase HTTPSer
 def main():
     exe, work = sys.argv[1], sys.argv[2]
     try:
-        from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+        import tokenizers  # noqa: F401
         from transformers import PreTrainedTokenizerFast
     except Exception as e:
         print(f"reference unavailable: {e}", file=sys.stderr)
@@ -47,13 +47,7 @@ def main():
     lines = corpus(rng)
     lines += ["Été café naïve 東京 Zürich 0123456789 . , ! ? ; : ' \" ( ) - — / # & % CamelCase path/to\n\n  x"] * 20
     lines += [TEMPLATE.format("a cat")] * 20
-    tok = Tokenizer(models.BPE(ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(TEKKEN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    trainer = trainers.BpeTrainer(vocab_size=600, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=SPECIALS)
-    tok.train_from_iterator(lines, trainer)
+    tok = train_byte_level_bpe(TEKKEN, SPECIALS, 600, lines, ignore_merges=True)
     folder = os.path.join(work, "tokenizer")
     os.makedirs(folder, exist_ok=True)
     tok.save(os.path.join(folder, "tokenizer.json"))

@@ -17,7 +17,7 @@ import random
 import sys
 
 from transformers_clip_tokenizer import EDGE
-from tokenizer_check import WORDS, captions, compare, corpus
+from tokenizer_check import WORDS, captions, compare, corpus, train_byte_level_bpe
 
 PRETOKENIZE = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 QWEN_IMAGE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
@@ -31,7 +31,7 @@ MORE = ["two\nlines", "para\n\nbreak", "crlf\r\nline", "   leading spaces", "tra
 def main():
     exe, work = sys.argv[1], sys.argv[2]
     try:
-        from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+        import tokenizers  # noqa: F401
         from transformers import Qwen2Tokenizer
     except Exception as e:
         print(f"reference unavailable: {e}", file=sys.stderr)
@@ -41,14 +41,7 @@ def main():
     lines += ["Été café naïve 東京 Zürich 0123456789 . , ! ? ; : ' \" ( ) - — / # & % it's we're I'm\n\n  x"] * 20
     lines += [QWEN_IMAGE.format("a cat")] * 20
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    trainer = trainers.BpeTrainer(vocab_size=500, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=specials)
-    tok.train_from_iterator(lines, trainer)
+    tok = train_byte_level_bpe(PRETOKENIZE, specials, 500, lines, nfc=True)
     folder = os.path.join(work, "tokenizer")
     os.makedirs(folder, exist_ok=True)
     tok.model.save(folder)  # vocab.json, merges.txt
