@@ -26,9 +26,7 @@ int64_t previews_in(const config::ProcessConfig& c, int64_t steps, int every) {
   return n;
 }
 
-bool same_policy(const Policy& a, const Policy& b) {
-  return a.kind == b.kind && a.n == b.n && a.blocks == b.blocks && a.budget_bytes == b.budget_bytes;
-}
+bool same_policy(const Policy& a, const Policy& b) { return a.to_string() == b.to_string(); }
 
 struct Measured {
   double ms = 0;
@@ -148,7 +146,11 @@ AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
   Policy every2, attn, mlp;
   every2.kind = Policy::Kind::EveryN, every2.n = 2;
   attn.kind = Policy::Kind::SelectiveAttn, mlp.kind = Policy::Kind::SelectiveMlp;
-  for (const Policy& policy : {Policy::off(), every2, attn, mlp, Policy::full()}) {
+  std::vector<Policy> policies = {Policy::off(), every2, attn, mlp, Policy::full()};
+  // auto under the run's cap (vram_cap, or the GPU's free memory), decided at each resolution; with no cap
+  // it is off.
+  if (session.plan().auto_cap_bytes > 0) policies.push_back(Policy::parse("auto"));
+  for (const Policy& policy : policies) {
     if (same_policy(policy, configured)) continue;
     const std::string name = policy.to_string();
     const std::string set =

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -148,10 +149,103 @@ double step_flops(train::Session& session, const model::ActivationEstimate& est,
   return forward * (full_training ? 3.0 : 2.0);
 }
 
-std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& options) {
+namespace {
+
+// One thing bench times at a cell: a policy, under a cap of its own (auto under --caps) or the run's.
+struct Variant {
+  ckpt::CheckpointPolicy policy;
+  std::string cap;  // "25%": of the way from full's predicted peak to GC off's; empty: the run's cap
+  int64_t cap_bytes = 0;
+};
+
+// The caps --caps names at a cell: a percentage of the way from full's highest predicted phase to GC off's
+// (the run's memory model: every phase, step 1 and step 2), or a size.
+std::vector<Variant> variants_at(train::Session& session, const BenchOptions& options,
+                                 const model::SampleShape& shape) {
+  std::vector<Variant> out;
+  int64_t off = 0, full = 0;
+  if (!options.caps.empty()) {
+    const train::MemoryModel& model = session.auto_model();
+    for (const auto& [phase, bytes] : model.run_phases(model.step(shape, ckpt::CheckpointPolicy::off())))
+      off = std::max(off, bytes);
+    for (const auto& [phase, bytes] : model.run_phases(model.step(shape, ckpt::CheckpointPolicy::full())))
+      full = std::max(full, bytes);
+  }
+  for (const auto& policy : options.policies) {
+    if (policy.kind != ckpt::CheckpointPolicy::Kind::Auto || options.caps.empty()) {
+      out.push_back({policy, "", 0});
+      continue;
+    }
+    for (const std::string& cap : options.caps) {
+      std::optional<int64_t> bytes;
+      if (!cap.empty() && cap.back() == '%') {
+        char* end = nullptr;
+        const std::string number = cap.substr(0, cap.size() - 1);
+        const double percent = std::strtod(number.c_str(), &end);
+        if (!number.empty() && *end == '\0' && percent >= 0 && percent <= 100)
+          bytes = full + static_cast<int64_t>(percent / 100 * static_cast<double>(off - full));
+      } else {
+        bytes = config::parse_byte_size(cap);
+      }
+      if (!bytes || *bytes <= 0)
+        throw UserError("--caps: '" + cap + "' is neither a percentage (0-100%) nor a size (e.g. 20GiB)");
+      out.push_back({policy, cap, *bytes});
+    }
+  }
+  return out;
+}
+
+// The share of full's recomputation a policy's blocks run again (forward FLOPs, memory/flops.h): each block's
+// mode priced by the walk (Session::block_mode_costs).
+double recomputed_share(const model::BlockModeCosts& costs, const ckpt::CheckpointPolicy& policy) {
+  double mine = 0, full = 0;
+  const int n = static_cast<int>(costs.per_block.size());
+  for (int i = 0; i < n; ++i) {
+    const auto& block = costs.per_block[static_cast<size_t>(i)];
+    const auto mode = block.find(policy.mode_for(i, n)), whole = block.find(ckpt::BlockMode::Full);
+    mine += mode == block.end() ? 0 : mode->second.recomputed_flops;
+    full += whole == block.end() ? 0 : whole->second.recomputed_flops;
+  }
+  return full > 0 ? mine / full : 0;
+}
+
+// Each variant's steps at the cell, in the order given; with `alternate` again in the reverse order (the
+// timed steps of both passes together), so that neither side always runs first.
+std::vector<CellResult> time_variants(train::Session& session, const std::vector<Variant>& variants,
+                                      const model::SampleShape& shape, int steps, bool alternate,
+                                      std::vector<ckpt::CheckpointPolicy>& applied) {
+  std::vector<CellResult> out(variants.size());
+  applied.assign(variants.size(), ckpt::CheckpointPolicy::off());
+  const int64_t run_cap = session.plan().auto_cap_bytes;
+  for (int pass = 0; pass < (alternate ? 2 : 1); ++pass)
+    for (size_t k = 0; k < variants.size(); ++k) {
+      const size_t v = pass == 0 ? k : variants.size() - 1 - k;
+      if (out[v].oom_phase) continue;
+      if (variants[v].cap_bytes > 0) session.set_cap(variants[v].cap_bytes);
+      session.apply_policy(variants[v].policy, shape);
+      applied[v] = session.applied_policy();
+      CellResult cell = run_cell(session, shape, steps, false);
+      if (variants[v].cap_bytes > 0) session.set_cap(run_cap);
+      if (pass == 0 || cell.oom_phase) {
+        cell.step_ms.erase(cell.step_ms.begin(), cell.step_ms.begin() + std::min<size_t>(1, cell.step_ms.size()));
+        out[v].oom_phase = cell.oom_phase;
+      } else {
+        cell.step_ms.erase(cell.step_ms.begin());  // this pass's warm-up
+      }
+      out[v].step_ms.insert(out[v].step_ms.end(), cell.step_ms.begin(), cell.step_ms.end());
+      out[v].peak_bytes = std::max(out[v].peak_bytes, cell.peak_bytes);
+      out[v].reserved_peak_bytes = std::max(out[v].reserved_peak_bytes, cell.reserved_peak_bytes);
+    }
+  for (auto& c : out) c.step_ms.insert(c.step_ms.begin(), 0.0);  // median_ms drops a warm-up
+  return out;
+}
+
+}  // namespace
+
+std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& given) {
   using Kind = ckpt::CheckpointPolicy::Kind;
-  std::vector<ckpt::CheckpointPolicy> policies = options.policies;
-  if (policies.empty()) policies = {ckpt::CheckpointPolicy::off(), ckpt::CheckpointPolicy::full()};
+  BenchOptions options = given;
+  if (options.policies.empty()) options.policies = {ckpt::CheckpointPolicy::off(), ckpt::CheckpointPolicy::full()};
   std::vector<int> batches = options.batches;
   if (batches.empty()) batches = {session.config().train.batch_size};
   session.precompute_text(session.captions_of(session.synthetic_batch({1, 1, 64, 64})));
@@ -163,52 +257,60 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& opt
     for (const auto& g : devices.gpus)
       if (g.index == index) peak_flops = peak_bf16_flops(g.name);
   }
+  std::vector<ckpt::BlockMode> modes = {ckpt::BlockMode::None, ckpt::BlockMode::Full, ckpt::BlockMode::SelectiveAttn,
+                                        ckpt::BlockMode::SelectiveMlp};
+  if (session.device().is_cuda()) modes.push_back(ckpt::BlockMode::Offload);
   std::vector<BenchRow> rows;
-  std::vector<std::optional<double>> shares;                         // per row: the blocks its policy recomputes whole
   const std::unique_ptr<train::Session> walk = session.walk_twin();  // the run on the meta device
   for (int resolution : resolutions_for(session, options.resolutions))
     for (int batch : batches) {
       const model::SampleShape shape = square_cell(session, batch, resolution);
       const model::ActivationEstimate est = walk->block_activations(shape);
+      const model::BlockModeCosts costs = walk->block_mode_costs(shape, modes);
+      const std::vector<Variant> variants = variants_at(session, options, shape);
+      std::vector<ckpt::CheckpointPolicy> applied;
+      const std::vector<CellResult> cells =
+          time_variants(session, variants, shape, options.steps + 1, !options.caps.empty(), applied);
       std::optional<BenchRow> off;
-      for (const auto& policy : policies) {
+      const size_t first = rows.size();
+      for (size_t v = 0; v < variants.size(); ++v) {
         BenchRow row;
-        row.policy = policy.to_string();
+        row.policy = variants[v].policy.to_string();
+        row.cap = variants[v].cap;
+        row.cap_bytes = variants[v].cap_bytes;
+        row.applied = applied[v].to_string();
         row.resolution = resolution;
         row.batch = batch;
         row.frames = static_cast<int>(shape.frames);
-        session.apply_policy(policy, shape);
         // The walked blocks under the policy's modes (a budget resolved to its blocks): none for selective.
-        if (const auto kept = model::activations_under(est, session.applied_policy()))
+        if (const auto kept = model::activations_under(est, applied[v]))
           row.predicted_activation_bytes = kept->peak_bytes;
-        const std::optional<double> share = session.recomputed_block_share();
-        const CellResult cell = run_cell(session, shape, options.steps + 1, false);
-        if (cell.oom_phase) {
+        row.recomputed_share = recomputed_share(costs, applied[v]);
+        if (cells[v].oom_phase) {
           row.oom = true;
-          row.oom_phase = *cell.oom_phase;
+          row.oom_phase = *cells[v].oom_phase;
         } else {
-          row.step_ms = cell.median_ms();
-          row.peak_bytes = cell.peak_bytes;
-          row.reserved_peak_bytes = cell.reserved_peak_bytes;
+          row.step_ms = cells[v].median_ms();
+          row.peak_bytes = cells[v].peak_bytes;
+          row.reserved_peak_bytes = cells[v].reserved_peak_bytes;
           row.model_tflop = step_flops(session, est, batch) / 1e12;
           if (peak_flops > 0 && session.device().is_cuda())
             row.mfu = row.model_tflop * 1e12 / (row.step_ms / 1e3 * peak_flops);
-          if (policy.kind == Kind::Off) try {
+          if (variants[v].policy.kind == Kind::Off) try {
+              session.apply_policy(variants[v].policy, shape);
               row.forward_ms = forward_ms(session, shape);
             } catch (const c10::OutOfMemoryError&) {  // the step fit, its forward alone did not: no theory
             }
         }
-        if (policy.kind == Kind::Off) off = row;
+        if (variants[v].policy.kind == Kind::Off) off = row;
         rows.push_back(row);
-        shares.push_back(share);
       }
-      for (size_t k = 0; k < policies.size(); ++k) {
-        BenchRow& r = rows[rows.size() - policies.size() + k];
+      for (size_t k = first; k < rows.size(); ++k) {
+        BenchRow& r = rows[k];
         if (!off || off->oom || r.oom) continue;
         r.time_ratio = r.step_ms / off->step_ms;
         r.peak_ratio = static_cast<double>(r.peak_bytes) / static_cast<double>(off->peak_bytes);
-        const std::optional<double>& share = shares[shares.size() - policies.size() + k];
-        if (share && off->forward_ms > 0) r.theory_ratio = 1 + *share * off->forward_ms / off->step_ms;
+        if (off->forward_ms > 0) r.theory_ratio = 1 + r.recomputed_share * off->forward_ms / off->step_ms;
       }
     }
   session.apply_policy(session.config().train.policy(), square_cell(session, session.config().train.batch_size, 512));
@@ -308,13 +410,20 @@ std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::Che
 
 void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchRow>& rows) {
   std::ofstream out(path);
+  // A policy's text holds commas (blocks:[0,3], modes:[full*2,none]): quoted, as RFC 4180 has it.
+  auto quoted = [](const std::string& text) {
+    std::string q = "\"";
+    for (char c : text) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
   out << "policy,resolution,batch,oom,oom_phase,step_ms,time_ratio,peak_bytes,reserved_peak_bytes,peak_ratio,"
-         "predicted_activation_bytes,model_tflop,mfu,forward_ms,theory_ratio\n";
+         "predicted_activation_bytes,model_tflop,mfu,forward_ms,theory_ratio,cap,cap_bytes,applied,recomputed_share\n";
   for (const auto& r : rows)
-    out << r.policy << "," << r.resolution << "," << r.batch << "," << (r.oom ? 1 : 0) << "," << r.oom_phase << ","
-        << r.step_ms << "," << r.time_ratio << "," << r.peak_bytes << "," << r.reserved_peak_bytes << ","
+    out << quoted(r.policy) << "," << r.resolution << "," << r.batch << "," << (r.oom ? 1 : 0) << "," << r.oom_phase
+        << "," << r.step_ms << "," << r.time_ratio << "," << r.peak_bytes << "," << r.reserved_peak_bytes << ","
         << r.peak_ratio << "," << r.predicted_activation_bytes << "," << r.model_tflop << "," << r.mfu << ","
-        << r.forward_ms << "," << r.theory_ratio << "\n";
+        << r.forward_ms << "," << r.theory_ratio << "," << quoted(r.cap) << "," << r.cap_bytes << ","
+        << quoted(r.applied) << "," << r.recomputed_share << "\n";
 }
 
 std::string bench_table(const std::vector<BenchRow>& rows) {
@@ -324,7 +433,9 @@ std::string bench_table(const std::vector<BenchRow>& rows) {
   s << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   char buf[64];
   for (const auto& r : rows) {
-    s << "| " << r.resolution << " | " << r.batch << " | " << r.policy << " | ";
+    s << "| " << r.resolution << " | " << r.batch << " | " << r.policy
+      << (r.cap.empty() ? std::string() : " under " + r.cap + " (" + config::format_bytes(r.cap_bytes) + ")")
+      << (r.applied.empty() || r.applied == r.policy ? std::string() : ": " + r.applied) << " | ";
     if (r.oom) {
       s << "OOM (" << r.oom_phase << ") | | | | | | " << config::format_bytes(r.predicted_activation_bytes)
         << " | | |\n";

@@ -18,11 +18,15 @@ std::string color_of(const std::vector<std::string>& policies, const std::string
   return kColors[static_cast<size_t>(at) % kColors.size()];
 }
 
+// A row's series: its policy, and the cap auto ran under (bench --caps).
+std::string name_of(const BenchRow& r) { return r.cap.empty() ? r.policy : r.policy + " under " + r.cap; }
+std::string name_of(const FitRow& r) { return r.policy; }
+
 template <class Row>
 std::vector<std::string> policies_of(const std::vector<Row>& rows) {
   std::vector<std::string> out;
   for (const auto& r : rows)
-    if (std::find(out.begin(), out.end(), r.policy) == out.end()) out.push_back(r.policy);
+    if (std::find(out.begin(), out.end(), name_of(r)) == out.end()) out.push_back(name_of(r));
   return out;
 }
 
@@ -36,7 +40,7 @@ std::set<int> resolutions_of(const std::vector<Row>& rows) {
 double ms_per_sample(const BenchRow& r) { return r.step_ms / std::max(1, r.batch); }
 
 std::string cell(const BenchRow& r) {
-  return r.policy + " " + std::to_string(r.resolution) + "² batch " + std::to_string(r.batch);
+  return name_of(r) + " " + std::to_string(r.resolution) + "² batch " + std::to_string(r.batch);
 }
 
 // Peak memory against batch, one line per policy, at one resolution; an OOM cell ends its line.
@@ -50,7 +54,7 @@ std::string memory_chart(const std::vector<BenchRow>& rows, int resolution, int6
   for (const auto& p : policies) {
     Series s{p, {}, color_of(policies, p)};
     for (const auto& r : rows)
-      if (r.resolution == resolution && r.policy == p && !r.oom) s.points.emplace_back(r.batch, r.peak_bytes);
+      if (r.resolution == resolution && name_of(r) == p && !r.oom) s.points.emplace_back(r.batch, r.peak_bytes);
     c.series.push_back(s);
   }
   if (cap > 0) c.limit = static_cast<double>(cap), c.limit_label = "cap " + format_axis_bytes(static_cast<double>(cap));
@@ -71,7 +75,7 @@ std::string overhead_chart(const std::vector<BenchRow>& rows) {
   for (const auto& r : rows) {
     const std::string key = std::to_string(r.resolution) + "² b" + std::to_string(r.batch);
     if (!groups.count(key)) groups[key].assign(policies.size() + 1, 0.0), order.push_back(key);
-    const auto at = static_cast<size_t>(std::find(policies.begin(), policies.end(), r.policy) - policies.begin());
+    const auto at = static_cast<size_t>(std::find(policies.begin(), policies.end(), name_of(r)) - policies.begin());
     groups[key][at] = r.oom ? 0.0 : r.time_ratio;
     if (!r.oom && r.forward_ms > 0 && r.step_ms > 0)  // GC off's cells: its forward timed alone
       groups[key].back() = 1 + r.forward_ms / r.step_ms;
@@ -92,9 +96,21 @@ std::string pareto_chart(const std::vector<BenchRow>& rows) {
     Series s{p, {}, color_of(policies, p)};
     s.scatter = true;
     for (const auto& r : rows)
-      if (r.policy == p && !r.oom) s.points.emplace_back(ms_per_sample(r), r.peak_bytes);
+      if (name_of(r) == p && !r.oom) s.points.emplace_back(ms_per_sample(r), r.peak_bytes);
     c.series.push_back(s);
   }
+  // The caps auto ran under (bench --caps), each a dashed line across the times measured.
+  double lo = 0, hi = 0;
+  for (const auto& r : rows)
+    if (!r.oom) lo = lo > 0 ? std::min(lo, ms_per_sample(r)) : ms_per_sample(r), hi = std::max(hi, ms_per_sample(r));
+  std::set<std::string> drawn;
+  for (const auto& r : rows)
+    if (r.cap_bytes > 0 && hi > 0 && drawn.insert(r.cap).second) {
+      Series cap{
+          "cap " + r.cap + " (" + format_axis_bytes(static_cast<double>(r.cap_bytes)) + ")", {}, "#999999", true};
+      cap.points = {{lo, static_cast<double>(r.cap_bytes)}, {hi, static_cast<double>(r.cap_bytes)}};
+      c.series.push_back(cap);
+    }
   Series front{"Pareto front", {}, "#000000", true};
   auto f = pareto_front(rows);
   std::sort(f.begin(), f.end(),
@@ -116,7 +132,8 @@ std::string bench_table_html(const std::vector<BenchRow>& rows) {
     std::snprintf(tr, sizeof tr, "%.2f", r.time_ratio);
     std::snprintf(th, sizeof th, "%.2f", r.theory_ratio);
     std::snprintf(pr, sizeof pr, "%.2f", r.peak_ratio);
-    h << "<tr><td>" << escape_xml(r.policy) << "</td><td>" << r.resolution << "</td><td>" << r.batch << "</td><td>"
+    h << "<tr><td>" << escape_xml(name_of(r) + (r.applied.empty() || r.applied == r.policy ? "" : ": " + r.applied))
+      << "</td><td>" << r.resolution << "</td><td>" << r.batch << "</td><td>"
       << (r.oom ? "out of memory in " + escape_xml(r.oom_phase) : std::string(t)) << "</td><td>"
       << (r.oom ? "" : format_axis_bytes(static_cast<double>(r.peak_bytes))) << "</td><td>" << (r.oom ? "" : tr)
       << "</td><td>" << (r.oom || r.theory_ratio <= 0 ? "" : th) << "</td><td>" << (r.oom ? "" : pr) << "</td><td>"

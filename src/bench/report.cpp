@@ -232,7 +232,9 @@ Document phases_report(const train::MemoryModel& model, const config::ProcessCon
       {"batch", cell.batch}, {"frames", cell.frames}, {"resolution", cell.resolution}, {"policy", policy.to_string()}};
   const train::PhaseBytes phases = model.phases(model.step(cell.shape(), policy));
   j["predicted"] = memory::by_phase_name(phases);
+  if (model.estimate().auto_plan) j["auto_plan"] = train::auto_plan_json(*model.estimate().auto_plan);
   d.value["phases"] = j;
+  if (model.estimate().auto_plan) d.note("/phases/auto_plan", train::describe_auto_plan(*model.estimate().auto_plan));
   d.heading("/phases",
             "each phase's peak predicted for the largest batch at the largest resolution (a run's "
             "memory.json records the same phases measured beside predicted)");
@@ -383,7 +385,10 @@ Document estimate_report(const MemoryEstimate& e) {
   bytes("save", e.save_bytes);                      // the save phase's peak
   est["activations_dtype"] = e.activation_dtype;
   if (e.cap_bytes > 0) bytes("cap", e.cap_bytes);
+  est["policy"] = e.policy.to_string();
+  if (e.auto_plan) est["auto_plan"] = train::auto_plan_json(*e.auto_plan);
   d.value["estimate"] = est;
+  if (e.auto_plan) d.note("/estimate/auto_plan", train::describe_auto_plan(*e.auto_plan));
   add_load(d, e.load, e.cap_bytes, "/estimate/load");
   ojson& at = d.value["estimate"];
   if (e.text) estimate_text(d, at, *e.text, e.cap_bytes);
@@ -430,6 +435,8 @@ Document bench_report(const std::vector<BenchRow>& rows) {
   d.value["bench"] = ojson::array();
   for (const auto& r : rows) {
     ojson row = {{"resolution", r.resolution}, {"batch", r.batch}, {"policy", r.policy}, {"oom", r.oom}};
+    if (!r.cap.empty()) row.update(ojson{{"cap", r.cap}, {"cap_bytes", r.cap_bytes}});
+    row["applied"] = r.applied;
     if (r.oom) row["oom_phase"] = r.oom_phase;
     row.update(ojson{{"step_ms", r.step_ms},
                      {"time_ratio", r.time_ratio},
@@ -438,7 +445,9 @@ Document bench_report(const std::vector<BenchRow>& rows) {
                      {"peak_ratio", r.peak_ratio},
                      {"predicted_activation_bytes", r.predicted_activation_bytes},
                      {"model_tflop", r.model_tflop},
-                     {"mfu", r.mfu}});
+                     {"mfu", r.mfu},
+                     {"recomputed_share", r.recomputed_share},
+                     {"theory_ratio", r.theory_ratio}});
     d.value["bench"].push_back(row);
   }
   return d;

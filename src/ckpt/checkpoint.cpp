@@ -1,6 +1,7 @@
 #include "gclab/ckpt/checkpoint.h"
 
 #include "gclab/ckpt/autocast.h"
+#include "gclab/memory/flops.h"
 #include "gclab/memory/meta_count.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -137,6 +138,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       AutocastState no_cache = state->autocast;
       no_cache.cache_enabled = false;
       AutocastScope scope(no_cache);
+      memory::RecomputedRegion recomputed;  // what the backward runs again
       outputs = state->fn(inputs.vec());
     }
     std::vector<torch::Tensor> non_differentiable;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 
 namespace gclab::ckpt {
@@ -12,8 +14,9 @@ namespace gclab::ckpt {
 namespace {
 
 const char* kGrammar =
-    "use off, full, every:N, first:K, blocks:[i,j,...], selective:attn, selective:mlp, offload or budget:BYTES "
-    "(e.g. budget:20GiB)";
+    "use off, full, every:N, first:K, blocks:[i,j,...], selective:attn, selective:mlp, offload, budget:BYTES "
+    "(e.g. budget:20GiB), auto, auto:MARGIN (auto:2GiB, auto:10%) or modes:[MODE,...] (one per block: none, full, "
+    "offload, attn, mlp; full*4 for four)";
 
 [[noreturn]] void fail(const std::string& text, const std::string& why) {
   throw std::invalid_argument("checkpoint policy '" + text + "': " + why + "; " + kGrammar);
@@ -44,7 +47,59 @@ std::int64_t parse_bytes(const std::string& text, const std::string& value) {
   fail(text, "unknown unit '" + unit + "'");
 }
 
+// modes:[full*2,none,attn]'s list.
+std::vector<BlockMode> parse_modes(const std::string& text, const std::string& arg) {
+  if (arg.size() < 3 || arg.front() != '[' || arg.back() != ']')
+    fail(text, "modes takes a list like [full*2,none,attn]");
+  const std::string inner = arg.substr(1, arg.size() - 2);
+  std::vector<BlockMode> modes;
+  std::size_t start = 0;
+  while (start <= inner.size()) {
+    const std::size_t comma = inner.find(',', start);
+    const std::string item = inner.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::size_t star = item.find('*');
+    const std::string name = item.substr(0, star);
+    const int count = star == std::string::npos ? 1 : parse_count(text, item.substr(star + 1), 1);
+    std::optional<BlockMode> mode;
+    for (BlockMode m :
+         {BlockMode::None, BlockMode::Full, BlockMode::Offload, BlockMode::SelectiveAttn, BlockMode::SelectiveMlp})
+      if (name == short_name(m)) mode = m;
+    if (!mode) fail(text, "'" + name + "' is not a block mode (none, full, offload, attn, mlp)");
+    if (modes.size() + static_cast<std::size_t>(count) > 100000) fail(text, "too many blocks");
+    modes.insert(modes.end(), static_cast<std::size_t>(count), *mode);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return modes;
+}
+
+// auto's margin: a size, or a percentage of the cap below 100.
+void parse_margin(const std::string& text, const std::string& arg, CheckpointPolicy& p) {
+  if (arg.empty()) return;
+  if (arg.back() != '%') {
+    p.margin_bytes = parse_bytes(text, arg);
+    return;
+  }
+  char* end = nullptr;
+  const std::string number = arg.substr(0, arg.size() - 1);
+  const double percent = std::strtod(number.c_str(), &end);
+  if (number.empty() || *end != '\0' || !(percent >= 0) || !(percent < 100))
+    fail(text, "'" + arg + "' is not a percentage of the cap below 100%");
+  p.margin_fraction = percent / 100;
+}
+
 }  // namespace
+
+std::string short_name(BlockMode mode) {
+  switch (mode) {
+    case BlockMode::SelectiveAttn:
+      return "attn";
+    case BlockMode::SelectiveMlp:
+      return "mlp";
+    default:
+      return to_string(mode);
+  }
+}
 
 const char* to_string(BlockMode mode) {
   switch (mode) {
@@ -68,6 +123,21 @@ CheckpointPolicy CheckpointPolicy::only_blocks(std::vector<int> blocks) {
   CheckpointPolicy p = blocks.empty() ? off() : of(Kind::Blocks);
   p.blocks = std::move(blocks);
   return p;
+}
+
+CheckpointPolicy CheckpointPolicy::per_block(std::vector<BlockMode> modes) {
+  auto all = [&](BlockMode m) { return std::all_of(modes.begin(), modes.end(), [&](BlockMode x) { return x == m; }); };
+  if (all(BlockMode::None)) return off();
+  if (all(BlockMode::Full)) return full();
+  CheckpointPolicy p = of(Kind::Modes);
+  p.modes = std::move(modes);
+  return p;
+}
+
+std::int64_t CheckpointPolicy::margin_of(std::int64_t cap_bytes) const {
+  if (margin_bytes >= 0) return margin_bytes;
+  const double fraction = margin_fraction >= 0 ? margin_fraction : kAutoMarginFraction;
+  return static_cast<std::int64_t>(std::llround(fraction * static_cast<double>(cap_bytes)));
 }
 
 CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
@@ -101,6 +171,11 @@ CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
   } else if (head == "budget") {
     p.kind = Kind::Budget;
     p.budget_bytes = parse_bytes(text, arg);
+  } else if (head == "auto") {
+    p.kind = Kind::Auto;
+    parse_margin(text, arg, p);
+  } else if (head == "modes") {
+    p = per_block(parse_modes(text, arg));
   } else if (head == "blocks") {
     if (arg.size() < 2 || arg.front() != '[' || arg.back() != ']') fail(text, "blocks takes a list like [0,2,5]");
     p.kind = Kind::Blocks;
@@ -138,6 +213,24 @@ std::string CheckpointPolicy::to_string() const {
       return "selective:mlp";
     case Kind::Budget:
       return "budget:" + std::to_string(budget_bytes);
+    case Kind::Auto:
+      if (margin_bytes >= 0) return "auto:" + std::to_string(margin_bytes);
+      if (margin_fraction >= 0) {
+        std::ostringstream percent;
+        percent << margin_fraction * 100 << "%";
+        return "auto:" + percent.str();
+      }
+      return "auto";
+    case Kind::Modes: {
+      std::string out = "modes:[";
+      for (std::size_t i = 0; i < modes.size();) {
+        std::size_t j = i;
+        while (j < modes.size() && modes[j] == modes[i]) ++j;
+        out += (i ? "," : "") + short_name(modes[i]) + (j - i > 1 ? "*" + std::to_string(j - i) : "");
+        i = j;
+      }
+      return out + "]";
+    }
     case Kind::Blocks: {
       std::string out = "blocks:[";
       for (std::size_t i = 0; i < blocks.size(); ++i) out += (i ? "," : "") + std::to_string(blocks[i]);
@@ -148,7 +241,6 @@ std::string CheckpointPolicy::to_string() const {
 }
 
 BlockMode CheckpointPolicy::mode_for(int index, int num_blocks) const {
-  (void)num_blocks;
   switch (kind) {
     case Kind::Off:
       return BlockMode::None;
@@ -167,8 +259,15 @@ BlockMode CheckpointPolicy::mode_for(int index, int num_blocks) const {
       return BlockMode::SelectiveAttn;
     case Kind::SelectiveMlp:
       return BlockMode::SelectiveMlp;
+    case Kind::Modes:
+      if (static_cast<int>(modes.size()) != num_blocks)
+        throw std::invalid_argument("checkpoint policy '" + to_string() + "' names " + std::to_string(modes.size()) +
+                                    " blocks; the model has " + std::to_string(num_blocks));
+      return modes[static_cast<std::size_t>(index)];
     case Kind::Budget:
-      throw std::logic_error("a budget policy is resolved from measurements (select_blocks_for_budget) first");
+    case Kind::Auto:
+      throw std::logic_error("checkpoint policy '" + to_string() +
+                             "' is resolved from the walk (select_blocks_for_budget, choose_auto_plan) first");
   }
   return BlockMode::None;
 }

@@ -574,7 +574,7 @@ int run_estimate(const ConfigArgs& args, const EstimateGrid& grid) {
 }
 
 struct BenchArgs {
-  std::string gc = "off,full", batch, resolution;
+  std::string gc, batch, resolution, caps;  // gc empty: bench's off,full; fit's off,full,auto
   int steps = 3;
   double peak_tflops = 0;
 };
@@ -584,9 +584,14 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   gclab::bench::BenchOptions o;
   o.steps = std::max(1, b.steps);
   o.peak_flops = b.peak_tflops * 1e12;
-  o.policies = parse_policies(b.gc);
+  o.policies = parse_policies(b.gc.empty() ? "off,full" : b.gc);
   o.batches = parse_list<int>("--batch", b.batch, parse_int);
   o.resolutions = parse_list<int>("--resolution", b.resolution, parse_int);
+  o.caps = parse_list<std::string>("--caps", b.caps, [](const std::string& item) { return item; });
+  const bool times_auto = std::any_of(o.policies.begin(), o.policies.end(), [](const auto& p) {
+    return p.kind == gclab::ckpt::CheckpointPolicy::Kind::Auto;
+  });
+  if (!o.caps.empty() && !times_auto) throw gclab::UserError("--caps: give auto among --gc (the caps are auto's)");
   const std::filesystem::path dir = std::filesystem::path(config.training_folder) / config.name;
   std::filesystem::create_directories(dir);
   gclab::train::Session session = gclab::train::open_session(config, dir);
@@ -603,7 +608,7 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch, int max_f
   if (config.vram_cap.bytes <= 0 && !torch::cuda::is_available())
     throw gclab::UserError(
         "gclab fit on the CPU needs a cap to fit under: --vram-cap 24GiB (or vram_cap in the config)");
-  const auto policies = parse_policies(b.gc);
+  const auto policies = parse_policies(b.gc.empty() ? "off,full,auto" : b.gc);
   const auto resolutions = parse_list<int>("--resolution", b.resolution, parse_int);
   if (max_batch < 1) throw gclab::UserError("--max-batch must be at least 1");
   if (max_frames < 1) throw gclab::UserError("--max-frames must be at least 1");
@@ -663,11 +668,16 @@ void add_bench_and_fit(CLI::App& app, Verbs& v) {
   auto* bench = v.bench = app.add_subcommand("bench", "GC on/off side by side: step time, peak memory");
   add_config_args(bench, bench_args);
   bench->add_flag("--json", bench_args.json, "print JSON instead of YAML");
-  bench->add_option("--gc", bench_opts.gc, "policies to compare, comma-separated (default off,full)");
+  bench->add_option("--gc", bench_opts.gc,
+                    "policies to compare, comma-separated (default off,full; auto is decided at each cell under the "
+                    "cap)");
   bench->add_option("--batch", bench_opts.batch, "batch sizes, comma-separated (default: train.batch_size)");
   bench->add_option("--resolution", bench_opts.resolution,
                     "square resolutions, comma-separated (default: the datasets')");
   bench->add_option("--steps", bench_opts.steps, "timed steps per cell after one warm-up (default 3)");
+  bench->add_option("--caps", bench_opts.caps,
+                    "caps auto is timed under, comma-separated: 25% is a quarter of the way from full's predicted "
+                    "peak to GC off's, or a size (20GiB); every policy is then timed twice, in order and reversed");
   bench
       ->add_option("--peak-tflops", bench_opts.peak_tflops,
                    "the bf16 rate MFU is held against, TFLOP/s (a matmul measured on this machine; default: the "
@@ -676,7 +686,8 @@ void add_bench_and_fit(CLI::App& app, Verbs& v) {
   auto* fit = v.fit = app.add_subcommand("fit", "largest batch / bucket that fits, per checkpoint policy");
   add_config_args(fit, fit_args);
   fit->add_flag("--json", fit_args.json, "print JSON instead of YAML");
-  fit->add_option("--gc", fit_opts.gc, "policies, comma-separated (default off,full)");
+  fit->add_option("--gc", fit_opts.gc,
+                  "policies, comma-separated (default off,full,auto: auto decided at each batch under the cap)");
   fit->add_option("--resolution", fit_opts.resolution, "square resolutions, comma-separated (default: the datasets')");
   fit->add_option("--max-batch", fit_max_batch, "largest batch to try (default 32)");
   fit->add_option("--max-frames", fit_max_frames,

@@ -1259,6 +1259,17 @@ std::optional<YAML::Node> process_block(const YAML::Node& root, Diagnostics& dia
   return process;
 }
 
+// gclab: train.gradient_checkpointing: auto reads as checkpoint_policy: auto (AI Toolkit's key takes a bool;
+// an explicit checkpoint_policy still wins).
+void gradient_checkpointing_auto(YAML::Node process) {
+  YAML::Node train = process["train"];
+  if (!train.IsMap()) return;
+  const YAML::Node gc = train["gradient_checkpointing"];
+  if (!gc.IsScalar() || gc.Scalar() != "auto") return;
+  train["gradient_checkpointing"] = true;
+  if (!train["checkpoint_policy"].IsDefined()) train["checkpoint_policy"] = "auto";
+}
+
 }  // namespace
 
 LoadResult load_config_text(const std::string& text, const std::string& source_name, const LoadOptions& options) {
@@ -1283,6 +1294,7 @@ LoadResult load_config_text(const std::string& text, const std::string& source_n
     if (meta.IsDefined()) substitute(meta, name, "meta", ctx);
 
     split_qtype_adapter(process, ctx);
+    gradient_checkpointing_auto(process);
     read_value(process, cfg, "", ctx);
     if (meta.IsDefined() && !meta.IsNull()) {
       YAML::Emitter out;

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "gclab/memory/flops.h"
+
 namespace gclab::train {
 
 namespace {
@@ -39,11 +41,14 @@ void ModelCheckpointing::apply(const ckpt::CheckpointPolicy& policy) {
 }
 
 ModelCheckpointing::BlockProbe ModelCheckpointing::probe_blocks(const model::ModelInputs& probe,
-                                                                const std::function<int64_t()>& live) {
+                                                                const std::function<int64_t()>& live,
+                                                                ckpt::BlockMode mode) {
   BlockProbe out;
   const size_t n = wrappers_.size();
   out.kept_bytes.assign(n, 0);
   out.input_bytes.assign(n, 0);
+  out.forward_flops.assign(n, 0);
+  out.recomputed_flops.assign(n, 0);
   // The block calls and modes as they were, put back however the forward ends (an out-of-memory error, an op
   // the meta device cannot run).
   struct Restore {
@@ -55,10 +60,13 @@ ModelCheckpointing::BlockProbe ModelCheckpointing::probe_blocks(const model::Mod
       for (size_t i = 0; i < modes.size(); ++i) self.wrappers_[i]->set_mode(modes[i]);
     }
   } restore{*this, {}};
-  for (auto& w : wrappers_) restore.modes.push_back(w->mode()), w->set_mode(ckpt::BlockMode::None);
+  for (auto& w : wrappers_) restore.modes.push_back(w->mode()), w->set_mode(mode);
   model_.set_block_caller([&](size_t i, const model::Tensors& inputs) {
     const int64_t before = live();
+    memory::FlopCount flops;
     model::Tensors outputs = wrappers_[i]->forward(inputs);
+    out.forward_flops[i] += flops.total();
+    out.recomputed_flops[i] += flops.recomputed();
     int64_t fresh_output = 0;
     for (const auto& o : outputs) {
       bool is_input = false;

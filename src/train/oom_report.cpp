@@ -2,6 +2,7 @@
 #include "gclab/train/session.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/data/dataset.h"
 #include "gclab/log/log.h"
+#include "gclab/memory/device.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 #include "gclab/train/predict.h"
@@ -143,6 +145,7 @@ struct Levers {
   }
 
   void latent_cache_fix();
+  bool auto_fix();
   void step_fixes();
   void preview_fixes();
   void weight_fixes();
@@ -188,12 +191,49 @@ void Levers::latent_cache_fix() {
         &first);
 }
 
+// 1a. checkpoint_policy auto at the failing cell under the cap the run ran out under (vram_cap, else the GPU's
+// whole memory), offered in place of full when it fits for fewer recomputed FLOPs: whether it was.
+bool Levers::auto_fix() {
+  int64_t cap = ctx.cap_bytes;
+  if (cap <= 0 && !cpu)
+    for (const auto& g : memory::describe_devices().gpus)
+      if (g.index == 0) cap = g.total_bytes;
+  if (cap <= 0 || !now) return false;
+  try {
+    log::QuietScope quiet;
+    config::ProcessConfig c = config;
+    c.train.checkpoint_policy = ckpt::CheckpointPolicy::parse("auto");
+    RunPlan p = plan_run(c, PlanOptions{/*meta=*/true});
+    p.auto_cap_bytes = cap, p.auto_cap_source = "the cap";
+    const MemoryModel model(std::move(p));
+    const AutoPlan a = model.auto_plan(c.train.policy(), cell(), cap, "the cap");
+    if (!a.fits || a.full_recomputed_flops <= 0 || a.recomputed_flops >= a.full_recomputed_flops) return false;
+    const int64_t saving = *now - model.step(cell(), a.chosen).total_bytes;
+    if (saving <= 0) return false;
+    char share[160];
+    std::snprintf(share, sizeof share,
+                  "; it recomputes %.0f%% of full checkpointing's forward FLOPs: about %.0f%% of full's recompute "
+                  "time saved",
+                  100 * a.recomputed_flops / a.full_recomputed_flops,
+                  100 * (1 - a.recomputed_flops / a.full_recomputed_flops));
+    fixes.push_back(
+        {"Let gclab choose what to recompute (checkpoint_policy: auto)",
+         "train.checkpoint_policy: auto (here " + a.chosen.to_string() + ")", saving,
+         basis("with checkpoint_policy auto under " + config::format_bytes(cap) + " (" + a.chosen.to_string() + ")") +
+             share});
+    return true;
+  } catch (const std::exception& e) {
+    log::warn(std::string("the OOM report could not plan checkpoint_policy auto (left out): ") + e.what());
+    return false;
+  }
+}
+
 // 1. Checkpointing off (or partial): every block checkpointed. 2. Batch size: half the batch, twice the
 // accumulation, the same effective batch. 3. The largest bucket: the dataset's largest resolution dropped.
 void Levers::step_fixes() {
   // Filling the latent cache: one image at a time at each bucket, so only the largest bucket is a lever.
   if ((!in_step && phase != Phase::cache) || bw <= 0) return;
-  if (in_step && !fully_checkpointed)
+  if (in_step && !fully_checkpointed && !auto_fix())
     priced("Turn gradient checkpointing on", "train.gradient_checkpointing: true (train.checkpoint_policy: full)",
            "with checkpointing full", [](config::ProcessConfig& c) {
              c.train.gradient_checkpointing = true, c.train.checkpoint_policy = ckpt::CheckpointPolicy::full();
@@ -462,9 +502,10 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
   return l.first;
 }
 
-Session open_session(const config::ProcessConfig& config, const std::filesystem::path& output_dir) {
+Session open_session(const config::ProcessConfig& config, const std::filesystem::path& output_dir,
+                     const SessionOptions& options) {
   try {
-    return Session(config);
+    return Session(config, options);
   } catch (const c10::OutOfMemoryError& e) {
     OomContext ctx = oom_context(config, resolve_device(config.device), e);
     ctx.phase = Phase::setup;

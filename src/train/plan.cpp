@@ -7,6 +7,7 @@
 #include "gclab/data/buckets.h"
 #include "gclab/data/dataset.h"
 #include "gclab/data/image.h"
+#include "gclab/memory/device.h"
 #include "gclab/model/family.h"
 #include "gclab/model/quantize.h"
 #include "gclab/vae/autoencoder_kl.h"
@@ -318,6 +319,38 @@ void plan_first_frame(RunPlan& plan) {
 
 }  // namespace
 
+namespace {
+
+// The largest image (by area) in the datasets' control folders, from its header; none when there is none.
+std::optional<data::ImageSize> largest_control(const config::ProcessConfig& config) {
+  std::optional<data::ImageSize> largest;
+  for (const auto& d : config.datasets)
+    for (const std::string& folder : d.control_path) {
+      std::error_code ec;
+      for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+        if (!data::is_image_file(it->path())) continue;
+        const std::optional<data::ImageSize> size = data::read_image_size(it->path());
+        if (size && (!largest || int64_t{size->width} * size->height > int64_t{largest->width} * largest->height))
+          largest = size;
+      }
+    }
+  return largest;
+}
+
+// checkpoint_policy auto's cap: vram_cap, else the free memory of the GPU the run is on (or predicts for).
+void plan_auto_cap(RunPlan& plan) {
+  if (plan.config.vram_cap.bytes > 0) {
+    plan.auto_cap_bytes = plan.config.vram_cap.bytes, plan.auto_cap_source = "vram_cap";
+    return;
+  }
+  if (!plan.cuda || !torch::cuda::is_available()) return;
+  const int index = plan.device.is_cuda() && plan.device.has_index() ? plan.device.index() : 0;
+  for (const auto& g : memory::describe_devices().gpus)
+    if (g.index == index) plan.auto_cap_bytes = g.free_bytes, plan.auto_cap_source = "the GPU's free memory";
+}
+
+}  // namespace
+
 RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options) {
   RunPlan plan;
   plan.config = config;
@@ -379,6 +412,8 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   plan.caches_text = run_caches_text(config);
   plan.text_encoder_leaves = text_encoder_leaves(config);
   plan.policy = config.train.policy();
+  plan_auto_cap(plan);  // what auto fits: the run's policy, or bench's, fit's and advise's alternatives
+  if (plan.spec.raw_references && plan.spec.reference_tokens) plan.largest_raw_control = largest_control(config);
   plan.cells = step_cells(config);
   plan.largest = largest_cell(plan.cells, config.train.batch_size);
   for (size_t i = 0; i < config.datasets.size(); ++i) {

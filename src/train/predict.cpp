@@ -546,11 +546,19 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
   resident_estimate(session, e);
   e.cap_bytes = config.vram_cap.bytes;
   e.activation_dtype = std::string(config::name_of(config.train.dtype));
-  e.policy = policy();
   cuda_ = session.plan().cuda;
   e.device = cuda_ ? "cuda" : "cpu";  // the kind of device predicted for ("auto" resolved as the plan did)
   text_estimate(session, e, cuda_);
   cache_estimate(session, e, cuda_);
+  // The phases no checkpoint policy changes, before auto weighs the step's against the cap with them.
+  preview_estimate(session, e, cuda_);
+  e.save_bytes = save_estimate(session, e);
+  if (const RunPlan& plan = session.plan(); plan.policy.kind == ckpt::CheckpointPolicy::Kind::Auto) {
+    e.auto_plan = auto_plan(plan.policy, plan.largest.shape(), plan.auto_cap_bytes, plan.auto_cap_source);
+    session.set_auto_choice(e.auto_plan->chosen);
+    session.apply_policy(session.plan().policy, session.plan().largest.shape());
+  }
+  e.policy = policy();
   // Each of the datasets' (batch, resolution) cells, checkpointing off and full.
   for (const StepCell& c : session.plan().cells) {
     ResolutionEstimate re;
@@ -567,8 +575,6 @@ MemoryModel::MemoryModel(RunPlan plan) : session_(std::make_unique<Session>(meta
     re.text_tokens = tokens.text;
     e.resolutions.push_back(re);
   }
-  preview_estimate(session, e, cuda_);
-  e.save_bytes = save_estimate(session, e);
   not_modelled(session.plan(), e, cuda_);
   for (const std::string& op : memory::take_meta_gaps())
     e.not_modelled.push_back("the walk met " + op +
@@ -595,6 +601,12 @@ PhaseBytes MemoryModel::phases(const StepEstimate& step) const {
   if (estimate_.cache) p[memory::Phase::cache] = estimate_.cache->total_bytes;
   if (estimate_.preview) p[memory::Phase::sample] = estimate_.preview->total_bytes;
   p[memory::Phase::save] = estimate_.save_bytes;
+  return p;
+}
+
+PhaseBytes MemoryModel::run_phases(const StepEstimate& step) const {
+  PhaseBytes p = phases(step);
+  for (const auto& [phase, bytes] : step.first_phases) p[phase] = std::max(p[phase], bytes);
   return p;
 }
 

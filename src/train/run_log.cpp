@@ -140,33 +140,34 @@ void RunLog::write_memory(Session& session) const {
   std::map<Phase, int64_t> measured = run_peaks_;
   for (const auto& [phase, bytes] : session.phases().peaks()) measured[phase] = std::max(measured[phase], bytes);
   if (load.measured_device_peak_bytes) measured[Phase::setup] = *load.measured_device_peak_bytes;
-  std::ofstream(dir_ / "memory.json") << json{{"device", session.device().str()},
-                                              {"cap_bytes", config.vram_cap.bytes},
-                                              {"cap_counts", session.meter().cap_counts()},
-                                              {"peak_bytes", peak_bytes_},
-                                              {"checkpoint_policy", config.train.policy().to_string()},
-                                              {"weights_bytes", held.weights},
-                                              {"optimizer_bytes", held.optimizer},
-                                              {"text_encoder_bytes", held.text_encoder},
-                                              {"vae_bytes", held.vae},
-                                              {"image_encoder_bytes", held.image_encoder},
-                                              {"offload_buffer_bytes", held.offload_buffers},
-                                              {"host",
-                                               {{"offloaded_weight_bytes", held.host_weights},
-                                                {"text_encoder_offloaded_bytes", held.text_encoder_host},
-                                                {"text_cache_bytes", held.text_cache_host},
-                                                {"measured_peak_bytes", session.meter().stats().host_peak_bytes},
-                                                {"cap_bytes", config.host_cap.bytes}}},
-                                              {"load",
-                                               {{"quantized_on_host", load.quantized_on_host},
-                                                {"measured_peak_bytes", load.measured_device_peak_bytes.value_or(0)},
-                                                {"predicted_peak_bytes", load.device.peak()},
-                                                {"host_measured_peak_bytes", load.measured_host_peak_bytes.value_or(0)},
-                                                {"host_predicted_peak_bytes", load.host.peak()}}},
-                                              {"phase_peak_bytes", memory::by_phase_name(measured)},
-                                              {"predicted_phase_peak_bytes", memory::by_phase_name(run_predicted_)}}
-                                             .dump(2)
-                                      << "\n";
+  json out = json{{"device", session.device().str()},
+                  {"cap_bytes", config.vram_cap.bytes},
+                  {"cap_counts", session.meter().cap_counts()},
+                  {"peak_bytes", peak_bytes_},
+                  {"checkpoint_policy", config.train.policy().to_string()},
+                  {"weights_bytes", held.weights},
+                  {"optimizer_bytes", held.optimizer},
+                  {"text_encoder_bytes", held.text_encoder},
+                  {"vae_bytes", held.vae},
+                  {"image_encoder_bytes", held.image_encoder},
+                  {"offload_buffer_bytes", held.offload_buffers},
+                  {"host",
+                   {{"offloaded_weight_bytes", held.host_weights},
+                    {"text_encoder_offloaded_bytes", held.text_encoder_host},
+                    {"text_cache_bytes", held.text_cache_host},
+                    {"measured_peak_bytes", session.meter().stats().host_peak_bytes},
+                    {"cap_bytes", config.host_cap.bytes}}},
+                  {"load",
+                   {{"quantized_on_host", load.quantized_on_host},
+                    {"measured_peak_bytes", load.measured_device_peak_bytes.value_or(0)},
+                    {"predicted_peak_bytes", load.device.peak()},
+                    {"host_measured_peak_bytes", load.measured_host_peak_bytes.value_or(0)},
+                    {"host_predicted_peak_bytes", load.host.peak()}}},
+                  {"phase_peak_bytes", memory::by_phase_name(measured)},
+                  {"predicted_phase_peak_bytes", memory::by_phase_name(run_predicted_)}};
+  out["applied_policy"] = session.applied_policy().to_string();  // auto's plan, a budget's blocks
+  if (model_ && model_->estimate().auto_plan) out["auto_plan"] = auto_plan_json(*model_->estimate().auto_plan);
+  std::ofstream(dir_ / "memory.json") << out.dump(2) << "\n";
 }
 
 }  // namespace gclab::train

@@ -1,5 +1,7 @@
 #include "gclab/train/session.h"
 
+#include "gclab/train/predict.h"
+
 #include <algorithm>
 #include <array>
 
@@ -98,6 +100,8 @@ Session::Session(RunPlan plan, const SessionOptions& options)
       previous_host_cap_(memory::MemoryMeter::host_cap()) {
   if (device_.is_meta()) meta_allocator_.emplace();
   for (const auto& w : plan_.warnings) log::warn(w);
+  if (!device_.is_meta() && plan_.policy.kind == ckpt::CheckpointPolicy::Kind::Auto)
+    choose_auto_plan(options.auto_choice);
   start_memory();
   // The load, in the order AI Toolkit's loader for the arch takes: the transformer (on the device, or in
   // host memory and moved after the text encoders), the text encoders. Each step records its modules' sizes
@@ -742,6 +746,17 @@ int64_t Session::cache_latents(data::BatchLoader& loader) {
   return n;
 }
 
+void Session::set_cap(int64_t bytes) {
+  if (cpu_tracker_) cpu_tracker_->set_cap(bytes);
+  if (device_.is_cuda()) {
+    meter_.release_cached();
+    meter_.set_cap(bytes);
+  }
+  plan_.auto_cap_bytes = bytes;
+  plan_.auto_cap_source = bytes > 0 ? "the cap set" : "";
+  auto_at_.clear();
+}
+
 void Session::lift_cap() {
   if (cpu_tracker_) cpu_tracker_->set_cap(0);
   if (device_.is_cuda()) {
@@ -750,19 +765,64 @@ void Session::lift_cap() {
   }
 }
 
-std::optional<double> Session::recomputed_block_share() const {
-  const auto& wrappers = checkpointing_->wrappers();
-  if (wrappers.empty()) return 0.0;
-  int whole = 0;
-  for (const auto& w : wrappers) {
-    const ckpt::BlockMode m = w->mode();
-    if (m == ckpt::BlockMode::SelectiveAttn || m == ckpt::BlockMode::SelectiveMlp) return std::nullopt;
-    whole += m == ckpt::BlockMode::None ? 0 : 1;
+void Session::check_foreseen(const StepResult& r) const {
+  if (plan_.policy.kind != ckpt::CheckpointPolicy::Kind::Auto) return;
+  // What the plan was made for: its cells' steps, a bucket of a dataset at resolution r holding at most r².
+  int64_t foreseen = 0;
+  for (const StepCell& c : plan_.cells)
+    foreseen = std::max(foreseen, int64_t{c.batch} * c.frames * c.resolution * c.resolution);
+  const int64_t pixels = int64_t{r.batch} * r.frames * r.width * r.height;
+  if (pixels > std::max(foreseen, plan_.largest.shape().pixel_elements() / 3))
+    throw UserError("checkpoint_policy " + plan_.policy.to_string() + " chose " + applied_.to_string() +
+                    " for steps of up to " + std::to_string(foreseen) + " pixels (" + plan_.largest.shape().describe() +
+                    " the largest); this step's bucket " + r.bucket + " x batch " + std::to_string(r.batch) +
+                    " holds " + std::to_string(pixels) +
+                    ", which the plan did not foresee. Give its dataset that resolution, or set the policy "
+                    "yourself (full, or the plan above as modes:[...])");
+}
+
+void Session::choose_auto_plan(const std::optional<ckpt::CheckpointPolicy>& given) {
+  if (given) {
+    auto_choice_ = given;
+    return;
   }
-  return static_cast<double>(whole) / static_cast<double>(wrappers.size());
+  const AutoPlan& chosen = *auto_model().estimate().auto_plan;
+  auto_choice_ = chosen.chosen;
+  log::info(describe_auto_plan(chosen));
+}
+
+const MemoryModel& Session::auto_model() {
+  if (!auto_model_) {  // the memory model of this very plan, on the meta device, fitting the cap it measured
+    RunPlan meta = plan_run(config_, PlanOptions{/*meta=*/true});
+    meta.auto_cap_bytes = plan_.auto_cap_bytes, meta.auto_cap_source = plan_.auto_cap_source;
+    log::QuietScope quiet;
+    auto_model_ = std::make_unique<MemoryModel>(std::move(meta));
+  }
+  return *auto_model_;
+}
+
+ckpt::CheckpointPolicy Session::auto_choice_at(const ckpt::CheckpointPolicy& requested,
+                                               const model::SampleShape& cell) {
+  // The run's own decision at its largest cell (a meta Session's at every cell: it walks for the run); off on
+  // a meta Session until its memory model has decided.
+  if (device_.is_meta() || (cell == plan_.largest.shape() && requested.to_string() == plan_.policy.to_string())) {
+    if (!auto_choice_ && !device_.is_meta())
+      throw std::logic_error("checkpoint policy auto is applied once the memory model has chosen its plan");
+    return auto_choice_.value_or(ckpt::CheckpointPolicy::off());
+  }
+  const std::string key = requested.to_string() + " at " + cell.describe();
+  if (const auto it = auto_at_.find(key); it != auto_at_.end()) return it->second;
+  const AutoPlan chosen = auto_model().auto_plan(requested, cell, plan_.auto_cap_bytes, plan_.auto_cap_source);
+  log::info("at " + cell.describe() + ": " + describe_auto_plan(chosen));
+  return auto_at_[key] = chosen.chosen;
 }
 
 void Session::apply_policy(const ckpt::CheckpointPolicy& policy, const model::SampleShape& cell) {
+  if (policy.kind == ckpt::CheckpointPolicy::Kind::Auto) {
+    applied_ = auto_choice_at(policy, cell);
+    checkpointing_->apply(applied_);
+    return;
+  }
   if (policy.kind != ckpt::CheckpointPolicy::Kind::Budget) {
     checkpointing_->apply(policy);
     applied_ = policy;
@@ -793,19 +853,37 @@ std::unique_ptr<Session> Session::walk_twin() const {
   return std::make_unique<Session>(config_, SessionOptions{/*meta=*/true});
 }
 
-model::ActivationEstimate Session::probe_blocks(const model::SampleShape& shape, int64_t text_tokens,
-                                                const std::function<int64_t()>& live) {
+std::pair<int64_t, int64_t> Session::reference_size(const model::SampleShape& shape, bool at_image_size) const {
+  if (at_image_size || !spec_.raw_references || !plan_.largest_raw_control)
+    return model::training_reference_size(spec_, shape.width, shape.height, at_image_size);
+  const int64_t target = config_.model.model_kwargs.match_target_res ? shape.width * shape.height : 0;
+  const data::BucketResolution r =
+      data::raw_reference_size({plan_.largest_raw_control->width, plan_.largest_raw_control->height},
+                               spec_.reference_area, target)
+          .cropped;
+  return {r.width, r.height};
+}
+
+ModelCheckpointing::BlockProbe Session::probe_forward(const model::SampleShape& shape, int64_t text_tokens,
+                                                      const std::function<int64_t()>& live, ckpt::BlockMode mode) {
   const model::StepTokens tokens = model::step_tokens(spec_, shape, text_tokens);
   const auto options = torch::TensorOptions().device(device_).dtype(plan_.compute_dtype);
   model::ModelInputs in = model_->example_inputs(shape, tokens.text, options);
   if (spec_.reference_tokens) {  // one control image, as the step's walk and the token count take it
-    const auto [w, h] = model::training_reference_size(spec_, shape.width, shape.height);
+    const auto [w, h] = reference_size(shape);
     in.reference_latents.push_back(torch::randn(model::latent_shape(spec_, {shape.batch, 1, h, w}), options));
   }
   in.bypass_guidance = model::training_bypasses_guidance(spec_, config_.train);
   // Offloaded Linears' ring slots fill as the blocks run: the rings' bytes, the step's walk's (walked.rings),
   // are not a block's.
-  const auto probe = checkpointing_->probe_blocks(in, [&] { return live() - nn::offload_buffer_bytes(*rings_); });
+  return checkpointing_->probe_blocks(
+      in, [&] { return live() - nn::offload_buffer_bytes(*rings_); }, mode);
+}
+
+model::ActivationEstimate Session::probe_blocks(const model::SampleShape& shape, int64_t text_tokens,
+                                                const std::function<int64_t()>& live) {
+  const model::StepTokens tokens = model::step_tokens(spec_, shape, text_tokens);
+  const auto probe = probe_forward(shape, text_tokens, live, ckpt::BlockMode::None);
   std::vector<model::BlockBytes> per_block;
   for (size_t i = 0; i < probe.kept_bytes.size(); ++i) per_block.push_back({probe.kept_bytes[i], probe.input_bytes[i]});
   return model::activation_estimate(std::move(per_block), tokens, model_->expert_count());
@@ -817,6 +895,31 @@ model::ActivationEstimate Session::block_activations(const model::SampleShape& s
   model::ActivationEstimate est;
   memory::run_walk([&] { est = probe_blocks(shape, text_tokens, [&] { return count.live(); }); });
   return est;
+}
+
+model::BlockModeCosts Session::block_mode_costs(const model::SampleShape& shape, std::vector<ckpt::BlockMode> modes) {
+  if (!device_.is_meta()) return walk_twin()->block_mode_costs(shape, std::move(modes));
+  modes.erase(std::remove(modes.begin(), modes.end(), ckpt::BlockMode::None), modes.end());
+  modes.insert(modes.begin(), ckpt::BlockMode::None);  // first: a checkpointed block keeps None's inputs
+  model::BlockModeCosts out;
+  out.experts = model_->expert_count();
+  out.per_block.resize(model_->blocks().size());
+  std::vector<int64_t> inputs;  // None's: what a checkpointed block keeps (activations_under's convention)
+  for (const ckpt::BlockMode mode : modes) {
+    memory::MetaCount count(plan_.cuda ? c10::kCUDA : c10::kCPU);
+    ModelCheckpointing::BlockProbe probe;
+    memory::run_walk([&] {
+      probe = probe_forward(
+          shape, 0, [&] { return count.live(); }, mode);
+    });
+    if (mode == ckpt::BlockMode::None) inputs = probe.input_bytes;
+    for (size_t i = 0; i < probe.kept_bytes.size() && i < out.per_block.size(); ++i) {
+      model::ModeCost& c = out.per_block[i][mode];
+      c.kept = mode == ckpt::BlockMode::Full && i < inputs.size() ? inputs[i] : probe.kept_bytes[i];
+      c.recomputed_flops = probe.recomputed_flops[i];
+    }
+  }
+  return out;
 }
 
 Session::BlockProbes Session::probe_block_activations() {
@@ -958,7 +1061,7 @@ data::LoadedBatch Session::synthetic_batch(const model::SampleShape& shape) cons
   size_t references = spec_.reference_tokens ? 1 : 0;
   if (spec_.reference_tokens || channels)
     for (const auto& d : config_.datasets) references = std::max(references, d.control_path.size());
-  const auto [ref_width, ref_height] = model::training_reference_size(spec_, width, height, channels);
+  const auto [ref_width, ref_height] = reference_size({batch, 1, height, width}, channels);
   const bool text_reads = model::text_reads_controls(spec_);
   if (text_reads) lb.control_images.resize(static_cast<size_t>(batch));
   for (size_t r = 0; r < references; ++r) {
@@ -1046,6 +1149,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     r.bucket = current_bucket_ = lb.bucket.key();
     r.frames = lb.bucket.frames, r.width = lb.bucket.width, r.height = lb.bucket.height;
     r.batch = current_batch_ = static_cast<int>(lb.latents.size(0));
+    check_foreseen(r);
     r.captions = captions_of(lb);
     if (experts_) next_stage();
     for (auto& c : r.captions)

@@ -74,6 +74,16 @@ std::unique_ptr<MemoryModel> predict_quietly(const config::ProcessConfig& config
   return std::make_unique<MemoryModel>(config);
 }
 
+// checkpoint_policy auto: the run applies the plan its memory model chose (what memory.json then predicts for).
+SessionOptions with_auto_choice(const MemoryModel& model) {
+  SessionOptions options;
+  if (model.estimate().auto_plan) {
+    options.auto_choice = model.estimate().auto_plan->chosen;
+    log::info(describe_auto_plan(*model.estimate().auto_plan));
+  }
+  return options;
+}
+
 }  // namespace
 
 std::string dry_run(const config::ProcessConfig& config) {
@@ -98,7 +108,7 @@ class Run {
         datasets_(config.datasets),
         items_(scan(datasets_, config.train.cache_text_embeddings)),
         predicted_(predict_quietly(config)),
-        session_(open_session(config, summary.output_dir)),
+        session_(open_session(config, summary.output_dir, with_auto_choice(*predicted_))),
         saves_(summary.output_dir, config.name, config.save.max_step_saves_to_keep,
                !config.network && config.save.save_format == config::SaveFormat::diffusers) {}
 

@@ -56,6 +56,37 @@ TEST(CheckpointPolicy, ModesPerBlock) {
   EXPECT_THROW(CheckpointPolicy::parse("budget:1GiB").mode_for(0, 5), std::logic_error);
 }
 
+// auto and its margin; modes:[...] as auto prints its plan, read back as written (runs compressed).
+TEST(CheckpointPolicy, AutoAndItsPlanAreWrittenAsTheyParse) {
+  const CheckpointPolicy plain = CheckpointPolicy::parse("auto");
+  EXPECT_EQ(plain.kind, CheckpointPolicy::Kind::Auto);
+  EXPECT_TRUE(plain.resolved_later());
+  EXPECT_EQ(plain.margin_of(1000), 50);  // kAutoMarginFraction
+  EXPECT_EQ(CheckpointPolicy::parse("auto:1KiB").margin_of(1 << 20), 1024);
+  EXPECT_EQ(CheckpointPolicy::parse("auto:10%").margin_of(1000), 100);
+  EXPECT_EQ(CheckpointPolicy::parse("auto:0%").margin_of(1000), 0);
+  for (const char* s : {"auto", "auto:10%", "auto:2048", "modes:[full*2,none,attn,mlp*3,offload]"})
+    EXPECT_EQ(CheckpointPolicy::parse(s).to_string(), s);
+  const CheckpointPolicy m = CheckpointPolicy::parse("modes:[full*2, none,attn]");
+  EXPECT_EQ(m.kind, CheckpointPolicy::Kind::Modes);
+  EXPECT_EQ(m.modes,
+            (std::vector<BlockMode>{BlockMode::Full, BlockMode::Full, BlockMode::None, BlockMode::SelectiveAttn}));
+  EXPECT_EQ(m.mode_for(3, 4), BlockMode::SelectiveAttn);
+  EXPECT_THROW(m.mode_for(0, 5), std::invalid_argument);  // a plan for another model
+  EXPECT_THROW(plain.mode_for(0, 5), std::logic_error);
+  EXPECT_EQ(CheckpointPolicy::per_block({BlockMode::None, BlockMode::None}).kind, CheckpointPolicy::Kind::Off);
+  EXPECT_EQ(CheckpointPolicy::per_block({BlockMode::Full}).kind, CheckpointPolicy::Kind::Full);
+  for (const char* bad : {"auto:lots", "auto:100%", "auto:-1%", "modes", "modes:[]", "modes:[full*0]",
+                          "modes:[sometimes]", "modes:full"}) {
+    try {
+      CheckpointPolicy::parse(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("auto:MARGIN"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CheckpointPolicy, BudgetCheckpointsTheFewestBlocksThatFit) {
   // Four blocks keep 100, 400, 200, 300 bytes; checkpointed each keeps 10.
   const std::vector<std::int64_t> act = {100, 400, 200, 300}, in = {10, 10, 10, 10};

@@ -80,6 +80,9 @@ class OomScenario : public ::testing::Test {
 };
 fs::path OomScenario::dir_;
 
+// The report's fix where checkpoint_policy auto fits the cap for fewer recomputed FLOPs than full.
+const char* const kAutoFix = "Let gclab choose what to recompute (checkpoint_policy: auto)";
+
 // FLUX.2 klein with a reference image (configs/oom/cpu_edit_klein.yaml): checkpointing off runs out in the first
 // forward and the first fix is checkpointing, which finishes under the same cap; without the control images the
 // same run fits — the reference's tokens are what pushed it over.
@@ -88,8 +91,18 @@ TEST_F(OomScenario, KleinsReferenceImageRunsOutWithCheckpointingOffAndTheFixIsCh
   EXPECT_EQ(report["step"], 1);
   EXPECT_EQ(report["phase"], "forward");
   EXPECT_EQ(report["checkpoint_policy"], "off");
+  // Full checkpointing is the only plan under the cap less auto's margin: auto is not offered, and chooses full.
   EXPECT_EQ(report["fixes"][0]["title"], "Turn gradient checkpointing on");
   EXPECT_NO_THROW(train(load("edit_klein_fixed"), {}));
+  EXPECT_NO_THROW(train(load("edit_klein", {"train.checkpoint_policy=auto", "name=edit_klein_auto"}), {}));
+  // The controls (512²) are larger than the images (384²): the walk holds the folder's largest, as the run does.
+  train(load("edit_klein", {"vram_cap=0", "train.steps=2", "name=edit_klein_uncapped"}), {});
+  const auto memory = nlohmann::json::parse(std::ifstream(dir_ / "out" / "edit_klein_uncapped" / "memory.json"));
+  for (const char* phase : {"forward", "backward"})
+    EXPECT_NEAR(
+        memory["predicted_phase_peak_bytes"][phase].get<double>() / memory["phase_peak_bytes"][phase].get<double>(),
+        1.0, 0.01)
+        << phase;
   EXPECT_NO_THROW(train(load("edit_klein", {"datasets.0.control_path=[]", "name=edit_klein_plain"}), {}));
 }
 
@@ -98,22 +111,25 @@ TEST_F(OomScenario, CheckpointingOffRunsOutInTheFirstForwardAndTheFixIsCheckpoin
   EXPECT_EQ(report["step"], 1);
   EXPECT_EQ(report["phase"], "forward");
   EXPECT_EQ(report["checkpoint_policy"], "off");
-  EXPECT_EQ(report["fixes"][0]["title"], "Turn gradient checkpointing on");
+  EXPECT_EQ(report["fixes"][0]["title"], kAutoFix);
   EXPECT_GT(report["fixes"][0]["predicted_saving_bytes"].get<int64_t>(), int64_t{32} << 20);
+  EXPECT_NE(report["fixes"][0]["basis"].get<std::string>().find("of full's recompute time saved"), std::string::npos);
   EXPECT_NO_THROW(train(load("gc_off_fixed"), {}));
+  EXPECT_NO_THROW(train(load("gc_off", {"train.checkpoint_policy=auto", "name=gc_off_auto"}), {}));
 }
 
 // The step's levers are priced by re-planning, and what the memory model predicts they save is what they
-// save: the checkpointing-off scenario's report against the same run without the cap, checkpointed, and at
-// half the batch with twice the accumulation — each one's step peak (its highest phase, measured by the
-// tracking allocator). Checkpointed, the peak moves from the forward to the backward.
+// save: the checkpointing-off scenario's report against the same run without the cap, under auto at the cap
+// it ran out under (the plan the report offers), and at half the batch with twice the accumulation — each
+// one's step peak (its highest phase, measured by the tracking allocator).
 TEST_F(OomScenario, TheStepsLeversSaveWhatTheRunsMeasure) {
   const auto report = expect_oom("gc_off", {"name=gc_off_priced"});
   ASSERT_EQ(report["phase"], "forward");
   std::map<std::string, int64_t> saving;
   for (const auto& f : report["fixes"]) saving[f["title"]] = f["predicted_saving_bytes"].get<int64_t>();
-  auto step_peak = [&](const std::string& name, std::vector<std::string> extra) {
-    extra.insert(extra.end(), {"vram_cap=0", "train.steps=2", "name=" + name});
+  auto step_peak = [&](const std::string& name, std::vector<std::string> extra, bool capped = false) {
+    extra.insert(extra.end(), {"train.steps=2", "name=" + name});
+    if (!capped) extra.push_back("vram_cap=0");  // auto decides under the cap the run ran out under
     train(load("gc_off", extra), {});
     std::ifstream in(dir_ / "out" / name / "memory.json");
     const auto phases = nlohmann::json::parse(in)["phase_peak_bytes"];
@@ -123,9 +139,9 @@ TEST_F(OomScenario, TheStepsLeversSaveWhatTheRunsMeasure) {
     return peak;
   };
   const int64_t off = step_peak("gc_off_uncapped", {});
-  const int64_t full = step_peak("gc_off_full", {"train.gradient_checkpointing=true"});
+  const int64_t automatic = step_peak("gc_off_auto", {"train.checkpoint_policy=auto"}, true);
   const int64_t half = step_peak("gc_off_half", {"train.batch_size=1", "train.gradient_accumulation=2"});
-  for (const auto& [title, measured] : {std::pair<std::string, int64_t>{"Turn gradient checkpointing on", off - full},
+  for (const auto& [title, measured] : {std::pair<std::string, int64_t>{kAutoFix, off - automatic},
                                         {"Lower the batch size and accumulate", off - half}}) {
     ASSERT_TRUE(saving.count(title)) << title;
     std::printf("%s: predicted saving %lld, measured %lld\n", title.c_str(), static_cast<long long>(saving[title]),

@@ -21,6 +21,10 @@ struct BenchOptions {
   std::vector<int> batches;                      // empty: the config's batch size
   std::vector<int> resolutions;                  // empty: the datasets' resolutions
   int steps = 3;                                 // timed steps per cell (after one warm-up step)
+  // Caps auto is timed under, each a row of its own: "25%" is a quarter of the way from full's highest
+  // predicted phase to GC off's at the cell, else a size ("20GiB"). Given, every variant is timed twice, in
+  // the order given and reversed (each pass after its own warm-up step).
+  std::vector<std::string> caps;
   // The bf16 rate MFU is held against, FLOP/s: what a matmul measured on this machine (scripts/gpu/check.sh
   // measures it in the same call); 0: the GPU's data-sheet peak (peak_bf16_flops).
   double peak_flops = 0;
@@ -28,6 +32,9 @@ struct BenchOptions {
 
 struct BenchRow {
   std::string policy;
+  std::string cap;        // BenchOptions::caps' entry auto ran under ("" for the run's cap)
+  int64_t cap_bytes = 0;  // that cap (0: the run's)
+  std::string applied;    // what the policy applied at this cell (auto's plan, a budget's blocks)
   int resolution = 0, batch = 0;
   int frames = 1;  // the run's (its datasets' largest num_frames)
   bool oom = false;
@@ -39,8 +46,11 @@ struct BenchRow {
   double time_ratio = 0, peak_ratio = 0;   // to GC off at the same resolution and batch (0 when unknown)
   // GC off's cells: the forward alone (its loss, the graph dropped), timed as the step is.
   double forward_ms = 0;
+  // The share of full's recomputation the applied policy runs again, in the walked blocks' forward FLOPs
+  // (memory/flops.h: selective and auto plans too; 1 for full, 0 for off).
+  double recomputed_share = 0;
   // The recomputation's theory: 1 + s · t_fwd / t_step, t_fwd and t_step GC off's at the same cell, s the
-  // share of the blocks the policy recomputes whole (1 for full); 0 when unknown (a selective policy).
+  // recomputed share; 0 when GC off did not run here.
   double theory_ratio = 0;
   double model_tflop = 0;  // the step's model FLOPs (step_flops), in TFLOP: recompute not counted
   double mfu = 0;          // model FLOPs / (step time x the bf16 rate: measured, else the data sheet's); CUDA only

@@ -19,15 +19,26 @@ enum class BlockMode {
 
 const char* to_string(BlockMode mode);
 
+// The blocks' modes one by one in short names (none, full, offload, attn, mlp), runs of one mode as
+// "full*3": what modes:[...] is written as.
+std::string short_name(BlockMode mode);
+
 struct CheckpointPolicy {
-  enum class Kind { Off, Full, EveryN, FirstK, Blocks, SelectiveAttn, SelectiveMlp, Offload, Budget };
+  enum class Kind { Off, Full, EveryN, FirstK, Blocks, SelectiveAttn, SelectiveMlp, Offload, Budget, Auto, Modes };
   Kind kind = Kind::Full;
   int n = 0;                // every:N and first:K
   std::vector<int> blocks;  // blocks:[i,j,...]
   std::int64_t budget_bytes = 0;
+  // auto:MARGIN: what is left free of the cap, in bytes, or as a fraction of the cap (auto:5%). Neither
+  // given (plain auto): kAutoMarginFraction.
+  std::int64_t margin_bytes = -1;
+  double margin_fraction = -1;
+  static constexpr double kAutoMarginFraction = 0.05;
+  std::vector<BlockMode> modes;  // modes:[...]: one per block, in the model's order
 
   // "off" | "full" | "every:N" | "first:K" | "blocks:[i,j]" | "selective:attn" | "selective:mlp" |
-  // "offload" | "budget:24GiB". Throws std::invalid_argument with a message naming the grammar.
+  // "offload" | "budget:24GiB" | "auto" | "auto:1GiB" | "auto:5%" | "modes:[full*2,none,attn]". Throws
+  // std::invalid_argument with a message naming the grammar.
   static CheckpointPolicy parse(const std::string& text);
   std::string to_string() const;
   // The policies as values (what code builds; parse() is for what people write).
@@ -35,9 +46,16 @@ struct CheckpointPolicy {
   static CheckpointPolicy full() { return of(Kind::Full); }
   // Exactly these blocks (sorted, each once); none: off.
   static CheckpointPolicy only_blocks(std::vector<int> blocks);
+  // One mode a block (off when every one is none, full when every one is full).
+  static CheckpointPolicy per_block(std::vector<BlockMode> modes);
+  // The bytes auto keeps free of `cap_bytes`.
+  std::int64_t margin_of(std::int64_t cap_bytes) const;
+  // A policy decided from the memory model before it is applied (budget, auto).
+  bool resolved_later() const { return kind == Kind::Budget || kind == Kind::Auto; }
 
-  // The mode of block `index` of `num_blocks`. A budget policy has no fixed answer: it is decided
-  // from measured activation sizes (select_blocks_for_budget) and applied as a blocks:[...] policy.
+  // The mode of block `index` of `num_blocks`. A budget or auto policy has no fixed answer: it is decided
+  // from the walk (select_blocks_for_budget; train::choose_auto_plan) and applied as blocks:[...] or
+  // modes:[...]. modes:[...] of another length than num_blocks is refused (std::invalid_argument).
   BlockMode mode_for(int index, int num_blocks) const;
 
  private:

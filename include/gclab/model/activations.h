@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -55,6 +56,18 @@ struct PolicyActivations {
 };
 std::optional<PolicyActivations> activations_under(const ActivationEstimate& estimate,
                                                    const ckpt::CheckpointPolicy& policy);
+
+// One block under one checkpoint mode (ckpt::BlockMode), walked: what its forward leaves for the backward
+// (for Full its hidden-stream inputs, BlockBytes::input; for the others what the forward left live beside its
+// outputs) and the FLOPs its backward runs again (memory/flops.h: the checkpointed regions' forward).
+struct ModeCost {
+  int64_t kept = 0;
+  double recomputed_flops = 0;
+};
+struct BlockModeCosts {
+  std::vector<std::map<ckpt::BlockMode, ModeCost>> per_block;  // the model's order (ActivationEstimate's)
+  size_t experts = 1;
+};
 
 // Per block of `model`, the bytes of the dequantized weights its Linears keep for backward (the quantized
 // forward is F.linear(x, dequantized W)): a Linear's only when its input needs a gradient — not the

@@ -16,6 +16,7 @@
 
 #include "gclab/config/config.h"
 #include "gclab/train/phase.h"
+#include "gclab/train/session.h"
 #include "gclab/vae/codec.h"
 
 namespace gclab::train {
@@ -72,7 +73,8 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
 // nothing to save — writes the report (phase setup, the load's levers) into output_dir and throws
 // OutOfMemoryStop with its short version.
 class Session;
-Session open_session(const config::ProcessConfig& config, const std::filesystem::path& output_dir);
+Session open_session(const config::ProcessConfig& config, const std::filesystem::path& output_dir,
+                     const SessionOptions& options = {});
 
 // Writes oom_report.md and oom_report.json into dir; returns the short version for the log.
 std::string write_oom_report(const std::filesystem::path& dir, const OomContext& ctx, const std::vector<OomFix>& fixes);

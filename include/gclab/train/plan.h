@@ -14,6 +14,7 @@
 #include "gclab/ckpt/policy.h"
 #include "gclab/config/config.h"
 #include "gclab/data/buckets.h"
+#include "gclab/data/image.h"
 #include "gclab/model/family.h"
 #include "gclab/model/registry.h"
 #include "gclab/model/spec.h"
@@ -110,8 +111,17 @@ struct RunPlan {
   bool caches_text = false;          // run_caches_text()
   bool text_encoder_leaves = false;  // text_encoder_leaves()
   ckpt::CheckpointPolicy policy;     // train's policy as written (budget: resolved at `largest`)
-  std::vector<StepCell> cells;       // step_cells()
-  StepCell largest;                  // largest_cell()
+  // What checkpoint_policy auto fits (MemoryModel chooses its plan; bench, fit and advise try it too):
+  // vram_cap, else on a CUDA run (or a meta plan predicting for one on a machine with its GPU) that GPU's free
+  // memory as the plan is made; 0: none.
+  int64_t auto_cap_bytes = 0;
+  std::string auto_cap_source;  // "vram_cap", "the GPU's free memory", "" (no cap)
+  // A family that takes its control images raw (FLUX.2's encode_image_refs: each at its own size, capped at
+  // reference_area): the largest control image (by area) in the datasets' control folders, read from the
+  // headers — the reference the steps' walk holds. None: a control of the training image's size.
+  std::optional<data::ImageSize> largest_raw_control;
+  std::vector<StepCell> cells;  // step_cells()
+  StepCell largest;             // largest_cell()
   // The previews (none when sampling is off) and, per prompt, its control images that are files (edit
   // models).
   std::vector<config::SampleItem> previews;

@@ -16,9 +16,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gclab/ckpt/policy.h"
@@ -140,6 +142,33 @@ struct LoadEstimate {
   int64_t host_peak_bytes = 0;
 };
 
+// checkpoint_policy: auto resolved — from the memory model, once, before the run's first step: per block
+// none, selective (attn / mlp), full or (CUDA) offload, so that every phase the run will hold (the load, the
+// caches, step 1 and step 2 — the optimizer's state made — at the largest cell, the previews, the save) fits
+// the cap less a margin, for the fewest FLOPs recomputed (memory/flops.h). No cap, or room for GC off: off.
+struct AutoPlan {
+  std::string requested;  // as written: auto, auto:10%, auto:2GiB
+  int64_t cap_bytes = 0;  // what it fits (RunPlan::auto_cap_bytes); 0: no cap
+  std::string cap_source;
+  int64_t margin_bytes = 0;                                       // kept free of the cap (CheckpointPolicy::margin_of)
+  ckpt::CheckpointPolicy chosen = ckpt::CheckpointPolicy::off();  // off, full or modes:[...]
+  bool fits = true;            // every phase under cap - margin (false: the least memory found, said in `why`)
+  int64_t peak_bytes = 0;      // the run's highest predicted phase under `chosen`
+  std::string peak_phase;      // which (memory::phase_name)
+  int64_t off_peak_bytes = 0;  // the same with checkpointing off
+  // The step's recomputation at the largest cell, in forward FLOPs: the plan's, and full's.
+  double recomputed_flops = 0, full_recomputed_flops = 0;
+  int walks = 0;  // the step walks it took (each candidate verified by the whole step's walk)
+  // The candidates walked, in order: each plan and its highest phase's bytes.
+  std::vector<std::pair<std::string, int64_t>> tried;
+  std::string why;  // in words
+};
+
+// The plan in a line: what it fits, what it chose and why, the recomputation against full's.
+std::string describe_auto_plan(const AutoPlan& plan);
+// As memory.json and the estimate write it.
+nlohmann::json auto_plan_json(const AutoPlan& plan);
+
 struct MemoryEstimate {
   model::ModelSpec spec;
   std::string device;         // "cpu" or "cuda": the kind of device predicted for (for reports)
@@ -169,7 +198,8 @@ struct MemoryEstimate {
   int64_t parked_bytes = 0;
   int64_t cap_bytes = 0;
   std::string activation_dtype;
-  ckpt::CheckpointPolicy policy;  // the run's checkpoint policy as its Session applies it (a budget resolved)
+  ckpt::CheckpointPolicy policy;      // the run's checkpoint policy as its Session applies it (a budget resolved)
+  std::optional<AutoPlan> auto_plan;  // checkpoint_policy auto: what it chose and why
   LoadEstimate load;
   std::vector<ResolutionEstimate> resolutions;
   std::optional<TextEncodeEstimate> text;  // when the family has text encoders
@@ -202,9 +232,17 @@ class MemoryModel {
                     const std::vector<data::Caption>& captions = {}) const;
   // The run's policy as its Session applies it (budget:BYTES resolved to blocks:[...] at the largest cell).
   const ckpt::CheckpointPolicy& policy() const;
+  // checkpoint_policy auto (`requested`: its margin) decided for steps of `shape` under `cap_bytes` (0: none):
+  // the run's own is estimate().auto_plan, at the largest cell under RunPlan::auto_cap_bytes; bench and fit
+  // decide it at each cell they run.
+  AutoPlan auto_plan(const ckpt::CheckpointPolicy& requested, const model::SampleShape& shape, int64_t cap_bytes,
+                     const std::string& cap_source) const;
   // Every phase of a run whose steps are like `step`: the load (setup), the step's phases, the preview
   // (sample, when the config samples) and the save.
   PhaseBytes phases(const StepEstimate& step) const;
+  // The same with step 1's phases too (no optimizer state yet), each phase the higher of the two: every phase
+  // a run whose steps are like `step` holds, from its first step on — what auto fits under the cap.
+  PhaseBytes run_phases(const StepEstimate& step) const;
   // The `cache` phase as a run filled it: the fills that moved the transformer (Session::filled), the run's
   // captions (each distinct one's encode predicted; none: a 77-token caption's).
   int64_t cache(const std::set<CacheFill>& fills, const std::vector<data::Caption>& captions) const;

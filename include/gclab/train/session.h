@@ -49,6 +49,9 @@ struct SessionOptions {
   // Stop after the load (the transformer and the text encoders, as the arch's loader takes them): what
   // predict_load walks.
   bool load_only = false;
+  // checkpoint_policy auto: the plan the caller's memory model of this run chose (train's: the one it writes
+  // beside what it measures); none: a Session on a device builds the memory model and takes its choice.
+  std::optional<ckpt::CheckpointPolicy> auto_choice = std::nullopt;
 };
 
 // Bytes held outside the step's activations, by what holds them.
@@ -93,6 +96,8 @@ struct StepResult {
   int nonfinite = 0;
   bool all_nonfinite() const { return nonfinite > 0 && loss != loss; }
 };
+
+class MemoryModel;
 
 class Session {
  public:
@@ -164,10 +169,9 @@ class Session {
   // budget:BYTES policy is resolved to blocks:[...] from the walked block activations (block_activations) at
   // this batch and square resolution (the largest the run will meet).
   const ckpt::CheckpointPolicy& applied_policy() const { return applied_; }
-  // The share of the blocks the applied policy recomputes whole in backward (full, offload); nullopt when a
-  // block recomputes only a part (selective).
-  std::optional<double> recomputed_block_share() const;
-  // The policy in force from now on; a budget:BYTES policy resolved to its blocks at samples of `cell`.
+  // The policy in force from now on; a budget:BYTES policy resolved to its blocks at samples of `cell`, auto
+  // decided for steps of `cell` (the run's decision at its largest cell: what train applies; bench, fit and
+  // advise decide it at each cell they run).
   void apply_policy(const ckpt::CheckpointPolicy& policy, const model::SampleShape& cell);
   // What each block keeps for its backward with nothing checkpointed, and what a checkpointed one keeps (its
   // hidden-stream inputs), for a step on samples of `shape` with `text_tokens` (0: a 77-token
@@ -175,6 +179,20 @@ class Session {
   // meta Session walks its own model, any other a meta twin of its run (walk_twin). The applied policy is
   // left as it was.
   model::ActivationEstimate block_activations(const model::SampleShape& shape, int64_t text_tokens = 0);
+  // Each block under each of `modes` (None always among them) at `shape`: what it keeps and what its backward
+  // recomputes, a forward walked per mode on the meta device (a meta twin's, as block_activations).
+  model::BlockModeCosts block_mode_costs(const model::SampleShape& shape, std::vector<ckpt::BlockMode> modes);
+  // This run's memory model on the meta device (built once; auto decided with it at a cell fits
+  // RunPlan::auto_cap_bytes: apply_policy).
+  const MemoryModel& auto_model();
+  // The cap from now on (bench's caps): the CPU tracker's or the CUDA meter's, and what auto fits (0: none).
+  void set_cap(int64_t bytes);
+  // checkpoint_policy auto, once decided (MemoryModel: train::AutoPlan's choice): what apply_policy applies
+  // for auto from then on. Before it, a meta Session applies off for auto.
+  void set_auto_choice(const ckpt::CheckpointPolicy& chosen) { auto_choice_ = chosen; }
+  // checkpoint_policy auto: a step (train_step's, its bucket and batch) larger than every cell the plan was
+  // made for is a UserError naming it — the run never re-decides silently.
+  void check_foreseen(const StepResult& r) const;
   // A Session of this run's config on the meta device (built quietly), to walk what this one holds; the
   // meta allocator is installed while it lives.
   std::unique_ptr<Session> walk_twin() const;
@@ -304,11 +322,21 @@ class Session {
   int64_t skipped_scheduler_steps_ = 0;
   // The constructor's steps, in order.
   void start_memory();
+  // checkpoint_policy auto on a device: `given` (SessionOptions::auto_choice), else the memory model's choice.
+  void choose_auto_plan(const std::optional<ckpt::CheckpointPolicy>& given);
+  ckpt::CheckpointPolicy auto_choice_at(const ckpt::CheckpointPolicy& requested, const model::SampleShape& cell);
+
   // One forward with nothing checkpointed on this Session's device, on samples of `shape` with
   // `text_tokens` and an edit model's one control image: what each block keeps, `live` reading the device's
   // bytes (the offload rings' left out). block_activations (meta) and probe_block_activations (measured).
   model::ActivationEstimate probe_blocks(const model::SampleShape& shape, int64_t text_tokens,
                                          const std::function<int64_t()>& live);
+  // The control image a step of `shape` takes, as the loader sizes it: the training image's size, or a raw
+  // reference family's largest control (RunPlan::largest_raw_control; match_target_res: at the bucket's area).
+  std::pair<int64_t, int64_t> reference_size(const model::SampleShape& shape, bool at_image_size = false) const;
+  // The same forward with every block in `mode` (ModelCheckpointing::probe_blocks).
+  ModelCheckpointing::BlockProbe probe_forward(const model::SampleShape& shape, int64_t text_tokens,
+                                               const std::function<int64_t()>& live, ckpt::BlockMode mode);
   void load_transformer();
   void park_blocks();
   void transformer_to_device();
@@ -387,6 +415,9 @@ class Session {
   int lora_modules_ = 0;
   std::unique_ptr<ModelCheckpointing> checkpointing_;
   ckpt::CheckpointPolicy applied_;
+  std::optional<ckpt::CheckpointPolicy> auto_choice_;  // set_auto_choice
+  std::unique_ptr<MemoryModel> auto_model_;
+  std::map<std::string, ckpt::CheckpointPolicy> auto_at_;  // auto_choice_at's, by policy and cell
   std::vector<std::pair<std::string, torch::Tensor>> trained_;
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, torch::Tensor> ema_;

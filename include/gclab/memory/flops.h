@@ -1,0 +1,39 @@
+// Counting the matmul FLOPs a forward runs, as the code runs (on any device; on the meta device the walk's
+// forward counts the same): each nn Linear adds 2·rows·in·out for its weight and its adapters, attention
+// 4·B·H·Sq·Skv·D (the scores and the weighted sum) — the rules written once, where the ops are called
+// (LinearImpl::forward, nn::attention). What runs inside a checkpointed region's forward (ckpt::checkpoint:
+// the same computation again in the backward) is also counted as `recomputed`, so a forward under a
+// checkpoint policy tells what its backward will run again. Element-wise ops are not counted.
+#pragma once
+
+namespace gclab::memory {
+
+// Counts on this thread while it lives (nested: every live count sees the FLOPs).
+class FlopCount {
+ public:
+  FlopCount();
+  ~FlopCount();
+  FlopCount(const FlopCount&) = delete;
+  FlopCount& operator=(const FlopCount&) = delete;
+  double total() const { return total_; }
+  double recomputed() const { return recomputed_; }
+
+ private:
+  friend void add_flops(double flops);
+  FlopCount* outer_;
+  double total_ = 0, recomputed_ = 0;
+};
+
+// An op's FLOPs, to every FlopCount alive on this thread (nothing when none is).
+void add_flops(double flops);
+
+// While one lives, the FLOPs run are recomputed ones (a checkpoint's forward).
+class RecomputedRegion {
+ public:
+  RecomputedRegion();
+  ~RecomputedRegion();
+  RecomputedRegion(const RecomputedRegion&) = delete;
+  RecomputedRegion& operator=(const RecomputedRegion&) = delete;
+};
+
+}  // namespace gclab::memory
