@@ -36,6 +36,7 @@ PLAN=(
   "preview_decode|75|extra|OOM at the first sample: a 1024^2 preview's whole-image VAE decode under 22 GiB (exit 3)"
   "preview_tiled|75|extra|its twin, the decode tiled: trains and samples (exit 0)"
   "fit|60|extra|the largest batch at 1024^2 per policy under 24 GiB"
+  "auto|90|extra|the OOM pair's run with checkpoint_policy auto under its 24 GiB cap: trains (exit 0); the plan, its predicted and measured peaks"
   "uint4|60|extra|the LoRA at 1024^2, GC full, the base as uint4 (dequantized per matmul)"
   "offload|60|extra|the same with layer offloading: the host-to-device cost per step"
   "text_cuda|60|extra|every text encoder at full size in bf16: the encode peak beside text/memory.h's prediction"
@@ -169,6 +170,10 @@ stage_fit() {
   "$BIN/gclab" fit "$OOM_ON" --vram-cap "$(cfg 24GiB 100MiB)" --gc off,full --resolution "$(cfg 1024 512)" \
     --max-batch "$(cfg 8 4)"
 }
+stage_auto() {
+  "$BIN/gclab" train "$OOM_OFF" --from-scratch --set train.steps="$OOM_STEPS" --set train.checkpoint_policy=auto \
+    --set name=gpu_check_auto
+}
 stage_uint4() {
   "$BIN/gclab" bench "$OOM_ON" --gc full --resolution "$(cfg 1024 512)" --steps 2 --peak-tflops "$RATE_TFLOPS" \
     --set model.quantize=true --set model.qtype=uint4 --set name=gpu_check_uint4
@@ -211,7 +216,7 @@ run_dir() {
     oom_gc_on) echo "output/oom/$(sed -n 's/^name: //p' "$OOM_ON")" ;;
     preview_decode) echo "output/oom/$(gpu && echo flux_preview_decode || echo preview_decode)" ;;
     preview_tiled) echo "output/oom/$(gpu && echo flux_preview_decode_fixed || echo preview_decode_fixed)" ;;
-    bench | uint4 | offload) echo "output/oom/gpu_check_$1" ;;
+    bench | uint4 | offload | auto) echo "output/oom/gpu_check_$1" ;;
     wan_frames) echo "output/oom/$(sed -n 's/^name: //p' "$WAN_FRAMES")" ;;
     wan_frames_fixed) echo "output/oom/$(sed -n 's/^name: //p' "$WAN_FRAMES_FIXED")" ;;
     klein_edit) echo "output/oom/$(sed -n 's/^name: //p' "$KLEIN_EDIT")" ;;

@@ -117,34 +117,9 @@ double peak_bf16_flops(const std::string& name) {
 }
 
 // `est`: the walked blocks of this step (Session::block_activations).
-double step_flops(train::Session& session, const model::ActivationEstimate& est, int batch) {
-  const model::ModelSpec& spec = session.spec();
-  const double n = static_cast<double>(est.image_tokens), t = static_cast<double>(est.text_tokens);
-  const double e = static_cast<double>(c10::elementSize(session.plan().compute_dtype));
-  std::vector<double> tokens;  // per block: the tokens its hidden streams hold (a single stream's sequence)
-  for (const model::BlockBytes& b : est.per_block)
-    tokens.push_back(static_cast<double>(b.input) / (batch * static_cast<double>(spec.hidden) * e));
-  // Which rows each Linear runs on, as the block declares its Linears: modulation on one vector a sample, a
-  // two-stream block's text stream on the text tokens and the rest on the image tokens, a single-stream
-  // block's on its whole sequence.
-  auto in = [](const std::vector<model::Linear>& set, const model::LinearImpl* l) {
-    return std::any_of(set.begin(), set.end(), [&](const model::Linear& s) { return s.get() == l; });
-  };
+double step_flops(const train::Session& session, const model::ActivationEstimate& est) {
   double forward = 0;
-  for (size_t i = 0; i < session.model().blocks().size() && i < tokens.size(); ++i) {
-    model::TransformerBlock& block = *session.model().blocks()[i];
-    const std::vector<model::Linear> modulation = block.modulation_linears(), text = block.text_stream_linears();
-    const bool two_streams = !text.empty();
-    for (const auto& item : block.named_modules()) {
-      const auto* linear = item.value()->as<model::LinearImpl>();
-      if (!linear) continue;
-      const double rows = in(modulation, linear) ? 1 : two_streams ? (in(text, linear) ? t : n) : tokens[i];
-      forward +=
-          2.0 * batch * rows * static_cast<double>(linear->in_features()) * static_cast<double>(linear->out_features());
-    }
-    const double s = two_streams ? n + t : tokens[i];
-    forward += 4.0 * batch * s * s * static_cast<double>(spec.hidden);
-  }
+  for (const model::BlockBytes& b : est.per_block) forward += b.flops;
   const bool full_training = !session.config().network;
   return forward * (full_training ? 3.0 : 2.0);
 }
@@ -293,7 +268,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& giv
           row.step_ms = cells[v].median_ms();
           row.peak_bytes = cells[v].peak_bytes;
           row.reserved_peak_bytes = cells[v].reserved_peak_bytes;
-          row.model_tflop = step_flops(session, est, batch) / 1e12;
+          row.model_tflop = step_flops(session, est) / 1e12;
           if (peak_flops > 0 && session.device().is_cuda())
             row.mfu = row.model_tflop * 1e12 / (row.step_ms / 1e3 * peak_flops);
           if (variants[v].policy.kind == Kind::Off) try {

@@ -149,8 +149,29 @@ int parse_int(const std::string& s) {
   return v;
 }
 
+// --gc's policies: commas inside brackets belong to a policy (blocks:[0,3], modes:[full*2,none]).
 std::vector<gclab::ckpt::CheckpointPolicy> parse_policies(const std::string& text) {
-  return parse_list<gclab::ckpt::CheckpointPolicy>("--gc", text, gclab::ckpt::CheckpointPolicy::parse);
+  std::vector<gclab::ckpt::CheckpointPolicy> out;
+  std::string item;
+  int depth = 0;
+  auto take = [&] {
+    if (item.empty()) return;
+    try {
+      out.push_back(gclab::ckpt::CheckpointPolicy::parse(item));
+    } catch (const std::exception& e) {
+      throw gclab::UserError("--gc: '" + item + "': " + e.what());
+    }
+    item.clear();
+  };
+  for (const char c : text) {
+    depth += c == '[' ? 1 : c == ']' ? -1 : 0;
+    if (c == ',' && depth <= 0)
+      take();
+    else
+      item += c;
+  }
+  take();
+  return out;
 }
 
 int run_check(const ConfigArgs& args) {

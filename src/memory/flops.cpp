@@ -11,9 +11,10 @@ FlopCount::FlopCount() : outer_(innermost) { innermost = this; }
 
 FlopCount::~FlopCount() { innermost = outer_; }
 
-void add_flops(double flops) {
+void add_flops(double flops, bool adapter) {
   for (FlopCount* c = innermost; c; c = c->outer_) {
     c->total_ += flops;
+    if (adapter) c->adapters_ += flops;
     if (recomputing > 0) c->recomputed_ += flops;
   }
 }

@@ -428,12 +428,13 @@ void LinearImpl::offload(const std::function<torch::Tensor(const torch::Tensor&)
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   {  // 2·rows·in·out for the weight, and for each adapter on (in -> rank -> out)
     const double rows = static_cast<double>(x.numel() / std::max<int64_t>(in_features(), 1));
-    double flops = static_cast<double>(in_features()) * static_cast<double>(out_features());
+    memory::add_flops(2 * rows * static_cast<double>(in_features()) * static_cast<double>(out_features()));
     for (const torch::Tensor* down : {&recovery_.A, &assistant_.A, &lora_.A})
       if (down->defined() && !(down == &recovery_.A && offload_.on) &&
           !(down == &assistant_.A && assistant_.multiplier == 0) && !(down == &lora_.A && lora_.multiplier == 0))
-        flops += static_cast<double>(down->size(0)) * static_cast<double>(in_features() + out_features());
-    memory::add_flops(2 * rows * flops);
+        memory::add_flops(
+            2 * rows * static_cast<double>(down->size(0)) * static_cast<double>(in_features() + out_features()),
+            /*adapter=*/true);
   }
   torch::Tensor y;
   if (offload_.on)

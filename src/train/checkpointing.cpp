@@ -48,6 +48,7 @@ ModelCheckpointing::BlockProbe ModelCheckpointing::probe_blocks(const model::Mod
   out.kept_bytes.assign(n, 0);
   out.input_bytes.assign(n, 0);
   out.forward_flops.assign(n, 0);
+  out.adapter_flops.assign(n, 0);
   out.recomputed_flops.assign(n, 0);
   // The block calls and modes as they were, put back however the forward ends (an out-of-memory error, an op
   // the meta device cannot run).
@@ -66,6 +67,7 @@ ModelCheckpointing::BlockProbe ModelCheckpointing::probe_blocks(const model::Mod
     memory::FlopCount flops;
     model::Tensors outputs = wrappers_[i]->forward(inputs);
     out.forward_flops[i] += flops.total();
+    out.adapter_flops[i] += flops.adapters();
     out.recomputed_flops[i] += flops.recomputed();
     int64_t fresh_output = 0;
     for (const auto& o : outputs) {

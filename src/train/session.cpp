@@ -885,7 +885,8 @@ model::ActivationEstimate Session::probe_blocks(const model::SampleShape& shape,
   const model::StepTokens tokens = model::step_tokens(spec_, shape, text_tokens);
   const auto probe = probe_forward(shape, text_tokens, live, ckpt::BlockMode::None);
   std::vector<model::BlockBytes> per_block;
-  for (size_t i = 0; i < probe.kept_bytes.size(); ++i) per_block.push_back({probe.kept_bytes[i], probe.input_bytes[i]});
+  for (size_t i = 0; i < probe.kept_bytes.size(); ++i)
+    per_block.push_back({probe.kept_bytes[i], probe.input_bytes[i], probe.forward_flops[i] - probe.adapter_flops[i]});
   return model::activation_estimate(std::move(per_block), tokens, model_->expert_count());
 }
 

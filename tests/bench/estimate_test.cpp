@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 #include "../support/step_peak.h"
 #include "../support/test_util.h"
 #include "gclab/bench/bench.h"
+#include "gclab/bench/bench_page.h"
 #include "gclab/bench/report.h"
 #include "gclab/config/loader.h"
 #include "gclab/data/synth.h"
@@ -523,6 +526,50 @@ TEST(Bench, PoliciesSideBySideAndOomCellsUnderACap) {
   EXPECT_FALSE(under_cap[1].oom);
 }
 
+// bench --caps: auto timed under caps a quarter and three quarters of the way from full's predicted peak to
+// GC off's, each within its cap, the looser cap's plan recomputing no more (and less than full); every row's
+// recomputed share in FLOPs (off 0, full 1); the CSV quotes the plans' commas, the page draws the caps.
+TEST(Bench, AutoUnderCapsBetweenFullAndOffFitsEachCap) {
+  BenchOptions b;
+  b.policies = policies({"off", "full", "auto"});
+  b.resolutions = {512};
+  b.steps = 1;
+  b.caps = {"25%", "75%"};
+  train::Session session(load(std::string(GCLAB_SOURCE_DIR) + "/configs/quickstart.yaml", {"train.batch_size=2"}));
+  const auto rows = run_bench(session, b);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].recomputed_share, 0);
+  EXPECT_DOUBLE_EQ(rows[1].recomputed_share, 1);
+  for (const size_t k : {2u, 3u}) {
+    const BenchRow& r = rows[k];
+    EXPECT_EQ(r.policy, "auto");
+    EXPECT_EQ(r.cap, k == 2 ? "25%" : "75%");
+    EXPECT_FALSE(r.oom) << r.applied;
+    EXPECT_LE(r.peak_bytes, r.cap_bytes) << r.applied;
+    EXPECT_GT(r.cap_bytes, rows[1].peak_bytes);
+    EXPECT_LT(r.cap_bytes, rows[0].peak_bytes);
+    EXPECT_NE(r.applied, "auto");
+    EXPECT_GT(r.theory_ratio, 1.0);
+  }
+  EXPECT_LT(rows[3].recomputed_share, 1.0) << rows[3].applied;
+  EXPECT_LE(rows[3].recomputed_share, rows[2].recomputed_share);
+  const fs::path dir = testing::fresh_dir("bench_caps");
+  write_bench_csv(dir / "bench.csv", rows);
+  std::ifstream csv(dir / "bench.csv");
+  std::string header, line;
+  std::getline(csv, header);
+  EXPECT_NE(header.find(",cap,cap_bytes,applied,recomputed_share"), std::string::npos) << header;
+  int quoted = 0;
+  while (std::getline(csv, line)) quoted += line.find(",\"75%\",") != std::string::npos ? 1 : 0;
+  EXPECT_EQ(quoted, 1);
+  write_bench_page(dir / "bench.html", rows, 0);
+  std::ifstream page(dir / "bench.html");
+  const std::string html((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("cap 25%"), std::string::npos);
+  EXPECT_NE(html.find("auto under 75%"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 // gclab fit on one Session: the batch it finds trains for two steps under the same cap with `gclab
 // train`, and one more does not — fit runs the step the trainer runs, with all it keeps resident.
 TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
@@ -581,9 +628,9 @@ TEST(Flops, StepFlopsMatchAHandCountOfDiT) {
   const double D = 128, N = 256, B = 2, blocks = 2;
   const double forward =
       blocks * (2 * B * N * (3 * D * D + D * D + 4 * D * D + 4 * D * D) + 2 * B * 6 * D * D + 4 * B * N * N * D);
-  EXPECT_NEAR(step_flops(full, full.block_activations({2, 1, 256, 256}), 2) / (3 * forward), 1.0, 1e-9);
+  EXPECT_NEAR(step_flops(full, full.block_activations({2, 1, 256, 256})) / (3 * forward), 1.0, 1e-9);
   train::Session lora(config_for("network: {type: lora, linear: 4}\n"));
-  EXPECT_NEAR(step_flops(lora, lora.block_activations({2, 1, 256, 256}), 2) / (2 * forward), 1.0, 1e-9);
+  EXPECT_NEAR(step_flops(lora, lora.block_activations({2, 1, 256, 256})) / (2 * forward), 1.0, 1e-9);
   EXPECT_EQ(peak_bf16_flops("NVIDIA H200"), 989.4e12);
   EXPECT_EQ(peak_bf16_flops("a mystery card"), 0);
 }
@@ -604,7 +651,7 @@ TEST(Flops, StepFlopsMatchAHandCountOfFluxsTwoStreams) {
   const double stream = 3 * D * D + D * D + 2 * D * M;  // q, k, v, out; the MLP
   const double dbl = 2 * B * (n * stream + t * stream + 2 * 6 * D * D) + 4 * B * s * s * D;
   const double single = 2 * B * (3 * D * D + s * (3 * D * D + D * M + (D + M) * D)) + 4 * B * s * s * D;
-  EXPECT_NEAR(step_flops(full, est, 2) / (3 * (2 * dbl + 2 * single)), 1.0, 1e-9);
+  EXPECT_NEAR(step_flops(full, est) / (3 * (2 * dbl + 2 * single)), 1.0, 1e-9);
 }
 
 // What check, estimate, bench and fit print is built as data: the YAML print reads back (yaml-cpp) as

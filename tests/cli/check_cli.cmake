@@ -63,6 +63,15 @@ expect_run(2 "${GCLAB}" fit "${SOURCE}/configs/quickstart.yaml" --vram-cap 60MiB
 expect_contains("${last_err}" "--resolution")
 expect_run(2 "${GCLAB}" bench "${SOURCE}/configs/quickstart.yaml" --gc sometimes)
 expect_contains("${last_err}" "--gc")
+# A policy's own commas stay inside it: the bad one named whole, after blocks:[0,3] read as one policy.
+expect_run(2 "${GCLAB}" bench "${SOURCE}/configs/quickstart.yaml" --gc "blocks:[0,3],modes:[full,sometimes]")
+expect_contains("${last_err}" "'modes:[full,sometimes]'")
+# --caps are auto's: without auto among --gc they are refused.
+expect_run(2 "${GCLAB}" bench "${SOURCE}/configs/quickstart.yaml" --gc off,full --caps 50%)
+expect_contains("${last_err}" "--caps")
+# check prints the plan checkpoint_policy auto chose under the cap.
+expect_run(0 "${GCLAB}" check "${SOURCE}/configs/quickstart.yaml" --set train.checkpoint_policy=auto --vram-cap 60MiB)
+expect_contains("${last_out}" "checkpoint policy auto: ")
 # train --dry-run validates and builds on the meta device, trains nothing.
 expect_run(0 "${GCLAB}" train "${SOURCE}/configs/quickstart.yaml" --dry-run)
 expect_contains("${last_err}" "nothing was trained")

@@ -56,12 +56,13 @@ struct BenchRow {
   double mfu = 0;          // model FLOPs / (step time x the bf16 rate: measured, else the data sheet's); CUDA only
 };
 
-// Model FLOPs of one training step of `batch` whose blocks `est` walked (Session::block_activations: the
-// tokens each block's streams hold): every block Linear's 2·tokens·in·out (each on
-// the tokens of its own stream; modulation on one vector a sample) and attention's 4·S²·width, forward
-// once, backward once for the inputs and once more for the trained weights when every weight is trained
-// (LoRA trains almost nothing). Recomputation is not counted: it is the cost MFU should show.
-double step_flops(train::Session& session, const model::ActivationEstimate& est, int batch);
+// Model FLOPs of one training step whose blocks `est` walked (Session::block_activations): each block's
+// forward FLOPs as counted while it ran (BlockBytes::flops, memory/flops.h: every Linear's 2·rows·in·out on
+// the rows it was given — a stream's tokens, modulation's one vector a sample — and attention's
+// 4·B·H·Sq·Skv·D; adapters left out), forward once, backward once for the inputs and once more for the
+// trained weights when every weight is trained (LoRA trains almost nothing). Recomputation is not counted:
+// it is the cost MFU should show.
+double step_flops(const train::Session& session, const model::ActivationEstimate& est);
 // Dense bf16 tensor-core peak of a GPU by name (H100/H200 989 TFLOP/s, A100 312, ...); 0 when unknown.
 double peak_bf16_flops(const std::string& gpu_name);
 

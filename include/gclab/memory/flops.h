@@ -1,7 +1,8 @@
 // Counting the matmul FLOPs a forward runs, as the code runs (on any device; on the meta device the walk's
 // forward counts the same): each nn Linear adds 2·rows·in·out for its weight and its adapters, attention
 // 4·B·H·Sq·Skv·D (the scores and the weighted sum) — the rules written once, where the ops are called
-// (LinearImpl::forward, nn::attention). What runs inside a checkpointed region's forward (ckpt::checkpoint:
+// (LinearImpl::forward, nn::attention); an adapter's Linears are counted apart as well (model FLOPs, as MFU
+// counts them, leave them out). What runs inside a checkpointed region's forward (ckpt::checkpoint:
 // the same computation again in the backward) is also counted as `recomputed`, so a forward under a
 // checkpoint policy tells what its backward will run again. Element-wise ops are not counted.
 #pragma once
@@ -17,15 +18,17 @@ class FlopCount {
   FlopCount& operator=(const FlopCount&) = delete;
   double total() const { return total_; }
   double recomputed() const { return recomputed_; }
+  double adapters() const { return adapters_; }  // of total(): LoRA / recovery / assistant adapters'
 
  private:
-  friend void add_flops(double flops);
+  friend void add_flops(double flops, bool adapter);
   FlopCount* outer_;
-  double total_ = 0, recomputed_ = 0;
+  double total_ = 0, recomputed_ = 0, adapters_ = 0;
 };
 
-// An op's FLOPs, to every FlopCount alive on this thread (nothing when none is).
-void add_flops(double flops);
+// An op's FLOPs (`adapter`: an adapter's, beside a Linear's weight), to every FlopCount alive on this thread
+// (nothing when none is).
+void add_flops(double flops, bool adapter = false);
 
 // While one lives, the FLOPs run are recomputed ones (a checkpoint's forward).
 class RecomputedRegion {

@@ -22,6 +22,9 @@ namespace gclab::model {
 // and with it (its hidden-stream inputs).
 struct BlockBytes {
   int64_t saved = 0, input = 0;
+  // Its forward's model FLOPs, counted as it runs (memory/flops.h; its adapters' left out): what step_flops
+  // sums.
+  double flops = 0;
 };
 
 struct ActivationEstimate {

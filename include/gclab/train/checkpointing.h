@@ -31,10 +31,10 @@ class ModelCheckpointing {
   // bytes live on the model's device — the tracking allocator's on a CPU or GPU, a MetaCount's on the meta
   // device (the walk: Session::block_activations). The modes applied before are applied again after.
   // Under another `mode` (every block in it), what each block leaves live, and the FLOPs its forward runs
-  // and of them those its backward runs again (memory/flops.h).
+  // (of them its adapters') and of them those its backward runs again (memory/flops.h).
   struct BlockProbe {
     std::vector<int64_t> kept_bytes, input_bytes;
-    std::vector<double> forward_flops, recomputed_flops;
+    std::vector<double> forward_flops, adapter_flops, recomputed_flops;
   };
   BlockProbe probe_blocks(const model::ModelInputs& probe, const std::function<int64_t()>& live,
                           ckpt::BlockMode mode = ckpt::BlockMode::None);
