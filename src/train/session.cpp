@@ -754,7 +754,6 @@ void Session::set_cap(int64_t bytes) {
   }
   plan_.auto_cap_bytes = bytes;
   plan_.auto_cap_source = bytes > 0 ? "the cap set" : "";
-  auto_at_.clear();
 }
 
 void Session::lift_cap() {
@@ -810,7 +809,8 @@ ckpt::CheckpointPolicy Session::auto_choice_at(const ckpt::CheckpointPolicy& req
       throw std::logic_error("checkpoint policy auto is applied once the memory model has chosen its plan");
     return auto_choice_.value_or(ckpt::CheckpointPolicy::off());
   }
-  const std::string key = requested.to_string() + " at " + cell.describe();
+  const std::string key =
+      requested.to_string() + " at " + cell.describe() + " under " + std::to_string(plan_.auto_cap_bytes);
   if (const auto it = auto_at_.find(key); it != auto_at_.end()) return it->second;
   const AutoPlan chosen = auto_model().auto_plan(requested, cell, plan_.auto_cap_bytes, plan_.auto_cap_source);
   log::info("at " + cell.describe() + ": " + describe_auto_plan(chosen));

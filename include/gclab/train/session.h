@@ -417,7 +417,7 @@ class Session {
   ckpt::CheckpointPolicy applied_;
   std::optional<ckpt::CheckpointPolicy> auto_choice_;  // set_auto_choice
   std::unique_ptr<MemoryModel> auto_model_;
-  std::map<std::string, ckpt::CheckpointPolicy> auto_at_;  // auto_choice_at's, by policy and cell
+  std::map<std::string, ckpt::CheckpointPolicy> auto_at_;  // auto_choice_at's, by policy, cell and cap
   std::vector<std::pair<std::string, torch::Tensor>> trained_;
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, torch::Tensor> ema_;
