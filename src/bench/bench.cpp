@@ -316,6 +316,11 @@ int predicted_largest(const train::MemoryModel& model, const ckpt::CheckpointPol
   if (cap <= 0 || policy.kind == ckpt::CheckpointPolicy::Kind::Budget) return -1;
   int largest = 0;
   for (int n = 1; n <= most; ++n) {
+    if (policy.kind == ckpt::CheckpointPolicy::Kind::Auto) {  // the plan auto makes at this batch, under the cap
+      if (!model.auto_plan(policy, lever.at(n), cap, "vram_cap").fits) break;
+      largest = n;
+      continue;
+    }
     const train::StepEstimate s = model.step(lever.at(n), policy);
     int64_t peak = std::max(s.total_bytes, s.first_total_bytes);
     if (const auto p = model.estimate().preview) peak = std::max(peak, p->total_bytes);

@@ -253,6 +253,12 @@ std::string summary(const Run& r) {
   if (r.memory) {
     row("device", r.memory->value("device", std::string()));
     row("checkpoint policy", r.memory->value("checkpoint_policy", std::string()));
+    // What it applied (auto's plan, a budget's blocks), and auto's reasons.
+    if (const std::string applied = r.memory->value("applied_policy", std::string());
+        !applied.empty() && applied != r.memory->value("checkpoint_policy", std::string()))
+      row("applied", applied);
+    if (r.memory->contains("auto_plan") && r.memory->at("auto_plan").is_object())
+      row("auto's plan", r.memory->at("auto_plan").value("why", std::string()));
     row("peak (measured)", format_axis_bytes(number_or(*r.memory, "peak_bytes", 0)));
   }
   if (const double cap = cap_of(r); cap > 0) row("cap", format_axis_bytes(cap));

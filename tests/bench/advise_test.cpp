@@ -78,6 +78,12 @@ TEST(Advise, EachAlternativeMeasuredAndRankedUnderTheCap) {
   EXPECT_FALSE(off_capped->fits);
   EXPECT_FALSE(off_capped->oom_phase.empty());
   EXPECT_EQ(under.first.find("checkpoint policy off"), std::string::npos) << under.first;
+  // auto is ranked among the alternatives under the cap (decided at each resolution), and fits it.
+  const Advice* automatic = find(under, "checkpoint policy auto");
+  ASSERT_NE(automatic, nullptr);
+  EXPECT_TRUE(automatic->fits);
+  EXPECT_EQ(automatic->set, "train.checkpoint_policy=auto");
+  EXPECT_EQ(find(r, "checkpoint policy auto"), nullptr);  // no cap: auto is off, not an alternative
   EXPECT_NE(advise_table(under).find("| no |"), std::string::npos);
   fs::remove_all(dir);
 }

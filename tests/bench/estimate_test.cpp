@@ -594,10 +594,17 @@ TEST(Fit, TheBatchFitFindsTrainsUnderTheSameCapAndOneMoreDoesNot) {
   std::vector<FitRow> rows;
   {
     train::Session session(config_for("fit", "full", 1));
-    rows = run_fit(session, policies({"off", "full"}), {256}, 16);
+    rows = run_fit(session, policies({"off", "full", "auto"}), {256}, 16);
   }
-  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows.size(), 3u);
   EXPECT_GT(rows[1].largest, rows[0].largest);
+  // auto, decided at each batch under the cap: at least GC off's batch, and where only full fits it is full.
+  EXPECT_GE(rows[2].largest, rows[0].largest);
+  EXPECT_GE(rows[2].largest, rows[1].largest - 1);
+  // Its prediction: the largest batch whose plan fits the cap less auto's margin — at most the measured one.
+  EXPECT_GE(rows[2].predicted, rows[0].predicted);
+  EXPECT_LE(rows[2].predicted, rows[2].largest);
+  rows.pop_back();
   for (const auto& row : rows) {
     ASSERT_GE(row.largest, 1) << row.policy;
     // The memory model's largest batch beside the measured one.

@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "../support/step_peak.h"
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
+#include "gclab/bench/run_report.h"
 #include "gclab/ckpt/checkpoint.h"
 #include "gclab/memory/flops.h"
 #include "gclab/nn/layers.h"
@@ -166,6 +168,11 @@ TEST(AutoPlan, ARunUnderItTrainsAsCheckpointingOffAndSaysItsPlan) {
   EXPECT_EQ(memory.at("auto_plan").at("chosen"), applied);
   EXPECT_TRUE(memory.at("auto_plan").at("fits").get<bool>());
   EXPECT_LE(memory.at("peak_bytes").get<int64_t>(), automatic.vram_cap.bytes);
+  // report.html says it too: what was applied, and why.
+  std::ifstream page(bench::write_run_report(with_auto.output_dir));
+  const std::string html((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("<th>applied</th><td>" + applied + "</td>"), std::string::npos);
+  EXPECT_NE(html.find("auto&#39;s plan"), std::string::npos);
   fs::remove_all(dir);
 }
 

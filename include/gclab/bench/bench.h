@@ -79,8 +79,8 @@ struct FitRow {
   int batch = 0;           // the batch at that point
   int64_t peak_bytes = 0;  // at that point
   // The largest the memory model (train/predict.h) predicts under the cap: its steps' peak (the optimizer's
-  // state made) and the preview's; -1 where it does not predict the policy (selective, budget) or there is
-  // no cap.
+  // state made) and the preview's — for auto, the largest whose plan fits the cap less auto's margin; -1
+  // where it does not predict the policy (budget) or there is no cap.
   int predicted = -1;
 };
 // For each resolution and policy, the largest batch up to max_batch — or, for a video family, the largest
