@@ -191,7 +191,10 @@ std::vector<CellResult> time_variants(train::Session& session, const std::vector
                                       std::vector<ckpt::CheckpointPolicy>& applied) {
   std::vector<CellResult> out(variants.size());
   applied.assign(variants.size(), ckpt::CheckpointPolicy::off());
-  const int64_t run_cap = session.plan().auto_cap_bytes;
+  struct RunCap {  // the run's cap back however a variant ends
+    train::Session& session;
+    ~RunCap() { session.restore_cap(); }
+  } run_cap{session};
   for (int pass = 0; pass < (alternate ? 2 : 1); ++pass)
     for (size_t k = 0; k < variants.size(); ++k) {
       const size_t v = pass == 0 ? k : variants.size() - 1 - k;
@@ -200,7 +203,7 @@ std::vector<CellResult> time_variants(train::Session& session, const std::vector
       session.apply_policy(variants[v].policy, shape);
       applied[v] = session.applied_policy();
       CellResult cell = run_cell(session, shape, steps, false);
-      if (variants[v].cap_bytes > 0) session.set_cap(run_cap);
+      if (variants[v].cap_bytes > 0) session.restore_cap();
       if (pass == 0 || cell.oom_phase) {
         cell.step_ms.erase(cell.step_ms.begin(), cell.step_ms.begin() + std::min<size_t>(1, cell.step_ms.size()));
         out[v].oom_phase = cell.oom_phase;
@@ -232,9 +235,9 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& giv
     for (const auto& g : devices.gpus)
       if (g.index == index) peak_flops = peak_bf16_flops(g.name);
   }
-  std::vector<ckpt::BlockMode> modes = {ckpt::BlockMode::None, ckpt::BlockMode::Full, ckpt::BlockMode::SelectiveAttn,
-                                        ckpt::BlockMode::SelectiveMlp};
-  if (session.device().is_cuda()) modes.push_back(ckpt::BlockMode::Offload);
+  const std::vector<ckpt::BlockMode> modes = {ckpt::BlockMode::None, ckpt::BlockMode::Full,
+                                              ckpt::BlockMode::SelectiveAttn, ckpt::BlockMode::SelectiveMlp,
+                                              ckpt::BlockMode::Offload};
   std::vector<BenchRow> rows;
   const std::unique_ptr<train::Session> walk = session.walk_twin();  // the run on the meta device
   for (int resolution : resolutions_for(session, options.resolutions))

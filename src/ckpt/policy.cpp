@@ -267,7 +267,7 @@ BlockMode CheckpointPolicy::mode_for(int index, int num_blocks) const {
     case Kind::Budget:
     case Kind::Auto:
       throw std::logic_error("checkpoint policy '" + to_string() +
-                             "' is resolved from the walk (select_blocks_for_budget, choose_auto_plan) first");
+                             "' is resolved from the walk (select_blocks_for_budget, MemoryModel::auto_plan) first");
   }
   return BlockMode::None;
 }

@@ -2,10 +2,10 @@
 //
 // Each block's modes are walked once at the largest cell (Session::block_mode_costs: what the block keeps
 // under none, selective attn / mlp, full and, on CUDA, offload, and the FLOPs its backward runs again). The
-// cheapest set of modes whose kept bytes fall by what the cap asks (a multiple-choice knapsack, solved
-// exactly over the bytes in 1/4096ths of the need) is then walked whole — the step's forward and backward on
-// the meta model, step 1 and step 2, beside the load, caches, previews and save — and where the walk finds it
-// still above the cap (the blocks' bytes do not add up to a step's peak exactly: the backward holds one
+// cheapest set of modes whose kept bytes fall by what the cap asks (a multiple-choice knapsack over the
+// bytes in 1/4096ths of the need, each saving floored so that none is over-counted) is then walked whole — the step's
+// forward and backward on the meta model, step 1 and step 2, beside the load, caches, previews and save — and where the
+// walk finds it still above the cap (the blocks' bytes do not add up to a step's peak exactly: the backward holds one
 // block's recompute beside the rest), the need grows by the overshoot and the choice is made again.
 #include <algorithm>
 #include <cstdint>
@@ -94,17 +94,28 @@ std::vector<std::vector<Option>> options_of(const model::BlockModeCosts& costs) 
       Option o;
       o.mode = mode;
       int64_t none = 0, kept = 0, inputs = 0;
+      bool walked = true;  // every expert's block under this mode and none (a walk that met an op without a
+                           // meta kernel gave no figures for its mode: that mode is not offered)
       for (size_t e = 0; e < experts; ++e) {
         const auto& block = costs.per_block[e * per + j];
-        none = std::max(none, block.at(ckpt::BlockMode::None).kept);
-        kept = std::max(kept, block.at(mode).kept);
-        inputs = std::max(inputs, block.count(ckpt::BlockMode::Full) ? block.at(ckpt::BlockMode::Full).kept : 0);
-        o.flops = std::max(o.flops, block.at(mode).recomputed_flops);
+        const auto own = block.find(mode), base = block.find(ckpt::BlockMode::None);
+        const auto full = block.find(ckpt::BlockMode::Full);
+        if (own == block.end() || base == block.end()) {
+          walked = false;
+          break;
+        }
+        none = std::max(none, base->second.kept);
+        kept = std::max(kept, own->second.kept);
+        inputs = std::max(inputs, full == block.end() ? int64_t{0} : full->second.kept);
+        o.flops = std::max(o.flops, own->second.recomputed_flops);
       }
+      if (!walked) continue;
       o.saving = none - kept;
       o.cost = o.flops + (mode == ckpt::BlockMode::Offload ? 2.0 * kOffloadFlopsPerByte * inputs : 0);
       (mode == ckpt::BlockMode::None ? out[j].insert(out[j].begin(), o) : out[j].insert(out[j].end(), o));
     }
+  for (auto& opts : out)  // none is always there, first: the knapsack's zero
+    if (opts.empty() || opts.front().mode != ckpt::BlockMode::None) opts.insert(opts.begin(), Option{});
   return out;
 }
 
@@ -225,6 +236,13 @@ AutoPlan MemoryModel::auto_plan(const ckpt::CheckpointPolicy& requested, const m
     a.peak_bytes = peak.first;
     a.peak_phase = memory::phase_name(peak.second);
   };
+  if (a.cap_bytes > 0 && limit <= 0) {
+    settle(ckpt::CheckpointPolicy::full(), evaluate(ckpt::CheckpointPolicy::full()));
+    a.fits = false;
+    a.why = "the margin (" + bytes_text(a.margin_bytes) + ") leaves nothing of the cap (" + bytes_text(a.cap_bytes) +
+            "): give auto:MARGIN a smaller margin; applying full";
+    return a;
+  }
   if (a.cap_bytes <= 0 || off.first <= limit) {
     settle(ckpt::CheckpointPolicy::off(), off);
     a.why = a.cap_bytes <= 0
@@ -249,8 +267,10 @@ AutoPlan MemoryModel::auto_plan(const ckpt::CheckpointPolicy& requested, const m
       for (size_t j = 0; j < pick.size(); ++j) per_block.push_back(options[j][pick[j]].mode);
     return ckpt::CheckpointPolicy::per_block(per_block);
   };
-  const Found found =
-      search(options, off.first, limit, [&](const std::vector<size_t>& pick) { return evaluate(policy_of(pick)); });
+  // A phase no policy changes above the limit: nothing fits; the least memory straight away.
+  const auto walk = [&](const std::vector<size_t>& pick) { return evaluate(policy_of(pick)); };
+  const Found found = fixed.first > limit ? Found{most_saving(options), walk(most_saving(options)), false}
+                                          : search(options, off.first, limit, walk);
   a.fits = found.fits;
   settle(policy_of(found.pick), found.peak);
   for (size_t j = 0; j < options.size(); ++j) a.recomputed_flops += options[j][found.pick[j]].flops;

@@ -194,10 +194,14 @@ void Levers::latent_cache_fix() {
 // 1a. checkpoint_policy auto at the failing cell under the cap the run ran out under (vram_cap, else the GPU's
 // whole memory), offered in place of full when it fits for fewer recomputed FLOPs: whether it was.
 bool Levers::auto_fix() {
+  // A run already under auto applied the best plan the memory model found: nothing to offer here.
+  if (config.train.policy().kind == ckpt::CheckpointPolicy::Kind::Auto) return false;
   int64_t cap = ctx.cap_bytes;
-  if (cap <= 0 && !cpu)
+  if (cap <= 0 && !cpu) {  // the card's whole memory: what a fresh run's auto fits (less the CUDA context)
+    const c10::Device device(config.device == "auto" ? std::string("cuda") : config.device);
     for (const auto& g : memory::describe_devices().gpus)
-      if (g.index == 0) cap = g.total_bytes;
+      if (g.index == (device.has_index() ? device.index() : 0)) cap = g.total_bytes;
+  }
   if (cap <= 0 || !now) return false;
   try {
     log::QuietScope quiet;
@@ -488,6 +492,10 @@ std::vector<OomFix> recommend_fixes(const OomContext& ctx, const config::Process
     log::QuietScope quiet;
     l.current = std::make_unique<MemoryModel>(config);
     l.now = l.peak(*l.current, l.cell());
+    // auto: what its plan applied (full there: checkpointing on is no fix).
+    const ckpt::CheckpointPolicy::Kind applied = l.current->policy().kind;
+    l.fully_checkpointed = l.fully_checkpointed || applied == ckpt::CheckpointPolicy::Kind::Full ||
+                           applied == ckpt::CheckpointPolicy::Kind::Offload;
   } catch (const std::exception& e) {
     log::warn(std::string("the OOM report could not plan the run as it is (its re-planned fixes left out): ") +
               e.what());

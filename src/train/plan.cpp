@@ -344,7 +344,9 @@ void plan_auto_cap(RunPlan& plan) {
     return;
   }
   if (!plan.cuda || !torch::cuda::is_available()) return;
-  const int index = plan.device.is_cuda() && plan.device.has_index() ? plan.device.index() : 0;
+  // The run's GPU: the plan's device, or (a meta plan) the one the config names.
+  const c10::Device named = plan.device.is_cuda() ? plan.device : resolve_device(plan.config.device);
+  const int index = named.is_cuda() && named.has_index() ? named.index() : 0;
   for (const auto& g : memory::describe_devices().gpus)
     if (g.index == index) plan.auto_cap_bytes = g.free_bytes, plan.auto_cap_source = "the GPU's free memory";
 }

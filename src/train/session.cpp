@@ -102,6 +102,7 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   for (const auto& w : plan_.warnings) log::warn(w);
   if (!device_.is_meta() && plan_.policy.kind == ckpt::CheckpointPolicy::Kind::Auto)
     choose_auto_plan(options.auto_choice);
+  run_auto_cap_ = plan_.auto_cap_bytes, run_auto_cap_source_ = plan_.auto_cap_source;
   start_memory();
   // The load, in the order AI Toolkit's loader for the arch takes: the transformer (on the device, or in
   // host memory and moved after the text encoders), the text encoders. Each step records its modules' sizes
@@ -749,11 +750,17 @@ int64_t Session::cache_latents(data::BatchLoader& loader) {
 void Session::set_cap(int64_t bytes) {
   if (cpu_tracker_) cpu_tracker_->set_cap(bytes);
   if (device_.is_cuda()) {
+    if (!previous_fraction_) previous_fraction_ = meter_.memory_fraction();  // put back when the Session ends
     meter_.release_cached();
     meter_.set_cap(bytes);
   }
   plan_.auto_cap_bytes = bytes;
   plan_.auto_cap_source = bytes > 0 ? "the cap set" : "";
+}
+
+void Session::restore_cap() {
+  set_cap(config_.vram_cap.bytes);
+  plan_.auto_cap_bytes = run_auto_cap_, plan_.auto_cap_source = run_auto_cap_source_;
 }
 
 void Session::lift_cap() {
@@ -765,17 +772,13 @@ void Session::lift_cap() {
 }
 
 void Session::check_foreseen(const StepResult& r) const {
-  if (plan_.policy.kind != ckpt::CheckpointPolicy::Kind::Auto) return;
-  // What the plan was made for: its cells' steps, a bucket of a dataset at resolution r holding at most r².
-  int64_t foreseen = 0;
-  for (const StepCell& c : plan_.cells)
-    foreseen = std::max(foreseen, int64_t{c.batch} * c.frames * c.resolution * c.resolution);
+  if (foreseen_pixels_ <= 0) return;  // no auto plan applied
   const int64_t pixels = int64_t{r.batch} * r.frames * r.width * r.height;
-  if (pixels > std::max(foreseen, plan_.largest.shape().pixel_elements() / 3))
+  if (pixels > foreseen_pixels_)
     throw UserError("checkpoint_policy " + plan_.policy.to_string() + " chose " + applied_.to_string() +
-                    " for steps of up to " + std::to_string(foreseen) + " pixels (" + plan_.largest.shape().describe() +
-                    " the largest); this step's bucket " + r.bucket + " x batch " + std::to_string(r.batch) +
-                    " holds " + std::to_string(pixels) +
+                    " for steps of up to " + std::to_string(foreseen_pixels_) + " pixels (" +
+                    plan_.largest.shape().describe() + " the largest); this step's bucket " + r.bucket + " x batch " +
+                    std::to_string(r.batch) + " holds " + std::to_string(pixels) +
                     ", which the plan did not foresee. Give its dataset that resolution, or set the policy "
                     "yourself (full, or the plan above as modes:[...])");
 }
@@ -802,9 +805,10 @@ const MemoryModel& Session::auto_model() {
 
 ckpt::CheckpointPolicy Session::auto_choice_at(const ckpt::CheckpointPolicy& requested,
                                                const model::SampleShape& cell) {
-  // The run's own decision at its largest cell (a meta Session's at every cell: it walks for the run); off on
-  // a meta Session until its memory model has decided.
-  if (device_.is_meta() || (cell == plan_.largest.shape() && requested.to_string() == plan_.policy.to_string())) {
+  // The run's own decision at its largest cell under its own cap (a meta Session's at every cell: it walks for
+  // the run); off on a meta Session until its memory model has decided.
+  if (device_.is_meta() || (cell == plan_.largest.shape() && requested.to_string() == plan_.policy.to_string() &&
+                            plan_.auto_cap_bytes == run_auto_cap_)) {
     if (!auto_choice_ && !device_.is_meta())
       throw std::logic_error("checkpoint policy auto is applied once the memory model has chosen its plan");
     return auto_choice_.value_or(ckpt::CheckpointPolicy::off());
@@ -818,13 +822,23 @@ ckpt::CheckpointPolicy Session::auto_choice_at(const ckpt::CheckpointPolicy& req
 }
 
 void Session::apply_policy(const ckpt::CheckpointPolicy& policy, const model::SampleShape& cell) {
+  foreseen_pixels_ = 0;
   if (policy.kind == ckpt::CheckpointPolicy::Kind::Auto) {
     applied_ = auto_choice_at(policy, cell);
     checkpointing_->apply(applied_);
+    // The steps it was decided for: the run's cells at its largest (its own decision), else this cell.
+    int64_t run = plan_.largest.shape().pixel_elements() / 3;
+    for (const StepCell& c : plan_.cells)
+      run = std::max(run, int64_t{c.batch} * c.frames * c.resolution * c.resolution);
+    foreseen_pixels_ = cell == plan_.largest.shape() ? run : cell.pixel_elements() / 3;
     return;
   }
   if (policy.kind != ckpt::CheckpointPolicy::Kind::Budget) {
-    checkpointing_->apply(policy);
+    try {
+      checkpointing_->apply(policy);
+    } catch (const std::invalid_argument& e) {  // modes:[...] written for another model
+      throw UserError(e.what());
+    }
     applied_ = policy;
     return;
   }

@@ -60,7 +60,6 @@ TEST(CheckpointPolicy, ModesPerBlock) {
 TEST(CheckpointPolicy, AutoAndItsPlanAreWrittenAsTheyParse) {
   const CheckpointPolicy plain = CheckpointPolicy::parse("auto");
   EXPECT_EQ(plain.kind, CheckpointPolicy::Kind::Auto);
-  EXPECT_TRUE(plain.resolved_later());
   EXPECT_EQ(plain.margin_of(1000), 50);  // kAutoMarginFraction
   EXPECT_EQ(CheckpointPolicy::parse("auto:1KiB").margin_of(1 << 20), 1024);
   EXPECT_EQ(CheckpointPolicy::parse("auto:10%").margin_of(1000), 100);

@@ -13,6 +13,7 @@
 #include "../support/step_peak.h"
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
+#include "gclab/bench/bench.h"
 #include "gclab/bench/run_report.h"
 #include "gclab/ckpt/checkpoint.h"
 #include "gclab/memory/flops.h"
@@ -173,6 +174,26 @@ TEST(AutoPlan, ARunUnderItTrainsAsCheckpointingOffAndSaysItsPlan) {
   const std::string html((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
   EXPECT_NE(html.find("<th>applied</th><td>" + applied + "</td>"), std::string::npos);
   EXPECT_NE(html.find("auto&#39;s plan"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// fit on a run whose own policy is auto: off and full run at every batch fit tries (no auto plan to foresee
+// them), auto is decided at each, and the run's own plan is applied again afterwards.
+TEST(AutoPlan, FitOnARunUnderAutoDecidesAtEachBatch) {
+  const fs::path dir = testing::fresh_dir("auto_fit");
+  const config::ProcessConfig config =
+      capped(auto_config(dir, "tiny-flux", {"train.checkpoint_policy=auto:2%"}), int64_t{30} << 20);
+  const MemoryModel predicted(config);
+  Session session(config);
+  const auto rows = bench::run_fit(
+      session,
+      {ckpt::CheckpointPolicy::off(), ckpt::CheckpointPolicy::full(), ckpt::CheckpointPolicy::parse("auto:2%")}, {256},
+      8);
+  ASSERT_EQ(rows.size(), 3u);
+  for (const auto& row : rows) EXPECT_GE(row.largest, 1) << row.policy;
+  EXPECT_GT(rows[1].largest, rows[0].largest);
+  EXPECT_GE(rows[2].largest, rows[0].largest);
+  EXPECT_EQ(session.applied_policy().to_string(), predicted.policy().to_string());
   fs::remove_all(dir);
 }
 

@@ -50,11 +50,9 @@ struct CheckpointPolicy {
   static CheckpointPolicy per_block(std::vector<BlockMode> modes);
   // The bytes auto keeps free of `cap_bytes`.
   std::int64_t margin_of(std::int64_t cap_bytes) const;
-  // A policy decided from the memory model before it is applied (budget, auto).
-  bool resolved_later() const { return kind == Kind::Budget || kind == Kind::Auto; }
 
   // The mode of block `index` of `num_blocks`. A budget or auto policy has no fixed answer: it is decided
-  // from the walk (select_blocks_for_budget; train::choose_auto_plan) and applied as blocks:[...] or
+  // from the walk (select_blocks_for_budget; train::MemoryModel::auto_plan) and applied as blocks:[...] or
   // modes:[...]. modes:[...] of another length than num_blocks is refused (std::invalid_argument).
   BlockMode mode_for(int index, int num_blocks) const;
 

@@ -185,8 +185,10 @@ class Session {
   // This run's memory model on the meta device (built once; auto decided with it at a cell fits
   // RunPlan::auto_cap_bytes: apply_policy).
   const MemoryModel& auto_model();
-  // The cap from now on (bench's caps): the CPU tracker's or the CUDA meter's, and what auto fits (0: none).
+  // The cap from now on (bench's caps): the CPU tracker's or the CUDA meter's, and what auto fits; and the
+  // run's own back (vram_cap for the tracker or meter, the plan's auto cap).
   void set_cap(int64_t bytes);
+  void restore_cap();
   // checkpoint_policy auto, once decided (MemoryModel: train::AutoPlan's choice): what apply_policy applies
   // for auto from then on. Before it, a meta Session applies off for auto.
   void set_auto_choice(const ckpt::CheckpointPolicy& chosen) { auto_choice_ = chosen; }
@@ -418,6 +420,11 @@ class Session {
   std::optional<ckpt::CheckpointPolicy> auto_choice_;  // set_auto_choice
   std::unique_ptr<MemoryModel> auto_model_;
   std::map<std::string, ckpt::CheckpointPolicy> auto_at_;  // auto_choice_at's, by policy, cell and cap
+  // The plan's own auto cap (what the run's decision fitted) while set_cap holds another.
+  int64_t run_auto_cap_ = 0;
+  std::string run_auto_cap_source_;
+  // What the applied auto plan was decided for (check_foreseen): the most pixels a step may hold; 0: no check.
+  int64_t foreseen_pixels_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> trained_;
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, torch::Tensor> ema_;
