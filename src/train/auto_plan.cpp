@@ -126,6 +126,29 @@ struct Found {
   bool fits = false;
 };
 
+// A plan that fits, made cheaper where the walk leaves room: the blocks' bytes may claim less than a plan
+// saves (or a phase no policy changes binds), so smaller needs are tried, halving the range between none
+// and the need that fitted; at most 3 more walks.
+template <class Walk>
+Found cheaper_that_fits(const std::vector<std::vector<Option>>& options, Found fit, int64_t need, int64_t limit,
+                        Walk&& walk) {
+  int64_t lo = 0, hi = need;  // needs whose plans do not fit / fit
+  for (int round = 0; round < 3 && hi - lo > 1; ++round) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const std::optional<std::vector<size_t>> pick = cheapest_saving(options, mid);
+    if (!pick || *pick == fit.pick) {  // the same plan down to here: look below
+      hi = mid;
+      continue;
+    }
+    const std::pair<int64_t, memory::Phase> peak = walk(*pick);
+    if (peak.first <= limit)
+      fit = {*pick, peak, true}, hi = mid;
+    else
+      lo = mid;
+  }
+  return fit;
+}
+
 // The cheapest plan whose whole walk (`walk`: a pick's highest phase) is under `limit`, `off_peak` being GC
 // off's: the knapsack's choice for what the cap asks, walked, the need grown where the walk finds less saved
 // than the blocks' bytes claimed; at most 8 rounds, then the most each block can save. Not fitting: the least
@@ -140,7 +163,7 @@ Found search(const std::vector<std::vector<Option>>& options, int64_t off_peak, 
     most_walked = !pick;
     if (most_walked) pick = most_saving(options);
     const Found here{*pick, walk(*pick), false};
-    if (here.peak.first <= limit) return {here.pick, here.peak, true};
+    if (here.peak.first <= limit) return cheaper_that_fits(options, {here.pick, here.peak, true}, need, limit, walk);
     if (!least || here.peak.first < least->peak.first) least = here;
     // The blocks' bytes claimed this much; the walk found less (a selective block's recompute can even
     // raise the backward's peak). Ask for more than this plan claims — the overshoot more, and where the walk
