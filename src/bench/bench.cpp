@@ -141,10 +141,8 @@ std::vector<Variant> variants_at(train::Session& session, const BenchOptions& op
   int64_t off = 0, full = 0;
   if (!options.caps.empty()) {
     const train::MemoryModel& model = session.auto_model();
-    for (const auto& [phase, bytes] : model.run_phases(model.step(shape, ckpt::CheckpointPolicy::off())))
-      off = std::max(off, bytes);
-    for (const auto& [phase, bytes] : model.run_phases(model.step(shape, ckpt::CheckpointPolicy::full())))
-      full = std::max(full, bytes);
+    off = model.run_peak(model.step(shape, ckpt::CheckpointPolicy::off()));
+    full = model.run_peak(model.step(shape, ckpt::CheckpointPolicy::full()));
   }
   for (const auto& policy : options.policies) {
     if (policy.kind != ckpt::CheckpointPolicy::Kind::Auto || options.caps.empty()) {

@@ -11,6 +11,8 @@ FlopCount::FlopCount() : outer_(innermost) { innermost = this; }
 
 FlopCount::~FlopCount() { innermost = outer_; }
 
+bool counting_flops() { return innermost != nullptr; }
+
 void add_flops(double flops, bool adapter) {
   for (FlopCount* c = innermost; c; c = c->outer_) {
     c->total_ += flops;

@@ -426,7 +426,7 @@ void LinearImpl::offload(const std::function<torch::Tensor(const torch::Tensor&)
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  {  // 2·rows·in·out for the weight, and for each adapter on (in -> rank -> out)
+  if (memory::counting_flops()) {  // 2·rows·in·out for the weight, and for each adapter on (in -> rank -> out)
     const double rows = static_cast<double>(x.numel() / std::max<int64_t>(in_features(), 1));
     memory::add_flops(2 * rows * static_cast<double>(in_features()) * static_cast<double>(out_features()));
     for (const torch::Tensor* down : {&recovery_.A, &assistant_.A, &lora_.A})

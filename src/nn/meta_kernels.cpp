@@ -166,7 +166,8 @@ int64_t attention_mask_copy_bytes(const torch::Tensor& mask) {
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& mask, std::optional<double> scale) {
   // The scores and the weighted sum: 2·Sq·Skv·D each, per batch and head ([.., Sq, D] and [.., Skv, D]).
-  memory::add_flops(4.0 * static_cast<double>(q.numel()) * static_cast<double>(k.size(-2)));
+  if (memory::counting_flops())
+    memory::add_flops(4.0 * static_cast<double>(q.numel()) * static_cast<double>(k.size(-2)));
   if (q.is_meta()) {
     // A boolean mask becomes an additive one in q's dtype first (convert_boolean_attn_mask in
     // aten/src/ATen/native/transformers/attention.cpp: zeros_like, then masked_fill_ with its logical_not, a

@@ -235,11 +235,9 @@ AutoPlan MemoryModel::auto_plan(const ckpt::CheckpointPolicy& requested, const m
     const std::string key = policy.to_string();
     if (const auto it = walked.find(key); it != walked.end()) return it->second;
     ++a.walks;
-    PhaseBytes all = run_phases(step(shape, policy));
-    int64_t top = 0;
-    for (const auto& [phase, bytes] : all) top = std::max(top, bytes);
-    a.tried.emplace_back(key, top);
-    return walked[key] = std::move(all);
+    const StepEstimate s = step(shape, policy);
+    a.tried.emplace_back(key, run_peak(s));
+    return walked[key] = run_phases(s);
   };
   // The highest of them (the first phase on a tie), or of those no checkpoint policy changes (all but the
   // forward and the backward).

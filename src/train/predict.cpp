@@ -610,6 +610,12 @@ PhaseBytes MemoryModel::run_phases(const StepEstimate& step) const {
   return p;
 }
 
+int64_t MemoryModel::run_peak(const StepEstimate& step) const {
+  int64_t peak = 0;
+  for (const auto& [phase, bytes] : run_phases(step)) peak = std::max(peak, bytes);
+  return peak;
+}
+
 int64_t MemoryModel::cache(const std::set<CacheFill>& fills, const std::vector<data::Caption>& captions) const {
   std::vector<data::Caption> distinct;  // one encode per caption text and control images
   std::set<std::string> seen;

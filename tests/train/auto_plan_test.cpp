@@ -75,11 +75,7 @@ config::ProcessConfig auto_config(const fs::path& dir, const std::string& preset
 }
 
 // A run's highest phase predicted for a step: step 1's (no optimizer state yet) and step 2's, and the rest.
-int64_t highest(const MemoryModel& model, const StepEstimate& s) {
-  int64_t top = 0;
-  for (const auto& [phase, bytes] : model.run_phases(s)) top = std::max(top, bytes);
-  return top;
-}
+int64_t highest(const MemoryModel& model, const StepEstimate& s) { return model.run_peak(s); }
 
 config::ProcessConfig capped(config::ProcessConfig c, int64_t cap) {
   c.vram_cap.bytes = cap;

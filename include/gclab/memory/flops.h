@@ -26,6 +26,9 @@ class FlopCount {
   double total_ = 0, recomputed_ = 0, adapters_ = 0;
 };
 
+// Whether a FlopCount lives on this thread (an op need not work out its FLOPs otherwise).
+bool counting_flops();
+
 // An op's FLOPs (`adapter`: an adapter's, beside a Linear's weight), to every FlopCount alive on this thread
 // (nothing when none is).
 void add_flops(double flops, bool adapter = false);

@@ -243,6 +243,8 @@ class MemoryModel {
   // The same with step 1's phases too (no optimizer state yet), each phase the higher of the two: every phase
   // a run whose steps are like `step` holds, from its first step on — what auto fits under the cap.
   PhaseBytes run_phases(const StepEstimate& step) const;
+  // The highest of them: the most a run whose steps are like `step` holds at once.
+  int64_t run_peak(const StepEstimate& step) const;
   // The `cache` phase as a run filled it: the fills that moved the transformer (Session::filled), the run's
   // captions (each distinct one's encode predicted; none: a 77-token caption's).
   int64_t cache(const std::set<CacheFill>& fills, const std::vector<data::Caption>& captions) const;
