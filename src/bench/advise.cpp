@@ -143,10 +143,12 @@ AdviseResult run_advise(train::Session& session, const AdviseOptions& options) {
   out.rows.push_back(row("the config as it is (" + configured.to_string() + ")", "", step, preview, per_step));
   std::vector<Advice> alternatives;
   // Checkpoint policies, GC off among them.
-  Policy every2, attn, mlp;
-  every2.kind = Policy::Kind::EveryN, every2.n = 2;
-  attn.kind = Policy::Kind::SelectiveAttn, mlp.kind = Policy::Kind::SelectiveMlp;
-  std::vector<Policy> policies = {Policy::off(), every2, attn, mlp, Policy::full()};
+  std::vector<Policy> policies = {Policy::off(),
+                                  Policy::parse("every:2"),
+                                  Policy::parse("selective:attn"),
+                                  Policy::parse("selective:mlp"),
+                                  Policy::parse("selective:ops"),
+                                  Policy::full()};
   // auto under the run's cap (vram_cap, or the GPU's free memory), decided at each resolution; with no cap
   // it is off.
   if (session.plan().auto_cap_bytes > 0) policies.push_back(Policy::parse("auto"));

@@ -168,16 +168,16 @@ std::vector<Variant> variants_at(train::Session& session, const BenchOptions& op
   return out;
 }
 
-// The share of full's recomputation a policy's blocks run again (forward FLOPs, memory/flops.h): each block's
-// mode priced by the walk (Session::block_mode_costs).
-double recomputed_share(const model::BlockModeCosts& costs, const ckpt::CheckpointPolicy& policy) {
+// The share of full's recomputation a policy's blocks run again (their FLOPs and writes, model::recompute_cost):
+// each block's mode priced by the walk (Session::block_mode_costs).
+double recomputed_share(const model::BlockModeCosts& costs, const ckpt::CheckpointPolicy& policy, bool cuda) {
   double mine = 0, full = 0;
   const int n = static_cast<int>(costs.per_block.size());
   for (int i = 0; i < n; ++i) {
     const auto& block = costs.per_block[static_cast<size_t>(i)];
     const auto mode = block.find(policy.mode_for(i, n)), whole = block.find(ckpt::BlockMode::Full);
-    mine += mode == block.end() ? 0 : mode->second.recomputed_flops;
-    full += whole == block.end() ? 0 : whole->second.recomputed_flops;
+    mine += mode == block.end() ? 0 : model::recompute_cost(mode->second, cuda);
+    full += whole == block.end() ? 0 : model::recompute_cost(whole->second, cuda);
   }
   return full > 0 ? mine / full : 0;
 }
@@ -233,9 +233,9 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& giv
     for (const auto& g : devices.gpus)
       if (g.index == index) peak_flops = peak_bf16_flops(g.name);
   }
-  const std::vector<ckpt::BlockMode> modes = {ckpt::BlockMode::None, ckpt::BlockMode::Full,
+  const std::vector<ckpt::BlockMode> modes = {ckpt::BlockMode::None,          ckpt::BlockMode::Full,
                                               ckpt::BlockMode::SelectiveAttn, ckpt::BlockMode::SelectiveMlp,
-                                              ckpt::BlockMode::Offload};
+                                              ckpt::BlockMode::SelectiveOps,  ckpt::BlockMode::Offload};
   std::vector<BenchRow> rows;
   const std::unique_ptr<train::Session> walk = session.walk_twin();  // the run on the meta device
   for (int resolution : resolutions_for(session, options.resolutions))
@@ -261,7 +261,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& giv
         // The walked blocks under the policy's modes (a budget resolved to its blocks): none for selective.
         if (const auto kept = model::activations_under(est, applied[v]))
           row.predicted_activation_bytes = kept->peak_bytes;
-        row.recomputed_share = recomputed_share(costs, applied[v]);
+        row.recomputed_share = recomputed_share(costs, applied[v], session.device().is_cuda());
         if (cells[v].oom_phase) {
           row.oom = true;
           row.oom_phase = *cells[v].oom_phase;

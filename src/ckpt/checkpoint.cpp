@@ -1,11 +1,13 @@
 #include "gclab/ckpt/checkpoint.h"
 
 #include "gclab/ckpt/autocast.h"
+#include "gclab/ckpt/saved_ops.h"
 #include "gclab/memory/flops.h"
 #include "gclab/memory/meta_count.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
 #include <sstream>
 
 namespace gclab::ckpt {
@@ -84,6 +86,11 @@ struct RecomputeState {
   std::vector<bool> input_requires_grad;
   std::vector<c10::Device> input_devices;
   std::vector<OutputMeta> outputs;
+  // A walk for the CPU: the generator state a CPU run keeps for every checkpointed region (its bytes are the
+  // device's there), held on meta while the state lives; never read.
+  torch::Tensor rng_on_meta;
+  // save_ops: the calls the forward recorded (their outputs saved after the inputs; ckpt/saved_ops.h).
+  SavedOps ops;
 };
 
 std::string describe(const OutputMeta& m) {
@@ -106,7 +113,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     state->num_inputs = inputs.size();
     state->num_params = params.size();
     state->autocast = AutocastState::capture();
-    if (state->options.preserve_rng) state->rng = RngState::capture(inputs.vec());
+    if (state->options.preserve_rng) {
+      state->rng = RngState::capture(inputs.vec());
+      const bool walk =
+          std::any_of(inputs.begin(), inputs.end(), [](const auto& t) { return t.defined() && t.is_meta(); });
+      if (walk && memory::meta_target() == c10::kCPU)
+        state->rng_on_meta =
+            torch::empty({state->rng.states[0].numel()}, torch::dtype(torch::kByte).device(torch::kMeta));
+    }
 
     std::vector<torch::Tensor> kept;
     kept.reserve(inputs.size());
@@ -123,7 +137,6 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         kept.push_back(t);
       }
     }
-    ctx->save_for_backward(kept);
     state_of(ctx) = state;
     // Strong references to the parameters themselves: the recompute reads them through the block, so
     // the gradient must be taken with respect to these very tensors.
@@ -139,8 +152,13 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       no_cache.cache_enabled = false;
       AutocastScope scope(no_cache);
       memory::RecomputedRegion recomputed;  // what the backward runs again
+      std::optional<SavedOpsScope> record;
+      if (state->options.save_ops) record.emplace(&state->ops, /*replay=*/false);
       outputs = state->fn(inputs.vec());
     }
+    if (state->options.save_ops)
+      for (auto& t : state->ops.finish_recording(outputs)) kept.push_back(std::move(t));
+    ctx->save_for_backward(kept);
     std::vector<torch::Tensor> non_differentiable;
     for (const auto& out : outputs) {
       TORCH_CHECK(out.defined(), "checkpointed block '", state->options.name, "' returned an undefined tensor");
@@ -160,8 +178,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     const std::vector<torch::Tensor>& params = params_of(ctx);
 
     std::vector<torch::Tensor> inputs;
-    inputs.reserve(saved.size());
-    for (std::size_t i = 0; i < saved.size(); ++i) {
+    inputs.reserve(state->num_inputs);
+    for (std::size_t i = 0; i < state->num_inputs; ++i) {
       torch::Tensor t = saved[i];
       if (t.defined()) {
         if (t.device() != state->input_devices[i]) t = t.to(state->input_devices[i], /*non_blocking=*/true);
@@ -175,6 +193,15 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       RngFork rng(state->rng, state->options.preserve_rng);
       AutocastScope autocast(state->autocast);
       torch::AutoGradMode grad_on(true);
+      // selective:ops: the recorded calls hand back what they kept (a copy of the record: a retained graph's
+      // second backward replays it again).
+      SavedOps replay = state->ops;
+      std::optional<SavedOpsScope> replaying;
+      if (state->options.save_ops) {
+        replay.start_replaying(
+            std::vector<torch::Tensor>(saved.begin() + static_cast<std::ptrdiff_t>(state->num_inputs), saved.end()));
+        replaying.emplace(&replay, /*replay=*/true);
+      }
       outputs = state->fn(inputs);
     }
     if (state->options.determinism_check) check_same(*state, outputs);

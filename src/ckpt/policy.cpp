@@ -14,9 +14,10 @@ namespace gclab::ckpt {
 namespace {
 
 const char* kGrammar =
-    "use off, full, every:N, first:K, blocks:[i,j,...], selective:attn, selective:mlp, offload, budget:BYTES "
+    "use off, full, every:N, first:K, blocks:[i,j,...], selective:attn, selective:mlp, selective:ops, offload, "
+    "budget:BYTES "
     "(e.g. budget:20GiB), auto, auto:MARGIN (auto:2GiB, auto:10%) or modes:[MODE,...] (one per block: none, full, "
-    "offload, attn, mlp; full*4 for four)";
+    "offload, attn, mlp, ops; full*4 for four)";
 
 [[noreturn]] void fail(const std::string& text, const std::string& why) {
   throw std::invalid_argument("checkpoint policy '" + text + "': " + why + "; " + kGrammar);
@@ -61,10 +62,10 @@ std::vector<BlockMode> parse_modes(const std::string& text, const std::string& a
     const std::string name = item.substr(0, star);
     const int count = star == std::string::npos ? 1 : parse_count(text, item.substr(star + 1), 1);
     std::optional<BlockMode> mode;
-    for (BlockMode m :
-         {BlockMode::None, BlockMode::Full, BlockMode::Offload, BlockMode::SelectiveAttn, BlockMode::SelectiveMlp})
+    for (BlockMode m : {BlockMode::None, BlockMode::Full, BlockMode::Offload, BlockMode::SelectiveAttn,
+                        BlockMode::SelectiveMlp, BlockMode::SelectiveOps})
       if (name == short_name(m)) mode = m;
-    if (!mode) fail(text, "'" + name + "' is not a block mode (none, full, offload, attn, mlp)");
+    if (!mode) fail(text, "'" + name + "' is not a block mode (none, full, offload, attn, mlp, ops)");
     if (modes.size() + static_cast<std::size_t>(count) > 100000) fail(text, "too many blocks");
     modes.insert(modes.end(), static_cast<std::size_t>(count), *mode);
     if (comma == std::string::npos) break;
@@ -96,6 +97,8 @@ std::string short_name(BlockMode mode) {
       return "attn";
     case BlockMode::SelectiveMlp:
       return "mlp";
+    case BlockMode::SelectiveOps:
+      return "ops";
     default:
       return to_string(mode);
   }
@@ -113,6 +116,8 @@ const char* to_string(BlockMode mode) {
       return "selective:attn";
     case BlockMode::SelectiveMlp:
       return "selective:mlp";
+    case BlockMode::SelectiveOps:
+      return "selective:ops";
   }
   return "?";
 }
@@ -166,8 +171,10 @@ CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
       p.kind = Kind::SelectiveAttn;
     else if (arg == "mlp")
       p.kind = Kind::SelectiveMlp;
+    else if (arg == "ops")
+      p.kind = Kind::SelectiveOps;
     else
-      fail(text, "selective takes attn or mlp");
+      fail(text, "selective takes attn, mlp or ops");
   } else if (head == "budget") {
     p.kind = Kind::Budget;
     p.budget_bytes = parse_bytes(text, arg);
@@ -211,6 +218,8 @@ std::string CheckpointPolicy::to_string() const {
       return "selective:attn";
     case Kind::SelectiveMlp:
       return "selective:mlp";
+    case Kind::SelectiveOps:
+      return "selective:ops";
     case Kind::Budget:
       return "budget:" + std::to_string(budget_bytes);
     case Kind::Auto:
@@ -259,6 +268,8 @@ BlockMode CheckpointPolicy::mode_for(int index, int num_blocks) const {
       return BlockMode::SelectiveAttn;
     case Kind::SelectiveMlp:
       return BlockMode::SelectiveMlp;
+    case Kind::SelectiveOps:
+      return BlockMode::SelectiveOps;
     case Kind::Modes:
       if (static_cast<int>(modes.size()) != num_blocks)
         throw std::invalid_argument("checkpoint policy '" + to_string() + "' names " + std::to_string(modes.size()) +

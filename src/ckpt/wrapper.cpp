@@ -24,9 +24,11 @@ std::vector<torch::Tensor> CheckpointWrapperImpl::forward(const std::vector<torc
     case BlockMode::None:
       return block_->forward_block(inputs, plain);
     case BlockMode::Full:
-    case BlockMode::Offload: {
+    case BlockMode::Offload:
+    case BlockMode::SelectiveOps: {
       CheckpointOptions options = options_;
       options.offload_inputs = mode_ == BlockMode::Offload;
+      options.save_ops = mode_ == BlockMode::SelectiveOps;
       Block* block = block_.get();
       return checkpoint([block](const std::vector<torch::Tensor>& in) { return block->forward_block(in, plain); },
                         inputs, trainable_parameters(), options);

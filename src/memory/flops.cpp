@@ -21,8 +21,17 @@ void add_flops(double flops, bool adapter) {
   }
 }
 
+void add_written_bytes(int64_t bytes) {
+  if (recomputing == 0) return;
+  for (FlopCount* c = innermost; c; c = c->outer_) c->recomputed_bytes_ += bytes;
+}
+
 RecomputedRegion::RecomputedRegion() { ++recomputing; }
 
 RecomputedRegion::~RecomputedRegion() { --recomputing; }
+
+NotRecomputed::NotRecomputed() : outer_(recomputing) { recomputing = 0; }
+
+NotRecomputed::~NotRecomputed() { recomputing = outer_; }
 
 }  // namespace gclab::memory

@@ -1,5 +1,6 @@
 #include "gclab/memory/meta_count.h"
 
+#include "gclab/memory/flops.h"
 #include "gclab/memory/tracker.h"
 
 #include <ATen/ATen.h>
@@ -34,6 +35,7 @@ class CountingMetaAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     if (HostScope::active()) return {nullptr, nullptr, &release_host, c10::Device(c10::kMeta)};
     raise_peak(meta_live += static_cast<int64_t>(n));
+    add_written_bytes(static_cast<int64_t>(n));
     return {nullptr, reinterpret_cast<void*>(static_cast<uintptr_t>(n)), &release, c10::Device(c10::kMeta)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }

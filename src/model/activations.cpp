@@ -43,6 +43,7 @@ std::optional<PolicyActivations> activations_under(const ActivationEstimate& est
           break;
         case ckpt::BlockMode::SelectiveAttn:
         case ckpt::BlockMode::SelectiveMlp:
+        case ckpt::BlockMode::SelectiveOps:
           return std::nullopt;
       }
       p.peak_bytes = std::max(p.peak_bytes, kept_before + own);
@@ -52,6 +53,19 @@ std::optional<PolicyActivations> activations_under(const ActivationEstimate& est
     p.kept_bytes = std::max(p.kept_bytes, kept_before);
   }
   return p;
+}
+
+// Per byte a recompute writes, in FLOP-equivalents: the matmul rate over the rate the element-wise kernels write
+// at (each reads about two bytes for one it writes). A GPU: about 650 TFLOP/s of bf16 matmul achieved against
+// about 1 TB/s written (3 TB/s moved; an H100's order of magnitude; the GPU check's auto stage measures it). The
+// CPU: measured on the 2-core Xeon (docs/results/auto-cpu.md#selective-ops): selective:ops's recompute took 0.14
+// of full's time pooled over four timings of the 768-wide FLUX (0.12 their mean), where 15 prices it at 0.15.
+constexpr double kRecomputeFlopsPerByteCuda = 650;
+constexpr double kRecomputeFlopsPerByteCpu = 15;
+
+double recompute_cost(const ModeCost& cost, bool cuda) {
+  return cost.recomputed_flops +
+         (cuda ? kRecomputeFlopsPerByteCuda : kRecomputeFlopsPerByteCpu) * static_cast<double>(cost.recomputed_bytes);
 }
 
 ActivationEstimate activation_estimate(std::vector<BlockBytes> per_block, const StepTokens& tokens, size_t experts) {

@@ -426,9 +426,14 @@ void LinearImpl::offload(const std::function<torch::Tensor(const torch::Tensor&)
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  if (memory::counting_flops()) {  // 2·rows·in·out for the weight, and for each adapter on (in -> rank -> out)
-    const double rows = static_cast<double>(x.numel() / std::max<int64_t>(in_features(), 1));
-    memory::add_flops(2 * rows * static_cast<double>(in_features()) * static_cast<double>(out_features()));
+  // 2·rows·in·out for the weight, and for each adapter on (in -> rank -> out).
+  const double rows = static_cast<double>(x.numel() / std::max<int64_t>(in_features(), 1));
+  const double weight_flops = 2 * rows * static_cast<double>(in_features()) * static_cast<double>(out_features());
+  // A float weight's matmul is what selective:ops keeps (kept_linear counts its FLOPs); the quantized and
+  // offloaded ones run again.
+  const bool keepable = !offload_.on && !is_quantized(storage_.kind);
+  if (memory::counting_flops()) {
+    if (!keepable) memory::add_flops(weight_flops);
     for (const torch::Tensor* down : {&recovery_.A, &assistant_.A, &lora_.A})
       if (down->defined() && !(down == &recovery_.A && offload_.on) &&
           !(down == &assistant_.A && assistant_.multiplier == 0) && !(down == &lora_.A && lora_.multiplier == 0))
@@ -443,11 +448,11 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     y = QFloat8Linear::apply(x, FrozenAccess::of(*this));
   else if (storage_.kind == WeightStorage::Int8)
     y = bias.defined() ? quant::scaled_matmul(x, scaled()) + for_input(bias, x) : quant::scaled_matmul(x, scaled());
+  else if (keepable)
+    y = kept_linear(this, x, for_input(weight, x), for_input(bias, x), weight_flops);
   else
     // The frozen weight dequantized without a graph (AI Toolkit's uintN; torchao's float8 fallback).
-    y = gclab::nn::linear(
-        x, is_quantized(storage_.kind) ? for_input(effective_weight(storage_.dequant_dtype), x) : for_input(weight, x),
-        for_input(bias, x));
+    y = gclab::nn::linear(x, for_input(effective_weight(storage_.dequant_dtype), x), for_input(bias, x));
   if (recovery_.A.defined() && !offload_.on) {
     // AI Toolkit's LoRAModule.forward for the adapter: org_forward(x) + up(down(x)) * multiplier * scale.
     const torch::Tensor h = gclab::nn::linear(x, for_input(recovery_.A, x));

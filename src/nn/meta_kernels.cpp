@@ -2,8 +2,13 @@
 
 #include "gclab/memory/flops.h"
 
+#include <ATen/SDPBackend.h>
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 #include <cmath>
+
+#include "gclab/ckpt/saved_ops.h"
 
 #include "gclab/memory/cpu_isa.h"
 #include "gclab/memory/live_set.h"
@@ -24,9 +29,19 @@ using torch::autograd::tensor_list;
 // allocations by tests/model/meta_walk_test.cpp.
 class FlashAttention : public torch::autograd::Function<FlashAttention> {
  public:
+  // `kept`: the output and log-sum-exp a selective:ops forward kept (replayed: nothing runs), or none.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, bool masked, int64_t mask_copy, const torch::Tensor& kept_mask) {
+                               const torch::Tensor& v, bool masked, int64_t mask_copy, const torch::Tensor& kept_mask,
+                               const std::vector<torch::Tensor>& kept) {
+    auto [out, lse] = kept.empty() ? outputs(q, k, v, masked, mask_copy) : std::pair{kept[0].variable_data(), kept[1]};
+    ctx->save_for_backward({q, k, v, out, lse, kept_mask});
+    return out;
+  }
+  // The output and log-sum-exp as the kernel makes them, its temporaries beside them for a moment.
+  static std::pair<torch::Tensor, torch::Tensor> outputs(const torch::Tensor& q, const torch::Tensor& k,
+                                                         const torch::Tensor& v, bool masked, int64_t mask_copy) {
     const int64_t B = q.size(0), H = q.size(1), L = q.size(2), d = q.size(3), S = k.size(2);
+    (void)v;
     torch::Tensor out = torch::empty_like(q);  // q's layout (memory format preserved)
     torch::Tensor lse = torch::empty({B, L, H}, q.options().dtype(torch::kFloat)).transpose(1, 2);
     if (memory::meta_target() != c10::kCPU && masked) {
@@ -43,8 +58,7 @@ class FlashAttention : public torch::autograd::Function<FlashAttention> {
     } else {
       memory::meta_spike(mask_copy);
     }
-    ctx->save_for_backward({q, k, v, out, lse, kept_mask});
-    return out;
+    return {out, lse};
   }
   static tensor_list backward(AutogradContext* ctx, const tensor_list& incoming) {
     const auto saved = ctx->get_saved_variables();
@@ -54,13 +68,14 @@ class FlashAttention : public torch::autograd::Function<FlashAttention> {
               torch::empty_like(saved[2]),
               torch::Tensor(),
               torch::Tensor(),
+              torch::Tensor(),
               torch::Tensor()};
     // _scaled_dot_product_flash_attention_cpu_backward: each gradient made [B, L, H, d] and handed back
     // transposed; the kernel's blocks beside them while it runs (cpu_flash_attention_backward_temporaries).
     auto grad = [](const torch::Tensor& x) {
       return torch::zeros({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2);
     };
-    tensor_list grads = {grad(saved[0]),  grad(saved[1]),  grad(saved[2]),
+    tensor_list grads = {grad(saved[0]),  grad(saved[1]),  grad(saved[2]), torch::Tensor(),
                          torch::Tensor(), torch::Tensor(), torch::Tensor()};
     // flash_attention_backward_kernel_impl: grad_out.transpose(1, 2).contiguous(), a copy unless it is laid out so.
     const torch::Tensor grad_out = incoming[0].transpose(1, 2).contiguous();
@@ -151,23 +166,176 @@ namespace {
 // [T, T, heads]); on CUDA (aten/src/ATen/native/transformers/attention.cpp, preprocess_mask) a padded copy
 // of one whose last dimension is not unit-stride or whose other strides are not multiples of 8 (pad_bias:
 // its last dimension rounded up to 8).
+// Whether CUDA's memory-efficient kernel reads the additive mask as it is (aligned_tensor<8>: unit stride last,
+// the other strides multiples of 8).
+bool cuda_mask_aligned(const torch::Tensor& mask) {
+  bool aligned = mask.stride(-1) == 1;
+  for (int64_t i = 0; i + 1 < mask.dim(); ++i) aligned = aligned && mask.stride(i) % 8 == 0;
+  return aligned;
+}
+
 int64_t attention_mask_copy_bytes(const torch::Tensor& mask) {
   const int64_t element = static_cast<int64_t>(mask.element_size());
   if (memory::meta_target() == c10::kCPU) return mask.is_contiguous() ? 0 : mask.numel() * element;
-  bool aligned = mask.stride(-1) == 1;
-  for (int64_t i = 0; i + 1 < mask.dim(); ++i) aligned = aligned && mask.stride(i) % 8 == 0;
-  if (aligned) return 0;
+  if (cuda_mask_aligned(mask)) return 0;
   const int64_t last = mask.size(-1);
   return mask.numel() / std::max<int64_t>(last, 1) * ((last + 7) / 8 * 8) * element;
 }
 
 }  // namespace
 
+namespace {
+
+// The kernels whose saved outputs a selective:ops forward keeps and its recompute replays (none: it runs again).
+enum class Replayable { none, meta, cpu_flash, cuda_flash, cuda_efficient };
+
+// The kernel scaled_dot_product_attention runs for these inputs, if its outputs can be kept: on meta, the
+// one the walk stands for (FlashAttention above); elsewhere the fused kernel ATen picks (at::_fused_sdp_choice,
+// as scaled_dot_product_attention asks). Run again instead: a boolean mask (converted first) or one that needs
+// a gradient; autocast (which casts q, k, v first); on CUDA the flash kernel where it would pad the head size
+// (not a multiple of 8) and the memory-efficient one where it would pad the mask (cuda_mask_aligned) — the
+// walk for CUDA asks the same of its shapes — and a kernel other than those two (cuDNN, math).
+Replayable replayable(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
+                      std::optional<double> scale) {
+  if (mask.defined() && (mask.scalar_type() == torch::kBool || mask.requires_grad())) return Replayable::none;
+  const bool cuda = q.is_meta() ? memory::meta_target() != c10::kCPU : q.is_cuda();
+  if (cuda && mask.defined() && !cuda_mask_aligned(mask)) return Replayable::none;
+  if (cuda && !mask.defined() && q.size(-1) % 8 != 0) return Replayable::none;
+  if (q.is_meta()) return Replayable::meta;
+  if ((!q.is_cpu() && !q.is_cuda()) || at::autocast::is_autocast_enabled(q.device().type())) return Replayable::none;
+  const auto backend = static_cast<at::SDPBackend>(at::_fused_sdp_choice(
+      q, k, v, mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt, 0.0, false, scale));
+  if (backend == at::SDPBackend::flash_attention)
+    return q.is_cpu() ? Replayable::cpu_flash : q.size(-1) % 8 == 0 ? Replayable::cuda_flash : Replayable::none;
+  if (backend == at::SDPBackend::efficient_attention && q.is_cuda()) return Replayable::cuda_efficient;
+  return Replayable::none;
+}
+
+// The kernel a kept record came from, by what it kept (kept_attention: 2 tensors on the CPU or meta, 8 for
+// CUDA's flash, 4 for its memory-efficient kernel): the replay's backward is that kernel's, whatever ATen would
+// pick now (its choice may differ with grad on).
+Replayable kept_kind(const torch::Tensor& q, const std::vector<torch::Tensor>& kept) {
+  if (q.is_meta()) return Replayable::meta;
+  if (q.is_cpu() && kept.size() == 2) return Replayable::cpu_flash;
+  if (q.is_cuda() && kept.size() == 8) return Replayable::cuda_flash;
+  if (q.is_cuda() && kept.size() == 4) return Replayable::cuda_efficient;
+  TORCH_CHECK(false, "selective:ops: an attention call kept ", kept.size(), " tensors on ", q.device(),
+              ", which no kernel's replay takes");
+}
+
+// What the kernel returns that its backward needs: the output first, its log-sum-exp, and on CUDA the
+// kernel's own (flash: the sequence offsets and lengths, the random seed and offset; efficient: the seed
+// and offset), lengths as int64 scalars.
+std::vector<torch::Tensor> kept_attention(Replayable kind, const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, const torch::Tensor& mask,
+                                          std::optional<double> scale) {
+  const auto optional_mask = mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt;
+  switch (kind) {
+    case Replayable::meta: {
+      auto [out, lse] =
+          FlashAttention::outputs(q, k, v, mask.defined(), mask.defined() ? attention_mask_copy_bytes(mask) : 0);
+      return {out, lse};
+    }
+    case Replayable::cpu_flash: {
+      auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, optional_mask, scale);
+      return {out, lse};
+    }
+    case Replayable::cuda_flash: {
+      auto r = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, false, false, scale);
+      const auto length = [](const c10::SymInt& n) { return torch::tensor(n.expect_int(), torch::kLong); };
+      return {std::get<0>(r),         std::get<1>(r),         std::get<2>(r), std::get<3>(r),
+              length(std::get<4>(r)), length(std::get<5>(r)), std::get<6>(r), std::get<7>(r)};
+    }
+    case Replayable::cuda_efficient: {
+      // As scaled_dot_product_attention hands it over (preprocess_mask): broadcast to [B, H, L, S], a view.
+      const auto bias = mask.defined()
+                            ? std::optional<torch::Tensor>(mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)}))
+                            : std::nullopt;
+      auto r = at::_scaled_dot_product_efficient_attention(q, k, v, bias, true, 0.0, false, scale);
+      return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+    }
+    case Replayable::none:
+      break;
+  }
+  return {};
+}
+
+// Attention on a device, replayed from what kept_attention kept: the output handed back, and the backward the
+// kernel's autograd formula runs (tools/autograd/derivatives.yaml: _scaled_dot_product_flash_attention_for_cpu,
+// _scaled_dot_product_flash_attention, _scaled_dot_product_efficient_attention).
+class ReplayedAttention : public torch::autograd::Function<ReplayedAttention> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& mask, Replayable kind,
+                               std::vector<torch::Tensor> kept, std::optional<double> scale) {
+    torch::Tensor out = kept[0].variable_data();
+    std::vector<torch::Tensor> saved = {q, k, v, mask};
+    saved.insert(saved.end(), kept.begin(), kept.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["kind"] = static_cast<int64_t>(kind);
+    ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
+    return out;
+  }
+  static tensor_list backward(AutogradContext* ctx, const tensor_list& grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto kind = static_cast<Replayable>(ctx->saved_data["kind"].toInt());
+    const c10::IValue& scale_value = ctx->saved_data["scale"];
+    const std::optional<double> scale = scale_value.isNone() ? std::nullopt : std::optional(scale_value.toDouble());
+    const auto mask = s[3].defined() && s[3].numel() > 0 ? std::optional<torch::Tensor>(s[3]) : std::nullopt;
+    std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> g;
+    if (kind == Replayable::cpu_flash) {
+      g = at::_scaled_dot_product_flash_attention_for_cpu_backward(grads[0], s[0], s[1], s[2], s[4], s[5], 0.0, false,
+                                                                   mask, scale);
+    } else if (kind == Replayable::cuda_flash) {
+      g = at::_scaled_dot_product_flash_attention_backward(grads[0], s[0], s[1], s[2], s[4], s[5], s[6], s[7],
+                                                           s[8].item<int64_t>(), s[9].item<int64_t>(), 0.0, false,
+                                                           s[10], s[11], scale);
+    } else {
+      TORCH_CHECK(kind == Replayable::cuda_efficient, "selective:ops: no backward for this attention replay");
+      const torch::Tensor bias =
+          mask ? mask->expand({s[0].size(0), s[0].size(1), s[0].size(2), s[1].size(2)}) : torch::Tensor();
+      auto r = at::_scaled_dot_product_efficient_attention_backward(
+          grads[0], s[0], s[1], s[2], bias, s[4], s[5], s[6], s[7], 0.0,
+          {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2), false}, false, scale);
+      g = {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+    }
+    return {std::get<0>(g),  std::get<1>(g),  std::get<2>(g), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The attention calls' site in a selective:ops record (ckpt/saved_ops.h).
+constexpr char kAttentionSite = 0;
+
+}  // namespace
+
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& mask, std::optional<double> scale) {
+  const torch::Tensor no_mask = q.is_meta() ? torch::empty({0}, q.options()) : torch::Tensor();
+  if (ckpt::SavedOps* replay = ckpt::SavedOps::replaying()) {
+    std::vector<torch::Tensor> kept = replay->take(&kAttentionSite);
+    if (!kept.empty()) {
+      const std::vector<int64_t> expected = {q.size(0), q.size(1), q.size(2), v.size(-1)};
+      TORCH_CHECK(kept[0].sizes() == c10::IntArrayRef(expected), "selective:ops: the recompute's attention call is ",
+                  c10::IntArrayRef(expected), " where the forward kept ", kept[0].sizes(),
+                  " (the block calls attention in another order when it runs again: use full)");
+      if (q.is_meta()) return FlashAttention::apply(q, k, v, mask.defined(), 0, no_mask, kept);
+      return ReplayedAttention::apply(q, k, v, mask.defined() ? mask : torch::empty({0}, q.options()),
+                                      kept_kind(q, kept), std::move(kept), scale);
+    }
+  }
+  ckpt::SavedOps* record = ckpt::SavedOps::recording();
+  const Replayable kind = record ? replayable(q, k, v, mask, scale) : Replayable::none;
+  std::optional<memory::NotRecomputed> once;  // kept: the backward does not run it again (its FLOPs, its bytes)
+  if (kind != Replayable::none) once.emplace();
   // The scores and the weighted sum: 2·Sq·Skv·D each, per batch and head ([.., Sq, D] and [.., Skv, D]).
   if (memory::counting_flops())
     memory::add_flops(4.0 * static_cast<double>(q.numel()) * static_cast<double>(k.size(-2)));
+  if (record) {
+    std::vector<torch::Tensor> kept = kept_attention(kind, q, k, v, mask, scale);
+    record->record(&kAttentionSite, kept);
+    if (!kept.empty()) return kept[0];
+  }
   if (q.is_meta()) {
     // A boolean mask becomes an additive one in q's dtype first (convert_boolean_attn_mask in
     // aten/src/ATen/native/transformers/attention.cpp: zeros_like, then masked_fill_ with its logical_not, a
@@ -176,10 +344,12 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     if (mask.defined() && mask.scalar_type() == torch::kBool) {
       const torch::Tensor additive = torch::empty(mask.sizes(), q.options());
       memory::meta_spike(mask.numel());
-      return FlashAttention::apply(q, k, v, true, attention_mask_copy_bytes(additive), additive);
+      return FlashAttention::apply(q, k, v, true, attention_mask_copy_bytes(additive), additive,
+                                   std::vector<torch::Tensor>{});
     }
     return FlashAttention::apply(q, k, v, mask.defined(), mask.defined() ? attention_mask_copy_bytes(mask) : 0,
-                                 torch::empty({0}, q.options()));  // nothing kept (apply takes no undefined tensor)
+                                 no_mask,  // nothing kept (apply takes no undefined tensor)
+                                 std::vector<torch::Tensor>{});
   }
   return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt,
                                           0.0, false, scale);
@@ -196,6 +366,60 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
       weight.scalar_type() == torch::kBFloat16 && memory::cpu_onednn_bf16())
     memory::meta_spike(memory::cpu_onednn_matmul_scratch(x.numel() / std::max<int64_t>(x.size(-1), 1), x.size(-1),
                                                          at::get_num_threads()));
+  return y;
+}
+
+namespace {
+
+// at::linear's backward for an output a selective:ops forward kept: addmm's and mm's formulas
+// (torch/csrc/autograd/FunctionsManual.cpp mm_mat1_backward: grad.mm(W); mm_mat2_backward for the transposed
+// weight: grad.t().mm(x)), on the rows flattened as at::linear flattens them, and the bias's gradient summed
+// over the rows as the engine sums a broadcast input's (at::sum_to).
+class ReplayedLinear : public torch::autograd::Function<ReplayedLinear> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& /*bias*/, const torch::Tensor& kept) {
+    ctx->save_for_backward(
+        {weight.requires_grad() ? x : torch::Tensor(), x.requires_grad() ? weight : torch::Tensor()});
+    ctx->saved_data["sizes"] = x.sizes().vec();
+    return kept.variable_data();
+  }
+  static tensor_list backward(AutogradContext* ctx, const tensor_list& grads) {
+    const auto saved = ctx->get_saved_variables();
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const torch::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});
+    torch::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = dy.mm(saved[1]).view(sizes);
+    if (ctx->needs_input_grad(1)) dw = dy.t().mm(saved[0].reshape({-1, sizes.back()}));
+    if (ctx->needs_input_grad(2)) db = dy.sum(0);
+    return {dx, dw, db, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor kept_linear(const void* site, const torch::Tensor& x, const torch::Tensor& weight,
+                          const torch::Tensor& bias, double flops) {
+  if (ckpt::SavedOps* replay = ckpt::SavedOps::replaying()) {
+    std::vector<torch::Tensor> kept = replay->take(site);
+    if (!kept.empty()) {
+      std::vector<int64_t> expected = x.sizes().vec();
+      expected.back() = weight.size(0);
+      TORCH_CHECK(kept[0].sizes() == c10::IntArrayRef(expected), "selective:ops: the recompute's matmul is ",
+                  c10::IntArrayRef(expected), " where the forward kept ", kept[0].sizes(),
+                  " (the block calls this Linear in another order when it runs again: use full)");
+      // Under autocast the kept output is in autocast's dtype: the operands are cast as autocast casts them.
+      const auto cast = [&](const torch::Tensor& t) { return t.defined() ? t.to(kept[0].scalar_type()) : t; };
+      const torch::Tensor b = bias.defined() ? cast(bias) : torch::empty({0}, kept[0].options());
+      return ReplayedLinear::apply(cast(x), cast(weight), b, kept[0]);
+    }
+  }
+  ckpt::SavedOps* record = ckpt::SavedOps::recording();
+  std::optional<memory::NotRecomputed> once;  // kept: the backward does not run it again (its FLOPs, its bytes)
+  if (record) once.emplace();
+  if (memory::counting_flops()) memory::add_flops(flops);
+  torch::Tensor y = linear(x, weight, bias);
+  if (record) record->record(site, {y});
   return y;
 }
 

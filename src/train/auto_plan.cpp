@@ -37,7 +37,8 @@ struct Option {
   ckpt::BlockMode mode = ckpt::BlockMode::None;
   int64_t saving = 0;  // bytes kept below none's
   double flops = 0;    // recomputed
-  double cost = 0;     // flops, and offload's transfer
+  int64_t bytes = 0;   // the recompute writes
+  double cost = 0;     // flops, the recompute's writes and offload's transfer
 };
 
 // One option per position whose savings total at least `need` for the least cost (None, each position's
@@ -86,7 +87,7 @@ std::vector<size_t> most_saving(const std::vector<std::vector<Option>>& options)
 
 // Per position within one expert (every position of a model of one): its modes, each priced at the largest of
 // the experts' blocks there (a forward runs one expert; one plan serves them all).
-std::vector<std::vector<Option>> options_of(const model::BlockModeCosts& costs) {
+std::vector<std::vector<Option>> options_of(const model::BlockModeCosts& costs, bool cuda) {
   const size_t experts = std::max<size_t>(costs.experts, 1), per = costs.per_block.size() / experts;
   std::vector<std::vector<Option>> out(per);
   for (size_t j = 0; j < per; ++j)
@@ -108,10 +109,12 @@ std::vector<std::vector<Option>> options_of(const model::BlockModeCosts& costs) 
         kept = std::max(kept, own->second.kept);
         inputs = std::max(inputs, full == block.end() ? int64_t{0} : full->second.kept);
         o.flops = std::max(o.flops, own->second.recomputed_flops);
+        o.bytes = std::max(o.bytes, own->second.recomputed_bytes);
       }
       if (!walked) continue;
       o.saving = none - kept;
-      o.cost = o.flops + (mode == ckpt::BlockMode::Offload ? 2.0 * kOffloadFlopsPerByte * inputs : 0);
+      o.cost = model::recompute_cost({0, o.flops, o.bytes}, cuda) +
+               (mode == ckpt::BlockMode::Offload ? 2.0 * kOffloadFlopsPerByte * inputs : 0);
       (mode == ckpt::BlockMode::None ? out[j].insert(out[j].begin(), o) : out[j].insert(out[j].end(), o));
     }
   for (auto& opts : out)  // none is always there, first: the knapsack's zero
@@ -194,9 +197,11 @@ std::string describe_auto_plan(const AutoPlan& a) {
            bytes_text(a.margin_bytes) + " (" + (a.fits ? "fits" : "does not fit") + ": highest phase " + a.peak_phase +
            " " + bytes_text(a.peak_bytes) + "; checkpointing off " + bytes_text(a.off_peak_bytes) + ")";
   if (a.full_recomputed_flops > 0) {
-    char share[64];
-    std::snprintf(share, sizeof share, "; recomputes %.1f%% of full's forward FLOPs",
-                  100.0 * a.recomputed_flops / a.full_recomputed_flops);
+    char share[128];
+    std::snprintf(share, sizeof share,
+                  "; recomputes %.1f%% of full's forward FLOPs (%.1f%% of its cost with the writes)",
+                  100.0 * a.recomputed_flops / a.full_recomputed_flops,
+                  100.0 * a.recompute_cost / std::max(a.full_recompute_cost, 1.0));
     out += share;
   }
   return out + " — " + a.why;
@@ -214,6 +219,8 @@ nlohmann::json auto_plan_json(const AutoPlan& a) {
           {"off_peak_bytes", a.off_peak_bytes},
           {"recomputed_flops", a.recomputed_flops},
           {"full_recomputed_flops", a.full_recomputed_flops},
+          {"recompute_cost", a.recompute_cost},
+          {"full_recompute_cost", a.full_recompute_cost},
           {"walks", a.walks},
           {"tried", a.tried},
           {"why", a.why}};
@@ -273,14 +280,15 @@ AutoPlan MemoryModel::auto_plan(const ckpt::CheckpointPolicy& requested, const m
     return a;
   }
   // Each block under each mode, walked once (a forward per mode); offload only where inputs can leave.
-  std::vector<ckpt::BlockMode> modes = {ckpt::BlockMode::None, ckpt::BlockMode::SelectiveMlp,
-                                        ckpt::BlockMode::SelectiveAttn, ckpt::BlockMode::Full};
+  std::vector<ckpt::BlockMode> modes = {ckpt::BlockMode::None, ckpt::BlockMode::SelectiveOps,
+                                        ckpt::BlockMode::SelectiveMlp, ckpt::BlockMode::SelectiveAttn,
+                                        ckpt::BlockMode::Full};
   if (cuda_) modes.push_back(ckpt::BlockMode::Offload);
   const model::BlockModeCosts costs = session.block_mode_costs(shape, modes);
-  const std::vector<std::vector<Option>> options = options_of(costs);
+  const std::vector<std::vector<Option>> options = options_of(costs, cuda_);
   for (const auto& opts : options)
     for (const Option& o : opts)
-      if (o.mode == ckpt::BlockMode::Full) a.full_recomputed_flops += o.flops;
+      if (o.mode == ckpt::BlockMode::Full) a.full_recomputed_flops += o.flops, a.full_recompute_cost += o.cost;
   const size_t experts = std::max<size_t>(costs.experts, 1);
   auto policy_of = [&](const std::vector<size_t>& pick) {
     std::vector<ckpt::BlockMode> per_block;
@@ -294,7 +302,8 @@ AutoPlan MemoryModel::auto_plan(const ckpt::CheckpointPolicy& requested, const m
                                           : search(options, off.first, limit, walk);
   a.fits = found.fits;
   settle(policy_of(found.pick), found.peak);
-  for (size_t j = 0; j < options.size(); ++j) a.recomputed_flops += options[j][found.pick[j]].flops;
+  for (size_t j = 0; j < options.size(); ++j)
+    a.recomputed_flops += options[j][found.pick[j]].flops, a.recompute_cost += options[j][found.pick[j]].cost;
   a.why = a.fits ? "checkpointing off's " + bytes_text(off.first) + " is above the cap less the margin (" +
                        bytes_text(limit) + "); this plan's highest phase is " + a.peak_phase + " at " +
                        bytes_text(a.peak_bytes)

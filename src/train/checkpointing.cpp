@@ -50,6 +50,7 @@ ModelCheckpointing::BlockProbe ModelCheckpointing::probe_blocks(const model::Mod
   out.forward_flops.assign(n, 0);
   out.adapter_flops.assign(n, 0);
   out.recomputed_flops.assign(n, 0);
+  out.recomputed_bytes.assign(n, 0);
   // The block calls and modes as they were, put back however the forward ends (an out-of-memory error, an op
   // the meta device cannot run).
   struct Restore {
@@ -69,6 +70,7 @@ ModelCheckpointing::BlockProbe ModelCheckpointing::probe_blocks(const model::Mod
     out.forward_flops[i] += flops.total();
     out.adapter_flops[i] += flops.adapters();
     out.recomputed_flops[i] += flops.recomputed();
+    out.recomputed_bytes[i] += flops.recomputed_bytes();
     int64_t fresh_output = 0;
     for (const auto& o : outputs) {
       bool is_input = false;

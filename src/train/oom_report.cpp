@@ -211,15 +211,17 @@ bool Levers::auto_fix() {
     p.auto_cap_bytes = cap, p.auto_cap_source = "the cap";
     const MemoryModel model(std::move(p));
     const AutoPlan a = model.auto_plan(c.train.policy(), cell(), cap, "the cap");
-    if (!a.fits || a.full_recomputed_flops <= 0 || a.recomputed_flops >= a.full_recomputed_flops) return false;
+    if (!a.fits || a.full_recompute_cost <= 0 || a.full_recomputed_flops <= 0 ||
+        a.recompute_cost >= a.full_recompute_cost)
+      return false;
     const int64_t saving = *now - model.step(cell(), a.chosen).total_bytes;
     if (saving <= 0) return false;
     char share[160];
     std::snprintf(share, sizeof share,
                   "; it recomputes %.0f%% of full checkpointing's forward FLOPs: about %.0f%% of full's recompute "
-                  "time saved",
+                  "time saved (the recompute's writes counted)",
                   100 * a.recomputed_flops / a.full_recomputed_flops,
-                  100 * (1 - a.recomputed_flops / a.full_recomputed_flops));
+                  100 * (1 - a.recompute_cost / a.full_recompute_cost));
     fixes.push_back(
         {"Let gclab choose what to recompute (checkpoint_policy: auto)",
          "train.checkpoint_policy: auto (here " + a.chosen.to_string() + ")", saving,

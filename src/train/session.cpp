@@ -932,6 +932,7 @@ model::BlockModeCosts Session::block_mode_costs(const model::SampleShape& shape,
       model::ModeCost& c = out.per_block[i][mode];
       c.kept = mode == ckpt::BlockMode::Full && i < inputs.size() ? inputs[i] : probe.kept_bytes[i];
       c.recomputed_flops = probe.recomputed_flops[i];
+      c.recomputed_bytes = probe.recomputed_bytes[i];
     }
   }
   return out;

@@ -39,8 +39,8 @@ TEST(Advise, EachAlternativeMeasuredAndRankedUnderTheCap) {
   EXPECT_GT(base.preview_ms, 0);
   for (const char* change :
        {"checkpoint policy off", "checkpoint policy every:2", "checkpoint policy selective:attn",
-        "checkpoint policy selective:mlp", "batch 1 with gradient_accumulation 2", "drop resolution 128",
-        "sample_every 10", "sample_steps 2", "previews at 32x32", "disable_sampling"})
+        "checkpoint policy selective:mlp", "checkpoint policy selective:ops", "batch 1 with gradient_accumulation 2",
+        "drop resolution 128", "sample_every 10", "sample_steps 2", "previews at 32x32", "disable_sampling"})
     EXPECT_NE(find(r, change), nullptr) << change;
   // The previews' arithmetic: none at all saves exactly their share; every 10 steps takes 2 passes of 4.
   const Advice* none = find(r, "disable_sampling");

@@ -12,10 +12,12 @@ TEST(CheckpointPolicy, ParsesEveryForm) {
   EXPECT_EQ(CheckpointPolicy::parse("first:0").n, 0);
   EXPECT_EQ(CheckpointPolicy::parse("blocks:[5, 1,1]").blocks, (std::vector<int>{1, 5}));
   EXPECT_EQ(CheckpointPolicy::parse("selective:mlp").kind, CheckpointPolicy::Kind::SelectiveMlp);
+  EXPECT_EQ(CheckpointPolicy::parse("selective:ops").kind, CheckpointPolicy::Kind::SelectiveOps);
   EXPECT_EQ(CheckpointPolicy::parse("offload").kind, CheckpointPolicy::Kind::Offload);
   EXPECT_EQ(CheckpointPolicy::parse("budget:20GiB").budget_bytes, 20LL << 30);
   EXPECT_EQ(CheckpointPolicy::parse("budget:1000").budget_bytes, 1000);
-  for (const char* s : {"off", "full", "every:2", "first:4", "blocks:[0,3]", "selective:attn", "offload"})
+  for (const char* s :
+       {"off", "full", "every:2", "first:4", "blocks:[0,3]", "selective:attn", "selective:ops", "offload"})
     EXPECT_EQ(CheckpointPolicy::parse(s).to_string(), s);
 }
 
@@ -53,6 +55,9 @@ TEST(CheckpointPolicy, ModesPerBlock) {
   EXPECT_EQ(CheckpointPolicy::parse("first:2").mode_for(2, 5), BlockMode::None);
   EXPECT_EQ(CheckpointPolicy::parse("blocks:[3]").mode_for(3, 5), BlockMode::Full);
   EXPECT_EQ(CheckpointPolicy::parse("selective:attn").mode_for(0, 5), BlockMode::SelectiveAttn);
+  EXPECT_EQ(CheckpointPolicy::parse("selective:ops").mode_for(4, 5), BlockMode::SelectiveOps);
+  EXPECT_EQ(CheckpointPolicy::parse("modes:[ops*2,full]").mode_for(1, 3), BlockMode::SelectiveOps);
+  EXPECT_EQ(CheckpointPolicy::parse("modes:[ops*2,full]").to_string(), "modes:[ops*2,full]");
   EXPECT_THROW(CheckpointPolicy::parse("budget:1GiB").mode_for(0, 5), std::logic_error);
 }
 

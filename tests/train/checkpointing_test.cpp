@@ -51,7 +51,7 @@ TEST_P(CheckpointedFamily, EveryPolicyGivesTheGradientsOfNoCheckpointing) {
   ckpt.apply(ckpt::CheckpointPolicy::parse("off"));
   const Step off = step(*m, in);
   ASSERT_FALSE(off.grads.empty());
-  for (const std::string policy : {"full", "every:2", "selective:attn", "selective:mlp", "first:1"}) {
+  for (const std::string policy : {"full", "every:2", "selective:attn", "selective:mlp", "first:1", "selective:ops"}) {
     ckpt.apply(ckpt::CheckpointPolicy::parse(policy));
     const Step on = step(*m, in);
     EXPECT_TRUE(torch::equal(off.loss, on.loss)) << policy;
@@ -113,6 +113,55 @@ TEST(ModelCheckpointing, TheBlocksProbedOnTheCpuAreTheWalksAndABudgetTakesTheFew
   const auto one = pick(total - everything.kept_bytes[0] + everything.input_bytes[0]);
   EXPECT_EQ(one.kind, ckpt::CheckpointPolicy::Kind::Blocks);
   EXPECT_EQ(one.blocks.size(), 1u);
+}
+
+// selective:ops keeps each block's matmul and attention outputs: less than the block keeps without
+// checkpointing, more than full's inputs; its backward runs none of their FLOPs again, only the adapters' (and
+// the element-wise ops between them, which write less than full's recompute). What it keeps is measured on the
+// CPU and walked on the meta device to the byte.
+TEST(ModelCheckpointing, SelectiveOpsKeepsTheMatmulsAndAttentionAndRunsNoneOfThemAgain) {
+  for (const std::string preset : {"tiny-flux", "tiny-qwen-image", "tiny-wan21", "tiny-sd3"}) {
+    SCOPED_TRACE(preset);
+    torch::manual_seed(0);
+    const model::ModelSpec spec = model::spec_by_preset(preset);
+    memory::CpuMemoryTracker tracker;
+    memory::MemoryMeter meter(torch::kCPU);
+    auto m = model::build_transformer(spec);
+    model::apply_lora(*m, {4, 4.0, 0.0});
+    ModelCheckpointing ckpt(*m);
+    const model::ModelInputs in = m->example_inputs({2, 1, 64, 64});
+    const auto live = [&] { return meter.stats().live_bytes; };
+    const auto none = ckpt.probe_blocks(in, live, ckpt::BlockMode::None);
+    const auto ops = ckpt.probe_blocks(in, live, ckpt::BlockMode::SelectiveOps);
+    const auto full = ckpt.probe_blocks(in, live, ckpt::BlockMode::Full);
+
+    const auto meta = torch::TensorOptions().device(torch::kMeta);
+    auto walked_model = model::build_transformer(spec, meta);
+    model::apply_lora(*walked_model, {4, 4.0, 0.0});
+    ModelCheckpointing walked_ckpt(*walked_model);
+    memory::MetaCount count;
+    const auto walked = walked_ckpt.probe_blocks(
+        walked_model->example_inputs({2, 1, 64, 64}, 0, meta), [&] { return count.live(); },
+        ckpt::BlockMode::SelectiveOps);
+    const auto walked_full = walked_ckpt.probe_blocks(
+        walked_model->example_inputs({2, 1, 64, 64}, 0, meta), [&] { return count.live(); }, ckpt::BlockMode::Full);
+    int checked = 0;
+    for (size_t i = 0; i < ops.kept_bytes.size(); ++i) {
+      if (none.kept_bytes[i] == 0) continue;  // a block nothing in which needs a gradient
+      ++checked;
+      EXPECT_LT(ops.kept_bytes[i], none.kept_bytes[i]) << "block " << i;
+      EXPECT_GT(ops.kept_bytes[i], full.kept_bytes[i]) << "block " << i;
+      EXPECT_GT(ops.adapter_flops[i], 0) << "block " << i;
+      EXPECT_EQ(ops.recomputed_flops[i], ops.adapter_flops[i]) << "block " << i;
+      EXPECT_EQ(full.recomputed_flops[i], full.forward_flops[i]) << "block " << i;
+      EXPECT_EQ(walked.kept_bytes[i], ops.kept_bytes[i]) << "block " << i;
+      EXPECT_EQ(walked.recomputed_flops[i], ops.recomputed_flops[i]) << "block " << i;
+      // The walk's measure of the element-wise work run again: some, less than full's.
+      EXPECT_GT(walked.recomputed_bytes[i], 0) << "block " << i;
+      EXPECT_LT(walked.recomputed_bytes[i], walked_full.recomputed_bytes[i]) << "block " << i;
+    }
+    EXPECT_GT(checked, 0);
+  }
 }
 
 TEST(ModelCheckpointing, BudgetPolicyMustBeResolvedFirstAndTheModelIsPlainAfterwards) {

@@ -12,11 +12,16 @@
 #include "../support/test_util.h"
 #include "../support/tiny_run.h"
 #include "gclab/bench/bench.h"
+#include "gclab/ckpt/checkpoint.h"
 #include "gclab/data/synth.h"
 #include "gclab/io/safetensors.h"
+#include "gclab/memory/flops.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/family.h"
+#include "gclab/model/lora.h"
 #include "gclab/nn/layers.h"
+#include "gclab/nn/meta_kernels.h"
+#include "gclab/train/checkpointing.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
 
@@ -171,6 +176,93 @@ TEST(CudaTrain, ALowVramLoadIsDrawnOnTheGpuAndQuantizedInHostMemory) {
   EXPECT_NEAR(static_cast<double>(*load.measured_device_peak_bytes), static_cast<double>(load.device.peak()),
               0.02 * static_cast<double>(load.device.peak()) + (2 << 20));
   fs::remove_all(dir);
+}
+
+// selective:ops on the GPU in bf16: the kept matmuls and attention (the fused kernel ATen picks, replayed through
+// its own backward) give GC off's loss and gradients to bf16 rounding, and the backward runs none of their FLOPs
+// again (only the adapters'). The same test on the CPU is
+// CheckpointedFamily.EveryPolicyGivesTheGradientsOfNoCheckpointing.
+TEST(CheckpointCuda, SelectiveOpsReplaysTheKernelsOnTheGpu) {
+  GCLAB_REQUIRE_CUDA();
+  for (const std::string preset : {"tiny-flux", "tiny-qwen-image", "tiny-wan21"}) {
+    SCOPED_TRACE(preset);
+    torch::manual_seed(1);
+    const auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+    auto m = model::build_transformer(model::spec_by_preset(preset), options);
+    model::apply_lora(*m, {4, 4.0, 0.0});
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : m->named_parameters())
+        if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.02);
+    }
+    const model::ModelInputs in = m->example_inputs({1, 1, 128, 128}, 0, options);
+    ModelCheckpointing ckpt(*m);
+    struct Result {
+      torch::Tensor loss;
+      std::vector<torch::Tensor> grads;
+      double backward_flops = 0, backward_adapter_flops = 0;
+    };
+    auto step = [&](const char* policy) {
+      ckpt.apply(ckpt::CheckpointPolicy::parse(policy));
+      for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+      Result r;
+      const torch::Tensor loss = m->forward(in).to(torch::kFloat).pow(2).mean();
+      {
+        memory::FlopCount flops;
+        loss.backward();
+        r.backward_flops = flops.total();
+        r.backward_adapter_flops = flops.adapters();
+      }
+      r.loss = loss.detach().cpu();
+      for (const auto& p : m->parameters())
+        if (p.requires_grad())
+          r.grads.push_back(p.grad().defined() ? p.grad().to(torch::kFloat).cpu() : torch::zeros({1}));
+      return r;
+    };
+    const Result off = step("off"), ops = step("selective:ops"), full = step("full");
+    EXPECT_TRUE(torch::allclose(off.loss, ops.loss, 1e-3, 1e-6))
+        << off.loss.item<double>() << " vs " << ops.loss.item<double>();
+    ASSERT_EQ(off.grads.size(), ops.grads.size());
+    for (size_t i = 0; i < off.grads.size(); ++i) {
+      const double scale = std::max(off.grads[i].abs().max().item<double>(), 1e-30);
+      EXPECT_LE((off.grads[i] - ops.grads[i]).abs().max().item<double>() / scale, 2e-2) << "parameter " << i;
+    }
+    // Every FLOP the backward ran again is an adapter's: each matmul and attention was replayed, none fell back.
+    EXPECT_GT(full.backward_flops, full.backward_adapter_flops);
+    EXPECT_EQ(ops.backward_flops, ops.backward_adapter_flops);
+  }
+}
+
+// The memory-efficient kernel's replay: attention with an additive float mask (aligned, broadcast over the
+// heads, as scaled_dot_product_attention hands it over) in float32 on the GPU, checkpointed under
+// selective:ops, gives the plain call's gradients and runs neither the matmul nor attention again.
+TEST(CheckpointCuda, SelectiveOpsReplaysMaskedAttentionOnTheGpu) {
+  GCLAB_REQUIRE_CUDA();
+  torch::manual_seed(4);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t B = 2, H = 4, L = 24, D = 16;
+  nn::Linear qkv(nn::LinearOptions(H * D, 3 * H * D).tensor_options(cuda));
+  const torch::Tensor mask = torch::randn({B, 1, L, L}, cuda);
+  const ckpt::BlockFn fn = [&](const std::vector<torch::Tensor>& in) {
+    const auto parts = qkv(in[0]).view({B, L, 3, H, D}).permute({2, 0, 3, 1, 4});
+    return std::vector<torch::Tensor>{nn::attention(parts[0], parts[1], parts[2], mask).sum()};
+  };
+  const torch::Tensor x0 = torch::randn({B, L, H * D}, cuda);
+  auto grads = [&](bool ops, double& backward_flops) {
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    for (auto& p : qkv->parameters()) p.mutable_grad() = torch::Tensor();
+    const auto out =
+        ops ? ckpt::checkpoint(fn, {x}, qkv->parameters(), ckpt::CheckpointOptions().with_save_ops(true)) : fn({x});
+    memory::FlopCount flops;
+    out[0].backward();
+    backward_flops = flops.total();
+    return std::vector<torch::Tensor>{x.grad().cpu(), qkv->weight.grad().cpu(), qkv->bias.grad().cpu()};
+  };
+  double plain_flops = 0, ops_flops = 0;
+  const auto plain = grads(false, plain_flops), ops = grads(true, ops_flops);
+  for (size_t i = 0; i < plain.size(); ++i)
+    EXPECT_TRUE(torch::allclose(plain[i], ops[i], 1e-4, 1e-5)) << "gradient " << i;
+  EXPECT_EQ(ops_flops, 0);  // nothing kept ran again
 }
 
 }  // namespace

@@ -27,6 +27,9 @@ struct CheckpointOptions {
   bool preserve_rng = true;       // replay dropout's random numbers in the recompute
   bool determinism_check = true;  // recomputed outputs must match the forward's shape/dtype/device
   bool offload_inputs = false;    // keep the saved inputs in host memory (pinned when on CUDA)
+  // Keep the outputs of the block's matmuls and attention too, and replay them in the recompute
+  // (selective:ops; ckpt/saved_ops.h): the backward runs again only what lies between them.
+  bool save_ops = false;
 
   CheckpointOptions& with_name(std::string n) {
     name = std::move(n);
@@ -42,6 +45,10 @@ struct CheckpointOptions {
   }
   CheckpointOptions& with_offload_inputs(bool v) {
     offload_inputs = v;
+    return *this;
+  }
+  CheckpointOptions& with_save_ops(bool v) {
+    save_ops = v;
     return *this;
   }
 };

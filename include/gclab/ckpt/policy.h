@@ -15,16 +15,30 @@ enum class BlockMode {
   Offload,        // as Full, with the kept inputs in host memory
   SelectiveAttn,  // only the attention sub-block recomputed
   SelectiveMlp,   // only the MLP sub-block recomputed
+  SelectiveOps,   // the whole block recomputed but for its matmuls and attention, whose outputs are kept
 };
 
 const char* to_string(BlockMode mode);
 
-// The blocks' modes one by one in short names (none, full, offload, attn, mlp), runs of one mode as
+// The blocks' modes one by one in short names (none, full, offload, attn, mlp, ops), runs of one mode as
 // "full*3": what modes:[...] is written as.
 std::string short_name(BlockMode mode);
 
 struct CheckpointPolicy {
-  enum class Kind { Off, Full, EveryN, FirstK, Blocks, SelectiveAttn, SelectiveMlp, Offload, Budget, Auto, Modes };
+  enum class Kind {
+    Off,
+    Full,
+    EveryN,
+    FirstK,
+    Blocks,
+    SelectiveAttn,
+    SelectiveMlp,
+    SelectiveOps,
+    Offload,
+    Budget,
+    Auto,
+    Modes
+  };
   Kind kind = Kind::Full;
   int n = 0;                // every:N and first:K
   std::vector<int> blocks;  // blocks:[i,j,...]
@@ -37,6 +51,7 @@ struct CheckpointPolicy {
   std::vector<BlockMode> modes;  // modes:[...]: one per block, in the model's order
 
   // "off" | "full" | "every:N" | "first:K" | "blocks:[i,j]" | "selective:attn" | "selective:mlp" |
+  // "selective:ops" |
   // "offload" | "budget:24GiB" | "auto" | "auto:1GiB" | "auto:5%" | "modes:[full*2,none,attn]". Throws
   // std::invalid_argument with a message naming the grammar.
   static CheckpointPolicy parse(const std::string& text);

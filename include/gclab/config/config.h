@@ -313,7 +313,8 @@ struct TrainConfig {
   // AI Toolkit's: LoRA on the text encoders too. Refused: see the loader's check.
   bool train_text_encoder = false;
   EmaConfig ema_config;
-  // gclab: off | full | every:N | first:K | blocks:[i,j] | selective:attn|mlp | offload | budget:BYTES.
+  // gclab: off | full | every:N | first:K | blocks:[i,j] | selective:attn|mlp|ops | offload | budget:BYTES |
+  // auto[:MARGIN] | modes:[MODE,...] (ckpt/policy.h).
   // Absent from the file means "follow gradient_checkpointing" (true -> full, false -> off); always set
   // after loading.
   std::optional<ckpt::CheckpointPolicy> checkpoint_policy;

@@ -62,11 +62,18 @@ std::optional<PolicyActivations> activations_under(const ActivationEstimate& est
 
 // One block under one checkpoint mode (ckpt::BlockMode), walked: what its forward leaves for the backward
 // (for Full its hidden-stream inputs, BlockBytes::input; for the others what the forward left live beside its
-// outputs) and the FLOPs its backward runs again (memory/flops.h: the checkpointed regions' forward).
+// outputs) and the FLOPs its backward runs again and the bytes it writes (memory/flops.h: the checkpointed
+// regions' forward).
 struct ModeCost {
   int64_t kept = 0;
   double recomputed_flops = 0;
+  int64_t recomputed_bytes = 0;  // what the recomputed ops write (memory/flops.h)
 };
+// What running a recompute again costs, in FLOP-equivalents: its FLOPs, and the bytes its ops write at the
+// ratio of the device's matmul rate to the rate its element-wise kernels write (`cuda`: a GPU's, else the
+// CPU's) — the one price auto's plan (train/auto_plan.cpp) and bench's recompute theory (bench/bench.cpp) use.
+double recompute_cost(const ModeCost& cost, bool cuda);
+
 struct BlockModeCosts {
   std::vector<std::map<ckpt::BlockMode, ModeCost>> per_block;  // the model's order (ActivationEstimate's)
   size_t experts = 1;

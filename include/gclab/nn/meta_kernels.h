@@ -14,7 +14,9 @@ namespace gclab::nn {
 // meta what the fused kernel of the device the walk stands for allocates (memory::meta_target()): on the CPU
 // its output, log-sum-exp and per-thread blocks; on CUDA its output and log-sum-exp; on both the copy the
 // kernel makes of a mask it cannot read in place (T5's bias, a permuted view). `mask`: additive, broadcast
-// to the scores.
+// to the scores. Inside a selective:ops checkpoint its output and log-sum-exp are kept by the forward and
+// replayed by the recompute with the kernel's backward (ckpt/saved_ops.h; not a boolean mask, nor on CUDA one
+// the kernel would pad, nor a kernel other than the fused ones: those run again).
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& mask = {}, std::optional<double> scale = std::nullopt);
 
@@ -43,6 +45,13 @@ torch::Tensor embedding(const torch::Tensor& table, const torch::Tensor& ids);
 // (memory::cpu_onednn_bf16), oneDNN's scratch beside the output for a moment
 // (memory::cpu_onednn_matmul_scratch; the backward's matmuls are autograd's, without it).
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {});
+
+// linear(x, weight, bias) as a selective:ops checkpoint keeps it (ckpt/saved_ops.h), `site` naming the call (its
+// Linear): its output recorded by the forward, and handed back by the recompute with at::linear's backward,
+// nothing run. Elsewhere linear(). `flops`, the matmul's, are counted (memory/flops.h) where it runs — not as
+// recomputed where it is kept. Attention (above) is kept and replayed the same way.
+torch::Tensor kept_linear(const void* site, const torch::Tensor& x, const torch::Tensor& weight,
+                          const torch::Tensor& bias, double flops);
 
 // A convolution (2-D or 3-D, by the weight's axes; one group, no dilation) on any device: on meta its output,
 // contiguous, with the temporaries the kernel the walk's device picks holds beside it for a moment — on the

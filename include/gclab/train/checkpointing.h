@@ -35,6 +35,7 @@ class ModelCheckpointing {
   struct BlockProbe {
     std::vector<int64_t> kept_bytes, input_bytes;
     std::vector<double> forward_flops, adapter_flops, recomputed_flops;
+    std::vector<int64_t> recomputed_bytes;  // on the meta device: FlopCount::recomputed_bytes
   };
   BlockProbe probe_blocks(const model::ModelInputs& probe, const std::function<int64_t()>& live,
                           ckpt::BlockMode mode = ckpt::BlockMode::None);

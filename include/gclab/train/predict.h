@@ -156,8 +156,10 @@ struct AutoPlan {
   int64_t peak_bytes = 0;      // the run's highest predicted phase under `chosen`
   std::string peak_phase;      // which (memory::phase_name)
   int64_t off_peak_bytes = 0;  // the same with checkpointing off
-  // The step's recomputation at the largest cell, in forward FLOPs: the plan's, and full's.
+  // The step's recomputation at the largest cell, in forward FLOPs: the plan's, and full's; and its cost with
+  // the recompute's writes and offload's transfers (FLOP-equivalents, model::recompute_cost), the plan's and full's.
   double recomputed_flops = 0, full_recomputed_flops = 0;
+  double recompute_cost = 0, full_recompute_cost = 0;
   int walks = 0;  // the step walks it took (each candidate verified by the whole step's walk)
   // The candidates walked, in order: each plan and its highest phase's bytes.
   std::vector<std::pair<std::string, int64_t>> tried;
