@@ -182,10 +182,12 @@ double recomputed_share(const model::BlockModeCosts& costs, const ckpt::Checkpoi
   return full > 0 ? mine / full : 0;
 }
 
-// Each variant's steps at the cell, in the order given; with `alternate` again in the reverse order (the
-// timed steps of both passes together), so that neither side always runs first.
+// Each variant's steps at the cell, in the order given. With `interleave` the variants take turns instead:
+// `steps` rounds, each variant one warm-up step and one timed step a round, the order reversed every other
+// round — so that a machine whose speed drifts over minutes (a shared virtual machine's) slows every
+// variant alike, and none always runs first.
 std::vector<CellResult> time_variants(train::Session& session, const std::vector<Variant>& variants,
-                                      const model::SampleShape& shape, int steps, bool alternate,
+                                      const model::SampleShape& shape, int steps, bool interleave,
                                       std::vector<ckpt::CheckpointPolicy>& applied) {
   std::vector<CellResult> out(variants.size());
   applied.assign(variants.size(), ckpt::CheckpointPolicy::off());
@@ -193,21 +195,18 @@ std::vector<CellResult> time_variants(train::Session& session, const std::vector
     train::Session& session;
     ~RunCap() { session.restore_cap(); }
   } run_cap{session};
-  for (int pass = 0; pass < (alternate ? 2 : 1); ++pass)
+  const int rounds = interleave ? std::max(steps - 1, 2) : 1;  // `steps` counts the warm-up
+  for (int round = 0; round < rounds; ++round)
     for (size_t k = 0; k < variants.size(); ++k) {
-      const size_t v = pass == 0 ? k : variants.size() - 1 - k;
+      const size_t v = round % 2 == 0 ? k : variants.size() - 1 - k;
       if (out[v].oom_phase) continue;
       if (variants[v].cap_bytes > 0) session.set_cap(variants[v].cap_bytes);
       session.apply_policy(variants[v].policy, shape);
       applied[v] = session.applied_policy();
-      CellResult cell = run_cell(session, shape, steps, false);
+      CellResult cell = run_cell(session, shape, interleave ? 2 : steps, false);
       if (variants[v].cap_bytes > 0) session.restore_cap();
-      if (pass == 0 || cell.oom_phase) {
-        cell.step_ms.erase(cell.step_ms.begin(), cell.step_ms.begin() + std::min<size_t>(1, cell.step_ms.size()));
-        out[v].oom_phase = cell.oom_phase;
-      } else {
-        cell.step_ms.erase(cell.step_ms.begin());  // this pass's warm-up
-      }
+      cell.step_ms.erase(cell.step_ms.begin(), cell.step_ms.begin() + std::min<size_t>(1, cell.step_ms.size()));
+      out[v].oom_phase = cell.oom_phase;
       out[v].step_ms.insert(out[v].step_ms.end(), cell.step_ms.begin(), cell.step_ms.end());
       out[v].peak_bytes = std::max(out[v].peak_bytes, cell.peak_bytes);
       out[v].reserved_peak_bytes = std::max(out[v].reserved_peak_bytes, cell.reserved_peak_bytes);

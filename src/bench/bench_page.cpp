@@ -11,7 +11,8 @@
 namespace gclab::bench {
 namespace {
 
-const std::vector<std::string> kColors = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"};
+const std::vector<std::string> kColors = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                          "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"};
 
 std::string color_of(const std::vector<std::string>& policies, const std::string& p) {
   const auto at = std::find(policies.begin(), policies.end(), p) - policies.begin();

@@ -713,7 +713,8 @@ void add_bench_and_fit(CLI::App& app, Verbs& v) {
   bench->add_option("--steps", bench_opts.steps, "timed steps per cell after one warm-up (default 3)");
   bench->add_option("--caps", bench_opts.caps,
                     "caps auto is timed under, comma-separated: 25% is a quarter of the way from full's predicted "
-                    "peak to GC off's, or a size (20GiB); every policy is then timed twice, in order and reversed");
+                    "peak to GC off's, or a size (20GiB); the policies then take turns, a warm-up and a timed step "
+                    "each a round, the order reversed every other round");
   bench
       ->add_option("--peak-tflops", bench_opts.peak_tflops,
                    "the bf16 rate MFU is held against, TFLOP/s (a matmul measured on this machine; default: the "

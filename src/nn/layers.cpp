@@ -1,5 +1,6 @@
 #include "gclab/nn/layers.h"
 
+#include "gclab/ckpt/saved_ops.h"
 #include "gclab/memory/flops.h"
 #include "gclab/nn/meta_kernels.h"
 
@@ -142,10 +143,13 @@ torch::Tensor kept(torch::autograd::AutogradContext* ctx, const char* key) {
 // codes and their scale for the backward, never a dequantized copy, and dequantizes again there.
 class QFloat8Linear : public torch::autograd::Function<QFloat8Linear> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const Frozen& f) {
+  // `kept`: the output a selective:ops forward kept (ckpt/saved_ops.h): handed back, nothing run.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const Frozen& f,
+                               const std::vector<torch::Tensor>& kept = {}) {
     keep(ctx, "data", f.stored.weight);
     keep(ctx, "scale", f.stored.scale);
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    if (!kept.empty()) return kept[0].variable_data();
     // quanto's qbytes_mm: activations and codes in the scale's dtype, the scale on the codes.
     const torch::Tensor w = f.stored.dequantize();
     const torch::Tensor y = torch::matmul(x.to(w.scalar_type()), w.t());
@@ -159,7 +163,7 @@ class QFloat8Linear : public torch::autograd::Function<QFloat8Linear> {
     s.out = s.weight.size(0), s.in = s.weight.size(1);  // one code per element
     const torch::Tensor& g = grad[0];
     const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    return {torch::matmul(g, s.dequantize().to(g.scalar_type())).to(x_dtype), torch::Tensor()};
+    return {torch::matmul(g, s.dequantize().to(g.scalar_type())).to(x_dtype), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -429,9 +433,8 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   // 2·rows·in·out for the weight, and for each adapter on (in -> rank -> out).
   const double rows = static_cast<double>(x.numel() / std::max<int64_t>(in_features(), 1));
   const double weight_flops = 2 * rows * static_cast<double>(in_features()) * static_cast<double>(out_features());
-  // A float weight's matmul is what selective:ops keeps (kept_linear counts its FLOPs); the quantized and
-  // offloaded ones run again.
-  const bool keepable = !offload_.on && !is_quantized(storage_.kind);
+  // selective:ops keeps the weight's matmul (kept_linear, kept_op count its FLOPs) but an offloaded or int8 one's.
+  const bool keepable = !offload_.on && storage_.kind != WeightStorage::Int8;
   if (memory::counting_flops()) {
     if (!keepable) memory::add_flops(weight_flops);
     for (const torch::Tensor* down : {&recovery_.A, &assistant_.A, &lora_.A})
@@ -444,15 +447,25 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
   if (offload_.on)
     y = OffloadedLinear::apply(x, FrozenAccess::of(*this));
-  else if (storage_.kind == WeightStorage::QFloat8 && torch::GradMode::is_enabled() && x.requires_grad())
-    y = QFloat8Linear::apply(x, FrozenAccess::of(*this));
-  else if (storage_.kind == WeightStorage::Int8)
+  else if (storage_.kind == WeightStorage::QFloat8 && ((torch::GradMode::is_enabled() && x.requires_grad()) ||
+                                                       ckpt::SavedOps::recording() || ckpt::SavedOps::replaying())) {
+    // Its autograd function's forward, also where selective:ops keeps the output (as GC off computes it) and
+    // where the recompute hands it back with this function's backward.
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = out_features();
+    y = kept_op(
+        this, shape, weight_flops, [&] { return QFloat8Linear::apply(x, FrozenAccess::of(*this)); },
+        [&](const torch::Tensor& kept) {
+          return QFloat8Linear::apply(x, FrozenAccess::of(*this), std::vector<torch::Tensor>{kept});
+        });
+  } else if (storage_.kind == WeightStorage::Int8)
     y = bias.defined() ? quant::scaled_matmul(x, scaled()) + for_input(bias, x) : quant::scaled_matmul(x, scaled());
-  else if (keepable)
+  else if (!is_quantized(storage_.kind))
     y = kept_linear(this, x, for_input(weight, x), for_input(bias, x), weight_flops);
   else
-    // The frozen weight dequantized without a graph (AI Toolkit's uintN; torchao's float8 fallback).
-    y = gclab::nn::linear(x, for_input(effective_weight(storage_.dequant_dtype), x), for_input(bias, x));
+    // The frozen weight dequantized without a graph (AI Toolkit's uintN; torchao's float8 fallback); under
+    // selective:ops dequantized again in the recompute, for the replay's backward.
+    y = kept_linear(this, x, for_input(effective_weight(storage_.dequant_dtype), x), for_input(bias, x), weight_flops);
   if (recovery_.A.defined() && !offload_.on) {
     // AI Toolkit's LoRAModule.forward for the adapter: org_forward(x) + up(down(x)) * multiplier * scale.
     const torch::Tensor h = gclab::nn::linear(x, for_input(recovery_.A, x));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "gclab/ckpt/saved_ops.h"
 
@@ -398,29 +399,38 @@ class ReplayedLinear : public torch::autograd::Function<ReplayedLinear> {
 
 }  // namespace
 
-torch::Tensor kept_linear(const void* site, const torch::Tensor& x, const torch::Tensor& weight,
-                          const torch::Tensor& bias, double flops) {
-  if (ckpt::SavedOps* replay = ckpt::SavedOps::replaying()) {
-    std::vector<torch::Tensor> kept = replay->take(site);
+torch::Tensor kept_op(const void* site, at::IntArrayRef shape, double flops, const std::function<torch::Tensor()>& run,
+                      const std::function<torch::Tensor(const torch::Tensor&)>& replay) {
+  if (ckpt::SavedOps* replaying = ckpt::SavedOps::replaying()) {
+    std::vector<torch::Tensor> kept = replaying->take(site);
     if (!kept.empty()) {
-      std::vector<int64_t> expected = x.sizes().vec();
-      expected.back() = weight.size(0);
-      TORCH_CHECK(kept[0].sizes() == c10::IntArrayRef(expected), "selective:ops: the recompute's matmul is ",
-                  c10::IntArrayRef(expected), " where the forward kept ", kept[0].sizes(),
+      TORCH_CHECK(kept[0].sizes() == shape, "selective:ops: the recompute's matmul is ", shape,
+                  " where the forward kept ", kept[0].sizes(),
                   " (the block calls this Linear in another order when it runs again: use full)");
-      // Under autocast the kept output is in autocast's dtype: the operands are cast as autocast casts them.
-      const auto cast = [&](const torch::Tensor& t) { return t.defined() ? t.to(kept[0].scalar_type()) : t; };
-      const torch::Tensor b = bias.defined() ? cast(bias) : torch::empty({0}, kept[0].options());
-      return ReplayedLinear::apply(cast(x), cast(weight), b, kept[0]);
+      return replay(kept[0]);
     }
   }
   ckpt::SavedOps* record = ckpt::SavedOps::recording();
   std::optional<memory::NotRecomputed> once;  // kept: the backward does not run it again (its FLOPs, its bytes)
   if (record) once.emplace();
   if (memory::counting_flops()) memory::add_flops(flops);
-  torch::Tensor y = linear(x, weight, bias);
+  torch::Tensor y = run();
   if (record) record->record(site, {y});
   return y;
+}
+
+torch::Tensor kept_linear(const void* site, const torch::Tensor& x, const torch::Tensor& weight,
+                          const torch::Tensor& bias, double flops) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = weight.size(0);
+  return kept_op(
+      site, shape, flops, [&] { return linear(x, weight, bias); },
+      [&](const torch::Tensor& kept) {
+        // Under autocast the kept output is in autocast's dtype: the operands are cast as autocast casts them.
+        const auto cast = [&](const torch::Tensor& t) { return t.defined() ? t.to(kept.scalar_type()) : t; };
+        const torch::Tensor b = bias.defined() ? cast(bias) : torch::empty({0}, kept.options());
+        return ReplayedLinear::apply(cast(x), cast(weight), b, kept);
+      });
 }
 
 torch::Tensor convolution(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,

@@ -130,12 +130,13 @@ struct Found {
 };
 
 // A plan that fits, made cheaper where the walk leaves room: the blocks' bytes may claim less than a plan
-// saves (or a phase no policy changes binds), so smaller needs are tried, halving the range between none
-// and the need that fitted; at most 3 more walks.
+// saves (or a phase no policy changes binds), so smaller needs are tried, halving the range between the
+// largest need whose plan was walked and did not fit (`failed`; none: 0) and the need that fitted; at most 3
+// more walks.
 template <class Walk>
-Found cheaper_that_fits(const std::vector<std::vector<Option>>& options, Found fit, int64_t need, int64_t limit,
-                        Walk&& walk) {
-  int64_t lo = 0, hi = need;  // needs whose plans do not fit / fit
+Found cheaper_that_fits(const std::vector<std::vector<Option>>& options, Found fit, int64_t failed, int64_t need,
+                        int64_t limit, Walk&& walk) {
+  int64_t lo = failed, hi = need;  // needs whose plans do not fit / fit
   for (int round = 0; round < 3 && hi - lo > 1; ++round) {
     const int64_t mid = lo + (hi - lo) / 2;
     const std::optional<std::vector<size_t>> pick = cheapest_saving(options, mid);
@@ -158,7 +159,7 @@ Found cheaper_that_fits(const std::vector<std::vector<Option>>& options, Found f
 // memory walked.
 template <class Walk>
 Found search(const std::vector<std::vector<Option>>& options, int64_t off_peak, int64_t limit, Walk&& walk) {
-  int64_t need = off_peak - limit;
+  int64_t need = off_peak - limit, failed = 0;
   std::optional<Found> least;
   bool most_walked = false;
   for (int round = 0; round < 8 && !most_walked; ++round) {
@@ -166,7 +167,9 @@ Found search(const std::vector<std::vector<Option>>& options, int64_t off_peak, 
     most_walked = !pick;
     if (most_walked) pick = most_saving(options);
     const Found here{*pick, walk(*pick), false};
-    if (here.peak.first <= limit) return cheaper_that_fits(options, {here.pick, here.peak, true}, need, limit, walk);
+    if (here.peak.first <= limit)
+      return cheaper_that_fits(options, {here.pick, here.peak, true}, failed, need, limit, walk);
+    failed = need;
     if (!least || here.peak.first < least->peak.first) least = here;
     // The blocks' bytes claimed this much; the walk found less (a selective block's recompute can even
     // raise the backward's peak). Ask for more than this plan claims — the overshoot more, and where the walk

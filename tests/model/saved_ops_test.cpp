@@ -78,6 +78,24 @@ TEST(SavedOps, ALinearReplayedGivesAtLinearsGradientsAndRunsNoMatmulAgain) {
       }
 }
 
+// A quantized frozen weight (LoRA on a quantized base, AI Toolkit's 24 GB recipes): the qfloat8 Linear's
+// output replayed through its own autograd function's backward, a uint4 / float8 one's through at::linear's
+// with the weight dequantized again in the recompute.
+TEST(SavedOps, AQuantizedLinearReplayedGivesItsGradients) {
+  for (const WeightStorage storage : {WeightStorage::QFloat8, WeightStorage::UInt4, WeightStorage::Float8}) {
+    torch::manual_seed(5);
+    Linear linear(LinearOptions(32, 48));
+    linear->set_weight_storage(storage);
+    torch::Tensor x = torch::randn({3, 4, 32}).requires_grad_(true);
+    const ckpt::BlockFn fn = [&](const std::vector<torch::Tensor>& in) {
+      return std::vector<torch::Tensor>{torch::gelu(linear(torch::layer_norm(in[0], {32})))};
+    };
+    const Grads plain = run(fn, {x}, {x}, "plain"), ops = run(fn, {x}, {x}, "ops");
+    expect_equal(plain, ops, "storage " + std::to_string(static_cast<int>(storage)));
+    EXPECT_EQ(ops.backward_flops, 0);
+  }
+}
+
 TEST(SavedOps, AttentionReplayedOnTheCpuGivesTheKernelsGradients) {
   for (const bool masked : {false, true}) {
     torch::manual_seed(1);

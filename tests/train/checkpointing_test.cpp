@@ -14,6 +14,7 @@
 #include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
 #include "gclab/model/lora.h"
+#include "gclab/nn/layers.h"
 
 namespace gclab::train {
 namespace {
@@ -120,13 +121,22 @@ TEST(ModelCheckpointing, TheBlocksProbedOnTheCpuAreTheWalksAndABudgetTakesTheFew
 // the element-wise ops between them, which write less than full's recompute). What it keeps is measured on the
 // CPU and walked on the meta device to the byte.
 TEST(ModelCheckpointing, SelectiveOpsKeepsTheMatmulsAndAttentionAndRunsNoneOfThemAgain) {
-  for (const std::string preset : {"tiny-flux", "tiny-qwen-image", "tiny-wan21", "tiny-sd3"}) {
-    SCOPED_TRACE(preset);
+  // The base's Linears in qfloat8 under the LoRA (AI Toolkit's quantize: true): their outputs kept too.
+  const auto quantize = [](model::DiffusionTransformer& model) {
+    for (auto& module : model.modules())
+      if (auto* linear = dynamic_cast<nn::LinearImpl*>(module.get()))
+        linear->set_weight_storage(nn::WeightStorage::QFloat8);
+  };
+  for (const std::string name : {"tiny-flux", "tiny-qwen-image", "tiny-wan21", "tiny-sd3", "tiny-flux qfloat8"}) {
+    SCOPED_TRACE(name);
+    const std::string preset = name.substr(0, name.find(' '));
+    const bool quantized = name != preset;
     torch::manual_seed(0);
     const model::ModelSpec spec = model::spec_by_preset(preset);
     memory::CpuMemoryTracker tracker;
     memory::MemoryMeter meter(torch::kCPU);
     auto m = model::build_transformer(spec);
+    if (quantized) quantize(*m);
     model::apply_lora(*m, {4, 4.0, 0.0});
     ModelCheckpointing ckpt(*m);
     const model::ModelInputs in = m->example_inputs({2, 1, 64, 64});
@@ -137,6 +147,7 @@ TEST(ModelCheckpointing, SelectiveOpsKeepsTheMatmulsAndAttentionAndRunsNoneOfThe
 
     const auto meta = torch::TensorOptions().device(torch::kMeta);
     auto walked_model = model::build_transformer(spec, meta);
+    if (quantized) quantize(*walked_model);
     model::apply_lora(*walked_model, {4, 4.0, 0.0});
     ModelCheckpointing walked_ckpt(*walked_model);
     memory::MetaCount count;

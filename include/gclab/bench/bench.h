@@ -22,8 +22,8 @@ struct BenchOptions {
   std::vector<int> resolutions;                  // empty: the datasets' resolutions
   int steps = 3;                                 // timed steps per cell (after one warm-up step)
   // Caps auto is timed under, each a row of its own: "25%" is a quarter of the way from full's highest
-  // predicted phase to GC off's at the cell, else a size ("20GiB"). Given, every variant is timed twice, in
-  // the order given and reversed (each pass after its own warm-up step).
+  // predicted phase to GC off's at the cell, else a size ("20GiB"). Given, the variants take turns: `steps`
+  // rounds of one warm-up and one timed step each, the order reversed every other round.
   std::vector<std::string> caps;
   // The bf16 rate MFU is held against, FLOP/s: what a matmul measured on this machine (scripts/gpu/check.sh
   // measures it in the same call); 0: the GPU's data-sheet peak (peak_bf16_flops).

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 
 namespace gclab::nn {
@@ -52,6 +53,10 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 // recomputed where it is kept. Attention (above) is kept and replayed the same way.
 torch::Tensor kept_linear(const void* site, const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, double flops);
+// The same for any matmul-like op at `site` whose output is `shape`: `run` computes it (its `flops` counted
+// where it runs), `replay` hands a kept output back with the op's own backward (a qfloat8 Linear's, nn/layers.cpp).
+torch::Tensor kept_op(const void* site, at::IntArrayRef shape, double flops, const std::function<torch::Tensor()>& run,
+                      const std::function<torch::Tensor(const torch::Tensor&)>& replay);
 
 // A convolution (2-D or 3-D, by the weight's axes; one group, no dilation) on any device: on meta its output,
 // contiguous, with the temporaries the kernel the walk's device picks holds beside it for a moment — on the
