@@ -92,11 +92,12 @@ def bench_run(a, log):
     parts = []
     for r in rows:
         if r["oom"] == "1":
-            parts.append(f"{r['resolution']} {r['policy']}: OOM ({r['oom_phase']})")
+            parts.append(f"{r['resolution']} {r['policy']} {r.get('cap', '')}: OOM ({r['oom_phase']})")
             continue
         mfu = float(r.get("mfu") or 0)
+        name = r["policy"] + (f" under {r['cap']} ({r['applied']})" if r.get("cap") else "")
         parts.append(
-            f"{r['resolution']} {r['policy']}: {float(r['step_ms']):.0f} ms, {gib(int(r['peak_bytes']))} allocated / "
+            f"{r['resolution']} {name}: {float(r['step_ms']):.0f} ms, {gib(int(r['peak_bytes']))} allocated / "
             f"{gib(int(r['reserved_peak_bytes']))} reserved" + (f", MFU {100 * mfu:.1f}%" if mfu else "")
         )
     return "; ".join(parts)

@@ -21,10 +21,40 @@
 #include "gclab/log/log.h"
 #include "gclab/memory/phase.h"
 #include "gclab/model/activations.h"
+#include "gclab/train/knapsack.h"
 #include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 
 namespace gclab::train {
+
+std::optional<std::vector<size_t>> cheapest_saving(const std::vector<std::vector<SavingCost>>& options, int64_t need) {
+  if (need <= 0) return std::vector<size_t>(options.size(), 0);
+  const int64_t unit = std::max<int64_t>(1, need / 4096);
+  const size_t target = static_cast<size_t>((need + unit - 1) / unit);
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> best(target + 1, inf);
+  best[0] = 0;
+  // back[i][t]: the option position i took to reach t units, and the units before it.
+  std::vector<std::vector<std::pair<size_t, size_t>>> back(options.size(),
+                                                           std::vector<std::pair<size_t, size_t>>(target + 1));
+  for (size_t i = 0; i < options.size(); ++i) {
+    std::vector<double> next(target + 1, inf);
+    for (size_t t = 0; t <= target; ++t) {
+      if (best[t] == inf) continue;
+      for (size_t o = 0; o < options[i].size(); ++o) {
+        const SavingCost& op = options[i][o];
+        const size_t units = static_cast<size_t>(std::max<int64_t>(op.saving, 0) / unit);  // floored: never more
+        const size_t reach = std::min(target, t + std::min(units, target));
+        if (best[t] + op.cost < next[reach]) next[reach] = best[t] + op.cost, back[i][reach] = {o, t};
+      }
+    }
+    best.swap(next);
+  }
+  if (best[target] == inf) return std::nullopt;
+  std::vector<size_t> chosen(options.size());
+  for (size_t i = options.size(), t = target; i-- > 0;) chosen[i] = back[i][t].first, t = back[i][t].second;
+  return chosen;
+}
 
 namespace {
 
@@ -41,35 +71,12 @@ struct Option {
   double cost = 0;     // flops, the recompute's writes and offload's transfer
 };
 
-// One option per position whose savings total at least `need` for the least cost (None, each position's
-// first option, when nothing is needed); nullopt when even the largest savings fall short.
+// The knapsack (train/knapsack.h) on the options' savings and costs.
 std::optional<std::vector<size_t>> cheapest_saving(const std::vector<std::vector<Option>>& options, int64_t need) {
-  if (need <= 0) return std::vector<size_t>(options.size(), 0);
-  const int64_t unit = std::max<int64_t>(1, need / 4096);
-  const size_t target = static_cast<size_t>((need + unit - 1) / unit);
-  constexpr double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> best(target + 1, inf);
-  best[0] = 0;
-  // back[i][t]: the option position i took to reach t units, and the units before it.
-  std::vector<std::vector<std::pair<size_t, size_t>>> back(options.size(),
-                                                           std::vector<std::pair<size_t, size_t>>(target + 1));
-  for (size_t i = 0; i < options.size(); ++i) {
-    std::vector<double> next(target + 1, inf);
-    for (size_t t = 0; t <= target; ++t) {
-      if (best[t] == inf) continue;
-      for (size_t o = 0; o < options[i].size(); ++o) {
-        const Option& op = options[i][o];
-        const size_t units = static_cast<size_t>(std::max<int64_t>(op.saving, 0) / unit);  // floored: never more
-        const size_t reach = std::min(target, t + std::min(units, target));
-        if (best[t] + op.cost < next[reach]) next[reach] = best[t] + op.cost, back[i][reach] = {o, t};
-      }
-    }
-    best.swap(next);
-  }
-  if (best[target] == inf) return std::nullopt;
-  std::vector<size_t> chosen(options.size());
-  for (size_t i = options.size(), t = target; i-- > 0;) chosen[i] = back[i][t].first, t = back[i][t].second;
-  return chosen;
+  std::vector<std::vector<SavingCost>> plain(options.size());
+  for (size_t i = 0; i < options.size(); ++i)
+    for (const Option& o : options[i]) plain[i].push_back({o.saving, o.cost});
+  return cheapest_saving(plain, need);
 }
 
 // Each position's largest saving (the least cost among equals).

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "../support/step_peak.h"
@@ -19,6 +20,7 @@
 #include "gclab/memory/flops.h"
 #include "gclab/nn/layers.h"
 #include "gclab/nn/meta_kernels.h"
+#include "gclab/train/knapsack.h"
 #include "gclab/train/predict.h"
 #include "gclab/train/session.h"
 #include "gclab/train/trainer.h"
@@ -27,6 +29,48 @@ namespace gclab::train {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The knapsack auto chooses with against every combination (5 positions of 1 to 4 options, 300 random
+// cases): the least cost whose savings, floored to the knapsack's units of need / 4096, reach the need — and
+// the savings chosen really total the need.
+TEST(Knapsack, TheCheapestSavingIsEveryCombinationsCheapest) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<std::vector<SavingCost>> options(5);
+    int64_t most = 0;
+    for (auto& position : options) {
+      position.push_back({0, 0});  // none: saves nothing, costs nothing
+      int64_t largest = 0;
+      for (int o = 1 + static_cast<int>(rng() % 4); o > 1; --o) {
+        position.push_back({static_cast<int64_t>(rng() % 1000000), static_cast<double>(rng() % 1000)});
+        largest = std::max(largest, position.back().saving);
+      }
+      most += largest;
+    }
+    const int64_t need = static_cast<int64_t>(rng() % static_cast<uint64_t>(most + most / 4 + 1));
+    const int64_t unit = std::max<int64_t>(1, need / 4096), target = (need + unit - 1) / unit;
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<size_t> pick(5, 0);
+    for (;;) {  // every combination
+      int64_t units = 0;
+      double cost = 0;
+      for (size_t i = 0; i < 5; ++i) units += options[i][pick[i]].saving / unit, cost += options[i][pick[i]].cost;
+      if (units >= target) best = std::min(best, cost);
+      size_t i = 0;
+      while (i < 5 && ++pick[i] == options[i].size()) pick[i++] = 0;
+      if (i == 5) break;
+    }
+    const std::optional<std::vector<size_t>> chosen = cheapest_saving(options, need);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", need " + std::to_string(need));
+    ASSERT_EQ(chosen.has_value(), best < std::numeric_limits<double>::infinity());
+    if (!chosen) continue;
+    double cost = 0;
+    int64_t saving = 0;
+    for (size_t i = 0; i < 5; ++i) cost += options[i][(*chosen)[i]].cost, saving += options[i][(*chosen)[i]].saving;
+    EXPECT_DOUBLE_EQ(cost, best);
+    EXPECT_GE(saving, need);
+  }
+}
 
 // A Linear's 2·rows·in·out (its LoRA's rank too), attention's 4·B·H·Sq·Skv·D; what a checkpoint's forward ran
 // counted as recomputed.
