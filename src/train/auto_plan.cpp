@@ -119,7 +119,10 @@ std::vector<std::vector<Option>> options_of(const model::BlockModeCosts& costs, 
         o.bytes = std::max(o.bytes, own->second.recomputed_bytes);
       }
       if (!walked) continue;
-      o.saving = none - kept;
+      // The last block's backward runs first, right after the forward: what its mode frees it makes again at
+      // once, beside everything the earlier blocks keep — at the backward's start, the step's peak, it saves
+      // nothing (tiny-qwen-image's two blocks: modes:[ops,full] walked 64.2 MB, modes:[full,none] 50.3).
+      o.saving = j + 1 == per ? 0 : none - kept;
       o.cost = model::recompute_cost({0, o.flops, o.bytes}, cuda) +
                (mode == ckpt::BlockMode::Offload ? 2.0 * kOffloadFlopsPerByte * inputs : 0);
       (mode == ckpt::BlockMode::None ? out[j].insert(out[j].begin(), o) : out[j].insert(out[j].end(), o));

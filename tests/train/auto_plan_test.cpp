@@ -8,8 +8,8 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "../support/step_peak.h"
 #include "../support/test_util.h"
