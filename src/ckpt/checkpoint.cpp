@@ -195,9 +195,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       torch::AutoGradMode grad_on(true);
       // selective:ops: the recorded calls hand back what they kept (a copy of the record: a retained graph's
       // second backward replays it again).
-      SavedOps replay = state->ops;
+      SavedOps replay;
       std::optional<SavedOpsScope> replaying;
       if (state->options.save_ops) {
+        replay = state->ops;
         replay.start_replaying(
             std::vector<torch::Tensor>(saved.begin() + static_cast<std::ptrdiff_t>(state->num_inputs), saved.end()));
         replaying.emplace(&replay, /*replay=*/true);

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 
 #include "gclab/ckpt/saved_ops.h"
 
@@ -398,26 +397,6 @@ class ReplayedLinear : public torch::autograd::Function<ReplayedLinear> {
 };
 
 }  // namespace
-
-torch::Tensor kept_op(const void* site, at::IntArrayRef shape, double flops, const std::function<torch::Tensor()>& run,
-                      const std::function<torch::Tensor(const torch::Tensor&)>& replay) {
-  if (ckpt::SavedOps* replaying = ckpt::SavedOps::replaying()) {
-    std::vector<torch::Tensor> kept = replaying->take(site);
-    if (!kept.empty()) {
-      TORCH_CHECK(kept[0].sizes() == shape, "selective:ops: the recompute's matmul is ", shape,
-                  " where the forward kept ", kept[0].sizes(),
-                  " (the block calls this Linear in another order when it runs again: use full)");
-      return replay(kept[0]);
-    }
-  }
-  ckpt::SavedOps* record = ckpt::SavedOps::recording();
-  std::optional<memory::NotRecomputed> once;  // kept: the backward does not run it again (its FLOPs, its bytes)
-  if (record) once.emplace();
-  if (memory::counting_flops()) memory::add_flops(flops);
-  torch::Tensor y = run();
-  if (record) record->record(site, {y});
-  return y;
-}
 
 torch::Tensor kept_linear(const void* site, const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, double flops) {

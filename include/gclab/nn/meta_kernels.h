@@ -6,7 +6,9 @@
 
 #include <torch/torch.h>
 
-#include <functional>
+#include "gclab/ckpt/saved_ops.h"
+#include "gclab/memory/flops.h"
+
 #include <optional>
 
 namespace gclab::nn {
@@ -53,10 +55,28 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 // recomputed where it is kept. Attention (above) is kept and replayed the same way.
 torch::Tensor kept_linear(const void* site, const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, double flops);
-// The same for any matmul-like op at `site` whose output is `shape`: `run` computes it (its `flops` counted
-// where it runs), `replay` hands a kept output back with the op's own backward (a qfloat8 Linear's, nn/layers.cpp).
-torch::Tensor kept_op(const void* site, at::IntArrayRef shape, double flops, const std::function<torch::Tensor()>& run,
-                      const std::function<torch::Tensor(const torch::Tensor&)>& replay);
+// The same for any matmul-like op at `site` whose output is `shape`: `run()` computes it (its `flops` counted
+// where it runs), `replay(kept)` hands a kept output back with the op's own backward (a qfloat8 Linear's,
+// nn/layers.cpp). A template: on every training step's Linear, no callable is built.
+template <class Run, class Replay>
+torch::Tensor kept_op(const void* site, at::IntArrayRef shape, double flops, Run&& run, Replay&& replay) {
+  if (ckpt::SavedOps* replaying = ckpt::SavedOps::replaying()) {
+    std::vector<torch::Tensor> kept = replaying->take(site);
+    if (!kept.empty()) {
+      TORCH_CHECK(kept[0].sizes() == shape, "selective:ops: the recompute's matmul is ", shape,
+                  " where the forward kept ", kept[0].sizes(),
+                  " (the block calls this Linear in another order when it runs again: use full)");
+      return replay(kept[0]);
+    }
+  }
+  ckpt::SavedOps* record = ckpt::SavedOps::recording();
+  std::optional<memory::NotRecomputed> once;  // kept: the backward does not run it again (its FLOPs, its bytes)
+  if (record) once.emplace();
+  if (memory::counting_flops()) memory::add_flops(flops);
+  torch::Tensor y = run();
+  if (record) record->record(site, {y});
+  return y;
+}
 
 // A convolution (2-D or 3-D, by the weight's axes; one group, no dilation) on any device: on meta its output,
 // contiguous, with the temporaries the kernel the walk's device picks holds beside it for a moment — on the
