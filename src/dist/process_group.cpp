@@ -67,12 +67,29 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const World& world, std::chrono
 }
 
 void ProcessGroup::average(std::vector<at::Tensor>& tensors) {
-  // One collective per tensor: c10d's allreduce of a list sums the list too (one tensor per device of a
-  // process). Bucketing them into flat buffers, overlapped with the backward, is issue 51's next step.
-  for (auto& t : tensors) {
-    std::vector<at::Tensor> one = {t};
-    impl_->gloo->allreduce(one)->wait();
-    t.div_(world_.size);
+  // In buckets of one dtype and device, each flattened into one buffer and reduced by one collective (c10d's
+  // allreduce of a list would sum the list too: one tensor per device of a process), as DDP's reducer
+  // buckets its gradients (25 MiB each by default). Overlapping them with the backward is issue 51's next step.
+  constexpr int64_t kBucketBytes = 25 << 20;
+  size_t i = 0;
+  while (i < tensors.size()) {
+    size_t j = i;
+    int64_t bytes = 0;
+    while (j < tensors.size() && tensors[j].scalar_type() == tensors[i].scalar_type() &&
+           tensors[j].device() == tensors[i].device() && (j == i || bytes + tensors[j].nbytes() <= kBucketBytes))
+      bytes += static_cast<int64_t>(tensors[j++].nbytes());
+    std::vector<at::Tensor> flat_parts;
+    for (size_t k = i; k < j; ++k) flat_parts.push_back(tensors[k].reshape({-1}));
+    std::vector<at::Tensor> bucket = {at::cat(flat_parts)};
+    impl_->gloo->allreduce(bucket)->wait();
+    bucket[0].div_(world_.size);
+    int64_t offset = 0;
+    for (size_t k = i; k < j; ++k) {
+      const int64_t n = tensors[k].numel();
+      tensors[k].copy_(bucket[0].narrow(0, offset, n).view_as(tensors[k]));
+      offset += n;
+    }
+    i = j;
   }
 }
 

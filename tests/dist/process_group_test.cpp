@@ -50,6 +50,26 @@ TEST(ProcessGroup, TwoRanksAverageTheirTensors) {
   group->average(t);
   EXPECT_TRUE(torch::allclose(t[0], torch::full({3}, 1.5f)));
   EXPECT_TRUE(torch::allclose(t[1], torch::full({2, 2}, 15.0f)));
+
+  // Data parallelism's arithmetic: each rank's gradient of the mean loss over its half of a batch of 4,
+  // averaged, is the gradient one process takes over the whole batch (to float32 rounding).
+  torch::manual_seed(3);
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::GELU(), torch::nn::Linear(16, 4));
+  const torch::Tensor x = torch::randn({4, 8}), y = torch::randn({4, 4});
+  auto grads_of = [&](const torch::Tensor& xs, const torch::Tensor& ys) {
+    net->zero_grad();
+    torch::mse_loss(net->forward(xs), ys).backward();
+    std::vector<at::Tensor> g;
+    for (const auto& p : net->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const std::vector<at::Tensor> whole = grads_of(x, y);
+  std::vector<at::Tensor> mine = grads_of(x.narrow(0, 2 * w->rank, 2), y.narrow(0, 2 * w->rank, 2));
+  group->average(mine);
+  ASSERT_EQ(mine.size(), whole.size());
+  for (size_t i = 0; i < mine.size(); ++i)
+    EXPECT_TRUE(torch::allclose(mine[i], whole[i], 1e-5, 1e-7))
+        << "parameter " << i << ": max |diff| " << (mine[i] - whole[i]).abs().max().item<double>();
   group->barrier();
 }
 
