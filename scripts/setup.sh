@@ -10,6 +10,7 @@ PYTHON="${GCLAB_BASE_PYTHON:-python3}"
 APT_PACKAGES=(cmake ninja-build g++ make python3-venv ccache pkg-config
               libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev googletest libcli11-dev libstb-dev
               nlohmann-json3-dev libwebp-dev libsentencepiece-dev libicu-dev clang-format
+              libgloo-dev  # Gloo's headers, which the torch wheel's c10d headers include and do not ship
               libavformat-dev libavcodec-dev libavutil-dev libswscale-dev  # video files (FFmpeg)
               chromium-headless-shell)  # the HTML reports' browser test (ctest report.browser)
 

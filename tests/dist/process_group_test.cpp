@@ -1,0 +1,77 @@
+// The process group over c10d: two processes on loopback (this binary run twice, RANK 0 and 1, by
+// tests/dist/two_ranks.cmake) average their tensors; a rank alone fails with a clear error within its timeout.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+
+#include "gclab/dist/process_group.h"
+
+namespace gclab::dist {
+namespace {
+
+TEST(World, FromTorchrunsEnvironment) {
+  setenv("WORLD_SIZE", "4", 1), setenv("RANK", "3", 1), setenv("LOCAL_RANK", "1", 1);
+  setenv("MASTER_ADDR", "10.0.0.2", 1), setenv("MASTER_PORT", "29601", 1);
+  const auto w = world_from_environment();
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->size, 4);
+  EXPECT_EQ(w->rank, 3);
+  EXPECT_EQ(w->local_rank, 1);
+  EXPECT_EQ(w->master_addr, "10.0.0.2");
+  EXPECT_EQ(w->master_port, 29601);
+  setenv("RANK", "4", 1);
+  EXPECT_THROW(world_from_environment(), std::invalid_argument);
+  setenv("RANK", "x", 1);
+  EXPECT_THROW(world_from_environment(), std::invalid_argument);
+  setenv("WORLD_SIZE", "1", 1);
+  EXPECT_FALSE(world_from_environment());
+}
+
+TEST(ProcessGroup, ALoneRankFailsWithinItsTimeout) {
+  World w;
+  w.size = 2, w.rank = 0, w.master_port = 29000 + static_cast<int>(getpid() % 1000);
+  try {
+    ProcessGroup::join(w, std::chrono::seconds(3));
+    ADD_FAILURE() << "joined a group whose other rank never came";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("could not join the process group"), std::string::npos) << e.what();
+  }
+}
+
+// Run by tests/dist/two_ranks.cmake with RANK / WORLD_SIZE / MASTER_PORT set; skipped otherwise.
+TEST(ProcessGroup, TwoRanksAverageTheirTensors) {
+  if (!std::getenv("GCLAB_DIST_TWO_RANKS")) GTEST_SKIP() << "run by tests/dist/two_ranks.cmake";
+  const auto w = world_from_environment();
+  ASSERT_TRUE(w);
+  const auto group = ProcessGroup::join(*w, std::chrono::seconds(60));
+  std::vector<at::Tensor> t = {torch::full({3}, static_cast<float>(w->rank + 1)),
+                               torch::full({2, 2}, static_cast<float>(10 * (w->rank + 1)))};
+  group->average(t);
+  EXPECT_TRUE(torch::allclose(t[0], torch::full({3}, 1.5f)));
+  EXPECT_TRUE(torch::allclose(t[1], torch::full({2, 2}, 15.0f)));
+
+  // Data parallelism's arithmetic: each rank's gradient of the mean loss over its half of a batch of 4,
+  // averaged, is the gradient one process takes over the whole batch (to float32 rounding).
+  torch::manual_seed(3);
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::GELU(), torch::nn::Linear(16, 4));
+  const torch::Tensor x = torch::randn({4, 8}), y = torch::randn({4, 4});
+  auto grads_of = [&](const torch::Tensor& xs, const torch::Tensor& ys) {
+    net->zero_grad();
+    torch::mse_loss(net->forward(xs), ys).backward();
+    std::vector<at::Tensor> g;
+    for (const auto& p : net->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const std::vector<at::Tensor> whole = grads_of(x, y);
+  std::vector<at::Tensor> mine = grads_of(x.narrow(0, 2 * w->rank, 2), y.narrow(0, 2 * w->rank, 2));
+  group->average(mine);
+  ASSERT_EQ(mine.size(), whole.size());
+  for (size_t i = 0; i < mine.size(); ++i)
+    EXPECT_TRUE(torch::allclose(mine[i], whole[i], 1e-5, 1e-7))
+        << "parameter " << i << ": max |diff| " << (mine[i] - whole[i]).abs().max().item<double>();
+  group->barrier();
+}
+
+}  // namespace
+}  // namespace gclab::dist
