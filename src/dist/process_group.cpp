@@ -3,50 +3,54 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <cstdlib>
-#include <stdexcept>
+#include <ATen/ATen.h>
+
+#include "gclab/dist/reducer.h"
+#ifdef GCLAB_WITH_NCCL
+#include "nccl.h"
+#endif
 
 namespace gclab::dist {
 
 namespace {
 
-std::optional<int> integer(const char* name) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return std::nullopt;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (*end != '\0' || value < 0 || value > 1 << 20)
-    throw std::invalid_argument(std::string(name) + "='" + text + "' is not a whole number");
-  return static_cast<int>(value);
-}
+const char* const kReasonKey = "gclab/stopped";
+
+class Collective : public Pending {
+ public:
+  Collective(c10::intrusive_ptr<c10d::Work> work, std::function<RankLost(const std::exception&)> lost)
+      : work_(std::move(work)), lost_(std::move(lost)) {}
+  void wait() override {
+    try {
+      work_->wait();
+    } catch (const std::exception& e) {
+      throw lost_(e);
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<RankLost(const std::exception&)> lost_;
+};
 
 }  // namespace
 
-std::optional<World> world_from_environment() {
-  const std::optional<int> size = integer("WORLD_SIZE");
-  if (!size || *size <= 1) return std::nullopt;
-  World w;
-  w.size = *size;
-  w.rank = integer("RANK").value_or(0);
-  w.local_rank = integer("LOCAL_RANK").value_or(w.rank);
-  if (w.rank >= w.size)
-    throw std::invalid_argument("RANK=" + std::to_string(w.rank) + " is outside WORLD_SIZE=" + std::to_string(w.size));
-  if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) w.master_addr = addr;
-  w.master_port = integer("MASTER_PORT").value_or(w.master_port);
-  return w;
-}
-
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::string backend_name;
 };
 
-ProcessGroup::ProcessGroup(World world) : world_(std::move(world)), impl_(std::make_unique<Impl>()) {}
+ProcessGroup::ProcessGroup(World world, at::Device device)
+    : world_(std::move(world)), device_(device), impl_(std::make_unique<Impl>()) {}
 
 ProcessGroup::~ProcessGroup() = default;
 
-std::unique_ptr<ProcessGroup> ProcessGroup::join(const World& world, std::chrono::milliseconds timeout) {
-  std::unique_ptr<ProcessGroup> group(new ProcessGroup(world));
+std::string ProcessGroup::backend() const { return impl_->backend_name; }
+
+std::unique_ptr<ProcessGroup> ProcessGroup::join(const World& world, const at::Device& device,
+                                                 std::chrono::milliseconds timeout) {
+  std::unique_ptr<ProcessGroup> group(new ProcessGroup(world, device));
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(world.master_port);
   options.isServer = world.rank == 0;
@@ -54,45 +58,92 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const World& world, std::chrono
   options.timeout = timeout;
   try {
     group->impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
-    auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
-    gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(world.master_addr));
-    group->impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(group->impl_->store, world.rank, world.size, gloo);
+    if (device.is_cuda()) {
+#ifdef GCLAB_WITH_NCCL
+      group->impl_->backend = make_nccl(group->impl_->store, world.rank, world.size, timeout);
+      group->impl_->backend_name = "nccl";
+#else
+      throw std::runtime_error("this gclab was built without NCCL (no CUDA toolkit at configure time)");
+#endif
+    } else {
+      auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
+      gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(world.master_addr));
+      group->impl_->backend =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(group->impl_->store, world.rank, world.size, gloo);
+      group->impl_->backend_name = "gloo";
+    }
   } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(world.rank) + " of " + std::to_string(world.size) +
-                             " could not join the process group at " + world.master_addr + ":" +
+    throw std::runtime_error(world.name() + " could not join the process group at " + world.master_addr + ":" +
                              std::to_string(world.master_port) +
                              " (a rank that never started, or a port in use): " + e.what());
   }
   return group;
 }
 
-void ProcessGroup::average(std::vector<at::Tensor>& tensors) {
-  // In buckets of one dtype and device, each flattened into one buffer and reduced by one collective (c10d's
-  // allreduce of a list would sum the list too: one tensor per device of a process), as DDP's reducer
-  // buckets its gradients (25 MiB each by default). Overlapping them with the backward is issue 51's next step.
-  constexpr int64_t kBucketBytes = 25 << 20;
-  size_t i = 0;
-  while (i < tensors.size()) {
-    size_t j = i;
-    int64_t bytes = 0;
-    while (j < tensors.size() && tensors[j].scalar_type() == tensors[i].scalar_type() &&
-           tensors[j].device() == tensors[i].device() && (j == i || bytes + tensors[j].nbytes() <= kBucketBytes))
-      bytes += static_cast<int64_t>(tensors[j++].nbytes());
-    std::vector<at::Tensor> flat_parts;
-    for (size_t k = i; k < j; ++k) flat_parts.push_back(tensors[k].reshape({-1}));
-    std::vector<at::Tensor> bucket = {at::cat(flat_parts)};
-    impl_->gloo->allreduce(bucket)->wait();
-    bucket[0].div_(world_.size);
-    int64_t offset = 0;
-    for (size_t k = i; k < j; ++k) {
-      const int64_t n = tensors[k].numel();
-      tensors[k].copy_(bucket[0].narrow(0, offset, n).view_as(tensors[k]));
-      offset += n;
-    }
-    i = j;
+RankLost ProcessGroup::lost(const std::string& what, const std::exception& e) {
+  const std::string reason = reason_of_lost_rank();
+  return RankLost(world_.name() + ": " + what + " failed: another rank is gone or did not answer within the " +
+                  "timeout (" + e.what() + ")" + (reason.empty() ? "" : "; it said: " + reason));
+}
+
+std::unique_ptr<Pending> ProcessGroup::sum_async(at::Tensor& flat, const std::string& what) {
+  std::vector<at::Tensor> one = {flat};
+  try {
+    return std::make_unique<Collective>(impl_->backend->allreduce(one),
+                                        [this, what](const std::exception& e) { return lost(what, e); });
+  } catch (const std::exception& e) {
+    throw lost(what, e);
   }
 }
 
-void ProcessGroup::barrier() { impl_->gloo->barrier()->wait(); }
+void ProcessGroup::average(std::vector<at::Tensor>& tensors) {
+  for (const auto& members : plan_buckets(tensors, GradientReducer::kBucketBytes)) {
+    std::vector<at::Tensor> parts;
+    for (size_t k : members) parts.push_back(tensors[k].reshape({-1}));
+    at::Tensor flat = at::cat(parts);
+    sum_async(flat, "averaging tensors")->wait();
+    flat.div_(world_.size);
+    int64_t offset = 0;
+    for (size_t k : members) {
+      const int64_t n = tensors[k].numel();
+      tensors[k].copy_(flat.narrow(0, offset, n).view_as(tensors[k]));
+      offset += n;
+    }
+  }
+}
+
+std::vector<double> ProcessGroup::sum(const std::vector<double>& values, const std::string& what) {
+  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device_);
+  sum_async(t, what)->wait();
+  t = t.cpu();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+void ProcessGroup::barrier(const std::string& what) {
+  try {
+    impl_->backend->barrier()->wait();
+  } catch (const std::exception& e) {
+    throw lost(what, e);
+  }
+}
+
+void ProcessGroup::tell_others(const std::string& reason) {
+  try {
+    const std::string text = world_.name() + ": " + reason;
+    impl_->store->set(kReasonKey, std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+    // The store went with rank 0: nobody is left to tell.
+  }
+}
+
+std::string ProcessGroup::reason_of_lost_rank() {
+  try {
+    if (!impl_->store->check({kReasonKey})) return "";
+    const std::vector<uint8_t> text = impl_->store->get(kReasonKey);
+    return std::string(text.begin(), text.end());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
 
 }  // namespace gclab::dist

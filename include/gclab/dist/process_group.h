@@ -1,45 +1,67 @@
 // Data parallelism's transport: PyTorch's c10d, as torchrun sets it up — a TCPStore at MASTER_ADDR:MASTER_PORT
-// (rank 0 its server) and a process group over it: Gloo on the CPU (NCCL on CUDA: issue 51). gclab grows no
-// transport of its own. Groundwork: the world read from the environment, the group joined, gradients averaged.
+// (rank 0 its server) and a process group over it: NCCL between GPUs, Gloo on the CPU. gclab grows no transport
+// of its own. Every collective waits at most the group's timeout; a rank that is gone (its process ended, its
+// connection closed) or that does not answer in time is a RankLost naming what was being done and, when the
+// lost rank said why before it stopped (tell_others), its reason.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
 #include <memory>
-#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "gclab/dist/world.h"
+
 namespace gclab::dist {
 
-// torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
-struct World {
-  int rank = 0, size = 1, local_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
+class RankLost : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
-// The world the environment describes; nullopt when WORLD_SIZE is unset or 1 (one process). A variable that
-// does not parse, or a rank outside the world, is a std::invalid_argument naming it.
-std::optional<World> world_from_environment();
+// One collective under way (an asynchronous allreduce); wait() rethrows its failure as RankLost.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  virtual void wait() = 0;
+};
 
-// A joined process group. Joining waits up to `timeout` for every rank (a rank that never comes is an error
-// naming the store, not a hang); so does every collective.
 class ProcessGroup {
  public:
-  static std::unique_ptr<ProcessGroup> join(const World& world,
-                                            std::chrono::milliseconds timeout = std::chrono::seconds(300));
+  // Joins the group of `world` for tensors on `device`: NCCL for a CUDA device (built with it), Gloo otherwise.
+  // Joining waits up to `timeout` for every rank (a rank that never comes is an error naming the store, not a
+  // hang); so does every collective.
+  static std::unique_ptr<ProcessGroup> join(const World& world, const at::Device& device = at::kCPU,
+                                            std::chrono::milliseconds timeout = std::chrono::seconds(1800));
   ~ProcessGroup();
   const World& world() const { return world_; }
-  // Each tensor replaced by the mean of the ranks' (a gradient's average), in place.
+  const at::Device& device() const { return device_; }
+  std::string backend() const;
+
+  // Sums a contiguous tensor on device() across the ranks, in place, without waiting.
+  std::unique_ptr<Pending> sum_async(at::Tensor& flat, const std::string& what);
+  // Each tensor replaced by the mean of the ranks' (a gradient's average), in place: in buckets of one dtype
+  // (GradientReducer's), each flattened into one buffer and reduced by one collective.
   void average(std::vector<at::Tensor>& tensors);
-  void barrier();
+  // The ranks' sums of a few numbers (float64): a loss, a flag.
+  std::vector<double> sum(const std::vector<double>& values, const std::string& what);
+  bool any(bool flag, const std::string& what) { return sum({flag ? 1.0 : 0.0}, what)[0] > 0; }
+  void barrier(const std::string& what);
+  // Before this rank stops on an error the others cannot see (out of memory, bad data): its reason, left in the
+  // store for the others' RankLost messages.
+  void tell_others(const std::string& reason);
+  // What a rank that stopped said, if any ("" when none said anything, or the store is gone with rank 0).
+  std::string reason_of_lost_rank();
 
  private:
   struct Impl;
-  explicit ProcessGroup(World world);
+  ProcessGroup(World world, at::Device device);
+  RankLost lost(const std::string& what, const std::exception& e);
   World world_;
+  at::Device device_;
   std::unique_ptr<Impl> impl_;
 };
 

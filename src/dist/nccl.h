@@ -1,0 +1,15 @@
+// The NCCL backend, built only where the CUDA toolkit is (GCLAB_WITH_NCCL): its headers need CUDA's and NCCL's
+// (the nvidia-nccl wheel beside torch).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+
+namespace gclab::dist {
+
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                            std::chrono::milliseconds timeout);
+
+}  // namespace gclab::dist
