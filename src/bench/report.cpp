@@ -380,6 +380,10 @@ Document estimate_report(const MemoryEstimate& e) {
     bytes("host_weights", e.host_weight_bytes);        // model.layer_offloading: in host memory
     bytes("offload_buffers", e.offload_buffer_bytes);  // the rings' weights on the device, one being brought
   }
+  if (e.world_size > 1) {  // per process, one of world_size replicas
+    est["world_size"] = e.world_size;
+    bytes("gradient_buckets", e.gradient_bucket_bytes);
+  }
   bytes("resident", e.resident_bytes);
   bytes("optimizer_step", e.optimizer_step_bytes);  // the optimizer phase's temporaries
   bytes("save", e.save_bytes);                      // the save phase's peak

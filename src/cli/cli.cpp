@@ -27,6 +27,7 @@
 #include "gclab/config/byte_size.h"
 #include "gclab/config/user_error.h"
 #include "gclab/data/synth.h"
+#include "gclab/dist/process_group.h"
 #include "gclab/io/safetensors.h"
 #include "gclab/log/log.h"
 #include "gclab/memory/device.h"
@@ -70,6 +71,9 @@ int run_verb(const std::function<int()>& verb) {
     gclab::log::error(e.what());
     return kExitSaveFailed;
   } catch (const gclab::train::NonFiniteStop& e) {
+    gclab::log::error(e.what());
+    return kExitOther;
+  } catch (const gclab::dist::RankLost& e) {  // another rank stopped: its own error says why
     gclab::log::error(e.what());
     return kExitOther;
   } catch (const std::exception& e) {
@@ -544,7 +548,8 @@ int run_report(const std::string& run_dir) {
   return kExitOk;
 }
 
-int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::string& memory_snapshot) {
+int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::string& memory_snapshot,
+              int dist_timeout_s) {
   const auto config = load(args);
   if (dry_run) {
     gclab::log::info(gclab::train::dry_run(config));
@@ -557,16 +562,19 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::stri
   options.progress_in_place = ::isatty(STDERR_FILENO) == 1;
   options.stop_requested = &g_stop;
   options.memory_snapshot = memory_snapshot;
+  options.dist_timeout = std::chrono::seconds(dist_timeout_s);
   const std::filesystem::path run_dir = std::filesystem::path(config.training_folder) / config.name;
+  const bool writes = gclab::dist::process_world().writes_outputs();  // report.html is rank 0's
   gclab::train::TrainSummary s;
   try {
     s = gclab::train::train(config, options);
   } catch (const gclab::train::OutOfMemoryStop&) {
-    const std::string report = write_report_after_run(run_dir);  // marks the step that ran out and the first fix
+    // Marks the step that ran out and the first fix.
+    const std::string report = writes ? write_report_after_run(run_dir) : "";
     if (!report.empty()) gclab::log::info("report: " + report);
     throw;
   }
-  const std::string report = write_report_after_run(run_dir);
+  const std::string report = writes ? write_report_after_run(run_dir) : "";
   const double wait_share = s.step_s > 0 ? 100.0 * s.data_wait_s / s.step_s : 0.0;
   char line[256];
   std::snprintf(line, sizeof line, "%s steps %lld-%lld in %.1f s (%.2f steps/s; %.1f%% of step time waiting for data)",
@@ -681,6 +689,7 @@ struct Verbs {
   EstimateGrid estimate_grid;
   bool resume = false, from_scratch = false, dry_run = false;
   std::string memory_snapshot;
+  int dist_timeout_s = 1800;
   ConfigArgs advise_args;
   int64_t advise_steps = 0;
   BenchArgs bench_opts, fit_opts;
@@ -845,6 +854,11 @@ int gclab::cli::run(int argc, char** argv) {
   v.train->add_option("--memory-snapshot", v.memory_snapshot,
                       "record the allocator's history and write it to FILE when the run ends (out of memory too), "
                       "as the pickle PyTorch's memory viewer opens (pytorch.org/memory_viz)");
+  v.train
+      ->add_option("--dist-timeout", v.dist_timeout_s,
+                   "data parallelism: seconds a rank waits for the others (a rank previewing or saving alone, one "
+                   "that is gone) before it stops with an error naming them")
+      ->check(CLI::PositiveNumber);
   add_bench_and_fit(app, v);
   v.estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
   add_config_args(v.estimate, v.estimate_args);
@@ -866,6 +880,14 @@ int gclab::cli::run(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitBadInput;
   }
   gclab::log::set_level(log_level);
+  // Data parallelism: torchrun's (or scripts/launch.sh's) environment says which process this is.
+  try {
+    gclab::dist::set_process_world(gclab::dist::world_from_environment().value_or(gclab::dist::World{}));
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "error: " << e.what() << " (torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK)\n";
+    return kExitBadInput;
+  }
+  gclab::log::set_source(gclab::dist::process_world().name());
 
   if (*v.check) return run_verb([&] { return run_check(v.check_args); });
   if (*v.info) return run_verb(run_info);
@@ -874,7 +896,8 @@ int gclab::cli::run(int argc, char** argv) {
       std::cerr << "error: --resume and --from-scratch contradict each other\n";
       return kExitBadInput;
     }
-    return run_verb([&] { return run_train(v.train_args, !v.from_scratch, v.dry_run, v.memory_snapshot); });
+    return run_verb(
+        [&] { return run_train(v.train_args, !v.from_scratch, v.dry_run, v.memory_snapshot, v.dist_timeout_s); });
   }
   if (*v.bench) return run_verb([&] { return run_bench(v.bench_args, v.bench_opts); });
   if (*v.fit) return run_verb([&] { return run_fit(v.fit_args, v.fit_opts, v.fit_max_batch, v.fit_max_frames); });

@@ -110,8 +110,14 @@ BatchLoader::BatchLoader(std::vector<ImageItem> items, std::vector<config::Datas
       }()),
       o_(options),
       next_to_load_(start_index) {
+  if (o_.world_size < 1 || o_.rank < 0 || o_.rank >= o_.world_size)
+    throw std::invalid_argument("rank " + std::to_string(o_.rank) + " is outside a world of " +
+                                std::to_string(o_.world_size));
+  std::vector<config::DatasetConfig> global = datasets_;  // the batches of all ranks together
+  for (auto& ds : global)
+    if (ds.batch_size) *ds.batch_size *= o_.world_size;
   plans_[0] = first_epoch_ =
-      data::plan_epoch(items_, datasets_, o_.batch_size, {o_.divisibility, o_.temporal}, o_.seed);
+      data::plan_epoch(items_, global, o_.batch_size * o_.world_size, {o_.divisibility, o_.temporal}, o_.seed);
   epoch_size_ = static_cast<int64_t>(plans_[0].size());
   if (epoch_size_ == 0) throw DataError("the datasets give no batches");
 }
@@ -133,7 +139,9 @@ int64_t BatchLoader::fill_caches(const Encode& encode) {
   std::map<std::pair<int, int>, std::vector<std::pair<PlannedSample, LatentSlot>>> todo;
   std::set<std::string> seen;
   for (const auto& batch : plans_.at(0)) {
-    for (const auto& planned : batch.samples) {
+    const auto [first, last] = my_slice(batch);
+    for (size_t i = first; i < last; ++i) {
+      const PlannedSample& planned = batch.samples[i];
       const auto& ds = datasets_[static_cast<size_t>(items_[static_cast<size_t>(planned.item)].dataset)];
       if (!ds.cache_latents && !ds.cache_latents_to_disk) continue;
       for (int fx = 0; fx <= (ds.flip_x ? 1 : 0); ++fx) {
@@ -232,13 +240,16 @@ LoadedBatch BatchLoader::load(int64_t index) {
   out.dataset = plan.dataset;
   out.resolution = plan.resolution;
   out.bucket = plan.bucket;
-  // Caption randomness (dropout, shuffling) is a function of the batch's position, not of history.
-  std::mt19937_64 rng(o_.seed ^ (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull));
   std::vector<Sample> loaded;
   std::vector<PlannedSample> used;  // after replacing images that cannot be decoded
   std::vector<bool> text_only;      // per sample: its caption is the cached dropout caption
-  for (const auto& planned : plan.samples) {
-    PlannedSample s = planned;
+  const auto [first, last] = my_slice(plan);
+  for (size_t i = first; i < last; ++i) {
+    // Caption randomness (dropout, shuffling) and a mask's blur are a function of the sample's place (its batch,
+    // its position in the global batch), not of history or of which rank loads it.
+    std::mt19937_64 rng(o_.seed ^ (static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull) ^
+                        (static_cast<uint64_t>(i) * 0xD1B54A32D192ED03ull));
+    PlannedSample s = plan.samples[i];
     std::optional<Sample> sample;
     while (!sample) {
       if (!bad_items_.count(s.item)) {
@@ -289,6 +300,12 @@ LoadedBatch BatchLoader::load(int64_t index) {
   out.loss_mask = stack_any(loaded, [](const Sample& x) { return x.mask; });
   load_controls(plan, used, text_only, out);
   return out;
+}
+
+std::pair<size_t, size_t> BatchLoader::my_slice(const Batch& batch) const {
+  const size_t per_rank = batch.samples.size() / static_cast<size_t>(o_.world_size);
+  const size_t first = per_rank * static_cast<size_t>(o_.rank);
+  return {first, first + per_rank};
 }
 
 // Controls: every sample of the batch has the same number (the dataset's control folders).

@@ -129,7 +129,7 @@ void ProcessGroup::barrier(const std::string& what) {
 
 void ProcessGroup::tell_others(const std::string& reason) {
   try {
-    const std::string text = world_.name() + ": " + reason;
+    const std::string text = reason.rfind(world_.name(), 0) == 0 ? reason : world_.name() + ": " + reason;
     impl_->store->set(kReasonKey, std::vector<uint8_t>(text.begin(), text.end()));
   } catch (const std::exception&) {
     // The store went with rank 0: nobody is left to tell.

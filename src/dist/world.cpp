@@ -17,7 +17,16 @@ std::optional<int> integer(const char* name) {
   return static_cast<int>(value);
 }
 
+World& the_process_world() {
+  static World world;
+  return world;
+}
+
 }  // namespace
+
+const World& process_world() { return the_process_world(); }
+
+void set_process_world(const World& world) { the_process_world() = world; }
 
 std::string World::name() const {
   return alone() ? "" : "rank " + std::to_string(rank) + " of " + std::to_string(size);

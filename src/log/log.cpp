@@ -81,6 +81,10 @@ bool add_file(const std::string& path) {
   }
 }
 
+void set_source(const std::string& name) {
+  logger().set_pattern(name.empty() ? "%^%l%$: %v" : "[" + name + "] %^%l%$: %v");
+}
+
 void remove_files() {
   auto& sinks = logger().sinks();
   sinks.erase(std::remove_if(sinks.begin(), sinks.end(),

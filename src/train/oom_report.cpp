@@ -467,6 +467,7 @@ OomContext oom_context(const config::ProcessConfig& config, const c10::Device& d
                        const c10::OutOfMemoryError& error) {
   OomContext ctx;
   ctx.checkpoint_policy = config.train.policy().to_string();
+  ctx.rank = dist::process_world().name();
   ctx.message = error.what_without_backtrace();
   ctx.device = device.str();
   ctx.cpu = device.is_cpu();
@@ -551,6 +552,7 @@ void write_oom_json(const std::filesystem::path& file, const OomContext& c, cons
                     int64_t other) {
   nlohmann::ordered_json j;
   j["step"] = c.step;
+  if (!c.rank.empty()) j["rank"] = c.rank;
   j["phase"] = phase_name(c.phase);
   j["activity"] = activity_name(c.activity);
   j["bucket"] = c.bucket;
@@ -602,6 +604,8 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   else
     md << "# Out of memory at step " << c.step << ", phase `" << where << "`\n\n";
   md << "| | |\n|---|---|\n";
+  if (!c.rank.empty())
+    md << "| rank | " << c.rank << " (this process's memory: its replica and its slice of the batch) |\n";
   md << "| phase | " << where << " |\n| step | " << c.step << " (last good: " << c.last_good_step << ") |\n";
   md << "| bucket | " << c.bucket << " |\n| batch | " << c.batch << " |\n";
   md << "| checkpoint policy | " << c.checkpoint_policy << " |\n| device | " << c.device << " |\n";
@@ -667,6 +671,7 @@ std::string write_oom_report(const std::filesystem::path& dir, const OomContext&
   write_oom_json(dir / "oom_report.json", c, fixes, other);
 
   std::ostringstream brief;
+  if (!c.rank.empty()) brief << c.rank << ": ";
   if (loading)
     brief << "out of memory loading the model (`" << where << "`, predicted load peak " << format_bytes(c.peak_bytes)
           << (c.cap_bytes ? ", cap " + format_bytes(c.cap_bytes) : "") << ")";

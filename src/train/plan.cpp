@@ -363,7 +363,10 @@ RunPlan plan_run(const config::ProcessConfig& config, const PlanOptions& options
   // code — an OOM report's lever — gets it here).
   plan.family->resolve_model_config(plan.config.model);
   plan.local = model::local_model(config.model);
+  plan.world = dist::process_world();
   plan.device = options.meta ? torch::Device(torch::kMeta) : resolve_device(config.device);
+  if (plan.device.is_cuda() && !plan.world.alone())  // one GPU per process, as torchrun's LOCAL_RANK says
+    plan.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(plan.world.local_rank));
   plan.cuda = options.meta ? runs_on_cuda(config) : plan.device.is_cuda();
   plan.base_dtype = base_dtype(config);
   plan.compute_dtype = config.train.dtype == config::DType::bf16 ? torch::kBFloat16 : torch::kFloat;

@@ -292,8 +292,10 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   // Host memory: the offloaded weights, the text encoders' while they stay loaded.
   e.host_weight_bytes = r.host_weights + (leaves ? 0 : r.text_encoder_host);
   e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), config::dtype_bytes(session.config().train.dtype));
+  e.gradient_bucket_bytes = r.gradient_buckets;
+  e.world_size = session.plan().world.size;
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
-                     e.vae_bytes + e.image_encoder_bytes + e.offload_buffer_bytes;
+                     e.vae_bytes + e.image_encoder_bytes + e.offload_buffer_bytes + e.gradient_bucket_bytes;
   e.load = load_of(session.load_memory());
   if (e.load.at_first_use)  // two experts: the base weights of the first to run (its adapters are there)
     e.parked_bytes = session.model().expert_count() > 1
@@ -326,7 +328,8 @@ int64_t cache_fill_bytes(Session& session, const MemoryEstimate& e, CacheFill fi
                          const std::vector<data::Caption>& captions, bool cpu) {
   const ResidentBytes r = session.resident();
   const int64_t before = r.weights - e.parked_bytes + r.ema + r.text_encoder + e.offload_buffer_bytes +
-                         (e.image_encoder_waits ? 0 : r.image_encoder) - session.cache_parked_bytes(fill);
+                         r.gradient_buckets + (e.image_encoder_waits ? 0 : r.image_encoder) -
+                         session.cache_parked_bytes(fill);
   if (fill == CacheFill::text) return before + caption_encode_bytes(session, e, captions, cpu);
   model::SampleShape largest;  // the largest sample a cell has (AI Toolkit encodes them one at a time)
   for (const StepCell& c : session.plan().cells)

@@ -165,7 +165,12 @@ void RunLog::write_memory(Session& session) const {
                     {"host_predicted_peak_bytes", load.host.peak()}}},
                   {"phase_peak_bytes", memory::by_phase_name(measured)},
                   {"predicted_phase_peak_bytes", memory::by_phase_name(run_predicted_)}};
-  out["applied_policy"] = session.applied_policy().to_string();  // auto's plan, a budget's blocks
+  out["applied_policy"] = session.applied_policy().to_string();   // auto's plan, a budget's blocks
+  if (const dist::World& w = session.plan().world; !w.alone()) {  // this process's figures, one of world_size
+    out["world_size"] = w.size;
+    out["rank"] = w.rank;
+    out["gradient_bucket_bytes"] = held.gradient_buckets;
+  }
   if (model_ && model_->estimate().auto_plan) out["auto_plan"] = auto_plan_json(*model_->estimate().auto_plan);
   std::ofstream(dir_ / "memory.json") << out.dump(2) << "\n";
 }

@@ -144,6 +144,12 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   checkpointing_ = std::make_unique<ModelCheckpointing>(*model_);
   apply_policy(plan_.policy, plan_.largest.shape());
   build_optimizer();
+  if (options.group) {
+    group_ = options.group;
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [n, p] : trained_) tensors.push_back(p);
+    reducer_ = std::make_unique<dist::GradientReducer>(*group_, std::move(tensors));
+  }
 }
 
 // Exact accounting on the CPU, the allocator's statistics on CUDA; the emulated caps.
@@ -1021,17 +1027,24 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   }
   if (lb.loss_mask.defined())
     mb.loss_mask = loss_mask_multiplier(memory::to_device(lb.loss_mask, device_), mb.x0, plan_.compute_dtype);
-  mb.noise = torch::randn_like(mb.x0);
+  // Data parallelism: the global batch's draws, this rank's slice of them (the replicas draw as one process).
+  const int64_t b = mb.x0.size(0), ranks = plan_.world.size, first = b * plan_.world.rank;
+  auto mine = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, first, b) : t; };
+  auto global_randn = [&](std::vector<int64_t> shape) {
+    shape[0] *= ranks;
+    return mine(torch::randn(shape, mb.x0.options()));
+  };
+  mb.noise = global_randn(mb.x0.sizes().vec());
   if (config_.train.noise_offset != 0) {  // one offset per sample and channel, over its frames and pixels
     std::vector<int64_t> per_channel(static_cast<size_t>(mb.x0.dim()), 1);
     per_channel[0] = mb.x0.size(0), per_channel[1] = mb.x0.size(1);
-    mb.noise = mb.noise + config_.train.noise_offset * torch::randn(per_channel, mb.x0.options());
+    mb.noise = mb.noise + config_.train.noise_offset * global_randn(per_channel);
   }
   std::optional<std::pair<double, double>> stage;  // a model of several experts: this stage's timesteps
   if (experts_) stage.emplace(stage_ == 0 ? 1.0 : spec_.expert_boundaries[stage_ - 1], spec_.expert_boundaries[stage_]);
-  const TimestepDraw draw = timesteps_.draw(
-      mb.x0.size(0), plan_.family->shift_tokens(spec_, {1, lb.bucket.frames, lb.bucket.height, lb.bucket.width}),
-      stage);
+  TimestepDraw draw = timesteps_.draw(
+      b * ranks, plan_.family->shift_tokens(spec_, {1, lb.bucket.frames, lb.bucket.height, lb.bucket.width}), stage);
+  draw.t = mine(draw.t), draw.weight = mine(draw.weight), draw.next_t = mine(draw.next_t);
   mb.t = draw.t.to(device_);
   mb.weight = draw.weight.to(device_);
   if (draw.next_t.defined()) mb.next_t = draw.next_t.to(device_);
@@ -1194,10 +1207,15 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
                       "train.timestep_type: linear, or train every expert");
     // A non-finite loss gives this micro-batch no gradient (SDTrainer.py:2221-2224: the loss replaced by a
     // zero leaf, so its backward reaches no parameter).
-    if (!torch::isfinite(loss).all().item<bool>()) {
+    if (!finite_everywhere(loss)) {
       ++r.nonfinite;
       continue;
     }
+    // Data parallelism: the last micro-batch's backward of an updating step averages the buckets as it fills
+    // them (a stochastic accumulation adds the earlier gradients after it: then averaged after the backward).
+    if (reducer_ && micro == accumulation() - 1 && tc.optimizer_steps_at(step, epoch_start) &&
+        !(micro > 0 && optimizer_->accumulates_stochastically()))
+      reducer_->arm();
     {
       auto scope = phase(Phase::backward);
       if (micro > 0 && optimizer_->accumulates_stochastically()) {
@@ -1213,6 +1231,10 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr),
                       step - skipped_scheduler_steps_, tc.steps);
   r.updated = tc.optimizer_steps_at(step, epoch_start);
+  if (reducer_ && r.updated) {
+    auto scope = phase(Phase::backward);  // the buckets' averages, waited for (and those not started yet)
+    reducer_->finish();
+  }
   for (const auto& [n, p] : trained_)
     if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
   if (r.updated) {
@@ -1232,7 +1254,16 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
     update_ema();
   }
   r.loss = losses.empty() ? std::nan("") : torch::stack(losses).mean().item<double>();
+  if (group_ && !losses.empty()) {  // the ranks' mean: one process's loss over the global batch
+    const std::vector<double> sum = group_->sum({r.loss}, "the step's loss");
+    r.loss = sum[0] / plan_.world.size;
+  }
   return r;
+}
+
+bool Session::finite_everywhere(const torch::Tensor& loss) {
+  const bool finite = torch::isfinite(loss).all().item<bool>();
+  return group_ ? !group_->any(!finite, "whether the losses are finite") : finite;
 }
 
 std::vector<fs::path> Session::sample(int64_t step, const fs::path& dir) { return sample(step, dir, {}); }
@@ -1498,6 +1529,11 @@ ResidentBytes Session::resident() const {
       r.text_encoder_host += host;
     }
   r.offload_buffers = nn::offload_buffer_bytes(*rings_);
+  if (!plan_.world.alone()) {  // held from the Session's start (the reducer's), predicted alike on the meta device
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [n, p] : trained_) tensors.push_back(p);
+    r.gradient_buckets = dist::GradientReducer::buffer_bytes(tensors);
+  }
   r.text_cache_host = text_->cache_bytes();
   r.vae = codec_ ? codec_->resident_bytes() : plan_.vae_in_steps ? plan_.codec.weight_bytes() : 0;
   if (first_frame_ && first_frame_->image_encoder() && !first_frame_parked_)

@@ -75,8 +75,9 @@ std::unique_ptr<MemoryModel> predict_quietly(const config::ProcessConfig& config
 }
 
 // checkpoint_policy auto: the run applies the plan its memory model chose (what memory.json then predicts for).
-SessionOptions with_auto_choice(const MemoryModel& model) {
+SessionOptions with_auto_choice(const MemoryModel& model, dist::ProcessGroup* group) {
   SessionOptions options;
+  options.group = group;
   if (model.estimate().auto_plan) {
     options.auto_choice = model.estimate().auto_plan->chosen;
     log::info(describe_auto_plan(*model.estimate().auto_plan));
@@ -101,14 +102,18 @@ namespace {
 // what an out-of-memory error does.
 class Run {
  public:
-  Run(const config::ProcessConfig& config, const TrainOptions& options, TrainSummary& summary)
+  Run(const config::ProcessConfig& config, const TrainOptions& options, TrainSummary& summary,
+      std::filesystem::path rank_dir, dist::ProcessGroup* group)
       : config_(config),
         options_(options),
         summary_(summary),
+        rank_dir_(std::move(rank_dir)),
+        group_(group),
+        writes_(!group || group->world().writes_outputs()),
         datasets_(config.datasets),
         items_(scan(datasets_, config.train.cache_text_embeddings)),
         predicted_(predict_quietly(config)),
-        session_(open_session(config, summary.output_dir, with_auto_choice(*predicted_))),
+        session_(open_session(config, rank_dir_, with_auto_choice(*predicted_, group))),
         saves_(summary.output_dir, config.name, config.save.max_step_saves_to_keep,
                !config.network && config.save.save_format == config::SaveFormat::diffusers) {}
 
@@ -139,9 +144,25 @@ class Run {
   void note_nonfinite(int64_t done, const StepResult& r);
   void after_step(int64_t done);
 
+  // Rank 0 alone writes the samples and the saves (every rank resumes from them); each rank its own log, metrics
+  // and memory.json, in rank_dir_ (the run's folder for rank 0, rank<r>/ in it for the others).
+  std::optional<std::filesystem::path> save(int64_t step, bool final) {
+    if (!writes_) return std::nullopt;
+    summary_.saves.push_back(saves_.save(session_, step, final));
+    return summary_.saves.back();
+  }
+  // Whether every rank is to stop (Ctrl-C reaches the ranks at different steps: they stop at one).
+  bool stop_requested() const {
+    const bool mine = options_.stop_requested && options_.stop_requested->load();
+    return group_ ? group_->any(mine, "whether to stop") : mine;
+  }
+
   const config::ProcessConfig& config_;
   const TrainOptions& options_;
   TrainSummary& summary_;
+  std::filesystem::path rank_dir_;
+  dist::ProcessGroup* group_;
+  bool writes_;
   std::vector<config::DatasetConfig> datasets_;
   std::vector<data::ImageItem> items_;
   // The run's memory model, built before the run's Session (its meta build seeds the generator as a load
@@ -180,8 +201,8 @@ void Run::prepare() {
       log::info("no earlier save in " + summary_.output_dir.string() + ": starting at step 0");
   }
   summary_.start_step = summary_.end_step = last_good_step_ = step_;
-  log_.emplace(summary_.output_dir, step_, tc.steps, ProgressOptions{options_.progress, options_.progress_in_place},
-               predicted_.get());
+  log_.emplace(rank_dir_, step_, tc.steps,
+               ProgressOptions{writes_ ? options_.progress : nullptr, options_.progress_in_place}, predicted_.get());
   data::LoaderOptions lo;
   lo.batch_size = tc.batch_size;
   lo.divisibility = s.spec().divisibility;
@@ -196,6 +217,7 @@ void Run::prepare() {
   lo.text_reads_controls = model::text_reads_controls(s.spec());
   lo.seed = s.plan().seed;
   lo.trigger_word = config_.trigger_word;
+  lo.world_size = s.plan().world.size, lo.rank = s.plan().world.rank;
   std::vector<data::ImageItem> items, reg_items;
   for (const auto& item : items_)
     (datasets_[static_cast<size_t>(item.dataset)].is_reg ? reg_items : items).push_back(item);
@@ -231,6 +253,7 @@ void Run::prepare() {
 }
 
 void Run::take_samples(int64_t at) {
+  if (!writes_) return;  // the previews are rank 0's (they draw from their own generators: the ranks stay alike)
   const fs::path dir = summary_.output_dir / "samples";
   const auto files = session_.sample(at, dir);
   summary_.samples.insert(summary_.samples.end(), files.begin(), files.end());
@@ -240,7 +263,7 @@ void Run::take_samples(int64_t at) {
 
 void Run::loop() {
   for (; step_ < config_.train.steps; ++step_) {
-    if (options_.stop_requested && options_.stop_requested->load()) {
+    if (stop_requested()) {
       summary_.interrupted = true;
       break;
     }
@@ -257,8 +280,8 @@ void Run::loop() {
     } catch (const std::exception& e) {
       // Anything else that ends the run (unusable data, a bug): the last good state first.
       log::error(std::string("stopping at step ") + std::to_string(step_ + 1) + ": " + e.what());
-      if (last_good_step_ > summary_.start_step)
-        summary_.saves.push_back(saves_.save(session_, last_good_step_, false));
+      if (group_ && !dynamic_cast<const dist::RankLost*>(&e)) group_->tell_others(e.what());
+      if (last_good_step_ > summary_.start_step) save(last_good_step_, false);
       throw;
     }
   }
@@ -318,7 +341,7 @@ void Run::after_step(int64_t done) {
     if (consecutive_nonfinite_ > 0)  // the good saves before it are not rotated away
       log::warn("step " + std::to_string(done) + ": save deferred: the loss was not finite");
     else
-      summary_.saves.push_back(saves_.save(session_, done, false));
+      save(done, false);
   }
 }
 
@@ -354,7 +377,8 @@ void Run::on_oom(const c10::OutOfMemoryError& e) {
   // AI Toolkit's step loop (BaseSDTrainProcess.py:2624-2647): an OOM in the step zeroes the gradients and
   // skips the batch — the step counts, with no update and no LR step — and the 4th in a row raises. An OOM
   // while sampling or saving is not caught there; here it stops with the report.
-  if (config_.train.oom_policy == config::OomPolicy::skip && in_step && ++consecutive_ooms_ <= 3) {
+  // Under data parallelism a rank cannot skip alone (the others would wait for its gradients): it stops.
+  if (config_.train.oom_policy == config::OomPolicy::skip && !group_ && in_step && ++consecutive_ooms_ <= 3) {
     ++summary_.oom_skips;
     skipped_.push_back({step_ + 1, phase, session_.current_bucket(), session_.current_batch()});
     log::warn("out of memory at step " + std::to_string(step_ + 1) + " in " + phase_name(phase) + " (bucket " +
@@ -393,13 +417,13 @@ void Run::stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::Memor
   ctx.skipped = skipped_;
   session_.lift_cap();  // nothing lost: the save is not part of the experiment
   try {
-    ctx.saved_weights = saves_.save(session_, last_good_step_, false).string();
+    if (const auto saved = save(last_good_step_, false)) ctx.saved_weights = saved->string();
   } catch (const std::exception& save_error) {
     log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
   }
-  const std::string brief =
-      write_oom_report(summary_.output_dir, ctx, recommend_fixes(ctx, config_, session_.codec_spec()));
+  const std::string brief = write_oom_report(rank_dir_, ctx, recommend_fixes(ctx, config_, session_.codec_spec()));
   log_->end_progress();
+  if (group_) group_->tell_others(brief);
   throw OutOfMemoryStop(brief);
 }
 
@@ -412,14 +436,15 @@ void Run::finish() {
   if (consecutive_nonfinite_ > 0)
     log::warn("the last " + std::to_string(consecutive_nonfinite_) +
               " steps' losses were not finite: the weights saved now are those of the last update before them");
-  summary_.saves.push_back(saves_.save(session_, step_, false));  // the state for --resume
-  if (!summary_.interrupted) summary_.saves.push_back(saves_.save(session_, step_, true));
+  save(step_, false);  // the state for --resume
+  if (!summary_.interrupted) save(step_, true);
   summary_.unusable_images = loader_->unusable_files();
   if (reg_loader_)
     for (auto& f : reg_loader_->unusable_files()) summary_.unusable_images.push_back(f);
   for (const auto& f : summary_.unusable_images) log::warn("not used (cannot be decoded): " + f);
   summary_.peak_bytes = log_->peak_bytes();
   log_->write_memory(session_);
+  if (group_) group_->barrier("the end of the run");  // rank 0's last saves are written when any rank returns
 }
 
 }  // namespace
@@ -428,10 +453,17 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   const auto t_start = Clock::now();
   TrainSummary summary;
   summary.output_dir = fs::path(config.training_folder) / config.name;
-  const RunFolderLock lock(summary.output_dir);  // before anything in the folder is written
+  // Data parallelism: every rank runs this; rank 0 holds the folder and writes the run's files, each other rank
+  // its log, metrics and memory in rank<r>/.
+  const dist::World& world = dist::process_world();
+  const fs::path rank_dir =
+      world.writes_outputs() ? summary.output_dir : summary.output_dir / ("rank" + std::to_string(world.rank));
+  std::optional<RunFolderLock> lock;
+  if (world.writes_outputs()) lock.emplace(summary.output_dir);  // before anything in the folder is written
   fs::create_directories(summary.output_dir / "samples");
-  std::ofstream(summary.output_dir / "config.resolved.yaml") << config::to_yaml(config);
-  log::add_file((summary.output_dir / "log.txt").string());
+  fs::create_directories(rank_dir);
+  if (world.writes_outputs()) std::ofstream(summary.output_dir / "config.resolved.yaml") << config::to_yaml(config);
+  log::add_file((rank_dir / "log.txt").string());
   struct LogFileScope {
     ~LogFileScope() { log::remove_files(); }
   } log_file_scope;
@@ -456,16 +488,33 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
     ~Snapshot() { write(); }
   } snapshot{options.memory_snapshot, runs_on_cuda(config) ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU)};
   if (!snapshot.file.empty()) memory::start_memory_history(snapshot.device);
-  const char* outer = memory::set_history_frame("setup");  // the history's frame for the load
-  Run run(config, options, summary);                       // scans the data, builds the session
-  memory::set_history_frame(outer);
-  struct WriteFirst {
-    Snapshot& s;
-    ~WriteFirst() { s.write(); }
-  } write_first{snapshot};
-  run.prepare();
-  run.loop();
-  run.finish();
+  std::unique_ptr<dist::ProcessGroup> group;
+  if (!world.alone()) {
+    const c10::Device device = runs_on_cuda(config)
+                                   ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank))
+                                   : c10::Device(c10::kCPU);
+    group = dist::ProcessGroup::join(world, device, options.dist_timeout);
+    log::info(world.name() + ": joined the " + group->backend() + " process group at " + world.master_addr + ":" +
+              std::to_string(world.master_port) + "; each rank trains on " + std::to_string(config.train.batch_size) +
+              " of every global batch of " + std::to_string(config.train.batch_size * world.size));
+  }
+  try {
+    const char* outer = memory::set_history_frame("setup");    // the history's frame for the load
+    Run run(config, options, summary, rank_dir, group.get());  // scans the data, builds the session
+    memory::set_history_frame(outer);
+    struct WriteFirst {
+      Snapshot& s;
+      ~WriteFirst() { s.write(); }
+    } write_first{snapshot};
+    run.prepare();
+    run.loop();
+    run.finish();
+  } catch (const std::exception& e) {
+    // What stops this rank, told to the others before it leaves: their collectives fail at once (its connections
+    // close) and their errors say why.
+    if (group && !dynamic_cast<const dist::RankLost*>(&e)) group->tell_others(e.what());
+    throw;
+  }
   summary.total_s = seconds_since(t_start);
   return summary;
 }

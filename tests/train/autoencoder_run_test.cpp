@@ -120,6 +120,58 @@ TEST(Loader, LaterEpochsReorderTheFirstEpochsBatches) {
   fs::remove_all(dir);
 }
 
+// Data parallelism (issue 51): two ranks of batch 2 load, between them, exactly the batches one process of batch
+// 4 loads — the same bucket at each step, rank 0 the first half, rank 1 the second: the same files, the same
+// latents (random crops), the same captions under caption dropout and token shuffling (seeded by the sample's
+// place in the global batch) — and a rank's slices are the same samples in every epoch.
+TEST(Loader, TwoRanksLoadTheHalvesOfOneProcesssGlobalBatches) {
+  const fs::path dir = testing::fresh_dir("sharded_loader");
+  data::SynthOptions o;
+  o.count = 10;
+  o.sizes = {{100, 64}, {64, 100}, {90, 70}};
+  data::write_synthetic_dataset(dir / "data", o);
+  const auto config =
+      tiny_config(dir, "s",
+                  {"model.vae=dct", "datasets.0.random_crop=true", "datasets.0.caption_dropout_rate=0.4",
+                   "datasets.0.shuffle_tokens=true", "train.batch_size=2"});
+  Session session(config);
+  data::LoaderOptions whole = loader_options(session), half = whole;
+  whole.batch_size = 4;
+  half.world_size = 2;
+  data::BatchLoader one(items_of(config), config.datasets, session.codec(), whole, 0);
+  std::vector<std::unique_ptr<data::BatchLoader>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    half.rank = r;
+    ranks.push_back(std::make_unique<data::BatchLoader>(items_of(config), config.datasets, session.codec(), half, 0));
+  }
+  EXPECT_EQ(ranks[0]->batches_per_epoch(), one.batches_per_epoch());
+  std::map<std::string, std::set<int>> rank_of;  // the ranks each file's samples go to
+  bool dropped = false;
+  for (int64_t i = 0; i < 3 * one.batches_per_epoch(); ++i) {
+    const data::LoadedBatch g = one.next();
+    for (int r = 0; r < 2; ++r) {
+      const data::LoadedBatch b = ranks[static_cast<size_t>(r)]->next();
+      ASSERT_EQ(b.bucket.key(), g.bucket.key()) << "batch " << i;
+      ASSERT_EQ(b.latents.size(0), 2);
+      EXPECT_TRUE(torch::equal(b.latents, g.latents.narrow(0, 2 * r, 2))) << "batch " << i << ", rank " << r;
+      for (size_t j = 0; j < 2; ++j) {
+        EXPECT_EQ(b.image_files[j], g.image_files[2 * static_cast<size_t>(r) + j]);
+        EXPECT_EQ(b.captions[j], g.captions[2 * static_cast<size_t>(r) + j]) << "batch " << i;
+        dropped = dropped || b.captions[j].empty();
+        // Epoch 0 shows which ranks load each file (a bucket's short batch repeats files, so a file can be both's);
+        // later epochs only reorder the batches: a file never reaches a rank that did not cache it.
+        std::set<int>& ranks_of_file = rank_of[b.image_files[j].string()];
+        if (i < one.batches_per_epoch())
+          ranks_of_file.insert(r);
+        else
+          EXPECT_TRUE(ranks_of_file.count(r)) << b.image_files[j] << " reached rank " << r << " only after epoch 0";
+      }
+    }
+  }
+  EXPECT_TRUE(dropped) << "no caption was dropped: the captions' randomness was not exercised";
+  fs::remove_all(dir);
+}
+
 // A dropped caption is the job's trigger word when encoded live (the training step puts it in,
 // BaseSDTrainProcess.py:1076-1081), but the item's own — its dataset's — when the text embeddings are cached:
 // AI Toolkit caches get_dropout_caption() of the file item (toolkit/dataloader_mixins.py:2188-2193, 2288-2301).

@@ -129,6 +129,12 @@ struct LoaderOptions {
   uint64_t seed = 0;
   std::optional<std::string> trigger_word;  // the process's; a dataset's own wins
   int prefetch = 3;
+  // Data parallelism: the epoch is planned in global batches of world_size x each dataset's batch size (the same
+  // plan on every rank: the same bucket at the same step, so the ranks' shapes match), and this rank loads its
+  // slice of each, samples [rank x b, (rank + 1) x b) — always the same samples of a batch, so a rank caches
+  // only its own latents. The ranks together load what one process with the global batch loads: each sample's
+  // caption randomness is seeded by its batch and its place in the global batch.
+  int world_size = 1, rank = 0;
 };
 
 class BatchLoader {
@@ -144,6 +150,8 @@ class BatchLoader {
   // The next batch (blocks until it is ready); rethrows a worker's error as DataError.
   LoadedBatch next();
   int64_t batches_per_epoch() const { return epoch_size_; }
+  // This rank's samples of a planned (global) batch.
+  std::pair<size_t, size_t> my_slice(const Batch& batch) const;
   // Warnings from the worker (a file that failed to decode), taken once.
   std::vector<std::string> take_warnings();
   // Every image that could not be decoded so far: each was replaced by another image of its bucket and

@@ -22,4 +22,10 @@ struct World {
 // does not parse, or a rank outside the world, is a std::invalid_argument naming it.
 std::optional<World> world_from_environment();
 
+// This process's world: what every run plan it makes carries (train/plan.h). One process unless set: the command
+// line sets it from the environment (`gclab train` under torchrun or scripts/launch.sh), or from
+// `estimate --world-size`.
+const World& process_world();
+void set_process_world(const World& world);
+
 }  // namespace gclab::dist

@@ -38,6 +38,9 @@ class QuietScope {
 
 // Also appends every message to `path` (a run's log.txt), with timestamps; false if it cannot be opened.
 bool add_file(const std::string& path);
+// Which process speaks ("rank 1 of 2"): the terminal's lines begin with it (data parallelism: the ranks share a
+// terminal). Call before add_file; empty: none.
+void set_source(const std::string& name);
 // Stops writing to every file added with add_file.
 void remove_files();
 

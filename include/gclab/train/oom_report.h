@@ -28,6 +28,9 @@ struct OomContext {
   std::string bucket;                   // WxH of the batch (or of the preview)
   int batch = 0;
   std::string checkpoint_policy;
+  // Data parallelism: which process ran out ("rank 1 of 2", dist::World::name; empty for one process). The
+  // figures are that process's: each rank holds its own replica and slice of the batch.
+  std::string rank;
   std::string message;  // the allocator's words: the allocation that failed
   std::string device;
   bool cpu = false;  // the device is the CPU (the kernels' temporaries differ from CUDA's)

@@ -15,6 +15,7 @@
 #include "gclab/config/config.h"
 #include "gclab/data/buckets.h"
 #include "gclab/data/image.h"
+#include "gclab/dist/world.h"
 #include "gclab/model/family.h"
 #include "gclab/model/registry.h"
 #include "gclab/model/spec.h"
@@ -91,6 +92,12 @@ struct RunPlan {
   torch::ScalarType base_dtype = torch::kFloat;       // the transformer's stored dtype (base_dtype())
   torch::ScalarType compute_dtype = torch::kFloat;    // train.dtype: the model's inputs, the text encoders'
   uint64_t seed = 42;                                 // training_seed (config.seed())
+  // Data parallelism (dist::process_world): this process's rank among `world.size` replicas. Each trains on its
+  // slice of every global batch of world.size x batch_size samples (data::LoaderOptions::world_size), draws the
+  // noise and timesteps of the whole global batch and keeps its slice (so that the replicas together train as one
+  // process on the global batch), and holds the gradient reducer's buckets beside its gradients. A CUDA run's
+  // device is cuda:LOCAL_RANK.
+  dist::World world;
   LoadPlan load;
   // model.assistant_lora_path when it is a local file the arch takes (else empty: refused, or a Hub name
   // gclab does not fetch, said in a warning).

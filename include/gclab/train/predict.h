@@ -193,7 +193,12 @@ struct MemoryEstimate {
   // bringing them holds on the device (their ring slots, one being brought; in resident_bytes).
   int64_t host_weight_bytes = 0;
   int64_t offload_buffer_bytes = 0;
-  int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text and image encoders + autoencoder + rings
+  // Data parallelism (RunPlan::world): the gradient reducer's buckets, held beside the gradients; world_size is
+  // the number of replicas these per-process figures are for.
+  int64_t gradient_bucket_bytes = 0;
+  int world_size = 1;
+  int64_t resident_bytes = 0;  // weights + gradients + optimizer + EMA + text and image encoders + autoencoder +
+                               // rings + gradient buckets
   // LoadPlan::at_first_use: the transformer's weights (not the LoRA's) in host memory until its first
   // forward or preview — through the captions' precompute, and the first step's data and text phases when
   // no baseline preview comes first.

@@ -21,6 +21,8 @@
 #include "gclab/config/user_error.h"
 #include "gclab/data/conditioner.h"
 #include "gclab/data/loader.h"
+#include "gclab/dist/process_group.h"
+#include "gclab/dist/reducer.h"
 #include "gclab/memory/meta_count.h"
 #include "gclab/memory/tracker.h"
 #include "gclab/model/activations.h"
@@ -52,21 +54,27 @@ struct SessionOptions {
   // checkpoint_policy auto: the plan the caller's memory model of this run chose (train's: the one it writes
   // beside what it measures); none: a Session on a device builds the memory model and takes its choice.
   std::optional<ckpt::CheckpointPolicy> auto_choice = std::nullopt;
+  // Data parallelism: the joined group of the plan's world (nullptr: one process). The steps then agree on
+  // non-finite losses, average the gradients (a dist::GradientReducer, overlapped with the last micro-batch's
+  // backward) and report the ranks' mean loss.
+  dist::ProcessGroup* group = nullptr;
 };
 
 // Bytes held outside the step's activations, by what holds them.
 struct ResidentBytes {
-  int64_t weights = 0;          // parameters and buffers as stored (frozen base + trained tensors)
-  int64_t trained = 0;          // of which trained (LoRA adapters, or every weight)
-  int64_t gradients = 0;        // one gradient per trained tensor, in its dtype
-  int64_t optimizer = 0;        // the optimizer's state (after its first step)
-  int64_t ema = 0;              // the EMA copy of the trained tensors
-  int64_t text_encoder = 0;     // while loaded
-  int64_t vae = 0;              // the autoencoder's weights while on the device
-  int64_t image_encoder = 0;    // an image-to-video model's image encoder while on the device (CLIP's)
-  int64_t offload_buffers = 0;  // the offloaded Linears' ring slots (weights brought to the device, kept)
+  int64_t weights = 0;           // parameters and buffers as stored (frozen base + trained tensors)
+  int64_t trained = 0;           // of which trained (LoRA adapters, or every weight)
+  int64_t gradients = 0;         // one gradient per trained tensor, in its dtype
+  int64_t optimizer = 0;         // the optimizer's state (after its first step)
+  int64_t ema = 0;               // the EMA copy of the trained tensors
+  int64_t text_encoder = 0;      // while loaded
+  int64_t vae = 0;               // the autoencoder's weights while on the device
+  int64_t image_encoder = 0;     // an image-to-video model's image encoder while on the device (CLIP's)
+  int64_t offload_buffers = 0;   // the offloaded Linears' ring slots (weights brought to the device, kept)
+  int64_t gradient_buckets = 0;  // data parallelism: the gradient reducer's buckets (dist::GradientReducer)
   int64_t total() const {
-    return weights + gradients + optimizer + ema + text_encoder + vae + image_encoder + offload_buffers;
+    return weights + gradients + optimizer + ema + text_encoder + vae + image_encoder + offload_buffers +
+           gradient_buckets;
   }
   // In host memory, not in total():
   int64_t text_cache_host = 0;    // precomputed embeddings (cache_text_embeddings)
@@ -426,6 +434,11 @@ class Session {
   // What the applied auto plan was decided for (check_foreseen): the most pixels a step may hold; 0: no check.
   int64_t foreseen_pixels_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> trained_;
+  dist::ProcessGroup* group_ = nullptr;  // SessionOptions::group
+  std::unique_ptr<dist::GradientReducer> reducer_;
+  // Data parallelism: whether every rank's loss is finite (one rank's non-finite loss skips the micro-batch on all,
+  // as one process's loss over the global batch would be non-finite).
+  bool finite_everywhere(const torch::Tensor& loss);
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, torch::Tensor> ema_;
   std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <iosfwd>
@@ -29,6 +30,9 @@ struct TrainOptions {
   // Records the allocator's history from the load on and writes it here when the run ends, however it ends
   // (memory/history.h: the pickle PyTorch's memory viewer opens); empty: none.
   std::filesystem::path memory_snapshot;
+  // Data parallelism (dist::process_world() of more than one process): how long a collective may wait for the
+  // other ranks — a rank sampling or saving alone, a rank that is gone — before the run stops with RankLost.
+  std::chrono::seconds dist_timeout{1800};
 };
 
 struct TrainSummary {

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Issue 51: data-parallel `gclab train` over c10d (Gloo on loopback), as a user runs it — scripts/launch.sh or
+# torchrun's environment by hand:
+#   - two ranks with batch b train the weights one process trains with batch 2b (fp32 rounding), with caption
+#     dropout, two buckets, a save and a resume on the way, and with gradient accumulation;
+#   - checkpointing on and off give the same weights under data parallelism too;
+#   - a rank killed (SIGKILL) makes the other stop at once with an error naming it, its last good step saved;
+#   - a rank out of memory writes its own report (naming the rank) and the other's error says what it said;
+#   - a rank that hangs (SIGSTOP) makes the other stop after --dist-timeout instead of waiting for ever.
+# usage: ddp_runs.sh GCLAB PYTHON WORKDIR PORT_BASE
+set -eu
+gclab=$1 python=$2 work=$3/ddp_runs port=$4
+launch="$(cd "$(dirname "$0")/../.." && pwd)/scripts/launch.sh"
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+export OMP_NUM_THREADS=1
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$gclab" synth --out data --count 6 --sizes 64x64,96x64 >/dev/null 2>&1
+cat > cfg.yaml <<YAML
+name: run
+training_folder: $work/out
+device: cpu
+datasets:
+  - folder_path: $work/data
+    resolution: [64]
+    caption_dropout_rate: 0.3
+train: {batch_size: 1, steps: 6, lr: 1e-3}
+save: {save_every: 3, dtype: float32}
+model: {arch: tiny-flux, vae: dct}
+network: {type: lora, linear: 4}
+YAML
+
+# Max relative difference between two runs' final LoRAs (fails unless they hold the same tensors).
+same_weights() {
+  "$python" - "$1" "$2" <<'PY'
+import sys
+from safetensors.torch import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+assert a.keys() == b.keys(), "different tensors"
+scale = max(v.abs().max().item() for v in b.values())
+diff = max((a[k] - b[k]).abs().max().item() for k in a)
+print(f"max |diff| {diff:.3g} of max |w| {scale:.3g}")
+sys.exit(0 if diff <= 1e-5 * scale else 1)
+PY
+}
+launch2() { MASTER_PORT=$1 GCLAB="$gclab" "$launch" 2 cfg.yaml "${@:2}"; }
+
+# --- Two ranks of batch 1 = one process of batch 2: 3 steps, a save, stopped; resumed to 6. ---------------
+"$gclab" train cfg.yaml --set name=one --set train.batch_size=2 >one.log 2>&1 || fail "one process: $(tail -3 one.log)"
+launch2 $port --set name=ddp --set train.steps=3 >ddp.log 2>&1 || fail "two ranks: $(tail -3 ddp.log)"
+launch2 $((port + 1)) --set name=ddp >ddp2.log 2>&1 || fail "two ranks resumed: $(tail -3 ddp2.log)"
+grep -q "rank 1 of 2.*resum" ddp2.log || fail "rank 1 did not resume: $(grep 'rank 1' ddp2.log | head -3)"
+same_weights out/ddp/ddp.safetensors out/one/one.safetensors || fail "two ranks' weights are not one process's"
+[ -f out/ddp/rank1/memory.json ] && [ -f out/ddp/rank1/metrics.jsonl ] || fail "rank 1's memory and metrics"
+[ ! -e out/ddp/rank1/run.safetensors ] && ! ls out/ddp/rank1/*.safetensors >/dev/null 2>&1 || fail "rank 1 saved"
+grep -q '"world_size": 2' out/ddp/memory.json || fail "memory.json does not say the world size"
+
+# --- Gradient accumulation: two micro-batches of 1 on each of two ranks = one process's two of 2. ----------
+"$gclab" train cfg.yaml --set name=acc1 --set train.batch_size=2 --set train.gradient_accumulation=2 \
+  >acc1.log 2>&1 || fail "one process accumulating: $(tail -3 acc1.log)"
+launch2 $((port + 2)) --set name=acc2 --set train.gradient_accumulation=2 >acc2.log 2>&1 ||
+  fail "two ranks accumulating: $(tail -3 acc2.log)"
+same_weights out/acc2/acc2.safetensors out/acc1/acc1.safetensors || fail "accumulation under two ranks differs"
+
+# --- Checkpointing off under two ranks: the weights of checkpointing on. -----------------------------------
+launch2 $((port + 3)) --set name=gc_off --set train.gradient_checkpointing=false >gc.log 2>&1 ||
+  fail "two ranks without checkpointing: $(tail -3 gc.log)"
+grep -q "checkpoint policy off" gc.log || fail "checkpointing was not off: $(grep 'checkpoint policy' gc.log | head -1)"
+same_weights out/gc_off/gc_off.safetensors out/ddp/ddp.safetensors || fail "checkpointing off changes DDP's weights"
+
+# --- A rank killed: the other stops at once, naming what failed, its last good step saved. -----------------
+long="--set train.steps=100000 --set save.save_every=5"
+for r in 0 1; do
+  WORLD_SIZE=2 RANK=$r MASTER_PORT=$((port + 4)) "$gclab" train cfg.yaml --set name=dead $long >dead$r.log 2>&1 &
+  eval "pid$r=$!"
+done
+for _ in $(seq 120); do [ -s out/dead/metrics.jsonl ] && [ "$(wc -l <out/dead/metrics.jsonl)" -ge 7 ] && break; sleep 0.5; done
+kill -KILL "$pid1"
+start=$(date +%s)
+if wait "$pid0"; then fail "rank 0 went on without rank 1"; fi
+[ $(($(date +%s) - start)) -le 30 ] || fail "rank 0 took more than 30 s to stop"
+grep -q "rank 0 of 2: averaging the gradients failed: another rank is gone" dead0.log ||
+  grep -q "rank 0 of 2: .* failed: another rank is gone" dead0.log || fail "rank 0's error: $(tail -2 dead0.log)"
+ls out/dead/dead_*.state.safetensors >/dev/null 2>&1 || fail "no state saved when rank 1 died"
+
+# --- A rank out of memory (its own cap): its report names it; the other's error says what it said. --------
+WORLD_SIZE=2 RANK=0 MASTER_PORT=$((port + 5)) "$gclab" train cfg.yaml --set name=oom >oom0.log 2>&1 &
+p0=$!
+set +e
+WORLD_SIZE=2 RANK=1 MASTER_PORT=$((port + 5)) "$gclab" train cfg.yaml --set name=oom --vram-cap 9.7MiB >oom1.log 2>&1
+rc1=$?
+wait $p0
+rc0=$?
+set -e
+[ $rc1 -eq 3 ] || fail "rank 1 out of memory exited $rc1: $(tail -2 oom1.log)"
+[ $rc0 -ne 0 ] || fail "rank 0 went on"
+grep -q "| rank | rank 1 of 2" out/oom/rank1/oom_report.md || fail "rank 1's report does not name it"
+grep -q "it said: rank 1 of 2: out of memory at step" oom0.log || fail "rank 0's error: $(tail -1 oom0.log)"
+
+# --- A rank that hangs: the other stops after --dist-timeout. ----------------------------------------------
+for r in 0 1; do
+  WORLD_SIZE=2 RANK=$r MASTER_PORT=$((port + 6)) "$gclab" train cfg.yaml --set name=hung $long --dist-timeout 5 \
+    >hung$r.log 2>&1 &
+  eval "pid$r=$!"
+done
+for _ in $(seq 120); do [ -s out/hung/metrics.jsonl ] && break; sleep 0.5; done
+kill -STOP "$pid1"
+start=$(date +%s)
+if wait "$pid0"; then fail "rank 0 went on without rank 1"; fi
+elapsed=$(($(date +%s) - start))
+kill -KILL "$pid1"
+[ $elapsed -le 30 ] || fail "rank 0 took $elapsed s to give up on a hung rank (--dist-timeout 5)"
+grep -q "did not answer within the timeout" hung0.log || fail "rank 0's error: $(tail -1 hung0.log)"
+echo "ddp_runs: all passed"
