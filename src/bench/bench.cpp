@@ -250,6 +250,7 @@ std::vector<BenchRow> run_bench(train::Session& session, const BenchOptions& giv
       const size_t first = rows.size();
       for (size_t v = 0; v < variants.size(); ++v) {
         BenchRow row;
+        row.world_size = session.plan().world.size;
         row.policy = variants[v].policy.to_string();
         row.cap = variants[v].cap;
         row.cap_bytes = variants[v].cap_bytes;
@@ -350,6 +351,7 @@ std::vector<FitRow> run_fit(train::Session& session, const std::vector<ckpt::Che
     for (const auto& policy : policies) {
       lever.resolution = resolution;
       FitRow row;
+      row.world_size = session.plan().world.size;
       row.policy = policy.to_string();
       row.resolution = resolution;
       row.lever = lever.frames ? "num_frames" : "batch";
@@ -397,13 +399,14 @@ void write_bench_csv(const std::filesystem::path& path, const std::vector<BenchR
     return q + "\"";
   };
   out << "policy,resolution,batch,oom,oom_phase,step_ms,time_ratio,peak_bytes,reserved_peak_bytes,peak_ratio,"
-         "predicted_activation_bytes,model_tflop,mfu,forward_ms,theory_ratio,cap,cap_bytes,applied,recomputed_share\n";
+         "predicted_activation_bytes,model_tflop,mfu,forward_ms,theory_ratio,cap,cap_bytes,applied,recomputed_share,"
+         "world_size\n";
   for (const auto& r : rows)
     out << quoted(r.policy) << "," << r.resolution << "," << r.batch << "," << (r.oom ? 1 : 0) << "," << r.oom_phase
         << "," << r.step_ms << "," << r.time_ratio << "," << r.peak_bytes << "," << r.reserved_peak_bytes << ","
         << r.peak_ratio << "," << r.predicted_activation_bytes << "," << r.model_tflop << "," << r.mfu << ","
         << r.forward_ms << "," << r.theory_ratio << "," << quoted(r.cap) << "," << r.cap_bytes << ","
-        << quoted(r.applied) << "," << r.recomputed_share << "\n";
+        << quoted(r.applied) << "," << r.recomputed_share << "," << r.world_size << "\n";
 }
 
 std::string bench_table(const std::vector<BenchRow>& rows) {

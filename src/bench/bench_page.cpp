@@ -162,6 +162,8 @@ std::vector<BenchRow> pareto_front(const std::vector<BenchRow>& rows) {
 void write_bench_page(const std::filesystem::path& path, const std::vector<BenchRow>& rows, int64_t cap_bytes) {
   std::ostringstream h;
   h << "<h1>gclab bench: checkpoint policies side by side</h1>";
+  if (!rows.empty() && rows.front().world_size > 1)
+    h << "<p>Per process: one of " << rows.front().world_size << " data-parallel ranks (WORLD_SIZE).</p>";
   for (const int res : resolutions_of(rows)) h << memory_chart(rows, res, cap_bytes);
   h << "<h2>Time</h2>" << overhead_chart(rows);
   h << "<h2>Memory against time</h2>" << pareto_chart(rows);
@@ -186,7 +188,10 @@ void write_fit_page(const std::filesystem::path& path, const std::vector<FitRow>
     c.values.push_back(v);
   }
   std::ostringstream h;
-  h << "<h1>gclab fit: the largest " << lever << " per resolution and policy</h1>" << bar_chart_svg(c);
+  h << "<h1>gclab fit: the largest " << lever << " per resolution and policy</h1>";
+  if (!rows.empty() && rows.front().world_size > 1)
+    h << "<p>Per process: one of " << rows.front().world_size << " data-parallel ranks (WORLD_SIZE).</p>";
+  h << bar_chart_svg(c);
   h << "<table><tr><th>resolution</th><th>policy</th><th>largest " << lever << "</th><th>batch</th><th>its peak</th>"
     << "<th>predicted largest " << lever << "</th></tr>";
   for (const auto& r : rows)

@@ -357,7 +357,33 @@ void estimate_steps(Document& d, ojson& est, const MemoryEstimate& e) {
 
 }  // namespace
 
-Document estimate_report(const MemoryEstimate& e) {
+// Each rank's share under a sharding (train/sharding.h): its resident bytes and each cell's totals moved by them.
+void estimate_per_rank(Document& d, ojson& est, const MemoryEstimate& e, train::Shard shard) {
+  const train::ShardedResident s = train::shard_resident(e, shard);
+  ojson pr = {{"world_size", s.world_size},
+              {"shard", train::shard_name(shard)},
+              {"weights", s.weights},
+              {"gradients", s.gradients},
+              {"gradient_buckets", s.gradient_buckets},
+              {"optimizer_state", s.optimizer},
+              {"ema", s.ema},
+              {"gathered", s.gathered},
+              {"resident", s.resident}};
+  pr["per_resolution"] = ojson::array();
+  for (const auto& r : e.resolutions)
+    pr["per_resolution"].push_back({{"resolution", r.resolution},
+                                    {"batch", r.batch},
+                                    {"frames", r.frames},
+                                    {"gc_off_total", r.gc_off.total_bytes + s.change()},
+                                    {"gc_full_total", r.gc_full.total_bytes + s.change()}});
+  est["per_rank"] = pr;
+  d.note("/estimate/per_rank", std::string("each of ") + std::to_string(s.world_size) + " ranks under shard " +
+                                   train::shard_name(shard) + " (train/sharding.h): resident " +
+                                   format_bytes(s.resident) + " of the replica's " + format_bytes(s.unsharded) +
+                                   (shard == train::Shard::none ? " (gclab's DDP, as it trains)" : " (on paper)"));
+}
+
+Document estimate_report(const MemoryEstimate& e, train::Shard shard) {
   Document d;
   ojson est;
   auto bytes = [&](const char* key, int64_t v) {
@@ -398,6 +424,7 @@ Document estimate_report(const MemoryEstimate& e) {
   if (e.text) estimate_text(d, at, *e.text, e.cap_bytes);
   if (e.cache) estimate_cache(d, at, *e.cache, e.cap_bytes);
   estimate_steps(d, at, e);
+  if (e.world_size > 1) estimate_per_rank(d, at, e, shard);
   at["not_modelled"] = e.not_modelled;
   return d;
 }
@@ -419,9 +446,21 @@ std::string fit_table(const std::vector<FitRow>& rows) {
 
 }  // namespace
 
+namespace {
+
+// Data parallelism: the figures are per process.
+void label_world(Document& d, int world_size) {
+  if (world_size <= 1) return;
+  d.value["world_size"] = world_size;
+  d.note("/world_size", "per process: one of " + std::to_string(world_size) + " data-parallel ranks (WORLD_SIZE)");
+}
+
+}  // namespace
+
 Document fit_report(const std::vector<FitRow>& rows) {
   Document d;
   d.preamble(fit_table(rows));
+  label_world(d, rows.empty() ? 1 : rows.front().world_size);
   d.value["fit"] = ojson::array();
   for (const auto& r : rows)
     d.value["fit"].push_back({{"resolution", r.resolution},
@@ -436,6 +475,7 @@ Document fit_report(const std::vector<FitRow>& rows) {
 Document bench_report(const std::vector<BenchRow>& rows) {
   Document d;
   d.preamble(bench_table(rows));
+  label_world(d, rows.empty() ? 1 : rows.front().world_size);
   d.value["bench"] = ojson::array();
   for (const auto& r : rows) {
     ojson row = {{"resolution", r.resolution}, {"batch", r.batch}, {"policy", r.policy}, {"oom", r.oom}};

@@ -592,13 +592,23 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::stri
 
 struct EstimateGrid {
   std::string frames, resolution;
+  int world_size = 0;  // --world-size (0: this process's world)
+  std::string shard = "none";
 };
 
 int run_estimate(const ConfigArgs& args, const EstimateGrid& grid) {
   const auto config = load(args);
   const auto frames = parse_list<int>("--frames", grid.frames, parse_int);
   const auto resolutions = parse_list<int>("--resolution", grid.resolution, parse_int);
-  print_report(args, gclab::bench::estimate_report(gclab::train::estimate_memory_grid(config, frames, resolutions)),
+  const auto shard = gclab::train::parse_shard(grid.shard);
+  if (!shard) throw gclab::UserError("--shard " + grid.shard + ": none, optimizer, grads or full");
+  if (grid.world_size > 0) {  // what each of N processes would hold: rank 0's plan of that world
+    gclab::dist::World world;
+    world.size = grid.world_size;
+    gclab::dist::set_process_world(world);
+  }
+  print_report(args,
+               gclab::bench::estimate_report(gclab::train::estimate_memory_grid(config, frames, resolutions), *shard),
                "# predicted training memory for " + args.path + ", counted from the run's own Session (no run)\n");
   return kExitOk;
 }
@@ -867,6 +877,15 @@ int gclab::cli::run(int argc, char** argv) {
                          "comma-separated num_frames (a video model): a row per frames x resolution");
   v.estimate->add_option("--resolution", v.estimate_grid.resolution,
                          "comma-separated dataset resolutions (default: the config's)");
+  v.estimate
+      ->add_option("--world-size", v.estimate_grid.world_size,
+                   "data parallelism: the figures of each of N processes (default: this process's WORLD_SIZE, else 1)")
+      ->check(CLI::PositiveNumber);
+  v.estimate
+      ->add_option("--shard", v.estimate_grid.shard,
+                   "with --world-size: none (DDP, as gclab trains), optimizer (ZeRO-1), grads (ZeRO-2) or full "
+                   "(FSDP): each rank's share, on paper")
+      ->check(CLI::IsMember({"none", "optimizer", "grads", "full"}));
   add_synth(app, v);
   v.report = app.add_subcommand("report", "write report.html for a run folder: loss, memory per phase, previews");
   v.report->add_option("run_dir", v.report_dir, "the run's output folder (training_folder/name)")->required();

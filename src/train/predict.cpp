@@ -294,6 +294,13 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), config::dtype_bytes(session.config().train.dtype));
   e.gradient_bucket_bytes = r.gradient_buckets;
   e.world_size = session.plan().world.size;
+  for (const auto& block : session.model().blocks()) {
+    int64_t trained = 0;
+    for (const auto& p : block->parameters())
+      if (p.requires_grad()) trained += static_cast<int64_t>(p.nbytes());
+    if (const int64_t bytes = nn::module_bytes(*block); bytes > e.largest_block_weight_bytes)
+      e.largest_block_weight_bytes = bytes, e.largest_block_trained_bytes = trained;
+  }
   e.resident_bytes = e.weight_bytes + e.gradient_bytes + e.optimizer_bytes + e.ema_bytes + e.text_encoder_bytes +
                      e.vae_bytes + e.image_encoder_bytes + e.offload_buffer_bytes + e.gradient_bucket_bytes;
   e.load = load_of(session.load_memory());

@@ -63,7 +63,7 @@ void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& ses
   const std::optional<PhaseBytes> predicted = model_ ? std::optional<PhaseBytes>(model_->predict(r)) : std::nullopt;
   if (predicted)
     for (const auto& [phase, bytes] : *predicted) run_predicted_[phase] = std::max(run_predicted_[phase], bytes);
-  metrics_ << json{{"step", step},
+  json line = json{{"step", step},
                    {"loss", r.loss},
                    {"lr", r.lr},
                    {"grad_norm", r.grad_norm},
@@ -84,9 +84,14 @@ void RunLog::step(int64_t step, const StepResult& r, double step_s, Session& ses
                    {"cap_counts", session.meter().cap_counts()},
                    {"oom_skips", oom_skips},
                    {"nonfinite_loss", r.nonfinite},
-                   {"nonfinite_steps", nonfinite_steps}}
-                  .dump()
-           << "\n";
+                   {"nonfinite_steps", nonfinite_steps}};
+  if (const dist::World& w = session.plan().world; !w.alone())  // this rank's: its buckets, its wait
+    line["dist"] = json{{"world_size", w.size},
+                        {"rank", w.rank},
+                        {"gradient_bucket_bytes", held.gradient_buckets},
+                        {"buckets_started_in_backward", r.buckets_started_in_backward},
+                        {"reduce_wait_s", r.reduce_wait_s}};
+  metrics_ << line.dump() << "\n";
   metrics_.flush();
   for (const auto& [name, bytes] : peaks) run_peaks_[name] = std::max(run_peaks_[name], bytes);
   last_step_peaks_ = peaks;

@@ -1231,34 +1231,41 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr),
                       step - skipped_scheduler_steps_, tc.steps);
   r.updated = tc.optimizer_steps_at(step, epoch_start);
-  if (reducer_ && r.updated) {
-    auto scope = phase(Phase::backward);  // the buckets' averages, waited for (and those not started yet)
-    reducer_->finish();
-  }
-  for (const auto& [n, p] : trained_)
-    if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
-  if (r.updated) {
-    auto scope = phase(Phase::optimizer);
-    std::vector<torch::Tensor> params;
-    for (const auto& [n, p] : trained_) params.push_back(p);
-    // Without a gradient (every micro-batch's loss non-finite) the optimizer updates nothing: torch's
-    // optimizers skip parameters whose .grad is None. The EMA is still updated, as hook_train_loop does.
-    if (static_cast<int>(losses.size()) > 0) {
-      // hook_train_loop clips for every optimizer but Adafactor (the norm is still measured for the log).
-      r.grad_norm = clip_grad_norm(params, tc.optimizer == config::OptimizerKind::adafactor
-                                               ? std::nullopt
-                                               : std::optional<double>(tc.max_grad_norm));
-      optimizer_->step(r.lr);
-    }
-    optimizer_->zero_grad();
-    update_ema();
-  }
+  update(r, !losses.empty());
   r.loss = losses.empty() ? std::nan("") : torch::stack(losses).mean().item<double>();
   if (group_ && !losses.empty()) {  // the ranks' mean: one process's loss over the global batch
     const std::vector<double> sum = group_->sum({r.loss}, "the step's loss");
     r.loss = sum[0] / plan_.world.size;
   }
   return r;
+}
+
+void Session::update(StepResult& r, bool any_gradient) {
+  const config::TrainConfig& tc = config_.train;
+  if (reducer_ && r.updated) {
+    auto scope = phase(Phase::backward);  // the buckets' averages, waited for (and those not started yet)
+    r.buckets_started_in_backward = reducer_->started_during_backward();
+    const auto t0 = std::chrono::steady_clock::now();
+    reducer_->finish();
+    r.reduce_wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  for (const auto& [n, p] : trained_)
+    if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
+  if (!r.updated) return;
+  auto scope = phase(Phase::optimizer);
+  std::vector<torch::Tensor> params;
+  for (const auto& [n, p] : trained_) params.push_back(p);
+  // Without a gradient (every micro-batch's loss non-finite) the optimizer updates nothing: torch's
+  // optimizers skip parameters whose .grad is None. The EMA is still updated, as hook_train_loop does.
+  if (any_gradient) {
+    // hook_train_loop clips for every optimizer but Adafactor (the norm is still measured for the log).
+    r.grad_norm = clip_grad_norm(params, tc.optimizer == config::OptimizerKind::adafactor
+                                             ? std::nullopt
+                                             : std::optional<double>(tc.max_grad_norm));
+    optimizer_->step(r.lr);
+  }
+  optimizer_->zero_grad();
+  update_ema();
 }
 
 bool Session::finite_everywhere(const torch::Tensor& loss) {

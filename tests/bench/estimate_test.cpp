@@ -23,6 +23,7 @@
 #include "gclab/model/quantize.h"
 #include "gclab/model/summary.h"
 #include "gclab/train/session.h"
+#include "gclab/train/sharding.h"
 #include "gclab/train/trainer.h"
 
 namespace gclab::bench {
@@ -73,6 +74,59 @@ TEST(Estimate, AGridOfFramesAndResolutionsIsARowEach) {
   EXPECT_LT(grid.resolutions[0].gc_full.total_bytes, grid.resolutions[2].gc_full.total_bytes);  // frames cost
   EXPECT_THROW(train::estimate_memory_grid(flux_24gb(), {5}, {}), UserError);
   EXPECT_THROW(train::estimate_memory_grid(load(wan), {0}, {}), UserError);
+}
+
+// Data parallelism (issue 51), `estimate --world-size 8 --shard ...` on AI Toolkit's FLUX.1-dev 24 GB LoRA config:
+// each rank holds the reducer's buckets — one element per trained tensor beyond its gradient, in its dtype, as
+// the reducer allocates them — and each sharding divides what train/sharding.h says it divides, the cells' totals
+// moving by the resident bytes' change. One process holds no buckets.
+TEST(Estimate, EachRankOfADataParallelRunAndItsShardings) {
+  const auto one = estimate_memory(flux_24gb());
+  EXPECT_EQ(one.gradient_bucket_bytes, 0);
+  dist::World eight;
+  eight.size = 8;
+  dist::set_process_world(eight);
+  const auto e = estimate_memory(flux_24gb());
+  dist::set_process_world(dist::World{});
+  EXPECT_EQ(e.world_size, 8);
+  int64_t buckets = 0, tensors = 0;
+  {
+    train::Session meta(flux_24gb(), train::SessionOptions{/*meta=*/true});
+    for (const auto& [name, p] : meta.trained())
+      buckets += static_cast<int64_t>((p.numel() + 1) * p.element_size()), ++tensors;
+  }
+  EXPECT_GT(tensors, 100);
+  EXPECT_EQ(e.gradient_bucket_bytes, buckets);
+  EXPECT_EQ(e.resident_bytes, one.resident_bytes + buckets);
+  ASSERT_EQ(e.resolutions.size(), one.resolutions.size());
+  EXPECT_EQ(e.resolutions[0].gc_full.total_bytes, one.resolutions[0].gc_full.total_bytes + buckets);
+
+  auto eighth = [](int64_t b) { return (b + 7) / 8; };
+  const auto none = train::shard_resident(e, train::Shard::none);
+  EXPECT_EQ(none.resident, e.resident_bytes);
+  EXPECT_EQ(none.change(), 0);
+  const auto zero1 = train::shard_resident(e, train::Shard::optimizer);
+  EXPECT_EQ(zero1.optimizer, eighth(e.optimizer_bytes));
+  EXPECT_EQ(zero1.ema, eighth(e.ema_bytes));
+  EXPECT_EQ(zero1.gradients, e.gradient_bytes);
+  EXPECT_EQ(zero1.resident, e.resident_bytes - (e.optimizer_bytes - zero1.optimizer) - (e.ema_bytes - zero1.ema));
+  const auto zero2 = train::shard_resident(e, train::Shard::grads);
+  EXPECT_EQ(zero2.gradients, eighth(e.gradient_bytes));
+  EXPECT_EQ(zero2.gradient_buckets, std::min<int64_t>(buckets, 25 << 20));
+  EXPECT_LT(zero2.resident, zero1.resident);
+  const auto fsdp = train::shard_resident(e, train::Shard::full);
+  EXPECT_EQ(fsdp.weights, eighth(e.weight_bytes));
+  EXPECT_GT(e.largest_block_weight_bytes, e.weight_bytes / 60);  // FLUX.1-dev: 57 blocks, the double ones larger
+  EXPECT_EQ(fsdp.gathered, 2 * e.largest_block_weight_bytes + e.largest_block_trained_bytes);
+  EXPECT_LT(fsdp.resident, zero2.resident - e.weight_bytes / 2);  // the frozen base is what it divides
+  // The report: the per_rank section with each cell's totals moved.
+  const auto doc = bench::estimate_report(e, train::Shard::full).value;
+  const auto& pr = doc["estimate"]["per_rank"];
+  EXPECT_EQ(pr["shard"], "full");
+  EXPECT_EQ(pr["resident"].get<int64_t>(), fsdp.resident);
+  EXPECT_EQ(pr["per_resolution"][0]["gc_full_total"].get<int64_t>(),
+            e.resolutions[0].gc_full.total_bytes + fsdp.change());
+  EXPECT_FALSE(bench::estimate_report(one).value["estimate"].contains("per_rank"));
 }
 
 // AI Toolkit's FLUX.1-dev 24 GB LoRA config: fits a 24 GB card with checkpointing at every resolution it

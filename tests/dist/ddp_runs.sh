@@ -54,6 +54,17 @@ same_weights out/ddp/ddp.safetensors out/one/one.safetensors || fail "two ranks'
 [ -f out/ddp/rank1/memory.json ] && [ -f out/ddp/rank1/metrics.jsonl ] || fail "rank 1's memory and metrics"
 [ ! -e out/ddp/rank1/run.safetensors ] && ! ls out/ddp/rank1/*.safetensors >/dev/null 2>&1 || fail "rank 1 saved"
 grep -q '"world_size": 2' out/ddp/memory.json || fail "memory.json does not say the world size"
+# Rank 1's memory as predicted (the reducer's buckets included) and measured; its buckets averaged in the backward.
+"$python" - out/ddp/rank1/memory.json out/ddp/rank1/metrics.jsonl <<'PY' || fail "rank 1's memory or metrics"
+import json, sys
+m = json.load(open(sys.argv[1]))
+measured, predicted = m["phase_peak_bytes"]["backward"], m["predicted_phase_peak_bytes"]["backward"]
+assert m["rank"] == 1 and m["gradient_bucket_bytes"] > 0, m
+assert abs(measured - predicted) <= 0.01 * measured, (measured, predicted)
+steps = [json.loads(l) for l in open(sys.argv[2])]
+assert all(s["dist"]["buckets_started_in_backward"] >= 1 for s in steps), [s["dist"] for s in steps]
+print(f"rank 1: backward {measured} B measured, {predicted} predicted; buckets {m['gradient_bucket_bytes']} B")
+PY
 
 # --- Gradient accumulation: two micro-batches of 1 on each of two ranks = one process's two of 2. ----------
 "$gclab" train cfg.yaml --set name=acc1 --set train.batch_size=2 --set train.gradient_accumulation=2 \

@@ -54,6 +54,8 @@ struct BenchRow {
   double theory_ratio = 0;
   double model_tflop = 0;  // the step's model FLOPs (step_flops), in TFLOP: recompute not counted
   double mfu = 0;          // model FLOPs / (step time x the bf16 rate: measured, else the data sheet's); CUDA only
+  // Data parallelism: the figures are one process's, one of world_size (RunPlan::world) replicas.
+  int world_size = 1;
 };
 
 // Model FLOPs of one training step whose blocks `est` walked (Session::block_activations): each block's
@@ -82,6 +84,7 @@ struct FitRow {
   // state made) and the preview's — for auto, the largest whose plan fits the cap less auto's margin; -1
   // where it does not predict the policy (budget) or there is no cap.
   int predicted = -1;
+  int world_size = 1;  // as BenchRow's: one process's figures
 };
 // For each resolution and policy, the largest batch up to max_batch — or, for a video family, the largest
 // num_frames up to max_frames (1 + t·k, the counts its autoencoder takes) at train.batch_size — for which two

@@ -10,6 +10,7 @@
 #include "gclab/bench/document.h"
 #include "gclab/model/summary.h"
 #include "gclab/train/predict.h"
+#include "gclab/train/sharding.h"
 
 namespace gclab::bench {
 
@@ -29,7 +30,9 @@ Document load_report(const train::LoadEstimate& load, int64_t cap_bytes);
 // Every phase of the run predicted (train/predict.h) for its largest cell under its policy, beside the cap:
 // the phases a run's memory.json records measured beside predicted. `check` prints it.
 Document phases_report(const train::MemoryModel& model, const config::ProcessConfig& config);
-Document estimate_report(const train::MemoryEstimate& estimate);
+// With more than one process (estimate.world_size: `estimate --world-size N`), a per_rank section: each rank's
+// resident bytes and cells' totals under `shard` (train/sharding.h).
+Document estimate_report(const train::MemoryEstimate& estimate, train::Shard shard = train::Shard::none);
 // fit's rows: `fit:` a list of {resolution, policy, largest_batch, peak_bytes}, the table as comments.
 Document fit_report(const std::vector<FitRow>& rows);
 // bench's rows: `bench:` a list of every cell's figures, bench_table() as comments.

@@ -99,6 +99,10 @@ struct StepResult {
   std::vector<data::Caption> captions;
   double data_wait_s = 0;
   int64_t gradient_bytes = 0;  // held just before the update
+  // Data parallelism: the gradient buckets whose average started during the backward (of the reducer's), and the
+  // time the step then waited for the averages to finish.
+  int buckets_started_in_backward = 0;
+  double reduce_wait_s = 0;
   // Micro-batches whose loss was not finite: no backward, no gradient (AI Toolkit's zero leaf); when every
   // micro-batch's was, no update either (`loss` is then NaN).
   int nonfinite = 0;
@@ -439,6 +443,9 @@ class Session {
   // Data parallelism: whether every rank's loss is finite (one rank's non-finite loss skips the micro-batch on all,
   // as one process's loss over the global batch would be non-finite).
   bool finite_everywhere(const torch::Tensor& loss);
+  // After a step's micro-batches: the gradients averaged across the ranks, then (r.updated) clipped and applied
+  // (`any_gradient`: some micro-batch's loss was finite), and the EMA updated.
+  void update(StepResult& r, bool any_gradient);
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, torch::Tensor> ema_;
   std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts
