@@ -47,4 +47,14 @@ ShardedResident shard_resident(const MemoryEstimate& e, Shard shard) {
   return r;
 }
 
+int64_t sharded_step_total(const MemoryEstimate& e, const StepEstimate& step, const ShardedResident& r) {
+  const int64_t n = r.world_size;
+  const int64_t step_temporaries =
+      r.shard == Shard::none ? 0 : e.optimizer_step_bytes - (e.optimizer_step_bytes + n - 1) / n;
+  int64_t total = 0;
+  for (const auto& [phase, bytes] : step.phases)
+    total = std::max(total, bytes + r.change() - (phase == Phase::optimizer ? step_temporaries : 0));
+  return total;
+}
+
 }  // namespace gclab::train

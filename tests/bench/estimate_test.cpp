@@ -125,7 +125,17 @@ TEST(Estimate, EachRankOfADataParallelRunAndItsShardings) {
   EXPECT_EQ(pr["shard"], "full");
   EXPECT_EQ(pr["resident"].get<int64_t>(), fsdp.resident);
   EXPECT_EQ(pr["per_resolution"][0]["gc_full_total"].get<int64_t>(),
-            e.resolutions[0].gc_full.total_bytes + fsdp.change());
+            train::sharded_step_total(e, e.resolutions[0].gc_full, fsdp));
+  // A step's phases move by the change, the optimizer's temporaries shrink to a rank's share where its state does.
+  const auto& cell = e.resolutions[0].gc_off;
+  EXPECT_EQ(train::sharded_step_total(e, cell, none), cell.total_bytes);
+  int64_t expected = 0;
+  for (const auto& [phase, bytes] : cell.phases)
+    expected = std::max(
+        expected, bytes + zero1.change() -
+                      (phase == train::Phase::optimizer ? e.optimizer_step_bytes - eighth(e.optimizer_step_bytes) : 0));
+  EXPECT_EQ(train::sharded_step_total(e, cell, zero1), expected);
+  EXPECT_LT(expected, cell.total_bytes);
   EXPECT_FALSE(bench::estimate_report(one).value["estimate"].contains("per_rank"));
 }
 

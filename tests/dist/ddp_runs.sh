@@ -28,6 +28,7 @@ train: {batch_size: 1, steps: 6, lr: 1e-3}
 save: {save_every: 3, dtype: float32}
 model: {arch: tiny-flux, vae: dct}
 network: {type: lora, linear: 4}
+sample: {sample_every: 3, width: 64, height: 64, sample_steps: 2, prompts: [a red square]}
 YAML
 
 # Max relative difference between two runs' final LoRAs (fails unless they hold the same tensors).
@@ -53,6 +54,10 @@ grep -q "rank 1 of 2.*resum" ddp2.log || fail "rank 1 did not resume: $(grep 'ra
 same_weights out/ddp/ddp.safetensors out/one/one.safetensors || fail "two ranks' weights are not one process's"
 [ -f out/ddp/rank1/memory.json ] && [ -f out/ddp/rank1/metrics.jsonl ] || fail "rank 1's memory and metrics"
 [ ! -e out/ddp/rank1/run.safetensors ] && ! ls out/ddp/rank1/*.safetensors >/dev/null 2>&1 || fail "rank 1 saved"
+# Rank 0 alone previews (AI Toolkit's sample() returns unless is_main_process): one file per preview step.
+[ "$(ls out/ddp/samples | wc -l)" -eq "$(ls out/one/samples | wc -l)" ] && [ "$(ls out/ddp/samples | wc -l)" -ge 2 ] ||
+  fail "previews: $(ls out/ddp/samples | tr '\n' ' ') against one process's $(ls out/one/samples | tr '\n' ' ')"
+! grep -q "rank 1 of 2.*sample(s) in" ddp.log ddp2.log || fail "rank 1 wrote previews"
 grep -q '"world_size": 2' out/ddp/memory.json || fail "memory.json does not say the world size"
 # Rank 1's memory as predicted (the reducer's buckets included) and measured; its buckets averaged in the backward.
 "$python" - out/ddp/rank1/memory.json out/ddp/rank1/metrics.jsonl <<'PY' || fail "rank 1's memory or metrics"

@@ -42,5 +42,8 @@ struct ShardedResident {
 
 // The estimate's resident bytes (for its world_size ranks, each a whole replica) under `shard`.
 ShardedResident shard_resident(const MemoryEstimate& e, Shard shard);
+// A step's peak on each rank under the sharding: every phase moved by the resident bytes' change, and the
+// optimizer phase's temporaries (its update's, walked) a rank's 1/N where the optimizer's state is sharded.
+int64_t sharded_step_total(const MemoryEstimate& e, const StepEstimate& step, const ShardedResident& r);
 
 }  // namespace gclab::train
