@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "gclab/dist/reducer.h"
 #ifdef GCLAB_WITH_NCCL
 #include "nccl.h"
@@ -117,6 +119,16 @@ std::vector<double> ProcessGroup::sum(const std::vector<double>& values, const s
   sum_async(t, what)->wait();
   t = t.cpu();
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+std::vector<int> ProcessGroup::differing_from_rank0(double value, double relative, const std::string& what) {
+  std::vector<double> each(static_cast<size_t>(world_.size), 0.0);
+  each[static_cast<size_t>(world_.rank)] = value;
+  const std::vector<double> all = sum(each, what);
+  std::vector<int> out;
+  for (size_t r = 1; r < all.size(); ++r)
+    if (!(std::abs(all[r] - all[0]) <= relative * std::abs(all[0]))) out.push_back(static_cast<int>(r));
+  return out;
 }
 
 void ProcessGroup::barrier(const std::string& what) {

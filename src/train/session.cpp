@@ -1548,6 +1548,16 @@ ResidentBytes Session::resident() const {
   return r;
 }
 
+double Session::trained_fingerprint() const {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (const auto& [n, p] : trained_) {
+    const torch::Tensor d = p.detach().to(torch::kDouble);
+    sum += d.sum().item<double>() + d.square().sum().item<double>();
+  }
+  return sum;
+}
+
 void Session::with_ema_weights(const std::function<void()>& fn) {
   if (ema_.empty()) return fn();
   std::map<std::string, torch::Tensor> live;

@@ -151,6 +151,19 @@ class Run {
     summary_.saves.push_back(saves_.save(session_, step, final));
     return summary_.saves.back();
   }
+  // Data parallelism: at each save every rank's trained weights must be rank 0's (the same update on the same
+  // averaged gradients); a rank apart is an error naming it, before rank 0 saves.
+  void check_ranks_agree(int64_t step) {
+    if (!group_) return;
+    const std::vector<int> apart =
+        group_->differing_from_rank0(session_.trained_fingerprint(), 1e-9, "comparing the ranks' weights");
+    if (apart.empty()) return;
+    std::string ranks;
+    for (int r : apart) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    throw std::runtime_error("step " + std::to_string(step) + ": the trained weights of rank(s) " + ranks +
+                             " differ from rank 0's: the ranks no longer train one model (a rank that resumed from "
+                             "another save, or a kernel that is not deterministic across them)");
+  }
   // Whether every rank is to stop (Ctrl-C reaches the ranks at different steps: they stop at one).
   bool stop_requested() const {
     const bool mine = options_.stop_requested && options_.stop_requested->load();
@@ -341,7 +354,7 @@ void Run::after_step(int64_t done) {
     if (consecutive_nonfinite_ > 0)  // the good saves before it are not rotated away
       log::warn("step " + std::to_string(done) + ": save deferred: the loss was not finite");
     else
-      save(done, false);
+      check_ranks_agree(done), save(done, false);
   }
 }
 
@@ -436,6 +449,7 @@ void Run::finish() {
   if (consecutive_nonfinite_ > 0)
     log::warn("the last " + std::to_string(consecutive_nonfinite_) +
               " steps' losses were not finite: the weights saved now are those of the last update before them");
+  check_ranks_agree(step_);
   save(step_, false);  // the state for --resume
   if (!summary_.interrupted) save(step_, true);
   summary_.unusable_images = loader_->unusable_files();

@@ -7,7 +7,7 @@
 #   - a rank killed (SIGKILL) makes the other stop at once with an error naming it, its last good step saved;
 #   - a rank out of memory writes its own report (naming the rank) and the other's error says what it said;
 #   - a rank that hangs (SIGSTOP) makes the other stop after --dist-timeout instead of waiting for ever.
-# usage: ddp_runs.sh GCLAB PYTHON WORKDIR PORT_BASE
+# usage: ddp_runs.sh GCLAB PYTHON WORKDIR PORT_BASE   (ports PORT_BASE .. PORT_BASE + 7; torchrun beside PYTHON)
 set -eu
 gclab=$1 python=$2 work=$3/ddp_runs port=$4
 launch="$(cd "$(dirname "$0")/../.." && pwd)/scripts/launch.sh"
@@ -70,6 +70,11 @@ steps = [json.loads(l) for l in open(sys.argv[2])]
 assert all(s["dist"]["buckets_started_in_backward"] >= 1 for s in steps), [s["dist"] for s in steps]
 print(f"rank 1: backward {measured} B measured, {predicted} predicted; buckets {m['gradient_bucket_bytes']} B")
 PY
+
+# --- torchrun itself (the venv's), starting the executable: the same weights. ----------------------------
+"$(dirname "$python")/torchrun" --no-python --nproc-per-node 2 --master-port $((port + 7)) "$gclab" train cfg.yaml \
+  --set name=torchrun >torchrun.log 2>&1 || fail "torchrun: $(tail -3 torchrun.log)"
+same_weights out/torchrun/torchrun.safetensors out/one/one.safetensors || fail "torchrun's weights are not one process's"
 
 # --- Gradient accumulation: two micro-batches of 1 on each of two ranks = one process's two of 2. ----------
 "$gclab" train cfg.yaml --set name=acc1 --set train.batch_size=2 --set train.gradient_accumulation=2 \

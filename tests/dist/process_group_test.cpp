@@ -80,6 +80,9 @@ TEST(ProcessGroup, TwoRanksAverageTheirTensors) {
   for (size_t i = 0; i < mine.size(); ++i)
     EXPECT_TRUE(torch::allclose(mine[i], whole[i], 1e-5, 1e-7))
         << "parameter " << i << ": max |diff| " << (mine[i] - whole[i]).abs().max().item<double>();
+  // The ranks compare a value (the trained weights' fingerprint at a save): equal passes, a rank apart is named.
+  EXPECT_TRUE(group->differing_from_rank0(3.25, 1e-9, "comparing").empty());
+  EXPECT_EQ(group->differing_from_rank0(w->rank == 1 ? 3.5 : 3.25, 1e-9, "comparing"), std::vector<int>{1});
   group->barrier("the end of the test");
 }
 

@@ -49,6 +49,8 @@ class ProcessGroup {
   // The ranks' sums of a few numbers (float64): a loss, a flag.
   std::vector<double> sum(const std::vector<double>& values, const std::string& what);
   bool any(bool flag, const std::string& what) { return sum({flag ? 1.0 : 0.0}, what)[0] > 0; }
+  // The ranks whose `value` differs from rank 0's by more than `relative` of it (none: every rank agrees).
+  std::vector<int> differing_from_rank0(double value, double relative, const std::string& what);
   void barrier(const std::string& what);
   // Before this rank stops on an error the others cannot see (out of memory, bad data): its reason, left in the
   // store for the others' RankLost messages.

@@ -312,6 +312,9 @@ class Session {
   torch::Tensor preview_condition(const std::filesystem::path& control, int index, int width, int height);
 
   ResidentBytes resident() const;
+  // The trained tensors summed in float64 (values and squares): what data-parallel ranks compare to know their
+  // weights are the same.
+  double trained_fingerprint() const;
   // The offload rings of this Session's device (model.layer_offloading's Linears share them).
   const nn::OffloadRings& offload_rings() const { return *rings_; }
   // What loading the model held (train/loading.h): predicted from the steps AI Toolkit's loader takes, and
