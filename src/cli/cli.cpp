@@ -700,6 +700,7 @@ struct Verbs {
   bool resume = false, from_scratch = false, dry_run = false;
   std::string memory_snapshot;
   int dist_timeout_s = 1800;
+  std::string train_shard = "none";
   ConfigArgs advise_args;
   int64_t advise_steps = 0;
   BenchArgs bench_opts, fit_opts;
@@ -869,6 +870,11 @@ int gclab::cli::run(int argc, char** argv) {
                    "data parallelism: seconds a rank waits for the others (a rank previewing or saving alone, one "
                    "that is gone) before it stops with an error naming them")
       ->check(CLI::PositiveNumber);
+  v.train
+      ->add_option("--shard", v.train_shard,
+                   "data parallelism: none (DDP: every rank holds the whole optimizer state) or optimizer (ZeRO-1: "
+                   "each rank keeps and updates the state of its share of the trained tensors)")
+      ->check(CLI::IsMember({"none", "optimizer"}));
   add_bench_and_fit(app, v);
   v.estimate = app.add_subcommand("estimate", "predicted memory breakdown, no run");
   add_config_args(v.estimate, v.estimate_args);
@@ -911,6 +917,12 @@ int gclab::cli::run(int argc, char** argv) {
   if (*v.check) return run_verb([&] { return run_check(v.check_args); });
   if (*v.info) return run_verb(run_info);
   if (*v.train) {
+    if (v.train_shard == "optimizer") {
+      gclab::dist::World world = gclab::dist::process_world();
+      if (world.alone()) gclab::log::warn("--shard optimizer: one process (WORLD_SIZE unset or 1): nothing to shard");
+      world.shard_optimizer = true;
+      gclab::dist::set_process_world(world);
+    }
     if (v.resume && v.from_scratch) {
       std::cerr << "error: --resume and --from-scratch contradict each other\n";
       return kExitBadInput;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <map>
 
 #include "gclab/dist/reducer.h"
 #ifdef GCLAB_WITH_NCCL
@@ -128,6 +129,60 @@ std::vector<int> ProcessGroup::differing_from_rank0(double value, double relativ
   std::vector<int> out;
   for (size_t r = 1; r < all.size(); ++r)
     if (!(std::abs(all[r] - all[0]) <= relative * std::abs(all[0]))) out.push_back(static_cast<int>(r));
+  return out;
+}
+
+void ProcessGroup::broadcast_from_owners(const std::vector<at::Tensor>& tensors, const std::vector<int>& owners,
+                                         const std::string& what) {
+  at::NoGradGuard no_grad;
+  for (int root = 0; root < world_.size; ++root) {
+    std::map<at::ScalarType, std::vector<at::Tensor>> owned;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (owners[i] == root) owned[tensors[i].scalar_type()].push_back(tensors[i]);
+    for (auto& [dtype, parts] : owned) {
+      std::vector<at::Tensor> flat_parts;
+      for (const auto& t : parts) flat_parts.push_back(t.detach().reshape({-1}));
+      std::vector<at::Tensor> flat = {at::cat(flat_parts)};
+      c10d::BroadcastOptions options;
+      options.rootRank = root;
+      try {
+        impl_->backend->broadcast(flat, options)->wait();
+      } catch (const std::exception& e) {
+        throw lost(what, e);
+      }
+      if (root == world_.rank) continue;
+      int64_t offset = 0;
+      for (auto& t : parts) {
+        t.detach().copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+        offset += t.numel();
+      }
+    }
+  }
+}
+
+std::vector<std::string> ProcessGroup::gather_to_rank0(const std::string& mine, const std::string& what) {
+  std::vector<double> lengths(static_cast<size_t>(world_.size), 0.0);
+  lengths[static_cast<size_t>(world_.rank)] = static_cast<double>(mine.size());
+  lengths = sum(lengths, what);
+  auto as_tensor = [this](int64_t n) { return at::empty({n}, at::TensorOptions().dtype(at::kByte).device(device_)); };
+  std::vector<std::string> out;
+  try {
+    if (world_.rank != 0) {
+      std::vector<at::Tensor> t = {as_tensor(static_cast<int64_t>(mine.size()))};
+      t[0].copy_(at::from_blob(const_cast<char*>(mine.data()), {static_cast<int64_t>(mine.size())}, at::kByte));
+      impl_->backend->send(t, 0, /*tag=*/world_.rank)->wait();
+      return out;
+    }
+    out.push_back(mine);
+    for (int r = 1; r < world_.size; ++r) {
+      std::vector<at::Tensor> t = {as_tensor(static_cast<int64_t>(lengths[static_cast<size_t>(r)]))};
+      impl_->backend->recv(t, r, /*tag=*/r)->wait();
+      const at::Tensor host = t[0].cpu();
+      out.emplace_back(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(host.numel()));
+    }
+  } catch (const std::exception& e) {
+    throw lost(what, e);
+  }
   return out;
 }
 

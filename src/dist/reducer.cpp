@@ -22,6 +22,19 @@ std::vector<std::vector<size_t>> plan_buckets(const std::vector<at::Tensor>& tra
   return buckets;
 }
 
+std::vector<int> owners(const std::vector<at::Tensor>& trained, int size) {
+  int64_t total = 0;
+  for (const auto& t : trained) total += static_cast<int64_t>(t.nbytes());
+  std::vector<int> out;
+  int64_t before = 0;
+  for (const auto& t : trained) {
+    const int64_t middle = before + static_cast<int64_t>(t.nbytes()) / 2;  // where the tensor's bytes centre
+    out.push_back(total > 0 ? static_cast<int>(std::min<int64_t>(size - 1, middle * size / total)) : 0);
+    before += static_cast<int64_t>(t.nbytes());
+  }
+  return out;
+}
+
 int64_t GradientReducer::buffer_bytes(const std::vector<at::Tensor>& trained, int64_t bucket_bytes) {
   int64_t bytes = 0;
   for (const auto& members : plan_buckets(trained, bucket_bytes))

@@ -1,4 +1,5 @@
 #include "gclab/train/session.h"
+#include "gclab/io/safetensors.h"
 
 #include "gclab/train/predict.h"
 
@@ -598,8 +599,21 @@ void Session::build_optimizer() {
                     (config_.network ? "network.transformer_only / network_kwargs leave no Linear to adapt"
                                      : "model.only_if_contains / ignore_if_contains leave no parameter") +
                     " (names are matched as \"transformer.<path>\", e.g. transformer.transformer_blocks.0.attn.to_q)");
+  std::vector<std::pair<std::string, torch::Tensor>> updated = trained_;
+  if (plan_.world.shard_optimizer && !plan_.world.alone()) {  // ZeRO-1: the state of this rank's tensors only
+    if (tc.optimizer == config::OptimizerKind::prodigy)
+      throw UserError(
+          "--shard optimizer: Prodigy's step size is estimated over every trained tensor at once; "
+          "use another optimizer, or --shard none");
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [n, p] : trained_) tensors.push_back(p);
+    owners_ = dist::owners(tensors, plan_.world.size);
+    updated.clear();
+    for (size_t i = 0; i < trained_.size(); ++i)
+      if (owners_[i] == plan_.world.rank) updated.push_back(trained_[i]);
+  }
   optimizer_ =
-      make_optimizer(tc.optimizer, trained_,
+      make_optimizer(tc.optimizer, std::move(updated),
                      options_from(tc, [&](const char* key) { return config_.source.origin_by_path.count(key) > 0; }));
   if (tc.ema_config.use_ema)
     for (const auto& [n, p] : trained_) ema_[n] = p.detach().clone();
@@ -1154,7 +1168,7 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   // AI Toolkit's gradient_accumulation sums the micro-batches' gradients: SDTrainer.hook_train_loop zeroes
   // the gradients, calls backward on each micro-batch's loss as it is, then steps once (the legacy
   // gradient_accumulation_steps: only on its every-Nth steps, with that step's gradient).
-  optimizer_->zero_grad();
+  zero_grad();
   so.loss_type = tc.loss_type;
   so.dtype = plan_.compute_dtype;
   bool epoch_start = false;
@@ -1264,8 +1278,34 @@ void Session::update(StepResult& r, bool any_gradient) {
                                              : std::optional<double>(tc.max_grad_norm));
     optimizer_->step(r.lr);
   }
-  optimizer_->zero_grad();
+  if (group_ && shards_optimizer()) {  // ZeRO-1: every rank's tensors from their owners (the all-gather)
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [n, p] : trained_) tensors.push_back(p);
+    group_->broadcast_from_owners(tensors, owners_, "gathering the updated weights");
+  }
+  zero_grad();
   update_ema();
+}
+
+void Session::zero_grad() {
+  optimizer_->zero_grad();
+  if (shards_optimizer())
+    for (auto& [n, p] : trained_) p.mutable_grad() = torch::Tensor();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Session::optimizer_state() const {
+  return shards_optimizer() ? gathered_state_ : optimizer_->state();
+}
+
+void Session::gather_optimizer_state() {
+  if (!group_ || !shards_optimizer()) return;
+  const std::vector<std::string> blobs =
+      group_->gather_to_rank0(io::serialize_safetensors(optimizer_->state()), "gathering the optimizer's state");
+  gathered_state_.clear();
+  std::set<std::string> seen;  // the counts every rank has ("step") once
+  for (size_t r = 0; r < blobs.size(); ++r)
+    for (const auto& [name, t] : io::SafetensorsFile::from_bytes(blobs[r], "rank " + std::to_string(r)).tensors())
+      if (seen.insert(name).second) gathered_state_.emplace_back(name, t.clone());
 }
 
 bool Session::finite_everywhere(const torch::Tensor& loss) {

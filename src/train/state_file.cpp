@@ -63,7 +63,7 @@ const std::vector<StateSection>& state_sections() {
            p.copy_(it->second);
          }
        }},
-      {"optimizer.", [](Session& s) { return s.optimizer().state(); },
+      {"optimizer.", [](Session& s) { return s.optimizer_state(); },
        [](Session& s, const ByName& in, const std::string&) { s.optimizer().load_state(in); }},
       {"ema.",
        [](Session& s) {

@@ -146,7 +146,20 @@ class Run {
 
   // Rank 0 alone writes the samples and the saves (every rank resumes from them); each rank its own log, metrics
   // and memory.json, in rank_dir_ (the run's folder for rank 0, rank<r>/ in it for the others).
-  std::optional<std::filesystem::path> save(int64_t step, bool final) {
+  // `together`: every rank calls it (a save that is due, the last one); else rank 0 alone (on a failure), which
+  // under ZeRO-1 cannot gather the other ranks' optimizer state: it saves nothing then, the last due save stands.
+  std::optional<std::filesystem::path> save(int64_t step, bool final, bool together = true) {
+    if (!final && session_.shards_optimizer()) {
+      if (!together) {
+        if (writes_)
+          log::warn(
+              "the optimizer's state is sharded across the ranks (--shard optimizer), which cannot all take "
+              "part now: step " +
+              std::to_string(step) + " is not saved; the newest save stands");
+        return std::nullopt;
+      }
+      session_.gather_optimizer_state();
+    }
     if (!writes_) return std::nullopt;
     summary_.saves.push_back(saves_.save(session_, step, final));
     return summary_.saves.back();
@@ -294,7 +307,7 @@ void Run::loop() {
       // Anything else that ends the run (unusable data, a bug): the last good state first.
       log::error(std::string("stopping at step ") + std::to_string(step_ + 1) + ": " + e.what());
       if (group_ && !dynamic_cast<const dist::RankLost*>(&e)) group_->tell_others(e.what());
-      if (last_good_step_ > summary_.start_step) save(last_good_step_, false);
+      if (last_good_step_ > summary_.start_step) save(last_good_step_, false, /*together=*/false);
       throw;
     }
   }
@@ -382,7 +395,7 @@ void Run::note_nonfinite(int64_t done, const StepResult& r) {
 void Run::on_oom(const c10::OutOfMemoryError& e) {
   const auto live = session_.meter().stats();
   const ResidentBytes held = session_.resident();
-  session_.optimizer().zero_grad();
+  session_.zero_grad();
   const Phase phase = session_.current_phase();
   // The caches are filled before the step loop (AI Toolkit catches no OOM there), as the model is loaded.
   const bool in_step = phase != Phase::sample && phase != Phase::save && phase != Phase::cache && phase != Phase::setup;
@@ -430,7 +443,7 @@ void Run::stop_out_of_memory(const c10::OutOfMemoryError& e, const memory::Memor
   ctx.skipped = skipped_;
   session_.lift_cap();  // nothing lost: the save is not part of the experiment
   try {
-    if (const auto saved = save(last_good_step_, false)) ctx.saved_weights = saved->string();
+    if (const auto saved = save(last_good_step_, false, /*together=*/false)) ctx.saved_weights = saved->string();
   } catch (const std::exception& save_error) {
     log::error(std::string("could not save after the out-of-memory error: ") + save_error.what());
   }

@@ -4,10 +4,11 @@
 #   - two ranks with batch b train the weights one process trains with batch 2b (fp32 rounding), with caption
 #     dropout, two buckets, a save and a resume on the way, and with gradient accumulation;
 #   - checkpointing on and off give the same weights under data parallelism too;
+#   - ZeRO-1 (--shard optimizer) too, each rank holding half the optimizer's state, saved whole and resumed;
 #   - a rank killed (SIGKILL) makes the other stop at once with an error naming it, its last good step saved;
 #   - a rank out of memory writes its own report (naming the rank) and the other's error says what it said;
 #   - a rank that hangs (SIGSTOP) makes the other stop after --dist-timeout instead of waiting for ever.
-# usage: ddp_runs.sh GCLAB PYTHON WORKDIR PORT_BASE   (ports PORT_BASE .. PORT_BASE + 7; torchrun beside PYTHON)
+# usage: ddp_runs.sh GCLAB PYTHON WORKDIR PORT_BASE   (ports PORT_BASE .. PORT_BASE + 9; torchrun beside PYTHON)
 set -eu
 gclab=$1 python=$2 work=$3/ddp_runs port=$4
 launch="$(cd "$(dirname "$0")/../.." && pwd)/scripts/launch.sh"
@@ -75,6 +76,26 @@ PY
 "$(dirname "$python")/torchrun" --no-python --nproc-per-node 2 --master-port $((port + 7)) "$gclab" train cfg.yaml \
   --set name=torchrun >torchrun.log 2>&1 || fail "torchrun: $(tail -3 torchrun.log)"
 same_weights out/torchrun/torchrun.safetensors out/one/one.safetensors || fail "torchrun's weights are not one process's"
+
+# --- ZeRO-1 (--shard optimizer): each rank half the optimizer's state, the same weights, over a save (the state
+# gathered at rank 0) and a resume (each rank takes its share back).
+launch2 $((port + 8)) --set name=zero1 --set train.steps=3 --shard optimizer >zero1.log 2>&1 ||
+  fail "ZeRO-1: $(tail -3 zero1.log)"
+launch2 $((port + 9)) --set name=zero1 --shard optimizer >zero1b.log 2>&1 || fail "ZeRO-1 resumed: $(tail -3 zero1b.log)"
+same_weights out/zero1/zero1.safetensors out/one/one.safetensors || fail "ZeRO-1's weights are not one process's"
+"$python" - out/zero1/rank1/memory.json out/ddp/rank1/memory.json out/zero1/zero1_000000003.state.safetensors \
+  out/one/one_000000003.state.safetensors <<'PY' || fail "ZeRO-1's memory or its saved state"
+import json, sys
+from safetensors.torch import load_file
+zero1, ddp = (json.load(open(f)) for f in sys.argv[1:3])
+assert 0 < zero1["optimizer_bytes"] <= 0.55 * ddp["optimizer_bytes"], (zero1["optimizer_bytes"], ddp["optimizer_bytes"])
+measured, predicted = zero1["phase_peak_bytes"]["optimizer"], zero1["predicted_phase_peak_bytes"]["optimizer"]
+assert abs(measured - predicted) <= 0.01 * measured, (measured, predicted)
+a, b = load_file(sys.argv[3]), load_file(sys.argv[4])  # the whole state, as one process saves it
+opt = sorted(k for k in b if k.startswith("optimizer."))
+assert opt == sorted(k for k in a if k.startswith("optimizer.")), "the gathered state's tensors differ"
+print(f"ZeRO-1: {len(opt)} optimizer tensors saved whole; rank 1 holds {zero1['optimizer_bytes']} B of {ddp['optimizer_bytes']}")
+PY
 
 # --- Gradient accumulation: two micro-batches of 1 on each of two ranks = one process's two of 2. ----------
 "$gclab" train cfg.yaml --set name=acc1 --set train.batch_size=2 --set train.gradient_accumulation=2 \

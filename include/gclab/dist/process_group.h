@@ -52,6 +52,12 @@ class ProcessGroup {
   // The ranks whose `value` differs from rank 0's by more than `relative` of it (none: every rank agrees).
   std::vector<int> differing_from_rank0(double value, double relative, const std::string& what);
   void barrier(const std::string& what);
+  // ZeRO-1's all-gather of updated weights: each tensor copied from its owner (owners[i], a rank) to every rank,
+  // one broadcast per rank and dtype of the tensors it owns, flattened.
+  void broadcast_from_owners(const std::vector<at::Tensor>& tensors, const std::vector<int>& owners,
+                             const std::string& what);
+  // Every rank's bytes at rank 0 (rank 0's result: one string per rank, its own first; the others' result: empty).
+  std::vector<std::string> gather_to_rank0(const std::string& mine, const std::string& what);
   // Before this rank stops on an error the others cannot see (out of memory, bad data): its reason, left in the
   // store for the others' RankLost messages.
   void tell_others(const std::string& reason);

@@ -59,6 +59,10 @@ class GradientReducer {
   int started_early_ = 0;
 };
 
+// ZeRO-1's partition: each trained tensor's owning rank — contiguous runs in registration order, each rank about
+// 1/size of the bytes (a tensor is not split). The same on every rank; the rule the run and its walk follow.
+std::vector<int> owners(const std::vector<at::Tensor>& trained, int size);
+
 // The buckets a reducer makes of tensors of these sizes and dtypes, in reverse order, each of one dtype and at
 // most `bucket_bytes` (a tensor larger alone); the rule both the reducer and buffer_bytes follow.
 std::vector<std::vector<size_t>> plan_buckets(const std::vector<at::Tensor>& trained, int64_t bucket_bytes);

@@ -12,6 +12,9 @@ struct World {
   int rank = 0, size = 1, local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // ZeRO-1 (`gclab train --shard optimizer`): each rank keeps and updates the optimizer's state of its own
+  // trained tensors (owners()), the updated weights broadcast from their owners.
+  bool shard_optimizer = false;
   bool alone() const { return size <= 1; }
   bool writes_outputs() const { return rank == 0; }  // samples, metrics, saves, memory.json: rank 0's
   // "rank 1 of 2" (empty for one process): what logs and reports name.

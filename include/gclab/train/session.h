@@ -163,6 +163,15 @@ class Session {
   const model::LoraOptions& lora() const { return lora_; }
   int lora_modules() const { return lora_modules_; }
   Optimizer& optimizer() { return *optimizer_; }
+  // Clears every trained tensor's gradient (the optimizer's, and under ZeRO-1 the tensors other ranks own).
+  void zero_grad();
+  // ZeRO-1 (RunPlan::world.shard_optimizer, more than one rank): this rank's optimizer holds the state of the
+  // trained tensors it owns (dist::owners) and updates them; the others' weights come from their owners.
+  bool shards_optimizer() const { return !owners_.empty(); }
+  // The optimizer's state as a save writes it: the whole state — under ZeRO-1 the one gather_optimizer_state()
+  // gathered at rank 0 last (collective: every rank calls it before rank 0 saves).
+  std::vector<std::pair<std::string, torch::Tensor>> optimizer_state() const;
+  void gather_optimizer_state();
   const Optimizer& optimizer() const { return *optimizer_; }
   const std::vector<std::pair<std::string, torch::Tensor>>& trained() const { return trained_; }
   std::map<std::string, torch::Tensor>& ema() { return ema_; }
@@ -442,6 +451,8 @@ class Session {
   int64_t foreseen_pixels_ = 0;
   std::vector<std::pair<std::string, torch::Tensor>> trained_;
   dist::ProcessGroup* group_ = nullptr;  // SessionOptions::group
+  std::vector<int> owners_;              // ZeRO-1: each trained tensor's rank (empty: no sharding)
+  std::vector<std::pair<std::string, torch::Tensor>> gathered_state_;  // ZeRO-1, rank 0: the last gather
   std::unique_ptr<dist::GradientReducer> reducer_;
   // Data parallelism: whether every rank's loss is finite (one rank's non-finite loss skips the micro-batch on all,
   // as one process's loss over the global batch would be non-finite).
