@@ -13,6 +13,10 @@
 # with an error naming it (their collectives fail as its connections close); any still running after
 # GCLAB_LAUNCH_GRACE seconds (default 60) are killed. The exit status is the first failing rank's, else 0.
 set -u
+if ((BASH_VERSINFO[0] < 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] < 1))); then
+  echo "launch.sh needs bash 5.1 or later (wait -n -p); this is $BASH_VERSION. torchrun --no-python does the same" >&2
+  exit 2
+fi
 
 if [ $# -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: scripts/launch.sh N CONFIG [gclab train options...]   (N processes on this machine)" >&2
@@ -47,7 +51,11 @@ while [ ${#running[@]} -gt 0 ]; do
   finished=
   wait -n -p finished "${running[@]}"
   code=$?
-  [ -z "$finished" ] && continue  # a signal (forwarded by the trap), not a rank that ended
+  if [ -z "$finished" ]; then  # a signal (forwarded by the trap), not a rank that ended
+    [ "$code" -gt 128 ] && continue
+    echo "launch.sh: wait failed ($code)" >&2
+    exit 1
+  fi
   still=()
   for p in "${running[@]}"; do [ "$p" != "$finished" ] && still+=("$p"); done
   running=("${still[@]}")

@@ -556,6 +556,7 @@ int run_train(const ConfigArgs& args, bool resume, bool dry_run, const std::stri
     return kExitOk;
   }
   std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);  // torchrun stops the other workers so when one fails: save and stop too
   gclab::train::TrainOptions options;
   options.resume = resume;
   options.progress = &std::cerr;

@@ -1,5 +1,6 @@
 #include "gclab/dist/process_group.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -17,7 +18,30 @@ namespace gclab::dist {
 
 namespace {
 
-const char* const kReasonKey = "gclab/stopped";
+// The key a stopping rank leaves its reason under: one per torchrun restart (its store outlives them).
+std::string reason_key() {
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return std::string("gclab/stopped/") + (restart && *restart ? restart : "0");
+}
+
+// Gloo's network device: the master's address on one machine (loopback), else GLOO_SOCKET_IFNAME's interface or
+// this host's own name, as torch.distributed picks it.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const World& world) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  const bool one_machine = world.master_addr == "127.0.0.1" || world.master_addr == "localhost" ||
+                           world.master_addr == "::1" || std::getenv("NNODES") == nullptr ||
+                           std::string(std::getenv("NNODES")) == "1";
+  return one_machine ? c10d::ProcessGroupGloo::createDeviceForHostname(world.master_addr)
+                     : c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const World& world,
+                                            std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(gloo_device(world));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.size, options);
+}
 
 class Collective : public Pending {
  public:
@@ -40,7 +64,10 @@ class Collective : public Pending {
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::Backend> backend;
+  c10::intrusive_ptr<c10d::Backend> backend;  // the tensors' (gradients, weights): NCCL on CUDA, else Gloo
+  // The run's own few numbers and bytes (losses, flags, the optimizer's state at a save) on the CPU: Gloo always,
+  // so that a lost rank fails them within the timeout whatever the tensors' backend.
+  c10::intrusive_ptr<c10d::Backend> control;
   std::string backend_name;
 };
 
@@ -60,20 +87,20 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const World& world, const at::D
   options.numWorkers = world.size;
   options.timeout = timeout;
   try {
-    group->impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+    auto& impl = *group->impl_;
+    impl.store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+    impl.control = make_gloo(c10::make_intrusive<c10d::PrefixStore>("control", impl.store), world, timeout);
     if (device.is_cuda()) {
 #ifdef GCLAB_WITH_NCCL
-      group->impl_->backend = make_nccl(group->impl_->store, world.rank, world.size, timeout);
-      group->impl_->backend_name = "nccl";
+      impl.backend =
+          make_nccl(c10::make_intrusive<c10d::PrefixStore>("nccl", impl.store), world.rank, world.size, timeout);
+      impl.backend_name = "nccl";
 #else
       throw std::runtime_error("this gclab was built without NCCL (no CUDA toolkit at configure time)");
 #endif
     } else {
-      auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
-      gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(world.master_addr));
-      group->impl_->backend =
-          c10::make_intrusive<c10d::ProcessGroupGloo>(group->impl_->store, world.rank, world.size, gloo);
-      group->impl_->backend_name = "gloo";
+      impl.backend = impl.control;
+      impl.backend_name = "gloo";
     }
   } catch (const std::exception& e) {
     throw std::runtime_error(world.name() + " could not join the process group at " + world.master_addr + ":" +
@@ -116,10 +143,13 @@ void ProcessGroup::average(std::vector<at::Tensor>& tensors) {
 }
 
 std::vector<double> ProcessGroup::sum(const std::vector<double>& values, const std::string& what) {
-  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device_);
-  sum_async(t, what)->wait();
-  t = t.cpu();
-  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  std::vector<at::Tensor> t = {at::tensor(values, at::TensorOptions().dtype(at::kDouble))};
+  try {
+    impl_->control->allreduce(t)->wait();
+  } catch (const std::exception& e) {
+    throw lost(what, e);
+  }
+  return std::vector<double>(t[0].data_ptr<double>(), t[0].data_ptr<double>() + t[0].numel());
 }
 
 std::vector<int> ProcessGroup::differing_from_rank0(double value, double relative, const std::string& what) {
@@ -164,20 +194,20 @@ std::vector<std::string> ProcessGroup::gather_to_rank0(const std::string& mine, 
   std::vector<double> lengths(static_cast<size_t>(world_.size), 0.0);
   lengths[static_cast<size_t>(world_.rank)] = static_cast<double>(mine.size());
   lengths = sum(lengths, what);
-  auto as_tensor = [this](int64_t n) { return at::empty({n}, at::TensorOptions().dtype(at::kByte).device(device_)); };
+  auto as_tensor = [](int64_t n) { return at::empty({n}, at::TensorOptions().dtype(at::kByte)); };  // host bytes
   std::vector<std::string> out;
   try {
     if (world_.rank != 0) {
       std::vector<at::Tensor> t = {as_tensor(static_cast<int64_t>(mine.size()))};
       t[0].copy_(at::from_blob(const_cast<char*>(mine.data()), {static_cast<int64_t>(mine.size())}, at::kByte));
-      impl_->backend->send(t, 0, /*tag=*/world_.rank)->wait();
+      impl_->control->send(t, 0, /*tag=*/world_.rank)->wait();
       return out;
     }
     out.push_back(mine);
     for (int r = 1; r < world_.size; ++r) {
       std::vector<at::Tensor> t = {as_tensor(static_cast<int64_t>(lengths[static_cast<size_t>(r)]))};
-      impl_->backend->recv(t, r, /*tag=*/r)->wait();
-      const at::Tensor host = t[0].cpu();
+      impl_->control->recv(t, r, /*tag=*/r)->wait();
+      const at::Tensor& host = t[0];
       out.emplace_back(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(host.numel()));
     }
   } catch (const std::exception& e) {
@@ -188,7 +218,7 @@ std::vector<std::string> ProcessGroup::gather_to_rank0(const std::string& mine, 
 
 void ProcessGroup::barrier(const std::string& what) {
   try {
-    impl_->backend->barrier()->wait();
+    impl_->control->barrier()->wait();
   } catch (const std::exception& e) {
     throw lost(what, e);
   }
@@ -197,7 +227,8 @@ void ProcessGroup::barrier(const std::string& what) {
 void ProcessGroup::tell_others(const std::string& reason) {
   try {
     const std::string text = reason.rfind(world_.name(), 0) == 0 ? reason : world_.name() + ": " + reason;
-    impl_->store->set(kReasonKey, std::vector<uint8_t>(text.begin(), text.end()));
+    if (!impl_->store->check({reason_key()}))  // the first reason stands (the others follow from it)
+      impl_->store->set(reason_key(), std::vector<uint8_t>(text.begin(), text.end()));
   } catch (const std::exception&) {
     // The store went with rank 0: nobody is left to tell.
   }
@@ -205,8 +236,8 @@ void ProcessGroup::tell_others(const std::string& reason) {
 
 std::string ProcessGroup::reason_of_lost_rank() {
   try {
-    if (!impl_->store->check({kReasonKey})) return "";
-    const std::vector<uint8_t> text = impl_->store->get(kReasonKey);
+    if (!impl_->store->check({reason_key()})) return "";
+    const std::vector<uint8_t> text = impl_->store->get(reason_key());
     return std::string(text.begin(), text.end());
   } catch (const std::exception&) {
     return "";

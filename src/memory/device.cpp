@@ -11,7 +11,7 @@
 
 namespace gclab::memory {
 
-DeviceInfo describe_devices() {
+DeviceInfo describe_devices(int only) {
   DeviceInfo info;
   info.torch_version = TORCH_VERSION;
   info.cpu_threads = at::get_num_threads();
@@ -25,6 +25,7 @@ DeviceInfo describe_devices() {
   const int count = static_cast<int>(c10::cuda::device_count());
   info.cuda_available = count > 0;
   for (int i = 0; i < count; ++i) {
+    if (only >= 0 && i != only) continue;
     GpuInfo gpu;
     gpu.index = i;
     const cudaDeviceProp* prop = at::cuda::getDeviceProperties(i);

@@ -344,10 +344,13 @@ void plan_auto_cap(RunPlan& plan) {
     return;
   }
   if (!plan.cuda || !torch::cuda::is_available()) return;
-  // The run's GPU: the plan's device, or (a meta plan) the one the config names.
+  // The run's GPU: the plan's device, or (a meta plan) the one the config names — a data-parallel rank's own,
+  // cuda:LOCAL_RANK (only that one queried: no CUDA context on the other ranks' GPUs).
   const c10::Device named = plan.device.is_cuda() ? plan.device : resolve_device(plan.config.device);
-  const int index = named.is_cuda() && named.has_index() ? named.index() : 0;
-  for (const auto& g : memory::describe_devices().gpus)
+  const int index = !plan.world.alone()                    ? plan.world.local_rank
+                    : named.is_cuda() && named.has_index() ? named.index()
+                                                           : 0;
+  for (const auto& g : memory::describe_devices(index).gpus)
     if (g.index == index) plan.auto_cap_bytes = g.free_bytes, plan.auto_cap_source = "the GPU's free memory";
 }
 

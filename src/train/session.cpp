@@ -659,6 +659,11 @@ memory::PhaseMeter::Scope Session::phase(Phase p) {
   return phases_.phase(p);
 }
 
+uint64_t Session::encode_key(int64_t batch, uint64_t k) const {
+  // A rank's posterior samples are its own: its images differ from the other ranks' in the same batch.
+  return static_cast<uint64_t>(batch) * 16 + k + (static_cast<uint64_t>(plan_.world.rank) << 48);
+}
+
 vae::ImageCodec& Session::codec() {
   if (!codec_) throw std::logic_error("the autoencoder is not built in a Session that only loads");
   return *codec_;
@@ -668,7 +673,7 @@ void Session::encode(data::LoadedBatch& lb) {
   if (lb.latents.defined() && lb.reference_images.empty()) return;
   current_activity_ = Activity::vae_encode;
   if (!lb.latents.defined()) {
-    const uint64_t draw = static_cast<uint64_t>(lb.index) * 16;
+    const uint64_t draw = encode_key(lb.index, 0);
     const bool first_latents =
         std::any_of(lb.slots.begin(), lb.slots.end(), [](const data::LatentSlot& s) { return s.first_frame; });
     if (first_latents)  // its dataset caches them: encoded here (a posterior sample of their own), and kept
@@ -682,7 +687,7 @@ void Session::encode(data::LoadedBatch& lb) {
     data::remember_latents(lb);
   }
   for (size_t i = 0; i < lb.reference_images.size(); ++i)
-    lb.references.push_back(codec().encode(lb.reference_images[i], static_cast<uint64_t>(lb.index) * 16 + 1 + i));
+    lb.references.push_back(codec().encode(lb.reference_images[i], encode_key(lb.index, 1 + i)));
   lb.reference_images.clear();
   current_activity_ = Activity::model;
 }
@@ -1065,7 +1070,7 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   if (first_frame_on(lb.dataset)) {  // inside get_noise_prediction, after the noise (wan21_i2v.py:488-517)
     auto scope = phase(Phase::forward);
     condition_on_first_frame(mb.conditioning, {lb.first_frames, lb.first_frame_latents, lb.clips}, mb.x0,
-                             static_cast<uint64_t>(lb.index) * 16 + 15);
+                             encode_key(lb.index, 15));
   }
   return mb;
 }
@@ -1245,12 +1250,11 @@ StepResult Session::train_step(int64_t step, const std::function<data::LoadedBat
   r.lr = scheduled_lr(tc.lr_scheduler, tc.lr_scheduler_params, optimizer_lr(tc.optimizer, tc.lr),
                       step - skipped_scheduler_steps_, tc.steps);
   r.updated = tc.optimizer_steps_at(step, epoch_start);
-  update(r, !losses.empty());
   r.loss = losses.empty() ? std::nan("") : torch::stack(losses).mean().item<double>();
-  if (group_ && !losses.empty()) {  // the ranks' mean: one process's loss over the global batch
-    const std::vector<double> sum = group_->sum({r.loss}, "the step's loss");
-    r.loss = sum[0] / plan_.world.size;
-  }
+  // The ranks' mean (one process's loss over the global batch), before the update: a rank lost now leaves every
+  // other's weights at the last good step.
+  if (group_ && !losses.empty()) r.loss = group_->sum({r.loss}, "the step's loss")[0] / plan_.world.size;
+  update(r, !losses.empty());
   return r;
 }
 

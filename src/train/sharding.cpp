@@ -38,7 +38,7 @@ ShardedResident shard_resident(const MemoryEstimate& e, Shard shard) {
                            ? std::min(e.gradient_bucket_bytes, dist::GradientReducer::kBucketBytes)
                            : e.gradient_bucket_bytes;
   r.optimizer = shard == Shard::none ? e.optimizer_bytes : slice(e.optimizer_bytes);
-  r.ema = shard == Shard::none ? e.ema_bytes : slice(e.ema_bytes);
+  r.ema = shard == Shard::full ? slice(e.ema_bytes) : e.ema_bytes;  // the EMA is updated whole until FSDP
   if (shard == Shard::full) r.gathered = 2 * e.largest_block_weight_bytes + e.largest_block_trained_bytes;
   r.unsharded = e.resident_bytes;
   r.resident = e.resident_bytes - (e.weight_bytes - r.weights) - (e.gradient_bytes - r.gradients) -

@@ -162,6 +162,7 @@ class Run {
     }
     if (!writes_) return std::nullopt;
     summary_.saves.push_back(saves_.save(session_, step, final));
+    session_.drop_gathered_state();
     return summary_.saves.back();
   }
   // Data parallelism: at each save every rank's trained weights must be rank 0's (the same update on the same
@@ -226,6 +227,13 @@ void Run::prepare() {
     else
       log::info("no earlier save in " + summary_.output_dir.string() + ": starting at step 0");
   }
+  // Every rank resumes from the same save (a shared training_folder), or their steps would not pair up.
+  if (group_)
+    if (const auto apart = group_->differing_from_rank0(static_cast<double>(step_), 0, "comparing the resumed step");
+        !apart.empty())
+      throw UserError("rank " + std::to_string(apart.front()) + " resumes at another step than rank 0 (" +
+                      std::to_string(step_) + " here): every rank must see the same training_folder " +
+                      "(a shared file system across machines)");
   summary_.start_step = summary_.end_step = last_good_step_ = step_;
   log_.emplace(rank_dir_, step_, tc.steps,
                ProgressOptions{writes_ ? options_.progress : nullptr, options_.progress_in_place}, predicted_.get());
@@ -289,11 +297,11 @@ void Run::take_samples(int64_t at) {
 
 void Run::loop() {
   for (; step_ < config_.train.steps; ++step_) {
-    if (stop_requested()) {
-      summary_.interrupted = true;
-      break;
-    }
     try {
+      if (stop_requested()) {  // a collective: a rank lost since the last step is seen here
+        summary_.interrupted = true;
+        break;
+      }
       train_one();
     } catch (const c10::OutOfMemoryError& e) {
       on_oom(e);  // abort: throws; skip: the step counts, with no update (AI Toolkit's step loop)
@@ -459,10 +467,15 @@ void Run::finish() {
   if (session_.sampling() && !summary_.interrupted && step_ > summary_.start_step && step_ % sample_every != 0)
     take_samples(step_);
   if (summary_.interrupted) log::info("stopped at step " + std::to_string(step_) + " (interrupted); saving");
+  try {
+    check_ranks_agree(step_);
+  } catch (const dist::RankLost&) {  // the steps are done: rank 0 saves them alone before it stops
+    if (step_ > summary_.start_step) save(step_, false, /*together=*/false);
+    throw;
+  }
   if (consecutive_nonfinite_ > 0)
     log::warn("the last " + std::to_string(consecutive_nonfinite_) +
               " steps' losses were not finite: the weights saved now are those of the last update before them");
-  check_ranks_agree(step_);
   save(step_, false);  // the state for --resume
   if (!summary_.interrupted) save(step_, true);
   summary_.unusable_images = loader_->unusable_files();

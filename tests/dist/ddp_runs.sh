@@ -123,7 +123,10 @@ if wait "$pid0"; then fail "rank 0 went on without rank 1"; fi
 [ $(($(date +%s) - start)) -le 30 ] || fail "rank 0 took more than 30 s to stop"
 grep -q "rank 0 of 2: averaging the gradients failed: another rank is gone" dead0.log ||
   grep -q "rank 0 of 2: .* failed: another rank is gone" dead0.log || fail "rank 0's error: $(tail -2 dead0.log)"
-ls out/dead/dead_*.state.safetensors >/dev/null 2>&1 || fail "no state saved when rank 1 died"
+# Rank 0 saved its last good step: the last step its metrics logged (not only the last due save).
+last=$("$python" -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1])][-1]['step'])" out/dead/metrics.jsonl)
+[ -f "out/dead/dead_$(printf %09d "$last").state.safetensors" ] ||
+  fail "rank 0 did not save its last good step $last: $(ls out/dead | tr '\n' ' ')"
 
 # --- A rank out of memory (its own cap): its report names it; the other's error says what it said. --------
 WORLD_SIZE=2 RANK=0 MASTER_PORT=$((port + 5)) "$gclab" train cfg.yaml --set name=oom >oom0.log 2>&1 &

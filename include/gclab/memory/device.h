@@ -28,6 +28,7 @@ struct DeviceInfo {
   bool cpu_rules_measured = false;  // the CPU kernels' memory rules measured on it, bf16 included
 };
 
-DeviceInfo describe_devices();
+// `only`: that GPU alone (>= 0), so that a data-parallel rank makes no CUDA context on the others' GPUs.
+DeviceInfo describe_devices(int only = -1);
 
 }  // namespace gclab::memory

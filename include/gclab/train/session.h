@@ -172,6 +172,7 @@ class Session {
   // gathered at rank 0 last (collective: every rank calls it before rank 0 saves).
   std::vector<std::pair<std::string, torch::Tensor>> optimizer_state() const;
   void gather_optimizer_state();
+  void drop_gathered_state() { gathered_state_.clear(); }  // once rank 0 has saved it
   const Optimizer& optimizer() const { return *optimizer_; }
   const std::vector<std::pair<std::string, torch::Tensor>>& trained() const { return trained_; }
   std::map<std::string, torch::Tensor>& ema() { return ema_; }
@@ -460,6 +461,8 @@ class Session {
   // After a step's micro-batches: the gradients averaged across the ranks, then (r.updated) clipped and applied
   // (`any_gradient`: some micro-batch's loss was finite), and the EMA updated.
   void update(StepResult& r, bool any_gradient);
+  // The key of a batch's k-th autoencoder draw (its posterior sample): by batch, and under data parallelism by rank.
+  uint64_t encode_key(int64_t batch, uint64_t k) const;
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, torch::Tensor> ema_;
   std::unique_ptr<data::TextEmbeddingCache> text_;  // built once the CPU tracker counts

@@ -5,11 +5,13 @@
 // whether a model has outgrown it.
 //
 //   none       DDP: each rank holds everything, and the gradient reducer's buckets beside the gradients.
-//   optimizer  ZeRO-1: each rank keeps and updates its 1/N of the optimizer's state (and of the EMA, updated with
-//              it); the gradients are whole, reduced in buckets as DDP's; the updated weights are all-gathered.
+//   optimizer  ZeRO-1: each rank keeps and updates its 1/N of the optimizer's state; the gradients are whole,
+//              reduced in buckets as DDP's; the updated weights are all-gathered, and the EMA is updated whole
+//              (as `gclab train --shard optimizer` keeps it: rank 0's previews and saves read it).
 //   grads      ZeRO-2: as optimizer, and each rank keeps its 1/N of the gradients: a bucket is reduce-scattered
 //              as it fills, so one bucket is whole at a time.
-//   full       FSDP / ZeRO-3: as grads, and each rank keeps its 1/N of every weight (the frozen base too); a block's
+//   full       FSDP / ZeRO-3: as grads, and each rank keeps its 1/N of every weight (the frozen base too) and of the
+//              EMA; a block's
 //              weights are all-gathered while it runs, the next one's prefetched (two blocks' weights whole at
 //              once) and the block's gradients are whole until they are reduce-scattered.
 // The activations are each rank's own whatever the sharding: a step's peak moves by the resident bytes' change.
