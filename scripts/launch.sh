@@ -36,6 +36,7 @@ grace=${GCLAB_LAUNCH_GRACE:-60}
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 export MASTER_PORT=${MASTER_PORT:-29500}
 export WORLD_SIZE=$((per_node * nodes))
+export LOCAL_WORLD_SIZE=$per_node
 
 pids=()
 for ((i = 0; i < per_node; i++)); do

@@ -374,8 +374,8 @@ void estimate_per_rank(Document& d, ojson& est, const MemoryEstimate& e, train::
     pr["per_resolution"].push_back({{"resolution", r.resolution},
                                     {"batch", r.batch},
                                     {"frames", r.frames},
-                                    {"gc_off_total", train::sharded_step_total(e, r.gc_off, s)},
-                                    {"gc_full_total", train::sharded_step_total(e, r.gc_full, s)}});
+                                    {"gc_off_total", train::sharded_step_total(r.gc_off, s)},
+                                    {"gc_full_total", train::sharded_step_total(r.gc_full, s)}});
   est["per_rank"] = pr;
   d.note("/estimate/per_rank", std::string("each of ") + std::to_string(s.world_size) + " ranks under shard " +
                                    train::shard_name(shard) + " (train/sharding.h): resident " +

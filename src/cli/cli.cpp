@@ -603,11 +603,13 @@ int run_estimate(const ConfigArgs& args, const EstimateGrid& grid) {
   const auto resolutions = parse_list<int>("--resolution", grid.resolution, parse_int);
   const auto shard = gclab::train::parse_shard(grid.shard);
   if (!shard) throw gclab::UserError("--shard " + grid.shard + ": none, optimizer, grads or full");
-  if (grid.world_size > 0) {  // what each of N processes would hold: rank 0's plan of that world
-    gclab::dist::World world;
-    world.size = grid.world_size;
-    gclab::dist::set_process_world(world);
-  }
+  gclab::dist::World world = gclab::dist::process_world();
+  if (grid.world_size > 0) world = gclab::dist::World{}, world.size = grid.world_size;  // rank 0 of that world
+  if (*shard != gclab::train::Shard::none && world.alone())
+    throw gclab::UserError("--shard " + grid.shard + ": give --world-size N (N > 1), the ranks it shards across");
+  // Any sharding keeps the optimizer's state to each rank's own tensors: walked so (train/sharding.h).
+  world.shard_optimizer = *shard != gclab::train::Shard::none;
+  gclab::dist::set_process_world(world);
   print_report(args,
                gclab::bench::estimate_report(gclab::train::estimate_memory_grid(config, frames, resolutions), *shard),
                "# predicted training memory for " + args.path + ", counted from the run's own Session (no run)\n");
@@ -651,6 +653,7 @@ int run_bench(const ConfigArgs& args, const BenchArgs& b) {
   gclab::train::Session session = gclab::train::open_session(config, dir);
   const auto rows = gclab::bench::run_bench(session, o);
   print_report(args, gclab::bench::bench_report(rows));
+  if (!gclab::dist::process_world().writes_outputs()) return kExitOk;  // a rank above 0: its figures printed only
   gclab::bench::write_bench_csv(dir / "bench.csv", rows);
   gclab::bench::write_bench_page(dir / "bench_report.html", rows, config.vram_cap.bytes);
   gclab::log::info("written " + (dir / "bench.csv").string() + " and " + (dir / "bench_report.html").string());
@@ -671,6 +674,7 @@ int run_fit(const ConfigArgs& args, const BenchArgs& b, int max_batch, int max_f
   gclab::train::Session session = gclab::train::open_session(config, dir);
   const auto rows = gclab::bench::run_fit(session, policies, resolutions, max_batch, max_frames);
   print_report(args, gclab::bench::fit_report(rows));
+  if (!gclab::dist::process_world().writes_outputs()) return kExitOk;  // a rank above 0: its figures printed only
   gclab::bench::write_fit_page(dir / "fit_report.html", rows, config.vram_cap.bytes);
   gclab::log::info("written " + (dir / "fit_report.html").string());
   return kExitOk;

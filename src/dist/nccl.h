@@ -9,7 +9,8 @@
 
 namespace gclab::dist {
 
+// `device`: this rank's GPU, made the current one (NCCL's communicator and CUDA's default context are made there).
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                            std::chrono::milliseconds timeout);
+                                            std::chrono::milliseconds timeout, c10::DeviceIndex device);
 
 }  // namespace gclab::dist

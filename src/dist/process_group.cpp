@@ -29,9 +29,10 @@ std::string reason_key() {
 std::shared_ptr<::gloo::transport::Device> gloo_device(const World& world) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  // One machine: the master is loopback, or every rank is local (torchrun's and launch.sh's LOCAL_WORLD_SIZE).
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const bool one_machine = world.master_addr == "127.0.0.1" || world.master_addr == "localhost" ||
-                           world.master_addr == "::1" || std::getenv("NNODES") == nullptr ||
-                           std::string(std::getenv("NNODES")) == "1";
+                           world.master_addr == "::1" || (local && std::atoi(local) == world.size);
   return one_machine ? c10d::ProcessGroupGloo::createDeviceForHostname(world.master_addr)
                      : c10d::ProcessGroupGloo::createDefaultDevice();
 }
@@ -92,8 +93,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const World& world, const at::D
     impl.control = make_gloo(c10::make_intrusive<c10d::PrefixStore>("control", impl.store), world, timeout);
     if (device.is_cuda()) {
 #ifdef GCLAB_WITH_NCCL
-      impl.backend =
-          make_nccl(c10::make_intrusive<c10d::PrefixStore>("nccl", impl.store), world.rank, world.size, timeout);
+      impl.backend = make_nccl(c10::make_intrusive<c10d::PrefixStore>("nccl", impl.store), world.rank, world.size,
+                               timeout, device.has_index() ? device.index() : c10::DeviceIndex{0});
       impl.backend_name = "nccl";
 #else
       throw std::runtime_error("this gclab was built without NCCL (no CUDA toolkit at configure time)");
@@ -120,6 +121,18 @@ std::unique_ptr<Pending> ProcessGroup::sum_async(at::Tensor& flat, const std::st
   std::vector<at::Tensor> one = {flat};
   try {
     return std::make_unique<Collective>(impl_->backend->allreduce(one),
+                                        [this, what](const std::exception& e) { return lost(what, e); });
+  } catch (const std::exception& e) {
+    throw lost(what, e);
+  }
+}
+
+std::unique_ptr<Pending> ProcessGroup::sum_to_async(at::Tensor& flat, int root, const std::string& what) {
+  std::vector<at::Tensor> one = {flat};
+  c10d::ReduceOptions options;
+  options.rootRank = root;
+  try {
+    return std::make_unique<Collective>(impl_->backend->reduce(one, options),
                                         [this, what](const std::exception& e) { return lost(what, e); });
   } catch (const std::exception& e) {
     throw lost(what, e);
@@ -162,32 +175,40 @@ std::vector<int> ProcessGroup::differing_from_rank0(double value, double relativ
   return out;
 }
 
-void ProcessGroup::broadcast_from_owners(const std::vector<at::Tensor>& tensors, const std::vector<int>& owners,
-                                         const std::string& what) {
+void broadcast_from_owners(const std::vector<at::Tensor>& tensors, const std::vector<int>& owners, int rank, int size,
+                           const std::function<void(at::Tensor&, int)>& collective) {
   at::NoGradGuard no_grad;
-  for (int root = 0; root < world_.size; ++root) {
+  for (int root = 0; root < size; ++root) {
     std::map<at::ScalarType, std::vector<at::Tensor>> owned;
     for (size_t i = 0; i < tensors.size(); ++i)
       if (owners[i] == root) owned[tensors[i].scalar_type()].push_back(tensors[i]);
     for (auto& [dtype, parts] : owned) {
       std::vector<at::Tensor> flat_parts;
       for (const auto& t : parts) flat_parts.push_back(t.detach().reshape({-1}));
-      std::vector<at::Tensor> flat = {at::cat(flat_parts)};
-      c10d::BroadcastOptions options;
-      options.rootRank = root;
-      try {
-        impl_->backend->broadcast(flat, options)->wait();
-      } catch (const std::exception& e) {
-        throw lost(what, e);
-      }
-      if (root == world_.rank) continue;
+      at::Tensor flat = at::cat(flat_parts);
+      collective(flat, root);
+      if (root == rank) continue;
       int64_t offset = 0;
       for (auto& t : parts) {
-        t.detach().copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+        t.detach().copy_(flat.narrow(0, offset, t.numel()).view_as(t));
         offset += t.numel();
       }
     }
   }
+}
+
+void ProcessGroup::broadcast_from_owners(const std::vector<at::Tensor>& tensors, const std::vector<int>& owners,
+                                         const std::string& what) {
+  dist::broadcast_from_owners(tensors, owners, world_.rank, world_.size, [&](at::Tensor& flat, int root) {
+    std::vector<at::Tensor> one = {flat};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    try {
+      impl_->backend->broadcast(one, options)->wait();
+    } catch (const std::exception& e) {
+      throw lost(what, e);
+    }
+  });
 }
 
 std::vector<std::string> ProcessGroup::gather_to_rank0(const std::string& mine, const std::string& what) {

@@ -7,13 +7,15 @@
 
 namespace gclab::dist {
 
-std::vector<std::vector<size_t>> plan_buckets(const std::vector<at::Tensor>& trained, int64_t bucket_bytes) {
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<at::Tensor>& trained, int64_t bucket_bytes,
+                                              const std::vector<int>& owners) {
   std::vector<std::vector<size_t>> buckets;
   int64_t bytes = 0;
   for (size_t i = trained.size(); i-- > 0;) {
     const at::Tensor& t = trained[i];
     const bool fits = !buckets.empty() && trained[buckets.back().front()].scalar_type() == t.scalar_type() &&
                       trained[buckets.back().front()].device() == t.device() &&
+                      (owners.empty() || owners[buckets.back().front()] == owners[i]) &&
                       bytes + static_cast<int64_t>(t.nbytes()) <= bucket_bytes;
     if (!fits) buckets.emplace_back(), bytes = 0;
     buckets.back().push_back(i);
@@ -35,9 +37,10 @@ std::vector<int> owners(const std::vector<at::Tensor>& trained, int size) {
   return out;
 }
 
-int64_t GradientReducer::buffer_bytes(const std::vector<at::Tensor>& trained, int64_t bucket_bytes) {
+int64_t GradientReducer::buffer_bytes(const std::vector<at::Tensor>& trained, int64_t bucket_bytes,
+                                      const std::vector<int>& owners) {
   int64_t bytes = 0;
-  for (const auto& members : plan_buckets(trained, bucket_bytes))
+  for (const auto& members : plan_buckets(trained, bucket_bytes, owners))
     for (size_t k : members) bytes += static_cast<int64_t>((trained[k].numel() + 1) * trained[k].element_size());
   return bytes;
 }
@@ -50,9 +53,10 @@ struct ReadyHook : torch::autograd::PostAccumulateGradHook {
   size_t tensor;
 };
 
-GradientReducer::GradientReducer(ProcessGroup& group, std::vector<at::Tensor> trained, int64_t bucket_bytes)
-    : group_(group), trained_(std::move(trained)), where_(trained_.size()) {
-  for (const auto& members : plan_buckets(trained_, bucket_bytes)) {
+GradientReducer::GradientReducer(ProcessGroup* group, std::vector<at::Tensor> trained, int64_t bucket_bytes,
+                                 std::vector<int> owners)
+    : group_(group), trained_(std::move(trained)), owners_(std::move(owners)), where_(trained_.size()) {
+  for (const auto& members : plan_buckets(trained_, bucket_bytes, owners_)) {
     Bucket b;
     int64_t n = 0;
     for (size_t k : members) {
@@ -64,15 +68,17 @@ GradientReducer::GradientReducer(ProcessGroup& group, std::vector<at::Tensor> tr
     b.flat = at::zeros({n + static_cast<int64_t>(members.size())}, trained_[members.front()].options());
     buckets_.push_back(std::move(b));
   }
+  if (!group_) return;
   for (size_t k = 0; k < trained_.size(); ++k)
     torch::autograd::impl::set_post_acc_grad_hooks(trained_[k], std::make_unique<ReadyHook>(this, k));
 }
 
 GradientReducer::~GradientReducer() {
-  for (const auto& t : trained_) torch::autograd::impl::set_post_acc_grad_hooks(t, nullptr);
+  if (group_)
+    for (const auto& t : trained_) torch::autograd::impl::set_post_acc_grad_hooks(t, nullptr);
 }
 
-void GradientReducer::arm() { armed_ = true; }
+void GradientReducer::arm() { armed_ = group_ != nullptr; }
 
 void GradientReducer::copy_in(Bucket& b, size_t m) {
   const at::Tensor& t = trained_[b.members[m]];
@@ -100,19 +106,25 @@ void GradientReducer::ready(size_t tensor) {
   }
 }
 
-void GradientReducer::start(Bucket& b) { b.pending = group_.sum_async(b.flat, "averaging the gradients"); }
+void GradientReducer::start(Bucket& b) {
+  b.pending = owners_.empty() ? group_->sum_async(b.flat, "averaging the gradients")
+                              : group_->sum_to_async(b.flat, owners_[b.members.front()], "averaging the gradients");
+}
 
 void GradientReducer::finish() {
+  if (!group_) return;
   for (; next_ < buckets_.size(); ++next_) {
     Bucket& b = buckets_[next_];
     if (!armed_ || b.filled < static_cast<int>(b.members.size()))
       for (size_t m = 0; m < b.members.size(); ++m) copy_in(b, m);  // what came, and zeros for what did not
     start(b);
   }
-  const double scale = 1.0 / group_.world().size;
+  const double scale = 1.0 / group_->world().size;
   for (Bucket& b : buckets_) {
     b.pending->wait();
     b.pending.reset();
+    b.filled = 0;
+    if (!owners_.empty() && owners_[b.members.front()] != group_->world().rank) continue;  // another rank's sum
     const auto members = static_cast<int64_t>(b.members.size());
     const at::Tensor had = b.flat.narrow(0, b.flat.numel() - members, members).to(at::kCPU, at::kDouble);
     for (size_t m = 0; m < b.members.size(); ++m) {
@@ -124,7 +136,6 @@ void GradientReducer::finish() {
       else
         t.mutable_grad() = mean.clone();
     }
-    b.filled = 0;
   }
   next_ = 0;
   armed_ = false;

@@ -651,13 +651,16 @@ double scheduled_lr(config::LrScheduler scheduler, const config::LrSchedulerPara
   return base_lr;
 }
 
-double clip_grad_norm(const std::vector<torch::Tensor>& params, std::optional<double> max_norm) {
+double clip_grad_norm(const std::vector<torch::Tensor>& params, std::optional<double> max_norm,
+                      const std::function<double(double)>& total) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> squares;
   for (const auto& p : params)
     if (p.grad().defined()) squares.push_back(p.grad().to(torch::kDouble).pow(2).sum());
-  if (squares.empty()) return 0.0;
-  const double norm = std::sqrt(host_value(torch::stack(squares).sum()));
+  double sum = squares.empty() ? 0.0 : host_value(torch::stack(squares).sum());
+  if (total) sum = total(sum);
+  if (squares.empty() && !total) return 0.0;
+  const double norm = std::sqrt(sum);
   // torch's clip_coef = max_norm / (norm + 1e-6), clamped to 1: a no-op below the norm.
   if (const double factor = max_norm ? *max_norm / (norm + 1e-6) : 1.0; factor < 1.0)
     for (const auto& p : params)

@@ -277,6 +277,10 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.optimizer_step_bytes = walked.held_gradients == reached
                                ? optimizer.step_bytes
                                : session.optimizer().walk(walked.held_gradients, std::nullopt, target).step_bytes;
+  // ZeRO-1: the updated weights' broadcast after the update, in the same phase: its buffers walked.
+  if (session.shards_optimizer())
+    e.optimizer_step_bytes =
+        std::max(e.optimizer_step_bytes, memory::inference_peak(target, [&] { session.gather_updated_weights(); }));
   // The EMA's update runs after the optimizer's, in the same phase: its float32 copies walked.
   if (r.ema > 0)
     e.optimizer_step_bytes =
@@ -294,6 +298,7 @@ void resident_estimate(Session& session, MemoryEstimate& e) {
   e.offload_buffer_bytes = nn::offload_device_bytes(session.model(), config::dtype_bytes(session.config().train.dtype));
   e.gradient_bucket_bytes = r.gradient_buckets;
   e.world_size = session.plan().world.size;
+  e.optimizer_sharded = session.shards_optimizer();
   for (const auto& block : session.model().blocks()) {
     int64_t trained = 0;
     for (const auto& p : block->parameters())

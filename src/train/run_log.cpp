@@ -29,7 +29,7 @@ std::string duration_text(double s) {
 }  // namespace
 
 RunLog::RunLog(const fs::path& output_dir, int64_t start_step, int total_steps, ProgressOptions progress,
-               const MemoryModel* model)
+               const MemoryModel* model, const std::string& file_name)
     : dir_(output_dir),
       start_step_(start_step),
       total_steps_(total_steps),
@@ -37,7 +37,7 @@ RunLog::RunLog(const fs::path& output_dir, int64_t start_step, int total_steps, 
       report_every_(progress.in_place ? 1 : std::max<int64_t>(1, total_steps / 20)),
       loop_start_(std::chrono::steady_clock::now()),
       model_(model) {
-  const fs::path file = output_dir / "metrics.jsonl";
+  const fs::path file = output_dir / file_name;
   std::vector<std::string> kept;
   if (std::ifstream in(file); in) {
     for (std::string line; std::getline(in, line);) {

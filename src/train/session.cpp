@@ -145,11 +145,14 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   checkpointing_ = std::make_unique<ModelCheckpointing>(*model_);
   apply_policy(plan_.policy, plan_.largest.shape());
   build_optimizer();
-  if (options.group) {
-    group_ = options.group;
+  // A rank of a world holds the reducer's buckets — `bench` and `fit` too, without a group, so that their
+  // figures are a rank's.
+  group_ = options.group;
+  if (!plan_.world.alone() && !device_.is_meta()) {
     std::vector<torch::Tensor> tensors;
     for (const auto& [n, p] : trained_) tensors.push_back(p);
-    reducer_ = std::make_unique<dist::GradientReducer>(*group_, std::move(tensors));
+    reducer_ = std::make_unique<dist::GradientReducer>(group_, std::move(tensors), dist::GradientReducer::kBucketBytes,
+                                                       owners_);
   }
 }
 
@@ -1271,24 +1274,36 @@ void Session::update(StepResult& r, bool any_gradient) {
     if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
   if (!r.updated) return;
   auto scope = phase(Phase::optimizer);
+  // Under ZeRO-1 the rank's own tensors (their gradients averaged here), the norm summed over the ranks.
   std::vector<torch::Tensor> params;
-  for (const auto& [n, p] : trained_) params.push_back(p);
+  for (size_t i = 0; i < trained_.size(); ++i)
+    if (!shards_optimizer() || owners_[i] == plan_.world.rank) params.push_back(trained_[i].second);
+  std::function<double(double)> total;
+  if (group_ && shards_optimizer())
+    total = [this](double mine) { return group_->sum({mine}, "the gradients' norm")[0]; };
   // Without a gradient (every micro-batch's loss non-finite) the optimizer updates nothing: torch's
   // optimizers skip parameters whose .grad is None. The EMA is still updated, as hook_train_loop does.
   if (any_gradient) {
     // hook_train_loop clips for every optimizer but Adafactor (the norm is still measured for the log).
-    r.grad_norm = clip_grad_norm(params, tc.optimizer == config::OptimizerKind::adafactor
-                                             ? std::nullopt
-                                             : std::optional<double>(tc.max_grad_norm));
+    r.grad_norm = clip_grad_norm(
+        params,
+        tc.optimizer == config::OptimizerKind::adafactor ? std::nullopt : std::optional<double>(tc.max_grad_norm),
+        total);
     optimizer_->step(r.lr);
   }
-  if (group_ && shards_optimizer()) {  // ZeRO-1: every rank's tensors from their owners (the all-gather)
-    std::vector<torch::Tensor> tensors;
-    for (const auto& [n, p] : trained_) tensors.push_back(p);
-    group_->broadcast_from_owners(tensors, owners_, "gathering the updated weights");
-  }
+  gather_updated_weights();
   zero_grad();
   update_ema();
+}
+
+void Session::gather_updated_weights() {
+  if (!shards_optimizer()) return;
+  std::vector<torch::Tensor> tensors;
+  for (const auto& [n, p] : trained_) tensors.push_back(p);
+  if (group_)
+    group_->broadcast_from_owners(tensors, owners_, "gathering the updated weights");
+  else  // its buffers, as the memory model walks them (and bench / fit, one rank of a world, hold them)
+    dist::broadcast_from_owners(tensors, owners_, plan_.world.rank, plan_.world.size, [](at::Tensor&, int) {});
 }
 
 void Session::zero_grad() {
@@ -1583,7 +1598,7 @@ ResidentBytes Session::resident() const {
   if (!plan_.world.alone()) {  // held from the Session's start (the reducer's), predicted alike on the meta device
     std::vector<torch::Tensor> tensors;
     for (const auto& [n, p] : trained_) tensors.push_back(p);
-    r.gradient_buckets = dist::GradientReducer::buffer_bytes(tensors);
+    r.gradient_buckets = dist::GradientReducer::buffer_bytes(tensors, dist::GradientReducer::kBucketBytes, owners_);
   }
   r.text_cache_host = text_->cache_bytes();
   r.vae = codec_ ? codec_->resident_bytes() : plan_.vae_in_steps ? plan_.codec.weight_bytes() : 0;

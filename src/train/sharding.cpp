@@ -1,6 +1,7 @@
 #include "gclab/train/sharding.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "gclab/dist/reducer.h"
 
@@ -37,23 +38,21 @@ ShardedResident shard_resident(const MemoryEstimate& e, Shard shard) {
   r.gradient_buckets = shard == Shard::grads || shard == Shard::full
                            ? std::min(e.gradient_bucket_bytes, dist::GradientReducer::kBucketBytes)
                            : e.gradient_bucket_bytes;
-  r.optimizer = shard == Shard::none ? e.optimizer_bytes : slice(e.optimizer_bytes);
+  if ((shard != Shard::none) != e.optimizer_sharded)
+    throw std::invalid_argument(std::string("shard ") + shard_name(shard) + ": the estimate must be planned " +
+                                (e.optimizer_sharded ? "without" : "with") + " the optimizer's state sharded");
+  r.optimizer = e.optimizer_bytes;  // walked: the rank's own tensors' state under any sharding
   r.ema = shard == Shard::full ? slice(e.ema_bytes) : e.ema_bytes;  // the EMA is updated whole until FSDP
   if (shard == Shard::full) r.gathered = 2 * e.largest_block_weight_bytes + e.largest_block_trained_bytes;
   r.unsharded = e.resident_bytes;
   r.resident = e.resident_bytes - (e.weight_bytes - r.weights) - (e.gradient_bytes - r.gradients) -
-               (e.gradient_bucket_bytes - r.gradient_buckets) - (e.optimizer_bytes - r.optimizer) -
-               (e.ema_bytes - r.ema) + r.gathered;
+               (e.gradient_bucket_bytes - r.gradient_buckets) - (e.ema_bytes - r.ema) + r.gathered;
   return r;
 }
 
-int64_t sharded_step_total(const MemoryEstimate& e, const StepEstimate& step, const ShardedResident& r) {
-  const int64_t n = r.world_size;
-  const int64_t step_temporaries =
-      r.shard == Shard::none ? 0 : e.optimizer_step_bytes - (e.optimizer_step_bytes + n - 1) / n;
+int64_t sharded_step_total(const StepEstimate& step, const ShardedResident& r) {
   int64_t total = 0;
-  for (const auto& [phase, bytes] : step.phases)
-    total = std::max(total, bytes + r.change() - (phase == Phase::optimizer ? step_temporaries : 0));
+  for (const auto& [phase, bytes] : step.phases) total = std::max(total, bytes + r.change());
   return total;
 }
 

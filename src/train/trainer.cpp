@@ -144,8 +144,8 @@ class Run {
   void note_nonfinite(int64_t done, const StepResult& r);
   void after_step(int64_t done);
 
-  // Rank 0 alone writes the samples and the saves (every rank resumes from them); each rank its own log, metrics
-  // and memory.json, in rank_dir_ (the run's folder for rank 0, rank<r>/ in it for the others).
+  // Rank 0 alone writes the samples, the saves (every rank resumes from them) and the metrics; each rank its own
+  // log and memory.json, in rank_dir_ (the run's folder for rank 0, rank<r>/ in it for the others).
   // `together`: every rank calls it (a save that is due, the last one); else rank 0 alone (on a failure), which
   // under ZeRO-1 cannot gather the other ranks' optimizer state: it saves nothing then, the last due save stands.
   std::optional<std::filesystem::path> save(int64_t step, bool final, bool together = true) {
@@ -235,8 +235,10 @@ void Run::prepare() {
                       std::to_string(step_) + " here): every rank must see the same training_folder " +
                       "(a shared file system across machines)");
   summary_.start_step = summary_.end_step = last_good_step_ = step_;
+  // Rank 0 writes the run's metrics.jsonl; another rank its own memory, step by step, in rank<r>/.
   log_.emplace(rank_dir_, step_, tc.steps,
-               ProgressOptions{writes_ ? options_.progress : nullptr, options_.progress_in_place}, predicted_.get());
+               ProgressOptions{writes_ ? options_.progress : nullptr, options_.progress_in_place}, predicted_.get(),
+               writes_ ? "metrics.jsonl" : "memory_steps.jsonl");
   data::LoaderOptions lo;
   lo.batch_size = tc.batch_size;
   lo.divisibility = s.spec().divisibility;
@@ -494,7 +496,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
   TrainSummary summary;
   summary.output_dir = fs::path(config.training_folder) / config.name;
   // Data parallelism: every rank runs this; rank 0 holds the folder and writes the run's files, each other rank
-  // its log, metrics and memory in rank<r>/.
+  // its log and memory (memory.json, memory_steps.jsonl) in rank<r>/.
   const dist::World& world = dist::process_world();
   const fs::path rank_dir =
       world.writes_outputs() ? summary.output_dir : summary.output_dir / ("rank" + std::to_string(world.rank));
@@ -526,7 +528,14 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       }
     }
     ~Snapshot() { write(); }
-  } snapshot{options.memory_snapshot, runs_on_cuda(config) ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU)};
+  } snapshot{dist::process_world().writes_outputs()
+                 ? options.memory_snapshot
+                 : options.memory_snapshot.parent_path() /
+                       (options.memory_snapshot.stem().string() + ".rank" + std::to_string(dist::process_world().rank) +
+                        options.memory_snapshot.extension().string()),
+             runs_on_cuda(config)
+                 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist::process_world().local_rank))
+                 : c10::Device(c10::kCPU)};
   if (!snapshot.file.empty()) memory::start_memory_history(snapshot.device);
   std::unique_ptr<dist::ProcessGroup> group;
   if (!world.alone()) {

@@ -105,36 +105,42 @@ TEST(Estimate, EachRankOfADataParallelRunAndItsShardings) {
   const auto none = train::shard_resident(e, train::Shard::none);
   EXPECT_EQ(none.resident, e.resident_bytes);
   EXPECT_EQ(none.change(), 0);
-  const auto zero1 = train::shard_resident(e, train::Shard::optimizer);
-  EXPECT_EQ(zero1.optimizer, eighth(e.optimizer_bytes));
-  EXPECT_EQ(zero1.ema, e.ema_bytes);  // updated whole, as `train --shard optimizer` keeps it
-  EXPECT_EQ(zero1.gradients, e.gradient_bytes);
-  EXPECT_EQ(zero1.resident, e.resident_bytes - (e.optimizer_bytes - zero1.optimizer));
-  const auto zero2 = train::shard_resident(e, train::Shard::grads);
-  EXPECT_EQ(zero2.gradients, eighth(e.gradient_bytes));
-  EXPECT_EQ(zero2.gradient_buckets, std::min<int64_t>(buckets, 25 << 20));
+  EXPECT_THROW(train::shard_resident(e, train::Shard::optimizer), std::invalid_argument);  // needs the walk below
+  // Any sharding: the optimizer's state walked for rank 0's own tensors (dist::owners), as `train --shard
+  // optimizer` holds it — about an eighth of the whole (whole tensors to a rank).
+  eight.shard_optimizer = true;
+  dist::set_process_world(eight);
+  const auto s = estimate_memory(flux_24gb());
+  dist::set_process_world(dist::World{});
+  EXPECT_TRUE(s.optimizer_sharded);
+  EXPECT_GT(s.optimizer_bytes, e.optimizer_bytes / 16);
+  EXPECT_LT(s.optimizer_bytes, e.optimizer_bytes / 4);
+  EXPECT_LE(s.optimizer_step_bytes, e.optimizer_step_bytes);  // the EMA's whole update may be the larger
+  const auto zero1 = train::shard_resident(s, train::Shard::optimizer);
+  EXPECT_EQ(zero1.optimizer, s.optimizer_bytes);
+  EXPECT_EQ(zero1.ema, s.ema_bytes);  // updated whole, as `train --shard optimizer` keeps it
+  EXPECT_EQ(zero1.gradients, s.gradient_bytes);
+  EXPECT_EQ(zero1.change(), 0);
+  EXPECT_EQ(s.resident_bytes, e.resident_bytes - (e.optimizer_bytes - s.optimizer_bytes));
+  const auto zero2 = train::shard_resident(s, train::Shard::grads);
+  EXPECT_EQ(zero2.gradients, eighth(s.gradient_bytes));
+  EXPECT_EQ(zero2.gradient_buckets, std::min<int64_t>(s.gradient_bucket_bytes, 25 << 20));
   EXPECT_LT(zero2.resident, zero1.resident);
-  const auto fsdp = train::shard_resident(e, train::Shard::full);
-  EXPECT_EQ(fsdp.weights, eighth(e.weight_bytes));
-  EXPECT_GT(e.largest_block_weight_bytes, e.weight_bytes / 60);  // FLUX.1-dev: 57 blocks, the double ones larger
-  EXPECT_EQ(fsdp.gathered, 2 * e.largest_block_weight_bytes + e.largest_block_trained_bytes);
-  EXPECT_LT(fsdp.resident, zero2.resident - e.weight_bytes / 2);  // the frozen base is what it divides
-  // The report: the per_rank section with each cell's totals moved.
-  const auto doc = bench::estimate_report(e, train::Shard::full).value;
+  const auto fsdp = train::shard_resident(s, train::Shard::full);
+  EXPECT_EQ(fsdp.weights, eighth(s.weight_bytes));
+  EXPECT_EQ(fsdp.ema, eighth(s.ema_bytes));
+  EXPECT_GT(s.largest_block_weight_bytes, s.weight_bytes / 60);  // FLUX.1-dev: 57 blocks, the double ones larger
+  EXPECT_EQ(fsdp.gathered, 2 * s.largest_block_weight_bytes + s.largest_block_trained_bytes);
+  EXPECT_LT(fsdp.resident, zero2.resident - s.weight_bytes / 2);  // the frozen base is what it divides
+  // The report: the per_rank section, each cell's phases moved by the resident change.
+  const auto doc = bench::estimate_report(s, train::Shard::full).value;
   const auto& pr = doc["estimate"]["per_rank"];
   EXPECT_EQ(pr["shard"], "full");
   EXPECT_EQ(pr["resident"].get<int64_t>(), fsdp.resident);
-  EXPECT_EQ(pr["per_resolution"][0]["gc_full_total"].get<int64_t>(),
-            train::sharded_step_total(e, e.resolutions[0].gc_full, fsdp));
-  // A step's phases move by the change, the optimizer's temporaries shrink to a rank's share where its state does.
-  const auto& cell = e.resolutions[0].gc_off;
-  EXPECT_EQ(train::sharded_step_total(e, cell, none), cell.total_bytes);
+  const auto& cell = s.resolutions[0].gc_off;
   int64_t expected = 0;
-  for (const auto& [phase, bytes] : cell.phases)
-    expected = std::max(
-        expected, bytes + zero1.change() -
-                      (phase == train::Phase::optimizer ? e.optimizer_step_bytes - eighth(e.optimizer_step_bytes) : 0));
-  EXPECT_EQ(train::sharded_step_total(e, cell, zero1), expected);
+  for (const auto& [phase, bytes] : cell.phases) expected = std::max(expected, bytes + fsdp.change());
+  EXPECT_EQ(pr["per_resolution"][0]["gc_off_total"].get<int64_t>(), expected);
   EXPECT_LT(expected, cell.total_bytes);
   EXPECT_FALSE(bench::estimate_report(one).value["estimate"].contains("per_rank"));
 }

@@ -53,7 +53,8 @@ launch2 $port --set name=ddp --set train.steps=3 >ddp.log 2>&1 || fail "two rank
 launch2 $((port + 1)) --set name=ddp >ddp2.log 2>&1 || fail "two ranks resumed: $(tail -3 ddp2.log)"
 grep -q "rank 1 of 2.*resum" ddp2.log || fail "rank 1 did not resume: $(grep 'rank 1' ddp2.log | head -3)"
 same_weights out/ddp/ddp.safetensors out/one/one.safetensors || fail "two ranks' weights are not one process's"
-[ -f out/ddp/rank1/memory.json ] && [ -f out/ddp/rank1/metrics.jsonl ] || fail "rank 1's memory and metrics"
+[ -f out/ddp/rank1/memory.json ] && [ -f out/ddp/rank1/memory_steps.jsonl ] && [ ! -e out/ddp/rank1/metrics.jsonl ] ||
+  fail "rank 1's memory (and no metrics of its own)"
 [ ! -e out/ddp/rank1/run.safetensors ] && ! ls out/ddp/rank1/*.safetensors >/dev/null 2>&1 || fail "rank 1 saved"
 # Rank 0 alone previews (AI Toolkit's sample() returns unless is_main_process): one file per preview step.
 [ "$(ls out/ddp/samples | wc -l)" -eq "$(ls out/one/samples | wc -l)" ] && [ "$(ls out/ddp/samples | wc -l)" -ge 2 ] ||
@@ -61,7 +62,7 @@ same_weights out/ddp/ddp.safetensors out/one/one.safetensors || fail "two ranks'
 ! grep -q "rank 1 of 2.*sample(s) in" ddp.log ddp2.log || fail "rank 1 wrote previews"
 grep -q '"world_size": 2' out/ddp/memory.json || fail "memory.json does not say the world size"
 # Rank 1's memory as predicted (the reducer's buckets included) and measured; its buckets averaged in the backward.
-"$python" - out/ddp/rank1/memory.json out/ddp/rank1/metrics.jsonl <<'PY' || fail "rank 1's memory or metrics"
+"$python" - out/ddp/rank1/memory.json out/ddp/rank1/memory_steps.jsonl <<'PY' || fail "rank 1's memory or metrics"
 import json, sys
 m = json.load(open(sys.argv[1]))
 measured, predicted = m["phase_peak_bytes"]["backward"], m["predicted_phase_peak_bytes"]["backward"]
@@ -96,6 +97,25 @@ opt = sorted(k for k in b if k.startswith("optimizer."))
 assert opt == sorted(k for k in a if k.startswith("optimizer.")), "the gathered state's tensors differ"
 print(f"ZeRO-1: {len(opt)} optimizer tensors saved whole; rank 1 holds {zero1['optimizer_bytes']} B of {ddp['optimizer_bytes']}")
 PY
+
+# --- bench and estimate as one rank of a world: labelled with its size, bench's figures a rank's (its buckets). ----
+WORLD_SIZE=2 RANK=0 "$gclab" bench cfg.yaml --set name=bench2 --gc off --steps 1 --json >bench2.json 2>bench2.log ||
+  fail "bench as rank 0 of 2: $(tail -2 bench2.log)"
+"$gclab" estimate cfg.yaml --world-size 2 --shard optimizer --json >est2.json 2>est2.log || fail "estimate: $(tail -2 est2.log)"
+"$python" - bench2.json out/bench2/bench.csv est2.json <<'PY' || fail "bench's or estimate's world size"
+import csv, json, sys
+bench = json.load(open(sys.argv[1]))
+assert bench["world_size"] == 2, bench.keys()
+rows = list(csv.DictReader(open(sys.argv[2])))
+assert rows and all(r["world_size"] == "2" for r in rows), rows
+est = json.load(open(sys.argv[3]))["estimate"]
+pr = est["per_rank"]
+assert est["world_size"] == 2 and pr["shard"] == "optimizer" and pr["resident"] == est["resident"], pr
+assert 0 < pr["optimizer_state"] < est["optimizer_state"] or pr["optimizer_state"] == est["optimizer_state"], pr
+print(f"bench as rank 0 of 2; estimate per rank under ZeRO-1: {pr['resident']} B resident")
+PY
+"$gclab" estimate cfg.yaml --shard grads >/dev/null 2>shard.log && fail "--shard without --world-size was accepted"
+grep -q "give --world-size" shard.log || fail "--shard without --world-size: $(tail -1 shard.log)"
 
 # --- Gradient accumulation: two micro-batches of 1 on each of two ranks = one process's two of 2. ----------
 "$gclab" train cfg.yaml --set name=acc1 --set train.batch_size=2 --set train.gradient_accumulation=2 \

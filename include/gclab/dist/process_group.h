@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,12 @@ class Pending {
   virtual void wait() = 0;
 };
 
+// ZeRO-1's all-gather of updated weights, as ProcessGroup::broadcast_from_owners runs it: per root rank and dtype,
+// the root's tensors flattened into one buffer, `collective(buffer, root)` run on it, and a rank that is not the
+// root copies it back. With a collective that does nothing it walks the buffers (the memory model's, on meta).
+void broadcast_from_owners(const std::vector<at::Tensor>& tensors, const std::vector<int>& owners, int rank, int size,
+                           const std::function<void(at::Tensor&, int)>& collective);
+
 class ProcessGroup {
  public:
   // Joins the group of `world` for tensors on `device`: NCCL for a CUDA device (built with it), Gloo otherwise.
@@ -43,6 +50,9 @@ class ProcessGroup {
 
   // Sums a contiguous tensor on device() across the ranks, in place, without waiting.
   std::unique_ptr<Pending> sum_async(at::Tensor& flat, const std::string& what);
+  // The same sum, at rank `root` alone (ZeRO-1's share of a reduce-scatter: the other ranks' copies are left
+  // as they were).
+  std::unique_ptr<Pending> sum_to_async(at::Tensor& flat, int root, const std::string& what);
   // Each tensor replaced by the mean of the ranks' (a gradient's average), in place: in buckets of one dtype
   // (GradientReducer's), each flattened into one buffer and reduced by one collective.
   void average(std::vector<at::Tensor>& tensors);

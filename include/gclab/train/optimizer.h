@@ -153,6 +153,9 @@ void copy_stochastic(torch::Tensor& target, const torch::Tensor& source);
 // Clips the global gradient norm to max_norm as torch.nn.utils.clip_grad_norm_ does: every gradient times
 // min(1, max_norm / (norm + 1e-6)), so max_norm 0 zeroes them (AI Toolkit's max_grad_norm: 0); nullopt only
 // measures. Returns the norm before clipping. One host synchronisation whatever the number of tensors.
-double clip_grad_norm(const std::vector<torch::Tensor>& params, std::optional<double> max_norm);
+// `total`, when given, turns this process's sum of squares into the whole model's (ZeRO-1: the ranks' own
+// tensors' sums, summed across them); it is called whether or not any parameter here has a gradient.
+double clip_grad_norm(const std::vector<torch::Tensor>& params, std::optional<double> max_norm,
+                      const std::function<double(double)>& total = {});
 
 }  // namespace gclab::train

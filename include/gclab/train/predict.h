@@ -197,6 +197,9 @@ struct MemoryEstimate {
   // the number of replicas these per-process figures are for.
   int64_t gradient_bucket_bytes = 0;
   int world_size = 1;
+  // ZeRO-1 (RunPlan::world.shard_optimizer): optimizer_bytes and the optimizer phase are the rank's own tensors'
+  // (walked).
+  bool optimizer_sharded = false;
   // The largest transformer block's weights, and of them its trained tensors' (what fully sharded data
   // parallelism gathers whole while the block runs: train/sharding.h).
   int64_t largest_block_weight_bytes = 0, largest_block_trained_bytes = 0;

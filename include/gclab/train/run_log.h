@@ -31,8 +31,10 @@ class RunLog {
   // metrics.jsonl in output_dir: a resumed run (start_step > 0) first drops the lines after the step it
   // resumes from (steps a killed run logged after its last save), so every step appears once.
   // `model` (may be null: nothing predicted) outlives the log.
+  // `file`: another name for the lines (a data-parallel rank above 0 writes its memory step by step, not the run's
+  // metrics: memory_steps.jsonl).
   RunLog(const std::filesystem::path& output_dir, int64_t start_step, int total_steps, ProgressOptions progress,
-         const MemoryModel* model = nullptr);
+         const MemoryModel* model = nullptr, const std::string& file = "metrics.jsonl");
 
   // A finished optimizer step (previews and saves it triggered included): its metrics line, the progress
   // line when due; then the session's phase peaks and the meter's peak start again.

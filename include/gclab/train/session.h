@@ -172,6 +172,9 @@ class Session {
   // gathered at rank 0 last (collective: every rank calls it before rank 0 saves).
   std::vector<std::pair<std::string, torch::Tensor>> optimizer_state() const;
   void gather_optimizer_state();
+  // ZeRO-1, after the update: every trained tensor from its owner (dist::broadcast_from_owners); without a group
+  // its buffers alone (the memory model walks them in the optimizer phase).
+  void gather_updated_weights();
   void drop_gathered_state() { gathered_state_.clear(); }  // once rank 0 has saved it
   const Optimizer& optimizer() const { return *optimizer_; }
   const std::vector<std::pair<std::string, torch::Tensor>>& trained() const { return trained_; }

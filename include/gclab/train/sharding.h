@@ -5,7 +5,8 @@
 // whether a model has outgrown it.
 //
 //   none       DDP: each rank holds everything, and the gradient reducer's buckets beside the gradients.
-//   optimizer  ZeRO-1: each rank keeps and updates its 1/N of the optimizer's state; the gradients are whole,
+//   optimizer  ZeRO-1: each rank keeps and updates the optimizer's state of its own trained tensors (dist::owners,
+//              walked: what `gclab train --shard optimizer` holds); the gradients are whole,
 //              reduced in buckets as DDP's; the updated weights are all-gathered, and the EMA is updated whole
 //              (as `gclab train --shard optimizer` keeps it: rank 0's previews and saves read it).
 //   grads      ZeRO-2: as optimizer, and each rank keeps its 1/N of the gradients: a bucket is reduce-scattered
@@ -42,10 +43,12 @@ struct ShardedResident {
   int64_t unsharded = 0;
 };
 
-// The estimate's resident bytes (for its world_size ranks, each a whole replica) under `shard`.
+// The estimate's resident bytes under `shard`, for each of its world_size ranks. The optimizer's state and its
+// update are never divided here: for any shard but none the estimate must be planned with the optimizer sharded
+// (RunPlan::world.shard_optimizer: the rank's own tensors' state walked, as `train --shard optimizer` holds it;
+// std::invalid_argument otherwise), and for none without.
 ShardedResident shard_resident(const MemoryEstimate& e, Shard shard);
-// A step's peak on each rank under the sharding: every phase moved by the resident bytes' change, and the
-// optimizer phase's temporaries (its update's, walked) a rank's 1/N where the optimizer's state is sharded.
-int64_t sharded_step_total(const MemoryEstimate& e, const StepEstimate& step, const ShardedResident& r);
+// A step's peak on each rank under the sharding: every phase moved by the resident bytes' change.
+int64_t sharded_step_total(const StepEstimate& step, const ShardedResident& r);
 
 }  // namespace gclab::train
