@@ -127,18 +127,6 @@ std::unique_ptr<Pending> ProcessGroup::sum_async(at::Tensor& flat, const std::st
   }
 }
 
-std::unique_ptr<Pending> ProcessGroup::sum_to_async(at::Tensor& flat, int root, const std::string& what) {
-  std::vector<at::Tensor> one = {flat};
-  c10d::ReduceOptions options;
-  options.rootRank = root;
-  try {
-    return std::make_unique<Collective>(impl_->backend->reduce(one, options),
-                                        [this, what](const std::exception& e) { return lost(what, e); });
-  } catch (const std::exception& e) {
-    throw lost(what, e);
-  }
-}
-
 void ProcessGroup::average(std::vector<at::Tensor>& tensors) {
   for (const auto& members : plan_buckets(tensors, GradientReducer::kBucketBytes)) {
     std::vector<at::Tensor> parts;

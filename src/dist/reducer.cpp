@@ -7,15 +7,13 @@
 
 namespace gclab::dist {
 
-std::vector<std::vector<size_t>> plan_buckets(const std::vector<at::Tensor>& trained, int64_t bucket_bytes,
-                                              const std::vector<int>& owners) {
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<at::Tensor>& trained, int64_t bucket_bytes) {
   std::vector<std::vector<size_t>> buckets;
   int64_t bytes = 0;
   for (size_t i = trained.size(); i-- > 0;) {
     const at::Tensor& t = trained[i];
     const bool fits = !buckets.empty() && trained[buckets.back().front()].scalar_type() == t.scalar_type() &&
                       trained[buckets.back().front()].device() == t.device() &&
-                      (owners.empty() || owners[buckets.back().front()] == owners[i]) &&
                       bytes + static_cast<int64_t>(t.nbytes()) <= bucket_bytes;
     if (!fits) buckets.emplace_back(), bytes = 0;
     buckets.back().push_back(i);
@@ -37,10 +35,9 @@ std::vector<int> owners(const std::vector<at::Tensor>& trained, int size) {
   return out;
 }
 
-int64_t GradientReducer::buffer_bytes(const std::vector<at::Tensor>& trained, int64_t bucket_bytes,
-                                      const std::vector<int>& owners) {
+int64_t GradientReducer::buffer_bytes(const std::vector<at::Tensor>& trained, int64_t bucket_bytes) {
   int64_t bytes = 0;
-  for (const auto& members : plan_buckets(trained, bucket_bytes, owners))
+  for (const auto& members : plan_buckets(trained, bucket_bytes))
     for (size_t k : members) bytes += static_cast<int64_t>((trained[k].numel() + 1) * trained[k].element_size());
   return bytes;
 }
@@ -53,10 +50,9 @@ struct ReadyHook : torch::autograd::PostAccumulateGradHook {
   size_t tensor;
 };
 
-GradientReducer::GradientReducer(ProcessGroup* group, std::vector<at::Tensor> trained, int64_t bucket_bytes,
-                                 std::vector<int> owners)
-    : group_(group), trained_(std::move(trained)), owners_(std::move(owners)), where_(trained_.size()) {
-  for (const auto& members : plan_buckets(trained_, bucket_bytes, owners_)) {
+GradientReducer::GradientReducer(ProcessGroup* group, std::vector<at::Tensor> trained, int64_t bucket_bytes)
+    : group_(group), trained_(std::move(trained)), where_(trained_.size()) {
+  for (const auto& members : plan_buckets(trained_, bucket_bytes)) {
     Bucket b;
     int64_t n = 0;
     for (size_t k : members) {
@@ -106,10 +102,7 @@ void GradientReducer::ready(size_t tensor) {
   }
 }
 
-void GradientReducer::start(Bucket& b) {
-  b.pending = owners_.empty() ? group_->sum_async(b.flat, "averaging the gradients")
-                              : group_->sum_to_async(b.flat, owners_[b.members.front()], "averaging the gradients");
-}
+void GradientReducer::start(Bucket& b) { b.pending = group_->sum_async(b.flat, "averaging the gradients"); }
 
 void GradientReducer::finish() {
   if (!group_) return;
@@ -124,7 +117,6 @@ void GradientReducer::finish() {
     b.pending->wait();
     b.pending.reset();
     b.filled = 0;
-    if (!owners_.empty() && owners_[b.members.front()] != group_->world().rank) continue;  // another rank's sum
     const auto members = static_cast<int64_t>(b.members.size());
     const at::Tensor had = b.flat.narrow(0, b.flat.numel() - members, members).to(at::kCPU, at::kDouble);
     for (size_t m = 0; m < b.members.size(); ++m) {

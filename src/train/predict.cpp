@@ -507,6 +507,11 @@ void not_modelled(const RunPlan& plan, MemoryEstimate& e, bool cuda) {
       "allocator fragmentation and the CUDA context (CUDA)",
       "the load's host memory as AI Toolkit's from_pretrained holds it: it reads every transformer into host "
       "memory first (load.host_peak counts only where the transformer is quantized there)"};
+  if (!plan.world.alone())
+    e.not_modelled.push_back(
+        "data parallelism: the collectives' own buffers (Gloo's, NCCL's communicators on a GPU) and, under "
+        "--shard optimizer, the whole optimizer state a save gathers at rank 0 (host memory; the device's on a CPU "
+        "run: the save phase)");
   if (cuda)
     e.not_modelled.push_back(
         "the step's forward and backward are walked with the CUDA kernels' outputs (fused attention: its output "

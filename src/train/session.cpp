@@ -151,8 +151,7 @@ Session::Session(RunPlan plan, const SessionOptions& options)
   if (!plan_.world.alone() && !device_.is_meta()) {
     std::vector<torch::Tensor> tensors;
     for (const auto& [n, p] : trained_) tensors.push_back(p);
-    reducer_ = std::make_unique<dist::GradientReducer>(group_, std::move(tensors), dist::GradientReducer::kBucketBytes,
-                                                       owners_);
+    reducer_ = std::make_unique<dist::GradientReducer>(group_, std::move(tensors));
   }
 }
 
@@ -1274,7 +1273,7 @@ void Session::update(StepResult& r, bool any_gradient) {
     if (p.grad().defined()) r.gradient_bytes += static_cast<int64_t>(p.grad().nbytes());
   if (!r.updated) return;
   auto scope = phase(Phase::optimizer);
-  // Under ZeRO-1 the rank's own tensors (their gradients averaged here), the norm summed over the ranks.
+  // Under ZeRO-1 the rank's own tensors, the norm summed over the ranks (each rank's share of the clip).
   std::vector<torch::Tensor> params;
   for (size_t i = 0; i < trained_.size(); ++i)
     if (!shards_optimizer() || owners_[i] == plan_.world.rank) params.push_back(trained_[i].second);
@@ -1598,7 +1597,7 @@ ResidentBytes Session::resident() const {
   if (!plan_.world.alone()) {  // held from the Session's start (the reducer's), predicted alike on the meta device
     std::vector<torch::Tensor> tensors;
     for (const auto& [n, p] : trained_) tensors.push_back(p);
-    r.gradient_buckets = dist::GradientReducer::buffer_bytes(tensors, dist::GradientReducer::kBucketBytes, owners_);
+    r.gradient_buckets = dist::GradientReducer::buffer_bytes(tensors);
   }
   r.text_cache_host = text_->cache_bytes();
   r.vae = codec_ ? codec_->resident_bytes() : plan_.vae_in_steps ? plan_.codec.weight_bytes() : 0;

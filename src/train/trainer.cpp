@@ -158,6 +158,7 @@ class Run {
               std::to_string(step) + " is not saved; the newest save stands");
         return std::nullopt;
       }
+      auto scope = session_.phase(Phase::save);  // what the gather holds is the save's
       session_.gather_optimizer_state();
     }
     if (!writes_) return std::nullopt;

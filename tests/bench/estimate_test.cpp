@@ -115,7 +115,6 @@ TEST(Estimate, EachRankOfADataParallelRunAndItsShardings) {
   EXPECT_TRUE(s.optimizer_sharded);
   EXPECT_GT(s.optimizer_bytes, e.optimizer_bytes / 16);
   EXPECT_LT(s.optimizer_bytes, e.optimizer_bytes / 4);
-  EXPECT_LE(s.optimizer_step_bytes, e.optimizer_step_bytes);  // the EMA's whole update may be the larger
   const auto zero1 = train::shard_resident(s, train::Shard::optimizer);
   EXPECT_EQ(zero1.optimizer, s.optimizer_bytes);
   EXPECT_EQ(zero1.ema, s.ema_bytes);  // updated whole, as `train --shard optimizer` keeps it

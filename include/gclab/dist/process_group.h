@@ -50,9 +50,6 @@ class ProcessGroup {
 
   // Sums a contiguous tensor on device() across the ranks, in place, without waiting.
   std::unique_ptr<Pending> sum_async(at::Tensor& flat, const std::string& what);
-  // The same sum, at rank `root` alone (ZeRO-1's share of a reduce-scatter: the other ranks' copies are left
-  // as they were).
-  std::unique_ptr<Pending> sum_to_async(at::Tensor& flat, int root, const std::string& what);
   // Each tensor replaced by the mean of the ranks' (a gradient's average), in place: in buckets of one dtype
   // (GradientReducer's), each flattened into one buffer and reduced by one collective.
   void average(std::vector<at::Tensor>& tensors);

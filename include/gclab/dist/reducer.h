@@ -21,13 +21,9 @@ class GradientReducer {
   static constexpr int64_t kBucketBytes = 25 << 20;
   // `trained` in registration order (the forward's); hooks are set on each; the buckets' buffers are
   // allocated now, on the tensors' device (what buffer_bytes counts).
-  // With `owners` (ZeRO-1: each tensor's rank, dist::owners), a bucket holds one owner's tensors and its sum goes to
-  // that rank alone (a reduce: together the buckets are a reduce-scatter); finish() writes the averages of the
-  // rank's own tensors only, the others' gradients left as its backward made them (the optimizer does not read them).
   // Without a group (`gclab bench` / `fit` as one rank of a world: its figures a rank's) the buckets are held and
   // nothing is averaged: no hooks, finish() does nothing.
-  GradientReducer(ProcessGroup* group, std::vector<at::Tensor> trained, int64_t bucket_bytes = kBucketBytes,
-                  std::vector<int> owners = {});
+  GradientReducer(ProcessGroup* group, std::vector<at::Tensor> trained, int64_t bucket_bytes = kBucketBytes);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -40,8 +36,7 @@ class GradientReducer {
   void finish();
   // The buckets' buffers for these trained tensors: one element per tensor beyond its gradient (whether this
   // rank has one), in its dtype — what a rank holds beside its gradients under DDP.
-  static int64_t buffer_bytes(const std::vector<at::Tensor>& trained, int64_t bucket_bytes = kBucketBytes,
-                              const std::vector<int>& owners = {});
+  static int64_t buffer_bytes(const std::vector<at::Tensor>& trained, int64_t bucket_bytes = kBucketBytes);
   int buckets() const { return static_cast<int>(buckets_.size()); }
   int started_during_backward() const { return started_early_; }  // of the step under way, before finish()
 
@@ -59,7 +54,6 @@ class GradientReducer {
   void copy_in(Bucket& b, size_t k);
   ProcessGroup* group_;
   std::vector<at::Tensor> trained_;
-  std::vector<int> owners_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  // per tensor: its bucket and its place among the members
   size_t next_ = 0;                               // the next bucket to start
@@ -71,10 +65,8 @@ class GradientReducer {
 // 1/size of the bytes (a tensor is not split). The same on every rank; the rule the run and its walk follow.
 std::vector<int> owners(const std::vector<at::Tensor>& trained, int size);
 
-// The buckets a reducer makes of tensors of these sizes and dtypes, in reverse order, each of one dtype (and with
-// `owners`, one owner) and at most `bucket_bytes` (a tensor larger alone); the rule both the reducer and
-// buffer_bytes follow.
-std::vector<std::vector<size_t>> plan_buckets(const std::vector<at::Tensor>& trained, int64_t bucket_bytes,
-                                              const std::vector<int>& owners = {});
+// The buckets a reducer makes of tensors of these sizes and dtypes, in reverse order, each of one dtype and at
+// most `bucket_bytes` (a tensor larger alone); the rule both the reducer and buffer_bytes follow.
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<at::Tensor>& trained, int64_t bucket_bytes);
 
 }  // namespace gclab::dist
