@@ -1,4 +1,6 @@
 #include "gclab/train/session.h"
+
+#include <numeric>
 #include "gclab/io/safetensors.h"
 
 #include "gclab/train/predict.h"
@@ -1018,6 +1020,26 @@ void Session::next_stage() {
   } while (!trains(stage_));
 }
 
+namespace {
+
+// randn_like(x) for the global batch of `ranks` x its batch, this rank's slice kept: drawn in x's own layout (its
+// dimensions by stride, as randn_like fills its storage), so that with the batch outermost a rank's slice is the
+// storage one process's draw gives those samples. One process: randn_like itself.
+torch::Tensor global_randn_like(const torch::Tensor& x, int64_t ranks, int64_t first) {
+  if (ranks == 1) return torch::randn_like(x);
+  std::vector<int64_t> order(static_cast<size_t>(x.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x.stride(a) > x.stride(b); });
+  if (order.front() != 0) std::iota(order.begin(), order.end(), 0);  // the batch not outermost: contiguous
+  std::vector<int64_t> sizes, back(order.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    sizes.push_back(x.size(order[i]) * (order[i] == 0 ? ranks : 1)),
+        back[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  return torch::randn(sizes, x.options()).permute(back).narrow(0, first, x.size(0));
+}
+
+}  // namespace
+
 MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   encode(lb);  // nothing when train_step encoded it in the data phase
   MicroBatch mb;
@@ -1051,15 +1073,11 @@ MicroBatch Session::micro_batch(data::LoadedBatch lb) {
   // Data parallelism: the global batch's draws, this rank's slice of them (the replicas draw as one process).
   const int64_t b = mb.x0.size(0), ranks = plan_.world.size, first = b * plan_.world.rank;
   auto mine = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, first, b) : t; };
-  auto global_randn = [&](std::vector<int64_t> shape) {
-    shape[0] *= ranks;
-    return mine(torch::randn(shape, mb.x0.options()));
-  };
-  mb.noise = global_randn(mb.x0.sizes().vec());
+  mb.noise = global_randn_like(mb.x0, ranks, first);
   if (config_.train.noise_offset != 0) {  // one offset per sample and channel, over its frames and pixels
     std::vector<int64_t> per_channel(static_cast<size_t>(mb.x0.dim()), 1);
-    per_channel[0] = mb.x0.size(0), per_channel[1] = mb.x0.size(1);
-    mb.noise = mb.noise + config_.train.noise_offset * global_randn(per_channel);
+    per_channel[0] = mb.x0.size(0) * ranks, per_channel[1] = mb.x0.size(1);
+    mb.noise = mb.noise + config_.train.noise_offset * mine(torch::randn(per_channel, mb.x0.options()));
   }
   std::optional<std::pair<double, double>> stage;  // a model of several experts: this stage's timesteps
   if (experts_) stage.emplace(stage_ == 0 ? 1.0 : spec_.expert_boundaries[stage_ - 1], spec_.expert_boundaries[stage_]);
