@@ -166,17 +166,37 @@ std::vector<int> ProcessGroup::differing_from_rank0(double value, double relativ
 void broadcast_from_owners(const std::vector<at::Tensor>& tensors, const std::vector<int>& owners, int rank, int size,
                            const std::function<void(at::Tensor&, int)>& collective) {
   at::NoGradGuard no_grad;
+  // One buffer per dtype, the largest root's size, reused by every root: a collective's work may hold its tensor a
+  // moment after wait() returns (Gloo's worker thread), so a buffer per root could briefly be two.
+  std::map<at::ScalarType, int64_t> most;
+  for (int root = 0; root < size; ++root) {
+    std::map<at::ScalarType, int64_t> n;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (owners[i] == root) n[tensors[i].scalar_type()] += tensors[i].numel();
+    for (const auto& [dtype, count] : n) most[dtype] = std::max(most[dtype], count);
+  }
+  std::map<at::ScalarType, at::Tensor> buffers;
+  for (const auto& [dtype, count] : most)
+    for (const auto& t : tensors)
+      if (t.scalar_type() == dtype) {
+        buffers[dtype] = at::empty({count}, t.options());
+        break;
+      }
   for (int root = 0; root < size; ++root) {
     std::map<at::ScalarType, std::vector<at::Tensor>> owned;
     for (size_t i = 0; i < tensors.size(); ++i)
       if (owners[i] == root) owned[tensors[i].scalar_type()].push_back(tensors[i]);
     for (auto& [dtype, parts] : owned) {
-      std::vector<at::Tensor> flat_parts;
-      for (const auto& t : parts) flat_parts.push_back(t.detach().reshape({-1}));
-      at::Tensor flat = at::cat(flat_parts);
+      int64_t n = 0;
+      for (const auto& t : parts) n += t.numel();
+      at::Tensor flat = buffers.at(dtype).narrow(0, 0, n);
+      int64_t offset = 0;
+      if (root == rank)
+        for (const auto& t : parts)
+          flat.narrow(0, offset, t.numel()).copy_(t.detach().reshape({-1})), offset += t.numel();
       collective(flat, root);
       if (root == rank) continue;
-      int64_t offset = 0;
+      offset = 0;
       for (auto& t : parts) {
         t.detach().copy_(flat.narrow(0, offset, t.numel()).view_as(t));
         offset += t.numel();

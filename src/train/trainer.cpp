@@ -529,7 +529,7 @@ TrainSummary train(const config::ProcessConfig& config, const TrainOptions& opti
       }
     }
     ~Snapshot() { write(); }
-  } snapshot{dist::process_world().writes_outputs()
+  } snapshot{dist::process_world().writes_outputs() || options.memory_snapshot.empty()
                  ? options.memory_snapshot
                  : options.memory_snapshot.parent_path() /
                        (options.memory_snapshot.stem().string() + ".rank" + std::to_string(dist::process_world().rank) +
